@@ -1,0 +1,233 @@
+//! Bootstrap: the key-value store ranks meet through, and the helpers built on it.
+
+mod tcp;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+pub use tcp::{connect_from_env, TcpStore, TcpStoreServer};
+
+use crate::error::{Error, Result};
+
+/// A key-value store shared by all ranks (torch's `Store` semantics).
+pub trait Store: Send + Sync {
+    /// Sets `key` to `value`, replacing any earlier value.
+    fn set(&self, key: &str, value: &[u8]) -> Result<()>;
+    /// The value of `key`, waiting up to `timeout` for some rank to set it.
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>>;
+    /// Whether `key` is set now.
+    fn check(&self, key: &str) -> Result<bool>;
+    /// Adds `delta` to the integer at `key` (0 when unset) and returns the new value.
+    fn add(&self, key: &str, delta: i64) -> Result<i64>;
+    /// Removes `key`; whether it existed.
+    fn delete(&self, key: &str) -> Result<bool>;
+    /// Waits until every key is set.
+    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        for k in keys {
+            let left = deadline.saturating_duration_since(Instant::now());
+            self.get(k, left)?;
+        }
+        Ok(())
+    }
+}
+
+/// A store that prefixes every key, so that several communicators share one server.
+pub struct PrefixStore {
+    prefix: String,
+    inner: Arc<dyn Store>,
+}
+
+impl PrefixStore {
+    pub fn new(prefix: impl Into<String>, inner: Arc<dyn Store>) -> Self {
+        PrefixStore {
+            prefix: prefix.into(),
+            inner,
+        }
+    }
+    fn key(&self, k: &str) -> String {
+        format!("{}/{}", self.prefix, k)
+    }
+}
+
+impl Store for PrefixStore {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.inner.set(&self.key(key), value)
+    }
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        self.inner.get(&self.key(key), timeout)
+    }
+    fn check(&self, key: &str) -> Result<bool> {
+        self.inner.check(&self.key(key))
+    }
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.inner.add(&self.key(key), delta)
+    }
+    fn delete(&self, key: &str) -> Result<bool> {
+        self.inner.delete(&self.key(key))
+    }
+}
+
+/// An in-process store (threads as ranks, tests, single-process communicators).
+#[derive(Default)]
+pub struct MemStore {
+    map: Mutex<HashMap<String, Vec<u8>>>,
+    changed: Condvar,
+}
+
+impl MemStore {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+}
+
+impl Store for MemStore {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        let mut m = self
+            .map
+            .lock()
+            .map_err(|_| Error::Store("poisoned".into()))?;
+        m.insert(key.to_string(), value.to_vec());
+        self.changed.notify_all();
+        Ok(())
+    }
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        let deadline = Instant::now() + timeout;
+        let mut m = self
+            .map
+            .lock()
+            .map_err(|_| Error::Store("poisoned".into()))?;
+        loop {
+            if let Some(v) = m.get(key) {
+                return Ok(v.clone());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::StoreTimeout {
+                    key: key.to_string(),
+                    timeout,
+                });
+            }
+            m = self
+                .changed
+                .wait_timeout(m, left)
+                .map_err(|_| Error::Store("poisoned".into()))?
+                .0;
+        }
+    }
+    fn check(&self, key: &str) -> Result<bool> {
+        let m = self
+            .map
+            .lock()
+            .map_err(|_| Error::Store("poisoned".into()))?;
+        Ok(m.contains_key(key))
+    }
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        let mut m = self
+            .map
+            .lock()
+            .map_err(|_| Error::Store("poisoned".into()))?;
+        let cur = m
+            .get(key)
+            .map(|v| decode_i64(key, v))
+            .transpose()?
+            .unwrap_or(0);
+        let new = cur + delta;
+        m.insert(key.to_string(), new.to_string().into_bytes());
+        self.changed.notify_all();
+        Ok(new)
+    }
+    fn delete(&self, key: &str) -> Result<bool> {
+        let mut m = self
+            .map
+            .lock()
+            .map_err(|_| Error::Store("poisoned".into()))?;
+        Ok(m.remove(key).is_some())
+    }
+}
+
+/// Counters are stored as decimal text, as torch's TCPStore does, so the two interoperate.
+pub fn decode_i64(key: &str, v: &[u8]) -> Result<i64> {
+    std::str::from_utf8(v)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or_else(|| Error::Store(format!("value of '{key}' is not an integer")))
+}
+
+/// Every rank contributes `data` under `tag`; returns all ranks' contributions in rank order.
+pub fn all_gather_bytes(
+    store: &dyn Store,
+    tag: &str,
+    rank: usize,
+    world: usize,
+    data: &[u8],
+    timeout: Duration,
+) -> Result<Vec<Vec<u8>>> {
+    store.set(&format!("{tag}/{rank}"), data)?;
+    let deadline = Instant::now() + timeout;
+    (0..world)
+        .map(|r| {
+            let left = deadline.saturating_duration_since(Instant::now());
+            store.get(&format!("{tag}/{r}"), left)
+        })
+        .collect()
+}
+
+/// A store-based barrier: returns once all `world` ranks have arrived at `tag`.
+pub fn store_barrier(store: &dyn Store, tag: &str, world: usize, timeout: Duration) -> Result<()> {
+    let n = store.add(&format!("{tag}/arrived"), 1)?;
+    if n as usize == world {
+        store.set(&format!("{tag}/done"), b"1")?;
+    }
+    store.get(&format!("{tag}/done"), timeout).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::thread;
+
+    #[test]
+    fn mem_store_waits_and_counts() {
+        let s = MemStore::new();
+        let s2 = s.clone();
+        let t = thread::spawn(move || s2.get("k", Duration::from_secs(5)).unwrap());
+        thread::sleep(Duration::from_millis(20));
+        s.set("k", b"v").unwrap();
+        assert_eq!(t.join().unwrap(), b"v");
+        assert_eq!(s.add("c", 3).unwrap(), 3);
+        assert_eq!(s.add("c", -1).unwrap(), 2);
+        let e = s.get("absent", Duration::from_millis(10)).unwrap_err();
+        assert!(e.to_string().contains("absent"));
+    }
+
+    #[test]
+    fn prefixes_keep_communicators_apart() {
+        let s: Arc<dyn Store> = MemStore::new();
+        let a = PrefixStore::new("a", s.clone());
+        let b = PrefixStore::new("b", s.clone());
+        a.set("x", b"1").unwrap();
+        b.set("x", b"2").unwrap();
+        assert_eq!(a.get("x", Duration::ZERO).unwrap(), b"1");
+        assert_eq!(b.get("x", Duration::ZERO).unwrap(), b"2");
+    }
+
+    #[test]
+    fn gather_and_barrier_across_threads() {
+        let s = MemStore::new();
+        let hs: Vec<_> = (0..4)
+            .map(|r| {
+                let s = s.clone();
+                thread::spawn(move || {
+                    let t = Duration::from_secs(5);
+                    store_barrier(&*s, "b0", 4, t).unwrap();
+                    all_gather_bytes(&*s, "g", r, 4, &[r as u8], t).unwrap()
+                })
+            })
+            .collect();
+        for h in hs {
+            assert_eq!(h.join().unwrap(), vec![vec![0], vec![1], vec![2], vec![3]]);
+        }
+    }
+}

@@ -1,0 +1,695 @@
+//! `Communicator`: the public API every backend serves.
+//!
+//! Arguments are checked here, once, for every backend (sizes, dtypes, ops, roots); a backend
+//! receives only calls that make sense locally. Checks that need the other ranks (different
+//! collectives or counts at the same step) are the backend's, because only it sees the peers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use crate::bootstrap::{self, PrefixStore, Store};
+use crate::config::{BackendChoice, Config};
+use crate::error::{Error, Result};
+use crate::quant::Format;
+use crate::select::{Algo, Collective};
+use crate::types::{DataType, Device, ReduceOp};
+use crate::view::{Input, View, ViewMut};
+
+/// Per-call options.
+#[derive(Debug, Clone, Default)]
+pub struct CallOpts {
+    /// CUDA stream (a `CUstream` as an integer; 0 is the legacy default stream). Ignored by the
+    /// host backend.
+    pub stream: u64,
+    /// Algorithm for this call; `Auto` lets selection decide.
+    pub algo: AlgoChoice,
+    /// Low precision for this call, overriding the environment.
+    pub low_precision: LowPrecisionChoice,
+}
+
+/// Per-call algorithm request (a newtype so that `CallOpts::default()` means automatic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AlgoChoice(pub Algo);
+
+impl Default for AlgoChoice {
+    fn default() -> Self {
+        AlgoChoice(Algo::Auto)
+    }
+}
+
+/// Per-call low-precision override.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LowPrecisionChoice {
+    /// Follow the environment (`FERROCOMM_LOW_PRECISION` and the per-collective switches).
+    #[default]
+    Default,
+    /// Full precision for this call.
+    Off,
+    /// Low precision in this format, whatever the environment says (still only for
+    /// Sum/Avg on f32/f16/bf16).
+    On(Format),
+}
+
+impl CallOpts {
+    pub fn on_stream(stream: u64) -> Self {
+        CallOpts {
+            stream,
+            ..Default::default()
+        }
+    }
+    pub fn with_algo(mut self, algo: Algo) -> Self {
+        self.algo = AlgoChoice(algo);
+        self
+    }
+    pub fn with_low_precision(mut self, lp: LowPrecisionChoice) -> Self {
+        self.low_precision = lp;
+        self
+    }
+}
+
+/// Per-peer element counts and offsets of an all-to-all-v.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Splits {
+    pub send_counts: Vec<usize>,
+    pub send_displs: Vec<usize>,
+    pub recv_counts: Vec<usize>,
+    pub recv_displs: Vec<usize>,
+}
+
+impl Splits {
+    /// Splits packed back to back in rank order.
+    pub fn packed(send_counts: Vec<usize>, recv_counts: Vec<usize>) -> Self {
+        let prefix = |c: &[usize]| {
+            c.iter()
+                .scan(0usize, |acc, &n| {
+                    let d = *acc;
+                    *acc += n;
+                    Some(d)
+                })
+                .collect()
+        };
+        Splits {
+            send_displs: prefix(&send_counts),
+            recv_displs: prefix(&recv_counts),
+            send_counts,
+            recv_counts,
+        }
+    }
+}
+
+/// What a backend is told when it is created.
+#[derive(Clone)]
+pub struct CommContext {
+    /// The communicator's name as the user gave it.
+    pub name: String,
+    /// Unique key prefix of this communicator instance in the store.
+    pub prefix: String,
+    pub rank: usize,
+    pub size: usize,
+    /// Ranks of this communicator on this host, and this rank's index among them, as the
+    /// launcher said; backends that care verify it through the store (hostnames).
+    pub local_rank: usize,
+    pub local_size: usize,
+    pub device: Device,
+    /// The communicator's own store (keys already prefixed).
+    pub store: Arc<dyn Store>,
+    pub config: Arc<Config>,
+}
+
+impl CommContext {
+    pub fn timeout(&self) -> Duration {
+        self.config.timeout
+    }
+}
+
+/// What every backend implements. Arguments have been validated by [`Communicator`].
+pub trait Backend: Send + Sync {
+    /// The backend's name (`host`, `cuda`, `nccl`).
+    fn name(&self) -> &'static str;
+    fn all_reduce(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        op: ReduceOp,
+        opts: &CallOpts,
+    ) -> Result<()>;
+    fn reduce(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        op: ReduceOp,
+        root: usize,
+        opts: &CallOpts,
+    ) -> Result<()>;
+    fn broadcast(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        root: usize,
+        opts: &CallOpts,
+    ) -> Result<()>;
+    fn all_gather(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()>;
+    fn reduce_scatter(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        op: ReduceOp,
+        opts: &CallOpts,
+    ) -> Result<()>;
+    fn all_to_all(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()>;
+    fn all_to_all_v(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        splits: &Splits,
+        opts: &CallOpts,
+    ) -> Result<()>;
+    fn barrier(&self, opts: &CallOpts) -> Result<()>;
+    fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
+    fn recv(&self, out: ViewMut<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
+    /// The algorithm [`crate::select::select`] picks for this call on this backend (for the
+    /// bench and `FERROCOMM_DEBUG`).
+    fn algo_for(
+        &self,
+        coll: Collective,
+        bytes_per_rank: usize,
+        dtype: DataType,
+        opts: &CallOpts,
+    ) -> Result<Algo>;
+}
+
+/// How to create a communicator. Unset fields come from the environment.
+#[derive(Clone, Default)]
+pub struct CommOptions {
+    pub name: String,
+    pub backend: Option<BackendChoice>,
+    pub device: Option<Device>,
+    pub rank: Option<usize>,
+    pub size: Option<usize>,
+    pub local_rank: Option<usize>,
+    pub local_size: Option<usize>,
+    pub store: Option<Arc<dyn Store>>,
+    pub timeout: Option<Duration>,
+    pub config: Option<Config>,
+}
+
+impl CommOptions {
+    pub fn new(name: impl Into<String>) -> Self {
+        CommOptions {
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+}
+
+/// A group of ranks that run collectives together.
+pub struct Communicator {
+    ctx: CommContext,
+    root_store: Arc<dyn Store>,
+    backend: Box<dyn Backend>,
+    finalized: std::sync::atomic::AtomicBool,
+}
+
+/// Instances per communicator name in this process, so that communicators created in the same
+/// order on every rank get the same, distinct store prefixes.
+fn next_instance(name: &str) -> u64 {
+    static COUNTS: OnceLock<Mutex<HashMap<String, u64>>> = OnceLock::new();
+    let mut m = COUNTS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let c = m.entry(name.to_string()).or_insert(0);
+    *c += 1;
+    *c - 1
+}
+
+impl Communicator {
+    /// Creates a communicator: finds rank and size, connects to the store, builds the backend.
+    /// Every rank must call it with the same name.
+    pub fn new(opts: CommOptions) -> Result<Self> {
+        let mut config = match opts.config {
+            Some(c) => c,
+            None => Config::from_env()?,
+        };
+        if let Some(t) = opts.timeout {
+            config.timeout = t;
+        }
+        let l = &config.launch;
+        let rank = opts.rank.or(l.rank).ok_or(Error::MissingEnv {
+            var: "RANK",
+            why: "no rank given and neither RANK nor OMPI_COMM_WORLD_RANK is set".into(),
+        })?;
+        let size = opts.size.or(l.world_size).ok_or(Error::MissingEnv {
+            var: "WORLD_SIZE",
+            why: "no size given and neither WORLD_SIZE nor OMPI_COMM_WORLD_SIZE is set".into(),
+        })?;
+        if size == 0 || rank >= size {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank} is not below size {size}"
+            )));
+        }
+        let local_rank = opts.local_rank.or(l.local_rank).unwrap_or(rank);
+        let local_size = opts.local_size.or(l.local_world_size).unwrap_or(size);
+        let root_store: Arc<dyn Store> = match opts.store {
+            Some(s) => s,
+            None => bootstrap::connect_from_env(&config, rank, size)?,
+        };
+        let name = if opts.name.is_empty() {
+            "default".to_string()
+        } else {
+            opts.name
+        };
+        let prefix = format!("ferrocomm/{name}#{}", next_instance(&name));
+        let choice = opts.backend.unwrap_or(config.backend);
+        Self::build(
+            name,
+            prefix,
+            rank,
+            size,
+            local_rank,
+            local_size,
+            opts.device,
+            choice,
+            root_store,
+            Arc::new(config),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        name: String,
+        prefix: String,
+        rank: usize,
+        size: usize,
+        local_rank: usize,
+        local_size: usize,
+        device: Option<Device>,
+        choice: BackendChoice,
+        root_store: Arc<dyn Store>,
+        config: Arc<Config>,
+    ) -> Result<Self> {
+        let store: Arc<dyn Store> = Arc::new(PrefixStore::new(prefix.clone(), root_store.clone()));
+        let device = match (device, choice) {
+            (
+                Some(Device::Cuda(_)),
+                BackendChoice::Auto | BackendChoice::Cuda | BackendChoice::Nccl,
+            )
+            | (Some(Device::Host), _) => device.unwrap_or(Device::Host),
+            (Some(Device::Cuda(_)), BackendChoice::Host) => {
+                return Err(Error::InvalidArgument(
+                    "the host backend cannot serve a CUDA device".into(),
+                ))
+            }
+            (None, BackendChoice::Host) => Device::Host,
+            (None, BackendChoice::Cuda | BackendChoice::Nccl) => Device::Cuda(local_rank as u32),
+            (None, BackendChoice::Auto) => {
+                if crate::cuda::gpu_count() > 0 {
+                    Device::Cuda(local_rank as u32)
+                } else {
+                    Device::Host
+                }
+            }
+        };
+        let ctx = CommContext {
+            name,
+            prefix,
+            rank,
+            size,
+            local_rank,
+            local_size,
+            device,
+            store,
+            config,
+        };
+        let backend: Box<dyn Backend> = match (choice, device) {
+            (BackendChoice::Nccl, _) => crate::nccl::new_backend(&ctx)?,
+            (_, Device::Host) => crate::host::HostBackend::new(&ctx)?,
+            (_, Device::Cuda(_)) => crate::cuda::new_backend(&ctx)?,
+        };
+        if ctx.config.debug {
+            eprintln!(
+                "ferrocomm: communicator '{}' rank {}/{} backend {} device {}",
+                ctx.name,
+                rank,
+                size,
+                backend.name(),
+                device
+            );
+        }
+        Ok(Communicator {
+            ctx,
+            root_store,
+            backend,
+            finalized: false.into(),
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.ctx.rank
+    }
+    pub fn size(&self) -> usize {
+        self.ctx.size
+    }
+    pub fn name(&self) -> &str {
+        &self.ctx.name
+    }
+    pub fn device(&self) -> Device {
+        self.ctx.device
+    }
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+    pub fn config(&self) -> &Config {
+        &self.ctx.config
+    }
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.ctx.store
+    }
+
+    /// The algorithm a call with these parameters would use.
+    pub fn algo_for(
+        &self,
+        coll: Collective,
+        bytes_per_rank: usize,
+        dtype: DataType,
+        opts: &CallOpts,
+    ) -> Result<Algo> {
+        self.backend.algo_for(coll, bytes_per_rank, dtype, opts)
+    }
+
+    fn live(&self) -> Result<&dyn Backend> {
+        if self.finalized.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Error::Finalized(self.ctx.name.clone()));
+        }
+        Ok(&*self.backend)
+    }
+
+    /// Sums (or otherwise reduces) `input` over all ranks into `output` on every rank.
+    pub fn all_reduce(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        op: ReduceOp,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let c = "all_reduce";
+        op.check(output.dtype(), c)?;
+        check_input(c, &input, &output, output.count())?;
+        self.live()?.all_reduce(input, output, op, opts)
+    }
+
+    /// Reduces `input` over all ranks into `output` on `root` (other ranks' outputs are not
+    /// written).
+    pub fn reduce(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        op: ReduceOp,
+        root: usize,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let c = "reduce";
+        op.check(output.dtype(), c)?;
+        self.check_root(c, root)?;
+        check_input(c, &input, &output, output.count())?;
+        self.live()?.reduce(input, output, op, root, opts)
+    }
+
+    /// Copies `root`'s input into every rank's `output` (the input is read on root only).
+    pub fn broadcast(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        root: usize,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let c = "broadcast";
+        self.check_root(c, root)?;
+        if self.rank() == root {
+            check_input(c, &input, &output, output.count())?;
+        }
+        self.live()?.broadcast(input, output, root, opts)
+    }
+
+    /// Concatenates every rank's input (in rank order) into `output`, which holds
+    /// `size * input.count()` elements.
+    pub fn all_gather(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
+        let c = "all_gather";
+        let n = self.part_count(c, "output", output.count())?;
+        check_input(c, &input, &output, n)?;
+        self.live()?.all_gather(input, output, opts)
+    }
+
+    /// Reduces `input` (`size * n` elements) over all ranks and leaves part `rank` (n elements)
+    /// in `output`. In place, `output` is the whole `size * n` buffer.
+    pub fn reduce_scatter(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        op: ReduceOp,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let c = "reduce_scatter";
+        op.check(output.dtype(), c)?;
+        match &input {
+            Input::InPlace => {
+                self.part_count(c, "output", output.count())?;
+            }
+            Input::Buf(v) => {
+                check_same(c, v, &output)?;
+                let want = output.count() * self.size();
+                if v.count() != want {
+                    return Err(Error::SizeMismatch {
+                        collective: c,
+                        what: "input",
+                        got: v.count(),
+                        expected: want,
+                    });
+                }
+            }
+        }
+        self.live()?.reduce_scatter(input, output, op, opts)
+    }
+
+    /// Every rank sends part `j` of its input to rank `j`; input and output hold `size * n`.
+    pub fn all_to_all(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
+        let c = "all_to_all";
+        self.part_count(c, "output", output.count())?;
+        check_input(c, &input, &output, output.count())?;
+        self.live()?.all_to_all(input, output, opts)
+    }
+
+    /// All-to-all with per-peer counts and offsets (in elements).
+    pub fn all_to_all_v(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        splits: &Splits,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let c = "all_to_all_v";
+        let n = self.size();
+        for (what, v) in [
+            ("send_counts", &splits.send_counts),
+            ("send_displs", &splits.send_displs),
+            ("recv_counts", &splits.recv_counts),
+            ("recv_displs", &splits.recv_displs),
+        ] {
+            if v.len() != n {
+                return Err(Error::InvalidArgument(format!(
+                    "{c}: {what} has {} entries, expected one per rank ({n})",
+                    v.len()
+                )));
+            }
+        }
+        let in_count = match &input {
+            Input::InPlace => output.count(),
+            Input::Buf(v) => {
+                check_same(c, v, &output)?;
+                v.count()
+            }
+        };
+        for p in 0..n {
+            let se = splits.send_displs[p] + splits.send_counts[p];
+            if se > in_count {
+                return Err(Error::InvalidArgument(format!(
+                    "{c}: part for rank {p} ends at element {se}, past the input's {in_count}"
+                )));
+            }
+            let re = splits.recv_displs[p] + splits.recv_counts[p];
+            if re > output.count() {
+                return Err(Error::InvalidArgument(format!(
+                    "{c}: part from rank {p} ends at element {re}, past the output's {}",
+                    output.count()
+                )));
+            }
+        }
+        if matches!(input, Input::InPlace) && splits.send_displs != splits.recv_displs {
+            return Err(Error::InvalidArgument(format!(
+                "{c}: in place needs the same offsets for sending and receiving"
+            )));
+        }
+        self.live()?.all_to_all_v(input, output, splits, opts)
+    }
+
+    /// Returns once every rank has called it.
+    pub fn barrier(&self, opts: &CallOpts) -> Result<()> {
+        self.live()?.barrier(opts)
+    }
+
+    /// Sends `data` to `peer`, which must call [`Communicator::recv`] with the same count.
+    pub fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
+        self.check_peer("send", peer)?;
+        self.live()?.send(data, peer, opts)
+    }
+
+    /// Receives from `peer` into `out`.
+    pub fn recv(&self, out: ViewMut<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
+        self.check_peer("recv", peer)?;
+        self.live()?.recv(out, peer, opts)
+    }
+
+    /// A communicator of the ranks listed (in that order). Ranks not listed get `None` and need
+    /// not call; listed ranks must all call with the same list and name.
+    pub fn split(&self, ranks: &[usize], name: &str) -> Result<Option<Communicator>> {
+        self.live()?;
+        let mut seen = vec![false; self.size()];
+        for &r in ranks {
+            if r >= self.size() {
+                return Err(Error::RankOutOfRange {
+                    collective: "split",
+                    what: "listed",
+                    rank: r,
+                    size: self.size(),
+                });
+            }
+            if std::mem::replace(&mut seen[r], true) {
+                return Err(Error::InvalidArgument(format!(
+                    "split: rank {r} is listed twice"
+                )));
+            }
+        }
+        let Some(new_rank) = ranks.iter().position(|&r| r == self.rank()) else {
+            return Ok(None);
+        };
+        let list: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
+        let full = format!("{}/{}", self.ctx.name, name);
+        let prefix = format!(
+            "{}/split/{name}[{}]#{}",
+            self.ctx.prefix,
+            list.join(","),
+            next_instance(&format!("{}/{full}", self.ctx.prefix))
+        );
+        let choice = match self.backend.name() {
+            "host" => BackendChoice::Host,
+            "nccl" => BackendChoice::Nccl,
+            _ => BackendChoice::Cuda,
+        };
+        Communicator::build(
+            full,
+            prefix,
+            new_rank,
+            ranks.len(),
+            0,
+            ranks.len(),
+            Some(self.ctx.device),
+            choice,
+            self.root_store.clone(),
+            self.ctx.config.clone(),
+        )
+        .map(Some)
+    }
+
+    /// Releases the backend's resources now; later calls fail with [`Error::Finalized`].
+    pub fn finalize(&self) -> Result<()> {
+        self.finalized
+            .store(true, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    fn check_root(&self, collective: &'static str, root: usize) -> Result<()> {
+        if root >= self.size() {
+            return Err(Error::RankOutOfRange {
+                collective,
+                what: "root",
+                rank: root,
+                size: self.size(),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_peer(&self, collective: &'static str, peer: usize) -> Result<()> {
+        if peer >= self.size() {
+            return Err(Error::RankOutOfRange {
+                collective,
+                what: "peer",
+                rank: peer,
+                size: self.size(),
+            });
+        }
+        if peer == self.rank() {
+            return Err(Error::InvalidArgument(format!(
+                "{collective}: peer {peer} is this rank itself"
+            )));
+        }
+        Ok(())
+    }
+
+    /// `count / size`, or an error when `count` does not divide by the number of ranks.
+    fn part_count(
+        &self,
+        collective: &'static str,
+        what: &'static str,
+        count: usize,
+    ) -> Result<usize> {
+        if count % self.size() != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{collective}: {what} has {count} elements, which does not divide into {} equal parts",
+                self.size()
+            )));
+        }
+        Ok(count / self.size())
+    }
+}
+
+fn check_same(collective: &'static str, input: &View<'_>, output: &ViewMut<'_>) -> Result<()> {
+    if input.dtype() != output.dtype() {
+        return Err(Error::DtypeMismatch {
+            collective,
+            what: "input",
+            got: input.dtype(),
+            expected: output.dtype(),
+        });
+    }
+    if input.device() != output.device() {
+        return Err(Error::InvalidArgument(format!(
+            "{collective}: input is on {} but output is on {}",
+            input.device(),
+            output.device()
+        )));
+    }
+    Ok(())
+}
+
+/// An out-of-place input must match the output's dtype and device and hold `expected` elements.
+fn check_input(
+    collective: &'static str,
+    input: &Input<'_>,
+    output: &ViewMut<'_>,
+    expected: usize,
+) -> Result<()> {
+    if let Input::Buf(v) = input {
+        check_same(collective, v, output)?;
+        if v.count() != expected {
+            return Err(Error::SizeMismatch {
+                collective,
+                what: "input",
+                got: v.count(),
+                expected,
+            });
+        }
+    }
+    Ok(())
+}

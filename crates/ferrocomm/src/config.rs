@@ -1,0 +1,517 @@
+//! Every environment variable ferrocomm reads, read here and nowhere else.
+//!
+//! [`VARS`] is the table of variables with their defaults and meaning; `docs/config.md`
+//! shows the same table (a test holds them together) and `ferrocomm info` prints the values
+//! in effect with where each came from.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::quant::Format;
+use crate::select::Algo;
+
+/// One environment variable: its name, default (as text) and meaning.
+#[derive(Debug, Clone, Copy)]
+pub struct Var {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub meaning: &'static str,
+}
+
+const fn var(name: &'static str, default: &'static str, meaning: &'static str) -> Var {
+    Var {
+        name,
+        default,
+        meaning,
+    }
+}
+
+/// Every variable ferrocomm reads.
+pub const VARS: &[Var] = &[
+    var("FERROCOMM_TIMEOUT_S", "300", "Seconds a collective or bootstrap step waits for a peer before failing with a timeout naming the missing rank."),
+    var("FERROCOMM_BACKEND", "auto", "Backend when none is asked for: auto (cuda for GPU buffers when a GPU is present, host otherwise), host, cuda, nccl."),
+    var("FERROCOMM_ALGO", "auto", "Force one algorithm for every collective that has it: auto, push, flat, tree, direct, nccl."),
+    var("FERROCOMM_LOW_PRECISION", "0", "1 turns on block-scaled low-precision collectives (Sum/Avg on f32/f16/bf16 only)."),
+    var("RCCL_LOW_PRECISION_ENABLE", "0", "Alias of FERROCOMM_LOW_PRECISION, accepted for people coming from RCCLX."),
+    var("FERROCOMM_LP_FORMAT", "e4m3", "Low-precision wire format: e4m3, e5m2 or int8."),
+    var("FERROCOMM_LP_BLOCK", "128", "Elements per block that share one f32 scale (a power of two, 16..4096)."),
+    var("FERROCOMM_LP_MIN_BYTES", "0 (host), per-backend tuned (cuda)", "Messages smaller than this stay full precision even when low precision is on."),
+    var("FERROCOMM_LP_ALL_REDUCE", "1", "Per-collective switch: 0 keeps all_reduce full precision when low precision is on."),
+    var("FERROCOMM_LP_ALL_GATHER", "1", "Per-collective switch for all_gather."),
+    var("FERROCOMM_LP_REDUCE_SCATTER", "1", "Per-collective switch for reduce_scatter."),
+    var("FERROCOMM_LP_ALL_TO_ALL", "1", "Per-collective switch for all_to_all and all_to_all_v."),
+    var("FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-reduce (bytes per rank) that uses the barrier-free push one-shot."),
+    var("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-reduce that uses flat (one-shot pull); above it tree (two-shot)."),
+    var("FERROCOMM_ALLREDUCE_TREE_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-reduce that uses tree on the cuda backend; above it NCCL."),
+    var("FERROCOMM_ALLGATHER_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-gather (input bytes per rank) done by direct access on cuda; above it NCCL."),
+    var("FERROCOMM_REDUCESCATTER_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest reduce-scatter (output bytes per rank) done by direct access on cuda."),
+    var("FERROCOMM_ALLTOALL_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-to-all (input bytes per rank) done by direct access on cuda."),
+    var("FERROCOMM_BROADCAST_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest broadcast/reduce done by direct access on cuda."),
+    var("FERROCOMM_HOST_SLOT_BYTES", "4194304", "Host backend: bytes of shared-memory staging per rank (larger messages are processed in chunks of this size)."),
+    var("FERROCOMM_CUDA_STAGING_BYTES", "67108864", "CUDA backend: bytes of IPC staging per rank and buffer (direct access is limited to this size per rank)."),
+    var("FERROCOMM_NCCL_LIB", "(search)", "Path of libnccl.so to load; otherwise the system path, then torch's nvidia/nccl/lib."),
+    var("FERROCOMM_KERNEL_CACHE", "$XDG_CACHE_HOME/ferrocomm or ~/.cache/ferrocomm", "Directory of compiled kernels (cubins keyed by source hash, arch and NVRTC version)."),
+    var("FERROCOMM_STORE_ADDR", "MASTER_ADDR", "Host of the bootstrap TCP store."),
+    var("FERROCOMM_STORE_PORT", "MASTER_PORT (MASTER_PORT+1 under torchrun)", "Port of the bootstrap TCP store."),
+    var("FERROCOMM_STORE_EXTERNAL", "0", "1 when the store server runs outside the ranks (ferrocomm launch sets it); rank 0 then connects as a client."),
+    var("FERROCOMM_DEBUG", "0", "1 prints the configuration and every algorithm choice to stderr at start-up (like NCCL_DEBUG=INFO)."),
+    var("RANK", "-", "Global rank (torchrun); OMPI_COMM_WORLD_RANK is read when RANK is absent."),
+    var("WORLD_SIZE", "-", "Number of ranks (torchrun); OMPI_COMM_WORLD_SIZE otherwise."),
+    var("LOCAL_RANK", "RANK", "Rank within this host; selects the GPU (OMPI_COMM_WORLD_LOCAL_RANK otherwise)."),
+    var("LOCAL_WORLD_SIZE", "WORLD_SIZE", "Ranks on this host (OMPI_COMM_WORLD_LOCAL_SIZE otherwise); below WORLD_SIZE means several hosts."),
+    var("MASTER_ADDR", "127.0.0.1", "Host of rank 0 (torchrun)."),
+    var("MASTER_PORT", "-", "Port of rank 0 (torchrun)."),
+];
+
+/// Where a value in effect came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Source {
+    Default,
+    Env,
+}
+
+/// Which backend a communicator uses when the caller does not say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum BackendChoice {
+    Auto,
+    Host,
+    Cuda,
+    Nccl,
+}
+
+impl FromStr for BackendChoice {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" | "ferrocomm" => Ok(BackendChoice::Auto),
+            "host" | "cpu" | "shm" => Ok(BackendChoice::Host),
+            "cuda" | "dda" => Ok(BackendChoice::Cuda),
+            "nccl" => Ok(BackendChoice::Nccl),
+            _ => Err("expected auto, host, cuda or nccl".into()),
+        }
+    }
+}
+
+/// Low-precision settings.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LowPrecisionConfig {
+    pub enabled: bool,
+    pub format: Format,
+    pub block: usize,
+    /// `None`: the backend's tuned default.
+    pub min_bytes: Option<usize>,
+    pub all_reduce: bool,
+    pub all_gather: bool,
+    pub reduce_scatter: bool,
+    pub all_to_all: bool,
+}
+
+/// Size thresholds in bytes per rank; `None` means "the default for this world size"
+/// (see [`crate::select`]).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Thresholds {
+    pub push_max: Option<usize>,
+    pub flat_max: Option<usize>,
+    pub tree_max: Option<usize>,
+    pub all_gather_max: Option<usize>,
+    pub reduce_scatter_max: Option<usize>,
+    pub all_to_all_max: Option<usize>,
+    pub broadcast_max: Option<usize>,
+}
+
+/// How this process was launched: torchrun's or Open MPI's variables.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct LaunchEnv {
+    pub rank: Option<usize>,
+    pub world_size: Option<usize>,
+    pub local_rank: Option<usize>,
+    pub local_world_size: Option<usize>,
+    pub master_addr: Option<String>,
+    pub master_port: Option<u16>,
+    pub store_addr: Option<String>,
+    pub store_port: Option<u16>,
+    pub store_external: bool,
+    /// Set under torchrun, whose agent already listens on MASTER_PORT.
+    pub under_torchelastic: bool,
+}
+
+/// The configuration in effect.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Config {
+    pub timeout: Duration,
+    pub backend: BackendChoice,
+    pub algo: Algo,
+    pub low_precision: LowPrecisionConfig,
+    pub thresholds: Thresholds,
+    pub host_slot_bytes: usize,
+    pub cuda_staging_bytes: usize,
+    pub nccl_lib: Option<PathBuf>,
+    pub kernel_cache: PathBuf,
+    pub debug: bool,
+    pub launch: LaunchEnv,
+    /// Variable name -> (value text, source) for every variable in [`VARS`].
+    #[serde(skip)]
+    pub sources: BTreeMap<&'static str, (String, Source)>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::from_lookup(|_| None).expect("defaults parse")
+    }
+}
+
+struct Reader<'a> {
+    lookup: &'a dyn Fn(&str) -> Option<String>,
+    sources: BTreeMap<&'static str, (String, Source)>,
+}
+
+impl Reader<'_> {
+    fn raw(&mut self, name: &'static str) -> Option<String> {
+        debug_assert!(
+            VARS.iter().any(|v| v.name == name),
+            "{name} missing from VARS"
+        );
+        let v = (self.lookup)(name).filter(|s| !s.trim().is_empty());
+        let (text, src) = match &v {
+            Some(s) => (s.clone(), Source::Env),
+            None => (
+                VARS.iter()
+                    .find(|v| v.name == name)
+                    .map(|v| v.default.to_string())
+                    .unwrap_or_default(),
+                Source::Default,
+            ),
+        };
+        self.sources.insert(name, (text, src));
+        v
+    }
+
+    fn parse<T: FromStr>(&mut self, name: &'static str, why: &str) -> Result<Option<T>> {
+        match self.raw(name) {
+            None => Ok(None),
+            Some(s) => s.trim().parse::<T>().map(Some).map_err(|_| Error::BadEnv {
+                var: name,
+                value: s,
+                why: why.to_string(),
+            }),
+        }
+    }
+
+    fn flag(&mut self, name: &'static str, default: bool) -> Result<bool> {
+        match self.raw(name) {
+            None => Ok(default),
+            Some(s) => match s.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => Ok(true),
+                "0" | "false" | "no" | "off" => Ok(false),
+                _ => Err(Error::BadEnv {
+                    var: name,
+                    value: s,
+                    why: "expected 0 or 1".into(),
+                }),
+            },
+        }
+    }
+
+    fn bytes(&mut self, name: &'static str) -> Result<Option<usize>> {
+        match self.raw(name) {
+            None => Ok(None),
+            Some(s) => parse_size(&s).map(Some).map_err(|why| Error::BadEnv {
+                var: name,
+                value: s,
+                why,
+            }),
+        }
+    }
+}
+
+/// Parses a byte size: a plain number or one with a K/M/G suffix (powers of 1024).
+pub fn parse_size(s: &str) -> std::result::Result<usize, String> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 1usize << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    num.trim()
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("'{s}' is not a size (a number with an optional K, M or G)"))
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads variables through `lookup` (tests pass a map).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let mut r = Reader {
+            lookup: &lookup,
+            sources: BTreeMap::new(),
+        };
+        let timeout_s: f64 = r
+            .parse(
+                "FERROCOMM_TIMEOUT_S",
+                "expected seconds (a positive number)",
+            )?
+            .unwrap_or(300.0);
+        if !(timeout_s > 0.0 && timeout_s.is_finite()) {
+            return Err(Error::BadEnv {
+                var: "FERROCOMM_TIMEOUT_S",
+                value: timeout_s.to_string(),
+                why: "must be positive".into(),
+            });
+        }
+        let backend = match r.raw("FERROCOMM_BACKEND") {
+            None => BackendChoice::Auto,
+            Some(s) => s.parse().map_err(|why| Error::BadEnv {
+                var: "FERROCOMM_BACKEND",
+                value: s,
+                why,
+            })?,
+        };
+        let algo = match r.raw("FERROCOMM_ALGO") {
+            None => Algo::Auto,
+            Some(s) => s.parse().map_err(|e: Error| Error::BadEnv {
+                var: "FERROCOMM_ALGO",
+                value: s,
+                why: e.to_string(),
+            })?,
+        };
+        let lp_on = r.flag("FERROCOMM_LOW_PRECISION", false)?;
+        let lp_alias = r.flag("RCCL_LOW_PRECISION_ENABLE", false)?;
+        let format = match r.raw("FERROCOMM_LP_FORMAT") {
+            None => Format::E4M3,
+            Some(s) => s.parse().map_err(|e: Error| Error::BadEnv {
+                var: "FERROCOMM_LP_FORMAT",
+                value: s,
+                why: e.to_string(),
+            })?,
+        };
+        let block: usize = r
+            .parse("FERROCOMM_LP_BLOCK", "expected a power of two")?
+            .unwrap_or(128);
+        if !block.is_power_of_two() || !(16..=4096).contains(&block) {
+            return Err(Error::BadEnv {
+                var: "FERROCOMM_LP_BLOCK",
+                value: block.to_string(),
+                why: "must be a power of two between 16 and 4096".into(),
+            });
+        }
+        let low_precision = LowPrecisionConfig {
+            enabled: lp_on || lp_alias,
+            format,
+            block,
+            min_bytes: r.bytes("FERROCOMM_LP_MIN_BYTES")?,
+            all_reduce: r.flag("FERROCOMM_LP_ALL_REDUCE", true)?,
+            all_gather: r.flag("FERROCOMM_LP_ALL_GATHER", true)?,
+            reduce_scatter: r.flag("FERROCOMM_LP_REDUCE_SCATTER", true)?,
+            all_to_all: r.flag("FERROCOMM_LP_ALL_TO_ALL", true)?,
+        };
+        let thresholds = Thresholds {
+            push_max: r.bytes("FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES")?,
+            flat_max: r.bytes("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES")?,
+            tree_max: r.bytes("FERROCOMM_ALLREDUCE_TREE_MAX_BYTES")?,
+            all_gather_max: r.bytes("FERROCOMM_ALLGATHER_MAX_BYTES")?,
+            reduce_scatter_max: r.bytes("FERROCOMM_REDUCESCATTER_MAX_BYTES")?,
+            all_to_all_max: r.bytes("FERROCOMM_ALLTOALL_MAX_BYTES")?,
+            broadcast_max: r.bytes("FERROCOMM_BROADCAST_MAX_BYTES")?,
+        };
+        let host_slot_bytes = r.bytes("FERROCOMM_HOST_SLOT_BYTES")?.unwrap_or(4 << 20);
+        if host_slot_bytes < 4096 {
+            return Err(Error::BadEnv {
+                var: "FERROCOMM_HOST_SLOT_BYTES",
+                value: host_slot_bytes.to_string(),
+                why: "must be at least 4096".into(),
+            });
+        }
+        let cuda_staging_bytes = r.bytes("FERROCOMM_CUDA_STAGING_BYTES")?.unwrap_or(64 << 20);
+        let nccl_lib = r.raw("FERROCOMM_NCCL_LIB").map(PathBuf::from);
+        let kernel_cache = match r.raw("FERROCOMM_KERNEL_CACHE") {
+            Some(p) => PathBuf::from(p),
+            None => {
+                let base = lookup("XDG_CACHE_HOME")
+                    .map(PathBuf::from)
+                    .or_else(|| lookup("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                    .unwrap_or_else(std::env::temp_dir);
+                base.join("ferrocomm")
+            }
+        };
+        let debug = r.flag("FERROCOMM_DEBUG", false)?;
+        let launch = read_launch(&mut r)?;
+        Ok(Config {
+            timeout: Duration::from_secs_f64(timeout_s),
+            backend,
+            algo,
+            low_precision,
+            thresholds,
+            host_slot_bytes,
+            cuda_staging_bytes,
+            nccl_lib,
+            kernel_cache,
+            debug,
+            launch,
+            sources: r.sources,
+        })
+    }
+
+    /// (name, value in effect, source, meaning) for every variable, for `ferrocomm info`.
+    pub fn table(&self) -> Vec<(&'static str, String, Source, &'static str)> {
+        VARS.iter()
+            .map(|v| {
+                let (val, src) = self
+                    .sources
+                    .get(v.name)
+                    .cloned()
+                    .unwrap_or((v.default.to_string(), Source::Default));
+                (v.name, val, src, v.meaning)
+            })
+            .collect()
+    }
+}
+
+fn read_launch(r: &mut Reader<'_>) -> Result<LaunchEnv> {
+    let (lookup, parse_idx) = (r.lookup, |name: &'static str, s: String| {
+        s.trim().parse::<usize>().map_err(|_| Error::BadEnv {
+            var: name,
+            value: s,
+            why: "expected a non-negative integer".into(),
+        })
+    });
+    // torchrun first, then Open MPI's names for the same facts.
+    let mut pick = |torch: &'static str, ompi: &'static str| -> Result<Option<usize>> {
+        if let Some(s) = r.raw(torch) {
+            return parse_idx(torch, s).map(Some);
+        }
+        match lookup(ompi).filter(|s| !s.trim().is_empty()) {
+            Some(s) => parse_idx(torch, s).map(Some),
+            None => Ok(None),
+        }
+    };
+    let rank = pick("RANK", "OMPI_COMM_WORLD_RANK")?;
+    let world_size = pick("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE")?;
+    let local_rank = pick("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK")?;
+    let local_world_size = pick("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")?;
+    let master_addr = r.raw("MASTER_ADDR");
+    let master_port = r.parse::<u16>("MASTER_PORT", "expected a TCP port")?;
+    let store_addr = r.raw("FERROCOMM_STORE_ADDR");
+    let store_port = r.parse::<u16>("FERROCOMM_STORE_PORT", "expected a TCP port")?;
+    let store_external = r.flag("FERROCOMM_STORE_EXTERNAL", false)?;
+    let under_torchelastic = (r.lookup)("TORCHELASTIC_RUN_ID").is_some();
+    if let (Some(rk), Some(ws)) = (rank, world_size) {
+        if rk >= ws {
+            return Err(Error::BadEnv {
+                var: "RANK",
+                value: rk.to_string(),
+                why: format!("must be below WORLD_SIZE={ws}"),
+            });
+        }
+    }
+    Ok(LaunchEnv {
+        rank,
+        world_size,
+        local_rank,
+        local_world_size,
+        master_addr,
+        master_port,
+        store_addr,
+        store_port,
+        store_external,
+        under_torchelastic,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<Config> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(move |k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.timeout, Duration::from_secs(300));
+        assert!(!c.low_precision.enabled);
+        assert_eq!(c.low_precision.block, 128);
+        assert_eq!(c.host_slot_bytes, 4 << 20);
+        assert_eq!(c.sources["FERROCOMM_TIMEOUT_S"].1, Source::Default);
+    }
+
+    #[test]
+    fn rcclx_alias_turns_low_precision_on() {
+        let c = cfg(&[("RCCL_LOW_PRECISION_ENABLE", "1")]).unwrap();
+        assert!(c.low_precision.enabled);
+        let c = cfg(&[
+            ("FERROCOMM_LOW_PRECISION", "1"),
+            ("FERROCOMM_LP_FORMAT", "int8"),
+        ])
+        .unwrap();
+        assert!(c.low_precision.enabled);
+        assert_eq!(c.low_precision.format, Format::Int8);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let e = cfg(&[("FERROCOMM_LP_BLOCK", "100")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("FERROCOMM_LP_BLOCK"), "{e}");
+        let e = cfg(&[("FERROCOMM_TIMEOUT_S", "soon")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("FERROCOMM_TIMEOUT_S"), "{e}");
+        let e = cfg(&[("RANK", "4"), ("WORLD_SIZE", "4")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("RANK"), "{e}");
+    }
+
+    #[test]
+    fn sizes_and_sources() {
+        let c = cfg(&[
+            ("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES", "256K"),
+            ("FERROCOMM_TIMEOUT_S", "2.5"),
+        ])
+        .unwrap();
+        assert_eq!(c.thresholds.flat_max, Some(256 << 10));
+        assert_eq!(c.timeout, Duration::from_millis(2500));
+        assert_eq!(
+            c.sources["FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES"].1,
+            Source::Env
+        );
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert!(parse_size("12Q").is_err());
+    }
+
+    #[test]
+    fn open_mpi_variables() {
+        let c = cfg(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2")]).unwrap();
+        assert_eq!(c.launch.rank, Some(1));
+        assert_eq!(c.launch.world_size, Some(2));
+    }
+
+    #[test]
+    fn docs_list_every_variable() {
+        let doc = include_str!("../../../docs/config.md");
+        for v in VARS {
+            assert!(
+                doc.contains(&format!("`{}`", v.name)),
+                "docs/config.md lacks {}",
+                v.name
+            );
+        }
+    }
+}

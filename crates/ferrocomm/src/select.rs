@@ -1,0 +1,221 @@
+//! Algorithm selection: the one function every backend consults to choose how a collective runs.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::types::DataType;
+
+/// How a collective is carried out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Algo {
+    /// Let [`select`] decide.
+    Auto,
+    /// Barrier-free one-shot: data travels with flags or sentinels (smallest messages).
+    Push,
+    /// One-shot pull: every rank reads every staging slot and reduces locally.
+    Flat,
+    /// Two-shot: reduce-scatter of stripes, then all-gather of the reduced stripes.
+    Tree,
+    /// Direct access for the data-movement collectives (each rank copies what it needs).
+    Direct,
+    /// NCCL carries the collective.
+    Nccl,
+}
+
+impl Algo {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algo::Auto => "auto",
+            Algo::Push => "push",
+            Algo::Flat => "flat",
+            Algo::Tree => "tree",
+            Algo::Direct => "direct",
+            Algo::Nccl => "nccl",
+        }
+    }
+}
+
+impl fmt::Display for Algo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algo {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Algo::Auto,
+            "push" | "oneshot_push" => Algo::Push,
+            "flat" | "oneshot" | "one_shot" => Algo::Flat,
+            "tree" | "twoshot" | "two_shot" => Algo::Tree,
+            "direct" | "dda" => Algo::Direct,
+            "nccl" => Algo::Nccl,
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown algorithm '{other}' (expected auto, push, flat, tree, direct, nccl)"
+                )))
+            }
+        })
+    }
+}
+
+/// The collectives, as selection and signatures name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Collective {
+    AllReduce,
+    Reduce,
+    Broadcast,
+    AllGather,
+    ReduceScatter,
+    AllToAll,
+    AllToAllV,
+    Barrier,
+    Send,
+    Recv,
+}
+
+impl Collective {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all_reduce",
+            Collective::Reduce => "reduce",
+            Collective::Broadcast => "broadcast",
+            Collective::AllGather => "all_gather",
+            Collective::ReduceScatter => "reduce_scatter",
+            Collective::AllToAll => "all_to_all",
+            Collective::AllToAllV => "all_to_all_v",
+            Collective::Barrier => "barrier",
+            Collective::Send => "send",
+            Collective::Recv => "recv",
+        }
+    }
+
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+}
+
+/// What a backend can do, so that selection never picks an algorithm it lacks.
+#[derive(Debug, Clone, Copy)]
+pub struct Capabilities {
+    pub push: bool,
+    pub nccl: bool,
+    /// Largest message (bytes per rank) that fits the direct-access staging in one piece;
+    /// `None` when the backend chunks larger messages itself.
+    pub staging_bytes: Option<usize>,
+    /// Ranks span several hosts: direct access is never attempted.
+    pub multi_host: bool,
+}
+
+/// Default all-reduce thresholds by world size (bytes per rank): (push_max, flat_max, tree_max).
+///
+/// The 2-rank figures come from the 2×H200 sweep recorded in docs/tuning.md; larger worlds scale
+/// them down because flat moves O(N²) bytes and push's payload grows with N.
+pub fn default_all_reduce_thresholds(world: usize) -> (usize, usize, usize) {
+    match world {
+        0..=2 => (64 << 10, 1 << 20, 64 << 20),
+        3..=4 => (32 << 10, 512 << 10, 64 << 20),
+        _ => (16 << 10, 256 << 10, 64 << 20),
+    }
+}
+
+/// Default direct-access limits for the data-movement collectives (bytes per rank).
+pub fn default_direct_max(coll: Collective, world: usize) -> usize {
+    let base: usize = match coll {
+        Collective::AllGather => 16 << 20,
+        Collective::ReduceScatter => 16 << 20,
+        Collective::AllToAll | Collective::AllToAllV => 16 << 20,
+        _ => 16 << 20,
+    };
+    if world > 4 {
+        base / 2
+    } else {
+        base
+    }
+}
+
+/// Chooses the algorithm for one collective call.
+///
+/// `requested` is the per-call choice (or the `FERROCOMM_ALGO` default); an explicit choice
+/// the backend cannot do is an error rather than a silent substitute.
+pub fn select(
+    coll: Collective,
+    bytes_per_rank: usize,
+    world: usize,
+    dtype: DataType,
+    requested: Algo,
+    caps: &Capabilities,
+    cfg: &Config,
+) -> Result<Algo> {
+    let _ = dtype;
+    let requested = if requested == Algo::Auto {
+        cfg.algo
+    } else {
+        requested
+    };
+    let fits = |n: usize| caps.staging_bytes.is_none_or(|s| n <= s);
+    if requested != Algo::Auto {
+        let ok = match requested {
+            Algo::Nccl => caps.nccl,
+            Algo::Push => caps.push && coll == Collective::AllReduce && fits(bytes_per_rank),
+            Algo::Flat | Algo::Tree => {
+                matches!(coll, Collective::AllReduce) && !caps.multi_host && fits(bytes_per_rank)
+            }
+            Algo::Direct => {
+                coll != Collective::AllReduce && !caps.multi_host && fits(bytes_per_rank)
+            }
+            Algo::Auto => true,
+        };
+        if ok {
+            return Ok(requested);
+        }
+        // A forced algorithm from the environment that does not apply to this collective falls
+        // through to automatic choice; a per-call request is honoured or refused.
+        if requested != cfg.algo {
+            return Err(Error::InvalidArgument(format!(
+                "algorithm {requested} cannot run {} of {bytes_per_rank} bytes per rank on this backend",
+                coll.name()
+            )));
+        }
+    }
+    if caps.multi_host && caps.nccl {
+        // DDA is never attempted across hosts.
+        return Ok(Algo::Nccl);
+    }
+    let t = &cfg.thresholds;
+    match coll {
+        Collective::AllReduce => {
+            let (push_d, flat_d, tree_d) = default_all_reduce_thresholds(world);
+            let push_max = t.push_max.unwrap_or(push_d);
+            let flat_max = t.flat_max.unwrap_or(flat_d);
+            let tree_max = t.tree_max.unwrap_or(tree_d);
+            if caps.push && bytes_per_rank <= push_max && fits(bytes_per_rank) {
+                Ok(Algo::Push)
+            } else if bytes_per_rank <= flat_max && fits(bytes_per_rank) {
+                Ok(Algo::Flat)
+            } else if caps.nccl && (bytes_per_rank > tree_max || !fits(bytes_per_rank)) {
+                Ok(Algo::Nccl)
+            } else {
+                Ok(Algo::Tree)
+            }
+        }
+        Collective::Barrier | Collective::Send | Collective::Recv => Ok(Algo::Direct),
+        other => {
+            let limit = match other {
+                Collective::AllGather => t.all_gather_max,
+                Collective::ReduceScatter => t.reduce_scatter_max,
+                Collective::AllToAll | Collective::AllToAllV => t.all_to_all_max,
+                _ => t.broadcast_max,
+            }
+            .unwrap_or_else(|| default_direct_max(other, world));
+            if caps.nccl && (bytes_per_rank > limit || !fits(bytes_per_rank)) {
+                Ok(Algo::Nccl)
+            } else {
+                Ok(Algo::Direct)
+            }
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! Element types, reduction operators and where a buffer lives.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::{Error, Result};
+
+/// The element type of a buffer, as NCCL and torch know them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum DataType {
+    F32,
+    F64,
+    F16,
+    BF16,
+    F8E4M3,
+    F8E5M2,
+    I8,
+    U8,
+    I32,
+    U32,
+    I64,
+    U64,
+}
+
+impl DataType {
+    /// Every dtype, in a stable order (used for codes on the wire and in tests).
+    pub const ALL: [DataType; 12] = [
+        DataType::F32,
+        DataType::F64,
+        DataType::F16,
+        DataType::BF16,
+        DataType::F8E4M3,
+        DataType::F8E5M2,
+        DataType::I8,
+        DataType::U8,
+        DataType::I32,
+        DataType::U32,
+        DataType::I64,
+        DataType::U64,
+    ];
+
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            DataType::F64 | DataType::I64 | DataType::U64 => 8,
+            DataType::F32 | DataType::I32 | DataType::U32 => 4,
+            DataType::F16 | DataType::BF16 => 2,
+            DataType::F8E4M3 | DataType::F8E5M2 | DataType::I8 | DataType::U8 => 1,
+        }
+    }
+
+    /// The name used in tables and on the command line (nccl-tests' spelling where it has one).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DataType::F32 => "float",
+            DataType::F64 => "double",
+            DataType::F16 => "half",
+            DataType::BF16 => "bfloat16",
+            DataType::F8E4M3 => "f8e4m3",
+            DataType::F8E5M2 => "f8e5m2",
+            DataType::I8 => "int8",
+            DataType::U8 => "uint8",
+            DataType::I32 => "int32",
+            DataType::U32 => "uint32",
+            DataType::I64 => "int64",
+            DataType::U64 => "uint64",
+        }
+    }
+
+    /// A stable small code (index in [`DataType::ALL`]) for signatures and kernels.
+    pub fn code(self) -> u8 {
+        DataType::ALL.iter().position(|d| *d == self).unwrap_or(0) as u8
+    }
+
+    pub fn from_code(code: u8) -> Option<DataType> {
+        DataType::ALL.get(code as usize).copied()
+    }
+
+    pub const fn is_float(self) -> bool {
+        matches!(
+            self,
+            DataType::F32
+                | DataType::F64
+                | DataType::F16
+                | DataType::BF16
+                | DataType::F8E4M3
+                | DataType::F8E5M2
+        )
+    }
+
+    pub const fn is_integer(self) -> bool {
+        !self.is_float()
+    }
+
+    /// Narrow float types that are reduced in f32 (DESIGN rule 6).
+    pub const fn accumulates_in_f32(self) -> bool {
+        matches!(
+            self,
+            DataType::F16 | DataType::BF16 | DataType::F8E4M3 | DataType::F8E5M2
+        )
+    }
+}
+
+impl fmt::Display for DataType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DataType {
+    type Err = Error;
+
+    /// Accepts nccl-tests names (`float`, `half`, `bfloat16`, `int32`...), torch names
+    /// (`float32`, `torch.bfloat16`, `float8_e4m3fn`...) and short forms (`f32`, `bf16`, `e4m3`).
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim().trim_start_matches("torch.").to_ascii_lowercase();
+        let d = match s.as_str() {
+            "float" | "float32" | "f32" | "fp32" => DataType::F32,
+            "double" | "float64" | "f64" | "fp64" => DataType::F64,
+            "half" | "float16" | "f16" | "fp16" => DataType::F16,
+            "bfloat16" | "bf16" => DataType::BF16,
+            "f8e4m3" | "e4m3" | "fp8" | "float8_e4m3fn" | "fp8_e4m3" => DataType::F8E4M3,
+            "f8e5m2" | "e5m2" | "float8_e5m2" | "fp8_e5m2" => DataType::F8E5M2,
+            "int8" | "i8" | "char" => DataType::I8,
+            "uint8" | "u8" => DataType::U8,
+            "int32" | "i32" | "int" => DataType::I32,
+            "uint32" | "u32" => DataType::U32,
+            "int64" | "i64" | "long" => DataType::I64,
+            "uint64" | "u64" => DataType::U64,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown dtype '{s}' (expected one of: float, double, half, bfloat16, f8e4m3, \
+                     f8e5m2, int8, uint8, int32, uint32, int64, uint64)"
+                )))
+            }
+        };
+        Ok(d)
+    }
+}
+
+/// A reduction operator. `PremulSum(s)` multiplies every input by `s` before summing.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum ReduceOp {
+    Sum,
+    Prod,
+    Min,
+    Max,
+    Avg,
+    PremulSum(f64),
+    BitAnd,
+    BitOr,
+    BitXor,
+}
+
+impl ReduceOp {
+    /// nccl-tests' name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+            ReduceOp::Avg => "avg",
+            ReduceOp::PremulSum(_) => "premulsum",
+            ReduceOp::BitAnd => "band",
+            ReduceOp::BitOr => "bor",
+            ReduceOp::BitXor => "bxor",
+        }
+    }
+
+    /// A stable small code for signatures and kernels.
+    pub const fn code(self) -> u8 {
+        match self {
+            ReduceOp::Sum => 0,
+            ReduceOp::Prod => 1,
+            ReduceOp::Min => 2,
+            ReduceOp::Max => 3,
+            ReduceOp::Avg => 4,
+            ReduceOp::PremulSum(_) => 5,
+            ReduceOp::BitAnd => 6,
+            ReduceOp::BitOr => 7,
+            ReduceOp::BitXor => 8,
+        }
+    }
+
+    /// Whether this operator is defined for `dtype`; an error that says why otherwise.
+    ///
+    /// Arithmetic ops work on every type (Avg on integers truncates, as in NCCL); PremulSum
+    /// needs a float type; bitwise ops need an integer type.
+    pub fn check(self, dtype: DataType, collective: &'static str) -> Result<()> {
+        let ok = match self {
+            ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Min | ReduceOp::Max | ReduceOp::Avg => true,
+            ReduceOp::PremulSum(s) => dtype.is_float() && s.is_finite(),
+            ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor => dtype.is_integer(),
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::UnsupportedOp {
+                collective,
+                op: self,
+                dtype,
+            })
+        }
+    }
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReduceOp::PremulSum(s) => write!(f, "premulsum({s})"),
+            other => f.write_str(other.name()),
+        }
+    }
+}
+
+impl FromStr for ReduceOp {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s.trim().to_ascii_lowercase().as_str() {
+            "sum" => ReduceOp::Sum,
+            "prod" | "product" => ReduceOp::Prod,
+            "min" => ReduceOp::Min,
+            "max" => ReduceOp::Max,
+            "avg" | "mean" => ReduceOp::Avg,
+            "premulsum" | "premul_sum" => ReduceOp::PremulSum(1.0),
+            "band" | "bitand" => ReduceOp::BitAnd,
+            "bor" | "bitor" => ReduceOp::BitOr,
+            "bxor" | "bitxor" => ReduceOp::BitXor,
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown reduce op '{other}' (expected sum, prod, min, max, avg, premulsum, \
+                     band, bor, bxor)"
+                )))
+            }
+        })
+    }
+}
+
+/// Where a buffer lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Device {
+    /// Ordinary (pageable or pinned) host memory.
+    Host,
+    /// Memory of the CUDA device with this ordinal.
+    Cuda(u32),
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Host => f.write_str("cpu"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+impl FromStr for Device {
+    type Err = Error;
+
+    /// `cpu`, `cuda`, `cuda:N` (a bare `cuda` means the local rank's GPU and parses as `cuda:0`
+    /// here; the communicator resolves it).
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim().to_ascii_lowercase();
+        if s == "cpu" || s == "host" {
+            return Ok(Device::Host);
+        }
+        if s == "cuda" || s == "gpu" {
+            return Ok(Device::Cuda(0));
+        }
+        if let Some(n) = s.strip_prefix("cuda:") {
+            return n
+                .parse()
+                .map(Device::Cuda)
+                .map_err(|_| Error::InvalidArgument(format!("bad device ordinal in '{s}'")));
+        }
+        Err(Error::InvalidArgument(format!(
+            "unknown device '{s}' (expected cpu, cuda or cuda:N)"
+        )))
+    }
+}
+
+/// A Rust type that is one of the [`DataType`]s.
+pub trait Element: bytemuck::Pod + Send + Sync + 'static {
+    const DTYPE: DataType;
+}
+
+macro_rules! element {
+    ($($t:ty => $d:ident),* $(,)?) => {
+        $(impl Element for $t { const DTYPE: DataType = DataType::$d; })*
+    };
+}
+
+element! {
+    f32 => F32, f64 => F64, half::f16 => F16, half::bf16 => BF16,
+    i8 => I8, u8 => U8, i32 => I32, u32 => U32, i64 => I64, u64 => U64,
+}
+
+/// FP8 E4M3 code, stored as its raw byte (the `float8` crate gives the arithmetic).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct F8E4M3(pub u8);
+
+/// FP8 E5M2 code, stored as its raw byte.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct F8E5M2(pub u8);
+
+element! { F8E4M3 => F8E4M3, F8E5M2 => F8E5M2 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtype_names_round_trip() {
+        for d in DataType::ALL {
+            assert_eq!(d.name().parse::<DataType>().unwrap(), d);
+            assert_eq!(DataType::from_code(d.code()), Some(d));
+        }
+        assert_eq!(
+            "torch.bfloat16".parse::<DataType>().unwrap(),
+            DataType::BF16
+        );
+        assert!("complex64".parse::<DataType>().is_err());
+    }
+
+    #[test]
+    fn op_support() {
+        assert!(ReduceOp::BitXor.check(DataType::I32, "all_reduce").is_ok());
+        let e = ReduceOp::BitXor
+            .check(DataType::F32, "all_reduce")
+            .unwrap_err();
+        assert!(e.to_string().contains("bxor"), "{e}");
+        assert!(ReduceOp::PremulSum(2.0)
+            .check(DataType::I64, "all_reduce")
+            .is_err());
+        assert!(ReduceOp::PremulSum(0.5)
+            .check(DataType::BF16, "all_reduce")
+            .is_ok());
+    }
+
+    #[test]
+    fn devices_parse() {
+        assert_eq!("cuda:3".parse::<Device>().unwrap(), Device::Cuda(3));
+        assert_eq!("cpu".parse::<Device>().unwrap(), Device::Host);
+        assert!("tpu".parse::<Device>().is_err());
+    }
+}

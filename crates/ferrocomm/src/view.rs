@@ -1,0 +1,199 @@
+//! Buffer views: a pointer, a count, a dtype and the device the memory lives on.
+//!
+//! Host views are made safely from slices; device views from raw pointers, unsafely, because
+//! ferrocomm cannot see the allocation behind a CUDA pointer.
+
+use std::marker::PhantomData;
+
+use crate::types::{DataType, Device, Element};
+
+/// A read-only buffer the collective consumes.
+#[derive(Debug, Clone, Copy)]
+pub struct View<'a> {
+    ptr: *const u8,
+    count: usize,
+    dtype: DataType,
+    device: Device,
+    _life: PhantomData<&'a [u8]>,
+}
+
+/// A buffer the collective writes.
+#[derive(Debug)]
+pub struct ViewMut<'a> {
+    ptr: *mut u8,
+    count: usize,
+    dtype: DataType,
+    device: Device,
+    _life: PhantomData<&'a mut [u8]>,
+}
+
+// SAFETY: a view is a borrowed pointer with a lifetime; moving it to another thread is as safe
+// as moving the `&[T]`/`&mut [T]` it was made from (device pointers are plain addresses).
+unsafe impl Send for View<'_> {}
+// SAFETY: shared views only permit reads.
+unsafe impl Sync for View<'_> {}
+// SAFETY: as for `View`; `ViewMut` is not `Clone`, so it stays unique like `&mut [T]`.
+unsafe impl Send for ViewMut<'_> {}
+
+impl<'a> View<'a> {
+    /// A view of a host slice.
+    pub fn host<T: Element>(s: &'a [T]) -> Self {
+        View {
+            ptr: s.as_ptr().cast(),
+            count: s.len(),
+            dtype: T::DTYPE,
+            device: Device::Host,
+            _life: PhantomData,
+        }
+    }
+
+    /// A view of raw memory.
+    ///
+    /// # Safety
+    /// `ptr` must point to `count * dtype.size()` readable bytes on `device` that stay valid and
+    /// unmodified for `'a` (for CUDA: until the collective's work on its stream has finished).
+    pub unsafe fn from_raw(ptr: *const u8, count: usize, dtype: DataType, device: Device) -> Self {
+        View {
+            ptr,
+            count,
+            dtype,
+            device,
+            _life: PhantomData,
+        }
+    }
+
+    pub fn ptr(&self) -> *const u8 {
+        self.ptr
+    }
+    pub fn count(&self) -> usize {
+        self.count
+    }
+    pub fn dtype(&self) -> DataType {
+        self.dtype
+    }
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    pub fn bytes_len(&self) -> usize {
+        self.count * self.dtype.size()
+    }
+
+    /// The bytes of a host view; `None` for device memory.
+    pub fn host_bytes(&self) -> Option<&'a [u8]> {
+        match self.device {
+            Device::Host if self.count > 0 => {
+                // SAFETY: host views were made from a slice (or promised valid by `from_raw`)
+                // of exactly this many bytes, borrowed for 'a.
+                Some(unsafe { std::slice::from_raw_parts(self.ptr, self.bytes_len()) })
+            }
+            Device::Host => Some(&[]),
+            Device::Cuda(_) => None,
+        }
+    }
+
+    /// The elements `[start, start + len)` of this view.
+    pub fn sub(&self, start: usize, len: usize) -> View<'a> {
+        assert!(start + len <= self.count, "sub-view out of range");
+        View {
+            // SAFETY: in bounds by the assertion above (pointer arithmetic within the buffer).
+            ptr: unsafe { self.ptr.add(start * self.dtype.size()) },
+            count: len,
+            ..*self
+        }
+    }
+}
+
+impl<'a> ViewMut<'a> {
+    /// A view of a mutable host slice.
+    pub fn host<T: Element>(s: &'a mut [T]) -> Self {
+        ViewMut {
+            ptr: s.as_mut_ptr().cast(),
+            count: s.len(),
+            dtype: T::DTYPE,
+            device: Device::Host,
+            _life: PhantomData,
+        }
+    }
+
+    /// A view of raw writable memory.
+    ///
+    /// # Safety
+    /// `ptr` must point to `count * dtype.size()` writable bytes on `device`, valid for `'a`,
+    /// not accessed by anything else until the collective has finished with it.
+    pub unsafe fn from_raw(ptr: *mut u8, count: usize, dtype: DataType, device: Device) -> Self {
+        ViewMut {
+            ptr,
+            count,
+            dtype,
+            device,
+            _life: PhantomData,
+        }
+    }
+
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    pub fn count(&self) -> usize {
+        self.count
+    }
+    pub fn dtype(&self) -> DataType {
+        self.dtype
+    }
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    pub fn bytes_len(&self) -> usize {
+        self.count * self.dtype.size()
+    }
+
+    /// A read-only view of the same memory (for in-place collectives, which read their output).
+    pub fn as_view(&self) -> View<'_> {
+        View {
+            ptr: self.ptr,
+            count: self.count,
+            dtype: self.dtype,
+            device: self.device,
+            _life: PhantomData,
+        }
+    }
+
+    /// Reborrows this view for a shorter time.
+    pub fn reborrow(&mut self) -> ViewMut<'_> {
+        ViewMut {
+            ptr: self.ptr,
+            count: self.count,
+            dtype: self.dtype,
+            device: self.device,
+            _life: PhantomData,
+        }
+    }
+
+    /// The bytes of a host view; `None` for device memory.
+    pub fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        match self.device {
+            Device::Host if self.count > 0 => {
+                // SAFETY: host views were made from a unique slice of exactly this many bytes.
+                Some(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes_len()) })
+            }
+            Device::Host => Some(&mut []),
+            Device::Cuda(_) => None,
+        }
+    }
+}
+
+/// The input of a collective: a separate buffer, or the output buffer itself (in place).
+///
+/// In place follows NCCL: for `all_gather` the rank's own part already sits at its offset in the
+/// output; for `reduce_scatter` the full input is the output buffer and the result is written to
+/// the rank's part of it; for `all_to_all(_v)` the output holds the input and is overwritten.
+#[derive(Debug, Clone, Copy)]
+pub enum Input<'a> {
+    InPlace,
+    Buf(View<'a>),
+}
+
+impl<'a> From<View<'a>> for Input<'a> {
+    fn from(v: View<'a>) -> Self {
+        Input::Buf(v)
+    }
+}
