@@ -1,1 +1,40 @@
-fn main() {}
+//! The `ferrocomm` command: `bench`, `launch`, `info`.
+
+mod bench;
+mod info;
+mod launch;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "ferrocomm", version, about = "Direct-data-access collectives: benchmark, launcher, system info")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Benchmark a collective (nccl-tests' flags and table), NCCL side by side.
+    Bench(bench::BenchArgs),
+    /// Start N ranks of a program with torchrun's variables set.
+    Launch(launch::LaunchArgs),
+    /// GPUs, links, libraries, thresholds and settings in effect.
+    Info(info::InfoArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Bench(a) => bench::run(a),
+        Command::Launch(a) => launch::run(a),
+        Command::Info(a) => info::run(a),
+    };
+    match code {
+        Ok(c) => std::process::exit(c),
+        Err(e) => {
+            eprintln!("ferrocomm: error: {e:#}");
+            std::process::exit(2);
+        }
+    }
+}
