@@ -28,6 +28,9 @@
 //!      `scale` is lowered by one ulp, so the largest code decodes finite.
 //!    - `scale == 0` (`absmax` is 0, or so small, below `M * 2^-150`, that the division
 //!      underflows): every code is 0, and the block decodes to +0.
+//!    - Between those, when `absmax < M * 2^-126` (about 5e-36 for E4M3) the scale is an f32
+//!      subnormal with fewer significant bits; nothing special is done, the absolute error
+//!      just grows to at most about `M * 2^-150` (3e-43 for E4M3).
 //! 3. `code = convert(x / scale)`, the quotient an IEEE f32 division (correctly rounded; not a
 //!    multiply by the reciprocal), converted with round to nearest even and saturation:
 //!    - E4M3 (the `fn` variant, no Inf, 0x7f/0xff are NaN): finite max ±448 (0x7e/0xfe); every
