@@ -26,8 +26,16 @@ fn every_code_decodes_like_float8_and_round_trips() {
     for c in 0..=255u8 {
         let e4 = float8::F8E4M3::from_bits(c).to_f32();
         let e5 = float8::F8E5M2::from_bits(c).to_f32();
-        assert!(same(E4M3_VALUES[c as usize], e4), "e4m3 {c:#04x}: {} vs {e4}", E4M3_VALUES[c as usize]);
-        assert!(same(E5M2_VALUES[c as usize], e5), "e5m2 {c:#04x}: {} vs {e5}", E5M2_VALUES[c as usize]);
+        assert!(
+            same(E4M3_VALUES[c as usize], e4),
+            "e4m3 {c:#04x}: {} vs {e4}",
+            E4M3_VALUES[c as usize]
+        );
+        assert!(
+            same(E5M2_VALUES[c as usize], e5),
+            "e5m2 {c:#04x}: {} vs {e5}",
+            E5M2_VALUES[c as usize]
+        );
         assert_eq!(INT8_VALUES[c as usize], c as i8 as f32);
         if !e4.is_nan() {
             assert_eq!(f32_to_e4m3(e4), c, "e4m3 round trip of {e4}");
@@ -36,7 +44,12 @@ fn every_code_decodes_like_float8_and_round_trips() {
             assert_eq!(f32_to_e5m2(e5), c, "e5m2 round trip of {e5}");
         }
         if c != 0x80 {
-            assert_eq!(f32_to_int8(c as i8 as f32), c, "int8 round trip of {}", c as i8);
+            assert_eq!(
+                f32_to_int8(c as i8 as f32),
+                c,
+                "int8 round trip of {}",
+                c as i8
+            );
         }
     }
     // -128 is not a code the encoder produces: it saturates to -127.
@@ -46,7 +59,11 @@ fn every_code_decodes_like_float8_and_round_trips() {
 /// Every code value, every midpoint between neighbouring codes (a tie), and one f32 ulp either
 /// side of each: the places where rounding can go wrong.
 fn critical_points(values: &[f32; 256]) -> Vec<f32> {
-    let mut pos: Vec<f32> = values[..128].iter().copied().filter(|v| v.is_finite()).collect();
+    let mut pos: Vec<f32> = values[..128]
+        .iter()
+        .copied()
+        .filter(|v| v.is_finite())
+        .collect();
     pos.sort_by(f32::total_cmp);
     let mut pts = Vec::new();
     for w in pos.windows(2) {
@@ -60,7 +77,14 @@ fn critical_points(values: &[f32; 256]) -> Vec<f32> {
         }
     }
     let max = *pos.last().unwrap();
-    pts.extend([max * 1.03125, max * 1.0625, max * 1.1, max * 2.0, f32::MAX, f32::INFINITY]);
+    pts.extend([
+        max * 1.03125,
+        max * 1.0625,
+        max * 1.1,
+        max * 2.0,
+        f32::MAX,
+        f32::INFINITY,
+    ]);
     let neg: Vec<f32> = pts.iter().map(|p| -p).collect();
     pts.extend(neg);
     pts
@@ -103,17 +127,21 @@ fn int8_spec(q: f32) -> u8 {
 
 /// A block of data at a random magnitude (2^exp), with some zeros and negative zeros mixed in.
 fn block_data() -> impl Strategy<Value = Vec<f32>> {
-    (-140i32..=120, prop::collection::vec((-1.0f32..1.0, 0u8..20), 1..600)).prop_map(|(e, v)| {
-        let m = 2f32.powi(e.clamp(-126, 127)) * if e < -126 { 2f32.powi(e + 126) } else { 1.0 };
-        v.into_iter()
-            .map(|(x, kind)| match kind {
-                0 => 0.0,
-                1 => -0.0,
-                2 => x * 1e-30 * m, // far below the block's scale: subnormal codes or zero
-                _ => x * m,
-            })
-            .collect()
-    })
+    (
+        -140i32..=120,
+        prop::collection::vec((-1.0f32..1.0, 0u8..20), 1..600),
+    )
+        .prop_map(|(e, v)| {
+            let m = 2f32.powi(e.clamp(-126, 127)) * if e < -126 { 2f32.powi(e + 126) } else { 1.0 };
+            v.into_iter()
+                .map(|(x, kind)| match kind {
+                    0 => 0.0,
+                    1 => -0.0,
+                    2 => x * 1e-30 * m, // far below the block's scale: subnormal codes or zero
+                    _ => x * m,
+                })
+                .collect()
+        })
 }
 
 fn codecs() -> impl Strategy<Value = Codec> {
@@ -128,7 +156,11 @@ fn half_ulp(format: Format, q: f64) -> f64 {
         Format::E5M2 => (2, -14),
         Format::Int8 => return 0.5,
     };
-    let e = if q == 0.0 { min_normal_exp } else { (q.abs().log2().floor() as i32).max(min_normal_exp) };
+    let e = if q == 0.0 {
+        min_normal_exp
+    } else {
+        (q.abs().log2().floor() as i32).max(min_normal_exp)
+    };
     0.5 * 2f64.powi(e - man)
 }
 
@@ -205,7 +237,10 @@ proptest! {
 #[test]
 fn block_size_is_validated() {
     for b in [0, 1, 8, 15, 24, 100, 8192, 5000] {
-        assert!(matches!(Codec::new(Format::E4M3, b), Err(Error::InvalidArgument(_))), "block {b}");
+        assert!(
+            matches!(Codec::new(Format::E4M3, b), Err(Error::InvalidArgument(_))),
+            "block {b}"
+        );
     }
     for p in 4..=12 {
         assert_eq!(Codec::new(Format::Int8, 1 << p).unwrap().block, 1 << p);
@@ -217,7 +252,9 @@ fn layout_for_any_length() {
     for format in Format::ALL {
         for block in [16, 32, 128, 4096] {
             let codec = Codec::new(format, block).unwrap();
-            for n in [0usize, 1, 2, 3, 7, 15, 16, 17, 31, 127, 128, 129, 1021, 4096, 4099, 10007] {
+            for n in [
+                0usize, 1, 2, 3, 7, 15, 16, 17, 31, 127, 128, 129, 1021, 4096, 4099, 10007,
+            ] {
                 let nb = n.div_ceil(block);
                 assert_eq!(codec.encoded_bytes(n), 4 * nb + n);
                 let x = Data::Laplace.generate(n, n as u64);
@@ -233,11 +270,18 @@ fn layout_for_any_length() {
                     // The largest element of the block takes the largest code.
                     let imax = xs.iter().position(|v| v.abs() == absmax).unwrap();
                     let c = enc[off + 4 + imax];
-                    assert_eq!(codec.values()[c as usize].abs(), format.max(), "{format} n={n} block {i}");
+                    assert_eq!(
+                        codec.values()[c as usize].abs(),
+                        format.max(),
+                        "{format} n={n} block {i}"
+                    );
                 }
                 let mut dec = vec![f32::NAN; n];
                 codec.decode(&enc, &mut dec);
-                assert!(dec.iter().all(|v| v.is_finite()), "{format} B={block} n={n}");
+                assert!(
+                    dec.iter().all(|v| v.is_finite()),
+                    "{format} B={block} n={n}"
+                );
                 assert_eq!(dec, codec.quantize_dequantize(&x));
                 // decode_add adds exactly the decoded values.
                 let base = Data::Normal.generate(n, 99);
@@ -271,10 +315,16 @@ fn values_near_f32_max_stay_finite() {
             let codec = Codec::new(format, block).unwrap();
             let dec = codec.quantize_dequantize(&near);
             for (i, (&d, &x)) in dec.iter().zip(&near).enumerate() {
-                assert!(d.is_finite(), "{format} B={block} element {i}: {x:e} decodes to {d}");
+                assert!(
+                    d.is_finite(),
+                    "{format} B={block} element {i}: {x:e} decodes to {d}"
+                );
                 // Large elements keep their value to well within the format's relative precision.
                 if x.abs() > 1e37 {
-                    assert!(((d as f64 - x as f64) / x as f64).abs() < 0.07, "{format}: {x:e} -> {d:e}");
+                    assert!(
+                        ((d as f64 - x as f64) / x as f64).abs() < 0.07,
+                        "{format}: {x:e} -> {d:e}"
+                    );
                 }
             }
         }
@@ -293,12 +343,19 @@ fn nan_or_inf_poisons_exactly_its_block() {
             x[40] = bad; // block 1 of 0..=3
             let dec = codec.quantize_dequantize(&x);
             for (i, d) in dec.iter().enumerate() {
-                assert_eq!(d.is_nan(), (32..64).contains(&i), "{format} {bad} element {i} = {d}");
+                assert_eq!(
+                    d.is_nan(),
+                    (32..64).contains(&i),
+                    "{format} {bad} element {i} = {d}"
+                );
             }
             let mut enc = vec![0u8; codec.encoded_bytes(100)];
             codec.encode(&x, &mut enc);
             let off = codec.encoded_offset(32);
-            assert_eq!(u32::from_le_bytes(enc[off..off + 4].try_into().unwrap()), 0x7FC0_0000);
+            assert_eq!(
+                u32::from_le_bytes(enc[off..off + 4].try_into().unwrap()),
+                0x7FC0_0000
+            );
             assert!(enc[off + 4..off + 36].iter().all(|&c| c == 0));
         }
     }
@@ -315,8 +372,13 @@ fn zero_and_underflowing_blocks_decode_to_zero() {
         assert!(dec[..32].iter().all(|&d| d == 0.0 && d.is_sign_positive()));
         // The ordinary block next to them is unaffected: its largest element survives exactly
         // to within the format's precision.
-        let imax = (32..48).max_by(|&a, &b| x[a].abs().total_cmp(&x[b].abs())).unwrap();
-        assert!((dec[imax] - x[imax]).abs() <= x[imax].abs() * 0.07, "{format}");
+        let imax = (32..48)
+            .max_by(|&a, &b| x[a].abs().total_cmp(&x[b].abs()))
+            .unwrap();
+        assert!(
+            (dec[imax] - x[imax]).abs() <= x[imax].abs() * 0.07,
+            "{format}"
+        );
         assert!(dec[32..].iter().all(|d| d.is_finite()));
     }
 }

@@ -90,17 +90,33 @@ pub fn error_stats(got: &[f32], want: &[f64], keep: Option<&[bool]>) -> ErrorSta
         err2 += d * d;
         ref2 += w * w;
         // NaN must not hide behind f64::max, which ignores it.
-        max_abs = if d.is_nan() || max_abs.is_nan() { f64::NAN } else { max_abs.max(d.abs()) };
+        max_abs = if d.is_nan() || max_abs.is_nan() {
+            f64::NAN
+        } else {
+            max_abs.max(d.abs())
+        };
     }
-    let rel_l2 = if err2 == 0.0 { 0.0 } else { (err2 / ref2).sqrt() };
+    let rel_l2 = if err2 == 0.0 {
+        0.0
+    } else {
+        (err2 / ref2).sqrt()
+    };
     ErrorStats { rel_l2, max_abs }
 }
 
 fn check_inputs<S: AsRef<[f32]>>(inputs: &[S]) -> usize {
-    assert!(!inputs.is_empty(), "reference all-reduce needs at least one rank");
+    assert!(
+        !inputs.is_empty(),
+        "reference all-reduce needs at least one rank"
+    );
     let n = inputs[0].as_ref().len();
     for (r, x) in inputs.iter().enumerate() {
-        assert_eq!(x.as_ref().len(), n, "rank {r} has {} elements, rank 0 has {n}", x.as_ref().len());
+        assert_eq!(
+            x.as_ref().len(),
+            n,
+            "rank {r} has {} elements, rank 0 has {n}",
+            x.as_ref().len()
+        );
     }
     n
 }
