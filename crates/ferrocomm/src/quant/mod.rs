@@ -41,8 +41,9 @@
 //!      complement byte (-128 is never produced).
 //!
 //!    These are the semantics of PTX `cvt.rn.satfinite.e4m3x2.f32` / `.e5m2x2.f32` and of
-//!    `cvt.rni.s32.f32` plus a clamp. Kernels must be built without fast math and without
-//!    flush-to-zero: subnormal quotients and scales are part of the format.
+//!    `cvt.rni.s32.f32` plus a clamp. Kernels must divide with `__fdiv_rn` (or `/` without
+//!    fast math) and must not flush to zero: subnormal quotients and scales are part of the
+//!    format. Step 1 is an integer `max` on the bit patterns there too.
 //!
 //! A negative zero gives the code 0x80 in the FP8 formats (and decodes to -0.0).
 //!
@@ -50,7 +51,7 @@
 //!
 //! `value = f32(code) * scale` (one f32 multiply; a 256-entry table gives `f32(code)`). Finite
 //! input never decodes to NaN or Inf. The all-reduce reductions built on this are in
-//! [`reference`]: one-shot and two-shot, f32 accumulation in rank order.
+//! [`reference`](mod@reference): one-shot and two-shot, f32 accumulation in rank order.
 
 use std::fmt;
 use std::str::FromStr;
