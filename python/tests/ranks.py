@@ -38,8 +38,13 @@ def np_dtype(name):
 def dtypes():
     out = INT_TYPES + FLOAT_TYPES
     if ml_dtypes is not None:
-        out += ["bfloat16"]
+        out += ["bfloat16", "float8_e4m3fn", "float8_e5m2"]
     return out
+
+
+def movement_only(name):
+    """fp8 is for data movement: no reductions."""
+    return name.startswith("float8")
 
 
 def is_int(name):
@@ -72,6 +77,8 @@ def poison(arr):
     """Fills with a value no collective here produces."""
     if is_int(arr.dtype.name):
         arr[...] = np.iinfo(arr.dtype).max - 3
+    elif movement_only(arr.dtype.name):
+        arr.view(np.uint8)[...] = 0x7E
     else:
         arr[...] = np.asarray(-777.25).astype(arr.dtype)
 
@@ -155,6 +162,8 @@ def check(what, got, want, name):
 
 
 def ops_for(name):
+    if movement_only(name):
+        return []
     if is_int(name):
         return ["sum", "product", "min", "max", "avg", "band", "bor", "bxor"]
     return ["sum", "product", "min", "max", "avg", "premul_sum"]
@@ -206,10 +215,11 @@ def scenario_collectives(comm):
                   want[RANK * part:(RANK + 1) * part], name)
         salt += 1
         xs = [data(name, n, r, salt) for r in range(WORLD)]
-        # allreduce alias.
-        t = xs[RANK].copy()
-        comm.allreduce(t, ReduceOp.MAX)
-        check("allreduce alias", t, reduce_ref("max", xs, name), name)
+        if not movement_only(name):
+            # allreduce alias.
+            t = xs[RANK].copy()
+            comm.allreduce(t, ReduceOp.MAX)
+            check("allreduce alias", t, reduce_ref("max", xs, name), name)
         # broadcast from every root.
         for root in range(WORLD):
             t = xs[RANK].copy()
@@ -350,8 +360,9 @@ def scenario_errors(comm):
     f32 = np.ones(8 * WORLD, np.float32)
     expect(V, "dtype mismatch", comm.all_gather_single,
            np.empty(8 * WORLD * WORLD, np.float64), f32)
-    expect(V, "expected", comm.all_gather_single, np.empty(8 * WORLD * WORLD + 1, np.float32),
-           f32)
+    expect(V, "expected", comm.all_gather_single,
+           np.empty(8 * WORLD * WORLD + WORLD, np.float32), f32)
+    expect(V, "divide", comm.all_gather_single, np.empty(8 * WORLD * WORLD + 1, np.float32), f32)
     expect(V, "expected", comm.reduce_scatter_single, np.empty(7, np.float32), f32)
     expect(V, "not contiguous", comm.all_reduce, np.ones((4, 4), np.float32)[:, 1])
     expect(V, "not contiguous", comm.all_reduce, np.ones(16, np.float32)[::2])
@@ -367,7 +378,7 @@ def scenario_errors(comm):
     expect(V, "entries", comm.all_gather, [np.empty(4, np.float32)], np.ones(4, np.float32))
     expect(V, "dtype mismatch", comm.all_gather,
            [np.empty(4, np.float64) for _ in range(WORLD)], np.ones(4, np.float32))
-    expect(V, "split sizes", comm.all_to_all_single, np.empty(WORLD, np.float32),
+    expect(V, "split_sizes", comm.all_to_all_single, np.empty(WORLD, np.float32),
            np.ones(WORLD, np.float32), [1] * WORLD, [2] * WORLD)
     expect(V, "low", comm.all_reduce, f32, ReduceOp.SUM, hints={"low_precision": "fp4"})
     expect(V, "algo", comm.all_reduce, f32, ReduceOp.SUM, hints={"algo": "bogus"})
