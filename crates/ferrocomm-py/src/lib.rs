@@ -384,45 +384,36 @@ impl Call {
     /// The buffers must satisfy [`Buf::view_mut`]'s contract for the duration of the call.
     unsafe fn exec(&self, comm: &Communicator) -> ferrocomm::Result<()> {
         let c = self.coll.name();
-        let need_out = || {
-            self.out
-                .ok_or_else(|| invalid(format!("{c}: no output buffer given")))
-        };
-        // SAFETY: forwarded from this function's contract.
-        let input = match self.inp {
-            Some(b) => Input::Buf(unsafe { b.view() }),
+        // SAFETY: forwarded from this function's contract (the Python layer holds the objects).
+        let input = self.inp.map(|b| unsafe { b.view() });
+        // SAFETY: as above; the output is written by this call only.
+        let out = self.out.map(|b| unsafe { b.view_mut() });
+        let need_out = || out.ok_or_else(|| invalid(format!("{c}: no output buffer given")));
+        let inp = match input {
+            Some(v) => Input::Buf(v),
             None => Input::InPlace,
         };
         let o = &self.opts;
         match self.coll {
-            // SAFETY (all arms): forwarded from this function's contract.
-            Coll::AllReduce(op) => comm.all_reduce(input, unsafe { need_out()?.view_mut() }, op, o),
-            Coll::Reduce(op, root) => {
-                comm.reduce(input, unsafe { need_out()?.view_mut() }, op, root, o)
-            }
-            Coll::Broadcast(root) => {
-                comm.broadcast(input, unsafe { need_out()?.view_mut() }, root, o)
-            }
-            Coll::AllGather => comm.all_gather(input, unsafe { need_out()?.view_mut() }, o),
-            Coll::ReduceScatter(op) => {
-                comm.reduce_scatter(input, unsafe { need_out()?.view_mut() }, op, o)
-            }
-            Coll::AllToAll => comm.all_to_all(input, unsafe { need_out()?.view_mut() }, o),
+            Coll::AllReduce(op) => comm.all_reduce(inp, need_out()?, op, o),
+            Coll::Reduce(op, root) => comm.reduce(inp, need_out()?, op, root, o),
+            Coll::Broadcast(root) => comm.broadcast(inp, need_out()?, root, o),
+            Coll::AllGather => comm.all_gather(inp, need_out()?, o),
+            Coll::ReduceScatter(op) => comm.reduce_scatter(inp, need_out()?, op, o),
+            Coll::AllToAll => comm.all_to_all(inp, need_out()?, o),
             Coll::AllToAllV => {
                 let s = self
                     .splits
                     .as_ref()
                     .ok_or_else(|| invalid(format!("{c}: no splits given")))?;
-                comm.all_to_all_v(input, unsafe { need_out()?.view_mut() }, s, o)
+                comm.all_to_all_v(inp, need_out()?, s, o)
             }
             Coll::Barrier => comm.barrier(o),
             Coll::Send(peer) => {
-                let b = self
-                    .inp
-                    .ok_or_else(|| invalid(format!("{c}: no buffer given")))?;
-                comm.send(unsafe { b.view() }, peer, o)
+                let v = input.ok_or_else(|| invalid(format!("{c}: no buffer given")))?;
+                comm.send(v, peer, o)
             }
-            Coll::Recv(peer) => comm.recv(unsafe { need_out()?.view_mut() }, peer, o),
+            Coll::Recv(peer) => comm.recv(need_out()?, peer, o),
         }
     }
 }
