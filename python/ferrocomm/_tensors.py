@@ -109,6 +109,9 @@ def concat_flat(objs, like):
     if isinstance(like, np.ndarray):
         return np.concatenate([np.ravel(o) for o in objs]) if objs else np.empty(0, like.dtype)
     t = _torch()
+    if like.dtype in (getattr(t, "float8_e4m3fn", None), getattr(t, "float8_e5m2", None)):
+        # torch.cat lacks fp8 kernels in some versions: concatenate the bytes.
+        return t.cat([o.reshape(-1).view(t.uint8) for o in objs]).view(like.dtype)
     return t.cat([o.reshape(-1) for o in objs])
 
 

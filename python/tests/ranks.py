@@ -499,7 +499,7 @@ def scenario_torch(comm):
         out = torch.empty(n * WORLD, dtype=dt)
         w = comm.all_gather_single(out, xs[RANK], async_op=True)
         w.wait()
-        assert torch.equal(out.view(torch.uint8), torch.cat(xs).view(torch.uint8)), dt
+        assert torch.equal(out.view(torch.uint8), torch.cat([x.view(torch.uint8) for x in xs])), dt
         b = xs[RANK].clone()
         comm.broadcast(b, 0)
         assert torch.equal(b.view(torch.uint8), xs[0].view(torch.uint8)), dt
