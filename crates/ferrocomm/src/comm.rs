@@ -211,15 +211,16 @@ pub struct Communicator {
     finalized: std::sync::atomic::AtomicBool,
 }
 
-/// Instances per communicator name in this process, so that communicators created in the same
-/// order on every rank get the same, distinct store prefixes.
-fn next_instance(name: &str) -> u64 {
-    static COUNTS: OnceLock<Mutex<HashMap<String, u64>>> = OnceLock::new();
+/// Instances per communicator name and rank in this process, so that communicators created in
+/// the same order on every rank get the same, distinct store prefixes (also when several ranks
+/// are threads of one process).
+fn next_instance(name: &str, rank: usize) -> u64 {
+    static COUNTS: OnceLock<Mutex<HashMap<(String, usize), u64>>> = OnceLock::new();
     let mut m = COUNTS
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner());
-    let c = m.entry(name.to_string()).or_insert(0);
+    let c = m.entry((name.to_string(), rank)).or_insert(0);
     *c += 1;
     *c - 1
 }
@@ -260,7 +261,7 @@ impl Communicator {
         } else {
             opts.name
         };
-        let prefix = format!("ferrocomm/{name}#{}", next_instance(&name));
+        let prefix = format!("ferrocomm/{name}#{}", next_instance(&name, rank));
         let choice = opts.backend.unwrap_or(config.backend);
         Self::build(
             name,
@@ -324,7 +325,7 @@ impl Communicator {
         };
         let backend: Box<dyn Backend> = match (choice, device) {
             (BackendChoice::Nccl, _) => crate::nccl::new_backend(&ctx)?,
-            (_, Device::Host) => crate::host::HostBackend::new(&ctx)?,
+            (_, Device::Host) => Box::new(crate::host::HostBackend::new(&ctx)?),
             (_, Device::Cuda(_)) => crate::cuda::new_backend(&ctx)?,
         };
         if ctx.config.debug {
@@ -579,7 +580,7 @@ impl Communicator {
             "{}/split/{name}[{}]#{}",
             self.ctx.prefix,
             list.join(","),
-            next_instance(&format!("{}/{full}", self.ctx.prefix))
+            next_instance(&format!("{}/{full}", self.ctx.prefix), self.rank())
         );
         let choice = match self.backend.name() {
             "host" => BackendChoice::Host,

@@ -1,16 +1,514 @@
-//! The host backend: ranks are processes on one machine sharing one memory segment.
+//! The host backend: ranks are processes (or threads) on one machine sharing one memory segment.
+//!
+//! - [`shm`]: the segment, its layout, creation and clean-up;
+//! - [`sync`]: waiting with backoff, deadlines and dead-peer detection;
+//! - this module: the call protocol (signature check, epoch barriers) every collective follows;
+//! - [`collectives`]: the algorithms (flat and tree all-reduce, data movement), chunked through
+//!   the staging slots; [`p2p`]: send and receive through per-pair mailboxes.
+//!
+//! A collective call runs as: stage the first chunk into this rank's slot, write the call's
+//! signature, start barrier, compare every rank's signature, then per chunk: (stage, barrier)
+//! consume, barrier. The last barrier of a call is an end barrier: nobody reuses a slot or a
+//! signature record before every rank has finished reading it (DESIGN rule 3).
 
-use crate::comm::{Backend, CommContext};
+mod collectives;
+mod p2p;
+mod shm;
+mod sync;
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::comm::{Backend, CallOpts, CommContext, Splits};
+use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::select::{self, Algo, Capabilities, Collective};
+use crate::types::{DataType, ReduceOp};
+use crate::view::{Input, View, ViewMut};
 
-pub struct HostBackend;
+use shm::{Segment, SIG_WORDS};
+use sync::{process_alive, Backoff, Stop};
+
+/// What the host backend can do, for [`select::select`].
+const CAPS: Capabilities = Capabilities {
+    push: false,
+    nccl: false,
+    staging_bytes: None,
+    multi_host: false,
+};
+
+/// Shared-memory backend of one communicator.
+pub struct HostBackend {
+    seg: Segment,
+    rank: usize,
+    world: usize,
+    cfg: Arc<Config>,
+    /// Collectives run one at a time per communicator (their epochs and sequence numbers).
+    state: Mutex<CallState>,
+    /// Sends and receives are ordered per pair through the mailboxes; one at a time per rank.
+    p2p: Mutex<()>,
+}
+
+#[derive(Default)]
+struct CallState {
+    /// Barriers passed so far (the same number on every rank).
+    epoch: u64,
+    /// Collective calls so far.
+    seq: u64,
+    /// Set after a timeout or a dead peer: the epochs no longer agree, so later calls fail fast.
+    broken: Option<usize>,
+}
+
+/// What every rank of a call must agree on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Signature {
+    pub coll: Collective,
+    pub dtype: Option<DataType>,
+    pub count: u64,
+    pub op: Option<ReduceOp>,
+    pub root: Option<usize>,
+    /// The algorithm chosen (ranks with different thresholds would otherwise disagree).
+    pub algo: Algo,
+    /// Low-precision wire format (0: full precision) and block size.
+    pub lp: u64,
+}
+
+impl Signature {
+    pub fn new(coll: Collective) -> Self {
+        Signature {
+            coll,
+            dtype: None,
+            count: 0,
+            op: None,
+            root: None,
+            algo: Algo::Direct,
+            lp: 0,
+        }
+    }
+
+    fn words(&self, seq: u64) -> [u64; SIG_WORDS - 1] {
+        let code = self.coll.code() as u64
+            | (self.dtype.map_or(0xff, |d| d.code()) as u64) << 8
+            | (self.op.map_or(0xff, |o| o.code()) as u64) << 16
+            | (algo_code(self.algo) as u64) << 24;
+        let scalar = match self.op {
+            Some(ReduceOp::PremulSum(s)) => s.to_bits(),
+            _ => 0,
+        };
+        [
+            seq,
+            code,
+            self.count,
+            scalar,
+            self.root.map_or(u64::MAX, |r| r as u64),
+            self.lp,
+            0,
+        ]
+    }
+
+    fn describe(w: &[u64]) -> String {
+        let coll = ALL_COLLECTIVES
+            .iter()
+            .find(|c| c.code() as u64 == w[1] & 0xff)
+            .map_or("?", |c| c.name());
+        let mut s = format!("{coll}(count={}", w[2]);
+        if let Some(d) = DataType::from_code(((w[1] >> 8) & 0xff) as u8) {
+            s += &format!(", dtype={d}");
+        }
+        let op = (w[1] >> 16) & 0xff;
+        if op != 0xff {
+            let name = [
+                "sum",
+                "prod",
+                "min",
+                "max",
+                "avg",
+                "premulsum",
+                "band",
+                "bor",
+                "bxor",
+            ]
+            .get(op as usize)
+            .copied()
+            .unwrap_or("?");
+            s += &format!(", op={name}");
+            if op == 5 {
+                s += &format!("({})", f64::from_bits(w[3]));
+            }
+        }
+        if w[4] != u64::MAX {
+            s += &format!(", root={}", w[4]);
+        }
+        s += &format!(
+            ", algo={}",
+            ALGOS[((w[1] >> 24) & 0xff) as usize % ALGOS.len()]
+        );
+        if w[5] != 0 {
+            s += &format!(", low precision {:#x}", w[5]);
+        }
+        s + ")"
+    }
+}
+
+const ALL_COLLECTIVES: [Collective; 10] = [
+    Collective::AllReduce,
+    Collective::Reduce,
+    Collective::Broadcast,
+    Collective::AllGather,
+    Collective::ReduceScatter,
+    Collective::AllToAll,
+    Collective::AllToAllV,
+    Collective::Barrier,
+    Collective::Send,
+    Collective::Recv,
+];
+const ALGOS: [&str; 6] = ["auto", "push", "flat", "tree", "direct", "nccl"];
+
+fn algo_code(a: Algo) -> u8 {
+    ALGOS.iter().position(|n| *n == a.name()).unwrap_or(0) as u8
+}
+
+/// One collective call in progress: holds the call lock and counts barriers.
+pub(crate) struct Call<'a> {
+    b: &'a HostBackend,
+    st: MutexGuard<'a, CallState>,
+    coll: Collective,
+    /// Barriers since the start barrier (a call needs at least one: the end barrier).
+    after_start: usize,
+}
 
 impl HostBackend {
-    pub fn new(_ctx: &CommContext) -> Result<Box<dyn Backend>> {
-        Err(Error::Unsupported {
-            collective: "init",
-            backend: "host",
-            what: "not built yet".into(),
+    pub fn new(ctx: &CommContext) -> Result<HostBackend> {
+        let seg = Segment::establish(
+            &*ctx.store,
+            ctx.rank,
+            ctx.size,
+            ctx.config.host_slot_bytes,
+            ctx.timeout(),
+        )?;
+        Ok(HostBackend {
+            seg,
+            rank: ctx.rank,
+            world: ctx.size,
+            cfg: ctx.config.clone(),
+            state: Mutex::new(CallState::default()),
+            p2p: Mutex::new(()),
         })
+    }
+
+    fn timeout(&self) -> Duration {
+        self.cfg.timeout
+    }
+
+    /// Takes the call lock; fails fast when an earlier failure left the communicator unusable.
+    fn begin(&self, coll: Collective) -> Result<Call<'_>> {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(peer) = st.broken {
+            return Err(Error::PeerFailed {
+                collective: coll.name(),
+                rank: self.rank,
+                peer,
+            });
+        }
+        Ok(Call {
+            b: self,
+            st,
+            coll,
+            after_start: 0,
+        })
+    }
+
+    /// Waits until `ready` holds, watching `peer`: its process, its failed flag, the deadline.
+    fn wait_on(
+        &self,
+        peer: usize,
+        mut ready: impl FnMut() -> bool,
+    ) -> std::result::Result<(), Stop> {
+        let mut backoff = Backoff::new(self.timeout());
+        while !ready() {
+            if self.seg.failed(peer).load(Ordering::Relaxed) != 0 {
+                return Err(Stop::PeerFailed);
+            }
+            backoff.pause(|| process_alive(self.seg.pid(peer).load(Ordering::Relaxed) as u32))?;
+        }
+        Ok(())
+    }
+
+    fn stop_error(&self, stop: Stop, coll: Collective, peer: usize) -> Error {
+        match stop {
+            Stop::Timeout => Error::Timeout {
+                collective: coll.name(),
+                rank: self.rank,
+                missing: peer,
+                timeout: self.timeout(),
+            },
+            Stop::PeerFailed => Error::PeerFailed {
+                collective: coll.name(),
+                rank: self.rank,
+                peer,
+            },
+        }
+    }
+
+    fn algo(
+        &self,
+        coll: Collective,
+        bytes: usize,
+        dtype: DataType,
+        opts: &CallOpts,
+    ) -> Result<Algo> {
+        let a = select::select(
+            coll,
+            bytes,
+            self.world,
+            dtype,
+            opts.algo.0,
+            &CAPS,
+            &self.cfg,
+        )?;
+        Ok(match (coll, a) {
+            (Collective::AllReduce, Algo::Tree) => Algo::Tree,
+            (Collective::AllReduce, _) => Algo::Flat,
+            _ => Algo::Direct,
+        })
+    }
+}
+
+impl Call<'_> {
+    /// Barrier over all ranks with a fresh epoch.
+    ///
+    /// Each rank publishes its epoch with release (its staging writes happen before) and reads
+    /// the others' with acquire (their staging writes become visible): DESIGN rules 1-2. Epochs
+    /// only grow and the comparison is `>=`: a peer already at the next barrier has certainly
+    /// passed this one, and a value can never come back (no ABA).
+    pub fn barrier(&mut self) -> Result<()> {
+        let seg = &self.b.seg;
+        self.st.epoch += 1;
+        let e = self.st.epoch;
+        seg.epoch(self.b.rank).store(e, Ordering::Release);
+        for p in 0..self.b.world {
+            if let Err(stop) = self
+                .b
+                .wait_on(p, || seg.epoch(p).load(Ordering::Acquire) >= e)
+            {
+                return Err(self.fail(stop, p));
+            }
+        }
+        self.after_start += 1;
+        Ok(())
+    }
+
+    /// Records the failure so that peers and later calls stop waiting on this communicator.
+    fn fail(&mut self, stop: Stop, peer: usize) -> Error {
+        self.st.broken = Some(peer);
+        self.b.seg.failed(self.b.rank).store(1, Ordering::Relaxed);
+        self.b.stop_error(stop, self.coll, peer)
+    }
+
+    /// Publishes the signature, passes the start barrier and checks that every rank called the
+    /// same thing. On a mismatch every rank sees the same records, so every rank fails; one more
+    /// barrier keeps the records in place until all have compared.
+    pub fn start(&mut self, sig: &Signature) -> Result<()> {
+        self.st.seq += 1;
+        let seg = &self.b.seg;
+        let me = self.b.rank;
+        let mine = sig.words(self.st.seq);
+        for (i, w) in mine.iter().enumerate() {
+            // Relaxed: the barrier's release store of the epoch publishes these.
+            seg.sig(me, i).store(*w, Ordering::Relaxed);
+        }
+        self.barrier()?;
+        self.after_start = 0;
+        let compared = SIG_WORDS - 2; // the last word is per-rank data, not agreed on
+        for p in 0..self.b.world {
+            let theirs: Vec<u64> = (0..SIG_WORDS - 1)
+                .map(|i| seg.sig(p, i).load(Ordering::Relaxed))
+                .collect();
+            if theirs[..compared] != mine[..compared] {
+                self.barrier()?;
+                return Err(Error::Mismatch {
+                    seq: self.st.seq,
+                    rank: me,
+                    mine: Signature::describe(&mine),
+                    peer: p,
+                    theirs: Signature::describe(&theirs),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The end barrier, unless the call already passed one after the start barrier.
+    pub fn finish(mut self) -> Result<()> {
+        if self.after_start == 0 {
+            self.barrier()?;
+        }
+        Ok(())
+    }
+
+    pub fn seq(&self) -> u64 {
+        self.st.seq
+    }
+}
+
+/// A collective's buffers as raw host pointers (in place, the input pointer is the output's).
+pub(crate) struct Bufs {
+    pub input: *const u8,
+    pub output: *mut u8,
+    pub in_place: bool,
+}
+
+impl Bufs {
+    fn new(coll: Collective, input: &Input<'_>, output: &ViewMut<'_>) -> Result<Bufs> {
+        let host = |d: crate::types::Device| {
+            if d == crate::types::Device::Host {
+                Ok(())
+            } else {
+                Err(Error::InvalidArgument(format!(
+                    "{}: the host backend needs host buffers, got one on {d}",
+                    coll.name()
+                )))
+            }
+        };
+        host(output.device())?;
+        let (input, in_place) = match input {
+            Input::InPlace => (output.ptr() as *const u8, true),
+            Input::Buf(v) => {
+                host(v.device())?;
+                (v.ptr(), false)
+            }
+        };
+        Ok(Bufs {
+            input,
+            output: output.ptr(),
+            in_place,
+        })
+    }
+}
+
+impl Backend for HostBackend {
+    fn name(&self) -> &'static str {
+        "host"
+    }
+
+    fn all_reduce(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        op: ReduceOp,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let coll = Collective::AllReduce;
+        let bufs = Bufs::new(coll, &input, &output)?;
+        let algo = self.algo(coll, output.bytes_len(), output.dtype(), opts)?;
+        self.all_reduce_impl(&bufs, output.dtype(), output.count(), op, algo, opts)
+    }
+
+    fn reduce(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        op: ReduceOp,
+        root: usize,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let coll = Collective::Reduce;
+        let bufs = Bufs::new(coll, &input, &output)?;
+        self.algo(coll, output.bytes_len(), output.dtype(), opts)?;
+        self.reduce_impl(&bufs, output.dtype(), output.count(), op, root)
+    }
+
+    fn broadcast(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        root: usize,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let coll = Collective::Broadcast;
+        // Only the root reads its input; elsewhere it may be anything (or in place).
+        let input = if self.rank == root {
+            input
+        } else {
+            Input::InPlace
+        };
+        let bufs = Bufs::new(coll, &input, &output)?;
+        self.algo(coll, output.bytes_len(), output.dtype(), opts)?;
+        self.broadcast_impl(&bufs, output.dtype(), output.count(), root)
+    }
+
+    fn all_gather(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
+        let coll = Collective::AllGather;
+        let bufs = Bufs::new(coll, &input, &output)?;
+        let part = output.count() / self.world;
+        self.algo(coll, part * output.dtype().size(), output.dtype(), opts)?;
+        self.all_gather_impl(&bufs, output.dtype(), part, opts)
+    }
+
+    fn reduce_scatter(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        op: ReduceOp,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let coll = Collective::ReduceScatter;
+        let bufs = Bufs::new(coll, &input, &output)?;
+        let part = if bufs.in_place {
+            output.count() / self.world
+        } else {
+            output.count()
+        };
+        self.algo(coll, part * output.dtype().size(), output.dtype(), opts)?;
+        self.reduce_scatter_impl(&bufs, output.dtype(), part, op, opts)
+    }
+
+    fn all_to_all(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
+        let coll = Collective::AllToAll;
+        let bufs = Bufs::new(coll, &input, &output)?;
+        self.algo(coll, output.bytes_len(), output.dtype(), opts)?;
+        self.all_to_all_impl(&bufs, output.dtype(), output.count() / self.world, opts)
+    }
+
+    fn all_to_all_v(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        splits: &Splits,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let coll = Collective::AllToAllV;
+        let bufs = Bufs::new(coll, &input, &output)?;
+        let in_count = match &input {
+            Input::InPlace => output.count(),
+            Input::Buf(v) => v.count(),
+        };
+        self.algo(coll, in_count * output.dtype().size(), output.dtype(), opts)?;
+        self.all_to_all_v_impl(&bufs, output.dtype(), in_count, splits, opts)
+    }
+
+    fn barrier(&self, _opts: &CallOpts) -> Result<()> {
+        let mut call = self.begin(Collective::Barrier)?;
+        call.start(&Signature::new(Collective::Barrier))?;
+        call.finish()
+    }
+
+    fn send(&self, data: View<'_>, peer: usize, _opts: &CallOpts) -> Result<()> {
+        self.send_impl(data, peer)
+    }
+
+    fn recv(&self, out: ViewMut<'_>, peer: usize, _opts: &CallOpts) -> Result<()> {
+        self.recv_impl(out, peer)
+    }
+
+    fn algo_for(
+        &self,
+        coll: Collective,
+        bytes_per_rank: usize,
+        dtype: DataType,
+        opts: &CallOpts,
+    ) -> Result<Algo> {
+        self.algo(coll, bytes_per_rank, dtype, opts)
     }
 }

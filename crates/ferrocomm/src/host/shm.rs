@@ -1,0 +1,301 @@
+//! The shared-memory segment of one communicator and its layout.
+//!
+//! Rank 0 creates a POSIX shared-memory object under a random name, publishes the name through
+//! the communicator's store, every rank maps it, and once all have (a store barrier) rank 0
+//! unlinks the name: the memory lives exactly as long as some rank maps it, and nothing is left
+//! in /dev/shm if a rank crashes later.
+//!
+//! Layout (every part starts on its own cache-line pair):
+//!
+//! ```text
+//! header    magic, world, slot bytes, p2p bytes, total
+//! ctl[n]    per rank: epoch (barrier arrivals), pid, failed flag
+//! sig[n]    per rank: signature of the current call (seq, collective, dtype, count, op, root)
+//! counts[n] per rank: all-to-all-v send and receive counts (2n words)
+//! pairs[n*n] per ordered pair (src, dst): sent/acked message chunks, then p2p_bytes of data
+//! slots[n]  per rank: slot_bytes of staging
+//! reduced   slot_bytes: reduced stripes of the tree all-reduce
+//! ```
+
+use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::bootstrap::{store_barrier, Store};
+use crate::error::{Error, Result};
+
+/// Two cache lines: x86's adjacent-line prefetcher pairs lines, so flags written by different
+/// ranks sit 128 bytes apart to avoid false sharing.
+pub(crate) const LINE: usize = 128;
+const MAGIC: u64 = 0x6665_7272_6f73_686d; // "ferroshm"
+
+/// Words of a signature record.
+pub(crate) const SIG_WORDS: usize = 8;
+
+fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil(to) * to
+}
+
+/// Offsets of every part of the segment, the same on every rank (all derive it from the same
+/// world size and configuration, which rank 0 records in the header and the others check).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout {
+    pub world: usize,
+    pub slot_bytes: usize,
+    pub p2p_bytes: usize,
+    ctl: usize,
+    sig: usize,
+    counts: usize,
+    counts_stride: usize,
+    pairs: usize,
+    pair_stride: usize,
+    slots: usize,
+    reduced: usize,
+    pub total: usize,
+}
+
+impl Layout {
+    pub fn new(world: usize, slot_bytes: usize) -> Layout {
+        // Staging is cut at cache-line multiples so that every chunk, stripe and part starts
+        // aligned for any element type.
+        let slot_bytes = slot_bytes / LINE * LINE;
+        let p2p_bytes = (slot_bytes / 4).clamp(4096, 256 << 10) / LINE * LINE;
+        let ctl = LINE;
+        let sig = ctl + world * LINE;
+        let counts = sig + world * LINE;
+        let counts_stride = round_up(2 * world * 8, LINE);
+        let pairs = counts + world * counts_stride;
+        let pair_stride = LINE + p2p_bytes;
+        let slots = round_up(pairs + world * world * pair_stride, 4096);
+        let reduced = slots + world * slot_bytes;
+        let total = reduced + slot_bytes;
+        Layout {
+            world,
+            slot_bytes,
+            p2p_bytes,
+            ctl,
+            sig,
+            counts,
+            counts_stride,
+            pairs,
+            pair_stride,
+            slots,
+            reduced,
+            total,
+        }
+    }
+}
+
+/// The mapped segment. All access to shared state goes through atomics (flags) or through raw
+/// staging pointers whose use the barrier protocol orders.
+pub(crate) struct Segment {
+    map: memmap2::MmapRaw,
+    pub layout: Layout,
+}
+
+// SAFETY: the mapping is plain shared memory; every concurrent access to it goes through
+// atomics, and staging bytes are only touched in protocol phases that exclude concurrent writes.
+unsafe impl Send for Segment {}
+// SAFETY: as above.
+unsafe impl Sync for Segment {}
+
+/// Control words of one ordered pair's mailbox.
+pub(crate) struct PairCtl<'a> {
+    /// Chunks the sender has written (release after the data).
+    pub sent: &'a AtomicU64,
+    /// Chunks the receiver has consumed (release after copying out).
+    pub acked: &'a AtomicU64,
+    /// Total bytes of the message in flight and its dtype code, for the receiver's check.
+    pub msg_bytes: &'a AtomicU64,
+    pub msg_dtype: &'a AtomicU64,
+}
+
+impl Segment {
+    /// Creates (rank 0) or opens (other ranks) the communicator's segment, maps it, and unlinks
+    /// its name once every rank has mapped it.
+    pub fn establish(
+        store: &dyn Store,
+        rank: usize,
+        world: usize,
+        slot_bytes: usize,
+        timeout: Duration,
+    ) -> Result<Segment> {
+        let layout = Layout::new(world, slot_bytes);
+        let ctx = |what: &str| format!("host backend rank {rank}: {what}");
+        let seg = if rank == 0 {
+            let name = format!(
+                "/ferrocomm-{}-{:016x}",
+                std::process::id(),
+                rand::random::<u64>()
+            );
+            let fd = rustix::shm::open(
+                name.as_str(),
+                rustix::shm::OFlags::CREATE | rustix::shm::OFlags::EXCL | rustix::shm::OFlags::RDWR,
+                rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+            )
+            .map_err(|e| Error::io(ctx(&format!("shm_open {name}")), e.into()))?;
+            // From here on the name must go away whatever happens.
+            let unlink = UnlinkGuard(Some(name.clone()));
+            rustix::fs::ftruncate(&fd, layout.total as u64).map_err(|e| {
+                Error::io(
+                    ctx(&format!("sizing {name} to {} bytes", layout.total)),
+                    e.into(),
+                )
+            })?;
+            let seg = Segment::map(File::from(fd), layout, &ctx)?;
+            seg.write_header();
+            store.set("host/shm_name", name.as_bytes())?;
+            seg.claim(rank);
+            store_barrier(store, "host/mapped", world, timeout)?;
+            drop(unlink);
+            seg
+        } else {
+            let name = store.get("host/shm_name", timeout)?;
+            let name = String::from_utf8_lossy(&name).into_owned();
+            let fd = rustix::shm::open(
+                name.as_str(),
+                rustix::shm::OFlags::RDWR,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| {
+                Error::io(
+                    ctx(&format!(
+                        "shm_open {name} (created by rank 0; all ranks of a host communicator \
+                         must run on one machine)"
+                    )),
+                    e.into(),
+                )
+            })?;
+            let seg = Segment::map(File::from(fd), layout, &ctx)?;
+            seg.check_header(rank)?;
+            seg.claim(rank);
+            store_barrier(store, "host/mapped", world, timeout)?;
+            seg
+        };
+        Ok(seg)
+    }
+
+    fn map(file: File, layout: Layout, ctx: &dyn Fn(&str) -> String) -> Result<Segment> {
+        let len = file
+            .metadata()
+            .map_err(|e| Error::io(ctx("fstat of the segment"), e))?
+            .len() as usize;
+        if len != layout.total {
+            return Err(Error::InvalidArgument(ctx(&format!(
+                "the shared segment has {len} bytes but this rank expects {} (ranks disagree on \
+                 the world size or FERROCOMM_HOST_SLOT_BYTES)",
+                layout.total
+            ))));
+        }
+        let map = memmap2::MmapOptions::new()
+            .len(layout.total)
+            .map_raw(&file)
+            .map_err(|e| Error::io(ctx("mmap of the segment"), e))?;
+        Ok(Segment { map, layout })
+    }
+
+    fn word(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off % 8 == 0 && off + 8 <= self.layout.total);
+        // SAFETY: `off` is 8-aligned and in bounds (layout offsets are multiples of LINE plus
+        // multiples of 8); the mapping is page-aligned and lives as long as `self`; shared words
+        // are only ever accessed atomically.
+        unsafe { &*(self.map.as_mut_ptr().add(off) as *const AtomicU64) }
+    }
+
+    fn write_header(&self) {
+        let l = &self.layout;
+        for (i, v) in [l.world, l.slot_bytes, l.p2p_bytes, l.total]
+            .into_iter()
+            .enumerate()
+        {
+            self.word(8 + 8 * i).store(v as u64, Ordering::Relaxed);
+        }
+        // release: the header is complete before the magic says so.
+        self.word(0).store(MAGIC, Ordering::Release);
+    }
+
+    fn check_header(&self, rank: usize) -> Result<()> {
+        let l = &self.layout;
+        let mine = [l.world, l.slot_bytes, l.p2p_bytes, l.total];
+        let theirs: Vec<usize> = (0..4)
+            .map(|i| self.word(8 + 8 * i).load(Ordering::Relaxed) as usize)
+            .collect();
+        if self.word(0).load(Ordering::Acquire) != MAGIC || theirs != mine {
+            return Err(Error::InvalidArgument(format!(
+                "host backend rank {rank}: the shared segment was made for (world, slot bytes) = \
+                 ({}, {}) but this rank has ({}, {}); ranks disagree on the world size or \
+                 FERROCOMM_HOST_SLOT_BYTES",
+                theirs[0], theirs[1], mine[0], mine[1]
+            )));
+        }
+        Ok(())
+    }
+
+    /// Records this rank's pid so that peers can tell when it has died.
+    fn claim(&self, rank: usize) {
+        self.pid(rank)
+            .store(std::process::id() as u64, Ordering::Release);
+    }
+
+    /// Barrier arrivals of rank `r` (monotonically increasing epochs).
+    pub fn epoch(&self, r: usize) -> &AtomicU64 {
+        self.word(self.layout.ctl + r * LINE)
+    }
+    pub fn pid(&self, r: usize) -> &AtomicU64 {
+        self.word(self.layout.ctl + r * LINE + 8)
+    }
+    /// Nonzero once rank `r` has given up on the communicator (timeout or dead peer).
+    pub fn failed(&self, r: usize) -> &AtomicU64 {
+        self.word(self.layout.ctl + r * LINE + 16)
+    }
+    pub fn sig(&self, r: usize, i: usize) -> &AtomicU64 {
+        debug_assert!(i < SIG_WORDS);
+        self.word(self.layout.sig + r * LINE + 8 * i)
+    }
+    /// All-to-all-v counts of rank `r`: words 0..n are sends to each peer, n..2n receives.
+    pub fn count(&self, r: usize, i: usize) -> &AtomicU64 {
+        debug_assert!(i < 2 * self.layout.world);
+        self.word(self.layout.counts + r * self.layout.counts_stride + 8 * i)
+    }
+    pub fn pair(&self, src: usize, dst: usize) -> PairCtl<'_> {
+        let base = self.layout.pairs + (src * self.layout.world + dst) * self.layout.pair_stride;
+        PairCtl {
+            sent: self.word(base),
+            acked: self.word(base + 64),
+            msg_bytes: self.word(base + 8),
+            msg_dtype: self.word(base + 16),
+        }
+    }
+    /// Data area of the (src, dst) mailbox: `p2p_bytes` bytes.
+    pub fn pair_data(&self, src: usize, dst: usize) -> *mut u8 {
+        let base = self.layout.pairs + (src * self.layout.world + dst) * self.layout.pair_stride;
+        // SAFETY: in bounds of the mapping by construction of the layout.
+        unsafe { self.map.as_mut_ptr().add(base + LINE) }
+    }
+    /// Staging slot of rank `r`: `slot_bytes` bytes.
+    pub fn slot(&self, r: usize) -> *mut u8 {
+        // SAFETY: in bounds of the mapping by construction of the layout.
+        unsafe {
+            self.map
+                .as_mut_ptr()
+                .add(self.layout.slots + r * self.layout.slot_bytes)
+        }
+    }
+    /// Reduced-stripe area of the tree all-reduce: `slot_bytes` bytes.
+    pub fn reduced(&self) -> *mut u8 {
+        // SAFETY: in bounds of the mapping by construction of the layout.
+        unsafe { self.map.as_mut_ptr().add(self.layout.reduced) }
+    }
+}
+
+/// Unlinks a shared-memory name when dropped (after every rank mapped it, or on failure).
+struct UnlinkGuard(Option<String>);
+
+impl Drop for UnlinkGuard {
+    fn drop(&mut self) {
+        if let Some(n) = self.0.take() {
+            // Nothing useful to do if it is already gone.
+            let _ = rustix::shm::unlink(n.as_str());
+        }
+    }
+}

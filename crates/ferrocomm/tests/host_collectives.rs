@@ -1,0 +1,436 @@
+//! Host backend collectives, ranks as threads: every collective, dtype and op, in place and out
+//! of place, world sizes 1, 2, 3, 4 and 8, checked element by element against a plain reference.
+
+mod host_support;
+
+use std::time::Duration;
+
+use ferrocomm::{Algo, CallOpts, Collective, Communicator, DataType, Input, ReduceOp, Splits};
+use host_support::*;
+
+const WORLDS: [usize; 5] = [1, 2, 3, 4, 8];
+/// Small slots so that the counts below span several chunks.
+const SLOT: usize = 4096;
+
+fn cfg() -> ferrocomm::Config {
+    config(SLOT, Duration::from_secs(30))
+}
+
+/// Counts: empty, one, a prime, not a multiple of any block, and several slots long.
+fn counts(d: DataType) -> [usize; 5] {
+    [0, 1, 7, 1029, 3 * SLOT / d.size() + 5]
+}
+
+fn all_inputs(d: DataType, count: usize, seed: u64, n: usize, small: bool) -> Vec<Vec<u8>> {
+    (0..n).map(|r| input(d, count, seed, r, small)).collect()
+}
+
+/// Runs one collective out of place and in place and checks both against `want`.
+/// `call(comm, input, output)`; in place the buffer starts as `inplace_start`.
+fn check_both(
+    comm: &Communicator,
+    what: &str,
+    d: DataType,
+    inp: &[u8],
+    out_len: usize,
+    inplace_start: Option<Vec<u8>>,
+    want: Option<&[u8]>,
+    call: &dyn Fn(&Communicator, Input<'_>, ferrocomm::ViewMut<'_>) -> ferrocomm::Result<()>,
+) {
+    let inbuf = Aligned::new(inp);
+    let mut out = Aligned::poisoned(out_len);
+    call(
+        comm,
+        Input::Buf(view(d, inbuf.bytes())),
+        view_mut(d, out.bytes_mut()),
+    )
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(
+        inbuf.bytes(),
+        inp,
+        "{what}: input modified (rank {})",
+        comm.rank()
+    );
+    match want {
+        Some(w) => assert_eq!(out.bytes(), w, "{what} out of place, rank {}", comm.rank()),
+        None => assert!(
+            out.bytes().iter().all(|&b| b == POISON),
+            "{what}: output written"
+        ),
+    }
+    if let Some(start) = inplace_start {
+        let mut buf = Aligned::new(&start);
+        call(comm, Input::InPlace, view_mut(d, buf.bytes_mut()))
+            .unwrap_or_else(|e| panic!("{what} in place: {e}"));
+        if let Some(w) = want {
+            let got = &buf.bytes()[..w.len().min(buf.bytes().len())];
+            assert_eq!(got, w, "{what} in place, rank {}", comm.rank());
+        }
+    }
+}
+
+#[test]
+fn all_reduce_every_dtype_op_and_algorithm() {
+    for n in WORLDS {
+        run_ranks(n, &cfg(), |comm| {
+            let mut seed = 0;
+            for d in DataType::ALL {
+                for op in OPS {
+                    if op.check(d, "t").is_err() {
+                        continue;
+                    }
+                    for algo in [Algo::Flat, Algo::Tree] {
+                        // Larger worlds: fewer counts, to keep the suite fast on two cores.
+                        let cs = counts(d);
+                        let cs: &[usize] = if n >= 4 { &cs[2..] } else { &cs };
+                        for &count in cs {
+                            seed += 1;
+                            let small = op == ReduceOp::Prod;
+                            let ins = all_inputs(d, count, seed, n, small);
+                            let want = reference(d, op, &ins);
+                            let opts = CallOpts::default().with_algo(algo);
+                            let mine = &ins[comm.rank()];
+                            check_both(
+                                &comm,
+                                &format!("all_reduce {d} {op} {algo} n={n} count={count}"),
+                                d,
+                                mine,
+                                mine.len(),
+                                Some(mine.clone()),
+                                Some(&want),
+                                &|c, i, o| c.all_reduce(i, o, op, &opts),
+                            );
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn all_reduce_algorithm_follows_selection() {
+    let mut c = cfg();
+    c.thresholds.flat_max = Some(1000);
+    let algos = run_ranks(2, &c, |comm| {
+        let o = CallOpts::default();
+        (
+            comm.algo_for(Collective::AllReduce, 1000, DataType::F32, &o)
+                .unwrap(),
+            comm.algo_for(Collective::AllReduce, 1001, DataType::F32, &o)
+                .unwrap(),
+            comm.algo_for(Collective::AllGather, 1 << 30, DataType::F32, &o)
+                .unwrap(),
+            comm.algo_for(
+                Collective::AllGather,
+                8,
+                DataType::F32,
+                &o.clone().with_algo(Algo::Tree),
+            )
+            .is_err(),
+        )
+    });
+    assert_eq!(algos[0], (Algo::Flat, Algo::Tree, Algo::Direct, true));
+}
+
+#[test]
+fn reduce_and_broadcast_from_every_root() {
+    for n in WORLDS {
+        run_ranks(n, &cfg(), |comm| {
+            let mut seed = 1000;
+            for d in [DataType::F32, DataType::BF16, DataType::I64, DataType::U8] {
+                for root in 0..n {
+                    let is_root = comm.rank() == root;
+                    for count in [0, 7, 3 * SLOT / d.size() + 5] {
+                        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
+                            seed += 1;
+                            let ins = all_inputs(d, count, seed, n, false);
+                            let want = reference(d, op, &ins);
+                            let mine = &ins[comm.rank()];
+                            check_both(
+                                &comm,
+                                &format!("reduce {d} {op} root={root} n={n} count={count}"),
+                                d,
+                                mine,
+                                mine.len(),
+                                Some(mine.clone()),
+                                // Only the root's output is written.
+                                if is_root { Some(&want) } else { None },
+                                &|c, i, o| c.reduce(i, o, op, root, &CallOpts::default()),
+                            );
+                        }
+                        seed += 1;
+                        let data = input(d, count, seed, root, false);
+                        let mine = input(d, count, seed, comm.rank(), false);
+                        check_both(
+                            &comm,
+                            &format!("broadcast {d} root={root} n={n} count={count}"),
+                            d,
+                            if is_root { &data } else { &mine },
+                            data.len(),
+                            Some(if is_root { data.clone() } else { mine.clone() }),
+                            Some(&data),
+                            &|c, i, o| c.broadcast(i, o, root, &CallOpts::default()),
+                        );
+                    }
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn all_gather_and_all_to_all() {
+    for n in WORLDS {
+        run_ranks(n, &cfg(), |comm| {
+            let me = comm.rank();
+            let mut seed = 2000;
+            for d in [DataType::F32, DataType::F16, DataType::F64, DataType::I8] {
+                for part in [0, 1, 7, 1029, SLOT / d.size() + 3] {
+                    seed += 1;
+                    let ins = all_inputs(d, part, seed, n, false);
+                    let want: Vec<u8> = ins.concat();
+                    let mut start = vec![POISON; want.len()];
+                    let pb = part * d.size();
+                    start[me * pb..(me + 1) * pb].copy_from_slice(&ins[me]);
+                    check_both(
+                        &comm,
+                        &format!("all_gather {d} n={n} part={part}"),
+                        d,
+                        &ins[me],
+                        want.len(),
+                        Some(start),
+                        Some(&want),
+                        &|c, i, o| c.all_gather(i, o, &CallOpts::default()),
+                    );
+
+                    seed += 1;
+                    // Rank r's input holds n parts; part p goes to rank p.
+                    let ins = all_inputs(d, n * part, seed, n, false);
+                    let want: Vec<u8> = (0..n)
+                        .flat_map(|r| ins[r][me * pb..(me + 1) * pb].to_vec())
+                        .collect();
+                    check_both(
+                        &comm,
+                        &format!("all_to_all {d} n={n} part={part}"),
+                        d,
+                        &ins[me],
+                        want.len(),
+                        Some(ins[me].clone()),
+                        Some(&want),
+                        &|c, i, o| c.all_to_all(i, o, &CallOpts::default()),
+                    );
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn reduce_scatter_every_op() {
+    for n in WORLDS {
+        run_ranks(n, &cfg(), |comm| {
+            let me = comm.rank();
+            let mut seed = 3000;
+            for d in [
+                DataType::F32,
+                DataType::BF16,
+                DataType::F8E4M3,
+                DataType::I32,
+                DataType::U64,
+            ] {
+                for op in OPS {
+                    if op.check(d, "t").is_err() {
+                        continue;
+                    }
+                    for part in [0, 7, SLOT / d.size() + 3] {
+                        seed += 1;
+                        let ins = all_inputs(d, n * part, seed, n, op == ReduceOp::Prod);
+                        let pb = part * d.size();
+                        let mine: Vec<Vec<u8>> = ins
+                            .iter()
+                            .map(|v| v[me * pb..(me + 1) * pb].to_vec())
+                            .collect();
+                        let want = reference(d, op, &mine);
+                        let what = format!("reduce_scatter {d} {op} n={n} part={part}");
+                        check_both(
+                            &comm,
+                            &what,
+                            d,
+                            &ins[me],
+                            pb,
+                            None,
+                            Some(&want),
+                            &|c, i, o| c.reduce_scatter(i, o, op, &CallOpts::default()),
+                        );
+                        // In place: the whole buffer is the input; the result lands in part `me`.
+                        let mut buf = Aligned::new(&ins[me]);
+                        comm.reduce_scatter(
+                            Input::InPlace,
+                            view_mut(d, buf.bytes_mut()),
+                            op,
+                            &CallOpts::default(),
+                        )
+                        .unwrap();
+                        assert_eq!(
+                            &buf.bytes()[me * pb..(me + 1) * pb],
+                            &want[..],
+                            "{what} in place"
+                        );
+                    }
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn all_to_all_v_uneven_parts() {
+    for n in WORLDS {
+        run_ranks(n, &cfg(), |comm| {
+            let me = comm.rank();
+            let d = DataType::F32;
+            for round in 0..3u64 {
+                // Elements rank i sends to rank j: varied, some zero, some longer than a region.
+                let c = |i: usize, j: usize| {
+                    ((i * 7 + j * 13 + round as usize * 5) % 11) * (1 + (i + j) % 3 * 150)
+                };
+                let seed = 4000 + round;
+                let send_counts: Vec<usize> = (0..n).map(|j| c(me, j)).collect();
+                let recv_counts: Vec<usize> = (0..n).map(|i| c(i, me)).collect();
+                let splits = Splits::packed(send_counts.clone(), recv_counts.clone());
+                let totals: Vec<usize> = (0..n).map(|i| (0..n).map(|j| c(i, j)).sum()).collect();
+                let ins: Vec<Vec<u8>> = (0..n)
+                    .map(|r| input(d, totals[r], seed, r, false))
+                    .collect();
+                let es = d.size();
+                let mut want = Vec::new();
+                for i in 0..n {
+                    let off: usize = (0..me).map(|j| c(i, j)).sum();
+                    want.extend_from_slice(&ins[i][off * es..(off + c(i, me)) * es]);
+                }
+                let out_len = recv_counts.iter().sum::<usize>() * es;
+                check_both(
+                    &comm,
+                    &format!("all_to_all_v n={n} round={round}"),
+                    d,
+                    &ins[me],
+                    out_len,
+                    None,
+                    Some(&want),
+                    &|cm, i, o| cm.all_to_all_v(i, o, &splits, &CallOpts::default()),
+                );
+                // In place needs equal offsets: send and receive equal, padded parts.
+                let pad = (0..n)
+                    .flat_map(|i| (0..n).map(move |j| (i, j)))
+                    .map(|(i, j)| c(i, j))
+                    .max()
+                    .unwrap();
+                let sp = Splits {
+                    send_displs: (0..n).map(|j| j * pad).collect(),
+                    recv_displs: (0..n).map(|j| j * pad).collect(),
+                    send_counts: send_counts.clone(),
+                    recv_counts: recv_counts.clone(),
+                };
+                let mut buf = Aligned::poisoned(n * pad * es);
+                let mut off = 0;
+                for j in 0..n {
+                    let b = &ins[me][off * es..(off + c(me, j)) * es];
+                    buf.bytes_mut()[j * pad * es..j * pad * es + b.len()].copy_from_slice(b);
+                    off += c(me, j);
+                }
+                comm.all_to_all_v(
+                    Input::InPlace,
+                    view_mut(d, buf.bytes_mut()),
+                    &sp,
+                    &CallOpts::default(),
+                )
+                .unwrap();
+                let mut woff = 0;
+                for i in 0..n {
+                    let len = c(i, me) * es;
+                    assert_eq!(
+                        &buf.bytes()[i * pad * es..i * pad * es + len],
+                        &want[woff..woff + len],
+                        "in place from {i}"
+                    );
+                    woff += len;
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn barrier_and_point_to_point() {
+    for n in [2, 3, 4, 8] {
+        run_ranks(n, &cfg(), |comm| {
+            let me = comm.rank();
+            let d = DataType::I32;
+            comm.barrier(&CallOpts::default()).unwrap();
+            // A ring where everyone sends first: one-chunk messages do not block the sender.
+            for count in [0usize, 5, 100] {
+                let msg = input(d, count, 77 + count as u64, me, false);
+                comm.send(view(d, &msg), (me + 1) % n, &CallOpts::default())
+                    .unwrap();
+                let from = (me + n - 1) % n;
+                let mut got = Aligned::poisoned(count * 4);
+                comm.recv(view_mut(d, got.bytes_mut()), from, &CallOpts::default())
+                    .unwrap();
+                assert_eq!(
+                    got.bytes(),
+                    &input(d, count, 77 + count as u64, from, false)[..]
+                );
+            }
+            // Several mailbox-sized chunks between pairs (0,1), (2,3)... at the same time.
+            let big = 300_000;
+            let peer = me ^ 1;
+            if peer < n {
+                let msg = input(d, big, 99, me, false);
+                let mut got = Aligned::poisoned(big * 4);
+                if me % 2 == 0 {
+                    comm.send(view(d, &msg), peer, &CallOpts::default())
+                        .unwrap();
+                    comm.recv(view_mut(d, got.bytes_mut()), peer, &CallOpts::default())
+                        .unwrap();
+                } else {
+                    comm.recv(view_mut(d, got.bytes_mut()), peer, &CallOpts::default())
+                        .unwrap();
+                    comm.send(view(d, &msg), peer, &CallOpts::default())
+                        .unwrap();
+                }
+                assert_eq!(got.bytes(), &input(d, big, 99, peer, false)[..]);
+            }
+            comm.barrier(&CallOpts::default()).unwrap();
+        });
+    }
+}
+
+#[test]
+fn large_all_reduce_64_mb() {
+    let count = (64 << 20) / 4;
+    let outs = run_ranks(2, &config(4 << 20, Duration::from_secs(60)), |comm| {
+        let d = DataType::F32;
+        let mine = input(d, count, 5, comm.rank(), false);
+        let mut out = Aligned::poisoned(mine.len());
+        comm.all_reduce(
+            Input::Buf(view(d, &mine)),
+            view_mut(d, out.bytes_mut()),
+            ReduceOp::Sum,
+            &CallOpts::default().with_algo(Algo::Tree),
+        )
+        .unwrap();
+        let other = input(d, count, 5, 1 - comm.rank(), false);
+        let (a, b) = if comm.rank() == 0 {
+            (&mine, &other)
+        } else {
+            (&other, &mine)
+        };
+        let f = |v: &[u8], i: usize| f32::from_le_bytes(v[4 * i..4 * i + 4].try_into().unwrap());
+        for i in 0..count {
+            assert_eq!(f(out.bytes(), i), f(a, i) + f(b, i), "element {i}");
+        }
+        out.bytes()[..64].to_vec()
+    });
+    assert_eq!(outs[0], outs[1]);
+}
