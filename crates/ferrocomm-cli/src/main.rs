@@ -7,7 +7,11 @@ mod launch;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "ferrocomm", version, about = "Direct-data-access collectives: benchmark, launcher, system info")]
+#[command(
+    name = "ferrocomm",
+    version,
+    about = "Direct-data-access collectives: benchmark, launcher, system info"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
