@@ -192,8 +192,9 @@ fn probe_cuda(info: &mut SystemInfo) {
             // SAFETY: `d` came from cuDeviceGet.
             unsafe { result::device::get_attribute(d, a) }.ok()
         };
-        let cc = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
-            .zip(attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR));
+        let cc = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).zip(
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+        );
         let mut bus = [0 as c_char; 32];
         // SAFETY: the buffer holds 32 bytes and its length is passed; `d` is a valid device.
         let pci = (unsafe { sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), 32, d) }
@@ -232,6 +233,16 @@ fn probe_cuda(info: &mut SystemInfo) {
     info.link_note = "peer access from cuDeviceCanAccessPeer (P2P only: NVLink vs PCIe is not \
                       probed; `nvidia-smi topo -m` shows the links)"
         .into();
+}
+
+/// GPUs the driver shows (0 without a driver).
+pub fn gpu_count() -> usize {
+    use cudarc::driver::{result, sys};
+    // SAFETY: only tries to load libcuda; nothing else is called when it is absent.
+    if !unsafe { sys::is_culib_present() } || result::init().is_err() {
+        return 0;
+    }
+    result::device::get_count().unwrap_or(0).max(0) as usize
 }
 
 /// Probes the machine. Never fails: what is missing is reported as missing.
@@ -286,10 +297,19 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
     let w = &mut s;
-    let _ = writeln!(w, "ferrocomm {} on {}", env!("CARGO_PKG_VERSION"), sys.hostname);
+    let _ = writeln!(
+        w,
+        "ferrocomm {} on {}",
+        env!("CARGO_PKG_VERSION"),
+        sys.hostname
+    );
     let _ = writeln!(w, "\n== GPUs");
     if sys.gpus.is_empty() {
-        let why = sys.libcuda.note.as_deref().unwrap_or("the driver reports none");
+        let why = sys
+            .libcuda
+            .note
+            .as_deref()
+            .unwrap_or("the driver reports none");
         let _ = writeln!(w, "no GPU ({why}); collectives run on the host backend");
     }
     for g in &sys.gpus {
@@ -362,7 +382,10 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
             threshold(t.tree_max, tr, "FERROCOMM_ALLREDUCE_TREE_MAX_BYTES"),
         );
     }
-    let _ = writeln!(w, "\n== Direct-access limits (2 ranks; halved above 4 ranks)");
+    let _ = writeln!(
+        w,
+        "\n== Direct-access limits (2 ranks; halved above 4 ranks)"
+    );
     for (coll, v, var) in [
         (
             Collective::AllGather,
@@ -405,8 +428,7 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
         if lp.enabled { "on" } else { "off" },
         lp.format,
         lp.block,
-        lp.min_bytes
-            .map_or("backend default".into(), |b| human(b)),
+        lp.min_bytes.map_or("backend default".into(), |b| human(b)),
         lp.all_reduce,
         lp.all_gather,
         lp.reduce_scatter,
@@ -507,10 +529,14 @@ mod tests {
         };
         let r = render(&cfg, &sys);
         assert!(r.contains("no GPU"), "{r}");
-        assert!(r.contains("flat <= 256 KiB (env FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES)"), "{r}");
+        assert!(
+            r.contains("flat <= 256 KiB (env FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES)"),
+            "{r}"
+        );
         assert!(r.contains("push <= 64 KiB (default)"), "{r}");
         assert!(r.contains("host: 4 MiB per rank"), "{r}");
-        assert!(r.lines().any(|l| l.starts_with("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES")
-            && l.ends_with("env")));
+        assert!(r
+            .lines()
+            .any(|l| l.starts_with("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES") && l.ends_with("env")));
     }
 }

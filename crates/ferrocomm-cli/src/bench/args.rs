@@ -204,17 +204,25 @@ impl BenchArgs {
             }
         };
         let sizes = sizes::sweep(min_bytes, max_bytes, step);
-        let dtypes = parse_list(&self.dtype, "-d", || DataType::ALL.to_vec(), |s| {
-            DataType::from_str(s).map_err(|e| anyhow::anyhow!("{e}"))
-        })?;
+        let dtypes = parse_list(
+            &self.dtype,
+            "-d",
+            || DataType::ALL.to_vec(),
+            |s| DataType::from_str(s).map_err(|e| anyhow::anyhow!("{e}")),
+        )?;
         let ops = if coll.reduces() {
-            parse_list(&self.op, "-o", || ALL_OPS.to_vec(), |s| {
-                let op = ReduceOp::from_str(s).map_err(|e| anyhow::anyhow!("{e}"))?;
-                if !ALL_OPS.contains(&op) {
-                    bail!("-o {s}: the bench runs sum, prod, min, max and avg");
-                }
-                Ok(op)
-            })?
+            parse_list(
+                &self.op,
+                "-o",
+                || ALL_OPS.to_vec(),
+                |s| {
+                    let op = ReduceOp::from_str(s).map_err(|e| anyhow::anyhow!("{e}"))?;
+                    if !ALL_OPS.contains(&op) {
+                        bail!("-o {s}: the bench runs sum, prod, min, max and avg");
+                    }
+                    Ok(op)
+                },
+            )?
         } else {
             // Data-movement collectives have no operator (nccl-tests prints "none").
             vec![ReduceOp::Sum]
@@ -282,7 +290,10 @@ impl BenchArgs {
         }
         if let Some(p) = &self.plot {
             if p.extension().and_then(|e| e.to_str()) != Some("png") {
-                bail!("--plot {}: the plot is a PNG file (name it *.png)", p.display());
+                bail!(
+                    "--plot {}: the plot is a PNG file (name it *.png)",
+                    p.display()
+                );
             }
         }
         Ok(Plan {
@@ -406,7 +417,10 @@ mod tests {
         assert_eq!(p.low_precision, Some(Format::E5M2));
         assert_eq!(p.ranks, Some(4));
         assert_eq!(p.mode, Mode::Eager);
-        assert_eq!(parse("all_reduce -G 10").unwrap().mode, Mode::Graph { ops: 10 });
+        assert_eq!(
+            parse("all_reduce -G 10").unwrap().mode,
+            Mode::Graph { ops: 10 }
+        );
         assert_eq!(parse("all_reduce --isolated").unwrap().mode, Mode::Isolated);
     }
 

@@ -84,7 +84,11 @@ pub fn value(dtype: DataType, seed: u64, salt: u64, rank: usize, i: usize) -> Va
     } else {
         let r = int_range(dtype);
         let m = 1 + (h >> 8) as i128 % r;
-        Val::I(if is_signed(dtype) && h & 1 == 1 { -m } else { m })
+        Val::I(if is_signed(dtype) && h & 1 == 1 {
+            -m
+        } else {
+            m
+        })
     }
 }
 
@@ -165,6 +169,7 @@ impl Checker {
     }
 
     /// Rank `rank`'s input element `i`.
+    #[cfg(test)]
     pub fn input(&self, rank: usize, i: usize) -> Val {
         self.x(rank, i)
     }
@@ -375,7 +380,10 @@ mod tests {
             }
             assert!(seen.len() > 5, "{d}: values should vary");
         }
-        assert_ne!(value(DataType::F32, 1, 2, 0, 5), value(DataType::F32, 1, 2, 1, 5));
+        assert_ne!(
+            value(DataType::F32, 1, 2, 0, 5),
+            value(DataType::F32, 1, 2, 1, 5)
+        );
     }
 
     #[test]
@@ -419,7 +427,13 @@ mod tests {
 
     #[test]
     fn correct_sums_pass_and_wrong_ones_are_counted() {
-        for d in [DataType::F32, DataType::BF16, DataType::F16, DataType::I32, DataType::U8] {
+        for d in [
+            DataType::F32,
+            DataType::BF16,
+            DataType::F16,
+            DataType::I32,
+            DataType::U8,
+        ] {
             let c = checker(Coll::AllReduce, d, 4, 257, ReduceOp::Sum);
             let mut out = reduce_like_backend(&c);
             assert_eq!(c.count_wrong(0, &out, false), 0, "{d}");
@@ -459,10 +473,12 @@ mod tests {
         let mut out = vec![0u8; 8 * 4];
         poison(DataType::I32, &mut out);
         for j in 4..8 {
-            let m = (0..2).map(|r| c.input(r, j)).fold(Val::I(i128::MIN), |a, b| match (a, b) {
-                (Val::I(a), Val::I(b)) => Val::I(a.max(b)),
-                _ => a,
-            });
+            let m = (0..2)
+                .map(|r| c.input(r, j))
+                .fold(Val::I(i128::MIN), |a, b| match (a, b) {
+                    (Val::I(a), Val::I(b)) => Val::I(a.max(b)),
+                    _ => a,
+                });
             encode(DataType::I32, m, &mut out[j * 4..]);
         }
         assert_eq!(c.count_wrong(1, &out, true), 0);

@@ -72,7 +72,10 @@ impl CudaEngine {
         self.sync()?;
         // SAFETY: `dst` is a live allocation of `cap >= bytes.len()` bytes and the stream is
         // idle, so no collective reads it meanwhile.
-        cuda(unsafe { result::memcpy_htod_sync(dst, bytes) }, "copy to GPU")
+        cuda(
+            unsafe { result::memcpy_htod_sync(dst, bytes) },
+            "copy to GPU",
+        )
     }
 }
 

@@ -20,7 +20,8 @@ fn register_font() -> anyhow::Result<()> {
     let ok = *DONE.get_or_init(|| {
         plotters::style::register_font("sans-serif", FontStyle::Normal, FONT).is_ok()
     });
-    ok.then_some(()).ok_or_else(|| anyhow!("the bundled plot font did not load"))
+    ok.then_some(())
+        .ok_or_else(|| anyhow!("the bundled plot font did not load"))
 }
 
 /// A named line of (size, time us, busbw GB/s) points.
@@ -47,8 +48,7 @@ pub fn series(rows: &[Row]) -> Vec<Series> {
         let label = format!("ferrocomm {}{}", r.algo, qual(r));
         let s = m.entry(label.clone()).or_default();
         s.label = label;
-        s.points
-            .push((r.size as f64, r.oop.time_us, r.oop.busbw));
+        s.points.push((r.size as f64, r.oop.time_us, r.oop.busbw));
         if let Some(v) = &r.nccl {
             let label = format!("nccl{}", qual(r));
             let s = m.entry(label.clone()).or_default();
@@ -90,9 +90,7 @@ pub fn draw(path: &Path, title: &str, rows: &[Row]) -> anyhow::Result<()> {
     let root = BitMapBackend::new(path, (1400, 600)).into_drawing_area();
     let e = |e: DrawingAreaErrorKind<_>| anyhow!("plot {}: {e:?}", path.display());
     root.fill(&WHITE).map_err(e)?;
-    let root = root
-        .titled(title, ("sans-serif", 20))
-        .map_err(e)?;
+    let root = root.titled(title, ("sans-serif", 20)).map_err(e)?;
     let (left, right) = root.split_horizontally(700);
     let xr = pos_range(all.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
     let panels: [(_, &str, fn(&(f64, f64, f64)) -> f64); 2] = [
@@ -181,7 +179,11 @@ mod tests {
 
     #[test]
     fn series_per_algorithm_and_nccl() {
-        let rows = vec![row(1024, "push", 2.0), row(2048, "push", 3.0), row(4096, "flat", 5.0)];
+        let rows = vec![
+            row(1024, "push", 2.0),
+            row(2048, "push", 3.0),
+            row(4096, "flat", 5.0),
+        ];
         let s = series(&rows);
         let labels: Vec<&str> = s.iter().map(|s| s.label.as_str()).collect();
         assert_eq!(labels, vec!["ferrocomm flat", "ferrocomm push", "nccl"]);

@@ -149,10 +149,7 @@ impl Shape {
             );
         }
         let count = size / e;
-        let parts = matches!(
-            coll,
-            Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll
-        );
+        let parts = matches!(coll, Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll);
         if parts && count % world != 0 {
             bail!(
                 "{}: size {size} bytes ({count} {} elements) does not divide into {world} ranks' \

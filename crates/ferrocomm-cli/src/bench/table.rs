@@ -76,7 +76,10 @@ fn measure_str(m: Option<&Measure>) -> String {
 pub fn header(vs_nccl: bool) -> String {
     let mut s = String::new();
     let extra = if vs_nccl {
-        format!("  {:>8}  {:>7}  {:>6}  {:>7}  {:>6}", "", "nccl", "", "nccl", "")
+        format!(
+            "  {:>8}  {:>7}  {:>6}  {:>7}  {:>6}",
+            "", "nccl", "", "nccl", ""
+        )
     } else {
         String::new()
     };
@@ -86,24 +89,30 @@ pub fn header(vs_nccl: bool) -> String {
         "", "", "", "", "", "out-of-place", "in-place", extra
     );
     let extra = if vs_nccl {
-        format!("  {:>8}  {:>7}  {:>6}  {:>7}  {:>6}", "algo", "time", "ratio", "time", "ratio")
+        format!(
+            "  {:>8}  {:>7}  {:>6}  {:>7}  {:>6}",
+            "algo", "time", "ratio", "time", "ratio"
+        )
     } else {
         format!("  {:>8}", "algo")
     };
     let _ = writeln!(
         s,
-        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>5}  {:>7}  {:>6}  {:>6}  {:>5}{}",
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6} {:>6}  {:>7}  {:>6}  {:>6} {:>6}{}",
         "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
         "algbw", "busbw", "#wrong", extra
     );
     let extra = if vs_nccl {
-        format!("  {:>8}  {:>7}  {:>6}  {:>7}  {:>6}", "", "(us)", "", "(us)", "")
+        format!(
+            "  {:>8}  {:>7}  {:>6}  {:>7}  {:>6}",
+            "", "(us)", "", "(us)", ""
+        )
     } else {
         String::new()
     };
     let _ = writeln!(
         s,
-        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>5}  {:>7}  {:>6}  {:>6}  {:>5}{}",
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6} {:>6}  {:>7}  {:>6}  {:>6} {:>6}{}",
         "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
         "(GB/s)", "", extra
     );
@@ -204,8 +213,8 @@ mod tests {
         assert_eq!(
             cols,
             vec![
-                "1048576", "262144", "float", "sum", "-1", "16.04", "65.37", "65.37", "0",
-                "123.5", "8.49", "8.49", "3", "flat"
+                "1048576", "262144", "float", "sum", "-1", "16.04", "65.37", "65.37", "0", "123.5",
+                "8.49", "8.49", "3", "flat"
             ]
         );
         // nccl-tests' widths: size and count right-aligned in 12 columns.

@@ -40,10 +40,9 @@ pub fn combine(mode: Mode, per_rank: &[Vec<f64>]) -> f64 {
                 .collect();
             median(&worst)
         }
-        Mode::Eager | Mode::Graph { .. } => per_rank
-            .iter()
-            .map(|s| median(s))
-            .fold(f64::MIN, f64::max),
+        Mode::Eager | Mode::Graph { .. } => {
+            per_rank.iter().map(|s| median(s)).fold(f64::MIN, f64::max)
+        }
     }
 }
 
