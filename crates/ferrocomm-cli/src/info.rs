@@ -428,7 +428,7 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
         if lp.enabled { "on" } else { "off" },
         lp.format,
         lp.block,
-        lp.min_bytes.map_or("backend default".into(), |b| human(b)),
+        lp.min_bytes.map_or("backend default".into(), human),
         lp.all_reduce,
         lp.all_gather,
         lp.reduce_scatter,

@@ -31,10 +31,8 @@ impl CudaEngine {
     /// Buffers of the given sizes on GPU `ordinal`.
     pub fn new(ordinal: u32, in_bytes: usize, out_bytes: usize) -> anyhow::Result<Self> {
         // SAFETY: probing only loads the library; the bench never calls the driver without it.
-        anyhow::ensure!(
-            unsafe { sys::is_culib_present() },
-            "libcuda is not present on this machine"
-        );
+        let present = unsafe { sys::is_culib_present() };
+        anyhow::ensure!(present, "libcuda is not present on this machine");
         let ctx = cuda(CudaContext::new(ordinal as usize), "create context")?;
         // SAFETY: the bench orders its own work on one stream and frees buffers only after a
         // synchronize (Drop); cudarc's event tracking would synchronize inside graph capture.

@@ -83,6 +83,9 @@ fn size_label(b: &f64) -> String {
     }
 }
 
+/// Which coordinate of a (size, time, busbw) point a panel shows.
+type Pick = fn(&(f64, f64, f64)) -> f64;
+
 /// Draws the two panels into `path`.
 pub fn draw(path: &Path, title: &str, rows: &[Row]) -> anyhow::Result<()> {
     register_font()?;
@@ -93,7 +96,7 @@ pub fn draw(path: &Path, title: &str, rows: &[Row]) -> anyhow::Result<()> {
     let root = root.titled(title, ("sans-serif", 20)).map_err(e)?;
     let (left, right) = root.split_horizontally(700);
     let xr = pos_range(all.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
-    let panels: [(_, &str, fn(&(f64, f64, f64)) -> f64); 2] = [
+    let panels: [(_, &str, Pick); 2] = [
         (left, "time per op (us)", |p| p.1),
         (right, "bus bandwidth (GB/s)", |p| p.2),
     ];
