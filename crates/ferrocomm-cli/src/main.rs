@@ -18,6 +18,8 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+// Parsed once per process: the size of the bench's flags does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Benchmark a collective (nccl-tests' flags and table), NCCL side by side.
     Bench(bench::BenchArgs),
