@@ -1,8 +1,542 @@
-//! `ferrocomm info`.
+//! `ferrocomm info`: GPUs, peer access, libraries, thresholds and settings in effect.
+//!
+//! The system probe here is also what `ferrocomm bench --json` records as the run's context.
 
-#[derive(clap::Args)]
-pub struct InfoArgs {}
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::path::PathBuf;
 
-pub fn run(_args: InfoArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("info is not built yet")
+use ferrocomm::config::Source;
+use ferrocomm::select::{default_all_reduce_thresholds, default_direct_max};
+use ferrocomm::{Collective, Config};
+
+/// Print GPUs, links, libraries, thresholds and settings in effect.
+#[derive(clap::Args, Debug)]
+pub struct InfoArgs {
+    /// Print the same facts as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One GPU.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Gpu {
+    pub index: usize,
+    pub name: String,
+    pub memory_bytes: usize,
+    pub compute_capability: Option<(i32, i32)>,
+    pub pci_bus_id: Option<String>,
+}
+
+/// A dynamically loaded library: where it was found and its version.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Library {
+    pub found: bool,
+    pub path: Option<String>,
+    pub version: Option<String>,
+    /// Why it was not found, or what was tried.
+    pub note: Option<String>,
+}
+
+/// What the machine offers.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct SystemInfo {
+    pub hostname: String,
+    pub gpus: Vec<Gpu>,
+    /// CUDA driver version (`cuDriverGetVersion`), e.g. "13.0".
+    pub cuda_driver: Option<String>,
+    pub libcuda: Library,
+    pub nccl: Library,
+    pub nvrtc: Library,
+    /// `peer_access[i][j]`: GPU i can map GPU j's memory (`cuDeviceCanAccessPeer`).
+    pub peer_access: Vec<Vec<bool>>,
+    /// How links were probed.
+    pub link_note: String,
+}
+
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// The file a loaded library came from, by the name it was opened with.
+fn loaded_path(stem: &str) -> Option<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| {
+            std::path::Path::new(p)
+                .file_name()
+                .and_then(|f| f.to_str())
+                .is_some_and(|f| f.starts_with(stem))
+        })
+        .map(String::from)
+}
+
+/// Opens the first library of `names` that loads; the handle stays open (the process keeps
+/// using it, like cudarc does).
+fn dlopen_first(names: &[String]) -> Option<(*mut c_void, String)> {
+    for n in names {
+        let Ok(c) = CString::new(n.as_str()) else {
+            continue;
+        };
+        // SAFETY: `c` is a NUL-terminated path; dlopen has no other precondition. Loading runs
+        // the library's constructors, which is what any user of these libraries does.
+        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if !h.is_null() {
+            return Some((h, n.clone()));
+        }
+    }
+    None
+}
+
+fn dlsym(h: *mut c_void, name: &CStr) -> Option<*mut c_void> {
+    // SAFETY: `h` is a live handle from dlopen and `name` is NUL-terminated.
+    let p = unsafe { libc::dlsym(h, name.as_ptr()) };
+    (!p.is_null()).then_some(p)
+}
+
+/// NCCL: the configured path (FERROCOMM_NCCL_LIB) first, then the system's names. Torch's
+/// private copy is not searched: point FERROCOMM_NCCL_LIB at it.
+fn probe_nccl(cfg: &Config) -> Library {
+    let mut names: Vec<String> = cfg
+        .nccl_lib
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    names.extend(["libnccl.so.2".to_string(), "libnccl.so".to_string()]);
+    let Some((h, name)) = dlopen_first(&names) else {
+        return Library {
+            note: Some(format!("not found (tried {})", names.join(", "))),
+            ..Default::default()
+        };
+    };
+    let version = dlsym(h, c"ncclGetVersion").and_then(|f| {
+        // SAFETY: ncclGetVersion has the C signature `ncclResult_t (int*)`.
+        let f: extern "C" fn(*mut c_int) -> c_int = unsafe { std::mem::transmute(f) };
+        let mut v: c_int = 0;
+        (f(&mut v) == 0).then(|| {
+            // NCCL >= 2.9 encodes major*10000 + minor*100 + patch.
+            let (maj, min, pat) = if v >= 10000 {
+                (v / 10000, (v % 10000) / 100, v % 100)
+            } else {
+                (v / 1000, (v % 1000) / 100, v % 100)
+            };
+            format!("{maj}.{min}.{pat}")
+        })
+    });
+    Library {
+        found: true,
+        path: loaded_path("libnccl").or(Some(name)),
+        version,
+        note: None,
+    }
+}
+
+fn probe_nvrtc() -> Library {
+    let mut names: Vec<String> = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
+        .map(String::from)
+        .to_vec();
+    names.push("/usr/local/cuda/lib64/libnvrtc.so".into());
+    let Some((h, name)) = dlopen_first(&names) else {
+        return Library {
+            note: Some(format!("not found (tried {})", names.join(", "))),
+            ..Default::default()
+        };
+    };
+    let version = dlsym(h, c"nvrtcVersion").and_then(|f| {
+        // SAFETY: nvrtcVersion has the C signature `nvrtcResult (int*, int*)`.
+        let f: extern "C" fn(*mut c_int, *mut c_int) -> c_int = unsafe { std::mem::transmute(f) };
+        let (mut a, mut b) = (0, 0);
+        (f(&mut a, &mut b) == 0).then(|| format!("{a}.{b}"))
+    });
+    Library {
+        found: true,
+        path: loaded_path("libnvrtc").or(Some(name)),
+        version,
+        note: None,
+    }
+}
+
+/// GPUs, driver and peer access through cudarc's driver API.
+fn probe_cuda(info: &mut SystemInfo) {
+    use cudarc::driver::{result, sys};
+    // SAFETY: only tries to load libcuda; cudarc panics on calls without it, so nothing else
+    // runs when it is absent.
+    if !unsafe { sys::is_culib_present() } {
+        info.libcuda.note = Some("libcuda not found: no GPU driver on this machine".into());
+        info.link_note = "no GPU".into();
+        return;
+    }
+    info.libcuda.found = true;
+    if let Err(e) = result::init() {
+        info.libcuda.note = Some(format!("cuInit failed: {e}"));
+        info.link_note = "no usable GPU".into();
+        return;
+    }
+    info.libcuda.path = loaded_path("libcuda");
+    let mut v: c_int = 0;
+    // SAFETY: cuDriverGetVersion writes one int.
+    if unsafe { sys::cuDriverGetVersion(&mut v) } == sys::CUresult::CUDA_SUCCESS {
+        info.cuda_driver = Some(format!("{}.{}", v / 1000, (v % 1000) / 10));
+        info.libcuda.version = info.cuda_driver.clone();
+    }
+    let n = result::device::get_count().unwrap_or(0).max(0) as usize;
+    let mut devs = Vec::new();
+    for i in 0..n {
+        let Ok(d) = result::device::get(i as c_int) else {
+            continue;
+        };
+        devs.push(d);
+        let attr = |a| {
+            // SAFETY: `d` came from cuDeviceGet.
+            unsafe { result::device::get_attribute(d, a) }.ok()
+        };
+        let cc = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).zip(
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+        );
+        let mut bus = [0 as c_char; 32];
+        // SAFETY: the buffer holds 32 bytes and its length is passed; `d` is a valid device.
+        let pci = (unsafe { sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), 32, d) }
+            == sys::CUresult::CUDA_SUCCESS)
+            .then(|| {
+                // SAFETY: the driver wrote a NUL-terminated string into `bus`.
+                unsafe { CStr::from_ptr(bus.as_ptr()) }
+                    .to_string_lossy()
+                    .into_owned()
+            });
+        info.gpus.push(Gpu {
+            index: i,
+            name: result::device::get_name(d).unwrap_or_else(|e| format!("? ({e})")),
+            // SAFETY: `d` came from cuDeviceGet.
+            memory_bytes: unsafe { result::device::total_mem(d) }.unwrap_or(0),
+            compute_capability: cc,
+            pci_bus_id: pci,
+        });
+    }
+    info.peer_access = devs
+        .iter()
+        .map(|&a| {
+            devs.iter()
+                .map(|&b| {
+                    if a == b {
+                        return true;
+                    }
+                    let mut ok: c_int = 0;
+                    // SAFETY: both devices came from cuDeviceGet; one int is written.
+                    let r = unsafe { sys::cuDeviceCanAccessPeer(&mut ok, a, b) };
+                    r == sys::CUresult::CUDA_SUCCESS && ok == 1
+                })
+                .collect()
+        })
+        .collect();
+    info.link_note = "peer access from cuDeviceCanAccessPeer (P2P only: NVLink vs PCIe is not \
+                      probed; `nvidia-smi topo -m` shows the links)"
+        .into();
+}
+
+/// GPUs the driver shows (0 without a driver).
+pub fn gpu_count() -> usize {
+    use cudarc::driver::{result, sys};
+    // SAFETY: only tries to load libcuda; nothing else is called when it is absent.
+    if !unsafe { sys::is_culib_present() } || result::init().is_err() {
+        return 0;
+    }
+    result::device::get_count().unwrap_or(0).max(0) as usize
+}
+
+/// Probes the machine. Never fails: what is missing is reported as missing.
+pub fn probe_system(cfg: &Config) -> SystemInfo {
+    let mut info = SystemInfo {
+        hostname: hostname(),
+        ..Default::default()
+    };
+    probe_cuda(&mut info);
+    info.nccl = probe_nccl(cfg);
+    info.nvrtc = probe_nvrtc();
+    info
+}
+
+fn human(bytes: usize) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < U.len() && v.fract() == 0.0 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if v.fract() == 0.0 {
+        format!("{v} {}", U[i])
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+fn lib_line(name: &str, l: &Library) -> String {
+    if l.found {
+        format!(
+            "{name}: {} (version {})",
+            l.path.as_deref().unwrap_or("?"),
+            l.version.as_deref().unwrap_or("unknown")
+        )
+    } else {
+        format!("{name}: {}", l.note.as_deref().unwrap_or("not found"))
+    }
+}
+
+/// A threshold in effect: the value, and whether the environment or the default set it.
+fn threshold(v: Option<usize>, default: usize, var: &str) -> String {
+    match v {
+        Some(b) => format!("{} (env {var})", human(b)),
+        None => format!("{} (default)", human(default)),
+    }
+}
+
+/// The report as text.
+pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let w = &mut s;
+    let _ = writeln!(
+        w,
+        "ferrocomm {} on {}",
+        env!("CARGO_PKG_VERSION"),
+        sys.hostname
+    );
+    let _ = writeln!(w, "\n== GPUs");
+    if sys.gpus.is_empty() {
+        let why = sys
+            .libcuda
+            .note
+            .as_deref()
+            .unwrap_or("the driver reports none");
+        let _ = writeln!(w, "no GPU ({why}); collectives run on the host backend");
+    }
+    for g in &sys.gpus {
+        let cc = g
+            .compute_capability
+            .map_or("?".into(), |(a, b)| format!("sm_{a}{b}"));
+        let _ = writeln!(
+            w,
+            "GPU {}: {} ({}, {cc}, PCI {})",
+            g.index,
+            g.name,
+            human(g.memory_bytes),
+            g.pci_bus_id.as_deref().unwrap_or("?")
+        );
+    }
+    if let Some(d) = &sys.cuda_driver {
+        let _ = writeln!(w, "CUDA driver: {d}");
+    }
+    if sys.peer_access.len() > 1 {
+        let _ = writeln!(w, "\n== Peer access ({})", sys.link_note);
+        let head: String = (0..sys.peer_access.len())
+            .map(|j| format!(" GPU{j:<2}"))
+            .collect();
+        let _ = writeln!(w, "      {head}");
+        for (i, row) in sys.peer_access.iter().enumerate() {
+            let cells: String = row
+                .iter()
+                .enumerate()
+                .map(|(j, &ok)| {
+                    let c = if i == j {
+                        "X"
+                    } else if ok {
+                        "P2P"
+                    } else {
+                        "no"
+                    };
+                    format!(" {c:<5}")
+                })
+                .collect();
+            let _ = writeln!(w, "GPU{i:<2} {cells}");
+        }
+    } else {
+        let _ = writeln!(w, "links: {}", sys.link_note);
+    }
+    let _ = writeln!(w, "\n== Libraries");
+    let _ = writeln!(w, "{}", lib_line("libcuda", &sys.libcuda));
+    let _ = writeln!(w, "{}", lib_line("NVRTC", &sys.nvrtc));
+    let _ = writeln!(w, "{}", lib_line("NCCL", &sys.nccl));
+    let cache = &cfg.kernel_cache;
+    let _ = writeln!(
+        w,
+        "kernel cache: {} ({})",
+        cache.display(),
+        if cache.is_dir() {
+            "exists"
+        } else {
+            "not created yet"
+        }
+    );
+
+    let t = &cfg.thresholds;
+    let _ = writeln!(w, "\n== All-reduce thresholds (bytes per rank)");
+    for world in [2usize, 4, 8] {
+        let (p, f, tr) = default_all_reduce_thresholds(world);
+        let _ = writeln!(
+            w,
+            "{world} ranks: push <= {}, flat <= {}, tree <= {}, above: NCCL",
+            threshold(t.push_max, p, "FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES"),
+            threshold(t.flat_max, f, "FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES"),
+            threshold(t.tree_max, tr, "FERROCOMM_ALLREDUCE_TREE_MAX_BYTES"),
+        );
+    }
+    let _ = writeln!(
+        w,
+        "\n== Direct-access limits (2 ranks; halved above 4 ranks)"
+    );
+    for (coll, v, var) in [
+        (
+            Collective::AllGather,
+            t.all_gather_max,
+            "FERROCOMM_ALLGATHER_MAX_BYTES",
+        ),
+        (
+            Collective::ReduceScatter,
+            t.reduce_scatter_max,
+            "FERROCOMM_REDUCESCATTER_MAX_BYTES",
+        ),
+        (
+            Collective::AllToAll,
+            t.all_to_all_max,
+            "FERROCOMM_ALLTOALL_MAX_BYTES",
+        ),
+        (
+            Collective::Broadcast,
+            t.broadcast_max,
+            "FERROCOMM_BROADCAST_MAX_BYTES",
+        ),
+    ] {
+        let _ = writeln!(
+            w,
+            "{}: direct <= {}, above: NCCL",
+            coll.name(),
+            threshold(v, default_direct_max(coll, 2), var)
+        );
+    }
+    if cfg.algo != ferrocomm::Algo::Auto {
+        let _ = writeln!(w, "forced algorithm: {} (FERROCOMM_ALGO)", cfg.algo);
+    }
+
+    let lp = &cfg.low_precision;
+    let _ = writeln!(w, "\n== Low precision");
+    let _ = writeln!(
+        w,
+        "{}: format {}, block {} elements, min bytes {}, all_reduce {}, all_gather {}, \
+         reduce_scatter {}, all_to_all {}",
+        if lp.enabled { "on" } else { "off" },
+        lp.format,
+        lp.block,
+        lp.min_bytes.map_or("backend default".into(), human),
+        lp.all_reduce,
+        lp.all_gather,
+        lp.reduce_scatter,
+        lp.all_to_all
+    );
+
+    let _ = writeln!(w, "\n== Staging memory per communicator");
+    let _ = writeln!(
+        w,
+        "host: {} per rank (FERROCOMM_HOST_SLOT_BYTES) x ranks, e.g. {} for 2 ranks, {} for 8",
+        human(cfg.host_slot_bytes),
+        human(cfg.host_slot_bytes * 2),
+        human(cfg.host_slot_bytes * 8)
+    );
+    let _ = writeln!(
+        w,
+        "cuda: {} of IPC staging per rank and buffer (FERROCOMM_CUDA_STAGING_BYTES)",
+        human(cfg.cuda_staging_bytes)
+    );
+
+    let _ = writeln!(w, "\n== Environment (values in effect)");
+    for (name, val, src, _) in cfg.table() {
+        let from = match src {
+            Source::Env => "env",
+            Source::Default => "default",
+        };
+        let _ = writeln!(w, "{name:<36} {val:<40} {from}");
+    }
+    s
+}
+
+/// The report as JSON.
+#[derive(serde::Serialize)]
+struct InfoJson<'a> {
+    system: &'a SystemInfo,
+    config: &'a Config,
+    env: Vec<EnvEntry>,
+    kernel_cache: PathBuf,
+}
+
+/// One environment variable in effect (for JSON reports).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EnvEntry {
+    pub name: &'static str,
+    pub value: String,
+    pub source: Source,
+}
+
+pub fn env_entries(cfg: &Config) -> Vec<EnvEntry> {
+    cfg.table()
+        .into_iter()
+        .map(|(name, value, source, _)| EnvEntry {
+            name,
+            value,
+            source,
+        })
+        .collect()
+}
+
+pub fn run(args: InfoArgs) -> anyhow::Result<i32> {
+    let cfg = Config::from_env()?;
+    let sys = probe_system(&cfg);
+    if args.json {
+        let j = InfoJson {
+            system: &sys,
+            config: &cfg,
+            env: env_entries(&cfg),
+            kernel_cache: cfg.kernel_cache.clone(),
+        };
+        println!("{}", serde_json::to_string_pretty(&j)?);
+    } else {
+        print!("{}", render(&cfg, &sys));
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_print_in_binary_units() {
+        assert_eq!(human(4 << 20), "4 MiB");
+        assert_eq!(human(64 << 10), "64 KiB");
+        assert_eq!(human(1000), "1000 B");
+    }
+
+    #[test]
+    fn report_names_sources_and_thresholds() {
+        let cfg = Config::from_lookup(|k| {
+            (k == "FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES").then(|| "256K".to_string())
+        })
+        .unwrap();
+        let sys = SystemInfo {
+            hostname: "h".into(),
+            link_note: "no GPU".into(),
+            ..Default::default()
+        };
+        let r = render(&cfg, &sys);
+        assert!(r.contains("no GPU"), "{r}");
+        assert!(
+            r.contains("flat <= 256 KiB (env FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES)"),
+            "{r}"
+        );
+        assert!(r.contains("push <= 64 KiB (default)"), "{r}");
+        assert!(r.contains("host: 4 MiB per rank"), "{r}");
+        assert!(r
+            .lines()
+            .any(|l| l.starts_with("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES") && l.ends_with("env")));
+    }
 }

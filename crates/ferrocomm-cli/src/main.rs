@@ -7,13 +7,19 @@ mod launch;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "ferrocomm", version, about = "Direct-data-access collectives: benchmark, launcher, system info")]
+#[command(
+    name = "ferrocomm",
+    version,
+    about = "Direct-data-access collectives: benchmark, launcher, system info"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
+// Parsed once per process: the size of the bench's flags does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Benchmark a collective (nccl-tests' flags and table), NCCL side by side.
     Bench(bench::BenchArgs),

@@ -53,6 +53,7 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_HOST_SLOT_BYTES", "4194304", "Host backend: bytes of shared-memory staging per rank (larger messages are processed in chunks of this size)."),
     var("FERROCOMM_CUDA_STAGING_BYTES", "67108864", "CUDA backend: bytes of IPC staging per rank and buffer (direct access is limited to this size per rank)."),
     var("FERROCOMM_NCCL_LIB", "(search)", "Path of libnccl.so to load; otherwise the system path, then torch's nvidia/nccl/lib."),
+    var("FERROCOMM_NVRTC_LIB", "(search)", "Path of libnvrtc.so.13 (or its directory) to load when the system path has none; otherwise /usr/local/cuda, then python's nvidia/cu13/lib or nvidia/cuda_nvrtc/lib."),
     var("FERROCOMM_KERNEL_CACHE", "$XDG_CACHE_HOME/ferrocomm or ~/.cache/ferrocomm", "Directory of compiled kernels (cubins keyed by source hash, arch and NVRTC version)."),
     var("FERROCOMM_STORE_ADDR", "MASTER_ADDR", "Host of the bootstrap TCP store."),
     var("FERROCOMM_STORE_PORT", "MASTER_PORT (MASTER_PORT+1 under torchrun)", "Port of the bootstrap TCP store."),
@@ -149,6 +150,11 @@ pub struct Config {
     pub host_slot_bytes: usize,
     pub cuda_staging_bytes: usize,
     pub nccl_lib: Option<PathBuf>,
+    pub nvrtc_lib: Option<PathBuf>,
+    /// Python installation prefixes whose site-packages may hold NVIDIA's library wheels
+    /// (`VIRTUAL_ENV`, `CONDA_PREFIX`, `~/.local`, `/usr/local`, `/usr`), searched for libnccl and
+    /// libnvrtc when the system path lacks them.
+    pub python_prefixes: Vec<PathBuf>,
     pub kernel_cache: PathBuf,
     pub debug: bool,
     pub launch: LaunchEnv,
@@ -333,6 +339,15 @@ impl Config {
         }
         let cuda_staging_bytes = r.bytes("FERROCOMM_CUDA_STAGING_BYTES")?.unwrap_or(64 << 20);
         let nccl_lib = r.raw("FERROCOMM_NCCL_LIB").map(PathBuf::from);
+        let nvrtc_lib = r.raw("FERROCOMM_NVRTC_LIB").map(PathBuf::from);
+        let mut python_prefixes: Vec<PathBuf> = ["VIRTUAL_ENV", "CONDA_PREFIX"]
+            .iter()
+            .filter_map(|k| lookup(k).filter(|s| !s.is_empty()).map(PathBuf::from))
+            .collect();
+        if let Some(h) = lookup("HOME") {
+            python_prefixes.push(PathBuf::from(h).join(".local"));
+        }
+        python_prefixes.extend(["/usr/local", "/usr", "/opt/conda"].map(PathBuf::from));
         let kernel_cache = match r.raw("FERROCOMM_KERNEL_CACHE") {
             Some(p) => PathBuf::from(p),
             None => {
@@ -354,6 +369,8 @@ impl Config {
             host_slot_bytes,
             cuda_staging_bytes,
             nccl_lib,
+            nvrtc_lib,
+            python_prefixes,
             kernel_cache,
             debug,
             launch,
@@ -373,6 +390,15 @@ impl Config {
                 (v.name, val, src, v.meaning)
             })
             .collect()
+    }
+}
+
+/// Sets NCCL's own variables that ferrocomm needs before NCCL is initialised, unless the user
+/// set them: `NCCL_NVLS_ENABLE=0` (NVLink multicast is not to be used on these machines).
+pub fn apply_nccl_env_defaults() {
+    if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+        // SAFETY-free in edition 2021; called once before NCCL starts its threads.
+        std::env::set_var("NCCL_NVLS_ENABLE", "0");
     }
 }
 

@@ -13,6 +13,7 @@ pub mod config;
 pub mod cuda;
 pub mod error;
 pub mod host;
+pub mod launch;
 pub mod nccl;
 pub mod quant;
 pub mod reduce;

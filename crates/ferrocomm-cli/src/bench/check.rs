@@ -1,0 +1,499 @@
+//! Inputs and their check: random values that every rank can recompute for any rank (a
+//! counter-based hash of seed, row, rank and index), poison for outputs, and the count of
+//! wrong elements (exact for integers and data movement, a tolerance for float reductions).
+
+use ferrocomm::{DataType, Format, ReduceOp};
+
+use super::sizes::{Coll, Shape};
+
+/// One element's value: floats as f64 (exact for every float dtype), integers as i128.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Val {
+    F(f64),
+    I(i128),
+}
+
+/// A well-mixed 64-bit hash (splitmix64's finalizer).
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Rounds `x` to the nearest value of a float dtype.
+fn round_to(dtype: DataType, x: f64) -> f64 {
+    match dtype {
+        DataType::F64 => x,
+        DataType::F32 => x as f32 as f64,
+        DataType::F16 => half::f16::from_f64(x).to_f64(),
+        DataType::BF16 => half::bf16::from_f64(x).to_f64(),
+        DataType::F8E4M3 => float8::F8E4M3::from_f32(x as f32).to_f32() as f64,
+        DataType::F8E5M2 => float8::F8E5M2::from_f32(x as f32).to_f32() as f64,
+        _ => x,
+    }
+}
+
+/// Relative precision (machine epsilon) of a float dtype.
+fn epsilon(dtype: DataType) -> f64 {
+    match dtype {
+        DataType::F64 => f64::EPSILON,
+        DataType::F32 => f32::EPSILON as f64,
+        DataType::F16 => 2f64.powi(-10),
+        DataType::BF16 => 2f64.powi(-7),
+        DataType::F8E4M3 => 2f64.powi(-3),
+        DataType::F8E5M2 => 2f64.powi(-2),
+        _ => 0.0,
+    }
+}
+
+/// Largest magnitude of a generated integer: small enough that sums over many ranks never
+/// overflow, so that the expected average is unambiguous.
+fn int_range(dtype: DataType) -> i128 {
+    match dtype.size() {
+        1 => 7,
+        _ => 1000,
+    }
+}
+
+fn is_signed(dtype: DataType) -> bool {
+    matches!(dtype, DataType::I8 | DataType::I32 | DataType::I64)
+}
+
+/// Wraps an integer into a dtype's range (two's complement, as the hardware does).
+fn wrap(dtype: DataType, v: i128) -> i128 {
+    let bits = dtype.size() as u32 * 8;
+    let m = v.rem_euclid(1i128 << bits);
+    if is_signed(dtype) && m >= 1i128 << (bits - 1) {
+        m - (1i128 << bits)
+    } else {
+        m
+    }
+}
+
+/// The input value of element `i` on rank `rank` for a row salted with `salt`. Never zero.
+pub fn value(dtype: DataType, seed: u64, salt: u64, rank: usize, i: usize) -> Val {
+    let h = mix(seed ^ mix(salt ^ mix(((rank as u64) << 40) ^ i as u64)));
+    if dtype.is_float() {
+        // +-[0.5, 1.5): no zeros, no cancellation to denormals, exact in every float dtype
+        // after rounding to it.
+        let u = (h >> 11) as f64 / (1u64 << 53) as f64;
+        let mag = 0.5 + u;
+        let x = if h & 1 == 1 { -mag } else { mag };
+        Val::F(round_to(dtype, x))
+    } else {
+        let r = int_range(dtype);
+        let m = 1 + (h >> 8) as i128 % r;
+        Val::I(if is_signed(dtype) && h & 1 == 1 {
+            -m
+        } else {
+            m
+        })
+    }
+}
+
+/// Writes `v` as a `dtype` element at the start of `out`.
+pub fn encode(dtype: DataType, v: Val, out: &mut [u8]) {
+    let x = match v {
+        Val::F(x) => x,
+        Val::I(i) => i as f64,
+    };
+    let i = match v {
+        Val::I(i) => i,
+        Val::F(x) => x as i128,
+    };
+    match dtype {
+        DataType::F32 => out[..4].copy_from_slice(&(x as f32).to_le_bytes()),
+        DataType::F64 => out[..8].copy_from_slice(&x.to_le_bytes()),
+        DataType::F16 => out[..2].copy_from_slice(&half::f16::from_f64(x).to_le_bytes()),
+        DataType::BF16 => out[..2].copy_from_slice(&half::bf16::from_f64(x).to_le_bytes()),
+        DataType::F8E4M3 => out[0] = float8::F8E4M3::from_f32(x as f32).to_bits(),
+        DataType::F8E5M2 => out[0] = float8::F8E5M2::from_f32(x as f32).to_bits(),
+        DataType::I8 => out[0] = (i as i8) as u8,
+        DataType::U8 => out[0] = i as u8,
+        DataType::I32 => out[..4].copy_from_slice(&(i as i32).to_le_bytes()),
+        DataType::U32 => out[..4].copy_from_slice(&(i as u32).to_le_bytes()),
+        DataType::I64 => out[..8].copy_from_slice(&(i as i64).to_le_bytes()),
+        DataType::U64 => out[..8].copy_from_slice(&(i as u64).to_le_bytes()),
+    }
+}
+
+/// Reads a `dtype` element from the start of `b`.
+pub fn decode(dtype: DataType, b: &[u8]) -> Val {
+    let a2 = || [b[0], b[1]];
+    let a4 = || [b[0], b[1], b[2], b[3]];
+    let a8 = || [b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]];
+    match dtype {
+        DataType::F32 => Val::F(f32::from_le_bytes(a4()) as f64),
+        DataType::F64 => Val::F(f64::from_le_bytes(a8())),
+        DataType::F16 => Val::F(half::f16::from_le_bytes(a2()).to_f64()),
+        DataType::BF16 => Val::F(half::bf16::from_le_bytes(a2()).to_f64()),
+        DataType::F8E4M3 => Val::F(float8::F8E4M3::from_bits(b[0]).to_f32() as f64),
+        DataType::F8E5M2 => Val::F(float8::F8E5M2::from_bits(b[0]).to_f32() as f64),
+        DataType::I8 => Val::I(b[0] as i8 as i128),
+        DataType::U8 => Val::I(b[0] as i128),
+        DataType::I32 => Val::I(i32::from_le_bytes(a4()) as i128),
+        DataType::U32 => Val::I(u32::from_le_bytes(a4()) as i128),
+        DataType::I64 => Val::I(i64::from_le_bytes(a8()) as i128),
+        DataType::U64 => Val::I(u64::from_le_bytes(a8()) as i128),
+    }
+}
+
+/// Fills `out` with poison: NaN for floats, a value outside the generated range for integers.
+pub fn poison(dtype: DataType, out: &mut [u8]) {
+    let byte = if dtype.is_float() { 0xFF } else { 0x7F };
+    out.fill(byte);
+}
+
+/// Which elements a run checks and what they should hold.
+#[derive(Debug, Clone)]
+pub struct Checker {
+    pub shape: Shape,
+    pub op: ReduceOp,
+    pub root: usize,
+    pub seed: u64,
+    pub salt: u64,
+    /// Low-precision wire format in effect for this row (widens the float tolerance).
+    pub low_precision: Option<Format>,
+}
+
+/// Expected value of one output element with the slack allowed around it.
+struct Want {
+    val: Val,
+    tol: f64,
+}
+
+impl Checker {
+    fn x(&self, rank: usize, i: usize) -> Val {
+        value(self.shape.dtype, self.seed, self.salt, rank, i)
+    }
+
+    /// Rank `rank`'s input element `i`.
+    #[cfg(test)]
+    pub fn input(&self, rank: usize, i: usize) -> Val {
+        self.x(rank, i)
+    }
+
+    /// The bytes of rank `rank`'s out-of-place input buffer.
+    pub fn input_bytes(&self, rank: usize) -> Vec<u8> {
+        let e = self.shape.dtype.size();
+        let mut b = vec![0u8; self.shape.in_count * e];
+        for (i, c) in b.chunks_exact_mut(e).enumerate() {
+            encode(self.shape.dtype, self.x(rank, i), c);
+        }
+        b
+    }
+
+    /// The bytes the in-place buffer starts with on `rank` (the input where the collective
+    /// reads it; poison elsewhere).
+    pub fn inplace_bytes(&self, rank: usize) -> Vec<u8> {
+        let s = &self.shape;
+        let e = s.dtype.size();
+        let mut b = vec![0u8; s.inplace_count * e];
+        poison(s.dtype, &mut b);
+        let part = s.count / s.world;
+        let (start, len) = match s.coll {
+            // The rank's own part sits at its offset in the gathered buffer.
+            Coll::AllGather => (rank * part, part),
+            Coll::Broadcast if rank != self.root => (0, 0),
+            _ => (0, s.inplace_count),
+        };
+        for i in 0..len {
+            let j = start + i;
+            encode(s.dtype, self.x(rank, i), &mut b[j * e..(j + 1) * e]);
+        }
+        b
+    }
+
+    /// Reduces element `i` over all ranks; the tolerance grows with the rank count.
+    fn reduced(&self, i: usize) -> Want {
+        let s = &self.shape;
+        let n = s.world;
+        let vals = (0..n).map(|r| self.x(r, i));
+        match (self.op, s.dtype.is_float()) {
+            (_, false) => {
+                let ints: Vec<i128> = vals
+                    .map(|v| match v {
+                        Val::I(i) => i,
+                        Val::F(x) => x as i128,
+                    })
+                    .collect();
+                let v = match self.op {
+                    ReduceOp::Sum => wrap(s.dtype, ints.iter().sum()),
+                    ReduceOp::Avg => wrap(s.dtype, ints.iter().sum::<i128>() / n as i128),
+                    ReduceOp::Prod => ints.iter().fold(1, |a, &b| wrap(s.dtype, a * b)),
+                    ReduceOp::Min => *ints.iter().min().unwrap_or(&0),
+                    ReduceOp::Max => *ints.iter().max().unwrap_or(&0),
+                    _ => 0,
+                };
+                Want {
+                    val: Val::I(v),
+                    tol: 0.0,
+                }
+            }
+            (op, true) => {
+                let xs: Vec<f64> = vals
+                    .map(|v| match v {
+                        Val::F(x) => x,
+                        Val::I(i) => i as f64,
+                    })
+                    .collect();
+                let abs_sum: f64 = xs.iter().map(|x| x.abs()).sum();
+                let abs_max = xs.iter().fold(0f64, |a, x| a.max(x.abs()));
+                let eps = epsilon(s.dtype);
+                let nf = n as f64;
+                let (v, tol) = match op {
+                    ReduceOp::Sum => (xs.iter().sum::<f64>(), eps * nf * abs_sum),
+                    ReduceOp::Avg => (xs.iter().sum::<f64>() / nf, eps * nf * abs_sum / nf),
+                    ReduceOp::Prod => {
+                        let p: f64 = xs.iter().product();
+                        (p, eps * nf * p.abs())
+                    }
+                    ReduceOp::Min => (xs.iter().cloned().fold(f64::INFINITY, f64::min), 0.0),
+                    ReduceOp::Max => (xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max), 0.0),
+                    _ => (0.0, 0.0),
+                };
+                let lp = match (self.low_precision, op) {
+                    // Quantized at most once per phase (two phases for two-shot): each term
+                    // is off by at most a code step of its block's absmax.
+                    (Some(f), ReduceOp::Sum | ReduceOp::Avg) => {
+                        let scale = if op == ReduceOp::Avg { 1.0 } else { nf };
+                        2.0 * lp_step(f) * abs_max * scale
+                    }
+                    _ => 0.0,
+                };
+                Want {
+                    val: Val::F(v),
+                    tol: tol + lp,
+                }
+            }
+        }
+    }
+
+    /// A value moved unchanged (or, in low precision, quantized once).
+    fn moved(&self, v: Val) -> Want {
+        let tol = match (self.low_precision, v) {
+            (Some(f), Val::F(x)) => lp_step(f) * x.abs().max(1.5),
+            _ => 0.0,
+        };
+        Want { val: v, tol }
+    }
+
+    /// What output element `j` of `rank` should hold, `None` for elements the collective does
+    /// not write.
+    fn want(&self, rank: usize, j: usize, in_place: bool) -> Option<Want> {
+        let s = &self.shape;
+        let n = s.world;
+        let part = s.count / n;
+        Some(match s.coll {
+            Coll::AllReduce => self.reduced(j),
+            Coll::Reduce if rank == self.root => self.reduced(j),
+            Coll::Reduce => return None,
+            Coll::Broadcast => self.moved(self.x(self.root, j)),
+            Coll::AllGather => self.moved(self.x(j / part, j % part)),
+            Coll::ReduceScatter if in_place => {
+                if j / part != rank {
+                    return None;
+                }
+                self.reduced(j)
+            }
+            Coll::ReduceScatter => self.reduced(rank * part + j),
+            Coll::AllToAll => self.moved(self.x(j / part, rank * part + j % part)),
+            Coll::SendRecv => self.moved(self.x((rank + n - 1) % n, j)),
+        })
+    }
+
+    /// Number of wrong elements in `out` (the output buffer of `rank` as bytes).
+    pub fn count_wrong(&self, rank: usize, out: &[u8], in_place: bool) -> u64 {
+        let d = self.shape.dtype;
+        let e = d.size();
+        let mut wrong = 0;
+        for (j, b) in out.chunks_exact(e).enumerate() {
+            let Some(w) = self.want(rank, j, in_place) else {
+                continue;
+            };
+            let ok = match (decode(d, b), w.val) {
+                (Val::I(g), Val::I(x)) => g == x,
+                (Val::F(g), Val::F(x)) => {
+                    // Saturating types may clamp the exact value: compare with it rounded.
+                    let xr = round_to(d, x);
+                    g == xr || (g - x).abs() <= w.tol || (g - xr).abs() <= w.tol
+                }
+                _ => false,
+            };
+            if !ok {
+                wrong += 1;
+            }
+        }
+        wrong
+    }
+
+    /// Index of the first output element a check looks at (for the corruption test hook).
+    pub fn first_checked(&self, rank: usize, in_place: bool) -> Option<usize> {
+        let count = if in_place {
+            self.shape.inplace_count
+        } else {
+            self.shape.out_count
+        };
+        (0..count).find(|&j| self.want(rank, j, in_place).is_some())
+    }
+}
+
+/// The code step of a low-precision format relative to its block's absmax.
+fn lp_step(f: Format) -> f64 {
+    match f {
+        Format::E4M3 => 2f64.powi(-3),
+        Format::E5M2 => 2f64.powi(-2),
+        Format::Int8 => 1.0 / 127.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checker(coll: Coll, dtype: DataType, world: usize, count: usize, op: ReduceOp) -> Checker {
+        Checker {
+            shape: Shape::new(coll, count * dtype.size(), dtype, world).unwrap(),
+            op,
+            root: 0,
+            seed: 7,
+            salt: 11,
+            low_precision: None,
+        }
+    }
+
+    #[test]
+    fn values_are_random_nonzero_and_round_trip() {
+        for d in DataType::ALL {
+            let mut seen = std::collections::HashSet::new();
+            for i in 0..200 {
+                let v = value(d, 1, 2, 3, i);
+                let mut b = [0u8; 8];
+                encode(d, v, &mut b);
+                assert_eq!(decode(d, &b), v, "{d}");
+                match v {
+                    Val::F(x) => assert!(x != 0.0 && x.is_finite()),
+                    Val::I(i) => assert!(i != 0),
+                }
+                seen.insert(format!("{v:?}"));
+            }
+            assert!(seen.len() > 5, "{d}: values should vary");
+        }
+        assert_ne!(
+            value(DataType::F32, 1, 2, 0, 5),
+            value(DataType::F32, 1, 2, 1, 5)
+        );
+    }
+
+    #[test]
+    fn integers_wrap_like_hardware() {
+        assert_eq!(wrap(DataType::I8, 130), -126);
+        assert_eq!(wrap(DataType::U8, -1), 255);
+        assert_eq!(wrap(DataType::I64, i64::MAX as i128 + 1), i64::MIN as i128);
+    }
+
+    /// Computes an all_reduce output the way a backend would and checks it.
+    fn reduce_like_backend(c: &Checker) -> Vec<u8> {
+        let s = c.shape;
+        let e = s.dtype.size();
+        let mut out = vec![0u8; s.count * e];
+        for j in 0..s.count {
+            let v = match (c.input(0, j), s.dtype.is_float()) {
+                (Val::F(_), true) => {
+                    // Accumulate in f32 in rank order, as the library does for narrow types.
+                    let mut acc = 0f32;
+                    for r in 0..s.world {
+                        if let Val::F(x) = c.input(r, j) {
+                            acc += x as f32;
+                        }
+                    }
+                    Val::F(acc as f64)
+                }
+                _ => {
+                    let mut acc = 0i128;
+                    for r in 0..s.world {
+                        if let Val::I(x) = c.input(r, j) {
+                            acc += x;
+                        }
+                    }
+                    Val::I(wrap(s.dtype, acc))
+                }
+            };
+            encode(s.dtype, v, &mut out[j * e..(j + 1) * e]);
+        }
+        out
+    }
+
+    #[test]
+    fn correct_sums_pass_and_wrong_ones_are_counted() {
+        for d in [
+            DataType::F32,
+            DataType::BF16,
+            DataType::F16,
+            DataType::I32,
+            DataType::U8,
+        ] {
+            let c = checker(Coll::AllReduce, d, 4, 257, ReduceOp::Sum);
+            let mut out = reduce_like_backend(&c);
+            assert_eq!(c.count_wrong(0, &out, false), 0, "{d}");
+            let e = d.size();
+            poison(d, &mut out[..e]);
+            // Off by far more than the tolerance.
+            let v = match decode(d, &out[5 * e..]) {
+                Val::F(x) => Val::F(x + 0.5),
+                Val::I(i) => Val::I(i + 1),
+            };
+            encode(d, v, &mut out[5 * e..6 * e]);
+            assert_eq!(c.count_wrong(0, &out, false), 2, "{d}");
+        }
+    }
+
+    #[test]
+    fn poison_is_always_wrong() {
+        let c = checker(Coll::AllGather, DataType::F32, 2, 64, ReduceOp::Sum);
+        let mut out = vec![0u8; 64 * 4];
+        poison(DataType::F32, &mut out);
+        assert_eq!(c.count_wrong(1, &out, false), 64);
+    }
+
+    #[test]
+    fn data_movement_layouts() {
+        // all_to_all: rank 1's output part j comes from rank j's part 1.
+        let c = checker(Coll::AllToAll, DataType::I64, 3, 6, ReduceOp::Sum);
+        let mut out = vec![0u8; 6 * 8];
+        for j in 0..6 {
+            let v = c.input(j / 2, 2 + j % 2);
+            encode(DataType::I64, v, &mut out[j * 8..]);
+        }
+        assert_eq!(c.count_wrong(1, &out, false), 0);
+        assert_eq!(c.count_wrong(0, &out, false), 6);
+        // reduce_scatter in place checks only the rank's own part.
+        let c = checker(Coll::ReduceScatter, DataType::I32, 2, 8, ReduceOp::Max);
+        let mut out = vec![0u8; 8 * 4];
+        poison(DataType::I32, &mut out);
+        for j in 4..8 {
+            let m = (0..2)
+                .map(|r| c.input(r, j))
+                .fold(Val::I(i128::MIN), |a, b| match (a, b) {
+                    (Val::I(a), Val::I(b)) => Val::I(a.max(b)),
+                    _ => a,
+                });
+            encode(DataType::I32, m, &mut out[j * 4..]);
+        }
+        assert_eq!(c.count_wrong(1, &out, true), 0);
+        assert_eq!(c.first_checked(1, true), Some(4));
+        // reduce: only the root is checked.
+        let c = checker(Coll::Reduce, DataType::F32, 2, 4, ReduceOp::Sum);
+        assert_eq!(c.count_wrong(1, &[0xFF; 16], false), 0);
+        assert_eq!(c.count_wrong(0, &[0xFF; 16], false), 4);
+    }
+
+    #[test]
+    fn inplace_buffers_hold_the_input_where_it_is_read() {
+        let c = checker(Coll::AllGather, DataType::F32, 2, 4, ReduceOp::Sum);
+        let b = c.inplace_bytes(1);
+        assert_eq!(decode(DataType::F32, &b[8..]), c.input(1, 0));
+        assert!(matches!(decode(DataType::F32, &b[..4]), Val::F(x) if x.is_nan()));
+    }
+}

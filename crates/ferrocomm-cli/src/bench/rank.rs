@@ -1,0 +1,588 @@
+//! One rank of the benchmark: builds the communicator(s) and buffers, runs every row (ours and,
+//! under `--vs nccl`, NCCL's right after it for the same size), and sends its samples to rank 0,
+//! which prints the table and writes the JSON and the plot.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use ferrocomm::config::BackendChoice;
+use ferrocomm::{
+    CallOpts, CommOptions, Communicator, Config, DataType, Device, Format, Input,
+    LowPrecisionChoice, ReduceOp, View, ViewMut,
+};
+
+use super::args::Plan;
+use super::check::{self, Checker};
+use super::engine::{Engine, HostEngine};
+use super::json::{self, RankInfo, Report, RunContext};
+use super::sizes::{Coll, Shape};
+use super::table::{self, Measure, Row, Versus};
+use super::timing::{self, Timing};
+
+/// One rank's results for one row, sent to rank 0 through the store.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct RankRow {
+    oop: Vec<f64>,
+    ip: Option<Vec<f64>>,
+    wrong_oop: Option<u64>,
+    wrong_ip: Option<u64>,
+    nccl_oop: Option<Vec<f64>>,
+    nccl_ip: Option<Vec<f64>>,
+}
+
+/// Issues one collective on the engine's buffers.
+#[allow(clippy::too_many_arguments)]
+fn issue(
+    comm: &Communicator,
+    shape: &Shape,
+    op: ReduceOp,
+    root: usize,
+    in_place: bool,
+    inp: *mut u8,
+    out: *mut u8,
+    dev: Device,
+    opts: &CallOpts,
+) -> ferrocomm::Result<()> {
+    let d = shape.dtype;
+    let out_count = if in_place {
+        shape.inplace_count
+    } else {
+        shape.out_count
+    };
+    // SAFETY: the engine allocated both buffers for the largest shape of the run on `dev`;
+    // they live as long as the engine, which outlives every call and graph replay here, and
+    // the bench touches them only between synchronizations.
+    let output = unsafe { ViewMut::from_raw(out, out_count, d, dev) };
+    // SAFETY: as above, for the input buffer.
+    let in_view = unsafe { View::from_raw(inp, shape.in_count, d, dev) };
+    let input = if in_place {
+        Input::InPlace
+    } else {
+        Input::Buf(in_view)
+    };
+    match shape.coll {
+        Coll::AllReduce => comm.all_reduce(input, output, op, opts),
+        Coll::Reduce => comm.reduce(input, output, op, root, opts),
+        Coll::Broadcast => comm.broadcast(input, output, root, opts),
+        Coll::AllGather => comm.all_gather(input, output, opts),
+        Coll::ReduceScatter => comm.reduce_scatter(input, output, op, opts),
+        Coll::AllToAll => comm.all_to_all(input, output, opts),
+        Coll::SendRecv => {
+            // A ring: send to the next rank, receive from the previous. Even ranks send first
+            // and odd ranks receive first, so blocking sends cannot wait on each other in a
+            // cycle.
+            let (r, n) = (comm.rank(), comm.size());
+            let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+            if r % 2 == 0 {
+                comm.send(in_view, next, opts)?;
+                comm.recv(output, prev, opts)
+            } else {
+                comm.recv(output, prev, opts)?;
+                comm.send(in_view, next, opts)
+            }
+        }
+    }
+}
+
+/// Low-precision format in effect for this row, if any (for the check's tolerance).
+fn lp_in_effect(plan: &Plan, cfg: &Config, shape: &Shape, op: ReduceOp) -> Option<Format> {
+    let fmt = plan.low_precision.or_else(|| {
+        let lp = &cfg.low_precision;
+        let on = lp.enabled
+            && match shape.coll {
+                Coll::AllReduce => lp.all_reduce,
+                Coll::AllGather => lp.all_gather,
+                Coll::ReduceScatter => lp.reduce_scatter,
+                Coll::AllToAll => lp.all_to_all,
+                _ => false,
+            };
+        on.then_some(lp.format)
+    })?;
+    let dtype_ok = matches!(shape.dtype, DataType::F32 | DataType::F16 | DataType::BF16);
+    let coll_ok = matches!(
+        shape.coll,
+        Coll::AllReduce | Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll
+    );
+    let op_ok = !shape.coll.reduces() || matches!(op, ReduceOp::Sum | ReduceOp::Avg);
+    (dtype_ok && coll_ok && op_ok).then_some(fmt)
+}
+
+/// Everything one side (ours or NCCL's) of a row needs.
+struct Side<'a> {
+    comm: &'a Communicator,
+    opts: CallOpts,
+}
+
+struct RowCtx<'a> {
+    plan: &'a Plan,
+    timing: &'a Timing,
+    shape: Shape,
+    op: ReduceOp,
+    root: usize,
+    checker: Checker,
+    rank: usize,
+}
+
+impl RowCtx<'_> {
+    /// Puts fresh inputs in place: the input buffer and a poisoned output, or the in-place
+    /// buffer.
+    fn prepare(&self, engine: &mut dyn Engine, in_place: bool) -> anyhow::Result<()> {
+        let s = &self.shape;
+        let e = s.dtype.size();
+        if in_place {
+            engine.upload_out(&self.checker.inplace_bytes(self.rank))
+        } else {
+            engine.upload_in(&self.checker.input_bytes(self.rank))?;
+            let mut poison = vec![0u8; s.out_count * e];
+            check::poison(s.dtype, &mut poison);
+            engine.upload_out(&poison)
+        }
+    }
+
+    /// Times one side; returns this rank's samples.
+    fn time(
+        &self,
+        engine: &mut dyn Engine,
+        side: &Side<'_>,
+        in_place: bool,
+    ) -> anyhow::Result<Vec<f64>> {
+        self.prepare(engine, in_place)?;
+        let (inp, out, dev) = (engine.in_ptr(), engine.out_ptr(), engine.device());
+        let engine: &dyn Engine = engine;
+        let barrier_opts = CallOpts::on_stream(engine.stream());
+        timing::measure(
+            engine,
+            self.timing,
+            &mut || Ok(side.comm.barrier(&barrier_opts)?),
+            &mut || {
+                issue(
+                    side.comm,
+                    &self.shape,
+                    self.op,
+                    self.root,
+                    in_place,
+                    inp,
+                    out,
+                    dev,
+                    &side.opts,
+                )
+                .with_context(|| self.what(side, in_place))
+            },
+        )
+    }
+
+    /// Runs once on fresh inputs and poisoned outputs and counts wrong elements.
+    fn check(
+        &self,
+        engine: &mut dyn Engine,
+        side: &Side<'_>,
+        in_place: bool,
+    ) -> anyhow::Result<u64> {
+        self.prepare(engine, in_place)?;
+        let (inp, out, dev) = (engine.in_ptr(), engine.out_ptr(), engine.device());
+        issue(
+            side.comm,
+            &self.shape,
+            self.op,
+            self.root,
+            in_place,
+            inp,
+            out,
+            dev,
+            &side.opts,
+        )
+        .with_context(|| self.what(side, in_place))?;
+        engine.sync()?;
+        let s = &self.shape;
+        let count = if in_place {
+            s.inplace_count
+        } else {
+            s.out_count
+        };
+        let mut got = vec![0u8; count * s.dtype.size()];
+        engine.download_out(&mut got)?;
+        let corrupt_rank = if s.coll == Coll::Reduce {
+            self.root
+        } else {
+            s.world - 1
+        };
+        if self.plan.corrupt && !in_place && self.rank == corrupt_rank {
+            // Test hook: one element of this rank's result goes bad, as a broken kernel would
+            // leave it.
+            if let Some(j) = self.checker.first_checked(self.rank, in_place) {
+                let e = s.dtype.size();
+                check::poison(s.dtype, &mut got[j * e..(j + 1) * e]);
+            }
+        }
+        Ok(self.checker.count_wrong(self.rank, &got, in_place))
+    }
+
+    fn what(&self, side: &Side<'_>, in_place: bool) -> String {
+        format!(
+            "{} ({}) of {} bytes {} {} on rank {}",
+            self.shape.coll.name(),
+            side.comm.backend_name(),
+            self.shape.size,
+            self.shape.dtype,
+            if in_place { "in place" } else { "out of place" },
+            self.rank
+        )
+    }
+}
+
+/// The header's backend line.
+fn backend_line(comm: &Communicator, plan: &Plan, gpus: usize) -> String {
+    match (comm.backend_name(), gpus) {
+        ("host", 0) => "host (no GPU found)".into(),
+        ("host", _) if plan.backend.is_some() => "host (--backend host)".into(),
+        ("host", _) => "host (host buffers; FERROCOMM_BACKEND=host)".into(),
+        (b, n) => format!("{b} ({n} GPUs visible)"),
+    }
+}
+
+fn publish<T: serde::Serialize>(comm: &Communicator, key: &str, v: &T) -> anyhow::Result<()> {
+    comm.store()
+        .set(key, &serde_json::to_vec(v)?)
+        .with_context(|| format!("store: publishing {key}"))
+}
+
+fn collect<T: serde::de::DeserializeOwned>(
+    comm: &Communicator,
+    key: &str,
+    timeout: Duration,
+) -> anyhow::Result<T> {
+    let b = comm
+        .store()
+        .get(key, timeout)
+        .with_context(|| format!("store: waiting for {key}"))?;
+    let _ = comm.store().delete(key);
+    Ok(serde_json::from_slice(&b)?)
+}
+
+/// Runs this rank; rank 0 prints. Returns the exit code (1 when any element was wrong).
+pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Result<i32> {
+    let timeout = cfg.timeout;
+    let mut opts = CommOptions::new("bench");
+    opts.backend = plan.backend.map(|b| b.choice());
+    opts.config = Some(cfg.clone());
+    let comm = Communicator::new(opts).context("creating the benchmark's communicator")?;
+    let (rank, world) = (comm.rank(), comm.size());
+    plan.check_world(world)?;
+    let nccl = if plan.vs_nccl {
+        let mut o = CommOptions::new("bench-nccl");
+        o.backend = Some(BackendChoice::Nccl);
+        o.device = Some(comm.device());
+        o.config = Some(cfg.clone());
+        Some(Communicator::new(o).context("creating the NCCL communicator for --vs nccl")?)
+    } else {
+        None
+    };
+
+    // Buffers for the largest shape of the run.
+    let (mut in_max, mut out_max) = (0, 0);
+    for &d in &plan.dtypes {
+        for &s in &plan.sizes {
+            let sh = Shape::new(plan.coll, s, d, world)?;
+            in_max = in_max.max(sh.in_count * d.size());
+            out_max = out_max.max(sh.out_count.max(sh.inplace_count) * d.size());
+        }
+    }
+    let mut engine: Box<dyn Engine> = match comm.device() {
+        Device::Host => Box::new(HostEngine::new(in_max, out_max)),
+        Device::Cuda(i) => Box::new(super::gpu::CudaEngine::new(i, in_max, out_max)?),
+    };
+
+    let me = RankInfo {
+        rank,
+        pid: std::process::id(),
+        host: crate::info::hostname(),
+        device: comm.device().to_string(),
+    };
+    publish(&comm, &format!("bench/info/{rank}"), &me)?;
+    let gpus = crate::info::gpu_count();
+    let backend = backend_line(&comm, plan, gpus);
+    let mut ranks = Vec::new();
+    if rank == 0 {
+        for r in 0..world {
+            ranks.push(collect::<RankInfo>(
+                &comm,
+                &format!("bench/info/{r}"),
+                timeout,
+            )?);
+        }
+        print!("{}", header_text(plan, world, &backend, &ranks));
+    }
+
+    let timing = Timing {
+        mode: plan.mode,
+        iters: plan.iters,
+        warmup: plan.warmup,
+        reps: plan.reps,
+        blocking: plan.blocking,
+    };
+    let lp_choice = plan
+        .low_precision
+        .map_or(LowPrecisionChoice::Default, LowPrecisionChoice::On);
+    let ours_opts = CallOpts::on_stream(engine.stream())
+        .with_algo(plan.algo)
+        .with_low_precision(lp_choice);
+    let roots = plan.roots(world);
+    let total = plan.dtypes.len() * plan.ops.len() * roots.len() * plan.sizes.len();
+    let bar = (rank == 0 && std::io::stderr().is_terminal() && total > 1).then(|| {
+        let b = indicatif::ProgressBar::new(total as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} sizes {elapsed} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+
+    let mut rows: Vec<Row> = Vec::new();
+    let mut my_wrong = 0u64;
+    let mut idx = 0u64;
+    for &dtype in &plan.dtypes {
+        for &op in &plan.ops {
+            for &root in &roots {
+                for &size in &plan.sizes {
+                    let shape = Shape::new(plan.coll, size, dtype, world)?;
+                    let checker = Checker {
+                        shape,
+                        op,
+                        root,
+                        seed: plan.seed,
+                        salt: idx,
+                        low_precision: lp_in_effect(plan, &cfg, &shape, op),
+                    };
+                    let ctx = RowCtx {
+                        plan,
+                        timing: &timing,
+                        shape,
+                        op,
+                        root,
+                        checker,
+                        rank,
+                    };
+                    let algo = comm
+                        .algo_for(
+                            plan.coll.collective(),
+                            shape.bytes_per_rank(),
+                            dtype,
+                            &ours_opts,
+                        )
+                        .with_context(|| format!("--algo {} for size {size}", plan.algo))?;
+                    let ours = Side {
+                        comm: &comm,
+                        opts: ours_opts.clone(),
+                    };
+                    let has_ip = plan.coll != Coll::SendRecv;
+                    let mut rr = RankRow {
+                        oop: ctx.time(engine.as_mut(), &ours, false)?,
+                        ..Default::default()
+                    };
+                    if plan.check {
+                        rr.wrong_oop = Some(ctx.check(engine.as_mut(), &ours, false)?);
+                    }
+                    if has_ip {
+                        rr.ip = Some(ctx.time(engine.as_mut(), &ours, true)?);
+                        if plan.check {
+                            rr.wrong_ip = Some(ctx.check(engine.as_mut(), &ours, true)?);
+                        }
+                    }
+                    // NCCL right after ours, for the same size: both see the same machine state.
+                    if let Some(nc) = &nccl {
+                        let theirs = Side {
+                            comm: nc,
+                            opts: CallOpts::on_stream(engine.stream()),
+                        };
+                        rr.nccl_oop = Some(ctx.time(engine.as_mut(), &theirs, false)?);
+                        if has_ip {
+                            rr.nccl_ip = Some(ctx.time(engine.as_mut(), &theirs, true)?);
+                        }
+                    }
+                    my_wrong += rr.wrong_oop.unwrap_or(0) + rr.wrong_ip.unwrap_or(0);
+                    publish(&comm, &format!("bench/row/{idx}/{rank}"), &rr)?;
+                    if rank == 0 {
+                        let mut all = Vec::with_capacity(world);
+                        for r in 0..world {
+                            all.push(collect::<RankRow>(
+                                &comm,
+                                &format!("bench/row/{idx}/{r}"),
+                                timeout,
+                            )?);
+                        }
+                        let row = combine_row(plan, &shape, op, root, algo.to_string(), &all);
+                        let text = table::line(&row);
+                        match &bar {
+                            Some(b) => {
+                                b.suspend(|| println!("{text}"));
+                                b.inc(1);
+                            }
+                            None => println!("{text}"),
+                        }
+                        rows.push(row);
+                    }
+                    idx += 1;
+                }
+            }
+        }
+    }
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    // Everyone leaves together: no rank tears its communicator down under a peer.
+    comm.barrier(&CallOpts::on_stream(engine.stream()))?;
+    engine.sync()?;
+    if rank != 0 {
+        return Ok(i32::from(my_wrong > 0));
+    }
+
+    let summary = table::summarize(&rows);
+    print!("{}", table::footer(&summary));
+    let title = format!(
+        "{} {} on {} ranks, {} ({})",
+        plan.coll.name(),
+        plan.dtypes
+            .iter()
+            .map(|d| d.name())
+            .collect::<Vec<_>>()
+            .join(","),
+        world,
+        backend,
+        plan.mode.describe()
+    );
+    if let Some(path) = &plan.json {
+        let context = RunContext {
+            date: json::now_iso8601(),
+            hostname: crate::info::hostname(),
+            command_line,
+            git_revision: json::git_revision(),
+            ferrocomm_version: env!("CARGO_PKG_VERSION"),
+            backend: backend.clone(),
+            world_size: world,
+            ranks,
+            system: crate::info::probe_system(&cfg),
+            env: crate::info::env_entries(&cfg),
+        };
+        json::write(
+            path,
+            &Report {
+                context: &context,
+                plan,
+                mode: plan.mode.describe(),
+                rows: &rows,
+                summary,
+            },
+        )?;
+    }
+    if let Some(path) = &plan.plot {
+        super::plot::draw(path, &title, &rows)?;
+    }
+    Ok(i32::from(summary.wrong > 0))
+}
+
+fn header_text(plan: &Plan, world: usize, backend: &str, ranks: &[RankInfo]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let step = match plan.step {
+        super::args::Step::Factor(f) => format!("{f}(factor)"),
+        super::args::Step::Bytes(b) => format!("{b}(bytes)"),
+    };
+    let _ = writeln!(
+        s,
+        "# ferrocomm bench {}: nranks {world} minBytes {} maxBytes {} step: {step} warmup iters: \
+         {} iters: {} reps: {} mode: {} validation: {} blocking: {}",
+        plan.coll.name(),
+        plan.min_bytes,
+        plan.max_bytes,
+        plan.warmup,
+        plan.iters,
+        plan.reps,
+        plan.mode.describe(),
+        u8::from(plan.check),
+        u8::from(plan.blocking),
+    );
+    let _ = writeln!(s, "# Backend: {backend}");
+    let lp = plan
+        .low_precision
+        .map_or("environment".to_string(), |f| f.to_string());
+    let _ = writeln!(
+        s,
+        "# Algorithm: {}  Low precision: {lp}{}",
+        plan.algo,
+        if plan.vs_nccl {
+            "  NCCL: same run, ratio = ours / NCCL"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(s, "#\n# Using devices");
+    for r in ranks {
+        let _ = writeln!(
+            s,
+            "#  Rank {:2} Pid {:6} on {:>10} device {}",
+            r.rank, r.pid, r.host, r.device
+        );
+    }
+    let _ = writeln!(s, "#");
+    s.push_str(&table::header(plan.vs_nccl));
+    s
+}
+
+/// Builds the printed row from every rank's samples.
+fn combine_row(
+    plan: &Plan,
+    shape: &Shape,
+    op: ReduceOp,
+    root: usize,
+    algo: String,
+    all: &[RankRow],
+) -> Row {
+    let fig = |pick: &dyn Fn(&RankRow) -> Option<&Vec<f64>>| -> Option<f64> {
+        let per: Option<Vec<Vec<f64>>> = all.iter().map(|r| pick(r).cloned()).collect();
+        per.map(|p| timing::combine(plan.mode, &p))
+    };
+    let measure = |secs: f64, wrong: Option<u64>| {
+        let (algbw, busbw) = shape.bandwidths(secs);
+        Measure {
+            time_us: secs * 1e6,
+            algbw,
+            busbw,
+            wrong,
+        }
+    };
+    let sum_wrong = |pick: &dyn Fn(&RankRow) -> Option<u64>| -> Option<u64> {
+        all.iter().map(pick).sum::<Option<u64>>()
+    };
+    let oop_s = fig(&|r| Some(&r.oop)).unwrap_or(f64::NAN);
+    let oop = measure(oop_s, sum_wrong(&|r| r.wrong_oop));
+    let ip_s = fig(&|r| r.ip.as_ref());
+    let ip = ip_s.map(|s| measure(s, sum_wrong(&|r| r.wrong_ip)));
+    let nccl = fig(&|r| r.nccl_oop.as_ref()).map(|n_oop| {
+        let n_ip = fig(&|r| r.nccl_ip.as_ref());
+        Versus {
+            oop_time_us: n_oop * 1e6,
+            oop_busbw: shape.bandwidths(n_oop).1,
+            oop_ratio: oop_s / n_oop,
+            ip_time_us: n_ip.map(|s| s * 1e6),
+            ip_busbw: n_ip.map(|s| shape.bandwidths(s).1),
+            ip_ratio: ip_s.zip(n_ip).map(|(a, b)| a / b),
+        }
+    });
+    Row {
+        collective: shape.coll.name(),
+        size: shape.size,
+        count: shape.count,
+        dtype: shape.dtype.name(),
+        redop: if shape.coll.reduces() {
+            op.name()
+        } else {
+            "none"
+        },
+        root: if shape.coll.rooted() { root as i64 } else { -1 },
+        algo,
+        oop,
+        ip,
+        nccl,
+    }
+}

@@ -1,0 +1,252 @@
+//! `ferrocomm launch` with real processes.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+fn ferrocomm() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ferrocomm"))
+}
+
+fn run(args: &[&str]) -> Output {
+    ferrocomm().args(args).output().unwrap()
+}
+
+fn lines(b: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(b)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ferrocomm-launch-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Whether `pid` is gone (absent, or a zombie waiting for its reaper).
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // The state follows the parenthesised command name.
+        Ok(s) => s
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+    }
+}
+
+fn pids_in(dir: &Path) -> Vec<u32> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        // A file being written may still be empty.
+        .filter_map(|s| s.trim().parse().ok())
+        .collect()
+}
+
+fn assert_all_gone(pids: &[u32]) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !pids.iter().all(|&p| gone(p)) {
+        assert!(
+            Instant::now() < deadline,
+            "processes left running: {pids:?}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn every_line_is_prefixed_and_every_rank_runs_once() {
+    let o = run(&[
+        "launch",
+        "-n",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "echo hi $RANK/$WORLD_SIZE; echo second $RANK; echo oops $RANK >&2",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let out: BTreeSet<String> = lines(&o.stdout).into_iter().collect();
+    let want: BTreeSet<String> = (0..3)
+        .flat_map(|r| {
+            [
+                format!("[rank {r}] hi {r}/3"),
+                format!("[rank {r}] second {r}"),
+            ]
+        })
+        .collect();
+    assert_eq!(out, want);
+    assert_eq!(lines(&o.stdout).len(), 6);
+    let err: BTreeSet<String> = lines(&o.stderr).into_iter().collect();
+    let want: BTreeSet<String> = (0..3).map(|r| format!("[rank {r}] oops {r}")).collect();
+    assert_eq!(err, want);
+}
+
+#[test]
+fn no_prefix_passes_output_through() {
+    let o = run(&[
+        "launch",
+        "-n",
+        "2",
+        "--no-prefix",
+        "sh",
+        "-c",
+        "echo plain $RANK",
+    ]);
+    assert_eq!(o.status.code(), Some(0));
+    let out: BTreeSet<String> = lines(&o.stdout).into_iter().collect();
+    assert_eq!(
+        out,
+        BTreeSet::from(["plain 0".to_string(), "plain 1".to_string()])
+    );
+}
+
+#[test]
+fn launch_environment_is_set() {
+    let o = run(&[
+        "launch",
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT \
+         $FERROCOMM_STORE_PORT $FERROCOMM_STORE_EXTERNAL",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let mut rows: Vec<Vec<String>> = lines(&o.stdout)
+        .iter()
+        .map(|l| l.split_whitespace().skip(2).map(str::to_string).collect())
+        .collect();
+    rows.sort();
+    assert_eq!(rows.len(), 2);
+    for (r, row) in rows.iter().enumerate() {
+        assert_eq!(row.len(), 8, "{row:?}");
+        assert_eq!(row[0], r.to_string());
+        assert_eq!(row[1], "2");
+        assert_eq!(row[2], r.to_string());
+        assert_eq!(row[3], "2");
+        assert_eq!(row[4], "127.0.0.1");
+        assert_eq!(row[7], "1");
+    }
+    let master: u16 = rows[0][5].parse().unwrap();
+    let store: u16 = rows[0][6].parse().unwrap();
+    assert!(master > 0 && store > 0 && master != store);
+    assert_eq!(rows[1][5], rows[0][5]);
+    assert_eq!(rows[1][6], rows[0][6]);
+}
+
+#[test]
+fn a_failing_rank_stops_the_others() {
+    let dir = scratch("fail");
+    let script = format!(
+        "if [ $RANK = 1 ]; then sleep 0.3; exit 3; fi; \
+         sleep 60 & echo $! > {d}/sleep.$RANK; echo $$ > {d}/sh.$RANK; wait",
+        d = dir.display()
+    );
+    let t0 = Instant::now();
+    let o = run(&["launch", "-n", "3", "--", "sh", "-c", &script]);
+    let took = t0.elapsed();
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("rank 1 exited with code 3"), "{err}");
+    let pids = pids_in(&dir);
+    assert_eq!(pids.len(), 4, "sleepers and shells of ranks 0 and 2");
+    assert_all_gone(&pids);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_rank_killed_by_a_signal_is_reported() {
+    let o = run(&[
+        "launch",
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "if [ $RANK = 0 ]; then kill -9 $$; fi; sleep 60",
+    ]);
+    assert_eq!(o.status.code(), Some(128 + 9));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("rank 0 was killed by signal 9"), "{err}");
+}
+
+#[test]
+fn sigterm_to_the_launcher_reaches_the_ranks() {
+    let dir = scratch("term");
+    let script = format!("sleep 60 & echo $! > {}/sleep.$RANK; wait", dir.display());
+    let mut child = ferrocomm()
+        .args(["launch", "-n", "2", "--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids_in(&dir).len() < 2 {
+        assert!(Instant::now() < deadline, "ranks did not start");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let pids = pids_in(&dir);
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let t0 = Instant::now();
+    let code = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s.code();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "launcher did not stop"
+        );
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(code, Some(128 + 15));
+    assert_all_gone(&pids);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_input_is_explained() {
+    let o = run(&["launch", "-n", "0", "true"]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("at least 1"));
+
+    let o = run(&["launch", "-n", "2"]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("PROGRAM"));
+
+    let o = run(&[
+        "launch",
+        "-n",
+        "2",
+        "--",
+        "/nonexistent/ferrocomm-no-such-program",
+    ]);
+    assert_ne!(o.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("/nonexistent/ferrocomm-no-such-program"),
+        "{err}"
+    );
+}
+
+#[test]
+fn timeout_stops_the_job() {
+    let t0 = Instant::now();
+    let o = run(&["launch", "-n", "2", "--timeout", "0.5", "--", "sleep", "60"]);
+    assert_eq!(o.status.code(), Some(124));
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}

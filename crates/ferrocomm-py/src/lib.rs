@@ -1,0 +1,754 @@
+//! `ferrocomm._native`: the thin native layer under the Python package `ferrocomm`.
+//!
+//! Python hands every buffer over as plain values (address, element count, dtype name, device
+//! index; -1 is host memory) and the CUDA stream as an integer: `__cuda_array_interface__`
+//! loses bf16 and fails on fp8, and plain values keep this layer free of numpy and torch.
+//! The Python layer checks contiguity and devices and keeps the objects alive; this layer
+//! builds views, releases the GIL around every collective, and turns errors into the
+//! exception classes of `ferrocomm._errors`.
+
+use std::str::FromStr;
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ferrocomm::bootstrap::Store;
+use ferrocomm::config::BackendChoice;
+use ferrocomm::{
+    Algo, CallOpts, CommOptions, Communicator, Config, DataType, Device, Error, Format, Input,
+    LowPrecisionChoice, ReduceOp, Splits, View, ViewMut,
+};
+use pyo3::exceptions::{PyRuntimeError, PyTimeoutError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList, PyType};
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+/// The `ferrocomm._errors` class an error becomes.
+fn error_class(e: &Error) -> &'static str {
+    match e {
+        Error::InvalidArgument(_)
+        | Error::SizeMismatch { .. }
+        | Error::DtypeMismatch { .. }
+        | Error::UnsupportedOp { .. }
+        | Error::RankOutOfRange { .. }
+        | Error::BadEnv { .. }
+        | Error::MissingEnv { .. } => "FerrocommValueError",
+        Error::Timeout { .. } | Error::StoreTimeout { .. } => "FerrocommTimeout",
+        Error::Unsupported { .. } | Error::LibraryMissing { .. } => "FerrocommUnsupported",
+        _ => "FerrocommError",
+    }
+}
+
+/// An error as it crosses threads: exception class and message.
+type ErrInfo = (&'static str, String);
+
+fn info(e: &Error) -> ErrInfo {
+    (error_class(e), e.to_string())
+}
+
+fn raise(py: Python<'_>, (class, msg): ErrInfo) -> PyErr {
+    static MODULE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let cls = MODULE
+        .get_or_try_init(py, || {
+            py.import("ferrocomm._errors")
+                .map(|m| m.into_any().unbind())
+        })
+        .and_then(|m| m.bind(py).getattr(class))
+        .and_then(|c| c.cast_into::<PyType>().map_err(PyErr::from));
+    match cls {
+        Ok(cls) => PyErr::from_type(cls, msg),
+        Err(_) => PyRuntimeError::new_err(msg),
+    }
+}
+
+fn py_err(py: Python<'_>, e: Error) -> PyErr {
+    raise(py, info(&e))
+}
+
+fn invalid(msg: String) -> Error {
+    Error::InvalidArgument(msg)
+}
+
+// ---------------------------------------------------------------------------------------------
+// A store implemented by a Python object (torch's TCPStore, or anything with its methods)
+
+/// Calls `set`/`get`/`wait`/`check`/`add`/`delete_key` on a Python object, taking the GIL for
+/// each call. Collectives run with the GIL released, so a backend may use the store from any
+/// thread.
+struct PyStore {
+    obj: Py<PyAny>,
+}
+
+impl PyStore {
+    fn timedelta<'py>(py: Python<'py>, t: Duration) -> PyResult<Bound<'py, PyAny>> {
+        let kw = PyDict::new(py);
+        kw.set_item("seconds", t.as_secs_f64())?;
+        py.import("datetime")?
+            .getattr("timedelta")?
+            .call((), Some(&kw))
+    }
+
+    fn map_err(py: Python<'_>, e: PyErr, key: &str, timeout: Duration) -> Error {
+        let msg = e.to_string();
+        let lower = msg.to_ascii_lowercase();
+        let is_timeout = e.is_instance_of::<PyTimeoutError>(py)
+            || e.get_type(py)
+                .name()
+                .map(|n| n.to_string().contains("Timeout"))
+                .unwrap_or(false)
+            || lower.contains("timeout")
+            || lower.contains("timed out");
+        if is_timeout {
+            Error::StoreTimeout {
+                key: key.to_string(),
+                timeout,
+            }
+        } else {
+            Error::Store(format!("key '{key}': {msg}"))
+        }
+    }
+
+    fn wait_keys(&self, py: Python<'_>, keys: &[&str], timeout: Duration) -> PyResult<()> {
+        let td = Self::timedelta(py, timeout)?;
+        let list = PyList::new(py, keys)?;
+        self.obj.bind(py).call_method1("wait", (list, td))?;
+        Ok(())
+    }
+}
+
+impl Store for PyStore {
+    fn set(&self, key: &str, value: &[u8]) -> ferrocomm::Result<()> {
+        Python::attach(|py| {
+            self.obj
+                .bind(py)
+                .call_method1("set", (key, PyBytes::new(py, value)))
+                .map(|_| ())
+                .map_err(|e| Self::map_err(py, e, key, Duration::ZERO))
+        })
+    }
+
+    fn get(&self, key: &str, timeout: Duration) -> ferrocomm::Result<Vec<u8>> {
+        Python::attach(|py| {
+            let r = (|| -> PyResult<Vec<u8>> {
+                // `wait` takes our deadline; `get` alone would wait for the store's own one.
+                self.wait_keys(py, &[key], timeout)?;
+                self.obj.bind(py).call_method1("get", (key,))?.extract()
+            })();
+            r.map_err(|e| Self::map_err(py, e, key, timeout))
+        })
+    }
+
+    fn check(&self, key: &str) -> ferrocomm::Result<bool> {
+        Python::attach(|py| {
+            let list =
+                PyList::new(py, [key]).map_err(|e| Self::map_err(py, e, key, Duration::ZERO))?;
+            self.obj
+                .bind(py)
+                .call_method1("check", (list,))
+                .and_then(|v| v.extract())
+                .map_err(|e| Self::map_err(py, e, key, Duration::ZERO))
+        })
+    }
+
+    fn add(&self, key: &str, delta: i64) -> ferrocomm::Result<i64> {
+        Python::attach(|py| {
+            self.obj
+                .bind(py)
+                .call_method1("add", (key, delta))
+                .and_then(|v| v.extract())
+                .map_err(|e| Self::map_err(py, e, key, Duration::ZERO))
+        })
+    }
+
+    fn delete(&self, key: &str) -> ferrocomm::Result<bool> {
+        Python::attach(|py| {
+            self.obj
+                .bind(py)
+                .call_method1("delete_key", (key,))
+                .and_then(|v| v.extract())
+                .map_err(|e| Self::map_err(py, e, key, Duration::ZERO))
+        })
+    }
+
+    fn wait(&self, keys: &[&str], timeout: Duration) -> ferrocomm::Result<()> {
+        Python::attach(|py| {
+            self.wait_keys(py, keys, timeout)
+                .map_err(|e| Self::map_err(py, e, &keys.join(","), timeout))
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Work: host collectives issued with async_op=True run on one worker thread per communicator
+
+#[derive(Default)]
+struct WorkState {
+    result: Mutex<Option<Result<(), ErrInfo>>>,
+    done: Condvar,
+}
+
+impl WorkState {
+    fn finish(&self, r: Result<(), ErrInfo>) {
+        let mut g = self.result.lock().unwrap_or_else(|e| e.into_inner());
+        *g = Some(r);
+        self.done.notify_all();
+    }
+
+    /// Waits until the work is done or `limit` has passed (`None` on timeout).
+    fn wait(&self, limit: Duration) -> Option<Result<(), ErrInfo>> {
+        let deadline = Instant::now() + limit;
+        let mut g = self.result.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(r) = g.as_ref() {
+                return Some(r.clone());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            g = self
+                .done
+                .wait_timeout(g, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+struct Worker {
+    tx: mpsc::Sender<Job>,
+    thread: JoinHandle<()>,
+}
+
+impl Worker {
+    fn start(name: &str) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name(format!("ferrocomm-{name}"))
+            .spawn(move || {
+                // Jobs run in submission order: the order every rank issued its collectives.
+                while let Ok(job) = rx.recv() {
+                    job();
+                }
+            })?;
+        Ok(Worker { tx, thread })
+    }
+}
+
+/// A host collective running on the communicator's worker thread.
+#[pyclass(frozen, module = "ferrocomm._native")]
+struct NativeWork {
+    state: Arc<WorkState>,
+    /// How long `wait` waits at most: beyond the collective's own timeout the work is stuck.
+    limit: Duration,
+    collective: String,
+}
+
+#[pymethods]
+impl NativeWork {
+    /// Whether the collective has finished (successfully or not).
+    fn is_completed(&self) -> bool {
+        self.state
+            .result
+            .lock()
+            .map(|g| g.is_some())
+            .unwrap_or(true)
+    }
+
+    /// Blocks (GIL released) until the collective has finished; raises its error.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let limit = match timeout {
+            Some(t) if t.is_finite() && t >= 0.0 => Duration::from_secs_f64(t),
+            Some(t) => return Err(py_err(py, invalid(format!("wait: bad timeout {t}")))),
+            None => self.limit,
+        };
+        let state = self.state.clone();
+        match py.detach(move || state.wait(limit)) {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => Err(raise(py, e)),
+            None => Err(raise(
+                py,
+                (
+                    "FerrocommTimeout",
+                    format!(
+                        "{} did not complete within {:?} (work still pending)",
+                        self.collective, limit
+                    ),
+                ),
+            )),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Buffers and per-call options
+
+/// `(address, element count, dtype name, device index or -1 for host)`.
+type RawBuf = (u64, usize, String, i64);
+
+#[derive(Clone, Copy)]
+struct Buf {
+    ptr: u64,
+    count: usize,
+    dtype: DataType,
+    device: Device,
+}
+
+impl Buf {
+    fn parse(raw: &RawBuf) -> ferrocomm::Result<Self> {
+        let (ptr, count, dtype, dev) = raw;
+        let dtype: DataType = dtype.parse()?;
+        let device = if *dev < 0 {
+            Device::Host
+        } else {
+            Device::Cuda(u32::try_from(*dev).map_err(|_| invalid(format!("bad device {dev}")))?)
+        };
+        if *ptr == 0 && *count > 0 {
+            return Err(invalid("null buffer address".into()));
+        }
+        Ok(Buf {
+            ptr: *ptr,
+            count: *count,
+            dtype,
+            device,
+        })
+    }
+
+    /// # Safety
+    /// The Python layer keeps the object behind `ptr` alive, readable and `count` elements long
+    /// until the collective is complete (the call returns, or its work object is done).
+    unsafe fn view<'a>(&self) -> View<'a> {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { View::from_raw(self.ptr as *const u8, self.count, self.dtype, self.device) }
+    }
+
+    /// # Safety
+    /// As for [`Buf::view`], and nothing else accesses the memory until the collective is done.
+    unsafe fn view_mut<'a>(&self) -> ViewMut<'a> {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { ViewMut::from_raw(self.ptr as *mut u8, self.count, self.dtype, self.device) }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Coll {
+    AllReduce(ReduceOp),
+    Reduce(ReduceOp, usize),
+    Broadcast(usize),
+    AllGather,
+    ReduceScatter(ReduceOp),
+    AllToAll,
+    AllToAllV,
+    Barrier,
+    Send(usize),
+    Recv(usize),
+}
+
+impl Coll {
+    fn name(self) -> &'static str {
+        match self {
+            Coll::AllReduce(_) => "all_reduce",
+            Coll::Reduce(..) => "reduce",
+            Coll::Broadcast(_) => "broadcast",
+            Coll::AllGather => "all_gather",
+            Coll::ReduceScatter(_) => "reduce_scatter",
+            Coll::AllToAll => "all_to_all",
+            Coll::AllToAllV => "all_to_all_v",
+            Coll::Barrier => "barrier",
+            Coll::Send(_) => "send",
+            Coll::Recv(_) => "recv",
+        }
+    }
+}
+
+/// One collective call, fully described by plain values (so it can move to the worker thread).
+struct Call {
+    coll: Coll,
+    out: Option<Buf>,
+    inp: Option<Buf>,
+    splits: Option<Splits>,
+    opts: CallOpts,
+}
+
+impl Call {
+    /// Runs the call.
+    ///
+    /// # Safety
+    /// The buffers must satisfy [`Buf::view_mut`]'s contract for the duration of the call.
+    unsafe fn exec(&self, comm: &Communicator) -> ferrocomm::Result<()> {
+        let c = self.coll.name();
+        // SAFETY: forwarded from this function's contract (the Python layer holds the objects).
+        let input = self.inp.map(|b| unsafe { b.view() });
+        // SAFETY: as above; the output is written by this call only.
+        let out = self.out.map(|b| unsafe { b.view_mut() });
+        let need_out = || out.ok_or_else(|| invalid(format!("{c}: no output buffer given")));
+        let inp = match input {
+            Some(v) => Input::Buf(v),
+            None => Input::InPlace,
+        };
+        let o = &self.opts;
+        match self.coll {
+            Coll::AllReduce(op) => comm.all_reduce(inp, need_out()?, op, o),
+            Coll::Reduce(op, root) => comm.reduce(inp, need_out()?, op, root, o),
+            Coll::Broadcast(root) => comm.broadcast(inp, need_out()?, root, o),
+            Coll::AllGather => comm.all_gather(inp, need_out()?, o),
+            Coll::ReduceScatter(op) => comm.reduce_scatter(inp, need_out()?, op, o),
+            Coll::AllToAll => comm.all_to_all(inp, need_out()?, o),
+            Coll::AllToAllV => {
+                let s = self
+                    .splits
+                    .as_ref()
+                    .ok_or_else(|| invalid(format!("{c}: no splits given")))?;
+                comm.all_to_all_v(inp, need_out()?, s, o)
+            }
+            Coll::Barrier => comm.barrier(o),
+            Coll::Send(peer) => {
+                let v = input.ok_or_else(|| invalid(format!("{c}: no buffer given")))?;
+                comm.send(v, peer, o)
+            }
+            Coll::Recv(peer) => comm.recv(need_out()?, peer, o),
+        }
+    }
+}
+
+fn parse_op(op: &str, factor: f64) -> ferrocomm::Result<ReduceOp> {
+    Ok(match ReduceOp::from_str(op)? {
+        ReduceOp::PremulSum(_) => ReduceOp::PremulSum(factor),
+        other => other,
+    })
+}
+
+fn parse_low_precision(s: &str, cfg: &Config) -> ferrocomm::Result<LowPrecisionChoice> {
+    Ok(match s.trim().to_ascii_lowercase().as_str() {
+        "" | "default" | "auto" | "env" => LowPrecisionChoice::Default,
+        "off" | "0" | "false" | "no" | "none" => LowPrecisionChoice::Off,
+        "on" | "1" | "true" | "yes" => LowPrecisionChoice::On(cfg.low_precision.format),
+        f => LowPrecisionChoice::On(Format::from_str(f)?),
+    })
+}
+
+fn parse_backend(s: &str) -> ferrocomm::Result<BackendChoice> {
+    s.parse()
+        .map_err(|why: String| invalid(format!("unknown backend '{s}': {why}")))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The communicator
+
+#[pyclass(frozen, module = "ferrocomm._native", name = "Comm")]
+struct PyComm {
+    inner: Arc<Communicator>,
+    worker: Mutex<Option<Worker>>,
+}
+
+impl PyComm {
+    fn wrap(c: Communicator) -> Self {
+        PyComm {
+            inner: Arc::new(c),
+            worker: Mutex::new(None),
+        }
+    }
+
+    /// Bound on waiting for queued work: the collective's own timeout, plus slack.
+    fn work_limit(&self) -> Duration {
+        self.inner.config().timeout * 2 + Duration::from_secs(10)
+    }
+
+    /// Queues `call` on the worker thread (started on first use).
+    fn submit(&self, call: Call) -> ferrocomm::Result<NativeWork> {
+        let state = Arc::new(WorkState::default());
+        let collective = call.coll.name().to_string();
+        let comm = self.inner.clone();
+        let st = state.clone();
+        let job: Job = Box::new(move || {
+            // SAFETY: the Python layer keeps the buffers alive until the work object reports
+            // completion (it holds them in the work object).
+            let r = unsafe { call.exec(&comm) };
+            st.finish(r.map_err(|e| info(&e)));
+        });
+        let mut w = self.worker.lock().unwrap_or_else(|e| e.into_inner());
+        if w.is_none() {
+            *w = Some(
+                Worker::start(self.inner.name())
+                    .map_err(|e| Error::io("starting the async work thread", e))?,
+            );
+        }
+        let worker = w.as_ref().expect("worker started above");
+        worker
+            .tx
+            .send(job)
+            .map_err(|_| invalid("the communicator's work thread has stopped".into()))?;
+        Ok(NativeWork {
+            state,
+            limit: self.work_limit(),
+            collective,
+        })
+    }
+
+    fn has_worker(&self) -> bool {
+        self.worker.lock().map(|w| w.is_some()).unwrap_or(false)
+    }
+}
+
+#[pymethods]
+impl PyComm {
+    #[getter]
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    #[getter]
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+    #[getter]
+    fn name(&self) -> String {
+        self.inner.name().to_string()
+    }
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.inner.backend_name()
+    }
+    /// `-1` for host memory, else the CUDA device index.
+    #[getter]
+    fn device_index(&self) -> i64 {
+        match self.inner.device() {
+            Device::Host => -1,
+            Device::Cuda(i) => i as i64,
+        }
+    }
+    #[getter]
+    fn timeout_s(&self) -> f64 {
+        self.inner.config().timeout.as_secs_f64()
+    }
+
+    /// The algorithm selection would pick for a call (for tests and debugging).
+    #[pyo3(signature = (collective, nbytes, dtype, algo=None, low_precision=None))]
+    fn algo_for(
+        &self,
+        py: Python<'_>,
+        collective: &str,
+        nbytes: usize,
+        dtype: &str,
+        algo: Option<&str>,
+        low_precision: Option<&str>,
+    ) -> PyResult<String> {
+        let r = (|| -> ferrocomm::Result<String> {
+            use ferrocomm::Collective as C;
+            let coll = [
+                C::AllReduce,
+                C::Reduce,
+                C::Broadcast,
+                C::AllGather,
+                C::ReduceScatter,
+                C::AllToAll,
+                C::AllToAllV,
+                C::Barrier,
+                C::Send,
+                C::Recv,
+            ]
+            .into_iter()
+            .find(|c| c.name() == collective)
+            .ok_or_else(|| invalid(format!("unknown collective '{collective}'")))?;
+            let opts = self.opts(0, algo, low_precision)?;
+            Ok(self
+                .inner
+                .algo_for(coll, nbytes, dtype.parse()?, &opts)?
+                .to_string())
+        })();
+        r.map_err(|e| py_err(py, e))
+    }
+
+    /// Runs one collective. `out` is the buffer written, `inp` the separate input (None: in
+    /// place; for `send` the data sent). Returns a work object when the call was queued on the
+    /// worker thread (host backend, `async_op=True`), None when it has been issued already.
+    #[pyo3(signature = (coll, out=None, inp=None, op="sum", factor=1.0, peer=0, splits=None,
+                        stream=0, algo=None, low_precision=None, async_op=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        py: Python<'_>,
+        coll: &str,
+        out: Option<RawBuf>,
+        inp: Option<RawBuf>,
+        op: &str,
+        factor: f64,
+        peer: usize,
+        splits: Option<[Vec<usize>; 4]>,
+        stream: u64,
+        algo: Option<&str>,
+        low_precision: Option<&str>,
+        async_op: bool,
+    ) -> PyResult<Option<NativeWork>> {
+        let call = (|| -> ferrocomm::Result<Call> {
+            let coll = match coll {
+                "all_reduce" => Coll::AllReduce(parse_op(op, factor)?),
+                "reduce" => Coll::Reduce(parse_op(op, factor)?, peer),
+                "broadcast" => Coll::Broadcast(peer),
+                "all_gather" => Coll::AllGather,
+                "reduce_scatter" => Coll::ReduceScatter(parse_op(op, factor)?),
+                "all_to_all" => Coll::AllToAll,
+                "all_to_all_v" => Coll::AllToAllV,
+                "barrier" => Coll::Barrier,
+                "send" => Coll::Send(peer),
+                "recv" => Coll::Recv(peer),
+                other => return Err(invalid(format!("unknown collective '{other}'"))),
+            };
+            let splits =
+                splits.map(
+                    |[send_counts, send_displs, recv_counts, recv_displs]| Splits {
+                        send_counts,
+                        send_displs,
+                        recv_counts,
+                        recv_displs,
+                    },
+                );
+            Ok(Call {
+                coll,
+                out: out.as_ref().map(Buf::parse).transpose()?,
+                inp: inp.as_ref().map(Buf::parse).transpose()?,
+                splits,
+                opts: self.opts(stream, algo, low_precision)?,
+            })
+        })()
+        .map_err(|e| py_err(py, e))?;
+
+        let host = self.inner.device() == Device::Host;
+        if host && (async_op || self.has_worker()) {
+            // Once a worker exists every host call goes through it, so calls stay in order.
+            let work = self.submit(call).map_err(|e| py_err(py, e))?;
+            if async_op {
+                return Ok(Some(work));
+            }
+            work.wait(py, None)?;
+            return Ok(None);
+        }
+        let comm = self.inner.clone();
+        // SAFETY: the Python caller holds the buffers' objects for the whole call; CUDA calls
+        // only enqueue on `stream`, where torch's caching allocator keeps the memory until the
+        // stream has passed it (the usual contract of stream-ordered collectives).
+        let r = py.detach(move || unsafe { call.exec(&comm) });
+        r.map(|_| None).map_err(|e| py_err(py, e))
+    }
+
+    /// A communicator of `ranks` (in that order), or None on ranks not listed.
+    fn split(&self, py: Python<'_>, ranks: Vec<usize>, name: &str) -> PyResult<Option<PyComm>> {
+        let comm = self.inner.clone();
+        let name = name.to_string();
+        py.detach(move || comm.split(&ranks, &name))
+            .map(|o| o.map(PyComm::wrap))
+            .map_err(|e| py_err(py, e))
+    }
+
+    /// Waits for queued work, stops the worker thread and finalizes the communicator.
+    fn finalize(&self, py: Python<'_>) -> PyResult<()> {
+        let worker = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(Worker { tx, thread }) = worker {
+            drop(tx);
+            // Outside the GIL: queued jobs may use a Python store.
+            py.detach(move || thread.join())
+                .map_err(|_| PyRuntimeError::new_err("ferrocomm work thread panicked"))?;
+        }
+        let comm = self.inner.clone();
+        py.detach(move || comm.finalize())
+            .map_err(|e| py_err(py, e))
+    }
+}
+
+impl PyComm {
+    fn opts(
+        &self,
+        stream: u64,
+        algo: Option<&str>,
+        low_precision: Option<&str>,
+    ) -> ferrocomm::Result<CallOpts> {
+        let mut o = CallOpts::on_stream(stream);
+        if let Some(a) = algo {
+            o = o.with_algo(a.parse::<Algo>()?);
+        }
+        if let Some(lp) = low_precision {
+            o = o.with_low_precision(parse_low_precision(lp, self.inner.config())?);
+        }
+        Ok(o)
+    }
+}
+
+/// Creates a communicator; every rank calls it with the same name.
+#[pyfunction]
+#[pyo3(signature = (name, backend="ferrocomm", device=None, *, rank=None, size=None,
+                    local_rank=None, local_size=None, timeout_s=None, store=None))]
+#[allow(clippy::too_many_arguments)]
+fn new_comm(
+    py: Python<'_>,
+    name: String,
+    backend: &str,
+    device: Option<&str>,
+    rank: Option<usize>,
+    size: Option<usize>,
+    local_rank: Option<usize>,
+    local_size: Option<usize>,
+    timeout_s: Option<f64>,
+    store: Option<Py<PyAny>>,
+) -> PyResult<PyComm> {
+    let opts = (|| -> ferrocomm::Result<CommOptions> {
+        let config = Config::from_env()?;
+        let backend = parse_backend(backend)?;
+        let device = match device.map(|d| d.trim().to_ascii_lowercase()) {
+            None => None,
+            // "cuda" without an index is this rank's GPU on its host (LOCAL_RANK).
+            Some(d) if d == "cuda" || d == "gpu" => {
+                let lr = local_rank
+                    .or(config.launch.local_rank)
+                    .or(rank)
+                    .or(config.launch.rank)
+                    .unwrap_or(0);
+                Some(Device::Cuda(lr as u32))
+            }
+            Some(d) => Some(d.parse::<Device>()?),
+        };
+        let timeout = match timeout_s {
+            None => None,
+            Some(t) if t > 0.0 && t.is_finite() => Some(Duration::from_secs_f64(t)),
+            Some(t) => return Err(invalid(format!("timeout must be positive, got {t}"))),
+        };
+        let mut o = CommOptions::new(name);
+        o.backend = Some(backend);
+        o.device = device;
+        o.rank = rank;
+        o.size = size;
+        o.local_rank = local_rank;
+        o.local_size = local_size;
+        o.timeout = timeout;
+        o.store = store.map(|obj| Arc::new(PyStore { obj }) as Arc<dyn Store>);
+        o.config = Some(config);
+        Ok(o)
+    })()
+    .map_err(|e| py_err(py, e))?;
+    py.detach(move || Communicator::new(opts))
+        .map(PyComm::wrap)
+        .map_err(|e| py_err(py, e))
+}
+
+/// Names ferrocomm accepts for a dtype (canonical name), or raises.
+#[pyfunction]
+fn dtype_name(py: Python<'_>, name: &str) -> PyResult<&'static str> {
+    name.parse::<DataType>()
+        .map(|d| d.name())
+        .map_err(|e| py_err(py, e))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyComm>()?;
+    m.add_class::<NativeWork>()?;
+    m.add_function(wrap_pyfunction!(new_comm, m)?)?;
+    m.add_function(wrap_pyfunction!(dtype_name, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

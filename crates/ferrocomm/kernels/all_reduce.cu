@@ -1,0 +1,492 @@
+// ferrocomm all-reduce kernels: push (LL one-shot), flat (one-shot pull), tree (two-shot).
+//
+// Header-free on purpose: NVRTC ships no bf16/fp16 headers, so narrow floats are raw 16-bit
+// integers converted with inline PTX. The host prepends one `#define FC_T_<dtype>` line; every
+// module holds the same twelve entry points (3 algorithms x 4 operators) for that dtype.
+//
+// Memory of each rank (one cuMemAlloc, shared over CUDA IPC), see cuda/layout.rs:
+//   flags  : u32 [2 barriers][2 parities][FC_MAX_BLOCKS][FC_MAX_RANKS]   (written by peers)
+//   state  : u32 epoch, u32 done, u32 verify[FC_MAX_RANKS]              (local)
+//   push   : [2 parities][world senders][2 * push_cap] LL lines            (written by peers)
+//   staging: [2 parities][staging_bytes]                                  (read by peers)
+//
+// One epoch counter per communicator (state.epoch, device memory, advanced by the last block of
+// every kernel) numbers the calls, so CUDA graph replays advance it too (protocol rule 9).
+// Every call waits for data or flags of every peer, so a peer is never more than one call ahead:
+// buffers and flag slots alternate by epoch parity and a slot is rewritten only two calls later.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef int i32;
+typedef long long i64;
+
+#define FC_MAX_RANKS 16
+#define FC_MAX_BLOCKS 256
+
+#define OP_SUM 0
+#define OP_PROD 1
+#define OP_MIN 2
+#define OP_MAX 3
+
+struct Args {
+    u64 staging[FC_MAX_RANKS];  // every rank's staging base, mapped here (own one included)
+    u64 push[FC_MAX_RANKS];     // every rank's push region
+    u64 flags[FC_MAX_RANKS];    // every rank's flag area
+    u64 state;                  // this rank's state words
+    u64 error;                  // host-mapped error record (u32[4])
+    u64 input;
+    u64 output;
+    u64 count;                  // elements
+    u64 staging_bytes;          // bytes of one staging parity
+    u64 push_cap;               // payload bytes per sender in one push parity
+    u64 timeout_ns;
+    i64 int_div;                // integer Avg divisor (1: none)
+    float pre;                  // PremulSum factor (1: none)
+    float post_div;             // float Avg divisor (1: none)
+    u32 rank;
+    u32 world;
+    u32 has_pre;
+    u32 has_div;
+};
+
+// ---------------------------------------------------------------- memory-model helpers
+
+__device__ __forceinline__ void st_release_sys(u32* p, u32 v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ u32 ld_acquire_sys(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ u32 ld_volatile_u32(const u32* p) {
+    u32 v;
+    asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ u64 globaltimer() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+// LL line: {data_lo, flag, data_hi, flag}; 8-byte halves arrive whole (as in NCCL's LL).
+__device__ __forceinline__ void st_ll(uint4* p, u32 lo, u32 hi, u32 flag) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(lo), "r"(flag),
+                 "r"(hi), "r"(flag)
+                 : "memory");
+}
+__device__ __forceinline__ uint4 ld_v4(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+// Records a timeout in host-mapped memory: word 0 last, so the host never sees a half record.
+__device__ void report_timeout(const Args& a, u32 peer, u32 phase) {
+    volatile u32* e = (volatile u32*)a.error;
+    e[1] = peer;
+    e[2] = phase;
+    e[3] = blockIdx.x;
+    __threadfence_system();
+    e[0] = 1;
+    __threadfence_system();
+}
+
+#define SPIN_CHECK 512
+
+// Waits until *p == want (acquire, system scope); false on timeout (recorded).
+__device__ bool wait_flag(const Args& a, const u32* p, u32 want, u32 peer, u32 phase, u64 t0) {
+    u32 spins = 0;
+    while (ld_acquire_sys(p) != want) {
+        if (++spins == SPIN_CHECK) {
+            spins = 0;
+            if (globaltimer() - t0 > a.timeout_ns) {
+                report_timeout(a, peer, phase);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+// ---------------------------------------------------------------- element types
+
+struct bf16 { u16 bits; };
+struct f16 { u16 bits; };
+
+template <typename T> struct Ty {  // f32 and the integers: accumulate natively
+    typedef T Acc;
+    static __device__ __forceinline__ Acc to_acc(T x) { return x; }
+    static __device__ __forceinline__ T from_acc(Acc a) { return a; }
+};
+template <> struct Ty<bf16> {
+    typedef float Acc;
+    static __device__ __forceinline__ float to_acc(bf16 x) {
+        return __uint_as_float(((u32)x.bits) << 16);
+    }
+    static __device__ __forceinline__ bf16 from_acc(float f) {
+        bf16 r;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(f));
+        return r;
+    }
+};
+template <> struct Ty<f16> {
+    typedef float Acc;
+    static __device__ __forceinline__ float to_acc(f16 x) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+        return f;
+    }
+    static __device__ __forceinline__ f16 from_acc(float f) {
+        f16 r;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(f));
+        return r;
+    }
+};
+
+template <typename A> struct IsFloat { enum { value = 0 }; };
+template <> struct IsFloat<float> { enum { value = 1 }; };
+
+template <int OP, typename A> __device__ __forceinline__ A combine(A acc, A x) {
+    if (OP == OP_SUM) return acc + x;
+    if (OP == OP_PROD) return acc * x;
+    if (OP == OP_MIN) return x < acc ? x : acc;
+    return x > acc ? x : acc;
+}
+
+// An input value as the reduction sees it (PremulSum scales every input first).
+template <typename T, int OP>
+__device__ __forceinline__ typename Ty<T>::Acc load_acc(const Args& a, T x) {
+    typedef typename Ty<T>::Acc A;
+    A v = Ty<T>::to_acc(x);
+    if (IsFloat<A>::value && OP == OP_SUM && a.has_pre) v = (A)((float)v * a.pre);
+    return v;
+}
+
+// Final step (Avg divides the sum).
+template <typename T, int OP>
+__device__ __forceinline__ T finish(const Args& a, typename Ty<T>::Acc acc) {
+    typedef typename Ty<T>::Acc A;
+    if (OP == OP_SUM && a.has_div) {
+        if (IsFloat<A>::value) acc = (A)((float)acc / a.post_div);
+        else acc = (A)((i64)acc / a.int_div);
+    }
+    return Ty<T>::from_acc(acc);
+}
+
+#if defined(FC_T_F32)
+typedef float T;
+#elif defined(FC_T_F16)
+typedef f16 T;
+#elif defined(FC_T_BF16)
+typedef bf16 T;
+#elif defined(FC_T_I32)
+typedef i32 T;
+#elif defined(FC_T_U32)
+typedef u32 T;
+#elif defined(FC_T_I64)
+typedef i64 T;
+#elif defined(FC_T_U64)
+typedef u64 T;
+#else
+#error "define one of FC_T_F32 FC_T_F16 FC_T_BF16 FC_T_I32 FC_T_U32 FC_T_I64 FC_T_U64"
+#endif
+
+typedef typename Ty<T>::Acc Acc;
+#define VEC_ELEMS (16 / sizeof(T))
+
+union Vec {
+    uint4 u;
+    T e[VEC_ELEMS];
+};
+
+// ---------------------------------------------------------------- per-call bookkeeping
+
+__device__ __forceinline__ u32 call_epoch(const Args& a) {
+    // The epoch of this call; the previous kernel on this stream wrote state.epoch.
+    return ld_volatile_u32((const u32*)a.state) + 1;
+}
+
+// The last block to finish publishes the new epoch, after every block has read the old one.
+__device__ __forceinline__ void end_call(const Args& a, u32 e) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32* st = (u32*)a.state;
+        u32 prev = atomicAdd(st + 1, 1u);
+        if (prev == gridDim.x - 1) {
+            st[1] = 0;
+            st[0] = e;
+            __threadfence();
+        }
+    }
+}
+
+__device__ __forceinline__ u32* flag_slot(const Args& a, u32 owner, u32 barrier, u32 e, u32 sender) {
+    u32* f = (u32*)a.flags[owner];
+    return f + (((barrier * 2 + (e & 1)) * FC_MAX_BLOCKS + blockIdx.x) * FC_MAX_RANKS + sender);
+}
+
+// Block b meets block b of every rank (rule 2: per-block slots, epochs compared for equality,
+// start and middle barriers in separate slot arrays, parity against a peer one call ahead).
+// Rule 1: the release store publishes this block's earlier staging writes (ordered before it
+// by bar.sync); the acquire load makes the peer's visible to the whole block after bar.sync.
+__device__ bool block_barrier(const Args& a, u32 barrier, u32 e, u64 t0) {
+    __syncthreads();
+    bool ok = true;
+    if (threadIdx.x < a.world) {
+        u32 peer = threadIdx.x;
+        st_release_sys(flag_slot(a, peer, barrier, e, a.rank), e);
+        ok = wait_flag(a, flag_slot(a, a.rank, barrier, e, peer), e, peer, 10 + barrier, t0);
+    }
+    return __syncthreads_and(ok) != 0;
+}
+
+// ---------------------------------------------------------------- element access helpers
+
+// Reads vector v of the user's buffer (elements past `count` are left as they were).
+__device__ __forceinline__ void load_user(const Args& a, u64 v, bool aligned, Vec& out) {
+    const T* in = (const T*)a.input;
+    u64 first = v * VEC_ELEMS;
+    if (aligned && first + VEC_ELEMS <= a.count) {
+        out.u = *(const uint4*)(in + first);
+    } else {
+#pragma unroll
+        for (u32 i = 0; i < VEC_ELEMS; i++)
+            if (first + i < a.count) out.e[i] = in[first + i];
+    }
+}
+
+__device__ __forceinline__ void store_user(const Args& a, u64 v, bool aligned, const Vec& x) {
+    T* out = (T*)a.output;
+    u64 first = v * VEC_ELEMS;
+    if (aligned && first + VEC_ELEMS <= a.count) {
+        *(uint4*)(out + first) = x.u;
+    } else {
+#pragma unroll
+        for (u32 i = 0; i < VEC_ELEMS; i++)
+            if (first + i < a.count) out[first + i] = x.e[i];
+    }
+}
+
+// Reduces vector v of every rank's staging buffer (parity p) in rank order 0..n-1 (rule 5),
+// accumulating narrow floats in f32 (rule 6). All loads are issued before the arithmetic.
+template <int OP>
+__device__ __forceinline__ void reduce_vec(const Args& a, u64 byte_off, Vec& out) {
+    Vec in[FC_MAX_RANKS];
+#pragma unroll
+    for (u32 r = 0; r < FC_MAX_RANKS; r++)
+        if (r < a.world) in[r].u = ld_v4((const uint4*)(a.staging[r] + byte_off));
+    Acc acc[VEC_ELEMS];
+#pragma unroll
+    for (u32 i = 0; i < VEC_ELEMS; i++) acc[i] = load_acc<T, OP>(a, in[0].e[i]);
+#pragma unroll
+    for (u32 r = 1; r < FC_MAX_RANKS; r++)
+        if (r < a.world) {
+#pragma unroll
+            for (u32 i = 0; i < VEC_ELEMS; i++)
+                acc[i] = combine<OP>(acc[i], load_acc<T, OP>(a, in[r].e[i]));
+        }
+#pragma unroll
+    for (u32 i = 0; i < VEC_ELEMS; i++) out.e[i] = finish<T, OP>(a, acc[i]);
+}
+
+// ---------------------------------------------------------------- flat: one-shot pull
+
+// Copy own input to own staging (parity e&1), barrier, every rank reads all staging buffers
+// for the vectors this block owns and writes them out. The staging parity alternates, so the
+// next call never overwrites what a slow peer is still reading (rule 3).
+template <int OP>
+__device__ void flat(const Args& a) {
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    u64 par = (u64)(e & 1) * a.staging_bytes;
+    u64 nvec = (a.count + VEC_ELEMS - 1) / VEC_ELEMS;
+    bool aligned = ((a.input | a.output) & 15) == 0;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    for (u64 v = first; v < nvec; v += stride) {
+        Vec x;
+        x.u = make_uint4(0, 0, 0, 0);
+        load_user(a, v, aligned, x);
+        *(uint4*)(a.staging[a.rank] + par + v * 16) = x.u;
+    }
+    if (block_barrier(a, 0, e, t0)) {
+        for (u64 v = first; v < nvec; v += stride) {
+            Vec r;
+            reduce_vec<OP>(a, par + v * 16, r);
+            store_user(a, v, aligned, r);
+        }
+    }
+    end_call(a, e);
+}
+
+// ---------------------------------------------------------------- tree: two-shot
+
+// Stripe k (of `world`) is reduced by rank k into its own staging, then everyone gathers the
+// reduced stripes. Block b handles the same offsets inside every stripe on every rank, so the
+// per-block barriers cover exactly the data each block exchanges.
+template <int OP>
+__device__ void tree(const Args& a) {
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    u64 par = (u64)(e & 1) * a.staging_bytes;
+    u64 nvec = (a.count + VEC_ELEMS - 1) / VEC_ELEMS;
+    u64 svec = (nvec + a.world - 1) / a.world;  // vectors per stripe
+    bool aligned = ((a.input | a.output) & 15) == 0;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    for (u32 k = 0; k < a.world; k++) {
+        for (u64 o = first; o < svec; o += stride) {
+            u64 v = k * svec + o;
+            if (v >= nvec) break;
+            Vec x;
+            x.u = make_uint4(0, 0, 0, 0);
+            load_user(a, v, aligned, x);
+            *(uint4*)(a.staging[a.rank] + par + v * 16) = x.u;
+        }
+    }
+    bool ok = block_barrier(a, 0, e, t0);
+    if (ok) {
+        for (u64 o = first; o < svec; o += stride) {
+            u64 v = a.rank * svec + o;
+            if (v >= nvec) break;
+            Vec r;
+            reduce_vec<OP>(a, par + v * 16, r);
+            // Only this rank touches its own stripe before the next barrier.
+            *(uint4*)(a.staging[a.rank] + par + v * 16) = r.u;
+            store_user(a, v, aligned, r);
+        }
+        ok = block_barrier(a, 1, e, t0);
+    }
+    if (ok) {
+        for (u32 i = 1; i < a.world; i++) {
+            u32 k = (a.rank + i) % a.world;
+            for (u64 o = first; o < svec; o += stride) {
+                u64 v = k * svec + o;
+                if (v >= nvec) break;
+                Vec r;
+                r.u = ld_v4((const uint4*)(a.staging[k] + par + v * 16));
+                store_user(a, v, aligned, r);
+            }
+        }
+    }
+    end_call(a, e);
+}
+
+// ---------------------------------------------------------------- push: barrier-free LL one-shot
+
+#define UNIT_ELEMS (8 / sizeof(T))
+union Unit {
+    uint2 u;
+    T e[UNIT_ELEMS];
+};
+
+// Each rank stores every 8-byte unit of its input, with the epoch as flag beside each 4-byte
+// half, into every rank's push buffer (parity e&1, row = sender); then it polls its own buffer
+// until every sender's unit carries this epoch. No barrier, no clearing: flags are compared for
+// equality with an epoch that a stale line (two calls old) can never hold (rule 4's LL form).
+template <int OP>
+__device__ void push(const Args& a) {
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    u64 nunit = (a.count * sizeof(T) + 7) / 8;
+    u64 row = 2 * a.push_cap;               // bytes of one sender's LL lines
+    u64 par = (u64)(e & 1) * a.world * row;
+    bool aligned = ((a.input | a.output) & 7) == 0;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const T* in = (const T*)a.input;
+    T* out = (T*)a.output;
+    for (u64 u = first; u < nunit; u += stride) {
+        Unit x;
+        x.u = make_uint2(0, 0);
+        u64 f = u * UNIT_ELEMS;
+        if (aligned && f + UNIT_ELEMS <= a.count) {
+            x.u = *(const uint2*)(in + f);
+        } else {
+#pragma unroll
+            for (u32 i = 0; i < UNIT_ELEMS; i++)
+                if (f + i < a.count) x.e[i] = in[f + i];
+        }
+        u64 off = par + a.rank * row + u * 16;
+#pragma unroll
+        for (u32 r = 0; r < FC_MAX_RANKS; r++)
+            if (r < a.world) st_ll((uint4*)(a.push[r] + off), x.u.x, x.u.y, e);
+    }
+    bool ok = true;
+    for (u64 u = first; u < nunit && ok; u += stride) {
+        Unit in_r[FC_MAX_RANKS];
+#pragma unroll
+        for (u32 r = 0; r < FC_MAX_RANKS; r++) {
+            if (r < a.world && ok) {
+                const uint4* p = (const uint4*)(a.push[a.rank] + par + r * row + u * 16);
+                uint4 l = ld_v4(p);
+                u32 spins = 0;
+                // Check both flags: each covers its own 4-byte half (rule 4: every element).
+                while (l.y != e || l.w != e) {
+                    if (++spins == SPIN_CHECK) {
+                        spins = 0;
+                        if (globaltimer() - t0 > a.timeout_ns) {
+                            report_timeout(a, r, 1);
+                            ok = false;
+                            break;
+                        }
+                    }
+                    l = ld_v4(p);
+                }
+                in_r[r].u = make_uint2(l.x, l.z);
+            }
+        }
+        if (!ok) break;
+        Acc acc[UNIT_ELEMS];
+#pragma unroll
+        for (u32 i = 0; i < UNIT_ELEMS; i++) acc[i] = load_acc<T, OP>(a, in_r[0].e[i]);
+#pragma unroll
+        for (u32 r = 1; r < FC_MAX_RANKS; r++)
+            if (r < a.world) {
+#pragma unroll
+                for (u32 i = 0; i < UNIT_ELEMS; i++)
+                    acc[i] = combine<OP>(acc[i], load_acc<T, OP>(a, in_r[r].e[i]));
+            }
+        Unit res;
+#pragma unroll
+        for (u32 i = 0; i < UNIT_ELEMS; i++) res.e[i] = finish<T, OP>(a, acc[i]);
+        u64 f = u * UNIT_ELEMS;
+        if (aligned && f + UNIT_ELEMS <= a.count) {
+            *(uint2*)(out + f) = res.u;
+        } else {
+#pragma unroll
+            for (u32 i = 0; i < UNIT_ELEMS; i++)
+                if (f + i < a.count) out[f + i] = res.e[i];
+        }
+    }
+    end_call(a, e);
+}
+
+// ---------------------------------------------------------------- start-up check
+
+// Writes `magic + rank` into slot `rank` of every peer's verify words through the IPC mapping;
+// the host then reads its own words back to prove that peer writes really land (rule 7).
+extern "C" __global__ void fc_verify_write(Args a, u32 magic, u64 verify_off) {
+    if (blockIdx.x == 0 && threadIdx.x < a.world) {
+        u32* p = (u32*)(a.flags[threadIdx.x] + verify_off) + a.rank;
+        st_release_sys(p, magic + a.rank);
+    }
+}
+
+// ---------------------------------------------------------------- entry points
+
+#define FC_ENTRY(NAME, OPV)                                                             \
+    extern "C" __global__ void __launch_bounds__(512) fc_push_##NAME(Args a) { push<OPV>(a); } \
+    extern "C" __global__ void __launch_bounds__(512) fc_flat_##NAME(Args a) { flat<OPV>(a); } \
+    extern "C" __global__ void __launch_bounds__(512) fc_tree_##NAME(Args a) { tree<OPV>(a); }
+
+FC_ENTRY(sum, OP_SUM)
+FC_ENTRY(prod, OP_PROD)
+FC_ENTRY(min, OP_MIN)
+FC_ENTRY(max, OP_MAX)

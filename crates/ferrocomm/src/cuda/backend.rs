@@ -1,0 +1,443 @@
+//! The cuda [`Backend`]: all-reduce by direct access (push / flat / tree) where it applies,
+//! NCCL for everything else and above the size limits.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{sys, CudaContext};
+
+use super::dda::Dda;
+use super::{cu, kernels, open_context};
+use crate::bootstrap::all_gather_bytes;
+use crate::comm::{Backend, CallOpts, CommContext, Splits};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::nccl::{check_views, in_ptr, views_of, NcclOps};
+use crate::select::{self, Algo, Capabilities, Collective};
+use crate::types::{DataType, Device, ReduceOp};
+use crate::view::{Input, View, ViewMut};
+
+pub struct CudaBackend {
+    cuda: Arc<CudaContext>,
+    device: u32,
+    size: usize,
+    config: Arc<Config>,
+    dda: Option<Dda>,
+    /// Why direct access is off (for errors when a call asks for it).
+    no_dda: String,
+    nccl: Option<NcclOps>,
+    no_nccl: String,
+    multi_host: bool,
+    state: Mutex<CallState>,
+}
+
+/// Serialises calls and remembers the last stream, so that DDA kernels issued on different
+/// streams still run one after the other (the protocol needs calls in order on every rank).
+struct CallState {
+    last_stream: Option<u64>,
+    event: sys::CUevent,
+}
+
+// SAFETY: the event is a driver handle used only under the mutex.
+unsafe impl Send for CallState {}
+
+impl CudaBackend {
+    pub fn new(ctx: &CommContext) -> Result<CudaBackend> {
+        let cuda = open_context(ctx.device)?;
+        bind(&cuda)?;
+        let Device::Cuda(device) = ctx.device else {
+            unreachable!("open_context accepts only CUDA devices")
+        };
+        // DDA needs every rank on this host: the launcher's word, confirmed by host names.
+        let host = super::hostname();
+        let hosts = all_gather_bytes(
+            &*ctx.store,
+            "cuda/hosts",
+            ctx.rank,
+            ctx.size,
+            host.as_bytes(),
+            ctx.timeout(),
+        )?;
+        let one_host = hosts.iter().all(|h| h == host.as_bytes());
+        let multi_host = !one_host || ctx.local_size < ctx.size;
+
+        let (nccl, no_nccl) = match NcclOps::new(ctx) {
+            Ok(n) => (Some(n), String::new()),
+            Err(e @ Error::LibraryMissing { .. }) => (None, e.to_string()),
+            Err(e) => return Err(e),
+        };
+
+        let (dda, no_dda) = if multi_host {
+            (
+                None,
+                format!(
+                    "ranks span several hosts (local_size {} < size {} or host names differ)",
+                    ctx.local_size, ctx.size
+                ),
+            )
+        } else {
+            match setup_dda(ctx, &cuda) {
+                Ok(d) => (Some(d), String::new()),
+                Err(e) => {
+                    if nccl.is_none() {
+                        return Err(e);
+                    }
+                    if ctx.config.debug {
+                        eprintln!(
+                            "ferrocomm: rank {}: direct access off, NCCL carries every collective: {e}",
+                            ctx.rank
+                        );
+                    }
+                    (None, e.to_string())
+                }
+            }
+        };
+        if multi_host && nccl.is_none() {
+            return Err(Error::LibraryMissing {
+                library: "libnccl",
+                why: format!("ranks span several hosts and NCCL is missing: {no_nccl}"),
+            });
+        }
+        let mut event: sys::CUevent = std::ptr::null_mut();
+        cu(
+            // SAFETY: out-parameter; timing off makes record/wait cheap.
+            unsafe {
+                sys::cuEventCreate(
+                    &mut event,
+                    sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+                )
+            },
+            "cuEventCreate",
+        )?;
+        if ctx.config.debug {
+            eprintln!(
+                "ferrocomm: rank {} cuda:{device}: dda {} ({} MiB staging), nccl {}",
+                ctx.rank,
+                if dda.is_some() { "on" } else { "off" },
+                super::staging_memory_bytes(&ctx.config, ctx.size) >> 20,
+                if nccl.is_some() { "on" } else { "off" },
+            );
+        }
+        Ok(CudaBackend {
+            cuda,
+            device,
+            size: ctx.size,
+            config: ctx.config.clone(),
+            dda,
+            no_dda,
+            nccl,
+            no_nccl,
+            multi_host,
+            state: Mutex::new(CallState {
+                last_stream: None,
+                event,
+            }),
+        })
+    }
+
+    fn caps(&self) -> Capabilities {
+        Capabilities {
+            push: self.dda.is_some(),
+            nccl: self.nccl.is_some(),
+            staging_bytes: Some(self.dda.as_ref().map_or(0, |d| d.layout().staging_bytes)),
+            multi_host: self.multi_host || self.dda.is_none(),
+        }
+    }
+
+    fn nccl(&self, collective: &'static str) -> Result<&NcclOps> {
+        self.nccl.as_ref().ok_or_else(|| Error::Unsupported {
+            collective,
+            backend: "cuda",
+            what: format!("{collective} without NCCL ({})", self.no_nccl),
+        })
+    }
+
+    fn enter(&self) -> Result<std::sync::MutexGuard<'_, CallState>> {
+        let g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        bind(&self.cuda)?;
+        Ok(g)
+    }
+
+    /// Orders this call after the previous one when the caller switched streams.
+    fn follow(&self, st: &mut CallState, stream: u64) -> Result<()> {
+        if let Some(prev) = st.last_stream {
+            if prev != stream && !capturing(stream)? && !capturing(prev)? {
+                // SAFETY: valid event and streams of this context.
+                unsafe {
+                    cu(
+                        sys::cuEventRecord(st.event, prev as sys::CUstream),
+                        "cuEventRecord",
+                    )?;
+                    cu(
+                        sys::cuStreamWaitEvent(stream as sys::CUstream, st.event, 0),
+                        "cuStreamWaitEvent",
+                    )?;
+                }
+            }
+        }
+        st.last_stream = Some(stream);
+        Ok(())
+    }
+
+    /// Picks the all-reduce algorithm; `None` means direct access cannot take this call.
+    fn choose(&self, bytes: usize, dtype: DataType, op: ReduceOp, opts: &CallOpts) -> Result<Algo> {
+        let requested = opts.algo.0;
+        let dda_ok = self.dda.is_some()
+            && kernels::supports(dtype)
+            && !matches!(op, ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor);
+        if !dda_ok {
+            if matches!(requested, Algo::Push | Algo::Flat | Algo::Tree) {
+                return Err(Error::Unsupported {
+                    collective: "all_reduce",
+                    backend: "cuda",
+                    what: format!(
+                        "{requested} for {dtype} {op}: {}",
+                        if self.dda.is_none() {
+                            self.no_dda.clone()
+                        } else {
+                            "the direct-access kernels do not handle this dtype/op".into()
+                        }
+                    ),
+                });
+            }
+            if self.nccl.is_none() {
+                return Err(Error::Unsupported {
+                    collective: "all_reduce",
+                    backend: "cuda",
+                    what: format!("{dtype} {op} without NCCL ({})", self.no_nccl),
+                });
+            }
+            return Ok(Algo::Nccl);
+        }
+        let caps = self.caps();
+        let mut a = select::select(
+            Collective::AllReduce,
+            bytes,
+            self.size,
+            dtype,
+            requested,
+            &caps,
+            &self.config,
+        )?;
+        let push_cap = self.dda.as_ref().map_or(0, |d| d.layout().push_cap);
+        if a == Algo::Push && bytes > push_cap {
+            if requested == Algo::Push {
+                return Err(Error::InvalidArgument(format!(
+                    "all_reduce: push takes at most {push_cap} bytes per rank, got {bytes}"
+                )));
+            }
+            a = Algo::Flat;
+        }
+        if matches!(a, Algo::Direct | Algo::Auto) {
+            a = Algo::Flat;
+        }
+        Ok(a)
+    }
+}
+
+fn bind(c: &CudaContext) -> Result<()> {
+    c.bind_to_thread()
+        .map_err(|e| Error::Cuda(format!("binding the context: {e:?}")))
+}
+
+fn capturing(stream: u64) -> Result<bool> {
+    let mut s = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    cu(
+        // SAFETY: out-parameter for a stream of this context.
+        unsafe { sys::cuStreamIsCapturing(stream as sys::CUstream, &mut s) },
+        "cuStreamIsCapturing",
+    )?;
+    Ok(s != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+fn setup_dda(ctx: &CommContext, cuda: &CudaContext) -> Result<Dda> {
+    let (major, minor) = cuda
+        .compute_capability()
+        .map_err(|e| Error::Cuda(format!("compute capability: {e:?}")))?;
+    if major < 7 {
+        return Err(Error::Unsupported {
+            collective: "init",
+            backend: "cuda",
+            what: format!("direct access on sm_{major}{minor} (needs sm_70 or newer)"),
+        });
+    }
+    let sms = cuda
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|e| Error::Cuda(format!("SM count: {e:?}")))?;
+    let arch = format!("sm_{major}{minor}");
+    let arch: &'static str = Box::leak(arch.into_boxed_str());
+    Dda::new(ctx, arch, sms.max(1) as u32)
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        let _ = bind(&self.cuda);
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the event was created in `new`.
+        unsafe { sys::cuEventDestroy_v2(st.event) };
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn all_reduce(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        op: ReduceOp,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let mut st = self.enter()?;
+        check_views("all_reduce", self.device, &views_of(&input, &output))?;
+        if let Some(d) = &self.dda {
+            d.check_error("all_reduce")?;
+        }
+        let dtype = output.dtype();
+        let count = output.count();
+        if count == 0 {
+            return Ok(());
+        }
+        let es = dtype.size() as u64;
+        let (ip, op_ptr) = (in_ptr(&input, &output), output.ptr() as u64);
+        if ip % es != 0 || op_ptr % es != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "all_reduce: pointers must be aligned to the element size ({es} bytes)"
+            )));
+        }
+        let algo = self.choose(count * dtype.size(), dtype, op, opts)?;
+        self.follow(&mut st, opts.stream)?;
+        match (algo, &self.dda) {
+            (Algo::Push | Algo::Flat | Algo::Tree, Some(d)) => {
+                d.all_reduce(algo, ip, op_ptr, count, dtype, op, opts.stream)
+            }
+            _ => self.nccl("all_reduce")?.all_reduce(input, output, op, opts),
+        }
+    }
+
+    fn reduce(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        op: ReduceOp,
+        root: usize,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let mut st = self.enter()?;
+        check_views("reduce", self.device, &views_of(&input, &output))?;
+        self.follow(&mut st, opts.stream)?;
+        self.nccl("reduce")?.reduce(input, output, op, root, opts)
+    }
+
+    fn broadcast(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        root: usize,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let mut st = self.enter()?;
+        check_views("broadcast", self.device, &views_of(&input, &output))?;
+        self.follow(&mut st, opts.stream)?;
+        self.nccl("broadcast")?.broadcast(input, output, root, opts)
+    }
+
+    fn all_gather(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
+        let mut st = self.enter()?;
+        check_views("all_gather", self.device, &views_of(&input, &output))?;
+        self.follow(&mut st, opts.stream)?;
+        self.nccl("all_gather")?.all_gather(input, output, opts)
+    }
+
+    fn reduce_scatter(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        op: ReduceOp,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let mut st = self.enter()?;
+        check_views("reduce_scatter", self.device, &views_of(&input, &output))?;
+        self.follow(&mut st, opts.stream)?;
+        self.nccl("reduce_scatter")?
+            .reduce_scatter(input, output, op, opts)
+    }
+
+    fn all_to_all(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
+        let mut st = self.enter()?;
+        check_views("all_to_all", self.device, &views_of(&input, &output))?;
+        self.follow(&mut st, opts.stream)?;
+        self.nccl("all_to_all")?.all_to_all(input, output, opts)
+    }
+
+    fn all_to_all_v(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        splits: &Splits,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let mut st = self.enter()?;
+        check_views("all_to_all_v", self.device, &views_of(&input, &output))?;
+        self.follow(&mut st, opts.stream)?;
+        self.nccl("all_to_all_v")?
+            .all_to_all_v(input, output, splits, opts)
+    }
+
+    fn barrier(&self, opts: &CallOpts) -> Result<()> {
+        let mut st = self.enter()?;
+        if let Some(d) = &self.dda {
+            d.check_error("barrier")?;
+        }
+        self.follow(&mut st, opts.stream)?;
+        self.nccl("barrier")?.barrier(opts)?;
+        if let Some(d) = &self.dda {
+            d.check_error("all_reduce")?;
+        }
+        Ok(())
+    }
+
+    fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
+        let mut st = self.enter()?;
+        check_views(
+            "send",
+            self.device,
+            &[("data", data.ptr() as u64, data.device(), data.bytes_len())],
+        )?;
+        self.follow(&mut st, opts.stream)?;
+        self.nccl("send")?.send(data, peer, opts)
+    }
+
+    fn recv(&self, out: ViewMut<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
+        let mut st = self.enter()?;
+        check_views(
+            "recv",
+            self.device,
+            &[("out", out.ptr() as u64, out.device(), out.bytes_len())],
+        )?;
+        self.follow(&mut st, opts.stream)?;
+        self.nccl("recv")?.recv(out, peer, opts)
+    }
+
+    fn algo_for(
+        &self,
+        coll: Collective,
+        bytes_per_rank: usize,
+        dtype: DataType,
+        opts: &CallOpts,
+    ) -> Result<Algo> {
+        if coll == Collective::AllReduce {
+            return self.choose(bytes_per_rank, dtype, ReduceOp::Sum, opts);
+        }
+        if self.nccl.is_some() {
+            Ok(Algo::Nccl)
+        } else {
+            Err(Error::Unsupported {
+                collective: coll.name(),
+                backend: "cuda",
+                what: format!("{} without NCCL ({})", coll.name(), self.no_nccl),
+            })
+        }
+    }
+}

@@ -1,0 +1,507 @@
+//! Direct data access: IPC staging shared by the ranks of one host, and the all-reduce kernels
+//! that use it (push, flat, tree), each one launch on the caller's stream.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::time::Duration;
+
+use cudarc::driver::sys;
+
+use super::{cu, kernels};
+use crate::bootstrap::{all_gather_bytes, store_barrier};
+use crate::comm::CommContext;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::select::Algo;
+use crate::types::{DataType, ReduceOp};
+
+/// Most ranks the kernels handle (`FC_MAX_RANKS` in all_reduce.cu).
+pub const MAX_RANKS: usize = 16;
+/// Flag slots per barrier and parity (`FC_MAX_BLOCKS`): the largest grid of flat and tree.
+pub const MAX_BLOCKS: usize = 256;
+const FLAGS_BYTES: usize = 2 * 2 * MAX_BLOCKS * MAX_RANKS * 4;
+const STATE_OFF: usize = FLAGS_BYTES;
+const VERIFY_OFF: usize = STATE_OFF + 64;
+const STATE_BYTES: usize = 4096;
+/// Largest push payload per rank (LL lines double it, and every rank holds every sender's).
+const PUSH_CAP_MAX: usize = 512 << 10;
+
+fn round_up(n: usize, a: usize) -> usize {
+    n.div_ceil(a) * a
+}
+
+/// Where everything sits in one rank's IPC allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StagingLayout {
+    pub push_off: usize,
+    /// Payload bytes per sender of one push parity.
+    pub push_cap: usize,
+    pub staging_off: usize,
+    /// Bytes of one staging parity (the largest flat/tree message per rank).
+    pub staging_bytes: usize,
+    pub total: usize,
+}
+
+/// Largest message (bytes per rank) the push kernel takes.
+pub fn push_capacity(cfg: &Config) -> usize {
+    round_up(PUSH_CAP_MAX.min(cfg.cuda_staging_bytes.max(16)), 16)
+}
+
+/// The allocation layout for `world` ranks under `cfg`.
+pub fn staging_layout(cfg: &Config, world: usize) -> StagingLayout {
+    let push_cap = push_capacity(cfg);
+    let push_off = STATE_OFF + STATE_BYTES;
+    let push_bytes = 2 * world * 2 * push_cap;
+    let staging_off = round_up(push_off + push_bytes, 4096);
+    let staging_bytes = round_up(cfg.cuda_staging_bytes.max(16), 4096);
+    StagingLayout {
+        push_off,
+        push_cap,
+        staging_off,
+        staging_bytes,
+        total: staging_off + 2 * staging_bytes,
+    }
+}
+
+/// Kernel arguments; the same layout as `struct Args` in all_reduce.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Args {
+    staging: [u64; MAX_RANKS],
+    push: [u64; MAX_RANKS],
+    flags: [u64; MAX_RANKS],
+    state: u64,
+    error: u64,
+    input: u64,
+    output: u64,
+    count: u64,
+    staging_bytes: u64,
+    push_cap: u64,
+    timeout_ns: u64,
+    int_div: i64,
+    pre: f32,
+    post_div: f32,
+    rank: u32,
+    world: u32,
+    has_pre: u32,
+    has_div: u32,
+}
+
+struct Module {
+    module: sys::CUmodule,
+    funcs: HashMap<String, sys::CUfunction>,
+}
+
+/// One rank's DDA resources.
+pub struct Dda {
+    rank: usize,
+    world: usize,
+    layout: StagingLayout,
+    own: sys::CUdeviceptr,
+    /// Every rank's allocation base as mapped here (own included).
+    bases: Vec<sys::CUdeviceptr>,
+    opened: Vec<sys::CUdeviceptr>,
+    error_host: *mut u32,
+    error_dev: sys::CUdeviceptr,
+    modules: HashMap<DataType, Module>,
+    sm_count: u32,
+    timeout: Duration,
+}
+
+// SAFETY: the raw pointers are device addresses and a pinned host page owned by this struct;
+// the backend serialises every use behind its call lock.
+unsafe impl Send for Dda {}
+// SAFETY: as above.
+unsafe impl Sync for Dda {}
+
+impl Dda {
+    /// Allocates and zeroes this rank's staging, exchanges IPC handles through the store, opens
+    /// every peer's allocation once, loads the kernels and proves that peer writes land.
+    /// The context of `ctx.device` must be current on this thread.
+    pub fn new(ctx: &CommContext, arch: &str, sm_count: u32) -> Result<Dda> {
+        let world = ctx.size;
+        let rank = ctx.rank;
+        if world > MAX_RANKS {
+            return Err(Error::Unsupported {
+                collective: "init",
+                backend: "cuda",
+                what: format!("direct access for {world} ranks (at most {MAX_RANKS})"),
+            });
+        }
+        let layout = staging_layout(&ctx.config, world);
+        let t = ctx.timeout();
+
+        // Kernels first: compiling (or reading the cache) needs no peer.
+        let modules = load_modules(&ctx.config, arch)?;
+
+        // NOT the async pool (stream.alloc): legacy IPC cannot share pool memory.
+        let mut own: sys::CUdeviceptr = 0;
+        cu(
+            // SAFETY: out-parameter; the context is current.
+            unsafe { sys::cuMemAlloc_v2(&mut own, layout.total) },
+            "cuMemAlloc (DDA staging)",
+        )?;
+        // Flags, epochs and LL lines start at zero: epoch 1 is the first call (rule 5: sentinel
+        // state initialised before first use; the store barrier below orders it).
+        cu(
+            // SAFETY: `own` holds `layout.total` bytes.
+            unsafe { sys::cuMemsetD8_v2(own, 0, layout.total) },
+            "cuMemsetD8",
+        )?;
+        let mut error_host: *mut c_void = std::ptr::null_mut();
+        cu(
+            // SAFETY: out-parameter; 4 KiB of pinned, device-mapped host memory.
+            unsafe {
+                sys::cuMemHostAlloc(
+                    &mut error_host,
+                    4096,
+                    sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
+                )
+            },
+            "cuMemHostAlloc (error record)",
+        )?;
+        // SAFETY: the page was just allocated with 4096 bytes.
+        unsafe { std::ptr::write_bytes(error_host.cast::<u8>(), 0, 4096) };
+        let mut error_dev: sys::CUdeviceptr = 0;
+        cu(
+            // SAFETY: `error_host` is a mapped pinned allocation.
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut error_dev, error_host, 0) },
+            "cuMemHostGetDevicePointer",
+        )?;
+        let mut me = Dda {
+            rank,
+            world,
+            layout,
+            own,
+            bases: vec![0; world],
+            opened: Vec::new(),
+            error_host: error_host.cast(),
+            error_dev,
+            modules,
+            sm_count,
+            timeout: t,
+        };
+        me.bases[rank] = own;
+        // SAFETY: synchronous context-wide wait so the memset is done before peers write.
+        cu(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")?;
+
+        // Rule 7: share the allocation base plus the offset of our buffer inside it.
+        let mut base: sys::CUdeviceptr = 0;
+        let mut size = 0usize;
+        cu(
+            // SAFETY: out-parameters for an address we allocated.
+            unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, own) },
+            "cuMemGetAddressRange",
+        )?;
+        let mut handle = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
+        cu(
+            // SAFETY: out-parameter; `base` is the start of a cuMemAlloc allocation.
+            unsafe { sys::cuIpcGetMemHandle(handle.as_mut_ptr(), base) },
+            "cuIpcGetMemHandle",
+        )?;
+        // SAFETY: initialised by the call above.
+        let handle = unsafe { handle.assume_init() };
+        let mut msg = Vec::with_capacity(72);
+        // SAFETY: the handle is 64 plain bytes.
+        msg.extend_from_slice(unsafe {
+            std::slice::from_raw_parts((&handle as *const sys::CUipcMemHandle).cast::<u8>(), 64)
+        });
+        msg.extend_from_slice(&((own - base) as u64).to_le_bytes());
+        let all = all_gather_bytes(&*ctx.store, "dda/ipc", rank, world, &msg, t)?;
+        for (peer, m) in all.iter().enumerate() {
+            if peer == rank {
+                continue;
+            }
+            if m.len() != 72 {
+                return Err(Error::Cuda(format!(
+                    "rank {peer} sent a malformed IPC handle ({} bytes)",
+                    m.len()
+                )));
+            }
+            let mut h = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
+            // SAFETY: copying 64 bytes into the 64-byte handle.
+            unsafe { std::ptr::copy_nonoverlapping(m.as_ptr(), h.as_mut_ptr().cast::<u8>(), 64) };
+            let off = u64::from_le_bytes(m[64..72].try_into().expect("8 bytes"));
+            let mut p: sys::CUdeviceptr = 0;
+            // SAFETY: a handle exported by a peer process; opened once per peer and closed in
+            // Drop. LAZY_ENABLE_PEER_ACCESS turns on peer access for this mapping.
+            let r = unsafe {
+                sys::cuIpcOpenMemHandle_v2(
+                    &mut p,
+                    h.assume_init(),
+                    sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+                )
+            };
+            cu(r, &format!("cuIpcOpenMemHandle of rank {peer}'s staging")).map_err(|e| {
+                Error::Cuda(format!(
+                    "{e} (ranks must be separate processes on one host with peer access)"
+                ))
+            })?;
+            me.opened.push(p);
+            me.bases[peer] = p + off;
+        }
+        me.verify_peers(ctx)?;
+        Ok(me)
+    }
+
+    /// Every rank writes a value through its peer mappings with a kernel; every rank then checks
+    /// that each peer's value arrived in its own memory (drivers can claim P2P falsely, rule 7).
+    fn verify_peers(&self, ctx: &CommContext) -> Result<()> {
+        let magic: u32 = 0x5eed_0000;
+        let f = self.func(DataType::F32, "fc_verify_write")?;
+        let args = self.base_args(0, 0, 0);
+        let mut a = args;
+        let mut m = magic;
+        let mut off = VERIFY_OFF as u64;
+        let mut params: [*mut c_void; 3] = [
+            (&mut a as *mut Args).cast(),
+            (&mut m as *mut u32).cast(),
+            (&mut off as *mut u64).cast(),
+        ];
+        cu(
+            // SAFETY: the parameters match fc_verify_write(Args, u32, u64); stream 0 is legacy.
+            unsafe {
+                sys::cuLaunchKernel(
+                    f,
+                    1,
+                    1,
+                    1,
+                    32,
+                    1,
+                    1,
+                    0,
+                    std::ptr::null_mut(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "launching the peer-write check",
+        )?;
+        // SAFETY: plain context synchronisation.
+        cu(unsafe { sys::cuCtxSynchronize() }, "peer-write check")?;
+        store_barrier(&*ctx.store, "dda/verify", self.world, self.timeout)?;
+        let mut got = [0u32; MAX_RANKS];
+        cu(
+            // SAFETY: reads `world` u32 of our own allocation into a large enough buffer.
+            unsafe {
+                sys::cuMemcpyDtoH_v2(
+                    got.as_mut_ptr().cast(),
+                    self.own + VERIFY_OFF as u64,
+                    4 * self.world,
+                )
+            },
+            "reading the peer-write check",
+        )?;
+        for (peer, v) in got.iter().take(self.world).enumerate() {
+            if *v != magic + peer as u32 {
+                return Err(Error::Cuda(format!(
+                    "rank {}: a value rank {peer} wrote into this GPU's memory over the peer \
+                     mapping never arrived (read {v:#x}, expected {:#x}); peer-to-peer access \
+                     does not work between these GPUs",
+                    self.rank,
+                    magic + peer as u32
+                )));
+            }
+        }
+        // Everyone has read its words before anyone starts a collective.
+        store_barrier(&*ctx.store, "dda/verified", self.world, self.timeout)?;
+        Ok(())
+    }
+
+    pub fn layout(&self) -> StagingLayout {
+        self.layout
+    }
+
+    fn func(&self, dtype: DataType, name: &str) -> Result<sys::CUfunction> {
+        self.modules
+            .get(&dtype)
+            .and_then(|m| m.funcs.get(name).copied())
+            .ok_or_else(|| Error::Unsupported {
+                collective: "all_reduce",
+                backend: "cuda",
+                what: format!("kernel {name} for {dtype}"),
+            })
+    }
+
+    fn base_args(&self, input: u64, output: u64, count: u64) -> Args {
+        let mut a = Args {
+            staging: [0; MAX_RANKS],
+            push: [0; MAX_RANKS],
+            flags: [0; MAX_RANKS],
+            state: self.own + STATE_OFF as u64,
+            error: self.error_dev,
+            input,
+            output,
+            count,
+            staging_bytes: self.layout.staging_bytes as u64,
+            push_cap: self.layout.push_cap as u64,
+            timeout_ns: self.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            int_div: 1,
+            pre: 1.0,
+            post_div: 1.0,
+            rank: self.rank as u32,
+            world: self.world as u32,
+            has_pre: 0,
+            has_div: 0,
+        };
+        for (r, b) in self.bases.iter().enumerate() {
+            a.flags[r] = *b;
+            a.push[r] = *b + self.layout.push_off as u64;
+            a.staging[r] = *b + self.layout.staging_off as u64;
+        }
+        a
+    }
+
+    /// The timeout a kernel recorded, if any (sticky: the communicator is unusable after one).
+    pub fn check_error(&self, collective: &'static str) -> Result<()> {
+        // SAFETY: the host page stays mapped for our lifetime; the kernel writes word 0 last.
+        let w = unsafe { std::ptr::read_volatile(self.error_host) };
+        if w == 0 {
+            return Ok(());
+        }
+        // SAFETY: as above, words 1..3.
+        let peer = unsafe { std::ptr::read_volatile(self.error_host.add(1)) } as usize;
+        Err(Error::Timeout {
+            collective,
+            rank: self.rank,
+            missing: peer,
+            timeout: self.timeout,
+        })
+    }
+
+    /// Launches one all-reduce kernel of `algo` on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_reduce(
+        &self,
+        algo: Algo,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: u64,
+    ) -> Result<()> {
+        let (opname, pre, div) = match op {
+            ReduceOp::Sum => ("sum", None, false),
+            ReduceOp::Avg => ("sum", None, true),
+            ReduceOp::PremulSum(s) => ("sum", Some(s as f32), false),
+            ReduceOp::Prod => ("prod", None, false),
+            ReduceOp::Min => ("min", None, false),
+            ReduceOp::Max => ("max", None, false),
+            other => {
+                return Err(Error::Unsupported {
+                    collective: "all_reduce",
+                    backend: "cuda",
+                    what: format!("op {other} in the direct-access kernels"),
+                })
+            }
+        };
+        let (aname, threads, units) = match algo {
+            Algo::Push => ("push", 256u32, (count * dtype.size()).div_ceil(8)),
+            Algo::Flat => ("flat", 512, (count * dtype.size()).div_ceil(16)),
+            Algo::Tree => (
+                "tree",
+                512,
+                (count * dtype.size()).div_ceil(16).div_ceil(self.world),
+            ),
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "all_reduce: {other} is not a direct-access algorithm"
+                )))
+            }
+        };
+        let f = self.func(dtype, &format!("fc_{aname}_{opname}"))?;
+        let max_blocks = (self.sm_count as usize).clamp(1, MAX_BLOCKS);
+        let blocks = units.div_ceil(threads as usize).clamp(1, max_blocks) as u32;
+        let mut a = self.base_args(input, output, count as u64);
+        if let Some(s) = pre {
+            a.has_pre = 1;
+            a.pre = s;
+        }
+        if div {
+            a.has_div = 1;
+            a.post_div = self.world as f32;
+            a.int_div = self.world as i64;
+        }
+        let mut params: [*mut c_void; 1] = [(&mut a as *mut Args).cast()];
+        // SAFETY: `f` takes one `Args` by value, laid out as in the kernel source; the pointers
+        // inside were validated by the caller (device memory of this GPU, `count` elements).
+        cu(
+            unsafe {
+                sys::cuLaunchKernel(
+                    f,
+                    blocks,
+                    1,
+                    1,
+                    threads,
+                    1,
+                    1,
+                    0,
+                    stream as sys::CUstream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            &format!("launching all_reduce ({aname}, {dtype}, {count} elements)"),
+        )
+    }
+}
+
+impl Drop for Dda {
+    fn drop(&mut self) {
+        // SAFETY: each pointer was opened/allocated exactly once by `new`; errors at teardown
+        // are ignored because nothing can act on them.
+        unsafe {
+            for p in self.opened.drain(..) {
+                let _ = sys::cuIpcCloseMemHandle(p);
+            }
+            for m in self.modules.values() {
+                let _ = sys::cuModuleUnload(m.module);
+            }
+            let _ = sys::cuMemFree_v2(self.own);
+            let _ = sys::cuMemFreeHost(self.error_host.cast());
+        }
+    }
+}
+
+/// Compiles (in parallel, or reads from the cache) and loads one module per element type.
+fn load_modules(cfg: &Config, arch: &str) -> Result<HashMap<DataType, Module>> {
+    let bins: Vec<(DataType, Result<Vec<u8>>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = kernels::VARIANTS
+            .iter()
+            .map(|(d, _)| (*d, s.spawn(move || kernels::cubin(*d, arch, cfg))))
+            .collect();
+        hs.into_iter()
+            .map(|(d, h)| {
+                (
+                    d,
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Cuda("kernel compile panicked".into()))),
+                )
+            })
+            .collect()
+    });
+    let mut out = HashMap::new();
+    for (d, bin) in bins {
+        let bin = bin?;
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        cu(
+            // SAFETY: `bin` is a complete cubin for this device's arch; the context is current.
+            unsafe { sys::cuModuleLoadData(&mut module, bin.as_ptr().cast()) },
+            &format!("loading the {d} all-reduce kernels"),
+        )?;
+        let mut funcs = HashMap::new();
+        for name in kernels::entry_names() {
+            let c = CString::new(name.clone()).expect("no NUL");
+            let mut f: sys::CUfunction = std::ptr::null_mut();
+            cu(
+                // SAFETY: live module, C string name.
+                unsafe { sys::cuModuleGetFunction(&mut f, module, c.as_ptr()) },
+                &format!("kernel {name} ({d})"),
+            )?;
+            funcs.insert(name, f);
+        }
+        out.insert(d, Module { module, funcs });
+    }
+    Ok(out)
+}

@@ -1,0 +1,206 @@
+//! The kernel registry: CUDA C++ sources (header-free), one module per element type, compiled
+//! with NVRTC for the device's own architecture to a cubin and cached on disk.
+//!
+//! Cache key = hash of (source, defines, options) + arch + NVRTC version, so an edited kernel, a
+//! different GPU or another NVRTC never reuses a stale cubin.
+
+use std::ffi::{c_char, CString};
+use std::path::{Path, PathBuf};
+
+use cudarc::nvrtc::sys as nvrtc;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::types::DataType;
+
+/// The all-reduce source (push, flat, tree for one element type per module).
+pub const ALL_REDUCE_SOURCE: &str = include_str!("../../kernels/all_reduce.cu");
+/// Its name in logs and cache files.
+pub const ALL_REDUCE_NAME: &str = "all_reduce.cu";
+
+/// Algorithms with an entry point per operator: `fc_<algo>_<op>`.
+pub const ALGOS: [&str; 3] = ["push", "flat", "tree"];
+/// Operators compiled into every module (Avg and PremulSum run on `sum` with scale factors).
+pub const OPS: [&str; 4] = ["sum", "prod", "min", "max"];
+/// Entry points beside the per-operator ones.
+pub const EXTRA_ENTRIES: [&str; 1] = ["fc_verify_write"];
+
+/// Element types the direct-access kernels handle, with the define that selects each.
+pub const VARIANTS: [(DataType, &str); 7] = [
+    (DataType::F32, "FC_T_F32"),
+    (DataType::F16, "FC_T_F16"),
+    (DataType::BF16, "FC_T_BF16"),
+    (DataType::I32, "FC_T_I32"),
+    (DataType::U32, "FC_T_U32"),
+    (DataType::I64, "FC_T_I64"),
+    (DataType::U64, "FC_T_U64"),
+];
+
+/// Whether the direct-access kernels handle `dtype`.
+pub fn supports(dtype: DataType) -> bool {
+    VARIANTS.iter().any(|(d, _)| *d == dtype)
+}
+
+/// Every entry point name a module must export.
+pub fn entry_names() -> Vec<String> {
+    let mut v: Vec<String> = ALGOS
+        .iter()
+        .flat_map(|a| OPS.iter().map(move |o| format!("fc_{a}_{o}")))
+        .collect();
+    v.extend(EXTRA_ENTRIES.iter().map(|s| s.to_string()));
+    v
+}
+
+/// The full source of the module for `dtype` (define line + shared source).
+pub fn module_source(dtype: DataType) -> Option<String> {
+    VARIANTS
+        .iter()
+        .find(|(d, _)| *d == dtype)
+        .map(|(_, def)| format!("#define {def} 1\n{ALL_REDUCE_SOURCE}"))
+}
+
+fn options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "-std=c++17".into(),
+        "--device-as-default-execution-space".into(),
+    ]
+}
+
+/// The NVRTC version (major, minor). NVRTC must be loadable ([`super::libs::ensure_nvrtc`]).
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    let (mut ma, mut mi) = (0, 0);
+    // SAFETY: plain out-parameters.
+    let r = unsafe { nvrtc::nvrtcVersion(&mut ma, &mut mi) };
+    check(r, "nvrtcVersion")?;
+    Ok((ma, mi))
+}
+
+fn check(r: nvrtc::nvrtcResult, what: &str) -> Result<()> {
+    if r == nvrtc::nvrtcResult::NVRTC_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Cuda(format!("{what}: NVRTC error {r:?}")))
+    }
+}
+
+/// Compiles the module for `dtype` to a cubin for `arch` (`sm_90`). A compile error carries
+/// NVRTC's log.
+pub fn compile(dtype: DataType, arch: &str, cfg: &Config) -> Result<Vec<u8>> {
+    super::libs::ensure_nvrtc(cfg)?;
+    let src = module_source(dtype).ok_or_else(|| Error::Unsupported {
+        collective: "all_reduce",
+        backend: "cuda",
+        what: format!("dtype {dtype} in the direct-access kernels"),
+    })?;
+    compile_source(&format!("{ALL_REDUCE_NAME}[{dtype}]"), &src, arch)
+}
+
+/// Compiles one CUDA C++ source to a cubin for `arch`. NVRTC must be loadable
+/// ([`super::libs::ensure_nvrtc`]); a compile error is [`Error::KernelCompile`] with the log.
+pub fn compile_source(source_name: &str, src: &str, arch: &str) -> Result<Vec<u8>> {
+    let source_name = source_name.to_string();
+    let csrc = CString::new(src).map_err(|e| Error::Cuda(e.to_string()))?;
+    let cname = CString::new(source_name.clone()).map_err(|e| Error::Cuda(e.to_string()))?;
+    let mut prog: nvrtc::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: valid C strings, no headers.
+    let r = unsafe {
+        nvrtc::nvrtcCreateProgram(
+            &mut prog,
+            csrc.as_ptr(),
+            cname.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    check(r, "nvrtcCreateProgram")?;
+    let opts: Vec<CString> = options(arch)
+        .into_iter()
+        .map(|o| CString::new(o).expect("options have no NUL"))
+        .collect();
+    let ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+    // SAFETY: `prog` was created above; the option pointers outlive the call.
+    let r = unsafe { nvrtc::nvrtcCompileProgram(prog, ptrs.len() as i32, ptrs.as_ptr()) };
+    let out = if r != nvrtc::nvrtcResult::NVRTC_SUCCESS {
+        Err(Error::KernelCompile {
+            source_name,
+            log: program_log(prog),
+        })
+    } else {
+        let mut n = 0usize;
+        // SAFETY: compiled program; out-parameter.
+        let r = unsafe { nvrtc::nvrtcGetCUBINSize(prog, &mut n) };
+        check(r, "nvrtcGetCUBINSize").and_then(|_| {
+            let mut buf = vec![0u8; n];
+            // SAFETY: `buf` has the size NVRTC reported.
+            let r = unsafe { nvrtc::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast()) };
+            check(r, "nvrtcGetCUBIN").map(|_| buf)
+        })
+    };
+    // SAFETY: destroys the program created above, once.
+    unsafe { nvrtc::nvrtcDestroyProgram(&mut prog) };
+    out
+}
+
+fn program_log(prog: nvrtc::nvrtcProgram) -> String {
+    let mut n = 0usize;
+    // SAFETY: live program; out-parameter.
+    if unsafe { nvrtc::nvrtcGetProgramLogSize(prog, &mut n) } != nvrtc::nvrtcResult::NVRTC_SUCCESS {
+        return "(no log)".into();
+    }
+    let mut buf = vec![0u8; n.max(1)];
+    // SAFETY: `buf` holds the reported size.
+    unsafe { nvrtc::nvrtcGetProgramLog(prog, buf.as_mut_ptr().cast()) };
+    String::from_utf8_lossy(&buf)
+        .trim_end_matches('\0')
+        .to_string()
+}
+
+/// FNV-1a, 64 bits: enough to key a cache (a collision would need a deliberate attack).
+fn fnv64(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in *p {
+            h ^= *b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The cache file for `dtype` on `arch` with NVRTC `ver`.
+pub fn cache_path(cache: &Path, dtype: DataType, arch: &str, ver: (i32, i32)) -> PathBuf {
+    let src = module_source(dtype).unwrap_or_default();
+    let opts = options(arch).join(" ");
+    let h = fnv64(&[src.as_bytes(), opts.as_bytes()]);
+    cache.join(format!(
+        "all_reduce-{}-{h:016x}-{arch}-nvrtc{}.{}.cubin",
+        dtype.name(),
+        ver.0,
+        ver.1
+    ))
+}
+
+/// The cubin for `dtype`: from the disk cache, or compiled now and stored there.
+pub fn cubin(dtype: DataType, arch: &str, cfg: &Config) -> Result<Vec<u8>> {
+    super::libs::ensure_nvrtc(cfg)?;
+    let ver = nvrtc_version()?;
+    let path = cache_path(&cfg.kernel_cache, dtype, arch, ver);
+    if let Ok(b) = std::fs::read(&path) {
+        if b.len() > 4 && &b[..4] == b"\x7fELF" {
+            return Ok(b);
+        }
+    }
+    let bin = compile(dtype, arch, cfg)?;
+    // A failed cache write only costs a compile next time.
+    if std::fs::create_dir_all(&cfg.kernel_cache).is_ok() {
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, &bin).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+    Ok(bin)
+}

@@ -1,0 +1,319 @@
+//! Starting N ranks of a program on this machine, torchrun-style, with the bootstrap store
+//! hosted by the launcher.
+//!
+//! Each child gets its own process group, so that stopping a rank also stops whatever it
+//! started (a shell's children, a Python's workers). When one rank fails the others get
+//! SIGTERM, then SIGKILL after [`GRACE`]; SIGINT/SIGTERM sent to the launcher are forwarded.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{mpsc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::bootstrap::TcpStoreServer;
+use crate::error::{Error, Result};
+
+/// How long stopped ranks get between SIGTERM and SIGKILL.
+pub const GRACE: Duration = Duration::from_secs(3);
+
+/// How often the launcher looks at its children.
+const POLL: Duration = Duration::from_millis(20);
+
+/// What to launch.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    /// Number of ranks (processes), at least 1.
+    pub nprocs: usize,
+    pub program: String,
+    pub args: Vec<String>,
+    /// Extra variables for every rank, applied after the launcher's own.
+    pub env: Vec<(String, String)>,
+    /// Prefix every output line with `[rank K] `.
+    pub prefix_output: bool,
+    /// Stop every rank (exit code 124) when the job runs longer than this.
+    pub timeout: Option<Duration>,
+}
+
+/// Runs the job; returns the first non-zero exit code of a rank (128 + signal for a rank killed
+/// by a signal), or 0 when every rank succeeds.
+pub fn launch(spec: &LaunchSpec) -> Result<i32> {
+    if spec.nprocs == 0 {
+        return Err(Error::InvalidArgument(
+            "launch: the number of ranks must be at least 1".into(),
+        ));
+    }
+    let store = TcpStoreServer::bind("127.0.0.1", 0)?;
+    let master_port = free_port()?;
+    let _signals = ForwardSignals::install();
+
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let mut readers = 0usize;
+    let mut ranks: Vec<Rank> = Vec::with_capacity(spec.nprocs);
+    for rank in 0..spec.nprocs {
+        let mut cmd = Command::new(&spec.program);
+        cmd.args(&spec.args)
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", spec.nprocs.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("LOCAL_WORLD_SIZE", spec.nprocs.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", master_port.to_string())
+            .env("FERROCOMM_STORE_ADDR", "127.0.0.1")
+            .env("FERROCOMM_STORE_PORT", store.port().to_string())
+            .env("FERROCOMM_STORE_EXTERNAL", "1")
+            // Its own group: a signal to -pid reaches everything the rank started.
+            .process_group(0);
+        for (k, v) in &spec.env {
+            cmd.env(k, v);
+        }
+        if spec.prefix_output {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                stop(&mut ranks);
+                return Err(Error::io(
+                    format!("launch: cannot start '{}' for rank {rank}", spec.program),
+                    e,
+                ));
+            }
+        };
+        if spec.prefix_output {
+            let prefix = format!("[rank {rank}] ").into_bytes();
+            if let Some(out) = child.stdout.take() {
+                spawn_prefixer(out, prefix.clone(), false, done_tx.clone());
+                readers += 1;
+            }
+            if let Some(err) = child.stderr.take() {
+                spawn_prefixer(err, prefix, true, done_tx.clone());
+                readers += 1;
+            }
+        }
+        ranks.push(Rank {
+            rank,
+            pid: child.id() as i32,
+            child,
+            status: None,
+        });
+    }
+    drop(done_tx);
+
+    let start = Instant::now();
+    let mut first_failure: Option<i32> = None;
+    // When the stop began (SIGTERM sent); SIGKILL follows GRACE later.
+    let mut stopping: Option<Instant> = None;
+    let mut killed = false;
+    loop {
+        for r in ranks.iter_mut().filter(|r| r.status.is_none()) {
+            if let Some(st) = r
+                .child
+                .try_wait()
+                .map_err(|e| Error::io(format!("launch: waiting for rank {}", r.rank), e))?
+            {
+                r.status = Some(st);
+                let code = exit_code(st);
+                if code != 0 && first_failure.is_none() {
+                    first_failure = Some(code);
+                    report(r.rank, st, spec.nprocs > 1);
+                }
+            }
+        }
+        if ranks.iter().all(|r| r.status.is_some()) {
+            break;
+        }
+        if stopping.is_none() {
+            let sig = SIGNALLED.swap(0, Ordering::SeqCst);
+            if sig != 0 {
+                eprintln!("ferrocomm launch: got signal {sig}, passing it to the ranks");
+                first_failure.get_or_insert(128 + sig);
+                signal_all(&ranks, sig);
+                stopping = Some(Instant::now());
+            } else if first_failure.is_some() {
+                signal_all(&ranks, libc::SIGTERM);
+                stopping = Some(Instant::now());
+            } else if spec.timeout.is_some_and(|t| start.elapsed() > t) {
+                eprintln!(
+                    "ferrocomm launch: the job ran past its timeout of {:?}; stopping it",
+                    spec.timeout.unwrap_or_default()
+                );
+                first_failure = Some(124);
+                signal_all(&ranks, libc::SIGTERM);
+                stopping = Some(Instant::now());
+            }
+        }
+        if let Some(t) = stopping {
+            if !killed && t.elapsed() >= GRACE {
+                signal_all(&ranks, libc::SIGKILL);
+                killed = true;
+            }
+        }
+        thread::sleep(POLL);
+    }
+    if first_failure.is_some() && !killed {
+        // Whatever the ranks left behind in their groups goes too.
+        signal_all(&ranks, libc::SIGKILL);
+    }
+    // Let the prefixers drain; one held open by a process a rank left running is abandoned.
+    let drain_deadline = Instant::now() + Duration::from_secs(2);
+    for _ in 0..readers {
+        let left = drain_deadline.saturating_duration_since(Instant::now());
+        if done_rx.recv_timeout(left).is_err() {
+            break;
+        }
+    }
+    drop(store);
+    Ok(first_failure.unwrap_or(0))
+}
+
+struct Rank {
+    rank: usize,
+    pid: i32,
+    child: Child,
+    status: Option<ExitStatus>,
+}
+
+fn exit_code(st: ExitStatus) -> i32 {
+    match (st.code(), st.signal()) {
+        (Some(c), _) => c,
+        (None, Some(sig)) => 128 + sig,
+        (None, None) => 1,
+    }
+}
+
+fn report(rank: usize, st: ExitStatus, others: bool) {
+    let what = match st.signal() {
+        Some(sig) => format!("was killed by signal {sig} (exit code {})", 128 + sig),
+        None => format!("exited with code {}", exit_code(st)),
+    };
+    let tail = if others {
+        "; stopping the other ranks"
+    } else {
+        ""
+    };
+    eprintln!("ferrocomm launch: rank {rank} {what}{tail}");
+}
+
+/// Sends `sig` to the process group of every rank (also of ranks that exited: what they started
+/// may still run).
+fn signal_all(ranks: &[Rank], sig: i32) {
+    for r in ranks {
+        // SAFETY: kill has no memory-safety preconditions; a negative pid names the process
+        // group the rank leads (set up by process_group(0) at spawn).
+        unsafe {
+            libc::kill(-r.pid, sig);
+        }
+    }
+}
+
+/// Kills ranks already started when a later one could not be.
+fn stop(ranks: &mut [Rank]) {
+    signal_all(ranks, libc::SIGKILL);
+    for r in ranks {
+        let _ = r.child.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| Error::io("launch: finding a free port for MASTER_PORT", e))
+}
+
+/// Copies `src` line by line to our stdout (or stderr), each line behind `prefix`.
+fn spawn_prefixer(
+    src: impl Read + Send + 'static,
+    prefix: Vec<u8>,
+    to_stderr: bool,
+    done: mpsc::Sender<()>,
+) {
+    thread::spawn(move || {
+        let mut src = BufReader::new(src);
+        let mut line = Vec::new();
+        let mut buf = Vec::new();
+        loop {
+            line.clear();
+            match src.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            if line.last() != Some(&b'\n') {
+                line.push(b'\n');
+            }
+            buf.clear();
+            buf.extend_from_slice(&prefix);
+            buf.extend_from_slice(&line);
+            // One write of a whole line under the lock, so lines of ranks never interleave.
+            let r = if to_stderr {
+                io::stderr().lock().write_all(&buf)
+            } else {
+                let mut out = io::stdout().lock();
+                out.write_all(&buf).and_then(|_| out.flush())
+            };
+            if r.is_err() {
+                break;
+            }
+        }
+        let _ = done.send(());
+    });
+}
+
+/// The last SIGINT/SIGTERM the launcher received, 0 if none since it was last looked at.
+static SIGNALLED: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    // Only an atomic store: the one thing safe to do in a signal handler here.
+    SIGNALLED.store(sig, Ordering::SeqCst);
+}
+
+/// Launches running in this process, and the handlers they replaced (restored by the last one).
+static HANDLERS: Mutex<(usize, Vec<(i32, libc::sigaction)>)> = Mutex::new((0, Vec::new()));
+
+/// Catches SIGINT and SIGTERM while alive, so that the launcher passes them to its ranks
+/// instead of dying and leaving them behind.
+struct ForwardSignals;
+
+impl ForwardSignals {
+    fn install() -> Self {
+        let mut h = HANDLERS.lock().unwrap_or_else(|p| p.into_inner());
+        if h.0 == 0 {
+            SIGNALLED.store(0, Ordering::SeqCst);
+            for sig in [libc::SIGINT, libc::SIGTERM] {
+                // SAFETY: sigaction is plain data, valid when zeroed; the handler only does an
+                // atomic store, which is async-signal-safe; `old` is a valid out pointer.
+                unsafe {
+                    let mut act: libc::sigaction = std::mem::zeroed();
+                    act.sa_sigaction = on_signal as *const () as libc::sighandler_t;
+                    act.sa_flags = libc::SA_RESTART;
+                    libc::sigemptyset(&mut act.sa_mask);
+                    let mut old: libc::sigaction = std::mem::zeroed();
+                    if libc::sigaction(sig, &act, &mut old) == 0 {
+                        h.1.push((sig, old));
+                    }
+                }
+            }
+        }
+        h.0 += 1;
+        ForwardSignals
+    }
+}
+
+impl Drop for ForwardSignals {
+    fn drop(&mut self) {
+        let mut h = HANDLERS.lock().unwrap_or_else(|p| p.into_inner());
+        h.0 -= 1;
+        if h.0 == 0 {
+            for (sig, old) in h.1.drain(..) {
+                // SAFETY: `old` was filled in by sigaction when the handler was installed.
+                unsafe {
+                    libc::sigaction(sig, &old, std::ptr::null_mut());
+                }
+            }
+        }
+    }
+}

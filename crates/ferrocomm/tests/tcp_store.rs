@@ -1,0 +1,402 @@
+//! The TCP store across threads and across real processes.
+//!
+//! Cross-process tests start this test binary again as the child, running only the ignored
+//! `child_process` test with a role in `FERROCOMM_TEST_CHILD_ROLE`.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ferrocomm::bootstrap::{
+    all_gather_bytes, connect_from_env, store_barrier, PrefixStore, Store, TcpStore, TcpStoreServer,
+};
+use ferrocomm::{Config, Error};
+
+const ROLE: &str = "FERROCOMM_TEST_CHILD_ROLE";
+const T: Duration = Duration::from_secs(10);
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn_child(role: &str, env: &[(&str, String)]) -> Child {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", "child_process", "--ignored", "--nocapture"])
+        .env(ROLE, role)
+        .stdout(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.spawn().unwrap()
+}
+
+fn wait_child(mut c: Child, limit: Duration) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            return st;
+        }
+        if start.elapsed() > limit {
+            let _ = c.kill();
+            panic!("child did not finish within {limit:?}");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+#[ignore = "entry point of the child processes that the other tests start"]
+fn child_process() {
+    let role = std::env::var(ROLE).expect("started by a test with FERROCOMM_TEST_CHILD_ROLE set");
+    let var = |k: &str| std::env::var(k).unwrap();
+    match role.as_str() {
+        // One rank of a gather over a server the parent hosts.
+        "rank" => {
+            let port: u16 = var("TEST_PORT").parse().unwrap();
+            let rank: usize = var("TEST_RANK").parse().unwrap();
+            let world: usize = var("TEST_WORLD").parse().unwrap();
+            let s = TcpStore::connect("127.0.0.1", port, T).unwrap();
+            s.add("arrivals", 10 + rank as i64).unwrap();
+            store_barrier(&s, "start", world, T).unwrap();
+            let payload = format!("payload of rank {rank}").into_bytes();
+            let all = all_gather_bytes(&s, "g", rank, world, &payload, T).unwrap();
+            for (r, v) in all.iter().enumerate() {
+                assert_eq!(v, format!("payload of rank {r}").as_bytes());
+            }
+            s.set(&format!("done/{rank}"), &[rank as u8 * 7 + 1])
+                .unwrap();
+        }
+        // A server that reports its port and lives until killed.
+        "server" => {
+            let srv = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
+            println!("PORT {}", srv.port());
+            thread::sleep(Duration::from_secs(60));
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+#[test]
+fn set_get_check_add_delete() {
+    let srv = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
+    assert_ne!(srv.port(), 0);
+    let s = TcpStore::connect("127.0.0.1", srv.port(), T).unwrap();
+    assert!(!s.check("k").unwrap());
+    s.set("k", b"\x00value\xff").unwrap();
+    assert!(s.check("k").unwrap());
+    assert_eq!(s.get("k", T).unwrap(), b"\x00value\xff");
+    s.set("k", b"second").unwrap();
+    assert_eq!(s.get("k", T).unwrap(), b"second");
+    assert_eq!(s.add("c", 5).unwrap(), 5);
+    assert_eq!(s.add("c", -7).unwrap(), -2);
+    // Counters are decimal text, readable by get.
+    assert_eq!(s.get("c", T).unwrap(), b"-2");
+    s.set("n", b"41").unwrap();
+    assert_eq!(s.add("n", 1).unwrap(), 42);
+    let e = s.add("k", 1).unwrap_err().to_string();
+    assert!(e.contains("not an integer"), "{e}");
+    assert!(s.delete("k").unwrap());
+    assert!(!s.delete("k").unwrap());
+    assert!(!s.check("k").unwrap());
+    // Empty and large values round-trip.
+    s.set("empty", b"").unwrap();
+    assert_eq!(s.get("empty", T).unwrap(), b"");
+    let big: Vec<u8> = (0..3_000_000u32)
+        .map(|i| i.wrapping_mul(2654435761) as u8)
+        .collect();
+    s.set("big", &big).unwrap();
+    assert_eq!(s.get("big", T).unwrap(), big);
+}
+
+#[test]
+fn threads_meet_through_the_server() {
+    let srv = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
+    let port = srv.port();
+    let world = 4;
+    let hs: Vec<_> = (0..world)
+        .map(|r| {
+            thread::spawn(move || {
+                let s = TcpStore::connect("127.0.0.1", port, T).unwrap();
+                let n = s.add("count", 1).unwrap();
+                store_barrier(&s, "b", world, T).unwrap();
+                let all = all_gather_bytes(&s, "g", r, world, &[r as u8, 0xa5], T).unwrap();
+                (n, all)
+            })
+        })
+        .collect();
+    let mut counts: Vec<i64> = Vec::new();
+    for h in hs {
+        let (n, all) = h.join().unwrap();
+        counts.push(n);
+        let want: Vec<Vec<u8>> = (0..world).map(|r| vec![r as u8, 0xa5]).collect();
+        assert_eq!(all, want);
+    }
+    counts.sort();
+    assert_eq!(counts, vec![1, 2, 3, 4]);
+}
+
+#[test]
+fn one_client_shared_by_threads_does_not_block_on_a_waiting_get() {
+    let srv = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
+    let s = Arc::new(TcpStore::connect("127.0.0.1", srv.port(), T).unwrap());
+    let s2 = s.clone();
+    let waiter = thread::spawn(move || s2.get("late", T).unwrap());
+    thread::sleep(Duration::from_millis(100));
+    // This set goes over a second connection while the first waits in get.
+    s.set("late", b"here").unwrap();
+    assert_eq!(waiter.join().unwrap(), b"here");
+    s.wait(&["late"], T).unwrap();
+}
+
+#[test]
+fn get_times_out_with_the_key() {
+    let srv = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
+    let s = TcpStore::connect("127.0.0.1", srv.port(), T).unwrap();
+    let t0 = Instant::now();
+    match s.get("never", Duration::from_millis(200)) {
+        Err(Error::StoreTimeout { key, timeout }) => {
+            assert_eq!(key, "never");
+            assert_eq!(timeout, Duration::from_millis(200));
+        }
+        other => panic!("expected a store timeout, got {other:?}"),
+    }
+    assert!(t0.elapsed() >= Duration::from_millis(200));
+    // The connection stays usable after a timeout.
+    s.set("after", b"1").unwrap();
+    assert_eq!(s.get("after", T).unwrap(), b"1");
+}
+
+#[test]
+fn nobody_listening_fails_clearly_within_the_deadline() {
+    let port = free_port();
+    let t0 = Instant::now();
+    let e = match TcpStore::connect("127.0.0.1", port, Duration::from_millis(600)) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("connected to a port nobody listens on"),
+    };
+    let took = t0.elapsed();
+    assert!(e.contains(&format!("127.0.0.1:{port}")), "{e}");
+    assert!(e.contains("could not connect"), "{e}");
+    assert!(
+        took >= Duration::from_millis(600),
+        "gave up early: {took:?}"
+    );
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+#[test]
+fn clients_may_start_before_the_server() {
+    let port = free_port();
+    let client = thread::spawn(move || {
+        let s = TcpStore::connect("127.0.0.1", port, T).unwrap();
+        s.get("k", T).unwrap()
+    });
+    thread::sleep(Duration::from_millis(300));
+    let srv = TcpStoreServer::bind("127.0.0.1", port).unwrap();
+    let s = TcpStore::connect("127.0.0.1", srv.port(), T).unwrap();
+    s.set("k", b"v").unwrap();
+    assert_eq!(client.join().unwrap(), b"v");
+}
+
+#[test]
+fn another_service_on_the_port_is_rejected() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let t = thread::spawn(move || {
+        let (c, _) = l.accept().unwrap();
+        drop(c);
+    });
+    let e = match TcpStore::connect("127.0.0.1", port, T) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("accepted a service that is not a store"),
+    };
+    assert!(e.contains("not a ferrocomm store"), "{e}");
+    t.join().unwrap();
+}
+
+#[test]
+fn dropped_server_fails_waiting_and_later_calls() {
+    let srv = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
+    let addr = format!("127.0.0.1:{}", srv.port());
+    let s = Arc::new(TcpStore::connect("127.0.0.1", srv.port(), T).unwrap());
+    s.set("a", b"1").unwrap();
+    let s2 = s.clone();
+    let waiter = thread::spawn(move || {
+        let t0 = Instant::now();
+        (s2.get("never", Duration::from_secs(60)), t0.elapsed())
+    });
+    thread::sleep(Duration::from_millis(200));
+    drop(srv);
+    let (r, took) = waiter.join().unwrap();
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("went away") && e.contains(&addr), "{e}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    let e = s.set("b", b"2").unwrap_err().to_string();
+    assert!(e.contains("went away") && e.contains(&addr), "{e}");
+}
+
+#[test]
+fn prefixes_share_one_server_without_colliding() {
+    let srv = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
+    let inner: Arc<dyn Store> = Arc::new(TcpStore::connect("127.0.0.1", srv.port(), T).unwrap());
+    let a = PrefixStore::new("comm_a", inner.clone());
+    let b = PrefixStore::new("comm_b", inner.clone());
+    a.set("x", b"from a").unwrap();
+    b.set("x", b"from b").unwrap();
+    assert_eq!(a.add("n", 3).unwrap(), 3);
+    assert_eq!(b.add("n", 5).unwrap(), 5);
+    assert_eq!(a.get("x", T).unwrap(), b"from a");
+    assert_eq!(b.get("x", T).unwrap(), b"from b");
+    assert!(a.delete("x").unwrap());
+    assert!(!a.check("x").unwrap());
+    assert!(b.check("x").unwrap());
+    assert_eq!(inner.get("comm_b/n", T).unwrap(), b"5");
+}
+
+#[test]
+fn processes_meet_through_the_server() {
+    let srv = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
+    let world = 3;
+    let kids: Vec<Child> = (0..world)
+        .map(|r| {
+            spawn_child(
+                "rank",
+                &[
+                    ("TEST_PORT", srv.port().to_string()),
+                    ("TEST_RANK", r.to_string()),
+                    ("TEST_WORLD", world.to_string()),
+                ],
+            )
+        })
+        .collect();
+    for k in kids {
+        assert!(wait_child(k, Duration::from_secs(30)).success());
+    }
+    let s = TcpStore::connect("127.0.0.1", srv.port(), T).unwrap();
+    // 10 + 11 + 12 from the three ranks.
+    assert_eq!(s.add("arrivals", 0).unwrap(), 33);
+    for r in 0..world {
+        assert_eq!(
+            s.get(&format!("done/{r}"), T).unwrap(),
+            vec![r as u8 * 7 + 1]
+        );
+        assert_eq!(
+            s.get(&format!("g/{r}"), T).unwrap(),
+            format!("payload of rank {r}").as_bytes()
+        );
+    }
+}
+
+#[test]
+fn killed_server_process_fails_the_client_promptly() {
+    let mut child = spawn_child("server", &[]);
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let port: u16 = loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child exited early");
+        if let Some(p) = line.trim().strip_prefix("PORT ") {
+            break p.parse().unwrap();
+        }
+    };
+    let s = Arc::new(TcpStore::connect("127.0.0.1", port, T).unwrap());
+    s.set("k", b"v").unwrap();
+    assert_eq!(s.get("k", T).unwrap(), b"v");
+    let s2 = s.clone();
+    let waiter = thread::spawn(move || {
+        let t0 = Instant::now();
+        (s2.get("never", Duration::from_secs(60)), t0.elapsed())
+    });
+    thread::sleep(Duration::from_millis(200));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let (r, took) = waiter.join().unwrap();
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("went away"), "{e}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    let e = s.check("k").unwrap_err().to_string();
+    assert!(e.contains(&format!("127.0.0.1:{port}")), "{e}");
+}
+
+fn cfg(pairs: &[(&str, String)]) -> Config {
+    let m: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    Config::from_lookup(move |k| m.get(k).cloned()).unwrap()
+}
+
+#[test]
+fn connect_from_env_rank0_hosts_one_server_per_process() {
+    let port = free_port();
+    let c = cfg(&[
+        ("MASTER_ADDR", "127.0.0.1".into()),
+        ("MASTER_PORT", port.to_string()),
+        ("FERROCOMM_TIMEOUT_S", "10".into()),
+    ]);
+    let world = 3;
+    let hs: Vec<_> = (1..world)
+        .map(|r| {
+            let c = c.clone();
+            thread::spawn(move || {
+                let s = connect_from_env(&c, r, world).unwrap();
+                all_gather_bytes(&*s, "env", r, world, &[r as u8 + 100], T).unwrap()
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(100));
+    let s0 = connect_from_env(&c, 0, world).unwrap();
+    let got0 = all_gather_bytes(&*s0, "env", 0, world, &[100], T).unwrap();
+    assert_eq!(got0, vec![vec![100], vec![101], vec![102]]);
+    for h in hs {
+        assert_eq!(h.join().unwrap(), got0);
+    }
+    // A second communicator in this process reuses the server (binding again would fail).
+    let again = connect_from_env(&c, 0, world).unwrap();
+    assert_eq!(again.get("env/2", T).unwrap(), vec![102]);
+}
+
+#[test]
+fn connect_from_env_uses_the_next_port_under_torchrun_and_names_missing_port() {
+    let port = free_port();
+    // The torchrun agent's store holds MASTER_PORT; ours must not touch it.
+    let agent = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let c = cfg(&[
+        ("MASTER_PORT", port.to_string()),
+        ("TORCHELASTIC_RUN_ID", "job".into()),
+        ("FERROCOMM_TIMEOUT_S", "5".into()),
+    ]);
+    let s = connect_from_env(&c, 0, 1).unwrap();
+    s.set("k", b"v").unwrap();
+    let direct = TcpStore::connect("127.0.0.1", port + 1, T).unwrap();
+    assert_eq!(direct.get("k", T).unwrap(), b"v");
+    drop(agent);
+
+    match connect_from_env(&cfg(&[]), 1, 2) {
+        Err(Error::MissingEnv { var, .. }) => assert_eq!(var, "MASTER_PORT"),
+        Err(e) => panic!("expected a missing MASTER_PORT, got {e}"),
+        Ok(_) => panic!("connected without a port"),
+    }
+}
+
+#[test]
+fn external_store_is_not_started_by_rank0() {
+    let srv = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
+    let c = cfg(&[
+        ("MASTER_PORT", free_port().to_string()),
+        ("FERROCOMM_STORE_PORT", srv.port().to_string()),
+        ("FERROCOMM_STORE_EXTERNAL", "1".into()),
+        ("FERROCOMM_TIMEOUT_S", "5".into()),
+    ]);
+    let s0 = connect_from_env(&c, 0, 2).unwrap();
+    s0.set("who", b"rank0").unwrap();
+    let mine = TcpStore::connect("127.0.0.1", srv.port(), T).unwrap();
+    assert_eq!(mine.get("who", T).unwrap(), b"rank0");
+}

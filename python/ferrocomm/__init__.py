@@ -1,0 +1,37 @@
+"""ferrocomm: GPU collectives (direct data access over NVLink, FP8 low precision, NCCL
+underneath) and a shared-memory host backend, behind a torchcomms-style API.
+
+    import ferrocomm
+    with ferrocomm.new_comm("ferrocomm", "cuda", "tp") as comm:
+        comm.all_reduce(t, ferrocomm.ReduceOp.SUM, async_op=False)
+
+torch is optional: numpy arrays and CPU tensors work on the host backend, CUDA tensors on the
+cuda and nccl backends.
+"""
+
+from ._comm import Comm, Work, new_comm
+from ._errors import (
+    FerrocommError,
+    FerrocommTimeout,
+    FerrocommUnsupported,
+    FerrocommValueError,
+)
+from ._native import __version__
+from ._ops import ReduceOp
+
+TorchComm = Comm
+TorchWork = Work
+
+__all__ = [
+    "new_comm",
+    "Comm",
+    "TorchComm",
+    "Work",
+    "TorchWork",
+    "ReduceOp",
+    "FerrocommError",
+    "FerrocommValueError",
+    "FerrocommTimeout",
+    "FerrocommUnsupported",
+    "__version__",
+]

@@ -1,0 +1,537 @@
+"""The communicator object and its work objects (torchcomms' TorchComm and TorchWork)."""
+
+import datetime
+import numbers
+
+from . import _native
+from . import _tensors as T
+from ._errors import FerrocommError, FerrocommValueError
+from ._ops import ReduceOp
+
+__all__ = ["Comm", "Work", "new_comm"]
+
+_HINT_KEYS = ("low_precision", "algo")
+
+
+# ---------------------------------------------------------------------------------------------
+# Work objects
+
+
+class Work:
+    """What a collective returns (torchcomms' TorchWork).
+
+    ``wait()`` orders the caller's current CUDA stream after the collective (no host block) or,
+    on the host backend, blocks until it has finished; ``wait_blocking()`` blocks the host in
+    both cases; ``is_completed()`` polls.
+    """
+
+    def wait(self):
+        raise NotImplementedError
+
+    def wait_blocking(self):
+        self.wait()
+
+    def is_completed(self):
+        raise NotImplementedError
+
+
+class _DoneWork(Work):
+    """A call issued with ``async_op=False``: complete on the host, or ordered on the caller's
+    stream already."""
+
+    def wait(self):
+        return None
+
+    def is_completed(self):
+        return True
+
+    def __repr__(self):
+        return "Work(completed)"
+
+
+class _HostWork(Work):
+    """A host collective running on the communicator's work thread."""
+
+    def __init__(self, native, keep, post):
+        self._native = native
+        self._keep = keep
+        self._post = post
+
+    def wait(self, timeout=None):
+        self._native.wait(timeout)
+        # Results of list variants are copied out of the staging buffer here, once.
+        post, self._post = self._post, ()
+        for f in post:
+            f()
+        self._keep = ()
+
+    def is_completed(self):
+        return self._native.is_completed()
+
+    def __repr__(self):
+        return f"Work(host, completed={self.is_completed()})"
+
+
+class _CudaWork(Work):
+    """A CUDA collective: an event recorded on the stream right after it."""
+
+    def __init__(self, event, device, keep):
+        self._event = event
+        self._device = device
+        self._keep = keep
+
+    def wait(self):
+        torch = T._torch()
+        torch.cuda.current_stream(self._device).wait_event(self._event)
+
+    def wait_blocking(self):
+        self._event.synchronize()
+        self._keep = ()
+
+    def is_completed(self):
+        return self._event.query()
+
+    def __repr__(self):
+        return f"Work(cuda:{self._device})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _timeout_seconds(timeout):
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    if isinstance(timeout, numbers.Real):
+        return float(timeout)
+    raise FerrocommValueError(f"timeout must be a timedelta or seconds, not {type(timeout).__name__}")
+
+
+def _check_hints(hints, where):
+    if hints is None:
+        return {}
+    if not isinstance(hints, dict):
+        raise FerrocommValueError(f"{where}: hints must be a dict, not {type(hints).__name__}")
+    out = {}
+    for k, v in hints.items():
+        if k in _HINT_KEYS:
+            out[k] = str(v)
+        # Unknown keys are other backends' hints (torchcomms passes them through), ignored.
+    return out
+
+
+def _device_arg(device):
+    if device is None:
+        return None
+    if isinstance(device, int):
+        return f"cuda:{device}"
+    if isinstance(device, str):
+        return device
+    # torch.device
+    t = getattr(device, "type", None)
+    if t is not None:
+        idx = getattr(device, "index", None)
+        return t if idx is None else f"{t}:{idx}"
+    raise FerrocommValueError(f"device must be a torch.device or a string, not {device!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The communicator
+
+
+class Comm:
+    """A group of ranks running collectives together (torchcomms' TorchComm).
+
+    Collectives take numpy arrays or torch tensors (CPU tensors on the host backend, CUDA
+    tensors on the cuda and nccl backends), contiguous, without copying them.
+    """
+
+    def __init__(self, native, requested_backend, hints=None):
+        self._n = native
+        self._requested = requested_backend
+        self._hints = dict(hints or {})
+        self._finalized = False
+
+    # -- information ---------------------------------------------------------------------
+
+    @property
+    def rank(self):
+        return self._n.rank
+
+    @property
+    def size(self):
+        return self._n.size
+
+    def get_rank(self):
+        return self._n.rank
+
+    def get_size(self):
+        return self._n.size
+
+    def get_name(self):
+        return self._n.name
+
+    def get_backend(self):
+        """The backend serving this communicator: ``host``, ``cuda`` or ``nccl``."""
+        return self._n.backend
+
+    def get_device(self):
+        """``torch.device`` when torch is available, else the device as a string."""
+        name = T.device_name(self._n.device_index)
+        torch = T._torch()
+        return torch.device(name) if torch is not None else name
+
+    def get_timeout(self):
+        return datetime.timedelta(seconds=self._n.timeout_s)
+
+    def get_hints(self):
+        return dict(self._hints)
+
+    def set_hints(self, hints):
+        self._hints = _check_hints(hints, "set_hints")
+
+    def algo_for(self, collective, nbytes, dtype, hints=None):
+        """The algorithm a call would use (``push``, ``flat``, ``tree``, ``direct``, ``nccl``)."""
+        h = {**self._hints, **_check_hints(hints, collective)}
+        return self._n.algo_for(collective, nbytes, str(dtype).replace("torch.", ""),
+                                h.get("algo"), h.get("low_precision"))
+
+    def __repr__(self):
+        return (f"ferrocomm.Comm(name={self.get_name()!r}, rank={self.rank}, size={self.size}, "
+                f"backend={self.get_backend()!r}, device={T.device_name(self._n.device_index)!r})")
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def finalize(self):
+        """Waits for queued work and releases the communicator; later calls raise."""
+        if not self._finalized:
+            self._finalized = True
+            self._n.finalize()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.finalize()
+        return False
+
+    def split(self, ranks, name, hints=None, timeout=None):
+        """A communicator of ``ranks`` (global ranks, new rank = position in the list), or None
+        on ranks not listed. Listed ranks must all call it with the same list and name."""
+        del timeout  # the parent's timeout applies
+        ranks = [int(r) for r in ranks]
+        sub = self._n.split(ranks, str(name))
+        if sub is None:
+            return None
+        merged = {**self._hints, **_check_hints(hints, "split")}
+        return Comm(sub, self._requested, merged)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _buf(self, obj, what, coll, writable=False):
+        b = T.describe(obj, what, coll, writable)
+        mine = self._n.device_index
+        if b.device != mine:
+            raise FerrocommValueError(
+                f"{coll}: {what} is on {T.device_name(b.device)} but this communicator "
+                f"({self.get_backend()} backend) is on {T.device_name(mine)}"
+            )
+        return b
+
+    def _issue(self, coll, *, out=None, inp=None, op=None, peer=0, splits=None,
+               async_op=False, hints=None, keep=(), post=()):
+        if self._finalized:
+            raise FerrocommError(f"{coll}: communicator '{self.get_name()}' has been finalized")
+        h = {**self._hints, **_check_hints(hints, coll)}
+        opname, factor = ("sum", 1.0) if op is None else ReduceOp.coerce(op).native()
+        cuda = self._n.device_index != T.HOST
+        stream = 0
+        torch = None
+        if cuda:
+            torch = T._torch()
+            if torch is None:
+                raise FerrocommValueError(f"{coll}: CUDA communicators need torch tensors")
+            stream = torch.cuda.current_stream(self._n.device_index).cuda_stream
+        native_work = self._n.run(
+            coll,
+            None if out is None else out.raw(),
+            None if inp is None else inp.raw(),
+            opname,
+            factor,
+            int(peer),
+            splits,
+            stream,
+            h.get("algo"),
+            h.get("low_precision"),
+            bool(async_op) and not cuda,
+        )
+        if native_work is not None:
+            return _HostWork(native_work, keep, post)
+        # Issued (CUDA: enqueued on the current stream; host: finished). Copies of list
+        # variants go on the same stream, after the collective.
+        for f in post:
+            f()
+        if cuda and async_op:
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(self._n.device_index))
+            return _CudaWork(ev, self._n.device_index, keep)
+        return _DoneWork()
+
+    def _in_place_or(self, out, inp, offset_elems):
+        """None (in place) when `inp` is `out` shifted by `offset_elems` elements (NCCL's in-place
+        convention), `inp` when disjoint; overlapping any other way is an error."""
+        if inp.device == out.device and inp.ptr == out.ptr + offset_elems * out.esize \
+                and inp.dtype == out.dtype:
+            return None
+        if inp.overlaps(out):
+            raise FerrocommValueError(
+                "input and output overlap (only the in-place layout of the collective is allowed)"
+            )
+        return inp
+
+    # -- collectives -----------------------------------------------------------------------
+
+    def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False, hints=None):
+        """Reduces ``tensor`` over all ranks, in place."""
+        c = "all_reduce"
+        b = self._buf(tensor, "tensor", c, writable=True)
+        return self._issue(c, out=b, op=op, async_op=async_op, hints=hints, keep=(tensor,))
+
+    allreduce = all_reduce
+
+    def reduce(self, tensor, root, op=ReduceOp.SUM, async_op=False, hints=None):
+        """Reduces ``tensor`` over all ranks into ``tensor`` on ``root`` (others unchanged)."""
+        c = "reduce"
+        b = self._buf(tensor, "tensor", c, writable=True)
+        return self._issue(c, out=b, op=op, peer=root, async_op=async_op, hints=hints,
+                           keep=(tensor,))
+
+    def broadcast(self, tensor, root, async_op=False, hints=None):
+        """Copies ``root``'s ``tensor`` into ``tensor`` on every rank."""
+        c = "broadcast"
+        b = self._buf(tensor, "tensor", c, writable=True)
+        return self._issue(c, out=b, peer=root, async_op=async_op, hints=hints, keep=(tensor,))
+
+    def all_gather_single(self, output, input, async_op=False, hints=None):  # noqa: A002
+        """``output`` (size x input elements) receives every rank's ``input`` in rank order."""
+        c = "all_gather_single"
+        o = self._buf(output, "output", c, writable=True)
+        i = self._buf(input, "input", c)
+        i = self._in_place_or(o, i, self.rank * i.count)
+        return self._issue("all_gather", out=o, inp=i, async_op=async_op, hints=hints,
+                           keep=(output, input))
+
+    def all_gather(self, tensor_list, tensor, async_op=False, hints=None):
+        """``tensor_list[r]`` receives rank r's ``tensor``."""
+        c = "all_gather"
+        i = self._buf(tensor, "tensor", c)
+        self._check_list(c, "tensor_list", tensor_list, i)
+        staging = T.empty_like_flat(i, i.count * self.size)
+        o = self._buf(staging, "output", c, writable=True)
+        n = i.count
+
+        def post():
+            for r, t in enumerate(tensor_list):
+                T.copy_into(t, T.flat_slice(staging, r * n, n))
+
+        return self._issue("all_gather", out=o, inp=i, async_op=async_op, hints=hints,
+                           keep=(tensor, staging, tensor_list), post=(post,))
+
+    def reduce_scatter_single(self, output, input, op=ReduceOp.SUM, async_op=False,  # noqa: A002
+                              hints=None):
+        """``output`` receives part ``rank`` of the reduction of every rank's ``input``."""
+        c = "reduce_scatter_single"
+        o = self._buf(output, "output", c, writable=True)
+        i = self._buf(input, "input", c)
+        if self._in_place_or(o, i, -self.rank * o.count) is None:
+            # In place: the native call writes part `rank` of the whole input buffer.
+            whole = T.Buf(input, i.ptr, i.count, i.dtype, i.device, i.esize, i.shape)
+            return self._issue("reduce_scatter", out=whole, op=op, async_op=async_op,
+                               hints=hints, keep=(output, input))
+        return self._issue("reduce_scatter", out=o, inp=i, op=op, async_op=async_op,
+                           hints=hints, keep=(output, input))
+
+    def reduce_scatter(self, output, input_list, op=ReduceOp.SUM, async_op=False, hints=None):
+        """``output`` receives the reduction over ranks of every rank's ``input_list[rank]``."""
+        c = "reduce_scatter"
+        o = self._buf(output, "output", c, writable=True)
+        self._check_list(c, "input_list", input_list, o)
+        staging = T.concat_flat(list(input_list), output)
+        i = self._buf(staging, "input", c)
+        return self._issue("reduce_scatter", out=o, inp=i, op=op, async_op=async_op,
+                           hints=hints, keep=(output, staging))
+
+    def all_to_all_single(self, output, input, output_split_sizes=None,  # noqa: A002
+                          input_split_sizes=None, async_op=False, hints=None):
+        """Part j of ``input`` goes to rank j; part i of ``output`` comes from rank i. Split
+        sizes count rows (the first dimension), as in torch; None means equal parts."""
+        c = "all_to_all_single"
+        o = self._buf(output, "output", c, writable=True)
+        i = self._buf(input, "input", c)
+        if output_split_sizes is None and input_split_sizes is None:
+            inp = self._in_place_or(o, i, 0)
+            return self._issue("all_to_all", out=o, inp=inp, async_op=async_op, hints=hints,
+                               keep=(output, input))
+        send = self._split_counts(c, "input", input, input_split_sizes)
+        recv = self._split_counts(c, "output", output, output_split_sizes)
+        splits = _packed(send, recv)
+        inp = self._in_place_or(o, i, 0)
+        if inp is None and send != recv:
+            raise FerrocommValueError(f"{c}: in place needs equal input and output split sizes")
+        return self._issue("all_to_all_v", out=o, inp=inp, splits=splits, async_op=async_op,
+                           hints=hints, keep=(output, input))
+
+    def all_to_all_v_single(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
+                            async_op=False, hints=None):
+        """``all_to_all_single`` with explicit split sizes (torchcomms' name)."""
+        return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                      async_op=async_op, hints=hints)
+
+    def all_to_all(self, output_tensor_list, input_tensor_list, async_op=False, hints=None):
+        """``input_tensor_list[j]`` goes to rank j; ``output_tensor_list[i]`` comes from rank i."""
+        c = "all_to_all"
+        for what, lst in (("output_tensor_list", output_tensor_list),
+                          ("input_tensor_list", input_tensor_list)):
+            if len(lst) != self.size:
+                raise FerrocommValueError(
+                    f"{c}: {what} has {len(lst)} entries, expected one per rank ({self.size})")
+        ins = [self._buf(t, f"input_tensor_list[{k}]", c) for k, t in enumerate(input_tensor_list)]
+        first = ins[0]
+        for k, t in enumerate(output_tensor_list):
+            _check_like(c, "output_tensor_list", k, t, first, self)
+        for k, b in enumerate(ins):
+            if b.dtype != first.dtype:
+                raise FerrocommValueError(
+                    f"{c}: dtype mismatch: input_tensor_list[{k}] is {b.dtype}, "
+                    f"expected {first.dtype}")
+        send = [b.count for b in ins]
+        recv = [_numel(t) for t in output_tensor_list]
+        staging_in = T.concat_flat(list(input_tensor_list), input_tensor_list[0])
+        staging_out = T.empty_like_flat(first, sum(recv))
+        i = self._buf(staging_in, "input", c)
+        o = self._buf(staging_out, "output", c, writable=True)
+        offs = _prefix(recv)
+
+        def post():
+            for r, t in enumerate(output_tensor_list):
+                T.copy_into(t, T.flat_slice(staging_out, offs[r], recv[r]))
+
+        keep = (staging_in, staging_out, output_tensor_list)
+        if len(set(send)) == 1 and send == recv:
+            return self._issue("all_to_all", out=o, inp=i, async_op=async_op, hints=hints,
+                               keep=keep, post=(post,))
+        return self._issue("all_to_all_v", out=o, inp=i, splits=_packed(send, recv),
+                           async_op=async_op, hints=hints, keep=keep, post=(post,))
+
+    def barrier(self, async_op=False, hints=None):
+        """Returns (or its work completes) once every rank has called it."""
+        return self._issue("barrier", async_op=async_op, hints=hints)
+
+    def send(self, tensor, dst, async_op=False, hints=None):
+        """Sends ``tensor`` to rank ``dst``, which calls ``recv`` with the same size."""
+        c = "send"
+        b = self._buf(tensor, "tensor", c)
+        return self._issue(c, inp=b, peer=dst, async_op=async_op, hints=hints, keep=(tensor,))
+
+    def recv(self, tensor, src, async_op=False, hints=None):
+        """Receives into ``tensor`` from rank ``src``."""
+        c = "recv"
+        b = self._buf(tensor, "tensor", c, writable=True)
+        return self._issue(c, out=b, peer=src, async_op=async_op, hints=hints, keep=(tensor,))
+
+    # -- argument checks -------------------------------------------------------------------
+
+    def _check_list(self, coll, what, lst, like):
+        if len(lst) != self.size:
+            raise FerrocommValueError(
+                f"{coll}: {what} has {len(lst)} entries, expected one per rank ({self.size})")
+        for k, t in enumerate(lst):
+            _check_like(coll, what, k, t, like, self)
+            n = _numel(t)
+            if n != like.count:
+                raise FerrocommValueError(
+                    f"{coll}: {what}[{k}] has {n} elements, expected {like.count}")
+
+    def _split_counts(self, coll, what, obj, sizes):
+        rows, per_row = T.rows_of(obj)
+        if sizes is None:
+            if rows % self.size != 0:
+                raise FerrocommValueError(
+                    f"{coll}: {what} has {rows} rows, which do not split into {self.size} "
+                    "equal parts")
+            return [rows // self.size * per_row] * self.size
+        sizes = [int(s) for s in sizes]
+        if len(sizes) != self.size:
+            raise FerrocommValueError(
+                f"{coll}: {what}_split_sizes has {len(sizes)} entries, expected {self.size}")
+        if any(s < 0 for s in sizes) or sum(sizes) != rows:
+            raise FerrocommValueError(
+                f"{coll}: {what}_split_sizes {sizes} do not add up to its {rows} rows")
+        return [s * per_row for s in sizes]
+
+
+def _contig(t):
+    return t.flags.c_contiguous if hasattr(t, "flags") else t.is_contiguous()
+
+
+def _numel(t):
+    return t.size if hasattr(t, "flags") else t.numel()
+
+
+def _check_like(coll, what, k, t, like, comm):
+    """List entries must be buffers of the same dtype and device as `like`."""
+    if not T.is_buffer(t):
+        raise FerrocommValueError(
+            f"{coll}: {what}[{k}] must be a numpy array or a torch tensor, not {type(t).__name__}")
+    dtype = t.dtype.name if hasattr(t, "flags") else str(t.dtype).replace("torch.", "")
+    if dtype != like.dtype:
+        raise FerrocommValueError(
+            f"{coll}: dtype mismatch: {what}[{k}] is {dtype}, expected {like.dtype}")
+    if hasattr(t, "flags"):
+        dev = T.HOST
+    else:
+        dev = T.HOST if t.device.type == "cpu" else (t.device.index or 0)
+    if dev != comm._n.device_index:
+        raise FerrocommValueError(
+            f"{coll}: {what}[{k}] is on {T.device_name(dev)} but this communicator is on "
+            f"{T.device_name(comm._n.device_index)}")
+
+
+def _prefix(counts):
+    out, acc = [], 0
+    for n in counts:
+        out.append(acc)
+        acc += n
+    return out
+
+
+def _packed(send, recv):
+    return [list(send), _prefix(send), list(recv), _prefix(recv)]
+
+
+def new_comm(backend, device, name, *, timeout=None, store=None, hints=None, rank=None,
+             size=None, local_rank=None, local_size=None):
+    """Creates a communicator; every rank of the group calls it with the same arguments.
+
+    ``backend``: ``"ferrocomm"`` (cuda for a CUDA device, host for ``"cpu"``), ``"cuda"``,
+    ``"host"`` or ``"nccl"``. ``device``: ``torch.device`` or a string (``"cuda"`` is
+    LOCAL_RANK's GPU, ``"cuda:1"``, ``"cpu"``). Rank and size come from ``rank``/``size`` or
+    torchrun's RANK/WORLD_SIZE; peers meet through ``store`` (anything with torch Store's
+    ``set``/``get``/``wait``/``add``/``check``/``delete_key``) or the TCP store at
+    MASTER_ADDR/MASTER_PORT. ``timeout`` (timedelta or seconds) bounds every wait.
+    ``hints`` sets defaults for every call (``{"low_precision": "e4m3", "algo": "flat"}``).
+    """
+    native = _native.new_comm(
+        str(name),
+        str(backend),
+        _device_arg(device),
+        rank=rank,
+        size=size,
+        local_rank=local_rank,
+        local_size=local_size,
+        timeout_s=_timeout_seconds(timeout),
+        store=store,
+    )
+    return Comm(native, str(backend), _check_hints(hints, "new_comm"))

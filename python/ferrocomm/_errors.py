@@ -1,0 +1,24 @@
+"""Exceptions raised by ferrocomm. The native layer raises these classes by name."""
+
+__all__ = [
+    "FerrocommError",
+    "FerrocommValueError",
+    "FerrocommTimeout",
+    "FerrocommUnsupported",
+]
+
+
+class FerrocommError(RuntimeError):
+    """Any error reported by ferrocomm (the message is the library's)."""
+
+
+class FerrocommValueError(FerrocommError, ValueError):
+    """A bad argument: wrong dtype, shape or size, non-contiguous tensor, wrong device, bad rank."""
+
+
+class FerrocommTimeout(FerrocommError, TimeoutError):
+    """A peer did not arrive in time (it died, hangs, or called something else)."""
+
+
+class FerrocommUnsupported(FerrocommError, NotImplementedError):
+    """The backend cannot do this (or a library it needs is absent)."""

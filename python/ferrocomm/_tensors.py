@@ -1,0 +1,139 @@
+"""Turning numpy arrays and torch tensors into plain values for the native layer.
+
+A buffer crosses as ``(address, element count, dtype name, device index)`` with -1 for host
+memory: ``__cuda_array_interface__`` loses bf16 and fails on fp8, so torch tensors give
+``data_ptr()``, ``numel()`` and their dtype name directly. Nothing is copied.
+"""
+
+import sys
+
+import numpy as np
+
+from ._errors import FerrocommValueError
+
+HOST = -1
+
+
+def _torch():
+    """torch if the program has imported it (a tensor cannot exist otherwise)."""
+    return sys.modules.get("torch")
+
+
+def is_tensor(obj):
+    t = _torch()
+    return t is not None and isinstance(obj, t.Tensor)
+
+
+def is_buffer(obj):
+    return isinstance(obj, np.ndarray) or is_tensor(obj)
+
+
+class Buf:
+    """One buffer: the object (kept alive while the collective may touch it) and its values."""
+
+    __slots__ = ("obj", "ptr", "count", "dtype", "device", "esize", "shape")
+
+    def __init__(self, obj, ptr, count, dtype, device, esize, shape):
+        self.obj = obj
+        self.ptr = ptr
+        self.count = count
+        self.dtype = dtype
+        self.device = device
+        self.esize = esize
+        self.shape = shape
+
+    def raw(self):
+        return (self.ptr, self.count, self.dtype, self.device)
+
+    @property
+    def nbytes(self):
+        return self.count * self.esize
+
+    def overlaps(self, other):
+        if self.nbytes == 0 or other.nbytes == 0 or self.device != other.device:
+            return False
+        return self.ptr < other.ptr + other.nbytes and other.ptr < self.ptr + self.nbytes
+
+
+def describe(obj, what, coll, writable=False):
+    """A `Buf` for a numpy array or torch tensor, or FerrocommValueError saying what is wrong."""
+    if isinstance(obj, np.ndarray):
+        if not obj.flags.c_contiguous:
+            raise FerrocommValueError(
+                f"{coll}: {what} is not contiguous (strides {obj.strides} for shape "
+                f"{obj.shape}); pass np.ascontiguousarray(...)"
+            )
+        if writable and not obj.flags.writeable:
+            raise FerrocommValueError(f"{coll}: {what} is read-only")
+        if not obj.dtype.isnative:
+            raise FerrocommValueError(f"{coll}: {what} has non-native byte order ({obj.dtype.str})")
+        ptr = obj.__array_interface__["data"][0]
+        return Buf(obj, ptr, obj.size, obj.dtype.name, HOST, obj.dtype.itemsize, obj.shape)
+    if is_tensor(obj):
+        if not obj.is_contiguous():
+            raise FerrocommValueError(
+                f"{coll}: {what} is not contiguous (strides {tuple(obj.stride())} for shape "
+                f"{tuple(obj.shape)}); pass tensor.contiguous()"
+            )
+        if obj.is_complex() or obj.is_sparse or obj.is_quantized:
+            raise FerrocommValueError(f"{coll}: {what} has unsupported layout or dtype {obj.dtype}")
+        dev = obj.device
+        if dev.type == "cuda":
+            device = dev.index if dev.index is not None else 0
+        elif dev.type == "cpu":
+            device = HOST
+        else:
+            raise FerrocommValueError(f"{coll}: {what} is on device {dev}, expected cuda or cpu")
+        dtype = str(obj.dtype).replace("torch.", "")
+        return Buf(obj, obj.data_ptr(), obj.numel(), dtype, device, obj.element_size(),
+                   tuple(obj.shape))
+    raise FerrocommValueError(
+        f"{coll}: {what} must be a numpy array or a torch tensor, not {type(obj).__name__}"
+    )
+
+
+def device_name(index):
+    return "cpu" if index == HOST else f"cuda:{index}"
+
+
+def empty_like_flat(buf, count):
+    """A new contiguous 1-d buffer of `count` elements, same dtype and device as `buf`."""
+    obj = buf.obj
+    if isinstance(obj, np.ndarray):
+        return np.empty(count, dtype=obj.dtype)
+    return _torch().empty(count, dtype=obj.dtype, device=obj.device)
+
+
+def concat_flat(objs, like):
+    """The elements of `objs`, flattened and concatenated into one new contiguous buffer."""
+    if isinstance(like, np.ndarray):
+        return np.concatenate([np.ravel(o) for o in objs]) if objs else np.empty(0, like.dtype)
+    t = _torch()
+    if like.dtype in (getattr(t, "float8_e4m3fn", None), getattr(t, "float8_e5m2", None)):
+        # torch.cat lacks fp8 kernels in some versions: concatenate the bytes.
+        return t.cat([o.reshape(-1).view(t.uint8) for o in objs]).view(like.dtype)
+    return t.cat([o.reshape(-1) for o in objs])
+
+
+def copy_into(dst, src_flat):
+    """Copies a flat buffer into `dst` (any layout) element by element."""
+    if isinstance(dst, np.ndarray):
+        dst[...] = src_flat.reshape(dst.shape)
+    else:
+        dst.copy_(src_flat.view(dst.shape))
+
+
+def flat_slice(flat, start, length):
+    return flat[start:start + length]
+
+
+def rows_of(obj):
+    """Leading dimension and elements per row (torch's split sizes count rows)."""
+    shape = obj.shape
+    if len(shape) == 0:
+        raise FerrocommValueError("all_to_all_single: split sizes need tensors of at least 1 dim")
+    rows = shape[0]
+    per_row = 1
+    for d in shape[1:]:
+        per_row *= d
+    return rows, per_row

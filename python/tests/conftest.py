@@ -1,0 +1,57 @@
+"""Helpers for the multi-process tests: a rank launcher and a file-backed Python store."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from filestore import FileStore  # noqa: F401 (re-exported for tests)
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+# The GPU check runs under torchrun on a GPU machine, never under pytest.
+collect_ignore = ["gpu"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(world, scenario, env=None, timeout=60, expect_ok=True):
+    """Runs `python ranks.py scenario` as `world` processes; returns their outputs."""
+    port = free_port()
+    procs = []
+    for r in range(world):
+        e = dict(os.environ)
+        e.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
+                 LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                 PYTHONPATH=str(HERE) + os.pathsep + e.get("PYTHONPATH", ""))
+        e.update(env or {})
+        procs.append(subprocess.Popen(
+            [sys.executable, str(HERE / "ranks.py"), scenario], env=e, cwd=str(HERE),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = []
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out = p.communicate()[0]
+            outs.append(out)
+            pytest.fail(f"{scenario} on {world} ranks did not finish in {timeout}s:\n"
+                        + "\n".join(outs))
+        outs.append(out)
+    codes = [p.returncode for p in procs]
+    if expect_ok and any(codes):
+        report = "\n".join(f"--- rank {r} (exit {c}) ---\n{o}"
+                           for r, (c, o) in enumerate(zip(codes, outs)))
+        pytest.fail(f"{scenario} on {world} ranks failed:\n{report}")
+    return outs

@@ -1,0 +1,532 @@
+"""One rank of a multi-process test: ``python ranks.py SCENARIO`` with RANK, WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT set (see conftest.run_ranks). Exits non-zero on any mismatch.
+
+Every rank can compute every other rank's input (seeded by rank), so each checks its result
+against a numpy reference computed in float64 (or exact integer arithmetic). Outputs are
+poisoned before every call.
+"""
+
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+import ferrocomm
+from ferrocomm import ReduceOp
+
+RANK = int(os.environ["RANK"])
+WORLD = int(os.environ["WORLD_SIZE"])
+
+try:
+    import ml_dtypes  # bf16 and fp8 for numpy, when installed
+except ImportError:  # pragma: no cover - optional
+    ml_dtypes = None
+
+INT_TYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64"]
+FLOAT_TYPES = ["float32", "float64", "float16"]
+ALL_OPS = ["sum", "product", "min", "max", "avg", "premul_sum", "band", "bor", "bxor"]
+
+
+def np_dtype(name):
+    if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        return np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(name)
+
+
+def dtypes():
+    out = INT_TYPES + FLOAT_TYPES
+    if ml_dtypes is not None:
+        out += ["bfloat16", "float8_e4m3fn", "float8_e5m2"]
+    return out
+
+
+def movement_only(name):
+    """fp8 is for data movement: no reductions."""
+    return name.startswith("float8")
+
+
+def is_int(name):
+    return name in INT_TYPES
+
+
+def data(name, n, rank, salt, kind="any"):
+    """Deterministic random data of rank `rank` (never all zeros)."""
+    rng = np.random.default_rng([rank, salt, n, len(name)])
+    dt = np_dtype(name)
+    if is_int(name):
+        info = np.iinfo(dt)
+        if kind == "prod":
+            v = rng.integers(1, 3, n)
+        elif kind == "small":
+            lo = max(info.min, -20)
+            v = rng.integers(lo, 21, n)
+        else:
+            lo, hi = max(info.min, -1000), min(info.max, 1000)
+            v = rng.integers(lo, hi + 1, n)
+        return v.astype(dt)
+    if kind == "prod":
+        v = rng.uniform(0.5, 1.5, n)
+    else:
+        v = rng.standard_normal(n)
+    return v.astype(dt)
+
+
+def poison(arr):
+    """Fills with a value no collective here produces."""
+    if is_int(arr.dtype.name):
+        arr[...] = np.iinfo(arr.dtype).max - 3
+    elif movement_only(arr.dtype.name):
+        arr.view(np.uint8)[...] = 0x7E
+    else:
+        arr[...] = np.asarray(-777.25).astype(arr.dtype)
+
+
+def data_kind(op, name):
+    if op == "product":
+        return "prod"
+    if is_int(name) and op in ("sum", "avg"):
+        return "small"
+    return "any"
+
+
+def reduce_ref(op, xs, name, factor=1.0):
+    """Reference reduction of the arrays `xs` (rank order)."""
+    dt = np_dtype(name)
+    if is_int(name):
+        ints = [x.astype(object) for x in xs]
+        if op == "sum":
+            r = sum(ints[1:], ints[0])
+        elif op == "product":
+            r = ints[0]
+            for x in ints[1:]:
+                r = r * x
+        elif op == "avg":
+            s = sum(ints[1:], ints[0])
+            # Truncation toward zero, as NCCL's integer average.
+            r = np.array([int(v / len(xs)) if v >= 0 else -int(-v / len(xs)) for v in s],
+                         dtype=object)
+        elif op == "min":
+            r = np.minimum.reduce(ints)
+        elif op == "max":
+            r = np.maximum.reduce(ints)
+        elif op in ("band", "bor", "bxor"):
+            f = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op]
+            r = f.reduce([x.astype(dt) for x in xs])
+        else:
+            raise AssertionError(op)
+        return np.array(r).astype(dt)
+    fs = [x.astype(np.float64) for x in xs]
+    if op == "sum":
+        r = np.sum(fs, axis=0)
+    elif op == "premul_sum":
+        r = np.sum([factor * x for x in fs], axis=0)
+    elif op == "product":
+        r = np.prod(fs, axis=0)
+    elif op == "avg":
+        r = np.mean(fs, axis=0)
+    elif op == "min":
+        r = np.min(fs, axis=0)
+    elif op == "max":
+        r = np.max(fs, axis=0)
+    else:
+        raise AssertionError(op)
+    return r
+
+
+def tol(name):
+    return {"float32": 1e-5, "float64": 1e-12, "float16": 2e-3, "bfloat16": 1.6e-2}.get(name, 0)
+
+
+def check(what, got, want, name):
+    got = np.asarray(got)
+    if is_int(name) or name.startswith("float8"):
+        ok = np.array_equal(got.view(np.uint8) if name.startswith("float8") else got,
+                            np.asarray(want).view(np.uint8) if name.startswith("float8")
+                            else np.asarray(want))
+        if not ok:
+            bad = np.flatnonzero(got.reshape(-1) != np.asarray(want).reshape(-1))
+            raise AssertionError(f"rank {RANK}: {what} [{name}] wrong at {bad[:8]}: "
+                                 f"got {got.reshape(-1)[bad[:4]]} want "
+                                 f"{np.asarray(want).reshape(-1)[bad[:4]]}")
+        return
+    g = got.astype(np.float64)
+    w = np.asarray(want, dtype=np.float64)
+    t = tol(name)
+    scale = max(1.0, float(np.max(np.abs(w))) if w.size else 1.0)
+    err = np.max(np.abs(g - w)) if w.size else 0.0
+    if not np.all(np.isfinite(g)) or err > t * scale * 4:
+        raise AssertionError(f"rank {RANK}: {what} [{name}] max abs error {err} > {t * scale * 4}"
+                             f" (got {g.reshape(-1)[:4]}, want {w.reshape(-1)[:4]})")
+
+
+def ops_for(name):
+    if movement_only(name):
+        return []
+    if is_int(name):
+        return ["sum", "product", "min", "max", "avg", "band", "bor", "bxor"]
+    return ["sum", "product", "min", "max", "avg", "premul_sum"]
+
+
+def op_obj(op, factor):
+    return ReduceOp.PREMUL_SUM(factor) if op == "premul_sum" else getattr(ReduceOp, op.upper())
+
+
+# ---------------------------------------------------------------------------------------------
+# Scenarios
+
+
+def scenario_collectives(comm):
+    """Every method, dtype and op against numpy references."""
+    n = 37 * WORLD  # not a multiple of anything nice
+    salt = 0
+    for name in dtypes():
+        dt = np_dtype(name)
+        for op in ops_for(name):
+            salt += 1
+            kind = data_kind(op, name)
+            xs = [data(name, n, r, salt, kind) for r in range(WORLD)]
+            want = reduce_ref(op, xs, name, factor=0.375)
+            ob = op_obj(op, 0.375)
+            # all_reduce, in place.
+            t = xs[RANK].copy()
+            comm.all_reduce(t, ob, async_op=False)
+            check(f"all_reduce {op}", t, want, name)
+            # reduce to a root that moves with the op.
+            root = salt % WORLD
+            t = xs[RANK].copy()
+            comm.reduce(t, root, ob)
+            check(f"reduce {op} root {root}", t, want if RANK == root else xs[RANK], name)
+            # reduce_scatter_single and reduce_scatter (list).
+            part = n // WORLD
+            out = np.empty(part, dt)
+            poison(out)
+            comm.reduce_scatter_single(out, xs[RANK], ob)
+            check(f"reduce_scatter_single {op}", out, want[RANK * part:(RANK + 1) * part], name)
+            poison(out)
+            comm.reduce_scatter(out, [xs[RANK][k * part:(k + 1) * part] for k in range(WORLD)],
+                                ob)
+            check(f"reduce_scatter {op}", out, want[RANK * part:(RANK + 1) * part], name)
+            # In place: output is part `rank` of the input buffer.
+            buf = xs[RANK].copy()
+            comm.reduce_scatter_single(buf[RANK * part:(RANK + 1) * part], buf, ob)
+            check(f"reduce_scatter_single in place {op}", buf[RANK * part:(RANK + 1) * part],
+                  want[RANK * part:(RANK + 1) * part], name)
+        salt += 1
+        xs = [data(name, n, r, salt) for r in range(WORLD)]
+        if not movement_only(name):
+            # allreduce alias.
+            t = xs[RANK].copy()
+            comm.allreduce(t, ReduceOp.MAX)
+            check("allreduce alias", t, reduce_ref("max", xs, name), name)
+        # broadcast from every root.
+        for root in range(WORLD):
+            t = xs[RANK].copy()
+            comm.broadcast(t, root)
+            check(f"broadcast root {root}", t, xs[root], name)
+        # all_gather_single and all_gather (list), 2-d input.
+        m = 6
+        ys = [data(name, 2 * m, r, salt + 1000).reshape(2, m) for r in range(WORLD)]
+        out = np.empty((WORLD * 2, m), dt)
+        poison(out)
+        comm.all_gather_single(out, ys[RANK])
+        check("all_gather_single", out, np.concatenate(ys), name)
+        outs = [np.empty((2, m), dt) for _ in range(WORLD)]
+        for o in outs:
+            poison(o)
+        comm.all_gather(outs, ys[RANK])
+        for r in range(WORLD):
+            check(f"all_gather[{r}]", outs[r], ys[r], name)
+        # In place: input is part `rank` of the output.
+        buf = np.empty((WORLD * 2, m), dt)
+        poison(buf)
+        buf[2 * RANK:2 * RANK + 2] = ys[RANK]
+        comm.all_gather_single(buf, buf[2 * RANK:2 * RANK + 2])
+        check("all_gather_single in place", buf, np.concatenate(ys), name)
+        # all_to_all_single, equal parts.
+        k = 5
+        zs = [data(name, WORLD * k, r, salt + 2000) for r in range(WORLD)]
+        out = np.empty(WORLD * k, dt)
+        poison(out)
+        comm.all_to_all_single(out, zs[RANK])
+        want = np.concatenate([zs[r][RANK * k:(RANK + 1) * k] for r in range(WORLD)])
+        check("all_to_all_single", out, want, name)
+        buf = zs[RANK].copy()
+        comm.all_to_all_single(buf, buf)
+        check("all_to_all_single in place", buf, want, name)
+        # all_to_all_single with split sizes (rows of 3 elements): rank s sends s+d+1 rows to d.
+        rows = [[s + d + 1 for d in range(WORLD)] for s in range(WORLD)]
+        ins = [data(name, sum(rows[s]) * 3, s, salt + 3000).reshape(-1, 3) for s in range(WORLD)]
+        recv_rows = [rows[s][RANK] for s in range(WORLD)]
+        out = np.empty((sum(recv_rows), 3), dt)
+        poison(out)
+        comm.all_to_all_single(out, ins[RANK], output_split_sizes=recv_rows,
+                               input_split_sizes=rows[RANK])
+        parts = []
+        for s in range(WORLD):
+            start = sum(rows[s][:RANK])
+            parts.append(ins[s][start:start + rows[s][RANK]])
+        check("all_to_all_single splits", out, np.concatenate(parts), name)
+        poison(out)
+        comm.all_to_all_v_single(out, ins[RANK], recv_rows, rows[RANK])
+        check("all_to_all_v_single", out, np.concatenate(parts), name)
+        # all_to_all (lists), unequal sizes: rank s sends s+d+1 elements to d.
+        in_list = [data(name, s_d, RANK * 100 + d, salt + 4000)
+                   for d, s_d in enumerate(RANK + d + 1 for d in range(WORLD))]
+        out_list = [np.empty(s + RANK + 1, dt) for s in range(WORLD)]
+        for o in out_list:
+            poison(o)
+        comm.all_to_all(out_list, in_list)
+        for s in range(WORLD):
+            check(f"all_to_all[{s}]", out_list[s], data(name, s + RANK + 1, s * 100 + RANK,
+                                                         salt + 4000), name)
+        # all_to_all (lists), equal sizes.
+        in_list = [data(name, 4, RANK * 100 + d, salt + 5000) for d in range(WORLD)]
+        out_list = [np.empty(4, dt) for _ in range(WORLD)]
+        comm.all_to_all(out_list, in_list)
+        for s in range(WORLD):
+            check(f"all_to_all equal[{s}]", out_list[s],
+                  data(name, 4, s * 100 + RANK, salt + 5000), name)
+        # send/recv around the ring (even ranks send first, so nothing waits on itself).
+        nxt, prv = (RANK + 1) % WORLD, (RANK - 1) % WORLD
+        mine = data(name, 19, RANK, salt + 6000)
+        got = np.empty(19, dt)
+        poison(got)
+        if RANK % 2 == 0:
+            comm.send(mine, nxt)
+            comm.recv(got, prv)
+        else:
+            comm.recv(got, prv)
+            comm.send(mine, nxt)
+        check("send/recv", got, data(name, 19, prv, salt + 6000), name)
+        comm.barrier()
+
+
+def scenario_async(comm):
+    """async_op=True: several calls in flight, waited in order and out of order."""
+    n = 1000
+    xs = [[data("float32", n, r, s) for r in range(WORLD)] for s in range(6)]
+    ts = [x[RANK].copy() for x in xs]
+    works = [comm.all_reduce(t, ReduceOp.SUM, async_op=True) for t in ts]
+    for w in reversed(works):
+        w.wait()
+        assert w.is_completed()
+    for t, x in zip(ts, xs):
+        check("async all_reduce", t, reduce_ref("sum", x, "float32"), "float32")
+    # Lists: results are in the outputs once wait() returns.
+    outs = [np.empty(n, np.float32) for _ in range(WORLD)]
+    w = comm.all_gather(outs, xs[0][RANK], async_op=True)
+    w2 = comm.barrier(async_op=True)
+    w.wait_blocking()
+    w2.wait()
+    for r in range(WORLD):
+        check("async all_gather", outs[r], xs[0][r], "float32")
+    # A synchronous call after queued async work runs after it (order kept).
+    a = xs[1][RANK].copy()
+    b = xs[2][RANK].copy()
+    wa = comm.all_reduce(a, ReduceOp.MAX, async_op=True)
+    comm.all_reduce(b, ReduceOp.MIN)
+    wa.wait()
+    check("async then sync (async)", a, reduce_ref("max", xs[1], "float32"), "float32")
+    check("async then sync (sync)", b, reduce_ref("min", xs[2], "float32"), "float32")
+    # Errors of async work surface from wait().
+    bad = np.zeros(3, np.float32)
+    try:
+        comm.all_reduce(bad, ReduceOp.BXOR, async_op=True).wait()
+    except ferrocomm.FerrocommValueError as e:
+        assert "bxor" in str(e), e
+    else:
+        raise AssertionError("bxor on float32 did not raise")
+    # A sync work object is already complete.
+    w = comm.all_reduce(xs[3][RANK].copy(), ReduceOp.SUM)
+    assert w.is_completed()
+    w.wait()
+
+
+def expect(exc, needle, f, *args, **kw):
+    try:
+        f(*args, **kw)
+    except exc as e:
+        if needle.lower() not in str(e).lower():
+            raise AssertionError(f"{exc.__name__} raised without {needle!r}: {e}") from e
+        return e
+    raise AssertionError(f"{f.__name__} did not raise {exc.__name__} ({needle})")
+
+
+def scenario_errors(comm):
+    """Bad arguments raise FerrocommValueError with the library's message (on every rank)."""
+    V = ferrocomm.FerrocommValueError
+    f32 = np.ones(8 * WORLD, np.float32)
+    expect(V, "dtype mismatch", comm.all_gather_single,
+           np.empty(8 * WORLD * WORLD, np.float64), f32)
+    expect(V, "expected", comm.all_gather_single,
+           np.empty(8 * WORLD * WORLD + WORLD, np.float32), f32)
+    expect(V, "divide", comm.all_gather_single, np.empty(8 * WORLD * WORLD + 1, np.float32), f32)
+    expect(V, "expected", comm.reduce_scatter_single, np.empty(7, np.float32), f32)
+    expect(V, "not contiguous", comm.all_reduce, np.ones((4, 4), np.float32)[:, 1])
+    expect(V, "not contiguous", comm.all_reduce, np.ones(16, np.float32)[::2])
+    ro = np.ones(4, np.float32)
+    ro.flags.writeable = False
+    expect(V, "read-only", comm.all_reduce, ro)
+    expect(V, "out of range", comm.reduce, f32, WORLD, ReduceOp.SUM)
+    expect(V, "out of range", comm.broadcast, f32, WORLD + 3)
+    expect(V, "bxor", comm.all_reduce, f32, ReduceOp.BXOR)
+    expect(V, "premulsum", comm.all_reduce, np.ones(4, np.int32), ReduceOp.PREMUL_SUM(2.0))
+    expect(V, "unknown dtype", comm.all_reduce, np.ones(4, np.bool_))
+    expect(V, "numpy array or a torch tensor", comm.all_reduce, [1.0, 2.0])
+    expect(V, "entries", comm.all_gather, [np.empty(4, np.float32)], np.ones(4, np.float32))
+    expect(V, "dtype mismatch", comm.all_gather,
+           [np.empty(4, np.float64) for _ in range(WORLD)], np.ones(4, np.float32))
+    expect(V, "split_sizes", comm.all_to_all_single, np.empty(WORLD, np.float32),
+           np.ones(WORLD, np.float32), [1] * WORLD, [2] * WORLD)
+    expect(V, "low", comm.all_reduce, f32, ReduceOp.SUM, hints={"low_precision": "fp4"})
+    expect(V, "algo", comm.all_reduce, f32, ReduceOp.SUM, hints={"algo": "bogus"})
+    expect(V, "itself", comm.send, f32, RANK)
+    out = np.empty(8 * WORLD, np.float32)
+    expect(V, "overlap", comm.all_gather_single, out, out[1:9])
+    # The communicator still works after argument errors (nothing was sent).
+    t = data("float32", 16, RANK, 99)
+    comm.all_reduce(t, ReduceOp.SUM)
+    check("all_reduce after errors", t,
+          reduce_ref("sum", [data("float32", 16, r, 99) for r in range(WORLD)], "float32"),
+          "float32")
+    # Per-call hints that are valid run (and give the full-precision result with "off").
+    t = data("float32", 64, RANK, 98)
+    comm.all_reduce(t, ReduceOp.SUM, hints={"low_precision": "off", "algo": "flat"})
+    check("all_reduce hints", t,
+          reduce_ref("sum", [data("float32", 64, r, 98) for r in range(WORLD)], "float32"),
+          "float32")
+    comm.finalize()
+    expect(ferrocomm.FerrocommError, "finalized", comm.all_reduce, t)
+
+
+def scenario_timeout(comm):
+    """Rank 0 calls all_reduce alone and gets FerrocommTimeout naming the wait."""
+    if RANK == 0:
+        t0 = time.monotonic()
+        e = expect(ferrocomm.FerrocommTimeout, "timed out", comm.all_reduce,
+                   np.ones(64, np.float32))
+        assert isinstance(e, TimeoutError)
+        took = time.monotonic() - t0
+        assert took < 8, f"timeout took {took:.1f}s"
+        print(f"timeout after {took:.2f}s: {e}")
+    else:
+        time.sleep(4)
+
+
+def scenario_split(comm):
+    """Sub-communicators: even/odd ranks, reversed order; two communicators interleaved."""
+    evens = comm.split(list(range(0, WORLD, 2)), "even")
+    odds = comm.split(list(range(1, WORLD, 2)), "odd")
+    mine = evens if RANK % 2 == 0 else odds
+    other = odds if RANK % 2 == 0 else evens
+    assert other is None, "split returned a communicator on a rank not listed"
+    group = list(range(RANK % 2, WORLD, 2))
+    assert mine.get_rank() == group.index(RANK) and mine.get_size() == len(group)
+    xs = {r: data("float32", 50, r, 7) for r in range(WORLD)}
+    t = xs[RANK].copy()
+    mine.all_reduce(t, ReduceOp.SUM)
+    check("split all_reduce", t, reduce_ref("sum", [xs[r] for r in group], "float32"), "float32")
+    rev = comm.split(list(reversed(range(WORLD))), "rev")
+    assert rev.rank == WORLD - 1 - RANK
+    out = np.empty(50 * WORLD, np.float32)
+    rev.all_gather_single(out, xs[RANK])
+    check("reversed all_gather", out,
+          np.concatenate([xs[r] for r in reversed(range(WORLD))]), "float32")
+    # A second top-level communicator, used interleaved with the first.
+    with ferrocomm.new_comm("host", "cpu", "second") as c2:
+        a, b = xs[RANK].copy(), xs[RANK].copy()
+        w = c2.all_reduce(a, ReduceOp.MAX, async_op=True)
+        comm.all_reduce(b, ReduceOp.MIN)
+        w.wait()
+        check("second comm", a, reduce_ref("max", list(xs.values()), "float32"), "float32")
+        check("first comm", b, reduce_ref("min", list(xs.values()), "float32"), "float32")
+    mine.finalize()
+    rev.finalize()
+
+
+def scenario_info(comm):
+    assert comm.get_rank() == RANK == comm.rank
+    assert comm.get_size() == WORLD == comm.size
+    assert comm.get_backend() == "host", comm.get_backend()
+    assert comm.get_name() == "test"
+    assert str(comm.get_device()) == "cpu"
+    assert "rank=" in repr(comm)
+
+
+def scenario_torch(comm):
+    """CPU torch tensors through the same methods (bf16 and fp8 included)."""
+    import torch
+
+    n = 24 * WORLD
+    for dt in [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
+               torch.uint8, torch.int32, torch.int64]:
+        g = [torch.Generator().manual_seed(r * 31 + 5) for r in range(WORLD)]
+        if dt.is_floating_point:
+            xs = [torch.randn(n, generator=g[r]).to(dt) for r in range(WORLD)]
+        else:
+            xs = [torch.randint(-20 if dt != torch.uint8 else 0, 20, (n,), generator=g[r]).to(dt)
+                  for r in range(WORLD)]
+        want = sum(x.double() for x in xs)
+        t = xs[RANK].clone()
+        comm.all_reduce(t, ReduceOp.SUM)
+        atol = 0 if not dt.is_floating_point else (5e-2 if dt == torch.bfloat16 else 1e-2)
+        if dt in (torch.int8, torch.uint8):
+            want = want.to(dt).double()  # wraps like the collective
+        assert torch.allclose(t.double(), want, atol=atol, rtol=atol), (dt, t[:4], want[:4])
+        out = torch.empty(n * WORLD, dtype=dt)
+        comm.all_gather_single(out, xs[RANK])
+        assert torch.equal(out, torch.cat(xs)), dt
+        lst = [torch.empty(n, dtype=dt) for _ in range(WORLD)]
+        comm.all_gather(lst, xs[RANK])
+        assert all(torch.equal(a, b) for a, b in zip(lst, xs)), dt
+        o = torch.empty(n // WORLD, dtype=dt)
+        comm.reduce_scatter_single(o, xs[RANK], ReduceOp.MAX)
+        mx = torch.stack(xs).max(0).values
+        assert torch.equal(o, mx[RANK * (n // WORLD):(RANK + 1) * (n // WORLD)]), dt
+        b = xs[RANK].clone()
+        comm.broadcast(b, WORLD - 1)
+        assert torch.equal(b, xs[WORLD - 1]), dt
+        a2a = torch.empty(n, dtype=dt)
+        comm.all_to_all_single(a2a, xs[RANK])
+        k = n // WORLD
+        assert torch.equal(a2a, torch.cat([x[RANK * k:(RANK + 1) * k] for x in xs])), dt
+    # fp8: data movement.
+    for dt in [torch.float8_e4m3fn, torch.float8_e5m2]:
+        xs = [torch.randn(n, generator=torch.Generator().manual_seed(r)).to(dt)
+              for r in range(WORLD)]
+        out = torch.empty(n * WORLD, dtype=dt)
+        w = comm.all_gather_single(out, xs[RANK], async_op=True)
+        w.wait()
+        assert torch.equal(out.view(torch.uint8), torch.cat([x.view(torch.uint8) for x in xs])), dt
+        b = xs[RANK].clone()
+        comm.broadcast(b, 0)
+        assert torch.equal(b.view(torch.uint8), xs[0].view(torch.uint8)), dt
+    t = torch.ones(8)[::2]
+    expect(ferrocomm.FerrocommValueError, "not contiguous", comm.all_reduce, t)
+
+
+def main():
+    scenario = sys.argv[1]
+    kwargs = {}
+    if os.environ.get("FERROCOMM_TEST_FILESTORE"):
+        from filestore import FileStore
+
+        kwargs = dict(store=FileStore(os.environ["FERROCOMM_TEST_FILESTORE"]), rank=RANK,
+                      size=WORLD)
+    timeout = float(os.environ.get("FERROCOMM_TEST_TIMEOUT", "30"))
+    comm = ferrocomm.new_comm("host", "cpu", "test", timeout=timeout, **kwargs)
+    try:
+        globals()["scenario_" + scenario](comm)
+        comm.finalize()
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    print(f"rank {RANK}: {scenario} ok")
+
+
+if __name__ == "__main__":
+    main()
