@@ -84,8 +84,18 @@ fn all_reduce_every_dtype_op_and_algorithm() {
                     for (i, &count) in counts(d).iter().enumerate() {
                         // Larger worlds: fewer cases, to keep the suite fast on two cores.
                         let multi_chunk = i == 4;
-                        let few_dtypes = [DataType::F32, DataType::BF16, DataType::F8E5M2, DataType::I32, DataType::U8];
-                        if n >= 4 && (i < 2 || (multi_chunk && op != ReduceOp::Sum) || !few_dtypes.contains(&d)) {
+                        let few_dtypes = [
+                            DataType::F32,
+                            DataType::BF16,
+                            DataType::F8E5M2,
+                            DataType::I32,
+                            DataType::U8,
+                        ];
+                        if n >= 4
+                            && (i < 2
+                                || (multi_chunk && op != ReduceOp::Sum)
+                                || !few_dtypes.contains(&d))
+                        {
                             continue;
                         }
                         seed += 1;
@@ -151,7 +161,11 @@ fn reduce_and_broadcast_from_every_root() {
                 roots.dedup();
                 for root in roots {
                     let is_root = comm.rank() == root;
-                    let big = if d.size() == 4 { 3 * SLOT / 4 + 5 } else { SLOT / d.size() + 1 };
+                    let big = if d.size() == 4 {
+                        3 * SLOT / 4 + 5
+                    } else {
+                        SLOT / d.size() + 1
+                    };
                     for count in [0, 7, big] {
                         for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
                             seed += 1;

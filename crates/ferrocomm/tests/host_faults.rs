@@ -1,0 +1,201 @@
+//! Host backend failures: a rank that never arrives, ranks that disagree on the call, and a
+//! process that dies mid-run. Nothing may hang; every error names the rank at fault.
+
+mod host_support;
+
+use std::time::{Duration, Instant};
+
+use ferrocomm::{CallOpts, DataType, Error, Input, ReduceOp, Splits, View, ViewMut};
+use host_support::*;
+
+#[test]
+fn a_rank_that_never_arrives_is_named_in_the_timeout() {
+    let timeout = Duration::from_millis(300);
+    let (tx, rx) = std::sync::Mutex::new(std::sync::mpsc::channel::<()>())
+        .into_inner()
+        .unwrap();
+    let rx = std::sync::Mutex::new(rx);
+    let results = run_ranks(3, &config(4096, timeout), |comm| {
+        if comm.rank() == 2 {
+            // Alive, but never calls the collective (until the others have given up).
+            let _ = rx.lock().unwrap().recv_timeout(Duration::from_secs(20));
+            return None;
+        }
+        let t0 = Instant::now();
+        let x = vec![1.0f32; 100];
+        let mut y = vec![0.0f32; 100];
+        let e = comm
+            .all_reduce(
+                Input::Buf(View::host(&x)),
+                ViewMut::host(&mut y),
+                ReduceOp::Sum,
+                &CallOpts::default(),
+            )
+            .unwrap_err();
+        let took = t0.elapsed();
+        // A second call fails at once: the communicator is unusable after a timeout.
+        let again = comm.barrier(&CallOpts::default()).unwrap_err();
+        tx.send(()).unwrap();
+        Some((e, took, again))
+    });
+    for (r, res) in results.into_iter().enumerate().take(2) {
+        let (e, took, again) = res.unwrap();
+        match e {
+            Error::Timeout {
+                collective,
+                rank,
+                missing,
+                ..
+            } => {
+                assert_eq!((collective, rank, missing), ("all_reduce", r, 2), "{e}");
+            }
+            other => panic!("rank {r}: expected a timeout, got {other}"),
+        }
+        assert!(
+            took >= timeout && took < timeout * 10,
+            "rank {r} waited {took:?}"
+        );
+        assert!(
+            matches!(again, Error::PeerFailed { peer: 2, .. }),
+            "{again}"
+        );
+    }
+}
+
+fn expect_mismatch_everywhere(results: Vec<ferrocomm::Result<()>>) {
+    for (r, res) in results.into_iter().enumerate() {
+        match res {
+            Err(Error::Mismatch { rank, .. }) => assert_eq!(rank, r),
+            other => panic!("rank {r}: expected a mismatch, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn different_calls_at_the_same_step_fail_on_every_rank() {
+    let cfg = config(4096, Duration::from_secs(20));
+    for n in [2, 3, 4] {
+        run_ranks(n, &cfg, |comm| {
+            let me = comm.rank();
+            let o = CallOpts::default();
+            let x = vec![1.5f32; 64];
+            let mut y = vec![0.0f32; 64];
+            // Different counts.
+            let count = if me == n - 1 { 63 } else { 64 };
+            let r = comm.all_reduce(
+                Input::Buf(View::host(&x[..count])),
+                ViewMut::host(&mut y[..count]),
+                ReduceOp::Sum,
+                &o,
+            );
+            assert!(matches!(r, Err(Error::Mismatch { .. })), "counts: {r:?}");
+            // Different dtypes.
+            let xd = vec![1.5f64; 64];
+            let mut yd = vec![0.0f64; 64];
+            let r = if me == 0 {
+                comm.all_reduce(
+                    Input::Buf(View::host(&xd)),
+                    ViewMut::host(&mut yd),
+                    ReduceOp::Sum,
+                    &o,
+                )
+            } else {
+                comm.all_reduce(
+                    Input::Buf(View::host(&x)),
+                    ViewMut::host(&mut y),
+                    ReduceOp::Sum,
+                    &o,
+                )
+            };
+            let e = r.unwrap_err();
+            assert!(matches!(e, Error::Mismatch { .. }), "dtypes: {e}");
+            assert!(
+                e.to_string().contains("double") && e.to_string().contains("float"),
+                "{e}"
+            );
+            // Different collectives.
+            let r = if me == 1 {
+                comm.broadcast(Input::Buf(View::host(&x)), ViewMut::host(&mut y), 0, &o)
+            } else {
+                comm.all_reduce(
+                    Input::Buf(View::host(&x)),
+                    ViewMut::host(&mut y),
+                    ReduceOp::Sum,
+                    &o,
+                )
+            };
+            assert!(
+                matches!(r, Err(Error::Mismatch { .. })),
+                "collectives: {r:?}"
+            );
+            // Different ops and roots.
+            let op = if me == 0 {
+                ReduceOp::Max
+            } else {
+                ReduceOp::Sum
+            };
+            assert!(matches!(
+                comm.all_reduce(Input::Buf(View::host(&x)), ViewMut::host(&mut y), op, &o),
+                Err(Error::Mismatch { .. })
+            ));
+            assert!(matches!(
+                comm.reduce(
+                    Input::Buf(View::host(&x)),
+                    ViewMut::host(&mut y),
+                    ReduceOp::Sum,
+                    me % 2,
+                    &o
+                ),
+                Err(Error::Mismatch { .. })
+            ));
+            // Still usable afterwards.
+            y.fill(f32::NAN);
+            comm.all_reduce(
+                Input::Buf(View::host(&x)),
+                ViewMut::host(&mut y),
+                ReduceOp::Sum,
+                &o,
+            )
+            .unwrap();
+            assert!(y.iter().all(|&v| v == 1.5 * n as f32));
+        });
+        // All-to-all-v whose counts disagree between a sender and its receiver.
+        let res = run_ranks(n, &cfg, |comm| {
+            let me = comm.rank();
+            let mut recv = vec![4usize; n];
+            if me == 1 {
+                recv[0] = 3;
+            }
+            let splits = Splits::packed(vec![4; n], recv.clone());
+            let x = vec![2.0f32; 4 * n];
+            let mut y = vec![0.0f32; recv.iter().sum()];
+            comm.all_to_all_v(
+                Input::Buf(View::host(&x)),
+                ViewMut::host(&mut y),
+                &splits,
+                &CallOpts::default(),
+            )
+        });
+        expect_mismatch_everywhere(res);
+    }
+}
+
+#[test]
+fn mismatched_send_and_recv_sizes_are_reported() {
+    let res = run_ranks(2, &config(4096, Duration::from_secs(20)), |comm| {
+        let d = DataType::I32;
+        let x = input(d, 10_000, 3, 0, false); // several mailbox chunks: drained on mismatch
+        if comm.rank() == 0 {
+            comm.send(view(d, &x), 1, &CallOpts::default())
+        } else {
+            let mut y = vec![0i32; 9_999];
+            comm.recv(ViewMut::host(&mut y), 0, &CallOpts::default())
+        }
+    });
+    assert!(res[0].is_ok());
+    assert!(
+        matches!(res[1], Err(Error::Mismatch { peer: 0, .. })),
+        "{:?}",
+        res[1]
+    );
+}
