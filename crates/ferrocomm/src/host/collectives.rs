@@ -120,6 +120,9 @@ impl HostBackend {
         opts: &CallOpts,
     ) -> Result<()> {
         let coll = Collective::AllReduce;
+        if let Some(codec) = self.low_precision(coll, dtype, op, count * dtype.size(), opts)? {
+            return self.all_reduce_lp(bufs, dtype, count, op, algo, &codec);
+        }
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let chunk = seg.layout.slot_bytes / es;
         let sig = Signature {
@@ -271,6 +274,12 @@ impl HostBackend {
         part: usize,
         opts: &CallOpts,
     ) -> Result<()> {
+        let coll = Collective::AllGather;
+        if let Some(codec) =
+            self.low_precision(coll, dtype, ReduceOp::Sum, part * dtype.size(), opts)?
+        {
+            return self.all_gather_lp(bufs, dtype, part, &codec);
+        }
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let chunk = seg.layout.slot_bytes / es;
         // In place, this rank's part already sits at its offset in the output.
@@ -283,7 +292,7 @@ impl HostBackend {
         let sig = Signature {
             dtype: Some(dtype),
             count: part as u64,
-            ..Signature::new(Collective::AllGather)
+            ..Signature::new(coll)
         };
         let range = |k: usize| (k * chunk, chunk.min(part - k * chunk));
         self.chunked(
@@ -349,6 +358,9 @@ impl HostBackend {
         opts: &CallOpts,
     ) -> Result<()> {
         let coll = Collective::ReduceScatter;
+        if let Some(codec) = self.low_precision(coll, dtype, op, part * dtype.size(), opts)? {
+            return self.reduce_scatter_lp(bufs, dtype, part, op, &codec);
+        }
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let region = self.regions_for(coll)?;
         let chunk = region / es;
@@ -393,6 +405,11 @@ impl HostBackend {
         opts: &CallOpts,
     ) -> Result<()> {
         let coll = Collective::AllToAll;
+        if let Some(codec) =
+            self.low_precision(coll, dtype, ReduceOp::Sum, part * dtype.size(), opts)?
+        {
+            return self.all_to_all_lp(bufs, dtype, part, &codec);
+        }
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let region = self.regions_for(coll)?;
         let chunk = region / es;
@@ -473,7 +490,10 @@ impl HostBackend {
         opts: &CallOpts,
     ) -> Result<()> {
         let coll = Collective::AllToAllV;
-        let total = splits.send_counts.iter().sum::<usize>();
+        let bytes = splits.send_counts.iter().sum::<usize>() * dtype.size();
+        if let Some(codec) = self.low_precision(coll, dtype, ReduceOp::Sum, bytes, opts)? {
+            return self.all_to_all_v_lp(bufs, dtype, in_count, splits, &codec);
+        }
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let region = self.regions_for(coll)?;
         let chunk = region / es;

@@ -4,7 +4,7 @@
 //! - [`sync`]: waiting with backoff, deadlines and dead-peer detection;
 //! - this module: the call protocol (signature check, epoch barriers) every collective follows;
 //! - [`collectives`]: the algorithms (flat and tree all-reduce, data movement), chunked through
-//!   the staging slots; [`p2p`]: send and receive through per-pair mailboxes.
+//!   the staging slots; [`lowp`]: their block-scaled low-precision forms; [`p2p`]: send and receive through per-pair mailboxes.
 //!
 //! A collective call runs as: stage the first chunk into this rank's slot, write the call's
 //! signature, start barrier, compare every rank's signature, then per chunk: (stage, barrier)
@@ -12,6 +12,7 @@
 //! signature record before every rank has finished reading it (DESIGN rule 3).
 
 mod collectives;
+mod lowp;
 mod p2p;
 mod shm;
 mod sync;

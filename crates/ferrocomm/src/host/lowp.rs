@@ -1,0 +1,518 @@
+//! Low-precision collectives: block-scaled codes travel through the slots instead of raw data.
+//!
+//! Inputs are widened to f32 and encoded once; sums are taken in f32 in rank order, starting
+//! from rank 0's decoded values (as [`crate::quant::reference::one_shot`] does). Tree all-reduce:
+//! the owner of a stripe sums it, quantizes once into `reduced`, and every rank, the owner
+//! included, decodes that same stripe (DESIGN rule 5). Chunks and stripes are whole blocks, so a
+//! block-aligned part of an encoding is a contiguous slice of it (`Codec::encoded_offset`).
+
+use super::collectives::{exclusive, region_bytes, shared, stripe};
+use super::{Bufs, HostBackend, Signature};
+use crate::comm::{CallOpts, LowPrecisionChoice, Splits};
+use crate::error::{Error, Result};
+use crate::quant::{Codec, Format, SCALE_BYTES};
+use crate::reduce::{from_f32, to_f32};
+use crate::select::{Algo, Collective};
+use crate::types::{DataType, ReduceOp};
+
+/// The signature word of a codec: ranks must agree on format and block.
+fn lp_word(c: &Codec) -> u64 {
+    let f = Format::ALL.iter().position(|f| *f == c.format).unwrap_or(0) as u64;
+    (f + 1) | (c.block as u64) << 8
+}
+
+/// Widens `len` elements at `src` and encodes them into `dst`.
+///
+/// # Safety
+/// `src` holds `len` elements of `dtype`; `dst` has `codec.encoded_bytes(len)` writable bytes
+/// that nobody else touches meanwhile.
+unsafe fn encode(
+    codec: &Codec,
+    dtype: DataType,
+    src: *const u8,
+    len: usize,
+    dst: *mut u8,
+    wide: &mut Vec<f32>,
+) -> Result<()> {
+    wide.resize(len, 0.0);
+    // SAFETY: per the caller's promise.
+    to_f32(dtype, unsafe { shared(src, len * dtype.size()) }, wide)?;
+    // SAFETY: per the caller's promise.
+    codec.encode(wide, unsafe { exclusive(dst, codec.encoded_bytes(len)) });
+    Ok(())
+}
+
+/// Decodes `len` elements from `src` and rounds them into `out` as `dtype`.
+///
+/// # Safety
+/// `src` holds `codec.encoded_bytes(len)` stable bytes; `out` has `len` writable elements.
+unsafe fn decode(
+    codec: &Codec,
+    dtype: DataType,
+    src: *const u8,
+    len: usize,
+    out: *mut u8,
+    wide: &mut Vec<f32>,
+) -> Result<()> {
+    wide.resize(len, 0.0);
+    // SAFETY: per the caller's promise.
+    codec.decode(unsafe { shared(src, codec.encoded_bytes(len)) }, wide);
+    // SAFETY: per the caller's promise.
+    from_f32(dtype, wide, unsafe { exclusive(out, len * dtype.size()) })
+}
+
+/// Sums the encodings at `srcs` (each of `len` elements) in order into `acc`, then divides by
+/// the count for Avg.
+///
+/// # Safety
+/// Every source holds `codec.encoded_bytes(len)` stable bytes.
+unsafe fn sum(
+    codec: &Codec,
+    srcs: impl Iterator<Item = *const u8>,
+    len: usize,
+    op: ReduceOp,
+    acc: &mut Vec<f32>,
+) {
+    acc.resize(len, 0.0);
+    let eb = codec.encoded_bytes(len);
+    let mut n = 0;
+    for (r, s) in srcs.enumerate() {
+        // SAFETY: per the caller's promise.
+        let enc = unsafe { shared(s, eb) };
+        if r == 0 {
+            codec.decode(enc, acc);
+        } else {
+            codec.decode_add(enc, acc);
+        }
+        n += 1;
+    }
+    if op == ReduceOp::Avg {
+        let d = n as f32;
+        acc.iter_mut().for_each(|a| *a /= d);
+    }
+}
+
+impl HostBackend {
+    /// The codec to use for this call, or `None` for full precision.
+    pub(super) fn low_precision(
+        &self,
+        coll: Collective,
+        dtype: DataType,
+        op: ReduceOp,
+        bytes: usize,
+        opts: &CallOpts,
+    ) -> Result<Option<Codec>> {
+        let lp = &self.cfg.low_precision;
+        let format = match opts.low_precision {
+            LowPrecisionChoice::Off => return Ok(None),
+            LowPrecisionChoice::On(f) => f,
+            LowPrecisionChoice::Default => {
+                let switch = match coll {
+                    Collective::AllReduce => lp.all_reduce,
+                    Collective::AllGather => lp.all_gather,
+                    Collective::ReduceScatter => lp.reduce_scatter,
+                    Collective::AllToAll | Collective::AllToAllV => lp.all_to_all,
+                    _ => false,
+                };
+                if !lp.enabled || !switch || bytes < lp.min_bytes.unwrap_or(0) {
+                    return Ok(None);
+                }
+                lp.format
+            }
+        };
+        if !matches!(dtype, DataType::F32 | DataType::F16 | DataType::BF16)
+            || !matches!(op, ReduceOp::Sum | ReduceOp::Avg)
+        {
+            return Ok(None);
+        }
+        Codec::new(format, lp.block).map(Some)
+    }
+
+    /// Elements per chunk: whole blocks whose encoding fits `room` bytes.
+    fn lp_chunk(&self, coll: Collective, codec: &Codec, room: usize) -> Result<usize> {
+        let c = room / (codec.block + SCALE_BYTES) * codec.block;
+        if c == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{}: FERROCOMM_HOST_SLOT_BYTES={} leaves {room} bytes per rank, less than one \
+                 low-precision block of {} elements",
+                coll.name(),
+                self.seg.layout.slot_bytes,
+                codec.block
+            )));
+        }
+        Ok(c)
+    }
+
+    pub(super) fn all_reduce_lp(
+        &self,
+        bufs: &Bufs,
+        dtype: DataType,
+        count: usize,
+        op: ReduceOp,
+        algo: Algo,
+        codec: &Codec,
+    ) -> Result<()> {
+        let coll = Collective::AllReduce;
+        let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
+        let chunk = self.lp_chunk(coll, codec, seg.layout.slot_bytes)?;
+        let sig = Signature {
+            dtype: Some(dtype),
+            count: count as u64,
+            op: Some(op),
+            algo,
+            lp: lp_word(codec),
+            ..Signature::new(coll)
+        };
+        let range = |k: usize| (k * chunk, chunk.min(count - k * chunk));
+        let (mut wide, mut acc) = (Vec::new(), Vec::new());
+        let mut staged: Option<Error> = None;
+        let mut stage = |k: usize| {
+            let (off, len) = range(k);
+            // SAFETY: the input's own range; our slot is ours until the barrier.
+            let r = unsafe {
+                encode(
+                    codec,
+                    dtype,
+                    bufs.input.add(off * es),
+                    len,
+                    seg.slot(me),
+                    &mut wide,
+                )
+            };
+            if let Err(e) = r {
+                staged.get_or_insert(e);
+            }
+        };
+        let result = match algo {
+            Algo::Tree => self.chunked(&sig, count.div_ceil(chunk), &mut stage, |call, k| {
+                let (off, len) = range(k);
+                let (lo, hi) = stripe(len, n, me, codec.block);
+                // An empty stripe (fewer blocks than ranks) may start at an unaligned `len`.
+                if hi > lo {
+                    let at = codec.encoded_offset(lo);
+                    // SAFETY: slots are stable until the end barrier; our stripe of `reduced`
+                    // is written by us alone (stripes are whole blocks, so whole records).
+                    unsafe {
+                        sum(
+                            codec,
+                            (0..n).map(|r| seg.slot(r).add(at) as *const u8),
+                            hi - lo,
+                            op,
+                            &mut acc,
+                        );
+                        // Quantize the reduced stripe once; everyone decodes these same codes.
+                        codec.encode(
+                            &acc,
+                            exclusive(seg.reduced().add(at), codec.encoded_bytes(hi - lo)),
+                        );
+                    }
+                }
+                call.barrier()?;
+                // SAFETY: `reduced` is complete and stable until the end barrier.
+                unsafe {
+                    decode(
+                        codec,
+                        dtype,
+                        seg.reduced(),
+                        len,
+                        bufs.output.add(off * es),
+                        &mut acc,
+                    )
+                }
+            }),
+            _ => self.chunked(&sig, count.div_ceil(chunk), &mut stage, |_, k| {
+                let (off, len) = range(k);
+                // SAFETY: slots are stable between the chunk's barriers; the output is ours.
+                unsafe {
+                    sum(
+                        codec,
+                        (0..n).map(|r| seg.slot(r) as *const u8),
+                        len,
+                        op,
+                        &mut acc,
+                    );
+                    from_f32(dtype, &acc, exclusive(bufs.output.add(off * es), len * es))
+                }
+            }),
+        };
+        result?;
+        staged.map_or(Ok(()), Err)
+    }
+
+    pub(super) fn all_gather_lp(
+        &self,
+        bufs: &Bufs,
+        dtype: DataType,
+        part: usize,
+        codec: &Codec,
+    ) -> Result<()> {
+        let coll = Collective::AllGather;
+        let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
+        let chunk = self.lp_chunk(coll, codec, seg.layout.slot_bytes)?;
+        // SAFETY: in place, our part sits at offset `me * part` of the output.
+        let input = if bufs.in_place {
+            unsafe { bufs.output.add(me * part * es) as *const u8 }
+        } else {
+            bufs.input
+        };
+        let sig = Signature {
+            dtype: Some(dtype),
+            count: part as u64,
+            lp: lp_word(codec),
+            ..Signature::new(coll)
+        };
+        let range = |k: usize| (k * chunk, chunk.min(part - k * chunk));
+        let (mut wide, mut acc) = (Vec::new(), Vec::new());
+        let mut staged: Option<Error> = None;
+        let result = self.chunked(
+            &sig,
+            part.div_ceil(chunk),
+            |k| {
+                let (off, len) = range(k);
+                // SAFETY: our input range; our slot.
+                let r = unsafe {
+                    encode(
+                        codec,
+                        dtype,
+                        input.add(off * es),
+                        len,
+                        seg.slot(me),
+                        &mut wide,
+                    )
+                };
+                if let Err(e) = r {
+                    staged.get_or_insert(e);
+                }
+            },
+            |_, k| {
+                let (off, len) = range(k);
+                // Every part is decoded, ours too, so that all ranks hold the same values.
+                for r in 0..n {
+                    // SAFETY: slots are stable between barriers; output part r is ours.
+                    unsafe {
+                        decode(
+                            codec,
+                            dtype,
+                            seg.slot(r),
+                            len,
+                            bufs.output.add((r * part + off) * es),
+                            &mut acc,
+                        )?
+                    };
+                }
+                Ok(())
+            },
+        );
+        result?;
+        staged.map_or(Ok(()), Err)
+    }
+
+    /// Stages chunk `k` of every part, encoded, into this rank's slot regions.
+    ///
+    /// # Safety
+    /// `input` holds `n * part` elements (or the parts `send` describes); our slot is ours.
+    unsafe fn stage_parts_lp(
+        &self,
+        codec: &Codec,
+        dtype: DataType,
+        input: *const u8,
+        parts: &[(usize, usize)],
+        region: usize,
+        wide: &mut Vec<f32>,
+    ) -> Result<()> {
+        for (p, &(start, len)) in parts.iter().enumerate() {
+            // SAFETY: per the function's contract; regions are disjoint.
+            unsafe {
+                encode(
+                    codec,
+                    dtype,
+                    input.add(start * dtype.size()),
+                    len,
+                    self.seg.slot(self.rank).add(p * region),
+                    wide,
+                )?
+            };
+        }
+        Ok(())
+    }
+
+    pub(super) fn reduce_scatter_lp(
+        &self,
+        bufs: &Bufs,
+        dtype: DataType,
+        part: usize,
+        op: ReduceOp,
+        codec: &Codec,
+    ) -> Result<()> {
+        let coll = Collective::ReduceScatter;
+        let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
+        let region = region_bytes(seg.layout.slot_bytes, n);
+        let chunk = self.lp_chunk(coll, codec, region)?;
+        // SAFETY: in place the result goes to our part of the full buffer.
+        let out = if bufs.in_place {
+            unsafe { bufs.output.add(me * part * es) }
+        } else {
+            bufs.output
+        };
+        let sig = Signature {
+            dtype: Some(dtype),
+            count: part as u64,
+            op: Some(op),
+            lp: lp_word(codec),
+            ..Signature::new(coll)
+        };
+        let range = |k: usize| (k * chunk, chunk.min(part - k * chunk));
+        let (mut wide, mut acc) = (Vec::new(), Vec::new());
+        let mut staged: Option<Error> = None;
+        let result = self.chunked(
+            &sig,
+            part.div_ceil(chunk),
+            |k| {
+                let (off, len) = range(k);
+                let parts: Vec<_> = (0..n).map(|p| (p * part + off, len)).collect();
+                // SAFETY: the input holds n parts; our slot is ours before the barrier.
+                let r = unsafe {
+                    self.stage_parts_lp(codec, dtype, bufs.input, &parts, region, &mut wide)
+                };
+                if let Err(e) = r {
+                    staged.get_or_insert(e);
+                }
+            },
+            |_, k| {
+                let (off, len) = range(k);
+                // SAFETY: regions `me` are stable between barriers; the output chunk is ours.
+                unsafe {
+                    sum(
+                        codec,
+                        (0..n).map(|r| seg.slot(r).add(me * region) as *const u8),
+                        len,
+                        op,
+                        &mut acc,
+                    );
+                    from_f32(dtype, &acc, exclusive(out.add(off * es), len * es))
+                }
+            },
+        );
+        result?;
+        staged.map_or(Ok(()), Err)
+    }
+
+    pub(super) fn all_to_all_lp(
+        &self,
+        bufs: &Bufs,
+        dtype: DataType,
+        part: usize,
+        codec: &Codec,
+    ) -> Result<()> {
+        let coll = Collective::AllToAll;
+        let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
+        let region = region_bytes(seg.layout.slot_bytes, n);
+        let chunk = self.lp_chunk(coll, codec, region)?;
+        let sig = Signature {
+            dtype: Some(dtype),
+            count: part as u64,
+            lp: lp_word(codec),
+            ..Signature::new(coll)
+        };
+        let range = |k: usize| (k * chunk, chunk.min(part - k * chunk));
+        let (mut wide, mut acc) = (Vec::new(), Vec::new());
+        let mut staged: Option<Error> = None;
+        let result = self.chunked(
+            &sig,
+            part.div_ceil(chunk),
+            |k| {
+                let (off, len) = range(k);
+                let parts: Vec<_> = (0..n).map(|p| (p * part + off, len)).collect();
+                // SAFETY: as in reduce_scatter_lp.
+                let r = unsafe {
+                    self.stage_parts_lp(codec, dtype, bufs.input, &parts, region, &mut wide)
+                };
+                if let Err(e) = r {
+                    staged.get_or_insert(e);
+                }
+            },
+            |_, k| {
+                let (off, len) = range(k);
+                for r in 0..n {
+                    // SAFETY: region `me` of slot r is stable between barriers; in place, chunk
+                    // k of every part was staged before being overwritten.
+                    unsafe {
+                        decode(
+                            codec,
+                            dtype,
+                            seg.slot(r).add(me * region),
+                            len,
+                            bufs.output.add((r * part + off) * es),
+                            &mut acc,
+                        )?
+                    };
+                }
+                Ok(())
+            },
+        );
+        result?;
+        staged.map_or(Ok(()), Err)
+    }
+
+    pub(super) fn all_to_all_v_lp(
+        &self,
+        bufs: &Bufs,
+        dtype: DataType,
+        in_count: usize,
+        splits: &Splits,
+        codec: &Codec,
+    ) -> Result<()> {
+        let coll = Collective::AllToAllV;
+        let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
+        let region = region_bytes(seg.layout.slot_bytes, n);
+        let chunk = self.lp_chunk(coll, codec, region)?;
+        let sig = Signature {
+            dtype: Some(dtype),
+            lp: lp_word(codec),
+            ..Signature::new(coll)
+        };
+        // In place, send from a copy (see all_to_all_v_impl).
+        let snapshot: Vec<u8>;
+        let input = if bufs.in_place {
+            // SAFETY: the in-place buffer holds `in_count` elements.
+            snapshot = unsafe { shared(bufs.input, in_count * es) }.to_vec();
+            snapshot.as_ptr()
+        } else {
+            bufs.input
+        };
+        let mut call = self.begin(coll)?;
+        let max = self.all_to_all_v_start(&mut call, &sig, splits)?;
+        let piece = |count: usize, k: usize| count.saturating_sub(k * chunk).min(chunk);
+        let (mut wide, mut acc) = (Vec::new(), Vec::new());
+        for k in 0..max.div_ceil(chunk) {
+            let parts: Vec<_> = (0..n)
+                .map(|p| {
+                    (
+                        splits.send_displs[p] + k * chunk,
+                        piece(splits.send_counts[p], k),
+                    )
+                })
+                .collect();
+            // SAFETY: parts lie within the input (checked by the communicator); our slot.
+            unsafe { self.stage_parts_lp(codec, dtype, input, &parts, region, &mut wide)? };
+            call.barrier()?;
+            for r in 0..n {
+                let len = piece(splits.recv_counts[r], k);
+                // SAFETY: region `me` of slot r is stable until the next barrier; the part lies
+                // within the output.
+                unsafe {
+                    decode(
+                        codec,
+                        dtype,
+                        seg.slot(r).add(me * region),
+                        len,
+                        bufs.output.add((splits.recv_displs[r] + k * chunk) * es),
+                        &mut acc,
+                    )?
+                };
+            }
+            call.barrier()?;
+        }
+        call.finish()
+    }
+}
