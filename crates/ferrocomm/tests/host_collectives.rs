@@ -27,6 +27,7 @@ fn all_inputs(d: DataType, count: usize, seed: u64, n: usize, small: bool) -> Ve
 
 /// Runs one collective out of place and in place and checks both against `want`.
 /// `call(comm, input, output)`; in place the buffer starts as `inplace_start`.
+#[allow(clippy::too_many_arguments)]
 fn check_both(
     comm: &Communicator,
     what: &str,

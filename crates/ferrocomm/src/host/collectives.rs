@@ -283,9 +283,9 @@ impl HostBackend {
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let chunk = seg.layout.slot_bytes / es;
         // In place, this rank's part already sits at its offset in the output.
-        // SAFETY: offset within the output of `n * part` elements.
+        // In place, our part sits at its offset in the full buffer (pointer arithmetic only).
         let input = if bufs.in_place {
-            unsafe { bufs.output.add(me * part * es) as *const u8 }
+            bufs.output.wrapping_add(me * part * es) as *const u8
         } else {
             bufs.input
         };
@@ -365,9 +365,9 @@ impl HostBackend {
         let region = self.regions_for(coll)?;
         let chunk = region / es;
         // In place the result goes to this rank's part of the full buffer.
-        // SAFETY: offset within the `n * part` elements of the in-place buffer.
+        // In place, our part sits at its offset in the full buffer (pointer arithmetic only).
         let out = if bufs.in_place {
-            unsafe { bufs.output.add(me * part * es) }
+            bufs.output.wrapping_add(me * part * es)
         } else {
             bufs.output
         };

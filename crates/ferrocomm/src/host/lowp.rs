@@ -249,9 +249,9 @@ impl HostBackend {
         let coll = Collective::AllGather;
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let chunk = self.lp_chunk(coll, codec, seg.layout.slot_bytes)?;
-        // SAFETY: in place, our part sits at offset `me * part` of the output.
+        // In place, our part sits at its offset in the full buffer (pointer arithmetic only).
         let input = if bufs.in_place {
-            unsafe { bufs.output.add(me * part * es) as *const u8 }
+            bufs.output.wrapping_add(me * part * es) as *const u8
         } else {
             bufs.input
         };
@@ -348,9 +348,9 @@ impl HostBackend {
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let region = region_bytes(seg.layout.slot_bytes, n);
         let chunk = self.lp_chunk(coll, codec, region)?;
-        // SAFETY: in place the result goes to our part of the full buffer.
+        // In place, our part sits at its offset in the full buffer (pointer arithmetic only).
         let out = if bufs.in_place {
-            unsafe { bufs.output.add(me * part * es) }
+            bufs.output.wrapping_add(me * part * es)
         } else {
             bufs.output
         };

@@ -68,10 +68,9 @@ pub(crate) fn process_alive(pid: u32) -> bool {
     let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
         return true;
     };
-    match rustix::process::test_kill_process(p) {
-        Err(rustix::io::Errno::SRCH) => return false,
-        // EPERM: it exists under another user; treat as alive.
-        _ => {}
+    // EPERM means it exists under another user: alive.
+    if let Err(rustix::io::Errno::SRCH) = rustix::process::test_kill_process(p) {
+        return false;
     }
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // The state letter follows the last ')' (the command name may contain parentheses).

@@ -13,10 +13,11 @@ use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
 
 pub fn config(slot_bytes: usize, timeout: Duration) -> Config {
-    let mut c = Config::default();
-    c.host_slot_bytes = slot_bytes;
-    c.timeout = timeout;
-    c
+    Config {
+        host_slot_bytes: slot_bytes,
+        timeout,
+        ..Config::default()
+    }
 }
 
 /// A name no other test in this process uses.
@@ -68,7 +69,7 @@ pub fn run_ranks<R: Send>(n: usize, cfg: &Config, f: impl Fn(Communicator) -> R 
 /// `count` random elements of `d` as bytes, the same for the same (seed, rank).
 pub fn input(d: DataType, count: usize, seed: u64, rank: usize, small_ints: bool) -> Vec<u8> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(
-        seed.wrapping_mul(1_000_003) ^ (rank as u64 + 1) * 0x9E37_79B9,
+        seed.wrapping_mul(1_000_003) ^ ((rank as u64 + 1) * 0x9E37_79B9),
     );
     let mut out = Vec::with_capacity(count * d.size());
     for _ in 0..count {
