@@ -96,40 +96,19 @@ fn dlsym(h: *mut c_void, name: &CStr) -> Option<*mut c_void> {
     (!p.is_null()).then_some(p)
 }
 
-/// NCCL: the configured path (FERROCOMM_NCCL_LIB) first, then the system's names. Torch's
-/// private copy is not searched: point FERROCOMM_NCCL_LIB at it.
+/// NCCL as the library itself would load it (FERROCOMM_NCCL_LIB, the system, torch's copy).
 fn probe_nccl(cfg: &Config) -> Library {
-    let mut names: Vec<String> = cfg
-        .nccl_lib
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect();
-    names.extend(["libnccl.so.2".to_string(), "libnccl.so".to_string()]);
-    let Some((h, name)) = dlopen_first(&names) else {
-        return Library {
-            note: Some(format!("not found (tried {})", names.join(", "))),
+    match ferrocomm::nccl::probe(cfg) {
+        Ok((path, version)) => Library {
+            found: true,
+            path: Some(path.display().to_string()),
+            version: Some(version),
+            note: None,
+        },
+        Err(e) => Library {
+            note: Some(e.to_string()),
             ..Default::default()
-        };
-    };
-    let version = dlsym(h, c"ncclGetVersion").and_then(|f| {
-        // SAFETY: ncclGetVersion has the C signature `ncclResult_t (int*)`.
-        let f: extern "C" fn(*mut c_int) -> c_int = unsafe { std::mem::transmute(f) };
-        let mut v: c_int = 0;
-        (f(&mut v) == 0).then(|| {
-            // NCCL >= 2.9 encodes major*10000 + minor*100 + patch.
-            let (maj, min, pat) = if v >= 10000 {
-                (v / 10000, (v % 10000) / 100, v % 100)
-            } else {
-                (v / 1000, (v % 1000) / 100, v % 100)
-            };
-            format!("{maj}.{min}.{pat}")
-        })
-    });
-    Library {
-        found: true,
-        path: loaded_path("libnccl").or(Some(name)),
-        version,
-        note: None,
+        },
     }
 }
 
@@ -235,14 +214,9 @@ fn probe_cuda(info: &mut SystemInfo) {
         .into();
 }
 
-/// GPUs the driver shows (0 without a driver).
+/// GPUs the driver shows (0 without a driver), as the library counts them.
 pub fn gpu_count() -> usize {
-    use cudarc::driver::{result, sys};
-    // SAFETY: only tries to load libcuda; nothing else is called when it is absent.
-    if !unsafe { sys::is_culib_present() } || result::init().is_err() {
-        return 0;
-    }
-    result::device::get_count().unwrap_or(0).max(0) as usize
+    ferrocomm::cuda::gpu_count()
 }
 
 /// Probes the machine. Never fails: what is missing is reported as missing.
@@ -261,14 +235,14 @@ fn human(bytes: usize) -> String {
     const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = bytes as f64;
     let mut i = 0;
-    while v >= 1024.0 && i + 1 < U.len() && v.fract() == 0.0 {
+    while v >= 1024.0 && i + 1 < U.len() {
         v /= 1024.0;
         i += 1;
     }
     if v.fract() == 0.0 {
         format!("{v} {}", U[i])
     } else {
-        format!("{bytes} B")
+        format!("{v:.1} {}", U[i])
     }
 }
 
@@ -445,7 +419,10 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
     );
     let _ = writeln!(
         w,
-        "cuda: {} of IPC staging per rank and buffer (FERROCOMM_CUDA_STAGING_BYTES)",
+        "cuda: {} per GPU for 2 ranks, {} for 8 (flags, push buffers, double-buffered staging \
+         of FERROCOMM_CUDA_STAGING_BYTES = {})",
+        human(ferrocomm::cuda::staging_memory_bytes(cfg, 2)),
+        human(ferrocomm::cuda::staging_memory_bytes(cfg, 8)),
         human(cfg.cuda_staging_bytes)
     );
 
@@ -488,6 +465,15 @@ pub fn env_entries(cfg: &Config) -> Vec<EnvEntry> {
         .collect()
 }
 
+/// Writes to stdout; a reader that stops early (`| head`) is not an error.
+fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
+}
+
 pub fn run(args: InfoArgs) -> anyhow::Result<i32> {
     let cfg = Config::from_env()?;
     let sys = probe_system(&cfg);
@@ -498,9 +484,9 @@ pub fn run(args: InfoArgs) -> anyhow::Result<i32> {
             env: env_entries(&cfg),
             kernel_cache: cfg.kernel_cache.clone(),
         };
-        println!("{}", serde_json::to_string_pretty(&j)?);
+        emit(&(serde_json::to_string_pretty(&j)? + "\n"))?;
     } else {
-        print!("{}", render(&cfg, &sys));
+        emit(&render(&cfg, &sys))?;
     }
     Ok(0)
 }
@@ -514,6 +500,7 @@ mod tests {
         assert_eq!(human(4 << 20), "4 MiB");
         assert_eq!(human(64 << 10), "64 KiB");
         assert_eq!(human(1000), "1000 B");
+        assert_eq!(human(3 << 19), "1.5 MiB");
     }
 
     #[test]

@@ -106,13 +106,15 @@ pub fn draw(path: &Path, title: &str, rows: &[Row]) -> anyhow::Result<()> {
             .margin(15)
             .x_label_area_size(40)
             .y_label_area_size(60)
-            .build_cartesian_2d((xr.0..xr.1).log_scale(), (yr.0..yr.1).log_scale())
+            // Sizes are powers of two: ticks at powers of 4 land on them.
+            .build_cartesian_2d((xr.0..xr.1).log_scale().base(4.0), (yr.0..yr.1).log_scale())
             .map_err(e)?;
         chart
             .configure_mesh()
             .x_desc("size (bytes)")
             .y_desc(ylabel)
             .x_label_formatter(&size_label)
+            .y_label_formatter(&|v| format!("{}", (v * 1000.0).round() / 1000.0))
             .label_style(("sans-serif", 13))
             .draw()
             .map_err(e)?;
