@@ -35,8 +35,8 @@ struct Buf {
 impl Buf {
     fn new(bytes: usize) -> Res<Buf> {
         let mut p = 0u64;
-        // SAFETY: out-parameter; the context is current.
         cu(
+            // SAFETY: out-parameter; the context is current.
             unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(16)) },
             "cuMemAlloc",
         )?;

@@ -27,8 +27,10 @@ fn staging_memory_is_reported_per_world_size() {
     assert_eq!(l.push_cap, 512 << 10);
     assert_eq!(l.staging_off % 4096, 0);
     // A small staging size also caps push.
-    let mut small = Config::default();
-    small.cuda_staging_bytes = 100_000;
+    let small = Config {
+        cuda_staging_bytes: 100_000,
+        ..Config::default()
+    };
     assert_eq!(ferrocomm::cuda::push_capacity(&small), 100_000);
     assert_eq!(
         ferrocomm::cuda::staging_layout(&small, 2).staging_bytes,
@@ -82,8 +84,10 @@ fn nccl_backend_without_driver_is_a_clear_error() {
 
 #[test]
 fn a_wrong_nccl_path_is_library_missing_naming_the_path() {
-    let mut cfg = Config::default();
-    cfg.nccl_lib = Some(PathBuf::from("/nonexistent/libnccl.so.2"));
+    let cfg = Config {
+        nccl_lib: Some(PathBuf::from("/nonexistent/libnccl.so.2")),
+        ..Config::default()
+    };
     // probe() caches the first library it loads for the process; this test is the only one here
     // that calls it, with a path that cannot load.
     match ferrocomm::nccl::probe(&cfg) {
