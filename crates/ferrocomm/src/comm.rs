@@ -98,6 +98,18 @@ impl Splits {
     }
 }
 
+/// The device-side counts of [`Communicator::all_to_all_v_dynamic`].
+#[derive(Debug)]
+pub struct DeviceCounts<'a> {
+    /// `size` integers (i32, u32, i64 or u64): elements this rank sends to each rank, its input
+    /// packed in rank order. Written by earlier work on the stream; never read by the host.
+    pub send: View<'a>,
+    /// `size` integers of the same type: elements received from each rank, written by the call.
+    pub recv: ViewMut<'a>,
+    /// Output elements reserved per sender: the part from rank `s` lands at `s * capacity`.
+    pub capacity: usize,
+}
+
 /// What a backend is told when it is created.
 #[derive(Clone)]
 pub struct CommContext {
@@ -165,6 +177,22 @@ pub trait Backend: Send + Sync {
         splits: &Splits,
         opts: &CallOpts,
     ) -> Result<()>;
+    /// All-to-all-v whose counts live in device memory (see
+    /// [`Communicator::all_to_all_v_dynamic`]). Backends without it refuse.
+    fn all_to_all_v_dynamic(
+        &self,
+        input: View<'_>,
+        output: ViewMut<'_>,
+        counts: DeviceCounts<'_>,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let _ = (input, output, counts, opts);
+        Err(Error::Unsupported {
+            collective: "all_to_all_v_dynamic",
+            backend: self.name(),
+            what: "counts in device memory".into(),
+        })
+    }
     fn barrier(&self, opts: &CallOpts) -> Result<()>;
     fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
     fn recv(&self, out: ViewMut<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
@@ -532,6 +560,66 @@ impl Communicator {
             )));
         }
         self.live()?.all_to_all_v(input, output, splits, opts)
+    }
+
+    /// All-to-all-v for mixture-of-experts dispatch, with the counts in device memory (written
+    /// by an earlier kernel; no host synchronisation, CUDA-graph capturable).
+    ///
+    /// `input` holds the parts for rank 0, 1, ... back to back, `counts.send[p]` elements for
+    /// rank `p`; the part from rank `s` lands at `s * counts.capacity` in `output` (which holds
+    /// `size * capacity` elements) and `counts.recv[s]` receives its length. A part longer than
+    /// the capacity, or send counts past the input, are truncated and reported as an error by
+    /// the next call on this communicator; nothing is written past a buffer. Every rank must
+    /// pass the same capacity. Only the cuda backend has it (others: [`Error::Unsupported`]).
+    pub fn all_to_all_v_dynamic(
+        &self,
+        input: View<'_>,
+        output: ViewMut<'_>,
+        counts: DeviceCounts<'_>,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let c = "all_to_all_v_dynamic";
+        check_same(c, &input, &output)?;
+        let want = self.size() * counts.capacity;
+        if output.count() != want {
+            return Err(Error::SizeMismatch {
+                collective: c,
+                what: "output",
+                got: output.count(),
+                expected: want,
+            });
+        }
+        for (what, d, n) in [
+            ("send_counts", counts.send.dtype(), counts.send.count()),
+            ("recv_counts", counts.recv.dtype(), counts.recv.count()),
+        ] {
+            if !matches!(
+                d,
+                DataType::I32 | DataType::U32 | DataType::I64 | DataType::U64
+            ) {
+                return Err(Error::InvalidArgument(format!(
+                    "{c}: {what} must be i32, u32, i64 or u64, not {d}"
+                )));
+            }
+            if n != self.size() {
+                return Err(Error::SizeMismatch {
+                    collective: c,
+                    what,
+                    got: n,
+                    expected: self.size(),
+                });
+            }
+        }
+        if counts.send.dtype() != counts.recv.dtype() {
+            return Err(Error::DtypeMismatch {
+                collective: c,
+                what: "recv_counts",
+                got: counts.recv.dtype(),
+                expected: counts.send.dtype(),
+            });
+        }
+        self.live()?
+            .all_to_all_v_dynamic(input, output, counts, opts)
     }
 
     /// Returns once every rank has called it.

@@ -22,8 +22,8 @@ pub mod types;
 pub mod view;
 
 pub use comm::{
-    AlgoChoice, Backend, CallOpts, CommContext, CommOptions, Communicator, LowPrecisionChoice,
-    Splits,
+    AlgoChoice, Backend, CallOpts, CommContext, CommOptions, Communicator, DeviceCounts,
+    LowPrecisionChoice, Splits,
 };
 pub use config::Config;
 pub use error::{Error, Result};

@@ -2,7 +2,10 @@
 //! variant compiles with NVRTC for sm_90 (needs libnvrtc: the system path, FERROCOMM_NVRTC_LIB,
 //! or python's nvidia-cuda-nvrtc==13.0.88 wheel; the test fails when none is found).
 
-use ferrocomm::cuda::kernels::{self, ALGOS, ALL_REDUCE_SOURCE, EXTRA_ENTRIES, OPS, VARIANTS};
+use ferrocomm::cuda::kernels::{
+    self, ALGOS, ALL_REDUCE_SOURCE, COLLECTIVES_SOURCE, COLL_ENTRIES, COLL_OP_ENTRIES,
+    EXTRA_ENTRIES, OPS, VARIANTS,
+};
 use ferrocomm::{Config, DataType};
 
 #[test]
@@ -33,10 +36,42 @@ fn variant_table_matches_the_source() {
     for e in EXTRA_ENTRIES {
         assert!(ALL_REDUCE_SOURCE.contains(&format!("__global__ void {e}(")));
     }
-    assert_eq!(
-        kernels::entry_names().len(),
-        ALGOS.len() * OPS.len() + EXTRA_ENTRIES.len()
+    // collectives.cu: every data-movement entry, and every reduction entry per operator.
+    for e in COLL_ENTRIES {
+        assert!(
+            COLLECTIVES_SOURCE.contains(&format!("__global__ void __launch_bounds__(512) {e}(")),
+            "collectives.cu lacks {e}"
+        );
+    }
+    for op in OPS {
+        let line = format!("FC_COLL_ENTRY({op}, OP_{})", op.to_ascii_uppercase());
+        assert!(COLLECTIVES_SOURCE.contains(&line), "missing `{line}`");
+    }
+    for p in COLL_OP_ENTRIES {
+        let body = p.trim_start_matches("fc_");
+        assert!(
+            COLLECTIVES_SOURCE.contains(&format!("{p}_##NAME(Args a, CArgs c)"))
+                && COLLECTIVES_SOURCE.contains(&format!("{body}<OPV>(a, c);")),
+            "FC_COLL_ENTRY does not define {p}_*"
+        );
+    }
+    // Both sources are in every module, all-reduce first (collectives.cu uses its helpers).
+    let src = kernels::module_source(DataType::BF16).unwrap();
+    let (ar, co) = (
+        src.find("struct Args {").unwrap(),
+        src.find("struct CArgs {").unwrap(),
     );
+    assert!(ar < co);
+    let names = kernels::entry_names();
+    assert_eq!(
+        names.len(),
+        ALGOS.len() * OPS.len()
+            + EXTRA_ENTRIES.len()
+            + COLL_ENTRIES.len()
+            + COLL_OP_ENTRIES.len() * OPS.len()
+    );
+    let unique: std::collections::HashSet<_> = names.iter().collect();
+    assert_eq!(unique.len(), names.len(), "entry names repeat");
     // dtypes the kernels do not take go to NCCL.
     for d in [DataType::F64, DataType::I8, DataType::F8E4M3] {
         assert!(!kernels::supports(d) && kernels::module_source(d).is_none());

@@ -5,10 +5,11 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{sys, CudaContext};
 
+use super::collectives;
 use super::dda::Dda;
 use super::{cu, kernels, open_context};
 use crate::bootstrap::all_gather_bytes;
-use crate::comm::{Backend, CallOpts, CommContext, Splits};
+use crate::comm::{Backend, CallOpts, CommContext, DeviceCounts, Splits};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::nccl::{check_views, in_ptr, views_of, NcclOps};
@@ -234,6 +235,41 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// The direct-access state when this call runs by direct access, `None` for NCCL; reports
+    /// an error an earlier kernel recorded.
+    fn direct(
+        &self,
+        coll: Collective,
+        bytes_per_rank: usize,
+        part_bytes: usize,
+        dtype: DataType,
+        op: Option<ReduceOp>,
+        opts: &CallOpts,
+    ) -> Result<Option<&Dda>> {
+        if let Some(d) = &self.dda {
+            d.check_error(coll.name())?;
+        }
+        let a = collectives::choose(
+            self.dda.as_ref(),
+            &self.caps(),
+            self.size,
+            &self.config,
+            coll,
+            bytes_per_rank,
+            part_bytes,
+            dtype,
+            op,
+            opts,
+        )?;
+        Ok(if a == Algo::Direct {
+            self.dda.as_ref()
+        } else {
+            None
+        })
+    }
+}
+
 fn bind(c: &CudaContext) -> Result<()> {
     c.bind_to_thread()
         .map_err(|e| Error::Cuda(format!("binding the context: {e:?}")))
@@ -327,6 +363,18 @@ impl Backend for CudaBackend {
         let mut st = self.enter()?;
         check_views("reduce", self.device, &views_of(&input, &output))?;
         self.follow(&mut st, opts.stream)?;
+        let (n, dt) = (output.count(), output.dtype());
+        if let Some(d) = self.direct(
+            Collective::Reduce,
+            n * dt.size(),
+            n * dt.size(),
+            dt,
+            Some(op),
+            opts,
+        )? {
+            let ip = in_ptr(&input, &output);
+            return d.coll_reduce(ip, output.ptr() as u64, n, dt, op, root, opts.stream);
+        }
         self.nccl("reduce")?.reduce(input, output, op, root, opts)
     }
 
@@ -340,6 +388,18 @@ impl Backend for CudaBackend {
         let mut st = self.enter()?;
         check_views("broadcast", self.device, &views_of(&input, &output))?;
         self.follow(&mut st, opts.stream)?;
+        let (n, dt) = (output.count(), output.dtype());
+        if let Some(d) = self.direct(
+            Collective::Broadcast,
+            n * dt.size(),
+            n * dt.size(),
+            dt,
+            None,
+            opts,
+        )? {
+            let ip = in_ptr(&input, &output);
+            return d.coll_broadcast(ip, output.ptr() as u64, n, dt, root, opts.stream);
+        }
         self.nccl("broadcast")?.broadcast(input, output, root, opts)
     }
 
@@ -347,6 +407,22 @@ impl Backend for CudaBackend {
         let mut st = self.enter()?;
         check_views("all_gather", self.device, &views_of(&input, &output))?;
         self.follow(&mut st, opts.stream)?;
+        let (dt, n) = (output.dtype(), output.count() / self.size);
+        if let Some(d) = self.direct(
+            Collective::AllGather,
+            n * dt.size(),
+            n * dt.size(),
+            dt,
+            None,
+            opts,
+        )? {
+            let op = output.ptr() as u64;
+            let ip = match input {
+                Input::InPlace => op + (d.rank * n * dt.size()) as u64,
+                Input::Buf(v) => v.ptr() as u64,
+            };
+            return d.coll_all_gather(ip, op, n, dt, opts.stream);
+        }
         self.nccl("all_gather")?.all_gather(input, output, opts)
     }
 
@@ -360,6 +436,26 @@ impl Backend for CudaBackend {
         let mut st = self.enter()?;
         check_views("reduce_scatter", self.device, &views_of(&input, &output))?;
         self.follow(&mut st, opts.stream)?;
+        let dt = output.dtype();
+        let n = match input {
+            Input::InPlace => output.count() / self.size,
+            Input::Buf(_) => output.count(),
+        };
+        if let Some(d) = self.direct(
+            Collective::ReduceScatter,
+            n * dt.size(),
+            n * dt.size(),
+            dt,
+            Some(op),
+            opts,
+        )? {
+            let base = output.ptr() as u64;
+            let (ip, outp) = match input {
+                Input::InPlace => (base, base + (d.rank * n * dt.size()) as u64),
+                Input::Buf(v) => (v.ptr() as u64, base),
+            };
+            return d.coll_reduce_scatter(ip, outp, n, dt, op, opts.stream);
+        }
         self.nccl("reduce_scatter")?
             .reduce_scatter(input, output, op, opts)
     }
@@ -368,6 +464,18 @@ impl Backend for CudaBackend {
         let mut st = self.enter()?;
         check_views("all_to_all", self.device, &views_of(&input, &output))?;
         self.follow(&mut st, opts.stream)?;
+        let (dt, n) = (output.dtype(), output.count() / self.size);
+        if let Some(d) = self.direct(
+            Collective::AllToAll,
+            output.bytes_len(),
+            n * dt.size(),
+            dt,
+            None,
+            opts,
+        )? {
+            let ip = in_ptr(&input, &output);
+            return d.coll_all_to_all(ip, output.ptr() as u64, n, dt, opts.stream);
+        }
         self.nccl("all_to_all")?.all_to_all(input, output, opts)
     }
 
@@ -381,8 +489,82 @@ impl Backend for CudaBackend {
         let mut st = self.enter()?;
         check_views("all_to_all_v", self.device, &views_of(&input, &output))?;
         self.follow(&mut st, opts.stream)?;
+        let dt = output.dtype();
+        let es = dt.size();
+        let total = |c: &[usize]| c.iter().sum::<usize>() * es;
+        let largest = splits
+            .send_counts
+            .iter()
+            .chain(&splits.recv_counts)
+            .max()
+            .copied()
+            .unwrap_or(0)
+            * es;
+        // In place, a thread overwrites only what it sent itself when every part keeps its size.
+        let in_place_ok =
+            !matches!(input, Input::InPlace) || splits.send_counts == splits.recv_counts;
+        let bytes = total(&splits.send_counts).max(total(&splits.recv_counts));
+        if !in_place_ok && opts.algo.0 == Algo::Direct {
+            return Err(Error::Unsupported {
+                collective: "all_to_all_v",
+                backend: "cuda",
+                what: "direct access in place with send counts that differ from receive counts"
+                    .into(),
+            });
+        }
+        if in_place_ok {
+            if let Some(d) = self.direct(Collective::AllToAllV, bytes, largest, dt, None, opts)? {
+                let ip = in_ptr(&input, &output);
+                return d.coll_all_to_all_v(ip, output.ptr() as u64, splits, dt, opts.stream);
+            }
+        }
         self.nccl("all_to_all_v")?
             .all_to_all_v(input, output, splits, opts)
+    }
+
+    fn all_to_all_v_dynamic(
+        &self,
+        input: View<'_>,
+        output: ViewMut<'_>,
+        counts: DeviceCounts<'_>,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let c = "all_to_all_v_dynamic";
+        let mut st = self.enter()?;
+        let mut views = views_of(&Input::Buf(input), &output);
+        views.push((
+            "send_counts",
+            counts.send.ptr() as u64,
+            counts.send.device(),
+            counts.send.bytes_len(),
+        ));
+        views.push((
+            "recv_counts",
+            counts.recv.ptr() as u64,
+            counts.recv.device(),
+            counts.recv.bytes_len(),
+        ));
+        check_views(c, self.device, &views)?;
+        let Some(d) = &self.dda else {
+            return Err(Error::Unsupported {
+                collective: c,
+                backend: "cuda",
+                what: format!("device-side counts without direct access ({})", self.no_dda),
+            });
+        };
+        d.check_error(c)?;
+        self.follow(&mut st, opts.stream)?;
+        d.coll_all_to_all_dynamic(
+            input.ptr() as u64,
+            input.count(),
+            output.ptr() as u64,
+            counts.capacity,
+            counts.send.ptr() as u64,
+            counts.recv.ptr() as u64,
+            counts.send.dtype().size(),
+            output.dtype(),
+            opts.stream,
+        )
     }
 
     fn barrier(&self, opts: &CallOpts) -> Result<()> {
@@ -429,6 +611,29 @@ impl Backend for CudaBackend {
     ) -> Result<Algo> {
         if coll == Collective::AllReduce {
             return self.choose(bytes_per_rank, dtype, ReduceOp::Sum, opts);
+        }
+        if !matches!(
+            coll,
+            Collective::Barrier | Collective::Send | Collective::Recv
+        ) {
+            let part = match coll {
+                Collective::AllToAll | Collective::AllToAllV => bytes_per_rank / self.size,
+                _ => bytes_per_rank,
+            };
+            let op = matches!(coll, Collective::Reduce | Collective::ReduceScatter)
+                .then_some(ReduceOp::Sum);
+            return collectives::choose(
+                self.dda.as_ref(),
+                &self.caps(),
+                self.size,
+                &self.config,
+                coll,
+                bytes_per_rank,
+                part,
+                dtype,
+                op,
+                opts,
+            );
         }
         if self.nccl.is_some() {
             Ok(Algo::Nccl)

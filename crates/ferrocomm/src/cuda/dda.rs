@@ -22,7 +22,10 @@ pub const MAX_BLOCKS: usize = 256;
 const FLAGS_BYTES: usize = 2 * 2 * MAX_BLOCKS * MAX_RANKS * 4;
 const STATE_OFF: usize = FLAGS_BYTES;
 const VERIFY_OFF: usize = STATE_OFF + 64;
-const STATE_BYTES: usize = 4096;
+/// Hello and payload-barrier words of collectives.cu (written by peers), in the state area.
+pub(super) const COLL_HELLO_OFF: usize = STATE_OFF + 4096;
+pub(super) const COLL_BAR_OFF: usize = STATE_OFF + 8192;
+const STATE_BYTES: usize = 8192 + 2 * MAX_BLOCKS * MAX_RANKS * 8;
 /// Largest push payload per rank (LL lines double it, and every rank holds every sender's).
 const PUSH_CAP_MAX: usize = 512 << 10;
 
@@ -66,7 +69,7 @@ pub fn staging_layout(cfg: &Config, world: usize) -> StagingLayout {
 /// Kernel arguments; the same layout as `struct Args` in all_reduce.cu.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct Args {
+pub(super) struct Args {
     staging: [u64; MAX_RANKS],
     push: [u64; MAX_RANKS],
     flags: [u64; MAX_RANKS],
@@ -78,13 +81,13 @@ struct Args {
     staging_bytes: u64,
     push_cap: u64,
     timeout_ns: u64,
-    int_div: i64,
-    pre: f32,
-    post_div: f32,
+    pub(super) int_div: i64,
+    pub(super) pre: f32,
+    pub(super) post_div: f32,
     rank: u32,
     world: u32,
-    has_pre: u32,
-    has_div: u32,
+    pub(super) has_pre: u32,
+    pub(super) has_div: u32,
 }
 
 struct Module {
@@ -94,18 +97,18 @@ struct Module {
 
 /// One rank's DDA resources.
 pub struct Dda {
-    rank: usize,
-    world: usize,
+    pub(super) rank: usize,
+    pub(super) world: usize,
     layout: StagingLayout,
     own: sys::CUdeviceptr,
     /// Every rank's allocation base as mapped here (own included).
     bases: Vec<sys::CUdeviceptr>,
     opened: Vec<sys::CUdeviceptr>,
-    error_host: *mut u32,
+    pub(super) error_host: *mut u32,
     error_dev: sys::CUdeviceptr,
     modules: HashMap<DataType, Module>,
-    sm_count: u32,
-    timeout: Duration,
+    pub(super) sm_count: u32,
+    pub(super) timeout: Duration,
 }
 
 // SAFETY: the raw pointers are device addresses and a pinned host page owned by this struct;
@@ -312,7 +315,7 @@ impl Dda {
         self.layout
     }
 
-    fn func(&self, dtype: DataType, name: &str) -> Result<sys::CUfunction> {
+    pub(super) fn func(&self, dtype: DataType, name: &str) -> Result<sys::CUfunction> {
         self.modules
             .get(&dtype)
             .and_then(|m| m.funcs.get(name).copied())
@@ -323,7 +326,7 @@ impl Dda {
             })
     }
 
-    fn base_args(&self, input: u64, output: u64, count: u64) -> Args {
+    pub(super) fn base_args(&self, input: u64, output: u64, count: u64) -> Args {
         let mut a = Args {
             staging: [0; MAX_RANKS],
             push: [0; MAX_RANKS],
@@ -358,6 +361,10 @@ impl Dda {
         let w = unsafe { std::ptr::read_volatile(self.error_host) };
         if w == 0 {
             return Ok(());
+        }
+        if w != 1 {
+            // Bad input found by collectives.cu (not sticky).
+            return self.take_input_error(collective, w);
         }
         // SAFETY: as above, words 1..3.
         let peer = unsafe { std::ptr::read_volatile(self.error_host.add(1)) } as usize;

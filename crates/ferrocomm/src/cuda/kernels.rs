@@ -18,6 +18,29 @@ pub const ALL_REDUCE_SOURCE: &str = include_str!("../../kernels/all_reduce.cu");
 /// Its name in logs and cache files.
 pub const ALL_REDUCE_NAME: &str = "all_reduce.cu";
 
+/// The other collectives (all-gather, reduce-scatter, all-to-all(v), broadcast, reduce),
+/// appended to the all-reduce source in every module.
+pub const COLLECTIVES_SOURCE: &str = include_str!("../../kernels/collectives.cu");
+
+/// Data-movement entry points of collectives.cu (byte kernels, `(Args, CArgs)`).
+pub const COLL_ENTRIES: [&str; 8] = [
+    "fc_all_gather_ll",
+    "fc_all_gather_st",
+    "fc_all_to_all_ll",
+    "fc_all_to_all_st",
+    "fc_all_to_all_v_st",
+    "fc_all_to_all_dyn_st",
+    "fc_broadcast_ll",
+    "fc_broadcast_st",
+];
+/// Reduction entry points of collectives.cu, one per operator: `<prefix>_<op>`.
+pub const COLL_OP_ENTRIES: [&str; 4] = [
+    "fc_reduce_scatter_ll",
+    "fc_reduce_scatter_st",
+    "fc_reduce_ll",
+    "fc_reduce_st",
+];
+
 /// Algorithms with an entry point per operator: `fc_<algo>_<op>`.
 pub const ALGOS: [&str; 3] = ["push", "flat", "tree"];
 /// Operators compiled into every module (Avg and PremulSum run on `sum` with scale factors).
@@ -48,6 +71,12 @@ pub fn entry_names() -> Vec<String> {
         .flat_map(|a| OPS.iter().map(move |o| format!("fc_{a}_{o}")))
         .collect();
     v.extend(EXTRA_ENTRIES.iter().map(|s| s.to_string()));
+    v.extend(COLL_ENTRIES.iter().map(|s| s.to_string()));
+    v.extend(
+        COLL_OP_ENTRIES
+            .iter()
+            .flat_map(|p| OPS.iter().map(move |o| format!("{p}_{o}"))),
+    );
     v
 }
 
@@ -56,7 +85,7 @@ pub fn module_source(dtype: DataType) -> Option<String> {
     VARIANTS
         .iter()
         .find(|(d, _)| *d == dtype)
-        .map(|(_, def)| format!("#define {def} 1\n{ALL_REDUCE_SOURCE}"))
+        .map(|(_, def)| format!("#define {def} 1\n{ALL_REDUCE_SOURCE}\n{COLLECTIVES_SOURCE}"))
 }
 
 fn options(arch: &str) -> Vec<String> {

@@ -4,9 +4,11 @@
 //! - [`libs`]: finding libcuda / libnvrtc before cudarc touches them (absent = error, no panic);
 //! - [`kernels`]: the NVRTC kernel registry and its disk cache;
 //! - `dda`: IPC staging, peer checks and kernel launches for push / flat / tree all-reduce;
+//! - [`collectives`]: direct-access all-gather, reduce-scatter, all-to-all(v), broadcast, reduce;
 //! - `backend`: the [`Backend`] that chooses between DDA and NCCL per call.
 
 mod backend;
+pub mod collectives;
 mod dda;
 pub mod kernels;
 pub mod libs;

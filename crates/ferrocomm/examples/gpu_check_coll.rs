@@ -1,0 +1,1180 @@
+//! Device correctness check of the direct-access all-gather, reduce-scatter, all-to-all(v),
+//! broadcast, reduce and device-count all-to-all-v (run on a GPU machine):
+//!
+//! ```text
+//! ferrocomm launch -n 2 -- target/release/examples/gpu_check_coll [--quick]
+//! ```
+//!
+//! Random data (never zeros), outputs poisoned before every call (and a poisoned guard past
+//! the end that must stay untouched), every result compared with a host reference (bytes for
+//! data movement, f64 / exact integers for reductions). Sizes 0, odd, unaligned, up to 64 MB;
+//! every root; uneven all-to-all-v counts with zeros; CUDA graph capture and replay;
+//! back-to-back mixed collectives; disagreeing counts and overfull capacities. Exits 1 on any
+//! wrong element.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys;
+use ferrocomm::bootstrap::{all_gather_bytes, store_barrier};
+use ferrocomm::{
+    Algo, CallOpts, CommOptions, Communicator, Config, DataType, Device, DeviceCounts, Input,
+    ReduceOp, Splits, View, ViewMut,
+};
+use rand::{Rng, SeedableRng};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn cu(r: sys::CUresult, what: &str) -> Res<()> {
+    r.result().map_err(|e| format!("{what}: {e:?}").into())
+}
+
+const GUARD: usize = 64;
+const POISON: u8 = 0xA7;
+
+/// A device buffer with a poisoned guard band after `bytes`.
+struct Buf {
+    ptr: u64,
+    bytes: usize,
+}
+
+impl Buf {
+    fn new(bytes: usize) -> Res<Buf> {
+        let mut p = 0u64;
+        // SAFETY: out-parameter; the context is current.
+        cu(
+            unsafe { sys::cuMemAlloc_v2(&mut p, bytes + GUARD + 16) },
+            "cuMemAlloc",
+        )?;
+        Ok(Buf { ptr: p, bytes })
+    }
+    fn upload(&self, off: usize, data: &[u8]) -> Res<()> {
+        assert!(off + data.len() <= self.bytes + GUARD + 16);
+        // SAFETY: in bounds (asserted).
+        cu(
+            unsafe {
+                sys::cuMemcpyHtoD_v2(self.ptr + off as u64, data.as_ptr().cast(), data.len())
+            },
+            "cuMemcpyHtoD",
+        )
+    }
+    fn download(&self, off: usize, len: usize) -> Res<Vec<u8>> {
+        let mut out = vec![0u8; len];
+        assert!(off + len <= self.bytes + GUARD + 16);
+        // SAFETY: in bounds (asserted).
+        cu(
+            unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr + off as u64, len) },
+            "cuMemcpyDtoH",
+        )?;
+        Ok(out)
+    }
+    fn poison(&self) -> Res<()> {
+        // SAFETY: the whole allocation.
+        cu(
+            unsafe { sys::cuMemsetD8_v2(self.ptr, POISON, self.bytes + GUARD + 16) },
+            "cuMemsetD8",
+        )
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        // SAFETY: allocated once in `new`.
+        unsafe { sys::cuMemFree_v2(self.ptr) };
+    }
+}
+
+fn sync() -> Res<()> {
+    // SAFETY: plain context synchronisation.
+    cu(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
+}
+
+fn new_stream() -> Res<u64> {
+    let mut s: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: out-parameter.
+    cu(unsafe { sys::cuStreamCreate(&mut s, 1) }, "cuStreamCreate")?;
+    Ok(s as u64)
+}
+
+// ---------------------------------------------------------------- data and references
+
+/// Random element bytes of `rank` for case `seed` (every rank can compute every rank's data).
+fn gen(dtype: DataType, count: usize, seed: u64, rank: usize, prod: bool) -> Vec<u8> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed.wrapping_mul(1_000_003) + rank as u64);
+    let mut out = Vec::with_capacity(count * dtype.size());
+    for _ in 0..count {
+        let f: f64 = if prod {
+            rng.random_range(0.5..1.5)
+        } else {
+            let v: f64 = rng.random_range(0.05..1.0);
+            if rng.random_bool(0.5) {
+                -v
+            } else {
+                v
+            }
+        };
+        let i: i64 = if prod {
+            rng.random_range(1..=3)
+        } else {
+            rng.random_range(1..1000) * if rng.random_bool(0.5) { -1 } else { 1 }
+        };
+        match dtype {
+            DataType::F32 => out.extend_from_slice(&(f as f32).to_le_bytes()),
+            DataType::F16 => out.extend_from_slice(&half::f16::from_f64(f).to_le_bytes()),
+            DataType::BF16 => out.extend_from_slice(&half::bf16::from_f64(f).to_le_bytes()),
+            DataType::I32 => out.extend_from_slice(&(i as i32).to_le_bytes()),
+            DataType::U32 => out.extend_from_slice(&(i.unsigned_abs() as u32).to_le_bytes()),
+            DataType::I64 => out.extend_from_slice(&i.to_le_bytes()),
+            DataType::U64 => out.extend_from_slice(&i.unsigned_abs().to_le_bytes()),
+            // Bytes types: any nonzero byte (fp8 and int8 move as bytes).
+            _ => {
+                for _ in 0..dtype.size() {
+                    out.push(rng.random_range(1..=255u8));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Large byte inputs are cheaper as a keyed pattern than as RNG output.
+fn gen_bytes_fast(bytes: usize, seed: u64, rank: usize) -> Vec<u8> {
+    let mut x =
+        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (rank as u64 + 1) * 0xD1B5_4A32_D192_ED03;
+    let mut v = Vec::with_capacity(bytes);
+    while v.len() < bytes {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&(x | 0x0101_0101_0101_0101).to_le_bytes());
+    }
+    v.truncate(bytes);
+    v
+}
+
+fn as_f64(dtype: DataType, b: &[u8]) -> f64 {
+    match dtype {
+        DataType::F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
+        DataType::F16 => half::f16::from_le_bytes(b.try_into().unwrap()).to_f64(),
+        DataType::BF16 => half::bf16::from_le_bytes(b.try_into().unwrap()).to_f64(),
+        _ => unreachable!(),
+    }
+}
+
+fn as_i128(dtype: DataType, b: &[u8]) -> i128 {
+    match dtype {
+        DataType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as i128,
+        DataType::U32 => u32::from_le_bytes(b.try_into().unwrap()) as i128,
+        DataType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as i128,
+        DataType::U64 => u64::from_le_bytes(b.try_into().unwrap()) as i128,
+        _ => unreachable!(),
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum OpK {
+    Sum,
+    Avg,
+    Prod,
+    Min,
+    Max,
+    Premul,
+}
+
+impl OpK {
+    fn op(self) -> ReduceOp {
+        match self {
+            OpK::Sum => ReduceOp::Sum,
+            OpK::Avg => ReduceOp::Avg,
+            OpK::Prod => ReduceOp::Prod,
+            OpK::Min => ReduceOp::Min,
+            OpK::Max => ReduceOp::Max,
+            OpK::Premul => ReduceOp::PremulSum(0.5),
+        }
+    }
+}
+
+/// Wrong elements of `got` (elements [first, first+len) of every rank's input reduced).
+fn check_reduce(dtype: DataType, op: OpK, parts: &[&[u8]], got: &[u8]) -> usize {
+    let es = dtype.size();
+    let n = parts.len();
+    let mut wrong = 0;
+    for i in 0..got.len() / es {
+        let el = |r: usize| &parts[r][i * es..(i + 1) * es];
+        let g = &got[i * es..(i + 1) * es];
+        let ok = if dtype.is_float() {
+            let xs: Vec<f64> = (0..n).map(|r| as_f64(dtype, el(r))).collect();
+            let gv = as_f64(dtype, g);
+            let mag: f64 = xs.iter().map(|x| x.abs()).sum();
+            let (want, scale) = match op {
+                OpK::Sum => (xs.iter().sum::<f64>(), mag),
+                OpK::Avg => (xs.iter().sum::<f64>() / n as f64, mag / n as f64),
+                OpK::Premul => (xs.iter().map(|x| x * 0.5).sum::<f64>(), mag * 0.5),
+                OpK::Prod => {
+                    let p: f64 = xs.iter().product();
+                    (p, p.abs() * n as f64)
+                }
+                OpK::Min => (xs.iter().cloned().fold(f64::INFINITY, f64::min), 0.0),
+                OpK::Max => (xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max), 0.0),
+            };
+            let rel = match dtype {
+                DataType::F32 => 2e-6,
+                DataType::F16 => 1.5e-3,
+                _ => 1e-2,
+            };
+            (gv - want).abs() <= rel * scale + 1e-30
+        } else {
+            let bits = es * 8;
+            let wrap = |v: i128| -> i128 {
+                let m = 1i128 << bits;
+                let mut w = v.rem_euclid(m);
+                if matches!(dtype, DataType::I32 | DataType::I64) && w >= m / 2 {
+                    w -= m;
+                }
+                w
+            };
+            let xs: Vec<i128> = (0..n).map(|r| as_i128(dtype, el(r))).collect();
+            let want = match op {
+                OpK::Sum => wrap(xs.iter().sum()),
+                OpK::Avg => wrap(wrap(xs.iter().sum()) / n as i128),
+                OpK::Prod => wrap(xs.iter().product()),
+                OpK::Min => *xs.iter().min().unwrap(),
+                OpK::Max => *xs.iter().max().unwrap(),
+                OpK::Premul => unreachable!(),
+            };
+            as_i128(dtype, g) == want
+        };
+        if !ok {
+            wrong += 1;
+        }
+    }
+    wrong
+}
+
+fn diff_bytes(want: &[u8], got: &[u8], es: usize) -> usize {
+    want.chunks(es.max(1))
+        .zip(got.chunks(es.max(1)))
+        .filter(|(a, b)| a != b)
+        .count()
+}
+
+// ---------------------------------------------------------------- harness
+
+#[derive(Default)]
+struct Tally {
+    cases: usize,
+    wrong: usize,
+    guard: usize,
+    errors: usize,
+}
+
+struct Ctx {
+    comm: Communicator,
+    rank: usize,
+    world: usize,
+    dev: Device,
+    tally: BTreeMap<String, Tally>,
+    failures: Vec<String>,
+}
+
+impl Ctx {
+    fn record(
+        &mut self,
+        key: &str,
+        what: String,
+        r: ferrocomm::Result<()>,
+        wrong: usize,
+        guard: usize,
+    ) {
+        let t = self.tally.entry(key.to_string()).or_default();
+        t.cases += 1;
+        match r {
+            Err(e) => {
+                t.errors += 1;
+                self.failures.push(format!("{what}: error {e}"));
+            }
+            Ok(()) => {
+                t.wrong += wrong;
+                t.guard += guard;
+                if wrong + guard > 0 {
+                    self.failures.push(format!(
+                        "{what}: {wrong} wrong elements, {guard} guard bytes hit"
+                    ));
+                }
+            }
+        }
+    }
+}
+
+fn guard_hits(b: &Buf, off: usize, len: usize) -> Res<usize> {
+    let g = b.download(off + len, GUARD)?;
+    Ok(g.iter().filter(|x| **x != POISON).count())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Coll {
+    AllGather,
+    AllToAll,
+    Broadcast(usize),
+    ReduceScatter(OpK),
+    Reduce(OpK, usize),
+}
+
+/// One call of `coll` with `n` elements per part, checked against the host reference.
+#[allow(clippy::too_many_arguments)]
+fn run_one(
+    c: &mut Ctx,
+    coll: Coll,
+    dtype: DataType,
+    n: usize,
+    algo: Algo,
+    in_place: bool,
+    misalign: usize,
+    seed: u64,
+) -> Res<()> {
+    let w = c.world;
+    let es = dtype.size();
+    let prod = matches!(
+        coll,
+        Coll::ReduceScatter(OpK::Prod) | Coll::Reduce(OpK::Prod, _)
+    );
+    // Elements of the input and output buffers.
+    let (in_n, out_n) = match coll {
+        Coll::AllGather => (n, n * w),
+        Coll::AllToAll => (n * w, n * w),
+        Coll::Broadcast(_) | Coll::Reduce(..) => (n, n),
+        Coll::ReduceScatter(_) => (n * w, n),
+    };
+    let big = n * es > (1 << 20);
+    let inputs: Vec<Vec<u8>> = (0..w)
+        .map(|r| {
+            if big && !matches!(coll, Coll::ReduceScatter(_) | Coll::Reduce(..)) {
+                gen_bytes_fast(in_n * es, seed, r)
+            } else {
+                gen(dtype, in_n, seed, r, prod)
+            }
+        })
+        .collect();
+    let off = misalign * es;
+    let buf_bytes = in_n.max(out_n) * es + off;
+    let inb = Buf::new(buf_bytes)?;
+    let outb = Buf::new(buf_bytes)?;
+    outb.poison()?;
+    inb.poison()?;
+    let me = c.rank;
+    let dev = c.dev;
+    let opts = CallOpts::default().with_algo(algo);
+    let op_ptr = outb.ptr + off as u64;
+    // In place: the input sits where the collective expects it inside the output.
+    let r = unsafe {
+        // SAFETY: the buffers hold `buf_bytes` (+ guard) of this device and outlive the call
+        // (synchronised below).
+        let o = ViewMut::from_raw(op_ptr as *mut u8, out_n, dtype, dev);
+        let input = if in_place {
+            match coll {
+                Coll::AllGather => outb.upload(off + me * n * es, &inputs[me])?,
+                _ => outb.upload(off, &inputs[me])?,
+            }
+            Input::InPlace
+        } else {
+            inb.upload(off, &inputs[me])?;
+            Input::Buf(View::from_raw(
+                (inb.ptr + off as u64) as *const u8,
+                in_n,
+                dtype,
+                dev,
+            ))
+        };
+        match coll {
+            Coll::AllGather => c.comm.all_gather(input, o, &opts),
+            Coll::AllToAll => c.comm.all_to_all(input, o, &opts),
+            Coll::Broadcast(root) => c.comm.broadcast(input, o, root, &opts),
+            Coll::ReduceScatter(op) => {
+                let o = if in_place {
+                    ViewMut::from_raw(op_ptr as *mut u8, n * w, dtype, dev)
+                } else {
+                    o
+                };
+                c.comm.reduce_scatter(input, o, op.op(), &opts)
+            }
+            Coll::Reduce(op, root) => c.comm.reduce(input, o, op.op(), root, &opts),
+        }
+    };
+    sync()?;
+    // What the output must hold, and where.
+    let (got_off, got_len) = match coll {
+        Coll::ReduceScatter(_) if in_place => (off + me * n * es, n * es),
+        _ => (off, out_n * es),
+    };
+    let got = outb.download(got_off, got_len)?;
+    let mut wrong = 0;
+    let guard = if in_place && matches!(coll, Coll::ReduceScatter(_)) {
+        guard_hits(&outb, off, n * w * es)?
+    } else {
+        guard_hits(&outb, off, out_n * es)?
+    };
+    match coll {
+        Coll::AllGather => {
+            let want: Vec<u8> = inputs.concat();
+            wrong = diff_bytes(&want, &got, es);
+        }
+        Coll::AllToAll => {
+            let want: Vec<u8> = (0..w)
+                .flat_map(|s| inputs[s][me * n * es..(me + 1) * n * es].to_vec())
+                .collect();
+            wrong = diff_bytes(&want, &got, es);
+        }
+        Coll::Broadcast(root) => {
+            wrong = diff_bytes(&inputs[root], &got, es);
+        }
+        Coll::ReduceScatter(op) => {
+            let parts: Vec<&[u8]> = inputs
+                .iter()
+                .map(|v| &v[me * n * es..(me + 1) * n * es])
+                .collect();
+            wrong = check_reduce(dtype, op, &parts, &got);
+        }
+        Coll::Reduce(op, root) => {
+            if me == root {
+                let parts: Vec<&[u8]> = inputs.iter().map(|v| &v[..]).collect();
+                wrong = check_reduce(dtype, op, &parts, &got);
+            } else if !in_place {
+                // Non-root outputs are not written.
+                wrong = got.iter().filter(|b| **b != POISON).count().min(1);
+            }
+        }
+    }
+    let key = match coll {
+        Coll::AllGather => "all_gather",
+        Coll::AllToAll => "all_to_all",
+        Coll::Broadcast(_) => "broadcast",
+        Coll::ReduceScatter(_) => "reduce_scatter",
+        Coll::Reduce(..) => "reduce",
+    };
+    let what = format!("{coll:?} {dtype} n={n} {algo} in_place={in_place} misalign={misalign}");
+    c.record(key, what, r, wrong, guard);
+    Ok(())
+}
+
+const MOVE_TYPES: [DataType; 5] = [
+    DataType::BF16,
+    DataType::F8E4M3,
+    DataType::I8,
+    DataType::F32,
+    DataType::U64,
+];
+const RED_TYPES: [DataType; 7] = [
+    DataType::F32,
+    DataType::F16,
+    DataType::BF16,
+    DataType::I32,
+    DataType::U32,
+    DataType::I64,
+    DataType::U64,
+];
+
+fn matrix(c: &mut Ctx, quick: bool) -> Res<()> {
+    let w = c.world;
+    let mut seed = 1u64;
+    let small: &[usize] = &[0, 1, 3, 8, 33, 1000, 4097, 20_001, 70_003];
+    let mut colls = vec![Coll::AllGather, Coll::AllToAll];
+    colls.extend((0..w).map(Coll::Broadcast));
+    for coll in &colls {
+        for d in MOVE_TYPES {
+            for (si, &n) in small.iter().enumerate() {
+                if quick && si % 2 == 1 {
+                    continue;
+                }
+                for (ai, algo) in [Algo::Direct, Algo::Auto].into_iter().enumerate() {
+                    seed += 1;
+                    run_one(
+                        c,
+                        *coll,
+                        d,
+                        n,
+                        algo,
+                        (si + ai) % 2 == 0,
+                        (si + ai) % 3 / 2,
+                        seed,
+                    )?;
+                }
+            }
+        }
+    }
+    for d in RED_TYPES {
+        let ops: &[OpK] = if d.is_float() {
+            &[
+                OpK::Sum,
+                OpK::Avg,
+                OpK::Prod,
+                OpK::Min,
+                OpK::Max,
+                OpK::Premul,
+            ]
+        } else {
+            &[OpK::Sum, OpK::Avg, OpK::Prod, OpK::Min, OpK::Max]
+        };
+        for &op in ops {
+            for (si, &n) in small.iter().enumerate() {
+                if quick && si % 2 == 0 {
+                    continue;
+                }
+                seed += 1;
+                let ip = (si + seed as usize) % 2 == 0;
+                let mis = si % 3 / 2;
+                run_one(
+                    c,
+                    Coll::ReduceScatter(op),
+                    d,
+                    n,
+                    Algo::Direct,
+                    ip,
+                    mis,
+                    seed,
+                )?;
+                let root = (si + seed as usize) % w;
+                run_one(
+                    c,
+                    Coll::Reduce(op, root),
+                    d,
+                    n,
+                    Algo::Direct,
+                    !ip,
+                    mis,
+                    seed,
+                )?;
+            }
+        }
+    }
+    // Large: bf16 sums and moves up to 64 MB per buffer, direct and auto.
+    let big: &[usize] = if quick {
+        &[(1 << 20) + 3, 8 << 20]
+    } else {
+        &[(1 << 20) + 3, 4 << 20, 32 << 20 / w]
+    };
+    for &b in big {
+        let n = b / 2;
+        for algo in [Algo::Direct, Algo::Auto] {
+            seed += 1;
+            run_one(
+                c,
+                Coll::AllGather,
+                DataType::BF16,
+                n / w,
+                algo,
+                seed % 2 == 0,
+                0,
+                seed,
+            )?;
+            run_one(
+                c,
+                Coll::AllToAll,
+                DataType::BF16,
+                n / w,
+                algo,
+                seed % 2 == 1,
+                0,
+                seed,
+            )?;
+            run_one(
+                c,
+                Coll::Broadcast(seed as usize % w),
+                DataType::BF16,
+                n,
+                algo,
+                false,
+                0,
+                seed,
+            )?;
+            run_one(
+                c,
+                Coll::ReduceScatter(OpK::Sum),
+                DataType::BF16,
+                n / w,
+                algo,
+                false,
+                0,
+                seed,
+            )?;
+            run_one(
+                c,
+                Coll::Reduce(OpK::Sum, 0),
+                DataType::BF16,
+                n,
+                algo,
+                false,
+                0,
+                seed,
+            )?;
+        }
+    }
+    // 64 MB gathered output.
+    seed += 1;
+    run_one(
+        c,
+        Coll::AllGather,
+        DataType::BF16,
+        (32 << 20) / w,
+        Algo::Direct,
+        false,
+        0,
+        seed,
+    )?;
+    Ok(())
+}
+
+/// Uneven counts with zeros and gaps; every rank derives every rank's splits from the seed.
+fn splits_for(w: usize, seed: u64, max: usize) -> Vec<Vec<usize>> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..w)
+        .map(|_| {
+            (0..w)
+                .map(|_| match rng.random_range(0..4) {
+                    0 => 0,
+                    1 => rng.random_range(1..8),
+                    _ => rng.random_range(1..max),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn a2av(c: &mut Ctx, quick: bool) -> Res<()> {
+    let w = c.world;
+    let me = c.rank;
+    let dev = c.dev;
+    let rounds = if quick { 12 } else { 40 };
+    for k in 0..rounds {
+        let seed = 5000 + k as u64;
+        let maxc = [10, 3000, 70_000, 600_000][k % 4];
+        let m = splits_for(w, seed, maxc); // m[s][r]: elements s sends to r
+        let dtype = [
+            DataType::BF16,
+            DataType::F8E4M3,
+            DataType::F32,
+            DataType::I64,
+        ][k % 4];
+        let es = dtype.size();
+        let in_place = k % 5 == 4;
+        let m = if in_place {
+            // In place needs equal offsets: symmetric counts.
+            (0..w)
+                .map(|s| (0..w).map(|r| m[s.min(r)][s.max(r)]).collect())
+                .collect()
+        } else {
+            m
+        };
+        let gap = if in_place { 0 } else { k % 3 };
+        let send: Vec<usize> = m[me].clone();
+        let recv: Vec<usize> = (0..w).map(|s| m[s][me]).collect();
+        let displs = |cnt: &[usize]| -> Vec<usize> {
+            let mut d = 0;
+            cnt.iter()
+                .map(|x| {
+                    let o = d;
+                    d += x + gap;
+                    o
+                })
+                .collect()
+        };
+        let splits = Splits {
+            send_displs: displs(&send),
+            recv_displs: displs(&recv),
+            send_counts: send.clone(),
+            recv_counts: recv.clone(),
+        };
+        let in_n = splits.send_displs[w - 1] + send[w - 1];
+        let out_n = splits.recv_displs[w - 1] + recv[w - 1];
+        let inputs: Vec<Vec<u8>> = (0..w)
+            .map(|r| {
+                let sc = &m[r];
+                let n: usize = sc.iter().sum::<usize>() + gap * w;
+                gen_bytes_fast(n * es, seed, r)
+            })
+            .collect();
+        let part_of = |s: usize, r: usize| -> Vec<u8> {
+            let mut d = 0;
+            for q in 0..r {
+                d += m[s][q] + gap;
+            }
+            inputs[s][d * es..(d + m[s][r]) * es].to_vec()
+        };
+        let inb = Buf::new(in_n.max(out_n) * es)?;
+        let outb = Buf::new(in_n.max(out_n) * es)?;
+        outb.poison()?;
+        let opts =
+            CallOpts::default().with_algo(if k % 2 == 0 { Algo::Direct } else { Algo::Auto });
+        // SAFETY: buffers of this device large enough for the splits; synchronised below.
+        let r = unsafe {
+            let o = ViewMut::from_raw(outb.ptr as *mut u8, out_n, dtype, dev);
+            let input = if in_place {
+                outb.upload(0, &inputs[me][..in_n * es])?;
+                Input::InPlace
+            } else {
+                inb.upload(0, &inputs[me][..in_n * es])?;
+                Input::Buf(View::from_raw(inb.ptr as *const u8, in_n, dtype, dev))
+            };
+            c.comm.all_to_all_v(input, o, &splits, &opts)
+        };
+        sync()?;
+        let got = outb.download(0, out_n * es)?;
+        let mut wrong = 0;
+        for s in 0..w {
+            let d = splits.recv_displs[s] * es;
+            let want = part_of(s, me);
+            wrong += diff_bytes(&want, &got[d..d + want.len()], es);
+        }
+        let guard = guard_hits(&outb, 0, out_n * es)?;
+        c.record(
+            "all_to_all_v",
+            format!("a2av round {k} {dtype} counts {m:?} in_place={in_place}"),
+            r,
+            wrong,
+            guard,
+        );
+    }
+    Ok(())
+}
+
+/// Device-count all-to-all-v: counts uploaded to device memory, uneven with zeros, i32 and i64
+/// counts, then an overfull part that must be truncated and reported.
+fn dynamic(c: &mut Ctx, quick: bool) -> Res<()> {
+    let w = c.world;
+    let me = c.rank;
+    let dev = c.dev;
+    let rounds = if quick { 6 } else { 16 };
+    for k in 0..rounds {
+        let seed = 9000 + k as u64;
+        let cap = [16usize, 1000, 5000, 100_000][k % 4];
+        let overfull = k % 4 == 3 && k > 4;
+        let mut m = splits_for(w, seed, cap + 1);
+        if overfull {
+            m[(me + 1) % w][me] = cap + 77; // every rank receives one part that is too long
+            for s in 0..w {
+                m[s][(s + 1) % w] = cap + 77;
+            }
+        }
+        let dtype = [DataType::BF16, DataType::F32, DataType::U8][k % 3];
+        let cdt = if k % 2 == 0 {
+            DataType::I32
+        } else {
+            DataType::I64
+        };
+        let es = dtype.size();
+        let in_n: usize = m[me].iter().sum();
+        let inputs: Vec<Vec<u8>> = (0..w)
+            .map(|r| gen_bytes_fast(m[r].iter().sum::<usize>() * es, seed, r))
+            .collect();
+        let inb = Buf::new(in_n * es)?;
+        inb.upload(0, &inputs[me])?;
+        let outb = Buf::new(w * cap * es)?;
+        outb.poison()?;
+        let enc = |v: &[usize]| -> Vec<u8> {
+            v.iter()
+                .flat_map(|x| {
+                    if cdt == DataType::I32 {
+                        (*x as i32).to_le_bytes().to_vec()
+                    } else {
+                        (*x as i64).to_le_bytes().to_vec()
+                    }
+                })
+                .collect()
+        };
+        let scb = Buf::new(w * 8)?;
+        scb.upload(0, &enc(&m[me]))?;
+        let rcb = Buf::new(w * 8)?;
+        rcb.poison()?;
+        sync()?;
+        // SAFETY: buffers of this device of the sizes given; synchronised below.
+        let r = unsafe {
+            c.comm.all_to_all_v_dynamic(
+                View::from_raw(inb.ptr as *const u8, in_n, dtype, dev),
+                ViewMut::from_raw(outb.ptr as *mut u8, w * cap, dtype, dev),
+                DeviceCounts {
+                    send: View::from_raw(scb.ptr as *const u8, w, cdt, dev),
+                    recv: ViewMut::from_raw(rcb.ptr as *mut u8, w, cdt, dev),
+                    capacity: cap,
+                },
+                &CallOpts::default(),
+            )
+        };
+        sync()?;
+        let got = outb.download(0, w * cap * es)?;
+        let rc = rcb.download(0, w * cdt.size())?;
+        let mut wrong = 0;
+        for s in 0..w {
+            let cnt = m[s][me].min(cap);
+            let d: usize = m[s][..me].iter().sum();
+            let want = &inputs[s][d * es..(d + cnt) * es];
+            wrong += diff_bytes(want, &got[s * cap * es..s * cap * es + cnt * es], es);
+            let gc = if cdt == DataType::I32 {
+                i32::from_le_bytes(rc[s * 4..s * 4 + 4].try_into().unwrap()) as usize
+            } else {
+                i64::from_le_bytes(rc[s * 8..s * 8 + 8].try_into().unwrap()) as usize
+            };
+            if gc != cnt {
+                wrong += 1;
+            }
+        }
+        let guard = guard_hits(&outb, 0, w * cap * es)?;
+        c.record(
+            "a2av_dynamic",
+            format!("dynamic round {k} {dtype} cap {cap} counts {m:?}"),
+            r,
+            wrong,
+            guard,
+        );
+        if overfull {
+            // The truncation is reported by the next call, then the communicator works again.
+            let b = Buf::new(64)?;
+            // SAFETY: 64 bytes of this device.
+            let next = unsafe {
+                c.comm.all_gather(
+                    Input::InPlace,
+                    ViewMut::from_raw(b.ptr as *mut u8, 2 * w, DataType::F32, dev),
+                    &CallOpts::default(),
+                )
+            };
+            sync()?;
+            let ok = matches!(&next, Err(e) if e.to_string().contains("capacity"));
+            let t = c.tally.entry("bad_input".into()).or_default();
+            t.cases += 1;
+            if !ok {
+                t.errors += 1;
+                c.failures
+                    .push(format!("overfull dynamic part was not reported: {next:?}"));
+            } else if c.rank == 0 {
+                println!("overfull capacity reported: {}", next.unwrap_err());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A mix of every collective (LL and staged sizes) captured once and replayed; then the same
+/// mix back to back without synchronisation on the default stream.
+fn graph_and_race(c: &mut Ctx, replays: usize) -> Res<()> {
+    let w = c.world;
+    let me = c.rank;
+    let dev = c.dev;
+    let d = DataType::BF16;
+    let es = 2;
+    let plan: Vec<(Coll, usize)> = vec![
+        (Coll::AllGather, 100),
+        (Coll::ReduceScatter(OpK::Sum), 70_001),
+        (Coll::AllToAll, 9),
+        (Coll::Broadcast(w - 1), 300_000),
+        (Coll::Reduce(OpK::Max, 0), 1234),
+        (Coll::AllGather, 40_000),
+        (Coll::AllToAll, 65_536),
+        (Coll::Broadcast(0), 7),
+        (Coll::ReduceScatter(OpK::Min), 5),
+        (Coll::Reduce(OpK::Sum, w - 1), 200_000),
+    ];
+    let maxn = 300_000 * w;
+    let inputs: Vec<Vec<u8>> = (0..w).map(|r| gen(d, maxn, 77, r, false)).collect();
+    let inb = Buf::new(maxn * es)?;
+    inb.upload(0, &inputs[me])?;
+    let outs: Vec<Buf> = plan
+        .iter()
+        .map(|_| Buf::new(maxn * es))
+        .collect::<Res<_>>()?;
+    let issue = |comm: &Communicator, stream: u64| -> ferrocomm::Result<()> {
+        for (k, (coll, n)) in plan.iter().enumerate() {
+            let o = CallOpts::on_stream(stream);
+            // SAFETY: buffers of this device with room for every part; they outlive the work.
+            unsafe {
+                let i = |len: usize| Input::Buf(View::from_raw(inb.ptr as *const u8, len, d, dev));
+                let out = |len: usize| ViewMut::from_raw(outs[k].ptr as *mut u8, len, d, dev);
+                match *coll {
+                    Coll::AllGather => comm.all_gather(i(*n), out(n * w), &o)?,
+                    Coll::AllToAll => comm.all_to_all(i(n * w), out(n * w), &o)?,
+                    Coll::Broadcast(r) => comm.broadcast(i(*n), out(*n), r, &o)?,
+                    Coll::ReduceScatter(op) => {
+                        comm.reduce_scatter(i(n * w), out(*n), op.op(), &o)?
+                    }
+                    Coll::Reduce(op, r) => comm.reduce(i(*n), out(*n), op.op(), r, &o)?,
+                }
+            }
+        }
+        Ok(())
+    };
+    let verify = |c: &mut Ctx, key: &str| -> Res<()> {
+        for (k, (coll, n)) in plan.iter().enumerate() {
+            let n = *n;
+            let (wrong, len) = match *coll {
+                Coll::AllGather => {
+                    let got = outs[k].download(0, n * w * es)?;
+                    let want: Vec<u8> = inputs.iter().flat_map(|v| v[..n * es].to_vec()).collect();
+                    (diff_bytes(&want, &got, es), n * w)
+                }
+                Coll::AllToAll => {
+                    let got = outs[k].download(0, n * w * es)?;
+                    let want: Vec<u8> = (0..w)
+                        .flat_map(|s| inputs[s][me * n * es..(me + 1) * n * es].to_vec())
+                        .collect();
+                    (diff_bytes(&want, &got, es), n * w)
+                }
+                Coll::Broadcast(r) => {
+                    let got = outs[k].download(0, n * es)?;
+                    (diff_bytes(&inputs[r][..n * es], &got, es), n)
+                }
+                Coll::ReduceScatter(op) => {
+                    let got = outs[k].download(0, n * es)?;
+                    let parts: Vec<&[u8]> = inputs
+                        .iter()
+                        .map(|v| &v[me * n * es..(me + 1) * n * es])
+                        .collect();
+                    (check_reduce(d, op, &parts, &got), n)
+                }
+                Coll::Reduce(op, r) => {
+                    if me != r {
+                        continue;
+                    }
+                    let got = outs[k].download(0, n * es)?;
+                    let parts: Vec<&[u8]> = inputs.iter().map(|v| &v[..n * es]).collect();
+                    (check_reduce(d, op, &parts, &got), n)
+                }
+            };
+            let _ = len;
+            c.record(
+                key,
+                format!("{key} op {k} {coll:?} n={n}"),
+                Ok(()),
+                wrong,
+                0,
+            );
+        }
+        Ok(())
+    };
+    // Graph.
+    let stream = new_stream()?;
+    // SAFETY: capture on our own stream; buffers alive until the graph is destroyed.
+    unsafe {
+        cu(
+            sys::cuStreamBeginCapture_v2(
+                stream as sys::CUstream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            ),
+            "cuStreamBeginCapture",
+        )?;
+        let r = issue(&c.comm, stream);
+        let mut g: sys::CUgraph = std::ptr::null_mut();
+        cu(
+            sys::cuStreamEndCapture(stream as sys::CUstream, &mut g),
+            "end capture",
+        )?;
+        r?;
+        let mut ge: sys::CUgraphExec = std::ptr::null_mut();
+        cu(
+            sys::cuGraphInstantiateWithFlags(&mut ge, g, 0),
+            "instantiate",
+        )?;
+        for k in 0..replays {
+            if k == replays - 1 {
+                sync()?;
+                for o in &outs {
+                    o.poison()?;
+                }
+                sync()?;
+            }
+            cu(sys::cuGraphLaunch(ge, stream as sys::CUstream), "launch")?;
+        }
+        cu(sys::cuStreamSynchronize(stream as sys::CUstream), "sync")?;
+        sys::cuGraphExecDestroy(ge);
+        sys::cuGraphDestroy(g);
+    }
+    verify(c, "graph")?;
+    // Back to back, no sync, several rounds, default stream.
+    for o in &outs {
+        o.poison()?;
+    }
+    sync()?;
+    let t0 = Instant::now();
+    for _ in 0..20 {
+        issue(&c.comm, 0)?;
+    }
+    sync()?;
+    if c.rank == 0 {
+        println!(
+            "race: {} mixed calls back to back in {:.1} ms",
+            20 * plan.len(),
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    verify(c, "race")?;
+    Ok(())
+}
+
+/// Disagreeing counts and roots out of range: clear errors, nothing hangs.
+fn bad_input(c: &mut Ctx, cfg: &Config) -> Res<()> {
+    let w = c.world;
+    let me = c.rank;
+    let dev = c.dev;
+    let b = Buf::new(1 << 20)?;
+    let mut ok = 0;
+    let mut total = 0;
+    // Root out of range: refused before anything runs.
+    // SAFETY: 1 MiB of this device.
+    let r = unsafe {
+        c.comm.broadcast(
+            Input::InPlace,
+            ViewMut::from_raw(b.ptr as *mut u8, 10, DataType::F32, dev),
+            w,
+            &CallOpts::default(),
+        )
+    };
+    total += 1;
+    if matches!(r, Err(ferrocomm::Error::RankOutOfRange { .. })) {
+        ok += 1;
+    } else {
+        c.failures.push(format!("broadcast root {w} gave {r:?}"));
+    }
+    // Counts that differ between ranks (LL and staged sizes), on a separate communicator.
+    let mut cfg2 = cfg.clone();
+    cfg2.timeout = Duration::from_secs(3);
+    let mut o = CommOptions::new("gpu_check_coll_bad");
+    o.config = Some(cfg2);
+    let comm = Communicator::new(o)?;
+    for (k, n) in [100usize, 60_000].into_iter().enumerate() {
+        let mine = n + me; // rank r gathers n + r elements: disagrees
+                           // SAFETY: 1 MiB of this device is enough for 2 * 60_001 f32.
+        let first = unsafe {
+            comm.all_gather(
+                Input::InPlace,
+                ViewMut::from_raw(b.ptr as *mut u8, mine * w, DataType::F32, dev),
+                &CallOpts::default().with_algo(Algo::Direct),
+            )
+        };
+        sync()?;
+        // SAFETY: as above.
+        let next = unsafe {
+            comm.all_gather(
+                Input::InPlace,
+                ViewMut::from_raw(b.ptr as *mut u8, 4 * w, DataType::F32, dev),
+                &CallOpts::default(),
+            )
+        };
+        sync()?;
+        total += 1;
+        let shown = format!("{next:?}");
+        if first.is_ok() && next.is_err() {
+            ok += 1;
+            if me == 0 {
+                println!("mismatch {k}: {}", next.unwrap_err());
+            }
+        } else {
+            c.failures.push(format!(
+                "count mismatch {k} not reported: {first:?} then {shown}"
+            ));
+        }
+        if shown.contains("Timeout") {
+            break; // a timeout is sticky: the communicator is done
+        }
+    }
+    std::mem::forget(comm);
+    let t = c.tally.entry("bad_input".into()).or_default();
+    t.cases += total;
+    t.errors += total - ok;
+    Ok(())
+}
+
+fn main() {
+    match real_main() {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("gpu_check_coll: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn real_main() -> Res<i32> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let mut cfg = Config::from_env()?;
+    cfg.cuda_staging_bytes = cfg.cuda_staging_bytes.max(128 << 20);
+    let mut o = CommOptions::new("gpu_check_coll");
+    o.config = Some(cfg.clone());
+    let t0 = Instant::now();
+    let comm = Communicator::new(o)?;
+    let rank = comm.rank();
+    let world = comm.size();
+    let dev = comm.device();
+    let Device::Cuda(ord) = dev else {
+        return Err("gpu_check_coll needs a GPU".into());
+    };
+    if rank == 0 {
+        println!(
+            "gpu_check_coll: {world} ranks, backend {}, init {:.2} s",
+            comm.backend_name(),
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    let cuda = cudarc::driver::CudaContext::new(ord as usize)?;
+    cuda.bind_to_thread()?;
+    let mut c = Ctx {
+        comm,
+        rank,
+        world,
+        dev,
+        tally: BTreeMap::new(),
+        failures: Vec::new(),
+    };
+    let steps: [(&str, &dyn Fn(&mut Ctx) -> Res<()>); 5] = [
+        ("matrix", &|c| matrix(c, quick)),
+        ("all_to_all_v", &|c| a2av(c, quick)),
+        ("dynamic", &|c| dynamic(c, quick)),
+        ("graph+race", &|c| {
+            graph_and_race(c, if quick { 10 } else { 50 })
+        }),
+        ("bad input", &|c| bad_input(c, &cfg)),
+    ];
+    for (name, f) in steps {
+        let t = Instant::now();
+        f(&mut c)?;
+        store_barrier(
+            &**c.comm.store(),
+            &format!("step/{name}"),
+            world,
+            Duration::from_secs(120),
+        )?;
+        if rank == 0 {
+            println!("{name} done in {:.1} s", t.elapsed().as_secs_f64());
+        }
+    }
+    let bad = c.tally.values().any(|t| t.wrong + t.guard + t.errors > 0) || !c.failures.is_empty();
+    if rank == 0 {
+        println!(
+            "\ncorrectness (rank 0):\n{:<15} {:>7} {:>12} {:>11} {:>7}",
+            "what", "cases", "wrong elems", "guard hits", "errors"
+        );
+        for (k, t) in &c.tally {
+            println!(
+                "{:<15} {:>7} {:>12} {:>11} {:>7}",
+                k, t.cases, t.wrong, t.guard, t.errors
+            );
+        }
+    }
+    for f in c.failures.iter().take(30) {
+        eprintln!("rank {rank}: FAIL {f}");
+    }
+    let verdict = all_gather_bytes(
+        &**c.comm.store(),
+        "verdict",
+        rank,
+        world,
+        &[bad as u8],
+        Duration::from_secs(120),
+    )?;
+    if rank == 0 {
+        println!(
+            "{}",
+            if verdict.iter().any(|v| v[0] != 0) {
+                "gpu_check_coll: FAILED"
+            } else {
+                "gpu_check_coll: all results correct"
+            }
+        );
+    }
+    Ok(if bad { 1 } else { 0 })
+}

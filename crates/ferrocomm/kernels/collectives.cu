@@ -1,0 +1,792 @@
+// ferrocomm direct-access collectives beside the all-reduce: all-gather, reduce-scatter,
+// all-to-all, all-to-all-v (host counts and device counts), broadcast, reduce.
+//
+// Concatenated after all_reduce.cu in every module, so it shares `Args`, the element type `T`,
+// the epoch helpers (call_epoch / end_call), the LL line helpers and the reduction helpers.
+// Data-movement kernels move bytes (any dtype, fp8 and int8 included); the host launches them
+// from any module. Reductions use the module's `T` and accumulate half types in f32.
+//
+// Two protocols, one launch each:
+// - LL (small messages): every sender stores 8-byte units with the epoch beside each 4-byte
+//   half into the receiver's push region (parity e&1, row = sender), exactly like the push
+//   all-reduce; no barrier. Block 0 of every rank also sends a "hello" word (epoch << 32 | a
+//   signature of the call) to every peer and waits for every peer's hello before the kernel ends,
+//   so that a rank never runs more than one call ahead of any peer even when it receives nothing
+//   (broadcast root, reduce non-roots): the parity buffers are then never overwritten while read.
+// - staged (larger messages): every sender writes its parts straight into the receivers' staging
+//   (parity e&1, one slot per sender), then a per-block barrier whose flags carry a 32-bit payload
+//   (the signature, or the element count of that pair for all-to-all-v), then every receiver
+//   copies or reduces from its own local staging. Block b of every rank handles the same 16-byte
+//   vectors of every part, so the per-block barrier covers exactly the data the block reads.
+//
+// Bad input: a signature or count that disagrees between ranks sets the error record (code 2),
+// too much data for a capacity sets code 3, counts past the input code 4; lengths are always
+// clamped to what this rank's own buffers hold, so nothing is written past a buffer.
+
+#define ERR_MISMATCH 2
+#define ERR_CAPACITY 3
+#define ERR_INPUT 4
+
+struct CArgs {
+    u64 scount[FC_MAX_RANKS];  // all-to-all-v: elements sent to each peer
+    u64 sdispl[FC_MAX_RANKS];  // ... and their offsets in the input
+    u64 rcount[FC_MAX_RANKS];  // elements received from each peer
+    u64 rdispl[FC_MAX_RANKS];  // ... and their offsets in the output
+    u64 n;                     // elements per part (equal parts) or per message
+    u64 es;                    // element size in bytes
+    u64 slot_bytes;            // staging bytes per sender slot
+    u64 hello_off;             // offset of the hello words in every rank's allocation
+    u64 bar_off;               // offset of the payload-barrier words
+    u64 dyn_send;              // device counts: elements to send to each peer (dynamic)
+    u64 dyn_recv;              // device counts out: elements received from each peer
+    u64 cap;                   // dynamic: output capacity per peer, in elements
+    u64 in_count;              // dynamic: elements in the input
+    u32 root;
+    u32 sig;                   // signature of the call (equal on every rank)
+    u32 count_bytes;           // dynamic: width of a count (4 or 8)
+    u32 pad;
+};
+
+// Records a bad-input error in the host-mapped record (word 0 last). Not sticky: the host clears
+// it after reporting. A timeout (code 1) already there is kept.
+__device__ void report_error(const Args& a, u32 code, u32 peer, u32 detail) {
+    volatile u32* e = (volatile u32*)a.error;
+    if (e[0] == 1) return;
+    e[1] = peer;
+    e[2] = detail;
+    e[3] = blockIdx.x;
+    __threadfence_system();
+    e[0] = code;
+    __threadfence_system();
+}
+
+__device__ __forceinline__ void st_release_sys64(u64* p, u64 v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ u64 ld_acquire_sys64(const u64* p) {
+    u64 v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Waits until the high half of *p equals the epoch; returns the low half (payload).
+__device__ bool wait_word(const Args& a, const u64* p, u32 e, u32 peer, u32 phase, u64 t0,
+                          u32* payload) {
+    u32 spins = 0;
+    u64 v;
+    while (((v = ld_acquire_sys64(p)) >> 32) != e) {
+        if (++spins == SPIN_CHECK) {
+            spins = 0;
+            if (globaltimer() - t0 > a.timeout_ns) {
+                report_timeout(a, peer, phase);
+                return false;
+            }
+        }
+    }
+    *payload = (u32)v;
+    return true;
+}
+
+// ---------------------------------------------------------------- user memory, any alignment
+
+union V16 {
+    uint4 u;
+    u64 d[2];
+    u32 w[4];
+    u16 h[8];
+    u8 b[16];
+};
+
+// `n` valid bytes (1..16, a multiple of the element size) at `p`; the rest reads as zero.
+// Vector access when aligned, the widest scalar access the address allows otherwise (rule 8).
+__device__ __forceinline__ uint4 ld_user16(const u8* p, u32 n) {
+    V16 x;
+    u64 ad = (u64)p;
+    if (n == 16 && (ad & 15) == 0) return *(const uint4*)p;
+    x.u = make_uint4(0, 0, 0, 0);
+    if ((ad & 7) == 0 && (n & 7) == 0) {
+        for (u32 i = 0; i < n / 8; i++) x.d[i] = ((const u64*)p)[i];
+    } else if ((ad & 3) == 0 && (n & 3) == 0) {
+        for (u32 i = 0; i < n / 4; i++) x.w[i] = ((const u32*)p)[i];
+    } else if ((ad & 1) == 0 && (n & 1) == 0) {
+        for (u32 i = 0; i < n / 2; i++) x.h[i] = ((const u16*)p)[i];
+    } else {
+        for (u32 i = 0; i < n; i++) x.b[i] = p[i];
+    }
+    return x.u;
+}
+
+__device__ __forceinline__ void st_user16(u8* p, u32 n, uint4 v) {
+    V16 x;
+    x.u = v;
+    u64 ad = (u64)p;
+    if (n == 16 && (ad & 15) == 0) {
+        *(uint4*)p = v;
+    } else if ((ad & 7) == 0 && (n & 7) == 0) {
+        for (u32 i = 0; i < n / 8; i++) ((u64*)p)[i] = x.d[i];
+    } else if ((ad & 3) == 0 && (n & 3) == 0) {
+        for (u32 i = 0; i < n / 4; i++) ((u32*)p)[i] = x.w[i];
+    } else if ((ad & 1) == 0 && (n & 1) == 0) {
+        for (u32 i = 0; i < n / 2; i++) ((u16*)p)[i] = x.h[i];
+    } else {
+        for (u32 i = 0; i < n; i++) p[i] = x.b[i];
+    }
+}
+
+union V8 {
+    uint2 u;
+    u32 w[2];
+    u16 h[4];
+    u8 b[8];
+};
+
+__device__ __forceinline__ uint2 ld_user8(const u8* p, u32 n) {
+    V8 x;
+    u64 ad = (u64)p;
+    if (n == 8 && (ad & 7) == 0) return *(const uint2*)p;
+    x.u = make_uint2(0, 0);
+    if ((ad & 3) == 0 && (n & 3) == 0) {
+        for (u32 i = 0; i < n / 4; i++) x.w[i] = ((const u32*)p)[i];
+    } else if ((ad & 1) == 0 && (n & 1) == 0) {
+        for (u32 i = 0; i < n / 2; i++) x.h[i] = ((const u16*)p)[i];
+    } else {
+        for (u32 i = 0; i < n; i++) x.b[i] = p[i];
+    }
+    return x.u;
+}
+
+__device__ __forceinline__ void st_user8(u8* p, u32 n, uint2 v) {
+    V8 x;
+    x.u = v;
+    u64 ad = (u64)p;
+    if (n == 8 && (ad & 7) == 0) {
+        *(uint2*)p = v;
+    } else if ((ad & 3) == 0 && (n & 3) == 0) {
+        for (u32 i = 0; i < n / 4; i++) ((u32*)p)[i] = x.w[i];
+    } else if ((ad & 1) == 0 && (n & 1) == 0) {
+        for (u32 i = 0; i < n / 2; i++) ((u16*)p)[i] = x.h[i];
+    } else {
+        for (u32 i = 0; i < n; i++) p[i] = x.b[i];
+    }
+}
+
+__device__ __forceinline__ u32 min_u32(u64 a, u64 b) { return (u32)(a < b ? a : b); }
+
+// Local copy of `bytes` from src to dst by every thread of the grid (no partition constraint).
+__device__ void copy_local(u8* dst, const u8* src, u64 bytes) {
+    if (dst == src || bytes == 0) return;
+    u64 nvec = (bytes + 15) / 16;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 v = (u64)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += stride) {
+        u32 n = min_u32(16, bytes - v * 16);
+        st_user16(dst + v * 16, n, ld_user16(src + v * 16, n));
+    }
+}
+
+// ---------------------------------------------------------------- staged protocol helpers
+
+__device__ __forceinline__ u8* slot_ptr(const Args& a, const CArgs& c, u32 owner, u32 e, u32 sender) {
+    return (u8*)(a.staging[owner] + (u64)(e & 1) * a.staging_bytes + (u64)sender * c.slot_bytes);
+}
+
+__device__ __forceinline__ u64* bar_word(const Args& a, const CArgs& c, u32 owner, u32 e, u32 sender) {
+    return (u64*)(a.flags[owner] + c.bar_off) +
+           (((e & 1) * FC_MAX_BLOCKS + blockIdx.x) * FC_MAX_RANKS + sender);
+}
+
+// Block b meets block b of every rank, each word carrying `out[peer]` to that peer; the words
+// received land in `in[peer]` (shared memory). Rule 1: bar.sync orders the block's staging
+// writes before the release store; the acquire makes the peers' writes visible after bar.sync.
+// Rule 2: per-block words, epochs in the high half compared for equality, parity by epoch.
+__device__ bool payload_barrier(const Args& a, const CArgs& c, u32 e, u64 t0, const u32* out,
+                                u32* in) {
+    __syncthreads();
+    bool ok = true;
+    if (threadIdx.x < a.world) {
+        u32 p = threadIdx.x;
+        st_release_sys64(bar_word(a, c, p, e, a.rank), ((u64)e << 32) | out[p]);
+        ok = wait_word(a, bar_word(a, c, a.rank, e, p), e, p, 20, t0, &in[p]);
+    }
+    return __syncthreads_and(ok) != 0;
+}
+
+// Sender side of one part: this block's vectors of `bytes` at `src` into a peer's slot.
+__device__ __forceinline__ void put_part(u8* slot, const u8* src, u64 bytes, u64 first, u64 stride) {
+    u64 nvec = (bytes + 15) / 16;
+    for (u64 v = first; v < nvec; v += stride) {
+        u32 n = min_u32(16, bytes - v * 16);
+        *(uint4*)(slot + v * 16) = ld_user16(src + v * 16, n);
+    }
+}
+
+// Receiver side: the same vectors from the local slot into the user's buffer.
+__device__ __forceinline__ void get_part(u8* dst, const u8* slot, u64 bytes, u64 first, u64 stride) {
+    u64 nvec = (bytes + 15) / 16;
+    for (u64 v = first; v < nvec; v += stride) {
+        u32 n = min_u32(16, bytes - v * 16);
+        st_user16(dst + v * 16, n, ld_v4((const uint4*)(slot + v * 16)));
+    }
+}
+
+// Reduces vector v of the part held in rank order: the own part from `own`, every other
+// rank's from its slot in the local staging (rule 5: fixed order; rule 6: f32 for half types).
+template <int OP>
+__device__ __forceinline__ void reduce_part_vec(const Args& a, const CArgs& c, u32 e, const u8* own,
+                                                u64 bytes, u64 v, u8* dst) {
+    u32 n = min_u32(16, bytes - v * 16);
+    Vec in[FC_MAX_RANKS];
+#pragma unroll
+    for (u32 r = 0; r < FC_MAX_RANKS; r++)
+        if (r < a.world) {
+            if (r == a.rank) in[r].u = ld_user16(own + v * 16, n);
+            else in[r].u = ld_v4((const uint4*)(slot_ptr(a, c, a.rank, e, r) + v * 16));
+        }
+    Acc acc[VEC_ELEMS];
+#pragma unroll
+    for (u32 i = 0; i < VEC_ELEMS; i++) acc[i] = load_acc<T, OP>(a, in[0].e[i]);
+#pragma unroll
+    for (u32 r = 1; r < FC_MAX_RANKS; r++)
+        if (r < a.world) {
+#pragma unroll
+            for (u32 i = 0; i < VEC_ELEMS; i++)
+                acc[i] = combine<OP>(acc[i], load_acc<T, OP>(a, in[r].e[i]));
+        }
+    Vec o;
+#pragma unroll
+    for (u32 i = 0; i < VEC_ELEMS; i++) o.e[i] = finish<T, OP>(a, acc[i]);
+    st_user16(dst + v * 16, n, o.u);
+}
+
+// ---------------------------------------------------------------- LL protocol helpers
+
+__device__ __forceinline__ u64* hello_word(const Args& a, const CArgs& c, u32 owner, u32 e, u32 sender) {
+    return (u64*)(a.flags[owner] + c.hello_off) + ((e & 1) * FC_MAX_RANKS + sender);
+}
+
+__device__ __forceinline__ uint4* ll_line(const Args& a, u32 owner, u32 e, u32 sender, u64 unit) {
+    u64 row = 2 * a.push_cap;
+    return (uint4*)(a.push[owner] + (u64)(e & 1) * a.world * row + sender * row + unit * 16);
+}
+
+// Block 0 greets every rank (itself included) at the start of the call.
+__device__ __forceinline__ void hello_send(const Args& a, const CArgs& c, u32 e) {
+    if (blockIdx.x == 0 && threadIdx.x < a.world)
+        st_release_sys64(hello_word(a, c, threadIdx.x, e, a.rank), ((u64)e << 32) | c.sig);
+}
+
+// Waits for `peer`'s hello of this call and compares its signature with ours.
+__device__ bool hello_wait(const Args& a, const CArgs& c, u32 e, u32 peer, u64 t0) {
+    u32 sig = 0;
+    if (!wait_word(a, hello_word(a, c, a.rank, e, peer), e, peer, 30, t0, &sig)) return false;
+    if (sig != c.sig) {
+        report_error(a, ERR_MISMATCH, peer, sig);
+        return false;
+    }
+    return true;
+}
+
+// Ends an LL call: block 0 has heard from every peer (so no rank runs two calls ahead).
+__device__ void ll_end(const Args& a, const CArgs& c, u32 e, u64 t0) {
+    if (blockIdx.x == 0 && threadIdx.x < a.world && threadIdx.x != a.rank)
+        hello_wait(a, c, e, threadIdx.x, t0);
+    end_call(a, e);
+}
+
+__device__ __forceinline__ void ll_send(const Args& a, u32 to, u32 e, u64 unit, uint2 x) {
+    st_ll(ll_line(a, to, e, a.rank, unit), x.x, x.y, e);
+}
+
+// Polls unit `unit` from `from`; false on timeout (recorded).
+__device__ bool ll_recv(const Args& a, u32 from, u32 e, u64 unit, u64 t0, uint2* out) {
+    const uint4* p = ll_line(a, a.rank, e, from, unit);
+    uint4 l = ld_v4(p);
+    u32 spins = 0;
+    // Both flags: each covers its own 4-byte half (rule 4: every element checked).
+    while (l.y != e || l.w != e) {
+        if (++spins == SPIN_CHECK) {
+            spins = 0;
+            if (globaltimer() - t0 > a.timeout_ns) {
+                report_timeout(a, from, 31);
+                return false;
+            }
+        }
+        l = ld_v4(p);
+    }
+    *out = make_uint2(l.x, l.z);
+    return true;
+}
+
+// ---------------------------------------------------------------- all-gather
+
+// input: n elements; output: world * n, part r from rank r. In place: input == own part.
+extern "C" __global__ void __launch_bounds__(512) fc_all_gather_ll(Args a, CArgs c) {
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    hello_send(a, c, e);
+    u64 bytes = c.n * c.es;
+    u64 nunit = (bytes + 7) / 8;
+    const u8* in = (const u8*)a.input;
+    u8* out = (u8*)a.output;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    for (u64 u = first; u < nunit; u += stride) {
+        u32 nb = min_u32(8, bytes - u * 8);
+        uint2 x = ld_user8(in + u * 8, nb);
+        for (u32 p = 0; p < a.world; p++)
+            if (p != a.rank) ll_send(a, p, e, u, x);
+        if (in != out + a.rank * bytes) st_user8(out + a.rank * bytes + u * 8, nb, x);
+    }
+    bool ok = true;
+    for (u32 s = 0; s < a.world && ok; s++) {
+        if (s == a.rank) continue;
+        if (first < nunit) ok = hello_wait(a, c, e, s, t0);
+        for (u64 u = first; u < nunit && ok; u += stride) {
+            uint2 x;
+            ok = ll_recv(a, s, e, u, t0, &x);
+            if (ok) st_user8(out + s * bytes + u * 8, min_u32(8, bytes - u * 8), x);
+        }
+    }
+    ll_end(a, c, e, t0);
+}
+
+extern "C" __global__ void __launch_bounds__(512) fc_all_gather_st(Args a, CArgs c) {
+    __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    u64 bytes = c.n * c.es;
+    const u8* in = (const u8*)a.input;
+    u8* out = (u8*)a.output;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    for (u32 p = 0; p < a.world; p++)
+        if (p != a.rank) put_part(slot_ptr(a, c, p, e, a.rank), in, bytes, first, stride);
+    if (in != out + a.rank * bytes) {
+        u64 nvec = (bytes + 15) / 16;
+        for (u64 v = first; v < nvec; v += stride) {
+            u32 n = min_u32(16, bytes - v * 16);
+            st_user16(out + a.rank * bytes + v * 16, n, ld_user16(in + v * 16, n));
+        }
+    }
+    if (threadIdx.x < a.world) out_w[threadIdx.x] = c.sig;
+    bool ok = payload_barrier(a, c, e, t0, out_w, in_w);
+    if (ok && blockIdx.x == 0 && threadIdx.x < a.world && in_w[threadIdx.x] != c.sig)
+        report_error(a, ERR_MISMATCH, threadIdx.x, in_w[threadIdx.x]);
+    if (ok) {
+        for (u32 s = 0; s < a.world; s++)
+            if (s != a.rank) get_part(out + s * bytes, slot_ptr(a, c, a.rank, e, s), bytes, first, stride);
+    }
+    end_call(a, e);
+}
+
+// ---------------------------------------------------------------- all-to-all (equal parts)
+
+// input and output: world * n; part p of the input goes to rank p, part s of the output comes
+// from rank s. In place: each thread reads a unit of part p before writing that unit of part p.
+extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_ll(Args a, CArgs c) {
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    hello_send(a, c, e);
+    u64 bytes = c.n * c.es;
+    u64 nunit = (bytes + 7) / 8;
+    const u8* in = (const u8*)a.input;
+    u8* out = (u8*)a.output;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    for (u64 u = first; u < nunit; u += stride) {
+        u32 nb = min_u32(8, bytes - u * 8);
+        for (u32 p = 0; p < a.world; p++) {
+            uint2 x = ld_user8(in + p * bytes + u * 8, nb);
+            if (p != a.rank) ll_send(a, p, e, u, x);
+            else if (in != out) st_user8(out + p * bytes + u * 8, nb, x);
+        }
+    }
+    bool ok = true;
+    for (u32 s = 0; s < a.world && ok; s++) {
+        if (s == a.rank) continue;
+        if (first < nunit) ok = hello_wait(a, c, e, s, t0);
+        for (u64 u = first; u < nunit && ok; u += stride) {
+            uint2 x;
+            ok = ll_recv(a, s, e, u, t0, &x);
+            if (ok) st_user8(out + s * bytes + u * 8, min_u32(8, bytes - u * 8), x);
+        }
+    }
+    ll_end(a, c, e, t0);
+}
+
+extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_st(Args a, CArgs c) {
+    __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    u64 bytes = c.n * c.es;
+    const u8* in = (const u8*)a.input;
+    u8* out = (u8*)a.output;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 nvec = (bytes + 15) / 16;
+    for (u32 p = 0; p < a.world; p++) {
+        if (p != a.rank) {
+            put_part(slot_ptr(a, c, p, e, a.rank), in + p * bytes, bytes, first, stride);
+        } else if (in != out) {
+            for (u64 v = first; v < nvec; v += stride) {
+                u32 n = min_u32(16, bytes - v * 16);
+                st_user16(out + p * bytes + v * 16, n, ld_user16(in + p * bytes + v * 16, n));
+            }
+        }
+    }
+    if (threadIdx.x < a.world) out_w[threadIdx.x] = c.sig;
+    bool ok = payload_barrier(a, c, e, t0, out_w, in_w);
+    if (ok && blockIdx.x == 0 && threadIdx.x < a.world && in_w[threadIdx.x] != c.sig)
+        report_error(a, ERR_MISMATCH, threadIdx.x, in_w[threadIdx.x]);
+    if (ok) {
+        for (u32 s = 0; s < a.world; s++)
+            if (s != a.rank) get_part(out + s * bytes, slot_ptr(a, c, a.rank, e, s), bytes, first, stride);
+    }
+    end_call(a, e);
+}
+
+// ---------------------------------------------------------------- all-to-all-v (host counts)
+
+// Staged only, on a grid every rank launches alike. The barrier word to peer p carries the
+// count sent to p; the receiver compares it with the count it expects from p and takes the
+// smaller (a mismatch is reported). Counts were checked against the slot size on the host.
+extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_st(Args a, CArgs c) {
+    __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    const u8* in = (const u8*)a.input;
+    u8* out = (u8*)a.output;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 es = c.es;
+    for (u32 p = 0; p < a.world; p++) {
+        if (p == a.rank) continue;
+        put_part(slot_ptr(a, c, p, e, a.rank), in + c.sdispl[p] * es, c.scount[p] * es, first, stride);
+    }
+    if (threadIdx.x < a.world) out_w[threadIdx.x] = (u32)c.scount[threadIdx.x];
+    bool ok = payload_barrier(a, c, e, t0, out_w, in_w);
+    if (ok) {
+        // In place (host: only with equal send and receive counts) the thread that sent a
+        // vector of part p is the one that overwrites it, after the barrier.
+        for (u32 s = 0; s < a.world; s++) {
+            u64 want = c.rcount[s];
+            if (s == a.rank) {
+                u64 take = want < c.scount[s] ? want : c.scount[s];
+                if (want != c.scount[s] && blockIdx.x == 0 && threadIdx.x == 0)
+                    report_error(a, ERR_MISMATCH, s, (u32)c.scount[s]);
+                u8* dst = out + c.rdispl[s] * es;
+                const u8* src = in + c.sdispl[s] * es;
+                if (dst != src) {
+                    u64 bytes = take * es, nvec = (bytes + 15) / 16;
+                    for (u64 v = first; v < nvec; v += stride) {
+                        u32 n = min_u32(16, bytes - v * 16);
+                        st_user16(dst + v * 16, n, ld_user16(src + v * 16, n));
+                    }
+                }
+                continue;
+            }
+            u64 got = in_w[s];
+            if (got != want && blockIdx.x == 0 && threadIdx.x == 0)
+                report_error(a, ERR_MISMATCH, s, (u32)got);
+            u64 take = got < want ? got : want;
+            get_part(out + c.rdispl[s] * es, slot_ptr(a, c, a.rank, e, s), take * es, first, stride);
+        }
+    }
+    end_call(a, e);
+}
+
+// ---------------------------------------------------------------- all-to-all-v (device counts)
+
+// Reads a count written by an earlier kernel on the stream (4- or 8-byte integers).
+__device__ __forceinline__ u64 dev_count(const CArgs& c, u64 base, u32 i) {
+    if (c.count_bytes == 4) return (u64)((const u32*)base)[i];
+    u64 v = ((const u64*)base)[i];
+    return (i64)v < 0 ? 0 : v;  // a negative i64 count sends nothing
+}
+
+// Mixture-of-experts dispatch: send counts live on the device (no host sync). The input is
+// packed in rank order (offsets = prefix sums of the counts); the part from rank s lands at
+// s * cap in the output, at most `cap` elements; the counts received go to `dyn_recv`. More than
+// `cap` (or past the input, or past a staging slot): truncated and reported, never written past.
+extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_dyn_st(Args a, CArgs c) {
+    __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
+    __shared__ u64 sent[FC_MAX_RANKS], displ[FC_MAX_RANKS];
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    const u8* in = (const u8*)a.input;
+    u8* out = (u8*)a.output;
+    u64 es = c.es;
+    u64 slot_elems = c.slot_bytes / es;
+    if (threadIdx.x == 0) {
+        u64 d = 0;
+        bool over = false;
+        for (u32 p = 0; p < a.world; p++) {
+            u64 want = dev_count(c, c.dyn_send, p);
+            u64 avail = d < c.in_count ? c.in_count - d : 0;
+            u64 take = want < avail ? want : avail;
+            if (take < want) over = true;
+            if (take > slot_elems) take = slot_elems;
+            sent[p] = take;
+            displ[p] = d;
+            out_w[p] = (u32)(want > 0xffffffffull ? 0xffffffffull : want);
+            d += want;
+        }
+        if (over && blockIdx.x == 0) report_error(a, ERR_INPUT, a.rank, (u32)d);
+    }
+    __syncthreads();
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    for (u32 p = 0; p < a.world; p++) {
+        if (p == a.rank) continue;
+        put_part(slot_ptr(a, c, p, e, a.rank), in + displ[p] * es, sent[p] * es, first, stride);
+    }
+    bool ok = payload_barrier(a, c, e, t0, out_w, in_w);
+    if (ok) {
+        for (u32 s = 0; s < a.world; s++) {
+            u64 got = s == a.rank ? (u64)out_w[s] : (u64)in_w[s];
+            u64 take = got < c.cap ? got : c.cap;
+            if (s == a.rank) {
+                if (take > sent[s]) take = sent[s];
+            } else if (take > slot_elems) {
+                take = slot_elems;
+            }
+            if (blockIdx.x == 0 && threadIdx.x == 0) {
+                if (got > c.cap) report_error(a, ERR_CAPACITY, s, (u32)got);
+                if (c.count_bytes == 4) ((u32*)c.dyn_recv)[s] = (u32)take;
+                else ((u64*)c.dyn_recv)[s] = take;
+            }
+            u8* dst = out + s * c.cap * es;
+            if (s == a.rank) {
+                u64 bytes = take * es, nvec = (bytes + 15) / 16;
+                const u8* src = in + displ[s] * es;
+                for (u64 v = first; v < nvec; v += stride) {
+                    u32 n = min_u32(16, bytes - v * 16);
+                    st_user16(dst + v * 16, n, ld_user16(src + v * 16, n));
+                }
+            } else {
+                get_part(dst, slot_ptr(a, c, a.rank, e, s), take * es, first, stride);
+            }
+        }
+    }
+    end_call(a, e);
+}
+
+// ---------------------------------------------------------------- broadcast
+
+// Root's input (or its output, in place) into every rank's output.
+extern "C" __global__ void __launch_bounds__(512) fc_broadcast_ll(Args a, CArgs c) {
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    hello_send(a, c, e);
+    u64 bytes = c.n * c.es;
+    u64 nunit = (bytes + 7) / 8;
+    u8* out = (u8*)a.output;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    bool ok = true;
+    if (a.rank == c.root) {
+        const u8* in = (const u8*)a.input;
+        for (u64 u = first; u < nunit; u += stride) {
+            u32 nb = min_u32(8, bytes - u * 8);
+            uint2 x = ld_user8(in + u * 8, nb);
+            for (u32 p = 0; p < a.world; p++)
+                if (p != a.rank) ll_send(a, p, e, u, x);
+            if (in != out) st_user8(out + u * 8, nb, x);
+        }
+    } else {
+        if (first < nunit) ok = hello_wait(a, c, e, c.root, t0);
+        for (u64 u = first; u < nunit && ok; u += stride) {
+            uint2 x;
+            ok = ll_recv(a, c.root, e, u, t0, &x);
+            if (ok) st_user8(out + u * 8, min_u32(8, bytes - u * 8), x);
+        }
+    }
+    ll_end(a, c, e, t0);
+}
+
+extern "C" __global__ void __launch_bounds__(512) fc_broadcast_st(Args a, CArgs c) {
+    __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    u64 bytes = c.n * c.es;
+    u8* out = (u8*)a.output;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (a.rank == c.root) {
+        const u8* in = (const u8*)a.input;
+        u64 nvec = (bytes + 15) / 16;
+        for (u64 v = first; v < nvec; v += stride) {
+            u32 n = min_u32(16, bytes - v * 16);
+            uint4 x = ld_user16(in + v * 16, n);
+            for (u32 p = 0; p < a.world; p++)
+                if (p != a.rank) *(uint4*)(slot_ptr(a, c, p, e, 0) + v * 16) = x;
+            if (in != out) st_user16(out + v * 16, n, x);
+        }
+    }
+    if (threadIdx.x < a.world) out_w[threadIdx.x] = c.sig;
+    bool ok = payload_barrier(a, c, e, t0, out_w, in_w);
+    if (ok && blockIdx.x == 0 && threadIdx.x < a.world && in_w[threadIdx.x] != c.sig)
+        report_error(a, ERR_MISMATCH, threadIdx.x, in_w[threadIdx.x]);
+    if (ok && a.rank != c.root) get_part(out, slot_ptr(a, c, a.rank, e, 0), bytes, first, stride);
+    end_call(a, e);
+}
+
+// ---------------------------------------------------------------- reductions (module dtype T)
+
+// LL units of 8 bytes hold UNIT_ELEMS elements (all_reduce.cu's push uses the same layout).
+template <int OP>
+__device__ __forceinline__ uint2 reduce_units(const Args& a, const Unit* v) {
+    Acc acc[UNIT_ELEMS];
+#pragma unroll
+    for (u32 i = 0; i < UNIT_ELEMS; i++) acc[i] = load_acc<T, OP>(a, v[0].e[i]);
+#pragma unroll
+    for (u32 r = 1; r < FC_MAX_RANKS; r++)
+        if (r < a.world) {
+#pragma unroll
+            for (u32 i = 0; i < UNIT_ELEMS; i++)
+                acc[i] = combine<OP>(acc[i], load_acc<T, OP>(a, v[r].e[i]));
+        }
+    Unit res;
+#pragma unroll
+    for (u32 i = 0; i < UNIT_ELEMS; i++) res.e[i] = finish<T, OP>(a, acc[i]);
+    return res.u;
+}
+
+// input: world * n elements, part p reduced on rank p into output (n elements; in place the
+// output pointer is already the own part of the full buffer, input the full buffer).
+template <int OP>
+__device__ void reduce_scatter_ll(const Args& a, const CArgs& c) {
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    hello_send(a, c, e);
+    u64 bytes = c.n * sizeof(T);
+    u64 nunit = (bytes + 7) / 8;
+    const u8* in = (const u8*)a.input;
+    u8* out = (u8*)a.output;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    for (u64 u = first; u < nunit; u += stride) {
+        u32 nb = min_u32(8, bytes - u * 8);
+        for (u32 p = 0; p < a.world; p++)
+            if (p != a.rank) ll_send(a, p, e, u, ld_user8(in + p * bytes + u * 8, nb));
+    }
+    bool ok = true;
+    if (first < nunit) {
+        for (u32 s = 0; s < a.world && ok; s++)
+            if (s != a.rank) ok = hello_wait(a, c, e, s, t0);
+    }
+    for (u64 u = first; u < nunit && ok; u += stride) {
+        u32 nb = min_u32(8, bytes - u * 8);
+        Unit v[FC_MAX_RANKS];
+#pragma unroll
+        for (u32 r = 0; r < FC_MAX_RANKS; r++) {
+            if (r < a.world && ok) {
+                if (r == a.rank) v[r].u = ld_user8(in + r * bytes + u * 8, nb);
+                else ok = ll_recv(a, r, e, u, t0, &v[r].u);
+            }
+        }
+        if (ok) st_user8(out + u * 8, nb, reduce_units<OP>(a, v));
+    }
+    ll_end(a, c, e, t0);
+}
+
+template <int OP>
+__device__ void reduce_scatter_st(const Args& a, const CArgs& c) {
+    __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    u64 bytes = c.n * sizeof(T);
+    const u8* in = (const u8*)a.input;
+    u8* out = (u8*)a.output;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    for (u32 p = 0; p < a.world; p++)
+        if (p != a.rank) put_part(slot_ptr(a, c, p, e, a.rank), in + p * bytes, bytes, first, stride);
+    if (threadIdx.x < a.world) out_w[threadIdx.x] = c.sig;
+    bool ok = payload_barrier(a, c, e, t0, out_w, in_w);
+    if (ok && blockIdx.x == 0 && threadIdx.x < a.world && in_w[threadIdx.x] != c.sig)
+        report_error(a, ERR_MISMATCH, threadIdx.x, in_w[threadIdx.x]);
+    if (ok) {
+        u64 nvec = (bytes + 15) / 16;
+        for (u64 v = first; v < nvec; v += stride)
+            reduce_part_vec<OP>(a, c, e, in + a.rank * bytes, bytes, v, out);
+    }
+    end_call(a, e);
+}
+
+// Every rank's input reduced into root's output (other outputs untouched).
+template <int OP>
+__device__ void reduce_ll(const Args& a, const CArgs& c) {
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    hello_send(a, c, e);
+    u64 bytes = c.n * sizeof(T);
+    u64 nunit = (bytes + 7) / 8;
+    const u8* in = (const u8*)a.input;
+    u8* out = (u8*)a.output;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    bool ok = true;
+    if (a.rank != c.root) {
+        for (u64 u = first; u < nunit; u += stride)
+            ll_send(a, c.root, e, u, ld_user8(in + u * 8, min_u32(8, bytes - u * 8)));
+    } else {
+        if (first < nunit) {
+            for (u32 s = 0; s < a.world && ok; s++)
+                if (s != a.rank) ok = hello_wait(a, c, e, s, t0);
+        }
+        for (u64 u = first; u < nunit && ok; u += stride) {
+            u32 nb = min_u32(8, bytes - u * 8);
+            Unit v[FC_MAX_RANKS];
+#pragma unroll
+            for (u32 r = 0; r < FC_MAX_RANKS; r++) {
+                if (r < a.world && ok) {
+                    if (r == a.rank) v[r].u = ld_user8(in + u * 8, nb);
+                    else ok = ll_recv(a, r, e, u, t0, &v[r].u);
+                }
+            }
+            if (ok) st_user8(out + u * 8, nb, reduce_units<OP>(a, v));
+        }
+    }
+    ll_end(a, c, e, t0);
+}
+
+template <int OP>
+__device__ void reduce_st(const Args& a, const CArgs& c) {
+    __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    u64 bytes = c.n * sizeof(T);
+    const u8* in = (const u8*)a.input;
+    u8* out = (u8*)a.output;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (a.rank != c.root) put_part(slot_ptr(a, c, c.root, e, a.rank), in, bytes, first, stride);
+    if (threadIdx.x < a.world) out_w[threadIdx.x] = c.sig;
+    bool ok = payload_barrier(a, c, e, t0, out_w, in_w);
+    if (ok && blockIdx.x == 0 && threadIdx.x < a.world && in_w[threadIdx.x] != c.sig)
+        report_error(a, ERR_MISMATCH, threadIdx.x, in_w[threadIdx.x]);
+    if (ok && a.rank == c.root) {
+        u64 nvec = (bytes + 15) / 16;
+        for (u64 v = first; v < nvec; v += stride) reduce_part_vec<OP>(a, c, e, in, bytes, v, out);
+    }
+    end_call(a, e);
+}
+
+#define FC_COLL_ENTRY(NAME, OPV)                                                               \
+    extern "C" __global__ void __launch_bounds__(512) fc_reduce_scatter_ll_##NAME(Args a, CArgs c) { \
+        reduce_scatter_ll<OPV>(a, c);                                                          \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(512) fc_reduce_scatter_st_##NAME(Args a, CArgs c) { \
+        reduce_scatter_st<OPV>(a, c);                                                          \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(512) fc_reduce_ll_##NAME(Args a, CArgs c) {   \
+        reduce_ll<OPV>(a, c);                                                                  \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(512) fc_reduce_st_##NAME(Args a, CArgs c) {   \
+        reduce_st<OPV>(a, c);                                                                  \
+    }
+
+FC_COLL_ENTRY(sum, OP_SUM)
+FC_COLL_ENTRY(prod, OP_PROD)
+FC_COLL_ENTRY(min, OP_MIN)
+FC_COLL_ENTRY(max, OP_MAX)

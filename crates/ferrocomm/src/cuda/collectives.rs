@@ -1,0 +1,700 @@
+//! Direct-access all-gather, reduce-scatter, all-to-all(v), broadcast and reduce: the launch side
+//! of kernels/collectives.cu. Each call is one kernel on the caller's stream, on the staging,
+//! push lines and epochs the all-reduce uses (so calls of any collective interleave freely and
+//! CUDA graphs capture them).
+//!
+//! Two protocols (see the head of collectives.cu): LL lines for parts up to [`LL_MAX_BYTES`]
+//! (no barrier), staged copies with a per-block barrier above. The choice depends only on values
+//! every rank shares (part size, push capacity), so all ranks run the same kernel.
+
+use std::ffi::c_void;
+
+use cudarc::driver::sys;
+
+use super::cu;
+use super::dda::{Args, Dda, COLL_BAR_OFF, COLL_HELLO_OFF, MAX_BLOCKS, MAX_RANKS};
+use super::kernels;
+use crate::comm::{CallOpts, Splits};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::select::{self, Algo, Capabilities, Collective};
+use crate::types::{DataType, ReduceOp};
+
+/// Largest part (bytes one sender puts in one receiver's row) sent as LL lines; above it the
+/// staged protocol. LL halves the link bandwidth, staged pays a barrier round trip: the all-reduce
+/// sweep (docs/tuning.md) puts the crossover between 32 and 64 KiB.
+pub const LL_MAX_BYTES: usize = 32 << 10;
+
+const ERR_MISMATCH: u32 = 2;
+const ERR_CAPACITY: u32 = 3;
+const ERR_INPUT: u32 = 4;
+
+/// Extra kernel arguments; the same layout as `struct CArgs` in collectives.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CArgs {
+    scount: [u64; MAX_RANKS],
+    sdispl: [u64; MAX_RANKS],
+    rcount: [u64; MAX_RANKS],
+    rdispl: [u64; MAX_RANKS],
+    n: u64,
+    es: u64,
+    slot_bytes: u64,
+    hello_off: u64,
+    bar_off: u64,
+    dyn_send: u64,
+    dyn_recv: u64,
+    cap: u64,
+    in_count: u64,
+    root: u32,
+    sig: u32,
+    count_bytes: u32,
+    pad: u32,
+}
+
+fn round16(n: usize) -> usize {
+    n.div_ceil(16) * 16
+}
+
+/// Staging bytes per sender slot for the staged all-to-all-v (every rank computes the same).
+pub fn a2av_slot_bytes(staging_bytes: usize, world: usize) -> usize {
+    (staging_bytes / world.max(1)) / 16 * 16
+}
+
+/// Staging bytes one staged call needs in each receiver (one parity), or `None` when the
+/// collective has no fixed layout (all-to-all-v: slots of [`a2av_slot_bytes`]).
+pub fn staged_need(coll: Collective, part_bytes: usize, world: usize) -> Option<usize> {
+    match coll {
+        Collective::AllGather
+        | Collective::ReduceScatter
+        | Collective::AllToAll
+        | Collective::Reduce => Some(world * round16(part_bytes)),
+        Collective::Broadcast => Some(round16(part_bytes)),
+        _ => None,
+    }
+}
+
+/// Whether a call with parts of `part_bytes` uses LL lines (`push_cap`: bytes of one LL row).
+pub fn use_ll(part_bytes: usize, push_cap: usize) -> bool {
+    part_bytes <= LL_MAX_BYTES.min(push_cap)
+}
+
+/// A 32-bit signature of a call that every rank must make alike (collective, dtype, count, root,
+/// op); kernels compare it across ranks and report a mismatch.
+pub fn signature(coll: Collective, dtype: DataType, count: usize, root: usize, op: &str) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |b: &[u8]| {
+        for x in b {
+            h ^= *x as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    eat(&[coll.code(), dtype as u8]);
+    eat(&(count as u64).to_le_bytes());
+    eat(&(root as u64).to_le_bytes());
+    eat(op.as_bytes());
+    (h ^ (h >> 32)) as u32
+}
+
+/// Kernel name suffix and scale factors of a reduction operator (as the all-reduce maps them).
+fn op_parts(op: ReduceOp, coll: &'static str) -> Result<(&'static str, Option<f32>, bool)> {
+    Ok(match op {
+        ReduceOp::Sum => ("sum", None, false),
+        ReduceOp::Avg => ("sum", None, true),
+        ReduceOp::PremulSum(s) => ("sum", Some(s as f32), false),
+        ReduceOp::Prod => ("prod", None, false),
+        ReduceOp::Min => ("min", None, false),
+        ReduceOp::Max => ("max", None, false),
+        other => {
+            return Err(Error::Unsupported {
+                collective: coll,
+                backend: "cuda",
+                what: format!("op {other} in the direct-access kernels"),
+            })
+        }
+    })
+}
+
+fn op_name(op: ReduceOp) -> String {
+    format!("{op}")
+}
+
+/// How one call of a collective other than all-reduce runs on the cuda backend.
+///
+/// `dda` is `None` when direct access is off; `part_bytes` is what the staging must hold per
+/// sender (see [`staged_need`]); `op` is set for reductions. Auto falls back to NCCL where direct
+/// access cannot take the call; an explicit `direct` that cannot run is an error.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn choose(
+    dda: Option<&Dda>,
+    caps: &Capabilities,
+    world: usize,
+    cfg: &Config,
+    coll: Collective,
+    bytes_per_rank: usize,
+    part_bytes: usize,
+    dtype: DataType,
+    op: Option<ReduceOp>,
+    opts: &CallOpts,
+) -> Result<Algo> {
+    let requested = opts.algo.0;
+    let why_not = match dda {
+        None => Some("direct access is off on this communicator".to_string()),
+        Some(_) if op.is_some() && !kernels::supports(dtype) => {
+            Some(format!("the reduction kernels do not handle {dtype}"))
+        }
+        Some(_)
+            if matches!(
+                op,
+                Some(ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor)
+            ) =>
+        {
+            Some("bitwise operators are NCCL's".into())
+        }
+        Some(d) => {
+            let staging = d.layout().staging_bytes;
+            let fits = match staged_need(coll, part_bytes, world) {
+                Some(need) => need <= staging,
+                None => part_bytes <= a2av_slot_bytes(staging, world),
+            };
+            if fits {
+                None
+            } else {
+                Some(format!(
+                    "{part_bytes} bytes per part do not fit the staging ({staging} bytes)"
+                ))
+            }
+        }
+    };
+    if let Some(why) = why_not {
+        if requested == Algo::Direct {
+            return Err(Error::Unsupported {
+                collective: coll.name(),
+                backend: "cuda",
+                what: format!("direct access for this call: {why}"),
+            });
+        }
+        return if caps.nccl {
+            Ok(Algo::Nccl)
+        } else {
+            Err(Error::Unsupported {
+                collective: coll.name(),
+                backend: "cuda",
+                what: format!("this call without NCCL ({why})"),
+            })
+        };
+    }
+    let a = select::select(coll, bytes_per_rank, world, dtype, requested, caps, cfg)?;
+    Ok(match a {
+        Algo::Nccl => Algo::Nccl,
+        _ => Algo::Direct,
+    })
+}
+
+impl Dda {
+    /// Decodes and clears a bad-input record written by collectives.cu (codes 2..4).
+    pub(super) fn take_input_error(&self, collective: &'static str, code: u32) -> Result<()> {
+        // SAFETY: the host page stays mapped for our lifetime; words 1..3 were written before
+        // word 0 (the kernel fences between them).
+        let (peer, detail) = unsafe {
+            (
+                std::ptr::read_volatile(self.error_host.add(1)),
+                std::ptr::read_volatile(self.error_host.add(2)),
+            )
+        };
+        // SAFETY: as above; clearing word 0 makes the record free for the next report.
+        unsafe { std::ptr::write_volatile(self.error_host, 0) };
+        let what = match code {
+            ERR_MISMATCH => format!(
+                "a call that disagrees between ranks reached rank {}: rank {peer} sent signature \
+                 or count {detail:#x}, which differs from this rank's (different counts, roots, \
+                 dtypes or ops at the same step)",
+                self.rank
+            ),
+            ERR_CAPACITY => format!(
+                "all_to_all_v_dynamic on rank {}: rank {peer} sent {detail} elements, more than \
+                 the capacity per peer; the part was truncated to the capacity",
+                self.rank
+            ),
+            ERR_INPUT => format!(
+                "all_to_all_v_dynamic on rank {}: the send counts add up to {detail} elements, \
+                 more than the input holds; the parts past the input were truncated",
+                self.rank
+            ),
+            other => format!("unknown error record {other} (peer {peer}, detail {detail})"),
+        };
+        Err(Error::InvalidArgument(format!(
+            "{collective}: an earlier direct-access call failed: {what}"
+        )))
+    }
+
+    fn cargs(&self) -> CArgs {
+        CArgs {
+            scount: [0; MAX_RANKS],
+            sdispl: [0; MAX_RANKS],
+            rcount: [0; MAX_RANKS],
+            rdispl: [0; MAX_RANKS],
+            n: 0,
+            es: 1,
+            slot_bytes: 0,
+            hello_off: COLL_HELLO_OFF as u64,
+            bar_off: COLL_BAR_OFF as u64,
+            dyn_send: 0,
+            dyn_recv: 0,
+            cap: 0,
+            in_count: 0,
+            root: 0,
+            sig: 0,
+            count_bytes: 8,
+            pad: 0,
+        }
+    }
+
+    fn max_blocks(&self) -> usize {
+        (self.sm_count as usize).clamp(1, MAX_BLOCKS)
+    }
+
+    /// Grid of an LL call with parts of `part_bytes` (256 threads, one 8-byte unit each).
+    fn ll_grid(&self, part_bytes: usize) -> (u32, u32) {
+        let units = part_bytes.div_ceil(8).max(1);
+        (units.div_ceil(256).clamp(1, self.max_blocks()) as u32, 256)
+    }
+
+    /// Grid of a staged call: it must be the same on every rank (per-block barrier), so it
+    /// depends only on the part size every rank shares.
+    fn st_grid(&self, part_bytes: usize) -> (u32, u32) {
+        let nvec = part_bytes.div_ceil(16).max(1);
+        (nvec.div_ceil(512).clamp(1, self.max_blocks()) as u32, 512)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &self,
+        dtype: DataType,
+        name: &str,
+        mut a: Args,
+        mut c: CArgs,
+        grid: (u32, u32),
+        stream: u64,
+        what: &str,
+    ) -> Result<()> {
+        let f = self.func(dtype, name)?;
+        let mut params: [*mut c_void; 2] =
+            [(&mut a as *mut Args).cast(), (&mut c as *mut CArgs).cast()];
+        // SAFETY: `f` takes (Args, CArgs) by value, laid out as in the kernel source; the user
+        // pointers were validated by the communicator and the backend (device memory of this
+        // GPU, sizes checked), the staging offsets come from our own layout.
+        cu(
+            unsafe {
+                sys::cuLaunchKernel(
+                    f,
+                    grid.0,
+                    1,
+                    1,
+                    grid.1,
+                    1,
+                    1,
+                    0,
+                    stream as sys::CUstream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            &format!("launching {what}"),
+        )
+    }
+
+    /// Byte kernels live in every module; any dtype (fp8, int8 too) uses the f32 one.
+    const MOVE_MODULE: DataType = DataType::F32;
+
+    /// All-gather of `n` elements per rank: `input` (the own part of `output` in place) into
+    /// `output` (world * n elements).
+    pub fn coll_all_gather(
+        &self,
+        input: u64,
+        output: u64,
+        n: usize,
+        dtype: DataType,
+        stream: u64,
+    ) -> Result<()> {
+        let es = dtype.size();
+        let part = n * es;
+        let mut c = self.cargs();
+        c.n = n as u64;
+        c.es = es as u64;
+        c.slot_bytes = round16(part) as u64;
+        c.sig = signature(Collective::AllGather, dtype, n, 0, "");
+        let a = self.base_args(input, output, n as u64);
+        let what = format!("all_gather ({dtype}, {n} elements per rank)");
+        if use_ll(part, self.layout().push_cap) {
+            self.launch(
+                Self::MOVE_MODULE,
+                "fc_all_gather_ll",
+                a,
+                c,
+                self.ll_grid(part),
+                stream,
+                &what,
+            )
+        } else {
+            self.launch(
+                Self::MOVE_MODULE,
+                "fc_all_gather_st",
+                a,
+                c,
+                self.st_grid(part),
+                stream,
+                &what,
+            )
+        }
+    }
+
+    /// All-to-all of `n` elements per part (input and output hold world * n).
+    pub fn coll_all_to_all(
+        &self,
+        input: u64,
+        output: u64,
+        n: usize,
+        dtype: DataType,
+        stream: u64,
+    ) -> Result<()> {
+        let es = dtype.size();
+        let part = n * es;
+        let mut c = self.cargs();
+        c.n = n as u64;
+        c.es = es as u64;
+        c.slot_bytes = round16(part) as u64;
+        c.sig = signature(Collective::AllToAll, dtype, n, 0, "");
+        let a = self.base_args(input, output, n as u64);
+        let what = format!("all_to_all ({dtype}, {n} elements per part)");
+        if use_ll(part, self.layout().push_cap) {
+            self.launch(
+                Self::MOVE_MODULE,
+                "fc_all_to_all_ll",
+                a,
+                c,
+                self.ll_grid(part),
+                stream,
+                &what,
+            )
+        } else {
+            self.launch(
+                Self::MOVE_MODULE,
+                "fc_all_to_all_st",
+                a,
+                c,
+                self.st_grid(part),
+                stream,
+                &what,
+            )
+        }
+    }
+
+    /// Broadcast of `n` elements from `root` (`input` is read on root only).
+    #[allow(clippy::too_many_arguments)]
+    pub fn coll_broadcast(
+        &self,
+        input: u64,
+        output: u64,
+        n: usize,
+        dtype: DataType,
+        root: usize,
+        stream: u64,
+    ) -> Result<()> {
+        let es = dtype.size();
+        let part = n * es;
+        let mut c = self.cargs();
+        c.n = n as u64;
+        c.es = es as u64;
+        c.slot_bytes = round16(part) as u64;
+        c.root = root as u32;
+        c.sig = signature(Collective::Broadcast, dtype, n, root, "");
+        let a = self.base_args(input, output, n as u64);
+        let what = format!("broadcast ({dtype}, {n} elements, root {root})");
+        if use_ll(part, self.layout().push_cap) {
+            self.launch(
+                Self::MOVE_MODULE,
+                "fc_broadcast_ll",
+                a,
+                c,
+                self.ll_grid(part),
+                stream,
+                &what,
+            )
+        } else {
+            self.launch(
+                Self::MOVE_MODULE,
+                "fc_broadcast_st",
+                a,
+                c,
+                self.st_grid(part),
+                stream,
+                &what,
+            )
+        }
+    }
+
+    fn reduction_args(
+        &self,
+        input: u64,
+        output: u64,
+        n: usize,
+        op: ReduceOp,
+        coll: &'static str,
+    ) -> Result<(Args, &'static str)> {
+        let (opname, pre, div) = op_parts(op, coll)?;
+        let mut a = self.base_args(input, output, n as u64);
+        if let Some(s) = pre {
+            a.has_pre = 1;
+            a.pre = s;
+        }
+        if div {
+            a.has_div = 1;
+            a.post_div = self.world as f32;
+            a.int_div = self.world as i64;
+        }
+        Ok((a, opname))
+    }
+
+    /// Reduce-scatter: `input` holds world * n elements (the whole buffer in place), part
+    /// `rank` of the reduction goes to `output` (n elements; in place the own part).
+    #[allow(clippy::too_many_arguments)]
+    pub fn coll_reduce_scatter(
+        &self,
+        input: u64,
+        output: u64,
+        n: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: u64,
+    ) -> Result<()> {
+        let (a, opname) = self.reduction_args(input, output, n, op, "reduce_scatter")?;
+        let part = n * dtype.size();
+        let mut c = self.cargs();
+        c.n = n as u64;
+        c.es = dtype.size() as u64;
+        c.slot_bytes = round16(part) as u64;
+        c.sig = signature(Collective::ReduceScatter, dtype, n, 0, &op_name(op));
+        let what = format!("reduce_scatter ({dtype} {op}, {n} elements per rank)");
+        if use_ll(part, self.layout().push_cap) {
+            self.launch(
+                dtype,
+                &format!("fc_reduce_scatter_ll_{opname}"),
+                a,
+                c,
+                self.ll_grid(part),
+                stream,
+                &what,
+            )
+        } else {
+            self.launch(
+                dtype,
+                &format!("fc_reduce_scatter_st_{opname}"),
+                a,
+                c,
+                self.st_grid(part),
+                stream,
+                &what,
+            )
+        }
+    }
+
+    /// Reduce of `n` elements into `root`'s output.
+    #[allow(clippy::too_many_arguments)]
+    pub fn coll_reduce(
+        &self,
+        input: u64,
+        output: u64,
+        n: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        stream: u64,
+    ) -> Result<()> {
+        let (a, opname) = self.reduction_args(input, output, n, op, "reduce")?;
+        let part = n * dtype.size();
+        let mut c = self.cargs();
+        c.n = n as u64;
+        c.es = dtype.size() as u64;
+        c.slot_bytes = round16(part) as u64;
+        c.root = root as u32;
+        c.sig = signature(Collective::Reduce, dtype, n, root, &op_name(op));
+        let what = format!("reduce ({dtype} {op}, {n} elements, root {root})");
+        if use_ll(part, self.layout().push_cap) {
+            self.launch(
+                dtype,
+                &format!("fc_reduce_ll_{opname}"),
+                a,
+                c,
+                self.ll_grid(part),
+                stream,
+                &what,
+            )
+        } else {
+            self.launch(
+                dtype,
+                &format!("fc_reduce_st_{opname}"),
+                a,
+                c,
+                self.st_grid(part),
+                stream,
+                &what,
+            )
+        }
+    }
+
+    /// Grid of the all-to-all-v kernels: fixed, because ranks do not know each other's totals.
+    fn a2av_grid(&self) -> (u32, u32) {
+        ((self.sm_count as usize / 2).clamp(1, 64) as u32, 512)
+    }
+
+    /// Staging bytes per sender slot of all-to-all-v.
+    pub fn a2av_slot(&self) -> usize {
+        a2av_slot_bytes(self.layout().staging_bytes, self.world)
+    }
+
+    /// All-to-all-v with host counts (validated by the communicator; every count fits a slot,
+    /// checked by [`choose`]).
+    pub fn coll_all_to_all_v(
+        &self,
+        input: u64,
+        output: u64,
+        splits: &Splits,
+        dtype: DataType,
+        stream: u64,
+    ) -> Result<()> {
+        let es = dtype.size();
+        let mut c = self.cargs();
+        for p in 0..self.world {
+            c.scount[p] = splits.send_counts[p] as u64;
+            c.sdispl[p] = splits.send_displs[p] as u64;
+            c.rcount[p] = splits.recv_counts[p] as u64;
+            c.rdispl[p] = splits.recv_displs[p] as u64;
+        }
+        c.es = es as u64;
+        c.slot_bytes = self.a2av_slot() as u64;
+        let a = self.base_args(input, output, 0);
+        self.launch(
+            Self::MOVE_MODULE,
+            "fc_all_to_all_v_st",
+            a,
+            c,
+            self.a2av_grid(),
+            stream,
+            &format!("all_to_all_v ({dtype})"),
+        )
+    }
+
+    /// All-to-all-v with counts in device memory (see `Communicator::all_to_all_v_dynamic`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn coll_all_to_all_dynamic(
+        &self,
+        input: u64,
+        in_count: usize,
+        output: u64,
+        capacity: usize,
+        send_counts: u64,
+        recv_counts: u64,
+        count_bytes: usize,
+        dtype: DataType,
+        stream: u64,
+    ) -> Result<()> {
+        let es = dtype.size();
+        let slot = self.a2av_slot();
+        if capacity * es > slot {
+            return Err(Error::InvalidArgument(format!(
+                "all_to_all_v_dynamic: a capacity of {capacity} {dtype} elements per peer needs \
+                 {} bytes per peer, more than the {slot} bytes of staging per peer \
+                 (FERROCOMM_CUDA_STAGING_BYTES / ranks)",
+                capacity * es
+            )));
+        }
+        let mut c = self.cargs();
+        c.es = es as u64;
+        c.slot_bytes = slot as u64;
+        c.cap = capacity as u64;
+        c.in_count = in_count as u64;
+        c.dyn_send = send_counts;
+        c.dyn_recv = recv_counts;
+        c.count_bytes = count_bytes as u32;
+        let a = self.base_args(input, output, 0);
+        self.launch(
+            Self::MOVE_MODULE,
+            "fc_all_to_all_dyn_st",
+            a,
+            c,
+            self.a2av_grid(),
+            stream,
+            &format!("all_to_all_v_dynamic ({dtype}, capacity {capacity})"),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cargs_layout_matches_the_kernel() {
+        // 4 arrays of 16 u64, 9 u64, 4 u32.
+        assert_eq!(std::mem::size_of::<CArgs>(), 4 * 16 * 8 + 9 * 8 + 4 * 4);
+        assert_eq!(std::mem::align_of::<CArgs>(), 8);
+    }
+
+    #[test]
+    fn signatures_separate_what_ranks_must_agree_on() {
+        let s = signature(Collective::AllGather, DataType::BF16, 1000, 0, "");
+        assert_eq!(
+            s,
+            signature(Collective::AllGather, DataType::BF16, 1000, 0, "")
+        );
+        assert_ne!(
+            s,
+            signature(Collective::AllGather, DataType::BF16, 1001, 0, "")
+        );
+        assert_ne!(
+            s,
+            signature(Collective::AllGather, DataType::F16, 1000, 0, "")
+        );
+        assert_ne!(
+            s,
+            signature(Collective::AllToAll, DataType::BF16, 1000, 0, "")
+        );
+        assert_ne!(
+            signature(Collective::Broadcast, DataType::U8, 7, 0, ""),
+            signature(Collective::Broadcast, DataType::U8, 7, 1, "")
+        );
+        assert_ne!(
+            signature(Collective::Reduce, DataType::F32, 7, 0, "sum"),
+            signature(Collective::Reduce, DataType::F32, 7, 0, "max")
+        );
+    }
+
+    #[test]
+    fn staging_needs_and_protocol_choice() {
+        // One 16-byte-rounded slot per sender; broadcast needs one slot.
+        assert_eq!(staged_need(Collective::AllGather, 1, 2), Some(32));
+        assert_eq!(staged_need(Collective::ReduceScatter, 48, 4), Some(192));
+        assert_eq!(staged_need(Collective::Broadcast, 17, 8), Some(32));
+        assert_eq!(staged_need(Collective::Reduce, 0, 2), Some(0));
+        assert_eq!(staged_need(Collective::AllToAllV, 100, 2), None);
+        assert_eq!(a2av_slot_bytes(64 << 20, 3), (64 << 20) / 3 / 16 * 16);
+        assert_eq!(a2av_slot_bytes(1000, 2) % 16, 0);
+        assert!(use_ll(0, 512 << 10));
+        assert!(use_ll(LL_MAX_BYTES, 512 << 10));
+        assert!(!use_ll(LL_MAX_BYTES + 1, 512 << 10));
+        // A small push buffer caps LL.
+        assert!(!use_ll(4096, 2048));
+    }
+
+    #[test]
+    fn op_mapping_follows_the_all_reduce() {
+        assert_eq!(op_parts(ReduceOp::Avg, "x").unwrap(), ("sum", None, true));
+        assert_eq!(
+            op_parts(ReduceOp::PremulSum(0.5), "x").unwrap(),
+            ("sum", Some(0.5), false)
+        );
+        assert_eq!(op_parts(ReduceOp::Min, "x").unwrap().0, "min");
+        assert!(op_parts(ReduceOp::BitAnd, "x").is_err());
+    }
+}
