@@ -41,8 +41,8 @@ struct Buf {
 impl Buf {
     fn new(bytes: usize) -> Res<Buf> {
         let mut p = 0u64;
-        // SAFETY: out-parameter; the context is current.
         cu(
+            // SAFETY: out-parameter; the context is current.
             unsafe { sys::cuMemAlloc_v2(&mut p, bytes + GUARD + 16) },
             "cuMemAlloc",
         )?;
@@ -61,8 +61,8 @@ impl Buf {
     fn download(&self, off: usize, len: usize) -> Res<Vec<u8>> {
         let mut out = vec![0u8; len];
         assert!(off + len <= self.bytes + GUARD + 16);
-        // SAFETY: in bounds (asserted).
         cu(
+            // SAFETY: in bounds (asserted).
             unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr + off as u64, len) },
             "cuMemcpyDtoH",
         )?;
@@ -140,7 +140,7 @@ fn gen(dtype: DataType, count: usize, seed: u64, rank: usize, prod: bool) -> Vec
 /// Large byte inputs are cheaper as a keyed pattern than as RNG output.
 fn gen_bytes_fast(bytes: usize, seed: u64, rank: usize) -> Vec<u8> {
     let mut x =
-        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (rank as u64 + 1) * 0xD1B5_4A32_D192_ED03;
+        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ ((rank as u64 + 1) * 0xD1B5_4A32_D192_ED03);
     let mut v = Vec::with_capacity(bytes);
     while v.len() < bytes {
         x ^= x << 13;
@@ -550,7 +550,7 @@ fn matrix(c: &mut Ctx, quick: bool) -> Res<()> {
     let big: &[usize] = if quick {
         &[(1 << 20) + 3, 8 << 20]
     } else {
-        &[(1 << 20) + 3, 4 << 20, 32 << 20 / w]
+        &[(1 << 20) + 3, 4 << 20, (32 << 20) / w]
     };
     for &b in big {
         let n = b / 2;
@@ -693,10 +693,7 @@ fn a2av(c: &mut Ctx, quick: bool) -> Res<()> {
             })
             .collect();
         let part_of = |s: usize, r: usize| -> Vec<u8> {
-            let mut d = 0;
-            for q in 0..r {
-                d += m[s][q] + gap;
-            }
+            let d: usize = m[s][..r].iter().map(|x| x + gap).sum();
             inputs[s][d * es..(d + m[s][r]) * es].to_vec()
         };
         let inb = Buf::new(in_n.max(out_n) * es)?;
@@ -749,7 +746,7 @@ fn dynamic(c: &mut Ctx, quick: bool) -> Res<()> {
         let overfull = k % 4 == 3 && k > 4;
         let mut m = splits_for(w, seed, cap + 1);
         if overfull {
-            m[(me + 1) % w][me] = cap + 77; // every rank receives one part that is too long
+            // Every rank receives one part that is too long.
             for s in 0..w {
                 m[s][(s + 1) % w] = cap + 77;
             }
@@ -1058,10 +1055,10 @@ fn bad_input(c: &mut Ctx, cfg: &Config) -> Res<()> {
         sync()?;
         total += 1;
         let shown = format!("{next:?}");
-        if first.is_ok() && next.is_err() {
+        if let (Ok(()), Err(e)) = (&first, &next) {
             ok += 1;
             if me == 0 {
-                println!("mismatch {k}: {}", next.unwrap_err());
+                println!("mismatch {k}: {e}");
             }
         } else {
             c.failures.push(format!(
@@ -1090,7 +1087,19 @@ fn main() {
 }
 
 fn real_main() -> Res<i32> {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    if let Some(i) = args.iter().position(|a| a == "--precompile") {
+        // Fill a kernel cache for sm_90 on a machine without a GPU (NVRTC only), so that the
+        // device run skips compiling.
+        let mut cfg = Config::from_env()?;
+        cfg.kernel_cache = args.get(i + 1).ok_or("--precompile DIR")?.into();
+        for (d, _) in ferrocomm::cuda::kernels::VARIANTS {
+            ferrocomm::cuda::kernels::cubin(d, "sm_90", &cfg)?;
+        }
+        println!("kernels cached in {}", cfg.kernel_cache.display());
+        return Ok(0);
+    }
     let mut cfg = Config::from_env()?;
     cfg.cuda_staging_bytes = cfg.cuda_staging_bytes.max(128 << 20);
     let mut o = CommOptions::new("gpu_check_coll");
@@ -1120,7 +1129,8 @@ fn real_main() -> Res<i32> {
         tally: BTreeMap::new(),
         failures: Vec::new(),
     };
-    let steps: [(&str, &dyn Fn(&mut Ctx) -> Res<()>); 5] = [
+    type Step<'a> = (&'a str, &'a dyn Fn(&mut Ctx) -> Res<()>);
+    let steps: [Step; 5] = [
         ("matrix", &|c| matrix(c, quick)),
         ("all_to_all_v", &|c| a2av(c, quick)),
         ("dynamic", &|c| dynamic(c, quick)),
