@@ -23,6 +23,15 @@ const FLAGS_BYTES: usize = 2 * 2 * MAX_BLOCKS * MAX_RANKS * 4;
 const STATE_OFF: usize = FLAGS_BYTES;
 const VERIFY_OFF: usize = STATE_OFF + 64;
 const STATE_BYTES: usize = 4096;
+/// Chunk flags of the push-write flat kernel: u64 [data, ack][2 parities][blocks][ranks].
+const CFLAGS_OFF: usize = STATE_OFF + STATE_BYTES;
+const CFLAGS_BYTES: usize = 2 * 2 * MAX_BLOCKS * MAX_RANKS * 8;
+/// Chunk slots per (block, sender) in flat (`FC_FLAT_SLOTS`): double buffering.
+const FLAT_SLOTS: usize = 2;
+/// Smallest and largest flat chunk: a small message spreads over blocks of at least 8 KiB
+/// (one 16-byte vector per thread of 512), a large one streams in chunks of at most 64 KiB.
+const FLAT_MIN_CHUNK: usize = 8 << 10;
+const FLAT_MAX_CHUNK: usize = 64 << 10;
 /// Largest push payload per rank (LL lines double it, and every rank holds every sender's).
 const PUSH_CAP_MAX: usize = 512 << 10;
 
@@ -50,7 +59,7 @@ pub fn push_capacity(cfg: &Config) -> usize {
 /// The allocation layout for `world` ranks under `cfg`.
 pub fn staging_layout(cfg: &Config, world: usize) -> StagingLayout {
     let push_cap = push_capacity(cfg);
-    let push_off = STATE_OFF + STATE_BYTES;
+    let push_off = CFLAGS_OFF + CFLAGS_BYTES;
     let push_bytes = 2 * world * 2 * push_cap;
     let staging_off = round_up(push_off + push_bytes, 4096);
     let staging_bytes = round_up(cfg.cuda_staging_bytes.max(16), 4096);
@@ -85,6 +94,8 @@ struct Args {
     world: u32,
     has_pre: u32,
     has_div: u32,
+    chunk_bytes: u64,
+    cflag_off: u64,
 }
 
 struct Module {
@@ -343,6 +354,8 @@ impl Dda {
             world: self.world as u32,
             has_pre: 0,
             has_div: 0,
+            chunk_bytes: 0,
+            cflag_off: CFLAGS_OFF as u64,
         };
         for (r, b) in self.bases.iter().enumerate() {
             a.flags[r] = *b;
@@ -412,8 +425,18 @@ impl Dda {
         };
         let f = self.func(dtype, &format!("fc_{aname}_{opname}"))?;
         let max_blocks = (self.sm_count as usize).clamp(1, MAX_BLOCKS);
-        let blocks = units.div_ceil(threads as usize).clamp(1, max_blocks) as u32;
+        let mut blocks = units.div_ceil(threads as usize).clamp(1, max_blocks) as u32;
         let mut a = self.base_args(input, output, count as u64);
+        if algo == Algo::Flat {
+            let (g, chunk) = flat_grid(
+                count * dtype.size(),
+                max_blocks,
+                self.world,
+                self.layout.staging_bytes,
+            );
+            blocks = g as u32;
+            a.chunk_bytes = chunk as u64;
+        }
         if let Some(s) = pre {
             a.has_pre = 1;
             a.pre = s;
@@ -445,6 +468,31 @@ impl Dda {
             &format!("launching all_reduce ({aname}, {dtype}, {count} elements)"),
         )
     }
+}
+
+/// Grid and chunk size of the push-write flat kernel for `bytes` per rank: blocks of at least
+/// `FLAT_MIN_CHUNK` (up to one per SM), chunks of at most `FLAT_MAX_CHUNK`, and every block's
+/// `world * FLAT_SLOTS` slots inside one staging parity. Both ranks compute the same values
+/// (the per-block flags pair block b with block b).
+pub fn flat_grid(
+    bytes: usize,
+    max_blocks: usize,
+    world: usize,
+    staging_bytes: usize,
+) -> (usize, usize) {
+    let vbytes = round_up(bytes.max(1), 16);
+    let per_slot_set = world * FLAT_SLOTS * 16;
+    let grid = vbytes
+        .div_ceil(FLAT_MIN_CHUNK)
+        .min(max_blocks)
+        .min((staging_bytes / per_slot_set).max(1))
+        .max(1);
+    let slot_cap = (staging_bytes / (grid * world * FLAT_SLOTS)) / 16 * 16;
+    let chunk = round_up(vbytes.div_ceil(grid), 16)
+        .min(FLAT_MAX_CHUNK)
+        .min(slot_cap)
+        .max(16);
+    (grid, chunk)
 }
 
 impl Drop for Dda {
