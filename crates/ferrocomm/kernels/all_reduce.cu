@@ -1,14 +1,15 @@
-// ferrocomm all-reduce kernels: push (LL one-shot), flat (one-shot pull), tree (two-shot).
+// ferrocomm all-reduce kernels: push (LL one-shot), flat (one-shot pull), tree (two-shot),
+// stream (one-shot push-write through chunk slots: flat for messages larger than the staging).
 //
 // Header-free on purpose: NVRTC ships no bf16/fp16 headers, so narrow floats are raw 16-bit
 // integers converted with inline PTX. The host prepends one `#define FC_T_<dtype>` line; every
-// module holds the same twelve entry points (3 algorithms x 4 operators) for that dtype.
+// module holds the same sixteen entry points (4 algorithms x 4 operators) for that dtype.
 //
 // Memory of each rank (one cuMemAlloc, shared over CUDA IPC), see cuda/layout.rs:
 //   flags  : u32 [2 barriers][2 parities][FC_MAX_BLOCKS][FC_MAX_RANKS]   (written by peers)
 //   state  : u32 epoch, u32 done, u32 verify[FC_MAX_RANKS] at +64,
 //            u32 block_epoch[FC_MAX_BLOCKS] at +1024                      (local)
-//   cflags : u64 [2 kinds: data, ack][2 parities][FC_MAX_BLOCKS][FC_MAX_RANKS] (written by peers)
+//   cflags : u64 [2 kinds: data, ack][2 parities][FC_MAX_BLOCKS*16 warps][FC_MAX_RANKS] (by peers)
 //   push   : [2 parities][world senders][2 * push_cap] LL lines            (written by peers)
 //   staging: [2 parities][staging_bytes]                                  (read by peers)
 //
@@ -303,14 +304,13 @@ __device__ __forceinline__ void reduce_vec(const Args& a, u64 byte_off, Vec& out
     for (u32 i = 0; i < VEC_ELEMS; i++) out.e[i] = finish<T, OP>(a, acc[i]);
 }
 
-// ---------------------------------------------------------------- flat_pull: one-shot pull
+// ---------------------------------------------------------------- flat: one-shot pull
 
-// (Superseded by the push-write `flat` below; kept for comparison.)
 // Copy own input to own staging (parity e&1), barrier, every rank reads all staging buffers
 // for the vectors this block owns and writes them out. The staging parity alternates, so the
 // next call never overwrites what a slow peer is still reading (rule 3).
 template <int OP>
-__device__ void flat_pull(const Args& a) {
+__device__ void flat(const Args& a) {
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
     u64 par = (u64)(e & 1) * a.staging_bytes;
@@ -334,7 +334,10 @@ __device__ void flat_pull(const Args& a) {
     end_call(a, e);
 }
 
-// ---------------------------------------------------------------- flat: one-shot push-write, chunked
+// ---------------------------------------------------------------- stream: one-shot push-write, chunked
+
+// The flat algorithm for messages larger than the staging (and without NCCL): measured on
+// 2xH200 it beats the pull form only there (docs/tuning.md).
 
 __device__ __forceinline__ void st_release_sys_u64(u64* p, u64 v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
@@ -345,27 +348,31 @@ __device__ __forceinline__ u64 ld_acquire_sys_u64(const u64* p) {
     return v;
 }
 
-#define FC_FLAT_SLOTS 2      // chunk slots per (block, sender): double buffering
+#define FC_FLAT_SLOTS 2      // chunk slots per (warp, sender): double buffering
 #define FC_CFLAG_DATA 0
 #define FC_CFLAG_ACK 1
+#define FC_FLAT_WARPS 16     // warps per block of the flat kernel (512 threads)
+#define FC_FLAT_GROUPS (FC_MAX_BLOCKS * FC_FLAT_WARPS)
 
-// Chunk flag of kind `kind` in `owner`'s memory for this block, written by `sender`.
+// Chunk flag of kind `kind` in `owner`'s memory for warp group g, written by `sender`.
 // Value = (epoch << 32) | chunks: the epoch is compared for equality (a stale slot holds an
-// older epoch: parity keeps a peer one call ahead off the slot the reader still polls), the
-// count grows within a call (rule 2).
-__device__ __forceinline__ u64* cflag(const Args& a, u32 owner, u32 kind, u32 e, u32 sender) {
+// older epoch; parity keeps a peer one call ahead off the slot the reader still polls), the
+// count grows within a call (rule 2: one slot per warp group, sender and parity).
+__device__ __forceinline__ u64* cflag(const Args& a, u32 owner, u32 kind, u32 e, u32 sender,
+                                      u32 g) {
     u64* f = (u64*)(a.flags[owner] + a.cflag_off);
-    return f + (((kind * 2 + (e & 1)) * FC_MAX_BLOCKS + blockIdx.x) * FC_MAX_RANKS + sender);
+    return f + (((u64)(kind * 2 + (e & 1)) * FC_FLAT_GROUPS + g) * FC_MAX_RANKS + sender);
 }
 
-// Threads 0..world-1 (not `rank`) wait until `peer`'s flag of `kind` reaches `count` in epoch
-// e; the whole block agrees on the outcome.
-__device__ __forceinline__ bool wait_cflag(const Args& a, u32 kind, u32 e, u64 count, u32 phase,
-                                           u64 t0) {
+// Lanes 0..world-1 (not `rank`) wait until that peer's flag of `kind` reaches `count` in epoch
+// e; the whole warp agrees on the outcome, and __syncwarp orders the lanes' later reads after
+// the acquire (rule 1).
+__device__ __forceinline__ bool wait_cflag(const Args& a, u32 kind, u32 e, u64 count, u32 g,
+                                           u32 phase, u64 t0) {
     bool ok = true;
-    u32 peer = threadIdx.x;
+    u32 peer = threadIdx.x & 31;
     if (peer < a.world && peer != a.rank) {
-        const u64* p = cflag(a, a.rank, kind, e, peer);
+        const u64* p = cflag(a, a.rank, kind, e, peer, g);
         u32 spins = 0;
         for (;;) {
             u64 v = ld_acquire_sys_u64(p);
@@ -380,31 +387,32 @@ __device__ __forceinline__ bool wait_cflag(const Args& a, u32 kind, u32 e, u64 c
             }
         }
     }
-    return __syncthreads_and(ok) != 0;
+    bool all = __all_sync(0xffffffffu, ok) != 0;
+    __syncwarp();
+    return all;
 }
 
-// After bar.sync (which orders every thread's earlier accesses before it), thread r releases
-// `count` into rank r's flag of `kind` (rule 1: system scope, cumulative over the block).
-__device__ __forceinline__ void post_cflag(const Args& a, u32 kind, u32 e, u64 count) {
-    __syncthreads();
-    u32 peer = threadIdx.x;
+// After __syncwarp (which orders every lane's earlier accesses before it), lane r releases
+// `count` into rank r's flag of `kind` (rule 1: system scope, cumulative over the warp).
+__device__ __forceinline__ void post_cflag(const Args& a, u32 kind, u32 e, u64 count, u32 g) {
+    __syncwarp();
+    u32 peer = threadIdx.x & 31;
     if (peer < a.world && peer != a.rank)
-        st_release_sys_u64(cflag(a, peer, kind, e, a.rank), ((u64)e << 32) | count);
+        st_release_sys_u64(cflag(a, peer, kind, e, a.rank, g), ((u64)e << 32) | count);
 }
 
-// Reduces vectors [v0, v1) of one tile: own input plus every peer's received chunk (in this
-// block's slots at `slots`, sender r at r * SLOTS * slot_stride), rank order 0..n-1 (rule 5),
-// f32 for narrow floats (rule 6). W bounds the ranks held in registers, U the vectors per
-// thread in flight; all loads are issued before the arithmetic.
+// Reduces vectors [v0, v1) of one tile with one warp: own input plus every peer's received
+// chunk (sender r's slot at `slots + r * SLOTS * slot_stride`), rank order 0..n-1 (rule 5),
+// f32 for narrow floats (rule 6). W bounds the ranks held in registers, U the vectors per lane
+// in flight; all loads are issued before the arithmetic.
 template <int OP, int W, int U>
 __device__ __forceinline__ void flat_reduce_tile(const Args& a, const u8* slots, u64 slot_stride,
                                                  u64 v0, u64 v1, bool aligned) {
-    u32 nt = blockDim.x;
-    for (u64 b = v0 + threadIdx.x; b < v1; b += (u64)nt * U) {
+    for (u64 b = v0 + (threadIdx.x & 31); b < v1; b += 32ull * U) {
         Vec in[U][W];
 #pragma unroll
         for (u32 k = 0; k < U; k++) {
-            u64 v = b + (u64)k * nt;
+            u64 v = b + 32ull * k;
             if (v < v1) {
 #pragma unroll
                 for (u32 r = 0; r < W; r++) {
@@ -421,7 +429,7 @@ __device__ __forceinline__ void flat_reduce_tile(const Args& a, const u8* slots,
         }
 #pragma unroll
         for (u32 k = 0; k < U; k++) {
-            u64 v = b + (u64)k * nt;
+            u64 v = b + 32ull * k;
             if (v < v1) {
                 Acc acc[VEC_ELEMS];
 #pragma unroll
@@ -444,48 +452,50 @@ __device__ __forceinline__ void flat_reduce_tile(const Args& a, const u8* slots,
 
 #define FC_FLAT_UNROLL 4
 
-// Each rank writes its input straight into every peer's staging over NVLink (no local copy),
-// one chunk slot per (block, sender), double buffered; a per-chunk flag follows each chunk and
-// the reader acknowledges each consumed chunk so the writer can reuse the slot. The receiver
-// reduces its own input and the received chunks in rank order 0..n-1 (rule 5), so messages of
-// any size stream through a fixed staging area. Block b owns tiles b, b+G, b+2G, ... of
-// `chunk_bytes`; it writes tile c+1 before reducing tile c, so NVLink stays busy.
-// Staging parity e&1 holds a call's slots: a peer one call ahead writes the other parity, and
-// two calls ahead it has seen this call's data complete on our side (rule 3).
+// Each rank writes its input straight into every peer's staging over NVLink (no local copy).
+// Every warp is an independent pipeline (no block-wide barrier: while one warp waits for its
+// release to land, the others keep the link busy): warp group g owns tiles g, g+G, g+2G, ...
+// of `chunk_bytes`, one chunk slot pair per (g, sender), double buffered; a per-chunk flag
+// follows each chunk and the reader acknowledges each consumed chunk so that the writer can
+// reuse the slot. The group writes tile c+1 before reducing tile c. The receiver reduces its
+// own input and the received chunks in rank order 0..n-1 (rule 5), so messages of any size
+// stream through a fixed staging area. Staging parity e&1 holds a call's slots: a peer one
+// call ahead writes the other parity, and two calls ahead it has seen this call's data
+// complete on our side (rule 3).
 template <int OP>
-__device__ void flat(const Args& a) {
+__device__ void stream(const Args& a) {
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
     u64 par = (u64)(e & 1) * a.staging_bytes;
     u64 nvec = (a.count + VEC_ELEMS - 1) / VEC_ELEMS;
     u64 cvec = a.chunk_bytes / 16;
     u64 ntiles = (nvec + cvec - 1) / cvec;
-    u64 G = gridDim.x;
-    u64 nch = ntiles > blockIdx.x ? (ntiles - blockIdx.x + G - 1) / G : 0;
+    u32 nwarps = blockDim.x >> 5;
+    u32 g = blockIdx.x * nwarps + (threadIdx.x >> 5);
+    u64 G = (u64)gridDim.x * nwarps;
+    u64 nch = ntiles > g ? (ntiles - g + G - 1) / G : 0;
     bool aligned = ((a.input | a.output) & 15) == 0;
     u64 slot_stride = a.chunk_bytes;
-    // Byte offset of slot s for `sender` in this block's part of a rank's staging parity.
-    u64 blk_off = par + (u64)blockIdx.x * a.world * FC_FLAT_SLOTS * slot_stride;
-    u32 tid = threadIdx.x;
-    u32 nt = blockDim.x;
+    u64 grp_off = par + (u64)g * a.world * FC_FLAT_SLOTS * slot_stride;
+    u32 lane = threadIdx.x & 31;
     bool ok = true;
 
-    // Writes tile of chunk c into slot c % SLOTS of every peer, then posts the data flag.
+    // Writes the tile of chunk c into slot c % SLOTS of every peer, then posts the data flag.
     auto write_chunk = [&](u64 c) {
-        u64 v0 = (blockIdx.x + c * G) * cvec;
+        u64 v0 = (g + c * G) * cvec;
         u64 v1 = v0 + cvec < nvec ? v0 + cvec : nvec;
-        u64 soff = blk_off + ((u64)a.rank * FC_FLAT_SLOTS + (c % FC_FLAT_SLOTS)) * slot_stride;
-        for (u64 b = v0 + tid; b < v1; b += (u64)nt * FC_FLAT_UNROLL) {
+        u64 soff = grp_off + ((u64)a.rank * FC_FLAT_SLOTS + (c % FC_FLAT_SLOTS)) * slot_stride;
+        for (u64 b = v0 + lane; b < v1; b += 32ull * FC_FLAT_UNROLL) {
             Vec x[FC_FLAT_UNROLL];
 #pragma unroll
             for (u32 k = 0; k < FC_FLAT_UNROLL; k++) {
-                u64 v = b + (u64)k * nt;
+                u64 v = b + 32ull * k;
                 x[k].u = make_uint4(0, 0, 0, 0);
                 if (v < v1) load_user(a, v, aligned, x[k]);
             }
 #pragma unroll
             for (u32 k = 0; k < FC_FLAT_UNROLL; k++) {
-                u64 v = b + (u64)k * nt;
+                u64 v = b + 32ull * k;
                 if (v < v1) {
 #pragma unroll
                     for (u32 r = 0; r < FC_MAX_RANKS; r++)
@@ -494,7 +504,7 @@ __device__ void flat(const Args& a) {
                 }
             }
         }
-        post_cflag(a, FC_CFLAG_DATA, e, c + 1);
+        post_cflag(a, FC_CFLAG_DATA, e, c + 1, g);
     };
 
     if (nch > 0) write_chunk(0);
@@ -502,22 +512,21 @@ __device__ void flat(const Args& a) {
         if (c + 1 < nch) {
             // Slot (c+1) % SLOTS last held chunk c+1-SLOTS: wait until every reader freed it.
             if (c + 1 >= FC_FLAT_SLOTS)
-                ok = wait_cflag(a, FC_CFLAG_ACK, e, c + 2 - FC_FLAT_SLOTS, 21, t0);
+                ok = wait_cflag(a, FC_CFLAG_ACK, e, c + 2 - FC_FLAT_SLOTS, g, 21, t0);
             if (!ok) break;
             write_chunk(c + 1);
         }
-        ok = wait_cflag(a, FC_CFLAG_DATA, e, c + 1, 20, t0);
+        ok = wait_cflag(a, FC_CFLAG_DATA, e, c + 1, g, 20, t0);
         if (!ok) break;
-        u64 v0 = (blockIdx.x + c * G) * cvec;
+        u64 v0 = (g + c * G) * cvec;
         u64 v1 = v0 + cvec < nvec ? v0 + cvec : nvec;
-        u64 roff = blk_off + (c % FC_FLAT_SLOTS) * slot_stride;
-        const u8* slots = (const u8*)a.staging[a.rank] + roff;
+        const u8* slots = (const u8*)a.staging[a.rank] + grp_off + (c % FC_FLAT_SLOTS) * slot_stride;
         if (a.world == 2)
             flat_reduce_tile<OP, 2, FC_FLAT_UNROLL>(a, slots, slot_stride, v0, v1, aligned);
         else
             flat_reduce_tile<OP, FC_MAX_RANKS, 1>(a, slots, slot_stride, v0, v1, aligned);
         // Free the slot only if the writer will reuse it in this call.
-        if (c + FC_FLAT_SLOTS < nch) post_cflag(a, FC_CFLAG_ACK, e, c + 1);
+        if (c + FC_FLAT_SLOTS < nch) post_cflag(a, FC_CFLAG_ACK, e, c + 1, g);
     }
     end_call(a, e);
 }
@@ -691,7 +700,8 @@ extern "C" __global__ void fc_verify_write(Args a, u32 magic, u64 verify_off) {
 #define FC_ENTRY(NAME, OPV)                                                             \
     extern "C" __global__ void __launch_bounds__(512) fc_push_##NAME(Args a) { push<OPV>(a); } \
     extern "C" __global__ void __launch_bounds__(512) fc_flat_##NAME(Args a) { flat<OPV>(a); } \
-    extern "C" __global__ void __launch_bounds__(512) fc_tree_##NAME(Args a) { tree<OPV>(a); }
+    extern "C" __global__ void __launch_bounds__(512) fc_tree_##NAME(Args a) { tree<OPV>(a); } \
+    extern "C" __global__ void __launch_bounds__(512) fc_stream_##NAME(Args a) { stream<OPV>(a); }
 
 FC_ENTRY(sum, OP_SUM)
 FC_ENTRY(prod, OP_PROD)
