@@ -22,7 +22,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::types::Device;
 
-pub use dda::{push_capacity, staging_layout, StagingLayout};
+pub use dda::{flat_grid, push_capacity, staging_layout, StagingLayout};
 
 /// Number of CUDA devices visible, 0 when the driver library is absent or fails to start.
 pub fn gpu_count() -> usize {
