@@ -200,6 +200,9 @@ __device__ __forceinline__ u64* bar_word(const Args& a, const CArgs& c, u32 owne
 // Rule 2: per-block words, epochs in the high half compared for equality, parity by epoch.
 __device__ bool payload_barrier(const Args& a, const CArgs& c, u32 e, u64 t0, const u32* out,
                                 u32* in) {
+    // Every thread's remote staging stores are complete system-wide before the block's
+    // release (NVLink stores are posted; do not rely on bar.sync cumulativity for them).
+    __threadfence_system();
     __syncthreads();
     bool ok = true;
     if (threadIdx.x < a.world) {

@@ -126,11 +126,14 @@ pub fn default_all_reduce_thresholds(world: usize) -> (usize, usize, usize) {
 
 /// Default direct-access limits for the data-movement collectives (bytes per rank).
 pub fn default_direct_max(coll: Collective, world: usize) -> usize {
+    // 2×H200 sweep (docs/tuning.md, direct-access collectives): direct access beats NCCL up to
+    // the largest size measured except all-to-all, where NCCL wins at 64 MiB per rank. The
+    // staging (64 MiB by default) caps the rest: world × part bytes per call.
     let base: usize = match coll {
-        Collective::AllGather => 16 << 20,
-        Collective::ReduceScatter => 16 << 20,
+        Collective::AllGather => 32 << 20,
+        Collective::ReduceScatter => 32 << 20,
         Collective::AllToAll | Collective::AllToAllV => 16 << 20,
-        _ => 16 << 20,
+        _ => 64 << 20,
     };
     if world > 4 {
         base / 2
