@@ -1,0 +1,1059 @@
+//! Device correctness and timing check of the cuda backend (run on a GPU machine):
+//!
+//! ```text
+//! ferrocomm launch -n 2 -- target/release/examples/gpu_check [--quick] [--no-timing]
+//! ```
+//!
+//! Every all-reduce result is compared element by element with an f64 / exact-integer host
+//! reference on random data (never zeros), outputs poisoned before each call, and its hash is
+//! compared across ranks (bit-identical results). Exits 1 on any wrong element.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys;
+use ferrocomm::bootstrap::{all_gather_bytes, store_barrier};
+use ferrocomm::{
+    Algo, CallOpts, CommOptions, Communicator, Config, DataType, Device, Input, ReduceOp, View,
+    ViewMut,
+};
+use rand::{Rng, SeedableRng};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn cu(r: sys::CUresult, what: &str) -> Res<()> {
+    r.result().map_err(|e| format!("{what}: {e:?}").into())
+}
+
+/// A raw device buffer.
+struct Buf {
+    ptr: u64,
+    bytes: usize,
+}
+
+impl Buf {
+    fn new(bytes: usize) -> Res<Buf> {
+        let mut p = 0u64;
+        cu(
+            // SAFETY: out-parameter; the context is current.
+            unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(16)) },
+            "cuMemAlloc",
+        )?;
+        Ok(Buf { ptr: p, bytes })
+    }
+    fn upload(&self, off: usize, data: &[u8]) -> Res<()> {
+        assert!(off + data.len() <= self.bytes.max(16));
+        // SAFETY: in bounds (asserted).
+        cu(
+            unsafe {
+                sys::cuMemcpyHtoD_v2(self.ptr + off as u64, data.as_ptr().cast(), data.len())
+            },
+            "cuMemcpyHtoD",
+        )
+    }
+    fn download(&self, off: usize, out: &mut [u8]) -> Res<()> {
+        // SAFETY: in bounds by construction of the callers.
+        cu(
+            unsafe {
+                sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr + off as u64, out.len())
+            },
+            "cuMemcpyDtoH",
+        )
+    }
+    fn poison(&self) -> Res<()> {
+        // SAFETY: whole buffer.
+        cu(
+            unsafe { sys::cuMemsetD8_v2(self.ptr, 0xA7, self.bytes.max(16)) },
+            "cuMemsetD8",
+        )
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        // SAFETY: allocated once in `new`.
+        unsafe { sys::cuMemFree_v2(self.ptr) };
+    }
+}
+
+fn sync() -> Res<()> {
+    // SAFETY: plain context synchronisation.
+    cu(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
+}
+
+// ---------------------------------------------------------------- data and reference
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum OpK {
+    Sum,
+    Avg,
+    Prod,
+    Min,
+    Max,
+    PremulSum,
+}
+
+impl OpK {
+    fn op(self) -> ReduceOp {
+        match self {
+            OpK::Sum => ReduceOp::Sum,
+            OpK::Avg => ReduceOp::Avg,
+            OpK::Prod => ReduceOp::Prod,
+            OpK::Min => ReduceOp::Min,
+            OpK::Max => ReduceOp::Max,
+            OpK::PremulSum => ReduceOp::PremulSum(0.5),
+        }
+    }
+}
+
+const FLOATS: [DataType; 3] = [DataType::F32, DataType::F16, DataType::BF16];
+const INTS: [DataType; 4] = [DataType::I32, DataType::U32, DataType::I64, DataType::U64];
+
+/// Random element bytes for `rank` (every rank can compute every rank's data).
+fn gen(dtype: DataType, op: OpK, count: usize, seed: u64, rank: usize) -> Vec<u8> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 131 + rank as u64);
+    let mut out = Vec::with_capacity(count * dtype.size());
+    for _ in 0..count {
+        let f: f64 = if op == OpK::Prod {
+            rng.random_range(0.5..1.5)
+        } else {
+            let v: f64 = rng.random_range(0.05..1.0);
+            if rng.random_bool(0.5) {
+                -v
+            } else {
+                v
+            }
+        };
+        let i: i64 = if op == OpK::Prod {
+            rng.random_range(1..=3)
+        } else {
+            rng.random_range(1..1000) * if rng.random_bool(0.5) { -1 } else { 1 }
+        };
+        match dtype {
+            DataType::F32 => out.extend_from_slice(&(f as f32).to_le_bytes()),
+            DataType::F16 => out.extend_from_slice(&half::f16::from_f64(f).to_le_bytes()),
+            DataType::BF16 => out.extend_from_slice(&half::bf16::from_f64(f).to_le_bytes()),
+            DataType::I32 => out.extend_from_slice(&(i as i32).to_le_bytes()),
+            DataType::U32 => out.extend_from_slice(&(i.unsigned_abs() as u32).to_le_bytes()),
+            DataType::I64 => out.extend_from_slice(&i.to_le_bytes()),
+            DataType::U64 => out.extend_from_slice(&i.unsigned_abs().to_le_bytes()),
+            _ => unreachable!(),
+        }
+    }
+    out
+}
+
+fn as_f64(dtype: DataType, b: &[u8]) -> f64 {
+    match dtype {
+        DataType::F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
+        DataType::F16 => half::f16::from_le_bytes(b.try_into().unwrap()).to_f64(),
+        DataType::BF16 => half::bf16::from_le_bytes(b.try_into().unwrap()).to_f64(),
+        _ => unreachable!(),
+    }
+}
+
+fn as_i128(dtype: DataType, b: &[u8]) -> i128 {
+    match dtype {
+        DataType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as i128,
+        DataType::U32 => u32::from_le_bytes(b.try_into().unwrap()) as i128,
+        DataType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as i128,
+        DataType::U64 => u64::from_le_bytes(b.try_into().unwrap()) as i128,
+        _ => unreachable!(),
+    }
+}
+
+/// Number of wrong elements of `got` against the reference built from every rank's data.
+fn check(dtype: DataType, op: OpK, inputs: &[Vec<u8>], got: &[u8]) -> (usize, String) {
+    let es = dtype.size();
+    let n = inputs.len();
+    let count = got.len() / es;
+    let mut wrong = 0;
+    let mut first = String::new();
+    for i in 0..count {
+        let el = |r: usize| &inputs[r][i * es..(i + 1) * es];
+        let g = &got[i * es..(i + 1) * es];
+        let ok = if dtype.is_float() {
+            let xs: Vec<f64> = (0..n).map(|r| as_f64(dtype, el(r))).collect();
+            let gv = as_f64(dtype, g);
+            let mag: f64 = xs.iter().map(|x| x.abs()).sum();
+            let (want, scale) = match op {
+                OpK::Sum => (xs.iter().sum::<f64>(), mag),
+                OpK::Avg => (xs.iter().sum::<f64>() / n as f64, mag / n as f64),
+                OpK::PremulSum => (xs.iter().map(|x| x * 0.5).sum::<f64>(), mag * 0.5),
+                OpK::Prod => {
+                    let p: f64 = xs.iter().product();
+                    (p, p.abs() * n as f64)
+                }
+                OpK::Min => (xs.iter().cloned().fold(f64::INFINITY, f64::min), 0.0),
+                OpK::Max => (xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max), 0.0),
+            };
+            let rel = match dtype {
+                DataType::F32 => 2e-6,
+                DataType::F16 => 1.5e-3,
+                _ => 1e-2,
+            };
+            (gv - want).abs() <= rel * scale + 1e-30
+        } else {
+            let bits = es * 8;
+            let wrap = |v: i128| -> i128 {
+                let m = 1i128 << bits;
+                let mut w = v.rem_euclid(m);
+                if matches!(dtype, DataType::I32 | DataType::I64) && w >= m / 2 {
+                    w -= m;
+                }
+                w
+            };
+            let xs: Vec<i128> = (0..n).map(|r| as_i128(dtype, el(r))).collect();
+            let want = match op {
+                OpK::Sum => wrap(xs.iter().sum()),
+                OpK::Avg => wrap(wrap(xs.iter().sum()) / n as i128),
+                OpK::Prod => wrap(xs.iter().product()),
+                OpK::Min => *xs.iter().min().unwrap(),
+                OpK::Max => *xs.iter().max().unwrap(),
+                OpK::PremulSum => unreachable!(),
+            };
+            as_i128(dtype, g) == want
+        };
+        if !ok {
+            if wrong == 0 {
+                first = format!("element {i}: got {:?}", g);
+            }
+            wrong += 1;
+        }
+    }
+    (wrong, first)
+}
+
+fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf29ce484222325u64, |h, x| {
+        (h ^ *x as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+// ---------------------------------------------------------------- harness
+
+#[derive(Default)]
+struct Tally {
+    cases: usize,
+    wrong_elems: usize,
+    hash_mismatch: usize,
+    errors: usize,
+    expected_refusals: usize,
+}
+
+struct Ctx {
+    comm: Communicator,
+    rank: usize,
+    world: usize,
+    dev: u32,
+    tally: BTreeMap<String, Tally>,
+    failures: Vec<String>,
+    seq: u64,
+}
+
+impl Ctx {
+    fn store_hashes(&mut self, tag: &str, h: u64) -> Res<bool> {
+        self.seq += 1;
+        let all = all_gather_bytes(
+            &**self.comm.store(),
+            &format!("chk/{}/{tag}", self.seq),
+            self.rank,
+            self.world,
+            &h.to_le_bytes(),
+            Duration::from_secs(120),
+        )?;
+        Ok(all.iter().all(|v| v == &h.to_le_bytes().to_vec()))
+    }
+}
+
+struct Case {
+    dtype: DataType,
+    op: OpK,
+    count: usize,
+    algo: Algo,
+    in_place: bool,
+    /// Element offset of the pointers (1 = not 16-byte aligned).
+    misalign: usize,
+}
+
+fn run_case(
+    c: &mut Ctx,
+    comm_sel: Option<&Communicator>,
+    cs: &Case,
+    seed: u64,
+    stream: u64,
+) -> Res<()> {
+    let comm = comm_sel.unwrap_or(&c.comm);
+    let es = cs.dtype.size();
+    let bytes = cs.count * es;
+    let key = format!("{:<5}", cs.algo.name());
+    let inputs: Vec<Vec<u8>> = (0..c.world)
+        .map(|r| gen(cs.dtype, cs.op, cs.count, seed, r))
+        .collect();
+    let off = cs.misalign * es;
+    let inb = Buf::new(bytes + off)?;
+    let outb = Buf::new(bytes + off)?;
+    outb.poison()?;
+    let opts = CallOpts::on_stream(stream).with_algo(cs.algo);
+    let dev = Device::Cuda(c.dev);
+    // SAFETY: both buffers hold `bytes + off` bytes of this device and outlive the call (we
+    // synchronise before dropping them).
+    let res = unsafe {
+        if cs.in_place {
+            outb.upload(off, &inputs[c.rank])?;
+            let o = ViewMut::from_raw((outb.ptr + off as u64) as *mut u8, cs.count, cs.dtype, dev);
+            comm.all_reduce(Input::InPlace, o, cs.op.op(), &opts)
+        } else {
+            inb.upload(off, &inputs[c.rank])?;
+            let i = View::from_raw((inb.ptr + off as u64) as *const u8, cs.count, cs.dtype, dev);
+            let o = ViewMut::from_raw((outb.ptr + off as u64) as *mut u8, cs.count, cs.dtype, dev);
+            comm.all_reduce(Input::Buf(i), o, cs.op.op(), &opts)
+        }
+    };
+    sync()?;
+    let t = c.tally.entry(key).or_default();
+    t.cases += 1;
+    if let Err(e) = res {
+        // Push above its capacity is refused by design.
+        if cs.algo == Algo::Push && matches!(e, ferrocomm::Error::InvalidArgument(_)) {
+            t.expected_refusals += 1;
+            t.cases -= 1;
+            return Ok(());
+        }
+        t.errors += 1;
+        c.failures.push(format!(
+            "{:?} {} n={} {}: error {e}",
+            cs.op, cs.dtype, cs.count, cs.algo
+        ));
+        return Ok(());
+    }
+    let mut got = vec![0u8; bytes];
+    outb.download(off, &mut got)?;
+    let (wrong, first) = check(cs.dtype, cs.op, &inputs, &got);
+    let same = c.store_hashes("case", fnv(&got))?;
+    let t = c.tally.get_mut(&format!("{:<5}", cs.algo.name())).unwrap();
+    t.wrong_elems += wrong;
+    if !same {
+        t.hash_mismatch += 1;
+    }
+    if wrong > 0 || !same {
+        c.failures.push(format!(
+            "{:?} {} n={} {} inplace={} misalign={}: {wrong} wrong ({first}), identical across ranks: {same}",
+            cs.op, cs.dtype, cs.count, cs.algo, cs.in_place, cs.misalign
+        ));
+    }
+    Ok(())
+}
+
+fn ops_for(d: DataType) -> Vec<OpK> {
+    if d.is_float() {
+        vec![
+            OpK::Sum,
+            OpK::Avg,
+            OpK::Prod,
+            OpK::Min,
+            OpK::Max,
+            OpK::PremulSum,
+        ]
+    } else {
+        vec![OpK::Sum, OpK::Avg, OpK::Prod, OpK::Min, OpK::Max]
+    }
+}
+
+const ALGOS: [Algo; 5] = [Algo::Push, Algo::Flat, Algo::Tree, Algo::Nccl, Algo::Auto];
+
+fn matrix(c: &mut Ctx, quick: bool) -> Res<()> {
+    let mut seed = 1u64;
+    let small = [1usize, 3, 7, 8, 33, 1000, 4097, 32771];
+    for d in FLOATS.iter().chain(INTS.iter()) {
+        for op in ops_for(*d) {
+            for (si, &n) in small.iter().enumerate() {
+                if quick && si % 2 == 1 {
+                    continue;
+                }
+                for (ai, algo) in ALGOS.iter().enumerate() {
+                    seed += 1;
+                    let cs = Case {
+                        dtype: *d,
+                        op,
+                        count: n,
+                        algo: *algo,
+                        in_place: (si + ai) % 2 == 0,
+                        misalign: if (si + ai) % 3 == 0 { 1 } else { 0 },
+                    };
+                    run_case(c, None, &cs, seed, 0)?;
+                }
+            }
+        }
+    }
+    // Large messages: bf16 and f32 sums, up to 256 MB per rank.
+    let big: &[usize] = if quick {
+        &[1 << 20, (4 << 20) + 2, 64 << 20]
+    } else {
+        &[
+            256 << 10,
+            1 << 20,
+            (4 << 20) + 2,
+            16 << 20,
+            64 << 20,
+            256 << 20,
+        ]
+    };
+    for d in [DataType::BF16, DataType::F32] {
+        for &b in big {
+            for algo in ALGOS {
+                if algo == Algo::Push && b > (512 << 10) {
+                    continue;
+                }
+                seed += 1;
+                let cs = Case {
+                    dtype: d,
+                    op: OpK::Sum,
+                    count: b / d.size(),
+                    algo,
+                    in_place: seed % 2 == 0,
+                    misalign: 0,
+                };
+                run_case(c, None, &cs, seed, 0)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Many back-to-back calls with varying sizes and algorithms, no sync in between.
+fn race(c: &mut Ctx, calls: usize) -> Res<()> {
+    let d = DataType::BF16;
+    let es = d.size();
+    let max_n = 70_000usize;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(4242);
+    let plan: Vec<(usize, Algo)> = (0..calls)
+        .map(|_| {
+            let n = rng.random_range(1..max_n);
+            let a = [Algo::Push, Algo::Flat, Algo::Tree, Algo::Auto, Algo::Nccl]
+                [rng.random_range(0..5)];
+            (n, a)
+        })
+        .collect();
+    let inputs: Vec<Vec<u8>> = (0..c.world)
+        .map(|r| gen(d, OpK::Sum, max_n, 777, r))
+        .collect();
+    let inb = Buf::new(max_n * es)?;
+    inb.upload(0, &inputs[c.rank])?;
+    let outs: Vec<Buf> = (0..calls)
+        .map(|_| Buf::new(max_n * es))
+        .collect::<Res<_>>()?;
+    for o in &outs {
+        o.poison()?;
+    }
+    sync()?;
+    let dev = Device::Cuda(c.dev);
+    let t0 = Instant::now();
+    for (k, (n, a)) in plan.iter().enumerate() {
+        // SAFETY: buffers of this device, large enough, alive until the sync below.
+        unsafe {
+            let i = View::from_raw(inb.ptr as *const u8, *n, d, dev);
+            let o = ViewMut::from_raw(outs[k].ptr as *mut u8, *n, d, dev);
+            c.comm.all_reduce(
+                Input::Buf(i),
+                o,
+                ReduceOp::Sum,
+                &CallOpts::default().with_algo(*a),
+            )?;
+        }
+    }
+    sync()?;
+    let el = t0.elapsed();
+    let key = "race ".to_string();
+    let mut wrong_total = 0;
+    for (k, (n, a)) in plan.iter().enumerate() {
+        let mut got = vec![0u8; n * es];
+        outs[k].download(0, &mut got)?;
+        let ins: Vec<Vec<u8>> = inputs.iter().map(|v| v[..n * es].to_vec()).collect();
+        let (w, first) = check(d, OpK::Sum, &ins, &got);
+        if w > 0 {
+            c.failures
+                .push(format!("race call {k} ({a}, n={n}): {w} wrong ({first})"));
+        }
+        wrong_total += w;
+    }
+    let t = c.tally.entry(key).or_default();
+    t.cases += calls;
+    t.wrong_elems += wrong_total;
+    if c.rank == 0 {
+        println!(
+            "race: {calls} back-to-back calls in {:.1} ms",
+            el.as_secs_f64() * 1e3
+        );
+    }
+    Ok(())
+}
+
+/// Stream capture of a mix of algorithms, replayed many times.
+fn graph(c: &mut Ctx, replays: usize) -> Res<()> {
+    let d = DataType::BF16;
+    let es = d.size();
+    let plan: [(usize, Algo); 8] = [
+        (512, Algo::Push),
+        (3000, Algo::Flat),
+        (70001, Algo::Tree),
+        (8, Algo::Push),
+        (200_000, Algo::Flat),
+        (65536, Algo::Auto),
+        (5, Algo::Tree),
+        (1024, Algo::Nccl),
+    ];
+    let max_n = 200_000;
+    let inputs: Vec<Vec<u8>> = (0..c.world)
+        .map(|r| gen(d, OpK::Sum, max_n, 99, r))
+        .collect();
+    let inb = Buf::new(max_n * es)?;
+    inb.upload(0, &inputs[c.rank])?;
+    let outs: Vec<Buf> = plan
+        .iter()
+        .map(|_| Buf::new(max_n * es))
+        .collect::<Res<_>>()?;
+    let stream = sys_stream()?;
+    let dev = Device::Cuda(c.dev);
+    // SAFETY: capture on our own stream; buffers alive until the graph is destroyed.
+    unsafe {
+        cu(
+            sys::cuStreamBeginCapture_v2(
+                stream as sys::CUstream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            ),
+            "cuStreamBeginCapture",
+        )?;
+        for (k, (n, a)) in plan.iter().enumerate() {
+            let i = View::from_raw(inb.ptr as *const u8, *n, d, dev);
+            let o = ViewMut::from_raw(outs[k].ptr as *mut u8, *n, d, dev);
+            c.comm.all_reduce(
+                Input::Buf(i),
+                o,
+                ReduceOp::Sum,
+                &CallOpts::on_stream(stream).with_algo(*a),
+            )?;
+        }
+        let mut g: sys::CUgraph = std::ptr::null_mut();
+        cu(
+            sys::cuStreamEndCapture(stream as sys::CUstream, &mut g),
+            "cuStreamEndCapture",
+        )?;
+        let mut ge: sys::CUgraphExec = std::ptr::null_mut();
+        cu(
+            sys::cuGraphInstantiateWithFlags(&mut ge, g, 0),
+            "cuGraphInstantiate",
+        )?;
+        for r in 0..replays {
+            if r == replays - 1 {
+                sync()?;
+                for o in &outs {
+                    o.poison()?;
+                }
+                sync()?;
+            }
+            cu(
+                sys::cuGraphLaunch(ge, stream as sys::CUstream),
+                "cuGraphLaunch",
+            )?;
+        }
+        cu(sys::cuStreamSynchronize(stream as sys::CUstream), "sync")?;
+        sys::cuGraphExecDestroy(ge);
+        sys::cuGraphDestroy(g);
+    }
+    let mut wrong_total = 0;
+    for (k, (n, a)) in plan.iter().enumerate() {
+        let mut got = vec![0u8; n * es];
+        outs[k].download(0, &mut got)?;
+        let ins: Vec<Vec<u8>> = inputs.iter().map(|v| v[..n * es].to_vec()).collect();
+        let (w, first) = check(d, OpK::Sum, &ins, &got);
+        if w > 0 {
+            c.failures
+                .push(format!("graph op {k} ({a}, n={n}): {w} wrong ({first})"));
+        }
+        wrong_total += w;
+    }
+    let t = c.tally.entry("graph".into()).or_default();
+    t.cases += plan.len() * replays;
+    t.wrong_elems += wrong_total;
+    Ok(())
+}
+
+fn sys_stream() -> Res<u64> {
+    let mut s: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: out-parameter.
+    cu(unsafe { sys::cuStreamCreate(&mut s, 1) }, "cuStreamCreate")?;
+    Ok(s as u64)
+}
+
+/// NCCL-carried collectives other than all-reduce, f32.
+fn others(c: &mut Ctx) -> Res<()> {
+    let d = DataType::F32;
+    let n = 1001usize;
+    let w = c.world;
+    let dev = Device::Cuda(c.dev);
+    let data = |r: usize, len: usize| -> Vec<f32> {
+        (0..len).map(|i| (r * 100_000 + i) as f32 + 0.5).collect()
+    };
+    let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let inb = Buf::new(n * w * 4)?;
+    let outb = Buf::new(n * w * 4)?;
+    let mut failures = 0;
+    let mut run = |name: &str,
+                   inl: usize,
+                   outl: usize,
+                   f: &dyn Fn(&Communicator, View, ViewMut) -> ferrocomm::Result<()>,
+                   want: &dyn Fn(usize) -> Option<Vec<f32>>|
+     -> Res<()> {
+        inb.upload(0, &bytes(&data(c.rank, inl)))?;
+        outb.poison()?;
+        // SAFETY: buffers of this device with room for `inl`/`outl` floats.
+        let r = unsafe {
+            f(
+                &c.comm,
+                View::from_raw(inb.ptr as *const u8, inl, d, dev),
+                ViewMut::from_raw(outb.ptr as *mut u8, outl, d, dev),
+            )
+        };
+        sync()?;
+        let t = c.tally.entry("nccl-colls".into()).or_default();
+        t.cases += 1;
+        if let Err(e) = r {
+            t.errors += 1;
+            c.failures.push(format!("{name}: {e}"));
+            failures += 1;
+            return Ok(());
+        }
+        if let Some(want) = want(c.rank) {
+            let mut got = vec![0u8; outl * 4];
+            outb.download(0, &mut got)?;
+            if got != bytes(&want) {
+                t.wrong_elems += 1;
+                c.failures.push(format!("{name}: wrong result"));
+                failures += 1;
+            }
+        }
+        Ok(())
+    };
+    let o = CallOpts::default();
+    run(
+        "broadcast",
+        n,
+        n,
+        &|cm, i, out| cm.broadcast(Input::Buf(i), out, 1 % w, &o),
+        &|_| Some(data(1 % w, n)),
+    )?;
+    run(
+        "reduce",
+        n,
+        n,
+        &|cm, i, out| cm.reduce(Input::Buf(i), out, ReduceOp::Max, 0, &o),
+        &|r| if r == 0 { Some(data(w - 1, n)) } else { None },
+    )?;
+    run(
+        "all_gather",
+        n,
+        n * w,
+        &|cm, i, out| cm.all_gather(Input::Buf(i), out, &o),
+        &|_| Some((0..w).flat_map(|r| data(r, n)).collect()),
+    )?;
+    run(
+        "reduce_scatter",
+        n * w,
+        n,
+        &|cm, i, out| cm.reduce_scatter(Input::Buf(i), out, ReduceOp::Max, &o),
+        &|r| Some(data(w - 1, n * w)[r * n..(r + 1) * n].to_vec()),
+    )?;
+    run(
+        "all_to_all",
+        n * w,
+        n * w,
+        &|cm, i, out| cm.all_to_all(Input::Buf(i), out, &o),
+        &|r| {
+            Some(
+                (0..w)
+                    .flat_map(|s| data(s, n * w)[r * n..(r + 1) * n].to_vec())
+                    .collect(),
+            )
+        },
+    )?;
+    if w == 2 {
+        run(
+            "send_recv",
+            n,
+            n,
+            &|cm, i, out| {
+                if cm.rank() == 0 {
+                    cm.send(i, 1, &o)
+                } else {
+                    cm.recv(out, 0, &o)
+                }
+            },
+            &|r| if r == 1 { Some(data(0, n)) } else { None },
+        )?;
+    }
+    c.comm.barrier(&o)?;
+    let _ = failures;
+    Ok(())
+}
+
+// ---------------------------------------------------------------- timing
+
+fn timing(c: &mut Ctx, quick: bool) -> Res<()> {
+    let d = DataType::BF16;
+    let sizes: Vec<usize> = if quick {
+        vec![1 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
+    } else {
+        vec![
+            1 << 10,
+            4 << 10,
+            16 << 10,
+            64 << 10,
+            256 << 10,
+            512 << 10,
+            1 << 20,
+            4 << 20,
+            16 << 20,
+            64 << 20,
+            256 << 20,
+        ]
+    };
+    let per_graph = 10;
+    let replays = 20;
+    let stream = sys_stream()?;
+    let buf = Buf::new(256 << 20)?;
+    let init = gen(d, OpK::Sum, 1 << 20, 5, c.rank);
+    for k in 0..128 {
+        buf.upload(k * init.len(), &init)?;
+    }
+    sync()?;
+    let dev = Device::Cuda(c.dev);
+    let mut rows = Vec::new();
+    for &b in &sizes {
+        let n = b / d.size();
+        let mut row = vec![format!("{b:>10}")];
+        let mut nccl_us = f64::NAN;
+        let mut best = (f64::INFINITY, "");
+        for algo in [Algo::Nccl, Algo::Push, Algo::Flat, Algo::Tree, Algo::Auto] {
+            if algo == Algo::Push && b > (512 << 10) {
+                row.push(format!("{:>9}", "-"));
+                continue;
+            }
+            store_barrier(
+                &**c.comm.store(),
+                &format!("t/{b}/{}", algo.name()),
+                c.world,
+                Duration::from_secs(120),
+            )?;
+            // SAFETY: capture on our own stream; the buffer outlives the graph.
+            let us = unsafe {
+                cu(
+                    sys::cuStreamBeginCapture_v2(
+                        stream as sys::CUstream,
+                        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+                    ),
+                    "capture",
+                )?;
+                let mut err = None;
+                for _ in 0..per_graph {
+                    let o = ViewMut::from_raw(buf.ptr as *mut u8, n, d, dev);
+                    // Sum of in-place repeated sums grows; Max keeps values bounded and does the same work.
+                    if let Err(e) = c.comm.all_reduce(
+                        Input::InPlace,
+                        o,
+                        ReduceOp::Max,
+                        &CallOpts::on_stream(stream).with_algo(algo),
+                    ) {
+                        err = Some(e);
+                        break;
+                    }
+                }
+                let mut g: sys::CUgraph = std::ptr::null_mut();
+                cu(
+                    sys::cuStreamEndCapture(stream as sys::CUstream, &mut g),
+                    "end capture",
+                )?;
+                if let Some(e) = err {
+                    return Err(format!("timing {b} {algo}: {e}").into());
+                }
+                let mut ge: sys::CUgraphExec = std::ptr::null_mut();
+                cu(
+                    sys::cuGraphInstantiateWithFlags(&mut ge, g, 0),
+                    "instantiate",
+                )?;
+                for _ in 0..3 {
+                    cu(sys::cuGraphLaunch(ge, stream as sys::CUstream), "launch")?;
+                }
+                cu(sys::cuStreamSynchronize(stream as sys::CUstream), "sync")?;
+                let mut e0: sys::CUevent = std::ptr::null_mut();
+                let mut e1: sys::CUevent = std::ptr::null_mut();
+                cu(sys::cuEventCreate(&mut e0, 0), "event")?;
+                cu(sys::cuEventCreate(&mut e1, 0), "event")?;
+                cu(sys::cuEventRecord(e0, stream as sys::CUstream), "record")?;
+                for _ in 0..replays {
+                    cu(sys::cuGraphLaunch(ge, stream as sys::CUstream), "launch")?;
+                }
+                cu(sys::cuEventRecord(e1, stream as sys::CUstream), "record")?;
+                cu(sys::cuEventSynchronize(e1), "sync")?;
+                let mut ms = 0f32;
+                cu(sys::cuEventElapsedTime_v2(&mut ms, e0, e1), "elapsed")?;
+                sys::cuEventDestroy_v2(e0);
+                sys::cuEventDestroy_v2(e1);
+                sys::cuGraphExecDestroy(ge);
+                sys::cuGraphDestroy(g);
+                ms as f64 * 1e3 / (per_graph * replays) as f64
+            };
+            if algo == Algo::Nccl {
+                nccl_us = us;
+            } else if algo != Algo::Auto && us < best.0 {
+                best = (us, algo.name());
+            }
+            row.push(format!("{us:>9.2}"));
+        }
+        let auto_algo =
+            c.comm
+                .algo_for(ferrocomm::Collective::AllReduce, b, d, &CallOpts::default())?;
+        row.push(format!("{:>6}", auto_algo.name()));
+        row.push(format!("{:>6}", best.1));
+        row.push(format!("{:>6.2}x", nccl_us / best.0));
+        rows.push(row.join(" "));
+    }
+    if c.rank == 0 {
+        println!("\nall_reduce bf16 (max), {per_graph} ops per CUDA graph x {replays} replays, us per op (rank 0)");
+        println!(
+            "{:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:>7}",
+            "bytes", "nccl", "push", "flat", "tree", "auto", "auto=", "best", "nccl/best"
+        );
+        for r in rows {
+            println!("{r}");
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- main
+
+fn main() {
+    match real_main() {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("gpu_check: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn real_main() -> Res<i32> {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let no_timing = args.iter().any(|a| a == "--no-timing");
+    let mut cfg = Config::from_env()?;
+    // Room for the largest tested message in flat/tree.
+    cfg.cuda_staging_bytes = cfg.cuda_staging_bytes.max(256 << 20);
+    let mut o = CommOptions::new("gpu_check");
+    o.config = Some(cfg.clone());
+    let t0 = Instant::now();
+    let comm = Communicator::new(o)?;
+    let rank = comm.rank();
+    let world = comm.size();
+    let Device::Cuda(dev) = comm.device() else {
+        return Err("gpu_check needs a GPU (the communicator chose the host backend)".into());
+    };
+    if rank == 0 {
+        let (p, v) = ferrocomm::nccl::probe(&cfg)?;
+        println!(
+            "gpu_check: {world} ranks, backend {}, NCCL {v} from {}, DDA memory {} MiB per GPU, init {:.2} s",
+            comm.backend_name(),
+            p.display(),
+            ferrocomm::cuda::staging_memory_bytes(&cfg, world) >> 20,
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    // Our own context handle for buffers (the primary context the communicator uses).
+    let cuda = cudarc::driver::CudaContext::new(dev as usize)?;
+    cuda.bind_to_thread()?;
+    let mut c = Ctx {
+        comm,
+        rank,
+        world,
+        dev,
+        tally: BTreeMap::new(),
+        failures: Vec::new(),
+        seq: 0,
+    };
+    let t = Instant::now();
+    matrix(&mut c, quick)?;
+    if rank == 0 {
+        println!("matrix done in {:.1} s", t.elapsed().as_secs_f64());
+    }
+    race(&mut c, if quick { 300 } else { 2000 })?;
+    graph(&mut c, if quick { 20 } else { 200 })?;
+    others(&mut c)?;
+
+    // Two communicators used alternately.
+    let mut o2 = CommOptions::new("gpu_check_b");
+    o2.config = Some(cfg.clone());
+    let comm2 = Communicator::new(o2)?;
+    for k in 0..40u64 {
+        let algo = [Algo::Push, Algo::Flat, Algo::Tree, Algo::Auto][k as usize % 4];
+        let cs = Case {
+            dtype: DataType::F32,
+            op: OpK::Sum,
+            count: 1000 + k as usize * 997,
+            algo,
+            in_place: k % 2 == 0,
+            misalign: 0,
+        };
+        let which = if k % 2 == 0 { None } else { Some(&comm2) };
+        run_case(&mut c, which, &cs, 10_000 + k, 0)?;
+    }
+    drop(comm2);
+
+    // Two hosts of one GPU each, simulated: NCCL must carry everything.
+    let mut o3 = CommOptions::new("gpu_check_2hosts");
+    o3.config = Some(cfg.clone());
+    o3.local_size = Some(1);
+    o3.local_rank = Some(0);
+    o3.device = Some(Device::Cuda(dev));
+    let comm3 = Communicator::new(o3)?;
+    let a3 = comm3.algo_for(
+        ferrocomm::Collective::AllReduce,
+        1024,
+        DataType::BF16,
+        &CallOpts::default(),
+    )?;
+    if a3 != Algo::Nccl {
+        c.failures
+            .push(format!("two-host simulation chose {a3}, not nccl"));
+    }
+    for (k, algo) in [Algo::Auto, Algo::Nccl].into_iter().enumerate() {
+        let cs = Case {
+            dtype: DataType::BF16,
+            op: OpK::Sum,
+            count: 5000,
+            algo,
+            in_place: false,
+            misalign: 0,
+        };
+        run_case(&mut c, Some(&comm3), &cs, 20_000 + k as u64, 0)?;
+    }
+    let refused = {
+        let b = Buf::new(64)?;
+        // SAFETY: 64 bytes of this device.
+        let r = unsafe {
+            comm3.all_reduce(
+                Input::InPlace,
+                ViewMut::from_raw(b.ptr as *mut u8, 8, DataType::F32, Device::Cuda(dev)),
+                ReduceOp::Sum,
+                &CallOpts::default().with_algo(Algo::Flat),
+            )
+        };
+        r.is_err()
+    };
+    if !refused {
+        c.failures
+            .push("two-host simulation accepted a forced flat all-reduce".into());
+    }
+    drop(comm3);
+
+    // A peer that never arrives: rank 0 alone calls, the kernel gives up after the timeout and
+    // the next call reports which rank was missing.
+    let mut cfg_t = cfg.clone();
+    cfg_t.timeout = Duration::from_secs(2);
+    let mut o4 = CommOptions::new("gpu_check_timeout");
+    o4.config = Some(cfg_t);
+    let comm4 = Communicator::new(o4)?;
+    if rank == 0 {
+        let b = Buf::new(4096)?;
+        let dv = Device::Cuda(dev);
+        // SAFETY: 4096 bytes of this device, synchronised before the buffer is dropped.
+        let first = unsafe {
+            comm4.all_reduce(
+                Input::InPlace,
+                ViewMut::from_raw(b.ptr as *mut u8, 1024, DataType::F32, dv),
+                ReduceOp::Sum,
+                &CallOpts::default().with_algo(Algo::Flat),
+            )
+        };
+        let t = Instant::now();
+        sync()?;
+        let waited = t.elapsed();
+        // SAFETY: as above.
+        let second = unsafe {
+            comm4.all_reduce(
+                Input::InPlace,
+                ViewMut::from_raw(b.ptr as *mut u8, 1024, DataType::F32, dv),
+                ReduceOp::Sum,
+                &CallOpts::default().with_algo(Algo::Flat),
+            )
+        };
+        match (&first, &second) {
+            (Ok(()), Err(ferrocomm::Error::Timeout { missing: 1, .. })) => {
+                println!(
+                    "timeout: kernel gave up after {:.2} s; next call: {}",
+                    waited.as_secs_f64(),
+                    second.as_ref().unwrap_err()
+                );
+            }
+            _ => c
+                .failures
+                .push(format!("timeout check: first {first:?}, second {second:?}")),
+        }
+    }
+    store_barrier(
+        &**c.comm.store(),
+        "timeout-done",
+        world,
+        Duration::from_secs(120),
+    )?;
+    std::mem::forget(comm4);
+
+    if !no_timing {
+        timing(&mut c, quick)?;
+    }
+
+    // Summary (every rank's failures go to stderr; rank 0 prints the table).
+    let total_wrong: usize = c
+        .tally
+        .values()
+        .map(|t| t.wrong_elems + t.hash_mismatch + t.errors)
+        .sum();
+    let bad = total_wrong > 0 || !c.failures.is_empty();
+    if rank == 0 {
+        println!(
+            "\ncorrectness (rank 0):\n{:<11} {:>7} {:>11} {:>14} {:>7} {:>9}",
+            "what", "cases", "wrong elems", "rank mismatch", "errors", "refusals"
+        );
+        for (k, t) in &c.tally {
+            println!(
+                "{:<11} {:>7} {:>11} {:>14} {:>7} {:>9}",
+                k, t.cases, t.wrong_elems, t.hash_mismatch, t.errors, t.expected_refusals
+            );
+        }
+    }
+    for f in c.failures.iter().take(30) {
+        eprintln!("rank {rank}: FAIL {f}");
+    }
+    let verdict = all_gather_bytes(
+        &**c.comm.store(),
+        "verdict",
+        rank,
+        world,
+        &[bad as u8],
+        Duration::from_secs(120),
+    )?;
+    let any_bad = verdict.iter().any(|v| v[0] != 0);
+    if rank == 0 {
+        println!(
+            "{}",
+            if any_bad {
+                "gpu_check: FAILED"
+            } else {
+                "gpu_check: all results correct and identical on every rank"
+            }
+        );
+    }
+    let _ = Arc::new(());
+    Ok(if bad { 1 } else { 0 })
+}
