@@ -66,7 +66,7 @@ pub fn staging_layout(cfg: &Config, world: usize) -> StagingLayout {
 /// Kernel arguments; the same layout as `struct Args` in all_reduce.cu.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct Args {
+pub(super) struct Args {
     staging: [u64; MAX_RANKS],
     push: [u64; MAX_RANKS],
     flags: [u64; MAX_RANKS],
@@ -80,11 +80,37 @@ struct Args {
     timeout_ns: u64,
     int_div: i64,
     pre: f32,
-    post_div: f32,
+    pub(super) post_div: f32,
     rank: u32,
     world: u32,
     has_pre: u32,
-    has_div: u32,
+    pub(super) has_div: u32,
+}
+
+impl Args {
+    /// Arguments for a kernel that uses no staging or flags (the standalone encoder).
+    pub(super) fn standalone(input: u64, output: u64, count: u64) -> Args {
+        Args {
+            staging: [0; MAX_RANKS],
+            push: [0; MAX_RANKS],
+            flags: [0; MAX_RANKS],
+            state: 0,
+            error: 0,
+            input,
+            output,
+            count,
+            staging_bytes: 0,
+            push_cap: 0,
+            timeout_ns: 0,
+            int_div: 1,
+            pre: 1.0,
+            post_div: 1.0,
+            rank: 0,
+            world: 1,
+            has_pre: 0,
+            has_div: 0,
+        }
+    }
 }
 
 struct Module {
@@ -94,8 +120,8 @@ struct Module {
 
 /// One rank's DDA resources.
 pub struct Dda {
-    rank: usize,
-    world: usize,
+    pub(super) rank: usize,
+    pub(super) world: usize,
     layout: StagingLayout,
     own: sys::CUdeviceptr,
     /// Every rank's allocation base as mapped here (own included).
@@ -312,7 +338,7 @@ impl Dda {
         self.layout
     }
 
-    fn func(&self, dtype: DataType, name: &str) -> Result<sys::CUfunction> {
+    pub(super) fn func(&self, dtype: DataType, name: &str) -> Result<sys::CUfunction> {
         self.modules
             .get(&dtype)
             .and_then(|m| m.funcs.get(name).copied())
@@ -323,7 +349,7 @@ impl Dda {
             })
     }
 
-    fn base_args(&self, input: u64, output: u64, count: u64) -> Args {
+    pub(super) fn base_args(&self, input: u64, output: u64, count: u64) -> Args {
         let mut a = Args {
             staging: [0; MAX_RANKS],
             push: [0; MAX_RANKS],
@@ -491,7 +517,7 @@ fn load_modules(cfg: &Config, arch: &str) -> Result<HashMap<DataType, Module>> {
             &format!("loading the {d} all-reduce kernels"),
         )?;
         let mut funcs = HashMap::new();
-        for name in kernels::entry_names() {
+        for name in kernels::entry_names_for(d) {
             let c = CString::new(name.clone()).expect("no NUL");
             let mut f: sys::CUfunction = std::ptr::null_mut();
             cu(

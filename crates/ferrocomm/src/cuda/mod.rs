@@ -10,6 +10,7 @@ mod backend;
 mod dda;
 pub mod kernels;
 pub mod libs;
+mod lowp;
 
 use std::sync::Arc;
 
@@ -21,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::types::Device;
 
 pub use dda::{push_capacity, staging_layout, StagingLayout};
+pub use lowp::quantize_on_device;
 
 /// Number of CUDA devices visible, 0 when the driver library is absent or fails to start.
 pub fn gpu_count() -> usize {
