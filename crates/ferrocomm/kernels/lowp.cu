@@ -294,6 +294,143 @@ __device__ __forceinline__ void lp_dequant_tile(const Args& a, const Lp& l, cons
 
 __device__ __forceinline__ u64 lp_tile(const Lp& l) { return l.block > 128 ? l.block : 128; }
 
+
+// ---------------------------------------------------------------- batched paths (B <= 128)
+
+// For blocks of at most 128 elements (the default) a warp takes U tiles per step and issues all
+// their loads before any arithmetic: peers' memory answers in microseconds, so bytes in flight
+// decide the bandwidth. NR bounds the ranks held in registers. Tile tt is still handled by warp
+// (tt - lo) mod W in every phase.
+template <int NR>
+struct Raw {
+    float s[NR];
+    u32 w[NR];
+};
+
+template <int NR>
+__device__ __forceinline__ void raw_load(const Lp& l, const u64* base, u32 k, u64 off, u64 e0,
+                                         u64 n, Raw<NR>& q) {
+#pragma unroll
+    for (u32 r = 0; r < NR; r++)
+        if (r < k) lp_load_raw((const u8*)(base[r] + off), e0, n, l.block, q.s[r], q.w[r]);
+}
+
+template <int NR>
+__device__ __forceinline__ void raw_sum(const Args& a, const Lp& l, u32 k, const Raw<NR>& q,
+                                        float* x) {
+#pragma unroll
+    for (u32 r = 0; r < NR; r++)
+        if (r < k) lp_decode_into(q.s[r], q.w[r], l.format, r == 0, x);
+    if (a.has_div) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) x[i] = __fdiv_rn(x[i], a.post_div);
+    }
+}
+
+template <int U>
+__device__ void quant_in_run(const Lp& l, const T* in, bool vec, u64 lo, u64 hi, u64 gw, u64 W,
+                             u64 n, u8* enc, u32 lane) {
+    for (u64 t = lo + gw; t < hi; t += U * W) {
+        float x[U][4];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u64 tt = t + u * W;
+            if (tt < hi) lp_load_in(in, tt * 128 + lane * 4, n, vec, x[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u64 tt = t + u * W;
+            if (tt < hi) {  // warp-uniform: the shuffles see every lane
+                u32 m = seg_max(absbits4(x[u]), l.block / 4);
+                float s = lp_scale(m, l.format);
+                lp_store_codes(enc, tt * 128 + lane * 4, n, l.block, s, x[u], l.format, true);
+            }
+        }
+    }
+}
+
+template <int NR, int U>
+__device__ void dequant_run(const Args& a, const Lp& l, const u64* base, u32 k, u64 off, u64 lo,
+                            u64 hi, u64 gw, u64 W, u64 n, T* out, bool vec, u32 lane) {
+    for (u64 t = lo + gw; t < hi; t += U * W) {
+        Raw<NR> q[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u64 e0 = (t + u * W) * 128 + lane * 4;
+            if (t + u * W < hi && e0 < n) raw_load<NR>(l, base, k, off, e0, n, q[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u64 e0 = (t + u * W) * 128 + lane * 4;
+            if (t + u * W < hi && e0 < n) {
+                float x[4];
+                raw_sum<NR>(a, l, k, q[u], x);
+                lp_store_out(out, e0, n, vec, x);
+            }
+        }
+    }
+}
+
+// Two-shot owner step: sum the tile over k encodings, quantize into `enc` (which may be one of
+// them: every lane's loads of a tile complete before the shuffles that precede its stores).
+template <int NR, int U>
+__device__ void quant_sum_run(const Args& a, const Lp& l, const u64* base, u32 k, u64 lo, u64 hi,
+                              u64 gw, u64 W, u64 n, u8* enc, u32 lane) {
+    for (u64 t = lo + gw; t < hi; t += U * W) {
+        Raw<NR> q[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u64 e0 = (t + u * W) * 128 + lane * 4;
+            if (t + u * W < hi && e0 < n) raw_load<NR>(l, base, k, 0, e0, n, q[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u64 tt = t + u * W;
+            u64 e0 = tt * 128 + lane * 4;
+            if (tt < hi) {
+                float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (e0 < n) raw_sum<NR>(a, l, k, q[u], x);
+                u32 m = seg_max(absbits4(x), l.block / 4);
+                float s = lp_scale(m, l.format);
+                lp_store_codes(enc, e0, n, l.block, s, x, l.format, true);
+            }
+        }
+    }
+}
+
+// Dispatch on the world size (registers per rank) for the batched paths.
+#define LP_BY_WORLD(world, CALL2, CALL4, CALLN) \
+    if ((world) <= 2) { CALL2; } else if ((world) <= 4) { CALL4; } else { CALLN; }
+
+// Quantize tiles lo..hi of the input; dequantize-sum tiles lo..hi of k encodings.
+__device__ __forceinline__ void quant_in_tiles(const Args& a, const Lp& l, const T* in, bool vec,
+                                               u64 lo, u64 hi, u64 gw, u64 W, u64 n, u8* enc,
+                                               u32 lane) {
+    if (l.block <= 128) {
+        quant_in_run<4>(l, in, vec, lo, hi, gw, W, n, enc, lane);
+    } else {
+        SrcIn src{in, vec};
+        for (u64 t = lo + gw; t < hi; t += W) lp_quant_tile(a, l, src, t, n, enc, lane);
+    }
+}
+
+__device__ __forceinline__ void dequant_tiles(const Args& a, const Lp& l, const u64* base, u32 k,
+                                              u64 off, u64 lo, u64 hi, u64 gw, u64 W, u64 n,
+                                              T* out, bool vec, u32 lane) {
+    if (l.block <= 128) {
+        if (k == 1) {
+            dequant_run<1, 4>(a, l, base, k, off, lo, hi, gw, W, n, out, vec, lane);
+        } else {
+            LP_BY_WORLD(k, (dequant_run<2, 4>(a, l, base, k, off, lo, hi, gw, W, n, out, vec, lane)),
+                        (dequant_run<4, 2>(a, l, base, k, off, lo, hi, gw, W, n, out, vec, lane)),
+                        (dequant_run<FC_MAX_RANKS, 1>(a, l, base, k, off, lo, hi, gw, W, n, out, vec, lane)))
+        }
+    } else {
+        for (u64 t = lo + gw; t < hi; t += W)
+            lp_dequant_tile(a, l, base, k, off, t, n, out, vec, lane);
+    }
+}
+
 // ---------------------------------------------------------------- codec alone
 
 // Encodes a.count elements of a.input into a.output (the wire layout); no communication.
@@ -302,8 +439,8 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_encode(Args a, Lp l) {
     u64 W = (u64)gridDim.x * LP_WARPS;
     u64 gw = (u64)blockIdx.x * LP_WARPS + (threadIdx.x >> 5);
     u64 nt = (a.count + lp_tile(l) - 1) / lp_tile(l);
-    SrcIn src{(const T*)a.input, (a.input & 15) == 0};
-    for (u64 t = gw; t < nt; t += W) lp_quant_tile(a, l, src, t, a.count, (u8*)a.output, lane);
+    quant_in_tiles(a, l, (const T*)a.input, (a.input & 15) == 0, 0, nt, gw, W, a.count,
+                   (u8*)a.output, lane);
 }
 
 // ---------------------------------------------------------------- one-shot movers
@@ -326,10 +463,9 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
     bool vin = (a.input & 15) == 0 && (l.in_stride * sizeof(T)) % 16 == 0;
     bool vout = (a.output & 15) == 0 && (l.out_stride * sizeof(T)) % 16 == 0;
     u8* mine = (u8*)(a.staging[a.rank] + par);
-    for (u32 p = 0; p < l.nin; p++) {
-        SrcIn src{(const T*)a.input + p * l.in_stride, vin};
-        for (u64 t = gw; t < nt; t += W) lp_quant_tile(a, l, src, t, n, mine + p * l.region, lane);
-    }
+    for (u32 p = 0; p < l.nin; p++)
+        quant_in_tiles(a, l, (const T*)a.input + p * l.in_stride, vin, 0, nt, gw, W, n,
+                       mine + p * l.region, lane);
     // Rule 1: block_barrier releases our staging writes (system scope) before the flag and
     // acquires the peers' before anyone reads them.
     if (block_barrier(a, 0, e, t0)) {
@@ -339,13 +475,11 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
             base[r] = r < a.world ? a.staging[r] + par : 0;
         u64 off = (u64)l.read_region * l.region;
         if (l.reduce) {
-            for (u64 t = gw; t < nt; t += W)
-                lp_dequant_tile(a, l, base, a.world, off, t, n, (T*)a.output, vout, lane);
+            dequant_tiles(a, l, base, a.world, off, 0, nt, gw, W, n, (T*)a.output, vout, lane);
         } else {
             for (u32 r = 0; r < a.world; r++)
-                for (u64 t = gw; t < nt; t += W)
-                    lp_dequant_tile(a, l, base + r, 1, off, t, n,
-                                    (T*)a.output + r * l.out_stride, vout, lane);
+                dequant_tiles(a, l, base + r, 1, off, 0, nt, gw, W, n,
+                              (T*)a.output + r * l.out_stride, vout, lane);
         }
     }
     end_call(a, e);
@@ -373,18 +507,22 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_tree(Args a, Lp l) {
     u64 base[FC_MAX_RANKS];
 #pragma unroll
     for (u32 r = 0; r < FC_MAX_RANKS; r++) base[r] = r < a.world ? a.staging[r] + par : 0;
-    SrcIn src{(const T*)a.input, vin};
-    for (u32 k = 0; k < a.world; k++) {
-        u64 lo = k * nt / a.world, hi = (k + 1) * nt / a.world;
-        for (u64 t = lo + gw; t < hi; t += W) lp_quant_tile(a, l, src, t, n, mine, lane);
-    }
+    for (u32 k = 0; k < a.world; k++)
+        quant_in_tiles(a, l, (const T*)a.input, vin, k * nt / a.world, (k + 1) * nt / a.world,
+                       gw, W, n, mine, lane);
     bool ok = block_barrier(a, 0, e, t0);
     if (ok) {
         u64 lo = a.rank * nt / a.world, hi = (a.rank + 1) * nt / a.world;
-        SrcSum sum{base, a.world, 0};
         // Each warp reads all ranks' codes of its tile before writing its own record (the
         // loads complete into registers first), so the in-place rewrite is safe.
-        for (u64 t = lo + gw; t < hi; t += W) lp_quant_tile(a, l, sum, t, n, mine, lane);
+        if (l.block <= 128) {
+            LP_BY_WORLD(a.world, (quant_sum_run<2, 4>(a, l, base, a.world, lo, hi, gw, W, n, mine, lane)),
+                        (quant_sum_run<4, 2>(a, l, base, a.world, lo, hi, gw, W, n, mine, lane)),
+                        (quant_sum_run<FC_MAX_RANKS, 1>(a, l, base, a.world, lo, hi, gw, W, n, mine, lane)))
+        } else {
+            SrcSum sum{base, a.world, 0};
+            for (u64 t = lo + gw; t < hi; t += W) lp_quant_tile(a, l, sum, t, n, mine, lane);
+        }
         ok = block_barrier(a, 1, e, t0);
     }
     if (ok) {
@@ -392,9 +530,8 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_tree(Args a, Lp l) {
         nodiv.has_div = 0;  // the owner divided before quantizing
         for (u32 i = 0; i < a.world; i++) {
             u32 k = (a.rank + i) % a.world;
-            u64 lo = k * nt / a.world, hi = (k + 1) * nt / a.world;
-            for (u64 t = lo + gw; t < hi; t += W)
-                lp_dequant_tile(nodiv, l, base + k, 1, 0, t, n, (T*)a.output, vout, lane);
+            dequant_tiles(nodiv, l, base + k, 1, 0, k * nt / a.world, (k + 1) * nt / a.world, gw,
+                          W, n, (T*)a.output, vout, lane);
         }
     }
     end_call(a, e);

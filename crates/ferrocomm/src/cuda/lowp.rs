@@ -316,7 +316,7 @@ pub fn quantize_on_device(
         format: format_code(codec.format),
         ..Lp::default()
     };
-    let grid = count.div_ceil(tile(codec) * WARPS).clamp(1, 65535) as u32;
+    let grid = count.div_ceil(tile(codec) * WARPS * 4).clamp(1, 65535) as u32;
     let mut params: [*mut c_void; 2] = [(&mut a as *mut Args).cast(), (&mut l as *mut Lp).cast()];
     cu(
         // SAFETY: fc_lp_encode(Args, Lp); the caller promises `count` elements at `input` and
