@@ -526,7 +526,11 @@ mod tests {
             r.contains("flat <= 256 KiB (env FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES)"),
             "{r}"
         );
-        assert!(r.contains("push <= 64 KiB (default)"), "{r}");
+        let push2 = ferrocomm::select::default_all_reduce_thresholds(2).0;
+        assert!(
+            r.contains(&format!("push <= {} (default)", human(push2))),
+            "{r}"
+        );
         assert!(r.contains("host: 4 MiB per rank"), "{r}");
         assert!(r
             .lines()

@@ -1,7 +1,7 @@
 //! Device correctness and timing check of the cuda backend (run on a GPU machine):
 //!
 //! ```text
-//! ferrocomm launch -n 2 -- target/release/examples/gpu_check [--quick] [--no-timing]
+//! ferrocomm launch -n 2 -- target/release/examples/gpu_check [--quick] [--no-timing] [--full-timing]
 //! ```
 //!
 //! Every all-reduce result is compared element by element with an f64 / exact-integer host
@@ -389,13 +389,14 @@ fn matrix(c: &mut Ctx, quick: bool) -> Res<()> {
     }
     // Large messages: bf16 and f32 sums, up to 256 MB per rank.
     let big: &[usize] = if quick {
-        &[1 << 20, (4 << 20) + 2, 64 << 20]
+        &[1 << 20, (4 << 20) + 2, (24 << 20) + 24, 64 << 20]
     } else {
         &[
             256 << 10,
             1 << 20,
             (4 << 20) + 2,
             16 << 20,
+            (24 << 20) + 24,
             64 << 20,
             256 << 20,
         ]
@@ -413,7 +414,8 @@ fn matrix(c: &mut Ctx, quick: bool) -> Res<()> {
                     count: b / d.size(),
                     algo,
                     in_place: seed % 2 == 0,
-                    misalign: 0,
+                    // Odd sizes also run from pointers off 16-byte alignment (scalar path).
+                    misalign: usize::from(b % 16 != 0),
                 };
                 run_case(c, None, &cs, seed, 0)?;
             }
@@ -848,6 +850,8 @@ fn real_main() -> Res<i32> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let no_timing = args.iter().any(|a| a == "--no-timing");
+    // Quick correctness with the full timing table.
+    let full_timing = args.iter().any(|a| a == "--full-timing");
     let mut cfg = Config::from_env()?;
     // Room for the largest tested message in flat/tree.
     cfg.cuda_staging_bytes = cfg.cuda_staging_bytes.max(256 << 20);
@@ -909,6 +913,34 @@ fn real_main() -> Res<i32> {
         run_case(&mut c, which, &cs, 10_000 + k, 0)?;
     }
     drop(comm2);
+
+    // A staging area far smaller than the message: flat streams it through many small chunk
+    // slots (the writer waits for the reader's acknowledgements).
+    let mut cfg_s = cfg.clone();
+    cfg_s.cuda_staging_bytes = 1 << 20;
+    let mut o5 = CommOptions::new("gpu_check_small_staging");
+    o5.config = Some(cfg_s);
+    let comm5 = Communicator::new(o5)?;
+    for (k, (d, n, algo)) in [
+        (DataType::BF16, (8 << 20) + 3, Algo::Flat),
+        (DataType::F32, (2 << 20) + 1, Algo::Flat),
+        (DataType::BF16, 3 << 20, Algo::Auto),
+        (DataType::F32, 100_003, Algo::Flat),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let cs = Case {
+            dtype: d,
+            op: OpK::Sum,
+            count: n,
+            algo,
+            in_place: k % 2 == 0,
+            misalign: k % 2,
+        };
+        run_case(&mut c, Some(&comm5), &cs, 30_000 + k as u64, 0)?;
+    }
+    drop(comm5);
 
     // Two hosts of one GPU each, simulated: NCCL must carry everything.
     let mut o3 = CommOptions::new("gpu_check_2hosts");
@@ -1010,7 +1042,7 @@ fn real_main() -> Res<i32> {
     std::mem::forget(comm4);
 
     if !no_timing {
-        timing(&mut c, quick)?;
+        timing(&mut c, quick && !full_timing)?;
     }
 
     // Summary (every rank's failures go to stderr; rank 0 prints the table).

@@ -1,12 +1,15 @@
-// ferrocomm all-reduce kernels: push (LL one-shot), flat (one-shot pull), tree (two-shot).
+// ferrocomm all-reduce kernels: push (LL one-shot), flat (one-shot pull), tree (two-shot),
+// stream (one-shot push-write through chunk slots: flat for messages larger than the staging).
 //
 // Header-free on purpose: NVRTC ships no bf16/fp16 headers, so narrow floats are raw 16-bit
 // integers converted with inline PTX. The host prepends one `#define FC_T_<dtype>` line; every
-// module holds the same twelve entry points (3 algorithms x 4 operators) for that dtype.
+// module holds the same sixteen entry points (4 algorithms x 4 operators) for that dtype.
 //
 // Memory of each rank (one cuMemAlloc, shared over CUDA IPC), see cuda/layout.rs:
 //   flags  : u32 [2 barriers][2 parities][FC_MAX_BLOCKS][FC_MAX_RANKS]   (written by peers)
-//   state  : u32 epoch, u32 done, u32 verify[FC_MAX_RANKS]              (local)
+//   state  : u32 epoch, u32 done, u32 verify[FC_MAX_RANKS] at +64,
+//            u32 block_epoch[FC_MAX_BLOCKS] at +1024                      (local)
+//   cflags : u64 [2 kinds: data, ack][2 parities][FC_MAX_BLOCKS*16 warps][FC_MAX_RANKS] (by peers)
 //   push   : [2 parities][world senders][2 * push_cap] LL lines            (written by peers)
 //   staging: [2 parities][staging_bytes]                                  (read by peers)
 //
@@ -49,6 +52,9 @@ struct Args {
     u32 world;
     u32 has_pre;
     u32 has_div;
+    // Added for the chunked push-write flat kernel:
+    u64 chunk_bytes;            // bytes of one chunk slot (multiple of 16)
+    u64 cflag_off;              // offset of the chunk flags from each rank's flags base
 };
 
 // ---------------------------------------------------------------- memory-model helpers
@@ -207,22 +213,25 @@ union Vec {
 
 // ---------------------------------------------------------------- per-call bookkeeping
 
+// Every block index owns one epoch word (state + 1024 bytes), so no block waits for another
+// to publish the next epoch: block b reads its word at start and writes `e` back at its end;
+// block 0 also writes the words of the indices this grid does not use (nobody in this call
+// reads them) and the legacy word state.epoch. The next kernel on the stream starts after this
+// one completed, so every word it reads holds `e` whatever its grid (no trailing atomics).
+#define FC_BLOCK_EPOCH_OFF 1024
+
 __device__ __forceinline__ u32 call_epoch(const Args& a) {
-    // The epoch of this call; the previous kernel on this stream wrote state.epoch.
-    return ld_volatile_u32((const u32*)a.state) + 1;
+    // The epoch of this call; the previous kernel on this stream wrote the word.
+    return ld_volatile_u32((const u32*)(a.state + FC_BLOCK_EPOCH_OFF) + blockIdx.x) + 1;
 }
 
-// The last block to finish publishes the new epoch, after every block has read the old one.
 __device__ __forceinline__ void end_call(const Args& a, u32 e) {
     __syncthreads();
-    if (threadIdx.x == 0) {
-        u32* st = (u32*)a.state;
-        u32 prev = atomicAdd(st + 1, 1u);
-        if (prev == gridDim.x - 1) {
-            st[1] = 0;
-            st[0] = e;
-            __threadfence();
-        }
+    u32* words = (u32*)(a.state + FC_BLOCK_EPOCH_OFF);
+    if (threadIdx.x == 0) words[blockIdx.x] = e;
+    if (blockIdx.x == 0) {
+        for (u32 j = gridDim.x + threadIdx.x; j < FC_MAX_BLOCKS; j += blockDim.x) words[j] = e;
+        if (threadIdx.x == 0) ((u32*)a.state)[0] = e;
     }
 }
 
@@ -325,6 +334,203 @@ __device__ void flat(const Args& a) {
     end_call(a, e);
 }
 
+// ---------------------------------------------------------------- stream: one-shot push-write, chunked
+
+// The flat algorithm for messages larger than the staging (and without NCCL): measured on
+// 2xH200 it beats the pull form only there (docs/tuning.md).
+
+__device__ __forceinline__ void st_release_sys_u64(u64* p, u64 v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ u64 ld_acquire_sys_u64(const u64* p) {
+    u64 v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+#define FC_FLAT_SLOTS 2      // chunk slots per (warp, sender): double buffering
+#define FC_CFLAG_DATA 0
+#define FC_CFLAG_ACK 1
+#define FC_FLAT_WARPS 16     // warps per block of the flat kernel (512 threads)
+#define FC_FLAT_GROUPS (FC_MAX_BLOCKS * FC_FLAT_WARPS)
+
+// Chunk flag of kind `kind` in `owner`'s memory for warp group g, written by `sender`.
+// Value = (epoch << 32) | chunks: the epoch is compared for equality (a stale slot holds an
+// older epoch; parity keeps a peer one call ahead off the slot the reader still polls), the
+// count grows within a call (rule 2: one slot per warp group, sender and parity).
+__device__ __forceinline__ u64* cflag(const Args& a, u32 owner, u32 kind, u32 e, u32 sender,
+                                      u32 g) {
+    u64* f = (u64*)(a.flags[owner] + a.cflag_off);
+    return f + (((u64)(kind * 2 + (e & 1)) * FC_FLAT_GROUPS + g) * FC_MAX_RANKS + sender);
+}
+
+// Lanes 0..world-1 (not `rank`) wait until that peer's flag of `kind` reaches `count` in epoch
+// e; the whole warp agrees on the outcome, and __syncwarp orders the lanes' later reads after
+// the acquire (rule 1).
+__device__ __forceinline__ bool wait_cflag(const Args& a, u32 kind, u32 e, u64 count, u32 g,
+                                           u32 phase, u64 t0) {
+    bool ok = true;
+    u32 peer = threadIdx.x & 31;
+    if (peer < a.world && peer != a.rank) {
+        const u64* p = cflag(a, a.rank, kind, e, peer, g);
+        u32 spins = 0;
+        for (;;) {
+            u64 v = ld_acquire_sys_u64(p);
+            if ((u32)(v >> 32) == e && (v & 0xffffffffull) >= count) break;
+            if (++spins == SPIN_CHECK) {
+                spins = 0;
+                if (globaltimer() - t0 > a.timeout_ns) {
+                    report_timeout(a, peer, phase);
+                    ok = false;
+                    break;
+                }
+            }
+        }
+    }
+    bool all = __all_sync(0xffffffffu, ok) != 0;
+    __syncwarp();
+    return all;
+}
+
+// After __syncwarp (which orders every lane's earlier accesses before it), lane r releases
+// `count` into rank r's flag of `kind` (rule 1: system scope, cumulative over the warp).
+__device__ __forceinline__ void post_cflag(const Args& a, u32 kind, u32 e, u64 count, u32 g) {
+    __syncwarp();
+    u32 peer = threadIdx.x & 31;
+    if (peer < a.world && peer != a.rank)
+        st_release_sys_u64(cflag(a, peer, kind, e, a.rank, g), ((u64)e << 32) | count);
+}
+
+// Reduces vectors [v0, v1) of one tile with one warp: own input plus every peer's received
+// chunk (sender r's slot at `slots + r * SLOTS * slot_stride`), rank order 0..n-1 (rule 5),
+// f32 for narrow floats (rule 6). W bounds the ranks held in registers, U the vectors per lane
+// in flight; all loads are issued before the arithmetic.
+template <int OP, int W, int U>
+__device__ __forceinline__ void flat_reduce_tile(const Args& a, const u8* slots, u64 slot_stride,
+                                                 u64 v0, u64 v1, bool aligned) {
+    for (u64 b = v0 + (threadIdx.x & 31); b < v1; b += 32ull * U) {
+        Vec in[U][W];
+#pragma unroll
+        for (u32 k = 0; k < U; k++) {
+            u64 v = b + 32ull * k;
+            if (v < v1) {
+#pragma unroll
+                for (u32 r = 0; r < W; r++) {
+                    if (r >= a.world) continue;
+                    if (r == a.rank) {
+                        in[k][r].u = make_uint4(0, 0, 0, 0);
+                        load_user(a, v, aligned, in[k][r]);
+                    } else {
+                        in[k][r].u = ld_v4((const uint4*)(slots + (u64)r * FC_FLAT_SLOTS * slot_stride +
+                                                          (v - v0) * 16));
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (u32 k = 0; k < U; k++) {
+            u64 v = b + 32ull * k;
+            if (v < v1) {
+                Acc acc[VEC_ELEMS];
+#pragma unroll
+                for (u32 i = 0; i < VEC_ELEMS; i++) acc[i] = load_acc<T, OP>(a, in[k][0].e[i]);
+#pragma unroll
+                for (u32 r = 1; r < W; r++)
+                    if (r < a.world) {
+#pragma unroll
+                        for (u32 i = 0; i < VEC_ELEMS; i++)
+                            acc[i] = combine<OP>(acc[i], load_acc<T, OP>(a, in[k][r].e[i]));
+                    }
+                Vec res;
+#pragma unroll
+                for (u32 i = 0; i < VEC_ELEMS; i++) res.e[i] = finish<T, OP>(a, acc[i]);
+                store_user(a, v, aligned, res);
+            }
+        }
+    }
+}
+
+#define FC_FLAT_UNROLL 4
+
+// Each rank writes its input straight into every peer's staging over NVLink (no local copy).
+// Every warp is an independent pipeline (no block-wide barrier: while one warp waits for its
+// release to land, the others keep the link busy): warp group g owns tiles g, g+G, g+2G, ...
+// of `chunk_bytes`, one chunk slot pair per (g, sender), double buffered; a per-chunk flag
+// follows each chunk and the reader acknowledges each consumed chunk so that the writer can
+// reuse the slot. The group writes tile c+1 before reducing tile c. The receiver reduces its
+// own input and the received chunks in rank order 0..n-1 (rule 5), so messages of any size
+// stream through a fixed staging area. Staging parity e&1 holds a call's slots: a peer one
+// call ahead writes the other parity, and two calls ahead it has seen this call's data
+// complete on our side (rule 3).
+template <int OP>
+__device__ void stream(const Args& a) {
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    u64 par = (u64)(e & 1) * a.staging_bytes;
+    u64 nvec = (a.count + VEC_ELEMS - 1) / VEC_ELEMS;
+    u64 cvec = a.chunk_bytes / 16;
+    u64 ntiles = (nvec + cvec - 1) / cvec;
+    u32 nwarps = blockDim.x >> 5;
+    u32 g = blockIdx.x * nwarps + (threadIdx.x >> 5);
+    u64 G = (u64)gridDim.x * nwarps;
+    u64 nch = ntiles > g ? (ntiles - g + G - 1) / G : 0;
+    bool aligned = ((a.input | a.output) & 15) == 0;
+    u64 slot_stride = a.chunk_bytes;
+    u64 grp_off = par + (u64)g * a.world * FC_FLAT_SLOTS * slot_stride;
+    u32 lane = threadIdx.x & 31;
+    bool ok = true;
+
+    // Writes the tile of chunk c into slot c % SLOTS of every peer, then posts the data flag.
+    auto write_chunk = [&](u64 c) {
+        u64 v0 = (g + c * G) * cvec;
+        u64 v1 = v0 + cvec < nvec ? v0 + cvec : nvec;
+        u64 soff = grp_off + ((u64)a.rank * FC_FLAT_SLOTS + (c % FC_FLAT_SLOTS)) * slot_stride;
+        for (u64 b = v0 + lane; b < v1; b += 32ull * FC_FLAT_UNROLL) {
+            Vec x[FC_FLAT_UNROLL];
+#pragma unroll
+            for (u32 k = 0; k < FC_FLAT_UNROLL; k++) {
+                u64 v = b + 32ull * k;
+                x[k].u = make_uint4(0, 0, 0, 0);
+                if (v < v1) load_user(a, v, aligned, x[k]);
+            }
+#pragma unroll
+            for (u32 k = 0; k < FC_FLAT_UNROLL; k++) {
+                u64 v = b + 32ull * k;
+                if (v < v1) {
+#pragma unroll
+                    for (u32 r = 0; r < FC_MAX_RANKS; r++)
+                        if (r < a.world && r != a.rank)
+                            *(uint4*)(a.staging[r] + soff + (v - v0) * 16) = x[k].u;
+                }
+            }
+        }
+        post_cflag(a, FC_CFLAG_DATA, e, c + 1, g);
+    };
+
+    if (nch > 0) write_chunk(0);
+    for (u64 c = 0; c < nch && ok; c++) {
+        if (c + 1 < nch) {
+            // Slot (c+1) % SLOTS last held chunk c+1-SLOTS: wait until every reader freed it.
+            if (c + 1 >= FC_FLAT_SLOTS)
+                ok = wait_cflag(a, FC_CFLAG_ACK, e, c + 2 - FC_FLAT_SLOTS, g, 21, t0);
+            if (!ok) break;
+            write_chunk(c + 1);
+        }
+        ok = wait_cflag(a, FC_CFLAG_DATA, e, c + 1, g, 20, t0);
+        if (!ok) break;
+        u64 v0 = (g + c * G) * cvec;
+        u64 v1 = v0 + cvec < nvec ? v0 + cvec : nvec;
+        const u8* slots = (const u8*)a.staging[a.rank] + grp_off + (c % FC_FLAT_SLOTS) * slot_stride;
+        if (a.world == 2)
+            flat_reduce_tile<OP, 2, FC_FLAT_UNROLL>(a, slots, slot_stride, v0, v1, aligned);
+        else
+            flat_reduce_tile<OP, FC_MAX_RANKS, 1>(a, slots, slot_stride, v0, v1, aligned);
+        // Free the slot only if the writer will reuse it in this call.
+        if (c + FC_FLAT_SLOTS < nch) post_cflag(a, FC_CFLAG_ACK, e, c + 1, g);
+    }
+    end_call(a, e);
+}
+
 // ---------------------------------------------------------------- tree: two-shot
 
 // Stripe k (of `world`) is reduced by rank k into its own staging, then everyone gathers the
@@ -391,28 +597,38 @@ union Unit {
 // until every sender's unit carries this epoch. No barrier, no clearing: flags are compared for
 // equality with an epoch that a stale line (two calls old) can never hold (rule 4's LL form).
 template <int OP>
+__device__ __forceinline__ void push_load(const Args& a, u64 u, bool aligned, Unit& x) {
+    const T* in = (const T*)a.input;
+    x.u = make_uint2(0, 0);
+    u64 f = u * UNIT_ELEMS;
+    if (aligned && f + UNIT_ELEMS <= a.count) {
+        x.u = *(const uint2*)(in + f);
+    } else {
+#pragma unroll
+        for (u32 i = 0; i < UNIT_ELEMS; i++)
+            if (f + i < a.count) x.e[i] = in[f + i];
+    }
+}
+
+template <int OP>
 __device__ void push(const Args& a) {
-    u64 t0 = globaltimer();
-    u32 e = call_epoch(a);
     u64 nunit = (a.count * sizeof(T) + 7) / 8;
-    u64 row = 2 * a.push_cap;               // bytes of one sender's LL lines
-    u64 par = (u64)(e & 1) * a.world * row;
     bool aligned = ((a.input | a.output) & 7) == 0;
     u64 stride = (u64)gridDim.x * blockDim.x;
     u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    const T* in = (const T*)a.input;
     T* out = (T*)a.output;
+    // The first unit is loaded before the epoch word is read, so the two loads overlap
+    // (a small message is one unit per thread: this is the whole input).
+    Unit x0;
+    if (first < nunit) push_load<OP>(a, first, aligned, x0);
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    u64 row = 2 * a.push_cap;               // bytes of one sender's LL lines
+    u64 par = (u64)(e & 1) * a.world * row;
     for (u64 u = first; u < nunit; u += stride) {
         Unit x;
-        x.u = make_uint2(0, 0);
-        u64 f = u * UNIT_ELEMS;
-        if (aligned && f + UNIT_ELEMS <= a.count) {
-            x.u = *(const uint2*)(in + f);
-        } else {
-#pragma unroll
-            for (u32 i = 0; i < UNIT_ELEMS; i++)
-                if (f + i < a.count) x.e[i] = in[f + i];
-        }
+        if (u == first) x = x0;
+        else push_load<OP>(a, u, aligned, x);
         u64 off = par + a.rank * row + u * 16;
 #pragma unroll
         for (u32 r = 0; r < FC_MAX_RANKS; r++)
@@ -484,7 +700,8 @@ extern "C" __global__ void fc_verify_write(Args a, u32 magic, u64 verify_off) {
 #define FC_ENTRY(NAME, OPV)                                                             \
     extern "C" __global__ void __launch_bounds__(512) fc_push_##NAME(Args a) { push<OPV>(a); } \
     extern "C" __global__ void __launch_bounds__(512) fc_flat_##NAME(Args a) { flat<OPV>(a); } \
-    extern "C" __global__ void __launch_bounds__(512) fc_tree_##NAME(Args a) { tree<OPV>(a); }
+    extern "C" __global__ void __launch_bounds__(512) fc_tree_##NAME(Args a) { tree<OPV>(a); } \
+    extern "C" __global__ void __launch_bounds__(512) fc_stream_##NAME(Args a) { stream<OPV>(a); }
 
 FC_ENTRY(sum, OP_SUM)
 FC_ENTRY(prod, OP_PROD)

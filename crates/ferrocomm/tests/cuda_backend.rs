@@ -13,14 +13,15 @@ fn staging_memory_is_reported_per_world_size() {
     assert_eq!(cfg.cuda_staging_bytes, 64 << 20);
     let two = ferrocomm::cuda::staging_memory_bytes(&cfg, 2);
     let eight = ferrocomm::cuda::staging_memory_bytes(&cfg, 8);
-    // flags 64 KiB + state 4 KiB + push 2*world*2*512 KiB + staging 2*64 MiB.
+    // flags 64 KiB + state 4 KiB + chunk flags 2 MiB + push 2*world*2*512 KiB + staging
+    // 2*64 MiB.
     assert_eq!(
         two,
-        (64 << 10) + (4 << 10) + 2 * 2 * 2 * (512 << 10) + 2 * (64 << 20)
+        (64 << 10) + (4 << 10) + (2 << 20) + 2 * 2 * 2 * (512 << 10) + 2 * (64 << 20)
     );
     assert_eq!(
         eight,
-        (64 << 10) + (4 << 10) + 2 * 8 * 2 * (512 << 10) + 2 * (64 << 20)
+        (64 << 10) + (4 << 10) + (2 << 20) + 2 * 8 * 2 * (512 << 10) + 2 * (64 << 20)
     );
     let l = ferrocomm::cuda::staging_layout(&cfg, 2);
     assert_eq!(l.staging_bytes, 64 << 20);
@@ -35,6 +36,35 @@ fn staging_memory_is_reported_per_world_size() {
     assert_eq!(
         ferrocomm::cuda::staging_layout(&small, 2).staging_bytes,
         102_400
+    );
+}
+
+#[test]
+fn flat_chunks_fit_the_staging() {
+    for &staging in &[8192usize, 102_400, 64 << 20, 256 << 20] {
+        for &world in &[2usize, 3, 8, 16] {
+            for &bytes in &[1usize, 2, 1000, 8192, 65_536, 1 << 20, 100 << 20, 1 << 30] {
+                let (g, c) = ferrocomm::cuda::flat_grid(bytes, 132, world, staging);
+                assert!((1..=132).contains(&g), "grid {g}");
+                assert_eq!(c % 16, 0);
+                assert!((16..=8 << 10).contains(&c), "chunk {c}");
+                // Every warp's slots (world senders x 2) fit one staging parity.
+                assert!(
+                    g * 16 * world * 2 * c <= staging,
+                    "{bytes} {world} {staging}: {g} x {c}"
+                );
+            }
+        }
+    }
+    // Large messages use every SM and 8 KiB chunks per warp; 64 KiB spreads over 8 blocks of
+    // 16 warps with 512 bytes each.
+    assert_eq!(
+        ferrocomm::cuda::flat_grid(256 << 20, 132, 2, 64 << 20),
+        (132, 7936)
+    );
+    assert_eq!(
+        ferrocomm::cuda::flat_grid(64 << 10, 132, 2, 64 << 20),
+        (8, 512)
     );
 }
 

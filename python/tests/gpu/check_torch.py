@@ -8,6 +8,7 @@ included); then CUDA-graph capture and replay, two communicators interleaved, as
 low precision and forced algorithms. Prints a summary; exits 1 on any mismatch.
 """
 
+import faulthandler
 import os
 import sys
 import time
@@ -25,6 +26,9 @@ LOCAL = int(os.environ.get("LOCAL_RANK", RANK))
 DEV = torch.device("cuda", LOCAL)
 
 RESULTS = {"pass": 0, "fail": 0}
+VERBOSE = bool(os.environ.get("CHECK_VERBOSE"))
+# Never hang silently: dump every thread's Python stack if the script runs this long.
+faulthandler.dump_traceback_later(int(os.environ.get("CHECK_WATCHDOG_S", "240")), repeat=True)
 FAILURES = []
 
 FLOATS = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
@@ -51,12 +55,17 @@ def record(name, ok, detail=""):
 
 
 def check(name, fn):
+    if VERBOSE:
+        print(f"[rank {RANK}] {name}", flush=True)
+    t = time.time()
     try:
         ok, detail = fn()
     except Exception as e:  # a raise is a failure, reported with the message
         ok, detail = False, f"raised {type(e).__name__}: {e}"
         if os.environ.get("CHECK_TRACEBACK"):
             traceback.print_exc()
+    if time.time() - t > 10:
+        detail = f"{detail} (took {time.time() - t:.1f} s)"
     record(name, ok, detail)
 
 

@@ -238,7 +238,12 @@ impl CudaBackend {
             }
             return Ok(Algo::Nccl);
         }
-        let caps = self.caps();
+        // Flat streams any size through its chunk slots; only tree is bounded by the staging.
+        let staging = self.dda.as_ref().map_or(0, |d| d.layout().staging_bytes);
+        let caps = Capabilities {
+            staging_bytes: None,
+            ..self.caps()
+        };
         let mut a = select::select(
             Collective::AllReduce,
             bytes,
@@ -248,6 +253,18 @@ impl CudaBackend {
             &caps,
             &self.config,
         )?;
+        if a == Algo::Tree && bytes > staging {
+            if requested == Algo::Tree {
+                return Err(Error::InvalidArgument(format!(
+                    "all_reduce: tree takes at most {staging} bytes per rank (the staging size), got {bytes}"
+                )));
+            }
+            a = if self.nccl.is_some() {
+                Algo::Nccl
+            } else {
+                Algo::Flat
+            };
+        }
         let push_cap = self.dda.as_ref().map_or(0, |d| d.layout().push_cap);
         if a == Algo::Push && bytes > push_cap {
             if requested == Algo::Push {

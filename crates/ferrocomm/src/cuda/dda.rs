@@ -1,5 +1,6 @@
 //! Direct data access: IPC staging shared by the ranks of one host, and the all-reduce kernels
-//! that use it (push, flat, tree), each one launch on the caller's stream.
+//! that use it (push, flat, tree, and stream: flat beyond the staging), each one launch on the
+//! caller's stream.
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
@@ -23,6 +24,17 @@ const FLAGS_BYTES: usize = 2 * 2 * MAX_BLOCKS * MAX_RANKS * 4;
 const STATE_OFF: usize = FLAGS_BYTES;
 const VERIFY_OFF: usize = STATE_OFF + 64;
 const STATE_BYTES: usize = 4096;
+/// Warps per block of the flat kernel (`FC_FLAT_WARPS`): each warp is one pipeline.
+const FLAT_WARPS: usize = 16;
+/// Chunk flags of the push-write stream kernel (flat beyond the staging): u64 [data, ack][2 parities][blocks x warps][ranks].
+const CFLAGS_OFF: usize = STATE_OFF + STATE_BYTES;
+const CFLAGS_BYTES: usize = 2 * 2 * MAX_BLOCKS * FLAT_WARPS * MAX_RANKS * 8;
+/// Chunk slots per (warp, sender) in flat (`FC_FLAT_SLOTS`): double buffering.
+const FLAT_SLOTS: usize = 2;
+/// Smallest and largest flat chunk of one warp: a small message spreads over warps of at least
+/// 512 bytes (one 16-byte vector per lane), a large one streams in chunks of at most 8 KiB.
+const FLAT_MIN_CHUNK: usize = 512;
+const FLAT_MAX_CHUNK: usize = 8 << 10;
 /// Largest push payload per rank (LL lines double it, and every rank holds every sender's).
 const PUSH_CAP_MAX: usize = 512 << 10;
 
@@ -50,10 +62,11 @@ pub fn push_capacity(cfg: &Config) -> usize {
 /// The allocation layout for `world` ranks under `cfg`.
 pub fn staging_layout(cfg: &Config, world: usize) -> StagingLayout {
     let push_cap = push_capacity(cfg);
-    let push_off = STATE_OFF + STATE_BYTES;
+    let push_off = CFLAGS_OFF + CFLAGS_BYTES;
     let push_bytes = 2 * world * 2 * push_cap;
     let staging_off = round_up(push_off + push_bytes, 4096);
-    let staging_bytes = round_up(cfg.cuda_staging_bytes.max(16), 4096);
+    // At least one flat block's slots for 16 ranks (16 warps x 16 senders x 2 slots x 16 B).
+    let staging_bytes = round_up(cfg.cuda_staging_bytes.max(8192), 4096);
     StagingLayout {
         push_off,
         push_cap,
@@ -85,6 +98,8 @@ pub(super) struct Args {
     world: u32,
     has_pre: u32,
     pub(super) has_div: u32,
+    chunk_bytes: u64,
+    cflag_off: u64,
 }
 
 impl Args {
@@ -109,6 +124,8 @@ impl Args {
             world: 1,
             has_pre: 0,
             has_div: 0,
+            chunk_bytes: 0,
+            cflag_off: 0,
         }
     }
 }
@@ -369,6 +386,8 @@ impl Dda {
             world: self.world as u32,
             has_pre: 0,
             has_div: 0,
+            chunk_bytes: 0,
+            cflag_off: CFLAGS_OFF as u64,
         };
         for (r, b) in self.bases.iter().enumerate() {
             a.flags[r] = *b;
@@ -436,10 +455,20 @@ impl Dda {
                 )))
             }
         };
+        let bytes = count * dtype.size();
+        // Flat pulls from the peers' staging when the message fits it (faster at every size
+        // measured there); a larger one streams through chunk slots by push-write.
+        let streaming = algo == Algo::Flat && bytes > self.layout.staging_bytes;
+        let aname = if streaming { "stream" } else { aname };
         let f = self.func(dtype, &format!("fc_{aname}_{opname}"))?;
         let max_blocks = (self.sm_count as usize).clamp(1, MAX_BLOCKS);
-        let blocks = units.div_ceil(threads as usize).clamp(1, max_blocks) as u32;
+        let mut blocks = units.div_ceil(threads as usize).clamp(1, max_blocks) as u32;
         let mut a = self.base_args(input, output, count as u64);
+        if streaming {
+            let (g, chunk) = flat_grid(bytes, max_blocks, self.world, self.layout.staging_bytes);
+            blocks = g as u32;
+            a.chunk_bytes = chunk as u64;
+        }
         if let Some(s) = pre {
             a.has_pre = 1;
             a.pre = s;
@@ -471,6 +500,32 @@ impl Dda {
             &format!("launching all_reduce ({aname}, {dtype}, {count} elements)"),
         )
     }
+}
+
+/// Grid (blocks of 16 warps) and per-warp chunk size of the push-write stream kernel for `bytes`
+/// per rank: warps of at least `FLAT_MIN_CHUNK` (up to one block per SM), chunks of at most
+/// `FLAT_MAX_CHUNK`, and every warp's `world * FLAT_SLOTS` slots inside one staging parity.
+/// Both ranks compute the same values (warp g's flags pair it with warp g of every peer).
+pub fn flat_grid(
+    bytes: usize,
+    max_blocks: usize,
+    world: usize,
+    staging_bytes: usize,
+) -> (usize, usize) {
+    let vbytes = round_up(bytes.max(1), 16);
+    let per_block_slots = FLAT_WARPS * world * FLAT_SLOTS * 16;
+    let grid = vbytes
+        .div_ceil(FLAT_MIN_CHUNK * FLAT_WARPS)
+        .min(max_blocks)
+        .min((staging_bytes / per_block_slots).max(1))
+        .max(1);
+    let groups = grid * FLAT_WARPS;
+    let slot_cap = (staging_bytes / (groups * world * FLAT_SLOTS)) / 16 * 16;
+    let chunk = round_up(vbytes.div_ceil(groups), 16)
+        .min(FLAT_MAX_CHUNK)
+        .min(slot_cap)
+        .max(16);
+    (grid, chunk)
 }
 
 impl Drop for Dda {

@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::types::DataType;
 
-/// The all-reduce source (push, flat, tree for one element type per module).
+/// The all-reduce source (push, flat, tree, stream for one element type per module).
 pub const ALL_REDUCE_SOURCE: &str = include_str!("../../kernels/all_reduce.cu");
 /// Its name in logs and cache files.
 pub const ALL_REDUCE_NAME: &str = "all_reduce.cu";
@@ -28,7 +28,7 @@ pub fn has_lowp(dtype: DataType) -> bool {
 }
 
 /// Algorithms with an entry point per operator: `fc_<algo>_<op>`.
-pub const ALGOS: [&str; 3] = ["push", "flat", "tree"];
+pub const ALGOS: [&str; 4] = ["push", "flat", "tree", "stream"];
 /// Operators compiled into every module (Avg and PremulSum run on `sum` with scale factors).
 pub const OPS: [&str; 4] = ["sum", "prod", "min", "max"];
 /// Entry points beside the per-operator ones.

@@ -21,7 +21,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::types::Device;
 
-pub use dda::{push_capacity, staging_layout, StagingLayout};
+pub use dda::{flat_grid, push_capacity, staging_layout, StagingLayout};
 pub use lowp::quantize_on_device;
 
 /// Number of CUDA devices visible, 0 when the driver library is absent or fails to start.

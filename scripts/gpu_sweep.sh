@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The benchmark sweep of a GPU machine, in one call: correctness first (gpu_check on every GPU),
+# then `ferrocomm bench --vs nccl` for every collective in eager and CUDA-graph mode, full and
+# low precision, with JSON and PNG for each, packed into $OUT/sweep-<N>gpu.tgz (the device tool
+# returns at most 8 files).
+#
+#   scripts/gpu_sweep.sh [NGPUS] [MAXBYTES] [BINDIR]
+#
+# BINDIR holds release builds of `ferrocomm` and the `gpu_check` example (default: beside this
+# script, then target/release). NVLink multicast stays off.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+n="${1:-$(nvidia-smi -L 2>/dev/null | wc -l)}"
+max="${2:-1G}"
+bin="${3:-$here}"
+[ -x "$bin/ferrocomm" ] || bin="$here/../target/release"
+gpu_check="$bin/gpu_check"
+[ -x "$gpu_check" ] || gpu_check="$bin/examples/gpu_check"
+out="${OUT:-/tmp}"
+res="$out/sweep-${n}gpu"
+mkdir -p "$res"
+export NCCL_NVLS_ENABLE=0
+export FERROCOMM_TIMEOUT_S="${FERROCOMM_TIMEOUT_S:-60}"
+export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-/tmp/ferrocomm-kernels}"
+fc="$bin/ferrocomm"
+iters="${SWEEP_ITERS:-10}"
+reps="${SWEEP_REPS:-3}"
+
+summary="$res/summary.txt"
+{ date -u; nvidia-smi -L; nvidia-smi topo -m; } > "$res/machine.txt" 2>&1
+"$fc" info > "$res/info.txt" 2>&1
+
+step() { # name, command...
+  local name="$1"; shift
+  local t0=$SECONDS
+  "$@" > "$res/$name.txt" 2>&1
+  local rc=$?
+  printf '%-40s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" \
+    "$(grep -E 'Out of bounds|Avg bus' "$res/$name.txt" | tr '\n' ' ')" | tee -a "$summary"
+}
+
+if [ -x "$gpu_check" ]; then
+  step gpu_check "$fc" launch -n "$n" --timeout 400 -- "$gpu_check" --quick --no-timing
+fi
+
+for coll in all_reduce all_gather reduce_scatter all_to_all broadcast reduce sendrecv; do
+  case "$coll" in
+    all_reduce|broadcast|reduce|sendrecv) min=8 ;;
+    *) min=$((2 * n * 64)) ;;   # whole bf16 elements per rank
+  esac
+  for mode in graph eager; do
+    g=0; [ "$mode" = graph ] && g=10
+    step "$coll-bf16-$mode" "$fc" bench "$coll" -g "$n" -d bfloat16 -b "$min" -e "$max" -f 4 \
+      -n "$iters" --reps "$reps" -G "$g" --vs nccl \
+      --json "$res/$coll-bf16-$mode.json" --plot "$res/$coll-bf16-$mode.png"
+  done
+done
+step all_reduce-bf16-isolated "$fc" bench all_reduce -g "$n" -d bfloat16 -b 1K -e 64M -f 8 \
+  -n "$iters" --reps "$reps" --isolated --vs nccl --json "$res/all_reduce-bf16-isolated.json"
+for lp in e4m3 int8; do
+  for coll in all_reduce all_gather reduce_scatter all_to_all; do
+    step "$coll-bf16-lp-$lp" "$fc" bench "$coll" -g "$n" -d bfloat16 -b 64K -e "$max" -f 4 \
+      -n "$iters" --reps "$reps" -G 10 --low-precision "$lp" --vs nccl \
+      --json "$res/$coll-bf16-lp-$lp.json" --plot "$res/$coll-bf16-lp-$lp.png"
+  done
+done
+step all_reduce-f32-lp-e4m3 "$fc" bench all_reduce -g "$n" -d float -b 64K -e "$max" -f 4 \
+  -n "$iters" --reps "$reps" -G 10 --low-precision e4m3 --vs nccl \
+  --json "$res/all_reduce-f32-lp-e4m3.json" --plot "$res/all_reduce-f32-lp-e4m3.png"
+
+tar czf "$out/sweep-${n}gpu.tgz" -C "$out" "sweep-${n}gpu"
+cp "$summary" "$out/sweep-${n}gpu-summary.txt"
+rm -rf "$res"
+cat "$out/sweep-${n}gpu-summary.txt"
