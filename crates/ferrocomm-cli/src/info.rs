@@ -402,7 +402,13 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
         if lp.enabled { "on" } else { "off" },
         lp.format,
         lp.block,
-        lp.min_bytes.map_or("backend default".into(), human),
+        lp.min_bytes.map_or(
+            format!(
+                "backend default (cuda {}, host 0)",
+                human(ferrocomm::select::CUDA_LP_MIN_BYTES)
+            ),
+            human
+        ),
         lp.all_reduce,
         lp.all_gather,
         lp.reduce_scatter,

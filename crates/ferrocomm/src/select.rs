@@ -224,3 +224,61 @@ pub fn select(
         }
     }
 }
+
+/// Smallest message (bytes per rank) the cuda backend sends in low precision by default
+/// (`FERROCOMM_LP_MIN_BYTES` overrides): below it quantizing costs more than the halved traffic
+/// saves (2×H200 measurement in docs/quant-accuracy.md).
+pub const CUDA_LP_MIN_BYTES: usize = 4 << 20;
+
+/// Whether one call goes low precision, and with which codec: the rule every backend follows.
+///
+/// A per-call `On(format)` forces it and `Off` forbids it; `Default` follows the global switch,
+/// the per-collective switch and the minimum size (`FERROCOMM_LP_MIN_BYTES`, else
+/// `default_min_bytes`, the backend's tuned value). Whatever was asked, only Sum/Avg reductions
+/// (and the non-reducing all-gather / all-to-all, `op = None`) of f32/f16/bf16 qualify.
+pub fn low_precision(
+    coll: Collective,
+    dtype: DataType,
+    op: Option<crate::types::ReduceOp>,
+    bytes_per_rank: usize,
+    choice: crate::comm::LowPrecisionChoice,
+    cfg: &Config,
+    default_min_bytes: usize,
+) -> Result<Option<crate::quant::Codec>> {
+    use crate::comm::LowPrecisionChoice;
+    use crate::types::ReduceOp;
+    let lp = &cfg.low_precision;
+    let format = match choice {
+        LowPrecisionChoice::Off => return Ok(None),
+        LowPrecisionChoice::On(f) => f,
+        LowPrecisionChoice::Default => {
+            let switch = match coll {
+                Collective::AllReduce => lp.all_reduce,
+                Collective::AllGather => lp.all_gather,
+                Collective::ReduceScatter => lp.reduce_scatter,
+                Collective::AllToAll | Collective::AllToAllV => lp.all_to_all,
+                _ => false,
+            };
+            if !lp.enabled || !switch || bytes_per_rank < lp.min_bytes.unwrap_or(default_min_bytes)
+            {
+                return Ok(None);
+            }
+            lp.format
+        }
+    };
+    let lp_coll = matches!(
+        coll,
+        Collective::AllReduce
+            | Collective::AllGather
+            | Collective::ReduceScatter
+            | Collective::AllToAll
+            | Collective::AllToAllV
+    );
+    if !lp_coll
+        || !matches!(dtype, DataType::F32 | DataType::F16 | DataType::BF16)
+        || op.is_some_and(|o| !matches!(o, ReduceOp::Sum | ReduceOp::Avg))
+    {
+        return Ok(None);
+    }
+    crate::quant::Codec::new(format, lp.block).map(Some)
+}

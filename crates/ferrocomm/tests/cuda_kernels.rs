@@ -72,6 +72,16 @@ fn variant_table_matches_the_source() {
     );
     let unique: std::collections::HashSet<_> = names.iter().collect();
     assert_eq!(unique.len(), names.len(), "entry names repeat");
+    // The low-precision kernels ride in the float modules only.
+    for (d, _) in VARIANTS {
+        let src = kernels::module_source(d).unwrap();
+        assert_eq!(src.contains("fc_lp_move"), kernels::has_lowp(d), "{d}");
+    }
+    for e in kernels::LOWP_ENTRIES {
+        assert!(
+            kernels::LOWP_SOURCE.contains(&format!("__global__ void __launch_bounds__(512) {e}("))
+        );
+    }
     // dtypes the kernels do not take go to NCCL.
     for d in [DataType::F64, DataType::I8, DataType::F8E4M3] {
         assert!(!kernels::supports(d) && kernels::module_source(d).is_none());
@@ -108,7 +118,6 @@ fn every_variant_compiles_with_nvrtc() {
     }
     let (major, minor) = kernels::nvrtc_version().unwrap();
     assert!(major >= 12, "NVRTC {major}.{minor} is too old");
-    let names = kernels::entry_names();
     std::thread::scope(|s| {
         let hs: Vec<_> = VARIANTS
             .iter()
@@ -123,7 +132,14 @@ fn every_variant_compiles_with_nvrtc() {
                 Err(e) => panic!("{d}: {e}"),
             };
             assert_eq!(&bin[..4], b"\x7fELF", "{d}: not a cubin");
-            // Every entry point is in the cubin's symbol table.
+            // Every entry point is in the cubin's symbol table (the lowp kernels in the float
+            // modules too).
+            let names = kernels::entry_names_for(d);
+            assert_eq!(
+                names.len() > kernels::entry_names().len(),
+                kernels::has_lowp(d),
+                "{d}"
+            );
             for n in &names {
                 assert!(
                     bin.windows(n.len() + 1)

@@ -7,6 +7,7 @@ use cudarc::driver::{sys, CudaContext};
 
 use super::collectives;
 use super::dda::Dda;
+use super::lowp::{all_reduce_kind, LpKind};
 use super::{cu, kernels, open_context};
 use crate::bootstrap::all_gather_bytes;
 use crate::comm::{Backend, CallOpts, CommContext, DeviceCounts, Splits};
@@ -179,6 +180,35 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Direct access and the codec when this call goes low precision (the shared rule of
+    /// [`select::low_precision`], with the cuda size floor); `None` for full precision, also
+    /// without direct access or for pointers not aligned to the element size.
+    fn lp_codec(
+        &self,
+        coll: Collective,
+        dtype: DataType,
+        op: Option<ReduceOp>,
+        bytes: usize,
+        ptrs: [u64; 2],
+        opts: &CallOpts,
+    ) -> Result<Option<(&Dda, crate::quant::Codec)>> {
+        let Some(d) = &self.dda else { return Ok(None) };
+        if ptrs.iter().any(|p| p % dtype.size() as u64 != 0) {
+            return Ok(None);
+        }
+        let min = select::CUDA_LP_MIN_BYTES;
+        let c = select::low_precision(
+            coll,
+            dtype,
+            op,
+            bytes,
+            opts.low_precision,
+            &self.config,
+            min,
+        )?;
+        Ok(c.map(|c| (d, c)))
+    }
+
     /// Picks the all-reduce algorithm; `None` means direct access cannot take this call.
     fn choose(&self, bytes: usize, dtype: DataType, op: ReduceOp, opts: &CallOpts) -> Result<Algo> {
         let requested = opts.algo.0;
@@ -249,6 +279,19 @@ impl CudaBackend {
             a = Algo::Flat;
         }
         Ok(a)
+    }
+}
+
+const AR: Collective = Collective::AllReduce;
+const AG: Collective = Collective::AllGather;
+const RS: Collective = Collective::ReduceScatter;
+const A2A: Collective = Collective::AllToAll;
+
+/// The all-gather input: in place, our part of the output.
+fn lp_in(input: &Input<'_>, output: &ViewMut<'_>, part: usize, rank: usize) -> u64 {
+    match input {
+        Input::InPlace => output.ptr() as u64 + (rank * part * output.dtype().size()) as u64,
+        Input::Buf(v) => v.ptr() as u64,
     }
 }
 
@@ -359,6 +402,13 @@ impl Backend for CudaBackend {
                 "all_reduce: pointers must be aligned to the element size ({es} bytes)"
             )));
         }
+        let lp = self.lp_codec(AR, dtype, Some(op), count * es as usize, [ip, op_ptr], opts)?;
+        if let Some((d, codec)) = lp {
+            let kind = all_reduce_kind(opts.algo.0, self.config.algo, self.size);
+            self.follow(&mut st, opts.stream)?;
+            let avg = op == ReduceOp::Avg;
+            return d.lp_collective(kind, &codec, dtype, ip, op_ptr, count, avg, opts.stream);
+        }
         let algo = self.choose(count * dtype.size(), dtype, op, opts)?;
         self.follow(&mut st, opts.stream)?;
         match (algo, &self.dda) {
@@ -424,6 +474,19 @@ impl Backend for CudaBackend {
         let mut st = self.enter()?;
         check_views("all_gather", self.device, &views_of(&input, &output))?;
         self.follow(&mut st, opts.stream)?;
+        let (dt, part) = (output.dtype(), output.count() / self.size);
+        let (i, o) = (
+            lp_in(
+                &input,
+                &output,
+                part,
+                self.dda.as_ref().map_or(0, |d| d.rank),
+            ),
+            output.ptr() as u64,
+        );
+        if let Some((d, c)) = self.lp_codec(AG, dt, None, part * dt.size(), [i, o], opts)? {
+            return d.lp_collective(LpKind::AllGather, &c, dt, i, o, part, false, opts.stream);
+        }
         let (dt, n) = (output.dtype(), output.count() / self.size);
         if let Some(d) = self.direct(
             Collective::AllGather,
@@ -454,6 +517,20 @@ impl Backend for CudaBackend {
         check_views("reduce_scatter", self.device, &views_of(&input, &output))?;
         self.follow(&mut st, opts.stream)?;
         let dt = output.dtype();
+        // In place, the output is the whole buffer and our part sits at rank * part.
+        let (i, o, part) = match &input {
+            Input::InPlace => {
+                let part = output.count() / self.size;
+                let base = output.ptr() as u64;
+                let rank = self.dda.as_ref().map_or(0, |d| d.rank);
+                (base, base + (rank * part * dt.size()) as u64, part)
+            }
+            Input::Buf(v) => (v.ptr() as u64, output.ptr() as u64, output.count()),
+        };
+        if let Some((d, c)) = self.lp_codec(RS, dt, Some(op), part * dt.size(), [i, o], opts)? {
+            let avg = op == ReduceOp::Avg;
+            return d.lp_collective(LpKind::ReduceScatter, &c, dt, i, o, part, avg, opts.stream);
+        }
         let n = match input {
             Input::InPlace => output.count() / self.size,
             Input::Buf(_) => output.count(),
@@ -481,6 +558,11 @@ impl Backend for CudaBackend {
         let mut st = self.enter()?;
         check_views("all_to_all", self.device, &views_of(&input, &output))?;
         self.follow(&mut st, opts.stream)?;
+        let (dt, part) = (output.dtype(), output.count() / self.size);
+        let (i, o) = (in_ptr(&input, &output), output.ptr() as u64);
+        if let Some((d, c)) = self.lp_codec(A2A, dt, None, part * dt.size(), [i, o], opts)? {
+            return d.lp_collective(LpKind::AllToAll, &c, dt, i, o, part, false, opts.stream);
+        }
         let (dt, n) = (output.dtype(), output.count() / self.size);
         if let Some(d) = self.direct(
             Collective::AllToAll,

@@ -105,6 +105,34 @@ pub(super) struct Args {
     cflag_off: u64,
 }
 
+impl Args {
+    /// Arguments for a kernel that uses no staging or flags (the standalone encoder).
+    pub(super) fn standalone(input: u64, output: u64, count: u64) -> Args {
+        Args {
+            staging: [0; MAX_RANKS],
+            push: [0; MAX_RANKS],
+            flags: [0; MAX_RANKS],
+            state: 0,
+            error: 0,
+            input,
+            output,
+            count,
+            staging_bytes: 0,
+            push_cap: 0,
+            timeout_ns: 0,
+            int_div: 1,
+            pre: 1.0,
+            post_div: 1.0,
+            rank: 0,
+            world: 1,
+            has_pre: 0,
+            has_div: 0,
+            chunk_bytes: 0,
+            cflag_off: 0,
+        }
+    }
+}
+
 struct Module {
     module: sys::CUmodule,
     funcs: HashMap<String, sys::CUfunction>,
@@ -551,7 +579,7 @@ fn load_modules(cfg: &Config, arch: &str) -> Result<HashMap<DataType, Module>> {
             &format!("loading the {d} all-reduce kernels"),
         )?;
         let mut funcs = HashMap::new();
-        for name in kernels::entry_names() {
+        for name in kernels::entry_names_for(d) {
             let c = CString::new(name.clone()).expect("no NUL");
             let mut f: sys::CUfunction = std::ptr::null_mut();
             cu(

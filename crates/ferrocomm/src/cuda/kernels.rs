@@ -17,6 +17,15 @@ use crate::types::DataType;
 pub const ALL_REDUCE_SOURCE: &str = include_str!("../../kernels/all_reduce.cu");
 /// Its name in logs and cache files.
 pub const ALL_REDUCE_NAME: &str = "all_reduce.cu";
+/// The low-precision kernels, appended to the modules of the float types.
+pub const LOWP_SOURCE: &str = include_str!("../../kernels/lowp.cu");
+/// Entry points of lowp.cu (f32, f16 and bf16 modules only).
+pub const LOWP_ENTRIES: [&str; 3] = ["fc_lp_encode", "fc_lp_move", "fc_lp_tree"];
+
+/// Whether the module of `dtype` holds the low-precision kernels.
+pub fn has_lowp(dtype: DataType) -> bool {
+    matches!(dtype, DataType::F32 | DataType::F16 | DataType::BF16)
+}
 
 /// The other collectives (all-gather, reduce-scatter, all-to-all(v), broadcast, reduce),
 /// appended to the all-reduce source in every module.
@@ -80,12 +89,22 @@ pub fn entry_names() -> Vec<String> {
     v
 }
 
-/// The full source of the module for `dtype` (define line + shared source).
+/// Every entry point the module of `dtype` exports.
+pub fn entry_names_for(dtype: DataType) -> Vec<String> {
+    let mut v = entry_names();
+    if has_lowp(dtype) {
+        v.extend(LOWP_ENTRIES.iter().map(|s| s.to_string()));
+    }
+    v
+}
+
+/// The full source of the module for `dtype` (define line + shared source, + lowp.cu for the
+/// float types).
 pub fn module_source(dtype: DataType) -> Option<String> {
-    VARIANTS
-        .iter()
-        .find(|(d, _)| *d == dtype)
-        .map(|(_, def)| format!("#define {def} 1\n{ALL_REDUCE_SOURCE}\n{COLLECTIVES_SOURCE}"))
+    VARIANTS.iter().find(|(d, _)| *d == dtype).map(|(_, def)| {
+        let lowp = if has_lowp(dtype) { LOWP_SOURCE } else { "" };
+        format!("#define {def} 1\n{ALL_REDUCE_SOURCE}\n{COLLECTIVES_SOURCE}\n{lowp}")
+    })
 }
 
 fn options(arch: &str) -> Vec<String> {

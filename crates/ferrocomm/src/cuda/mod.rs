@@ -12,6 +12,7 @@ pub mod collectives;
 mod dda;
 pub mod kernels;
 pub mod libs;
+mod lowp;
 
 use std::sync::Arc;
 
@@ -23,6 +24,7 @@ use crate::error::{Error, Result};
 use crate::types::Device;
 
 pub use dda::{flat_grid, push_capacity, staging_layout, StagingLayout};
+pub use lowp::quantize_on_device;
 
 /// Number of CUDA devices visible, 0 when the driver library is absent or fails to start.
 pub fn gpu_count() -> usize {

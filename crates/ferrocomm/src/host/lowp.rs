@@ -8,11 +8,11 @@
 
 use super::collectives::{exclusive, region_bytes, shared, stripe};
 use super::{Bufs, HostBackend, Signature};
-use crate::comm::{CallOpts, LowPrecisionChoice, Splits};
+use crate::comm::{CallOpts, Splits};
 use crate::error::{Error, Result};
 use crate::quant::{Codec, Format, SCALE_BYTES};
 use crate::reduce::{from_f32, to_f32};
-use crate::select::{Algo, Collective};
+use crate::select::{self, Algo, Collective};
 use crate::types::{DataType, ReduceOp};
 
 /// The signature word of a codec: ranks must agree on format and block.
@@ -102,30 +102,14 @@ impl HostBackend {
         bytes: usize,
         opts: &CallOpts,
     ) -> Result<Option<Codec>> {
-        let lp = &self.cfg.low_precision;
-        let format = match opts.low_precision {
-            LowPrecisionChoice::Off => return Ok(None),
-            LowPrecisionChoice::On(f) => f,
-            LowPrecisionChoice::Default => {
-                let switch = match coll {
-                    Collective::AllReduce => lp.all_reduce,
-                    Collective::AllGather => lp.all_gather,
-                    Collective::ReduceScatter => lp.reduce_scatter,
-                    Collective::AllToAll | Collective::AllToAllV => lp.all_to_all,
-                    _ => false,
-                };
-                if !lp.enabled || !switch || bytes < lp.min_bytes.unwrap_or(0) {
-                    return Ok(None);
-                }
-                lp.format
-            }
-        };
-        if !matches!(dtype, DataType::F32 | DataType::F16 | DataType::BF16)
-            || !matches!(op, ReduceOp::Sum | ReduceOp::Avg)
-        {
-            return Ok(None);
-        }
-        Codec::new(format, lp.block).map(Some)
+        // Ops other than Sum/Avg only reach here for reducing collectives.
+        let op = matches!(
+            coll,
+            Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+        )
+        .then_some(op);
+        // The host backend has no size floor of its own: low precision whenever asked.
+        select::low_precision(coll, dtype, op, bytes, opts.low_precision, &self.cfg, 0)
     }
 
     /// Elements per chunk: whole blocks whose encoding fits `room` bytes.

@@ -1,0 +1,626 @@
+//! Device check of the low-precision collectives of the cuda backend (run on 2 GPUs):
+//!
+//! ```text
+//! ferrocomm launch -n 2 -- target/release/examples/gpu_check_lowp [--quick]
+//! ```
+//!
+//! - GPU codec == CPU codec ([`quant::Codec::encode_from`]) byte for byte, every format, several
+//!   block sizes, f32/bf16/f16 inputs, odd counts, special blocks (zeros, tiny, huge, NaN, -0);
+//! - quantized all-reduce one-shot and two-shot == `quant::reference::{one_shot, two_shot}` bit
+//!   for bit (inputs widen exactly, so bf16/f16 results are the reference rounded), 1 element to
+//!   256 MB, odd counts, Avg, in place;
+//! - all-gather, reduce-scatter, all-to-all == the codec's prediction, bit for bit;
+//! - accuracy against an f64 sum (N(0,1)), no NaN/Inf, identical results on every rank;
+//! - time of quantization alone.
+//!
+//! Exits 1 on any mismatch.
+
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys;
+use ferrocomm::bootstrap::all_gather_bytes;
+use ferrocomm::quant::{reference, Codec, Format};
+use ferrocomm::{
+    Algo, CallOpts, CommOptions, Communicator, Config, DataType, Device, Input, LowPrecisionChoice,
+    ReduceOp, View, ViewMut,
+};
+use half::{bf16, f16};
+use rand::{Rng, SeedableRng};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn cu(r: sys::CUresult, what: &str) -> Res<()> {
+    r.result().map_err(|e| format!("{what}: {e:?}").into())
+}
+
+struct Buf {
+    ptr: u64,
+    bytes: usize,
+}
+
+impl Buf {
+    fn new(bytes: usize) -> Res<Buf> {
+        let mut p = 0u64;
+        cu(
+            // SAFETY: out-parameter; the context is current.
+            unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(16)) },
+            "cuMemAlloc",
+        )?;
+        Ok(Buf { ptr: p, bytes })
+    }
+    fn upload(&self, data: &[u8]) -> Res<()> {
+        assert!(data.len() <= self.bytes.max(16));
+        // SAFETY: in bounds (asserted).
+        cu(
+            unsafe { sys::cuMemcpyHtoD_v2(self.ptr, data.as_ptr().cast(), data.len()) },
+            "cuMemcpyHtoD",
+        )
+    }
+    fn download(&self, n: usize) -> Res<Vec<u8>> {
+        let mut out = vec![0u8; n];
+        assert!(n <= self.bytes.max(16));
+        cu(
+            // SAFETY: in bounds (asserted).
+            unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr, n) },
+            "cuMemcpyDtoH",
+        )?;
+        Ok(out)
+    }
+    fn poison(&self) -> Res<()> {
+        // SAFETY: whole buffer.
+        cu(
+            unsafe { sys::cuMemsetD8_v2(self.ptr, 0xA7, self.bytes.max(16)) },
+            "cuMemsetD8",
+        )
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        // SAFETY: allocated once in `new`.
+        unsafe { sys::cuMemFree_v2(self.ptr) };
+    }
+}
+
+fn sync() -> Res<()> {
+    // SAFETY: plain context synchronisation.
+    cu(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
+}
+
+/// f32 values, rounded to `dtype` (so they widen back exactly), as element bytes and as f32.
+fn to_dtype(dtype: DataType, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    let mut bytes = Vec::with_capacity(v.len() * dtype.size());
+    let mut wide = Vec::with_capacity(v.len());
+    for &x in v {
+        match dtype {
+            DataType::F32 => {
+                bytes.extend_from_slice(&x.to_le_bytes());
+                wide.push(x);
+            }
+            DataType::BF16 => {
+                let h = bf16::from_f32(x);
+                bytes.extend_from_slice(&h.to_le_bytes());
+                wide.push(h.to_f32());
+            }
+            _ => {
+                let h = f16::from_f32(x);
+                bytes.extend_from_slice(&h.to_le_bytes());
+                wide.push(h.to_f32());
+            }
+        }
+    }
+    (bytes, wide)
+}
+
+/// f32 results rounded to `dtype`, as bytes (the kernels round with RNE as `half` does).
+fn round_bytes(dtype: DataType, v: &[f32]) -> Vec<u8> {
+    to_dtype(dtype, v).0
+}
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            let v: f32 = rng.random_range(-3.0..3.0);
+            v * if rng.random_bool(0.01) { 50.0 } else { 1.0 }
+        })
+        .collect()
+}
+
+fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf29ce484222325u64, |h, x| {
+        (h ^ *x as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+struct Ctx {
+    rank: usize,
+    world: usize,
+    dev: u32,
+    cfg: Config,
+    failures: Vec<String>,
+    passed: usize,
+    seq: u64,
+}
+
+impl Ctx {
+    fn same_everywhere(&mut self, comm: &Communicator, bytes: &[u8]) -> Res<bool> {
+        self.seq += 1;
+        let h = fnv(bytes).to_le_bytes();
+        let all = all_gather_bytes(
+            &**comm.store(),
+            &format!("lpchk/{}", self.seq),
+            self.rank,
+            self.world,
+            &h,
+            Duration::from_secs(120),
+        )?;
+        Ok(all.iter().all(|v| v.as_slice() == h))
+    }
+    fn verdict(&mut self, what: String, ok: bool) {
+        if ok {
+            self.passed += 1;
+        } else {
+            if self.rank == 0 {
+                eprintln!("FAIL {what}");
+            }
+            self.failures.push(what);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- codec
+
+fn codec_check(c: &mut Ctx) -> Res<()> {
+    let mut cases = 0;
+    for fmt in Format::ALL {
+        for block in [16usize, 32, 128, 512] {
+            let codec = Codec::new(fmt, block)?;
+            for dtype in [DataType::F32, DataType::BF16, DataType::F16] {
+                for n in [1usize, 13, 4099, 300_007] {
+                    let mut v = random(n, 7 + n as u64 + block as u64);
+                    // Special blocks: zeros, tiny (subnormal scale), huge, NaN, -0.
+                    if n > 10 * block {
+                        v[..block].fill(0.0);
+                        for (i, x) in v[block..2 * block].iter_mut().enumerate() {
+                            *x = (i as f32 + 1.0) * 1e-39;
+                        }
+                        if dtype == DataType::F32 {
+                            v[2 * block] = f32::MAX;
+                            v[2 * block + 1] = -3.0e38;
+                        }
+                        v[3 * block + 5] = f32::NAN;
+                        v[4 * block + 1] = -0.0;
+                        v[5 * block + 2] = f32::INFINITY;
+                    }
+                    let (bytes, wide) = to_dtype(dtype, &v);
+                    let mut want = vec![0u8; codec.encoded_bytes(n)];
+                    codec.encode(&wide, &mut want);
+                    let inb = Buf::new(bytes.len())?;
+                    inb.upload(&bytes)?;
+                    let outb = Buf::new(want.len())?;
+                    outb.poison()?;
+                    ferrocomm::cuda::quantize_on_device(
+                        &c.cfg, &codec, dtype, inb.ptr, outb.ptr, n, 0,
+                    )?;
+                    let got = outb.download(want.len())?;
+                    let diff = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+                    cases += 1;
+                    c.verdict(
+                        format!("codec {fmt} B={block} {dtype} n={n}: {diff} bytes differ"),
+                        diff == 0,
+                    );
+                }
+            }
+        }
+    }
+    if c.rank == 0 {
+        println!("codec: {cases} cases, GPU bytes == CPU Codec::encode bytes");
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- all-reduce
+
+#[allow(clippy::too_many_arguments)]
+fn all_reduce_case(
+    c: &mut Ctx,
+    comm: &Communicator,
+    codec: &Codec,
+    dtype: DataType,
+    n: usize,
+    algo: Algo,
+    op: ReduceOp,
+    in_place: bool,
+    seed: u64,
+) -> Res<Option<Vec<f32>>> {
+    let inputs: Vec<Vec<f32>> = (0..c.world)
+        .map(|r| to_dtype(dtype, &random(n, seed * 977 + r as u64)).1)
+        .collect();
+    let (bytes, _) = to_dtype(dtype, &inputs[c.rank]);
+    let inb = Buf::new(bytes.len())?;
+    let outb = Buf::new(bytes.len())?;
+    outb.poison()?;
+    let opts = CallOpts::default()
+        .with_algo(algo)
+        .with_low_precision(LowPrecisionChoice::On(codec.format));
+    let dev = Device::Cuda(c.dev);
+    // SAFETY: both buffers hold `n` elements of this device and outlive the synchronised call.
+    let res = unsafe {
+        let o = ViewMut::from_raw(outb.ptr as *mut u8, n, dtype, dev);
+        if in_place {
+            outb.upload(&bytes)?;
+            comm.all_reduce(Input::InPlace, o, op, &opts)
+        } else {
+            inb.upload(&bytes)?;
+            let i = View::from_raw(inb.ptr as *const u8, n, dtype, dev);
+            comm.all_reduce(Input::Buf(i), o, op, &opts)
+        }
+    };
+    sync()?;
+    let what = format!(
+        "all_reduce {} {algo} {} B={} {dtype} n={n} {op:?} inplace={in_place}",
+        codec.format, "", codec.block
+    );
+    if let Err(e) = res {
+        c.verdict(format!("{what}: error {e}"), false);
+        return Ok(None);
+    }
+    let got = outb.download(bytes.len())?;
+    let mut want = if algo == Algo::Tree {
+        if op == ReduceOp::Avg {
+            // The owner divides before quantizing.
+            let s: Vec<f32> = reference::one_shot(codec, &inputs)
+                .iter()
+                .map(|x| x / c.world as f32)
+                .collect();
+            codec.quantize_dequantize(&s)
+        } else {
+            reference::two_shot(codec, &inputs)
+        }
+    } else {
+        reference::one_shot(codec, &inputs)
+    };
+    if op == ReduceOp::Avg && algo != Algo::Tree {
+        want.iter_mut().for_each(|x| *x /= c.world as f32);
+    }
+    let want_b = round_bytes(dtype, &want);
+    let es = dtype.size();
+    let wrong = got
+        .chunks(es)
+        .zip(want_b.chunks(es))
+        .filter(|(a, b)| a != b)
+        .count();
+    let same = c.same_everywhere(comm, &got)?;
+    c.verdict(
+        format!(
+            "{what}: {wrong} elements differ from the reference, identical on all ranks: {same}"
+        ),
+        wrong == 0 && same,
+    );
+    Ok((dtype == DataType::F32).then(|| {
+        got.chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }))
+}
+
+fn all_reduce_checks(c: &mut Ctx, comm: &Communicator, quick: bool) -> Res<()> {
+    let e4 = Codec::new(Format::E4M3, c.cfg.low_precision.block)?;
+    let mut k = 0u64;
+    let mut counts = vec![
+        1usize,
+        3,
+        127,
+        129,
+        1000,
+        4097,
+        65_537,
+        262_145,
+        (1 << 20) / 4 + 3,
+    ];
+    if !quick {
+        counts.extend([(16 << 20) / 4 + 1, (64 << 20) / 4 - 5, (256 << 20) / 4]);
+    }
+    for &n in &counts {
+        for algo in [Algo::Flat, Algo::Tree] {
+            k += 1;
+            all_reduce_case(
+                c,
+                comm,
+                &e4,
+                DataType::F32,
+                n,
+                algo,
+                ReduceOp::Sum,
+                k % 3 == 0,
+                k,
+            )?;
+        }
+    }
+    for dtype in [DataType::BF16, DataType::F16] {
+        let big = if quick || dtype == DataType::F16 {
+            2_000_001
+        } else {
+            64 << 20
+        };
+        for &n in &[5usize, 4099, 1_000_003, big] {
+            for algo in [Algo::Flat, Algo::Tree] {
+                k += 1;
+                all_reduce_case(c, comm, &e4, dtype, n, algo, ReduceOp::Sum, false, k)?;
+            }
+        }
+    }
+    for fmt in [Format::E5M2, Format::Int8] {
+        let codec = Codec::new(fmt, c.cfg.low_precision.block)?;
+        for algo in [Algo::Flat, Algo::Tree] {
+            k += 1;
+            all_reduce_case(
+                c,
+                comm,
+                &codec,
+                DataType::F32,
+                777_777,
+                algo,
+                ReduceOp::Sum,
+                false,
+                k,
+            )?;
+            k += 1;
+            all_reduce_case(
+                c,
+                comm,
+                &codec,
+                DataType::BF16,
+                777_777,
+                algo,
+                ReduceOp::Avg,
+                true,
+                k,
+            )?;
+        }
+    }
+    if c.rank == 0 {
+        println!("all_reduce: {k} cases checked against quant::reference (bit for bit)");
+    }
+    Ok(())
+}
+
+/// Relative L2 and max abs error of one-shot (and two-shot) on N(0,1), and finiteness.
+fn accuracy(c: &mut Ctx, comm: &Communicator, codec: &Codec, label: &str) -> Res<()> {
+    let n = 1 << 20;
+    let inputs: Vec<Vec<f32>> = (0..c.world)
+        .map(|r| reference::Data::Normal.generate(n, 4242 + r as u64))
+        .collect();
+    let exact = reference::exact_sum(&inputs);
+    let inb = Buf::new(n * 4)?;
+    let outb = Buf::new(n * 4)?;
+    let dev = Device::Cuda(c.dev);
+    let mut line = format!("accuracy {label} N(0,1) {} ranks:", c.world);
+    for algo in [Algo::Flat, Algo::Tree] {
+        inb.upload(&to_dtype(DataType::F32, &inputs[c.rank]).0)?;
+        outb.poison()?;
+        let opts = CallOpts::default()
+            .with_algo(algo)
+            .with_low_precision(LowPrecisionChoice::On(codec.format));
+        // SAFETY: n f32 of this device each, synchronised below.
+        unsafe {
+            let i = View::from_raw(inb.ptr as *const u8, n, DataType::F32, dev);
+            let o = ViewMut::from_raw(outb.ptr as *mut u8, n, DataType::F32, dev);
+            comm.all_reduce(Input::Buf(i), o, ReduceOp::Sum, &opts)?;
+        }
+        sync()?;
+        let got: Vec<f32> = outb
+            .download(n * 4)?
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let st = reference::error_stats(&got, &exact, None);
+        let finite = got.iter().all(|x| x.is_finite());
+        let same = c.same_everywhere(comm, &to_dtype(DataType::F32, &got).0)?;
+        line += &format!(
+            " {algo}: rel L2 {:.3}% max abs {:.3e} finite {finite} identical {same};",
+            st.rel_l2 * 100.0,
+            st.max_abs
+        );
+        let limit = match (codec.format, algo) {
+            (Format::E4M3, Algo::Flat) => Some(0.035),
+            (Format::Int8, Algo::Flat) if codec.block == 32 => Some(0.007),
+            _ => None,
+        };
+        c.verdict(
+            format!(
+                "accuracy {label} {algo}: rel L2 {} finite {finite} same {same}",
+                st.rel_l2
+            ),
+            finite && same && limit.is_none_or(|l| st.rel_l2 <= l),
+        );
+    }
+    if c.rank == 0 {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- the other collectives
+
+fn movers(c: &mut Ctx, comm: &Communicator) -> Res<()> {
+    let codec = Codec::new(Format::E4M3, c.cfg.low_precision.block)?;
+    let w = c.world;
+    let dev = Device::Cuda(c.dev);
+    let opts = CallOpts::default().with_low_precision(LowPrecisionChoice::On(Format::E4M3));
+    for (k, &part) in [1usize, 333, 70_001, 3_000_017].iter().enumerate() {
+        for dtype in [DataType::F32, DataType::BF16] {
+            let es = dtype.size();
+            // Full-size input of every rank (all-gather uses part `rank` of it).
+            let all: Vec<Vec<f32>> = (0..w)
+                .map(|r| to_dtype(dtype, &random(w * part, 5000 + k as u64 * 10 + r as u64)).1)
+                .collect();
+            let mine = to_dtype(dtype, &all[c.rank]).0;
+            let inb = Buf::new(mine.len())?;
+            inb.upload(&mine)?;
+            let outb = Buf::new(w * part * es)?;
+            let qd = |x: &[f32]| codec.quantize_dequantize(x);
+            let slice = |r: usize, p: usize| &all[r][p * part..(p + 1) * part];
+            // all_gather: part r of the output = Q(rank r's part r).
+            outb.poison()?;
+            // SAFETY: sizes as the collectives require; synchronised before reading.
+            unsafe {
+                let i = View::from_raw(
+                    (inb.ptr + (c.rank * part * es) as u64) as *const u8,
+                    part,
+                    dtype,
+                    dev,
+                );
+                let o = ViewMut::from_raw(outb.ptr as *mut u8, w * part, dtype, dev);
+                comm.all_gather(Input::Buf(i), o, &opts)?;
+            }
+            sync()?;
+            let want: Vec<f32> = (0..w).flat_map(|r| qd(slice(r, r))).collect();
+            let got = outb.download(w * part * es)?;
+            let same = c.same_everywhere(comm, &got)?;
+            c.verdict(
+                format!("all_gather {dtype} part={part} same={same}"),
+                got == round_bytes(dtype, &want) && same,
+            );
+            // reduce_scatter: one-shot sum of part `rank` over ranks.
+            outb.poison()?;
+            // SAFETY: as above.
+            unsafe {
+                let i = View::from_raw(inb.ptr as *const u8, w * part, dtype, dev);
+                let o = ViewMut::from_raw(outb.ptr as *mut u8, part, dtype, dev);
+                comm.reduce_scatter(Input::Buf(i), o, ReduceOp::Sum, &opts)?;
+            }
+            sync()?;
+            let parts: Vec<&[f32]> = (0..w).map(|r| slice(r, c.rank)).collect();
+            let want = reference::one_shot(&codec, &parts);
+            let got = outb.download(part * es)?;
+            c.verdict(
+                format!("reduce_scatter {dtype} part={part}"),
+                got == round_bytes(dtype, &want),
+            );
+            // all_to_all: part r of the output = Q(rank r's part `rank`).
+            outb.poison()?;
+            // SAFETY: as above.
+            unsafe {
+                let i = View::from_raw(inb.ptr as *const u8, w * part, dtype, dev);
+                let o = ViewMut::from_raw(outb.ptr as *mut u8, w * part, dtype, dev);
+                comm.all_to_all(Input::Buf(i), o, &opts)?;
+            }
+            sync()?;
+            let want: Vec<f32> = (0..w).flat_map(|r| qd(slice(r, c.rank))).collect();
+            let got = outb.download(w * part * es)?;
+            c.verdict(
+                format!("all_to_all {dtype} part={part}"),
+                got == round_bytes(dtype, &want),
+            );
+        }
+    }
+    if c.rank == 0 {
+        println!("all_gather / reduce_scatter / all_to_all: checked against the codec");
+    }
+    Ok(())
+}
+
+/// Time of quantization alone (the fused kernels' encode step run by itself).
+fn quant_cost(c: &mut Ctx) -> Res<()> {
+    let codec = Codec::new(Format::E4M3, c.cfg.low_precision.block)?;
+    let mut line = String::from("quantize alone (E4M3, encode kernel + sync):");
+    for (dtype, bytes) in [
+        (DataType::BF16, 64usize << 20),
+        (DataType::BF16, 256 << 20),
+        (DataType::F32, 256 << 20),
+    ] {
+        let n = bytes / dtype.size();
+        let inb = Buf::new(bytes)?;
+        inb.upload(&to_dtype(dtype, &random(n.min(1 << 20), 1)).0)?;
+        let outb = Buf::new(codec.encoded_bytes(n))?;
+        ferrocomm::cuda::quantize_on_device(&c.cfg, &codec, dtype, inb.ptr, outb.ptr, n, 0)?;
+        let reps = 20;
+        let t = Instant::now();
+        for _ in 0..reps {
+            ferrocomm::cuda::quantize_on_device(&c.cfg, &codec, dtype, inb.ptr, outb.ptr, n, 0)?;
+        }
+        let us = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
+        line += &format!(
+            " {dtype} {} MB {us:.1} us ({:.0} GB/s read);",
+            bytes >> 20,
+            bytes as f64 / us / 1e3
+        );
+    }
+    if c.rank == 0 {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+fn main() {
+    match real_main() {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("gpu_check_lowp: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn real_main() -> Res<i32> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let cfg = Config::from_env()?;
+    let mut o = CommOptions::new("gpu_check_lowp");
+    o.config = Some(cfg.clone());
+    let comm = Communicator::new(o)?;
+    let (rank, world) = (comm.rank(), comm.size());
+    let Device::Cuda(dev) = comm.device() else {
+        return Err("gpu_check_lowp needs a GPU".into());
+    };
+    let cuda = cudarc::driver::CudaContext::new(dev as usize)?;
+    cuda.bind_to_thread()?;
+    let mut c = Ctx {
+        rank,
+        world,
+        dev,
+        cfg: cfg.clone(),
+        failures: Vec::new(),
+        passed: 0,
+        seq: 0,
+    };
+    if rank == 0 {
+        println!(
+            "gpu_check_lowp: {world} ranks, backend {}, block {}, staging {} MiB",
+            comm.backend_name(),
+            cfg.low_precision.block,
+            cfg.cuda_staging_bytes >> 20
+        );
+    }
+    let t = Instant::now();
+    codec_check(&mut c)?;
+    all_reduce_checks(&mut c, &comm, quick)?;
+    movers(&mut c, &comm)?;
+    let e4 = Codec::new(Format::E4M3, cfg.low_precision.block)?;
+    accuracy(
+        &mut c,
+        &comm,
+        &e4,
+        &format!("e4m3 B={}", cfg.low_precision.block),
+    )?;
+    // INT8 with 32-element blocks needs its own communicator (the block is a config setting).
+    let mut cfg32 = cfg.clone();
+    cfg32.low_precision.block = 32;
+    let mut o = CommOptions::new("gpu_check_lowp_b32");
+    o.config = Some(cfg32);
+    let comm32 = Communicator::new(o)?;
+    accuracy(&mut c, &comm32, &Codec::new(Format::Int8, 32)?, "int8 B=32")?;
+    accuracy(&mut c, &comm32, &Codec::new(Format::E4M3, 32)?, "e4m3 B=32")?;
+    drop(comm32);
+    quant_cost(&mut c)?;
+    if rank == 0 {
+        println!(
+            "gpu_check_lowp: {} passed, {} failed, {:.1} s",
+            c.passed,
+            c.failures.len(),
+            t.elapsed().as_secs_f64()
+        );
+    }
+    Ok(if c.failures.is_empty() { 0 } else { 1 })
+}

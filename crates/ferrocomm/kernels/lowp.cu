@@ -1,0 +1,538 @@
+// ferrocomm low-precision collectives: block-scaled FP8 (E4M3, E5M2) or INT8 codes in the
+// staging buffers, f32 arithmetic. Appended after all_reduce.cu in the f32/f16/bf16 modules; uses
+// its Args, T, Ty<T>, block_barrier, call_epoch and end_call.
+//
+// Wire layout and rounding are those of crates/ferrocomm/src/quant (tests compare bytes):
+//   block i of n elements = record at byte i*(4+B): [f32 scale][min(B, n-i*B) codes]
+//   scale = absmax / M (absmax = integer max of the bits & 0x7fffffff), NaN when absmax is not
+//   finite (codes 0), one ulp lower when scale*M overflows; codes 0 when scale == 0;
+//   code = cvt.rn.satfinite(x / scale) with a correctly rounded division; INT8 = cvt.rni of the
+//   clamped quotient. Decode = f32(code) * scale; sums in rank order 0..n-1, starting from rank
+//   0's decoded value. Every multiply/add/divide is an explicit _rn intrinsic: NVRTC contracts
+//   a*b+c into an FMA by default, which the CPU codec does not do.
+//
+// Work split: a warp handles a tile of TILE = max(B, 128) elements, 4 per lane. For B < 128 a
+// tile holds 128/B blocks and the absmax reduction is segmented over B/4 lanes. Tile t of any
+// part or stripe is always handled by global warp t mod W, so the CTA that reads a tile after the
+// per-CTA barrier is the CTA that wrote it on every rank (the barrier covers exactly that data).
+
+#define LP_E4M3 0
+#define LP_E5M2 1
+#define LP_INT8 2
+
+#define LP_WARPS 16  // warps per CTA (512 threads)
+
+struct Lp {
+    u64 in_stride;   // elements between input parts (multi-part modes)
+    u64 out_stride;  // elements between output parts
+    u64 region;      // staging bytes between encoded parts (multiple of 16)
+    u32 block;       // B
+    u32 format;      // LP_E4M3 / LP_E5M2 / LP_INT8
+    u32 nin;         // parts encoded by every rank (1 or world)
+    u32 read_region; // region every rank reads from its peers
+    u32 reduce;      // 1: sum the parts of all ranks into output part 0; 0: rank r -> part r
+    u32 pad;
+};
+
+__device__ __forceinline__ float lp_max(u32 f) {
+    return f == LP_E4M3 ? 448.0f : (f == LP_E5M2 ? 57344.0f : 127.0f);
+}
+
+// Scale of a block whose absmax has the bits `m` (see the header).
+__device__ __forceinline__ float lp_scale(u32 m, u32 fmt) {
+    if (m >= 0x7f800000u) return __uint_as_float(0x7fc00000u);
+    float mx = lp_max(fmt);
+    float s = __fdiv_rn(__uint_as_float(m), mx);
+    if (isinf(__fmul_rn(s, mx))) s = __uint_as_float(__float_as_uint(s) - 1);
+    return s;
+}
+
+// Four codes of x[0..4] / s, packed little endian (x[0] in the low byte).
+__device__ __forceinline__ u32 lp_encode4(const float* x, float s, u32 fmt) {
+    if (!(s > 0.0f) || isinf(s)) return 0;  // zero or NaN scale: codes 0
+    float q[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) q[i] = __fdiv_rn(x[i], s);
+    u32 lo, hi;
+    if (fmt == LP_E4M3) {
+        u16 a, b;
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(a) : "f"(q[1]), "f"(q[0]));
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(b) : "f"(q[3]), "f"(q[2]));
+        lo = a;
+        hi = b;
+    } else if (fmt == LP_E5M2) {
+        u16 a, b;
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(a) : "f"(q[1]), "f"(q[0]));
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(b) : "f"(q[3]), "f"(q[2]));
+        lo = a;
+        hi = b;
+    } else {
+        u32 c[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float v = fminf(fmaxf(q[i], -127.0f), 127.0f);
+            int r;
+            asm("cvt.rni.s32.f32 %0, %1;" : "=r"(r) : "f"(v));
+            c[i] = (u32)r & 0xff;
+        }
+        lo = c[0] | (c[1] << 8);
+        hi = c[2] | (c[3] << 8);
+    }
+    return lo | (hi << 16);
+}
+
+// f32 value of the code in byte `k` of `w`.
+__device__ __forceinline__ float lp_code_value(u32 w, int k, u32 fmt) {
+    u32 c = (w >> (8 * k)) & 0xff;
+    if (fmt == LP_INT8) return (float)(int)(signed char)c;
+    u16 h;
+    if (fmt == LP_E5M2) {
+        h = (u16)(c << 8);  // E5M2 is the top byte of an f16
+    } else {
+        u32 hh;
+        u16 c16 = (u16)c;
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(hh) : "h"(c16));
+        h = (u16)(hh & 0xffff);
+    }
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u32 ld_u32_vol(const u8* p) {
+    u32 v;
+    asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ u32 ld_u8_vol(const u8* p) {
+    u16 v;
+    asm volatile("ld.volatile.global.u8 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Four input elements at e0 as f32 (zeros past n).
+__device__ __forceinline__ void lp_load_in(const T* in, u64 e0, u64 n, bool vec, float* x) {
+    if (vec && e0 + 4 <= n) {
+        if (sizeof(T) == 4) {
+            uint4 u = *(const uint4*)(in + e0);
+            x[0] = __uint_as_float(u.x);
+            x[1] = __uint_as_float(u.y);
+            x[2] = __uint_as_float(u.z);
+            x[3] = __uint_as_float(u.w);
+        } else {
+            union { uint2 u; T e[4]; } v;
+            v.u = *(const uint2*)(in + e0);
+#pragma unroll
+            for (int i = 0; i < 4; i++) x[i] = (float)Ty<T>::to_acc(v.e[i]);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            x[i] = (e0 + i < n) ? (float)Ty<T>::to_acc(in[e0 + i]) : 0.0f;
+    }
+}
+
+__device__ __forceinline__ void lp_store_out(T* out, u64 e0, u64 n, bool vec, const float* x) {
+    if (vec && e0 + 4 <= n) {
+        if (sizeof(T) == 4) {
+            *(uint4*)(out + e0) = make_uint4(__float_as_uint(x[0]), __float_as_uint(x[1]),
+                                             __float_as_uint(x[2]), __float_as_uint(x[3]));
+        } else {
+            union { uint2 u; T e[4]; } v;
+#pragma unroll
+            for (int i = 0; i < 4; i++) v.e[i] = Ty<T>::from_acc(x[i]);
+            *(uint2*)(out + e0) = v.u;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (e0 + i < n) out[e0 + i] = Ty<T>::from_acc(x[i]);
+    }
+}
+
+// Raw record words of elements e0..e0+4 of an encoding of n elements: the scale and the codes.
+__device__ __forceinline__ void lp_load_raw(const u8* enc, u64 e0, u64 n, u32 B, float& s, u32& w) {
+    const u8* rec = enc + (e0 / B) * (u64)(4 + B);
+    u32 j = (u32)(e0 % B);
+    s = __uint_as_float(ld_u32_vol(rec));
+    if (e0 + 4 <= n) {
+        w = ld_u32_vol(rec + 4 + j);
+    } else {
+        w = 0;
+        for (u32 i = 0; i < 4; i++)
+            if (e0 + i < n) w |= ld_u8_vol(rec + 4 + j + i) << (8 * i);
+    }
+}
+
+// x[i] (+)= decoded element e0+i.
+__device__ __forceinline__ void lp_decode_into(float s, u32 w, u32 fmt, bool first, float* x) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float v = __fmul_rn(lp_code_value(w, i, fmt), s);
+        x[i] = first ? v : __fadd_rn(x[i], v);
+    }
+}
+
+// Sum (in rank order) of the decoded elements e0..e0+4 of `k` encodings (k = 1: plain decode),
+// then the Avg division. Encodings: base[r] + off for r < k.
+__device__ __forceinline__ void lp_sum4(const Args& a, const Lp& l, const u64* base, u32 k,
+                                        u64 off, u64 e0, u64 n, float* x) {
+    float s[FC_MAX_RANKS];
+    u32 w[FC_MAX_RANKS];
+    // All loads first (peers' memory: latency), then the arithmetic in rank order (rule 5).
+#pragma unroll
+    for (u32 r = 0; r < FC_MAX_RANKS; r++)
+        if (r < k) lp_load_raw((const u8*)(base[r] + off), e0, n, l.block, s[r], w[r]);
+#pragma unroll
+    for (u32 r = 0; r < FC_MAX_RANKS; r++)
+        if (r < k) lp_decode_into(s[r], w[r], l.format, r == 0, x);
+    if (a.has_div) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) x[i] = __fdiv_rn(x[i], a.post_div);
+    }
+}
+
+// Warp-wide max of m over segments of `g` lanes (g a power of two <= 32).
+__device__ __forceinline__ u32 seg_max(u32 m, u32 g) {
+    for (u32 o = 1; o < g; o <<= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    return m;
+}
+
+__device__ __forceinline__ u32 absbits4(const float* x) {
+    u32 m = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) m = max(m, __float_as_uint(x[i]) & 0x7fffffffu);
+    return m;
+}
+
+// Stores the codes (and, for a block's first lane, the scale) of elements e0..e0+4.
+__device__ __forceinline__ void lp_store_codes(u8* enc, u64 e0, u64 n, u32 B, float s,
+                                               const float* x, u32 fmt, bool scale) {
+    if (e0 >= n) return;
+    u8* rec = enc + (e0 / B) * (u64)(4 + B);
+    u32 j = (u32)(e0 % B);
+    if (scale && j == 0) *(float*)rec = s;
+    u32 w = lp_encode4(x, s, fmt);
+    if (e0 + 4 <= n) {
+        *(u32*)(rec + 4 + j) = w;
+    } else {
+        for (u32 i = 0; i < 4; i++)
+            if (e0 + i < n) rec[4 + j + i] = (u8)(w >> (8 * i));
+    }
+}
+
+// Source of the values to quantize: the user's input, or the rank-ordered sum of k encodings.
+struct SrcIn {
+    const T* in;
+    bool vec;
+    __device__ __forceinline__ void get(const Args&, const Lp&, u64 e0, u64 n, float* x) const {
+        lp_load_in(in, e0, n, vec, x);
+    }
+};
+struct SrcSum {
+    const u64* base;
+    u32 k;
+    u64 off;
+    __device__ __forceinline__ void get(const Args& a, const Lp& l, u64 e0, u64 n, float* x) const {
+        if (e0 >= n) {
+            x[0] = x[1] = x[2] = x[3] = 0.0f;
+            return;
+        }
+        lp_sum4(a, l, base, k, off, e0, n, x);
+    }
+};
+
+// Quantizes tile `t` (elements t*TILE ..) of a part of n elements into the encoding `enc`.
+// The whole warp calls it. For B > 128 the source is read twice (absmax, then codes), which
+// keeps registers bounded; both reads give the same values.
+template <typename Src>
+__device__ __forceinline__ void lp_quant_tile(const Args& a, const Lp& l, const Src& src, u64 t,
+                                              u64 n, u8* enc, u32 lane) {
+    u32 B = l.block;
+    if (B <= 128) {
+        u64 e0 = t * 128 + lane * 4;
+        float x[4];
+        src.get(a, l, e0, n, x);
+        u32 m = seg_max(absbits4(x), B / 4);
+        float s = lp_scale(m, l.format);
+        lp_store_codes(enc, e0, n, B, s, x, l.format, true);
+    } else {
+        u64 base = t * (u64)B;
+        u32 m = 0;
+        for (u32 i = 0; i < B; i += 128) {
+            float x[4];
+            src.get(a, l, base + i + lane * 4, n, x);
+            m = max(m, absbits4(x));
+        }
+        float s = lp_scale(seg_max(m, 32), l.format);
+        for (u32 i = 0; i < B; i += 128) {
+            float x[4];
+            u64 e0 = base + i + lane * 4;
+            src.get(a, l, e0, n, x);
+            lp_store_codes(enc, e0, n, B, s, x, l.format, false);
+        }
+        // The scale goes last: the two-shot owner re-reads its own record (scale included)
+        // while it rewrites the codes in place.
+        __syncwarp();
+        if (lane == 0 && base < n) *(float*)(enc + t * (u64)(4 + B)) = s;
+    }
+}
+
+// Decodes tile t (sum over k encodings) into out[0..n).
+__device__ __forceinline__ void lp_dequant_tile(const Args& a, const Lp& l, const u64* base,
+                                                u32 k, u64 off, u64 t, u64 n, T* out, bool vec,
+                                                u32 lane) {
+    u32 tile = l.block > 128 ? l.block : 128;
+    for (u32 i = 0; i < tile; i += 128) {
+        u64 e0 = t * tile + i + lane * 4;
+        if (e0 >= n) break;
+        float x[4];
+        lp_sum4(a, l, base, k, off, e0, n, x);
+        lp_store_out(out, e0, n, vec, x);
+    }
+}
+
+__device__ __forceinline__ u64 lp_tile(const Lp& l) { return l.block > 128 ? l.block : 128; }
+
+
+// ---------------------------------------------------------------- batched paths (B <= 128)
+
+// For blocks of at most 128 elements (the default) a warp takes U tiles per step and issues all
+// their loads before any arithmetic: peers' memory answers in microseconds, so bytes in flight
+// decide the bandwidth. NR bounds the ranks held in registers. Tile tt is still handled by warp
+// (tt - lo) mod W in every phase.
+template <int NR>
+struct Raw {
+    float s[NR];
+    u32 w[NR];
+};
+
+template <int NR>
+__device__ __forceinline__ void raw_load(const Lp& l, const u64* base, u32 k, u64 off, u64 e0,
+                                         u64 n, Raw<NR>& q) {
+#pragma unroll
+    for (u32 r = 0; r < NR; r++)
+        if (r < k) lp_load_raw((const u8*)(base[r] + off), e0, n, l.block, q.s[r], q.w[r]);
+}
+
+template <int NR>
+__device__ __forceinline__ void raw_sum(const Args& a, const Lp& l, u32 k, const Raw<NR>& q,
+                                        float* x) {
+#pragma unroll
+    for (u32 r = 0; r < NR; r++)
+        if (r < k) lp_decode_into(q.s[r], q.w[r], l.format, r == 0, x);
+    if (a.has_div) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) x[i] = __fdiv_rn(x[i], a.post_div);
+    }
+}
+
+template <int U>
+__device__ void quant_in_run(const Lp& l, const T* in, bool vec, u64 lo, u64 hi, u64 gw, u64 W,
+                             u64 n, u8* enc, u32 lane) {
+    for (u64 t = lo + gw; t < hi; t += U * W) {
+        float x[U][4];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u64 tt = t + u * W;
+            if (tt < hi) lp_load_in(in, tt * 128 + lane * 4, n, vec, x[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u64 tt = t + u * W;
+            if (tt < hi) {  // warp-uniform: the shuffles see every lane
+                u32 m = seg_max(absbits4(x[u]), l.block / 4);
+                float s = lp_scale(m, l.format);
+                lp_store_codes(enc, tt * 128 + lane * 4, n, l.block, s, x[u], l.format, true);
+            }
+        }
+    }
+}
+
+template <int NR, int U>
+__device__ void dequant_run(const Args& a, const Lp& l, const u64* base, u32 k, u64 off, u64 lo,
+                            u64 hi, u64 gw, u64 W, u64 n, T* out, bool vec, u32 lane) {
+    for (u64 t = lo + gw; t < hi; t += U * W) {
+        Raw<NR> q[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u64 e0 = (t + u * W) * 128 + lane * 4;
+            if (t + u * W < hi && e0 < n) raw_load<NR>(l, base, k, off, e0, n, q[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u64 e0 = (t + u * W) * 128 + lane * 4;
+            if (t + u * W < hi && e0 < n) {
+                float x[4];
+                raw_sum<NR>(a, l, k, q[u], x);
+                lp_store_out(out, e0, n, vec, x);
+            }
+        }
+    }
+}
+
+// Two-shot owner step: sum the tile over k encodings, quantize into `enc` (which may be one of
+// them: every lane's loads of a tile complete before the shuffles that precede its stores).
+template <int NR, int U>
+__device__ void quant_sum_run(const Args& a, const Lp& l, const u64* base, u32 k, u64 lo, u64 hi,
+                              u64 gw, u64 W, u64 n, u8* enc, u32 lane) {
+    for (u64 t = lo + gw; t < hi; t += U * W) {
+        Raw<NR> q[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u64 e0 = (t + u * W) * 128 + lane * 4;
+            if (t + u * W < hi && e0 < n) raw_load<NR>(l, base, k, 0, e0, n, q[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u64 tt = t + u * W;
+            u64 e0 = tt * 128 + lane * 4;
+            if (tt < hi) {
+                float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (e0 < n) raw_sum<NR>(a, l, k, q[u], x);
+                u32 m = seg_max(absbits4(x), l.block / 4);
+                float s = lp_scale(m, l.format);
+                lp_store_codes(enc, e0, n, l.block, s, x, l.format, true);
+            }
+        }
+    }
+}
+
+// Dispatch on the world size (registers per rank) for the batched paths.
+#define LP_BY_WORLD(world, CALL2, CALL4, CALLN) \
+    if ((world) <= 2) { CALL2; } else if ((world) <= 4) { CALL4; } else { CALLN; }
+
+// Quantize tiles lo..hi of the input; dequantize-sum tiles lo..hi of k encodings.
+__device__ __forceinline__ void quant_in_tiles(const Args& a, const Lp& l, const T* in, bool vec,
+                                               u64 lo, u64 hi, u64 gw, u64 W, u64 n, u8* enc,
+                                               u32 lane) {
+    if (l.block <= 128) {
+        quant_in_run<4>(l, in, vec, lo, hi, gw, W, n, enc, lane);
+    } else {
+        SrcIn src{in, vec};
+        for (u64 t = lo + gw; t < hi; t += W) lp_quant_tile(a, l, src, t, n, enc, lane);
+    }
+}
+
+__device__ __forceinline__ void dequant_tiles(const Args& a, const Lp& l, const u64* base, u32 k,
+                                              u64 off, u64 lo, u64 hi, u64 gw, u64 W, u64 n,
+                                              T* out, bool vec, u32 lane) {
+    if (l.block <= 128) {
+        if (k == 1) {
+            dequant_run<1, 4>(a, l, base, k, off, lo, hi, gw, W, n, out, vec, lane);
+        } else {
+            LP_BY_WORLD(k, (dequant_run<2, 4>(a, l, base, k, off, lo, hi, gw, W, n, out, vec, lane)),
+                        (dequant_run<4, 2>(a, l, base, k, off, lo, hi, gw, W, n, out, vec, lane)),
+                        (dequant_run<FC_MAX_RANKS, 1>(a, l, base, k, off, lo, hi, gw, W, n, out, vec, lane)))
+        }
+    } else {
+        for (u64 t = lo + gw; t < hi; t += W)
+            lp_dequant_tile(a, l, base, k, off, t, n, out, vec, lane);
+    }
+}
+
+// ---------------------------------------------------------------- codec alone
+
+// Encodes a.count elements of a.input into a.output (the wire layout); no communication.
+extern "C" __global__ void __launch_bounds__(512) fc_lp_encode(Args a, Lp l) {
+    u32 lane = threadIdx.x & 31;
+    u64 W = (u64)gridDim.x * LP_WARPS;
+    u64 gw = (u64)blockIdx.x * LP_WARPS + (threadIdx.x >> 5);
+    u64 nt = (a.count + lp_tile(l) - 1) / lp_tile(l);
+    quant_in_tiles(a, l, (const T*)a.input, (a.input & 15) == 0, 0, nt, gw, W, a.count,
+                   (u8*)a.output, lane);
+}
+
+// ---------------------------------------------------------------- one-shot movers
+
+// One kernel for the one-shot family, on one chunk of a.count elements per part:
+//   every rank encodes its `nin` input parts (input + p*in_stride) into staging regions p,
+//   then (per-CTA barrier) reads region `read_region` of every rank and either sums them in rank
+//   order into output part 0 (all_reduce one-shot, reduce_scatter) or decodes rank r's into
+//   output part r (all_gather, all_to_all). Every rank decodes its own codes too, so results are
+//   identical across ranks (rule 5).
+extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    u64 par = (u64)(e & 1) * a.staging_bytes;
+    u32 lane = threadIdx.x & 31;
+    u64 W = (u64)gridDim.x * LP_WARPS;
+    u64 gw = (u64)blockIdx.x * LP_WARPS + (threadIdx.x >> 5);
+    u64 n = a.count;
+    u64 nt = (n + lp_tile(l) - 1) / lp_tile(l);
+    bool vin = (a.input & 15) == 0 && (l.in_stride * sizeof(T)) % 16 == 0;
+    bool vout = (a.output & 15) == 0 && (l.out_stride * sizeof(T)) % 16 == 0;
+    u8* mine = (u8*)(a.staging[a.rank] + par);
+    for (u32 p = 0; p < l.nin; p++)
+        quant_in_tiles(a, l, (const T*)a.input + p * l.in_stride, vin, 0, nt, gw, W, n,
+                       mine + p * l.region, lane);
+    // Rule 1: block_barrier releases our staging writes (system scope) before the flag and
+    // acquires the peers' before anyone reads them.
+    if (block_barrier(a, 0, e, t0)) {
+        u64 base[FC_MAX_RANKS];
+#pragma unroll
+        for (u32 r = 0; r < FC_MAX_RANKS; r++)
+            base[r] = r < a.world ? a.staging[r] + par : 0;
+        u64 off = (u64)l.read_region * l.region;
+        if (l.reduce) {
+            dequant_tiles(a, l, base, a.world, off, 0, nt, gw, W, n, (T*)a.output, vout, lane);
+        } else {
+            for (u32 r = 0; r < a.world; r++)
+                dequant_tiles(a, l, base + r, 1, off, 0, nt, gw, W, n,
+                              (T*)a.output + r * l.out_stride, vout, lane);
+        }
+    }
+    end_call(a, e);
+}
+
+// ---------------------------------------------------------------- two-shot all-reduce
+
+// Every rank encodes its whole chunk into its staging; the owner of stripe k (tiles
+// k*nt/world ..) sums that stripe of every rank in f32 in rank order, quantizes the sum once
+// back into its own staging (only it touches its stripe there between the barriers), and after
+// the second barrier every rank, the owner too, decodes every stripe from its owner's staging:
+// all ranks consume the same quantized values (rule 5).
+extern "C" __global__ void __launch_bounds__(512) fc_lp_tree(Args a, Lp l) {
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    u64 par = (u64)(e & 1) * a.staging_bytes;
+    u32 lane = threadIdx.x & 31;
+    u64 W = (u64)gridDim.x * LP_WARPS;
+    u64 gw = (u64)blockIdx.x * LP_WARPS + (threadIdx.x >> 5);
+    u64 n = a.count;
+    u64 nt = (n + lp_tile(l) - 1) / lp_tile(l);
+    bool vin = (a.input & 15) == 0;
+    bool vout = (a.output & 15) == 0;
+    u8* mine = (u8*)(a.staging[a.rank] + par);
+    u64 base[FC_MAX_RANKS];
+#pragma unroll
+    for (u32 r = 0; r < FC_MAX_RANKS; r++) base[r] = r < a.world ? a.staging[r] + par : 0;
+    for (u32 k = 0; k < a.world; k++)
+        quant_in_tiles(a, l, (const T*)a.input, vin, k * nt / a.world, (k + 1) * nt / a.world,
+                       gw, W, n, mine, lane);
+    bool ok = block_barrier(a, 0, e, t0);
+    if (ok) {
+        u64 lo = a.rank * nt / a.world, hi = (a.rank + 1) * nt / a.world;
+        // Each warp reads all ranks' codes of its tile before writing its own record (the
+        // loads complete into registers first), so the in-place rewrite is safe.
+        if (l.block <= 128) {
+            LP_BY_WORLD(a.world, (quant_sum_run<2, 4>(a, l, base, a.world, lo, hi, gw, W, n, mine, lane)),
+                        (quant_sum_run<4, 2>(a, l, base, a.world, lo, hi, gw, W, n, mine, lane)),
+                        (quant_sum_run<FC_MAX_RANKS, 1>(a, l, base, a.world, lo, hi, gw, W, n, mine, lane)))
+        } else {
+            SrcSum sum{base, a.world, 0};
+            for (u64 t = lo + gw; t < hi; t += W) lp_quant_tile(a, l, sum, t, n, mine, lane);
+        }
+        ok = block_barrier(a, 1, e, t0);
+    }
+    if (ok) {
+        Args nodiv = a;
+        nodiv.has_div = 0;  // the owner divided before quantizing
+        for (u32 i = 0; i < a.world; i++) {
+            u32 k = (a.rank + i) % a.world;
+            dequant_tiles(nodiv, l, base + k, 1, 0, k * nt / a.world, (k + 1) * nt / a.world, gw,
+                          W, n, (T*)a.output, vout, lane);
+        }
+    }
+    end_call(a, e);
+}

@@ -1,0 +1,346 @@
+//! Low-precision collectives by direct access: block-scaled FP8/INT8 codes (the wire layout of
+//! [`crate::quant`]) travel through the staging buffers, sums are taken in f32 (kernels/lowp.cu).
+//!
+//! Quantization is fused into the staging copy and dequantization into the reads, one kernel per
+//! chunk: a message whose encoding exceeds one staging parity is cut into block-aligned chunks,
+//! each a call of its own (its own epoch and parity), so every rank launches the same sequence.
+
+use std::ffi::c_void;
+
+use cudarc::driver::sys;
+
+use super::cu;
+use super::dda::{Args, Dda};
+use crate::error::{Error, Result};
+use crate::quant::{Codec, Format};
+use crate::select::Algo;
+use crate::types::DataType;
+
+/// Warps per CTA of the lowp kernels (`LP_WARPS`, 512 threads).
+const WARPS: usize = 16;
+/// The flag area has slots for this many CTAs (`FC_MAX_BLOCKS`).
+const MAX_GRID: usize = super::dda::MAX_BLOCKS;
+
+/// Second kernel argument; the same layout as `struct Lp` in lowp.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Lp {
+    in_stride: u64,
+    out_stride: u64,
+    region: u64,
+    block: u32,
+    format: u32,
+    nin: u32,
+    read_region: u32,
+    reduce: u32,
+    pad: u32,
+}
+
+fn format_code(f: Format) -> u32 {
+    match f {
+        Format::E4M3 => 0,
+        Format::E5M2 => 1,
+        Format::Int8 => 2,
+    }
+}
+
+/// Elements a warp handles at once (`lp_tile`): 128, or one block when blocks are larger.
+fn tile(codec: &Codec) -> usize {
+    codec.block.max(128)
+}
+
+/// Staging bytes of one encoded part of `len` elements (16-aligned, so every region starts
+/// where the kernels' 4-byte code loads are aligned).
+fn region(codec: &Codec, len: usize) -> usize {
+    codec.encoded_bytes(len).div_ceil(16) * 16
+}
+
+fn grid_for(tiles: usize) -> u32 {
+    tiles.div_ceil(WARPS).clamp(1, MAX_GRID) as u32
+}
+
+/// Which collective a chunked lowp launch implements.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum LpKind {
+    /// One-shot all-reduce (every rank sums every rank's quantized input).
+    Flat,
+    /// Two-shot all-reduce (owners sum and re-quantize their stripe).
+    Tree,
+    AllGather,
+    ReduceScatter,
+    AllToAll,
+}
+
+impl LpKind {
+    fn name(self) -> &'static str {
+        match self {
+            LpKind::Flat | LpKind::Tree => "all_reduce",
+            LpKind::AllGather => "all_gather",
+            LpKind::ReduceScatter => "reduce_scatter",
+            LpKind::AllToAll => "all_to_all",
+        }
+    }
+}
+
+/// The all-reduce algorithm of a low-precision call: an explicit flat/tree request (per call or
+/// `FERROCOMM_ALGO`) is followed; otherwise one-shot up to 2 ranks (one quantization, the same
+/// NVLink traffic as two-shot there) and two-shot above (O(N) instead of O(N^2) traffic).
+pub(super) fn all_reduce_kind(requested: Algo, cfg_algo: Algo, world: usize) -> LpKind {
+    let r = if requested == Algo::Auto {
+        cfg_algo
+    } else {
+        requested
+    };
+    match r {
+        Algo::Flat | Algo::Push => LpKind::Flat,
+        Algo::Tree => LpKind::Tree,
+        _ if world <= 2 => LpKind::Flat,
+        _ => LpKind::Tree,
+    }
+}
+
+impl Dda {
+    /// Largest chunk (elements per part, whole tiles) whose `nparts` encodings fit one parity.
+    fn lp_chunk(&self, kind: LpKind, codec: &Codec, nparts: usize) -> Result<usize> {
+        let room = self.layout().staging_bytes / nparts;
+        let t = tile(codec);
+        let mut c = room / (codec.block + 4) * codec.block / t * t;
+        while c > 0 && region(codec, c) > room {
+            c -= t;
+        }
+        if c == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{}: FERROCOMM_CUDA_STAGING_BYTES={} holds less than one low-precision tile of \
+                 {t} elements per rank",
+                kind.name(),
+                self.layout().staging_bytes
+            )));
+        }
+        Ok(c)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn lp_launch(
+        &self,
+        name: &str,
+        dtype: DataType,
+        mut a: Args,
+        mut l: Lp,
+        grid: u32,
+        stream: u64,
+        what: &str,
+    ) -> Result<()> {
+        let f = self.func(dtype, name)?;
+        let mut params: [*mut c_void; 2] =
+            [(&mut a as *mut Args).cast(), (&mut l as *mut Lp).cast()];
+        cu(
+            // SAFETY: `f` takes (Args, Lp) by value, both laid out as in the kernel source; the
+            // pointers inside were validated by the communicator (device memory of this GPU
+            // holding the counts the strides and chunk sizes imply).
+            unsafe {
+                sys::cuLaunchKernel(
+                    f,
+                    grid,
+                    1,
+                    1,
+                    (WARPS * 32) as u32,
+                    1,
+                    1,
+                    0,
+                    stream as sys::CUstream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            &format!("launching {name} ({what})"),
+        )
+    }
+
+    /// One low-precision collective of `part` elements per part on `stream`, chunked to the
+    /// staging size. Pointers: all-reduce `input`/`output` hold `part` elements; all-gather
+    /// `input` holds `part` and `output` `world * part`; reduce-scatter `input` `world * part`
+    /// and `output` `part`; all-to-all both `world * part`. `avg` divides sums by the world size.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn lp_collective(
+        &self,
+        kind: LpKind,
+        codec: &Codec,
+        dtype: DataType,
+        input: u64,
+        output: u64,
+        part: usize,
+        avg: bool,
+        stream: u64,
+    ) -> Result<()> {
+        if part == 0 {
+            return Ok(());
+        }
+        let world = self.world;
+        let es = dtype.size() as u64;
+        let nparts = match kind {
+            LpKind::ReduceScatter | LpKind::AllToAll => world,
+            _ => 1,
+        };
+        let chunk = self.lp_chunk(kind, codec, nparts)?;
+        let reduces = matches!(kind, LpKind::Flat | LpKind::Tree | LpKind::ReduceScatter);
+        let mut off = 0usize;
+        while off < part {
+            let len = chunk.min(part - off);
+            let at = off as u64 * es;
+            let mut a = self.base_args(input + at, output + at, len as u64);
+            if avg && reduces {
+                a.has_div = 1;
+                a.post_div = world as f32;
+            }
+            let mut l = Lp {
+                block: codec.block as u32,
+                format: format_code(codec.format),
+                nin: 1,
+                region: region(codec, len) as u64,
+                ..Lp::default()
+            };
+            let tiles = len.div_ceil(tile(codec));
+            let (name, grid) = match kind {
+                LpKind::Tree => ("fc_lp_tree", grid_for(tiles.div_ceil(world))),
+                LpKind::Flat => {
+                    l.reduce = 1;
+                    ("fc_lp_move", grid_for(tiles))
+                }
+                LpKind::AllGather => {
+                    l.out_stride = part as u64;
+                    ("fc_lp_move", grid_for(tiles))
+                }
+                LpKind::ReduceScatter => {
+                    l.nin = world as u32;
+                    l.in_stride = part as u64;
+                    l.read_region = self.rank as u32;
+                    l.reduce = 1;
+                    ("fc_lp_move", grid_for(tiles))
+                }
+                LpKind::AllToAll => {
+                    l.nin = world as u32;
+                    l.in_stride = part as u64;
+                    l.out_stride = part as u64;
+                    l.read_region = self.rank as u32;
+                    ("fc_lp_move", grid_for(tiles))
+                }
+            };
+            self.lp_launch(
+                name,
+                dtype,
+                a,
+                l,
+                grid,
+                stream,
+                &format!(
+                    "{} {} {dtype}, {len} of {part} elements",
+                    kind.name(),
+                    codec.format
+                ),
+            )?;
+            off += len;
+        }
+        Ok(())
+    }
+}
+
+/// Encodes `count` elements of `dtype` at device address `input` into `output`
+/// (`codec.encoded_bytes(count)` bytes) with the collectives' own quantizer, on the current
+/// context's device, then waits for it. For tests that hold the GPU codec to
+/// [`Codec::encode`] byte for byte and for timing quantization alone; the kernel module is
+/// compiled (or read from the kernel cache) and loaded once per process and dtype.
+pub fn quantize_on_device(
+    cfg: &crate::config::Config,
+    codec: &Codec,
+    dtype: DataType,
+    input: u64,
+    output: u64,
+    count: usize,
+    stream: u64,
+) -> Result<()> {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static FUNCS: Mutex<Option<HashMap<DataType, usize>>> = Mutex::new(None);
+    if !super::kernels::has_lowp(dtype) {
+        return Err(Error::Unsupported {
+            collective: "quantize",
+            backend: "cuda",
+            what: format!("low precision for {dtype}"),
+        });
+    }
+    let f = {
+        let mut g = FUNCS.lock().unwrap_or_else(|e| e.into_inner());
+        let map = g.get_or_insert_with(HashMap::new);
+        match map.get(&dtype) {
+            Some(f) => *f as sys::CUfunction,
+            None => {
+                let mut dev: sys::CUdevice = 0;
+                // SAFETY: out-parameter; a context must be current (documented).
+                cu(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
+                let attr = |a| {
+                    let mut v = 0i32;
+                    // SAFETY: out-parameter for a valid device.
+                    cu(
+                        unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) },
+                        "cuDeviceGetAttribute",
+                    )
+                    .map(|_| v)
+                };
+                use sys::CUdevice_attribute as A;
+                let arch = format!(
+                    "sm_{}{}",
+                    attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                    attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?
+                );
+                let bin = super::kernels::cubin(dtype, &arch, cfg)?;
+                let mut module: sys::CUmodule = std::ptr::null_mut();
+                cu(
+                    // SAFETY: a complete cubin for this device; kept loaded for the process.
+                    unsafe { sys::cuModuleLoadData(&mut module, bin.as_ptr().cast()) },
+                    "loading the lowp kernels",
+                )?;
+                let mut f: sys::CUfunction = std::ptr::null_mut();
+                cu(
+                    // SAFETY: live module, NUL-terminated name.
+                    unsafe { sys::cuModuleGetFunction(&mut f, module, c"fc_lp_encode".as_ptr()) },
+                    "fc_lp_encode",
+                )?;
+                map.insert(dtype, f as usize);
+                f
+            }
+        }
+    };
+    let mut a = Args::standalone(input, output, count as u64);
+    let mut l = Lp {
+        block: codec.block as u32,
+        format: format_code(codec.format),
+        ..Lp::default()
+    };
+    let grid = count.div_ceil(tile(codec) * WARPS * 4).clamp(1, 65535) as u32;
+    let mut params: [*mut c_void; 2] = [(&mut a as *mut Args).cast(), (&mut l as *mut Lp).cast()];
+    cu(
+        // SAFETY: fc_lp_encode(Args, Lp); the caller promises `count` elements at `input` and
+        // the encoded size at `output`, device memory of the current context.
+        unsafe {
+            sys::cuLaunchKernel(
+                f,
+                grid,
+                1,
+                1,
+                (WARPS * 32) as u32,
+                1,
+                1,
+                0,
+                stream as sys::CUstream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        },
+        "launching fc_lp_encode",
+    )?;
+    // SAFETY: waits for the launch above on the caller's stream.
+    cu(
+        unsafe { sys::cuStreamSynchronize(stream as sys::CUstream) },
+        "fc_lp_encode",
+    )
+}
