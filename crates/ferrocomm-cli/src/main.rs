@@ -1,8 +1,9 @@
-//! The `ferrocomm` command: `bench`, `launch`, `info`.
+//! The `ferrocomm` command: `bench`, `launch`, `info`, `precompile`.
 
 mod bench;
 mod info;
 mod launch;
+mod precompile;
 
 use clap::{Parser, Subcommand};
 
@@ -27,6 +28,8 @@ enum Command {
     Launch(launch::LaunchArgs),
     /// GPUs, links, libraries, thresholds and settings in effect.
     Info(info::InfoArgs),
+    /// Compile every kernel for a GPU architecture into the kernel cache (needs NVRTC only).
+    Precompile(precompile::PrecompileArgs),
 }
 
 fn main() {
@@ -35,6 +38,7 @@ fn main() {
         Command::Bench(a) => bench::run(a),
         Command::Launch(a) => launch::run(a),
         Command::Info(a) => info::run(a),
+        Command::Precompile(a) => precompile::run(a),
     };
     match code {
         Ok(c) => std::process::exit(c),

@@ -117,6 +117,13 @@ fn options(arch: &str) -> Vec<String> {
 
 /// The NVRTC version (major, minor). NVRTC must be loadable ([`super::libs::ensure_nvrtc`]).
 pub fn nvrtc_version() -> Result<(i32, i32)> {
+    // cudarc panics on a call into a library it cannot load: ask first.
+    if !super::libs::nvrtc_present() {
+        return Err(Error::LibraryMissing {
+            library: "libnvrtc",
+            why: "not loaded (see `ferrocomm info`)".into(),
+        });
+    }
     let (mut ma, mut mi) = (0, 0);
     // SAFETY: plain out-parameters.
     let r = unsafe { nvrtc::nvrtcVersion(&mut ma, &mut mi) };

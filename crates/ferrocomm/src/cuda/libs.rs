@@ -19,7 +19,7 @@ pub fn driver_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
-fn nvrtc_present() -> bool {
+pub(crate) fn nvrtc_present() -> bool {
     // SAFETY: as for `driver_present`.
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
@@ -79,12 +79,14 @@ pub fn preload(path: &Path) -> std::result::Result<(), String> {
 pub fn nvrtc_candidates(cfg: &Config) -> Vec<PathBuf> {
     let name = "libnvrtc.so.13";
     let mut c = Vec::new();
+    // An explicit path is the only candidate: a wrong setting is an error, not a silent search.
     if let Some(p) = &cfg.nvrtc_lib {
         if p.is_dir() {
             c.push(p.join(name));
         } else {
             c.push(p.clone());
         }
+        return c;
     }
     for d in [
         "/usr/local/cuda/lib64",
@@ -115,6 +117,12 @@ pub fn ensure_nvrtc(cfg: &Config) -> Result<()> {
     let mut tried = Vec::new();
     for p in nvrtc_candidates(cfg) {
         if !p.exists() {
+            if explicit {
+                tried.push(format!(
+                    "{} (FERROCOMM_NVRTC_LIB) does not exist",
+                    p.display()
+                ));
+            }
             continue;
         }
         // NVRTC dlopens its builtins library by soname at compile time; load it from the same
@@ -138,7 +146,7 @@ pub fn ensure_nvrtc(cfg: &Config) -> Result<()> {
             Err(e) => tried.push(format!("{}: {e}", p.display())),
         }
     }
-    if nvrtc_present() {
+    if !explicit && nvrtc_present() {
         *done = true;
         return Ok(());
     }
