@@ -7,7 +7,16 @@
 #   scripts/gpu_sweep.sh [NGPUS] [MAXBYTES] [BINDIR]
 #
 # BINDIR holds release builds of `ferrocomm` and the `gpu_check` example (default: beside this
-# script, then target/release). NVLink multicast stays off.
+# script, then target/release). NVLink multicast stays off. SWEEP_STEP_S (60) limits each step,
+# SWEEP_ITERS / SWEEP_REPS (10 / 3) set -n / --reps. The kernel cache can be filled beforehand
+# with `ferrocomm precompile --arch sm_90 --cache DIR` and passed as FERROCOMM_KERNEL_CACHE.
+#
+# On the device tool, from a checkout here (build, then one call):
+#   cargo build --release -p ferrocomm-cli -p ferrocomm --examples
+#   mkdir -p .carry/bin && cp target/release/ferrocomm target/release/examples/gpu_check .carry/bin/
+#   target/release/ferrocomm precompile --arch sm_90 --cache .carry/kernels
+#   run: FERROCOMM_KERNEL_CACHE=$PWD/.carry/kernels bash scripts/gpu_sweep.sh 8 1G .carry/bin
+#        (kind nvidia-h200-x8, carry [".carry"]; results: $OUT/sweep-8gpu.tgz and its summary)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 n="${1:-$(nvidia-smi -L 2>/dev/null | wc -l)}"
@@ -25,6 +34,7 @@ export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-/tmp/ferrocomm-kernels}
 fc="$bin/ferrocomm"
 iters="${SWEEP_ITERS:-10}"
 reps="${SWEEP_REPS:-3}"
+step_s="${SWEEP_STEP_S:-60}"   # limit of one step, so the whole sweep fits one device call
 
 summary="$res/summary.txt"
 { date -u; nvidia-smi -L; nvidia-smi topo -m; } > "$res/machine.txt" 2>&1
@@ -33,10 +43,13 @@ summary="$res/summary.txt"
 step() { # name, command...
   local name="$1"; shift
   local t0=$SECONDS
-  "$@" > "$res/$name.txt" 2>&1
+  timeout "$step_s" "$@" > "$res/$name.txt" 2>&1
   local rc=$?
   printf '%-40s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" \
-    "$(grep -E 'Out of bounds|Avg bus' "$res/$name.txt" | tr '\n' ' ')" | tee -a "$summary"
+    "$(grep -E 'Out of bounds|Avg bus|all results' "$res/$name.txt" | tr '\n' ' ')" | tee -a "$summary"
+  # Packed after every step: a call cut off by its limit still returns what was done.
+  tar czf "$out/sweep-${n}gpu.tgz" -C "$out" "sweep-${n}gpu"
+  cp "$summary" "$out/sweep-${n}gpu-summary.txt"
 }
 
 if [ -x "$gpu_check" ]; then
@@ -68,7 +81,5 @@ step all_reduce-f32-lp-e4m3 "$fc" bench all_reduce -g "$n" -d float -b 64K -e "$
   -n "$iters" --reps "$reps" -G 10 --low-precision e4m3 --vs nccl \
   --json "$res/all_reduce-f32-lp-e4m3.json" --plot "$res/all_reduce-f32-lp-e4m3.png"
 
-tar czf "$out/sweep-${n}gpu.tgz" -C "$out" "sweep-${n}gpu"
-cp "$summary" "$out/sweep-${n}gpu-summary.txt"
 rm -rf "$res"
 cat "$out/sweep-${n}gpu-summary.txt"
