@@ -49,8 +49,60 @@ pub struct SystemInfo {
     pub nvrtc: Library,
     /// `peer_access[i][j]`: GPU i can map GPU j's memory (`cuDeviceCanAccessPeer`).
     pub peer_access: Vec<Vec<bool>>,
+    /// `links[i][j]`: the link between GPU i and j as `nvidia-smi topo -m` names it (`NV18`,
+    /// `PIX`, `SYS`, ...; `X` on the diagonal); empty when nvidia-smi is not there.
+    pub links: Vec<Vec<String>>,
     /// How links were probed.
     pub link_note: String,
+}
+
+/// The GPU-to-GPU part of `nvidia-smi topo -m`: one row per `GPU<i>` line, as many cells as
+/// there are GPU columns in the header (escape codes and blank cells tolerated).
+pub fn parse_topo(text: &str) -> Vec<Vec<String>> {
+    let clean = |l: &str| {
+        let mut out = String::new();
+        let mut esc = false;
+        for c in l.chars() {
+            match (esc, c) {
+                (false, '\u{1b}') => esc = true,
+                (true, c) if c.is_ascii_alphabetic() => esc = false,
+                (true, _) => {}
+                (false, c) => out.push(c),
+            }
+        }
+        out
+    };
+    let mut lines = text.lines().map(clean);
+    let Some(header) = lines.find(|l| l.contains("GPU0")) else {
+        return Vec::new();
+    };
+    let ngpu = header
+        .split('\t')
+        .filter(|c| c.trim().starts_with("GPU") && c.trim()[3..].parse::<u32>().is_ok())
+        .count();
+    lines
+        .filter(|l| l.starts_with("GPU"))
+        .take(ngpu)
+        .map(|l| {
+            l.split('\t')
+                .skip(1)
+                .take(ngpu)
+                .map(|c| c.trim().to_string())
+                .collect::<Vec<_>>()
+        })
+        .filter(|row| row.len() == ngpu)
+        .collect()
+}
+
+/// Runs `nvidia-smi topo -m`; empty when it is not installed or fails.
+fn probe_links() -> Vec<Vec<String>> {
+    std::process::Command::new("nvidia-smi")
+        .args(["topo", "-m"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| parse_topo(&String::from_utf8_lossy(&o.stdout)))
+        .unwrap_or_default()
 }
 
 pub fn hostname() -> String {
@@ -209,9 +261,14 @@ fn probe_cuda(info: &mut SystemInfo) {
                 .collect()
         })
         .collect();
-    info.link_note = "peer access from cuDeviceCanAccessPeer (P2P only: NVLink vs PCIe is not \
-                      probed; `nvidia-smi topo -m` shows the links)"
-        .into();
+    info.links = probe_links();
+    info.link_note = if info.links.len() == devs.len() {
+        "peer access from cuDeviceCanAccessPeer, link kinds from `nvidia-smi topo -m`".into()
+    } else {
+        "peer access from cuDeviceCanAccessPeer (link kinds unknown: nvidia-smi topo -m \
+         did not answer)"
+            .into()
+    };
 }
 
 /// GPUs the driver shows (0 without a driver), as the library counts them.
@@ -305,7 +362,7 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
     if sys.peer_access.len() > 1 {
         let _ = writeln!(w, "\n== Peer access ({})", sys.link_note);
         let head: String = (0..sys.peer_access.len())
-            .map(|j| format!(" GPU{j:<2}"))
+            .map(|j| format!(" GPU{j:<6}"))
             .collect();
         let _ = writeln!(w, "      {head}");
         for (i, row) in sys.peer_access.iter().enumerate() {
@@ -313,14 +370,16 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
                 .iter()
                 .enumerate()
                 .map(|(j, &ok)| {
+                    let link = sys.links.get(i).and_then(|r| r.get(j));
                     let c = if i == j {
-                        "X"
+                        "X".to_string()
                     } else if ok {
-                        "P2P"
+                        // The link kind where known (NV18 = 18 NVLinks), else plain P2P.
+                        link.map_or("P2P".to_string(), |l| format!("P2P/{l}"))
                     } else {
-                        "no"
+                        link.map_or("no".to_string(), |l| format!("no/{l}"))
                     };
-                    format!(" {c:<5}")
+                    format!(" {c:<9}")
                 })
                 .collect();
             let _ = writeln!(w, "GPU{i:<2} {cells}");
@@ -507,6 +566,31 @@ mod tests {
         assert_eq!(human(64 << 10), "64 KiB");
         assert_eq!(human(1000), "1000 B");
         assert_eq!(human(3 << 19), "1.5 MiB");
+    }
+
+    #[test]
+    fn topology_matrix_from_nvidia_smi() {
+        // As printed on the 2xH200 machine (header underlined with escape codes).
+        let text = "\t\u{1b}[4mGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\u{1b}[0m\n\
+                    GPU0\t X \tNV18\t0-31\t0\t\tN/A\n\
+                    GPU1\tNV18\t X \t0-31\t0\t\tN/A\n\n\
+                    Legend:\n\n  X    = Self\n";
+        assert_eq!(
+            parse_topo(text),
+            vec![
+                vec!["X".to_string(), "NV18".into()],
+                vec!["NV18".into(), "X".into()]
+            ]
+        );
+        assert!(parse_topo("").is_empty());
+        assert!(parse_topo("No devices were found\n").is_empty());
+        let sys = SystemInfo {
+            peer_access: vec![vec![true, true], vec![true, true]],
+            links: parse_topo(text),
+            ..Default::default()
+        };
+        let r = render(&Config::default(), &sys);
+        assert!(r.contains("P2P/NV18"), "{r}");
     }
 
     #[test]
