@@ -15,7 +15,8 @@ use ferrocomm::{
 use super::args::Plan;
 use super::check::{self, Checker};
 use super::engine::{Engine, HostEngine};
-use super::json::{self, RankInfo, Report, RunContext};
+use super::json::{self, RankInfo, RunContext};
+use super::output::Outputs;
 use super::sizes::{Coll, Shape};
 use super::table::{self, Measure, Row, Versus};
 use super::timing::{self, Timing};
@@ -338,6 +339,35 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
         b
     });
 
+    // Rank 0's files, rewritten after every size (see output.rs).
+    let files = plan.json.is_some() || plan.plot.is_some();
+    let outputs = (rank == 0 && files).then(|| {
+        let title = format!(
+            "{} {} on {} ranks, {} ({})",
+            plan.coll.name(),
+            plan.dtypes
+                .iter()
+                .map(|d| d.name())
+                .collect::<Vec<_>>()
+                .join(","),
+            world,
+            backend,
+            plan.mode.describe()
+        );
+        let context = plan.json.is_some().then(|| RunContext {
+            date: json::now_iso8601(),
+            hostname: crate::info::hostname(),
+            command_line,
+            git_revision: json::git_revision(),
+            ferrocomm_version: env!("CARGO_PKG_VERSION"),
+            backend: backend.clone(),
+            world_size: world,
+            ranks,
+            system: crate::info::probe_system(&cfg),
+            env: crate::info::env_entries(&cfg),
+        });
+        Outputs::new(plan, context, title, total)
+    });
     let mut rows: Vec<Row> = Vec::new();
     let mut my_wrong = 0u64;
     let mut idx = 0u64;
@@ -421,6 +451,11 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
                             None => println!("{text}"),
                         }
                         rows.push(row);
+                        if rows.len() < total {
+                            if let Some(o) = &outputs {
+                                o.save(&rows, false)?;
+                            }
+                        }
                     }
                     idx += 1;
                 }
@@ -437,47 +472,11 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
         return Ok(i32::from(my_wrong > 0));
     }
 
+    if let Some(o) = &outputs {
+        o.save(&rows, true)?;
+    }
     let summary = table::summarize(&rows);
     print!("{}", table::footer(&summary));
-    let title = format!(
-        "{} {} on {} ranks, {} ({})",
-        plan.coll.name(),
-        plan.dtypes
-            .iter()
-            .map(|d| d.name())
-            .collect::<Vec<_>>()
-            .join(","),
-        world,
-        backend,
-        plan.mode.describe()
-    );
-    if let Some(path) = &plan.json {
-        let context = RunContext {
-            date: json::now_iso8601(),
-            hostname: crate::info::hostname(),
-            command_line,
-            git_revision: json::git_revision(),
-            ferrocomm_version: env!("CARGO_PKG_VERSION"),
-            backend: backend.clone(),
-            world_size: world,
-            ranks,
-            system: crate::info::probe_system(&cfg),
-            env: crate::info::env_entries(&cfg),
-        };
-        json::write(
-            path,
-            &Report {
-                context: &context,
-                plan,
-                mode: plan.mode.describe(),
-                rows: &rows,
-                summary,
-            },
-        )?;
-    }
-    if let Some(path) = &plan.plot {
-        super::plot::draw(path, &title, &rows)?;
-    }
     Ok(i32::from(summary.wrong > 0))
 }
 
