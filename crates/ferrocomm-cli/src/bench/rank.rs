@@ -32,60 +32,6 @@ struct RankRow {
     nccl_ip: Option<Vec<f64>>,
 }
 
-/// Issues one collective on the engine's buffers.
-#[allow(clippy::too_many_arguments)]
-fn issue(
-    comm: &Communicator,
-    shape: &Shape,
-    op: ReduceOp,
-    root: usize,
-    in_place: bool,
-    inp: *mut u8,
-    out: *mut u8,
-    dev: Device,
-    opts: &CallOpts,
-) -> ferrocomm::Result<()> {
-    let d = shape.dtype;
-    let out_count = if in_place {
-        shape.inplace_count
-    } else {
-        shape.out_count
-    };
-    // SAFETY: the engine allocated both buffers for the largest shape of the run on `dev`;
-    // they live as long as the engine, which outlives every call and graph replay here, and
-    // the bench touches them only between synchronizations.
-    let output = unsafe { ViewMut::from_raw(out, out_count, d, dev) };
-    // SAFETY: as above, for the input buffer.
-    let in_view = unsafe { View::from_raw(inp, shape.in_count, d, dev) };
-    let input = if in_place {
-        Input::InPlace
-    } else {
-        Input::Buf(in_view)
-    };
-    match shape.coll {
-        Coll::AllReduce => comm.all_reduce(input, output, op, opts),
-        Coll::Reduce => comm.reduce(input, output, op, root, opts),
-        Coll::Broadcast => comm.broadcast(input, output, root, opts),
-        Coll::AllGather => comm.all_gather(input, output, opts),
-        Coll::ReduceScatter => comm.reduce_scatter(input, output, op, opts),
-        Coll::AllToAll => comm.all_to_all(input, output, opts),
-        Coll::SendRecv => {
-            // A ring: send to the next rank, receive from the previous. Even ranks send first
-            // and odd ranks receive first, so blocking sends cannot wait on each other in a
-            // cycle.
-            let (r, n) = (comm.rank(), comm.size());
-            let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
-            if r % 2 == 0 {
-                comm.send(in_view, next, opts)?;
-                comm.recv(output, prev, opts)
-            } else {
-                comm.recv(output, prev, opts)?;
-                comm.send(in_view, next, opts)
-            }
-        }
-    }
-}
-
 /// Low-precision format in effect for this row, if any (for the check's tolerance).
 fn lp_in_effect(plan: &Plan, cfg: &Config, shape: &Shape, op: ReduceOp) -> Option<Format> {
     let fmt = plan.low_precision.or_else(|| {
@@ -141,6 +87,52 @@ impl RowCtx<'_> {
         }
     }
 
+    /// Issues one collective of this row on the engine's buffers.
+    fn issue(&self, engine: &dyn Engine, side: &Side<'_>, in_place: bool) -> anyhow::Result<()> {
+        let (comm, opts, s) = (side.comm, &side.opts, &self.shape);
+        let (d, dev) = (s.dtype, engine.device());
+        let out_count = if in_place {
+            s.inplace_count
+        } else {
+            s.out_count
+        };
+        // SAFETY: the engine allocated both buffers for the largest shape of the run on `dev`;
+        // they live as long as the engine, which outlives every call and graph replay here, and
+        // the bench touches them only between synchronizations.
+        let output = unsafe { ViewMut::from_raw(engine.out_ptr(), out_count, d, dev) };
+        // SAFETY: as above, for the input buffer.
+        let in_view = unsafe { View::from_raw(engine.in_ptr(), s.in_count, d, dev) };
+        let input = if in_place {
+            Input::InPlace
+        } else {
+            Input::Buf(in_view)
+        };
+        let (op, root) = (self.op, self.root);
+        match s.coll {
+            Coll::AllReduce => comm.all_reduce(input, output, op, opts),
+            Coll::Reduce => comm.reduce(input, output, op, root, opts),
+            Coll::Broadcast => comm.broadcast(input, output, root, opts),
+            Coll::AllGather => comm.all_gather(input, output, opts),
+            Coll::ReduceScatter => comm.reduce_scatter(input, output, op, opts),
+            Coll::AllToAll => comm.all_to_all(input, output, opts),
+            Coll::SendRecv => {
+                // A ring: send to the next rank, receive from the previous. Even ranks send
+                // first and odd ranks receive first, so blocking sends cannot wait on each
+                // other in a cycle.
+                let (r, n) = (comm.rank(), comm.size());
+                let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+                if r % 2 == 0 {
+                    comm.send(in_view, next, opts)
+                        .and_then(|()| comm.recv(output, prev, opts))
+                } else {
+                    comm.recv(output, prev, opts)
+                        .and_then(|()| comm.send(in_view, next, opts))
+                }
+            }
+        }
+        .with_context(|| self.what(side, in_place))
+    }
+
     /// Times one side; returns this rank's samples.
     fn time(
         &self,
@@ -149,27 +141,13 @@ impl RowCtx<'_> {
         in_place: bool,
     ) -> anyhow::Result<Vec<f64>> {
         self.prepare(engine, in_place)?;
-        let (inp, out, dev) = (engine.in_ptr(), engine.out_ptr(), engine.device());
         let engine: &dyn Engine = engine;
         let barrier_opts = CallOpts::on_stream(engine.stream());
         timing::measure(
             engine,
             self.timing,
             &mut || Ok(side.comm.barrier(&barrier_opts)?),
-            &mut || {
-                issue(
-                    side.comm,
-                    &self.shape,
-                    self.op,
-                    self.root,
-                    in_place,
-                    inp,
-                    out,
-                    dev,
-                    &side.opts,
-                )
-                .with_context(|| self.what(side, in_place))
-            },
+            &mut || self.issue(engine, side, in_place),
         )
     }
 
@@ -181,19 +159,7 @@ impl RowCtx<'_> {
         in_place: bool,
     ) -> anyhow::Result<u64> {
         self.prepare(engine, in_place)?;
-        let (inp, out, dev) = (engine.in_ptr(), engine.out_ptr(), engine.device());
-        issue(
-            side.comm,
-            &self.shape,
-            self.op,
-            self.root,
-            in_place,
-            inp,
-            out,
-            dev,
-            &side.opts,
-        )
-        .with_context(|| self.what(side, in_place))?;
+        self.issue(engine, side, in_place)?;
         engine.sync()?;
         let s = &self.shape;
         let count = if in_place {
