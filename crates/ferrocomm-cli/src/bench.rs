@@ -10,6 +10,7 @@ mod check;
 mod engine;
 mod gpu;
 mod json;
+mod output;
 mod plot;
 mod rank;
 mod sizes;

@@ -7,6 +7,11 @@ use std::process::{Command, Output};
 const BIN: &str = env!("CARGO_BIN_EXE_ferrocomm");
 
 fn bench(args: &[&str]) -> Output {
+    bench_command(args).output().expect("run ferrocomm")
+}
+
+/// `ferrocomm bench ARGS` with a deadline and without a caller's rank variables.
+fn bench_command(args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
     c.arg("bench").args(args);
     // A rank that hangs fails the test instead of blocking it.
@@ -20,7 +25,7 @@ fn bench(args: &[&str]) -> Output {
     ] {
         c.env_remove(v);
     }
-    c.output().expect("run ferrocomm")
+    c
 }
 
 fn text(o: &Output) -> (String, String) {
@@ -104,6 +109,8 @@ fn all_reduce_two_ranks_with_json_and_plot() {
     assert_eq!(jrows.len(), 4);
     assert_eq!(jrows[3]["size"], 65536);
     assert_eq!(jrows[3]["oop"]["wrong"], 0);
+    assert_eq!(v["summary"]["complete"], true);
+    assert_eq!(v["summary"]["rows_done"], 4);
     assert_eq!(v["context"]["world_size"], 2);
     assert_eq!(v["context"]["ranks"].as_array().unwrap().len(), 2);
     assert!(v["context"]["command_line"][1] == "bench");
@@ -111,6 +118,81 @@ fn all_reduce_two_ranks_with_json_and_plot() {
     assert!(v["context"]["date"].as_str().unwrap().ends_with('Z'));
     let png = std::fs::read(&png).unwrap();
     assert_eq!(&png[1..4], b"PNG");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Reads the JSON if it is there and holds at least `rows` rows.
+fn json_with_rows(path: &std::path::Path, rows: usize) -> Option<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    (v["rows"].as_array()?.len() >= rows).then_some(v)
+}
+
+#[test]
+fn a_sweep_stopped_by_sigterm_keeps_its_finished_rows() {
+    let d = tmp("cut");
+    let (json, png) = (d.join("r.json"), d.join("r.png"));
+    // 4096 sizes: far more than get done before the signal.
+    let mut c = bench_command(&[
+        "all_reduce",
+        "-g",
+        "2",
+        "-b",
+        "1K",
+        "-e",
+        "4M",
+        "-i",
+        "1K",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--reps",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+        "--plot",
+        png.to_str().unwrap(),
+    ]);
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while json_with_rows(&json, 3).is_none() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the sweep ended before it was stopped"
+        );
+        assert!(std::time::Instant::now() < deadline, "no rows after 60 s");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // The launcher passes SIGTERM on to the ranks.
+    // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let o = child.wait_with_output().unwrap();
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(128 + libc::SIGTERM), "{out}\n{err}");
+    let v = json_with_rows(&json, 3).expect("the JSON parses and keeps its rows");
+    let jrows = v["rows"].as_array().unwrap();
+    for (i, r) in jrows.iter().enumerate() {
+        assert_eq!(r["size"], 1024 * (i + 1), "{r}");
+        assert_eq!(r["oop"]["wrong"], 0, "{r}");
+        assert_eq!(r["ip"]["wrong"], 0, "{r}");
+    }
+    assert_eq!(v["summary"]["complete"], false);
+    assert_eq!(v["summary"]["wrong"], 0);
+    assert_eq!(v["summary"]["rows_done"], jrows.len());
+    assert_eq!(v["summary"]["rows_planned"], 4096);
+    // Rank 0 prints a row before it saves it.
+    assert!(rows(&out).len() >= jrows.len(), "{out}");
+    assert_eq!(&std::fs::read(&png).unwrap()[1..4], b"PNG");
+    let mut names: Vec<String> = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["r.json", "r.png"], "no temporary file is left");
     std::fs::remove_dir_all(&d).unwrap();
 }
 

@@ -481,23 +481,10 @@ impl Communicator {
     ) -> Result<()> {
         let c = "reduce_scatter";
         op.check(output.dtype(), c)?;
-        match &input {
-            Input::InPlace => {
-                self.part_count(c, "output", output.count())?;
-            }
-            Input::Buf(v) => {
-                check_same(c, v, &output)?;
-                let want = output.count() * self.size();
-                if v.count() != want {
-                    return Err(Error::SizeMismatch {
-                        collective: c,
-                        what: "input",
-                        got: v.count(),
-                        expected: want,
-                    });
-                }
-            }
+        if let Input::InPlace = input {
+            self.part_count(c, "output", output.count())?;
         }
+        check_input(c, &input, &output, output.count() * self.size())?;
         self.live()?.reduce_scatter(input, output, op, opts)
     }
 
@@ -645,14 +632,7 @@ impl Communicator {
         self.live()?;
         let mut seen = vec![false; self.size()];
         for &r in ranks {
-            if r >= self.size() {
-                return Err(Error::RankOutOfRange {
-                    collective: "split",
-                    what: "listed",
-                    rank: r,
-                    size: self.size(),
-                });
-            }
+            self.check_rank("split", "listed", r)?;
             if std::mem::replace(&mut seen[r], true) {
                 return Err(Error::InvalidArgument(format!(
                     "split: rank {r} is listed twice"
@@ -697,27 +677,25 @@ impl Communicator {
         Ok(())
     }
 
-    fn check_root(&self, collective: &'static str, root: usize) -> Result<()> {
-        if root >= self.size() {
+    /// `rank` (a root, a peer, ...: `what`) must name a rank of this communicator.
+    fn check_rank(&self, collective: &'static str, what: &'static str, rank: usize) -> Result<()> {
+        if rank >= self.size() {
             return Err(Error::RankOutOfRange {
                 collective,
-                what: "root",
-                rank: root,
+                what,
+                rank,
                 size: self.size(),
             });
         }
         Ok(())
     }
 
+    fn check_root(&self, collective: &'static str, root: usize) -> Result<()> {
+        self.check_rank(collective, "root", root)
+    }
+
     fn check_peer(&self, collective: &'static str, peer: usize) -> Result<()> {
-        if peer >= self.size() {
-            return Err(Error::RankOutOfRange {
-                collective,
-                what: "peer",
-                rank: peer,
-                size: self.size(),
-            });
-        }
+        self.check_rank(collective, "peer", peer)?;
         if peer == self.rank() {
             return Err(Error::InvalidArgument(format!(
                 "{collective}: peer {peer} is this rank itself"

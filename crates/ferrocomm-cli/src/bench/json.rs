@@ -45,7 +45,19 @@ pub struct Report<'a> {
     pub plan: &'a Plan,
     pub mode: String,
     pub rows: &'a [Row],
-    pub summary: Summary,
+    pub summary: Progress,
+}
+
+/// The footer's totals over the rows written, and how far the sweep got.
+#[derive(Debug, serde::Serialize)]
+pub struct Progress {
+    #[serde(flatten)]
+    pub totals: Summary,
+    /// False until every size has run: the file is rewritten after each one, so a sweep cut
+    /// short leaves the rows it finished, marked incomplete.
+    pub complete: bool,
+    pub rows_done: usize,
+    pub rows_planned: usize,
 }
 
 pub fn git_revision() -> Option<String> {
@@ -154,7 +166,12 @@ mod tests {
             plan: &plan,
             mode: "eager".into(),
             rows: &rows,
-            summary: crate::bench::table::summarize(&rows),
+            summary: Progress {
+                totals: crate::bench::table::summarize(&rows),
+                complete: true,
+                rows_done: 1,
+                rows_planned: 1,
+            },
         };
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(v["rows"][0]["size"], 1024);

@@ -15,7 +15,8 @@ use ferrocomm::{
 use super::args::Plan;
 use super::check::{self, Checker};
 use super::engine::{Engine, HostEngine};
-use super::json::{self, RankInfo, Report, RunContext};
+use super::json::{self, RankInfo, RunContext};
+use super::output::Outputs;
 use super::sizes::{Coll, Shape};
 use super::table::{self, Measure, Row, Versus};
 use super::timing::{self, Timing};
@@ -29,60 +30,6 @@ struct RankRow {
     wrong_ip: Option<u64>,
     nccl_oop: Option<Vec<f64>>,
     nccl_ip: Option<Vec<f64>>,
-}
-
-/// Issues one collective on the engine's buffers.
-#[allow(clippy::too_many_arguments)]
-fn issue(
-    comm: &Communicator,
-    shape: &Shape,
-    op: ReduceOp,
-    root: usize,
-    in_place: bool,
-    inp: *mut u8,
-    out: *mut u8,
-    dev: Device,
-    opts: &CallOpts,
-) -> ferrocomm::Result<()> {
-    let d = shape.dtype;
-    let out_count = if in_place {
-        shape.inplace_count
-    } else {
-        shape.out_count
-    };
-    // SAFETY: the engine allocated both buffers for the largest shape of the run on `dev`;
-    // they live as long as the engine, which outlives every call and graph replay here, and
-    // the bench touches them only between synchronizations.
-    let output = unsafe { ViewMut::from_raw(out, out_count, d, dev) };
-    // SAFETY: as above, for the input buffer.
-    let in_view = unsafe { View::from_raw(inp, shape.in_count, d, dev) };
-    let input = if in_place {
-        Input::InPlace
-    } else {
-        Input::Buf(in_view)
-    };
-    match shape.coll {
-        Coll::AllReduce => comm.all_reduce(input, output, op, opts),
-        Coll::Reduce => comm.reduce(input, output, op, root, opts),
-        Coll::Broadcast => comm.broadcast(input, output, root, opts),
-        Coll::AllGather => comm.all_gather(input, output, opts),
-        Coll::ReduceScatter => comm.reduce_scatter(input, output, op, opts),
-        Coll::AllToAll => comm.all_to_all(input, output, opts),
-        Coll::SendRecv => {
-            // A ring: send to the next rank, receive from the previous. Even ranks send first
-            // and odd ranks receive first, so blocking sends cannot wait on each other in a
-            // cycle.
-            let (r, n) = (comm.rank(), comm.size());
-            let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
-            if r % 2 == 0 {
-                comm.send(in_view, next, opts)?;
-                comm.recv(output, prev, opts)
-            } else {
-                comm.recv(output, prev, opts)?;
-                comm.send(in_view, next, opts)
-            }
-        }
-    }
 }
 
 /// Low-precision format in effect for this row, if any (for the check's tolerance).
@@ -140,6 +87,52 @@ impl RowCtx<'_> {
         }
     }
 
+    /// Issues one collective of this row on the engine's buffers.
+    fn issue(&self, engine: &dyn Engine, side: &Side<'_>, in_place: bool) -> anyhow::Result<()> {
+        let (comm, opts, s) = (side.comm, &side.opts, &self.shape);
+        let (d, dev) = (s.dtype, engine.device());
+        let out_count = if in_place {
+            s.inplace_count
+        } else {
+            s.out_count
+        };
+        // SAFETY: the engine allocated both buffers for the largest shape of the run on `dev`;
+        // they live as long as the engine, which outlives every call and graph replay here, and
+        // the bench touches them only between synchronizations.
+        let output = unsafe { ViewMut::from_raw(engine.out_ptr(), out_count, d, dev) };
+        // SAFETY: as above, for the input buffer.
+        let in_view = unsafe { View::from_raw(engine.in_ptr(), s.in_count, d, dev) };
+        let input = if in_place {
+            Input::InPlace
+        } else {
+            Input::Buf(in_view)
+        };
+        let (op, root) = (self.op, self.root);
+        match s.coll {
+            Coll::AllReduce => comm.all_reduce(input, output, op, opts),
+            Coll::Reduce => comm.reduce(input, output, op, root, opts),
+            Coll::Broadcast => comm.broadcast(input, output, root, opts),
+            Coll::AllGather => comm.all_gather(input, output, opts),
+            Coll::ReduceScatter => comm.reduce_scatter(input, output, op, opts),
+            Coll::AllToAll => comm.all_to_all(input, output, opts),
+            Coll::SendRecv => {
+                // A ring: send to the next rank, receive from the previous. Even ranks send
+                // first and odd ranks receive first, so blocking sends cannot wait on each
+                // other in a cycle.
+                let (r, n) = (comm.rank(), comm.size());
+                let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+                if r % 2 == 0 {
+                    comm.send(in_view, next, opts)
+                        .and_then(|()| comm.recv(output, prev, opts))
+                } else {
+                    comm.recv(output, prev, opts)
+                        .and_then(|()| comm.send(in_view, next, opts))
+                }
+            }
+        }
+        .with_context(|| self.what(side, in_place))
+    }
+
     /// Times one side; returns this rank's samples.
     fn time(
         &self,
@@ -148,27 +141,13 @@ impl RowCtx<'_> {
         in_place: bool,
     ) -> anyhow::Result<Vec<f64>> {
         self.prepare(engine, in_place)?;
-        let (inp, out, dev) = (engine.in_ptr(), engine.out_ptr(), engine.device());
         let engine: &dyn Engine = engine;
         let barrier_opts = CallOpts::on_stream(engine.stream());
         timing::measure(
             engine,
             self.timing,
             &mut || Ok(side.comm.barrier(&barrier_opts)?),
-            &mut || {
-                issue(
-                    side.comm,
-                    &self.shape,
-                    self.op,
-                    self.root,
-                    in_place,
-                    inp,
-                    out,
-                    dev,
-                    &side.opts,
-                )
-                .with_context(|| self.what(side, in_place))
-            },
+            &mut || self.issue(engine, side, in_place),
         )
     }
 
@@ -180,19 +159,7 @@ impl RowCtx<'_> {
         in_place: bool,
     ) -> anyhow::Result<u64> {
         self.prepare(engine, in_place)?;
-        let (inp, out, dev) = (engine.in_ptr(), engine.out_ptr(), engine.device());
-        issue(
-            side.comm,
-            &self.shape,
-            self.op,
-            self.root,
-            in_place,
-            inp,
-            out,
-            dev,
-            &side.opts,
-        )
-        .with_context(|| self.what(side, in_place))?;
+        self.issue(engine, side, in_place)?;
         engine.sync()?;
         let s = &self.shape;
         let count = if in_place {
@@ -338,6 +305,35 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
         b
     });
 
+    // Rank 0's files, rewritten after every size (see output.rs).
+    let files = plan.json.is_some() || plan.plot.is_some();
+    let outputs = (rank == 0 && files).then(|| {
+        let title = format!(
+            "{} {} on {} ranks, {} ({})",
+            plan.coll.name(),
+            plan.dtypes
+                .iter()
+                .map(|d| d.name())
+                .collect::<Vec<_>>()
+                .join(","),
+            world,
+            backend,
+            plan.mode.describe()
+        );
+        let context = plan.json.is_some().then(|| RunContext {
+            date: json::now_iso8601(),
+            hostname: crate::info::hostname(),
+            command_line,
+            git_revision: json::git_revision(),
+            ferrocomm_version: env!("CARGO_PKG_VERSION"),
+            backend: backend.clone(),
+            world_size: world,
+            ranks,
+            system: crate::info::probe_system(&cfg),
+            env: crate::info::env_entries(&cfg),
+        });
+        Outputs::new(plan, context, title, total)
+    });
     let mut rows: Vec<Row> = Vec::new();
     let mut my_wrong = 0u64;
     let mut idx = 0u64;
@@ -421,6 +417,11 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
                             None => println!("{text}"),
                         }
                         rows.push(row);
+                        if rows.len() < total {
+                            if let Some(o) = &outputs {
+                                o.save(&rows, false)?;
+                            }
+                        }
                     }
                     idx += 1;
                 }
@@ -437,47 +438,11 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
         return Ok(i32::from(my_wrong > 0));
     }
 
+    if let Some(o) = &outputs {
+        o.save(&rows, true)?;
+    }
     let summary = table::summarize(&rows);
     print!("{}", table::footer(&summary));
-    let title = format!(
-        "{} {} on {} ranks, {} ({})",
-        plan.coll.name(),
-        plan.dtypes
-            .iter()
-            .map(|d| d.name())
-            .collect::<Vec<_>>()
-            .join(","),
-        world,
-        backend,
-        plan.mode.describe()
-    );
-    if let Some(path) = &plan.json {
-        let context = RunContext {
-            date: json::now_iso8601(),
-            hostname: crate::info::hostname(),
-            command_line,
-            git_revision: json::git_revision(),
-            ferrocomm_version: env!("CARGO_PKG_VERSION"),
-            backend: backend.clone(),
-            world_size: world,
-            ranks,
-            system: crate::info::probe_system(&cfg),
-            env: crate::info::env_entries(&cfg),
-        };
-        json::write(
-            path,
-            &Report {
-                context: &context,
-                plan,
-                mode: plan.mode.describe(),
-                rows: &rows,
-                summary,
-            },
-        )?;
-    }
-    if let Some(path) = &plan.plot {
-        super::plot::draw(path, &title, &rows)?;
-    }
     Ok(i32::from(summary.wrong > 0))
 }
 

@@ -9,7 +9,7 @@
 //! The figure reported is the median.
 
 use super::args::Mode;
-use super::engine::Engine;
+use super::engine::{Engine, Work};
 
 /// Median of the samples (the mean of the middle two for an even count).
 pub fn median(samples: &[f64]) -> f64 {
@@ -67,13 +67,17 @@ pub fn measure(
         op()?;
     }
     engine.sync()?;
+    // Every measurement starts with the ranks lined up and the device idle.
+    let mut timed = |work: &mut Work<'_>| -> anyhow::Result<f64> {
+        barrier()?;
+        engine.sync()?;
+        engine.time(work)
+    };
     let mut samples = Vec::new();
     match t.mode {
         Mode::Eager => {
             for _ in 0..t.reps {
-                barrier()?;
-                engine.sync()?;
-                let s = engine.time(&mut || {
+                let s = timed(&mut || {
                     for _ in 0..t.iters {
                         op()?;
                         if t.blocking {
@@ -96,9 +100,7 @@ pub fn measure(
             graph.launch()?;
             engine.sync()?;
             for _ in 0..t.reps {
-                barrier()?;
-                engine.sync()?;
-                let s = engine.time(&mut || {
+                let s = timed(&mut || {
                     for _ in 0..t.iters {
                         graph.launch()?;
                     }
@@ -109,9 +111,7 @@ pub fn measure(
         }
         Mode::Isolated => {
             for _ in 0..t.iters {
-                barrier()?;
-                engine.sync()?;
-                samples.push(engine.time(&mut *op)?);
+                samples.push(timed(&mut *op)?);
             }
         }
     }

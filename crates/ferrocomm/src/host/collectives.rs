@@ -97,6 +97,26 @@ impl HostBackend {
         call.finish()
     }
 
+    /// [`Self::chunked`] with a staging step that can fail (low-precision encoding). A rank
+    /// that left the barrier protocol early would stall its peers, so every chunk still runs
+    /// and the first staging error is returned once the call is over.
+    pub(super) fn chunked_fallible(
+        &self,
+        sig: &Signature,
+        nchunks: usize,
+        mut stage: impl FnMut(usize) -> Result<()>,
+        consume: impl FnMut(&mut Call<'_>, usize) -> Result<()>,
+    ) -> Result<()> {
+        let mut staged: Option<Error> = None;
+        let stage = |k: usize| {
+            if let Err(e) = stage(k) {
+                staged.get_or_insert(e);
+            }
+        };
+        self.chunked(sig, nchunks, stage, consume)?;
+        staged.map_or(Ok(()), Err)
+    }
+
     fn regions_for(&self, coll: Collective) -> Result<usize> {
         let region = region_bytes(self.seg.layout.slot_bytes, self.world);
         if region == 0 {
@@ -282,13 +302,7 @@ impl HostBackend {
         }
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let chunk = seg.layout.slot_bytes / es;
-        // In place, this rank's part already sits at its offset in the output.
-        // In place, our part sits at its offset in the full buffer (pointer arithmetic only).
-        let input = if bufs.in_place {
-            bufs.output.wrapping_add(me * part * es) as *const u8
-        } else {
-            bufs.input
-        };
+        let input = bufs.gather_input(me, part * es);
         let sig = Signature {
             dtype: Some(dtype),
             count: part as u64,
@@ -364,13 +378,7 @@ impl HostBackend {
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let region = self.regions_for(coll)?;
         let chunk = region / es;
-        // In place the result goes to this rank's part of the full buffer.
-        // In place, our part sits at its offset in the full buffer (pointer arithmetic only).
-        let out = if bufs.in_place {
-            bufs.output.wrapping_add(me * part * es)
-        } else {
-            bufs.output
-        };
+        let out = bufs.scatter_output(me, part * es);
         let sig = Signature {
             dtype: Some(dtype),
             count: part as u64,
@@ -481,6 +489,70 @@ impl HostBackend {
         Ok(max)
     }
 
+    /// All-to-all-v in both precisions (`lp`: the signature's low-precision word): per round of
+    /// up to `chunk` elements of every part, `send(src, dst, len)` stages our piece for rank `p` into region `p` of our
+    /// slot, and after the barrier `recv(src, dst, len)` takes rank `r`'s piece for us from
+    /// region `me` of its slot into the output. `src` and `dst` are valid for `len` elements
+    /// (the encoded size of `len` elements in a region) and touched by nothing else meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn all_to_all_v_rounds(
+        &self,
+        bufs: &Bufs,
+        dtype: DataType,
+        lp: u64,
+        in_count: usize,
+        splits: &Splits,
+        (region, chunk): (usize, usize),
+        mut send: impl FnMut(*const u8, *mut u8, usize) -> Result<()>,
+        mut recv: impl FnMut(*const u8, *mut u8, usize) -> Result<()>,
+    ) -> Result<()> {
+        let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
+        let sig = Signature {
+            dtype: Some(dtype),
+            lp,
+            ..Signature::new(Collective::AllToAllV)
+        };
+        // In place, parts may differ in size between sending and receiving, so a received part
+        // could overwrite a neighbour's part not yet sent: send from a copy.
+        let snapshot: Vec<u8>;
+        let input = if bufs.in_place {
+            // SAFETY: the in-place buffer holds `in_count` elements.
+            snapshot = unsafe { shared(bufs.input, in_count * es) }.to_vec();
+            snapshot.as_ptr()
+        } else {
+            bufs.input
+        };
+        let mut call = self.begin(sig.coll)?;
+        let max = self.all_to_all_v_start(&mut call, &sig, splits)?;
+        let piece = |count: usize, k: usize| count.saturating_sub(k * chunk).min(chunk);
+        for k in 0..max.div_ceil(chunk) {
+            for p in 0..n {
+                let len = piece(splits.send_counts[p], k);
+                // The part lies within the input (checked by the communicator); our slot's
+                // region p is ours before the barrier.
+                send(
+                    input.wrapping_add((splits.send_displs[p] + k * chunk) * es),
+                    seg.slot(me).wrapping_add(p * region),
+                    len,
+                )?;
+            }
+            call.barrier()?;
+            for r in 0..n {
+                let len = piece(splits.recv_counts[r], k);
+                // Region `me` of slot r is stable until the next barrier; the part lies within
+                // the output (checked by the communicator).
+                recv(
+                    seg.slot(r).wrapping_add(me * region),
+                    bufs.output
+                        .wrapping_add((splits.recv_displs[r] + k * chunk) * es),
+                    len,
+                )?;
+            }
+            call.barrier()?;
+        }
+        call.finish()
+    }
+
     pub(super) fn all_to_all_v_impl(
         &self,
         bufs: &Bufs,
@@ -494,54 +566,15 @@ impl HostBackend {
         if let Some(codec) = self.low_precision(coll, dtype, ReduceOp::Sum, bytes, opts)? {
             return self.all_to_all_v_lp(bufs, dtype, in_count, splits, &codec);
         }
-        let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
+        let es = dtype.size();
         let region = self.regions_for(coll)?;
-        let chunk = region / es;
-        let sig = Signature {
-            dtype: Some(dtype),
-            ..Signature::new(coll)
+        let mv = |src: *const u8, dst: *mut u8, len: usize| {
+            // SAFETY: in both directions the rounds hand over ranges valid for `len` elements
+            // that nothing else touches meanwhile.
+            unsafe { copy(src, dst, len * es) };
+            Ok(())
         };
-        // In place, parts may differ in size between sending and receiving, so a received part
-        // could overwrite a neighbour's part not yet sent: send from a copy.
-        let snapshot: Vec<u8>;
-        let input = if bufs.in_place {
-            // SAFETY: the in-place buffer holds `in_count` elements.
-            snapshot = unsafe { shared(bufs.input, in_count * es) }.to_vec();
-            snapshot.as_ptr()
-        } else {
-            bufs.input
-        };
-        let mut call = self.begin(coll)?;
-        let max = self.all_to_all_v_start(&mut call, &sig, splits)?;
-        let piece = |count: usize, k: usize| count.saturating_sub(k * chunk).min(chunk);
-        for k in 0..max.div_ceil(chunk) {
-            for p in 0..n {
-                let len = piece(splits.send_counts[p], k);
-                // SAFETY: the part lies within the input (checked by the communicator); our
-                // slot's region p is ours before the barrier.
-                unsafe {
-                    copy(
-                        input.add((splits.send_displs[p] + k * chunk) * es),
-                        seg.slot(me).add(p * region),
-                        len * es,
-                    )
-                };
-            }
-            call.barrier()?;
-            for r in 0..n {
-                let len = piece(splits.recv_counts[r], k);
-                // SAFETY: region `me` of slot r is stable until the next barrier; the part
-                // lies within the output (checked by the communicator).
-                unsafe {
-                    copy(
-                        seg.slot(r).add(me * region),
-                        bufs.output.add((splits.recv_displs[r] + k * chunk) * es),
-                        len * es,
-                    )
-                };
-            }
-            call.barrier()?;
-        }
-        call.finish()
+        let layout = (region, region / es);
+        self.all_to_all_v_rounds(bufs, dtype, 0, in_count, splits, layout, mv, mv)
     }
 }

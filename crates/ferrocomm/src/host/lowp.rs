@@ -149,11 +149,10 @@ impl HostBackend {
         };
         let range = |k: usize| (k * chunk, chunk.min(count - k * chunk));
         let (mut wide, mut acc) = (Vec::new(), Vec::new());
-        let mut staged: Option<Error> = None;
         let mut stage = |k: usize| {
             let (off, len) = range(k);
             // SAFETY: the input's own range; our slot is ours until the barrier.
-            let r = unsafe {
+            unsafe {
                 encode(
                     codec,
                     dtype,
@@ -162,13 +161,11 @@ impl HostBackend {
                     seg.slot(me),
                     &mut wide,
                 )
-            };
-            if let Err(e) = r {
-                staged.get_or_insert(e);
             }
         };
-        let result = match algo {
-            Algo::Tree => self.chunked(&sig, count.div_ceil(chunk), &mut stage, |call, k| {
+        let nchunks = count.div_ceil(chunk);
+        match algo {
+            Algo::Tree => self.chunked_fallible(&sig, nchunks, &mut stage, |call, k| {
                 let (off, len) = range(k);
                 let (lo, hi) = stripe(len, n, me, codec.block);
                 // An empty stripe (fewer blocks than ranks) may start at an unaligned `len`.
@@ -204,7 +201,7 @@ impl HostBackend {
                     )
                 }
             }),
-            _ => self.chunked(&sig, count.div_ceil(chunk), &mut stage, |_, k| {
+            _ => self.chunked_fallible(&sig, nchunks, &mut stage, |_, k| {
                 let (off, len) = range(k);
                 // SAFETY: slots are stable between the chunk's barriers; the output is ours.
                 unsafe {
@@ -218,9 +215,7 @@ impl HostBackend {
                     from_f32(dtype, &acc, exclusive(bufs.output.add(off * es), len * es))
                 }
             }),
-        };
-        result?;
-        staged.map_or(Ok(()), Err)
+        }
     }
 
     pub(super) fn all_gather_lp(
@@ -233,12 +228,7 @@ impl HostBackend {
         let coll = Collective::AllGather;
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let chunk = self.lp_chunk(coll, codec, seg.layout.slot_bytes)?;
-        // In place, our part sits at its offset in the full buffer (pointer arithmetic only).
-        let input = if bufs.in_place {
-            bufs.output.wrapping_add(me * part * es) as *const u8
-        } else {
-            bufs.input
-        };
+        let input = bufs.gather_input(me, part * es);
         let sig = Signature {
             dtype: Some(dtype),
             count: part as u64,
@@ -247,14 +237,13 @@ impl HostBackend {
         };
         let range = |k: usize| (k * chunk, chunk.min(part - k * chunk));
         let (mut wide, mut acc) = (Vec::new(), Vec::new());
-        let mut staged: Option<Error> = None;
-        let result = self.chunked(
+        self.chunked_fallible(
             &sig,
             part.div_ceil(chunk),
             |k| {
                 let (off, len) = range(k);
                 // SAFETY: our input range; our slot.
-                let r = unsafe {
+                unsafe {
                     encode(
                         codec,
                         dtype,
@@ -263,9 +252,6 @@ impl HostBackend {
                         seg.slot(me),
                         &mut wide,
                     )
-                };
-                if let Err(e) = r {
-                    staged.get_or_insert(e);
                 }
             },
             |_, k| {
@@ -286,31 +272,31 @@ impl HostBackend {
                 }
                 Ok(())
             },
-        );
-        result?;
-        staged.map_or(Ok(()), Err)
+        )
     }
 
-    /// Stages chunk `k` of every part, encoded, into this rank's slot regions.
+    /// Stages elements `off..off + len` of every part, encoded, into this rank's slot regions
+    /// (reduce-scatter and all-to-all: part `p` goes to rank `p`).
     ///
     /// # Safety
-    /// `input` holds `n * part` elements (or the parts `send` describes); our slot is ours.
+    /// `input` holds `n * part` elements; our slot is ours.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn stage_parts_lp(
         &self,
         codec: &Codec,
         dtype: DataType,
         input: *const u8,
-        parts: &[(usize, usize)],
-        region: usize,
+        (part, region): (usize, usize),
+        (off, len): (usize, usize),
         wide: &mut Vec<f32>,
     ) -> Result<()> {
-        for (p, &(start, len)) in parts.iter().enumerate() {
+        for p in 0..self.world {
             // SAFETY: per the function's contract; regions are disjoint.
             unsafe {
                 encode(
                     codec,
                     dtype,
-                    input.add(start * dtype.size()),
+                    input.add((p * part + off) * dtype.size()),
                     len,
                     self.seg.slot(self.rank).add(p * region),
                     wide,
@@ -332,12 +318,7 @@ impl HostBackend {
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let region = region_bytes(seg.layout.slot_bytes, n);
         let chunk = self.lp_chunk(coll, codec, region)?;
-        // In place, our part sits at its offset in the full buffer (pointer arithmetic only).
-        let out = if bufs.in_place {
-            bufs.output.wrapping_add(me * part * es)
-        } else {
-            bufs.output
-        };
+        let out = bufs.scatter_output(me, part * es);
         let sig = Signature {
             dtype: Some(dtype),
             count: part as u64,
@@ -347,20 +328,19 @@ impl HostBackend {
         };
         let range = |k: usize| (k * chunk, chunk.min(part - k * chunk));
         let (mut wide, mut acc) = (Vec::new(), Vec::new());
-        let mut staged: Option<Error> = None;
-        let result = self.chunked(
+        self.chunked_fallible(
             &sig,
             part.div_ceil(chunk),
-            |k| {
-                let (off, len) = range(k);
-                let parts: Vec<_> = (0..n).map(|p| (p * part + off, len)).collect();
-                // SAFETY: the input holds n parts; our slot is ours before the barrier.
-                let r = unsafe {
-                    self.stage_parts_lp(codec, dtype, bufs.input, &parts, region, &mut wide)
-                };
-                if let Err(e) = r {
-                    staged.get_or_insert(e);
-                }
+            // SAFETY: the input holds n parts; our slot is ours before the barrier.
+            |k| unsafe {
+                self.stage_parts_lp(
+                    codec,
+                    dtype,
+                    bufs.input,
+                    (part, region),
+                    range(k),
+                    &mut wide,
+                )
             },
             |_, k| {
                 let (off, len) = range(k);
@@ -376,9 +356,7 @@ impl HostBackend {
                     from_f32(dtype, &acc, exclusive(out.add(off * es), len * es))
                 }
             },
-        );
-        result?;
-        staged.map_or(Ok(()), Err)
+        )
     }
 
     pub(super) fn all_to_all_lp(
@@ -400,20 +378,19 @@ impl HostBackend {
         };
         let range = |k: usize| (k * chunk, chunk.min(part - k * chunk));
         let (mut wide, mut acc) = (Vec::new(), Vec::new());
-        let mut staged: Option<Error> = None;
-        let result = self.chunked(
+        self.chunked_fallible(
             &sig,
             part.div_ceil(chunk),
-            |k| {
-                let (off, len) = range(k);
-                let parts: Vec<_> = (0..n).map(|p| (p * part + off, len)).collect();
-                // SAFETY: as in reduce_scatter_lp.
-                let r = unsafe {
-                    self.stage_parts_lp(codec, dtype, bufs.input, &parts, region, &mut wide)
-                };
-                if let Err(e) = r {
-                    staged.get_or_insert(e);
-                }
+            // SAFETY: as in reduce_scatter_lp.
+            |k| unsafe {
+                self.stage_parts_lp(
+                    codec,
+                    dtype,
+                    bufs.input,
+                    (part, region),
+                    range(k),
+                    &mut wide,
+                )
             },
             |_, k| {
                 let (off, len) = range(k);
@@ -433,9 +410,7 @@ impl HostBackend {
                 }
                 Ok(())
             },
-        );
-        result?;
-        staged.map_or(Ok(()), Err)
+        )
     }
 
     pub(super) fn all_to_all_v_lp(
@@ -447,56 +422,17 @@ impl HostBackend {
         codec: &Codec,
     ) -> Result<()> {
         let coll = Collective::AllToAllV;
-        let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
-        let region = region_bytes(seg.layout.slot_bytes, n);
+        let region = region_bytes(self.seg.layout.slot_bytes, self.world);
         let chunk = self.lp_chunk(coll, codec, region)?;
-        let sig = Signature {
-            dtype: Some(dtype),
-            lp: lp_word(codec),
-            ..Signature::new(coll)
-        };
-        // In place, send from a copy (see all_to_all_v_impl).
-        let snapshot: Vec<u8>;
-        let input = if bufs.in_place {
-            // SAFETY: the in-place buffer holds `in_count` elements.
-            snapshot = unsafe { shared(bufs.input, in_count * es) }.to_vec();
-            snapshot.as_ptr()
-        } else {
-            bufs.input
-        };
-        let mut call = self.begin(coll)?;
-        let max = self.all_to_all_v_start(&mut call, &sig, splits)?;
-        let piece = |count: usize, k: usize| count.saturating_sub(k * chunk).min(chunk);
         let (mut wide, mut acc) = (Vec::new(), Vec::new());
-        for k in 0..max.div_ceil(chunk) {
-            let parts: Vec<_> = (0..n)
-                .map(|p| {
-                    (
-                        splits.send_displs[p] + k * chunk,
-                        piece(splits.send_counts[p], k),
-                    )
-                })
-                .collect();
-            // SAFETY: parts lie within the input (checked by the communicator); our slot.
-            unsafe { self.stage_parts_lp(codec, dtype, input, &parts, region, &mut wide)? };
-            call.barrier()?;
-            for r in 0..n {
-                let len = piece(splits.recv_counts[r], k);
-                // SAFETY: region `me` of slot r is stable until the next barrier; the part lies
-                // within the output.
-                unsafe {
-                    decode(
-                        codec,
-                        dtype,
-                        seg.slot(r).add(me * region),
-                        len,
-                        bufs.output.add((splits.recv_displs[r] + k * chunk) * es),
-                        &mut acc,
-                    )?
-                };
-            }
-            call.barrier()?;
-        }
-        call.finish()
+        // The rounds hand over a piece of `len` elements of the buffer and its encoding in a
+        // slot region, touched by nothing else meanwhile.
+        // SAFETY: as above.
+        let send = |src, dst, len| unsafe { encode(codec, dtype, src, len, dst, &mut wide) };
+        // SAFETY: as above.
+        let recv = |src, dst, len| unsafe { decode(codec, dtype, src, len, dst, &mut acc) };
+        let layout = (region, chunk);
+        let lp = lp_word(codec);
+        self.all_to_all_v_rounds(bufs, dtype, lp, in_count, splits, layout, send, recv)
     }
 }

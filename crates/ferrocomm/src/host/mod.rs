@@ -386,6 +386,26 @@ impl Bufs {
             in_place,
         })
     }
+
+    /// The input of all-gather: in place, this rank's part already sits at its offset in the
+    /// full output (pointer arithmetic only).
+    pub fn gather_input(&self, rank: usize, part_bytes: usize) -> *const u8 {
+        if self.in_place {
+            self.output.wrapping_add(rank * part_bytes)
+        } else {
+            self.input
+        }
+    }
+
+    /// The output of reduce-scatter: in place, the result goes to this rank's part of the full
+    /// buffer (pointer arithmetic only).
+    pub fn scatter_output(&self, rank: usize, part_bytes: usize) -> *mut u8 {
+        if self.in_place {
+            self.output.wrapping_add(rank * part_bytes)
+        } else {
+            self.output
+        }
+    }
 }
 
 impl Backend for HostBackend {
