@@ -1,7 +1,7 @@
 //! Device correctness and timing check of the cuda backend (run on a GPU machine):
 //!
 //! ```text
-//! ferrocomm launch -n 2 -- target/release/examples/gpu_check [--quick] [--no-timing] [--full-timing]
+//! ferrocomm launch -n 2 -- target/release/examples/gpu_check [--quick] [--no-timing] [--full-timing] [--sanitize]
 //! ```
 //!
 //! Every all-reduce result is compared element by element with an f64 / exact-integer host
@@ -362,6 +362,28 @@ fn ops_for(d: DataType) -> Vec<OpK> {
 }
 
 const ALGOS: [Algo; 5] = [Algo::Push, Algo::Flat, Algo::Tree, Algo::Nccl, Algo::Auto];
+
+/// The handful of cases run under compute-sanitizer (memcheck, racecheck).
+fn sanitize_cases(c: &mut Ctx) -> Res<()> {
+    let mut seed = 40_000u64;
+    for d in [DataType::F32, DataType::BF16] {
+        for (k, &n) in [1usize, 33, 4097, 70_001].iter().enumerate() {
+            for algo in ALGOS {
+                seed += 1;
+                let cs = Case {
+                    dtype: d,
+                    op: OpK::Sum,
+                    count: n,
+                    algo,
+                    in_place: k % 2 == 0,
+                    misalign: k % 2,
+                };
+                run_case(c, None, &cs, seed, 0)?;
+            }
+        }
+    }
+    Ok(())
+}
 
 fn matrix(c: &mut Ctx, quick: bool) -> Res<()> {
     let mut seed = 1u64;
@@ -850,6 +872,7 @@ fn real_main() -> Res<i32> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let no_timing = args.iter().any(|a| a == "--no-timing");
+    let sanitize = args.iter().any(|a| a == "--sanitize");
     // Quick correctness with the full timing table.
     let full_timing = args.iter().any(|a| a == "--full-timing");
     let mut cfg = Config::from_env()?;
@@ -886,163 +909,171 @@ fn real_main() -> Res<i32> {
         failures: Vec::new(),
         seq: 0,
     };
-    let t = Instant::now();
-    matrix(&mut c, quick)?;
-    if rank == 0 {
-        println!("matrix done in {:.1} s", t.elapsed().as_secs_f64());
-    }
-    race(&mut c, if quick { 300 } else { 2000 })?;
-    graph(&mut c, if quick { 20 } else { 200 })?;
-    others(&mut c)?;
-
-    // Two communicators used alternately.
-    let mut o2 = CommOptions::new("gpu_check_b");
-    o2.config = Some(cfg.clone());
-    let comm2 = Communicator::new(o2)?;
-    for k in 0..40u64 {
-        let algo = [Algo::Push, Algo::Flat, Algo::Tree, Algo::Auto][k as usize % 4];
-        let cs = Case {
-            dtype: DataType::F32,
-            op: OpK::Sum,
-            count: 1000 + k as usize * 997,
-            algo,
-            in_place: k % 2 == 0,
-            misalign: 0,
-        };
-        let which = if k % 2 == 0 { None } else { Some(&comm2) };
-        run_case(&mut c, which, &cs, 10_000 + k, 0)?;
-    }
-    drop(comm2);
-
-    // A staging area far smaller than the message: flat streams it through many small chunk
-    // slots (the writer waits for the reader's acknowledgements).
-    let mut cfg_s = cfg.clone();
-    cfg_s.cuda_staging_bytes = 1 << 20;
-    let mut o5 = CommOptions::new("gpu_check_small_staging");
-    o5.config = Some(cfg_s);
-    let comm5 = Communicator::new(o5)?;
-    for (k, (d, n, algo)) in [
-        (DataType::BF16, (8 << 20) + 3, Algo::Flat),
-        (DataType::F32, (2 << 20) + 1, Algo::Flat),
-        (DataType::BF16, 3 << 20, Algo::Auto),
-        (DataType::F32, 100_003, Algo::Flat),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let cs = Case {
-            dtype: d,
-            op: OpK::Sum,
-            count: n,
-            algo,
-            in_place: k % 2 == 0,
-            misalign: k % 2,
-        };
-        run_case(&mut c, Some(&comm5), &cs, 30_000 + k as u64, 0)?;
-    }
-    drop(comm5);
-
-    // Two hosts of one GPU each, simulated: NCCL must carry everything.
-    let mut o3 = CommOptions::new("gpu_check_2hosts");
-    o3.config = Some(cfg.clone());
-    o3.local_size = Some(1);
-    o3.local_rank = Some(0);
-    o3.device = Some(Device::Cuda(dev));
-    let comm3 = Communicator::new(o3)?;
-    let a3 = comm3.algo_for(
-        ferrocomm::Collective::AllReduce,
-        1024,
-        DataType::BF16,
-        &CallOpts::default(),
-    )?;
-    if a3 != Algo::Nccl {
-        c.failures
-            .push(format!("two-host simulation chose {a3}, not nccl"));
-    }
-    for (k, algo) in [Algo::Auto, Algo::Nccl].into_iter().enumerate() {
-        let cs = Case {
-            dtype: DataType::BF16,
-            op: OpK::Sum,
-            count: 5000,
-            algo,
-            in_place: false,
-            misalign: 0,
-        };
-        run_case(&mut c, Some(&comm3), &cs, 20_000 + k as u64, 0)?;
-    }
-    let refused = {
-        let b = Buf::new(64)?;
-        // SAFETY: 64 bytes of this device.
-        let r = unsafe {
-            comm3.all_reduce(
-                Input::InPlace,
-                ViewMut::from_raw(b.ptr as *mut u8, 8, DataType::F32, Device::Cuda(dev)),
-                ReduceOp::Sum,
-                &CallOpts::default().with_algo(Algo::Flat),
-            )
-        };
-        r.is_err()
-    };
-    if !refused {
-        c.failures
-            .push("two-host simulation accepted a forced flat all-reduce".into());
-    }
-    drop(comm3);
-
-    // A peer that never arrives: rank 0 alone calls, the kernel gives up after the timeout and
-    // the next call reports which rank was missing.
-    let mut cfg_t = cfg.clone();
-    cfg_t.timeout = Duration::from_secs(2);
-    let mut o4 = CommOptions::new("gpu_check_timeout");
-    o4.config = Some(cfg_t);
-    let comm4 = Communicator::new(o4)?;
-    if rank == 0 {
-        let b = Buf::new(4096)?;
-        let dv = Device::Cuda(dev);
-        // SAFETY: 4096 bytes of this device, synchronised before the buffer is dropped.
-        let first = unsafe {
-            comm4.all_reduce(
-                Input::InPlace,
-                ViewMut::from_raw(b.ptr as *mut u8, 1024, DataType::F32, dv),
-                ReduceOp::Sum,
-                &CallOpts::default().with_algo(Algo::Flat),
-            )
-        };
-        let t = Instant::now();
-        sync()?;
-        let waited = t.elapsed();
-        // SAFETY: as above.
-        let second = unsafe {
-            comm4.all_reduce(
-                Input::InPlace,
-                ViewMut::from_raw(b.ptr as *mut u8, 1024, DataType::F32, dv),
-                ReduceOp::Sum,
-                &CallOpts::default().with_algo(Algo::Flat),
-            )
-        };
-        match (&first, &second) {
-            (Ok(()), Err(ferrocomm::Error::Timeout { missing: 1, .. })) => {
-                println!(
-                    "timeout: kernel gave up after {:.2} s; next call: {}",
-                    waited.as_secs_f64(),
-                    second.as_ref().unwrap_err()
-                );
-            }
-            _ => c
-                .failures
-                .push(format!("timeout check: first {first:?}, second {second:?}")),
+    'suite: {
+        if sanitize {
+            // Under compute-sanitizer every access is checked and kernels run far slower: a few
+            // sizes of every algorithm, in and out of place, aligned and not, then the summary.
+            sanitize_cases(&mut c)?;
+            break 'suite;
         }
-    }
-    store_barrier(
-        &**c.comm.store(),
-        "timeout-done",
-        world,
-        Duration::from_secs(120),
-    )?;
-    std::mem::forget(comm4);
+        let t = Instant::now();
+        matrix(&mut c, quick)?;
+        if rank == 0 {
+            println!("matrix done in {:.1} s", t.elapsed().as_secs_f64());
+        }
+        race(&mut c, if quick { 300 } else { 10_000 })?;
+        graph(&mut c, if quick { 20 } else { 1_000 })?;
+        others(&mut c)?;
 
-    if !no_timing {
-        timing(&mut c, quick && !full_timing)?;
+        // Two communicators used alternately.
+        let mut o2 = CommOptions::new("gpu_check_b");
+        o2.config = Some(cfg.clone());
+        let comm2 = Communicator::new(o2)?;
+        for k in 0..40u64 {
+            let algo = [Algo::Push, Algo::Flat, Algo::Tree, Algo::Auto][k as usize % 4];
+            let cs = Case {
+                dtype: DataType::F32,
+                op: OpK::Sum,
+                count: 1000 + k as usize * 997,
+                algo,
+                in_place: k % 2 == 0,
+                misalign: 0,
+            };
+            let which = if k % 2 == 0 { None } else { Some(&comm2) };
+            run_case(&mut c, which, &cs, 10_000 + k, 0)?;
+        }
+        drop(comm2);
+
+        // A staging area far smaller than the message: flat streams it through many small chunk
+        // slots (the writer waits for the reader's acknowledgements).
+        let mut cfg_s = cfg.clone();
+        cfg_s.cuda_staging_bytes = 1 << 20;
+        let mut o5 = CommOptions::new("gpu_check_small_staging");
+        o5.config = Some(cfg_s);
+        let comm5 = Communicator::new(o5)?;
+        for (k, (d, n, algo)) in [
+            (DataType::BF16, (8 << 20) + 3, Algo::Flat),
+            (DataType::F32, (2 << 20) + 1, Algo::Flat),
+            (DataType::BF16, 3 << 20, Algo::Auto),
+            (DataType::F32, 100_003, Algo::Flat),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let cs = Case {
+                dtype: d,
+                op: OpK::Sum,
+                count: n,
+                algo,
+                in_place: k % 2 == 0,
+                misalign: k % 2,
+            };
+            run_case(&mut c, Some(&comm5), &cs, 30_000 + k as u64, 0)?;
+        }
+        drop(comm5);
+
+        // Two hosts of one GPU each, simulated: NCCL must carry everything.
+        let mut o3 = CommOptions::new("gpu_check_2hosts");
+        o3.config = Some(cfg.clone());
+        o3.local_size = Some(1);
+        o3.local_rank = Some(0);
+        o3.device = Some(Device::Cuda(dev));
+        let comm3 = Communicator::new(o3)?;
+        let a3 = comm3.algo_for(
+            ferrocomm::Collective::AllReduce,
+            1024,
+            DataType::BF16,
+            &CallOpts::default(),
+        )?;
+        if a3 != Algo::Nccl {
+            c.failures
+                .push(format!("two-host simulation chose {a3}, not nccl"));
+        }
+        for (k, algo) in [Algo::Auto, Algo::Nccl].into_iter().enumerate() {
+            let cs = Case {
+                dtype: DataType::BF16,
+                op: OpK::Sum,
+                count: 5000,
+                algo,
+                in_place: false,
+                misalign: 0,
+            };
+            run_case(&mut c, Some(&comm3), &cs, 20_000 + k as u64, 0)?;
+        }
+        let refused = {
+            let b = Buf::new(64)?;
+            // SAFETY: 64 bytes of this device.
+            let r = unsafe {
+                comm3.all_reduce(
+                    Input::InPlace,
+                    ViewMut::from_raw(b.ptr as *mut u8, 8, DataType::F32, Device::Cuda(dev)),
+                    ReduceOp::Sum,
+                    &CallOpts::default().with_algo(Algo::Flat),
+                )
+            };
+            r.is_err()
+        };
+        if !refused {
+            c.failures
+                .push("two-host simulation accepted a forced flat all-reduce".into());
+        }
+        drop(comm3);
+
+        // A peer that never arrives: rank 0 alone calls, the kernel gives up after the timeout and
+        // the next call reports which rank was missing.
+        let mut cfg_t = cfg.clone();
+        cfg_t.timeout = Duration::from_secs(2);
+        let mut o4 = CommOptions::new("gpu_check_timeout");
+        o4.config = Some(cfg_t);
+        let comm4 = Communicator::new(o4)?;
+        if rank == 0 {
+            let b = Buf::new(4096)?;
+            let dv = Device::Cuda(dev);
+            // SAFETY: 4096 bytes of this device, synchronised before the buffer is dropped.
+            let first = unsafe {
+                comm4.all_reduce(
+                    Input::InPlace,
+                    ViewMut::from_raw(b.ptr as *mut u8, 1024, DataType::F32, dv),
+                    ReduceOp::Sum,
+                    &CallOpts::default().with_algo(Algo::Flat),
+                )
+            };
+            let t = Instant::now();
+            sync()?;
+            let waited = t.elapsed();
+            // SAFETY: as above.
+            let second = unsafe {
+                comm4.all_reduce(
+                    Input::InPlace,
+                    ViewMut::from_raw(b.ptr as *mut u8, 1024, DataType::F32, dv),
+                    ReduceOp::Sum,
+                    &CallOpts::default().with_algo(Algo::Flat),
+                )
+            };
+            match (&first, &second) {
+                (Ok(()), Err(ferrocomm::Error::Timeout { missing: 1, .. })) => {
+                    println!(
+                        "timeout: kernel gave up after {:.2} s; next call: {}",
+                        waited.as_secs_f64(),
+                        second.as_ref().unwrap_err()
+                    );
+                }
+                _ => c
+                    .failures
+                    .push(format!("timeout check: first {first:?}, second {second:?}")),
+            }
+        }
+        store_barrier(
+            &**c.comm.store(),
+            "timeout-done",
+            world,
+            Duration::from_secs(120),
+        )?;
+        std::mem::forget(comm4);
+
+        if !no_timing {
+            timing(&mut c, quick && !full_timing)?;
+        }
     }
 
     // Summary (every rank's failures go to stderr; rank 0 prints the table).
