@@ -102,7 +102,8 @@ impl Splits {
 #[derive(Debug)]
 pub struct DeviceCounts<'a> {
     /// `size` integers (i32, u32, i64 or u64): elements this rank sends to each rank, its input
-    /// packed in rank order. Written by earlier work on the stream; never read by the host.
+    /// packed in rank order. On the cuda backend written by earlier work on the stream, never
+    /// read by the host; on the host backend, host memory like the data.
     pub send: View<'a>,
     /// `size` integers of the same type: elements received from each rank, written by the call.
     pub recv: ViewMut<'a>,
@@ -554,10 +555,14 @@ impl Communicator {
     ///
     /// `input` holds the parts for rank 0, 1, ... back to back, `counts.send[p]` elements for
     /// rank `p`; the part from rank `s` lands at `s * counts.capacity` in `output` (which holds
-    /// `size * capacity` elements) and `counts.recv[s]` receives its length. A part longer than
-    /// the capacity, or send counts past the input, are truncated and reported as an error by
-    /// the next call on this communicator; nothing is written past a buffer. Every rank must
-    /// pass the same capacity. Only the cuda backend has it (others: [`Error::Unsupported`]).
+    /// `size * capacity` elements) and `counts.recv[s]` receives its length; output elements
+    /// past that length are left untouched. A negative count sends nothing. A part longer than
+    /// the capacity, or send counts past the input, are truncated and reported as an error
+    /// (by the receiving, resp. sending rank), nothing is written past a buffer: the cuda
+    /// backend reports it from the next call on this communicator; the host backend (counts in
+    /// host memory) from this call, once the exchange is complete and `counts.recv` written.
+    /// Every rank must pass the same capacity and dtype. The nccl backend refuses
+    /// ([`Error::Unsupported`]).
     pub fn all_to_all_v_dynamic(
         &self,
         input: View<'_>,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferrocomm::bootstrap::{Store, TcpStore, TcpStoreServer};
-use ferrocomm::{CallOpts, Error, Input, ReduceOp, View, ViewMut};
+use ferrocomm::{CallOpts, DeviceCounts, Error, Input, ReduceOp, View, ViewMut};
 use host_support::*;
 
 const CHILD: &str = "FERROCOMM_HOST_TEST_CHILD";
@@ -80,6 +80,37 @@ fn child_rank() {
                 .unwrap();
             for r in 0..n {
                 assert_eq!(g[r * count + 1], 0.25 + r as f32);
+            }
+            // Mixture-of-experts dispatch: rank r sends 1 + 4 * ((r + p) % 3) elements to p.
+            let part = |s: usize, p: usize| 1 + 4 * ((s + p) % 3);
+            let (cap, me) = (9, rank);
+            let sends: Vec<u64> = (0..n).map(|p| part(me, p) as u64).collect();
+            let total: usize = (0..n).map(|p| part(me, p)).sum();
+            let x: Vec<f32> = (0..total).map(|i| (me * 1000 + i) as f32).collect();
+            let mut out = vec![f32::NAN; n * cap];
+            let mut recv = vec![u64::MAX; n];
+            comm.all_to_all_v_dynamic(
+                View::host(&x),
+                ViewMut::host(&mut out),
+                DeviceCounts {
+                    send: View::host(&sends),
+                    recv: ViewMut::host(&mut recv),
+                    capacity: cap,
+                },
+                &o,
+            )
+            .unwrap();
+            for s in 0..n {
+                assert_eq!(recv[s], part(s, me) as u64, "count from {s}");
+                let off: usize = (0..me).map(|p| part(s, p)).sum();
+                for i in 0..cap {
+                    let v = out[s * cap + i];
+                    if i < part(s, me) {
+                        assert_eq!(v, (s * 1000 + off + i) as f32, "from {s}, element {i}");
+                    } else {
+                        assert!(v.is_nan(), "from {s}, element {i} written");
+                    }
+                }
             }
             comm.barrier(&o).unwrap();
         }

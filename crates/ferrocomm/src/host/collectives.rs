@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 use super::shm::LINE;
 use super::{Bufs, Call, HostBackend, Signature};
-use crate::comm::{CallOpts, Splits};
+use crate::comm::{CallOpts, DeviceCounts, Splits};
 use crate::error::{Error, Result};
 use crate::reduce::reduce_bytes;
 use crate::select::{Algo, Collective};
@@ -451,26 +451,35 @@ impl HostBackend {
     }
 
     /// Publishes this rank's all-to-all-v counts, passes the start barrier and checks that
-    /// every sender's count matches its receiver's. Returns the largest part of any rank.
+    /// every sender's count matches its receiver's (unless the receive counts are learnt from
+    /// the senders: `learn`). Returns the largest part of any rank and what each rank sends
+    /// to this one.
     pub(super) fn all_to_all_v_start(
         &self,
         call: &mut Call<'_>,
         sig: &Signature,
         splits: &Splits,
-    ) -> Result<usize> {
+        learn: bool,
+    ) -> Result<(usize, Vec<usize>)> {
         let (me, n, seg) = (self.rank, self.world, &self.seg);
         for p in 0..n {
             // Relaxed: the start barrier's release publishes them.
             seg.count(me, p)
                 .store(splits.send_counts[p] as u64, Ordering::Relaxed);
-            seg.count(me, n + p)
-                .store(splits.recv_counts[p] as u64, Ordering::Relaxed);
+            if !learn {
+                seg.count(me, n + p)
+                    .store(splits.recv_counts[p] as u64, Ordering::Relaxed);
+            }
         }
         call.start(sig)?;
         let mut max = 0;
         for i in 0..n {
             for j in 0..n {
                 let sends = seg.count(i, j).load(Ordering::Relaxed);
+                max = max.max(sends as usize);
+                if learn {
+                    continue;
+                }
                 let expects = seg.count(j, n + i).load(Ordering::Relaxed);
                 if sends != expects {
                     // Every rank reads the same table and stops at the same pair.
@@ -483,17 +492,24 @@ impl HostBackend {
                         theirs: format!("rank {j} expects {expects} elements from rank {i}"),
                     });
                 }
-                max = max.max(sends as usize);
             }
         }
-        Ok(max)
+        let incoming = (0..n)
+            .map(|i| seg.count(i, me).load(Ordering::Relaxed) as usize)
+            .collect();
+        Ok((max, incoming))
     }
 
     /// All-to-all-v in both precisions (`lp`: the signature's low-precision word): per round of
-    /// up to `chunk` elements of every part, `send(src, dst, len)` stages our piece for rank `p` into region `p` of our
-    /// slot, and after the barrier `recv(src, dst, len)` takes rank `r`'s piece for us from
-    /// region `me` of its slot into the output. `src` and `dst` are valid for `len` elements
-    /// (the encoded size of `len` elements in a region) and touched by nothing else meanwhile.
+    /// up to `chunk` elements of every part, `send(src, dst, len)` stages our piece for rank `p`
+    /// into region `p` of our slot, and after the barrier `recv(src, dst, len)` takes rank `r`'s
+    /// piece for us from region `me` of its slot into the output. `src` and `dst` are valid for
+    /// `len` elements (the encoded size of `len` elements in a region) and touched by nothing
+    /// else meanwhile.
+    ///
+    /// With a `capacity` (all_to_all_v_dynamic), the receive side of `splits` is ignored: the
+    /// part from rank `r` is what it sends, cut to `capacity`, at `r * capacity` in the output
+    /// (which holds `n * capacity` elements). Returns what each rank sent to this one, uncut.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn all_to_all_v_rounds(
         &self,
@@ -502,14 +518,19 @@ impl HostBackend {
         lp: u64,
         in_count: usize,
         splits: &Splits,
+        capacity: Option<usize>,
         (region, chunk): (usize, usize),
         mut send: impl FnMut(*const u8, *mut u8, usize) -> Result<()>,
         mut recv: impl FnMut(*const u8, *mut u8, usize) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<Vec<usize>> {
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
+        // The capacity is agreed on like a count: ranks with different capacities (or
+        // dynamic against plain) fail the signature check.
         let sig = Signature {
             dtype: Some(dtype),
             lp,
+            count: capacity.unwrap_or(0) as u64,
+            dynamic: capacity.is_some(),
             ..Signature::new(Collective::AllToAllV)
         };
         // In place, parts may differ in size between sending and receiving, so a received part
@@ -523,13 +544,21 @@ impl HostBackend {
             bufs.input
         };
         let mut call = self.begin(sig.coll)?;
-        let max = self.all_to_all_v_start(&mut call, &sig, splits)?;
+        let (max, incoming) =
+            self.all_to_all_v_start(&mut call, &sig, splits, capacity.is_some())?;
+        let (recv_counts, recv_displs) = match capacity {
+            None => (splits.recv_counts.clone(), splits.recv_displs.clone()),
+            Some(cap) => (
+                incoming.iter().map(|&c| c.min(cap)).collect(),
+                (0..n).map(|r| r * cap).collect(),
+            ),
+        };
         let piece = |count: usize, k: usize| count.saturating_sub(k * chunk).min(chunk);
         for k in 0..max.div_ceil(chunk) {
             for p in 0..n {
                 let len = piece(splits.send_counts[p], k);
-                // The part lies within the input (checked by the communicator); our slot's
-                // region p is ours before the barrier.
+                // The part lies within the input (checked by the communicator, or cut to it by
+                // all_to_all_v_dynamic); our slot's region p is ours before the barrier.
                 send(
                     input.wrapping_add((splits.send_displs[p] + k * chunk) * es),
                     seg.slot(me).wrapping_add(p * region),
@@ -538,19 +567,19 @@ impl HostBackend {
             }
             call.barrier()?;
             for r in 0..n {
-                let len = piece(splits.recv_counts[r], k);
+                let len = piece(recv_counts[r], k);
                 // Region `me` of slot r is stable until the next barrier; the part lies within
-                // the output (checked by the communicator).
+                // the output (checked by the communicator, or cut to the capacity above).
                 recv(
                     seg.slot(r).wrapping_add(me * region),
-                    bufs.output
-                        .wrapping_add((splits.recv_displs[r] + k * chunk) * es),
+                    bufs.output.wrapping_add((recv_displs[r] + k * chunk) * es),
                     len,
                 )?;
             }
             call.barrier()?;
         }
-        call.finish()
+        call.finish()?;
+        Ok(incoming)
     }
 
     pub(super) fn all_to_all_v_impl(
@@ -575,6 +604,116 @@ impl HostBackend {
             Ok(())
         };
         let layout = (region, region / es);
-        self.all_to_all_v_rounds(bufs, dtype, 0, in_count, splits, layout, mv, mv)
+        self.all_to_all_v_rounds(bufs, dtype, 0, in_count, splits, None, layout, mv, mv)?;
+        Ok(())
+    }
+
+    /// All-to-all-v with counts in (host) memory: the rounds of [`Self::all_to_all_v_rounds`]
+    /// with the send side derived from `counts.send` and the receive side learnt from the
+    /// senders. Cut parts (past the input, past the capacity) are this call's error, returned
+    /// once the exchange is complete and `counts.recv` is written, so every rank finishes the
+    /// call and the communicator stays usable.
+    pub(super) fn all_to_all_v_dynamic_impl(
+        &self,
+        bufs: &Bufs,
+        dtype: DataType,
+        in_count: usize,
+        counts: DeviceCounts<'_>,
+    ) -> Result<()> {
+        let c = "all_to_all_v_dynamic";
+        let (me, n, cap) = (self.rank, self.world, counts.capacity);
+        let cdt = counts.send.dtype();
+        let not_host = |what: &str, d| {
+            Error::InvalidArgument(format!(
+                "{c}: the host backend needs {what} in host memory, got them on {d}"
+            ))
+        };
+        let send = counts
+            .send
+            .host_bytes()
+            .ok_or_else(|| not_host("send_counts", counts.send.device()))?;
+        let mut recv_view = counts.recv;
+        let recv_device = recv_view.device();
+        let recv = recv_view
+            .host_bytes_mut()
+            .ok_or_else(|| not_host("recv_counts", recv_device))?;
+        // Parts are packed in rank order at the prefix sums of the requested counts; whatever
+        // lies past the input is cut, as the cuda kernel does.
+        let mut send_counts = Vec::with_capacity(n);
+        let mut send_displs = Vec::with_capacity(n);
+        let mut end = 0usize;
+        for p in 0..n {
+            let want = read_count(cdt, send, p);
+            send_counts.push(want.min(in_count.saturating_sub(end)));
+            send_displs.push(end.min(in_count));
+            end = end.saturating_add(want);
+        }
+        let mut problems = Vec::new();
+        if end > in_count {
+            problems.push(format!(
+                "the send counts add up to {end} elements, more than the input's {in_count}; \
+                 the parts past the input were cut"
+            ));
+        }
+        let splits = Splits {
+            send_counts,
+            send_displs,
+            recv_counts: vec![0; n],
+            recv_displs: vec![0; n],
+        };
+        let es = dtype.size();
+        let region = self.regions_for(Collective::AllToAllV)?;
+        let mv = |src: *const u8, dst: *mut u8, len: usize| {
+            // SAFETY: as in all_to_all_v: the rounds hand over ranges valid for `len` elements
+            // that nothing else touches meanwhile.
+            unsafe { copy(src, dst, len * es) };
+            Ok(())
+        };
+        let layout = (region, region / es);
+        let incoming =
+            self.all_to_all_v_rounds(bufs, dtype, 0, in_count, &splits, Some(cap), layout, mv, mv)?;
+        for (s, &got) in incoming.iter().enumerate() {
+            write_count(cdt, recv, s, got.min(cap));
+            if got > cap {
+                problems.push(format!(
+                    "rank {s} sent {got} elements, more than the capacity of {cap}; the part \
+                     was cut to the capacity"
+                ));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "{c} on rank {me}: {}",
+                problems.join("; ")
+            )))
+        }
+    }
+}
+
+/// Count `i` of a counts buffer of `dtype` (i32, u32, i64 or u64, native byte order). A
+/// negative count sends nothing.
+fn read_count(dtype: DataType, bytes: &[u8], i: usize) -> usize {
+    let w = dtype.size();
+    let b = &bytes[i * w..(i + 1) * w];
+    let v: i128 = match dtype {
+        DataType::I32 => i32::from_ne_bytes(b.try_into().expect("4 bytes")).into(),
+        DataType::U32 => u32::from_ne_bytes(b.try_into().expect("4 bytes")).into(),
+        DataType::I64 => i64::from_ne_bytes(b.try_into().expect("8 bytes")).into(),
+        _ => u64::from_ne_bytes(b.try_into().expect("8 bytes")).into(),
+    };
+    usize::try_from(v.max(0)).unwrap_or(usize::MAX)
+}
+
+/// Writes count `i` of a counts buffer of `dtype`, saturated to the type's largest value.
+fn write_count(dtype: DataType, bytes: &mut [u8], i: usize, v: usize) {
+    let w = dtype.size();
+    let b = &mut bytes[i * w..(i + 1) * w];
+    match dtype {
+        DataType::I32 => b.copy_from_slice(&i32::try_from(v).unwrap_or(i32::MAX).to_ne_bytes()),
+        DataType::U32 => b.copy_from_slice(&u32::try_from(v).unwrap_or(u32::MAX).to_ne_bytes()),
+        DataType::I64 => b.copy_from_slice(&i64::try_from(v).unwrap_or(i64::MAX).to_ne_bytes()),
+        _ => b.copy_from_slice(&(v as u64).to_ne_bytes()),
     }
 }

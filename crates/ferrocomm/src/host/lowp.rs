@@ -433,6 +433,7 @@ impl HostBackend {
         let recv = |src, dst, len| unsafe { decode(codec, dtype, src, len, dst, &mut acc) };
         let layout = (region, chunk);
         let lp = lp_word(codec);
-        self.all_to_all_v_rounds(bufs, dtype, lp, in_count, splits, layout, send, recv)
+        self.all_to_all_v_rounds(bufs, dtype, lp, in_count, splits, None, layout, send, recv)?;
+        Ok(())
     }
 }

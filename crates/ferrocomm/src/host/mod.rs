@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::comm::{Backend, CallOpts, CommContext, Splits};
+use crate::comm::{Backend, CallOpts, CommContext, DeviceCounts, Splits};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::select::{self, Algo, Capabilities, Collective};
@@ -73,6 +73,8 @@ pub(crate) struct Signature {
     pub algo: Algo,
     /// Low-precision wire format (0: full precision) and block size.
     pub lp: u64,
+    /// all_to_all_v_dynamic (an all-to-all-v whose `count` is the capacity per sender).
+    pub dynamic: bool,
 }
 
 impl Signature {
@@ -85,6 +87,7 @@ impl Signature {
             root: None,
             algo: Algo::Direct,
             lp: 0,
+            dynamic: false,
         }
     }
 
@@ -92,7 +95,8 @@ impl Signature {
         let code = self.coll.code() as u64
             | (self.dtype.map_or(0xff, |d| d.code()) as u64) << 8
             | (self.op.map_or(0xff, |o| o.code()) as u64) << 16
-            | (algo_code(self.algo) as u64) << 24;
+            | (algo_code(self.algo) as u64) << 24
+            | (self.dynamic as u64) << 32;
         let scalar = match self.op {
             Some(ReduceOp::PremulSum(s)) => s.to_bits(),
             _ => 0,
@@ -113,7 +117,11 @@ impl Signature {
             .iter()
             .find(|c| c.code() as u64 == w[1] & 0xff)
             .map_or("?", |c| c.name());
-        let mut s = format!("{coll}(count={}", w[2]);
+        let mut s = if w[1] >> 32 & 1 == 1 {
+            format!("{coll}_dynamic(capacity={}", w[2])
+        } else {
+            format!("{coll}(count={}", w[2])
+        };
         if let Some(d) = DataType::from_code(((w[1] >> 8) & 0xff) as u8) {
             s += &format!(", dtype={d}");
         }
@@ -507,6 +515,19 @@ impl Backend for HostBackend {
         };
         self.algo(coll, in_count * output.dtype().size(), output.dtype(), opts)?;
         self.all_to_all_v_impl(&bufs, output.dtype(), in_count, splits, opts)
+    }
+
+    fn all_to_all_v_dynamic(
+        &self,
+        input: View<'_>,
+        output: ViewMut<'_>,
+        counts: DeviceCounts<'_>,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let coll = Collective::AllToAllV;
+        let bufs = Bufs::new(coll, &Input::Buf(input), &output)?;
+        self.algo(coll, input.bytes_len(), output.dtype(), opts)?;
+        self.all_to_all_v_dynamic_impl(&bufs, output.dtype(), input.count(), counts)
     }
 
     fn barrier(&self, _opts: &CallOpts) -> Result<()> {

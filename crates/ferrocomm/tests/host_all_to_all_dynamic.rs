@@ -1,0 +1,284 @@
+//! Host backend `all_to_all_v_dynamic`, ranks as threads: random uneven counts (zeros and
+//! negatives included) in every count dtype, exactly fitting capacities, overflowing parts and
+//! counts past the input, every element and count compared with a plain reference, and guard
+//! bytes after the output and the counts that must stay untouched.
+
+mod host_support;
+
+use std::time::Duration;
+
+use ferrocomm::{CallOpts, Communicator, DataType, DeviceCounts, Error, Splits};
+use host_support::*;
+use rand::{Rng, SeedableRng};
+
+/// Small slots so that parts span several rounds.
+const SLOT: usize = 4096;
+const GUARD: usize = 64;
+const COUNT_DTYPES: [DataType; 4] = [DataType::I32, DataType::U32, DataType::I64, DataType::U64];
+
+fn cfg() -> ferrocomm::Config {
+    config(SLOT, Duration::from_secs(30))
+}
+
+/// One call as every rank sees it: `want[s][p]` elements from rank `s` to rank `p` (negative:
+/// nothing), rank `s`'s input holding `in_count[s]` elements.
+struct Case {
+    d: DataType,
+    cdt: DataType,
+    cap: usize,
+    want: Vec<Vec<i64>>,
+    in_count: Vec<usize>,
+    seed: u64,
+}
+
+impl Case {
+    fn input(&self, r: usize) -> Vec<u8> {
+        input(self.d, self.in_count[r], self.seed, r, false)
+    }
+
+    /// What rank `s` really sends to `p`: its count, cut where the input ends.
+    fn sent(&self, s: usize, p: usize) -> usize {
+        let w = |q: usize| self.want[s][q].max(0) as usize;
+        let off: usize = (0..p).map(w).sum();
+        w(p).min(self.in_count[s].saturating_sub(off))
+    }
+
+    /// Plain reference for rank `me`: output bytes (poison where nothing arrives), the received
+    /// counts, and whether the call must fail on this rank.
+    fn expected(&self, me: usize) -> (Vec<u8>, Vec<usize>, bool) {
+        let (n, es) = (self.want.len(), self.d.size());
+        let mut out = vec![POISON; n * self.cap * es];
+        let mut recv = Vec::new();
+        let mut fails = (0..n)
+            .map(|p| self.want[me][p].max(0) as usize)
+            .sum::<usize>()
+            > self.in_count[me];
+        for s in 0..n {
+            let got = self.sent(s, me);
+            fails |= got > self.cap;
+            let take = got.min(self.cap);
+            let off: usize = (0..me).map(|q| self.want[s][q].max(0) as usize).sum();
+            if take > 0 {
+                let src = &self.input(s)[off * es..(off + take) * es];
+                out[s * self.cap * es..][..take * es].copy_from_slice(src);
+            }
+            recv.push(take);
+        }
+        (out, recv, fails)
+    }
+}
+
+fn encode(cdt: DataType, v: &[i64]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|&x| match cdt {
+            DataType::I32 => (x as i32).to_ne_bytes().to_vec(),
+            DataType::U32 => (x as u32).to_ne_bytes().to_vec(),
+            DataType::I64 => x.to_ne_bytes().to_vec(),
+            _ => (x as u64).to_ne_bytes().to_vec(),
+        })
+        .collect()
+}
+
+fn decode(cdt: DataType, b: &[u8]) -> Vec<usize> {
+    b.chunks(cdt.size())
+        .map(|c| match cdt {
+            DataType::I32 => i32::from_ne_bytes(c.try_into().unwrap()) as usize,
+            DataType::U32 => u32::from_ne_bytes(c.try_into().unwrap()) as usize,
+            DataType::I64 => i64::from_ne_bytes(c.try_into().unwrap()) as usize,
+            _ => u64::from_ne_bytes(c.try_into().unwrap()) as usize,
+        })
+        .collect()
+}
+
+/// Runs `case` on `comm` and checks output, guard bytes, received counts and the error.
+fn check(comm: &Communicator, case: &Case, what: &str) {
+    let (me, n, es) = (comm.rank(), comm.size(), case.d.size());
+    // Input followed by random bytes that must never arrive anywhere.
+    let mut inp = case.input(me);
+    let in_len = inp.len();
+    inp.extend(input(DataType::U8, GUARD, case.seed ^ 0xdead, me, false));
+    let inbuf = Aligned::new(&inp);
+    let out_len = n * case.cap * es;
+    let mut out = Aligned::poisoned(out_len + GUARD);
+    let send = Aligned::new(&encode(case.cdt, &case.want[me]));
+    let mut recv = Aligned::poisoned(n * case.cdt.size() + GUARD);
+    let counts = DeviceCounts {
+        send: view(case.cdt, send.bytes()),
+        recv: view_mut(case.cdt, &mut recv.bytes_mut()[..n * case.cdt.size()]),
+        capacity: case.cap,
+    };
+    let r = comm.all_to_all_v_dynamic(
+        view(case.d, &inbuf.bytes()[..in_len]),
+        view_mut(case.d, &mut out.bytes_mut()[..out_len]),
+        counts,
+        &CallOpts::default(),
+    );
+    let (want_out, want_recv, fails) = case.expected(me);
+    match (&r, fails) {
+        (Ok(()), false) => {}
+        (Err(Error::InvalidArgument(m)), true) => {
+            assert!(m.contains("all_to_all_v_dynamic on rank"), "{what}: {m}")
+        }
+        _ => panic!("{what}, rank {me}: got {r:?}, expected failure: {fails}"),
+    }
+    assert_eq!(
+        &out.bytes()[..out_len],
+        &want_out[..],
+        "{what}, rank {me}: output"
+    );
+    assert!(
+        out.bytes()[out_len..].iter().all(|&b| b == POISON),
+        "{what}, rank {me}: written past the output"
+    );
+    let rb = recv.bytes();
+    assert_eq!(
+        decode(case.cdt, &rb[..n * case.cdt.size()]),
+        want_recv,
+        "{what}, rank {me}: received counts"
+    );
+    assert!(
+        rb[n * case.cdt.size()..].iter().all(|&b| b == POISON),
+        "{what}, rank {me}: written past the counts"
+    );
+}
+
+/// A random count table: a quarter zeros, some negative (signed count types), some parts
+/// several regions long.
+fn table(n: usize, cdt: DataType, rng: &mut impl Rng) -> Vec<Vec<i64>> {
+    let signed = matches!(cdt, DataType::I32 | DataType::I64);
+    (0..n)
+        .map(|_| {
+            (0..n)
+                .map(|_| match rng.random_range(0..8) {
+                    0 | 1 => 0,
+                    2 if signed => -rng.random_range(1..1000),
+                    3 => rng.random_range(300..900),
+                    _ => rng.random_range(1..40),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn cases(n: usize) -> Vec<(String, Case)> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(n as u64 * 7919);
+    let dtypes = [DataType::F32, DataType::BF16, DataType::U8, DataType::F64];
+    let mut out = Vec::new();
+    for (i, cdt) in COUNT_DTYPES.into_iter().enumerate() {
+        let d = dtypes[i];
+        let mut want = table(n, cdt, &mut rng);
+        // At least one part several regions long (and a capacity it can overflow).
+        want[0][n - 1] = rng.random_range(300..900);
+        // Rank n-1 sends something, so that cutting its input in half cuts a part.
+        want[n - 1][0] = rng.random_range(1..40);
+        let total = |s: usize| want[s].iter().map(|&x| x.max(0) as usize).sum::<usize>();
+        let largest = want
+            .iter()
+            .flatten()
+            .map(|&x| x.max(0) as usize)
+            .max()
+            .unwrap();
+        let fit = Case {
+            d,
+            cdt,
+            cap: largest,
+            in_count: (0..n).map(|s| total(s) + s * 3).collect(),
+            want: want.clone(),
+            seed: 100 + i as u64,
+        };
+        // The largest parts overflow a capacity one below them.
+        let overflow = Case {
+            cap: largest - 1,
+            seed: 200 + i as u64,
+            want: want.clone(),
+            in_count: fit.in_count.clone(),
+            ..fit
+        };
+        // Rank n-1's input ends halfway through its counts.
+        let short = Case {
+            cap: largest,
+            in_count: (0..n)
+                .map(|s| if s == n - 1 { total(s) / 2 } else { total(s) })
+                .collect(),
+            want: want.clone(),
+            seed: 300 + i as u64,
+            ..overflow
+        };
+        // The cases test what they say (the reference agrees on which ranks fail).
+        let fails = |c: &Case| (0..n).filter(|&r| c.expected(r).2).count();
+        assert_eq!(fails(&fit), 0);
+        assert!(fails(&overflow) > 0 && fails(&short) > 0);
+        out.push((format!("{cdt} {d} exact fit"), fit));
+        out.push((format!("{cdt} {d} overflow"), overflow));
+        out.push((format!("{cdt} {d} past the input"), short));
+    }
+    out
+}
+
+#[test]
+fn dynamic_counts_match_the_reference() {
+    for n in [2, 3, 4] {
+        let cases = cases(n);
+        run_ranks(n, &cfg(), |comm| {
+            for (what, case) in &cases {
+                check(&comm, case, &format!("n={n} {what}"));
+            }
+            // The failed calls left the communicator usable.
+            comm.barrier(&CallOpts::default()).unwrap();
+        });
+    }
+}
+
+#[test]
+fn capacity_dtype_and_collective_must_agree() {
+    let n = 3;
+    run_ranks(n, &cfg(), |comm| {
+        let me = comm.rank();
+        let sends = encode(DataType::I64, &[1, 2, 3]);
+        let send = Aligned::new(&sends);
+        let inp = Aligned::new(&input(DataType::F32, 6, 9, me, false));
+        let call = |cap: usize, d: DataType| {
+            let mut out = Aligned::poisoned(n * cap * d.size());
+            let mut recv = Aligned::poisoned(n * 8);
+            comm.all_to_all_v_dynamic(
+                view(d, &inp.bytes()[..6 * d.size()]),
+                view_mut(d, out.bytes_mut()),
+                DeviceCounts {
+                    send: view(DataType::I64, send.bytes()),
+                    recv: view_mut(DataType::I64, recv.bytes_mut()),
+                    capacity: cap,
+                },
+                &CallOpts::default(),
+            )
+        };
+        // Rank 1 disagrees on the capacity, then on the dtype: every rank fails.
+        let cap = if me == 1 { 4 } else { 3 };
+        let e = call(cap, DataType::F32).unwrap_err();
+        assert!(matches!(e, Error::Mismatch { .. }), "{e}");
+        assert!(e.to_string().contains("capacity="), "{e}");
+        let d = if me == 1 {
+            DataType::I32
+        } else {
+            DataType::F32
+        };
+        let e = call(3, d).unwrap_err();
+        assert!(matches!(e, Error::Mismatch { .. }), "{e}");
+        // Dynamic on rank 0 against a plain all-to-all-v elsewhere.
+        let e = if me == 0 {
+            call(3, DataType::F32).unwrap_err()
+        } else {
+            let mut out = Aligned::poisoned(6 * 4);
+            let counts = vec![if me == 1 { 2 } else { 3 }, 0, 0];
+            comm.all_to_all_v(
+                ferrocomm::Input::Buf(view(DataType::F32, inp.bytes())),
+                view_mut(DataType::F32, out.bytes_mut()),
+                &Splits::packed(vec![1, 2, 3], counts),
+                &CallOpts::default(),
+            )
+            .unwrap_err()
+        };
+        assert!(matches!(e, Error::Mismatch { .. }), "{e}");
+        // Agreement again: a correct call succeeds.
+        call(3, DataType::F32).unwrap();
+    });
+}
