@@ -71,6 +71,30 @@ pub(super) fn stripe(len: usize, n: usize, r: usize, align: usize) -> (usize, us
 }
 
 impl HostBackend {
+    /// Reduces `len` elements at byte offset `at` of every rank's slot, in rank order 0..n-1 (so
+    /// every rank that does it gets the same bits), into `dst`.
+    ///
+    /// # Safety
+    /// Those slot bytes must be stable (between barriers), and `dst` must hold `len` elements
+    /// that nothing else accesses meanwhile.
+    unsafe fn reduce_slots(
+        &self,
+        dtype: DataType,
+        op: ReduceOp,
+        at: usize,
+        len: usize,
+        dst: *mut u8,
+    ) -> Result<()> {
+        let bytes = len * dtype.size();
+        let ins: Vec<&[u8]> = (0..self.world)
+            // SAFETY: per the caller: stable slot bytes.
+            .map(|r| unsafe { shared(self.seg.slot(r).add(at), bytes) })
+            .collect();
+        // SAFETY: per the caller: `dst` is this call's own.
+        let dst = unsafe { exclusive(dst, bytes) };
+        reduce_bytes(dtype, op, &ins, dst)
+    }
+
     /// Runs a chunked collective: stage chunk 0 before the start barrier (its release also
     /// publishes the staged data), then per chunk: stage and barrier (after the first),
     /// consume, barrier (the consumed slots may be reused only after every rank has read them).
@@ -169,12 +193,9 @@ impl HostBackend {
                     let (lo, hi) = stripe(len, n, me, align);
                     // SAFETY: after the barrier no rank writes its slot until the end barrier;
                     // stripe `me` of `reduced` is written by this rank alone.
-                    let ins: Vec<&[u8]> = (0..n)
-                        .map(|r| unsafe { shared(seg.slot(r).add(lo * es), (hi - lo) * es) })
-                        .collect();
-                    // SAFETY: as above.
-                    let dst = unsafe { exclusive(seg.reduced().add(lo * es), (hi - lo) * es) };
-                    reduce_bytes(dtype, op, &ins, dst)?;
+                    unsafe {
+                        self.reduce_slots(dtype, op, lo * es, hi - lo, seg.reduced().add(lo * es))
+                    }?;
                     call.barrier()?;
                     // All-gather: every rank, the owners included, copies the same reduced
                     // stripes, so results agree bit for bit (DESIGN rule 5).
@@ -188,13 +209,9 @@ impl HostBackend {
                 let (off, len) = range(k);
                 // Flat: every rank reduces all slots in rank order 0..n-1.
                 // SAFETY: slots are stable between this chunk's barriers; in place, the input
-                // chunk was staged already, so overwriting it is fine.
-                let ins: Vec<&[u8]> = (0..n)
-                    .map(|r| unsafe { shared(seg.slot(r), len * es) })
-                    .collect();
-                // SAFETY: the output chunk belongs to this call.
-                let dst = unsafe { exclusive(bufs.output.add(off * es), len * es) };
-                reduce_bytes(dtype, op, &ins, dst)
+                // chunk was staged already, so overwriting it is fine; the output chunk belongs
+                // to this call.
+                unsafe { self.reduce_slots(dtype, op, 0, len, bufs.output.add(off * es)) }
             }),
         }
     }
@@ -207,7 +224,7 @@ impl HostBackend {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
+        let (es, me, seg) = (dtype.size(), self.rank, &self.seg);
         let chunk = seg.layout.slot_bytes / es;
         let sig = Signature {
             dtype: Some(dtype),
@@ -231,12 +248,7 @@ impl HostBackend {
                 }
                 let (off, len) = range(k);
                 // SAFETY: slots are stable between barriers; the output is this call's.
-                let ins: Vec<&[u8]> = (0..n)
-                    .map(|r| unsafe { shared(seg.slot(r), len * es) })
-                    .collect();
-                // SAFETY: as above.
-                let dst = unsafe { exclusive(bufs.output.add(off * es), len * es) };
-                reduce_bytes(dtype, op, &ins, dst)
+                unsafe { self.reduce_slots(dtype, op, 0, len, bufs.output.add(off * es)) }
             },
         )
     }
@@ -375,7 +387,7 @@ impl HostBackend {
         if let Some(codec) = self.low_precision(coll, dtype, op, part * dtype.size(), opts)? {
             return self.reduce_scatter_lp(bufs, dtype, part, op, &codec);
         }
-        let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
+        let (es, me) = (dtype.size(), self.rank);
         let region = self.regions_for(coll)?;
         let chunk = region / es;
         let out = bufs.scatter_output(me, part * es);
@@ -395,12 +407,7 @@ impl HostBackend {
                 let (off, len) = range(k);
                 // SAFETY: regions `me` of every slot are stable between barriers; in place,
                 // chunk k of our part was staged before we overwrite it.
-                let ins: Vec<&[u8]> = (0..n)
-                    .map(|r| unsafe { shared(seg.slot(r).add(me * region), len * es) })
-                    .collect();
-                // SAFETY: as above.
-                let dst = unsafe { exclusive(out.add(off * es), len * es) };
-                reduce_bytes(dtype, op, &ins, dst)
+                unsafe { self.reduce_slots(dtype, op, me * region, len, out.add(off * es)) }
             },
         )
     }
