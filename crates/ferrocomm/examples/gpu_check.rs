@@ -20,67 +20,8 @@ use ferrocomm::{
 };
 use rand::{Rng, SeedableRng};
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-fn cu(r: sys::CUresult, what: &str) -> Res<()> {
-    r.result().map_err(|e| format!("{what}: {e:?}").into())
-}
-
-/// A raw device buffer.
-struct Buf {
-    ptr: u64,
-    bytes: usize,
-}
-
-impl Buf {
-    fn new(bytes: usize) -> Res<Buf> {
-        let mut p = 0u64;
-        cu(
-            // SAFETY: out-parameter; the context is current.
-            unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(16)) },
-            "cuMemAlloc",
-        )?;
-        Ok(Buf { ptr: p, bytes })
-    }
-    fn upload(&self, off: usize, data: &[u8]) -> Res<()> {
-        assert!(off + data.len() <= self.bytes.max(16));
-        // SAFETY: in bounds (asserted).
-        cu(
-            unsafe {
-                sys::cuMemcpyHtoD_v2(self.ptr + off as u64, data.as_ptr().cast(), data.len())
-            },
-            "cuMemcpyHtoD",
-        )
-    }
-    fn download(&self, off: usize, out: &mut [u8]) -> Res<()> {
-        // SAFETY: in bounds by construction of the callers.
-        cu(
-            unsafe {
-                sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr + off as u64, out.len())
-            },
-            "cuMemcpyDtoH",
-        )
-    }
-    fn poison(&self) -> Res<()> {
-        // SAFETY: whole buffer.
-        cu(
-            unsafe { sys::cuMemsetD8_v2(self.ptr, 0xA7, self.bytes.max(16)) },
-            "cuMemsetD8",
-        )
-    }
-}
-
-impl Drop for Buf {
-    fn drop(&mut self) {
-        // SAFETY: allocated once in `new`.
-        unsafe { sys::cuMemFree_v2(self.ptr) };
-    }
-}
-
-fn sync() -> Res<()> {
-    // SAFETY: plain context synchronisation.
-    cu(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
-}
+mod support;
+use support::*;
 
 // ---------------------------------------------------------------- data and reference
 
@@ -144,25 +85,6 @@ fn gen(dtype: DataType, op: OpK, count: usize, seed: u64, rank: usize) -> Vec<u8
     out
 }
 
-fn as_f64(dtype: DataType, b: &[u8]) -> f64 {
-    match dtype {
-        DataType::F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
-        DataType::F16 => half::f16::from_le_bytes(b.try_into().unwrap()).to_f64(),
-        DataType::BF16 => half::bf16::from_le_bytes(b.try_into().unwrap()).to_f64(),
-        _ => unreachable!(),
-    }
-}
-
-fn as_i128(dtype: DataType, b: &[u8]) -> i128 {
-    match dtype {
-        DataType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as i128,
-        DataType::U32 => u32::from_le_bytes(b.try_into().unwrap()) as i128,
-        DataType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as i128,
-        DataType::U64 => u64::from_le_bytes(b.try_into().unwrap()) as i128,
-        _ => unreachable!(),
-    }
-}
-
 /// Number of wrong elements of `got` against the reference built from every rank's data.
 fn check(dtype: DataType, op: OpK, inputs: &[Vec<u8>], got: &[u8]) -> (usize, String) {
     let es = dtype.size();
@@ -223,12 +145,6 @@ fn check(dtype: DataType, op: OpK, inputs: &[Vec<u8>], got: &[u8]) -> (usize, St
         }
     }
     (wrong, first)
-}
-
-fn fnv(b: &[u8]) -> u64 {
-    b.iter().fold(0xcbf29ce484222325u64, |h, x| {
-        (h ^ *x as u64).wrapping_mul(0x100000001b3)
-    })
 }
 
 // ---------------------------------------------------------------- harness
@@ -329,7 +245,7 @@ fn run_case(
         return Ok(());
     }
     let mut got = vec![0u8; bytes];
-    outb.download(off, &mut got)?;
+    outb.download_into(off, &mut got)?;
     let (wrong, first) = check(cs.dtype, cs.op, &inputs, &got);
     let same = c.store_hashes("case", fnv(&got))?;
     let t = c.tally.get_mut(&format!("{:<5}", cs.algo.name())).unwrap();
@@ -493,7 +409,7 @@ fn race(c: &mut Ctx, calls: usize) -> Res<()> {
     let mut wrong_total = 0;
     for (k, (n, a)) in plan.iter().enumerate() {
         let mut got = vec![0u8; n * es];
-        outs[k].download(0, &mut got)?;
+        outs[k].download_into(0, &mut got)?;
         let ins: Vec<Vec<u8>> = inputs.iter().map(|v| v[..n * es].to_vec()).collect();
         let (w, first) = check(d, OpK::Sum, &ins, &got);
         if w > 0 {
@@ -538,7 +454,7 @@ fn graph(c: &mut Ctx, replays: usize) -> Res<()> {
         .iter()
         .map(|_| Buf::new(max_n * es))
         .collect::<Res<_>>()?;
-    let stream = sys_stream()?;
+    let stream = new_stream()?;
     let dev = Device::Cuda(c.dev);
     // SAFETY: capture on our own stream; buffers alive until the graph is destroyed.
     unsafe {
@@ -589,7 +505,7 @@ fn graph(c: &mut Ctx, replays: usize) -> Res<()> {
     let mut wrong_total = 0;
     for (k, (n, a)) in plan.iter().enumerate() {
         let mut got = vec![0u8; n * es];
-        outs[k].download(0, &mut got)?;
+        outs[k].download_into(0, &mut got)?;
         let ins: Vec<Vec<u8>> = inputs.iter().map(|v| v[..n * es].to_vec()).collect();
         let (w, first) = check(d, OpK::Sum, &ins, &got);
         if w > 0 {
@@ -602,13 +518,6 @@ fn graph(c: &mut Ctx, replays: usize) -> Res<()> {
     t.cases += plan.len() * replays;
     t.wrong_elems += wrong_total;
     Ok(())
-}
-
-fn sys_stream() -> Res<u64> {
-    let mut s: sys::CUstream = std::ptr::null_mut();
-    // SAFETY: out-parameter.
-    cu(unsafe { sys::cuStreamCreate(&mut s, 1) }, "cuStreamCreate")?;
-    Ok(s as u64)
 }
 
 /// NCCL-carried collectives other than all-reduce, f32.
@@ -651,7 +560,7 @@ fn others(c: &mut Ctx) -> Res<()> {
         }
         if let Some(want) = want(c.rank) {
             let mut got = vec![0u8; outl * 4];
-            outb.download(0, &mut got)?;
+            outb.download_into(0, &mut got)?;
             if got != bytes(&want) {
                 t.wrong_elems += 1;
                 c.failures.push(format!("{name}: wrong result"));
@@ -745,7 +654,7 @@ fn timing(c: &mut Ctx, quick: bool) -> Res<()> {
     };
     let per_graph = 10;
     let replays = 20;
-    let stream = sys_stream()?;
+    let stream = new_stream()?;
     let buf = Buf::new(256 << 20)?;
     let init = gen(d, OpK::Sum, 1 << 20, 5, c.rank);
     for k in 0..128 {

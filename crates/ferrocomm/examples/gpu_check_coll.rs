@@ -23,78 +23,8 @@ use ferrocomm::{
 };
 use rand::{Rng, SeedableRng};
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-fn cu(r: sys::CUresult, what: &str) -> Res<()> {
-    r.result().map_err(|e| format!("{what}: {e:?}").into())
-}
-
-const GUARD: usize = 64;
-const POISON: u8 = 0xA7;
-
-/// A device buffer with a poisoned guard band after `bytes`.
-struct Buf {
-    ptr: u64,
-    bytes: usize,
-}
-
-impl Buf {
-    fn new(bytes: usize) -> Res<Buf> {
-        let mut p = 0u64;
-        cu(
-            // SAFETY: out-parameter; the context is current.
-            unsafe { sys::cuMemAlloc_v2(&mut p, bytes + GUARD + 16) },
-            "cuMemAlloc",
-        )?;
-        Ok(Buf { ptr: p, bytes })
-    }
-    fn upload(&self, off: usize, data: &[u8]) -> Res<()> {
-        assert!(off + data.len() <= self.bytes + GUARD + 16);
-        // SAFETY: in bounds (asserted).
-        cu(
-            unsafe {
-                sys::cuMemcpyHtoD_v2(self.ptr + off as u64, data.as_ptr().cast(), data.len())
-            },
-            "cuMemcpyHtoD",
-        )
-    }
-    fn download(&self, off: usize, len: usize) -> Res<Vec<u8>> {
-        let mut out = vec![0u8; len];
-        assert!(off + len <= self.bytes + GUARD + 16);
-        cu(
-            // SAFETY: in bounds (asserted).
-            unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr + off as u64, len) },
-            "cuMemcpyDtoH",
-        )?;
-        Ok(out)
-    }
-    fn poison(&self) -> Res<()> {
-        // SAFETY: the whole allocation.
-        cu(
-            unsafe { sys::cuMemsetD8_v2(self.ptr, POISON, self.bytes + GUARD + 16) },
-            "cuMemsetD8",
-        )
-    }
-}
-
-impl Drop for Buf {
-    fn drop(&mut self) {
-        // SAFETY: allocated once in `new`.
-        unsafe { sys::cuMemFree_v2(self.ptr) };
-    }
-}
-
-fn sync() -> Res<()> {
-    // SAFETY: plain context synchronisation.
-    cu(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
-}
-
-fn new_stream() -> Res<u64> {
-    let mut s: sys::CUstream = std::ptr::null_mut();
-    // SAFETY: out-parameter.
-    cu(unsafe { sys::cuStreamCreate(&mut s, 1) }, "cuStreamCreate")?;
-    Ok(s as u64)
-}
+mod support;
+use support::*;
 
 // ---------------------------------------------------------------- data and references
 
@@ -150,25 +80,6 @@ fn gen_bytes_fast(bytes: usize, seed: u64, rank: usize) -> Vec<u8> {
     }
     v.truncate(bytes);
     v
-}
-
-fn as_f64(dtype: DataType, b: &[u8]) -> f64 {
-    match dtype {
-        DataType::F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
-        DataType::F16 => half::f16::from_le_bytes(b.try_into().unwrap()).to_f64(),
-        DataType::BF16 => half::bf16::from_le_bytes(b.try_into().unwrap()).to_f64(),
-        _ => unreachable!(),
-    }
-}
-
-fn as_i128(dtype: DataType, b: &[u8]) -> i128 {
-    match dtype {
-        DataType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as i128,
-        DataType::U32 => u32::from_le_bytes(b.try_into().unwrap()) as i128,
-        DataType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as i128,
-        DataType::U64 => u64::from_le_bytes(b.try_into().unwrap()) as i128,
-        _ => unreachable!(),
-    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -17,7 +17,6 @@
 
 use std::time::{Duration, Instant};
 
-use cudarc::driver::sys;
 use ferrocomm::bootstrap::all_gather_bytes;
 use ferrocomm::quant::{reference, Codec, Format};
 use ferrocomm::{
@@ -27,65 +26,8 @@ use ferrocomm::{
 use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-fn cu(r: sys::CUresult, what: &str) -> Res<()> {
-    r.result().map_err(|e| format!("{what}: {e:?}").into())
-}
-
-struct Buf {
-    ptr: u64,
-    bytes: usize,
-}
-
-impl Buf {
-    fn new(bytes: usize) -> Res<Buf> {
-        let mut p = 0u64;
-        cu(
-            // SAFETY: out-parameter; the context is current.
-            unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(16)) },
-            "cuMemAlloc",
-        )?;
-        Ok(Buf { ptr: p, bytes })
-    }
-    fn upload(&self, data: &[u8]) -> Res<()> {
-        assert!(data.len() <= self.bytes.max(16));
-        // SAFETY: in bounds (asserted).
-        cu(
-            unsafe { sys::cuMemcpyHtoD_v2(self.ptr, data.as_ptr().cast(), data.len()) },
-            "cuMemcpyHtoD",
-        )
-    }
-    fn download(&self, n: usize) -> Res<Vec<u8>> {
-        let mut out = vec![0u8; n];
-        assert!(n <= self.bytes.max(16));
-        cu(
-            // SAFETY: in bounds (asserted).
-            unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr, n) },
-            "cuMemcpyDtoH",
-        )?;
-        Ok(out)
-    }
-    fn poison(&self) -> Res<()> {
-        // SAFETY: whole buffer.
-        cu(
-            unsafe { sys::cuMemsetD8_v2(self.ptr, 0xA7, self.bytes.max(16)) },
-            "cuMemsetD8",
-        )
-    }
-}
-
-impl Drop for Buf {
-    fn drop(&mut self) {
-        // SAFETY: allocated once in `new`.
-        unsafe { sys::cuMemFree_v2(self.ptr) };
-    }
-}
-
-fn sync() -> Res<()> {
-    // SAFETY: plain context synchronisation.
-    cu(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
-}
+mod support;
+use support::*;
 
 /// f32 values, rounded to `dtype` (so they widen back exactly), as element bytes and as f32.
 fn to_dtype(dtype: DataType, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
@@ -125,12 +67,6 @@ fn random(n: usize, seed: u64) -> Vec<f32> {
             v * if rng.random_bool(0.01) { 50.0 } else { 1.0 }
         })
         .collect()
-}
-
-fn fnv(b: &[u8]) -> u64 {
-    b.iter().fold(0xcbf29ce484222325u64, |h, x| {
-        (h ^ *x as u64).wrapping_mul(0x100000001b3)
-    })
 }
 
 struct Ctx {
@@ -197,13 +133,13 @@ fn codec_check(c: &mut Ctx) -> Res<()> {
                     let mut want = vec![0u8; codec.encoded_bytes(n)];
                     codec.encode(&wide, &mut want);
                     let inb = Buf::new(bytes.len())?;
-                    inb.upload(&bytes)?;
+                    inb.upload(0, &bytes)?;
                     let outb = Buf::new(want.len())?;
                     outb.poison()?;
                     ferrocomm::cuda::quantize_on_device(
                         &c.cfg, &codec, dtype, inb.ptr, outb.ptr, n, 0,
                     )?;
-                    let got = outb.download(want.len())?;
+                    let got = outb.download(0, want.len())?;
                     let diff = got.iter().zip(&want).filter(|(a, b)| a != b).count();
                     cases += 1;
                     c.verdict(
@@ -249,10 +185,10 @@ fn all_reduce_case(
     let res = unsafe {
         let o = ViewMut::from_raw(outb.ptr as *mut u8, n, dtype, dev);
         if in_place {
-            outb.upload(&bytes)?;
+            outb.upload(0, &bytes)?;
             comm.all_reduce(Input::InPlace, o, op, &opts)
         } else {
-            inb.upload(&bytes)?;
+            inb.upload(0, &bytes)?;
             let i = View::from_raw(inb.ptr as *const u8, n, dtype, dev);
             comm.all_reduce(Input::Buf(i), o, op, &opts)
         }
@@ -266,7 +202,7 @@ fn all_reduce_case(
         c.verdict(format!("{what}: error {e}"), false);
         return Ok(None);
     }
-    let got = outb.download(bytes.len())?;
+    let got = outb.download(0, bytes.len())?;
     let mut want = if algo == Algo::Tree {
         if op == ReduceOp::Avg {
             // The owner divides before quantizing.
@@ -398,7 +334,7 @@ fn accuracy(c: &mut Ctx, comm: &Communicator, codec: &Codec, label: &str) -> Res
     let dev = Device::Cuda(c.dev);
     let mut line = format!("accuracy {label} N(0,1) {} ranks:", c.world);
     for algo in [Algo::Flat, Algo::Tree] {
-        inb.upload(&to_dtype(DataType::F32, &inputs[c.rank]).0)?;
+        inb.upload(0, &to_dtype(DataType::F32, &inputs[c.rank]).0)?;
         outb.poison()?;
         let opts = CallOpts::default()
             .with_algo(algo)
@@ -411,7 +347,7 @@ fn accuracy(c: &mut Ctx, comm: &Communicator, codec: &Codec, label: &str) -> Res
         }
         sync()?;
         let got: Vec<f32> = outb
-            .download(n * 4)?
+            .download(0, n * 4)?
             .chunks(4)
             .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
             .collect();
@@ -458,7 +394,7 @@ fn movers(c: &mut Ctx, comm: &Communicator) -> Res<()> {
                 .collect();
             let mine = to_dtype(dtype, &all[c.rank]).0;
             let inb = Buf::new(mine.len())?;
-            inb.upload(&mine)?;
+            inb.upload(0, &mine)?;
             let outb = Buf::new(w * part * es)?;
             let qd = |x: &[f32]| codec.quantize_dequantize(x);
             let slice = |r: usize, p: usize| &all[r][p * part..(p + 1) * part];
@@ -477,7 +413,7 @@ fn movers(c: &mut Ctx, comm: &Communicator) -> Res<()> {
             }
             sync()?;
             let want: Vec<f32> = (0..w).flat_map(|r| qd(slice(r, r))).collect();
-            let got = outb.download(w * part * es)?;
+            let got = outb.download(0, w * part * es)?;
             let same = c.same_everywhere(comm, &got)?;
             c.verdict(
                 format!("all_gather {dtype} part={part} same={same}"),
@@ -494,7 +430,7 @@ fn movers(c: &mut Ctx, comm: &Communicator) -> Res<()> {
             sync()?;
             let parts: Vec<&[f32]> = (0..w).map(|r| slice(r, c.rank)).collect();
             let want = reference::one_shot(&codec, &parts);
-            let got = outb.download(part * es)?;
+            let got = outb.download(0, part * es)?;
             c.verdict(
                 format!("reduce_scatter {dtype} part={part}"),
                 got == round_bytes(dtype, &want),
@@ -509,7 +445,7 @@ fn movers(c: &mut Ctx, comm: &Communicator) -> Res<()> {
             }
             sync()?;
             let want: Vec<f32> = (0..w).flat_map(|r| qd(slice(r, c.rank))).collect();
-            let got = outb.download(w * part * es)?;
+            let got = outb.download(0, w * part * es)?;
             c.verdict(
                 format!("all_to_all {dtype} part={part}"),
                 got == round_bytes(dtype, &want),
@@ -533,7 +469,7 @@ fn quant_cost(c: &mut Ctx) -> Res<()> {
     ] {
         let n = bytes / dtype.size();
         let inb = Buf::new(bytes)?;
-        inb.upload(&to_dtype(dtype, &random(n.min(1 << 20), 1)).0)?;
+        inb.upload(0, &to_dtype(dtype, &random(n.min(1 << 20), 1)).0)?;
         let outb = Buf::new(codec.encoded_bytes(n))?;
         ferrocomm::cuda::quantize_on_device(&c.cfg, &codec, dtype, inb.ptr, outb.ptr, n, 0)?;
         let reps = 20;

@@ -1,0 +1,125 @@
+//! What the device check programs (`gpu_check`, `gpu_check_coll`, `gpu_check_lowp`) share: raw
+//! device buffers with a poisoned guard band, stream and sync helpers, element decoding and a
+//! hash. Each program uses a part of it.
+#![allow(dead_code)]
+
+use cudarc::driver::sys;
+use ferrocomm::DataType;
+
+pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+pub fn cu(r: sys::CUresult, what: &str) -> Res<()> {
+    r.result().map_err(|e| format!("{what}: {e:?}").into())
+}
+
+/// Bytes after every buffer's `bytes`, poisoned with the rest, to catch writes past the end.
+pub const GUARD: usize = 64;
+pub const POISON: u8 = 0xA7;
+
+/// A device buffer (cuMemAlloc) with a guard band after `bytes`.
+pub struct Buf {
+    pub ptr: u64,
+    pub bytes: usize,
+}
+
+impl Buf {
+    /// Bytes allocated: `bytes`, the guard band, and room for a 16-byte misalignment.
+    fn alloc_bytes(&self) -> usize {
+        self.bytes + GUARD + 16
+    }
+
+    pub fn new(bytes: usize) -> Res<Buf> {
+        let mut p = 0u64;
+        cu(
+            // SAFETY: out-parameter; the context is current.
+            unsafe { sys::cuMemAlloc_v2(&mut p, bytes + GUARD + 16) },
+            "cuMemAlloc",
+        )?;
+        Ok(Buf { ptr: p, bytes })
+    }
+
+    pub fn upload(&self, off: usize, data: &[u8]) -> Res<()> {
+        assert!(off + data.len() <= self.alloc_bytes());
+        cu(
+            // SAFETY: in bounds (asserted).
+            unsafe {
+                sys::cuMemcpyHtoD_v2(self.ptr + off as u64, data.as_ptr().cast(), data.len())
+            },
+            "cuMemcpyHtoD",
+        )
+    }
+
+    pub fn download_into(&self, off: usize, out: &mut [u8]) -> Res<()> {
+        assert!(off + out.len() <= self.alloc_bytes());
+        cu(
+            // SAFETY: in bounds (asserted).
+            unsafe {
+                sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr + off as u64, out.len())
+            },
+            "cuMemcpyDtoH",
+        )
+    }
+
+    pub fn download(&self, off: usize, len: usize) -> Res<Vec<u8>> {
+        let mut out = vec![0u8; len];
+        self.download_into(off, &mut out)?;
+        Ok(out)
+    }
+
+    /// Fills the whole allocation, guard band included, with [`POISON`].
+    pub fn poison(&self) -> Res<()> {
+        cu(
+            // SAFETY: the whole allocation.
+            unsafe { sys::cuMemsetD8_v2(self.ptr, POISON, self.alloc_bytes()) },
+            "cuMemsetD8",
+        )
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        // SAFETY: allocated once in `new`.
+        unsafe { sys::cuMemFree_v2(self.ptr) };
+    }
+}
+
+pub fn sync() -> Res<()> {
+    // SAFETY: plain context synchronisation.
+    cu(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
+}
+
+/// A non-blocking stream of the current context, as an integer for `CallOpts::stream`.
+pub fn new_stream() -> Res<u64> {
+    let mut s: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: out-parameter.
+    cu(unsafe { sys::cuStreamCreate(&mut s, 1) }, "cuStreamCreate")?;
+    Ok(s as u64)
+}
+
+/// One float element's bytes as f64.
+pub fn as_f64(dtype: DataType, b: &[u8]) -> f64 {
+    match dtype {
+        DataType::F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
+        DataType::F16 => half::f16::from_le_bytes(b.try_into().unwrap()).to_f64(),
+        DataType::BF16 => half::bf16::from_le_bytes(b.try_into().unwrap()).to_f64(),
+        _ => unreachable!(),
+    }
+}
+
+/// One integer element's bytes as i128.
+pub fn as_i128(dtype: DataType, b: &[u8]) -> i128 {
+    match dtype {
+        DataType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as i128,
+        DataType::U32 => u32::from_le_bytes(b.try_into().unwrap()) as i128,
+        DataType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as i128,
+        DataType::U64 => u64::from_le_bytes(b.try_into().unwrap()) as i128,
+        _ => unreachable!(),
+    }
+}
+
+/// FNV-1a of a result, compared across ranks to prove they agree bit for bit.
+pub fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf29ce484222325u64, |h, x| {
+        (h ^ *x as u64).wrapping_mul(0x100000001b3)
+    })
+}
