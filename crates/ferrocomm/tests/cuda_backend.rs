@@ -74,11 +74,6 @@ fn driver_here() -> bool {
 
 #[test]
 fn no_driver_means_no_gpu_and_a_clear_error() {
-    if driver_here() {
-        // A GPU machine: gpu_check covers the backend there.
-        return;
-    }
-    assert_eq!(ferrocomm::cuda::gpu_count(), 0);
     let mut o = CommOptions::new("nodriver");
     o.rank = Some(0);
     o.size = Some(1);
@@ -86,6 +81,17 @@ fn no_driver_means_no_gpu_and_a_clear_error() {
     o.backend = Some(BackendChoice::Cuda);
     o.device = Some(Device::Cuda(0));
     o.config = Some(Config::default());
+    if driver_here() {
+        // A GPU machine: the driver is found, so libcuda is never the reported problem.
+        if let Err(Error::LibraryMissing { library, why }) = Communicator::new(o) {
+            assert_ne!(
+                library, "libcuda",
+                "driver present but reported missing: {why}"
+            );
+        }
+        return;
+    }
+    assert_eq!(ferrocomm::cuda::gpu_count(), 0);
     let e = Communicator::new(o)
         .err()
         .expect("no driver: creation must fail");
@@ -97,15 +103,21 @@ fn no_driver_means_no_gpu_and_a_clear_error() {
 
 #[test]
 fn nccl_backend_without_driver_is_a_clear_error() {
-    if driver_here() {
-        return;
-    }
     let mut o = CommOptions::new("nccl-nodriver");
     o.rank = Some(0);
     o.size = Some(1);
     o.store = Some(MemStore::new());
     o.backend = Some(BackendChoice::Nccl);
     o.config = Some(Config::default());
+    if driver_here() {
+        if let Err(Error::LibraryMissing { library, why }) = Communicator::new(o) {
+            assert_ne!(
+                library, "libcuda",
+                "driver present but reported missing: {why}"
+            );
+        }
+        return;
+    }
     let e = Communicator::new(o)
         .err()
         .expect("must fail without libcuda");
