@@ -756,6 +756,167 @@ fn dynamic(c: &mut Ctx, quick: bool) -> Res<()> {
             }
         }
     }
+    dynamic_faults(c)
+}
+
+/// Counts the kernel must not take at face value: a negative i32/i64 count sends nothing (the
+/// receiver is told 0 and its part stays untouched); send counts that run past the end of the
+/// input are cut there, the receiver is told only what exists (never a stale slot) and the
+/// sender reports it from its next call, after which the communicator works again.
+fn dynamic_faults(c: &mut Ctx) -> Res<()> {
+    let w = c.world;
+    let me = c.rank;
+    let dev = c.dev;
+    let dtype = DataType::F32;
+    let es = 4;
+    let cap = 300usize;
+    for (k, (past_input, cdt)) in [
+        (false, DataType::I32),
+        (false, DataType::I64),
+        (true, DataType::I32),
+        (true, DataType::I64),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let seed = 9500 + k as u64;
+        // Real part lengths (what exists in each input) and the counts each rank passes.
+        let real = splits_for(w, seed, cap - 20);
+        let mut claimed: Vec<Vec<i64>> = real
+            .iter()
+            .map(|r| r.iter().map(|&x| x as i64).collect())
+            .collect();
+        for s in 0..w {
+            if past_input {
+                claimed[s][w - 1] += 7; // 7 elements past the end of the input
+            } else {
+                claimed[s][(s + 1) % w] = -5;
+            }
+        }
+        // What rank s's part for p really holds after the kernel's rules.
+        let eff = |s: usize, p: usize| -> usize {
+            if !past_input && p == (s + 1) % w {
+                0
+            } else {
+                real[s][p]
+            }
+        };
+        let in_len = |s: usize| -> usize {
+            if past_input {
+                real[s].iter().sum()
+            } else {
+                (0..w).map(|p| eff(s, p)).sum()
+            }
+        };
+        let inputs: Vec<Vec<u8>> = (0..w)
+            .map(|r| gen_bytes_fast(in_len(r).max(1) * es, seed, r))
+            .collect();
+        let in_n = in_len(me);
+        let inb = Buf::new(in_n.max(1) * es)?;
+        inb.upload(0, &inputs[me][..in_n * es])?;
+        let outb = Buf::new(w * cap * es)?;
+        outb.poison()?;
+        let enc: Vec<u8> = claimed[me]
+            .iter()
+            .flat_map(|&x| {
+                if cdt == DataType::I32 {
+                    (x as i32).to_le_bytes().to_vec()
+                } else {
+                    x.to_le_bytes().to_vec()
+                }
+            })
+            .collect();
+        let scb = Buf::new(w * 8)?;
+        scb.upload(0, &enc)?;
+        let rcb = Buf::new(w * 8)?;
+        rcb.poison()?;
+        let before = outb.download(0, w * cap * es)?;
+        sync()?;
+        // SAFETY: buffers of this device of the sizes given; synchronised below.
+        let r = unsafe {
+            c.comm.all_to_all_v_dynamic(
+                View::from_raw(inb.ptr as *const u8, in_n, dtype, dev),
+                ViewMut::from_raw(outb.ptr as *mut u8, w * cap, dtype, dev),
+                DeviceCounts {
+                    send: View::from_raw(scb.ptr as *const u8, w, cdt, dev),
+                    recv: ViewMut::from_raw(rcb.ptr as *mut u8, w, cdt, dev),
+                    capacity: cap,
+                },
+                &CallOpts::default(),
+            )
+        };
+        sync()?;
+        let got = outb.download(0, w * cap * es)?;
+        let rc = rcb.download(0, w * cdt.size())?;
+        let mut wrong = 0;
+        for s in 0..w {
+            let cnt = eff(s, me);
+            let d: usize = (0..me).map(|p| eff(s, p)).sum();
+            let part = &got[s * cap * es..(s + 1) * cap * es];
+            wrong += diff_bytes(&inputs[s][d * es..(d + cnt) * es], &part[..cnt * es], es);
+            // Past the received length the output keeps its poison.
+            wrong += diff_bytes(
+                &before[s * cap * es + cnt * es..(s + 1) * cap * es],
+                &part[cnt * es..],
+                es,
+            );
+            let gc = if cdt == DataType::I32 {
+                i32::from_le_bytes(rc[s * 4..s * 4 + 4].try_into().unwrap()) as i64
+            } else {
+                i64::from_le_bytes(rc[s * 8..s * 8 + 8].try_into().unwrap())
+            };
+            if gc != cnt as i64 {
+                wrong += 1;
+            }
+        }
+        let guard = guard_hits(&outb, 0, w * cap * es)?;
+        let what = if past_input {
+            "counts past the input"
+        } else {
+            "negative counts"
+        };
+        c.record(
+            "a2av_dynamic_faults",
+            format!("{what}, {cdt} counts {claimed:?}"),
+            r,
+            wrong,
+            guard,
+        );
+        // The next call: the sender of counts past its input reports it, once; a call after
+        // that works on every rank.
+        for attempt in 0..2 {
+            let b = Buf::new(64)?;
+            // SAFETY: 64 bytes of this device.
+            let next = unsafe {
+                c.comm.all_gather(
+                    Input::InPlace,
+                    ViewMut::from_raw(b.ptr as *mut u8, 2 * w, DataType::F32, dev),
+                    &CallOpts::default(),
+                )
+            };
+            sync()?;
+            let expect_err = past_input && attempt == 0;
+            let ok = match &next {
+                Err(e) => expect_err && e.to_string().contains("send counts"),
+                Ok(()) => !expect_err,
+            };
+            let t = c.tally.entry("bad_input".into()).or_default();
+            t.cases += 1;
+            if !ok {
+                t.errors += 1;
+                c.failures.push(format!(
+                    "{what} ({cdt}), call {attempt} after: expected {}, got {next:?}",
+                    if expect_err {
+                        "the send-count error"
+                    } else {
+                        "success"
+                    }
+                ));
+            } else if c.rank == 0 && expect_err {
+                println!("counts past the input reported: {}", next.unwrap_err());
+            }
+        }
+    }
     Ok(())
 }
 

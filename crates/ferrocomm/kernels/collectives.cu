@@ -44,7 +44,7 @@ struct CArgs {
     u32 root;
     u32 sig;                   // signature of the call (equal on every rank)
     u32 count_bytes;           // dynamic: width of a count (4 or 8)
-    u32 pad;
+    u32 count_signed;          // dynamic: 1 when the counts are i32/i64 (negative = nothing)
 };
 
 // Records a bad-input error in the host-mapped record (word 0 last). Not sticky: the host clears
@@ -499,11 +499,15 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_st(Args a, CAr
 
 // ---------------------------------------------------------------- all-to-all-v (device counts)
 
-// Reads a count written by an earlier kernel on the stream (4- or 8-byte integers).
+// Reads a count written by an earlier kernel on the stream (i32, u32, i64 or u64, as the host
+// backend's read_count): a negative signed count sends nothing.
 __device__ __forceinline__ u64 dev_count(const CArgs& c, u64 base, u32 i) {
-    if (c.count_bytes == 4) return (u64)((const u32*)base)[i];
+    if (c.count_bytes == 4) {
+        u32 v = ((const u32*)base)[i];
+        return c.count_signed && (i32)v < 0 ? 0 : (u64)v;
+    }
     u64 v = ((const u64*)base)[i];
-    return (i64)v < 0 ? 0 : v;  // a negative i64 count sends nothing
+    return c.count_signed && (i64)v < 0 ? 0 : v;
 }
 
 // Mixture-of-experts dispatch: send counts live on the device (no host sync). The input is
@@ -527,10 +531,13 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_dyn_st(Args a, C
             u64 avail = d < c.in_count ? c.in_count - d : 0;
             u64 take = want < avail ? want : avail;
             if (take < want) over = true;
+            // The receiver is told what really exists (elements past the input are never
+            // announced, so it never copies a stale slot); it compares that with its capacity
+            // (<= the slot), so a part cut at the slot is always reported there.
+            out_w[p] = (u32)(take > 0xffffffffull ? 0xffffffffull : take);
             if (take > slot_elems) take = slot_elems;
             sent[p] = take;
             displ[p] = d;
-            out_w[p] = (u32)(want > 0xffffffffull ? 0xffffffffull : want);
             d += want;
         }
         if (over && blockIdx.x == 0) report_error(a, ERR_INPUT, a.rank, (u32)d);

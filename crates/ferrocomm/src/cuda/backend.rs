@@ -660,7 +660,7 @@ impl Backend for CudaBackend {
             counts.capacity,
             counts.send.ptr() as u64,
             counts.recv.ptr() as u64,
-            counts.send.dtype().size(),
+            counts.send.dtype(),
             output.dtype(),
             opts.stream,
         )

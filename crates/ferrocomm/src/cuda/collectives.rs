@@ -49,7 +49,7 @@ struct CArgs {
     root: u32,
     sig: u32,
     count_bytes: u32,
-    pad: u32,
+    count_signed: u32,
 }
 
 fn round16(n: usize) -> usize {
@@ -246,7 +246,7 @@ impl Dda {
             root: 0,
             sig: 0,
             count_bytes: 8,
-            pad: 0,
+            count_signed: 0,
         }
     }
 
@@ -595,7 +595,7 @@ impl Dda {
         capacity: usize,
         send_counts: u64,
         recv_counts: u64,
-        count_bytes: usize,
+        count_dtype: DataType,
         dtype: DataType,
         stream: u64,
     ) -> Result<()> {
@@ -616,7 +616,8 @@ impl Dda {
         c.in_count = in_count as u64;
         c.dyn_send = send_counts;
         c.dyn_recv = recv_counts;
-        c.count_bytes = count_bytes as u32;
+        c.count_bytes = count_dtype.size() as u32;
+        c.count_signed = matches!(count_dtype, DataType::I32 | DataType::I64) as u32;
         let a = self.base_args(input, output, 0);
         self.launch(
             Self::MOVE_MODULE,
