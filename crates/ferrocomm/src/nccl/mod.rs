@@ -194,10 +194,19 @@ impl DeviceContext {
         Ok(DeviceContext { ctx, dev })
     }
 
-    fn make_current(&self) -> std::result::Result<(), String> {
+    /// Prepares a helper thread of ours (watchdog, abort): the context current, and the
+    /// thread's capture mode thread-local, so that its event queries and NCCL's teardown never
+    /// invalidate a graph another thread is capturing in the default (global) mode.
+    fn enter_helper_thread(&self) -> std::result::Result<(), String> {
         // SAFETY: the context is alive (primary retained by self).
         let r = unsafe { drv::cuCtxSetCurrent(self.ctx) };
-        r.result().map_err(|e| format!("cuCtxSetCurrent: {e:?}"))
+        r.result().map_err(|e| format!("cuCtxSetCurrent: {e:?}"))?;
+        let mut mode = drv::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        // SAFETY: in/out parameter; sets this thread's mode only (the thread is ours, the
+        // previous mode is not restored).
+        let r = unsafe { drv::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        r.result()
+            .map_err(|e| format!("cuThreadExchangeStreamCaptureMode: {e:?}"))
     }
 }
 
@@ -250,7 +259,7 @@ fn abort_bounded(
         .name("ferrocomm-nccl-abort".into())
         .spawn(move || {
             let c = c;
-            let _ = dc2.make_current();
+            let _ = dc2.enter_helper_thread();
             // SAFETY: a live communicator, aborted once (its owner forgets it).
             let r = unsafe { abort(c.0) };
             let _ = tx.send(r);
@@ -635,7 +644,7 @@ impl Nccl {
                 sh.describe.clone(),
                 timeout,
                 WATCHDOG_TICK,
-                move || dc.make_current(),
+                move || dc.enter_helper_thread(),
                 NcclGuard(sh.clone()),
             )
             .map_err(|e| Error::io("starting the NCCL watchdog thread", e))?;
