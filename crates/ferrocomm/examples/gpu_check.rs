@@ -767,6 +767,131 @@ fn timing(c: &mut Ctx, quick: bool) -> Res<()> {
 
 // ---------------------------------------------------------------- main
 
+/// NCCL with a peer that never arrives. NCCL's kernels have no timeout of their own: the
+/// communicator's watchdog aborts it once the operation has been pending for config.timeout,
+/// NCCL's kernels exit, the stream drains, and the next call reports NCCL and the timeout. A first
+/// call on both ranks connects NCCL's channels for this size, so that rank 0's second call is
+/// really enqueued and hangs on the device; had it still needed its connections, it would wait
+/// in ncclInProgress and the call itself would report the timeout (accepted too).
+fn nccl_timeout(c: &mut Ctx, cfg: &Config) -> Res<()> {
+    let (rank, world, dev) = (c.rank, c.world, c.dev);
+    let mut cfg_n = cfg.clone();
+    cfg_n.timeout = Duration::from_secs(3);
+    let limit = cfg_n.timeout + Duration::from_secs(10);
+    let mut o6 = CommOptions::new("gpu_check_nccl_timeout");
+    o6.config = Some(cfg_n);
+    // NCCL's own initialisation now has the 3 s deadline too: if it is that slow here, every
+    // rank learns it and the case is reported instead of desynchronising the ranks.
+    let comm6 = Communicator::new(o6);
+    let all_up = all_gather_bytes(
+        &**c.comm.store(),
+        "nccl-timeout-init",
+        rank,
+        world,
+        &[comm6.is_ok() as u8],
+        Duration::from_secs(120),
+    )?
+    .iter()
+    .all(|v| v[0] == 1);
+    let comm6 = match comm6 {
+        Ok(cm) if all_up => cm,
+        other => {
+            c.failures.push(format!(
+                "nccl timeout check: a communicator with a 3 s timeout did not come up on every \
+                 rank (here: {})",
+                other.err().map_or("up".to_string(), |e| e.to_string())
+            ));
+            return Ok(());
+        }
+    };
+    let n6 = (1 << 20) / 4; // 1 MiB of f32
+    let warm = Case {
+        dtype: DataType::F32,
+        op: OpK::Sum,
+        count: n6,
+        algo: Algo::Nccl,
+        in_place: false,
+        misalign: 0,
+    };
+    run_case(c, Some(&comm6), &warm, 40_000, 0)?;
+    if rank == 0 {
+        // Rank 1 skips this call: it never enqueues its part.
+        let b = Buf::new(n6 * 4)?;
+        b.upload(0, &gen(DataType::F32, OpK::Sum, n6, 40_001, 0))?;
+        let dv = Device::Cuda(dev);
+        let nccl_opts = CallOpts::default().with_algo(Algo::Nccl);
+        let t = Instant::now();
+        // SAFETY: n6 f32 of this device; synchronised before the buffer is dropped.
+        let first = unsafe {
+            comm6.all_reduce(
+                Input::InPlace,
+                ViewMut::from_raw(b.ptr as *mut u8, n6, DataType::F32, dv),
+                ReduceOp::Sum,
+                &nccl_opts,
+            )
+        };
+        // Returns once the watchdog has aborted the communicator.
+        let synced = sync();
+        let waited = t.elapsed();
+        // SAFETY: as above.
+        let second = unsafe {
+            comm6.all_reduce(
+                Input::InPlace,
+                ViewMut::from_raw(b.ptr as *mut u8, n6, DataType::F32, dv),
+                ReduceOp::Sum,
+                &nccl_opts,
+            )
+        };
+        let msg = match (&first, &second) {
+            (Err(e), _) | (Ok(()), Err(e)) => e.to_string(),
+            (Ok(()), Ok(())) => String::new(),
+        };
+        let named = msg.contains("NCCL") && msg.contains("timeout");
+        if synced.is_ok() && waited <= limit && named {
+            println!(
+                "nccl timeout: the stream drained after {:.2} s; next call: {msg}",
+                waited.as_secs_f64()
+            );
+        } else {
+            c.failures.push(format!(
+                "nccl timeout check: sync {synced:?} after {:.2} s (limit {} s); first \
+                 {first:?}; second {second:?}",
+                waited.as_secs_f64(),
+                limit.as_secs()
+            ));
+        }
+    }
+    // Rank 1 keeps its communicator until rank 0 is done: dropping it earlier could give rank 0
+    // a remote error instead of the timeout being tested.
+    store_barrier(
+        &**c.comm.store(),
+        "nccl-timeout-done",
+        world,
+        Duration::from_secs(120),
+    )?;
+    // Rank 0's communicator is aborted (its drop frees nothing more). Rank 1's never had work
+    // hang: its drop finalizes it and, if its peer's abort makes that fail or it does not
+    // complete within the timeout, aborts it; either way the drop is bounded.
+    let t = Instant::now();
+    drop(comm6);
+    if t.elapsed() > limit {
+        c.failures.push(format!(
+            "nccl timeout check: dropping the communicator took {:.2} s (limit {} s)",
+            t.elapsed().as_secs_f64(),
+            limit.as_secs()
+        ));
+    }
+    // Both ranks go on with a fresh communicator (the default timeout).
+    let mut o7 = CommOptions::new("gpu_check_nccl_after_timeout");
+    o7.config = Some(cfg.clone());
+    let comm7 = Communicator::new(o7)?;
+    let after = Case {
+        count: n6 + 3,
+        ..warm
+    };
+    run_case(c, Some(&comm7), &after, 40_002, 0)
+}
+
 fn main() {
     match real_main() {
         Ok(code) => std::process::exit(code),
@@ -979,6 +1104,8 @@ fn real_main() -> Res<i32> {
             Duration::from_secs(120),
         )?;
         std::mem::forget(comm4);
+
+        nccl_timeout(&mut c, &cfg)?;
 
         if !no_timing {
             timing(&mut c, quick && !full_timing)?;

@@ -5,11 +5,15 @@
 //! backend holds one underneath its direct-access paths.
 
 mod sys;
+mod watchdog;
 
 use std::ffi::{c_int, c_void, CStr};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
+use cudarc::driver::sys as drv;
 use cudarc::driver::CudaContext;
 
 use crate::comm::{Backend, CallOpts, CommContext, Splits};
@@ -75,19 +79,17 @@ pub fn probe(cfg: &Config) -> Result<(PathBuf, String)> {
     Ok((l.path.clone(), format!("{major}.{minor}.{patch}")))
 }
 
-fn check(l: &sys::Lib, r: sys::NcclResult, what: &str, comm: Option<sys::NcclComm>) -> Result<()> {
-    if r == sys::SUCCESS {
-        return Ok(());
-    }
+/// NCCL's description of `r`, with the communicator's last error when there is one.
+fn describe_error(l: &sys::Lib, r: sys::NcclResult, comm: Option<sys::NcclComm>) -> String {
     // SAFETY: NCCL returns static C strings (or NULL).
     let s = unsafe { (l.ncclGetErrorString)(r) };
     let mut msg = if s.is_null() {
-        format!("{what}: error {r}")
+        format!("error {r}")
     } else {
         // SAFETY: non-null C string owned by NCCL.
-        format!("{what}: {}", unsafe { CStr::from_ptr(s) }.to_string_lossy())
+        unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
     };
-    if let Some(c) = comm {
+    if let Some(c) = comm.filter(|c| !c.is_null()) {
         // SAFETY: live communicator; NCCL keeps the string.
         let last = unsafe { (l.ncclGetLastError)(c) };
         if !last.is_null() {
@@ -98,99 +100,379 @@ fn check(l: &sys::Lib, r: sys::NcclResult, what: &str, comm: Option<sys::NcclCom
             }
         }
     }
-    Err(Error::Nccl(msg))
+    msg
 }
 
-/// NCCL's code for a dtype.
-fn nccl_dtype(d: DataType) -> c_int {
-    match d {
-        DataType::I8 => 0,
-        DataType::U8 => 1,
-        DataType::I32 => 2,
-        DataType::U32 => 3,
-        DataType::I64 => 4,
-        DataType::U64 => 5,
-        DataType::F16 => 6,
-        DataType::F32 => 7,
-        DataType::F64 => 8,
-        DataType::BF16 => 9,
-        DataType::F8E4M3 => 10,
-        DataType::F8E5M2 => 11,
+fn check(l: &sys::Lib, r: sys::NcclResult, what: &str, comm: Option<sys::NcclComm>) -> Result<()> {
+    if r == sys::SUCCESS {
+        return Ok(());
+    }
+    Err(Error::Nccl(format!(
+        "{what}: {}",
+        describe_error(l, r, comm)
+    )))
+}
+
+/// The asynchronous error of `comm`, if it has one (`ncclInProgress` is not an error).
+fn async_error(l: &sys::Lib, comm: sys::NcclComm) -> Option<sys::NcclResult> {
+    let get = l.ncclCommGetAsyncError?;
+    if comm.is_null() {
+        return None;
+    }
+    let mut a = sys::SUCCESS;
+    // SAFETY: live communicator, out-parameter.
+    let r = unsafe { get(comm, &mut a) };
+    if r != sys::SUCCESS {
+        return Some(r);
+    }
+    (a != sys::SUCCESS && a != sys::IN_PROGRESS).then_some(a)
+}
+
+/// Polls a nonblocking communicator until it leaves `ncclInProgress`, at most `timeout`.
+/// `Some(code)` is the outcome (`ncclSuccess` or the error), `None` the deadline.
+fn wait_ready(l: &sys::Lib, comm: sys::NcclComm, timeout: Duration) -> Option<sys::NcclResult> {
+    let Some(get) = l.ncclCommGetAsyncError else {
+        return Some(sys::IN_PROGRESS);
+    };
+    let deadline = Instant::now() + timeout;
+    let mut polls = 0u32;
+    loop {
+        let mut a = sys::IN_PROGRESS;
+        // SAFETY: live communicator, out-parameter.
+        let r = unsafe { get(comm, &mut a) };
+        if r != sys::SUCCESS {
+            return Some(r);
+        }
+        if a != sys::IN_PROGRESS {
+            return Some(a);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        // Connection set-up takes milliseconds: yield first, then sleep briefly.
+        if polls < 1000 {
+            polls += 1;
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 }
 
-/// One NCCL communicator.
-pub struct Nccl {
-    lib: &'static sys::Lib,
-    comm: sys::NcclComm,
+/// The device's context the communicator was created in, kept alive (primary context retained)
+/// for the watchdog and abort threads, which make it current.
+struct DeviceContext {
+    ctx: drv::CUcontext,
+    dev: drv::CUdevice,
 }
 
-// SAFETY: an NCCL communicator may be used from any thread; the owners serialise calls.
-unsafe impl Send for Nccl {}
+// SAFETY: a CUcontext may be made current on any thread.
+unsafe impl Send for DeviceContext {}
+// SAFETY: as above; never mutated.
+unsafe impl Sync for DeviceContext {}
+
+impl DeviceContext {
+    /// The calling thread's current context, its device's primary context retained.
+    fn current() -> Result<DeviceContext> {
+        let mut ctx: drv::CUcontext = std::ptr::null_mut();
+        // SAFETY: out-parameter.
+        cu(unsafe { drv::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
+        if ctx.is_null() {
+            return Err(Error::Cuda(
+                "NCCL needs the device's context current on the calling thread".into(),
+            ));
+        }
+        let mut dev: drv::CUdevice = 0;
+        // SAFETY: out-parameter; a context is current.
+        cu(unsafe { drv::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
+        let mut primary: drv::CUcontext = std::ptr::null_mut();
+        cu(
+            // SAFETY: out-parameter; released in Drop.
+            unsafe { drv::cuDevicePrimaryCtxRetain(&mut primary, dev) },
+            "cuDevicePrimaryCtxRetain",
+        )?;
+        Ok(DeviceContext { ctx, dev })
+    }
+
+    /// Prepares a helper thread of ours (watchdog, abort): the context current, and the
+    /// thread's capture mode thread-local, so that its event queries and NCCL's teardown never
+    /// invalidate a graph another thread is capturing in the default (global) mode.
+    fn enter_helper_thread(&self) -> std::result::Result<(), String> {
+        // SAFETY: the context is alive (primary retained by self).
+        let r = unsafe { drv::cuCtxSetCurrent(self.ctx) };
+        r.result().map_err(|e| format!("cuCtxSetCurrent: {e:?}"))?;
+        let mut mode = drv::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        // SAFETY: in/out parameter; sets this thread's mode only (the thread is ours, the
+        // previous mode is not restored).
+        let r = unsafe { drv::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        r.result()
+            .map_err(|e| format!("cuThreadExchangeStreamCaptureMode: {e:?}"))
+    }
+}
+
+impl Drop for DeviceContext {
+    fn drop(&mut self) {
+        // SAFETY: retained once in `current`.
+        unsafe { drv::cuDevicePrimaryCtxRelease_v2(self.dev) };
+    }
+}
+
+/// Makes a context current for a scope and restores the caller's afterwards.
+struct PushedContext;
+
+impl PushedContext {
+    fn push(ctx: drv::CUcontext) -> Option<PushedContext> {
+        // SAFETY: a live context; popped in Drop.
+        let r = unsafe { drv::cuCtxPushCurrent_v2(ctx) };
+        (r == drv::CUresult::CUDA_SUCCESS).then_some(PushedContext)
+    }
+}
+
+impl Drop for PushedContext {
+    fn drop(&mut self) {
+        let mut old: drv::CUcontext = std::ptr::null_mut();
+        // SAFETY: pops the context pushed in `push`.
+        unsafe { drv::cuCtxPopCurrent_v2(&mut old) };
+    }
+}
+
+/// A communicator handle that may cross to the abort thread.
+struct SendComm(sys::NcclComm);
+// SAFETY: NCCL communicators may be used from any thread; ownership moves with it.
+unsafe impl Send for SendComm {}
+
+/// `ncclCommAbort` with a deadline: it runs on a thread of its own, and if it has not returned
+/// within `limit` (some NCCL releases hang in abort) the communicator is abandoned.
+fn abort_bounded(
+    l: &'static sys::Lib,
+    comm: sys::NcclComm,
+    dc: &Arc<DeviceContext>,
+    limit: Duration,
+) -> std::result::Result<(), String> {
+    let Some(abort) = l.ncclCommAbort else {
+        return Err("this libnccl has no ncclCommAbort; the communicator is abandoned".into());
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c = SendComm(comm);
+    let dc2 = dc.clone();
+    let spawned = std::thread::Builder::new()
+        .name("ferrocomm-nccl-abort".into())
+        .spawn(move || {
+            let c = c;
+            let _ = dc2.enter_helper_thread();
+            // SAFETY: a live communicator, aborted once (its owner forgets it).
+            let r = unsafe { abort(c.0) };
+            let _ = tx.send(r);
+        });
+    let r = match spawned {
+        Ok(_) => match rx.recv_timeout(limit) {
+            Ok(r) => r,
+            Err(_) => {
+                return Err(format!(
+                    "ncclCommAbort did not return within {limit:?}; the communicator is abandoned"
+                ))
+            }
+        },
+        // SAFETY: as above, on this thread since no other could start.
+        Err(_) => unsafe { abort(comm) },
+    };
+    check(l, r, "ncclCommAbort", None).map_err(|e| e.to_string())
+}
+
+/// The communicator handle and whether it can still be used.
+struct CommState {
+    /// Null once aborted or destroyed.
+    comm: sys::NcclComm,
+    /// Why the communicator was aborted; every later call fails with it.
+    failed: Option<String>,
+}
+
+/// What a communicator's owner and its watchdog share.
+struct Shared {
+    lib: &'static sys::Lib,
+    state: Mutex<CommState>,
+    dc: Arc<DeviceContext>,
+    timeout: Duration,
+    /// "NCCL communicator of rank 0 of 2", for messages.
+    describe: String,
+}
+
+// SAFETY: the raw communicator is only touched under the mutex.
+unsafe impl Send for Shared {}
 // SAFETY: as above.
-unsafe impl Sync for Nccl {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, CommState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks the communicator failed with `reason`, then aborts it (NCCL's kernels exit, the
+    /// streams drain). Nothing is enqueued on it afterwards and Drop does not destroy it again.
+    fn fail(&self, st: &mut CommState, reason: String) {
+        if st.failed.is_some() {
+            return;
+        }
+        st.failed = Some(reason);
+        let comm = std::mem::replace(&mut st.comm, std::ptr::null_mut());
+        if !comm.is_null() {
+            if let Err(e) = abort_bounded(self.lib, comm, &self.dc, self.timeout) {
+                if let Some(f) = st.failed.as_mut() {
+                    f.push_str(&format!(" ({e})"));
+                }
+            }
+        }
+    }
+}
+
+/// What the watchdog thread acts on.
+struct NcclGuard(Arc<Shared>);
+
+impl watchdog::Guard for NcclGuard {
+    fn async_error(&mut self) -> Option<String> {
+        let st = self.0.lock();
+        if st.failed.is_some() {
+            return None;
+        }
+        async_error(self.0.lib, st.comm).map(|r| describe_error(self.0.lib, r, Some(st.comm)))
+    }
+
+    fn abort(&mut self, reason: &str) {
+        let mut st = self.0.lock();
+        self.0.fail(&mut st, reason.to_string());
+    }
+}
+
+/// A CUDA event recorded after an NCCL operation: the watchdog's completion marker.
+struct Event(drv::CUevent);
+
+// SAFETY: events may be queried and destroyed from any thread.
+unsafe impl Send for Event {}
+
+impl Event {
+    fn new() -> Result<Event> {
+        let mut e: drv::CUevent = std::ptr::null_mut();
+        cu(
+            // SAFETY: out-parameter; no timing, so recording and querying stay cheap.
+            unsafe {
+                drv::cuEventCreate(&mut e, drv::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+            },
+            "cuEventCreate (NCCL watchdog)",
+        )?;
+        Ok(Event(e))
+    }
+}
+
+impl watchdog::Pending for Event {
+    fn is_done(&mut self) -> std::result::Result<bool, String> {
+        // SAFETY: a live event, recorded on a stream of this context.
+        match unsafe { drv::cuEventQuery(self.0) } {
+            drv::CUresult::CUDA_SUCCESS => Ok(true),
+            drv::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(format!("cuEventQuery: {e:?}")),
+        }
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once (pending work keeps it valid until done).
+        unsafe { drv::cuEventDestroy_v2(self.0) };
+    }
+}
+
+/// Whether `stream` is being captured into a CUDA graph (an error counts as capturing: then no
+/// event is recorded, which is always safe).
+fn capturing(stream: u64) -> bool {
+    let mut s = drv::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: out-parameter for a stream of the current context.
+    let r = unsafe { drv::cuStreamIsCapturing(stream as drv::CUstream, &mut s) };
+    r != drv::CUresult::CUDA_SUCCESS
+        || s != drv::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+}
+
+/// How often the watchdog polls the events of work in flight.
+const WATCHDOG_TICK: Duration = Duration::from_millis(1);
+
+/// One NCCL communicator, with a deadline on its initialisation and a watchdog on its work.
+///
+/// The communicator is nonblocking (`blocking = 0`) where the library allows it, so that no NCCL
+/// call can block past `config.timeout`: a call that returns `ncclInProgress` is polled with
+/// `ncclCommGetAsyncError` until it completes or the deadline passes, and the watchdog aborts the
+/// communicator when enqueued work stays incomplete past the timeout (see [`watchdog`]).
+pub struct Nccl {
+    sh: Arc<Shared>,
+    /// Calls may return `ncclInProgress`.
+    nonblocking: bool,
+    watchdog: Option<watchdog::Watchdog<Event>>,
+    /// Operations enqueued so far (call #1 is the first, in timeout messages).
+    seq: AtomicU64,
+}
 
 /// A reduction operator as NCCL takes it; PremulSum ops are created per call and destroyed.
-struct Op<'a> {
-    nccl: &'a Nccl,
+struct RedOp {
     op: c_int,
     created: bool,
 }
 
-impl Drop for Op<'_> {
-    fn drop(&mut self) {
-        if self.created {
-            // SAFETY: an op created on this communicator; destroying after enqueue is allowed.
-            unsafe { (self.nccl.lib.ncclRedOpDestroy)(self.op, self.nccl.comm) };
-        }
-    }
+/// The communicator, locked for one call.
+struct Live<'a> {
+    sh: &'a Shared,
+    st: &'a mut CommState,
+    nonblocking: bool,
 }
 
-impl Nccl {
-    /// Joins the NCCL communicator of `ctx` (rank 0 publishes the unique id through the store).
-    /// The device's context must be current on this thread.
-    pub fn new(ctx: &CommContext) -> Result<Nccl> {
-        let l = lib(&ctx.config)?;
-        crate::config::apply_nccl_env_defaults();
-        let key = "nccl/unique_id";
-        let mut id = sys::UniqueId { internal: [0; 128] };
-        if ctx.rank == 0 {
-            check(
-                l,
-                // SAFETY: out-parameter.
-                unsafe { (l.ncclGetUniqueId)(&mut id) },
-                "ncclGetUniqueId",
-                None,
-            )?;
-            ctx.store.set(key, &id.internal)?;
-        } else {
-            let v = ctx.store.get(key, ctx.timeout())?;
-            if v.len() != 128 {
-                return Err(Error::Nccl(format!(
-                    "the unique id from rank 0 has {} bytes, expected 128",
-                    v.len()
-                )));
-            }
-            id.internal.copy_from_slice(&v);
+impl Live<'_> {
+    fn lib(&self) -> &'static sys::Lib {
+        self.sh.lib
+    }
+
+    fn comm(&self) -> sys::NcclComm {
+        self.st.comm
+    }
+
+    /// The outcome of an NCCL call. On a nonblocking communicator `ncclInProgress` means the
+    /// call is still being carried out: poll until it completes (the operation is then on the
+    /// stream) or the deadline passes (the communicator is aborted). An error reported
+    /// asynchronously while waiting also fails the communicator.
+    fn ok(&mut self, r: sys::NcclResult, what: &str) -> Result<()> {
+        if r == sys::IN_PROGRESS && self.nonblocking && !self.st.comm.is_null() {
+            return match wait_ready(self.sh.lib, self.st.comm, self.sh.timeout) {
+                Some(sys::SUCCESS) => Ok(()),
+                Some(code) => {
+                    let reason = format!(
+                        "{what} on {}: {}; communicator aborted",
+                        self.sh.describe,
+                        describe_error(self.sh.lib, code, Some(self.st.comm))
+                    );
+                    self.sh.fail(self.st, reason.clone());
+                    Err(Error::Nccl(reason))
+                }
+                None => {
+                    let reason = format!(
+                        "{what} on {} was not carried out within the timeout of {:?} (a peer \
+                         never made the matching call, died, or cannot be reached); \
+                         communicator aborted",
+                        self.sh.describe, self.sh.timeout
+                    );
+                    self.sh.fail(self.st, reason.clone());
+                    Err(Error::Nccl(reason))
+                }
+            };
         }
-        let mut comm: sys::NcclComm = std::ptr::null_mut();
-        // SAFETY: out-parameter; blocks until all ranks joined.
-        let r =
-            unsafe { (l.ncclCommInitRank)(&mut comm, ctx.size as c_int, id, ctx.rank as c_int) };
-        check(
-            l,
-            r,
-            &format!("ncclCommInitRank (rank {} of {})", ctx.rank, ctx.size),
-            None,
-        )?;
-        Ok(Nccl { lib: l, comm })
+        check(self.sh.lib, r, what, Some(self.st.comm))
     }
 
-    fn ok(&self, r: sys::NcclResult, what: &str) -> Result<()> {
-        check(self.lib, r, what, Some(self.comm))
+    /// The outcome of a call inside a group: `ncclInProgress` there only means deferred to
+    /// `ncclGroupEnd`, whose result [`Live::ok`] waits for.
+    fn ok_in_group(&self, r: sys::NcclResult, what: &str) -> Result<()> {
+        if r == sys::IN_PROGRESS {
+            return Ok(());
+        }
+        check(self.sh.lib, r, what, Some(self.st.comm))
     }
 
-    fn op(&self, op: ReduceOp, dtype: DataType, collective: &'static str) -> Result<Op<'_>> {
+    fn red_op(&mut self, op: ReduceOp, dtype: DataType, collective: &'static str) -> Result<RedOp> {
         let code = match op {
             ReduceOp::Sum => 0,
             ReduceOp::Prod => 1,
@@ -221,17 +503,16 @@ impl Nccl {
                 let mut out: c_int = 0;
                 // SAFETY: the scalar is read immediately (host-immediate residence).
                 let r = unsafe {
-                    (self.lib.ncclRedOpCreatePreMulSum)(
+                    (self.lib().ncclRedOpCreatePreMulSum)(
                         &mut out,
                         scalar.as_mut_ptr().cast(),
                         nccl_dtype(dtype),
                         sys::SCALAR_HOST_IMMEDIATE,
-                        self.comm,
+                        self.comm(),
                     )
                 };
                 self.ok(r, "ncclRedOpCreatePreMulSum")?;
-                return Ok(Op {
-                    nccl: self,
+                return Ok(RedOp {
                     op: out,
                     created: true,
                 });
@@ -244,11 +525,190 @@ impl Nccl {
                 })
             }
         };
-        Ok(Op {
-            nccl: self,
+        Ok(RedOp {
             op: code,
             created: false,
         })
+    }
+
+    /// Destroys a per-call operator once the call that used it has returned (NCCL allows it).
+    fn release(&mut self, o: RedOp) {
+        if o.created && !self.st.comm.is_null() {
+            // SAFETY: an op created on this communicator, no longer used.
+            let r = unsafe { (self.lib().ncclRedOpDestroy)(o.op, self.comm()) };
+            let _ = self.ok(r, "ncclRedOpDestroy");
+        }
+    }
+}
+
+impl Nccl {
+    /// Joins the NCCL communicator of `ctx` (rank 0 publishes the unique id through the store).
+    /// The device's context must be current on this thread. Initialisation that has not
+    /// completed within `ctx.timeout()` (a peer never joined) is aborted and reported.
+    pub fn new(ctx: &CommContext) -> Result<Nccl> {
+        let l = lib(&ctx.config)?;
+        crate::config::apply_nccl_env_defaults();
+        let key = "nccl/unique_id";
+        let mut id = sys::UniqueId { internal: [0; 128] };
+        if ctx.rank == 0 {
+            check(
+                l,
+                // SAFETY: out-parameter.
+                unsafe { (l.ncclGetUniqueId)(&mut id) },
+                "ncclGetUniqueId",
+                None,
+            )?;
+            ctx.store.set(key, &id.internal)?;
+        } else {
+            let v = ctx.store.get(key, ctx.timeout())?;
+            if v.len() != 128 {
+                return Err(Error::Nccl(format!(
+                    "the unique id from rank 0 has {} bytes, expected 128",
+                    v.len()
+                )));
+            }
+            id.internal.copy_from_slice(&v);
+        }
+        let dc = Arc::new(DeviceContext::current()?);
+        let timeout = ctx.timeout();
+        let describe = format!("the NCCL communicator of rank {} of {}", ctx.rank, ctx.size);
+        let (rank, size) = (ctx.rank as c_int, ctx.size as c_int);
+        let mut comm: sys::NcclComm = std::ptr::null_mut();
+        let nonblocking = match (l.ncclCommInitRankConfig, l.ncclCommGetAsyncError) {
+            (Some(init), Some(_)) => {
+                let mut config = sys::Config::nonblocking();
+                // SAFETY: out-parameter and an initialised config (NCCL copies it).
+                let r = unsafe { init(&mut comm, size, id, rank, &mut config) };
+                let r = if r == sys::IN_PROGRESS && !comm.is_null() {
+                    wait_ready(l, comm, timeout)
+                } else {
+                    Some(r)
+                };
+                match r {
+                    Some(sys::SUCCESS) => {}
+                    outcome => {
+                        let why = match outcome {
+                            Some(code) => describe_error(l, code, Some(comm)),
+                            None => format!(
+                                "did not complete within the timeout of {timeout:?} (a peer \
+                                 never joined, died, or cannot be reached)"
+                            ),
+                        };
+                        let mut msg = format!(
+                            "ncclCommInitRankConfig (rank {} of {}): {why}",
+                            ctx.rank, ctx.size
+                        );
+                        if !comm.is_null() {
+                            match abort_bounded(l, comm, &dc, timeout) {
+                                Ok(()) => msg.push_str("; communicator aborted"),
+                                Err(e) => msg.push_str(&format!("; {e}")),
+                            }
+                        }
+                        return Err(Error::Nccl(msg));
+                    }
+                }
+                // NCCL_COMM_BLOCKING=1 in the environment overrides our config; calls then
+                // block as before (no deadline on them).
+                true
+            }
+            _ => {
+                // NCCL before 2.14: only the blocking call exists.
+                // SAFETY: out-parameter; blocks until all ranks joined.
+                let r = unsafe { (l.ncclCommInitRank)(&mut comm, size, id, rank) };
+                check(
+                    l,
+                    r,
+                    &format!("ncclCommInitRank (rank {} of {})", ctx.rank, ctx.size),
+                    None,
+                )?;
+                false
+            }
+        };
+        let sh = Arc::new(Shared {
+            lib: l,
+            state: Mutex::new(CommState { comm, failed: None }),
+            dc,
+            timeout,
+            describe,
+        });
+        let mut nccl = Nccl {
+            sh: sh.clone(),
+            nonblocking,
+            watchdog: None,
+            seq: AtomicU64::new(0),
+        };
+        // Without ncclCommAbort (NCCL before 2.4) hung work cannot be stopped: no watchdog.
+        if l.ncclCommAbort.is_some() && l.ncclCommGetAsyncError.is_some() {
+            let dc = sh.dc.clone();
+            let w = watchdog::Watchdog::start(
+                sh.describe.clone(),
+                timeout,
+                WATCHDOG_TICK,
+                move || dc.enter_helper_thread(),
+                NcclGuard(sh.clone()),
+            )
+            .map_err(|e| Error::io("starting the NCCL watchdog thread", e))?;
+            nccl.watchdog = Some(w);
+        }
+        Ok(nccl)
+    }
+
+    /// Why the communicator failed (a timeout or an asynchronous error), once it has.
+    pub fn failure(&self) -> Option<String> {
+        self.sh.lock().failed.clone()
+    }
+
+    /// Runs one operation: refuses it on a failed communicator, reports an asynchronous error
+    /// as its error, lets `enqueue` issue the NCCL calls, then (outside graph capture) records
+    /// an event after it on `stream` for the watchdog.
+    fn run(
+        &self,
+        what: &'static str,
+        stream: u64,
+        enqueue: impl FnOnce(&mut Live<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let mut st = self.sh.lock();
+        if let Some(why) = &st.failed {
+            return Err(Error::Nccl(format!(
+                "{what} refused: the communicator failed earlier: {why}"
+            )));
+        }
+        if let Some(code) = async_error(self.sh.lib, st.comm) {
+            let reason = format!(
+                "{} reported an asynchronous error: {}; communicator aborted",
+                self.sh.describe,
+                describe_error(self.sh.lib, code, Some(st.comm))
+            );
+            self.sh.fail(&mut st, reason.clone());
+            return Err(Error::Nccl(format!("{what} refused: {reason}")));
+        }
+        let mut live = Live {
+            sh: &self.sh,
+            st: &mut st,
+            nonblocking: self.nonblocking,
+        };
+        enqueue(&mut live)?;
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let Some(w) = &self.watchdog else {
+            return Ok(());
+        };
+        // During capture the operation only becomes a graph node: nothing runs that the
+        // watchdog could follow, and an event record would join the graph.
+        if w.failure().is_some() || capturing(stream) {
+            return Ok(());
+        }
+        let ev = match w.recycled() {
+            Some(e) => e,
+            None => Event::new()?,
+        };
+        cu(
+            // SAFETY: a live event and a stream of the current context.
+            unsafe { drv::cuEventRecord(ev.0, stream as drv::CUstream) },
+            "cuEventRecord (NCCL watchdog)",
+        )?;
+        drop(st);
+        w.watch(ev, what, seq);
+        Ok(())
     }
 
     fn stream(s: u64) -> sys::CuStream {
@@ -264,20 +724,24 @@ impl Nccl {
         op: ReduceOp,
         stream: u64,
     ) -> Result<()> {
-        let o = self.op(op, dtype, "all_reduce")?;
-        // SAFETY: device pointers of `count` elements validated by the caller.
-        let r = unsafe {
-            (self.lib.ncclAllReduce)(
-                send as *const c_void,
-                recv as *mut c_void,
-                count,
-                nccl_dtype(dtype),
-                o.op,
-                self.comm,
-                Self::stream(stream),
-            )
-        };
-        self.ok(r, "ncclAllReduce")
+        self.run("all_reduce", stream, |live| {
+            let o = live.red_op(op, dtype, "all_reduce")?;
+            // SAFETY: device pointers of `count` elements validated by the caller.
+            let r = unsafe {
+                (live.lib().ncclAllReduce)(
+                    send as *const c_void,
+                    recv as *mut c_void,
+                    count,
+                    nccl_dtype(dtype),
+                    o.op,
+                    live.comm(),
+                    Self::stream(stream),
+                )
+            };
+            let res = live.ok(r, "ncclAllReduce");
+            live.release(o);
+            res
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -291,21 +755,25 @@ impl Nccl {
         root: usize,
         stream: u64,
     ) -> Result<()> {
-        let o = self.op(op, dtype, "reduce")?;
-        // SAFETY: as for all_reduce.
-        let r = unsafe {
-            (self.lib.ncclReduce)(
-                send as *const c_void,
-                recv as *mut c_void,
-                count,
-                nccl_dtype(dtype),
-                o.op,
-                root as c_int,
-                self.comm,
-                Self::stream(stream),
-            )
-        };
-        self.ok(r, "ncclReduce")
+        self.run("reduce", stream, |live| {
+            let o = live.red_op(op, dtype, "reduce")?;
+            // SAFETY: as for all_reduce.
+            let r = unsafe {
+                (live.lib().ncclReduce)(
+                    send as *const c_void,
+                    recv as *mut c_void,
+                    count,
+                    nccl_dtype(dtype),
+                    o.op,
+                    root as c_int,
+                    live.comm(),
+                    Self::stream(stream),
+                )
+            };
+            let res = live.ok(r, "ncclReduce");
+            live.release(o);
+            res
+        })
     }
 
     pub fn broadcast(
@@ -317,19 +785,21 @@ impl Nccl {
         root: usize,
         stream: u64,
     ) -> Result<()> {
-        // SAFETY: as for all_reduce.
-        let r = unsafe {
-            (self.lib.ncclBroadcast)(
-                send as *const c_void,
-                recv as *mut c_void,
-                count,
-                nccl_dtype(dtype),
-                root as c_int,
-                self.comm,
-                Self::stream(stream),
-            )
-        };
-        self.ok(r, "ncclBroadcast")
+        self.run("broadcast", stream, |live| {
+            // SAFETY: as for all_reduce.
+            let r = unsafe {
+                (live.lib().ncclBroadcast)(
+                    send as *const c_void,
+                    recv as *mut c_void,
+                    count,
+                    nccl_dtype(dtype),
+                    root as c_int,
+                    live.comm(),
+                    Self::stream(stream),
+                )
+            };
+            live.ok(r, "ncclBroadcast")
+        })
     }
 
     pub fn all_gather(
@@ -340,18 +810,20 @@ impl Nccl {
         dtype: DataType,
         stream: u64,
     ) -> Result<()> {
-        // SAFETY: `recv` holds size * count elements (checked by the communicator).
-        let r = unsafe {
-            (self.lib.ncclAllGather)(
-                send as *const c_void,
-                recv as *mut c_void,
-                count,
-                nccl_dtype(dtype),
-                self.comm,
-                Self::stream(stream),
-            )
-        };
-        self.ok(r, "ncclAllGather")
+        self.run("all_gather", stream, |live| {
+            // SAFETY: `recv` holds size * count elements (checked by the communicator).
+            let r = unsafe {
+                (live.lib().ncclAllGather)(
+                    send as *const c_void,
+                    recv as *mut c_void,
+                    count,
+                    nccl_dtype(dtype),
+                    live.comm(),
+                    Self::stream(stream),
+                )
+            };
+            live.ok(r, "ncclAllGather")
+        })
     }
 
     pub fn reduce_scatter(
@@ -363,20 +835,24 @@ impl Nccl {
         op: ReduceOp,
         stream: u64,
     ) -> Result<()> {
-        let o = self.op(op, dtype, "reduce_scatter")?;
-        // SAFETY: `send` holds size * count elements (checked by the communicator).
-        let r = unsafe {
-            (self.lib.ncclReduceScatter)(
-                send as *const c_void,
-                recv as *mut c_void,
-                count,
-                nccl_dtype(dtype),
-                o.op,
-                self.comm,
-                Self::stream(stream),
-            )
-        };
-        self.ok(r, "ncclReduceScatter")
+        self.run("reduce_scatter", stream, |live| {
+            let o = live.red_op(op, dtype, "reduce_scatter")?;
+            // SAFETY: `send` holds size * count elements (checked by the communicator).
+            let r = unsafe {
+                (live.lib().ncclReduceScatter)(
+                    send as *const c_void,
+                    recv as *mut c_void,
+                    count,
+                    nccl_dtype(dtype),
+                    o.op,
+                    live.comm(),
+                    Self::stream(stream),
+                )
+            };
+            let res = live.ok(r, "ncclReduceScatter");
+            live.release(o);
+            res
+        })
     }
 
     /// Grouped point-to-point: `sends`/`recvs` are (peer, pointer, count) triples.
@@ -386,54 +862,126 @@ impl Nccl {
         recvs: &[(usize, u64, usize)],
         dtype: DataType,
         stream: u64,
-        what: &str,
+        what: &'static str,
     ) -> Result<()> {
         let dt = nccl_dtype(dtype);
-        // SAFETY: group calls bracket the point-to-point enqueues below.
-        self.ok(unsafe { (self.lib.ncclGroupStart)() }, "ncclGroupStart")?;
-        let mut first_err = Ok(());
-        for &(peer, p, n) in sends {
-            // SAFETY: `p` holds `n` elements (checked by the communicator).
-            let r = unsafe {
-                (self.lib.ncclSend)(
-                    p as *const c_void,
-                    n,
-                    dt,
-                    peer as c_int,
-                    self.comm,
-                    Self::stream(stream),
-                )
-            };
-            if first_err.is_ok() {
-                first_err = self.ok(r, &format!("{what}: ncclSend to {peer}"));
+        self.run(what, stream, |live| {
+            let l = live.lib();
+            // SAFETY: group calls bracket the point-to-point enqueues below.
+            live.ok_in_group(unsafe { (l.ncclGroupStart)() }, "ncclGroupStart")?;
+            let mut first_err = Ok(());
+            for &(peer, p, n) in sends {
+                // SAFETY: `p` holds `n` elements (checked by the communicator).
+                let r = unsafe {
+                    (l.ncclSend)(
+                        p as *const c_void,
+                        n,
+                        dt,
+                        peer as c_int,
+                        live.comm(),
+                        Self::stream(stream),
+                    )
+                };
+                if first_err.is_ok() {
+                    first_err = live.ok_in_group(r, &format!("{what}: ncclSend to {peer}"));
+                }
+            }
+            for &(peer, p, n) in recvs {
+                // SAFETY: `p` holds room for `n` elements (checked by the communicator).
+                let r = unsafe {
+                    (l.ncclRecv)(
+                        p as *mut c_void,
+                        n,
+                        dt,
+                        peer as c_int,
+                        live.comm(),
+                        Self::stream(stream),
+                    )
+                };
+                if first_err.is_ok() {
+                    first_err = live.ok_in_group(r, &format!("{what}: ncclRecv from {peer}"));
+                }
+            }
+            // SAFETY: closes the group opened above (always, so that NCCL's group state is
+            // reset even after an error); with a nonblocking communicator it may return
+            // ncclInProgress, which `ok` waits out.
+            let end = live.ok(
+                unsafe { (l.ncclGroupEnd)() },
+                &format!("{what}: ncclGroupEnd"),
+            );
+            first_err.and(end)
+        })
+    }
+
+    /// Releases a healthy communicator without blocking past the timeout: finalize (nonblocking)
+    /// and wait for it, then destroy; abort instead when that fails, times out, or the
+    /// communicator reports an asynchronous error.
+    fn close(&self, comm: sys::NcclComm) {
+        let l = self.sh.lib;
+        let abort = || {
+            let _ = abort_bounded(l, comm, &self.sh.dc, self.sh.timeout);
+        };
+        if async_error(l, comm).is_some() {
+            return abort();
+        }
+        match (self.nonblocking, l.ncclCommFinalize) {
+            (true, Some(finalize)) => {
+                // SAFETY: a live communicator with no call of ours in progress.
+                let r = unsafe { finalize(comm) };
+                let r = if r == sys::IN_PROGRESS {
+                    wait_ready(l, comm, self.sh.timeout)
+                } else {
+                    Some(r)
+                };
+                if r == Some(sys::SUCCESS) {
+                    // SAFETY: finalized; destroy frees the rest without blocking.
+                    unsafe { (l.ncclCommDestroy)(comm) };
+                } else {
+                    abort();
+                }
+            }
+            _ => {
+                // SAFETY: the communicator was created by `new` and is destroyed once.
+                unsafe { (l.ncclCommDestroy)(comm) };
             }
         }
-        for &(peer, p, n) in recvs {
-            // SAFETY: `p` holds room for `n` elements (checked by the communicator).
-            let r = unsafe {
-                (self.lib.ncclRecv)(
-                    p as *mut c_void,
-                    n,
-                    dt,
-                    peer as c_int,
-                    self.comm,
-                    Self::stream(stream),
-                )
-            };
-            if first_err.is_ok() {
-                first_err = self.ok(r, &format!("{what}: ncclRecv from {peer}"));
-            }
-        }
-        // SAFETY: closes the group opened above.
-        let end = self.ok(unsafe { (self.lib.ncclGroupEnd)() }, "ncclGroupEnd");
-        first_err.and(end)
     }
 }
 
 impl Drop for Nccl {
     fn drop(&mut self) {
-        // SAFETY: the communicator was created by `new` and is destroyed once.
-        unsafe { (self.lib.ncclCommDestroy)(self.comm) };
+        // Teardown runs in the communicator's context, whatever thread drops it.
+        let _pushed = PushedContext::push(self.sh.dc.ctx);
+        // The watchdog must be stopped before the communicator goes: it could abort it (or
+        // query its events) while it is destroyed.
+        drop(self.watchdog.take());
+        let mut st = self.sh.lock();
+        // An aborted communicator is already freed: never destroy it again.
+        if st.failed.is_some() || st.comm.is_null() {
+            return;
+        }
+        let comm = std::mem::replace(&mut st.comm, std::ptr::null_mut());
+        st.failed = Some("the communicator was destroyed".into());
+        drop(st);
+        self.close(comm);
+    }
+}
+
+/// NCCL's code for a dtype.
+fn nccl_dtype(d: DataType) -> c_int {
+    match d {
+        DataType::I8 => 0,
+        DataType::U8 => 1,
+        DataType::I32 => 2,
+        DataType::U32 => 3,
+        DataType::I64 => 4,
+        DataType::U64 => 5,
+        DataType::F16 => 6,
+        DataType::F32 => 7,
+        DataType::F64 => 8,
+        DataType::BF16 => 9,
+        DataType::F8E4M3 => 10,
+        DataType::F8E5M2 => 11,
     }
 }
 
@@ -650,15 +1198,20 @@ impl NcclOps {
             ReduceOp::Sum,
             opts.stream,
         )?;
-        // SAFETY: waits for the caller's stream.
         cu(
+            // SAFETY: waits for the caller's stream (the watchdog aborts the communicator if
+            // the all-reduce hangs, so this returns).
             unsafe {
                 cudarc::driver::sys::cuStreamSynchronize(
                     opts.stream as cudarc::driver::sys::CUstream,
                 )
             },
             "barrier: cuStreamSynchronize",
-        )
+        )?;
+        match self.nccl.failure() {
+            Some(why) => Err(Error::Nccl(format!("barrier: {why}"))),
+            None => Ok(()),
+        }
     }
 
     pub fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
@@ -691,8 +1244,10 @@ impl Drop for NcclOps {
 
 /// NCCL alone behind the [`Backend`] trait (backend name `nccl`).
 pub struct NcclBackend {
-    ctx: Arc<CudaContext>,
+    /// Declared first so that it drops (frees its memory, closes the communicator) while the
+    /// context below is still held.
     ops: NcclOps,
+    ctx: Arc<CudaContext>,
     device: u32,
     config: Arc<Config>,
     size: usize,

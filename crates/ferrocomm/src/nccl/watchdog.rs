@@ -1,0 +1,538 @@
+//! The watchdog of one NCCL communicator: a thread that follows the completion of enqueued work
+//! and aborts the communicator when some of it stays incomplete past the timeout.
+//!
+//! NCCL kernels wait for their peers without a deadline; a peer that died or never made the
+//! matching call leaves them spinning and the caller's stream never drains. As torch's
+//! ProcessGroupNCCL does, we record a completion marker (a CUDA event) after every operation
+//! enqueued outside graph capture and hand it to this thread, which polls the markers at a short
+//! cadence. When one is still pending after the timeout, or the communicator reports an
+//! asynchronous error, the [`Guard`] aborts the communicator (NCCL's kernels then exit and the
+//! streams drain) and the watchdog records the reason; the owner refuses every later call with it.
+//!
+//! The logic is generic over the marker ([`Pending`]) and the guarded communicator ([`Guard`]) so
+//! that it is tested on the CPU with fake markers.
+//!
+//! Hot-path cost per operation: one marker (recycled from a pool, created only when the pool is
+//! empty) and one channel send. The thread sleeps on the channel while nothing is in flight and
+//! polls every `tick` while something is.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A completion marker of enqueued work (a recorded CUDA event, or a fake in tests).
+pub(crate) trait Pending: Send + 'static {
+    /// Whether the work before the marker has completed; `Err` when that cannot be told.
+    fn is_done(&mut self) -> Result<bool, String>;
+}
+
+/// The communicator a watchdog guards.
+pub(crate) trait Guard: Send + 'static {
+    /// An asynchronous error the communicator reports, if any (NCCL: `ncclCommGetAsyncError`).
+    fn async_error(&mut self) -> Option<String>;
+    /// Makes hung work exit (NCCL: `ncclCommAbort`) and marks the communicator failed with
+    /// `reason`. Called at most once, from the watchdog thread.
+    fn abort(&mut self, reason: &str);
+}
+
+/// Markers kept for reuse at most; beyond that completed ones are dropped (destroyed).
+const POOL_CAP: usize = 1024;
+/// How often an idle watchdog still asks the communicator for asynchronous errors.
+const IDLE_TICK: Duration = Duration::from_millis(100);
+
+/// One watched operation.
+struct Watched<E> {
+    marker: E,
+    what: &'static str,
+    seq: u64,
+    since: Instant,
+}
+
+struct Shared<E> {
+    /// Completed markers, ready for reuse.
+    free: Mutex<Vec<E>>,
+    /// Why the communicator failed; set once, before the guard aborts it.
+    failure: OnceLock<String>,
+}
+
+/// The watchdog thread of one communicator and its channel.
+pub(crate) struct Watchdog<E: Pending> {
+    tx: Option<mpsc::Sender<Watched<E>>>,
+    shared: Arc<Shared<E>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl<E: Pending> Watchdog<E> {
+    /// Starts the thread. `setup` runs first on it (making the device's context current);
+    /// `describe` names the communicator in failure messages ("rank 0 of 2").
+    pub fn start<G: Guard>(
+        describe: String,
+        timeout: Duration,
+        tick: Duration,
+        setup: impl FnOnce() -> Result<(), String> + Send + 'static,
+        guard: G,
+    ) -> std::io::Result<Watchdog<E>> {
+        let (tx, rx) = mpsc::channel::<Watched<E>>();
+        let shared = Arc::new(Shared {
+            free: Mutex::new(Vec::new()),
+            failure: OnceLock::new(),
+        });
+        let sh = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("ferrocomm-nccl-watchdog".into())
+            .spawn(move || {
+                let mut guard = guard;
+                if let Err(e) = setup() {
+                    let reason =
+                        format!("the watchdog of {describe} could not start ({e}); aborted");
+                    let _ = sh.failure.set(reason.clone());
+                    guard.abort(&reason);
+                    return;
+                }
+                let mut run = Run {
+                    rx,
+                    shared: sh,
+                    guard,
+                    describe,
+                    timeout,
+                    tick,
+                    inflight: VecDeque::new(),
+                };
+                run.main();
+            })?;
+        Ok(Watchdog {
+            tx: Some(tx),
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// A completed marker to reuse, if the pool has one.
+    pub fn recycled(&self) -> Option<E> {
+        self.shared
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+    }
+
+    /// Hands the marker recorded after operation `seq` (`what`) to the thread. After a failure
+    /// the marker is dropped: the owner refuses calls by then, nothing more is watched.
+    pub fn watch(&self, marker: E, what: &'static str, seq: u64) {
+        if self.failure().is_some() {
+            return;
+        }
+        if let Some(tx) = &self.tx {
+            // A send fails only when the thread has ended (after a failure); the marker is
+            // dropped with the error.
+            let _ = tx.send(Watched {
+                marker,
+                what,
+                seq,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    /// Why the watchdog gave up on the communicator, once it has.
+    pub fn failure(&self) -> Option<&str> {
+        self.shared.failure.get().map(String::as_str)
+    }
+}
+
+impl<E: Pending> Drop for Watchdog<E> {
+    fn drop(&mut self) {
+        // Closing the channel wakes an idle thread at once and ends a busy one within a tick;
+        // the owner destroys the communicator only after this join.
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The state of the watchdog thread.
+struct Run<E, G> {
+    rx: mpsc::Receiver<Watched<E>>,
+    shared: Arc<Shared<E>>,
+    guard: G,
+    describe: String,
+    timeout: Duration,
+    tick: Duration,
+    inflight: VecDeque<Watched<E>>,
+}
+
+impl<E: Pending, G: Guard> Run<E, G> {
+    fn main(&mut self) {
+        loop {
+            if self.inflight.is_empty() {
+                // Nothing to follow: sleep on the channel (no wake-ups while idle beyond the
+                // occasional asynchronous-error check).
+                match self.rx.recv_timeout(IDLE_TICK) {
+                    Ok(w) => self.inflight.push_back(w),
+                    Err(RecvTimeoutError::Timeout) => {
+                        if let Some(e) = self.guard.async_error() {
+                            self.fail(format!(
+                                "{} reported an asynchronous error: {e}; communicator aborted",
+                                self.describe
+                            ));
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            }
+            let mut closed = false;
+            loop {
+                match self.rx.try_recv() {
+                    Ok(w) => self.inflight.push_back(w),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        closed = true;
+                        break;
+                    }
+                }
+            }
+            if let Err(reason) = self.poll() {
+                self.fail(reason);
+                return;
+            }
+            if closed {
+                return;
+            }
+            if !self.inflight.is_empty() {
+                std::thread::sleep(self.tick);
+            }
+        }
+    }
+
+    /// Queries every marker in flight, recycles the completed ones, and says why the
+    /// communicator must be aborted, if it must.
+    fn poll(&mut self) -> Result<(), String> {
+        let mut done = Vec::new();
+        let mut hung: Option<(&'static str, u64, Duration)> = None;
+        let mut broken: Option<String> = None;
+        let mut keep = VecDeque::with_capacity(self.inflight.len());
+        while let Some(mut w) = self.inflight.pop_front() {
+            match w.marker.is_done() {
+                Ok(true) => done.push(w.marker),
+                Ok(false) => {
+                    let waited = w.since.elapsed();
+                    if waited > self.timeout && hung.is_none() {
+                        hung = Some((w.what, w.seq, waited));
+                    }
+                    keep.push_back(w);
+                }
+                Err(e) => {
+                    if broken.is_none() {
+                        broken = Some(format!(
+                            "{} (call #{}) on {}: cannot tell whether it completed: {e}; \
+                             communicator aborted",
+                            w.what, w.seq, self.describe
+                        ));
+                    }
+                    keep.push_back(w);
+                }
+            }
+        }
+        self.inflight = keep;
+        if !done.is_empty() {
+            let mut free = self.shared.free.lock().unwrap_or_else(|e| e.into_inner());
+            let room = POOL_CAP.saturating_sub(free.len());
+            free.extend(done.into_iter().take(room));
+        }
+        if let Some(b) = broken {
+            return Err(b);
+        }
+        let async_err = self.guard.async_error();
+        if let Some((what, seq, waited)) = hung {
+            let mut reason = format!(
+                "{what} (call #{seq}) on {} did not complete within the timeout of {:?} \
+                 (waited {:.1} s): a peer died, hangs, or never made the matching call; \
+                 communicator aborted",
+                self.describe,
+                self.timeout,
+                waited.as_secs_f64()
+            );
+            if let Some(e) = async_err {
+                reason.push_str(&format!(" (NCCL reported: {e})"));
+            }
+            return Err(reason);
+        }
+        if let Some(e) = async_err {
+            return Err(format!(
+                "{} reported an asynchronous error: {e}; communicator aborted",
+                self.describe
+            ));
+        }
+        Ok(())
+    }
+
+    /// Records the failure, then aborts (so callers see the reason before the abort returns)
+    /// and drops every marker still in flight.
+    fn fail(&mut self, reason: String) {
+        let _ = self.shared.failure.set(reason.clone());
+        self.guard.abort(&reason);
+        self.inflight.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    /// A marker that completes when its flag is set (never, if nobody sets it).
+    struct Fake {
+        done: Arc<AtomicBool>,
+        id: usize,
+        queries: Arc<AtomicUsize>,
+    }
+
+    impl Pending for Fake {
+        fn is_done(&mut self) -> Result<bool, String> {
+            self.queries.fetch_add(1, Ordering::Relaxed);
+            Ok(self.done.load(Ordering::Acquire))
+        }
+    }
+
+    struct Broken;
+    impl Pending for Broken {
+        fn is_done(&mut self) -> Result<bool, String> {
+            Err("CUDA_ERROR_ILLEGAL_ADDRESS".into())
+        }
+    }
+
+    #[derive(Clone, Default)]
+    struct FakeGuard {
+        aborts: Arc<Mutex<Vec<String>>>,
+        async_error: Arc<Mutex<Option<String>>>,
+    }
+
+    impl Guard for FakeGuard {
+        fn async_error(&mut self) -> Option<String> {
+            self.async_error.lock().unwrap().clone()
+        }
+        fn abort(&mut self, reason: &str) {
+            self.aborts.lock().unwrap().push(reason.to_string());
+        }
+    }
+
+    fn fake(id: usize, done: bool) -> (Fake, Arc<AtomicBool>) {
+        let flag = Arc::new(AtomicBool::new(done));
+        (
+            Fake {
+                done: flag.clone(),
+                id,
+                queries: Arc::new(AtomicUsize::new(0)),
+            },
+            flag,
+        )
+    }
+
+    fn start<E: Pending>(timeout_ms: u64, g: &FakeGuard) -> Watchdog<E> {
+        Watchdog::start(
+            "rank 0 of 2".into(),
+            Duration::from_millis(timeout_ms),
+            Duration::from_millis(1),
+            || Ok(()),
+            g.clone(),
+        )
+        .unwrap()
+    }
+
+    /// Polls `f` every millisecond for up to 2 s.
+    fn eventually(mut f: impl FnMut() -> bool) -> bool {
+        let end = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < end {
+            if f() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        f()
+    }
+
+    #[test]
+    fn a_never_completing_operation_fails_after_the_timeout_and_aborts_once() {
+        let g = FakeGuard::default();
+        let w: Watchdog<Fake> = start(50, &g);
+        let t = Instant::now();
+        let (m, _never) = fake(1, false);
+        w.watch(m, "all_reduce", 7);
+        assert!(eventually(|| w.failure().is_some()));
+        let waited = t.elapsed();
+        assert!(
+            waited >= Duration::from_millis(50),
+            "failed after {waited:?}"
+        );
+        let f = w.failure().unwrap().to_string();
+        assert!(f.contains("all_reduce (call #7) on rank 0 of 2"), "{f}");
+        assert!(
+            f.contains("did not complete within the timeout of 50ms"),
+            "{f}"
+        );
+        assert!(f.contains("aborted"), "{f}");
+        // The guard was told once, with the same reason.
+        assert!(eventually(|| g.aborts.lock().unwrap().len() == 1));
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(*g.aborts.lock().unwrap(), vec![f]);
+    }
+
+    #[test]
+    fn an_asynchronous_error_fails_without_waiting_for_the_timeout() {
+        let g = FakeGuard::default();
+        let w: Watchdog<Fake> = start(60_000, &g);
+        let (m, _never) = fake(2, false);
+        w.watch(m, "all_gather", 1);
+        std::thread::sleep(Duration::from_millis(10));
+        assert!(w.failure().is_none());
+        *g.async_error.lock().unwrap() =
+            Some("remote process exited or there was a network error".into());
+        assert!(eventually(|| w.failure().is_some()));
+        let f = w.failure().unwrap();
+        assert!(
+            f.contains("rank 0 of 2 reported an asynchronous error: remote process exited"),
+            "{f}"
+        );
+        assert!(eventually(|| g.aborts.lock().unwrap().len() == 1));
+        assert_eq!(g.aborts.lock().unwrap()[0], f);
+    }
+
+    #[test]
+    fn an_idle_watchdog_reports_an_asynchronous_error() {
+        let g = FakeGuard::default();
+        *g.async_error.lock().unwrap() = Some("unhandled system error".into());
+        let w: Watchdog<Fake> = start(10_000, &g);
+        assert!(eventually(|| w.failure().is_some()));
+        assert!(w.failure().unwrap().contains("unhandled system error"));
+        assert_eq!(g.aborts.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn completed_markers_are_recycled_and_nothing_fails() {
+        let g = FakeGuard::default();
+        let w: Watchdog<Fake> = start(50, &g);
+        assert!(w.recycled().is_none());
+        let mut flags = Vec::new();
+        for i in 0..10 {
+            let (m, f) = fake(i, false);
+            flags.push(f);
+            w.watch(m, "all_reduce", i as u64);
+        }
+        // Complete them late, but within the timeout.
+        std::thread::sleep(Duration::from_millis(5));
+        for f in &flags {
+            f.store(true, Ordering::Release);
+        }
+        let mut got = Vec::new();
+        assert!(eventually(|| {
+            while let Some(m) = w.recycled() {
+                got.push(m.id);
+            }
+            got.len() == 10
+        }));
+        got.sort_unstable();
+        assert_eq!(got, (0..10).collect::<Vec<_>>());
+        // Well past the timeout: completed work never counts as hung.
+        std::thread::sleep(Duration::from_millis(80));
+        assert!(w.failure().is_none());
+        assert!(g.aborts.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_recycled_marker_is_watched_again() {
+        let g = FakeGuard::default();
+        let w: Watchdog<Fake> = start(40, &g);
+        let (m, _) = fake(5, true);
+        w.watch(m, "send", 1);
+        let mut again = None;
+        assert!(eventually(|| {
+            again = w.recycled();
+            again.is_some()
+        }));
+        let m = again.unwrap();
+        assert_eq!(m.id, 5);
+        // Reused for work that hangs: the watchdog follows it like a new one.
+        m.done.store(false, Ordering::Release);
+        w.watch(m, "recv", 2);
+        assert!(eventually(|| w.failure().is_some()));
+        assert!(w.failure().unwrap().contains("recv (call #2)"));
+    }
+
+    #[test]
+    fn a_failed_watchdog_refuses_further_work() {
+        let g = FakeGuard::default();
+        let w: Watchdog<Fake> = start(20, &g);
+        let (m, _never) = fake(1, false);
+        w.watch(m, "all_reduce", 1);
+        assert!(eventually(|| w.failure().is_some()));
+        let (m2, _) = fake(2, true);
+        let queries = m2.queries.clone();
+        w.watch(m2, "all_reduce", 2);
+        std::thread::sleep(Duration::from_millis(20));
+        // Never queried, never recycled, no second abort.
+        assert_eq!(queries.load(Ordering::Relaxed), 0);
+        assert!(w.recycled().is_none());
+        assert_eq!(g.aborts.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_marker_that_cannot_be_queried_fails_the_communicator() {
+        let g = FakeGuard::default();
+        let w: Watchdog<Broken> = start(10_000, &g);
+        w.watch(Broken, "reduce_scatter", 4);
+        assert!(eventually(|| w.failure().is_some()));
+        let f = w.failure().unwrap();
+        assert!(f.contains("reduce_scatter (call #4)"), "{f}");
+        assert!(f.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{f}");
+        assert_eq!(g.aborts.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_failed_setup_fails_the_communicator() {
+        let g = FakeGuard::default();
+        let w: Watchdog<Fake> = Watchdog::start(
+            "rank 1 of 2".into(),
+            Duration::from_secs(10),
+            Duration::from_millis(1),
+            || Err("cuCtxSetCurrent: CUDA_ERROR_INVALID_CONTEXT".into()),
+            g.clone(),
+        )
+        .unwrap();
+        assert!(eventually(|| w.failure().is_some()));
+        assert!(w.failure().unwrap().contains("CUDA_ERROR_INVALID_CONTEXT"));
+        assert_eq!(g.aborts.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn drop_joins_promptly_idle_or_busy() {
+        let g = FakeGuard::default();
+        let w: Watchdog<Fake> = start(60_000, &g);
+        let t = Instant::now();
+        drop(w);
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "idle drop took {:?}",
+            t.elapsed()
+        );
+
+        let w: Watchdog<Fake> = start(60_000, &g);
+        let (m, _never) = fake(1, false);
+        let queries = m.queries.clone();
+        w.watch(m, "all_reduce", 1);
+        assert!(eventually(|| queries.load(Ordering::Relaxed) > 0));
+        let t = Instant::now();
+        drop(w);
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "busy drop took {:?}",
+            t.elapsed()
+        );
+        // Dropping is not a failure: nothing was aborted.
+        assert!(g.aborts.lock().unwrap().is_empty());
+    }
+}
