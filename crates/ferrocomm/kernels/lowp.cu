@@ -29,8 +29,8 @@ struct Lp {
     u32 block;       // B
     u32 format;      // LP_E4M3 / LP_E5M2 / LP_INT8
     u32 nin;         // parts encoded by every rank (1 or world)
-    u32 read_region; // region every rank reads from its peers
     u32 reduce;      // 1: sum the parts of all ranks into output part 0; 0: rank r -> part r
+    u32 rounds;      // one-shot pipeline rounds (>= 1)
     u32 pad;
 };
 
@@ -205,20 +205,44 @@ __device__ __forceinline__ u32 absbits4(const float* x) {
     return m;
 }
 
-// Stores the codes (and, for a block's first lane, the scale) of elements e0..e0+4.
+// Where encoded records go: up to ND encodings of the same part (one-shot push writes its own
+// staging and every peer's; the other paths write one). Offsets inside each are identical.
+template <int ND>
+struct Dst {
+    u8* p[ND];
+    u32 k;
+};
+
+// Stores the codes (and, for a block's first lane, the scale) of elements e0..e0+4 into every
+// destination: the codes are computed once, then written k times (peers' memory over NVLink:
+// posted stores, so the writes to several ranks overlap).
+template <int ND>
+__device__ __forceinline__ void lp_store_codes_to(const Dst<ND>& d, u64 e0, u64 n, u32 B, float s,
+                                                  const float* x, u32 fmt, bool scale) {
+    if (e0 >= n) return;
+    u64 rec = (e0 / B) * (u64)(4 + B);
+    u32 j = (u32)(e0 % B);
+    u32 w = lp_encode4(x, s, fmt);
+#pragma unroll
+    for (u32 r = 0; r < ND; r++) {
+        if (r >= d.k) break;
+        u8* p = d.p[r] + rec;
+        if (scale && j == 0) *(float*)p = s;
+        if (e0 + 4 <= n) {
+            *(u32*)(p + 4 + j) = w;
+        } else {
+            for (u32 i = 0; i < 4; i++)
+                if (e0 + i < n) p[4 + j + i] = (u8)(w >> (8 * i));
+        }
+    }
+}
+
 __device__ __forceinline__ void lp_store_codes(u8* enc, u64 e0, u64 n, u32 B, float s,
                                                const float* x, u32 fmt, bool scale) {
-    if (e0 >= n) return;
-    u8* rec = enc + (e0 / B) * (u64)(4 + B);
-    u32 j = (u32)(e0 % B);
-    if (scale && j == 0) *(float*)rec = s;
-    u32 w = lp_encode4(x, s, fmt);
-    if (e0 + 4 <= n) {
-        *(u32*)(rec + 4 + j) = w;
-    } else {
-        for (u32 i = 0; i < 4; i++)
-            if (e0 + i < n) rec[4 + j + i] = (u8)(w >> (8 * i));
-    }
+    Dst<1> d;
+    d.p[0] = enc;
+    d.k = 1;
+    lp_store_codes_to<1>(d, e0, n, B, s, x, fmt, scale);
 }
 
 // Source of the values to quantize: the user's input, or the rank-ordered sum of k encodings.
@@ -327,9 +351,9 @@ __device__ __forceinline__ void raw_sum(const Args& a, const Lp& l, u32 k, const
     }
 }
 
-template <int U>
+template <int ND, int U>
 __device__ void quant_in_run(const Lp& l, const T* in, bool vec, u64 lo, u64 hi, u64 gw, u64 W,
-                             u64 n, u8* enc, u32 lane) {
+                             u64 n, const Dst<ND>& enc, u32 lane) {
     for (u64 t = lo + gw; t < hi; t += U * W) {
         float x[U][4];
 #pragma unroll
@@ -343,7 +367,7 @@ __device__ void quant_in_run(const Lp& l, const T* in, bool vec, u64 lo, u64 hi,
             if (tt < hi) {  // warp-uniform: the shuffles see every lane
                 u32 m = seg_max(absbits4(x[u]), l.block / 4);
                 float s = lp_scale(m, l.format);
-                lp_store_codes(enc, tt * 128 + lane * 4, n, l.block, s, x[u], l.format, true);
+                lp_store_codes_to<ND>(enc, tt * 128 + lane * 4, n, l.block, s, x[u], l.format, true);
             }
         }
     }
@@ -402,16 +426,30 @@ __device__ void quant_sum_run(const Args& a, const Lp& l, const u64* base, u32 k
 #define LP_BY_WORLD(world, CALL2, CALL4, CALLN) \
     if ((world) <= 2) { CALL2; } else if ((world) <= 4) { CALL4; } else { CALLN; }
 
-// Quantize tiles lo..hi of the input; dequantize-sum tiles lo..hi of k encodings.
+// Quantize tiles lo..hi of the input into every destination of `enc`; dequantize-sum tiles
+// lo..hi of k encodings.
+template <int ND>
+__device__ __forceinline__ void quant_in_tiles(const Args& a, const Lp& l, const T* in, bool vec,
+                                               u64 lo, u64 hi, u64 gw, u64 W, u64 n,
+                                               const Dst<ND>& enc, u32 lane) {
+    if (l.block <= 128) {
+        quant_in_run<ND, 4>(l, in, vec, lo, hi, gw, W, n, enc, lane);
+    } else {
+        SrcIn src{in, vec};
+        for (u32 r = 0; r < ND; r++) {
+            if (r >= enc.k) break;
+            for (u64 t = lo + gw; t < hi; t += W) lp_quant_tile(a, l, src, t, n, enc.p[r], lane);
+        }
+    }
+}
+
 __device__ __forceinline__ void quant_in_tiles(const Args& a, const Lp& l, const T* in, bool vec,
                                                u64 lo, u64 hi, u64 gw, u64 W, u64 n, u8* enc,
                                                u32 lane) {
-    if (l.block <= 128) {
-        quant_in_run<4>(l, in, vec, lo, hi, gw, W, n, enc, lane);
-    } else {
-        SrcIn src{in, vec};
-        for (u64 t = lo + gw; t < hi; t += W) lp_quant_tile(a, l, src, t, n, enc, lane);
-    }
+    Dst<1> d;
+    d.p[0] = enc;
+    d.k = 1;
+    quant_in_tiles<1>(a, l, in, vec, lo, hi, gw, W, n, d, lane);
 }
 
 __device__ __forceinline__ void dequant_tiles(const Args& a, const Lp& l, const u64* base, u32 k,
@@ -445,42 +483,251 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_encode(Args a, Lp l) {
 
 // ---------------------------------------------------------------- one-shot movers
 
-// One kernel for the one-shot family, on one chunk of a.count elements per part:
-//   every rank encodes its `nin` input parts (input + p*in_stride) into staging regions p,
-//   then (per-CTA barrier) reads region `read_region` of every rank and either sums them in rank
-//   order into output part 0 (all_reduce one-shot, reduce_scatter) or decodes rank r's into
-//   output part r (all_gather, all_to_all). Every rank decodes its own codes too, so results are
-//   identical across ranks (rule 5).
+// ---------------------------------------------------------------- push path (B <= 128)
+
+// Stores to a peer's memory travel over NVLink in 16-byte pieces at best; 4-byte stores at the
+// 4-byte record alignment move a fraction of that. So the push path works on groups of four
+// tiles (512 elements): their records are 16-byte aligned for every B <= 128 (512 + 2048/B
+// bytes, a multiple of 16), the warp assembles them in shared memory and copies them out with
+// 16-byte stores to every destination. Group g is handled by warp g mod W (from the round's
+// first group) in the push and in the decode, on every rank.
+#define LP_GROUP_ELEMS 512
+#define LP_GROUP_BYTES_MAX 640  // 512 elements at B = 16: 32 records of 20 bytes
+
+// Bytes of the records of `m` elements (whole blocks plus a partial one), as Codec::encoded_bytes.
+__device__ __forceinline__ u32 lp_rec_bytes(u32 m, u32 B) {
+    return (m / B) * (4 + B) + (m % B ? 4 + m % B : 0);
+}
+
+// Two groups per step: eight loads per lane in flight before any arithmetic (the input is
+// read once, from HBM, and latency rather than bandwidth bounds a warp).
+#define LP_PUSH_GROUPS 2
+
+template <int ND>
+__device__ void quant_push_groups(const Lp& l, const T* in, bool vec, u64 glo, u64 ghi, u64 gw,
+                                  u64 W, u64 n, const Dst<ND>& d, u32 lane, u8* sm) {
+    u32 B = l.block;
+    u32 rec = 4 + B;
+    for (u64 g0 = glo + gw; g0 < ghi; g0 += LP_PUSH_GROUPS * W) {
+        float x[LP_PUSH_GROUPS][4][4];
+#pragma unroll
+        for (int k = 0; k < LP_PUSH_GROUPS; k++) {
+            u64 first = (g0 + k * W) * LP_GROUP_ELEMS;
+            if (g0 + k * W < ghi) {
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    lp_load_in(in, first + u * 128 + lane * 4, n, vec, x[k][u]);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < LP_PUSH_GROUPS; k++) {
+            u64 g = g0 + k * W;
+            if (g >= ghi) break;  // warp-uniform
+            u64 first = g * LP_GROUP_ELEMS;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                u32 el = u * 128 + lane * 4;  // element inside the group
+                // Warp-uniform up to here: every lane takes part in the shuffles.
+                u32 m = seg_max(absbits4(x[k][u]), B / 4);
+                float s = lp_scale(m, l.format);
+                if (first + el < n) {
+                    u32 off = (el / B) * rec;
+                    u32 j = el % B;
+                    if (j == 0) *(float*)(sm + off) = s;
+                    *(u32*)(sm + off + 4 + j) = lp_encode4(x[k][u], s, l.format);
+                }
+            }
+            __syncwarp();
+            u64 left = n - first;
+            u32 gbytes = lp_rec_bytes(left < LP_GROUP_ELEMS ? (u32)left : LP_GROUP_ELEMS, B);
+            u64 goff = (first / B) * rec;  // 16-aligned (see above)
+            // Whole 16-byte pieces: the last one may run into the region's 16-byte padding.
+            for (u32 v = lane; v < (gbytes + 15) / 16; v += 32) {
+                uint4 val = ((const uint4*)sm)[v];
+#pragma unroll
+                for (u32 r = 0; r < ND; r++) {
+                    if (r >= d.k) break;
+                    *(uint4*)(d.p[r] + goff + v * 16) = val;
+                }
+            }
+            __syncwarp();
+        }
+    }
+}
+
+// Decodes groups glo..ghi of k encodings: this warp's groups are glo+gw, +W, ...; their tiles
+// (four per group) are taken U at a time, all loads of a batch before the arithmetic.
+template <int NR, int U>
+__device__ void dequant_groups(const Args& a, const Lp& l, const u64* base, u32 k, u64 glo,
+                               u64 ghi, u64 gw, u64 W, u64 n, T* out, bool vec, u32 lane) {
+    u64 ng = ghi > glo + gw ? (ghi - glo - gw + W - 1) / W : 0;
+    for (u64 i = 0; i < ng * 4; i += U) {
+        Raw<NR> q[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u64 j = i + u;
+            u64 e0 = ((glo + gw + (j / 4) * W) * 4 + j % 4) * 128 + lane * 4;
+            if (j < ng * 4 && e0 < n) raw_load<NR>(l, base, k, 0, e0, n, q[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            u64 j = i + u;
+            u64 e0 = ((glo + gw + (j / 4) * W) * 4 + j % 4) * 128 + lane * 4;
+            if (j < ng * 4 && e0 < n) {
+                float x[4];
+                raw_sum<NR>(a, l, k, q[u], x);
+                lp_store_out(out, e0, n, vec, x);
+            }
+        }
+    }
+}
+
+// Encodes units lo..hi of part p of this rank into its destinations (units: groups of four
+// tiles for B <= 128, tiles above): with one part (all-reduce, all-gather) every rank's staging,
+// with one part per rank (reduce-scatter, all-to-all) rank p's; always the region of this rank
+// (sender s's records sit in region s on every receiver).
+template <int ND>
+__device__ __forceinline__ void lp_push_part(const Args& a, const Lp& l, u64 par, u32 p, u64 lo,
+                                             u64 hi, u64 gw, u64 W, bool vin, u32 lane, u8* sm) {
+    Dst<ND> d;
+    u64 at = par + (u64)a.rank * l.region;
+    if (l.nin == 1) {
+#pragma unroll
+        for (u32 i = 0; i < ND; i++) {
+            // Own staging first, then the peers in ring order (spreads the NVLink writes).
+            u32 r = (a.rank + i) % a.world;
+            d.p[i] = i < a.world ? (u8*)(a.staging[r] + at) : 0;
+        }
+        d.k = a.world;
+    } else {
+        d.p[0] = (u8*)(a.staging[p] + at);
+        d.k = 1;
+    }
+    const T* in = (const T*)a.input + p * l.in_stride;
+    if (l.block <= 128)
+        quant_push_groups<ND>(l, in, vin, lo, hi, gw, W, a.count, d, lane, sm);
+    else
+        quant_in_tiles<ND>(a, l, in, vin, lo, hi, gw, W, a.count, d, lane);
+}
+
+// Decodes units lo..hi (as lp_push_part counts them) of k encodings.
+__device__ __forceinline__ void lp_decode_units(const Args& a, const Lp& l, const u64* base,
+                                                u32 k, u64 lo, u64 hi, u64 gw, u64 W, u64 n,
+                                                T* out, bool vec, u32 lane) {
+    if (l.block > 128) {
+        dequant_tiles(a, l, base, k, 0, lo, hi, gw, W, n, out, vec, lane);
+    } else if (k == 1) {
+        dequant_groups<1, 8>(a, l, base, k, lo, hi, gw, W, n, out, vec, lane);
+    } else {
+        LP_BY_WORLD(k, (dequant_groups<2, 8>(a, l, base, k, lo, hi, gw, W, n, out, vec, lane)),
+                    (dequant_groups<4, 4>(a, l, base, k, lo, hi, gw, W, n, out, vec, lane)),
+                    (dequant_groups<FC_MAX_RANKS, 1>(a, l, base, k, lo, hi, gw, W, n, out, vec, lane)))
+    }
+}
+
+// Round flags of the one-shot kernels: CTA b of rank s tells CTA b of every peer how many rounds
+// of its records have landed there. The chunk-flag words (value = epoch << 32 | rounds) of warp
+// group b * FC_FLAT_WARPS serve: one slot per CTA, sender and parity (rule 2), epochs compared
+// for equality, counts growing within a call.
+// Rule 1: bar.sync orders every thread's stores before the release by the signalling thread
+// (cumulative, system scope); the acquire plus bar.sync orders the CTA's later loads after it.
+__device__ __forceinline__ void cta_signal(const Args& a, u32 e, u64 rounds) {
+    __syncthreads();
+    u32 peer = threadIdx.x;
+    if (peer < a.world && peer != a.rank)
+        st_release_sys_u64(cflag(a, peer, FC_CFLAG_DATA, e, a.rank, blockIdx.x * FC_FLAT_WARPS),
+                           ((u64)e << 32) | rounds);
+}
+
+__device__ __forceinline__ bool cta_wait(const Args& a, u32 e, u64 rounds, u64 t0) {
+    bool ok = true;
+    u32 peer = threadIdx.x;
+    if (peer < a.world && peer != a.rank) {
+        const u64* p = cflag(a, a.rank, FC_CFLAG_DATA, e, peer, blockIdx.x * FC_FLAT_WARPS);
+        u32 spins = 0;
+        for (;;) {
+            u64 v = ld_acquire_sys_u64(p);
+            if ((u32)(v >> 32) == e && (v & 0xffffffffull) >= rounds) break;
+            if (++spins == SPIN_CHECK) {
+                spins = 0;
+                if (globaltimer() - t0 > a.timeout_ns) {
+                    report_timeout(a, peer, 30);
+                    ok = false;
+                    break;
+                }
+            }
+        }
+    }
+    return __syncthreads_and(ok) != 0;
+}
+
+// One kernel for the one-shot family, on one chunk of a.count elements per part. Push form:
+// every rank quantizes each input part once and stores the records straight into the staging
+// of the rank(s) that read them (NVLink stores overlap the quantization; no remote loads), then
+// decodes from its own staging only: the sum of regions 0..n-1 in rank order into output part 0
+// (all_reduce one-shot, reduce_scatter), or region r into output part r (all_gather,
+// all_to_all). Every rank decodes its own records too (its region of its own staging), so
+// results are identical across ranks (rule 5).
+//
+// Pipelined in `rounds` slices of the tiles: a CTA stores round r+1 before it decodes round r,
+// so local decoding overlaps the NVLink traffic of the next round; it signals round r+1 after
+// decoding round r (the release then waits for fewer outstanding stores). Every work unit
+// (group of four tiles, see the push path) is handled by the same global warp on every
+// rank, so the CTA that decodes a unit after its round flag is the CTA that stored it on every
+// peer (the flag covers exactly that data).
 extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
+    __shared__ __align__(16) u8 smem[LP_WARPS][LP_GROUP_BYTES_MAX];
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
     u64 par = (u64)(e & 1) * a.staging_bytes;
     u32 lane = threadIdx.x & 31;
+    u8* sm = smem[threadIdx.x >> 5];
     u64 W = (u64)gridDim.x * LP_WARPS;
     u64 gw = (u64)blockIdx.x * LP_WARPS + (threadIdx.x >> 5);
     u64 n = a.count;
-    u64 nt = (n + lp_tile(l) - 1) / lp_tile(l);
+    // Work units: groups of four tiles (B <= 128) or tiles.
+    u64 nu = l.block <= 128 ? (n + LP_GROUP_ELEMS - 1) / LP_GROUP_ELEMS
+                            : (n + lp_tile(l) - 1) / lp_tile(l);
+    u32 R = l.rounds > 0 ? l.rounds : 1;
     bool vin = (a.input & 15) == 0 && (l.in_stride * sizeof(T)) % 16 == 0;
     bool vout = (a.output & 15) == 0 && (l.out_stride * sizeof(T)) % 16 == 0;
-    u8* mine = (u8*)(a.staging[a.rank] + par);
-    for (u32 p = 0; p < l.nin; p++)
-        quant_in_tiles(a, l, (const T*)a.input + p * l.in_stride, vin, 0, nt, gw, W, n,
-                       mine + p * l.region, lane);
-    // Rule 1: block_barrier releases our staging writes (system scope) before the flag and
-    // acquires the peers' before anyone reads them.
-    if (block_barrier(a, 0, e, t0)) {
-        u64 base[FC_MAX_RANKS];
+    u64 base[FC_MAX_RANKS];
+    u64 own = a.staging[a.rank] + par;
 #pragma unroll
-        for (u32 r = 0; r < FC_MAX_RANKS; r++)
-            base[r] = r < a.world ? a.staging[r] + par : 0;
-        u64 off = (u64)l.read_region * l.region;
+    for (u32 r = 0; r < FC_MAX_RANKS; r++) base[r] = r < a.world ? own + r * l.region : 0;
+
+    auto push_round = [&](u32 k) {
+        u64 lo = nu * k / R, hi = nu * (k + 1) / R;
+        for (u32 i = 0; i < l.nin; i++) {
+            // Parts in ring order from the next rank: the ranks' writes spread over the links.
+            u32 p = l.nin == 1 ? 0 : (a.rank + 1 + i) % a.world;
+            if (l.nin == 1) {
+                LP_BY_WORLD(a.world, (lp_push_part<2>(a, l, par, p, lo, hi, gw, W, vin, lane, sm)),
+                            (lp_push_part<4>(a, l, par, p, lo, hi, gw, W, vin, lane, sm)),
+                            (lp_push_part<FC_MAX_RANKS>(a, l, par, p, lo, hi, gw, W, vin, lane, sm)))
+            } else {
+                lp_push_part<1>(a, l, par, p, lo, hi, gw, W, vin, lane, sm);
+            }
+        }
+    };
+    auto decode_round = [&](u32 k) {
+        u64 lo = nu * k / R, hi = nu * (k + 1) / R;
         if (l.reduce) {
-            dequant_tiles(a, l, base, a.world, off, 0, nt, gw, W, n, (T*)a.output, vout, lane);
+            lp_decode_units(a, l, base, a.world, lo, hi, gw, W, n, (T*)a.output, vout, lane);
         } else {
             for (u32 r = 0; r < a.world; r++)
-                dequant_tiles(a, l, base + r, 1, off, 0, nt, gw, W, n,
-                              (T*)a.output + r * l.out_stride, vout, lane);
+                lp_decode_units(a, l, base + r, 1, lo, hi, gw, W, n,
+                                (T*)a.output + r * l.out_stride, vout, lane);
         }
+    };
+
+    push_round(0);
+    cta_signal(a, e, 1);
+    for (u32 k = 0; k < R; k++) {
+        if (k + 1 < R) push_round(k + 1);
+        if (!cta_wait(a, e, k + 1, t0)) break;
+        decode_round(k);
+        if (k + 1 < R) cta_signal(a, e, k + 2);
     }
     end_call(a, e);
 }

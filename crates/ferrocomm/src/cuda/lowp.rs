@@ -1,9 +1,12 @@
 //! Low-precision collectives by direct access: block-scaled FP8/INT8 codes (the wire layout of
 //! [`crate::quant`]) travel through the staging buffers, sums are taken in f32 (kernels/lowp.cu).
 //!
-//! Quantization is fused into the staging copy and dequantization into the reads, one kernel per
-//! chunk: a message whose encoding exceeds one staging parity is cut into block-aligned chunks,
-//! each a call of its own (its own epoch and parity), so every rank launches the same sequence.
+//! One-shot kernels quantize each input part once and store the records straight into the
+//! staging of every rank that needs them (region = sender), so all reads after the barrier are
+//! local; two-shot encodes into its own staging and owners read their stripe from the peers.
+//! One kernel per chunk: a message whose encoding exceeds what one staging parity holds is cut
+//! into block-aligned chunks, each a call of its own (its own epoch and parity), so every rank
+//! launches the same sequence.
 
 use std::ffi::c_void;
 
@@ -31,8 +34,8 @@ struct Lp {
     block: u32,
     format: u32,
     nin: u32,
-    read_region: u32,
     reduce: u32,
+    rounds: u32,
     pad: u32,
 }
 
@@ -119,6 +122,27 @@ impl Dda {
         Ok(c)
     }
 
+    /// CTAs of `name` that run at once on this GPU (one wave): a CTA that waits for its peers'
+    /// same-index CTAs must never wait behind CTAs of its own grid that cannot start. Every rank
+    /// computes the same number (same kernel, same GPU model), so tile-to-CTA maps agree.
+    fn lp_wave(&self, dtype: DataType, name: &str) -> Result<u32> {
+        let f = self.func(dtype, name)?;
+        let mut per_sm: std::ffi::c_int = 0;
+        cu(
+            // SAFETY: out-parameter; `f` is a loaded kernel of 512-thread CTAs, static smem only.
+            unsafe {
+                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                    &mut per_sm,
+                    f,
+                    (WARPS * 32) as std::ffi::c_int,
+                    0,
+                )
+            },
+            &format!("occupancy of {name}"),
+        )?;
+        Ok((self.sm_count.max(1) * per_sm.max(1) as u32).min(MAX_GRID as u32))
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn lp_launch(
         &self,
@@ -177,9 +201,11 @@ impl Dda {
         }
         let world = self.world;
         let es = dtype.size() as u64;
+        // The one-shot family keeps one region per sender in every rank's staging (records are
+        // pushed to where they are read); two-shot encodes into its own staging only.
         let nparts = match kind {
-            LpKind::ReduceScatter | LpKind::AllToAll => world,
-            _ => 1,
+            LpKind::Tree => 1,
+            _ => world,
         };
         let chunk = self.lp_chunk(kind, codec, nparts)?;
         let reduces = matches!(kind, LpKind::Flat | LpKind::Tree | LpKind::ReduceScatter);
@@ -200,31 +226,43 @@ impl Dda {
                 ..Lp::default()
             };
             let tiles = len.div_ceil(tile(codec));
+            // Work units of the one-shot kernel: groups of four tiles for blocks up to 128.
+            let units = if codec.block <= 128 {
+                len.div_ceil(4 * tile(codec))
+            } else {
+                tiles
+            };
             let (name, grid) = match kind {
                 LpKind::Tree => ("fc_lp_tree", grid_for(tiles.div_ceil(world))),
                 LpKind::Flat => {
                     l.reduce = 1;
-                    ("fc_lp_move", grid_for(tiles))
+                    ("fc_lp_move", grid_for(units))
                 }
                 LpKind::AllGather => {
                     l.out_stride = part as u64;
-                    ("fc_lp_move", grid_for(tiles))
+                    ("fc_lp_move", grid_for(units))
                 }
                 LpKind::ReduceScatter => {
                     l.nin = world as u32;
                     l.in_stride = part as u64;
-                    l.read_region = self.rank as u32;
                     l.reduce = 1;
-                    ("fc_lp_move", grid_for(tiles))
+                    ("fc_lp_move", grid_for(units))
                 }
                 LpKind::AllToAll => {
                     l.nin = world as u32;
                     l.in_stride = part as u64;
                     l.out_stride = part as u64;
-                    l.read_region = self.rank as u32;
-                    ("fc_lp_move", grid_for(tiles))
+                    ("fc_lp_move", grid_for(units))
                 }
             };
+            let grid = grid.min(self.lp_wave(dtype, name)?);
+            if name == "fc_lp_move" {
+                // Pipeline rounds of about `round_bytes` of this rank's encoded input each, but
+                // at least one unit per warp and round.
+                let per_warp = units / (grid as usize * WARPS);
+                let want = (l.region as usize * l.nin as usize).div_ceil(self.lp_round_bytes);
+                l.rounds = want.min(per_warp).clamp(1, 1024) as u32;
+            }
             self.lp_launch(
                 name,
                 dtype,
