@@ -435,6 +435,8 @@ __device__ __forceinline__ void dequant_tiles(const Args& a, const Lp& l, const 
 
 // Encodes a.count elements of a.input into a.output (the wire layout); no communication.
 extern "C" __global__ void __launch_bounds__(512) fc_lp_encode(Args a, Lp l) {
+    pdl_wait();
+    pdl_launch_dependents();
     u32 lane = threadIdx.x & 31;
     u64 W = (u64)gridDim.x * LP_WARPS;
     u64 gw = (u64)blockIdx.x * LP_WARPS + (threadIdx.x >> 5);
@@ -452,6 +454,8 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_encode(Args a, Lp l) {
 //   output part r (all_gather, all_to_all). Every rank decodes its own codes too, so results are
 //   identical across ranks (rule 5).
 extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
+    pdl_wait();
+    pdl_launch_dependents();
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
     u64 par = (u64)(e & 1) * a.staging_bytes;
@@ -493,6 +497,8 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
 // the second barrier every rank, the owner too, decodes every stripe from its owner's staging:
 // all ranks consume the same quantized values (rule 5).
 extern "C" __global__ void __launch_bounds__(512) fc_lp_tree(Args a, Lp l) {
+    pdl_wait();
+    pdl_launch_dependents();
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
     u64 par = (u64)(e & 1) * a.staging_bytes;
