@@ -230,6 +230,39 @@ fn every_variant_compiles_with_nvrtc() {
 }
 
 #[test]
+fn pdl_instructions_are_compiled_for_sm_90_only() {
+    // The helpers as the kernels have them, in a tiny module: the instructions are emitted on
+    // sm_90 (a misspelt one fails there) and left out below (sm_80 compiles even the misspelt one).
+    let cfg = Config::from_env().unwrap();
+    ferrocomm::cuda::libs::ensure_nvrtc(&cfg).expect("NVRTC is required for this test");
+    let start = ALL_REDUCE_SOURCE
+        .find("__device__ __forceinline__ void pdl_wait()")
+        .unwrap();
+    let end = start
+        + ALL_REDUCE_SOURCE[start..]
+            .find("// Records a timeout")
+            .unwrap();
+    let helpers = &ALL_REDUCE_SOURCE[start..end];
+    let src = format!(
+        "{helpers}\nextern \"C\" __global__ void k(int* p) {{ pdl_wait(); pdl_launch_dependents(); *p = 1; }}\n"
+    );
+    for arch in ["sm_90", "sm_80"] {
+        let bin = kernels::compile_source("pdl.cu", &src, arch).unwrap();
+        assert_eq!(&bin[..4], b"\x7fELF", "{arch}");
+    }
+    for bad in ["griddepcontrol.wait;", "griddepcontrol.launch_dependents;"] {
+        assert!(src.contains(bad));
+        let broken = src.replace(bad, "griddepcontrol.misspelt;");
+        let e = kernels::compile_source("pdl.cu", &broken, "sm_90").unwrap_err();
+        assert!(
+            matches!(e, ferrocomm::Error::KernelCompile { .. }),
+            "{bad}: {e}"
+        );
+        kernels::compile_source("pdl.cu", &broken, "sm_80").unwrap();
+    }
+}
+
+#[test]
 fn a_broken_kernel_reports_the_nvrtc_log() {
     // The error type carries NVRTC's log: compile a dtype the registry lacks -> Unsupported,
     // and make sure a real compile error surfaces as KernelCompile through the public path.

@@ -309,9 +309,10 @@ impl Dda {
             (&mut off as *mut u64).cast(),
         ];
         cu(
-            // SAFETY: the parameters match fc_verify_write(Args, u32, u64), which starts with
-            // pdl_wait(); stream 0 is legacy.
-            unsafe { launch::launch(f, 1, 32, 0, &mut params, self.pdl) },
+            // SAFETY: the parameters match fc_verify_write(Args, u32, u64); stream 0 is legacy.
+            // A plain launch: a synchronize follows, so there is nothing to overlap, and start-up
+            // never depends on programmatic launch.
+            unsafe { launch::launch(f, 1, 32, 0, &mut params, false) },
             "launching the peer-write check",
         )?;
         // SAFETY: plain context synchronisation.
