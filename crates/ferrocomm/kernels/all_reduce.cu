@@ -92,6 +92,37 @@ __device__ __forceinline__ uint4 ld_v4(const uint4* p) {
     return v;
 }
 
+// ---------------------------------------------------------------- programmatic dependent launch
+//
+// The host may launch every kernel with programmatic stream serialization (cuda/launch.rs): the
+// grid is then scheduled while the previous kernel on the stream is still running. The epoch
+// protocol (and plain data dependences: the input may be the previous kernel's output, staging
+// and flags are rewritten by every call) assumes "the next kernel starts after this one
+// completed". griddepcontrol.wait restores exactly that: it returns once every prerequisite grid
+// has completed and all its memory operations are performed and visible to this grid (PTX ISA,
+// griddepcontrol). So every entry point calls pdl_wait() before anything else: before any load
+// or store of user buffers, state/epoch words, staging, flags, LL lines, and before reading the
+// clock its timeouts count from. Without the launch attribute the wait returns at once; below
+// sm_90 the instruction does not exist and the host never sets the attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next kernel on the stream (when launched with the attribute) be scheduled now, so its
+// launch overlaps our run. Safe anywhere for correctness: it only starts the dependent's CTAs, and
+// their own pdl_wait() still waits for this grid's full completion and memory flush. Called right
+// after pdl_wait(): the signal takes effect only once every CTA of this grid has issued it (or
+// exited), i.e. all our CTAs are resident, so a dependent's waiting CTAs never keep one of ours
+// from starting (our blocks wait on each other through peers' flags); and a dependent issues its
+// own signal only after its wait, so at most two of our grids are resident at once.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Records a timeout in host-mapped memory: word 0 last, so the host never sees a half record.
 __device__ void report_timeout(const Args& a, u32 peer, u32 phase) {
     volatile u32* e = (volatile u32*)a.error;
@@ -618,7 +649,8 @@ __device__ void push(const Args& a) {
     u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     T* out = (T*)a.output;
     // The first unit is loaded before the epoch word is read, so the two loads overlap
-    // (a small message is one unit per thread: this is the whole input).
+    // (a small message is one unit per thread: this is the whole input). Both come after the
+    // entry's pdl_wait(): the input may be the previous kernel's output.
     Unit x0;
     if (first < nunit) push_load<OP>(a, first, aligned, x0);
     u64 t0 = globaltimer();
@@ -689,6 +721,8 @@ __device__ void push(const Args& a) {
 // Writes `magic + rank` into slot `rank` of every peer's verify words through the IPC mapping;
 // the host then reads its own words back to prove that peer writes really land (rule 7).
 extern "C" __global__ void fc_verify_write(Args a, u32 magic, u64 verify_off) {
+    pdl_wait();
+    pdl_launch_dependents();
     if (blockIdx.x == 0 && threadIdx.x < a.world) {
         u32* p = (u32*)(a.flags[threadIdx.x] + verify_off) + a.rank;
         st_release_sys(p, magic + a.rank);
@@ -698,10 +732,10 @@ extern "C" __global__ void fc_verify_write(Args a, u32 magic, u64 verify_off) {
 // ---------------------------------------------------------------- entry points
 
 #define FC_ENTRY(NAME, OPV)                                                             \
-    extern "C" __global__ void __launch_bounds__(512) fc_push_##NAME(Args a) { push<OPV>(a); } \
-    extern "C" __global__ void __launch_bounds__(512) fc_flat_##NAME(Args a) { flat<OPV>(a); } \
-    extern "C" __global__ void __launch_bounds__(512) fc_tree_##NAME(Args a) { tree<OPV>(a); } \
-    extern "C" __global__ void __launch_bounds__(512) fc_stream_##NAME(Args a) { stream<OPV>(a); }
+    extern "C" __global__ void __launch_bounds__(512) fc_push_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); push<OPV>(a); } \
+    extern "C" __global__ void __launch_bounds__(512) fc_flat_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); flat<OPV>(a); } \
+    extern "C" __global__ void __launch_bounds__(512) fc_tree_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); tree<OPV>(a); } \
+    extern "C" __global__ void __launch_bounds__(512) fc_stream_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); stream<OPV>(a); }
 
 FC_ENTRY(sum, OP_SUM)
 FC_ENTRY(prod, OP_PROD)

@@ -323,6 +323,8 @@ __device__ bool ll_recv(const Args& a, u32 from, u32 e, u64 unit, u64 t0, uint2*
 
 // input: n elements; output: world * n, part r from rank r. In place: input == own part.
 extern "C" __global__ void __launch_bounds__(512) fc_all_gather_ll(Args a, CArgs c) {
+    pdl_wait();
+    pdl_launch_dependents();
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
     hello_send(a, c, e);
@@ -353,6 +355,8 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_gather_ll(Args a, CArgs
 }
 
 extern "C" __global__ void __launch_bounds__(512) fc_all_gather_st(Args a, CArgs c) {
+    pdl_wait();
+    pdl_launch_dependents();
     __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
@@ -386,6 +390,8 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_gather_st(Args a, CArgs
 // input and output: world * n; part p of the input goes to rank p, part s of the output comes
 // from rank s. In place: each thread reads a unit of part p before writing that unit of part p.
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_ll(Args a, CArgs c) {
+    pdl_wait();
+    pdl_launch_dependents();
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
     hello_send(a, c, e);
@@ -417,6 +423,8 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_ll(Args a, CArgs
 }
 
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_st(Args a, CArgs c) {
+    pdl_wait();
+    pdl_launch_dependents();
     __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
@@ -453,6 +461,8 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_st(Args a, CArgs
 // count sent to p; the receiver compares it with the count it expects from p and takes the
 // smaller (a mismatch is reported). Counts were checked against the slot size on the host.
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_st(Args a, CArgs c) {
+    pdl_wait();
+    pdl_launch_dependents();
     __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
@@ -515,6 +525,8 @@ __device__ __forceinline__ u64 dev_count(const CArgs& c, u64 base, u32 i) {
 // s * cap in the output, at most `cap` elements; the counts received go to `dyn_recv`. More than
 // `cap` (or past the input, or past a staging slot): truncated and reported, never written past.
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_dyn_st(Args a, CArgs c) {
+    pdl_wait();
+    pdl_launch_dependents();
     __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
     __shared__ u64 sent[FC_MAX_RANKS], displ[FC_MAX_RANKS];
     u64 t0 = globaltimer();
@@ -584,6 +596,8 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_dyn_st(Args a, C
 
 // Root's input (or its output, in place) into every rank's output.
 extern "C" __global__ void __launch_bounds__(512) fc_broadcast_ll(Args a, CArgs c) {
+    pdl_wait();
+    pdl_launch_dependents();
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
     hello_send(a, c, e);
@@ -614,6 +628,8 @@ extern "C" __global__ void __launch_bounds__(512) fc_broadcast_ll(Args a, CArgs 
 }
 
 extern "C" __global__ void __launch_bounds__(512) fc_broadcast_st(Args a, CArgs c) {
+    pdl_wait();
+    pdl_launch_dependents();
     __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
@@ -784,15 +800,23 @@ __device__ void reduce_st(const Args& a, const CArgs& c) {
 
 #define FC_COLL_ENTRY(NAME, OPV)                                                               \
     extern "C" __global__ void __launch_bounds__(512) fc_reduce_scatter_ll_##NAME(Args a, CArgs c) { \
+        pdl_wait();                                                                            \
+        pdl_launch_dependents();                                                               \
         reduce_scatter_ll<OPV>(a, c);                                                          \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(512) fc_reduce_scatter_st_##NAME(Args a, CArgs c) { \
+        pdl_wait();                                                                            \
+        pdl_launch_dependents();                                                               \
         reduce_scatter_st<OPV>(a, c);                                                          \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(512) fc_reduce_ll_##NAME(Args a, CArgs c) {   \
+        pdl_wait();                                                                            \
+        pdl_launch_dependents();                                                               \
         reduce_ll<OPV>(a, c);                                                                  \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(512) fc_reduce_st_##NAME(Args a, CArgs c) {   \
+        pdl_wait();                                                                            \
+        pdl_launch_dependents();                                                               \
         reduce_st<OPV>(a, c);                                                                  \
     }
 

@@ -473,6 +473,8 @@ __device__ __forceinline__ void dequant_tiles(const Args& a, const Lp& l, const 
 
 // Encodes a.count elements of a.input into a.output (the wire layout); no communication.
 extern "C" __global__ void __launch_bounds__(512) fc_lp_encode(Args a, Lp l) {
+    pdl_wait();
+    pdl_launch_dependents();
     u32 lane = threadIdx.x & 31;
     u64 W = (u64)gridDim.x * LP_WARPS;
     u64 gw = (u64)blockIdx.x * LP_WARPS + (threadIdx.x >> 5);
@@ -676,6 +678,8 @@ __device__ __forceinline__ bool cta_wait(const Args& a, u32 e, u64 rounds, u64 t
 // rank, so the CTA that decodes a unit after its round flag is the CTA that stored it on every
 // peer (the flag covers exactly that data).
 extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
+    pdl_wait();
+    pdl_launch_dependents();
     __shared__ __align__(16) u8 smem[LP_WARPS][LP_GROUP_BYTES_MAX];
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
@@ -740,6 +744,8 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
 // the second barrier every rank, the owner too, decodes every stripe from its owner's staging:
 // all ranks consume the same quantized values (rule 5).
 extern "C" __global__ void __launch_bounds__(512) fc_lp_tree(Args a, Lp l) {
+    pdl_wait();
+    pdl_launch_dependents();
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
     u64 par = (u64)(e & 1) * a.staging_bytes;

@@ -53,6 +53,7 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_BROADCAST_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest broadcast/reduce done by direct access on cuda."),
     var("FERROCOMM_HOST_SLOT_BYTES", "4194304", "Host backend: bytes of shared-memory staging per rank (larger messages are processed in chunks of this size)."),
     var("FERROCOMM_CUDA_STAGING_BYTES", "67108864", "CUDA backend: bytes of IPC staging per rank and buffer (direct access is limited to this size per rank)."),
+    var("FERROCOMM_PDL", "1", "CUDA backend: 1 launches the kernels with programmatic dependent launch on sm_90 and newer (a kernel is scheduled while the previous one on the stream finishes, and waits for it in griddepcontrol.wait); 0 launches them plainly."),
     var("FERROCOMM_NCCL_LIB", "(search)", "Path of libnccl.so to load; otherwise the system path, then torch's nvidia/nccl/lib."),
     var("FERROCOMM_NVRTC_LIB", "(search)", "Path of libnvrtc.so.13 (or its directory); when set it is the only NVRTC loaded (a wrong path is an error). Unset: the library path, /usr/local/cuda, then python's nvidia/cu13/lib or nvidia/cuda_nvrtc/lib."),
     var("FERROCOMM_KERNEL_CACHE", "$XDG_CACHE_HOME/ferrocomm or ~/.cache/ferrocomm", "Directory of compiled kernels (cubins keyed by source hash, arch and NVRTC version)."),
@@ -152,6 +153,9 @@ pub struct Config {
     pub thresholds: Thresholds,
     pub host_slot_bytes: usize,
     pub cuda_staging_bytes: usize,
+    /// `FERROCOMM_PDL`: launch the cuda backend's kernels with programmatic dependent launch
+    /// where the device and driver allow it (see docs/cuda-backend.md).
+    pub pdl: bool,
     pub nccl_lib: Option<PathBuf>,
     pub nvrtc_lib: Option<PathBuf>,
     /// Python installation prefixes whose site-packages may hold NVIDIA's library wheels
@@ -345,6 +349,7 @@ impl Config {
             });
         }
         let cuda_staging_bytes = r.bytes("FERROCOMM_CUDA_STAGING_BYTES")?.unwrap_or(64 << 20);
+        let pdl = r.flag("FERROCOMM_PDL", true)?;
         let nccl_lib = r.raw("FERROCOMM_NCCL_LIB").map(PathBuf::from);
         let nvrtc_lib = r.raw("FERROCOMM_NVRTC_LIB").map(PathBuf::from);
         let mut python_prefixes: Vec<PathBuf> = ["VIRTUAL_ENV", "CONDA_PREFIX"]
@@ -375,6 +380,7 @@ impl Config {
             thresholds,
             host_slot_bytes,
             cuda_staging_bytes,
+            pdl,
             nccl_lib,
             nvrtc_lib,
             python_prefixes,
@@ -546,5 +552,14 @@ mod tests {
                 v.name
             );
         }
+    }
+
+    #[test]
+    fn pdl_switch() {
+        assert!(cfg(&[]).unwrap().pdl);
+        assert!(!cfg(&[("FERROCOMM_PDL", "0")]).unwrap().pdl);
+        assert!(cfg(&[("FERROCOMM_PDL", "1")]).unwrap().pdl);
+        let e = cfg(&[("FERROCOMM_PDL", "maybe")]).unwrap_err().to_string();
+        assert!(e.contains("FERROCOMM_PDL"), "{e}");
     }
 }

@@ -28,7 +28,8 @@ fn variant_table_matches_the_source() {
     for algo in ALGOS {
         assert!(
             ALL_REDUCE_SOURCE.contains(&format!(
-                "void __launch_bounds__(512) fc_{algo}_##NAME(Args a) {{ {algo}<OPV>(a); }}"
+                "void __launch_bounds__(512) fc_{algo}_##NAME(Args a) {{ pdl_wait(); \
+                 pdl_launch_dependents(); {algo}<OPV>(a); }}"
             )),
             "FC_ENTRY does not define fc_{algo}_*"
         );
@@ -86,6 +87,83 @@ fn variant_table_matches_the_source() {
     for d in [DataType::F64, DataType::I8, DataType::F8E4M3] {
         assert!(!kernels::supports(d) && kernels::module_source(d).is_none());
     }
+}
+
+/// The statements of each `__global__` function's body, in order of appearance (macro line
+/// continuations removed).
+fn kernel_bodies(src: &str) -> Vec<(String, String)> {
+    let src = src.replace("\\\n", "\n");
+    let mut out = Vec::new();
+    let mut rest = src.as_str();
+    while let Some(i) = rest.find("__global__") {
+        let after = &rest[i..];
+        let open = after.find('{').expect("kernel body");
+        let head = &after[..open];
+        let name = head[..head.find('(').expect("parameter list")]
+            .split_whitespace()
+            .last()
+            .unwrap()
+            .to_string();
+        let body = &after[open + 1..];
+        let mut depth = 1;
+        let end = body
+            .char_indices()
+            .find(|&(_, c)| {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+                depth == 0
+            })
+            .map(|(j, _)| j)
+            .expect("closed body");
+        out.push((name, body[..end].to_string()));
+        rest = &body[end..];
+    }
+    out
+}
+
+#[test]
+fn every_kernel_waits_for_the_previous_grid_first() {
+    // Kernels may be launched while the previous one on the stream still runs (programmatic
+    // dependent launch): griddepcontrol.wait must come before any memory access.
+    let wait = ALL_REDUCE_SOURCE
+        .find("void pdl_wait()")
+        .expect("pdl_wait helper");
+    let def = &ALL_REDUCE_SOURCE[wait..wait + 200];
+    assert!(def.contains("__CUDA_ARCH__ >= 900") && def.contains("griddepcontrol.wait;"));
+    let mut n = 0;
+    for (file, src) in [
+        ("all_reduce.cu", ALL_REDUCE_SOURCE),
+        ("collectives.cu", COLLECTIVES_SOURCE),
+        ("lowp.cu", kernels::LOWP_SOURCE),
+    ] {
+        for (name, body) in kernel_bodies(src) {
+            let body = body.trim_start();
+            assert!(
+                body.starts_with("pdl_wait();"),
+                "{file}: {name} does not start with pdl_wait(): {}",
+                &body[..body.len().min(80)]
+            );
+            assert!(
+                body["pdl_wait();".len()..]
+                    .trim_start()
+                    .starts_with("pdl_launch_dependents();"),
+                "{file}: {name} does not signal its dependents right after the wait"
+            );
+            n += 1;
+        }
+    }
+    // Every entry point was seen (the macros define one kernel per algorithm or prefix).
+    assert_eq!(
+        n,
+        ALGOS.len()
+            + EXTRA_ENTRIES.len()
+            + COLL_ENTRIES.len()
+            + COLL_OP_ENTRIES.len()
+            + kernels::LOWP_ENTRIES.len()
+    );
 }
 
 #[test]
@@ -149,6 +227,39 @@ fn every_variant_compiles_with_nvrtc() {
             }
         }
     });
+}
+
+#[test]
+fn pdl_instructions_are_compiled_for_sm_90_only() {
+    // The helpers as the kernels have them, in a tiny module: the instructions are emitted on
+    // sm_90 (a misspelt one fails there) and left out below (sm_80 compiles even the misspelt one).
+    let cfg = Config::from_env().unwrap();
+    ferrocomm::cuda::libs::ensure_nvrtc(&cfg).expect("NVRTC is required for this test");
+    let start = ALL_REDUCE_SOURCE
+        .find("__device__ __forceinline__ void pdl_wait()")
+        .unwrap();
+    let end = start
+        + ALL_REDUCE_SOURCE[start..]
+            .find("// Records a timeout")
+            .unwrap();
+    let helpers = &ALL_REDUCE_SOURCE[start..end];
+    let src = format!(
+        "{helpers}\nextern \"C\" __global__ void k(int* p) {{ pdl_wait(); pdl_launch_dependents(); *p = 1; }}\n"
+    );
+    for arch in ["sm_90", "sm_80"] {
+        let bin = kernels::compile_source("pdl.cu", &src, arch).unwrap();
+        assert_eq!(&bin[..4], b"\x7fELF", "{arch}");
+    }
+    for bad in ["griddepcontrol.wait;", "griddepcontrol.launch_dependents;"] {
+        assert!(src.contains(bad));
+        let broken = src.replace(bad, "griddepcontrol.misspelt;");
+        let e = kernels::compile_source("pdl.cu", &broken, "sm_90").unwrap_err();
+        assert!(
+            matches!(e, ferrocomm::Error::KernelCompile { .. }),
+            "{bad}: {e}"
+        );
+        kernels::compile_source("pdl.cu", &broken, "sm_80").unwrap();
+    }
 }
 
 #[test]

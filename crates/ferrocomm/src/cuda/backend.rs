@@ -112,10 +112,16 @@ impl CudaBackend {
         )?;
         if ctx.config.debug {
             eprintln!(
-                "ferrocomm: rank {} cuda:{device}: dda {} ({} MiB staging), nccl {}",
+                "ferrocomm: rank {} cuda:{device}: dda {} ({} MiB staging, programmatic \
+                 dependent launch {}), nccl {}",
                 ctx.rank,
                 if dda.is_some() { "on" } else { "off" },
                 super::staging_memory_bytes(&ctx.config, ctx.size) >> 20,
+                if dda.as_ref().is_some_and(|d| d.pdl) {
+                    "on"
+                } else {
+                    "off"
+                },
                 if nccl.is_some() { "on" } else { "off" },
             );
         }

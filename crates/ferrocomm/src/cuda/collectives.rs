@@ -9,8 +9,6 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::sys;
-
 use super::cu;
 use super::dda::{Args, Dda, COLL_BAR_OFF, COLL_HELLO_OFF, MAX_BLOCKS, MAX_RANKS};
 use super::kernels;
@@ -281,25 +279,12 @@ impl Dda {
         let f = self.func(dtype, name)?;
         let mut params: [*mut c_void; 2] =
             [(&mut a as *mut Args).cast(), (&mut c as *mut CArgs).cast()];
-        // SAFETY: `f` takes (Args, CArgs) by value, laid out as in the kernel source; the user
-        // pointers were validated by the communicator and the backend (device memory of this
-        // GPU, sizes checked), the staging offsets come from our own layout.
         cu(
-            unsafe {
-                sys::cuLaunchKernel(
-                    f,
-                    grid.0,
-                    1,
-                    1,
-                    grid.1,
-                    1,
-                    1,
-                    0,
-                    stream as sys::CUstream,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            },
+            // SAFETY: `f` takes (Args, CArgs) by value, laid out as in the kernel source, and
+            // starts with pdl_wait(); the user pointers were validated by the communicator and the
+            // backend (device memory of this GPU, sizes checked), the staging offsets come from
+            // our own layout.
+            unsafe { super::launch::launch(f, grid.0, grid.1, stream, &mut params, self.pdl) },
             &format!("launching {what}"),
         )
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cudarc::driver::sys;
 
-use super::{cu, kernels};
+use super::{cu, kernels, launch};
 use crate::bootstrap::{all_gather_bytes, store_barrier};
 use crate::comm::CommContext;
 use crate::config::Config;
@@ -147,6 +147,8 @@ pub struct Dda {
     /// Every rank's allocation base as mapped here (own included).
     bases: Vec<sys::CUdeviceptr>,
     opened: Vec<sys::CUdeviceptr>,
+    /// Kernels are launched with programmatic dependent launch (`FERROCOMM_PDL`, sm_90).
+    pub(super) pdl: bool,
     pub(super) error_host: *mut u32,
     error_dev: sys::CUdeviceptr,
     modules: HashMap<DataType, Module>,
@@ -181,6 +183,7 @@ impl Dda {
 
         // Kernels first: compiling (or reading the cache) needs no peer.
         let modules = load_modules(&ctx.config, arch)?;
+        let pdl = launch::pdl_for_current_device(&ctx.config)?;
 
         // NOT the async pool (stream.alloc): legacy IPC cannot share pool memory.
         let mut own: sys::CUdeviceptr = 0;
@@ -223,6 +226,7 @@ impl Dda {
             own,
             bases: vec![0; world],
             opened: Vec::new(),
+            pdl,
             error_host: error_host.cast(),
             error_dev,
             modules,
@@ -309,21 +313,9 @@ impl Dda {
         ];
         cu(
             // SAFETY: the parameters match fc_verify_write(Args, u32, u64); stream 0 is legacy.
-            unsafe {
-                sys::cuLaunchKernel(
-                    f,
-                    1,
-                    1,
-                    1,
-                    32,
-                    1,
-                    1,
-                    0,
-                    std::ptr::null_mut(),
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            },
+            // A plain launch: a synchronize follows, so there is nothing to overlap, and start-up
+            // never depends on programmatic launch.
+            unsafe { launch::launch(f, 1, 32, 0, &mut params, false) },
             "launching the peer-write check",
         )?;
         // SAFETY: plain context synchronisation.
@@ -489,24 +481,11 @@ impl Dda {
             a.int_div = self.world as i64;
         }
         let mut params: [*mut c_void; 1] = [(&mut a as *mut Args).cast()];
-        // SAFETY: `f` takes one `Args` by value, laid out as in the kernel source; the pointers
-        // inside were validated by the caller (device memory of this GPU, `count` elements).
         cu(
-            unsafe {
-                sys::cuLaunchKernel(
-                    f,
-                    blocks,
-                    1,
-                    1,
-                    threads,
-                    1,
-                    1,
-                    0,
-                    stream as sys::CUstream,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            },
+            // SAFETY: `f` takes one `Args` by value, laid out as in the kernel source, and starts
+            // with pdl_wait(); the pointers inside were validated by the caller (device memory of
+            // this GPU, `count` elements).
+            unsafe { launch::launch(f, blocks, threads, stream, &mut params, self.pdl) },
             &format!("launching all_reduce ({aname}, {dtype}, {count} elements)"),
         )
     }

@@ -158,23 +158,11 @@ impl Dda {
         let mut params: [*mut c_void; 2] =
             [(&mut a as *mut Args).cast(), (&mut l as *mut Lp).cast()];
         cu(
-            // SAFETY: `f` takes (Args, Lp) by value, both laid out as in the kernel source; the
-            // pointers inside were validated by the communicator (device memory of this GPU
-            // holding the counts the strides and chunk sizes imply).
+            // SAFETY: `f` takes (Args, Lp) by value, both laid out as in the kernel source, and
+            // starts with pdl_wait(); the pointers inside were validated by the communicator
+            // (device memory of this GPU holding the counts the strides and chunk sizes imply).
             unsafe {
-                sys::cuLaunchKernel(
-                    f,
-                    grid,
-                    1,
-                    1,
-                    (WARPS * 32) as u32,
-                    1,
-                    1,
-                    0,
-                    stream as sys::CUstream,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
+                super::launch::launch(f, grid, (WARPS * 32) as u32, stream, &mut params, self.pdl)
             },
             &format!("launching {name} ({what})"),
         )
@@ -356,24 +344,12 @@ pub fn quantize_on_device(
     };
     let grid = count.div_ceil(tile(codec) * WARPS * 4).clamp(1, 65535) as u32;
     let mut params: [*mut c_void; 2] = [(&mut a as *mut Args).cast(), (&mut l as *mut Lp).cast()];
+    let pdl = super::launch::pdl_for_current_device(cfg)?;
     cu(
-        // SAFETY: fc_lp_encode(Args, Lp); the caller promises `count` elements at `input` and
-        // the encoded size at `output`, device memory of the current context.
-        unsafe {
-            sys::cuLaunchKernel(
-                f,
-                grid,
-                1,
-                1,
-                (WARPS * 32) as u32,
-                1,
-                1,
-                0,
-                stream as sys::CUstream,
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        },
+        // SAFETY: fc_lp_encode(Args, Lp), which starts with pdl_wait(); the caller promises
+        // `count` elements at `input` and the encoded size at `output`, device memory of the
+        // current context; `pdl` was decided for this context's device.
+        unsafe { super::launch::launch(f, grid, (WARPS * 32) as u32, stream, &mut params, pdl) },
         "launching fc_lp_encode",
     )?;
     // SAFETY: waits for the launch above on the caller's stream.

@@ -3,6 +3,7 @@
 //!
 //! - [`libs`]: finding libcuda / libnvrtc before cudarc touches them (absent = error, no panic);
 //! - [`kernels`]: the NVRTC kernel registry and its disk cache;
+//! - `launch`: the one kernel launch (programmatic dependent launch on sm_90 when enabled);
 //! - `dda`: IPC staging, peer checks and kernel launches for push / flat / tree all-reduce;
 //! - [`collectives`]: direct-access all-gather, reduce-scatter, all-to-all(v), broadcast, reduce;
 //! - `backend`: the [`Backend`] that chooses between DDA and NCCL per call.
@@ -11,6 +12,7 @@ mod backend;
 pub mod collectives;
 mod dda;
 pub mod kernels;
+mod launch;
 pub mod libs;
 mod lowp;
 
