@@ -31,7 +31,7 @@ struct Lp {
     u32 nin;         // parts encoded by every rank (1 or world)
     u32 reduce;      // 1: sum the parts of all ranks into output part 0; 0: rank r -> part r
     u32 rounds;      // one-shot pipeline rounds (>= 1)
-    u32 pad;
+    u32 pull;        // one-shot: 1 = records stay in the sender's staging, receivers pull them
 };
 
 __device__ __forceinline__ float lp_max(u32 f) {
@@ -584,6 +584,68 @@ __device__ void dequant_groups(const Args& a, const Lp& l, const u64* base, u32 
     }
 }
 
+// Pull form of the decode: the group's records of each of k ranks (16-byte aligned, see above)
+// are fetched with 16-byte loads, all ranks' loads in flight at once, into the warp's shared
+// memory (NR * LP_GROUP_BYTES_MAX bytes), then decoded and summed in rank order from there.
+template <int NR>
+__device__ void dequant_groups_pull(const Args& a, const Lp& l, const u64* base, u32 k, u64 glo,
+                                    u64 ghi, u64 gw, u64 W, u64 n, T* out, bool vec, u32 lane,
+                                    u8* sm) {
+    u32 B = l.block;
+    u32 rec = 4 + B;
+    for (u64 g = glo + gw; g < ghi; g += W) {
+        u64 first = g * LP_GROUP_ELEMS;
+        u64 left = n - first;
+        u32 gbytes = lp_rec_bytes(left < LP_GROUP_ELEMS ? (u32)left : LP_GROUP_ELEMS, B);
+        u32 nv = (gbytes + 15) / 16;  // <= 40: two pieces per lane at most
+        u64 goff = (first / B) * rec;
+        uint4 v[NR][2];
+#pragma unroll
+        for (u32 r = 0; r < NR; r++)
+#pragma unroll
+            for (u32 h = 0; h < 2; h++)
+                if (r < k && lane + 32 * h < nv)
+                    v[r][h] = ld_v4((const uint4*)(base[r] + goff + (lane + 32 * h) * 16));
+#pragma unroll
+        for (u32 r = 0; r < NR; r++)
+#pragma unroll
+            for (u32 h = 0; h < 2; h++)
+                if (r < k && lane + 32 * h < nv)
+                    ((uint4*)(sm + r * LP_GROUP_BYTES_MAX))[lane + 32 * h] = v[r][h];
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            u32 el = u * 128 + lane * 4;
+            u64 e0 = first + el;
+            if (e0 < n) {
+                float x[4];
+#pragma unroll
+                for (u32 r = 0; r < NR; r++) {
+                    if (r >= k) break;
+                    const u8* rp = sm + r * LP_GROUP_BYTES_MAX + (el / B) * rec;
+                    u32 j = el % B;
+                    float sc = *(const float*)rp;
+                    u32 w;
+                    if (e0 + 4 <= n) {
+                        w = *(const u32*)(rp + 4 + j);
+                    } else {
+                        w = 0;
+                        for (u32 i = 0; i < 4; i++)
+                            if (e0 + i < n) w |= (u32)rp[4 + j + i] << (8 * i);
+                    }
+                    lp_decode_into(sc, w, l.format, r == 0, x);
+                }
+                if (a.has_div) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) x[i] = __fdiv_rn(x[i], a.post_div);
+                }
+                lp_store_out(out, e0, n, vec, x);
+            }
+        }
+        __syncwarp();
+    }
+}
+
 // Encodes units lo..hi of part p of this rank into its destinations (units: groups of four
 // tiles for B <= 128, tiles above): with one part (all-reduce, all-gather) every rank's staging,
 // with one part per rank (reduce-scatter, all-to-all) rank p's; always the region of this rank
@@ -593,7 +655,11 @@ __device__ __forceinline__ void lp_push_part(const Args& a, const Lp& l, u64 par
                                              u64 hi, u64 gw, u64 W, bool vin, u32 lane, u8* sm) {
     Dst<ND> d;
     u64 at = par + (u64)a.rank * l.region;
-    if (l.nin == 1) {
+    if (l.pull) {
+        // Pull form: everything stays here, part p in region p (one part: region `rank`).
+        d.p[0] = (u8*)(a.staging[a.rank] + par + (u64)(l.nin == 1 ? a.rank : p) * l.region);
+        d.k = 1;
+    } else if (l.nin == 1) {
 #pragma unroll
         for (u32 i = 0; i < ND; i++) {
             // Own staging first, then the peers in ring order (spreads the NVLink writes).
@@ -615,9 +681,13 @@ __device__ __forceinline__ void lp_push_part(const Args& a, const Lp& l, u64 par
 // Decodes units lo..hi (as lp_push_part counts them) of k encodings.
 __device__ __forceinline__ void lp_decode_units(const Args& a, const Lp& l, const u64* base,
                                                 u32 k, u64 lo, u64 hi, u64 gw, u64 W, u64 n,
-                                                T* out, bool vec, u32 lane) {
+                                                T* out, bool vec, u32 lane, u8* sm) {
     if (l.block > 128) {
         dequant_tiles(a, l, base, k, 0, lo, hi, gw, W, n, out, vec, lane);
+    } else if (l.pull && k <= 4) {
+        if (k == 1) dequant_groups_pull<1>(a, l, base, k, lo, hi, gw, W, n, out, vec, lane, sm);
+        else if (k == 2) dequant_groups_pull<2>(a, l, base, k, lo, hi, gw, W, n, out, vec, lane, sm);
+        else dequant_groups_pull<4>(a, l, base, k, lo, hi, gw, W, n, out, vec, lane, sm);
     } else if (k == 1) {
         dequant_groups<1, 8>(a, l, base, k, lo, hi, gw, W, n, out, vec, lane);
     } else {
@@ -680,7 +750,7 @@ __device__ __forceinline__ bool cta_wait(const Args& a, u32 e, u64 rounds, u64 t
 extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
     pdl_wait();
     pdl_launch_dependents();
-    __shared__ __align__(16) u8 smem[LP_WARPS][LP_GROUP_BYTES_MAX];
+    __shared__ __align__(16) u8 smem[LP_WARPS][4 * LP_GROUP_BYTES_MAX];
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
     u64 par = (u64)(e & 1) * a.staging_bytes;
@@ -695,17 +765,21 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
     u32 R = l.rounds > 0 ? l.rounds : 1;
     bool vin = (a.input & 15) == 0 && (l.in_stride * sizeof(T)) % 16 == 0;
     bool vout = (a.output & 15) == 0 && (l.out_stride * sizeof(T)) % 16 == 0;
+    // Where sender r's records for this rank are: push form, region r of our own staging; pull
+    // form, sender r's staging, region r (one part) or region `rank` (a part per rank).
     u64 base[FC_MAX_RANKS];
-    u64 own = a.staging[a.rank] + par;
 #pragma unroll
-    for (u32 r = 0; r < FC_MAX_RANKS; r++) base[r] = r < a.world ? own + r * l.region : 0;
+    for (u32 r = 0; r < FC_MAX_RANKS; r++) {
+        u64 region = l.pull && l.nin != 1 ? a.rank : r;
+        base[r] = r < a.world ? a.staging[l.pull ? r : a.rank] + par + region * l.region : 0;
+    }
 
     auto push_round = [&](u32 k) {
         u64 lo = nu * k / R, hi = nu * (k + 1) / R;
         for (u32 i = 0; i < l.nin; i++) {
             // Parts in ring order from the next rank: the ranks' writes spread over the links.
             u32 p = l.nin == 1 ? 0 : (a.rank + 1 + i) % a.world;
-            if (l.nin == 1) {
+            if (l.nin == 1 && !l.pull) {
                 LP_BY_WORLD(a.world, (lp_push_part<2>(a, l, par, p, lo, hi, gw, W, vin, lane, sm)),
                             (lp_push_part<4>(a, l, par, p, lo, hi, gw, W, vin, lane, sm)),
                             (lp_push_part<FC_MAX_RANKS>(a, l, par, p, lo, hi, gw, W, vin, lane, sm)))
@@ -717,11 +791,11 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
     auto decode_round = [&](u32 k) {
         u64 lo = nu * k / R, hi = nu * (k + 1) / R;
         if (l.reduce) {
-            lp_decode_units(a, l, base, a.world, lo, hi, gw, W, n, (T*)a.output, vout, lane);
+            lp_decode_units(a, l, base, a.world, lo, hi, gw, W, n, (T*)a.output, vout, lane, sm);
         } else {
             for (u32 r = 0; r < a.world; r++)
                 lp_decode_units(a, l, base + r, 1, lo, hi, gw, W, n,
-                                (T*)a.output + r * l.out_stride, vout, lane);
+                                (T*)a.output + r * l.out_stride, vout, lane, sm);
         }
     };
 

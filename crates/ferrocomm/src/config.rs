@@ -39,7 +39,8 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_LP_FORMAT", "e4m3", "Low-precision wire format: e4m3, e5m2 or int8."),
     var("FERROCOMM_LP_BLOCK", "128", "Elements per block that share one f32 scale (a power of two, 16..4096)."),
     var("FERROCOMM_LP_MIN_BYTES", "0 (host), per-backend tuned (cuda)", "Messages smaller than this stay full precision even when low precision is on."),
-    var("FERROCOMM_LP_ROUND_BYTES", "2097152", "CUDA one-shot low precision: encoded bytes per rank in one pipeline round (the kernel decodes one round while the next one travels)."),
+    var("FERROCOMM_LP_ROUND_BYTES", "0", "CUDA one-shot low precision: encoded bytes per rank in one pipeline round (the kernel decodes one round while the next one travels); 0 = one round (measured faster on 2xH200)."),
+    var("FERROCOMM_LP_PULL", "1", "CUDA one-shot low precision: 1 = receivers pull the senders' records (16-byte loads), 0 = senders push them into the receivers' staging."),
     var("FERROCOMM_LP_ALL_REDUCE", "1", "Per-collective switch: 0 keeps all_reduce full precision when low precision is on."),
     var("FERROCOMM_LP_ALL_GATHER", "1", "Per-collective switch for all_gather."),
     var("FERROCOMM_LP_REDUCE_SCATTER", "1", "Per-collective switch for reduce_scatter."),
@@ -53,7 +54,7 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_BROADCAST_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest broadcast/reduce done by direct access on cuda."),
     var("FERROCOMM_HOST_SLOT_BYTES", "4194304", "Host backend: bytes of shared-memory staging per rank (larger messages are processed in chunks of this size)."),
     var("FERROCOMM_CUDA_STAGING_BYTES", "67108864", "CUDA backend: bytes of IPC staging per rank and buffer (direct access is limited to this size per rank)."),
-    var("FERROCOMM_PDL", "1", "CUDA backend: 1 launches the kernels with programmatic dependent launch on sm_90 and newer (a kernel is scheduled while the previous one on the stream finishes, and waits for it in griddepcontrol.wait); 0 launches them plainly."),
+    var("FERROCOMM_PDL", "0", "CUDA backend: 1 launches the kernels with programmatic dependent launch on sm_90 and newer (a kernel is scheduled while the previous one on the stream finishes, and waits for it in griddepcontrol.wait); 0 launches them plainly."),
     var("FERROCOMM_NCCL_LIB", "(search)", "Path of libnccl.so to load; otherwise the system path, then torch's nvidia/nccl/lib."),
     var("FERROCOMM_NVRTC_LIB", "(search)", "Path of libnvrtc.so.13 (or its directory); when set it is the only NVRTC loaded (a wrong path is an error). Unset: the library path, /usr/local/cuda, then python's nvidia/cu13/lib or nvidia/cuda_nvrtc/lib."),
     var("FERROCOMM_KERNEL_CACHE", "$XDG_CACHE_HOME/ferrocomm or ~/.cache/ferrocomm", "Directory of compiled kernels (cubins keyed by source hash, arch and NVRTC version)."),
@@ -106,8 +107,10 @@ pub struct LowPrecisionConfig {
     pub block: usize,
     /// `None`: the backend's tuned default.
     pub min_bytes: Option<usize>,
-    /// Encoded bytes per rank in one pipeline round of the cuda one-shot kernels.
+    /// Encoded bytes per rank in one pipeline round of the cuda one-shot kernels (0: one round).
     pub round_bytes: usize,
+    /// One-shot records pulled by the receivers (true) or pushed by the senders.
+    pub pull: bool,
     pub all_reduce: bool,
     pub all_gather: bool,
     pub reduce_scatter: bool,
@@ -322,10 +325,8 @@ impl Config {
             format,
             block,
             min_bytes: r.bytes("FERROCOMM_LP_MIN_BYTES")?,
-            round_bytes: r
-                .bytes("FERROCOMM_LP_ROUND_BYTES")?
-                .unwrap_or(2 << 20)
-                .max(1),
+            round_bytes: r.bytes("FERROCOMM_LP_ROUND_BYTES")?.unwrap_or(0),
+            pull: r.flag("FERROCOMM_LP_PULL", true)?,
             all_reduce: r.flag("FERROCOMM_LP_ALL_REDUCE", true)?,
             all_gather: r.flag("FERROCOMM_LP_ALL_GATHER", true)?,
             reduce_scatter: r.flag("FERROCOMM_LP_REDUCE_SCATTER", true)?,
@@ -349,7 +350,8 @@ impl Config {
             });
         }
         let cuda_staging_bytes = r.bytes("FERROCOMM_CUDA_STAGING_BYTES")?.unwrap_or(64 << 20);
-        let pdl = r.flag("FERROCOMM_PDL", true)?;
+        // Off by default: on 2xH200 it changed nothing measurable (docs/tuning.md).
+        let pdl = r.flag("FERROCOMM_PDL", false)?;
         let nccl_lib = r.raw("FERROCOMM_NCCL_LIB").map(PathBuf::from);
         let nvrtc_lib = r.raw("FERROCOMM_NVRTC_LIB").map(PathBuf::from);
         let mut python_prefixes: Vec<PathBuf> = ["VIRTUAL_ENV", "CONDA_PREFIX"]
@@ -556,7 +558,7 @@ mod tests {
 
     #[test]
     fn pdl_switch() {
-        assert!(cfg(&[]).unwrap().pdl);
+        assert!(!cfg(&[]).unwrap().pdl);
         assert!(!cfg(&[("FERROCOMM_PDL", "0")]).unwrap().pdl);
         assert!(cfg(&[("FERROCOMM_PDL", "1")]).unwrap().pdl);
         let e = cfg(&[("FERROCOMM_PDL", "maybe")]).unwrap_err().to_string();

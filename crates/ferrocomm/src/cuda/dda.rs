@@ -156,6 +156,8 @@ pub struct Dda {
     pub(super) timeout: Duration,
     /// `FERROCOMM_LP_ROUND_BYTES`: pipeline round of the one-shot low-precision kernels.
     pub(super) lp_round_bytes: usize,
+    /// `FERROCOMM_LP_PULL`: one-shot low-precision records are pulled by the receivers.
+    pub(super) lp_pull: bool,
 }
 
 // SAFETY: the raw pointers are device addresses and a pinned host page owned by this struct;
@@ -233,6 +235,7 @@ impl Dda {
             sm_count,
             timeout: t,
             lp_round_bytes: ctx.config.low_precision.round_bytes,
+            lp_pull: ctx.config.low_precision.pull,
         };
         me.bases[rank] = own;
         // SAFETY: synchronous context-wide wait so the memset is done before peers write.

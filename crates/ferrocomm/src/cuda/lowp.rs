@@ -36,7 +36,7 @@ struct Lp {
     nin: u32,
     reduce: u32,
     rounds: u32,
-    pad: u32,
+    pull: u32,
 }
 
 fn format_code(f: Format) -> u32 {
@@ -245,10 +245,14 @@ impl Dda {
             };
             let grid = grid.min(self.lp_wave(dtype, name)?);
             if name == "fc_lp_move" {
+                l.pull = self.lp_pull as u32;
                 // Pipeline rounds of about `round_bytes` of this rank's encoded input each, but
                 // at least one unit per warp and round.
                 let per_warp = units / (grid as usize * WARPS);
-                let want = (l.region as usize * l.nin as usize).div_ceil(self.lp_round_bytes);
+                let want = match self.lp_round_bytes {
+                    0 => 1,
+                    rb => (l.region as usize * l.nin as usize).div_ceil(rb),
+                };
                 l.rounds = want.min(per_warp).clamp(1, 1024) as u32;
             }
             self.lp_launch(
