@@ -521,6 +521,77 @@ fn graph(c: &mut Ctx, replays: usize) -> Res<()> {
 }
 
 /// NCCL-carried collectives other than all-reduce, f32.
+/// Memory of another GPU, and host memory, passed as this GPU's: every rank makes the same
+/// calls and each is refused before anything is launched, with an error naming the pointer's
+/// device (or saying it is not device memory); the communicator works afterwards.
+fn foreign_pointers(c: &mut Ctx) -> Res<()> {
+    let mut ndev = 0i32;
+    // SAFETY: out-parameter.
+    cu(unsafe { sys::cuDeviceGetCount(&mut ndev) }, "cuDeviceGetCount")?;
+    let dev = Device::Cuda(c.dev);
+    let n = 4096usize;
+    let mut cases: Vec<(String, u64, &str)> = Vec::new();
+    let host = vec![0u8; n * 4 + 64];
+    cases.push(("host memory".into(), host.as_ptr() as u64, "not CUDA device memory"));
+    let other = (c.dev as i32 + 1) % ndev.max(1);
+    let foreign = if other != c.dev as i32 {
+        let ctx = cudarc::driver::CudaContext::new(other as usize)?;
+        ctx.bind_to_thread()?;
+        let b = Buf::new(n * 4)?;
+        let own = cudarc::driver::CudaContext::new(c.dev as usize)?;
+        own.bind_to_thread()?;
+        Some((ctx, b))
+    } else {
+        None
+    };
+    let want_other = format!("memory of cuda:{other}");
+    if let Some((_, b)) = &foreign {
+        cases.push((format!("memory of cuda:{other}"), b.ptr, &want_other));
+    }
+    let t = c.tally.entry("foreign_ptr".into()).or_default();
+    for (what, ptr, want) in &cases {
+        t.cases += 1;
+        // SAFETY: the call must refuse before touching `ptr` (that is what is checked); `ptr`
+        // holds n f32 in either case.
+        let r = unsafe {
+            c.comm.all_reduce(
+                Input::InPlace,
+                ViewMut::from_raw(*ptr as *mut u8, n, DataType::F32, dev),
+                ReduceOp::Sum,
+                &CallOpts::default(),
+            )
+        };
+        match r {
+            Err(e) if e.to_string().contains(want) => {
+                if c.rank == 0 {
+                    println!("{what} refused: {e}");
+                }
+            }
+            other => {
+                t.errors += 1;
+                c.failures
+                    .push(format!("{what} passed as cuda:{}: {other:?}", c.dev));
+            }
+        }
+    }
+    if let Some((ctx, b)) = foreign {
+        ctx.bind_to_thread()?;
+        drop(b);
+        let own = cudarc::driver::CudaContext::new(c.dev as usize)?;
+        own.bind_to_thread()?;
+    }
+    // The communicator still works.
+    let cs = Case {
+        dtype: DataType::F32,
+        op: OpK::Sum,
+        count: 777,
+        algo: Algo::Auto,
+        in_place: false,
+        misalign: 0,
+    };
+    run_case(c, None, &cs, 40_000, 0)
+}
+
 fn others(c: &mut Ctx) -> Res<()> {
     let d = DataType::F32;
     let n = 1001usize;
@@ -958,6 +1029,7 @@ fn real_main() -> Res<i32> {
         race(&mut c, if quick { 300 } else { 10_000 })?;
         graph(&mut c, if quick { 20 } else { 1_000 })?;
         others(&mut c)?;
+        foreign_pointers(&mut c)?;
 
         // Two communicators used alternately.
         let mut o2 = CommOptions::new("gpu_check_b");

@@ -31,7 +31,7 @@ const fn var(name: &'static str, default: &'static str, meaning: &'static str) -
 
 /// Every variable ferrocomm reads.
 pub const VARS: &[Var] = &[
-    var("FERROCOMM_TIMEOUT_S", "300", "Seconds a collective or bootstrap step waits for a peer before failing with a timeout naming the missing rank."),
+    var("FERROCOMM_TIMEOUT_S", "300", "Seconds a collective or bootstrap step waits for a peer before failing with a timeout (naming the missing rank where it can be known; NCCL work is aborted by the watchdog)."),
     var("FERROCOMM_BACKEND", "auto", "Backend when none is asked for: auto (cuda for GPU buffers when a GPU is present, host otherwise), host, cuda, nccl."),
     var("FERROCOMM_ALGO", "auto", "Force one algorithm for every collective that has it: auto, push, flat, tree, direct, nccl."),
     var("FERROCOMM_LOW_PRECISION", "0", "1 turns on block-scaled low-precision collectives (Sum/Avg on f32/f16/bf16 only)."),
