@@ -427,13 +427,19 @@ fn sanitize_cases(c: &mut Ctx) -> Res<()> {
             }
         }
     }
-    // Other element sizes: byte moves, 4- and 8-byte reductions with their own kernels.
+    // Other element sizes: byte moves; every reduction kernel (sum with the division of avg,
+    // prod, min, max) on 2-, 4- and 8-byte elements.
     for (k, n) in [n_ll, n_st].into_iter().enumerate() {
         for coll in [Coll::AllGather, Coll::AllToAll, Coll::Broadcast(w - 1)] {
             seed += 1;
             run_one(c, coll, DataType::U8, n, Algo::Direct, k == 1, 0, seed)?;
         }
-        for (d, op) in [(DataType::F32, OpK::Avg), (DataType::I64, OpK::Max)] {
+        for (d, op) in [
+            (DataType::F32, OpK::Avg),
+            (DataType::F16, OpK::Prod),
+            (DataType::U32, OpK::Min),
+            (DataType::I64, OpK::Max),
+        ] {
             for coll in [Coll::ReduceScatter(op), Coll::Reduce(op, w - 1)] {
                 seed += 1;
                 run_one(c, coll, d, n, Algo::Direct, k == 0, k, seed)?;
