@@ -1,30 +1,57 @@
 #!/usr/bin/env bash
-# compute-sanitizer over the DDA kernels on a 2-GPU machine: memcheck, then racecheck, each rank
-# of `gpu_check --sanitize` (a few sizes of every algorithm, in and out of place, aligned and
-# not) under the tool. Exits non-zero when the tool reports an error or a result is wrong.
+# compute-sanitizer over the ferrocomm kernels on a 2-GPU machine: memcheck, then racecheck, each
+# over the short `--sanitize` mode of the three device checks, every rank under the tool:
+#   gpu_check       a few sizes of every all-reduce algorithm, in and out of place, aligned and not;
+#   gpu_check_coll  every direct-access collective kernel (LL and staged, in and out of place,
+#                   both roots, all-to-all-v with host and with device counts);
+#   gpu_check_lowp  the codec and one call of each low-precision collective.
+# Each run logs to $OUT/sanitize-<tool>-<program>.log; one line per run gives its exit code, and
+# the script exits non-zero when any run fails (the tool reports an error, a result is wrong, the
+# program is missing or the run times out).
 # API-error records are off: libnccl's initialisation probes kernels with cudaFuncGetAttributes
 # and gets cudaErrorNoKernelImageForDevice for images of other architectures (4 records per rank
 # on H200, all inside libnccl.so), which the tool would count as errors; memory-access and race
 # reports are what this script is for.
 #
-#   scripts/gpu_sanitize.sh [BINDIR]     (BINDIR: release `ferrocomm` and `gpu_check`)
+#   scripts/gpu_sanitize.sh [BINDIR]
+# BINDIR holds release `ferrocomm` and the check programs (beside it or in BINDIR/examples).
+# SANITIZE_RUN_TIMEOUT_S bounds each run (default 280 s).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${1:-$here/../target/release}"
-gpu_check="$bin/gpu_check"
-[ -x "$gpu_check" ] || gpu_check="$bin/examples/gpu_check"
 out="${OUT:-/tmp}"
+limit="${SANITIZE_RUN_TIMEOUT_S:-280}"
 export NCCL_NVLS_ENABLE=0
 # Checked kernels run far slower: give the device-side spin limit room.
 export FERROCOMM_TIMEOUT_S="${FERROCOMM_TIMEOUT_S:-120}"
 export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-/tmp/ferrocomm-kernels}"
+
+programs=(gpu_check gpu_check_coll gpu_check_lowp)
+# Every program takes both flags (gpu_check_coll has no timing and accepts --no-timing as is).
+flags=(--sanitize --no-timing)
+
 status=0
+summary=()
 for tool in memcheck racecheck; do
-  "$bin/ferrocomm" launch -n 2 --timeout 280 -- \
-    compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 99 --print-limit 20 \
-    "$gpu_check" --sanitize --no-timing 2>&1 | tee "$out/sanitize-$tool.log"
-  rc=${PIPESTATUS[0]}
-  echo "compute-sanitizer $tool: exit $rc"
-  [ "$rc" -eq 0 ] || status=1
+  for prog in "${programs[@]}"; do
+    path="$bin/$prog"
+    [ -x "$path" ] || path="$bin/examples/$prog"
+    log="$out/sanitize-$tool-$prog.log"
+    if [ -x "$path" ]; then
+      "$bin/ferrocomm" launch -n 2 --timeout "$limit" -- \
+        compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 99 \
+        --print-limit 20 "$path" "${flags[@]}" 2>&1 | tee "$log"
+      rc=${PIPESTATUS[0]}
+    else
+      echo "$prog: not found in $bin or $bin/examples" | tee "$log"
+      rc=127
+    fi
+    line="compute-sanitizer $tool $prog: exit $rc"
+    echo "$line"
+    summary+=("$line")
+    [ "$rc" -eq 0 ] || status=1
+  done
 done
+echo
+printf '%s\n' "${summary[@]}"
 exit $status

@@ -1,8 +1,11 @@
 //! Device check of the low-precision collectives of the cuda backend (run on 2 GPUs):
 //!
 //! ```text
-//! ferrocomm launch -n 2 -- target/release/examples/gpu_check_lowp [--quick]
+//! ferrocomm launch -n 2 -- target/release/examples/gpu_check_lowp [--quick] [--no-timing] [--sanitize]
 //! ```
+//!
+//! `--no-timing` leaves out the quantization timing; `--sanitize` runs only a few small calls of
+//! every kernel (see `sanitize_cases`), for compute-sanitizer (scripts/gpu_sanitize.sh).
 //!
 //! - GPU codec == CPU codec ([`quant::Codec::encode_from`]) byte for byte, every format, several
 //!   block sizes, f32/bf16/f16 inputs, odd counts, special blocks (zeros, tiny, huge, NaN, -0);
@@ -107,13 +110,14 @@ impl Ctx {
 
 // ---------------------------------------------------------------- codec
 
-fn codec_check(c: &mut Ctx) -> Res<()> {
+/// Every format, block size and input dtype at the element counts `counts`.
+fn codec_check(c: &mut Ctx, counts: &[usize]) -> Res<()> {
     let mut cases = 0;
     for fmt in Format::ALL {
         for block in [16usize, 32, 128, 512] {
             let codec = Codec::new(fmt, block)?;
             for dtype in [DataType::F32, DataType::BF16, DataType::F16] {
-                for n in [1usize, 13, 4099, 300_007] {
+                for &n in counts {
                     let mut v = random(n, 7 + n as u64 + block as u64);
                     // Special blocks: zeros, tiny (subnormal scale), huge, NaN, -0.
                     if n > 10 * block {
@@ -380,13 +384,14 @@ fn accuracy(c: &mut Ctx, comm: &Communicator, codec: &Codec, label: &str) -> Res
 
 // ---------------------------------------------------------------- the other collectives
 
-fn movers(c: &mut Ctx, comm: &Communicator) -> Res<()> {
+/// All-gather, reduce-scatter and all-to-all (E4M3) of `parts` elements per part, each dtype.
+fn movers(c: &mut Ctx, comm: &Communicator, parts: &[usize], dtypes: &[DataType]) -> Res<()> {
     let codec = Codec::new(Format::E4M3, c.cfg.low_precision.block)?;
     let w = c.world;
     let dev = Device::Cuda(c.dev);
     let opts = CallOpts::default().with_low_precision(LowPrecisionChoice::On(Format::E4M3));
-    for (k, &part) in [1usize, 333, 70_001, 3_000_017].iter().enumerate() {
-        for dtype in [DataType::F32, DataType::BF16] {
+    for (k, &part) in parts.iter().enumerate() {
+        for &dtype in dtypes {
             let es = dtype.size();
             // Full-size input of every rank (all-gather uses part `rank` of it).
             let all: Vec<Vec<f32>> = (0..w)
@@ -458,6 +463,34 @@ fn movers(c: &mut Ctx, comm: &Communicator) -> Res<()> {
     Ok(())
 }
 
+/// The handful of cases run under compute-sanitizer (memcheck, racecheck): the codec at two
+/// counts (every format, block and dtype), then one low-precision call of each kind on an odd
+/// bf16 count: all-reduce one-shot out of place and two-shot in place, all-gather,
+/// reduce-scatter and all-to-all. No accuracy sweep, no timing.
+fn sanitize_cases(c: &mut Ctx, comm: &Communicator) -> Res<()> {
+    codec_check(c, &[13, 4099])?;
+    let e4 = Codec::new(Format::E4M3, c.cfg.low_precision.block)?;
+    let n = 4099;
+    for (k, (algo, in_place)) in [(Algo::Flat, false), (Algo::Tree, true)]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = 70_000 + k as u64;
+        all_reduce_case(
+            c,
+            comm,
+            &e4,
+            DataType::BF16,
+            n,
+            algo,
+            ReduceOp::Sum,
+            in_place,
+            seed,
+        )?;
+    }
+    movers(c, comm, &[n], &[DataType::BF16])
+}
+
 /// Time of quantization alone (the fused kernels' encode step run by itself).
 fn quant_cost(c: &mut Ctx) -> Res<()> {
     let codec = Codec::new(Format::E4M3, c.cfg.low_precision.block)?;
@@ -501,7 +534,16 @@ fn main() {
 }
 
 fn real_main() -> Res<i32> {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flags = ["--quick", "--sanitize", "--no-timing"];
+    // Unknown flags are refused rather than ignored: a mistyped one must not run the full suite
+    // where a short one was meant (under compute-sanitizer that would run past its limit).
+    if let Some(a) = args.iter().find(|a| !flags.contains(&a.as_str())) {
+        return Err(format!("unknown argument {a:?} (flags: {})", flags.join(", ")).into());
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let sanitize = args.iter().any(|a| a == "--sanitize");
+    let no_timing = args.iter().any(|a| a == "--no-timing");
     let cfg = Config::from_env()?;
     let mut o = CommOptions::new("gpu_check_lowp");
     o.config = Some(cfg.clone());
@@ -530,26 +572,12 @@ fn real_main() -> Res<i32> {
         );
     }
     let t = Instant::now();
-    codec_check(&mut c)?;
-    all_reduce_checks(&mut c, &comm, quick)?;
-    movers(&mut c, &comm)?;
-    let e4 = Codec::new(Format::E4M3, cfg.low_precision.block)?;
-    accuracy(
-        &mut c,
-        &comm,
-        &e4,
-        &format!("e4m3 B={}", cfg.low_precision.block),
-    )?;
-    // INT8 with 32-element blocks needs its own communicator (the block is a config setting).
-    let mut cfg32 = cfg.clone();
-    cfg32.low_precision.block = 32;
-    let mut o = CommOptions::new("gpu_check_lowp_b32");
-    o.config = Some(cfg32);
-    let comm32 = Communicator::new(o)?;
-    accuracy(&mut c, &comm32, &Codec::new(Format::Int8, 32)?, "int8 B=32")?;
-    accuracy(&mut c, &comm32, &Codec::new(Format::E4M3, 32)?, "e4m3 B=32")?;
-    drop(comm32);
-    quant_cost(&mut c)?;
+    if sanitize {
+        // Under compute-sanitizer kernels run 10-100x slower: one call of each kind.
+        sanitize_cases(&mut c, &comm)?;
+    } else {
+        full_suite(&mut c, &comm, quick, no_timing)?;
+    }
     if rank == 0 {
         println!(
             "gpu_check_lowp: {} passed, {} failed, {:.1} s",
@@ -559,4 +587,33 @@ fn real_main() -> Res<i32> {
         );
     }
     Ok(if c.failures.is_empty() { 0 } else { 1 })
+}
+
+/// Codec, all-reduce and the other collectives at every size, accuracy, then (unless
+/// `no_timing`) the time of quantization alone.
+fn full_suite(c: &mut Ctx, comm: &Communicator, quick: bool, no_timing: bool) -> Res<()> {
+    let cfg = c.cfg.clone();
+    codec_check(c, &[1, 13, 4099, 300_007])?;
+    all_reduce_checks(c, comm, quick)?;
+    movers(
+        c,
+        comm,
+        &[1, 333, 70_001, 3_000_017],
+        &[DataType::F32, DataType::BF16],
+    )?;
+    let e4 = Codec::new(Format::E4M3, cfg.low_precision.block)?;
+    accuracy(c, comm, &e4, &format!("e4m3 B={}", cfg.low_precision.block))?;
+    // INT8 with 32-element blocks needs its own communicator (the block is a config setting).
+    let mut cfg32 = cfg.clone();
+    cfg32.low_precision.block = 32;
+    let mut o = CommOptions::new("gpu_check_lowp_b32");
+    o.config = Some(cfg32);
+    let comm32 = Communicator::new(o)?;
+    accuracy(c, &comm32, &Codec::new(Format::Int8, 32)?, "int8 B=32")?;
+    accuracy(c, &comm32, &Codec::new(Format::E4M3, 32)?, "e4m3 B=32")?;
+    drop(comm32);
+    if !no_timing {
+        quant_cost(c)?;
+    }
+    Ok(())
 }
