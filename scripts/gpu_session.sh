@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Everything a 2-GPU device run checks and measures, in one call (about 8 minutes on 2xH200):
+# Everything a 2-GPU device run checks and measures (about 8 minutes on 2xH200 without the
+# sanitizer, which adds several more: run it as a call of its own where calls are limited):
 # the Rust correctness checks (all-reduce with 10,000 race calls and 1,000 graph replays, the
 # direct-access collectives, low precision), compute-sanitizer, the Python package against
 # torch.distributed, then the bench tables (all-reduce graph mode, low precision). Results are
@@ -11,9 +12,14 @@
 #   mkdir -p .carry/bin && cp target/release/ferrocomm target/release/examples/gpu_check* .carry/bin/
 #   target/release/ferrocomm precompile --arch sm_90 --cache .carry/kc
 #   python3 -m pip wheel --no-deps . -w dist/
-# and run with carry [".carry", "dist"]: bash scripts/gpu_session.sh .carry/bin .carry/kc
+# and run with carry [".carry", "dist"]:
+#   bash scripts/gpu_session.sh .carry/bin .carry/kc "checks python bench"    (one call)
+#   bash scripts/gpu_session.sh .carry/bin .carry/kc sanitize                  (another)
+# PARTS (third argument) defaults to all four: checks sanitize python bench.
 set -uo pipefail
 bin="$(cd "${1:-.carry/bin}" && pwd)"
+parts=" ${3:-checks sanitize python bench} "
+want() { [[ "$parts" == *" $1 "* ]]; }
 export FERROCOMM_KERNEL_CACHE="$(cd "${2:-.carry/kc}" && pwd)"
 export NCCL_NVLS_ENABLE=0 FERROCOMM_TIMEOUT_S=30 PYTHONUNBUFFERED=1
 out="${OUT:-/tmp}"
@@ -34,19 +40,27 @@ step() { # name, limit in seconds, command...
 }
 { date -u; nvidia-smi -L; nvidia-smi topo -m; } > "$res/machine.txt" 2>&1
 "$fc" info > "$res/info.txt" 2>&1
-step gpu_check 240 "$fc" launch -n 2 --timeout 238 -- "$bin/gpu_check" --no-timing
-step gpu_check_coll 70 "$fc" launch -n 2 --timeout 68 -- "$bin/gpu_check_coll"
-step gpu_check_lowp 50 "$fc" launch -n 2 --timeout 48 -- "$bin/gpu_check_lowp"
-OUT="$res" step sanitize 200 bash "$(dirname "$0")/gpu_sanitize.sh" "$bin"
-python3 -m pip install -q --no-deps --no-index --target /tmp/ferrocomm-site dist/ferrocomm-*.whl \
-  > "$res/pip.txt" 2>&1
-CHECK_WATCHDOG_S=170 PYTHONPATH=/tmp/ferrocomm-site \
-  step python_check 180 torchrun --nproc_per_node 2 python/tests/gpu/check_torch.py
-step all_reduce-graph 40 "$fc" bench all_reduce -g 2 -d bfloat16 -b 1K -e 256M -f 4 -n 10 --reps 3 \
-  -G 10 --vs nccl --json "$res/all_reduce-graph.json" --plot "$res/all_reduce-graph.png"
-for c in "all_reduce bfloat16" "all_reduce float" "all_gather bfloat16" "all_to_all bfloat16"; do
-  set -- $c
-  step "lp-$1-$2" 30 "$fc" bench "$1" -g 2 -d "$2" -b 4M -e 256M -f 4 -n 10 --reps 2 -G 10 \
-    --low-precision e4m3 --vs nccl --json "$res/lp-$1-$2.json" --plot "$res/lp-$1-$2.png"
-done
+if want checks; then
+  step gpu_check 240 "$fc" launch -n 2 --timeout 238 -- "$bin/gpu_check" --no-timing
+  step gpu_check_coll 70 "$fc" launch -n 2 --timeout 68 -- "$bin/gpu_check_coll"
+  step gpu_check_lowp 50 "$fc" launch -n 2 --timeout 48 -- "$bin/gpu_check_lowp"
+fi
+if want sanitize; then
+  SANITIZE_RUN_TIMEOUT_S=95 OUT="$res" step sanitize 590 bash "$(dirname "$0")/gpu_sanitize.sh" "$bin"
+fi
+if want python; then
+  python3 -m pip install -q --no-deps --no-index --target /tmp/ferrocomm-site dist/ferrocomm-*.whl \
+    > "$res/pip.txt" 2>&1
+  CHECK_WATCHDOG_S=170 PYTHONPATH=/tmp/ferrocomm-site \
+    step python_check 180 torchrun --nproc_per_node 2 python/tests/gpu/check_torch.py
+fi
+if want bench; then
+  step all_reduce-graph 40 "$fc" bench all_reduce -g 2 -d bfloat16 -b 1K -e 256M -f 4 -n 10 --reps 3 \
+    -G 10 --vs nccl --json "$res/all_reduce-graph.json" --plot "$res/all_reduce-graph.png"
+  for c in "all_reduce bfloat16" "all_reduce float" "all_gather bfloat16" "all_to_all bfloat16"; do
+    set -- $c
+    step "lp-$1-$2" 30 "$fc" bench "$1" -g 2 -d "$2" -b 4M -e 256M -f 4 -n 10 --reps 2 -G 10 \
+      --low-precision e4m3 --vs nccl --json "$res/lp-$1-$2.json" --plot "$res/lp-$1-$2.png"
+  done
+fi
 cat "$summary"

@@ -526,13 +526,20 @@ fn graph(c: &mut Ctx, replays: usize) -> Res<()> {
 /// device (or saying it is not device memory); the communicator works afterwards.
 fn foreign_pointers(c: &mut Ctx) -> Res<()> {
     let mut ndev = 0i32;
-    // SAFETY: out-parameter.
-    cu(unsafe { sys::cuDeviceGetCount(&mut ndev) }, "cuDeviceGetCount")?;
+    cu(
+        // SAFETY: out-parameter.
+        unsafe { sys::cuDeviceGetCount(&mut ndev) },
+        "cuDeviceGetCount",
+    )?;
     let dev = Device::Cuda(c.dev);
     let n = 4096usize;
     let mut cases: Vec<(String, u64, &str)> = Vec::new();
     let host = vec![0u8; n * 4 + 64];
-    cases.push(("host memory".into(), host.as_ptr() as u64, "not CUDA device memory"));
+    cases.push((
+        "host memory".into(),
+        host.as_ptr() as u64,
+        "not CUDA device memory",
+    ));
     let other = (c.dev as i32 + 1) % ndev.max(1);
     let foreign = if other != c.dev as i32 {
         let ctx = cudarc::driver::CudaContext::new(other as usize)?;
