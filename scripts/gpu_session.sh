@@ -7,11 +7,8 @@
 # packed into $OUT/session.tgz after every step, so a call cut off by its limit still returns
 # what was finished, and $OUT/session-summary.txt lists each step's exit code and time.
 #
-# Prepared here (no Rust on the device):
-#   cargo build --release -p ferrocomm-cli && cargo build --release -p ferrocomm --examples
-#   mkdir -p .carry/bin && cp target/release/ferrocomm target/release/examples/gpu_check* .carry/bin/
-#   target/release/ferrocomm precompile --arch sm_90 --cache .carry/kc
-#   python3 -m pip wheel --no-deps . -w dist/
+# Prepared here with scripts/gpu_prepare.sh (no Rust on the device: binaries into .carry/bin, the
+# kernel cache into .carry/kc, the wheel into dist/),
 # and run with carry [".carry", "dist"]:
 #   bash scripts/gpu_session.sh .carry/bin .carry/kc "checks python bench"    (one call)
 #   bash scripts/gpu_session.sh .carry/bin .carry/kc sanitize                  (another)
