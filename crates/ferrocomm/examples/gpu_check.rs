@@ -25,29 +25,6 @@ use support::*;
 
 // ---------------------------------------------------------------- data and reference
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum OpK {
-    Sum,
-    Avg,
-    Prod,
-    Min,
-    Max,
-    PremulSum,
-}
-
-impl OpK {
-    fn op(self) -> ReduceOp {
-        match self {
-            OpK::Sum => ReduceOp::Sum,
-            OpK::Avg => ReduceOp::Avg,
-            OpK::Prod => ReduceOp::Prod,
-            OpK::Min => ReduceOp::Min,
-            OpK::Max => ReduceOp::Max,
-            OpK::PremulSum => ReduceOp::PremulSum(0.5),
-        }
-    }
-}
-
 const FLOATS: [DataType; 3] = [DataType::F32, DataType::F16, DataType::BF16];
 const INTS: [DataType; 4] = [DataType::I32, DataType::U32, DataType::I64, DataType::U64];
 
@@ -95,48 +72,7 @@ fn check(dtype: DataType, op: OpK, inputs: &[Vec<u8>], got: &[u8]) -> (usize, St
     for i in 0..count {
         let el = |r: usize| &inputs[r][i * es..(i + 1) * es];
         let g = &got[i * es..(i + 1) * es];
-        let ok = if dtype.is_float() {
-            let xs: Vec<f64> = (0..n).map(|r| as_f64(dtype, el(r))).collect();
-            let gv = as_f64(dtype, g);
-            let mag: f64 = xs.iter().map(|x| x.abs()).sum();
-            let (want, scale) = match op {
-                OpK::Sum => (xs.iter().sum::<f64>(), mag),
-                OpK::Avg => (xs.iter().sum::<f64>() / n as f64, mag / n as f64),
-                OpK::PremulSum => (xs.iter().map(|x| x * 0.5).sum::<f64>(), mag * 0.5),
-                OpK::Prod => {
-                    let p: f64 = xs.iter().product();
-                    (p, p.abs() * n as f64)
-                }
-                OpK::Min => (xs.iter().cloned().fold(f64::INFINITY, f64::min), 0.0),
-                OpK::Max => (xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max), 0.0),
-            };
-            let rel = match dtype {
-                DataType::F32 => 2e-6,
-                DataType::F16 => 1.5e-3,
-                _ => 1e-2,
-            };
-            (gv - want).abs() <= rel * scale + 1e-30
-        } else {
-            let bits = es * 8;
-            let wrap = |v: i128| -> i128 {
-                let m = 1i128 << bits;
-                let mut w = v.rem_euclid(m);
-                if matches!(dtype, DataType::I32 | DataType::I64) && w >= m / 2 {
-                    w -= m;
-                }
-                w
-            };
-            let xs: Vec<i128> = (0..n).map(|r| as_i128(dtype, el(r))).collect();
-            let want = match op {
-                OpK::Sum => wrap(xs.iter().sum()),
-                OpK::Avg => wrap(wrap(xs.iter().sum()) / n as i128),
-                OpK::Prod => wrap(xs.iter().product()),
-                OpK::Min => *xs.iter().min().unwrap(),
-                OpK::Max => *xs.iter().max().unwrap(),
-                OpK::PremulSum => unreachable!(),
-            };
-            as_i128(dtype, g) == want
-        };
+        let ok = element_ok(dtype, op, n, el, g);
         if !ok {
             if wrong == 0 {
                 first = format!("element {i}: got {:?}", g);

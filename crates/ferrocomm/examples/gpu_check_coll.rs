@@ -22,7 +22,7 @@ use cudarc::driver::sys;
 use ferrocomm::bootstrap::{all_gather_bytes, store_barrier};
 use ferrocomm::{
     Algo, CallOpts, CommOptions, Communicator, Config, DataType, Device, DeviceCounts, Input,
-    ReduceOp, Splits, View, ViewMut,
+    Splits, View, ViewMut,
 };
 use rand::{Rng, SeedableRng};
 
@@ -85,29 +85,6 @@ fn gen_bytes_fast(bytes: usize, seed: u64, rank: usize) -> Vec<u8> {
     v
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum OpK {
-    Sum,
-    Avg,
-    Prod,
-    Min,
-    Max,
-    Premul,
-}
-
-impl OpK {
-    fn op(self) -> ReduceOp {
-        match self {
-            OpK::Sum => ReduceOp::Sum,
-            OpK::Avg => ReduceOp::Avg,
-            OpK::Prod => ReduceOp::Prod,
-            OpK::Min => ReduceOp::Min,
-            OpK::Max => ReduceOp::Max,
-            OpK::Premul => ReduceOp::PremulSum(0.5),
-        }
-    }
-}
-
 /// Wrong elements of `got` (elements [first, first+len) of every rank's input reduced).
 fn check_reduce(dtype: DataType, op: OpK, parts: &[&[u8]], got: &[u8]) -> usize {
     let es = dtype.size();
@@ -116,48 +93,7 @@ fn check_reduce(dtype: DataType, op: OpK, parts: &[&[u8]], got: &[u8]) -> usize 
     for i in 0..got.len() / es {
         let el = |r: usize| &parts[r][i * es..(i + 1) * es];
         let g = &got[i * es..(i + 1) * es];
-        let ok = if dtype.is_float() {
-            let xs: Vec<f64> = (0..n).map(|r| as_f64(dtype, el(r))).collect();
-            let gv = as_f64(dtype, g);
-            let mag: f64 = xs.iter().map(|x| x.abs()).sum();
-            let (want, scale) = match op {
-                OpK::Sum => (xs.iter().sum::<f64>(), mag),
-                OpK::Avg => (xs.iter().sum::<f64>() / n as f64, mag / n as f64),
-                OpK::Premul => (xs.iter().map(|x| x * 0.5).sum::<f64>(), mag * 0.5),
-                OpK::Prod => {
-                    let p: f64 = xs.iter().product();
-                    (p, p.abs() * n as f64)
-                }
-                OpK::Min => (xs.iter().cloned().fold(f64::INFINITY, f64::min), 0.0),
-                OpK::Max => (xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max), 0.0),
-            };
-            let rel = match dtype {
-                DataType::F32 => 2e-6,
-                DataType::F16 => 1.5e-3,
-                _ => 1e-2,
-            };
-            (gv - want).abs() <= rel * scale + 1e-30
-        } else {
-            let bits = es * 8;
-            let wrap = |v: i128| -> i128 {
-                let m = 1i128 << bits;
-                let mut w = v.rem_euclid(m);
-                if matches!(dtype, DataType::I32 | DataType::I64) && w >= m / 2 {
-                    w -= m;
-                }
-                w
-            };
-            let xs: Vec<i128> = (0..n).map(|r| as_i128(dtype, el(r))).collect();
-            let want = match op {
-                OpK::Sum => wrap(xs.iter().sum()),
-                OpK::Avg => wrap(wrap(xs.iter().sum()) / n as i128),
-                OpK::Prod => wrap(xs.iter().product()),
-                OpK::Min => *xs.iter().min().unwrap(),
-                OpK::Max => *xs.iter().max().unwrap(),
-                OpK::Premul => unreachable!(),
-            };
-            as_i128(dtype, g) == want
-        };
+        let ok = element_ok(dtype, op, n, el, g);
         if !ok {
             wrong += 1;
         }
@@ -571,7 +507,7 @@ fn matrix(c: &mut Ctx, quick: bool) -> Res<()> {
                 OpK::Prod,
                 OpK::Min,
                 OpK::Max,
-                OpK::Premul,
+                OpK::PremulSum,
             ]
         } else {
             &[OpK::Sum, OpK::Avg, OpK::Prod, OpK::Min, OpK::Max]
