@@ -12,6 +12,37 @@ __all__ = ["Comm", "Work", "new_comm"]
 
 _HINT_KEYS = ("low_precision", "algo")
 
+# Element types with no native counterpart (NCCL has none either) travel as the bytes of a native
+# type of the same width; none of them reduces except bool, which torch.distributed reduces over
+# NCCL as uint8 with MAX for SUM (logical or) and MIN for PRODUCT (logical and). Low precision
+# never applies to them.
+_MOVE_AS = {
+    "bool": "uint8",
+    "int16": "float16",
+    "uint16": "float16",
+    "float8_e4m3fnuz": "uint8",
+    "float8_e5m2fnuz": "uint8",
+    "float8_e8m0fnu": "uint8",
+}
+_BOOL_OPS = {"sum": "max", "bor": "max", "max": "max", "prod": "min", "band": "min", "min": "min"}
+_REDUCTIONS = ("all_reduce", "reduce", "reduce_scatter")
+
+
+def _alias(coll, buf, opname):
+    """(dtype name to pass, op name to pass) for a buffer's element type (see _MOVE_AS)."""
+    as_type = _MOVE_AS.get(buf.dtype)
+    if as_type is None:
+        return buf.dtype, opname
+    if coll in _REDUCTIONS:
+        if buf.dtype == "bool" and opname in _BOOL_OPS:
+            return as_type, _BOOL_OPS[opname]
+        what = f"op {opname}" if buf.dtype == "bool" else "reductions"
+        raise FerrocommValueError(
+            f"{coll}: {buf.dtype} supports data movement only (and bool: sum, product, min, max, "
+            f"band, bor); {what} on {buf.dtype} is not supported"
+        )
+    return as_type, opname
+
 
 # ---------------------------------------------------------------------------------------------
 # Work objects
@@ -254,10 +285,19 @@ class Comm:
             if torch is None:
                 raise FerrocommValueError(f"{coll}: CUDA communicators need torch tensors")
             stream = torch.cuda.current_stream(self._n.device_index).cuda_stream
+        raws = []
+        for b in (out, inp):
+            if b is None:
+                raws.append(None)
+                continue
+            name, opname = _alias(coll, b, opname)
+            if name != b.dtype:
+                h["low_precision"] = "off"
+            raws.append((b.ptr, b.count, name, b.device))
         native_work = self._n.run(
             coll,
-            None if out is None else out.raw(),
-            None if inp is None else inp.raw(),
+            raws[0],
+            raws[1],
             opname,
             factor,
             int(peer),

@@ -507,6 +507,53 @@ def scenario_torch(comm):
     expect(ferrocomm.FerrocommValueError, "not contiguous", comm.all_reduce, t)
 
 
+def scenario_narrow(comm):
+    """Element types without a native counterpart: bool reduces as torch.distributed does it over
+    NCCL (sum = logical or, product = logical and), int16/uint16/bool move bit for bit, and
+    reductions they cannot do are refused with a clear error."""
+    n = 1003
+    rng = [np.random.default_rng([r, 77]) for r in range(WORLD)]
+    bools = [g.random(n) < 0.3 for g in rng]
+    for op, want in [("sum", np.logical_or.reduce(bools)), ("product", np.logical_and.reduce(bools)),
+                     ("max", np.logical_or.reduce(bools)), ("min", np.logical_and.reduce(bools))]:
+        x = bools[RANK].copy()
+        comm.all_reduce(x, ReduceOp(op))
+        assert x.dtype == np.bool_ and np.array_equal(x, want), (op, x[:8], want[:8])
+    expect(ferrocomm.FerrocommValueError, "op avg on bool", comm.all_reduce, bools[RANK].copy(),
+           ReduceOp.AVG)
+    for name in ["int16", "uint16", "bool"]:
+        dt = np.dtype(name)
+        xs = [(np.random.default_rng([r, 78, dt.itemsize]).integers(0, 2**15, n)).astype(dt)
+              for r in range(WORLD)]
+        # Bit patterns that are NaNs or signalling values as float16 must pass unchanged.
+        if dt.itemsize == 2:
+            for x in xs:
+                x[:4] = np.array([0x7E01, 0xFC01, 0x7C00, 0xFFFF]).astype(np.uint16).view(dt)
+        out = np.zeros(n * WORLD, dtype=dt)
+        if dt.itemsize == 2:
+            out.view(np.uint16)[:] = 0x1234
+        comm.all_gather_single(out, xs[RANK])
+        assert np.array_equal(out.view(np.uint8), np.concatenate(xs).view(np.uint8)), name
+        b = xs[RANK].copy()
+        comm.broadcast(b, WORLD - 1)
+        assert np.array_equal(b.view(np.uint8), xs[WORLD - 1].view(np.uint8)), name
+        a2a_in = np.concatenate([xs[RANK]] * WORLD)[: (n // WORLD) * WORLD]
+        a2a_out = np.zeros_like(a2a_in)
+        comm.all_to_all_single(a2a_out, a2a_in)
+        part = n // WORLD
+        want = np.concatenate([np.concatenate([xs[s]] * WORLD)[RANK * part:(RANK + 1) * part]
+                               for s in range(WORLD)])
+        assert np.array_equal(a2a_out.view(np.uint8), want.view(np.uint8)), name
+        if name != "bool":
+            expect(ferrocomm.FerrocommValueError, "data movement only", comm.all_reduce,
+                   xs[RANK].copy())
+    # Low precision asked for explicitly never touches them.
+    x16 = np.arange(n, dtype=np.int16)
+    g16 = np.zeros(n * WORLD, dtype=np.int16)
+    comm.all_gather_single(g16, x16, hints={"low_precision": "e4m3"})
+    assert np.array_equal(g16, np.concatenate([x16] * WORLD))
+
+
 def main():
     scenario = sys.argv[1]
     kwargs = {}

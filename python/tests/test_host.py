@@ -25,6 +25,12 @@ def test_argument_errors():
     run_ranks(2, "errors")
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_narrow_types(world):
+    """bool, int16 and uint16: movement bit for bit, bool reductions, refusals."""
+    run_ranks(world, "narrow")
+
+
 def test_info():
     run_ranks(2, "info")
 

@@ -281,6 +281,37 @@ def check_methods(comm, tag):
     check(f"barrier {tag}", bar)
 
 
+def check_narrow(comm, tag):
+    """bool reduces as torch.distributed reduces it over NCCL (sum = or, product = and); int16
+    moves bit for bit (compared through a float16 view, which NCCL moves unchanged)."""
+    n = 4099
+    g = torch.Generator(device=DEV).manual_seed(4242 + RANK)
+    b = torch.rand(n, device=DEV, generator=g) < 0.3
+    for op in ("sum", "product", "max", "min"):
+        def red(op=op):
+            x, y = b.clone(), b.clone()
+            comm.all_reduce(x, FC_OPS[op])
+            dist.all_reduce(y, DIST_OPS[op])
+            return same(x, y, torch.bool, "copy")
+        check(f"all_reduce {op} {tag} bool", red)
+    x16 = torch.randint(-30000, 30000, (n,), device=DEV, generator=g, dtype=torch.int16)
+
+    def ag16():
+        o = torch.full((n * WORLD,), 77, dtype=torch.int16, device=DEV)
+        comm.all_gather_single(o, x16)
+        r = torch.empty(n * WORLD, dtype=torch.float16, device=DEV)
+        dist.all_gather_into_tensor(r, x16.view(torch.float16))
+        return same(o, r.view(torch.int16), torch.int16, "copy")
+    check(f"all_gather {tag} int16", ag16)
+
+    def bc16():
+        a, r = x16.clone(), x16.clone().view(torch.float16)
+        comm.broadcast(a, WORLD - 1)
+        dist.broadcast(r, WORLD - 1)
+        return same(a, r.view(torch.int16), torch.int16, "copy")
+    check(f"broadcast {tag} int16", bc16)
+
+
 def check_graph(comm, tag):
     for dtype, n in [(torch.bfloat16, 4096), (torch.float32, 1 << 18), (torch.bfloat16, 1 << 20)]:
         dn = f"{tag} {str(dtype)[6:]} n={n}"
@@ -411,6 +442,7 @@ def main():
     log(f"ferrocomm communicator: {comm}")
     comm2 = ferrocomm.new_comm("ferrocomm", DEV, "check-second")
     check_methods(comm, "cuda")
+    check_narrow(comm, "cuda")
     check_graph(comm, "cuda")
     check_async_and_two_comms(comm, comm2, "cuda")
     check_hints(comm, "cuda")
