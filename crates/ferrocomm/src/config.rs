@@ -54,6 +54,7 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_BROADCAST_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest broadcast/reduce done by direct access on cuda."),
     var("FERROCOMM_HOST_SLOT_BYTES", "4194304", "Host backend: bytes of shared-memory staging per rank (larger messages are processed in chunks of this size)."),
     var("FERROCOMM_CUDA_STAGING_BYTES", "67108864", "CUDA backend: bytes of IPC staging per rank and buffer (direct access is limited to this size per rank)."),
+    var("FERROCOMM_NCCL_WATCHDOG", "1", "1 follows every NCCL operation enqueued outside graph capture with a CUDA event and aborts the NCCL communicator when one stays incomplete past FERROCOMM_TIMEOUT_S; 0 leaves NCCL unwatched (as nccl-tests runs it: the bench's NCCL baseline does)."),
     var("FERROCOMM_PDL", "0", "CUDA backend: 1 launches the kernels with programmatic dependent launch on sm_90 and newer (a kernel is scheduled while the previous one on the stream finishes, and waits for it in griddepcontrol.wait); 0 launches them plainly."),
     var("FERROCOMM_NCCL_LIB", "(search)", "Path of libnccl.so to load; otherwise the system path, then torch's nvidia/nccl/lib."),
     var("FERROCOMM_NVRTC_LIB", "(search)", "Path of libnvrtc.so.13 (or its directory); when set it is the only NVRTC loaded (a wrong path is an error). Unset: the library path, /usr/local/cuda, then python's nvidia/cu13/lib or nvidia/cuda_nvrtc/lib."),
@@ -159,6 +160,8 @@ pub struct Config {
     /// `FERROCOMM_PDL`: launch the cuda backend's kernels with programmatic dependent launch
     /// where the device and driver allow it (see docs/cuda-backend.md).
     pub pdl: bool,
+    /// `FERROCOMM_NCCL_WATCHDOG`: abort NCCL communicators whose work hangs (nccl/watchdog.rs).
+    pub nccl_watchdog: bool,
     pub nccl_lib: Option<PathBuf>,
     pub nvrtc_lib: Option<PathBuf>,
     /// Python installation prefixes whose site-packages may hold NVIDIA's library wheels
@@ -352,6 +355,7 @@ impl Config {
         let cuda_staging_bytes = r.bytes("FERROCOMM_CUDA_STAGING_BYTES")?.unwrap_or(64 << 20);
         // Off by default: on 2xH200 it changed nothing measurable (docs/tuning.md).
         let pdl = r.flag("FERROCOMM_PDL", false)?;
+        let nccl_watchdog = r.flag("FERROCOMM_NCCL_WATCHDOG", true)?;
         let nccl_lib = r.raw("FERROCOMM_NCCL_LIB").map(PathBuf::from);
         let nvrtc_lib = r.raw("FERROCOMM_NVRTC_LIB").map(PathBuf::from);
         let mut python_prefixes: Vec<PathBuf> = ["VIRTUAL_ENV", "CONDA_PREFIX"]
@@ -383,6 +387,7 @@ impl Config {
             host_slot_bytes,
             cuda_staging_bytes,
             pdl,
+            nccl_watchdog,
             nccl_lib,
             nvrtc_lib,
             python_prefixes,
@@ -554,6 +559,20 @@ mod tests {
                 v.name
             );
         }
+    }
+
+    #[test]
+    fn nccl_watchdog_switch() {
+        assert!(cfg(&[]).unwrap().nccl_watchdog);
+        assert!(
+            !cfg(&[("FERROCOMM_NCCL_WATCHDOG", "0")])
+                .unwrap()
+                .nccl_watchdog
+        );
+        let e = cfg(&[("FERROCOMM_NCCL_WATCHDOG", "sometimes")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("FERROCOMM_NCCL_WATCHDOG"), "{e}");
     }
 
     #[test]

@@ -240,7 +240,10 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
         let mut o = CommOptions::new("bench-nccl");
         o.backend = Some(BackendChoice::Nccl);
         o.device = Some(comm.device());
-        o.config = Some(cfg.clone());
+        // The baseline is NCCL as nccl-tests runs it: no completion events of our watchdog.
+        let mut raw = cfg.clone();
+        raw.nccl_watchdog = false;
+        o.config = Some(raw);
         Some(Communicator::new(o).context("creating the NCCL communicator for --vs nccl")?)
     } else {
         None

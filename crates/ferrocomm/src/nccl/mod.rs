@@ -638,7 +638,11 @@ impl Nccl {
             seq: AtomicU64::new(0),
         };
         // Without ncclCommAbort (NCCL before 2.4) hung work cannot be stopped: no watchdog.
-        if l.ncclCommAbort.is_some() && l.ncclCommGetAsyncError.is_some() {
+        // FERROCOMM_NCCL_WATCHDOG=0 leaves NCCL unwatched (the bench's baseline, as nccl-tests).
+        if ctx.config.nccl_watchdog
+            && l.ncclCommAbort.is_some()
+            && l.ncclCommGetAsyncError.is_some()
+        {
             let dc = sh.dc.clone();
             let w = watchdog::Watchdog::start(
                 sh.describe.clone(),
