@@ -226,8 +226,11 @@ class Comm:
     def algo_for(self, collective, nbytes, dtype, hints=None):
         """The algorithm a call would use (``push``, ``flat``, ``tree``, ``direct``, ``nccl``)."""
         h = {**self._hints, **_check_hints(hints, collective)}
-        return self._n.algo_for(collective, nbytes, str(dtype).replace("torch.", ""),
-                                h.get("algo"), h.get("low_precision"))
+        name = str(dtype).replace("torch.", "")
+        if name in _MOVE_AS:
+            name = _MOVE_AS[name]
+            h["low_precision"] = "off"
+        return self._n.algo_for(collective, nbytes, name, h.get("algo"), h.get("low_precision"))
 
     def __repr__(self):
         return (f"ferrocomm.Comm(name={self.get_name()!r}, rank={self.rank}, size={self.size}, "

@@ -547,6 +547,8 @@ def scenario_narrow(comm):
         if name != "bool":
             expect(ferrocomm.FerrocommValueError, "data movement only", comm.all_reduce,
                    xs[RANK].copy())
+    assert comm.algo_for("all_gather", 4096, "int16") == comm.algo_for("all_gather", 4096,
+                                                                        "float16")
     # Low precision asked for explicitly never touches them.
     x16 = np.arange(n, dtype=np.int16)
     g16 = np.zeros(n * WORLD, dtype=np.int16)
