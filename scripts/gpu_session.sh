@@ -10,8 +10,9 @@
 # Prepared here with scripts/gpu_prepare.sh (no Rust on the device: binaries into .carry/bin, the
 # kernel cache into .carry/kc, the wheel into dist/),
 # and run with carry [".carry", "dist"]:
-#   bash scripts/gpu_session.sh .carry/bin .carry/kc "checks python bench"    (one call)
-#   bash scripts/gpu_session.sh .carry/bin .carry/kc sanitize                  (another)
+#   bash scripts/gpu_session.sh .carry/bin .carry/kc "checks python"   (one call, ~400 s)
+#   bash scripts/gpu_session.sh .carry/bin .carry/kc bench             (~160 s)
+#   bash scripts/gpu_session.sh .carry/bin .carry/kc sanitize          (up to ~590 s)
 # PARTS (third argument) defaults to all four: checks sanitize python bench.
 set -uo pipefail
 bin="$(cd "${1:-.carry/bin}" && pwd)"
