@@ -13,7 +13,7 @@ use crate::bootstrap::all_gather_bytes;
 use crate::comm::{Backend, CallOpts, CommContext, DeviceCounts, Splits};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::nccl::{check_views, in_ptr, views_of, NcclOps};
+use crate::nccl::{check_views, in_part_ptr, in_ptr, views_of, NcclOps};
 use crate::select::{self, Algo, Capabilities, Collective};
 use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
@@ -293,14 +293,6 @@ const AG: Collective = Collective::AllGather;
 const RS: Collective = Collective::ReduceScatter;
 const A2A: Collective = Collective::AllToAll;
 
-/// The all-gather input: in place, our part of the output.
-fn lp_in(input: &Input<'_>, output: &ViewMut<'_>, part: usize, rank: usize) -> u64 {
-    match input {
-        Input::InPlace => output.ptr() as u64 + (rank * part * output.dtype().size()) as u64,
-        Input::Buf(v) => v.ptr() as u64,
-    }
-}
-
 impl CudaBackend {
     /// The direct-access state when this call runs by direct access, `None` for NCCL; reports
     /// an error an earlier kernel recorded.
@@ -482,7 +474,7 @@ impl Backend for CudaBackend {
         self.follow(&mut st, opts.stream)?;
         let (dt, part) = (output.dtype(), output.count() / self.size);
         let (i, o) = (
-            lp_in(
+            in_part_ptr(
                 &input,
                 &output,
                 part,
@@ -493,21 +485,9 @@ impl Backend for CudaBackend {
         if let Some((d, c)) = self.lp_codec(AG, dt, None, part * dt.size(), [i, o], opts)? {
             return d.lp_collective(LpKind::AllGather, &c, dt, i, o, part, false, opts.stream);
         }
-        let (dt, n) = (output.dtype(), output.count() / self.size);
-        if let Some(d) = self.direct(
-            Collective::AllGather,
-            n * dt.size(),
-            n * dt.size(),
-            dt,
-            None,
-            opts,
-        )? {
-            let op = output.ptr() as u64;
-            let ip = match input {
-                Input::InPlace => op + (d.rank * n * dt.size()) as u64,
-                Input::Buf(v) => v.ptr() as u64,
-            };
-            return d.coll_all_gather(ip, op, n, dt, opts.stream);
+        let bytes = part * dt.size();
+        if let Some(d) = self.direct(Collective::AllGather, bytes, bytes, dt, None, opts)? {
+            return d.coll_all_gather(i, o, part, dt, opts.stream);
         }
         self.nccl("all_gather")?.all_gather(input, output, opts)
     }
@@ -537,24 +517,9 @@ impl Backend for CudaBackend {
             let avg = op == ReduceOp::Avg;
             return d.lp_collective(LpKind::ReduceScatter, &c, dt, i, o, part, avg, opts.stream);
         }
-        let n = match input {
-            Input::InPlace => output.count() / self.size,
-            Input::Buf(_) => output.count(),
-        };
-        if let Some(d) = self.direct(
-            Collective::ReduceScatter,
-            n * dt.size(),
-            n * dt.size(),
-            dt,
-            Some(op),
-            opts,
-        )? {
-            let base = output.ptr() as u64;
-            let (ip, outp) = match input {
-                Input::InPlace => (base, base + (d.rank * n * dt.size()) as u64),
-                Input::Buf(v) => (v.ptr() as u64, base),
-            };
-            return d.coll_reduce_scatter(ip, outp, n, dt, op, opts.stream);
+        let bytes = part * dt.size();
+        if let Some(d) = self.direct(Collective::ReduceScatter, bytes, bytes, dt, Some(op), opts)? {
+            return d.coll_reduce_scatter(i, o, part, dt, op, opts.stream);
         }
         self.nccl("reduce_scatter")?
             .reduce_scatter(input, output, op, opts)
@@ -569,17 +534,9 @@ impl Backend for CudaBackend {
         if let Some((d, c)) = self.lp_codec(A2A, dt, None, part * dt.size(), [i, o], opts)? {
             return d.lp_collective(LpKind::AllToAll, &c, dt, i, o, part, false, opts.stream);
         }
-        let (dt, n) = (output.dtype(), output.count() / self.size);
-        if let Some(d) = self.direct(
-            Collective::AllToAll,
-            output.bytes_len(),
-            n * dt.size(),
-            dt,
-            None,
-            opts,
-        )? {
-            let ip = in_ptr(&input, &output);
-            return d.coll_all_to_all(ip, output.ptr() as u64, n, dt, opts.stream);
+        let (total, bytes) = (output.bytes_len(), part * dt.size());
+        if let Some(d) = self.direct(Collective::AllToAll, total, bytes, dt, None, opts)? {
+            return d.coll_all_to_all(i, o, part, dt, opts.stream);
         }
         self.nccl("all_to_all")?.all_to_all(input, output, opts)
     }

@@ -9,7 +9,7 @@
 
 use std::ffi::c_void;
 
-use super::cu;
+use super::cu_lazy;
 use super::dda::{Args, Dda, COLL_BAR_OFF, COLL_HELLO_OFF, MAX_BLOCKS, MAX_RANKS};
 use super::kernels;
 use crate::comm::{CallOpts, Splits};
@@ -48,6 +48,12 @@ struct CArgs {
     sig: u32,
     count_bytes: u32,
     count_signed: u32,
+}
+
+/// Entry point of a per-part collective: `fc_<kernel>_<form><suffix>` (form `ll` or `st`,
+/// suffix `_<op>` for the reductions).
+fn part_kernel(kernel: &str, form: &str, suffix: &str) -> String {
+    format!("fc_{kernel}_{form}{suffix}")
 }
 
 fn round16(n: usize) -> usize {
@@ -274,18 +280,59 @@ impl Dda {
         mut c: CArgs,
         grid: (u32, u32),
         stream: u64,
-        what: &str,
+        what: impl FnOnce() -> String,
     ) -> Result<()> {
         let f = self.func(dtype, name)?;
         let mut params: [*mut c_void; 2] =
             [(&mut a as *mut Args).cast(), (&mut c as *mut CArgs).cast()];
-        cu(
+        cu_lazy(
             // SAFETY: `f` takes (Args, CArgs) by value, laid out as in the kernel source, and
             // starts with pdl_wait(); the user pointers were validated by the communicator and the
             // backend (device memory of this GPU, sizes checked), the staging offsets come from
             // our own layout.
             unsafe { super::launch::launch(f, grid.0, grid.1, stream, &mut params, self.pdl) },
-            &format!("launching {what}"),
+            || format!("launching {}", what()),
+        )
+    }
+
+    /// Launches `fc_<kernel>_ll<suffix>` (NCCL-LL lines, no barrier) when a part of `n`
+    /// elements fits the push buffer, `fc_<kernel>_st<suffix>` (staged, per-block barriers)
+    /// otherwise: the part size, the element size, `root` and the call's signature go into the
+    /// collective arguments, the grid follows the part size (the same on every rank).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_part(
+        &self,
+        module: DataType,
+        kernel: &str,
+        suffix: &str,
+        a: Args,
+        n: usize,
+        dtype: DataType,
+        root: usize,
+        sig: u32,
+        stream: u64,
+        what: impl FnOnce() -> String,
+    ) -> Result<()> {
+        let part = n * dtype.size();
+        let mut c = self.cargs();
+        c.n = n as u64;
+        c.es = dtype.size() as u64;
+        c.slot_bytes = round16(part) as u64;
+        c.root = root as u32;
+        c.sig = sig;
+        let (form, grid) = if use_ll(part, self.layout().push_cap) {
+            ("ll", self.ll_grid(part))
+        } else {
+            ("st", self.st_grid(part))
+        };
+        self.launch(
+            module,
+            &part_kernel(kernel, form, suffix),
+            a,
+            c,
+            grid,
+            stream,
+            what,
         )
     }
 
@@ -302,36 +349,20 @@ impl Dda {
         dtype: DataType,
         stream: u64,
     ) -> Result<()> {
-        let es = dtype.size();
-        let part = n * es;
-        let mut c = self.cargs();
-        c.n = n as u64;
-        c.es = es as u64;
-        c.slot_bytes = round16(part) as u64;
-        c.sig = signature(Collective::AllGather, dtype, n, 0, "");
         let a = self.base_args(input, output, n as u64);
-        let what = format!("all_gather ({dtype}, {n} elements per rank)");
-        if use_ll(part, self.layout().push_cap) {
-            self.launch(
-                Self::MOVE_MODULE,
-                "fc_all_gather_ll",
-                a,
-                c,
-                self.ll_grid(part),
-                stream,
-                &what,
-            )
-        } else {
-            self.launch(
-                Self::MOVE_MODULE,
-                "fc_all_gather_st",
-                a,
-                c,
-                self.st_grid(part),
-                stream,
-                &what,
-            )
-        }
+        let sig = signature(Collective::AllGather, dtype, n, 0, "");
+        self.launch_part(
+            Self::MOVE_MODULE,
+            "all_gather",
+            "",
+            a,
+            n,
+            dtype,
+            0,
+            sig,
+            stream,
+            || format!("all_gather ({dtype}, {n} elements per rank)"),
+        )
     }
 
     /// All-to-all of `n` elements per part (input and output hold world * n).
@@ -343,36 +374,20 @@ impl Dda {
         dtype: DataType,
         stream: u64,
     ) -> Result<()> {
-        let es = dtype.size();
-        let part = n * es;
-        let mut c = self.cargs();
-        c.n = n as u64;
-        c.es = es as u64;
-        c.slot_bytes = round16(part) as u64;
-        c.sig = signature(Collective::AllToAll, dtype, n, 0, "");
         let a = self.base_args(input, output, n as u64);
-        let what = format!("all_to_all ({dtype}, {n} elements per part)");
-        if use_ll(part, self.layout().push_cap) {
-            self.launch(
-                Self::MOVE_MODULE,
-                "fc_all_to_all_ll",
-                a,
-                c,
-                self.ll_grid(part),
-                stream,
-                &what,
-            )
-        } else {
-            self.launch(
-                Self::MOVE_MODULE,
-                "fc_all_to_all_st",
-                a,
-                c,
-                self.st_grid(part),
-                stream,
-                &what,
-            )
-        }
+        let sig = signature(Collective::AllToAll, dtype, n, 0, "");
+        self.launch_part(
+            Self::MOVE_MODULE,
+            "all_to_all",
+            "",
+            a,
+            n,
+            dtype,
+            0,
+            sig,
+            stream,
+            || format!("all_to_all ({dtype}, {n} elements per part)"),
+        )
     }
 
     /// Broadcast of `n` elements from `root` (`input` is read on root only).
@@ -386,40 +401,25 @@ impl Dda {
         root: usize,
         stream: u64,
     ) -> Result<()> {
-        let es = dtype.size();
-        let part = n * es;
-        let mut c = self.cargs();
-        c.n = n as u64;
-        c.es = es as u64;
-        c.slot_bytes = round16(part) as u64;
-        c.root = root as u32;
-        c.sig = signature(Collective::Broadcast, dtype, n, root, "");
         let a = self.base_args(input, output, n as u64);
-        let what = format!("broadcast ({dtype}, {n} elements, root {root})");
-        if use_ll(part, self.layout().push_cap) {
-            self.launch(
-                Self::MOVE_MODULE,
-                "fc_broadcast_ll",
-                a,
-                c,
-                self.ll_grid(part),
-                stream,
-                &what,
-            )
-        } else {
-            self.launch(
-                Self::MOVE_MODULE,
-                "fc_broadcast_st",
-                a,
-                c,
-                self.st_grid(part),
-                stream,
-                &what,
-            )
-        }
+        let sig = signature(Collective::Broadcast, dtype, n, root, "");
+        self.launch_part(
+            Self::MOVE_MODULE,
+            "broadcast",
+            "",
+            a,
+            n,
+            dtype,
+            root,
+            sig,
+            stream,
+            || format!("broadcast ({dtype}, {n} elements, root {root})"),
+        )
     }
 
-    fn reduction_args(
+    /// The arguments of a reducing kernel (PremulSum factor, Avg divisor) and the op's kernel
+    /// suffix; ops the kernels lack are refused naming `coll`.
+    pub(super) fn reduction_args(
         &self,
         input: u64,
         output: u64,
@@ -454,34 +454,20 @@ impl Dda {
         stream: u64,
     ) -> Result<()> {
         let (a, opname) = self.reduction_args(input, output, n, op, "reduce_scatter")?;
-        let part = n * dtype.size();
-        let mut c = self.cargs();
-        c.n = n as u64;
-        c.es = dtype.size() as u64;
-        c.slot_bytes = round16(part) as u64;
-        c.sig = signature(Collective::ReduceScatter, dtype, n, 0, &op_name(op));
-        let what = format!("reduce_scatter ({dtype} {op}, {n} elements per rank)");
-        if use_ll(part, self.layout().push_cap) {
-            self.launch(
-                dtype,
-                &format!("fc_reduce_scatter_ll_{opname}"),
-                a,
-                c,
-                self.ll_grid(part),
-                stream,
-                &what,
-            )
-        } else {
-            self.launch(
-                dtype,
-                &format!("fc_reduce_scatter_st_{opname}"),
-                a,
-                c,
-                self.st_grid(part),
-                stream,
-                &what,
-            )
-        }
+        let sig = signature(Collective::ReduceScatter, dtype, n, 0, &op_name(op));
+        let suffix = format!("_{opname}");
+        self.launch_part(
+            dtype,
+            "reduce_scatter",
+            &suffix,
+            a,
+            n,
+            dtype,
+            0,
+            sig,
+            stream,
+            || format!("reduce_scatter ({dtype} {op}, {n} elements per rank)"),
+        )
     }
 
     /// Reduce of `n` elements into `root`'s output.
@@ -497,35 +483,20 @@ impl Dda {
         stream: u64,
     ) -> Result<()> {
         let (a, opname) = self.reduction_args(input, output, n, op, "reduce")?;
-        let part = n * dtype.size();
-        let mut c = self.cargs();
-        c.n = n as u64;
-        c.es = dtype.size() as u64;
-        c.slot_bytes = round16(part) as u64;
-        c.root = root as u32;
-        c.sig = signature(Collective::Reduce, dtype, n, root, &op_name(op));
-        let what = format!("reduce ({dtype} {op}, {n} elements, root {root})");
-        if use_ll(part, self.layout().push_cap) {
-            self.launch(
-                dtype,
-                &format!("fc_reduce_ll_{opname}"),
-                a,
-                c,
-                self.ll_grid(part),
-                stream,
-                &what,
-            )
-        } else {
-            self.launch(
-                dtype,
-                &format!("fc_reduce_st_{opname}"),
-                a,
-                c,
-                self.st_grid(part),
-                stream,
-                &what,
-            )
-        }
+        let sig = signature(Collective::Reduce, dtype, n, root, &op_name(op));
+        let suffix = format!("_{opname}");
+        self.launch_part(
+            dtype,
+            "reduce",
+            &suffix,
+            a,
+            n,
+            dtype,
+            root,
+            sig,
+            stream,
+            || format!("reduce ({dtype} {op}, {n} elements, root {root})"),
+        )
     }
 
     /// Grid of the all-to-all-v kernels: fixed, because ranks do not know each other's totals.
@@ -566,7 +537,7 @@ impl Dda {
             c,
             self.a2av_grid(),
             stream,
-            &format!("all_to_all_v ({dtype})"),
+            || format!("all_to_all_v ({dtype})"),
         )
     }
 
@@ -611,7 +582,7 @@ impl Dda {
             c,
             self.a2av_grid(),
             stream,
-            &format!("all_to_all_v_dynamic ({dtype}, capacity {capacity})"),
+            || format!("all_to_all_v_dynamic ({dtype}, capacity {capacity})"),
         )
     }
 }
@@ -619,6 +590,24 @@ impl Dda {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_part_kernel_launched_exists() {
+        let entries = kernels::entry_names();
+        for form in ["ll", "st"] {
+            for k in ["all_gather", "all_to_all", "broadcast"] {
+                let name = part_kernel(k, form, "");
+                assert!(entries.contains(&name), "{name}");
+            }
+            for op in ["sum", "prod", "min", "max"] {
+                for k in ["reduce_scatter", "reduce"] {
+                    let name = part_kernel(k, form, &format!("_{op}"));
+                    assert!(entries.contains(&name), "{name}");
+                }
+            }
+        }
+        assert!(!entries.contains(&part_kernel("all_gather", "xx", "")));
+    }
 
     #[test]
     fn cargs_layout_matches_the_kernel() {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cudarc::driver::sys;
 
-use super::{cu, kernels, launch};
+use super::{cu, cu_lazy, kernels, launch};
 use crate::bootstrap::{all_gather_bytes, store_barrier};
 use crate::comm::CommContext;
 use crate::config::Config;
@@ -136,6 +136,8 @@ impl Args {
 struct Module {
     module: sys::CUmodule,
     funcs: HashMap<String, sys::CUfunction>,
+    /// CTAs of 512 threads per SM of each low-precision kernel (their grids are one wave).
+    lp_per_sm: HashMap<&'static str, u32>,
 }
 
 /// One rank's DDA resources.
@@ -367,6 +369,23 @@ impl Dda {
             })
     }
 
+    /// CTAs of the low-precision kernel `name` that run at once on this GPU (one wave): a CTA
+    /// that waits for its peers' same-index CTAs must never wait behind CTAs of its own grid that
+    /// cannot start. Every rank computes the same number (same kernel, same GPU model), so
+    /// tile-to-CTA maps agree. Measured once, when the module is loaded.
+    pub(super) fn lp_wave(&self, dtype: DataType, name: &str) -> Result<u32> {
+        let per_sm = self
+            .modules
+            .get(&dtype)
+            .and_then(|m| m.lp_per_sm.get(name).copied())
+            .ok_or_else(|| Error::Unsupported {
+                collective: "low precision",
+                backend: "cuda",
+                what: format!("kernel {name} for {dtype}"),
+            })?;
+        Ok((self.sm_count.max(1) * per_sm).min(MAX_BLOCKS as u32))
+    }
+
     pub(super) fn base_args(&self, input: u64, output: u64, count: u64) -> Args {
         let mut a = Args {
             staging: [0; MAX_RANKS],
@@ -431,21 +450,8 @@ impl Dda {
         op: ReduceOp,
         stream: u64,
     ) -> Result<()> {
-        let (opname, pre, div) = match op {
-            ReduceOp::Sum => ("sum", None, false),
-            ReduceOp::Avg => ("sum", None, true),
-            ReduceOp::PremulSum(s) => ("sum", Some(s as f32), false),
-            ReduceOp::Prod => ("prod", None, false),
-            ReduceOp::Min => ("min", None, false),
-            ReduceOp::Max => ("max", None, false),
-            other => {
-                return Err(Error::Unsupported {
-                    collective: "all_reduce",
-                    backend: "cuda",
-                    what: format!("op {other} in the direct-access kernels"),
-                })
-            }
-        };
+        // The op's kernel suffix and its PremulSum factor / Avg divisor in the arguments.
+        let (mut a, opname) = self.reduction_args(input, output, count, op, "all_reduce")?;
         let (aname, threads, units) = match algo {
             Algo::Push => ("push", 256u32, (count * dtype.size()).div_ceil(8)),
             Algo::Flat => ("flat", 512, (count * dtype.size()).div_ceil(16)),
@@ -468,28 +474,18 @@ impl Dda {
         let f = self.func(dtype, &format!("fc_{aname}_{opname}"))?;
         let max_blocks = (self.sm_count as usize).clamp(1, MAX_BLOCKS);
         let mut blocks = units.div_ceil(threads as usize).clamp(1, max_blocks) as u32;
-        let mut a = self.base_args(input, output, count as u64);
         if streaming {
             let (g, chunk) = flat_grid(bytes, max_blocks, self.world, self.layout.staging_bytes);
             blocks = g as u32;
             a.chunk_bytes = chunk as u64;
         }
-        if let Some(s) = pre {
-            a.has_pre = 1;
-            a.pre = s;
-        }
-        if div {
-            a.has_div = 1;
-            a.post_div = self.world as f32;
-            a.int_div = self.world as i64;
-        }
         let mut params: [*mut c_void; 1] = [(&mut a as *mut Args).cast()];
-        cu(
+        cu_lazy(
             // SAFETY: `f` takes one `Args` by value, laid out as in the kernel source, and starts
             // with pdl_wait(); the pointers inside were validated by the caller (device memory of
             // this GPU, `count` elements).
             unsafe { launch::launch(f, blocks, threads, stream, &mut params, self.pdl) },
-            &format!("launching all_reduce ({aname}, {dtype}, {count} elements)"),
+            || format!("launching all_reduce ({aname}, {dtype}, {count} elements)"),
         )
     }
 }
@@ -574,7 +570,34 @@ fn load_modules(cfg: &Config, arch: &str) -> Result<HashMap<DataType, Module>> {
             )?;
             funcs.insert(name, f);
         }
-        out.insert(d, Module { module, funcs });
+        let mut lp_per_sm = HashMap::new();
+        if kernels::has_lowp(d) {
+            for name in kernels::LOWP_ENTRIES {
+                let mut n: std::ffi::c_int = 0;
+                cu(
+                    // SAFETY: out-parameter; a kernel of this module, 512-thread CTAs, static
+                    // shared memory only.
+                    unsafe {
+                        sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                            &mut n,
+                            funcs[name],
+                            512,
+                            0,
+                        )
+                    },
+                    &format!("occupancy of {name} ({d})"),
+                )?;
+                lp_per_sm.insert(name, n.max(1) as u32);
+            }
+        }
+        out.insert(
+            d,
+            Module {
+                module,
+                funcs,
+                lp_per_sm,
+            },
+        );
     }
     Ok(out)
 }

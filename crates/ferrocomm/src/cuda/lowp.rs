@@ -12,8 +12,8 @@ use std::ffi::c_void;
 
 use cudarc::driver::sys;
 
-use super::cu;
 use super::dda::{Args, Dda};
+use super::{cu, cu_lazy};
 use crate::error::{Error, Result};
 use crate::quant::{Codec, Format};
 use crate::select::Algo;
@@ -122,27 +122,6 @@ impl Dda {
         Ok(c)
     }
 
-    /// CTAs of `name` that run at once on this GPU (one wave): a CTA that waits for its peers'
-    /// same-index CTAs must never wait behind CTAs of its own grid that cannot start. Every rank
-    /// computes the same number (same kernel, same GPU model), so tile-to-CTA maps agree.
-    fn lp_wave(&self, dtype: DataType, name: &str) -> Result<u32> {
-        let f = self.func(dtype, name)?;
-        let mut per_sm: std::ffi::c_int = 0;
-        cu(
-            // SAFETY: out-parameter; `f` is a loaded kernel of 512-thread CTAs, static smem only.
-            unsafe {
-                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                    &mut per_sm,
-                    f,
-                    (WARPS * 32) as std::ffi::c_int,
-                    0,
-                )
-            },
-            &format!("occupancy of {name}"),
-        )?;
-        Ok((self.sm_count.max(1) * per_sm.max(1) as u32).min(MAX_GRID as u32))
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn lp_launch(
         &self,
@@ -152,19 +131,19 @@ impl Dda {
         mut l: Lp,
         grid: u32,
         stream: u64,
-        what: &str,
+        what: impl FnOnce() -> String,
     ) -> Result<()> {
         let f = self.func(dtype, name)?;
         let mut params: [*mut c_void; 2] =
             [(&mut a as *mut Args).cast(), (&mut l as *mut Lp).cast()];
-        cu(
+        cu_lazy(
             // SAFETY: `f` takes (Args, Lp) by value, both laid out as in the kernel source, and
             // starts with pdl_wait(); the pointers inside were validated by the communicator
             // (device memory of this GPU holding the counts the strides and chunk sizes imply).
             unsafe {
                 super::launch::launch(f, grid, (WARPS * 32) as u32, stream, &mut params, self.pdl)
             },
-            &format!("launching {name} ({what})"),
+            || format!("launching {name} ({})", what()),
         )
     }
 
@@ -255,19 +234,13 @@ impl Dda {
                 };
                 l.rounds = want.min(per_warp).clamp(1, 1024) as u32;
             }
-            self.lp_launch(
-                name,
-                dtype,
-                a,
-                l,
-                grid,
-                stream,
-                &format!(
+            self.lp_launch(name, dtype, a, l, grid, stream, || {
+                format!(
                     "{} {} {dtype}, {len} of {part} elements",
                     kind.name(),
                     codec.format
-                ),
-            )?;
+                )
+            })?;
             off += len;
         }
         Ok(())

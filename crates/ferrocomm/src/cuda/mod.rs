@@ -54,8 +54,13 @@ pub fn staging_memory_bytes(cfg: &Config, world: usize) -> usize {
 
 /// Turns a driver result into our error, naming the call.
 pub(crate) fn cu(r: sys::CUresult, what: &str) -> Result<()> {
+    cu_lazy(r, || what.to_string())
+}
+
+/// [`cu`] for the per-call paths (kernel launches): the description is built only on failure.
+pub(crate) fn cu_lazy(r: sys::CUresult, what: impl FnOnce() -> String) -> Result<()> {
     r.result()
-        .map_err(|e| Error::Cuda(format!("{what}: {e:?}")))
+        .map_err(|e| Error::Cuda(format!("{}: {e:?}", what())))
 }
 
 /// Opens the primary context of `device` for this process, with cudarc's event tracking off

@@ -532,6 +532,23 @@ impl Live<'_> {
     }
 
     /// Destroys a per-call operator once the call that used it has returned (NCCL allows it).
+    /// One reducing NCCL call: `call` gets NCCL's op for `op` (a PremulSum op is created for
+    /// this call and destroyed after it, whatever the call returned).
+    fn reduce_with(
+        &mut self,
+        op: ReduceOp,
+        dtype: DataType,
+        collective: &'static str,
+        what: &str,
+        call: impl FnOnce(&Self, c_int) -> sys::NcclResult,
+    ) -> Result<()> {
+        let o = self.red_op(op, dtype, collective)?;
+        let r = call(self, o.op);
+        let res = self.ok(r, what);
+        self.release(o);
+        res
+    }
+
     fn release(&mut self, o: RedOp) {
         if o.created && !self.st.comm.is_null() {
             // SAFETY: an op created on this communicator, no longer used.
@@ -729,22 +746,20 @@ impl Nccl {
         stream: u64,
     ) -> Result<()> {
         self.run("all_reduce", stream, |live| {
-            let o = live.red_op(op, dtype, "all_reduce")?;
-            // SAFETY: device pointers of `count` elements validated by the caller.
-            let r = unsafe {
-                (live.lib().ncclAllReduce)(
-                    send as *const c_void,
-                    recv as *mut c_void,
-                    count,
-                    nccl_dtype(dtype),
-                    o.op,
-                    live.comm(),
-                    Self::stream(stream),
-                )
-            };
-            let res = live.ok(r, "ncclAllReduce");
-            live.release(o);
-            res
+            live.reduce_with(op, dtype, "all_reduce", "ncclAllReduce", |live, o| {
+                // SAFETY: device pointers of `count` elements validated by the caller.
+                unsafe {
+                    (live.lib().ncclAllReduce)(
+                        send as *const c_void,
+                        recv as *mut c_void,
+                        count,
+                        nccl_dtype(dtype),
+                        o,
+                        live.comm(),
+                        Self::stream(stream),
+                    )
+                }
+            })
         })
     }
 
@@ -760,23 +775,21 @@ impl Nccl {
         stream: u64,
     ) -> Result<()> {
         self.run("reduce", stream, |live| {
-            let o = live.red_op(op, dtype, "reduce")?;
-            // SAFETY: as for all_reduce.
-            let r = unsafe {
-                (live.lib().ncclReduce)(
-                    send as *const c_void,
-                    recv as *mut c_void,
-                    count,
-                    nccl_dtype(dtype),
-                    o.op,
-                    root as c_int,
-                    live.comm(),
-                    Self::stream(stream),
-                )
-            };
-            let res = live.ok(r, "ncclReduce");
-            live.release(o);
-            res
+            live.reduce_with(op, dtype, "reduce", "ncclReduce", |live, o| {
+                // SAFETY: as for all_reduce.
+                unsafe {
+                    (live.lib().ncclReduce)(
+                        send as *const c_void,
+                        recv as *mut c_void,
+                        count,
+                        nccl_dtype(dtype),
+                        o,
+                        root as c_int,
+                        live.comm(),
+                        Self::stream(stream),
+                    )
+                }
+            })
         })
     }
 
@@ -840,22 +853,26 @@ impl Nccl {
         stream: u64,
     ) -> Result<()> {
         self.run("reduce_scatter", stream, |live| {
-            let o = live.red_op(op, dtype, "reduce_scatter")?;
-            // SAFETY: `send` holds size * count elements (checked by the communicator).
-            let r = unsafe {
-                (live.lib().ncclReduceScatter)(
-                    send as *const c_void,
-                    recv as *mut c_void,
-                    count,
-                    nccl_dtype(dtype),
-                    o.op,
-                    live.comm(),
-                    Self::stream(stream),
-                )
-            };
-            let res = live.ok(r, "ncclReduceScatter");
-            live.release(o);
-            res
+            live.reduce_with(
+                op,
+                dtype,
+                "reduce_scatter",
+                "ncclReduceScatter",
+                |live, o| {
+                    // SAFETY: `send` holds size * count elements (checked by the communicator).
+                    unsafe {
+                        (live.lib().ncclReduceScatter)(
+                            send as *const c_void,
+                            recv as *mut c_void,
+                            count,
+                            nccl_dtype(dtype),
+                            o,
+                            live.comm(),
+                            Self::stream(stream),
+                        )
+                    }
+                },
+            )
         })
     }
 
@@ -997,6 +1014,20 @@ pub(crate) fn in_ptr(input: &Input<'_>, output: &ViewMut<'_>) -> u64 {
     }
 }
 
+/// The input of a call whose in-place input is part `rank` (of `part` elements) of the output
+/// (all-gather).
+pub(crate) fn in_part_ptr(
+    input: &Input<'_>,
+    output: &ViewMut<'_>,
+    part: usize,
+    rank: usize,
+) -> u64 {
+    match input {
+        Input::InPlace => output.ptr() as u64 + (rank * part * output.dtype().size()) as u64,
+        Input::Buf(v) => v.ptr() as u64,
+    }
+}
+
 /// Collectives NCCL carries, on raw pointers from views (shared by the nccl and cuda backends).
 pub(crate) struct NcclOps {
     pub nccl: Nccl,
@@ -1085,11 +1116,7 @@ impl NcclOps {
 
     pub fn all_gather(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
         let n = output.count() / self.size;
-        let es = output.dtype().size();
-        let s = match input {
-            Input::InPlace => output.ptr() as u64 + (self.rank * n * es) as u64,
-            Input::Buf(v) => v.ptr() as u64,
-        };
+        let s = in_part_ptr(&input, &output, n, self.rank);
         self.nccl
             .all_gather(s, output.ptr() as u64, n, output.dtype(), opts.stream)
     }
