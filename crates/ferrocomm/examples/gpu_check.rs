@@ -907,17 +907,11 @@ fn nccl_timeout(c: &mut Ctx, cfg: &Config) -> Res<()> {
 }
 
 fn main() {
-    match real_main() {
-        Ok(code) => std::process::exit(code),
-        Err(e) => {
-            eprintln!("gpu_check: {e}");
-            std::process::exit(2);
-        }
-    }
+    run_main("gpu_check", real_main)
 }
 
 fn real_main() -> Res<i32> {
-    let args: Vec<String> = std::env::args().collect();
+    let args = flags(&["--quick", "--no-timing", "--full-timing", "--sanitize"])?;
     let quick = args.iter().any(|a| a == "--quick");
     let no_timing = args.iter().any(|a| a == "--no-timing");
     let sanitize = args.iter().any(|a| a == "--sanitize");

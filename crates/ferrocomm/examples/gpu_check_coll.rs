@@ -1292,42 +1292,15 @@ fn bad_input(c: &mut Ctx, cfg: &Config) -> Res<()> {
 }
 
 fn main() {
-    match real_main() {
-        Ok(code) => std::process::exit(code),
-        Err(e) => {
-            eprintln!("gpu_check_coll: {e}");
-            std::process::exit(2);
-        }
-    }
+    run_main("gpu_check_coll", real_main)
 }
 
 fn real_main() -> Res<i32> {
-    let args: Vec<String> = std::env::args().collect();
+    // `--no-timing` is accepted (and means nothing here: no timing runs) so that every check
+    // program takes the same flags.
+    let args = flags(&["--quick", "--sanitize", "--no-timing"])?;
     let quick = args.iter().any(|a| a == "--quick");
     let sanitize = args.iter().any(|a| a == "--sanitize");
-    if let Some(i) = args.iter().position(|a| a == "--precompile") {
-        // Fill a kernel cache for sm_90 on a machine without a GPU (NVRTC only), so that the
-        // device run skips compiling.
-        let mut cfg = Config::from_env()?;
-        cfg.kernel_cache = args.get(i + 1).ok_or("--precompile DIR")?.into();
-        for (d, _) in ferrocomm::cuda::kernels::VARIANTS {
-            ferrocomm::cuda::kernels::cubin(d, "sm_90", &cfg)?;
-        }
-        println!("kernels cached in {}", cfg.kernel_cache.display());
-        return Ok(0);
-    }
-    // `--no-timing` is accepted (and means nothing here: no timing runs) so that every check
-    // program takes the same flags; anything else unknown is refused rather than ignored, so a
-    // mistyped flag cannot run the full suite where a short one was meant.
-    if let Some(a) = args[1..]
-        .iter()
-        .find(|a| !["--quick", "--sanitize", "--no-timing"].contains(&a.as_str()))
-    {
-        return Err(format!(
-            "unknown argument {a:?} (flags: --quick, --sanitize, --no-timing, --precompile DIR)"
-        )
-        .into());
-    }
     let mut cfg = Config::from_env()?;
     cfg.cuda_staging_bytes = cfg.cuda_staging_bytes.max(128 << 20);
     let mut o = CommOptions::new("gpu_check_coll");

@@ -524,23 +524,11 @@ fn quant_cost(c: &mut Ctx) -> Res<()> {
 }
 
 fn main() {
-    match real_main() {
-        Ok(code) => std::process::exit(code),
-        Err(e) => {
-            eprintln!("gpu_check_lowp: {e}");
-            std::process::exit(2);
-        }
-    }
+    run_main("gpu_check_lowp", real_main)
 }
 
 fn real_main() -> Res<i32> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let flags = ["--quick", "--sanitize", "--no-timing"];
-    // Unknown flags are refused rather than ignored: a mistyped one must not run the full suite
-    // where a short one was meant (under compute-sanitizer that would run past its limit).
-    if let Some(a) = args.iter().find(|a| !flags.contains(&a.as_str())) {
-        return Err(format!("unknown argument {a:?} (flags: {})", flags.join(", ")).into());
-    }
+    let args = flags(&["--quick", "--sanitize", "--no-timing"])?;
     let quick = args.iter().any(|a| a == "--quick");
     let sanitize = args.iter().any(|a| a == "--sanitize");
     let no_timing = args.iter().any(|a| a == "--no-timing");

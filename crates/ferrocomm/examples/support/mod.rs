@@ -8,6 +8,28 @@ use ferrocomm::{DataType, ReduceOp};
 
 pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
+/// The program's flags, each one of `known`. Unknown ones are refused rather than ignored: a
+/// mistyped flag must not run the full suite where a short one was meant (under
+/// compute-sanitizer that would run past its limit).
+pub fn flags(known: &[&str]) -> Res<Vec<String>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(a) = args.iter().find(|a| !known.contains(&a.as_str())) {
+        return Err(format!("unknown argument {a:?} (flags: {})", known.join(", ")).into());
+    }
+    Ok(args)
+}
+
+/// Runs a check program's body and exits with its code (2 and the message on an error).
+pub fn run_main(name: &str, body: fn() -> Res<i32>) -> ! {
+    match body() {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
 pub fn cu(r: sys::CUresult, what: &str) -> Res<()> {
     r.result().map_err(|e| format!("{what}: {e:?}").into())
 }
