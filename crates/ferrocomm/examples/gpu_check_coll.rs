@@ -795,45 +795,43 @@ fn dynamic(c: &mut Ctx, quick: bool) -> Res<()> {
     dynamic_faults(c)
 }
 
-/// One device-count all-to-all-v: `m[s][r]` elements from rank s to rank r, counts of type
-/// `cdt` in device memory, `cap` elements of room per sender. With `overfull`, a part longer
-/// than `cap` must arrive truncated and the next call must report it.
-#[allow(clippy::too_many_arguments)]
-fn dynamic_call(
-    c: &mut Ctx,
-    label: &str,
-    m: &[Vec<usize>],
-    cap: usize,
+/// What one device-count all-to-all-v left behind: the call's result, the output's bytes,
+/// the counts received (as i64) and writes past the output (guard hits).
+struct DynOut {
+    r: ferrocomm::Result<()>,
+    got: Vec<u8>,
+    recv: Vec<i64>,
+    guard: usize,
+}
+
+/// Runs one device-count all-to-all-v: this rank's `input` bytes (elements of `dtype`), its
+/// send `counts` uploaded as `cdt` (i32 or i64), a poisoned output of `cap` elements per sender.
+fn run_dynamic(
+    c: &Ctx,
+    input: &[u8],
     dtype: DataType,
     cdt: DataType,
-    overfull: bool,
-    seed: u64,
-) -> Res<()> {
-    let w = c.world;
-    let me = c.rank;
-    let dev = c.dev;
-    let es = dtype.size();
-    let in_n: usize = m[me].iter().sum();
-    let inputs: Vec<Vec<u8>> = (0..w)
-        .map(|r| gen_bytes_fast(m[r].iter().sum::<usize>() * es, seed, r))
-        .collect();
-    let inb = Buf::new(in_n * es)?;
-    inb.upload(0, &inputs[me])?;
+    counts: &[i64],
+    cap: usize,
+) -> Res<DynOut> {
+    let (w, dev, es) = (c.world, c.dev, dtype.size());
+    let in_n = input.len() / es;
+    let inb = Buf::new(input.len().max(es))?;
+    inb.upload(0, input)?;
     let outb = Buf::new(w * cap * es)?;
     outb.poison()?;
-    let enc = |v: &[usize]| -> Vec<u8> {
-        v.iter()
-            .flat_map(|x| {
-                if cdt == DataType::I32 {
-                    (*x as i32).to_le_bytes().to_vec()
-                } else {
-                    (*x as i64).to_le_bytes().to_vec()
-                }
-            })
-            .collect()
-    };
+    let enc: Vec<u8> = counts
+        .iter()
+        .flat_map(|&x| {
+            if cdt == DataType::I32 {
+                (x as i32).to_le_bytes().to_vec()
+            } else {
+                x.to_le_bytes().to_vec()
+            }
+        })
+        .collect();
     let scb = Buf::new(w * 8)?;
-    scb.upload(0, &enc(&m[me]))?;
+    scb.upload(0, &enc)?;
     let rcb = Buf::new(w * 8)?;
     rcb.poison()?;
     sync()?;
@@ -853,28 +851,63 @@ fn dynamic_call(
     sync()?;
     let got = outb.download(0, w * cap * es)?;
     let rc = rcb.download(0, w * cdt.size())?;
+    let recv = (0..w)
+        .map(|s| {
+            if cdt == DataType::I32 {
+                i32::from_le_bytes(rc[s * 4..s * 4 + 4].try_into().unwrap()) as i64
+            } else {
+                i64::from_le_bytes(rc[s * 8..s * 8 + 8].try_into().unwrap())
+            }
+        })
+        .collect();
+    let guard = guard_hits(&outb, 0, w * cap * es)?;
+    Ok(DynOut {
+        r,
+        got,
+        recv,
+        guard,
+    })
+}
+
+/// One device-count all-to-all-v: `m[s][r]` elements from rank s to rank r, counts of type
+/// `cdt` in device memory, `cap` elements of room per sender. With `overfull`, a part longer
+/// than `cap` must arrive truncated and the next call must report it.
+#[allow(clippy::too_many_arguments)]
+fn dynamic_call(
+    c: &mut Ctx,
+    label: &str,
+    m: &[Vec<usize>],
+    cap: usize,
+    dtype: DataType,
+    cdt: DataType,
+    overfull: bool,
+    seed: u64,
+) -> Res<()> {
+    let w = c.world;
+    let me = c.rank;
+    let dev = c.dev;
+    let es = dtype.size();
+    let inputs: Vec<Vec<u8>> = (0..w)
+        .map(|r| gen_bytes_fast(m[r].iter().sum::<usize>() * es, seed, r))
+        .collect();
+    let counts: Vec<i64> = m[me].iter().map(|&x| x as i64).collect();
+    let out = run_dynamic(c, &inputs[me], dtype, cdt, &counts, cap)?;
     let mut wrong = 0;
     for s in 0..w {
         let cnt = m[s][me].min(cap);
         let d: usize = m[s][..me].iter().sum();
         let want = &inputs[s][d * es..(d + cnt) * es];
-        wrong += diff_bytes(want, &got[s * cap * es..s * cap * es + cnt * es], es);
-        let gc = if cdt == DataType::I32 {
-            i32::from_le_bytes(rc[s * 4..s * 4 + 4].try_into().unwrap()) as usize
-        } else {
-            i64::from_le_bytes(rc[s * 8..s * 8 + 8].try_into().unwrap()) as usize
-        };
-        if gc != cnt {
+        wrong += diff_bytes(want, &out.got[s * cap * es..s * cap * es + cnt * es], es);
+        if out.recv[s] != cnt as i64 {
             wrong += 1;
         }
     }
-    let guard = guard_hits(&outb, 0, w * cap * es)?;
     c.record(
         "a2av_dynamic",
         format!("dynamic {label} {dtype} {cdt} counts, cap {cap}, counts {m:?}"),
-        r,
+        out.r,
         wrong,
-        guard,
+        out.guard,
     );
     if overfull {
         // The truncation is reported by the next call, then the communicator works again.
@@ -954,65 +987,26 @@ fn dynamic_faults(c: &mut Ctx) -> Res<()> {
         let inputs: Vec<Vec<u8>> = (0..w)
             .map(|r| gen_bytes_fast(in_len(r).max(1) * es, seed, r))
             .collect();
-        let in_n = in_len(me);
-        let inb = Buf::new(in_n.max(1) * es)?;
-        inb.upload(0, &inputs[me][..in_n * es])?;
-        let outb = Buf::new(w * cap * es)?;
-        outb.poison()?;
-        let enc: Vec<u8> = claimed[me]
-            .iter()
-            .flat_map(|&x| {
-                if cdt == DataType::I32 {
-                    (x as i32).to_le_bytes().to_vec()
-                } else {
-                    x.to_le_bytes().to_vec()
-                }
-            })
-            .collect();
-        let scb = Buf::new(w * 8)?;
-        scb.upload(0, &enc)?;
-        let rcb = Buf::new(w * 8)?;
-        rcb.poison()?;
-        let before = outb.download(0, w * cap * es)?;
-        sync()?;
-        // SAFETY: buffers of this device of the sizes given; synchronised below.
-        let r = unsafe {
-            c.comm.all_to_all_v_dynamic(
-                View::from_raw(inb.ptr as *const u8, in_n, dtype, dev),
-                ViewMut::from_raw(outb.ptr as *mut u8, w * cap, dtype, dev),
-                DeviceCounts {
-                    send: View::from_raw(scb.ptr as *const u8, w, cdt, dev),
-                    recv: ViewMut::from_raw(rcb.ptr as *mut u8, w, cdt, dev),
-                    capacity: cap,
-                },
-                &CallOpts::default(),
-            )
-        };
-        sync()?;
-        let got = outb.download(0, w * cap * es)?;
-        let rc = rcb.download(0, w * cdt.size())?;
+        let out = run_dynamic(
+            c,
+            &inputs[me][..in_len(me) * es],
+            dtype,
+            cdt,
+            &claimed[me],
+            cap,
+        )?;
         let mut wrong = 0;
-        for s in 0..w {
+        for (s, input) in inputs.iter().enumerate() {
             let cnt = eff(s, me);
             let d: usize = (0..me).map(|p| eff(s, p)).sum();
-            let part = &got[s * cap * es..(s + 1) * cap * es];
-            wrong += diff_bytes(&inputs[s][d * es..(d + cnt) * es], &part[..cnt * es], es);
+            let part = &out.got[s * cap * es..(s + 1) * cap * es];
+            wrong += diff_bytes(&input[d * es..(d + cnt) * es], &part[..cnt * es], es);
             // Past the received length the output keeps its poison.
-            wrong += diff_bytes(
-                &before[s * cap * es + cnt * es..(s + 1) * cap * es],
-                &part[cnt * es..],
-                es,
-            );
-            let gc = if cdt == DataType::I32 {
-                i32::from_le_bytes(rc[s * 4..s * 4 + 4].try_into().unwrap()) as i64
-            } else {
-                i64::from_le_bytes(rc[s * 8..s * 8 + 8].try_into().unwrap())
-            };
-            if gc != cnt as i64 {
+            wrong += part[cnt * es..].iter().filter(|b| **b != POISON).count();
+            if out.recv[s] != cnt as i64 {
                 wrong += 1;
             }
         }
-        let guard = guard_hits(&outb, 0, w * cap * es)?;
         let what = if past_input {
             "counts past the input"
         } else {
@@ -1021,9 +1015,9 @@ fn dynamic_faults(c: &mut Ctx) -> Res<()> {
         c.record(
             "a2av_dynamic_faults",
             format!("{what}, {cdt} counts {claimed:?}"),
-            r,
+            out.r,
             wrong,
-            guard,
+            out.guard,
         );
         // The next call: the sender of counts past its input reports it, once; a call after
         // that works on every rank.
