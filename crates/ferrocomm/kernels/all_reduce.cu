@@ -242,6 +242,28 @@ union Vec {
     T e[VEC_ELEMS];
 };
 
+// Reduces entries 0..min(W, world) of `in` element by element in rank order 0..n-1 (rule 5: the
+// same order on every rank, so results are bit-identical), accumulating narrow floats in f32
+// (rule 6); PremulSum scales every input and Avg divides the sum (load_acc, finish). V is a
+// union of elements `e` (Vec, Unit).
+template <int OP, int W, typename V>
+__device__ __forceinline__ V reduce_ranks(const Args& a, const V* in) {
+    constexpr u32 E = sizeof(V) / sizeof(T);
+    Acc acc[E];
+#pragma unroll
+    for (u32 i = 0; i < E; i++) acc[i] = load_acc<T, OP>(a, in[0].e[i]);
+#pragma unroll
+    for (u32 r = 1; r < W; r++)
+        if (r < a.world) {
+#pragma unroll
+            for (u32 i = 0; i < E; i++) acc[i] = combine<OP>(acc[i], load_acc<T, OP>(a, in[r].e[i]));
+        }
+    V res;
+#pragma unroll
+    for (u32 i = 0; i < E; i++) res.e[i] = finish<T, OP>(a, acc[i]);
+    return res;
+}
+
 // ---------------------------------------------------------------- per-call bookkeeping
 
 // Every block index owns one epoch word (state + 1024 bytes), so no block waits for another
@@ -321,18 +343,7 @@ __device__ __forceinline__ void reduce_vec(const Args& a, u64 byte_off, Vec& out
 #pragma unroll
     for (u32 r = 0; r < FC_MAX_RANKS; r++)
         if (r < a.world) in[r].u = ld_v4((const uint4*)(a.staging[r] + byte_off));
-    Acc acc[VEC_ELEMS];
-#pragma unroll
-    for (u32 i = 0; i < VEC_ELEMS; i++) acc[i] = load_acc<T, OP>(a, in[0].e[i]);
-#pragma unroll
-    for (u32 r = 1; r < FC_MAX_RANKS; r++)
-        if (r < a.world) {
-#pragma unroll
-            for (u32 i = 0; i < VEC_ELEMS; i++)
-                acc[i] = combine<OP>(acc[i], load_acc<T, OP>(a, in[r].e[i]));
-        }
-#pragma unroll
-    for (u32 i = 0; i < VEC_ELEMS; i++) out.e[i] = finish<T, OP>(a, acc[i]);
+    out = reduce_ranks<OP, FC_MAX_RANKS>(a, in);
 }
 
 // ---------------------------------------------------------------- flat: one-shot pull
@@ -461,22 +472,7 @@ __device__ __forceinline__ void flat_reduce_tile(const Args& a, const u8* slots,
 #pragma unroll
         for (u32 k = 0; k < U; k++) {
             u64 v = b + 32ull * k;
-            if (v < v1) {
-                Acc acc[VEC_ELEMS];
-#pragma unroll
-                for (u32 i = 0; i < VEC_ELEMS; i++) acc[i] = load_acc<T, OP>(a, in[k][0].e[i]);
-#pragma unroll
-                for (u32 r = 1; r < W; r++)
-                    if (r < a.world) {
-#pragma unroll
-                        for (u32 i = 0; i < VEC_ELEMS; i++)
-                            acc[i] = combine<OP>(acc[i], load_acc<T, OP>(a, in[k][r].e[i]));
-                    }
-                Vec res;
-#pragma unroll
-                for (u32 i = 0; i < VEC_ELEMS; i++) res.e[i] = finish<T, OP>(a, acc[i]);
-                store_user(a, v, aligned, res);
-            }
+            if (v < v1) store_user(a, v, aligned, reduce_ranks<OP, W>(a, in[k]));
         }
     }
 }
@@ -691,19 +687,7 @@ __device__ void push(const Args& a) {
             }
         }
         if (!ok) break;
-        Acc acc[UNIT_ELEMS];
-#pragma unroll
-        for (u32 i = 0; i < UNIT_ELEMS; i++) acc[i] = load_acc<T, OP>(a, in_r[0].e[i]);
-#pragma unroll
-        for (u32 r = 1; r < FC_MAX_RANKS; r++)
-            if (r < a.world) {
-#pragma unroll
-                for (u32 i = 0; i < UNIT_ELEMS; i++)
-                    acc[i] = combine<OP>(acc[i], load_acc<T, OP>(a, in_r[r].e[i]));
-            }
-        Unit res;
-#pragma unroll
-        for (u32 i = 0; i < UNIT_ELEMS; i++) res.e[i] = finish<T, OP>(a, acc[i]);
+        Unit res = reduce_ranks<OP, FC_MAX_RANKS>(a, in_r);
         u64 f = u * UNIT_ELEMS;
         if (aligned && f + UNIT_ELEMS <= a.count) {
             *(uint2*)(out + f) = res.u;

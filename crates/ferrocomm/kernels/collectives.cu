@@ -244,20 +244,7 @@ __device__ __forceinline__ void reduce_part_vec(const Args& a, const CArgs& c, u
             if (r == a.rank) in[r].u = ld_user16(own + v * 16, n);
             else in[r].u = ld_v4((const uint4*)(slot_ptr(a, c, a.rank, e, r) + v * 16));
         }
-    Acc acc[VEC_ELEMS];
-#pragma unroll
-    for (u32 i = 0; i < VEC_ELEMS; i++) acc[i] = load_acc<T, OP>(a, in[0].e[i]);
-#pragma unroll
-    for (u32 r = 1; r < FC_MAX_RANKS; r++)
-        if (r < a.world) {
-#pragma unroll
-            for (u32 i = 0; i < VEC_ELEMS; i++)
-                acc[i] = combine<OP>(acc[i], load_acc<T, OP>(a, in[r].e[i]));
-        }
-    Vec o;
-#pragma unroll
-    for (u32 i = 0; i < VEC_ELEMS; i++) o.e[i] = finish<T, OP>(a, acc[i]);
-    st_user16(dst + v * 16, n, o.u);
+    st_user16(dst + v * 16, n, reduce_ranks<OP, FC_MAX_RANKS>(a, in).u);
 }
 
 // ---------------------------------------------------------------- LL protocol helpers
@@ -658,24 +645,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_broadcast_st(Args a, CArgs 
 
 // ---------------------------------------------------------------- reductions (module dtype T)
 
-// LL units of 8 bytes hold UNIT_ELEMS elements (all_reduce.cu's push uses the same layout).
-template <int OP>
-__device__ __forceinline__ uint2 reduce_units(const Args& a, const Unit* v) {
-    Acc acc[UNIT_ELEMS];
-#pragma unroll
-    for (u32 i = 0; i < UNIT_ELEMS; i++) acc[i] = load_acc<T, OP>(a, v[0].e[i]);
-#pragma unroll
-    for (u32 r = 1; r < FC_MAX_RANKS; r++)
-        if (r < a.world) {
-#pragma unroll
-            for (u32 i = 0; i < UNIT_ELEMS; i++)
-                acc[i] = combine<OP>(acc[i], load_acc<T, OP>(a, v[r].e[i]));
-        }
-    Unit res;
-#pragma unroll
-    for (u32 i = 0; i < UNIT_ELEMS; i++) res.e[i] = finish<T, OP>(a, acc[i]);
-    return res.u;
-}
+// (LL units reduce with all_reduce.cu's reduce_ranks over Unit, the push layout.)
 
 // input: world * n elements, part p reduced on rank p into output (n elements; in place the
 // output pointer is already the own part of the full buffer, input the full buffer).
@@ -710,7 +680,7 @@ __device__ void reduce_scatter_ll(const Args& a, const CArgs& c) {
                 else ok = ll_recv(a, r, e, u, t0, &v[r].u);
             }
         }
-        if (ok) st_user8(out + u * 8, nb, reduce_units<OP>(a, v));
+        if (ok) st_user8(out + u * 8, nb, reduce_ranks<OP, FC_MAX_RANKS>(a, v).u);
     }
     ll_end(a, c, e, t0);
 }
@@ -770,7 +740,7 @@ __device__ void reduce_ll(const Args& a, const CArgs& c) {
                     else ok = ll_recv(a, r, e, u, t0, &v[r].u);
                 }
             }
-            if (ok) st_user8(out + u * 8, nb, reduce_units<OP>(a, v));
+            if (ok) st_user8(out + u * 8, nb, reduce_ranks<OP, FC_MAX_RANKS>(a, v).u);
         }
     }
     ll_end(a, c, e, t0);
