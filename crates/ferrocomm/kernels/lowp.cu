@@ -30,8 +30,6 @@ struct Lp {
     u32 format;      // LP_E4M3 / LP_E5M2 / LP_INT8
     u32 nin;         // parts encoded by every rank (1 or world)
     u32 reduce;      // 1: sum the parts of all ranks into output part 0; 0: rank r -> part r
-    u32 rounds;      // one-shot pipeline rounds (>= 1)
-    u32 pull;        // one-shot: 1 = records stay in the sender's staging, receivers pull them
 };
 
 __device__ __forceinline__ float lp_max(u32 f) {
@@ -205,44 +203,20 @@ __device__ __forceinline__ u32 absbits4(const float* x) {
     return m;
 }
 
-// Where encoded records go: up to ND encodings of the same part (one-shot push writes its own
-// staging and every peer's; the other paths write one). Offsets inside each are identical.
-template <int ND>
-struct Dst {
-    u8* p[ND];
-    u32 k;
-};
-
-// Stores the codes (and, for a block's first lane, the scale) of elements e0..e0+4 into every
-// destination: the codes are computed once, then written k times (peers' memory over NVLink:
-// posted stores, so the writes to several ranks overlap).
-template <int ND>
-__device__ __forceinline__ void lp_store_codes_to(const Dst<ND>& d, u64 e0, u64 n, u32 B, float s,
-                                                  const float* x, u32 fmt, bool scale) {
-    if (e0 >= n) return;
-    u64 rec = (e0 / B) * (u64)(4 + B);
-    u32 j = (u32)(e0 % B);
-    u32 w = lp_encode4(x, s, fmt);
-#pragma unroll
-    for (u32 r = 0; r < ND; r++) {
-        if (r >= d.k) break;
-        u8* p = d.p[r] + rec;
-        if (scale && j == 0) *(float*)p = s;
-        if (e0 + 4 <= n) {
-            *(u32*)(p + 4 + j) = w;
-        } else {
-            for (u32 i = 0; i < 4; i++)
-                if (e0 + i < n) p[4 + j + i] = (u8)(w >> (8 * i));
-        }
-    }
-}
-
+// Stores the codes (and, for a block's first lane, the scale) of elements e0..e0+4.
 __device__ __forceinline__ void lp_store_codes(u8* enc, u64 e0, u64 n, u32 B, float s,
                                                const float* x, u32 fmt, bool scale) {
-    Dst<1> d;
-    d.p[0] = enc;
-    d.k = 1;
-    lp_store_codes_to<1>(d, e0, n, B, s, x, fmt, scale);
+    if (e0 >= n) return;
+    u8* rec = enc + (e0 / B) * (u64)(4 + B);
+    u32 j = (u32)(e0 % B);
+    if (scale && j == 0) *(float*)rec = s;
+    u32 w = lp_encode4(x, s, fmt);
+    if (e0 + 4 <= n) {
+        *(u32*)(rec + 4 + j) = w;
+    } else {
+        for (u32 i = 0; i < 4; i++)
+            if (e0 + i < n) rec[4 + j + i] = (u8)(w >> (8 * i));
+    }
 }
 
 // Source of the values to quantize: the user's input, or the rank-ordered sum of k encodings.
@@ -351,9 +325,9 @@ __device__ __forceinline__ void raw_sum(const Args& a, const Lp& l, u32 k, const
     }
 }
 
-template <int ND, int U>
+template <int U>
 __device__ void quant_in_run(const Lp& l, const T* in, bool vec, u64 lo, u64 hi, u64 gw, u64 W,
-                             u64 n, const Dst<ND>& enc, u32 lane) {
+                             u64 n, u8* enc, u32 lane) {
     for (u64 t = lo + gw; t < hi; t += U * W) {
         float x[U][4];
 #pragma unroll
@@ -367,7 +341,7 @@ __device__ void quant_in_run(const Lp& l, const T* in, bool vec, u64 lo, u64 hi,
             if (tt < hi) {  // warp-uniform: the shuffles see every lane
                 u32 m = seg_max(absbits4(x[u]), l.block / 4);
                 float s = lp_scale(m, l.format);
-                lp_store_codes_to<ND>(enc, tt * 128 + lane * 4, n, l.block, s, x[u], l.format, true);
+                lp_store_codes(enc, tt * 128 + lane * 4, n, l.block, s, x[u], l.format, true);
             }
         }
     }
@@ -426,30 +400,16 @@ __device__ void quant_sum_run(const Args& a, const Lp& l, const u64* base, u32 k
 #define LP_BY_WORLD(world, CALL2, CALL4, CALLN) \
     if ((world) <= 2) { CALL2; } else if ((world) <= 4) { CALL4; } else { CALLN; }
 
-// Quantize tiles lo..hi of the input into every destination of `enc`; dequantize-sum tiles
-// lo..hi of k encodings.
-template <int ND>
-__device__ __forceinline__ void quant_in_tiles(const Args& a, const Lp& l, const T* in, bool vec,
-                                               u64 lo, u64 hi, u64 gw, u64 W, u64 n,
-                                               const Dst<ND>& enc, u32 lane) {
-    if (l.block <= 128) {
-        quant_in_run<ND, 4>(l, in, vec, lo, hi, gw, W, n, enc, lane);
-    } else {
-        SrcIn src{in, vec};
-        for (u32 r = 0; r < ND; r++) {
-            if (r >= enc.k) break;
-            for (u64 t = lo + gw; t < hi; t += W) lp_quant_tile(a, l, src, t, n, enc.p[r], lane);
-        }
-    }
-}
-
+// Quantize tiles lo..hi of the input into `enc`; dequantize-sum tiles lo..hi of k encodings.
 __device__ __forceinline__ void quant_in_tiles(const Args& a, const Lp& l, const T* in, bool vec,
                                                u64 lo, u64 hi, u64 gw, u64 W, u64 n, u8* enc,
                                                u32 lane) {
-    Dst<1> d;
-    d.p[0] = enc;
-    d.k = 1;
-    quant_in_tiles<1>(a, l, in, vec, lo, hi, gw, W, n, d, lane);
+    if (l.block <= 128) {
+        quant_in_run<4>(l, in, vec, lo, hi, gw, W, n, enc, lane);
+    } else {
+        SrcIn src{in, vec};
+        for (u64 t = lo + gw; t < hi; t += W) lp_quant_tile(a, l, src, t, n, enc, lane);
+    }
 }
 
 __device__ __forceinline__ void dequant_tiles(const Args& a, const Lp& l, const u64* base, u32 k,
@@ -485,14 +445,13 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_encode(Args a, Lp l) {
 
 // ---------------------------------------------------------------- one-shot movers
 
-// ---------------------------------------------------------------- push path (B <= 128)
-
-// Stores to a peer's memory travel over NVLink in 16-byte pieces at best; 4-byte stores at the
-// 4-byte record alignment move a fraction of that. So the push path works on groups of four
-// tiles (512 elements): their records are 16-byte aligned for every B <= 128 (512 + 2048/B
-// bytes, a multiple of 16), the warp assembles them in shared memory and copies them out with
-// 16-byte stores to every destination. Group g is handled by warp g mod W (from the round's
-// first group) in the push and in the decode, on every rank.
+// Records in the staging are read by the peers over NVLink, and 4-byte loads at the 4-byte
+// record alignment move a fraction of what 16-byte ones do. So the one-shot kernel works on
+// groups of four tiles (512 elements): their records are 16-byte aligned for every B <= 128
+// (512 + 2048/B bytes, a multiple of 16); a warp assembles a group in shared memory and stores
+// it with 16-byte stores, and receivers fetch it with 16-byte loads. Group g is handled by warp
+// g mod W on every rank, in the encode and in the decode, so the per-CTA barrier covers exactly
+// the groups a CTA reads.
 #define LP_GROUP_ELEMS 512
 #define LP_GROUP_BYTES_MAX 640  // 512 elements at B = 16: 32 records of 20 bytes
 
@@ -503,17 +462,16 @@ __device__ __forceinline__ u32 lp_rec_bytes(u32 m, u32 B) {
 
 // Two groups per step: eight loads per lane in flight before any arithmetic (the input is
 // read once, from HBM, and latency rather than bandwidth bounds a warp).
-#define LP_PUSH_GROUPS 2
+#define LP_STEP_GROUPS 2
 
-template <int ND>
-__device__ void quant_push_groups(const Lp& l, const T* in, bool vec, u64 glo, u64 ghi, u64 gw,
-                                  u64 W, u64 n, const Dst<ND>& d, u32 lane, u8* sm) {
+__device__ void quant_groups(const Lp& l, const T* in, bool vec, u64 glo, u64 ghi, u64 gw, u64 W,
+                             u64 n, u8* enc, u32 lane, u8* sm) {
     u32 B = l.block;
     u32 rec = 4 + B;
-    for (u64 g0 = glo + gw; g0 < ghi; g0 += LP_PUSH_GROUPS * W) {
-        float x[LP_PUSH_GROUPS][4][4];
+    for (u64 g0 = glo + gw; g0 < ghi; g0 += LP_STEP_GROUPS * W) {
+        float x[LP_STEP_GROUPS][4][4];
 #pragma unroll
-        for (int k = 0; k < LP_PUSH_GROUPS; k++) {
+        for (int k = 0; k < LP_STEP_GROUPS; k++) {
             u64 first = (g0 + k * W) * LP_GROUP_ELEMS;
             if (g0 + k * W < ghi) {
 #pragma unroll
@@ -522,7 +480,7 @@ __device__ void quant_push_groups(const Lp& l, const T* in, bool vec, u64 glo, u
             }
         }
 #pragma unroll
-        for (int k = 0; k < LP_PUSH_GROUPS; k++) {
+        for (int k = 0; k < LP_STEP_GROUPS; k++) {
             u64 g = g0 + k * W;
             if (g >= ghi) break;  // warp-uniform
             u64 first = g * LP_GROUP_ELEMS;
@@ -544,20 +502,15 @@ __device__ void quant_push_groups(const Lp& l, const T* in, bool vec, u64 glo, u
             u32 gbytes = lp_rec_bytes(left < LP_GROUP_ELEMS ? (u32)left : LP_GROUP_ELEMS, B);
             u64 goff = (first / B) * rec;  // 16-aligned (see above)
             // Whole 16-byte pieces: the last one may run into the region's 16-byte padding.
-            for (u32 v = lane; v < (gbytes + 15) / 16; v += 32) {
-                uint4 val = ((const uint4*)sm)[v];
-#pragma unroll
-                for (u32 r = 0; r < ND; r++) {
-                    if (r >= d.k) break;
-                    *(uint4*)(d.p[r] + goff + v * 16) = val;
-                }
-            }
+            for (u32 v = lane; v < (gbytes + 15) / 16; v += 32)
+                *(uint4*)(enc + goff + v * 16) = ((const uint4*)sm)[v];
             __syncwarp();
         }
     }
 }
 
-// Decodes groups glo..ghi of k encodings: this warp's groups are glo+gw, +W, ...; their tiles
+// The decode for more than four ranks (more than shared memory holds): 4-byte loads straight
+// from the ranks' staging. Decodes groups glo..ghi of k encodings: this warp's groups are glo+gw, +W, ...; their tiles
 // (four per group) are taken U at a time, all loads of a batch before the arithmetic.
 template <int NR, int U>
 __device__ void dequant_groups(const Args& a, const Lp& l, const u64* base, u32 k, u64 glo,
@@ -584,7 +537,7 @@ __device__ void dequant_groups(const Args& a, const Lp& l, const u64* base, u32 
     }
 }
 
-// Pull form of the decode: the group's records of each of k ranks (16-byte aligned, see above)
+// The decode: the group's records of each of k <= NR ranks (16-byte aligned, see above)
 // are fetched with 16-byte loads, all ranks' loads in flight at once, into the warp's shared
 // memory (NR * LP_GROUP_BYTES_MAX bytes), then decoded and summed in rank order from there.
 template <int NR>
@@ -646,107 +599,24 @@ __device__ void dequant_groups_pull(const Args& a, const Lp& l, const u64* base,
     }
 }
 
-// Encodes units lo..hi of part p of this rank into its destinations (units: groups of four
-// tiles for B <= 128, tiles above): with one part (all-reduce, all-gather) every rank's staging,
-// with one part per rank (reduce-scatter, all-to-all) rank p's; always the region of this rank
-// (sender s's records sit in region s on every receiver).
-template <int ND>
-__device__ __forceinline__ void lp_push_part(const Args& a, const Lp& l, u64 par, u32 p, u64 lo,
-                                             u64 hi, u64 gw, u64 W, bool vin, u32 lane, u8* sm) {
-    Dst<ND> d;
-    u64 at = par + (u64)a.rank * l.region;
-    if (l.pull) {
-        // Pull form: everything stays here, part p in region p (one part: region `rank`).
-        d.p[0] = (u8*)(a.staging[a.rank] + par + (u64)(l.nin == 1 ? a.rank : p) * l.region);
-        d.k = 1;
-    } else if (l.nin == 1) {
-#pragma unroll
-        for (u32 i = 0; i < ND; i++) {
-            // Own staging first, then the peers in ring order (spreads the NVLink writes).
-            u32 r = (a.rank + i) % a.world;
-            d.p[i] = i < a.world ? (u8*)(a.staging[r] + at) : 0;
-        }
-        d.k = a.world;
-    } else {
-        d.p[0] = (u8*)(a.staging[p] + at);
-        d.k = 1;
-    }
-    const T* in = (const T*)a.input + p * l.in_stride;
-    if (l.block <= 128)
-        quant_push_groups<ND>(l, in, vin, lo, hi, gw, W, a.count, d, lane, sm);
-    else
-        quant_in_tiles<ND>(a, l, in, vin, lo, hi, gw, W, a.count, d, lane);
-}
-
-// Decodes units lo..hi (as lp_push_part counts them) of k encodings.
+// Decodes units 0..nu (groups for B <= 128, tiles above) of k encodings at base[0..k).
 __device__ __forceinline__ void lp_decode_units(const Args& a, const Lp& l, const u64* base,
-                                                u32 k, u64 lo, u64 hi, u64 gw, u64 W, u64 n,
-                                                T* out, bool vec, u32 lane, u8* sm) {
-    if (l.block > 128) {
-        dequant_tiles(a, l, base, k, 0, lo, hi, gw, W, n, out, vec, lane);
-    } else if (l.pull && k <= 4) {
-        if (k == 1) dequant_groups_pull<1>(a, l, base, k, lo, hi, gw, W, n, out, vec, lane, sm);
-        else if (k == 2) dequant_groups_pull<2>(a, l, base, k, lo, hi, gw, W, n, out, vec, lane, sm);
-        else dequant_groups_pull<4>(a, l, base, k, lo, hi, gw, W, n, out, vec, lane, sm);
-    } else if (k == 1) {
-        dequant_groups<1, 8>(a, l, base, k, lo, hi, gw, W, n, out, vec, lane);
-    } else {
-        LP_BY_WORLD(k, (dequant_groups<2, 8>(a, l, base, k, lo, hi, gw, W, n, out, vec, lane)),
-                    (dequant_groups<4, 4>(a, l, base, k, lo, hi, gw, W, n, out, vec, lane)),
-                    (dequant_groups<FC_MAX_RANKS, 1>(a, l, base, k, lo, hi, gw, W, n, out, vec, lane)))
-    }
+                                                u32 k, u64 nu, u64 gw, u64 W, u64 n, T* out,
+                                                bool vec, u32 lane, u8* sm) {
+    if (l.block > 128) dequant_tiles(a, l, base, k, 0, 0, nu, gw, W, n, out, vec, lane);
+    else if (k == 1) dequant_groups_pull<1>(a, l, base, k, 0, nu, gw, W, n, out, vec, lane, sm);
+    else if (k == 2) dequant_groups_pull<2>(a, l, base, k, 0, nu, gw, W, n, out, vec, lane, sm);
+    else if (k <= 4) dequant_groups_pull<4>(a, l, base, k, 0, nu, gw, W, n, out, vec, lane, sm);
+    else dequant_groups<FC_MAX_RANKS, 1>(a, l, base, k, 0, nu, gw, W, n, out, vec, lane);
 }
 
-// Round flags of the one-shot kernels: CTA b of rank s tells CTA b of every peer how many rounds
-// of its records have landed there. The chunk-flag words (value = epoch << 32 | rounds) of warp
-// group b * FC_FLAT_WARPS serve: one slot per CTA, sender and parity (rule 2), epochs compared
-// for equality, counts growing within a call.
-// Rule 1: bar.sync orders every thread's stores before the release by the signalling thread
-// (cumulative, system scope); the acquire plus bar.sync orders the CTA's later loads after it.
-__device__ __forceinline__ void cta_signal(const Args& a, u32 e, u64 rounds) {
-    __syncthreads();
-    u32 peer = threadIdx.x;
-    if (peer < a.world && peer != a.rank)
-        st_release_sys_u64(cflag(a, peer, FC_CFLAG_DATA, e, a.rank, blockIdx.x * FC_FLAT_WARPS),
-                           ((u64)e << 32) | rounds);
-}
-
-__device__ __forceinline__ bool cta_wait(const Args& a, u32 e, u64 rounds, u64 t0) {
-    bool ok = true;
-    u32 peer = threadIdx.x;
-    if (peer < a.world && peer != a.rank) {
-        const u64* p = cflag(a, a.rank, FC_CFLAG_DATA, e, peer, blockIdx.x * FC_FLAT_WARPS);
-        u32 spins = 0;
-        for (;;) {
-            u64 v = ld_acquire_sys_u64(p);
-            if ((u32)(v >> 32) == e && (v & 0xffffffffull) >= rounds) break;
-            if (++spins == SPIN_CHECK) {
-                spins = 0;
-                if (globaltimer() - t0 > a.timeout_ns) {
-                    report_timeout(a, peer, 30);
-                    ok = false;
-                    break;
-                }
-            }
-        }
-    }
-    return __syncthreads_and(ok) != 0;
-}
-
-// One kernel for the one-shot family, on one chunk of a.count elements per part. Push form:
-// every rank quantizes each input part once and stores the records straight into the staging
-// of the rank(s) that read them (NVLink stores overlap the quantization; no remote loads), then
-// decodes from its own staging only: the sum of regions 0..n-1 in rank order into output part 0
-// (all_reduce one-shot, reduce_scatter), or region r into output part r (all_gather,
-// all_to_all). Every rank decodes its own records too (its region of its own staging), so
+// One kernel for the one-shot family, on one chunk of a.count elements per part: every rank
+// quantizes each of its `nin` input parts once into region p of its own staging; after the
+// per-CTA barrier it reads every rank's records of the region meant for it (region 0 with one
+// part, region `rank` with a part per rank) and either sums them
+// in rank order into output part 0 (all_reduce one-shot, reduce_scatter) or decodes rank r's
+// into output part r (all_gather, all_to_all). Every rank decodes its own records too, so
 // results are identical across ranks (rule 5).
-//
-// Pipelined in `rounds` slices of the tiles: a CTA stores round r+1 before it decodes round r,
-// so local decoding overlaps the NVLink traffic of the next round; it signals round r+1 after
-// decoding round r (the release then waits for fewer outstanding stores). Every work unit
-// (group of four tiles, see the push path) is handled by the same global warp on every
-// rank, so the CTA that decodes a unit after its round flag is the CTA that stored it on every
-// peer (the flag covers exactly that data).
 extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
     pdl_wait();
     pdl_launch_dependents();
@@ -759,53 +629,31 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
     u64 W = (u64)gridDim.x * LP_WARPS;
     u64 gw = (u64)blockIdx.x * LP_WARPS + (threadIdx.x >> 5);
     u64 n = a.count;
-    // Work units: groups of four tiles (B <= 128) or tiles.
-    u64 nu = l.block <= 128 ? (n + LP_GROUP_ELEMS - 1) / LP_GROUP_ELEMS
-                            : (n + lp_tile(l) - 1) / lp_tile(l);
-    u32 R = l.rounds > 0 ? l.rounds : 1;
+    bool grouped = l.block <= 128;
+    u64 nu = grouped ? (n + LP_GROUP_ELEMS - 1) / LP_GROUP_ELEMS : (n + lp_tile(l) - 1) / lp_tile(l);
     bool vin = (a.input & 15) == 0 && (l.in_stride * sizeof(T)) % 16 == 0;
     bool vout = (a.output & 15) == 0 && (l.out_stride * sizeof(T)) % 16 == 0;
-    // Where sender r's records for this rank are: push form, region r of our own staging; pull
-    // form, sender r's staging, region r (one part) or region `rank` (a part per rank).
-    u64 base[FC_MAX_RANKS];
-#pragma unroll
-    for (u32 r = 0; r < FC_MAX_RANKS; r++) {
-        u64 region = l.pull && l.nin != 1 ? a.rank : r;
-        base[r] = r < a.world ? a.staging[l.pull ? r : a.rank] + par + region * l.region : 0;
+    for (u32 p = 0; p < l.nin; p++) {
+        u8* enc = (u8*)(a.staging[a.rank] + par + (u64)p * l.region);
+        const T* in = (const T*)a.input + p * l.in_stride;
+        if (grouped) quant_groups(l, in, vin, 0, nu, gw, W, n, enc, lane, sm);
+        else quant_in_tiles(a, l, in, vin, 0, nu, gw, W, n, enc, lane);
     }
-
-    auto push_round = [&](u32 k) {
-        u64 lo = nu * k / R, hi = nu * (k + 1) / R;
-        for (u32 i = 0; i < l.nin; i++) {
-            // Parts in ring order from the next rank: the ranks' writes spread over the links.
-            u32 p = l.nin == 1 ? 0 : (a.rank + 1 + i) % a.world;
-            if (l.nin == 1 && !l.pull) {
-                LP_BY_WORLD(a.world, (lp_push_part<2>(a, l, par, p, lo, hi, gw, W, vin, lane, sm)),
-                            (lp_push_part<4>(a, l, par, p, lo, hi, gw, W, vin, lane, sm)),
-                            (lp_push_part<FC_MAX_RANKS>(a, l, par, p, lo, hi, gw, W, vin, lane, sm)))
-            } else {
-                lp_push_part<1>(a, l, par, p, lo, hi, gw, W, vin, lane, sm);
-            }
-        }
-    };
-    auto decode_round = [&](u32 k) {
-        u64 lo = nu * k / R, hi = nu * (k + 1) / R;
+    // Rule 1: block_barrier releases our staging writes (system scope) before the flag and
+    // acquires the peers' before anyone reads them.
+    if (block_barrier(a, 0, e, t0)) {
+        u64 base[FC_MAX_RANKS];
+#pragma unroll
+        for (u32 r = 0; r < FC_MAX_RANKS; r++)
+            base[r] = r < a.world ? a.staging[r] + par + (u64)(l.nin == 1 ? 0 : a.rank) * l.region
+                                  : 0;
         if (l.reduce) {
-            lp_decode_units(a, l, base, a.world, lo, hi, gw, W, n, (T*)a.output, vout, lane, sm);
+            lp_decode_units(a, l, base, a.world, nu, gw, W, n, (T*)a.output, vout, lane, sm);
         } else {
             for (u32 r = 0; r < a.world; r++)
-                lp_decode_units(a, l, base + r, 1, lo, hi, gw, W, n,
+                lp_decode_units(a, l, base + r, 1, nu, gw, W, n,
                                 (T*)a.output + r * l.out_stride, vout, lane, sm);
         }
-    };
-
-    push_round(0);
-    cta_signal(a, e, 1);
-    for (u32 k = 0; k < R; k++) {
-        if (k + 1 < R) push_round(k + 1);
-        if (!cta_wait(a, e, k + 1, t0)) break;
-        decode_round(k);
-        if (k + 1 < R) cta_signal(a, e, k + 2);
     }
     end_call(a, e);
 }

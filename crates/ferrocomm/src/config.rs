@@ -39,8 +39,6 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_LP_FORMAT", "e4m3", "Low-precision wire format: e4m3, e5m2 or int8."),
     var("FERROCOMM_LP_BLOCK", "128", "Elements per block that share one f32 scale (a power of two, 16..4096)."),
     var("FERROCOMM_LP_MIN_BYTES", "0 (host), per-backend tuned (cuda)", "Messages smaller than this stay full precision even when low precision is on."),
-    var("FERROCOMM_LP_ROUND_BYTES", "0", "CUDA one-shot low precision: encoded bytes per rank in one pipeline round (the kernel decodes one round while the next one travels); 0 = one round (measured faster on 2xH200)."),
-    var("FERROCOMM_LP_PULL", "1", "CUDA one-shot low precision: 1 = receivers pull the senders' records (16-byte loads), 0 = senders push them into the receivers' staging."),
     var("FERROCOMM_LP_ALL_REDUCE", "1", "Per-collective switch: 0 keeps all_reduce full precision when low precision is on."),
     var("FERROCOMM_LP_ALL_GATHER", "1", "Per-collective switch for all_gather."),
     var("FERROCOMM_LP_REDUCE_SCATTER", "1", "Per-collective switch for reduce_scatter."),
@@ -108,10 +106,6 @@ pub struct LowPrecisionConfig {
     pub block: usize,
     /// `None`: the backend's tuned default.
     pub min_bytes: Option<usize>,
-    /// Encoded bytes per rank in one pipeline round of the cuda one-shot kernels (0: one round).
-    pub round_bytes: usize,
-    /// One-shot records pulled by the receivers (true) or pushed by the senders.
-    pub pull: bool,
     pub all_reduce: bool,
     pub all_gather: bool,
     pub reduce_scatter: bool,
@@ -328,8 +322,6 @@ impl Config {
             format,
             block,
             min_bytes: r.bytes("FERROCOMM_LP_MIN_BYTES")?,
-            round_bytes: r.bytes("FERROCOMM_LP_ROUND_BYTES")?.unwrap_or(0),
-            pull: r.flag("FERROCOMM_LP_PULL", true)?,
             all_reduce: r.flag("FERROCOMM_LP_ALL_REDUCE", true)?,
             all_gather: r.flag("FERROCOMM_LP_ALL_GATHER", true)?,
             reduce_scatter: r.flag("FERROCOMM_LP_REDUCE_SCATTER", true)?,

@@ -156,10 +156,6 @@ pub struct Dda {
     modules: HashMap<DataType, Module>,
     pub(super) sm_count: u32,
     pub(super) timeout: Duration,
-    /// `FERROCOMM_LP_ROUND_BYTES`: pipeline round of the one-shot low-precision kernels.
-    pub(super) lp_round_bytes: usize,
-    /// `FERROCOMM_LP_PULL`: one-shot low-precision records are pulled by the receivers.
-    pub(super) lp_pull: bool,
 }
 
 // SAFETY: the raw pointers are device addresses and a pinned host page owned by this struct;
@@ -236,8 +232,6 @@ impl Dda {
             modules,
             sm_count,
             timeout: t,
-            lp_round_bytes: ctx.config.low_precision.round_bytes,
-            lp_pull: ctx.config.low_precision.pull,
         };
         me.bases[rank] = own;
         // SAFETY: synchronous context-wide wait so the memset is done before peers write.

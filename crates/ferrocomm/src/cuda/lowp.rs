@@ -1,9 +1,9 @@
 //! Low-precision collectives by direct access: block-scaled FP8/INT8 codes (the wire layout of
 //! [`crate::quant`]) travel through the staging buffers, sums are taken in f32 (kernels/lowp.cu).
 //!
-//! One-shot kernels quantize each input part once and store the records straight into the
-//! staging of every rank that needs them (region = sender), so all reads after the barrier are
-//! local; two-shot encodes into its own staging and owners read their stripe from the peers.
+//! One-shot kernels quantize each input part once into the sender's staging, in 16-byte aligned
+//! groups that the receivers fetch with 16-byte loads; two-shot encodes into its own staging and
+//! owners read their stripe from the peers.
 //! One kernel per chunk: a message whose encoding exceeds what one staging parity holds is cut
 //! into block-aligned chunks, each a call of its own (its own epoch and parity), so every rank
 //! launches the same sequence.
@@ -35,8 +35,6 @@ struct Lp {
     format: u32,
     nin: u32,
     reduce: u32,
-    rounds: u32,
-    pull: u32,
 }
 
 fn format_code(f: Format) -> u32 {
@@ -168,11 +166,10 @@ impl Dda {
         }
         let world = self.world;
         let es = dtype.size() as u64;
-        // The one-shot family keeps one region per sender in every rank's staging (records are
-        // pushed to where they are read); two-shot encodes into its own staging only.
+        // Each rank encodes its parts into its own staging, one region per part.
         let nparts = match kind {
-            LpKind::Tree => 1,
-            _ => world,
+            LpKind::ReduceScatter | LpKind::AllToAll => world,
+            _ => 1,
         };
         let chunk = self.lp_chunk(kind, codec, nparts)?;
         let reduces = matches!(kind, LpKind::Flat | LpKind::Tree | LpKind::ReduceScatter);
@@ -223,17 +220,6 @@ impl Dda {
                 }
             };
             let grid = grid.min(self.lp_wave(dtype, name)?);
-            if name == "fc_lp_move" {
-                l.pull = self.lp_pull as u32;
-                // Pipeline rounds of about `round_bytes` of this rank's encoded input each, but
-                // at least one unit per warp and round.
-                let per_warp = units / (grid as usize * WARPS);
-                let want = match self.lp_round_bytes {
-                    0 => 1,
-                    rb => (l.region as usize * l.nin as usize).div_ceil(rb),
-                };
-                l.rounds = want.min(per_warp).clamp(1, 1024) as u32;
-            }
             self.lp_launch(name, dtype, a, l, grid, stream, || {
                 format!(
                     "{} {} {dtype}, {len} of {part} elements",
