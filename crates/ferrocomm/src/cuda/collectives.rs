@@ -10,7 +10,7 @@
 use std::ffi::c_void;
 
 use super::cu_lazy;
-use super::dda::{Args, Dda, COLL_BAR_OFF, COLL_HELLO_OFF, MAX_BLOCKS, MAX_RANKS};
+use super::dda::{kernel_name, Args, Dda, COLL_BAR_OFF, COLL_HELLO_OFF, MAX_BLOCKS, MAX_RANKS};
 use super::kernels;
 use crate::comm::{CallOpts, Splits};
 use crate::config::Config;
@@ -50,10 +50,13 @@ struct CArgs {
     count_signed: u32,
 }
 
-/// Entry point of a per-part collective: `fc_<kernel>_<form><suffix>` (form `ll` or `st`,
-/// suffix `_<op>` for the reductions).
-fn part_kernel(kernel: &str, form: &str, suffix: &str) -> String {
-    format!("fc_{kernel}_{form}{suffix}")
+/// Entry point of a per-part collective, `fc_<kernel>_<form>[_<op>]` (form `ll` or `st`, the op
+/// for the reductions).
+fn part_kernel<'a>(buf: &'a mut [u8; 64], kernel: &str, form: &str, op: Option<&str>) -> &'a str {
+    match op {
+        Some(op) => kernel_name(buf, &["fc_", kernel, "_", form, "_", op]),
+        None => kernel_name(buf, &["fc_", kernel, "_", form]),
+    }
 }
 
 fn round16(n: usize) -> usize {
@@ -295,8 +298,8 @@ impl Dda {
         )
     }
 
-    /// Launches `fc_<kernel>_ll<suffix>` (NCCL-LL lines, no barrier) when a part of `n`
-    /// elements fits the push buffer, `fc_<kernel>_st<suffix>` (staged, per-block barriers)
+    /// Launches `fc_<kernel>_ll[_<op>]` (NCCL-LL lines, no barrier) when a part of `n`
+    /// elements fits the push buffer, `fc_<kernel>_st[_<op>]` (staged, per-block barriers)
     /// otherwise: the part size, the element size, `root` and the call's signature go into the
     /// collective arguments, the grid follows the part size (the same on every rank).
     #[allow(clippy::too_many_arguments)]
@@ -304,7 +307,7 @@ impl Dda {
         &self,
         module: DataType,
         kernel: &str,
-        suffix: &str,
+        op: Option<&str>,
         a: Args,
         n: usize,
         dtype: DataType,
@@ -327,7 +330,7 @@ impl Dda {
         };
         self.launch(
             module,
-            &part_kernel(kernel, form, suffix),
+            part_kernel(&mut [0; 64], kernel, form, op),
             a,
             c,
             grid,
@@ -354,7 +357,7 @@ impl Dda {
         self.launch_part(
             Self::MOVE_MODULE,
             "all_gather",
-            "",
+            None,
             a,
             n,
             dtype,
@@ -379,7 +382,7 @@ impl Dda {
         self.launch_part(
             Self::MOVE_MODULE,
             "all_to_all",
-            "",
+            None,
             a,
             n,
             dtype,
@@ -406,7 +409,7 @@ impl Dda {
         self.launch_part(
             Self::MOVE_MODULE,
             "broadcast",
-            "",
+            None,
             a,
             n,
             dtype,
@@ -455,11 +458,10 @@ impl Dda {
     ) -> Result<()> {
         let (a, opname) = self.reduction_args(input, output, n, op, "reduce_scatter")?;
         let sig = signature(Collective::ReduceScatter, dtype, n, 0, &op_name(op));
-        let suffix = format!("_{opname}");
         self.launch_part(
             dtype,
             "reduce_scatter",
-            &suffix,
+            Some(opname),
             a,
             n,
             dtype,
@@ -484,11 +486,10 @@ impl Dda {
     ) -> Result<()> {
         let (a, opname) = self.reduction_args(input, output, n, op, "reduce")?;
         let sig = signature(Collective::Reduce, dtype, n, root, &op_name(op));
-        let suffix = format!("_{opname}");
         self.launch_part(
             dtype,
             "reduce",
-            &suffix,
+            Some(opname),
             a,
             n,
             dtype,
@@ -596,17 +597,21 @@ mod tests {
         let entries = kernels::entry_names();
         for form in ["ll", "st"] {
             for k in ["all_gather", "all_to_all", "broadcast"] {
-                let name = part_kernel(k, form, "");
-                assert!(entries.contains(&name), "{name}");
+                let mut buf = [0; 64];
+                let name = part_kernel(&mut buf, k, form, None);
+                assert!(entries.iter().any(|e| e == name), "{name}");
             }
             for op in ["sum", "prod", "min", "max"] {
                 for k in ["reduce_scatter", "reduce"] {
-                    let name = part_kernel(k, form, &format!("_{op}"));
-                    assert!(entries.contains(&name), "{name}");
+                    let mut buf = [0; 64];
+                    let name = part_kernel(&mut buf, k, form, Some(op));
+                    assert!(entries.iter().any(|e| e == name), "{name}");
                 }
             }
         }
-        assert!(!entries.contains(&part_kernel("all_gather", "xx", "")));
+        let mut buf = [0; 64];
+        let bad = part_kernel(&mut buf, "all_gather", "xx", None);
+        assert!(!entries.iter().any(|e| e == bad));
     }
 
     #[test]

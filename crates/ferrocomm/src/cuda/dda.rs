@@ -140,6 +140,17 @@ struct Module {
     lp_per_sm: HashMap<&'static str, u32>,
 }
 
+/// A kernel name assembled from `parts` in `buf`: launches look their kernel up by name on every
+/// call, and this keeps the heap out of it.
+pub(super) fn kernel_name<'a>(buf: &'a mut [u8; 64], parts: &[&str]) -> &'a str {
+    let mut len = 0;
+    for p in parts {
+        buf[len..len + p.len()].copy_from_slice(p.as_bytes());
+        len += p.len();
+    }
+    std::str::from_utf8(&buf[..len]).expect("kernel names are ASCII")
+}
+
 /// One rank's DDA resources.
 pub struct Dda {
     pub(super) rank: usize,
@@ -465,7 +476,10 @@ impl Dda {
         // measured there); a larger one streams through chunk slots by push-write.
         let streaming = algo == Algo::Flat && bytes > self.layout.staging_bytes;
         let aname = if streaming { "stream" } else { aname };
-        let f = self.func(dtype, &format!("fc_{aname}_{opname}"))?;
+        let f = self.func(
+            dtype,
+            kernel_name(&mut [0; 64], &["fc_", aname, "_", opname]),
+        )?;
         let max_blocks = (self.sm_count as usize).clamp(1, MAX_BLOCKS);
         let mut blocks = units.div_ceil(threads as usize).clamp(1, max_blocks) as u32;
         if streaming {
