@@ -510,8 +510,9 @@ __device__ void quant_groups(const Lp& l, const T* in, bool vec, u64 glo, u64 gh
 }
 
 // The decode for more than four ranks (more than shared memory holds): 4-byte loads straight
-// from the ranks' staging. Decodes groups glo..ghi of k encodings: this warp's groups are glo+gw, +W, ...; their tiles
-// (four per group) are taken U at a time, all loads of a batch before the arithmetic.
+// from the ranks' staging. Decodes groups glo..ghi of k encodings: this warp's groups are
+// glo+gw, +W, ...; their tiles (four per group) are taken U at a time, all loads of a batch
+// before the arithmetic.
 template <int NR, int U>
 __device__ void dequant_groups(const Args& a, const Lp& l, const u64* base, u32 k, u64 glo,
                                u64 ghi, u64 gw, u64 W, u64 n, T* out, bool vec, u32 lane) {
