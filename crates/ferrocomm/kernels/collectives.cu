@@ -306,6 +306,37 @@ __device__ bool ll_recv(const Args& a, u32 from, u32 e, u64 unit, u64 t0, uint2*
     return true;
 }
 
+// LL receive side of the data movers: after each peer's hello (its signature checked), the
+// peer's units into part s of `out`. False on a timeout (recorded).
+__device__ bool ll_receive_parts(const Args& a, const CArgs& c, u32 e, u64 t0, u8* out, u64 bytes,
+                                 u64 first, u64 stride) {
+    u64 nunit = (bytes + 7) / 8;
+    bool ok = true;
+    for (u32 s = 0; s < a.world && ok; s++) {
+        if (s == a.rank) continue;
+        if (first < nunit) ok = hello_wait(a, c, e, s, t0);
+        for (u64 u = first; u < nunit && ok; u += stride) {
+            uint2 x;
+            ok = ll_recv(a, s, e, u, t0, &x);
+            if (ok) st_user8(out + s * bytes + u * 8, min_u32(8, bytes - u * 8), x);
+        }
+    }
+    return ok;
+}
+
+// Staged kernels meet through the payload barrier, which carries this call's signature to every
+// peer; block 0 reports a peer whose signature differs. False when a peer timed out.
+__device__ bool st_meet(const Args& a, const CArgs& c, u32 e, u64 t0, u32* out_w, u32* in_w) {
+    bool ok = st_meet(a, c, e, t0, out_w, in_w);
+    return ok;
+}
+
+// Every peer's slot of this call into part s of `out` (the data movers' receive side).
+__device__ void get_parts(const Args& a, const CArgs& c, u32 e, u8* out, u64 bytes, u64 first,
+                          u64 stride) {
+    for (u32 s = 0; s < a.world; s++)
+        if (s != a.rank) get_part(out + s * bytes, slot_ptr(a, c, a.rank, e, s), bytes, first, stride);
+}
 // ---------------------------------------------------------------- all-gather
 
 // input: n elements; output: world * n, part r from rank r. In place: input == own part.
@@ -328,16 +359,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_gather_ll(Args a, CArgs
             if (p != a.rank) ll_send(a, p, e, u, x);
         if (in != out + a.rank * bytes) st_user8(out + a.rank * bytes + u * 8, nb, x);
     }
-    bool ok = true;
-    for (u32 s = 0; s < a.world && ok; s++) {
-        if (s == a.rank) continue;
-        if (first < nunit) ok = hello_wait(a, c, e, s, t0);
-        for (u64 u = first; u < nunit && ok; u += stride) {
-            uint2 x;
-            ok = ll_recv(a, s, e, u, t0, &x);
-            if (ok) st_user8(out + s * bytes + u * 8, min_u32(8, bytes - u * 8), x);
-        }
-    }
+    ll_receive_parts(a, c, e, t0, out, bytes, first, stride);
     ll_end(a, c, e, t0);
 }
 
@@ -354,21 +376,8 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_gather_st(Args a, CArgs
     u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     for (u32 p = 0; p < a.world; p++)
         if (p != a.rank) put_part(slot_ptr(a, c, p, e, a.rank), in, bytes, first, stride);
-    if (in != out + a.rank * bytes) {
-        u64 nvec = (bytes + 15) / 16;
-        for (u64 v = first; v < nvec; v += stride) {
-            u32 n = min_u32(16, bytes - v * 16);
-            st_user16(out + a.rank * bytes + v * 16, n, ld_user16(in + v * 16, n));
-        }
-    }
-    if (threadIdx.x < a.world) out_w[threadIdx.x] = c.sig;
-    bool ok = payload_barrier(a, c, e, t0, out_w, in_w);
-    if (ok && blockIdx.x == 0 && threadIdx.x < a.world && in_w[threadIdx.x] != c.sig)
-        report_error(a, ERR_MISMATCH, threadIdx.x, in_w[threadIdx.x]);
-    if (ok) {
-        for (u32 s = 0; s < a.world; s++)
-            if (s != a.rank) get_part(out + s * bytes, slot_ptr(a, c, a.rank, e, s), bytes, first, stride);
-    }
+    copy_local(out + a.rank * bytes, in, bytes);
+    if (st_meet(a, c, e, t0, out_w, in_w)) get_parts(a, c, e, out, bytes, first, stride);
     end_call(a, e);
 }
 
@@ -396,16 +405,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_ll(Args a, CArgs
             else if (in != out) st_user8(out + p * bytes + u * 8, nb, x);
         }
     }
-    bool ok = true;
-    for (u32 s = 0; s < a.world && ok; s++) {
-        if (s == a.rank) continue;
-        if (first < nunit) ok = hello_wait(a, c, e, s, t0);
-        for (u64 u = first; u < nunit && ok; u += stride) {
-            uint2 x;
-            ok = ll_recv(a, s, e, u, t0, &x);
-            if (ok) st_user8(out + s * bytes + u * 8, min_u32(8, bytes - u * 8), x);
-        }
-    }
+    ll_receive_parts(a, c, e, t0, out, bytes, first, stride);
     ll_end(a, c, e, t0);
 }
 
@@ -420,25 +420,14 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_st(Args a, CArgs
     u8* out = (u8*)a.output;
     u64 stride = (u64)gridDim.x * blockDim.x;
     u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    u64 nvec = (bytes + 15) / 16;
     for (u32 p = 0; p < a.world; p++) {
         if (p != a.rank) {
             put_part(slot_ptr(a, c, p, e, a.rank), in + p * bytes, bytes, first, stride);
-        } else if (in != out) {
-            for (u64 v = first; v < nvec; v += stride) {
-                u32 n = min_u32(16, bytes - v * 16);
-                st_user16(out + p * bytes + v * 16, n, ld_user16(in + p * bytes + v * 16, n));
-            }
+        } else {
+            copy_local(out + p * bytes, in + p * bytes, bytes);
         }
     }
-    if (threadIdx.x < a.world) out_w[threadIdx.x] = c.sig;
-    bool ok = payload_barrier(a, c, e, t0, out_w, in_w);
-    if (ok && blockIdx.x == 0 && threadIdx.x < a.world && in_w[threadIdx.x] != c.sig)
-        report_error(a, ERR_MISMATCH, threadIdx.x, in_w[threadIdx.x]);
-    if (ok) {
-        for (u32 s = 0; s < a.world; s++)
-            if (s != a.rank) get_part(out + s * bytes, slot_ptr(a, c, a.rank, e, s), bytes, first, stride);
-    }
+    if (st_meet(a, c, e, t0, out_w, in_w)) get_parts(a, c, e, out, bytes, first, stride);
     end_call(a, e);
 }
 
@@ -475,13 +464,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_st(Args a, CAr
                     report_error(a, ERR_MISMATCH, s, (u32)c.scount[s]);
                 u8* dst = out + c.rdispl[s] * es;
                 const u8* src = in + c.sdispl[s] * es;
-                if (dst != src) {
-                    u64 bytes = take * es, nvec = (bytes + 15) / 16;
-                    for (u64 v = first; v < nvec; v += stride) {
-                        u32 n = min_u32(16, bytes - v * 16);
-                        st_user16(dst + v * 16, n, ld_user16(src + v * 16, n));
-                    }
-                }
+                copy_local(dst, src, take * es);
                 continue;
             }
             u64 got = in_w[s];
@@ -565,12 +548,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_dyn_st(Args a, C
             }
             u8* dst = out + s * c.cap * es;
             if (s == a.rank) {
-                u64 bytes = take * es, nvec = (bytes + 15) / 16;
-                const u8* src = in + displ[s] * es;
-                for (u64 v = first; v < nvec; v += stride) {
-                    u32 n = min_u32(16, bytes - v * 16);
-                    st_user16(dst + v * 16, n, ld_user16(src + v * 16, n));
-                }
+                copy_local(dst, in + displ[s] * es, take * es);
             } else {
                 get_part(dst, slot_ptr(a, c, a.rank, e, s), take * es, first, stride);
             }
@@ -635,10 +613,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_broadcast_st(Args a, CArgs 
             if (in != out) st_user16(out + v * 16, n, x);
         }
     }
-    if (threadIdx.x < a.world) out_w[threadIdx.x] = c.sig;
-    bool ok = payload_barrier(a, c, e, t0, out_w, in_w);
-    if (ok && blockIdx.x == 0 && threadIdx.x < a.world && in_w[threadIdx.x] != c.sig)
-        report_error(a, ERR_MISMATCH, threadIdx.x, in_w[threadIdx.x]);
+    bool ok = st_meet(a, c, e, t0, out_w, in_w);
     if (ok && a.rank != c.root) get_part(out, slot_ptr(a, c, a.rank, e, 0), bytes, first, stride);
     end_call(a, e);
 }
@@ -697,10 +672,7 @@ __device__ void reduce_scatter_st(const Args& a, const CArgs& c) {
     u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     for (u32 p = 0; p < a.world; p++)
         if (p != a.rank) put_part(slot_ptr(a, c, p, e, a.rank), in + p * bytes, bytes, first, stride);
-    if (threadIdx.x < a.world) out_w[threadIdx.x] = c.sig;
-    bool ok = payload_barrier(a, c, e, t0, out_w, in_w);
-    if (ok && blockIdx.x == 0 && threadIdx.x < a.world && in_w[threadIdx.x] != c.sig)
-        report_error(a, ERR_MISMATCH, threadIdx.x, in_w[threadIdx.x]);
+    bool ok = st_meet(a, c, e, t0, out_w, in_w);
     if (ok) {
         u64 nvec = (bytes + 15) / 16;
         for (u64 v = first; v < nvec; v += stride)
@@ -757,10 +729,7 @@ __device__ void reduce_st(const Args& a, const CArgs& c) {
     u64 stride = (u64)gridDim.x * blockDim.x;
     u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (a.rank != c.root) put_part(slot_ptr(a, c, c.root, e, a.rank), in, bytes, first, stride);
-    if (threadIdx.x < a.world) out_w[threadIdx.x] = c.sig;
-    bool ok = payload_barrier(a, c, e, t0, out_w, in_w);
-    if (ok && blockIdx.x == 0 && threadIdx.x < a.world && in_w[threadIdx.x] != c.sig)
-        report_error(a, ERR_MISMATCH, threadIdx.x, in_w[threadIdx.x]);
+    bool ok = st_meet(a, c, e, t0, out_w, in_w);
     if (ok && a.rank == c.root) {
         u64 nvec = (bytes + 15) / 16;
         for (u64 v = first; v < nvec; v += stride) reduce_part_vec<OP>(a, c, e, in, bytes, v, out);
