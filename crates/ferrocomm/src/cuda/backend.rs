@@ -21,6 +21,7 @@ use crate::view::{Input, View, ViewMut};
 pub struct CudaBackend {
     cuda: Arc<CudaContext>,
     device: u32,
+    rank: usize,
     size: usize,
     config: Arc<Config>,
     dda: Option<Dda>,
@@ -128,6 +129,7 @@ impl CudaBackend {
         Ok(CudaBackend {
             cuda,
             device,
+            rank: ctx.rank,
             size: ctx.size,
             config: ctx.config.clone(),
             dda,
@@ -474,12 +476,7 @@ impl Backend for CudaBackend {
         self.follow(&mut st, opts.stream)?;
         let (dt, part) = (output.dtype(), output.count() / self.size);
         let (i, o) = (
-            in_part_ptr(
-                &input,
-                &output,
-                part,
-                self.dda.as_ref().map_or(0, |d| d.rank),
-            ),
+            in_part_ptr(&input, &output, part, self.rank),
             output.ptr() as u64,
         );
         if let Some((d, c)) = self.lp_codec(AG, dt, None, part * dt.size(), [i, o], opts)? {
@@ -508,8 +505,7 @@ impl Backend for CudaBackend {
             Input::InPlace => {
                 let part = output.count() / self.size;
                 let base = output.ptr() as u64;
-                let rank = self.dda.as_ref().map_or(0, |d| d.rank);
-                (base, base + (rank * part * dt.size()) as u64, part)
+                (base, base + (self.rank * part * dt.size()) as u64, part)
             }
             Input::Buf(v) => (v.ptr() as u64, output.ptr() as u64, output.count()),
         };
