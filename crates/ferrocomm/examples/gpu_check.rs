@@ -520,6 +520,9 @@ fn foreign_pointers(c: &mut Ctx) -> Res<()> {
     if let Some((ctx, b)) = foreign {
         ctx.bind_to_thread()?;
         drop(b);
+        // Dropping a context binds it to the thread first (and this one is then destroyed), so
+        // it goes before this GPU's context is bound again.
+        drop(ctx);
         let own = cudarc::driver::CudaContext::new(c.dev as usize)?;
         own.bind_to_thread()?;
     }

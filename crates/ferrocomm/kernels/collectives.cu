@@ -327,7 +327,10 @@ __device__ bool ll_receive_parts(const Args& a, const CArgs& c, u32 e, u64 t0, u
 // Staged kernels meet through the payload barrier, which carries this call's signature to every
 // peer; block 0 reports a peer whose signature differs. False when a peer timed out.
 __device__ bool st_meet(const Args& a, const CArgs& c, u32 e, u64 t0, u32* out_w, u32* in_w) {
-    bool ok = st_meet(a, c, e, t0, out_w, in_w);
+    if (threadIdx.x < a.world) out_w[threadIdx.x] = c.sig;
+    bool ok = payload_barrier(a, c, e, t0, out_w, in_w);
+    if (ok && blockIdx.x == 0 && threadIdx.x < a.world && in_w[threadIdx.x] != c.sig)
+        report_error(a, ERR_MISMATCH, threadIdx.x, in_w[threadIdx.x]);
     return ok;
 }
 

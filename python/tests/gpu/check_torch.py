@@ -419,7 +419,7 @@ def check_errors(comm, tag):
             ("dtype mismatch", lambda: comm.all_gather_single(
                 torch.empty(8 * WORLD, device=DEV), torch.ones(8, device=DEV,
                                                                dtype=torch.float16))),
-            ("expected", lambda: comm.all_gather_single(
+            ("does not divide", lambda: comm.all_gather_single(
                 torch.empty(8 * WORLD + 1, device=DEV), torch.ones(8, device=DEV))),
             ("is on cpu", lambda: comm.all_reduce(torch.ones(8))),
         ]
