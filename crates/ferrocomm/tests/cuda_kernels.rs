@@ -284,3 +284,60 @@ fn a_broken_kernel_reports_the_nvrtc_log() {
         other => panic!("expected KernelCompile, got {other}"),
     }
 }
+
+/// Device functions never call themselves: kernels have no stack to recurse on, and a helper
+/// that calls itself by mistake (instead of the function it wraps) compiles without a word.
+#[test]
+fn no_device_function_calls_itself() {
+    let sources = [
+        ("all_reduce.cu", ALL_REDUCE_SOURCE),
+        ("collectives.cu", COLLECTIVES_SOURCE),
+        ("lowp.cu", kernels::LOWP_SOURCE),
+    ];
+    let mut checked = 0;
+    for (file, src) in sources {
+        let mut rest = src;
+        while let Some(at) = rest.find("__device__") {
+            rest = &rest[at + "__device__".len()..];
+            let Some(open) = rest.find('(') else { break };
+            let head = &rest[..open];
+            // A definition: the head is one line of qualifiers and a return type, then the name.
+            if head.contains(['\n', ';', '=', '{']) {
+                continue;
+            }
+            let name = head.rsplit([' ', '*', '&']).next().unwrap_or("");
+            let (Some(brace), Some(semi)) = (rest.find('{'), rest.find(';')) else {
+                break;
+            };
+            if name.is_empty() || semi < brace {
+                continue; // a declaration or a variable
+            }
+            let mut depth = 0usize;
+            let mut end = brace;
+            for (i, ch) in rest[brace..].char_indices() {
+                match ch {
+                    '{' => depth += 1,
+                    '}' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            end = brace + i;
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let body = &rest[brace..end];
+            let calls = body.match_indices(&format!("{name}(")).any(|(i, _)| {
+                let before = body[..i].chars().next_back().unwrap_or(' ');
+                !(before.is_alphanumeric() || before == '_' || before == '.')
+            });
+            assert!(!calls, "{file}: device function {name} calls itself");
+            checked += 1;
+        }
+    }
+    assert!(
+        checked > 50,
+        "only {checked} device functions found: the scan is broken"
+    );
+}
