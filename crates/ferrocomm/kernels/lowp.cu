@@ -148,6 +148,54 @@ __device__ __forceinline__ void lp_store_out(T* out, u64 e0, u64 n, bool vec, co
     }
 }
 
+// Eight input elements at e0 as f32 (zeros past n): one 16-byte load for 2-byte types, two for
+// f32, when the whole run is inside and the base is 16-byte aligned (e0 is a multiple of 8).
+__device__ __forceinline__ void lp_load_in8(const T* in, u64 e0, u64 n, bool vec, float* x) {
+    if (vec && e0 + 8 <= n) {
+        if (sizeof(T) == 4) {
+            uint4 u = *(const uint4*)(in + e0);
+            uint4 v = *(const uint4*)(in + e0 + 4);
+            x[0] = __uint_as_float(u.x);
+            x[1] = __uint_as_float(u.y);
+            x[2] = __uint_as_float(u.z);
+            x[3] = __uint_as_float(u.w);
+            x[4] = __uint_as_float(v.x);
+            x[5] = __uint_as_float(v.y);
+            x[6] = __uint_as_float(v.z);
+            x[7] = __uint_as_float(v.w);
+        } else {
+            union { uint4 u; T e[8]; } v;
+            v.u = *(const uint4*)(in + e0);
+#pragma unroll
+            for (int i = 0; i < 8; i++) x[i] = (float)Ty<T>::to_acc(v.e[i]);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            x[i] = (e0 + i < n) ? (float)Ty<T>::to_acc(in[e0 + i]) : 0.0f;
+    }
+}
+
+__device__ __forceinline__ void lp_store_out8(T* out, u64 e0, u64 n, bool vec, const float* x) {
+    if (vec && e0 + 8 <= n) {
+        if (sizeof(T) == 4) {
+            *(uint4*)(out + e0) = make_uint4(__float_as_uint(x[0]), __float_as_uint(x[1]),
+                                             __float_as_uint(x[2]), __float_as_uint(x[3]));
+            *(uint4*)(out + e0 + 4) = make_uint4(__float_as_uint(x[4]), __float_as_uint(x[5]),
+                                                 __float_as_uint(x[6]), __float_as_uint(x[7]));
+        } else {
+            union { uint4 u; T e[8]; } v;
+#pragma unroll
+            for (int i = 0; i < 8; i++) v.e[i] = Ty<T>::from_acc(x[i]);
+            *(uint4*)(out + e0) = v.u;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (e0 + i < n) out[e0 + i] = Ty<T>::from_acc(x[i]);
+    }
+}
+
 // Raw record words of elements e0..e0+4 of an encoding of n elements: the scale and the codes.
 __device__ __forceinline__ void lp_load_raw(const u8* enc, u64 e0, u64 n, u32 B, float& s, u32& w) {
     const u8* rec = enc + (e0 / B) * (u64)(4 + B);
@@ -429,20 +477,6 @@ __device__ __forceinline__ void dequant_tiles(const Args& a, const Lp& l, const 
     }
 }
 
-// ---------------------------------------------------------------- codec alone
-
-// Encodes a.count elements of a.input into a.output (the wire layout); no communication.
-extern "C" __global__ void __launch_bounds__(512) fc_lp_encode(Args a, Lp l) {
-    pdl_wait();
-    pdl_launch_dependents();
-    u32 lane = threadIdx.x & 31;
-    u64 W = (u64)gridDim.x * LP_WARPS;
-    u64 gw = (u64)blockIdx.x * LP_WARPS + (threadIdx.x >> 5);
-    u64 nt = (a.count + lp_tile(l) - 1) / lp_tile(l);
-    quant_in_tiles(a, l, (const T*)a.input, (a.input & 15) == 0, 0, nt, gw, W, a.count,
-                   (u8*)a.output, lane);
-}
-
 // ---------------------------------------------------------------- one-shot movers
 
 // Records in the staging are read by the peers over NVLink, and 4-byte loads at the 4-byte
@@ -468,15 +502,17 @@ __device__ void quant_groups(const Lp& l, const T* in, bool vec, u64 glo, u64 gh
                              u64 n, u8* enc, u32 lane, u8* sm) {
     u32 B = l.block;
     u32 rec = 4 + B;
+    // A group is two rows of 256 elements; a lane takes eight consecutive elements of a row
+    // (one 16-byte load for 2-byte inputs), so a block of B spans B/8 lanes (B >= 16).
     for (u64 g0 = glo + gw; g0 < ghi; g0 += LP_STEP_GROUPS * W) {
-        float x[LP_STEP_GROUPS][4][4];
+        float x[LP_STEP_GROUPS][2][8];
 #pragma unroll
         for (int k = 0; k < LP_STEP_GROUPS; k++) {
             u64 first = (g0 + k * W) * LP_GROUP_ELEMS;
             if (g0 + k * W < ghi) {
 #pragma unroll
-                for (int u = 0; u < 4; u++)
-                    lp_load_in(in, first + u * 128 + lane * 4, n, vec, x[k][u]);
+                for (int h = 0; h < 2; h++)
+                    lp_load_in8(in, first + h * 256 + lane * 8, n, vec, x[k][h]);
             }
         }
 #pragma unroll
@@ -485,25 +521,28 @@ __device__ void quant_groups(const Lp& l, const T* in, bool vec, u64 glo, u64 gh
             if (g >= ghi) break;  // warp-uniform
             u64 first = g * LP_GROUP_ELEMS;
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                u32 el = u * 128 + lane * 4;  // element inside the group
+            for (int h = 0; h < 2; h++) {
+                u32 el = h * 256 + lane * 8;  // element inside the group
                 // Warp-uniform up to here: every lane takes part in the shuffles.
-                u32 m = seg_max(absbits4(x[k][u]), B / 4);
+                u32 m = seg_max(max(absbits4(x[k][h]), absbits4(x[k][h] + 4)), B / 8);
                 float s = lp_scale(m, l.format);
                 if (first + el < n) {
                     u32 off = (el / B) * rec;
                     u32 j = el % B;
                     if (j == 0) *(float*)(sm + off) = s;
-                    *(u32*)(sm + off + 4 + j) = lp_encode4(x[k][u], s, l.format);
+                    *(u32*)(sm + off + 4 + j) = lp_encode4(x[k][h], s, l.format);
+                    *(u32*)(sm + off + 8 + j) = lp_encode4(x[k][h] + 4, s, l.format);
                 }
             }
             __syncwarp();
             u64 left = n - first;
             u32 gbytes = lp_rec_bytes(left < LP_GROUP_ELEMS ? (u32)left : LP_GROUP_ELEMS, B);
             u64 goff = (first / B) * rec;  // 16-aligned (see above)
-            // Whole 16-byte pieces: the last one may run into the region's 16-byte padding.
-            for (u32 v = lane; v < (gbytes + 15) / 16; v += 32)
+            // Whole 16-byte pieces, then the last group's tail byte by byte (fc_lp_encode
+            // writes a caller's buffer of exactly the encoded size).
+            for (u32 v = lane; v < gbytes / 16; v += 32)
                 *(uint4*)(enc + goff + v * 16) = ((const uint4*)sm)[v];
+            for (u32 i = (gbytes & ~15u) + lane; i < gbytes; i += 32) enc[goff + i] = sm[i];
             __syncwarp();
         }
     }
@@ -568,32 +607,37 @@ __device__ void dequant_groups_pull(const Args& a, const Lp& l, const u64* base,
                     ((uint4*)(sm + r * LP_GROUP_BYTES_MAX))[lane + 32 * h] = v[r][h];
         __syncwarp();
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            u32 el = u * 128 + lane * 4;
+        for (int h = 0; h < 2; h++) {
+            u32 el = h * 256 + lane * 8;
             u64 e0 = first + el;
             if (e0 < n) {
-                float x[4];
+                float x[8];
 #pragma unroll
                 for (u32 r = 0; r < NR; r++) {
                     if (r >= k) break;
                     const u8* rp = sm + r * LP_GROUP_BYTES_MAX + (el / B) * rec;
                     u32 j = el % B;
                     float sc = *(const float*)rp;
-                    u32 w;
-                    if (e0 + 4 <= n) {
-                        w = *(const u32*)(rp + 4 + j);
+                    u32 w0, w1;
+                    if (e0 + 8 <= n) {
+                        w0 = *(const u32*)(rp + 4 + j);
+                        w1 = *(const u32*)(rp + 8 + j);
                     } else {
-                        w = 0;
-                        for (u32 i = 0; i < 4; i++)
-                            if (e0 + i < n) w |= (u32)rp[4 + j + i] << (8 * i);
+                        w0 = 0;
+                        w1 = 0;
+                        for (u32 i = 0; i < 4; i++) {
+                            if (e0 + i < n) w0 |= (u32)rp[4 + j + i] << (8 * i);
+                            if (e0 + 4 + i < n) w1 |= (u32)rp[8 + j + i] << (8 * i);
+                        }
                     }
-                    lp_decode_into(sc, w, l.format, r == 0, x);
+                    lp_decode_into(sc, w0, l.format, r == 0, x);
+                    lp_decode_into(sc, w1, l.format, r == 0, x + 4);
                 }
                 if (a.has_div) {
 #pragma unroll
-                    for (int i = 0; i < 4; i++) x[i] = __fdiv_rn(x[i], a.post_div);
+                    for (int i = 0; i < 8; i++) x[i] = __fdiv_rn(x[i], a.post_div);
                 }
-                lp_store_out(out, e0, n, vec, x);
+                lp_store_out8(out, e0, n, vec, x);
             }
         }
         __syncwarp();
@@ -609,6 +653,28 @@ __device__ __forceinline__ void lp_decode_units(const Args& a, const Lp& l, cons
     else if (k == 2) dequant_groups_pull<2>(a, l, base, k, 0, nu, gw, W, n, out, vec, lane, sm);
     else if (k <= 4) dequant_groups_pull<4>(a, l, base, k, 0, nu, gw, W, n, out, vec, lane, sm);
     else dequant_groups<FC_MAX_RANKS, 1>(a, l, base, k, 0, nu, gw, W, n, out, vec, lane);
+}
+
+// ---------------------------------------------------------------- codec alone
+
+// Encodes a.count elements of a.input into a.output (the wire layout); no communication. Blocks
+// up to 128 go through the collectives' quantizer (groups in shared memory).
+extern "C" __global__ void __launch_bounds__(512) fc_lp_encode(Args a, Lp l) {
+    pdl_wait();
+    pdl_launch_dependents();
+    __shared__ __align__(16) u8 smem[LP_WARPS][LP_GROUP_BYTES_MAX];
+    u32 lane = threadIdx.x & 31;
+    u64 W = (u64)gridDim.x * LP_WARPS;
+    u64 gw = (u64)blockIdx.x * LP_WARPS + (threadIdx.x >> 5);
+    bool vin = (a.input & 15) == 0;
+    if (l.block <= 128 && (a.output & 15) == 0) {
+        u64 ng = (a.count + LP_GROUP_ELEMS - 1) / LP_GROUP_ELEMS;
+        quant_groups(l, (const T*)a.input, vin, 0, ng, gw, W, a.count, (u8*)a.output, lane,
+                     smem[threadIdx.x >> 5]);
+    } else {
+        u64 nt = (a.count + lp_tile(l) - 1) / lp_tile(l);
+        quant_in_tiles(a, l, (const T*)a.input, vin, 0, nt, gw, W, a.count, (u8*)a.output, lane);
+    }
 }
 
 // One kernel for the one-shot family, on one chunk of a.count elements per part: every rank
