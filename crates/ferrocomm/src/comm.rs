@@ -206,6 +206,17 @@ pub trait Backend: Send + Sync {
         dtype: DataType,
         opts: &CallOpts,
     ) -> Result<Algo>;
+    /// When this call goes low precision, the path it takes (flat or tree all-reduce, direct
+    /// for the others); `None` for full precision, where [`Backend::algo_for`] says the path.
+    fn low_precision_path(
+        &self,
+        _coll: Collective,
+        _bytes_per_rank: usize,
+        _dtype: DataType,
+        _opts: &CallOpts,
+    ) -> Result<Option<Algo>> {
+        Ok(None)
+    }
 }
 
 /// How to create a communicator. Unset fields come from the environment.
@@ -406,6 +417,26 @@ impl Communicator {
         opts: &CallOpts,
     ) -> Result<Algo> {
         self.backend.algo_for(coll, bytes_per_rank, dtype, opts)
+    }
+
+    /// The path this call takes, as the bench shows it: the algorithm's name, or `lp-` and the
+    /// low-precision path's name (`lp-flat`, `lp-tree`, `lp-direct`) when it goes low precision.
+    pub fn path_for(
+        &self,
+        coll: Collective,
+        bytes_per_rank: usize,
+        dtype: DataType,
+        opts: &CallOpts,
+    ) -> Result<String> {
+        match self
+            .backend
+            .low_precision_path(coll, bytes_per_rank, dtype, opts)?
+        {
+            Some(a) => Ok(format!("lp-{a}")),
+            None => Ok(self
+                .algo_for(coll, bytes_per_rank, dtype, opts)?
+                .to_string()),
+        }
     }
 
     fn live(&self) -> Result<&dyn Backend> {

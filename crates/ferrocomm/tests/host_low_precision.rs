@@ -245,3 +245,41 @@ fn data_movement_and_reduce_scatter() {
         });
     }
 }
+
+#[test]
+fn path_names_the_low_precision_path() {
+    use ferrocomm::{Collective, DataType};
+    let mut c = cfg();
+    c.thresholds.flat_max = Some(1000);
+    let paths = run_ranks(2, &c, |comm| {
+        let on = lp(Format::E4M3);
+        let path = |coll, bytes, d, o: &CallOpts| comm.path_for(coll, bytes, d, o).unwrap();
+        (
+            path(Collective::AllReduce, 800, DataType::BF16, &on),
+            path(Collective::AllReduce, 4096, DataType::F32, &on),
+            path(Collective::AllGather, 4096, DataType::F32, &on),
+            // Integer dtypes and Max never go low precision; full precision names the algorithm.
+            path(Collective::AllReduce, 800, DataType::I32, &on),
+            path(Collective::Broadcast, 800, DataType::F32, &on),
+            path(
+                Collective::AllReduce,
+                800,
+                DataType::F32,
+                &CallOpts::default(),
+            ),
+        )
+    });
+    let want = ("lp-flat", "lp-tree", "lp-direct", "flat", "direct", "flat");
+    let got = &paths[0];
+    assert_eq!(
+        (
+            got.0.as_str(),
+            got.1.as_str(),
+            got.2.as_str(),
+            got.3.as_str(),
+            got.4.as_str(),
+            got.5.as_str()
+        ),
+        want
+    );
+}

@@ -363,7 +363,7 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
                         rank,
                     };
                     let algo = comm
-                        .algo_for(
+                        .path_for(
                             plan.coll.collective(),
                             shape.bytes_per_rank(),
                             dtype,

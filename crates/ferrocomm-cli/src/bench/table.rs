@@ -37,7 +37,7 @@ pub struct Row {
     pub redop: &'static str,
     /// -1 for collectives without a root.
     pub root: i64,
-    /// The algorithm that ran (`Communicator::algo_for`).
+    /// The path that ran (`Communicator::path_for`: `flat`, ..., `lp-flat` when low precision).
     pub algo: String,
     pub oop: Measure,
     /// `None` where in place has no meaning (sendrecv).
@@ -90,11 +90,11 @@ pub fn header(vs_nccl: bool) -> String {
     );
     let extra = if vs_nccl {
         format!(
-            "  {:>8}  {:>7}  {:>6}  {:>7}  {:>6}",
+            "  {:>9}  {:>7}  {:>6}  {:>7}  {:>6}",
             "algo", "time", "ratio", "time", "ratio"
         )
     } else {
-        format!("  {:>8}", "algo")
+        format!("  {:>9}", "algo")
     };
     let _ = writeln!(
         s,
@@ -104,7 +104,7 @@ pub fn header(vs_nccl: bool) -> String {
     );
     let extra = if vs_nccl {
         format!(
-            "  {:>8}  {:>7}  {:>6}  {:>7}  {:>6}",
+            "  {:>9}  {:>7}  {:>6}  {:>7}  {:>6}",
             "", "(us)", "", "(us)", ""
         )
     } else {
@@ -127,7 +127,7 @@ pub fn line(r: &Row) -> String {
     );
     s.push_str(&measure_str(Some(&r.oop)));
     s.push_str(&measure_str(r.ip.as_ref()));
-    let _ = write!(s, "  {:>8}", r.algo);
+    let _ = write!(s, "  {:>9}", r.algo);
     if let Some(v) = &r.nccl {
         let _ = write!(s, "  {}  {:6.2}", time_str(v.oop_time_us), v.oop_ratio);
         match (v.ip_time_us, v.ip_ratio) {

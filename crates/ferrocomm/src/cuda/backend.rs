@@ -703,4 +703,34 @@ impl Backend for CudaBackend {
             })
         }
     }
+
+    fn low_precision_path(
+        &self,
+        coll: Collective,
+        bytes_per_rank: usize,
+        dtype: DataType,
+        opts: &CallOpts,
+    ) -> Result<Option<Algo>> {
+        // The same rule as the calls (aligned pointers assumed), on the part sizes algo_for uses.
+        let (op, bytes) = match coll {
+            AR => (Some(ReduceOp::Sum), bytes_per_rank),
+            RS => (Some(ReduceOp::Sum), bytes_per_rank),
+            AG => (None, bytes_per_rank),
+            A2A => (None, bytes_per_rank / self.size),
+            _ => return Ok(None),
+        };
+        if self
+            .lp_codec(coll, dtype, op, bytes, [0, 0], opts)?
+            .is_none()
+        {
+            return Ok(None);
+        }
+        Ok(Some(match coll {
+            AR => match all_reduce_kind(opts.algo.0, self.config.algo, self.size) {
+                LpKind::Tree => Algo::Tree,
+                _ => Algo::Flat,
+            },
+            _ => Algo::Direct,
+        }))
+    }
 }

@@ -553,4 +553,28 @@ impl Backend for HostBackend {
     ) -> Result<Algo> {
         self.algo(coll, bytes_per_rank, dtype, opts)
     }
+
+    fn low_precision_path(
+        &self,
+        coll: Collective,
+        bytes_per_rank: usize,
+        dtype: DataType,
+        opts: &CallOpts,
+    ) -> Result<Option<Algo>> {
+        if !matches!(
+            coll,
+            Collective::AllReduce
+                | Collective::AllGather
+                | Collective::ReduceScatter
+                | Collective::AllToAll
+                | Collective::AllToAllV
+        ) {
+            return Ok(None);
+        }
+        let lp = self.low_precision(coll, dtype, ReduceOp::Sum, bytes_per_rank, opts)?;
+        match lp {
+            Some(_) => Ok(Some(self.algo(coll, bytes_per_rank, dtype, opts)?)),
+            None => Ok(None),
+        }
+    }
 }
