@@ -13,7 +13,9 @@
 #   bash scripts/gpu_session.sh .carry/bin .carry/kc "checks python"   (one call, ~400 s)
 #   bash scripts/gpu_session.sh .carry/bin .carry/kc bench             (~160 s)
 #   bash scripts/gpu_session.sh .carry/bin .carry/kc sanitize          (up to ~590 s)
-# PARTS (third argument) defaults to all four: checks sanitize python bench.
+# PARTS (third argument) defaults to all four: checks sanitize python bench. The bench steps'
+# limits (BENCH_AR_LIMIT_S=40, BENCH_LP_LIMIT_S=30) end the sweeps after 64 MB; raise them to
+# reach 256 MB in a call of their own.
 set -uo pipefail
 bin="$(cd "${1:-.carry/bin}" && pwd)"
 parts=" ${3:-checks sanitize python bench} "
@@ -53,11 +55,11 @@ if want python; then
     step python_check 180 torchrun --nproc_per_node 2 python/tests/gpu/check_torch.py
 fi
 if want bench; then
-  step all_reduce-graph 40 "$fc" bench all_reduce -g 2 -d bfloat16 -b 1K -e 256M -f 4 -n 10 --reps 3 \
+  step all_reduce-graph "${BENCH_AR_LIMIT_S:-40}" "$fc" bench all_reduce -g 2 -d bfloat16 -b 1K -e 256M -f 4 -n 10 --reps 3 \
     -G 10 --vs nccl --json "$res/all_reduce-graph.json" --plot "$res/all_reduce-graph.png"
   for c in "all_reduce bfloat16" "all_reduce float" "all_gather bfloat16" "all_to_all bfloat16"; do
     set -- $c
-    step "lp-$1-$2" 30 "$fc" bench "$1" -g 2 -d "$2" -b 4M -e 256M -f 4 -n 10 --reps 2 -G 10 \
+    step "lp-$1-$2" "${BENCH_LP_LIMIT_S:-30}" "$fc" bench "$1" -g 2 -d "$2" -b 4M -e 256M -f 4 -n 10 --reps 2 -G 10 \
       --low-precision e4m3 --vs nccl --json "$res/lp-$1-$2.json" --plot "$res/lp-$1-$2.png"
   done
 fi
