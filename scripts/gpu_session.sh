@@ -33,7 +33,7 @@ step() { # name, limit in seconds, command...
   timeout "$limit" "$@" > "$res/$name.txt" 2>&1
   local rc=$?
   printf '%-26s rc=%-3s %4ss %s\n' "$name" "$rc" "$((SECONDS - t0))" \
-    "$(grep -E 'Out of bounds|all results|passed|summary:|ERROR SUMMARY|exit [0-9]' "$res/$name.txt" | tail -2 | tr '\n' ' ')" \
+    "$(grep -E 'Out of bounds|all results|passed|FAILED|summary:|ERROR SUMMARY|exit [0-9]' "$res/$name.txt" | tail -2 | tr '\n' ' ')" \
     | tee -a "$summary"
   tar czf "$out/session.tgz" -C "$out" session
   cp "$summary" "$out/session-summary.txt"
@@ -53,6 +53,8 @@ if want python; then
     > "$res/pip.txt" 2>&1
   CHECK_WATCHDOG_S=170 PYTHONPATH=/tmp/ferrocomm-site \
     step python_check 180 torchrun --nproc_per_node 2 python/tests/gpu/check_torch.py
+  PYTHONPATH=/tmp/ferrocomm-site \
+    step setup_fault 60 torchrun --nproc_per_node 2 python/tests/gpu/check_setup_fault.py
 fi
 if want bench; then
   step all_reduce-graph "${BENCH_AR_LIMIT_S:-40}" "$fc" bench all_reduce -g 2 -d bfloat16 -b 1K -e 256M -f 4 -n 10 --reps 3 \

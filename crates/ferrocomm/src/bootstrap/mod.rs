@@ -174,6 +174,52 @@ pub fn all_gather_bytes(
         .collect()
 }
 
+/// The outcome of [`agree`]: every rank's payload in rank order, or every failure as
+/// `(rank, reason)`.
+pub type Agreement = std::result::Result<Vec<Vec<u8>>, Vec<(usize, String)>>;
+
+/// A joint step where each rank's part can fail on that rank alone (opening a peer's memory,
+/// a kernel cache, a device check): every rank reports its outcome under `tag`, and every rank
+/// gets the same answer, either every rank's payload (in rank order) or every failure as
+/// `(rank, reason)`. A rank that failed still takes part, so no peer waits for it until the
+/// timeout, and no rank goes on with a set-up its peers have dropped. The outer error is the
+/// store's (a rank that never reported within `timeout`).
+pub fn agree(
+    store: &dyn Store,
+    tag: &str,
+    rank: usize,
+    world: usize,
+    local: std::result::Result<Vec<u8>, String>,
+    timeout: Duration,
+) -> Result<Agreement> {
+    let msg = match local {
+        Ok(mut p) => {
+            p.insert(0, 1);
+            p
+        }
+        Err(why) => {
+            let mut m = vec![0];
+            m.extend_from_slice(why.as_bytes());
+            m
+        }
+    };
+    let all = all_gather_bytes(store, tag, rank, world, &msg, timeout)?;
+    let mut payloads = Vec::with_capacity(world);
+    let mut failed = Vec::new();
+    for (r, m) in all.into_iter().enumerate() {
+        match m.split_first() {
+            Some((1, p)) => payloads.push(p.to_vec()),
+            Some((0, why)) => failed.push((r, String::from_utf8_lossy(why).into_owned())),
+            _ => failed.push((r, format!("sent a malformed report under '{tag}'"))),
+        }
+    }
+    Ok(if failed.is_empty() {
+        Ok(payloads)
+    } else {
+        Err(failed)
+    })
+}
+
 /// A store-based barrier: returns once all `world` ranks have arrived at `tag`.
 pub fn store_barrier(store: &dyn Store, tag: &str, world: usize, timeout: Duration) -> Result<()> {
     let n = store.add(&format!("{tag}/arrived"), 1)?;
@@ -211,6 +257,45 @@ mod tests {
         b.set("x", b"2").unwrap();
         assert_eq!(a.get("x", Duration::ZERO).unwrap(), b"1");
         assert_eq!(b.get("x", Duration::ZERO).unwrap(), b"2");
+    }
+
+    #[test]
+    fn agree_gives_every_rank_the_same_outcome() {
+        let run = |fail: &'static [usize]| {
+            let s = MemStore::new();
+            let hs: Vec<_> = (0..3)
+                .map(|r| {
+                    let s = s.clone();
+                    thread::spawn(move || {
+                        let local = if fail.contains(&r) {
+                            Err(format!("no peer access on rank {r}"))
+                        } else {
+                            Ok(vec![10 + r as u8; r])
+                        };
+                        agree(&*s, "t", r, 3, local, Duration::from_secs(5)).unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        };
+        for got in run(&[]) {
+            assert_eq!(got, Ok(vec![vec![], vec![11], vec![12, 12]]));
+        }
+        for got in run(&[2, 0]) {
+            assert_eq!(
+                got,
+                Err(vec![
+                    (0, "no peer access on rank 0".to_string()),
+                    (2, "no peer access on rank 2".to_string())
+                ])
+            );
+        }
+        // A rank that never reports: the others get the store's timeout, not a hang.
+        let s = MemStore::new();
+        let e = agree(&*s, "t", 0, 2, Ok(vec![]), Duration::from_millis(50)).unwrap_err();
+        assert!(e.to_string().contains("t/1"), "{e}");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use cudarc::driver::sys;
 
 use super::{cu, cu_lazy, kernels, launch};
-use crate::bootstrap::{all_gather_bytes, store_barrier};
+use crate::bootstrap::{agree, store_barrier};
 use crate::comm::CommContext;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -23,6 +23,8 @@ pub const MAX_BLOCKS: usize = 256;
 const FLAGS_BYTES: usize = 2 * 2 * MAX_BLOCKS * MAX_RANKS * 4;
 const STATE_OFF: usize = FLAGS_BYTES;
 const VERIFY_OFF: usize = STATE_OFF + 64;
+/// What rank r writes into every peer's verify word r at start-up: VERIFY_MAGIC + r.
+const VERIFY_MAGIC: u32 = 0x5eed_0000;
 /// Hello and payload-barrier words of collectives.cu (written by peers), in the state area.
 pub(super) const COLL_HELLO_OFF: usize = STATE_OFF + 4096;
 pub(super) const COLL_BAR_OFF: usize = STATE_OFF + 8192;
@@ -179,9 +181,47 @@ impl Dda {
     /// Allocates and zeroes this rank's staging, exchanges IPC handles through the store, opens
     /// every peer's allocation once, loads the kernels and proves that peer writes land.
     /// The context of `ctx.device` must be current on this thread.
+    ///
+    /// Every rank ends with the same outcome: a rank whose part fails (kernels, allocation,
+    /// opening a peer's memory, the peer-write check) still reports at each exchange, so its
+    /// peers drop direct access too (and NCCL carries the communicator on every rank) instead
+    /// of launching kernels that wait for it.
     pub fn new(ctx: &CommContext, arch: &str, sm_count: u32) -> Result<Dda> {
-        let world = ctx.size;
-        let rank = ctx.rank;
+        let (rank, world, t) = (ctx.rank, ctx.size, ctx.timeout());
+        let store = &*ctx.store;
+        let prepared = Self::prepare(ctx, arch, sm_count);
+        let local = match &prepared {
+            Ok((_, msg)) => Ok(msg.clone()),
+            Err(e) => Err(e.to_string()),
+        };
+        let handles = match agree(store, "dda/ipc", rank, world, local, t)? {
+            Ok(h) => h,
+            // The same message on every rank, except that a library missing here stays that
+            // error on this rank.
+            Err(failed) => {
+                return Err(match prepared {
+                    Err(e @ Error::LibraryMissing { .. }) => e,
+                    _ => peers_failed(&failed),
+                })
+            }
+        };
+        let (mut me, _) = prepared?;
+        let wrote = me.open_peers(&handles).and_then(|()| me.write_to_peers());
+        // Every rank has written (or given up) before any rank reads what arrived.
+        store_barrier(store, "dda/verify", world, t)?;
+        let checked = wrote.and_then(|()| me.check_peer_writes());
+        let local = checked.map(|()| Vec::new()).map_err(|e| e.to_string());
+        // Also the barrier after which everyone has read its words and collectives may start.
+        match agree(store, "dda/verified", rank, world, local, t)? {
+            Ok(_) => Ok(me),
+            Err(failed) => Err(peers_failed(&failed)),
+        }
+    }
+
+    /// This rank's part before any exchange: kernels, the zeroed staging and error page, and
+    /// the message its peers need to open the staging (IPC handle of the allocation, offset).
+    fn prepare(ctx: &CommContext, arch: &str, sm_count: u32) -> Result<(Dda, Vec<u8>)> {
+        let (rank, world) = (ctx.rank, ctx.size);
         if world > MAX_RANKS {
             return Err(Error::Unsupported {
                 collective: "init",
@@ -190,24 +230,38 @@ impl Dda {
             });
         }
         let layout = staging_layout(&ctx.config, world);
-        let t = ctx.timeout();
 
         // Kernels first: compiling (or reading the cache) needs no peer.
         let modules = load_modules(&ctx.config, arch)?;
         let pdl = launch::pdl_for_current_device(&ctx.config)?;
 
+        // Owned by `me` from here on, so that Drop frees whatever was allocated when a later
+        // step fails (cuMemFree / cuMemFreeHost of a null pointer are no-ops).
+        let mut me = Dda {
+            rank,
+            world,
+            layout,
+            own: 0,
+            bases: vec![0; world],
+            opened: Vec::new(),
+            pdl,
+            error_host: std::ptr::null_mut(),
+            error_dev: 0,
+            modules,
+            sm_count,
+            timeout: ctx.timeout(),
+        };
         // NOT the async pool (stream.alloc): legacy IPC cannot share pool memory.
-        let mut own: sys::CUdeviceptr = 0;
         cu(
             // SAFETY: out-parameter; the context is current.
-            unsafe { sys::cuMemAlloc_v2(&mut own, layout.total) },
+            unsafe { sys::cuMemAlloc_v2(&mut me.own, layout.total) },
             "cuMemAlloc (DDA staging)",
         )?;
         // Flags, epochs and LL lines start at zero: epoch 1 is the first call (rule 5: sentinel
-        // state initialised before first use; the store barrier below orders it).
+        // state initialised before first use; the store exchange below orders it).
         cu(
             // SAFETY: `own` holds `layout.total` bytes.
-            unsafe { sys::cuMemsetD8_v2(own, 0, layout.total) },
+            unsafe { sys::cuMemsetD8_v2(me.own, 0, layout.total) },
             "cuMemsetD8",
         )?;
         let mut error_host: *mut c_void = std::ptr::null_mut();
@@ -222,29 +276,15 @@ impl Dda {
             },
             "cuMemHostAlloc (error record)",
         )?;
+        me.error_host = error_host.cast();
         // SAFETY: the page was just allocated with 4096 bytes.
         unsafe { std::ptr::write_bytes(error_host.cast::<u8>(), 0, 4096) };
-        let mut error_dev: sys::CUdeviceptr = 0;
         cu(
             // SAFETY: `error_host` is a mapped pinned allocation.
-            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut error_dev, error_host, 0) },
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut me.error_dev, error_host, 0) },
             "cuMemHostGetDevicePointer",
         )?;
-        let mut me = Dda {
-            rank,
-            world,
-            layout,
-            own,
-            bases: vec![0; world],
-            opened: Vec::new(),
-            pdl,
-            error_host: error_host.cast(),
-            error_dev,
-            modules,
-            sm_count,
-            timeout: t,
-        };
-        me.bases[rank] = own;
+        me.bases[rank] = me.own;
         // SAFETY: synchronous context-wide wait so the memset is done before peers write.
         cu(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")?;
 
@@ -253,7 +293,7 @@ impl Dda {
         let mut size = 0usize;
         cu(
             // SAFETY: out-parameters for an address we allocated.
-            unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, own) },
+            unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, me.own) },
             "cuMemGetAddressRange",
         )?;
         let mut handle = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
@@ -269,10 +309,14 @@ impl Dda {
         msg.extend_from_slice(unsafe {
             std::slice::from_raw_parts((&handle as *const sys::CUipcMemHandle).cast::<u8>(), 64)
         });
-        msg.extend_from_slice(&((own - base) as u64).to_le_bytes());
-        let all = all_gather_bytes(&*ctx.store, "dda/ipc", rank, world, &msg, t)?;
-        for (peer, m) in all.iter().enumerate() {
-            if peer == rank {
+        msg.extend_from_slice(&(me.own - base).to_le_bytes());
+        Ok((me, msg))
+    }
+
+    /// Opens every peer's staging from the messages of [`Dda::prepare`], once per peer.
+    fn open_peers(&mut self, handles: &[Vec<u8>]) -> Result<()> {
+        for (peer, m) in handles.iter().enumerate() {
+            if peer == self.rank {
                 continue;
             }
             if m.len() != 72 {
@@ -300,21 +344,18 @@ impl Dda {
                     "{e} (ranks must be separate processes on one host with peer access)"
                 ))
             })?;
-            me.opened.push(p);
-            me.bases[peer] = p + off;
+            self.opened.push(p);
+            self.bases[peer] = p + off;
         }
-        me.verify_peers(ctx)?;
-        Ok(me)
+        Ok(())
     }
 
-    /// Every rank writes a value through its peer mappings with a kernel; every rank then checks
-    /// that each peer's value arrived in its own memory (drivers can claim P2P falsely, rule 7).
-    fn verify_peers(&self, ctx: &CommContext) -> Result<()> {
-        let magic: u32 = 0x5eed_0000;
+    /// The peer-write check, first half: a kernel writes this rank's word into every peer's
+    /// memory through the mappings (drivers can claim P2P falsely, rule 7).
+    fn write_to_peers(&self) -> Result<()> {
         let f = self.func(DataType::F32, "fc_verify_write")?;
-        let args = self.base_args(0, 0, 0);
-        let mut a = args;
-        let mut m = magic;
+        let mut a = self.base_args(0, 0, 0);
+        let mut m = VERIFY_MAGIC;
         let mut off = VERIFY_OFF as u64;
         let mut params: [*mut c_void; 3] = [
             (&mut a as *mut Args).cast(),
@@ -329,8 +370,11 @@ impl Dda {
             "launching the peer-write check",
         )?;
         // SAFETY: plain context synchronisation.
-        cu(unsafe { sys::cuCtxSynchronize() }, "peer-write check")?;
-        store_barrier(&*ctx.store, "dda/verify", self.world, self.timeout)?;
+        cu(unsafe { sys::cuCtxSynchronize() }, "peer-write check")
+    }
+
+    /// The second half, after every rank wrote: each peer's word arrived in this GPU's memory.
+    fn check_peer_writes(&self) -> Result<()> {
         let mut got = [0u32; MAX_RANKS];
         cu(
             // SAFETY: reads `world` u32 of our own allocation into a large enough buffer.
@@ -344,18 +388,15 @@ impl Dda {
             "reading the peer-write check",
         )?;
         for (peer, v) in got.iter().take(self.world).enumerate() {
-            if *v != magic + peer as u32 {
+            let want = VERIFY_MAGIC + peer as u32;
+            if *v != want {
                 return Err(Error::Cuda(format!(
-                    "rank {}: a value rank {peer} wrote into this GPU's memory over the peer \
-                     mapping never arrived (read {v:#x}, expected {:#x}); peer-to-peer access \
-                     does not work between these GPUs",
-                    self.rank,
-                    magic + peer as u32
+                    "a value rank {peer} wrote into this GPU's memory over the peer mapping \
+                     never arrived (read {v:#x}, expected {want:#x}); peer-to-peer access does \
+                     not work between these GPUs"
                 )));
             }
         }
-        // Everyone has read its words before anyone starts a collective.
-        store_barrier(&*ctx.store, "dda/verified", self.world, self.timeout)?;
         Ok(())
     }
 
@@ -539,6 +580,19 @@ impl Drop for Dda {
             let _ = sys::cuMemFreeHost(self.error_host.cast());
         }
     }
+}
+
+/// The error every rank returns when direct access failed on some rank: each failing rank and
+/// its reason, so the message is the same everywhere.
+fn peers_failed(failed: &[(usize, String)]) -> Error {
+    let list: Vec<String> = failed
+        .iter()
+        .map(|(r, why)| format!("rank {r}: {why}"))
+        .collect();
+    Error::Cuda(format!(
+        "direct access could not be set up on every rank ({})",
+        list.join("; ")
+    ))
 }
 
 /// Compiles (in parallel, or reads from the cache) and loads one module per element type.
