@@ -415,6 +415,24 @@ def scenario_timeout(comm):
         time.sleep(4)
 
 
+def scenario_settings(comm):
+    """A second communicator whose last rank set another threshold: refused on every rank with
+    the variable and each rank's value; the first communicator is unaffected."""
+    var = "FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES"
+    if RANK == WORLD - 1:
+        os.environ[var] = "1000"
+    try:
+        e = expect(ferrocomm.FerrocommValueError, "settings differ between ranks",
+                   ferrocomm.new_comm, "host", "cpu", "mismatched")
+    finally:
+        os.environ.pop(var, None)
+    assert f"{var} (thresholds.flat_max): rank 0 default" in str(e), e
+    assert f"rank {WORLD - 1} 1000" in str(e), e
+    x = np.full(17, RANK + 1, np.float32)
+    comm.all_reduce(x, ReduceOp.SUM)
+    assert np.all(x == WORLD * (WORLD + 1) / 2), x
+
+
 def scenario_split(comm):
     """Sub-communicators: even/odd ranks, reversed order; two communicators interleaved."""
     evens = comm.split(list(range(0, WORLD, 2)), "even")

@@ -35,6 +35,10 @@ def test_info():
     run_ranks(2, "info")
 
 
+def test_settings_that_differ_between_ranks():
+    run_ranks(2, "settings")
+
+
 def test_split_and_two_communicators():
     run_ranks(4, "split")
 

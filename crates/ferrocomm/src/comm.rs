@@ -265,6 +265,62 @@ fn next_instance(name: &str, rank: usize) -> u64 {
     *c - 1
 }
 
+/// Every rank must build the same kind of backend with the same shared settings
+/// ([`Config::shared_settings`]): ranks that chose different thresholds, staging sizes or
+/// low-precision formats would run different kernels or lay out their buffers differently and
+/// wait for each other, or corrupt each other's data. Refused here with every differing
+/// variable and each rank's value.
+fn check_settings_agree(ctx: &CommContext, backend: &str) -> Result<()> {
+    if ctx.size == 1 {
+        return Ok(());
+    }
+    let mut mine = vec![("backend", "FERROCOMM_BACKEND / device", backend.to_string())];
+    mine.extend(ctx.config.shared_settings());
+    let text: String = mine.iter().map(|(n, _, v)| format!("{n}={v}\n")).collect();
+    let all = crate::bootstrap::all_gather_bytes(
+        &*ctx.store,
+        "settings",
+        ctx.rank,
+        ctx.size,
+        text.as_bytes(),
+        ctx.timeout(),
+    )?;
+    let ranks: Vec<std::collections::BTreeMap<String, String>> = all
+        .iter()
+        .map(|b| {
+            String::from_utf8_lossy(b)
+                .lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect();
+    let mut diffs = Vec::new();
+    for (name, var, _) in &mine {
+        let vals: Vec<&str> = ranks
+            .iter()
+            .map(|m| m.get(*name).map_or("(not sent)", |v| v.as_str()))
+            .collect();
+        if vals.iter().any(|v| *v != vals[0]) {
+            let each: Vec<String> = vals
+                .iter()
+                .enumerate()
+                .map(|(r, v)| format!("rank {r} {v}"))
+                .collect();
+            diffs.push(format!("{var} ({name}): {}", each.join(", ")));
+        }
+    }
+    if diffs.is_empty() {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "communicator '{}': settings differ between ranks, and every rank must use the same \
+         (docs/config.md): {}",
+        ctx.name,
+        diffs.join("; ")
+    )))
+}
+
 impl Communicator {
     /// Creates a communicator: finds rank and size, connects to the store, builds the backend.
     /// Every rank must call it with the same name.
@@ -363,6 +419,12 @@ impl Communicator {
             store,
             config,
         };
+        let kind = match (choice, device) {
+            (BackendChoice::Nccl, _) => "nccl",
+            (_, Device::Host) => "host",
+            (_, Device::Cuda(_)) => "cuda",
+        };
+        check_settings_agree(&ctx, kind)?;
         let backend: Box<dyn Backend> = match (choice, device) {
             (BackendChoice::Nccl, _) => crate::nccl::new_backend(&ctx)?,
             (_, Device::Host) => Box::new(crate::host::HostBackend::new(&ctx)?),

@@ -257,6 +257,102 @@ pub fn parse_size(s: &str) -> std::result::Result<usize, String> {
 }
 
 impl Config {
+    /// The settings every rank of a communicator must share, because they decide algorithms,
+    /// buffer layouts and what goes on the wire: (setting, its environment variable, value).
+    /// Communicator creation compares them across ranks and refuses a mismatch.
+    pub fn shared_settings(&self) -> Vec<(&'static str, &'static str, String)> {
+        let (t, lp) = (&self.thresholds, &self.low_precision);
+        let bytes = |v: Option<usize>| v.map_or_else(|| "default".to_string(), |b| b.to_string());
+        vec![
+            ("algo", "FERROCOMM_ALGO", self.algo.to_string()),
+            (
+                "low_precision.enabled",
+                "FERROCOMM_LOW_PRECISION",
+                lp.enabled.to_string(),
+            ),
+            (
+                "low_precision.format",
+                "FERROCOMM_LP_FORMAT",
+                format!("{:?}", lp.format),
+            ),
+            (
+                "low_precision.block",
+                "FERROCOMM_LP_BLOCK",
+                lp.block.to_string(),
+            ),
+            (
+                "low_precision.min_bytes",
+                "FERROCOMM_LP_MIN_BYTES",
+                bytes(lp.min_bytes),
+            ),
+            (
+                "low_precision.all_reduce",
+                "FERROCOMM_LP_ALL_REDUCE",
+                lp.all_reduce.to_string(),
+            ),
+            (
+                "low_precision.all_gather",
+                "FERROCOMM_LP_ALL_GATHER",
+                lp.all_gather.to_string(),
+            ),
+            (
+                "low_precision.reduce_scatter",
+                "FERROCOMM_LP_REDUCE_SCATTER",
+                lp.reduce_scatter.to_string(),
+            ),
+            (
+                "low_precision.all_to_all",
+                "FERROCOMM_LP_ALL_TO_ALL",
+                lp.all_to_all.to_string(),
+            ),
+            (
+                "thresholds.push_max",
+                "FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES",
+                bytes(t.push_max),
+            ),
+            (
+                "thresholds.flat_max",
+                "FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES",
+                bytes(t.flat_max),
+            ),
+            (
+                "thresholds.tree_max",
+                "FERROCOMM_ALLREDUCE_TREE_MAX_BYTES",
+                bytes(t.tree_max),
+            ),
+            (
+                "thresholds.all_gather_max",
+                "FERROCOMM_ALLGATHER_MAX_BYTES",
+                bytes(t.all_gather_max),
+            ),
+            (
+                "thresholds.reduce_scatter_max",
+                "FERROCOMM_REDUCESCATTER_MAX_BYTES",
+                bytes(t.reduce_scatter_max),
+            ),
+            (
+                "thresholds.all_to_all_max",
+                "FERROCOMM_ALLTOALL_MAX_BYTES",
+                bytes(t.all_to_all_max),
+            ),
+            (
+                "thresholds.broadcast_max",
+                "FERROCOMM_BROADCAST_MAX_BYTES",
+                bytes(t.broadcast_max),
+            ),
+            (
+                "host_slot_bytes",
+                "FERROCOMM_HOST_SLOT_BYTES",
+                self.host_slot_bytes.to_string(),
+            ),
+            (
+                "cuda_staging_bytes",
+                "FERROCOMM_CUDA_STAGING_BYTES",
+                self.cuda_staging_bytes.to_string(),
+            ),
+        ]
+    }
+
     /// Reads the process environment.
     pub fn from_env() -> Result<Self> {
         Self::from_lookup(|k| std::env::var(k).ok())
@@ -468,6 +564,30 @@ fn read_launch(r: &mut Reader<'_>) -> Result<LaunchEnv> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_settings_cover_every_threshold_and_low_precision_field() {
+        // Every field of these groups decides something ranks must agree on; a new field must be
+        // added to shared_settings (with its variable) or this fails.
+        let c = Config::default();
+        let v = serde_json::to_value(&c).unwrap();
+        let names: Vec<&str> = c.shared_settings().iter().map(|s| s.0).collect();
+        for group in ["thresholds", "low_precision"] {
+            for key in v[group].as_object().unwrap().keys() {
+                let path = format!("{group}.{key}");
+                assert!(
+                    names.contains(&path.as_str()),
+                    "{path} missing from shared_settings"
+                );
+            }
+        }
+        for (name, var, _) in c.shared_settings() {
+            assert!(
+                VARS.iter().any(|v| v.name == var),
+                "{name}: {var} is not a known variable"
+            );
+        }
+    }
     use std::collections::HashMap;
 
     fn cfg(pairs: &[(&str, &str)]) -> Result<Config> {

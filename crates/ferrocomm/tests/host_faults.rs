@@ -199,3 +199,61 @@ fn mismatched_send_and_recv_sizes_are_reported() {
         res[1]
     );
 }
+
+#[test]
+fn ranks_with_different_settings_are_refused_at_creation() {
+    use ferrocomm::bootstrap::{MemStore, Store};
+    use ferrocomm::config::BackendChoice;
+    use ferrocomm::{CommOptions, Communicator};
+    use std::sync::Arc;
+    let store: Arc<dyn Store> = MemStore::new();
+    let name = unique_name("settings");
+    let errs: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3)
+            .map(|r| {
+                let (store, name) = (store.clone(), &name);
+                s.spawn(move || {
+                    let mut c = config(4096, Duration::from_secs(10));
+                    if r == 2 {
+                        c.thresholds.flat_max = Some(1000);
+                        c.host_slot_bytes = 8192;
+                    }
+                    Communicator::new(CommOptions {
+                        name: name.clone(),
+                        rank: Some(r),
+                        size: Some(3),
+                        store: Some(store),
+                        backend: Some(BackendChoice::Host),
+                        config: Some(c),
+                        ..Default::default()
+                    })
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_else(|| "created".into())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for e in &errs {
+        assert_eq!(e, &errs[0], "every rank gives the same reason");
+    }
+    let e = &errs[0];
+    assert!(e.contains("settings differ between ranks"), "{e}");
+    assert!(
+        e.contains(
+            "FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES (thresholds.flat_max): rank 0 default, \
+             rank 1 default, rank 2 1000"
+        ),
+        "{e}"
+    );
+    assert!(
+        e.contains(
+            "FERROCOMM_HOST_SLOT_BYTES (host_slot_bytes): rank 0 4096, rank 1 4096, rank 2 8192"
+        ),
+        "{e}"
+    );
+    // Agreeing ranks still come up (the same store, another name).
+    let ok = run_ranks(3, &config(4096, Duration::from_secs(10)), |c| c.size());
+    assert_eq!(ok, vec![3, 3, 3]);
+}
