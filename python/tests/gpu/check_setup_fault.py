@@ -2,12 +2,13 @@
 
     torchrun --nproc_per_node 2 python/tests/gpu/check_setup_fault.py
 
-The last rank asks for an IPC staging far larger than any GPU (FERROCOMM_CUDA_STAGING_BYTES =
-1 TiB), so its allocation fails while the other ranks' succeed. Every rank must then agree:
-the communicator comes up on every rank with direct access off (NCCL carries it), forcing a
-direct-access algorithm is refused on every rank with the failing rank's reason, and the
-collectives still match torch.distributed. Before the ranks agreed, the healthy ranks kept
-direct access and their kernels waited for a rank that would never join them.
+Every rank asks for the same 4 GiB IPC staging (FERROCOMM_CUDA_STAGING_BYTES: the settings the
+ranks share must agree), and the last rank first fills its GPU with a tensor that leaves 2 GiB
+free, so its staging allocation (8 GiB: two parities) fails while the other ranks' succeed.
+Every rank must then agree: the communicator comes up on every rank with direct access off
+(NCCL carries it), forcing a direct-access algorithm is refused on every rank with the failing
+rank's reason, and the collectives still match torch.distributed. Before the ranks agreed, the
+healthy ranks kept direct access and their kernels waited for a rank that would never join them.
 """
 
 import os
@@ -22,8 +23,8 @@ WORLD = int(os.environ["WORLD_SIZE"])
 DEV = torch.device("cuda", int(os.environ.get("LOCAL_RANK", RANK)))
 # Bounded: whatever happens, no step below waits longer than this.
 os.environ.setdefault("FERROCOMM_TIMEOUT_S", "20")
-if RANK == WORLD - 1:
-    os.environ["FERROCOMM_CUDA_STAGING_BYTES"] = str(1 << 40)
+os.environ["FERROCOMM_CUDA_STAGING_BYTES"] = str(4 << 30)
+LEAVE_FREE = 2 << 30  # room for NCCL's buffers, not for the 8 GiB staging
 
 import ferrocomm  # noqa: E402  (after the environment it reads)
 from ferrocomm import ReduceOp  # noqa: E402
@@ -33,6 +34,10 @@ def main():
     torch.cuda.set_device(DEV)
     dist.init_process_group("nccl", device_id=DEV)
     fails = []
+    hog = None
+    if RANK == WORLD - 1:
+        free, _ = torch.cuda.mem_get_info(DEV)
+        hog = torch.empty(free - LEAVE_FREE, dtype=torch.uint8, device=DEV)
     t0 = time.time()
     comm = ferrocomm.new_comm("ferrocomm", "cuda", "setup-fault")
     up = time.time() - t0
@@ -65,6 +70,7 @@ def main():
             fails.append(f"rank {RANK}: all_gather_single n={n} differs from torch.distributed")
     torch.cuda.synchronize()
     comm.finalize()
+    del hog
     everyone = [None] * WORLD
     dist.all_gather_object(everyone, fails)
     bad = [f for r in everyone for f in r]
