@@ -257,3 +257,31 @@ fn ranks_with_different_settings_are_refused_at_creation() {
     let ok = run_ranks(3, &config(4096, Duration::from_secs(10)), |c| c.size());
     assert_eq!(ok, vec![3, 3, 3]);
 }
+
+#[test]
+fn low_precision_on_one_rank_only_is_a_named_mismatch() {
+    use ferrocomm::{Format, LowPrecisionChoice};
+    let cfg = config(4096, Duration::from_secs(20));
+    let res = run_ranks(2, &cfg, |comm| {
+        let o = if comm.rank() == 0 {
+            CallOpts::default().with_low_precision(LowPrecisionChoice::On(Format::E5M2))
+        } else {
+            CallOpts::default()
+        };
+        let x = vec![1.25f32; 3000];
+        let mut y = vec![f32::NAN; 3000];
+        let r = comm.all_reduce(
+            Input::Buf(View::host(&x)),
+            ViewMut::host(&mut y),
+            ReduceOp::Sum,
+            &o,
+        );
+        (r.map_err(|e| e.to_string()), y)
+    });
+    for (r, (e, y)) in res.iter().enumerate() {
+        let e = e.as_ref().expect_err("a mismatch");
+        assert!(e.contains("collective mismatch"), "rank {r}: {e}");
+        assert!(e.contains("low precision e5m2, block 128"), "rank {r}: {e}");
+        assert!(y.iter().all(|v| v.is_nan()), "rank {r}: output written");
+    }
+}

@@ -21,6 +21,14 @@ fn lp_word(c: &Codec) -> u64 {
     (f + 1) | (c.block as u64) << 8
 }
 
+/// The codec a signature word names, for mismatch messages ("e4m3, block 128").
+pub(super) fn describe_lp_word(w: u64) -> String {
+    match Format::ALL.get(((w & 0xff) as usize).wrapping_sub(1)) {
+        Some(f) => format!("{f}, block {}", w >> 8),
+        None => format!("{w:#x}"),
+    }
+}
+
 /// Widens `len` elements at `src` and encodes them into `dst`.
 ///
 /// # Safety

@@ -154,7 +154,7 @@ impl Signature {
             ALGOS[((w[1] >> 24) & 0xff) as usize % ALGOS.len()]
         );
         if w[5] != 0 {
-            s += &format!(", low precision {:#x}", w[5]);
+            s += &format!(", low precision {}", lowp::describe_lp_word(w[5]));
         }
         s + ")"
     }
