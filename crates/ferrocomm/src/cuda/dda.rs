@@ -236,7 +236,7 @@ impl Dda {
         let pdl = launch::pdl_for_current_device(&ctx.config)?;
 
         // Owned by `me` from here on, so that Drop frees whatever was allocated when a later
-        // step fails (cuMemFree / cuMemFreeHost of a null pointer are no-ops).
+        // step fails (and skips what was not).
         let mut me = Dda {
             rank,
             world,
@@ -576,8 +576,13 @@ impl Drop for Dda {
             for m in self.modules.values() {
                 let _ = sys::cuModuleUnload(m.module);
             }
-            let _ = sys::cuMemFree_v2(self.own);
-            let _ = sys::cuMemFreeHost(self.error_host.cast());
+            // Null when set-up failed before allocating them.
+            if self.own != 0 {
+                let _ = sys::cuMemFree_v2(self.own);
+            }
+            if !self.error_host.is_null() {
+                let _ = sys::cuMemFreeHost(self.error_host.cast());
+            }
         }
     }
 }
