@@ -129,6 +129,20 @@ struct Case {
     misalign: usize,
 }
 
+impl Case {
+    /// A sum of `count` elements, out of place, from aligned pointers.
+    fn sum(dtype: DataType, count: usize, algo: Algo) -> Case {
+        Case {
+            dtype,
+            op: OpK::Sum,
+            count,
+            algo,
+            in_place: false,
+            misalign: 0,
+        }
+    }
+}
+
 fn run_case(
     c: &mut Ctx,
     comm_sel: Option<&Communicator>,
@@ -223,12 +237,9 @@ fn sanitize_cases(c: &mut Ctx) -> Res<()> {
             for algo in ALGOS {
                 seed += 1;
                 let cs = Case {
-                    dtype: d,
-                    op: OpK::Sum,
-                    count: n,
-                    algo,
                     in_place: k % 2 == 0,
                     misalign: k % 2,
+                    ..Case::sum(d, n, algo)
                 };
                 run_case(c, None, &cs, seed, 0)?;
             }
@@ -283,13 +294,10 @@ fn matrix(c: &mut Ctx, quick: bool) -> Res<()> {
                 }
                 seed += 1;
                 let cs = Case {
-                    dtype: d,
-                    op: OpK::Sum,
-                    count: b / d.size(),
-                    algo,
                     in_place: seed % 2 == 0,
                     // Odd sizes also run from pointers off 16-byte alignment (scalar path).
                     misalign: usize::from(b % 16 != 0),
+                    ..Case::sum(d, b / d.size(), algo)
                 };
                 run_case(c, None, &cs, seed, 0)?;
             }
@@ -477,11 +485,11 @@ fn foreign_pointers(c: &mut Ctx) -> Res<()> {
         "not CUDA device memory",
     ));
     let other = (c.dev as i32 + 1) % ndev.max(1);
+    // This GPU's context, bound again after each visit to the other GPU's.
+    let own = cudarc::driver::CudaContext::new(c.dev as usize)?;
     let foreign = if other != c.dev as i32 {
         let ctx = cudarc::driver::CudaContext::new(other as usize)?;
-        ctx.bind_to_thread()?;
         let b = Buf::new(n * 4)?;
-        let own = cudarc::driver::CudaContext::new(c.dev as usize)?;
         own.bind_to_thread()?;
         Some((ctx, b))
     } else {
@@ -523,18 +531,10 @@ fn foreign_pointers(c: &mut Ctx) -> Res<()> {
         // Dropping a context binds it to the thread first (and this one is then destroyed), so
         // it goes before this GPU's context is bound again.
         drop(ctx);
-        let own = cudarc::driver::CudaContext::new(c.dev as usize)?;
         own.bind_to_thread()?;
     }
     // The communicator still works.
-    let cs = Case {
-        dtype: DataType::F32,
-        op: OpK::Sum,
-        count: 777,
-        algo: Algo::Auto,
-        in_place: false,
-        misalign: 0,
-    };
+    let cs = Case::sum(DataType::F32, 777, Algo::Auto);
     run_case(c, None, &cs, 40_000, 0)
 }
 
@@ -822,14 +822,7 @@ fn nccl_timeout(c: &mut Ctx, cfg: &Config) -> Res<()> {
         }
     };
     let n6 = (1 << 20) / 4; // 1 MiB of f32
-    let warm = Case {
-        dtype: DataType::F32,
-        op: OpK::Sum,
-        count: n6,
-        algo: Algo::Nccl,
-        in_place: false,
-        misalign: 0,
-    };
+    let warm = Case::sum(DataType::F32, n6, Algo::Nccl);
     run_case(c, Some(&comm6), &warm, 40_000, 0)?;
     if rank == 0 {
         // Rank 1 skips this call: it never enqueues its part.
@@ -978,12 +971,8 @@ fn real_main() -> Res<i32> {
         for k in 0..40u64 {
             let algo = [Algo::Push, Algo::Flat, Algo::Tree, Algo::Auto][k as usize % 4];
             let cs = Case {
-                dtype: DataType::F32,
-                op: OpK::Sum,
-                count: 1000 + k as usize * 997,
-                algo,
                 in_place: k % 2 == 0,
-                misalign: 0,
+                ..Case::sum(DataType::F32, 1000 + k as usize * 997, algo)
             };
             let which = if k % 2 == 0 { None } else { Some(&comm2) };
             run_case(&mut c, which, &cs, 10_000 + k, 0)?;
@@ -1007,12 +996,9 @@ fn real_main() -> Res<i32> {
         .enumerate()
         {
             let cs = Case {
-                dtype: d,
-                op: OpK::Sum,
-                count: n,
-                algo,
                 in_place: k % 2 == 0,
                 misalign: k % 2,
+                ..Case::sum(d, n, algo)
             };
             run_case(&mut c, Some(&comm5), &cs, 30_000 + k as u64, 0)?;
         }
@@ -1036,14 +1022,7 @@ fn real_main() -> Res<i32> {
                 .push(format!("two-host simulation chose {a3}, not nccl"));
         }
         for (k, algo) in [Algo::Auto, Algo::Nccl].into_iter().enumerate() {
-            let cs = Case {
-                dtype: DataType::BF16,
-                op: OpK::Sum,
-                count: 5000,
-                algo,
-                in_place: false,
-                misalign: 0,
-            };
+            let cs = Case::sum(DataType::BF16, 5000, algo);
             run_case(&mut c, Some(&comm3), &cs, 20_000 + k as u64, 0)?;
         }
         let refused = {

@@ -256,101 +256,53 @@ pub fn parse_size(s: &str) -> std::result::Result<usize, String> {
         .ok_or_else(|| format!("'{s}' is not a size (a number with an optional K, M or G)"))
 }
 
+/// [`Config::shared_settings`]: each setting (its path in the serialized configuration) and the
+/// variable that sets it.
+const SHARED_SETTINGS: [(&str, &str); 18] = [
+    ("algo", "FERROCOMM_ALGO"),
+    ("low_precision.enabled", "FERROCOMM_LOW_PRECISION"),
+    ("low_precision.format", "FERROCOMM_LP_FORMAT"),
+    ("low_precision.block", "FERROCOMM_LP_BLOCK"),
+    ("low_precision.min_bytes", "FERROCOMM_LP_MIN_BYTES"),
+    ("low_precision.all_reduce", "FERROCOMM_LP_ALL_REDUCE"),
+    ("low_precision.all_gather", "FERROCOMM_LP_ALL_GATHER"),
+    (
+        "low_precision.reduce_scatter",
+        "FERROCOMM_LP_REDUCE_SCATTER",
+    ),
+    ("low_precision.all_to_all", "FERROCOMM_LP_ALL_TO_ALL"),
+    ("thresholds.push_max", "FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES"),
+    ("thresholds.flat_max", "FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES"),
+    ("thresholds.tree_max", "FERROCOMM_ALLREDUCE_TREE_MAX_BYTES"),
+    ("thresholds.all_gather_max", "FERROCOMM_ALLGATHER_MAX_BYTES"),
+    (
+        "thresholds.reduce_scatter_max",
+        "FERROCOMM_REDUCESCATTER_MAX_BYTES",
+    ),
+    ("thresholds.all_to_all_max", "FERROCOMM_ALLTOALL_MAX_BYTES"),
+    ("thresholds.broadcast_max", "FERROCOMM_BROADCAST_MAX_BYTES"),
+    ("host_slot_bytes", "FERROCOMM_HOST_SLOT_BYTES"),
+    ("cuda_staging_bytes", "FERROCOMM_CUDA_STAGING_BYTES"),
+];
+
 impl Config {
     /// The settings every rank of a communicator must share, because they decide algorithms,
-    /// buffer layouts and what goes on the wire: (setting, its environment variable, value).
+    /// buffer layouts and what goes on the wire: (setting, its environment variable, value),
+    /// the value as the configuration serializes it (`default` for an unset size).
     /// Communicator creation compares them across ranks and refuses a mismatch.
     pub fn shared_settings(&self) -> Vec<(&'static str, &'static str, String)> {
-        let (t, lp) = (&self.thresholds, &self.low_precision);
-        let bytes = |v: Option<usize>| v.map_or_else(|| "default".to_string(), |b| b.to_string());
-        vec![
-            ("algo", "FERROCOMM_ALGO", self.algo.to_string()),
-            (
-                "low_precision.enabled",
-                "FERROCOMM_LOW_PRECISION",
-                lp.enabled.to_string(),
-            ),
-            (
-                "low_precision.format",
-                "FERROCOMM_LP_FORMAT",
-                format!("{:?}", lp.format),
-            ),
-            (
-                "low_precision.block",
-                "FERROCOMM_LP_BLOCK",
-                lp.block.to_string(),
-            ),
-            (
-                "low_precision.min_bytes",
-                "FERROCOMM_LP_MIN_BYTES",
-                bytes(lp.min_bytes),
-            ),
-            (
-                "low_precision.all_reduce",
-                "FERROCOMM_LP_ALL_REDUCE",
-                lp.all_reduce.to_string(),
-            ),
-            (
-                "low_precision.all_gather",
-                "FERROCOMM_LP_ALL_GATHER",
-                lp.all_gather.to_string(),
-            ),
-            (
-                "low_precision.reduce_scatter",
-                "FERROCOMM_LP_REDUCE_SCATTER",
-                lp.reduce_scatter.to_string(),
-            ),
-            (
-                "low_precision.all_to_all",
-                "FERROCOMM_LP_ALL_TO_ALL",
-                lp.all_to_all.to_string(),
-            ),
-            (
-                "thresholds.push_max",
-                "FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES",
-                bytes(t.push_max),
-            ),
-            (
-                "thresholds.flat_max",
-                "FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES",
-                bytes(t.flat_max),
-            ),
-            (
-                "thresholds.tree_max",
-                "FERROCOMM_ALLREDUCE_TREE_MAX_BYTES",
-                bytes(t.tree_max),
-            ),
-            (
-                "thresholds.all_gather_max",
-                "FERROCOMM_ALLGATHER_MAX_BYTES",
-                bytes(t.all_gather_max),
-            ),
-            (
-                "thresholds.reduce_scatter_max",
-                "FERROCOMM_REDUCESCATTER_MAX_BYTES",
-                bytes(t.reduce_scatter_max),
-            ),
-            (
-                "thresholds.all_to_all_max",
-                "FERROCOMM_ALLTOALL_MAX_BYTES",
-                bytes(t.all_to_all_max),
-            ),
-            (
-                "thresholds.broadcast_max",
-                "FERROCOMM_BROADCAST_MAX_BYTES",
-                bytes(t.broadcast_max),
-            ),
-            (
-                "host_slot_bytes",
-                "FERROCOMM_HOST_SLOT_BYTES",
-                self.host_slot_bytes.to_string(),
-            ),
-            (
-                "cuda_staging_bytes",
-                "FERROCOMM_CUDA_STAGING_BYTES",
-                self.cuda_staging_bytes.to_string(),
-            ),
-        ]
+        let v = serde_json::to_value(self).expect("the configuration serializes");
+        SHARED_SETTINGS
+            .iter()
+            .map(|&(path, var)| {
+                let value = match v.pointer(&format!("/{}", path.replace('.', "/"))) {
+                    None | Some(serde_json::Value::Null) => "default".to_string(),
+                    Some(serde_json::Value::String(s)) => s.clone(),
+                    Some(other) => other.to_string(),
+                };
+                (path, var, value)
+            })
+            .collect()
     }
 
     /// Reads the process environment.
@@ -585,6 +537,11 @@ mod tests {
             assert!(
                 VARS.iter().any(|v| v.name == var),
                 "{name}: {var} is not a known variable"
+            );
+            let pointer = format!("/{}", name.replace('.', "/"));
+            assert!(
+                v.pointer(&pointer).is_some(),
+                "{name} is not a field of the configuration"
             );
         }
     }

@@ -713,8 +713,7 @@ impl Backend for CudaBackend {
     ) -> Result<Option<Algo>> {
         // The same rule as the calls (aligned pointers assumed), on the part sizes algo_for uses.
         let (op, bytes) = match coll {
-            AR => (Some(ReduceOp::Sum), bytes_per_rank),
-            RS => (Some(ReduceOp::Sum), bytes_per_rank),
+            AR | RS => (Some(ReduceOp::Sum), bytes_per_rank),
             AG => (None, bytes_per_rank),
             A2A => (None, bytes_per_rank / self.size),
             _ => return Ok(None),

@@ -561,20 +561,13 @@ impl Backend for HostBackend {
         dtype: DataType,
         opts: &CallOpts,
     ) -> Result<Option<Algo>> {
-        if !matches!(
-            coll,
-            Collective::AllReduce
-                | Collective::AllGather
-                | Collective::ReduceScatter
-                | Collective::AllToAll
-                | Collective::AllToAllV
-        ) {
+        // select::low_precision turns down the collectives that have no low-precision form.
+        if self
+            .low_precision(coll, dtype, ReduceOp::Sum, bytes_per_rank, opts)?
+            .is_none()
+        {
             return Ok(None);
         }
-        let lp = self.low_precision(coll, dtype, ReduceOp::Sum, bytes_per_rank, opts)?;
-        match lp {
-            Some(_) => Ok(Some(self.algo(coll, bytes_per_rank, dtype, opts)?)),
-            None => Ok(None),
-        }
+        self.algo(coll, bytes_per_rank, dtype, opts).map(Some)
     }
 }

@@ -891,36 +891,21 @@ impl Nccl {
             // SAFETY: group calls bracket the point-to-point enqueues below.
             live.ok_in_group(unsafe { (l.ncclGroupStart)() }, "ncclGroupStart")?;
             let mut first_err = Ok(());
-            for &(peer, p, n) in sends {
-                // SAFETY: `p` holds `n` elements (checked by the communicator).
+            let sends = sends.iter().map(|&(peer, p, n)| (true, peer, p, n));
+            let recvs = recvs.iter().map(|&(peer, p, n)| (false, peer, p, n));
+            for (send, peer, p, n) in sends.chain(recvs) {
+                let (comm, s) = (live.comm(), Self::stream(stream));
+                // SAFETY: `p` holds (or has room for) `n` elements, checked by the communicator.
                 let r = unsafe {
-                    (l.ncclSend)(
-                        p as *const c_void,
-                        n,
-                        dt,
-                        peer as c_int,
-                        live.comm(),
-                        Self::stream(stream),
-                    )
+                    if send {
+                        (l.ncclSend)(p as *const c_void, n, dt, peer as c_int, comm, s)
+                    } else {
+                        (l.ncclRecv)(p as *mut c_void, n, dt, peer as c_int, comm, s)
+                    }
                 };
                 if first_err.is_ok() {
-                    first_err = live.ok_in_group(r, &format!("{what}: ncclSend to {peer}"));
-                }
-            }
-            for &(peer, p, n) in recvs {
-                // SAFETY: `p` holds room for `n` elements (checked by the communicator).
-                let r = unsafe {
-                    (l.ncclRecv)(
-                        p as *mut c_void,
-                        n,
-                        dt,
-                        peer as c_int,
-                        live.comm(),
-                        Self::stream(stream),
-                    )
-                };
-                if first_err.is_ok() {
-                    first_err = live.ok_in_group(r, &format!("{what}: ncclRecv from {peer}"));
+                    let call = if send { "ncclSend to" } else { "ncclRecv from" };
+                    first_err = live.ok_in_group(r, &format!("{what}: {call} {peer}"));
                 }
             }
             // SAFETY: closes the group opened above (always, so that NCCL's group state is
