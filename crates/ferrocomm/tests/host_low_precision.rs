@@ -191,8 +191,8 @@ fn bf16_inputs_and_environment_selection() {
 #[test]
 fn data_movement_and_reduce_scatter() {
     let codec = Codec::new(Format::E4M3, 128).unwrap();
-    for n in [2, 3] {
-        let part = 1100;
+    // 1100 elements fit one chunk of the 4 KiB slot; 5000 take several and a short last one.
+    for (n, part) in [(2, 1100), (3, 1100), (2, 5000), (3, 5000)] {
         let ins: Vec<Vec<f32>> = (0..n)
             .map(|r| Data::Normal.generate(n * part, 30 + r as u64))
             .collect();
@@ -209,7 +209,7 @@ fn data_movement_and_reduce_scatter() {
             )
             .unwrap();
             let want: Vec<f32> = (0..n).flat_map(|r| qdq(&codec, &p(&ins[r], 0))).collect();
-            assert_eq!(out, want, "all_gather n={n}");
+            assert_eq!(out, want, "all_gather n={n} part={part}");
             // reduce_scatter: one-shot sum of our part over all ranks.
             let mut rs = vec![f32::NAN; part];
             comm.reduce_scatter(
@@ -220,7 +220,11 @@ fn data_movement_and_reduce_scatter() {
             )
             .unwrap();
             let parts: Vec<Vec<f32>> = (0..n).map(|r| p(&ins[r], me)).collect();
-            assert_eq!(rs, one_shot(&codec, &parts), "reduce_scatter n={n}");
+            assert_eq!(
+                rs,
+                one_shot(&codec, &parts),
+                "reduce_scatter n={n} part={part}"
+            );
             // all_to_all: part `me` of every rank, through the codes.
             let mut a2a = vec![f32::NAN; n * part];
             comm.all_to_all(
@@ -230,7 +234,7 @@ fn data_movement_and_reduce_scatter() {
             )
             .unwrap();
             let want: Vec<f32> = (0..n).flat_map(|r| qdq(&codec, &p(&ins[r], me))).collect();
-            assert_eq!(a2a, want, "all_to_all n={n}");
+            assert_eq!(a2a, want, "all_to_all n={n} part={part}");
             // all_to_all_v with equal parts: the same as all_to_all.
             let splits = Splits::packed(vec![part; n], vec![part; n]);
             let mut v = vec![f32::NAN; n * part];
@@ -241,7 +245,7 @@ fn data_movement_and_reduce_scatter() {
                 &o,
             )
             .unwrap();
-            assert_eq!(v, want, "all_to_all_v n={n}");
+            assert_eq!(v, want, "all_to_all_v n={n} part={part}");
         });
     }
 }
