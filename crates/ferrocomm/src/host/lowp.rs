@@ -283,35 +283,50 @@ impl HostBackend {
         )
     }
 
-    /// Stages elements `off..off + len` of every part, encoded, into this rank's slot regions
-    /// (reduce-scatter and all-to-all: part `p` goes to rank `p`).
-    ///
-    /// # Safety
-    /// `input` holds `n * part` elements; our slot is ours.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn stage_parts_lp(
+    /// The shape reduce-scatter and all-to-all share: in chunks, every part of the input is
+    /// encoded into this rank's slot regions (part `p` into region `p`, for rank `p`), and after
+    /// the barrier `receive(region, off, len)` takes elements `off..off + len` of this rank's
+    /// part from every rank's region `me`.
+    fn parts_lp(
         &self,
-        codec: &Codec,
+        bufs: &Bufs,
         dtype: DataType,
-        input: *const u8,
-        (part, region): (usize, usize),
-        (off, len): (usize, usize),
-        wide: &mut Vec<f32>,
+        part: usize,
+        codec: &Codec,
+        sig: &Signature,
+        mut receive: impl FnMut(usize, usize, usize) -> Result<()>,
     ) -> Result<()> {
-        for p in 0..self.world {
-            // SAFETY: per the function's contract; regions are disjoint.
-            unsafe {
-                encode(
-                    codec,
-                    dtype,
-                    input.add((p * part + off) * dtype.size()),
-                    len,
-                    self.seg.slot(self.rank).add(p * region),
-                    wide,
-                )?
-            };
-        }
-        Ok(())
+        let (me, n, seg) = (self.rank, self.world, &self.seg);
+        let region = region_bytes(seg.layout.slot_bytes, n);
+        let chunk = self.lp_chunk(sig.coll, codec, region)?;
+        let range = |k: usize| (k * chunk, chunk.min(part - k * chunk));
+        let mut wide = Vec::new();
+        self.chunked_fallible(
+            sig,
+            part.div_ceil(chunk),
+            |k| {
+                let (off, len) = range(k);
+                for p in 0..n {
+                    // SAFETY: the input holds n parts; our slot is ours before the barrier and
+                    // its regions are disjoint.
+                    unsafe {
+                        encode(
+                            codec,
+                            dtype,
+                            bufs.input.add((p * part + off) * dtype.size()),
+                            len,
+                            seg.slot(me).add(p * region),
+                            &mut wide,
+                        )?
+                    };
+                }
+                Ok(())
+            },
+            |_, k| {
+                let (off, len) = range(k);
+                receive(region, off, len)
+            },
+        )
     }
 
     pub(super) fn reduce_scatter_lp(
@@ -324,8 +339,6 @@ impl HostBackend {
     ) -> Result<()> {
         let coll = Collective::ReduceScatter;
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
-        let region = region_bytes(seg.layout.slot_bytes, n);
-        let chunk = self.lp_chunk(coll, codec, region)?;
         let out = bufs.scatter_output(me, part * es);
         let sig = Signature {
             dtype: Some(dtype),
@@ -334,37 +347,20 @@ impl HostBackend {
             lp: lp_word(codec),
             ..Signature::new(coll)
         };
-        let range = |k: usize| (k * chunk, chunk.min(part - k * chunk));
-        let (mut wide, mut acc) = (Vec::new(), Vec::new());
-        self.chunked_fallible(
-            &sig,
-            part.div_ceil(chunk),
-            // SAFETY: the input holds n parts; our slot is ours before the barrier.
-            |k| unsafe {
-                self.stage_parts_lp(
+        let mut acc = Vec::new();
+        self.parts_lp(bufs, dtype, part, codec, &sig, |region, off, len| {
+            // SAFETY: regions `me` are stable between barriers; the output chunk is ours.
+            unsafe {
+                sum(
                     codec,
-                    dtype,
-                    bufs.input,
-                    (part, region),
-                    range(k),
-                    &mut wide,
-                )
-            },
-            |_, k| {
-                let (off, len) = range(k);
-                // SAFETY: regions `me` are stable between barriers; the output chunk is ours.
-                unsafe {
-                    sum(
-                        codec,
-                        (0..n).map(|r| seg.slot(r).add(me * region) as *const u8),
-                        len,
-                        op,
-                        &mut acc,
-                    );
-                    from_f32(dtype, &acc, exclusive(out.add(off * es), len * es))
-                }
-            },
-        )
+                    (0..n).map(|r| seg.slot(r).add(me * region) as *const u8),
+                    len,
+                    op,
+                    &mut acc,
+                );
+                from_f32(dtype, &acc, exclusive(out.add(off * es), len * es))
+            }
+        })
     }
 
     pub(super) fn all_to_all_lp(
@@ -376,49 +372,30 @@ impl HostBackend {
     ) -> Result<()> {
         let coll = Collective::AllToAll;
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
-        let region = region_bytes(seg.layout.slot_bytes, n);
-        let chunk = self.lp_chunk(coll, codec, region)?;
         let sig = Signature {
             dtype: Some(dtype),
             count: part as u64,
             lp: lp_word(codec),
             ..Signature::new(coll)
         };
-        let range = |k: usize| (k * chunk, chunk.min(part - k * chunk));
-        let (mut wide, mut acc) = (Vec::new(), Vec::new());
-        self.chunked_fallible(
-            &sig,
-            part.div_ceil(chunk),
-            // SAFETY: as in reduce_scatter_lp.
-            |k| unsafe {
-                self.stage_parts_lp(
-                    codec,
-                    dtype,
-                    bufs.input,
-                    (part, region),
-                    range(k),
-                    &mut wide,
-                )
-            },
-            |_, k| {
-                let (off, len) = range(k);
-                for r in 0..n {
-                    // SAFETY: region `me` of slot r is stable between barriers; in place, chunk
-                    // k of every part was staged before being overwritten.
-                    unsafe {
-                        decode(
-                            codec,
-                            dtype,
-                            seg.slot(r).add(me * region),
-                            len,
-                            bufs.output.add((r * part + off) * es),
-                            &mut acc,
-                        )?
-                    };
-                }
-                Ok(())
-            },
-        )
+        let mut acc = Vec::new();
+        self.parts_lp(bufs, dtype, part, codec, &sig, |region, off, len| {
+            for r in 0..n {
+                // SAFETY: region `me` of slot r is stable between barriers; in place, chunk k
+                // of every part was staged before being overwritten.
+                unsafe {
+                    decode(
+                        codec,
+                        dtype,
+                        seg.slot(r).add(me * region),
+                        len,
+                        bufs.output.add((r * part + off) * es),
+                        &mut acc,
+                    )?
+                };
+            }
+            Ok(())
+        })
     }
 
     pub(super) fn all_to_all_v_lp(
