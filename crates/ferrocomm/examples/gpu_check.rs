@@ -143,6 +143,28 @@ impl Case {
     }
 }
 
+/// An in-place f32 sum over the first `n` elements of `b` (the fault and refusal cases); the
+/// caller synchronises before `b` is dropped.
+fn sum_in_place(
+    comm: &Communicator,
+    b: &Buf,
+    n: usize,
+    dev: u32,
+    opts: &CallOpts,
+) -> ferrocomm::Result<()> {
+    assert!(n * 4 <= b.bytes);
+    // SAFETY: `n` f32 of a buffer of this device (asserted), alive until after the caller's
+    // synchronisation.
+    unsafe {
+        comm.all_reduce(
+            Input::InPlace,
+            ViewMut::from_raw(b.ptr as *mut u8, n, DataType::F32, Device::Cuda(dev)),
+            ReduceOp::Sum,
+            opts,
+        )
+    }
+}
+
 fn run_case(
     c: &mut Ctx,
     comm_sel: Option<&Communicator>,
@@ -828,30 +850,14 @@ fn nccl_timeout(c: &mut Ctx, cfg: &Config) -> Res<()> {
         // Rank 1 skips this call: it never enqueues its part.
         let b = Buf::new(n6 * 4)?;
         b.upload(0, &gen(DataType::F32, OpK::Sum, n6, 40_001, 0))?;
-        let dv = Device::Cuda(dev);
         let nccl_opts = CallOpts::default().with_algo(Algo::Nccl);
+        let call = || sum_in_place(&comm6, &b, n6, dev, &nccl_opts);
         let t = Instant::now();
-        // SAFETY: n6 f32 of this device; synchronised before the buffer is dropped.
-        let first = unsafe {
-            comm6.all_reduce(
-                Input::InPlace,
-                ViewMut::from_raw(b.ptr as *mut u8, n6, DataType::F32, dv),
-                ReduceOp::Sum,
-                &nccl_opts,
-            )
-        };
+        let first = call();
         // Returns once the watchdog has aborted the communicator.
         let synced = sync();
         let waited = t.elapsed();
-        // SAFETY: as above.
-        let second = unsafe {
-            comm6.all_reduce(
-                Input::InPlace,
-                ViewMut::from_raw(b.ptr as *mut u8, n6, DataType::F32, dv),
-                ReduceOp::Sum,
-                &nccl_opts,
-            )
-        };
+        let second = call();
         let msg = match (&first, &second) {
             (Err(e), _) | (Ok(()), Err(e)) => e.to_string(),
             (Ok(()), Ok(())) => String::new(),
@@ -1027,16 +1033,8 @@ fn real_main() -> Res<i32> {
         }
         let refused = {
             let b = Buf::new(64)?;
-            // SAFETY: 64 bytes of this device.
-            let r = unsafe {
-                comm3.all_reduce(
-                    Input::InPlace,
-                    ViewMut::from_raw(b.ptr as *mut u8, 8, DataType::F32, Device::Cuda(dev)),
-                    ReduceOp::Sum,
-                    &CallOpts::default().with_algo(Algo::Flat),
-                )
-            };
-            r.is_err()
+            let flat = CallOpts::default().with_algo(Algo::Flat);
+            sum_in_place(&comm3, &b, 8, dev, &flat).is_err()
         };
         if !refused {
             c.failures
@@ -1053,28 +1051,12 @@ fn real_main() -> Res<i32> {
         let comm4 = Communicator::new(o4)?;
         if rank == 0 {
             let b = Buf::new(4096)?;
-            let dv = Device::Cuda(dev);
-            // SAFETY: 4096 bytes of this device, synchronised before the buffer is dropped.
-            let first = unsafe {
-                comm4.all_reduce(
-                    Input::InPlace,
-                    ViewMut::from_raw(b.ptr as *mut u8, 1024, DataType::F32, dv),
-                    ReduceOp::Sum,
-                    &CallOpts::default().with_algo(Algo::Flat),
-                )
-            };
+            let flat = CallOpts::default().with_algo(Algo::Flat);
+            let first = sum_in_place(&comm4, &b, 1024, dev, &flat);
             let t = Instant::now();
             sync()?;
             let waited = t.elapsed();
-            // SAFETY: as above.
-            let second = unsafe {
-                comm4.all_reduce(
-                    Input::InPlace,
-                    ViewMut::from_raw(b.ptr as *mut u8, 1024, DataType::F32, dv),
-                    ReduceOp::Sum,
-                    &CallOpts::default().with_algo(Algo::Flat),
-                )
-            };
+            let second = sum_in_place(&comm4, &b, 1024, dev, &flat);
             match (&first, &second) {
                 (Ok(()), Err(ferrocomm::Error::Timeout { missing: 1, .. })) => {
                     println!(
