@@ -67,13 +67,17 @@ impl CudaEngine {
 
     fn upload(&self, dst: sys::CUdeviceptr, cap: usize, bytes: &[u8]) -> anyhow::Result<()> {
         anyhow::ensure!(bytes.len() <= cap, "{} bytes do not fit {cap}", bytes.len());
+        // On the collectives' stream, then waited for: a synchronous copy from pageable memory
+        // may return before its DMA has landed, and it is not ordered with a non-blocking
+        // stream, so the next collective could read (or overwrite) the buffer's tail before the
+        // copy reaches it.
         self.sync()?;
         // SAFETY: `dst` is a live allocation of `cap >= bytes.len()` bytes and the stream is
-        // idle, so no collective reads it meanwhile.
-        cuda(
-            unsafe { result::memcpy_htod_sync(dst, bytes) },
-            "copy to GPU",
-        )
+        // idle, so no collective reads it meanwhile; `bytes` outlives the copy (synchronized
+        // below before returning).
+        let copied = unsafe { result::memcpy_htod_async(dst, bytes, self.stream.cu_stream()) };
+        cuda(copied, "copy to GPU")?;
+        self.sync()
     }
 }
 

@@ -60,6 +60,9 @@ impl Buf {
         Ok(Buf { ptr: p, bytes })
     }
 
+    /// Copies `data` in and waits until it has landed: a copy from pageable memory may return
+    /// before its DMA is done, and neither it nor a memset is ordered with the non-blocking
+    /// streams some checks run on.
     pub fn upload(&self, off: usize, data: &[u8]) -> Res<()> {
         assert!(off + data.len() <= self.alloc_bytes());
         cu(
@@ -68,7 +71,8 @@ impl Buf {
                 sys::cuMemcpyHtoD_v2(self.ptr + off as u64, data.as_ptr().cast(), data.len())
             },
             "cuMemcpyHtoD",
-        )
+        )?;
+        sync()
     }
 
     pub fn download_into(&self, off: usize, out: &mut [u8]) -> Res<()> {
@@ -94,7 +98,8 @@ impl Buf {
             // SAFETY: the whole allocation.
             unsafe { sys::cuMemsetD8_v2(self.ptr, POISON, self.alloc_bytes()) },
             "cuMemsetD8",
-        )
+        )?;
+        sync()
     }
 }
 
