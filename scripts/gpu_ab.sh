@@ -13,7 +13,7 @@ shift 3
 export NCCL_NVLS_ENABLE=0 FERROCOMM_TIMEOUT_S=30
 res="${OUT:-/tmp}/ab"
 mkdir -p "$res"
-timeout 60 "$b/ferrocomm" launch -n 2 --timeout 58 -- "$b/gpu_check_lowp" > "$res/lowp-check-B.txt" 2>&1
+timeout 100 "$b/ferrocomm" launch -n 2 --timeout 98 -- "$b/gpu_check_lowp" > "$res/lowp-check-B.txt" 2>&1
 echo "gpu_check_lowp (B): exit $? $(grep -E 'passed' "$res/lowp-check-B.txt" | tail -1)" | tee "$res/summary.txt"
 for c in "$@"; do
   set -- $c

@@ -13,7 +13,8 @@
 #   bash scripts/gpu_session.sh .carry/bin .carry/kc "checks python"   (one call, ~400 s)
 #   bash scripts/gpu_session.sh .carry/bin .carry/kc bench             (~160 s)
 #   bash scripts/gpu_session.sh .carry/bin .carry/kc sanitize          (up to ~590 s)
-# PARTS (third argument) defaults to all four: checks sanitize python bench. The bench steps'
+# PARTS (third argument) defaults to checks sanitize python bench; `coll` adds the direct-access
+# collectives' tables (five benches, ~45 s each). The bench steps'
 # limits (BENCH_AR_LIMIT_S=40, BENCH_LP_LIMIT_S=30) end the sweeps after 64 MB; raise them to
 # reach 256 MB in a call of their own.
 set -uo pipefail
@@ -43,7 +44,7 @@ step() { # name, limit in seconds, command...
 if want checks; then
   step gpu_check 240 "$fc" launch -n 2 --timeout 238 -- "$bin/gpu_check" --no-timing
   step gpu_check_coll 70 "$fc" launch -n 2 --timeout 68 -- "$bin/gpu_check_coll"
-  step gpu_check_lowp 50 "$fc" launch -n 2 --timeout 48 -- "$bin/gpu_check_lowp"
+  step gpu_check_lowp 100 "$fc" launch -n 2 --timeout 98 -- "$bin/gpu_check_lowp"
 fi
 if want sanitize; then
   SANITIZE_RUN_TIMEOUT_S=95 OUT="$res" step sanitize 590 bash "$(dirname "$0")/gpu_sanitize.sh" "$bin"
@@ -55,6 +56,13 @@ if want python; then
     step python_check 180 torchrun --nproc_per_node 2 python/tests/gpu/check_torch.py
   PYTHONPATH=/tmp/ferrocomm-site \
     step setup_fault 60 torchrun --nproc_per_node 2 python/tests/gpu/check_setup_fault.py
+fi
+if want coll; then
+  # The direct-access collectives against NCCL, graph mode (docs/tuning.md's tables).
+  for c in all_gather reduce_scatter all_to_all broadcast reduce; do
+    step "$c-graph" "${BENCH_COLL_LIMIT_S:-45}" "$fc" bench "$c" -g 2 -d bfloat16 -b 1K -e 64M -f 4 -n 10 \
+      --reps 3 -G 10 --vs nccl --json "$res/$c-graph.json"
+  done
 fi
 if want bench; then
   step all_reduce-graph "${BENCH_AR_LIMIT_S:-40}" "$fc" bench all_reduce -g 2 -d bfloat16 -b 1K -e 256M -f 4 -n 10 --reps 3 \
