@@ -440,7 +440,7 @@ fn movers(c: &mut Ctx, comm: &Communicator, parts: &[usize], dtypes: &[DataType]
                 format!("reduce_scatter {dtype} part={part}"),
                 got == round_bytes(dtype, &want),
             );
-            // all_to_all: part r of the output = Q(rank r's part `rank`).
+            // all_to_all: part r of the output = Q(rank r's part `rank`), our own part as it is.
             outb.poison()?;
             // SAFETY: as above.
             unsafe {
@@ -449,10 +449,28 @@ fn movers(c: &mut Ctx, comm: &Communicator, parts: &[usize], dtypes: &[DataType]
                 comm.all_to_all(Input::Buf(i), o, &opts)?;
             }
             sync()?;
-            let want: Vec<f32> = (0..w).flat_map(|r| qd(slice(r, c.rank))).collect();
+            let want: Vec<f32> = (0..w)
+                .flat_map(|r| match r == c.rank {
+                    true => slice(r, r).to_vec(),
+                    false => qd(slice(r, c.rank)),
+                })
+                .collect();
             let got = outb.download(0, w * part * es)?;
             c.verdict(
                 format!("all_to_all {dtype} part={part}"),
+                got == round_bytes(dtype, &want),
+            );
+            // The same in place (the input uploaded into the output buffer).
+            outb.upload(0, &mine)?;
+            // SAFETY: as above.
+            unsafe {
+                let o = ViewMut::from_raw(outb.ptr as *mut u8, w * part, dtype, dev);
+                comm.all_to_all(Input::InPlace, o, &opts)?;
+            }
+            sync()?;
+            let got = outb.download(0, w * part * es)?;
+            c.verdict(
+                format!("all_to_all in place {dtype} part={part}"),
                 got == round_bytes(dtype, &want),
             );
         }
@@ -586,7 +604,9 @@ fn full_suite(c: &mut Ctx, comm: &Communicator, quick: bool, no_timing: bool) ->
     movers(
         c,
         comm,
-        &[1, 333, 70_001, 3_000_017],
+        // 17,000,003 elements: parts of 34 MB (bf16) and 68 MB (f32) run the wide one-shot
+        // kernel (from 32 MiB), in a single chunk.
+        &[1, 333, 70_001, 3_000_017, 17_000_003],
         &[DataType::F32, DataType::BF16],
     )?;
     let e4 = Codec::new(Format::E4M3, cfg.low_precision.block)?;

@@ -683,10 +683,9 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_encode(Args a, Lp l) {
 // part, region `rank` with a part per rank) and either sums them
 // in rank order into output part 0 (all_reduce one-shot, reduce_scatter) or decodes rank r's
 // into output part r (all_gather, all_to_all). Every rank decodes its own records too, so
-// results are identical across ranks (rule 5).
-extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
-    pdl_wait();
-    pdl_launch_dependents();
+// results are identical across ranks (rule 5), except in the all-to-all, where the own part
+// reaches no other rank: it is not encoded but copied as it is (in place it stays put).
+__device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
     __shared__ __align__(16) u8 smem[LP_WARPS][4 * LP_GROUP_BYTES_MAX];
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
@@ -700,7 +699,9 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
     u64 nu = grouped ? (n + LP_GROUP_ELEMS - 1) / LP_GROUP_ELEMS : (n + lp_tile(l) - 1) / lp_tile(l);
     bool vin = (a.input & 15) == 0 && (l.in_stride * sizeof(T)) % 16 == 0;
     bool vout = (a.output & 15) == 0 && (l.out_stride * sizeof(T)) % 16 == 0;
+    bool a2a = l.nin > 1 && !l.reduce;
     for (u32 p = 0; p < l.nin; p++) {
+        if (a2a && p == a.rank) continue;
         u8* enc = (u8*)(a.staging[a.rank] + par + (u64)p * l.region);
         const T* in = (const T*)a.input + p * l.in_stride;
         if (grouped) quant_groups(l, in, vin, 0, nu, gw, W, n, enc, lane, sm);
@@ -718,11 +719,34 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
             lp_decode_units(a, l, base, a.world, nu, gw, W, n, (T*)a.output, vout, lane, sm);
         } else {
             for (u32 r = 0; r < a.world; r++)
-                lp_decode_units(a, l, base + r, 1, nu, gw, W, n,
-                                (T*)a.output + r * l.out_stride, vout, lane, sm);
+                if (!(a2a && r == a.rank))
+                    lp_decode_units(a, l, base + r, 1, nu, gw, W, n,
+                                    (T*)a.output + r * l.out_stride, vout, lane, sm);
         }
     }
+    // Not in place: distinct buffers, any thread may copy any piece (no barrier covers it).
+    if (a2a)
+        copy_local((u8*)((T*)a.output + a.rank * l.out_stride),
+                   (const u8*)((const T*)a.input + a.rank * l.in_stride), n * sizeof(T));
     end_call(a, e);
+}
+
+// Two builds of one body: 106 registers leave room for one CTA of 16 warps per SM; capped at 64
+// (some spilled to the L1-cached stack) two fit, twice the loads in flight. Measured on 2xH200
+// (bench/results/2026-11-30-h200x2-lp-occupancy): the wide build is 9-14% faster from 32 MiB
+// parts up (bf16 all-reduce 64 MB 218.8 -> 196.9 us, all-gather 128.4 -> 118.5, all-to-all
+// 172.9 -> 150.5) and up to 27% slower below (f32 all-reduce 16 MB 31.9 -> 40.5 us), so the
+// host picks it by chunk size (LP_WIDE_MIN_BYTES in cuda/lowp.rs).
+extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
+    pdl_wait();
+    pdl_launch_dependents();
+    lp_move(a, l);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 2) fc_lp_move_wide(Args a, Lp l) {
+    pdl_wait();
+    pdl_launch_dependents();
+    lp_move(a, l);
 }
 
 // ---------------------------------------------------------------- two-shot all-reduce

@@ -225,7 +225,7 @@ fn data_movement_and_reduce_scatter() {
                 one_shot(&codec, &parts),
                 "reduce_scatter n={n} part={part}"
             );
-            // all_to_all: part `me` of every rank, through the codes.
+            // all_to_all: part `me` of every other rank through the codes, ours as it is.
             let mut a2a = vec![f32::NAN; n * part];
             comm.all_to_all(
                 Input::Buf(View::host(&ins[me])),
@@ -233,8 +233,18 @@ fn data_movement_and_reduce_scatter() {
                 &o,
             )
             .unwrap();
-            let want: Vec<f32> = (0..n).flat_map(|r| qdq(&codec, &p(&ins[r], me))).collect();
+            let want: Vec<f32> = (0..n)
+                .flat_map(|r| match r == me {
+                    true => p(&ins[me], me),
+                    false => qdq(&codec, &p(&ins[r], me)),
+                })
+                .collect();
             assert_eq!(a2a, want, "all_to_all n={n} part={part}");
+            // In place: the same.
+            let mut inplace = ins[me].clone();
+            comm.all_to_all(Input::InPlace, ViewMut::host(&mut inplace), &o)
+                .unwrap();
+            assert_eq!(inplace, want, "all_to_all in place n={n} part={part}");
             // all_to_all_v with equal parts: the same as all_to_all.
             let splits = Splits::packed(vec![part; n], vec![part; n]);
             let mut v = vec![f32::NAN; n * part];

@@ -20,7 +20,12 @@ pub const ALL_REDUCE_NAME: &str = "all_reduce.cu";
 /// The low-precision kernels, appended to the modules of the float types.
 pub const LOWP_SOURCE: &str = include_str!("../../kernels/lowp.cu");
 /// Entry points of lowp.cu (f32, f16 and bf16 modules only).
-pub const LOWP_ENTRIES: [&str; 3] = ["fc_lp_encode", "fc_lp_move", "fc_lp_tree"];
+pub const LOWP_ENTRIES: [&str; 4] = [
+    "fc_lp_encode",
+    "fc_lp_move",
+    "fc_lp_move_wide",
+    "fc_lp_tree",
+];
 
 /// Whether the module of `dtype` holds the low-precision kernels.
 pub fn has_lowp(dtype: DataType) -> bool {

@@ -561,8 +561,20 @@ impl HostBackend {
             ),
         };
         let piece = |count: usize, k: usize| count.saturating_sub(k * chunk).min(chunk);
+        // The own part does not travel: copied as it is (through no codes with low precision).
+        let own = recv_counts[me].min(splits.send_counts[me]) * es;
+        // SAFETY: the part lies within the input and the output (checked by the communicator,
+        // or cut to the capacity above); in place the source is the snapshot, so the two never
+        // overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                input.wrapping_add(splits.send_displs[me] * es),
+                bufs.output.wrapping_add(recv_displs[me] * es),
+                own,
+            )
+        };
         for k in 0..max.div_ceil(chunk) {
-            for p in 0..n {
+            for p in (0..n).filter(|&p| p != me) {
                 let len = piece(splits.send_counts[p], k);
                 // The part lies within the input (checked by the communicator, or cut to it by
                 // all_to_all_v_dynamic); our slot's region p is ours before the barrier.
@@ -573,7 +585,7 @@ impl HostBackend {
                 )?;
             }
             call.barrier()?;
-            for r in 0..n {
+            for r in (0..n).filter(|&r| r != me) {
                 let len = piece(recv_counts[r], k);
                 // Region `me` of slot r is stable until the next barrier; the part lies within
                 // the output (checked by the communicator, or cut to the capacity above).

@@ -283,10 +283,11 @@ impl HostBackend {
         )
     }
 
-    /// The shape reduce-scatter and all-to-all share: in chunks, every part of the input is
-    /// encoded into this rank's slot regions (part `p` into region `p`, for rank `p`), and after
-    /// the barrier `receive(region, off, len)` takes elements `off..off + len` of this rank's
-    /// part from every rank's region `me`.
+    /// The shape reduce-scatter and all-to-all share: in chunks, every part of the input
+    /// (but our own when `skip_own`) is encoded into this rank's slot regions (part `p` into
+    /// region `p`, for rank `p`), and after the barrier `receive(region, off, len)` takes
+    /// elements `off..off + len` of this rank's part from every rank's region `me`.
+    #[allow(clippy::too_many_arguments)]
     fn parts_lp(
         &self,
         bufs: &Bufs,
@@ -294,6 +295,7 @@ impl HostBackend {
         part: usize,
         codec: &Codec,
         sig: &Signature,
+        skip_own: bool,
         mut receive: impl FnMut(usize, usize, usize) -> Result<()>,
     ) -> Result<()> {
         let (me, n, seg) = (self.rank, self.world, &self.seg);
@@ -306,7 +308,7 @@ impl HostBackend {
             part.div_ceil(chunk),
             |k| {
                 let (off, len) = range(k);
-                for p in 0..n {
+                for p in (0..n).filter(|&p| !(skip_own && p == me)) {
                     // SAFETY: the input holds n parts; our slot is ours before the barrier and
                     // its regions are disjoint.
                     unsafe {
@@ -348,7 +350,8 @@ impl HostBackend {
             ..Signature::new(coll)
         };
         let mut acc = Vec::new();
-        self.parts_lp(bufs, dtype, part, codec, &sig, |region, off, len| {
+        // Every rank's part `me` is summed, ours too, through the codes (the one-shot sum).
+        self.parts_lp(bufs, dtype, part, codec, &sig, false, |region, off, len| {
             // SAFETY: regions `me` are stable between barriers; the output chunk is ours.
             unsafe {
                 sum(
@@ -379,8 +382,16 @@ impl HostBackend {
             ..Signature::new(coll)
         };
         let mut acc = Vec::new();
-        self.parts_lp(bufs, dtype, part, codec, &sig, |region, off, len| {
-            for r in 0..n {
+        // Our own part does not travel: copied as it is (in place it is already there).
+        self.parts_lp(bufs, dtype, part, codec, &sig, true, |region, off, len| {
+            if !bufs.in_place {
+                let at = (me * part + off) * es;
+                // SAFETY: both buffers hold n parts and are distinct (not in place).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(bufs.input.add(at), bufs.output.add(at), len * es)
+                };
+            }
+            for r in (0..n).filter(|&r| r != me) {
                 // SAFETY: region `me` of slot r is stable between barriers; in place, chunk k
                 // of every part was staged before being overwritten.
                 unsafe {
