@@ -438,6 +438,9 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
     comm.barrier(&CallOpts::on_stream(engine.stream()))?;
     engine.sync()?;
     if rank != 0 {
+        // A rank that leaves with a failure makes the launcher stop the others: wait until rank 0
+        // has printed the summary (which counts this rank's wrong values too).
+        collect::<bool>(&comm, &format!("bench/done/{rank}"), timeout)?;
         return Ok(i32::from(my_wrong > 0));
     }
 
@@ -446,6 +449,10 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
     }
     let summary = table::summarize(&rows);
     print!("{}", table::footer(&summary));
+    std::io::Write::flush(&mut std::io::stdout())?;
+    for r in 1..world {
+        publish(&comm, &format!("bench/done/{r}"), &true)?;
+    }
     Ok(i32::from(summary.wrong > 0))
 }
 
