@@ -494,9 +494,47 @@ __device__ __forceinline__ u32 lp_rec_bytes(u32 m, u32 B) {
     return (m / B) * (4 + B) + (m % B ? 4 + m % B : 0);
 }
 
-// Two groups per step: eight loads per lane in flight before any arithmetic (the input is
-// read once, from HBM, and latency rather than bandwidth bounds a warp).
-#define LP_STEP_GROUPS 2
+// One group per step, and the next group's loads issued before this one's arithmetic: the input
+// is read once, from HBM, and loads in flight rather than arithmetic bound the quantizer. The
+// next group is held raw (16-byte pieces, widened to f32 when used). Measured on 2xH200
+// (bench/results/2026-11-30-h200x2-lp-prefetch) against two groups loaded, then processed:
+// quantization alone bf16 64 MB 72.0 -> 59.5 us, 256 MB 240.5 -> 192.8; with two groups per
+// step and the prefetch the encode kernel needs 100 registers, one CTA per SM, and lost (99.2 us
+// at 64 MB), as did a 79-register variant with a reciprocal multiply: registers decide how many
+// warps an SM holds, and warps decide the loads in flight.
+#define LP_STEP_GROUPS 1
+#define LP_PIECES (sizeof(T) == 4 ? 2 : 1)  // 16-byte pieces of a lane's eight elements
+
+// Whether a lane's eight elements at e0 come as whole 16-byte pieces.
+__device__ __forceinline__ bool lp_whole(bool vec, u64 e0, u64 n) { return vec && e0 + 8 <= n; }
+
+__device__ __forceinline__ void lp_widen8(const uint4* r, float* x) {
+    if (sizeof(T) == 4) {
+        const u32* u = (const u32*)r;
+#pragma unroll
+        for (int i = 0; i < 8; i++) x[i] = __uint_as_float(u[i]);
+    } else {
+        union { uint4 u; T e[8]; } v;
+        v.u = r[0];
+#pragma unroll
+        for (int i = 0; i < 8; i++) x[i] = (float)Ty<T>::to_acc(v.e[i]);
+    }
+}
+
+// Issues the whole-piece loads of the step at g0 (other lanes' pieces are read when used).
+__device__ __forceinline__ void lp_fetch_step(const T* in, bool vec, u64 g0, u64 ghi, u64 W,
+                                              u64 n, u32 lane,
+                                              uint4 (&r)[LP_STEP_GROUPS][2][LP_PIECES]) {
+#pragma unroll
+    for (int k = 0; k < LP_STEP_GROUPS; k++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            u64 e0 = (g0 + k * W) * LP_GROUP_ELEMS + h * 256 + lane * 8;
+            if (g0 + k * W < ghi && lp_whole(vec, e0, n))
+#pragma unroll
+                for (int p = 0; p < LP_PIECES; p++) r[k][h][p] = *(const uint4*)(in + e0 + 4 * p);
+        }
+}
 
 __device__ void quant_groups(const Lp& l, const T* in, bool vec, u64 glo, u64 ghi, u64 gw, u64 W,
                              u64 n, u8* enc, u32 lane, u8* sm) {
@@ -504,6 +542,8 @@ __device__ void quant_groups(const Lp& l, const T* in, bool vec, u64 glo, u64 gh
     u32 rec = 4 + B;
     // A group is two rows of 256 elements; a lane takes eight consecutive elements of a row
     // (one 16-byte load for 2-byte inputs), so a block of B spans B/8 lanes (B >= 16).
+    uint4 next[LP_STEP_GROUPS][2][LP_PIECES];
+    lp_fetch_step(in, vec, glo + gw, ghi, W, n, lane, next);
     for (u64 g0 = glo + gw; g0 < ghi; g0 += LP_STEP_GROUPS * W) {
         float x[LP_STEP_GROUPS][2][8];
 #pragma unroll
@@ -511,10 +551,14 @@ __device__ void quant_groups(const Lp& l, const T* in, bool vec, u64 glo, u64 gh
             u64 first = (g0 + k * W) * LP_GROUP_ELEMS;
             if (g0 + k * W < ghi) {
 #pragma unroll
-                for (int h = 0; h < 2; h++)
-                    lp_load_in8(in, first + h * 256 + lane * 8, n, vec, x[k][h]);
+                for (int h = 0; h < 2; h++) {
+                    u64 e0 = first + h * 256 + lane * 8;
+                    if (lp_whole(vec, e0, n)) lp_widen8(next[k][h], x[k][h]);
+                    else lp_load_in8(in, e0, n, vec, x[k][h]);
+                }
             }
         }
+        lp_fetch_step(in, vec, g0 + LP_STEP_GROUPS * W, ghi, W, n, lane, next);
 #pragma unroll
         for (int k = 0; k < LP_STEP_GROUPS; k++) {
             u64 g = g0 + k * W;
