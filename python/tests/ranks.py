@@ -574,6 +574,48 @@ def scenario_narrow(comm):
     assert np.array_equal(g16, np.concatenate([x16] * WORLD))
 
 
+def scenario_low_precision(comm):
+    """Block-scaled E4M3 asked for through hints: the all-reduce within the accuracy bound and
+    the same on every rank, the gather identical everywhere, the all-to-all's own part exact
+    (it travels nowhere) and every other part quantized within the bound, with and without
+    split sizes."""
+    n = 4096 * WORLD
+    xs = [np.random.default_rng([r, 77]).standard_normal(n).astype(np.float32)
+          for r in range(WORLD)]
+    h = {"low_precision": "e4m3"}
+
+    def rel(got, want):
+        return float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want))
+
+    t = xs[RANK].copy()
+    comm.all_reduce(t, ReduceOp.SUM, hints=h)
+    e = rel(t, np.sum(np.stack(xs).astype(np.float64), axis=0))
+    # Really quantized (full precision would be ~1e-7), within E4M3's one-shot bound.
+    assert 0.005 < e <= 0.035, e
+    everyone = np.full(n * WORLD, np.nan, np.float32)
+    comm.all_gather_single(everyone, t)
+    for r in range(WORLD):
+        assert np.array_equal(everyone[r * n:(r + 1) * n], t), f"rank {r} got another sum"
+    g = np.full(n * WORLD, np.nan, np.float32)
+    comm.all_gather_single(g, xs[RANK], hints=h)
+    gathered = np.full(n * WORLD * WORLD, np.nan, np.float32)
+    comm.all_gather_single(gathered, g)
+    for r in range(WORLD):
+        assert np.array_equal(gathered[r * n * WORLD:(r + 1) * n * WORLD], g), r
+        assert 0.005 < rel(g[r * n:(r + 1) * n], xs[r]) <= 0.035
+    part = n // WORLD
+    for splits in (None, [part] * WORLD):
+        out = np.full(n, np.nan, np.float32)
+        comm.all_to_all_single(out, xs[RANK], splits, splits, hints=h)
+        for s in range(WORLD):
+            got = out[s * part:(s + 1) * part]
+            sent = xs[s][RANK * part:(RANK + 1) * part]
+            if s == RANK:
+                assert np.array_equal(got, sent), "own part changed"
+            else:
+                assert 0.005 < rel(got, sent) <= 0.035, (s, rel(got, sent))
+
+
 def main():
     scenario = sys.argv[1]
     kwargs = {}

@@ -31,6 +31,12 @@ def test_narrow_types(world):
     run_ranks(world, "narrow")
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_low_precision_hints(world):
+    """E4M3 through hints: bounded error, rank-identical sums, the all-to-all's own part exact."""
+    run_ranks(world, "low_precision")
+
+
 def test_info():
     run_ranks(2, "info")
 
