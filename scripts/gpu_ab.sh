@@ -1,28 +1,48 @@
 #!/usr/bin/env bash
-# A/B of two builds in one device run (same machine, same minute): the low-precision check of
-# build B, then each bench in BENCHES run with A and with B alternately. Both builds' kernels must
-# be in the one kernel cache (`ferrocomm precompile --cache KC` from each build; the key is the
-# source hash). Results and a summary in $OUT/ab/.
-#   bash scripts/gpu_ab.sh BIN_A BIN_B KC ["all_reduce bfloat16" ...]
-# BIN_B needs ferrocomm and gpu_check_lowp; BIN_A needs ferrocomm.
+# Side-by-side measurement of several builds in one device run (same machine, same minute): the
+# check program of every build but the first, then each bench run with every build in turn. All
+# builds' kernels must be in the one kernel cache (scripts/gpu_variant.sh puts each build's
+# there: the key is the source hash). Results and a summary in $OUT/ab/.
+#
+#   bash scripts/gpu_ab.sh KC BIN_A BIN_B [BIN_C ...]
+#
+# Environment (defaults in brackets):
+#   AB_BENCHES  "COLL DTYPE" pairs, ';'-separated
+#               [all_reduce bfloat16;all_reduce float;all_gather bfloat16;all_to_all bfloat16]
+#   AB_ARGS     bench flags [-b 4M -e 64M -f 4 -n 10 --reps 2 -G 10 --low-precision e4m3 --vs nccl]
+#   AB_CHECK    check program of the later builds, or none [gpu_check_lowp]
+#   AB_STEP_S   seconds per bench [40]
+# Each BIN holds ferrocomm (and the check program for all but the first).
 set -uo pipefail
-a="$(cd "$1" && pwd)"; b="$(cd "$2" && pwd)"
-export FERROCOMM_KERNEL_CACHE="$(cd "$3" && pwd)"
-shift 3
-[ $# -gt 0 ] || set -- "all_reduce bfloat16" "all_reduce float" "all_gather bfloat16" "all_to_all bfloat16"
+export FERROCOMM_KERNEL_CACHE="$(cd "$1" && pwd)"
+shift
+bins=()
+for b in "$@"; do bins+=("$(cd "$b" && pwd)"); done
+[ ${#bins[@]} -ge 2 ] || { echo "usage: gpu_ab.sh KC BIN_A BIN_B [BIN...]" >&2; exit 2; }
+IFS=';' read -r -a benches <<< "${AB_BENCHES:-all_reduce bfloat16;all_reduce float;all_gather bfloat16;all_to_all bfloat16}"
+args="${AB_ARGS:--b 4M -e 64M -f 4 -n 10 --reps 2 -G 10 --low-precision e4m3 --vs nccl}"
+check="${AB_CHECK:-gpu_check_lowp}"
 export NCCL_NVLS_ENABLE=0 FERROCOMM_TIMEOUT_S=30
 res="${OUT:-/tmp}/ab"
 mkdir -p "$res"
-timeout 100 "$b/ferrocomm" launch -n 2 --timeout 98 -- "$b/gpu_check_lowp" > "$res/lowp-check-B.txt" 2>&1
-echo "gpu_check_lowp (B): exit $? $(grep -E 'passed' "$res/lowp-check-B.txt" | tail -1)" | tee "$res/summary.txt"
-for c in "$@"; do
+: > "$res/summary.txt"
+name() { basename "$1"; }
+if [ "$check" != none ]; then
+  for b in "${bins[@]:1}"; do
+    f="$res/$check-$(name "$b").txt"
+    timeout 100 "$b/ferrocomm" launch -n 2 --timeout 98 -- "$b/$check" > "$f" 2>&1
+    echo "$check ($(name "$b")): exit $? $(grep -E 'passed|all results|quantize alone' "$f" | tail -2 | tr '\n' ' ')" \
+      | tee -a "$res/summary.txt"
+  done
+fi
+for c in "${benches[@]}"; do
   set -- $c
-  for side in A B; do
-    bin=$a; [ $side = B ] && bin=$b
-    f="$res/lp-$1-$2-$side"
-    timeout 40 "$bin/ferrocomm" bench "$1" -g 2 -d "$2" -b 4M -e 64M -f 4 -n 10 --reps 2 -G 10 \
-      --low-precision e4m3 --vs nccl --json "$f.json" > "$f.txt" 2>&1
-    echo "== $1 $2 $side (exit $?)" >> "$res/summary.txt"
+  for b in "${bins[@]}"; do
+    f="$res/$1-$2-$(name "$b")"
+    # shellcheck disable=SC2086  # AB_ARGS is a list of flags
+    timeout "${AB_STEP_S:-40}" "$b/ferrocomm" bench "$1" -g 2 -d "$2" $args --json "$f.json" \
+      > "$f.txt" 2>&1
+    echo "== $1 $2 $(name "$b") (exit $?)" >> "$res/summary.txt"
     grep -E '^ +[0-9]' "$f.txt" >> "$res/summary.txt"
   done
 done
