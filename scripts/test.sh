@@ -26,6 +26,8 @@ else
   cargo test --workspace --locked --no-fail-fast
 fi
 cargo test --workspace --doc --locked
+# The library's API docs build without warnings (broken or private links).
+RUSTDOCFLAGS="-D warnings" cargo doc -p ferrocomm --no-deps --locked
 
 # The Python package, built as users build it, tested on the host backend with real processes.
 python3 -m pip install -q --disable-pip-version-check --upgrade ./

@@ -1,10 +1,10 @@
 //! The host backend: ranks are processes (or threads) on one machine sharing one memory segment.
 //!
-//! - [`shm`]: the segment, its layout, creation and clean-up;
-//! - [`sync`]: waiting with backoff, deadlines and dead-peer detection;
+//! - `shm`: the segment, its layout, creation and clean-up;
+//! - `sync`: waiting with backoff, deadlines and dead-peer detection;
 //! - this module: the call protocol (signature check, epoch barriers) every collective follows;
-//! - [`collectives`]: the algorithms (flat and tree all-reduce, data movement), chunked through
-//!   the staging slots; [`lowp`]: their block-scaled low-precision forms; [`p2p`]: send and receive through per-pair mailboxes.
+//! - `collectives`: the algorithms (flat and tree all-reduce, data movement), chunked through
+//!   the staging slots; `lowp`: their block-scaled low-precision forms; `p2p`: send and receive through per-pair mailboxes.
 //!
 //! A collective call runs as: stage the first chunk into this rank's slot, write the call's
 //! signature, start barrier, compare every rank's signature, then per chunk: (stage, barrier)

@@ -399,7 +399,7 @@ const WATCHDOG_TICK: Duration = Duration::from_millis(1);
 /// The communicator is nonblocking (`blocking = 0`) where the library allows it, so that no NCCL
 /// call can block past `config.timeout`: a call that returns `ncclInProgress` is polled with
 /// `ncclCommGetAsyncError` until it completes or the deadline passes, and the watchdog aborts the
-/// communicator when enqueued work stays incomplete past the timeout (see [`watchdog`]).
+/// communicator when enqueued work stays incomplete past the timeout (see the `watchdog` module).
 pub struct Nccl {
     sh: Arc<Shared>,
     /// Calls may return `ncclInProgress`.
