@@ -50,13 +50,13 @@ fn tile(codec: &Codec) -> usize {
     codec.block.max(128)
 }
 
-/// Staging bytes of one encoded part of `len` elements (16-aligned, so every region starts
-/// where the kernels' 4-byte code loads are aligned).
 /// Chunks of at least this many input bytes per part run the one-shot family as
 /// `fc_lp_move_wide` (two CTAs per SM, registers capped, some spilled): measured on 2xH200 it
 /// is 9-14% faster from 32 MiB parts up and slower below (kernels/lowp.cu).
 const LP_WIDE_MIN_BYTES: usize = 32 << 20;
 
+/// Staging bytes of one encoded part of `len` elements (16-aligned, so every region starts
+/// where the kernels' 4-byte code loads are aligned).
 fn region(codec: &Codec, len: usize) -> usize {
     codec.encoded_bytes(len).div_ceil(16) * 16
 }
