@@ -521,7 +521,7 @@ __device__ __forceinline__ void lp_widen8(const uint4* r, float* x) {
     }
 }
 
-// Issues the whole-piece loads of the step at g0 (other lanes' pieces are read when used).
+// Issues the whole-piece loads of the step at g0 (partial or unaligned runs are read when used).
 __device__ __forceinline__ void lp_fetch_step(const T* in, bool vec, u64 g0, u64 ghi, u64 W,
                                               u64 n, u32 lane,
                                               uint4 (&r)[LP_STEP_GROUPS][2][LP_PIECES]) {
