@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side measurement of several builds in one device run (same machine, same minute): the
 # check program of every build but the first, then each bench run with every build in turn. All
-# builds' kernels must be in the one kernel cache (scripts/gpu_variant.sh puts each build's
+# builds' kernels must be in the one kernel cache (scripts/gpu_prepare.sh --variant puts each build's
 # there: the key is the source hash). Results and a summary in $OUT/ab/.
 #
 #   bash scripts/gpu_ab.sh KC BIN_A BIN_B [BIN_C ...]
