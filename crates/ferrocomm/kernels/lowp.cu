@@ -148,27 +148,38 @@ __device__ __forceinline__ void lp_store_out(T* out, u64 e0, u64 n, bool vec, co
     }
 }
 
+#define LP_PIECES (sizeof(T) == 4 ? 2 : 1)  // 16-byte pieces of a lane's eight elements
+
+// Whether a lane's eight elements at e0 come as whole 16-byte pieces.
+__device__ __forceinline__ bool lp_whole(bool vec, u64 e0, u64 n) { return vec && e0 + 8 <= n; }
+
+// The 16-byte pieces of elements e0..e0+8 (a whole run, see lp_whole), as loaded.
+__device__ __forceinline__ void lp_load_pieces(const T* in, u64 e0, uint4* r) {
+#pragma unroll
+    for (int p = 0; p < LP_PIECES; p++) r[p] = *(const uint4*)(in + e0 + 4 * p);
+}
+
+// The eight elements of those pieces as f32.
+__device__ __forceinline__ void lp_widen8(const uint4* r, float* x) {
+    if (sizeof(T) == 4) {
+        const u32* u = (const u32*)r;
+#pragma unroll
+        for (int i = 0; i < 8; i++) x[i] = __uint_as_float(u[i]);
+    } else {
+        union { uint4 u; T e[8]; } v;
+        v.u = r[0];
+#pragma unroll
+        for (int i = 0; i < 8; i++) x[i] = (float)Ty<T>::to_acc(v.e[i]);
+    }
+}
+
 // Eight input elements at e0 as f32 (zeros past n): one 16-byte load for 2-byte types, two for
 // f32, when the whole run is inside and the base is 16-byte aligned (e0 is a multiple of 8).
 __device__ __forceinline__ void lp_load_in8(const T* in, u64 e0, u64 n, bool vec, float* x) {
-    if (vec && e0 + 8 <= n) {
-        if (sizeof(T) == 4) {
-            uint4 u = *(const uint4*)(in + e0);
-            uint4 v = *(const uint4*)(in + e0 + 4);
-            x[0] = __uint_as_float(u.x);
-            x[1] = __uint_as_float(u.y);
-            x[2] = __uint_as_float(u.z);
-            x[3] = __uint_as_float(u.w);
-            x[4] = __uint_as_float(v.x);
-            x[5] = __uint_as_float(v.y);
-            x[6] = __uint_as_float(v.z);
-            x[7] = __uint_as_float(v.w);
-        } else {
-            union { uint4 u; T e[8]; } v;
-            v.u = *(const uint4*)(in + e0);
-#pragma unroll
-            for (int i = 0; i < 8; i++) x[i] = (float)Ty<T>::to_acc(v.e[i]);
-        }
+    if (lp_whole(vec, e0, n)) {
+        uint4 r[LP_PIECES];
+        lp_load_pieces(in, e0, r);
+        lp_widen8(r, x);
     } else {
 #pragma unroll
         for (int i = 0; i < 8; i++)
@@ -503,23 +514,6 @@ __device__ __forceinline__ u32 lp_rec_bytes(u32 m, u32 B) {
 // at 64 MB), as did a 79-register variant with a reciprocal multiply: registers decide how many
 // warps an SM holds, and warps decide the loads in flight.
 #define LP_STEP_GROUPS 1
-#define LP_PIECES (sizeof(T) == 4 ? 2 : 1)  // 16-byte pieces of a lane's eight elements
-
-// Whether a lane's eight elements at e0 come as whole 16-byte pieces.
-__device__ __forceinline__ bool lp_whole(bool vec, u64 e0, u64 n) { return vec && e0 + 8 <= n; }
-
-__device__ __forceinline__ void lp_widen8(const uint4* r, float* x) {
-    if (sizeof(T) == 4) {
-        const u32* u = (const u32*)r;
-#pragma unroll
-        for (int i = 0; i < 8; i++) x[i] = __uint_as_float(u[i]);
-    } else {
-        union { uint4 u; T e[8]; } v;
-        v.u = r[0];
-#pragma unroll
-        for (int i = 0; i < 8; i++) x[i] = (float)Ty<T>::to_acc(v.e[i]);
-    }
-}
 
 // Issues the whole-piece loads of the step at g0 (partial or unaligned runs are read when used).
 __device__ __forceinline__ void lp_fetch_step(const T* in, bool vec, u64 g0, u64 ghi, u64 W,
@@ -530,9 +524,7 @@ __device__ __forceinline__ void lp_fetch_step(const T* in, bool vec, u64 g0, u64
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             u64 e0 = (g0 + k * W) * LP_GROUP_ELEMS + h * 256 + lane * 8;
-            if (g0 + k * W < ghi && lp_whole(vec, e0, n))
-#pragma unroll
-                for (int p = 0; p < LP_PIECES; p++) r[k][h][p] = *(const uint4*)(in + e0 + 4 * p);
+            if (g0 + k * W < ghi && lp_whole(vec, e0, n)) lp_load_pieces(in, e0, r[k][h]);
         }
 }
 
