@@ -404,15 +404,26 @@ impl Dda {
         self.layout
     }
 
-    pub(super) fn func(&self, dtype: DataType, name: &str) -> Result<sys::CUfunction> {
+    /// What `get` finds about kernel `name` in the module of `dtype`, or the error naming it.
+    fn kernel_entry<T>(
+        &self,
+        dtype: DataType,
+        name: &str,
+        collective: &'static str,
+        get: impl FnOnce(&Module) -> Option<T>,
+    ) -> Result<T> {
         self.modules
             .get(&dtype)
-            .and_then(|m| m.funcs.get(name).copied())
+            .and_then(get)
             .ok_or_else(|| Error::Unsupported {
-                collective: "all_reduce",
+                collective,
                 backend: "cuda",
                 what: format!("kernel {name} for {dtype}"),
             })
+    }
+
+    pub(super) fn func(&self, dtype: DataType, name: &str) -> Result<sys::CUfunction> {
+        self.kernel_entry(dtype, name, "direct access", |m| m.funcs.get(name).copied())
     }
 
     /// CTAs of the low-precision kernel `name` that run at once on this GPU (one wave): a CTA
@@ -420,15 +431,9 @@ impl Dda {
     /// cannot start. Every rank computes the same number (same kernel, same GPU model), so
     /// tile-to-CTA maps agree. Measured once, when the module is loaded.
     pub(super) fn lp_wave(&self, dtype: DataType, name: &str) -> Result<u32> {
-        let per_sm = self
-            .modules
-            .get(&dtype)
-            .and_then(|m| m.lp_per_sm.get(name).copied())
-            .ok_or_else(|| Error::Unsupported {
-                collective: "low precision",
-                backend: "cuda",
-                what: format!("kernel {name} for {dtype}"),
-            })?;
+        let per_sm = self.kernel_entry(dtype, name, "low precision", |m| {
+            m.lp_per_sm.get(name).copied()
+        })?;
         Ok((self.sm_count.max(1) * per_sm).min(MAX_BLOCKS as u32))
     }
 
