@@ -198,11 +198,10 @@ __device__ __forceinline__ u64* bar_word(const Args& a, const CArgs& c, u32 owne
 // received land in `in[peer]` (shared memory). Rule 1: bar.sync orders the block's staging
 // writes before the release store; the acquire makes the peers' writes visible after bar.sync.
 // Rule 2: per-block words, epochs in the high half compared for equality, parity by epoch.
+// The remote (NVLink) staging stores of every thread are ordered before the release by bar.sync
+// and the release's cumulativity, as in the all-reduce's stream kernel (no per-thread fence).
 __device__ bool payload_barrier(const Args& a, const CArgs& c, u32 e, u64 t0, const u32* out,
                                 u32* in) {
-    // Every thread's remote staging stores are complete system-wide before the block's
-    // release (NVLink stores are posted; do not rely on bar.sync cumulativity for them).
-    __threadfence_system();
     __syncthreads();
     bool ok = true;
     if (threadIdx.x < a.world) {
