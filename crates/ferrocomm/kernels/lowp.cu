@@ -30,6 +30,7 @@ struct Lp {
     u32 format;      // LP_E4M3 / LP_E5M2 / LP_INT8
     u32 nin;         // parts encoded by every rank (1 or world)
     u32 reduce;      // 1: sum the parts of all ranks into output part 0; 0: rank r -> part r
+    u32 push;        // one-shot: 1 = records into the receivers' staging, 0 = into the sender's
 };
 
 __device__ __forceinline__ float lp_max(u32 f) {
@@ -528,8 +529,24 @@ __device__ __forceinline__ void lp_fetch_step(const T* in, bool vec, u64 g0, u64
         }
 }
 
+// Where a quantizer stores its records: one buffer (the codec alone), or the same records into
+// ranks lo..hi-1, each at byte `off` of its staging (the one-shot family's push).
+struct EncOne {
+    u8* p;
+    __device__ __forceinline__ u32 count() const { return 1; }
+    __device__ __forceinline__ u8* at(u32) const { return p; }
+};
+struct EncRanks {
+    const Args* a;
+    u64 off;
+    u32 lo, hi;
+    __device__ __forceinline__ u32 count() const { return hi - lo; }
+    __device__ __forceinline__ u8* at(u32 d) const { return (u8*)(a->staging[lo + d] + off); }
+};
+
+template <class Enc>
 __device__ void quant_groups(const Lp& l, const T* in, bool vec, u64 glo, u64 ghi, u64 gw, u64 W,
-                             u64 n, u8* enc, u32 lane, u8* sm) {
+                             u64 n, const Enc& enc, u32 lane, u8* sm) {
     u32 B = l.block;
     u32 rec = 4 + B;
     // A group is two rows of 256 elements; a lane takes eight consecutive elements of a row
@@ -576,9 +593,12 @@ __device__ void quant_groups(const Lp& l, const T* in, bool vec, u64 glo, u64 gh
             u64 goff = (first / B) * rec;  // 16-aligned (see above)
             // Whole 16-byte pieces, then the last group's tail byte by byte (fc_lp_encode
             // writes a caller's buffer of exactly the encoded size).
-            for (u32 v = lane; v < gbytes / 16; v += 32)
-                *(uint4*)(enc + goff + v * 16) = ((const uint4*)sm)[v];
-            for (u32 i = (gbytes & ~15u) + lane; i < gbytes; i += 32) enc[goff + i] = sm[i];
+            for (u32 v = lane; v < gbytes / 16; v += 32) {
+                uint4 x = ((const uint4*)sm)[v];
+                for (u32 d = 0; d < enc.count(); d++) *(uint4*)(enc.at(d) + goff + v * 16) = x;
+            }
+            for (u32 i = (gbytes & ~15u) + lane; i < gbytes; i += 32)
+                for (u32 d = 0; d < enc.count(); d++) enc.at(d)[goff + i] = sm[i];
             __syncwarp();
         }
     }
@@ -705,22 +725,28 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_encode(Args a, Lp l) {
     bool vin = (a.input & 15) == 0;
     if (l.block <= 128 && (a.output & 15) == 0) {
         u64 ng = (a.count + LP_GROUP_ELEMS - 1) / LP_GROUP_ELEMS;
-        quant_groups(l, (const T*)a.input, vin, 0, ng, gw, W, a.count, (u8*)a.output, lane,
-                     smem[threadIdx.x >> 5]);
+        quant_groups(l, (const T*)a.input, vin, 0, ng, gw, W, a.count, EncOne{(u8*)a.output},
+                     lane, smem[threadIdx.x >> 5]);
     } else {
         u64 nt = (a.count + lp_tile(l) - 1) / lp_tile(l);
         quant_in_tiles(a, l, (const T*)a.input, vin, 0, nt, gw, W, a.count, (u8*)a.output, lane);
     }
 }
 
-// One kernel for the one-shot family, on one chunk of a.count elements per part: every rank
-// quantizes each of its `nin` input parts once into region p of its own staging; after the
-// per-CTA barrier it reads every rank's records of the region meant for it (region 0 with one
-// part, region `rank` with a part per rank) and either sums them
-// in rank order into output part 0 (all_reduce one-shot, reduce_scatter) or decodes rank r's
-// into output part r (all_gather, all_to_all). Every rank decodes its own records too, so
-// results are identical across ranks (rule 5), except in the all-to-all, where the own part
-// reaches no other rank: it is not encoded but copied as it is (in place it stays put).
+// One kernel for the one-shot family, on one chunk of a.count elements per part. Every rank
+// quantizes each of its `nin` input parts once, then after the per-CTA barrier decodes what is
+// meant for it: the records of all ranks summed in rank order into output part 0 (all_reduce
+// one-shot, reduce_scatter) or rank r's into output part r (all_gather, all_to_all). Where the
+// records go:
+// - push (l.push = 1): straight into the staging of the rank(s) that decode them, over NVLink,
+//   at slot `rank` there (one input part to every rank: all_reduce, all_gather; part p to rank
+//   p: reduce_scatter, all_to_all); the link carries stores while the quantizer reads its input,
+//   and every rank decodes from its own memory. Needs a region per sender.
+// - pull (l.push = 0): into region p of the sender's own staging; receivers read region 0 (one
+//   part) or region `rank` (a part per rank) of every rank over NVLink.
+// Every rank decodes its own records too, so results are identical across ranks (rule 5),
+// except in the all-to-all, where the own part reaches no other rank: it is not encoded but
+// copied as it is (in place it stays put).
 __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
     __shared__ __align__(16) u8 smem[LP_WARPS][4 * LP_GROUP_BYTES_MAX];
     u64 t0 = globaltimer();
@@ -736,21 +762,29 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
     bool vin = (a.input & 15) == 0 && (l.in_stride * sizeof(T)) % 16 == 0;
     bool vout = (a.output & 15) == 0 && (l.out_stride * sizeof(T)) % 16 == 0;
     bool a2a = l.nin > 1 && !l.reduce;
+    u64 slot = par + (u64)a.rank * l.region;  // this rank's slot in every receiver's staging
     for (u32 p = 0; p < l.nin; p++) {
         if (a2a && p == a.rank) continue;
-        u8* enc = (u8*)(a.staging[a.rank] + par + (u64)p * l.region);
         const T* in = (const T*)a.input + p * l.in_stride;
-        if (grouped) quant_groups(l, in, vin, 0, nu, gw, W, n, enc, lane, sm);
-        else quant_in_tiles(a, l, in, vin, 0, nu, gw, W, n, enc, lane);
+        EncRanks to = l.push ? EncRanks{&a, slot, l.nin == 1 ? 0 : p, l.nin == 1 ? a.world : p + 1}
+                             : EncRanks{&a, par + (u64)p * l.region, a.rank, a.rank + 1};
+        if (grouped) {
+            quant_groups(l, in, vin, 0, nu, gw, W, n, to, lane, sm);
+        } else {
+            for (u32 d = 0; d < to.count(); d++)
+                quant_in_tiles(a, l, in, vin, 0, nu, gw, W, n, to.at(d), lane);
+        }
     }
-    // Rule 1: block_barrier releases our staging writes (system scope) before the flag and
-    // acquires the peers' before anyone reads them.
+    // Rule 1: block_barrier's bar.sync orders every thread's staging stores (remote ones
+    // included) before the system-scope release of the flag, which is cumulative; the acquire
+    // makes the peers' stores into our staging visible before anyone reads them.
     if (block_barrier(a, 0, e, t0)) {
         u64 base[FC_MAX_RANKS];
 #pragma unroll
         for (u32 r = 0; r < FC_MAX_RANKS; r++)
-            base[r] = r < a.world ? a.staging[r] + par + (u64)(l.nin == 1 ? 0 : a.rank) * l.region
-                                  : 0;
+            base[r] = r >= a.world ? 0
+                      : l.push     ? a.staging[a.rank] + par + (u64)r * l.region
+                                   : a.staging[r] + par + (u64)(l.nin == 1 ? 0 : a.rank) * l.region;
         if (l.reduce) {
             lp_decode_units(a, l, base, a.world, nu, gw, W, n, (T*)a.output, vout, lane, sm);
         } else {
@@ -772,7 +806,9 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
 // (bench/results/2026-11-30-h200x2-lp-occupancy): the wide build is 9-14% faster from 32 MiB
 // parts up (bf16 all-reduce 64 MB 218.8 -> 196.9 us, all-gather 128.4 -> 118.5, all-to-all
 // 172.9 -> 150.5) and up to 27% slower below (f32 all-reduce 16 MB 31.9 -> 40.5 us), so the
-// host picks it by chunk size (LP_WIDE_MIN_BYTES in cuda/lowp.rs).
+// host picks it by chunk size (LP_WIDE_MIN_BYTES in cuda/lowp.rs). A build for two ranks only
+// (no code for more: 64 registers without spilling, two CTAs per SM) was no faster than either
+// (bench/results/2026-11-30-h200x2-lp-push).
 extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
     pdl_wait();
     pdl_launch_dependents();

@@ -1,12 +1,13 @@
 //! Low-precision collectives by direct access: block-scaled FP8/INT8 codes (the wire layout of
 //! [`crate::quant`]) travel through the staging buffers, sums are taken in f32 (kernels/lowp.cu).
 //!
-//! One-shot kernels quantize each input part once into the sender's staging, in 16-byte aligned
-//! groups that the receivers fetch with 16-byte loads; two-shot encodes into its own staging and
-//! owners read their stripe from the peers.
+//! One-shot kernels quantize each input part once and store the records, in 16-byte aligned
+//! groups, straight into the staging of the ranks that decode them (one slot per sender), so
+//! every rank decodes from its own memory; two-shot encodes into its own staging and owners read
+//! their stripe from the peers.
 //! One kernel per chunk: a message whose encoding exceeds what one staging parity holds is cut
-//! into block-aligned chunks, each a call of its own (its own epoch and parity), so every rank
-//! launches the same sequence.
+//! into equal block-aligned chunks, each a call of its own (its own epoch and parity), so every
+//! rank launches the same sequence.
 
 use std::ffi::c_void;
 
@@ -35,6 +36,7 @@ struct Lp {
     format: u32,
     nin: u32,
     reduce: u32,
+    push: u32,
 }
 
 fn format_code(f: Format) -> u32 {
@@ -54,6 +56,32 @@ fn tile(codec: &Codec) -> usize {
 /// `fc_lp_move_wide` (two CTAs per SM, registers capped, some spilled): measured on 2xH200 it
 /// is 9-14% faster from 32 MiB parts up and slower below (kernels/lowp.cu).
 const LP_WIDE_MIN_BYTES: usize = 32 << 20;
+
+/// How a one-shot collective of `part` elements of `es` bytes per part is cut: whether it
+/// pushes (records stored into the receivers' staging, a region per sender, at most `push_most`
+/// elements per chunk) or pulls (records in the sender's staging, at most `pull_most`), and the
+/// elements per chunk (equal chunks of whole tiles, not full ones and a small remainder). Push
+/// below LP_WIDE_MIN_BYTES per part and only when it needs no more chunks (kernel launches)
+/// than pull: measured on 2xH200 (bench/results/2026-11-30-h200x2-lp-push) push is 7-11%
+/// faster at 16 MB, and from 32 MiB parts up the wide pull kernel is no slower (a 64 MB bf16
+/// all-reduce in one pull chunk: 169 us, in two push chunks: 185).
+fn plan(
+    kind: LpKind,
+    part: usize,
+    es: usize,
+    pull_most: usize,
+    push_most: usize,
+    tile: usize,
+) -> (bool, usize) {
+    let push = kind != LpKind::Tree
+        && part.min(push_most) * es < LP_WIDE_MIN_BYTES
+        && part.div_ceil(push_most) <= part.div_ceil(pull_most);
+    let most = if push { push_most } else { pull_most };
+    (
+        push,
+        part.div_ceil(part.div_ceil(most)).div_ceil(tile) * tile,
+    )
+}
 
 /// Staging bytes of one encoded part of `len` elements (16-aligned, so every region starts
 /// where the kernels' 4-byte code loads are aligned).
@@ -171,12 +199,16 @@ impl Dda {
         }
         let world = self.world;
         let es = dtype.size() as u64;
-        // Each rank encodes its parts into its own staging, one region per part.
-        let nparts = match kind {
-            LpKind::ReduceScatter | LpKind::AllToAll => world,
-            _ => 1,
+        // Regions per staging parity. Pull (the sender's staging): one per input part, so one
+        // for the all-reduce and the all-gather; push (the receivers' staging): one per sender.
+        let (pull_parts, push_parts) = match kind {
+            LpKind::Tree => (1, 1),
+            LpKind::ReduceScatter | LpKind::AllToAll => (world, world),
+            LpKind::Flat | LpKind::AllGather => (1, world),
         };
-        let chunk = self.lp_chunk(kind, codec, nparts)?;
+        let pull_most = self.lp_chunk(kind, codec, pull_parts)?;
+        let push_most = self.lp_chunk(kind, codec, push_parts)?;
+        let (push, chunk) = plan(kind, part, es as usize, pull_most, push_most, tile(codec));
         let reduces = matches!(kind, LpKind::Flat | LpKind::Tree | LpKind::ReduceScatter);
         let mut off = 0usize;
         while off < part {
@@ -192,6 +224,7 @@ impl Dda {
                 format: format_code(codec.format),
                 nin: 1,
                 region: region(codec, len) as u64,
+                push: push as u32,
                 ..Lp::default()
             };
             let tiles = len.div_ceil(tile(codec));
@@ -331,4 +364,77 @@ pub fn quantize_on_device(
         unsafe { sys::cuStreamSynchronize(stream as sys::CUstream) },
         "fc_lp_encode",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `lp_chunk` gives for a staging parity of `staging` bytes split `nparts` ways, E4M3
+    /// blocks of 128 (the same arithmetic, without a communicator).
+    fn most(staging: usize, nparts: usize) -> usize {
+        let room = staging / nparts;
+        let mut c = room / 132 * 128 / 128 * 128;
+        while (c / 128 * 132).div_ceil(16) * 16 > room {
+            c -= 128;
+        }
+        c
+    }
+
+    /// (push, chunk, the most a chunk may hold) for two ranks and a 64 MiB staging parity.
+    fn plan2(kind: LpKind, bytes: usize, es: usize) -> (bool, usize, usize) {
+        let (pull_parts, push_parts) = match kind {
+            LpKind::Tree => (1, 1),
+            LpKind::Flat | LpKind::AllGather => (1, 2),
+            _ => (2, 2),
+        };
+        let (pull, push) = (most(64 << 20, pull_parts), most(64 << 20, push_parts));
+        let (p, c) = plan(kind, bytes / es, es, pull, push, 128);
+        (p, c, if p { push } else { pull })
+    }
+
+    #[test]
+    fn push_below_the_wide_size_pull_above() {
+        let pc = |kind, bytes, es| {
+            let (p, c, _) = plan2(kind, bytes, es);
+            (p, c)
+        };
+        assert_eq!(pc(LpKind::Flat, 16 << 20, 2), (true, 8 << 20));
+        assert_eq!(pc(LpKind::AllGather, 4 << 20, 4), (true, 1 << 20));
+        assert_eq!(pc(LpKind::AllToAll, 16 << 20, 2), (true, 8 << 20));
+        // 64 MiB of bf16: one pull chunk (32 Mi elements, wide kernel), not two push ones.
+        assert_eq!(pc(LpKind::Flat, 64 << 20, 2), (false, 32 << 20));
+        // A part of 32 MiB per peer: pull (wide), the same two regions either way.
+        assert_eq!(pc(LpKind::ReduceScatter, 64 << 20, 2), (false, 16 << 20));
+        // Two-shot never pushes.
+        assert!(!pc(LpKind::Tree, 1 << 20, 2).0);
+    }
+
+    #[test]
+    fn chunks_are_equal_whole_tiles_within_the_staging() {
+        for (kind, bytes, es) in [
+            (LpKind::Flat, 256 << 20, 2),
+            (LpKind::Flat, (256 << 20) + 6, 2),
+            (LpKind::AllToAll, 200 << 20, 4),
+            (LpKind::Tree, 100 << 20, 4),
+            (LpKind::AllGather, 3 << 20, 2),
+            (LpKind::AllGather, 130, 2),
+        ] {
+            let part = bytes / es;
+            let (_, chunk, limit) = plan2(kind, bytes, es);
+            let n = part.div_ceil(chunk);
+            assert_eq!(chunk % 128, 0, "{kind:?} {bytes}");
+            assert!(chunk <= limit, "{kind:?} {bytes}: {chunk} > {limit}");
+            assert_eq!(
+                n,
+                part.div_ceil(limit),
+                "{kind:?} {bytes}: more chunks than needed"
+            );
+            // Equal: the last chunk is short of the others by less than a tile per chunk.
+            assert!(
+                part - (n - 1) * chunk + 128 * n > chunk,
+                "{kind:?} {bytes}: {chunk} x {n}"
+            );
+        }
+    }
 }
