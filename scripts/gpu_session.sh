@@ -16,7 +16,8 @@
 # PARTS (third argument) defaults to checks sanitize python bench; `coll` adds the direct-access
 # collectives' tables (five benches, ~45 s each). The bench steps'
 # limits (BENCH_AR_LIMIT_S=40, BENCH_LP_LIMIT_S=30) end the sweeps after 64 MB; raise them to
-# reach 256 MB in a call of their own.
+# reach 256 MB in a call of their own. CHECKS lists the check programs of part `checks`
+# (default "gpu_check gpu_check_coll gpu_check_lowp"; gpu_check alone takes ~125 s).
 set -uo pipefail
 bin="$(cd "${1:-.carry/bin}" && pwd)"
 parts=" ${3:-checks sanitize python bench} "
@@ -41,10 +42,14 @@ step() { # name, limit in seconds, command...
 }
 { date -u; nvidia-smi -L; nvidia-smi topo -m; } > "$res/machine.txt" 2>&1
 "$fc" info > "$res/info.txt" 2>&1
+checks=" ${CHECKS:-gpu_check gpu_check_coll gpu_check_lowp} "
 if want checks; then
-  step gpu_check 240 "$fc" launch -n 2 --timeout 238 -- "$bin/gpu_check" --no-timing
-  step gpu_check_coll 70 "$fc" launch -n 2 --timeout 68 -- "$bin/gpu_check_coll"
-  step gpu_check_lowp 100 "$fc" launch -n 2 --timeout 98 -- "$bin/gpu_check_lowp"
+  [[ "$checks" == *" gpu_check "* ]] &&
+    step gpu_check 240 "$fc" launch -n 2 --timeout 238 -- "$bin/gpu_check" --no-timing
+  [[ "$checks" == *" gpu_check_coll "* ]] &&
+    step gpu_check_coll 70 "$fc" launch -n 2 --timeout 68 -- "$bin/gpu_check_coll"
+  [[ "$checks" == *" gpu_check_lowp "* ]] &&
+    step gpu_check_lowp 100 "$fc" launch -n 2 --timeout 98 -- "$bin/gpu_check_lowp"
 fi
 if want sanitize; then
   SANITIZE_RUN_TIMEOUT_S=95 OUT="$res" step sanitize 590 bash "$(dirname "$0")/gpu_sanitize.sh" "$bin"
