@@ -26,7 +26,9 @@ export NCCL_NVLS_ENABLE=0
 export FERROCOMM_TIMEOUT_S="${FERROCOMM_TIMEOUT_S:-120}"
 export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-/tmp/ferrocomm-kernels}"
 
-programs=(gpu_check gpu_check_coll gpu_check_lowp)
+# SANITIZE_PROGRAMS picks some of them (default: all three).
+# shellcheck disable=SC2206  # a list of names
+programs=(${SANITIZE_PROGRAMS:-gpu_check gpu_check_coll gpu_check_lowp})
 # Every program takes both flags (gpu_check_coll has no timing and accepts --no-timing as is).
 flags=(--sanitize --no-timing)
 

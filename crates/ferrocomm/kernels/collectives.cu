@@ -7,13 +7,15 @@
 // from any module. Reductions use the module's `T` and accumulate half types in f32.
 //
 // Two protocols, one launch each:
-// - LL (small messages): every sender stores 8-byte units with the epoch beside each 4-byte
-//   half into the receiver's push region (parity e&1, row = sender), exactly like the push
-//   all-reduce; no barrier. Block 0 of every rank also sends a "hello" word (epoch << 32 | a
-//   signature of the call) to every peer and waits for every peer's hello before the kernel ends,
-//   so that a rank never runs more than one call ahead of any peer even when it receives nothing
-//   (broadcast root, reduce non-roots): the parity buffers are then never overwritten while read.
-// - staged (larger messages): every sender writes its parts straight into the receivers' staging
+// - LL (small parts of the data movers: all-gather, all-to-all, broadcast): every sender stores
+//   8-byte units with the epoch beside each 4-byte half into the receiver's push region (parity
+//   e&1, row = sender), exactly like the push all-reduce; no barrier. Block 0 of every rank also
+//   sends a "hello" word (epoch << 32 | a signature of the call) to every peer and waits for
+//   every peer's hello before the kernel ends, so that a rank never runs more than one call
+//   ahead of any peer even when it receives nothing (the broadcast root): the parity buffers are
+//   then never overwritten while read.
+// - staged (larger parts, and the reductions at every size: measured faster for them than
+//   LL lines even at 1 KB): every sender writes its parts straight into the receivers' staging
 //   (parity e&1, one slot per sender), then a per-block barrier whose flags carry a 32-bit payload
 //   (the signature, or the element count of that pair for all-to-all-v), then every receiver
 //   copies or reduces from its own local staging. Block b of every rank handles the same 16-byte
@@ -622,46 +624,8 @@ extern "C" __global__ void __launch_bounds__(512) fc_broadcast_st(Args a, CArgs 
 
 // ---------------------------------------------------------------- reductions (module dtype T)
 
-// (LL units reduce with all_reduce.cu's reduce_ranks over Unit, the push layout.)
-
 // input: world * n elements, part p reduced on rank p into output (n elements; in place the
 // output pointer is already the own part of the full buffer, input the full buffer).
-template <int OP>
-__device__ void reduce_scatter_ll(const Args& a, const CArgs& c) {
-    u64 t0 = globaltimer();
-    u32 e = call_epoch(a);
-    hello_send(a, c, e);
-    u64 bytes = c.n * sizeof(T);
-    u64 nunit = (bytes + 7) / 8;
-    const u8* in = (const u8*)a.input;
-    u8* out = (u8*)a.output;
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    for (u64 u = first; u < nunit; u += stride) {
-        u32 nb = min_u32(8, bytes - u * 8);
-        for (u32 p = 0; p < a.world; p++)
-            if (p != a.rank) ll_send(a, p, e, u, ld_user8(in + p * bytes + u * 8, nb));
-    }
-    bool ok = true;
-    if (first < nunit) {
-        for (u32 s = 0; s < a.world && ok; s++)
-            if (s != a.rank) ok = hello_wait(a, c, e, s, t0);
-    }
-    for (u64 u = first; u < nunit && ok; u += stride) {
-        u32 nb = min_u32(8, bytes - u * 8);
-        Unit v[FC_MAX_RANKS];
-#pragma unroll
-        for (u32 r = 0; r < FC_MAX_RANKS; r++) {
-            if (r < a.world && ok) {
-                if (r == a.rank) v[r].u = ld_user8(in + r * bytes + u * 8, nb);
-                else ok = ll_recv(a, r, e, u, t0, &v[r].u);
-            }
-        }
-        if (ok) st_user8(out + u * 8, nb, reduce_ranks<OP, FC_MAX_RANKS>(a, v).u);
-    }
-    ll_end(a, c, e, t0);
-}
-
 template <int OP>
 __device__ void reduce_scatter_st(const Args& a, const CArgs& c) {
     __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
@@ -685,42 +649,6 @@ __device__ void reduce_scatter_st(const Args& a, const CArgs& c) {
 
 // Every rank's input reduced into root's output (other outputs untouched).
 template <int OP>
-__device__ void reduce_ll(const Args& a, const CArgs& c) {
-    u64 t0 = globaltimer();
-    u32 e = call_epoch(a);
-    hello_send(a, c, e);
-    u64 bytes = c.n * sizeof(T);
-    u64 nunit = (bytes + 7) / 8;
-    const u8* in = (const u8*)a.input;
-    u8* out = (u8*)a.output;
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    bool ok = true;
-    if (a.rank != c.root) {
-        for (u64 u = first; u < nunit; u += stride)
-            ll_send(a, c.root, e, u, ld_user8(in + u * 8, min_u32(8, bytes - u * 8)));
-    } else {
-        if (first < nunit) {
-            for (u32 s = 0; s < a.world && ok; s++)
-                if (s != a.rank) ok = hello_wait(a, c, e, s, t0);
-        }
-        for (u64 u = first; u < nunit && ok; u += stride) {
-            u32 nb = min_u32(8, bytes - u * 8);
-            Unit v[FC_MAX_RANKS];
-#pragma unroll
-            for (u32 r = 0; r < FC_MAX_RANKS; r++) {
-                if (r < a.world && ok) {
-                    if (r == a.rank) v[r].u = ld_user8(in + u * 8, nb);
-                    else ok = ll_recv(a, r, e, u, t0, &v[r].u);
-                }
-            }
-            if (ok) st_user8(out + u * 8, nb, reduce_ranks<OP, FC_MAX_RANKS>(a, v).u);
-        }
-    }
-    ll_end(a, c, e, t0);
-}
-
-template <int OP>
 __device__ void reduce_st(const Args& a, const CArgs& c) {
     __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
     u64 t0 = globaltimer();
@@ -740,20 +668,10 @@ __device__ void reduce_st(const Args& a, const CArgs& c) {
 }
 
 #define FC_COLL_ENTRY(NAME, OPV)                                                               \
-    extern "C" __global__ void __launch_bounds__(512) fc_reduce_scatter_ll_##NAME(Args a, CArgs c) { \
-        pdl_wait();                                                                            \
-        pdl_launch_dependents();                                                               \
-        reduce_scatter_ll<OPV>(a, c);                                                          \
-    }                                                                                          \
     extern "C" __global__ void __launch_bounds__(512) fc_reduce_scatter_st_##NAME(Args a, CArgs c) { \
         pdl_wait();                                                                            \
         pdl_launch_dependents();                                                               \
         reduce_scatter_st<OPV>(a, c);                                                          \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(512) fc_reduce_ll_##NAME(Args a, CArgs c) {   \
-        pdl_wait();                                                                            \
-        pdl_launch_dependents();                                                               \
-        reduce_ll<OPV>(a, c);                                                                  \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(512) fc_reduce_st_##NAME(Args a, CArgs c) {   \
         pdl_wait();                                                                            \

@@ -3,9 +3,10 @@
 //! push lines and epochs the all-reduce uses (so calls of any collective interleave freely and
 //! CUDA graphs capture them).
 //!
-//! Two protocols (see the head of collectives.cu): LL lines for parts up to [`LL_MAX_BYTES`]
-//! (no barrier), staged copies with a per-block barrier above. The choice depends only on values
-//! every rank shares (part size, push capacity), so all ranks run the same kernel.
+//! Two protocols (see the head of collectives.cu): LL lines for the data movers' parts up to
+//! [`LL_MAX_BYTES`] (no barrier), staged copies with a per-block barrier above and for the
+//! reductions ([`use_ll`]). The choice depends only on values every rank shares (collective,
+//! part size, push capacity), so all ranks run the same kernel.
 
 use std::ffi::c_void;
 
@@ -81,9 +82,13 @@ pub fn staged_need(coll: Collective, part_bytes: usize, world: usize) -> Option<
     }
 }
 
-/// Whether a call with parts of `part_bytes` uses LL lines (`push_cap`: bytes of one LL row).
-pub fn use_ll(part_bytes: usize, push_cap: usize) -> bool {
-    part_bytes <= LL_MAX_BYTES.min(push_cap)
+/// Whether a call of `kernel` with parts of `part_bytes` uses LL lines (`push_cap`: bytes of one
+/// LL row). The reductions (`reduce_scatter`, `reduce`) always take the staged protocol: measured
+/// on 2xH200 (bench/results/2026-11-30-h200x2-ll-staged) it beats their LL kernels, since
+/// removed, at every size from 1 KB (reduce-scatter 1 KB 4.59 against 5.27 us, reduce 3.68
+/// against 4.36), while the data movers' LL kernels stay ahead or even up to 32 KiB parts.
+pub fn use_ll(kernel: &str, part_bytes: usize, push_cap: usize) -> bool {
+    !matches!(kernel, "reduce_scatter" | "reduce") && part_bytes <= LL_MAX_BYTES.min(push_cap)
 }
 
 /// A 32-bit signature of a call that every rank must make alike (collective, dtype, count, root,
@@ -323,7 +328,7 @@ impl Dda {
         c.slot_bytes = round16(part) as u64;
         c.root = root as u32;
         c.sig = sig;
-        let (form, grid) = if use_ll(part, self.layout().push_cap) {
+        let (form, grid) = if use_ll(kernel, part, self.layout().push_cap) {
             ("ll", self.ll_grid(part))
         } else {
             ("st", self.st_grid(part))
@@ -595,16 +600,24 @@ mod tests {
     #[test]
     fn every_part_kernel_launched_exists() {
         let entries = kernels::entry_names();
-        for form in ["ll", "st"] {
+        // Every form `use_ll` picks, at every size class, names a kernel that exists.
+        for part in [0, 100, LL_MAX_BYTES, LL_MAX_BYTES + 1, 64 << 20] {
+            let form = |k| {
+                if use_ll(k, part, 512 << 10) {
+                    "ll"
+                } else {
+                    "st"
+                }
+            };
             for k in ["all_gather", "all_to_all", "broadcast"] {
                 let mut buf = [0; 64];
-                let name = part_kernel(&mut buf, k, form, None);
+                let name = part_kernel(&mut buf, k, form(k), None);
                 assert!(entries.iter().any(|e| e == name), "{name}");
             }
             for op in ["sum", "prod", "min", "max"] {
                 for k in ["reduce_scatter", "reduce"] {
                     let mut buf = [0; 64];
-                    let name = part_kernel(&mut buf, k, form, Some(op));
+                    let name = part_kernel(&mut buf, k, form(k), Some(op));
                     assert!(entries.iter().any(|e| e == name), "{name}");
                 }
             }
@@ -660,11 +673,18 @@ mod tests {
         assert_eq!(staged_need(Collective::AllToAllV, 100, 2), None);
         assert_eq!(a2av_slot_bytes(64 << 20, 3), (64 << 20) / 3 / 16 * 16);
         assert_eq!(a2av_slot_bytes(1000, 2) % 16, 0);
-        assert!(use_ll(0, 512 << 10));
-        assert!(use_ll(LL_MAX_BYTES, 512 << 10));
-        assert!(!use_ll(LL_MAX_BYTES + 1, 512 << 10));
-        // A small push buffer caps LL.
-        assert!(!use_ll(4096, 2048));
+        for k in ["all_gather", "all_to_all", "broadcast"] {
+            assert!(use_ll(k, 0, 512 << 10));
+            assert!(use_ll(k, LL_MAX_BYTES, 512 << 10));
+            assert!(!use_ll(k, LL_MAX_BYTES + 1, 512 << 10));
+            // A small push buffer caps LL.
+            assert!(!use_ll(k, 4096, 2048));
+        }
+        // The reductions: never (they have no LL kernels).
+        for k in ["reduce_scatter", "reduce"] {
+            assert!(!use_ll(k, 0, 512 << 10));
+            assert!(!use_ll(k, 2, 512 << 10));
+        }
     }
 
     #[test]

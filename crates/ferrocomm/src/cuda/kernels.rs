@@ -48,12 +48,7 @@ pub const COLL_ENTRIES: [&str; 8] = [
     "fc_broadcast_st",
 ];
 /// Reduction entry points of collectives.cu, one per operator: `<prefix>_<op>`.
-pub const COLL_OP_ENTRIES: [&str; 4] = [
-    "fc_reduce_scatter_ll",
-    "fc_reduce_scatter_st",
-    "fc_reduce_ll",
-    "fc_reduce_st",
-];
+pub const COLL_OP_ENTRIES: [&str; 2] = ["fc_reduce_scatter_st", "fc_reduce_st"];
 
 /// Algorithms with an entry point per operator: `fc_<algo>_<op>`.
 pub const ALGOS: [&str; 4] = ["push", "flat", "tree", "stream"];
