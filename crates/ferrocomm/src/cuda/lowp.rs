@@ -83,6 +83,18 @@ fn plan(
     )
 }
 
+/// Largest chunk (elements per part, whole tiles) whose `nparts` encodings fit in `staging`
+/// bytes (0 when not even one tile does).
+fn chunk_limit(staging: usize, nparts: usize, codec: &Codec) -> usize {
+    let room = staging / nparts;
+    let t = tile(codec);
+    let mut c = room / (codec.block + 4) * codec.block / t * t;
+    while c > 0 && region(codec, c) > room {
+        c -= t;
+    }
+    c
+}
+
 /// Staging bytes of one encoded part of `len` elements (16-aligned, so every region starts
 /// where the kernels' 4-byte code loads are aligned).
 fn region(codec: &Codec, len: usize) -> usize {
@@ -136,12 +148,8 @@ pub(super) fn all_reduce_kind(requested: Algo, cfg_algo: Algo, world: usize) -> 
 impl Dda {
     /// Largest chunk (elements per part, whole tiles) whose `nparts` encodings fit one parity.
     fn lp_chunk(&self, kind: LpKind, codec: &Codec, nparts: usize) -> Result<usize> {
-        let room = self.layout().staging_bytes / nparts;
+        let c = chunk_limit(self.layout().staging_bytes, nparts, codec);
         let t = tile(codec);
-        let mut c = room / (codec.block + 4) * codec.block / t * t;
-        while c > 0 && region(codec, c) > room {
-            c -= t;
-        }
         if c == 0 {
             return Err(Error::InvalidArgument(format!(
                 "{}: FERROCOMM_CUDA_STAGING_BYTES={} holds less than one low-precision tile of \
@@ -370,17 +378,6 @@ pub fn quantize_on_device(
 mod tests {
     use super::*;
 
-    /// What `lp_chunk` gives for a staging parity of `staging` bytes split `nparts` ways, E4M3
-    /// blocks of 128 (the same arithmetic, without a communicator).
-    fn most(staging: usize, nparts: usize) -> usize {
-        let room = staging / nparts;
-        let mut c = room / 132 * 128 / 128 * 128;
-        while (c / 128 * 132).div_ceil(16) * 16 > room {
-            c -= 128;
-        }
-        c
-    }
-
     /// (push, chunk, the most a chunk may hold) for two ranks and a 64 MiB staging parity.
     fn plan2(kind: LpKind, bytes: usize, es: usize) -> (bool, usize, usize) {
         let (pull_parts, push_parts) = match kind {
@@ -388,7 +385,9 @@ mod tests {
             LpKind::Flat | LpKind::AllGather => (1, 2),
             _ => (2, 2),
         };
-        let (pull, push) = (most(64 << 20, pull_parts), most(64 << 20, push_parts));
+        let codec = Codec::new(Format::E4M3, 128).unwrap();
+        let most = |nparts| chunk_limit(64 << 20, nparts, &codec);
+        let (pull, push) = (most(pull_parts), most(push_parts));
         let (p, c) = plan(kind, bytes / es, es, pull, push, 128);
         (p, c, if p { push } else { pull })
     }
@@ -404,10 +403,36 @@ mod tests {
         assert_eq!(pc(LpKind::AllToAll, 16 << 20, 2), (true, 8 << 20));
         // 64 MiB of bf16: one pull chunk (32 Mi elements, wide kernel), not two push ones.
         assert_eq!(pc(LpKind::Flat, 64 << 20, 2), (false, 32 << 20));
-        // A part of 32 MiB per peer: pull (wide), the same two regions either way.
+        // Parts of 64 MiB (32 Mi bf16 elements): pull (wide), two regions either way.
         assert_eq!(pc(LpKind::ReduceScatter, 64 << 20, 2), (false, 16 << 20));
         // Two-shot never pushes.
         assert!(!pc(LpKind::Tree, 1 << 20, 2).0);
+    }
+
+    #[test]
+    fn the_chunk_limit_fits_its_records() {
+        for block in [16, 32, 128, 256] {
+            let codec = Codec::new(Format::E4M3, block).unwrap();
+            for (staging, nparts) in [(64 << 20, 1), (64 << 20, 2), (1 << 20, 8), (8192, 3)] {
+                let c = chunk_limit(staging, nparts, &codec);
+                let t = tile(&codec);
+                assert_eq!(c % t, 0, "{block} {staging} {nparts}");
+                assert!(
+                    region(&codec, c) * nparts <= staging,
+                    "{block} {staging} {nparts}"
+                );
+                // The largest such: one more tile would not fit.
+                assert!(
+                    region(&codec, c + t) > staging / nparts,
+                    "{block} {staging} {nparts}"
+                );
+            }
+        }
+        // Less room than one tile: nothing.
+        assert_eq!(
+            chunk_limit(100, 1, &Codec::new(Format::E4M3, 128).unwrap()),
+            0
+        );
     }
 
     #[test]
