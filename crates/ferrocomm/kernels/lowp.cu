@@ -771,6 +771,7 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
         if (grouped) {
             quant_groups(l, in, vin, 0, nu, gw, W, n, to, lane, sm);
         } else {
+            // Once per receiver; the host pushes only grouped blocks (cuda/lowp.rs, plan).
             for (u32 d = 0; d < to.count(); d++)
                 quant_in_tiles(a, l, in, vin, 0, nu, gw, W, n, to.at(d), lane);
         }

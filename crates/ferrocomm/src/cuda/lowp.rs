@@ -59,12 +59,13 @@ const LP_WIDE_MIN_BYTES: usize = 32 << 20;
 
 /// How a one-shot collective of `part` elements of `es` bytes per part is cut: whether it
 /// pushes (records stored into the receivers' staging, a region per sender, at most `push_most`
-/// elements per chunk) or pulls (records in the sender's staging, at most `pull_most`), and the
-/// elements per chunk (equal chunks of whole tiles, not full ones and a small remainder). Push
-/// below LP_WIDE_MIN_BYTES per part and only when it needs no more chunks (kernel launches)
-/// than pull: measured on 2xH200 (bench/results/2026-11-30-h200x2-lp-push) push is 7-11%
-/// faster at 16 MB, and from 32 MiB parts up the wide pull kernel is no slower (a 64 MB bf16
-/// all-reduce in one pull chunk: 169 us, in two push chunks: 185).
+/// elements per chunk; 0 where push cannot run) or pulls (records in the sender's staging, at
+/// most `pull_most`, at least one tile), and the elements per chunk (equal chunks of whole
+/// tiles, not full ones and a small remainder). Push below LP_WIDE_MIN_BYTES per part and only
+/// when it needs no more chunks (kernel launches) than pull: measured on 2xH200
+/// (bench/results/2026-11-30-h200x2-lp-push) push is 7-11% faster at 16 MB, and from 32 MiB
+/// parts up the wide pull kernel is no slower (a 64 MB bf16 all-reduce in one pull chunk:
+/// 169 us, in two push chunks: 185).
 fn plan(
     kind: LpKind,
     part: usize,
@@ -74,6 +75,7 @@ fn plan(
     tile: usize,
 ) -> (bool, usize) {
     let push = kind != LpKind::Tree
+        && push_most > 0
         && part.min(push_most) * es < LP_WIDE_MIN_BYTES
         && part.div_ceil(push_most) <= part.div_ceil(pull_most);
     let most = if push { push_most } else { pull_most };
@@ -215,7 +217,13 @@ impl Dda {
             LpKind::Flat | LpKind::AllGather => (1, world),
         };
         let pull_most = self.lp_chunk(kind, codec, pull_parts)?;
-        let push_most = self.lp_chunk(kind, codec, push_parts)?;
+        // Push is the grouped quantizer's (blocks up to 128): the tile path would quantize a
+        // part once per receiver. A staging too small for a region per sender just means pull.
+        let push_most = if codec.block <= 128 {
+            chunk_limit(self.layout().staging_bytes, push_parts, codec)
+        } else {
+            0
+        };
         let (push, chunk) = plan(kind, part, es as usize, pull_most, push_most, tile(codec));
         let reduces = matches!(kind, LpKind::Flat | LpKind::Tree | LpKind::ReduceScatter);
         let mut off = 0usize;
@@ -407,6 +415,20 @@ mod tests {
         assert_eq!(pc(LpKind::ReduceScatter, 64 << 20, 2), (false, 16 << 20));
         // Two-shot never pushes.
         assert!(!pc(LpKind::Tree, 1 << 20, 2).0);
+    }
+
+    #[test]
+    fn no_push_where_it_cannot_run() {
+        // A staging that holds one tile per rank but not one per sender (4 ranks, E4M3 B=128:
+        // a tile's records are 132 bytes): pull, not an error.
+        let codec = Codec::new(Format::E4M3, 128).unwrap();
+        let (pull, push) = (chunk_limit(300, 1, &codec), chunk_limit(300, 4, &codec));
+        assert_eq!((pull, push), (256, 0));
+        assert_eq!(plan(LpKind::Flat, 1000, 2, pull, push, 128), (false, 256));
+        assert_eq!(
+            plan(LpKind::AllGather, 100, 4, pull, push, 128),
+            (false, 128)
+        );
     }
 
     #[test]
