@@ -6,6 +6,9 @@
 #
 #   bash scripts/gpu_ab.sh KC BIN_A BIN_B [BIN_C ...]
 #
+# A BIN may carry settings for its runs, BIN@VAR=VALUE[,VAR=VALUE...] (e.g. the same build under
+# two values of a tuning variable: .carry/bin-B .carry/bin-B@FERROCOMM_CUDA_ROUND_BYTES=1M).
+#
 # Environment (defaults in brackets):
 #   AB_BENCHES  "COLL DTYPE" pairs, ';'-separated
 #               [all_reduce bfloat16;all_reduce float;all_gather bfloat16;all_to_all bfloat16]
@@ -16,8 +19,15 @@
 set -uo pipefail
 export FERROCOMM_KERNEL_CACHE="$(cd "$1" && pwd)"
 shift
-bins=()
-for b in "$@"; do bins+=("$(cd "$b" && pwd)"); done
+bins=() envs=() names=()
+for spec in "$@"; do
+  b="${spec%%@*}"
+  e=""
+  [ "$spec" = "$b" ] || e="${spec#*@}"
+  bins+=("$(cd "$b" && pwd)")
+  envs+=("${e//,/ }")
+  names+=("$(basename "$b")${e:+@${e//[^A-Za-z0-9=._-]/_}}")
+done
 [ ${#bins[@]} -ge 2 ] || { echo "usage: gpu_ab.sh KC BIN_A BIN_B [BIN...]" >&2; exit 2; }
 IFS=';' read -r -a benches <<< "${AB_BENCHES:-all_reduce bfloat16;all_reduce float;all_gather bfloat16;all_to_all bfloat16}"
 args="${AB_ARGS:--b 4M -e 64M -f 4 -n 10 --reps 2 -G 10 --low-precision e4m3 --vs nccl}"
@@ -26,23 +36,25 @@ export NCCL_NVLS_ENABLE=0 FERROCOMM_TIMEOUT_S=30
 res="${OUT:-/tmp}/ab"
 mkdir -p "$res"
 : > "$res/summary.txt"
-name() { basename "$1"; }
 if [ "$check" != none ]; then
-  for b in "${bins[@]:1}"; do
-    f="$res/$check-$(name "$b").txt"
-    timeout 100 "$b/ferrocomm" launch -n 2 --timeout 98 -- "$b/$check" > "$f" 2>&1
-    echo "$check ($(name "$b")): exit $? $(grep -E 'passed|all results|quantize alone' "$f" | tail -2 | tr '\n' ' ')" \
+  for i in "${!bins[@]}"; do
+    [ "$i" -gt 0 ] || continue
+    b="${bins[$i]}"
+    f="$res/$check-${names[$i]}.txt"
+    # shellcheck disable=SC2086  # the settings are VAR=VALUE words
+    env ${envs[$i]} timeout 100 "$b/ferrocomm" launch -n 2 --timeout 98 -- "$b/$check" > "$f" 2>&1
+    echo "$check (${names[$i]}): exit $? $(grep -E 'passed|all results|quantize alone' "$f" | tail -2 | tr '\n' ' ')" \
       | tee -a "$res/summary.txt"
   done
 fi
 for c in "${benches[@]}"; do
   set -- $c
-  for b in "${bins[@]}"; do
-    f="$res/$1-$2-$(name "$b")"
-    # shellcheck disable=SC2086  # AB_ARGS is a list of flags
-    timeout "${AB_STEP_S:-40}" "$b/ferrocomm" bench "$1" -g 2 -d "$2" $args --json "$f.json" \
-      > "$f.txt" 2>&1
-    echo "== $1 $2 $(name "$b") (exit $?)" >> "$res/summary.txt"
+  for i in "${!bins[@]}"; do
+    f="$res/$1-$2-${names[$i]}"
+    # shellcheck disable=SC2086  # AB_ARGS is a list of flags, the settings VAR=VALUE words
+    env ${envs[$i]} timeout "${AB_STEP_S:-40}" "${bins[$i]}/ferrocomm" bench "$1" -g 2 -d "$2" $args \
+      --json "$f.json" > "$f.txt" 2>&1
+    echo "== $1 $2 ${names[$i]} (exit $?)" >> "$res/summary.txt"
     grep -E '^ +[0-9]' "$f.txt" >> "$res/summary.txt"
   done
 done
