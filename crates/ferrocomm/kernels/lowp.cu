@@ -544,9 +544,59 @@ struct EncRanks {
     __device__ __forceinline__ u8* at(u32 d) const { return (u8*)(a->staging[lo + d] + off); }
 };
 
-template <class Enc>
+// Decodes the group at element `first` from the records of k <= NR ranks in the warp's shared
+// memory (rank r's at sm + r * LP_GROUP_BYTES_MAX), sums them in rank order (rule 5) and stores
+// the group's elements of `out` (divided by post_div when has_div).
+template <int NR>
+__device__ __forceinline__ void lp_decode_group_sm(const Lp& l, const u8* sm, u32 k, u64 first,
+                                                   u64 n, T* out, bool vec, u32 lane, u32 has_div,
+                                                   float post_div) {
+    u32 B = l.block;
+    u32 rec = 4 + B;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        u32 el = h * 256 + lane * 8;
+        u64 e0 = first + el;
+        if (e0 < n) {
+            float x[8];
+#pragma unroll
+            for (u32 r = 0; r < NR; r++) {
+                if (r >= k) break;
+                const u8* rp = sm + r * LP_GROUP_BYTES_MAX + (el / B) * rec;
+                u32 j = el % B;
+                float sc = *(const float*)rp;
+                u32 w0, w1;
+                if (e0 + 8 <= n) {
+                    w0 = *(const u32*)(rp + 4 + j);
+                    w1 = *(const u32*)(rp + 8 + j);
+                } else {
+                    w0 = 0;
+                    w1 = 0;
+                    for (u32 i = 0; i < 4; i++) {
+                        if (e0 + i < n) w0 |= (u32)rp[4 + j + i] << (8 * i);
+                        if (e0 + 4 + i < n) w1 |= (u32)rp[8 + j + i] << (8 * i);
+                    }
+                }
+                lp_decode_into(sc, w0, l.format, r == 0, x);
+                lp_decode_into(sc, w1, l.format, r == 0, x + 4);
+            }
+            if (has_div) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) x[i] = __fdiv_rn(x[i], post_div);
+            }
+            lp_store_out8(out, e0, n, vec, x);
+        }
+    }
+}
+
+// Quantizes groups glo..ghi (this warp's: glo+gw, +W, ...) of `in` into `enc`. With OWN and `own`
+// set (the all-gather) the warp also decodes each group's records from its shared memory into
+// `own`, the rank's own output part: the values every peer decodes from the same records,
+// written before the barrier instead of read back from the staging after it.
+template <class Enc, bool OWN = false>
 __device__ void quant_groups(const Lp& l, const T* in, bool vec, u64 glo, u64 ghi, u64 gw, u64 W,
-                             u64 n, const Enc& enc, u32 lane, u8* sm) {
+                             u64 n, const Enc& enc, u32 lane, u8* sm, T* own = nullptr,
+                             bool vown = false) {
     u32 B = l.block;
     u32 rec = 4 + B;
     // A group is two rows of 256 elements; a lane takes eight consecutive elements of a row
@@ -599,6 +649,7 @@ __device__ void quant_groups(const Lp& l, const T* in, bool vec, u64 glo, u64 gh
             }
             for (u32 i = (gbytes & ~15u) + lane; i < gbytes; i += 32)
                 for (u32 d = 0; d < enc.count(); d++) enc.at(d)[goff + i] = sm[i];
+            if (OWN && own) lp_decode_group_sm<1>(l, sm, 1, first, n, own, vown, lane, 0, 1.0f);
             __syncwarp();
         }
     }
@@ -662,40 +713,7 @@ __device__ void dequant_groups_pull(const Args& a, const Lp& l, const u64* base,
                 if (r < k && lane + 32 * h < nv)
                     ((uint4*)(sm + r * LP_GROUP_BYTES_MAX))[lane + 32 * h] = v[r][h];
         __syncwarp();
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            u32 el = h * 256 + lane * 8;
-            u64 e0 = first + el;
-            if (e0 < n) {
-                float x[8];
-#pragma unroll
-                for (u32 r = 0; r < NR; r++) {
-                    if (r >= k) break;
-                    const u8* rp = sm + r * LP_GROUP_BYTES_MAX + (el / B) * rec;
-                    u32 j = el % B;
-                    float sc = *(const float*)rp;
-                    u32 w0, w1;
-                    if (e0 + 8 <= n) {
-                        w0 = *(const u32*)(rp + 4 + j);
-                        w1 = *(const u32*)(rp + 8 + j);
-                    } else {
-                        w0 = 0;
-                        w1 = 0;
-                        for (u32 i = 0; i < 4; i++) {
-                            if (e0 + i < n) w0 |= (u32)rp[4 + j + i] << (8 * i);
-                            if (e0 + 4 + i < n) w1 |= (u32)rp[8 + j + i] << (8 * i);
-                        }
-                    }
-                    lp_decode_into(sc, w0, l.format, r == 0, x);
-                    lp_decode_into(sc, w1, l.format, r == 0, x + 4);
-                }
-                if (a.has_div) {
-#pragma unroll
-                    for (int i = 0; i < 8; i++) x[i] = __fdiv_rn(x[i], a.post_div);
-                }
-                lp_store_out8(out, e0, n, vec, x);
-            }
-        }
+        lp_decode_group_sm<NR>(l, sm, k, first, n, out, vec, lane, a.has_div, a.post_div);
         __syncwarp();
     }
 }
@@ -744,9 +762,14 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_encode(Args a, Lp l) {
 //   and every rank decodes from its own memory. Needs a region per sender.
 // - pull (l.push = 0): into region p of the sender's own staging; receivers read region 0 (one
 //   part) or region `rank` (a part per rank) of every rank over NVLink.
-// Every rank decodes its own records too, so results are identical across ranks (rule 5),
-// except in the all-to-all, where the own part reaches no other rank: it is not encoded but
-// copied as it is (in place it stays put).
+// Every rank decodes its own records too, so results are identical across ranks (rule 5); in
+// the all-gather the quantizer decodes them from its shared memory straight into the own output
+// part, before the barrier. Measured on 2xH200 (bench/results/2026-11-30-h200x2-lp-own): 16 MB
+// 29.55 -> 26.66 us, 4 MB 13.69 -> 12.73; in the WIDE build the same code cost 5% at 64 MB (its
+// registers are capped), so that build reads the own part back after the barrier. In the
+// all-to-all the own part reaches no other rank: it is not encoded but copied as it is (in place
+// it stays put).
+template <bool WIDE>
 __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
     __shared__ __align__(16) u8 smem[LP_WARPS][4 * LP_GROUP_BYTES_MAX];
     u64 t0 = globaltimer();
@@ -762,6 +785,10 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
     bool vin = (a.input & 15) == 0 && (l.in_stride * sizeof(T)) % 16 == 0;
     bool vout = (a.output & 15) == 0 && (l.out_stride * sizeof(T)) % 16 == 0;
     bool a2a = l.nin > 1 && !l.reduce;
+    // All-gather: the own part decoded by the quantizer (in place it reads each group of the
+    // input before the same warp overwrites it).
+    T* own = !WIDE && l.nin == 1 && !l.reduce && grouped ? (T*)a.output + a.rank * l.out_stride
+                                                          : nullptr;
     u64 slot = par + (u64)a.rank * l.region;  // this rank's slot in every receiver's staging
     for (u32 p = 0; p < l.nin; p++) {
         if (a2a && p == a.rank) continue;
@@ -769,7 +796,8 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
         EncRanks to = l.push ? EncRanks{&a, slot, l.nin == 1 ? 0 : p, l.nin == 1 ? a.world : p + 1}
                              : EncRanks{&a, par + (u64)p * l.region, a.rank, a.rank + 1};
         if (grouped) {
-            quant_groups(l, in, vin, 0, nu, gw, W, n, to, lane, sm);
+            if (WIDE) quant_groups(l, in, vin, 0, nu, gw, W, n, to, lane, sm);
+            else quant_groups<EncRanks, true>(l, in, vin, 0, nu, gw, W, n, to, lane, sm, own, vout);
         } else {
             // Once per receiver; the host pushes only grouped blocks (cuda/lowp.rs, plan).
             for (u32 d = 0; d < to.count(); d++)
@@ -790,7 +818,7 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
             lp_decode_units(a, l, base, a.world, nu, gw, W, n, (T*)a.output, vout, lane, sm);
         } else {
             for (u32 r = 0; r < a.world; r++)
-                if (!(a2a && r == a.rank))
+                if (!((a2a || own) && r == a.rank))
                     lp_decode_units(a, l, base + r, 1, nu, gw, W, n,
                                     (T*)a.output + r * l.out_stride, vout, lane, sm);
         }
@@ -813,13 +841,13 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
 extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
     pdl_wait();
     pdl_launch_dependents();
-    lp_move(a, l);
+    lp_move<false>(a, l);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 2) fc_lp_move_wide(Args a, Lp l) {
     pdl_wait();
     pdl_launch_dependents();
-    lp_move(a, l);
+    lp_move<true>(a, l);
 }
 
 // ---------------------------------------------------------------- two-shot all-reduce
