@@ -7,7 +7,10 @@
 #   bash scripts/gpu_ab.sh KC BIN_A BIN_B [BIN_C ...]
 #
 # A BIN may carry settings for its runs, BIN@VAR=VALUE[,VAR=VALUE...] (e.g. the same build under
-# two values of a tuning variable: .carry/bin-B .carry/bin-B@FERROCOMM_CUDA_ROUND_BYTES=1M).
+# two values of a tuning variable: .carry/bin-B .carry/bin-B@FERROCOMM_CUDA_STAGING_BYTES=128M).
+# Its files are named after the BIN and the settings with every character but letters, digits,
+# '.', '_' and '-' turned into '_' (bin-B-FERROCOMM_CUDA_STAGING_BYTES_128M): the device tool
+# does not return files whose names hold other characters.
 #
 # Environment (defaults in brackets):
 #   AB_BENCHES  "COLL DTYPE" pairs, ';'-separated
@@ -26,7 +29,7 @@ for spec in "$@"; do
   [ "$spec" = "$b" ] || e="${spec#*@}"
   bins+=("$(cd "$b" && pwd)")
   envs+=("${e//,/ }")
-  names+=("$(basename "$b")${e:+@${e//[^A-Za-z0-9=._-]/_}}")
+  names+=("$(basename "$b")${e:+-${e//[^A-Za-z0-9._-]/_}}")
 done
 [ ${#bins[@]} -ge 2 ] || { echo "usage: gpu_ab.sh KC BIN_A BIN_B [BIN...]" >&2; exit 2; }
 IFS=';' read -r -a benches <<< "${AB_BENCHES:-all_reduce bfloat16;all_reduce float;all_gather bfloat16;all_to_all bfloat16}"

@@ -796,8 +796,7 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
         EncRanks to = l.push ? EncRanks{&a, slot, l.nin == 1 ? 0 : p, l.nin == 1 ? a.world : p + 1}
                              : EncRanks{&a, par + (u64)p * l.region, a.rank, a.rank + 1};
         if (grouped) {
-            if (WIDE) quant_groups(l, in, vin, 0, nu, gw, W, n, to, lane, sm);
-            else quant_groups<EncRanks, true>(l, in, vin, 0, nu, gw, W, n, to, lane, sm, own, vout);
+            quant_groups<EncRanks, !WIDE>(l, in, vin, 0, nu, gw, W, n, to, lane, sm, own, vout);
         } else {
             // Once per receiver; the host pushes only grouped blocks (cuda/lowp.rs, plan).
             for (u32 d = 0; d < to.count(); d++)

@@ -85,6 +85,17 @@ fn plan(
     )
 }
 
+/// Encoded regions one staging parity holds for `kind` at `world` ranks, (pull, push). Pull
+/// (the sender's staging): one per input part, so one for the all-reduce and the all-gather;
+/// push (the receivers' staging): one per sender.
+fn regions_per_parity(kind: LpKind, world: usize) -> (usize, usize) {
+    match kind {
+        LpKind::Tree => (1, 1),
+        LpKind::ReduceScatter | LpKind::AllToAll => (world, world),
+        LpKind::Flat | LpKind::AllGather => (1, world),
+    }
+}
+
 /// Largest chunk (elements per part, whole tiles) whose `nparts` encodings fit in `staging`
 /// bytes (0 when not even one tile does).
 fn chunk_limit(staging: usize, nparts: usize, codec: &Codec) -> usize {
@@ -209,13 +220,7 @@ impl Dda {
         }
         let world = self.world;
         let es = dtype.size() as u64;
-        // Regions per staging parity. Pull (the sender's staging): one per input part, so one
-        // for the all-reduce and the all-gather; push (the receivers' staging): one per sender.
-        let (pull_parts, push_parts) = match kind {
-            LpKind::Tree => (1, 1),
-            LpKind::ReduceScatter | LpKind::AllToAll => (world, world),
-            LpKind::Flat | LpKind::AllGather => (1, world),
-        };
+        let (pull_parts, push_parts) = regions_per_parity(kind, world);
         let pull_most = self.lp_chunk(kind, codec, pull_parts)?;
         // Push is the grouped quantizer's (blocks up to 128): the tile path would quantize a
         // part once per receiver. A staging too small for a region per sender just means pull.
@@ -388,11 +393,7 @@ mod tests {
 
     /// (push, chunk, the most a chunk may hold) for two ranks and a 64 MiB staging parity.
     fn plan2(kind: LpKind, bytes: usize, es: usize) -> (bool, usize, usize) {
-        let (pull_parts, push_parts) = match kind {
-            LpKind::Tree => (1, 1),
-            LpKind::Flat | LpKind::AllGather => (1, 2),
-            _ => (2, 2),
-        };
+        let (pull_parts, push_parts) = regions_per_parity(kind, 2);
         let codec = Codec::new(Format::E4M3, 128).unwrap();
         let most = |nparts| chunk_limit(64 << 20, nparts, &codec);
         let (pull, push) = (most(pull_parts), most(push_parts));
