@@ -326,12 +326,13 @@ const RED_TYPES: [DataType; 7] = [
 /// The handful of cases run under compute-sanitizer (memcheck, racecheck): every direct-access
 /// kernel at least once in each form it has. All-gather, all-to-all, reduce-scatter, broadcast
 /// and reduce (roots 0 and the last rank) at an LL size and a staged size (the reductions are
-/// staged at both), in and out of place, aligned and one element off; byte moves; every
-/// reduction kernel (avg, prod, min, max on f32, f16, u32, i64); all-to-all-v with uneven counts
-/// and a zero, in and out of place; device-count all-to-all-v with i32 and i64 counts, a
-/// truncated part and the counts the kernel must not trust. Counts are odd throughout.
+/// staged at both), in and out of place, aligned and one element off; all-gather and
+/// reduce-scatter once each at a pipelined size; byte moves; every reduction kernel (avg, prod,
+/// min, max on f32, f16, u32, i64); all-to-all-v with uneven counts and a zero, in and out of
+/// place; device-count all-to-all-v with i32 and i64 counts, a truncated part and the counts
+/// the kernel must not trust. Counts are odd throughout.
 fn sanitize_cases(c: &mut Ctx) -> Res<()> {
-    use ferrocomm::cuda::collectives::LL_MAX_BYTES;
+    use ferrocomm::cuda::collectives::{pipe_min_bytes, LL_MAX_BYTES};
     let w = c.world;
     let mut seed = 60_000u64;
     // Elements per part: LL lines up to 8-byte elements, staged from 1-byte elements.
@@ -363,6 +364,16 @@ fn sanitize_cases(c: &mut Ctx) -> Res<()> {
                 )?;
             }
         }
+    }
+    // The pipelined kernels (from their smallest part): out of place one element off, in place.
+    for (coll, kernel, in_place) in [
+        (Coll::AllGather, "all_gather", false),
+        (Coll::ReduceScatter(OpK::Sum), "reduce_scatter", true),
+    ] {
+        seed += 1;
+        let n_rw = pipe_min_bytes(kernel).expect("pipelined") / 2 + 3;
+        let misalign = !in_place as usize;
+        run_one(c, coll, DataType::BF16, n_rw, Algo::Direct, in_place, misalign, seed)?;
     }
     // Other element sizes: byte moves; every reduction kernel (sum with the division of avg,
     // prod, min, max) on 2-, 4- and 8-byte elements.

@@ -13,15 +13,16 @@ fn staging_memory_is_reported_per_world_size() {
     assert_eq!(cfg.cuda_staging_bytes, 64 << 20);
     let two = ferrocomm::cuda::staging_memory_bytes(&cfg, 2);
     let eight = ferrocomm::cuda::staging_memory_bytes(&cfg, 8);
-    // flags 64 KiB + state 72 KiB (epochs, verify words, collectives' hello and barrier words)
+    // flags 64 KiB + state 520 KiB (epochs, verify words, collectives' hello words and barrier
+    // words for up to 8 rounds)
     // + chunk flags 2 MiB + push 2*world*2*512 KiB + staging 2*64 MiB.
     assert_eq!(
         two,
-        (64 << 10) + (72 << 10) + (2 << 20) + 2 * 2 * 2 * (512 << 10) + 2 * (64 << 20)
+        (64 << 10) + (520 << 10) + (2 << 20) + 2 * 2 * 2 * (512 << 10) + 2 * (64 << 20)
     );
     assert_eq!(
         eight,
-        (64 << 10) + (72 << 10) + (2 << 20) + 2 * 8 * 2 * (512 << 10) + 2 * (64 << 20)
+        (64 << 10) + (520 << 10) + (2 << 20) + 2 * 8 * 2 * (512 << 10) + 2 * (64 << 20)
     );
     let l = ferrocomm::cuda::staging_layout(&cfg, 2);
     assert_eq!(l.staging_bytes, 64 << 20);

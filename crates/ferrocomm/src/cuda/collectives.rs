@@ -11,7 +11,9 @@
 use std::ffi::c_void;
 
 use super::cu_lazy;
-use super::dda::{kernel_name, Args, Dda, COLL_BAR_OFF, COLL_HELLO_OFF, MAX_BLOCKS, MAX_RANKS};
+use super::dda::{
+    kernel_name, Args, Dda, COLL_BAR_OFF, COLL_HELLO_OFF, COLL_MAX_ROUNDS, MAX_BLOCKS, MAX_RANKS,
+};
 use super::kernels;
 use crate::comm::{CallOpts, Splits};
 use crate::config::Config;
@@ -49,10 +51,11 @@ struct CArgs {
     sig: u32,
     count_bytes: u32,
     count_signed: u32,
+    rounds: u32,
 }
 
-/// Entry point of a per-part collective, `fc_<kernel>_<form>[_<op>]` (form `ll` or `st`, the op
-/// for the reductions).
+/// Entry point of a per-part collective, `fc_<kernel>_<form>[_<op>]` (form `ll`, `st` or `rw`,
+/// the op for the reductions).
 fn part_kernel<'a>(buf: &'a mut [u8; 64], kernel: &str, form: &str, op: Option<&str>) -> &'a str {
     match op {
         Some(op) => kernel_name(buf, &["fc_", kernel, "_", form, "_", op]),
@@ -89,6 +92,41 @@ pub fn staged_need(coll: Collective, part_bytes: usize, world: usize) -> Option<
 /// against 4.36), while the data movers' LL kernels stay ahead or even up to 32 KiB parts.
 pub fn use_ll(kernel: &str, part_bytes: usize, push_cap: usize) -> bool {
     !matches!(kernel, "reduce_scatter" | "reduce") && part_bytes <= LL_MAX_BYTES.min(push_cap)
+}
+
+/// The smallest part of `kernel` that takes the pipelined staged kernel (`fc_<kernel>_rw`, rounds
+/// of `PIPE_ROUND_BYTES`, at most `COLL_MAX_ROUNDS`); None where rounds never pay. Measured on
+/// 2xH200 (bench/results/2026-11-30-h200x2-pipeline, -coll-rounds): all-gather 64 MB 141 -> 106
+/// us, 32 MB 68.6 -> 57.2, 16 MB (8 MiB parts, 2 rounds) 33.5 -> 32.0; reduce-scatter 64 MB 141
+/// -> 118, 32 MB 72 -> 67, but 16 MB 36.5 -> 37.6 with 2 rounds; broadcast, reduce and
+/// all-to-all lost at every size (each extra round costs 1.5-3 us; broadcast 16 MB 49.1 -> 52.5).
+pub fn pipe_min_bytes(kernel: &str) -> Option<usize> {
+    match kernel {
+        "all_gather" => Some(8 << 20),
+        "reduce_scatter" => Some(16 << 20),
+        _ => None,
+    }
+}
+const PIPE_ROUND_BYTES: usize = 4 << 20;
+
+/// The kernel form of a call of `kernel` with parts of `part_bytes` (`push_cap`: bytes of one LL
+/// row) and its rounds: `ll` (LL lines), `st` (staged) or `rw` (pipelined staged).
+pub fn part_form(kernel: &str, part_bytes: usize, push_cap: usize) -> (&'static str, u32) {
+    if use_ll(kernel, part_bytes, push_cap) {
+        ("ll", 1)
+    } else if pipe_min_bytes(kernel).is_some_and(|min| part_bytes >= min) {
+        ("rw", st_rounds(part_bytes, PIPE_ROUND_BYTES))
+    } else {
+        ("st", 1)
+    }
+}
+
+/// Rounds of a pipelined staged call with parts of `part_bytes`: one per `round_bytes` (rounded
+/// up), at most `COLL_MAX_ROUNDS`. Every rank computes the same from the part size.
+pub fn st_rounds(part_bytes: usize, round_bytes: usize) -> u32 {
+    part_bytes
+        .div_ceil(round_bytes.max(1))
+        .clamp(1, COLL_MAX_ROUNDS) as u32
 }
 
 /// A 32-bit signature of a call that every rank must make alike (collective, dtype, count, root,
@@ -259,6 +297,7 @@ impl Dda {
             sig: 0,
             count_bytes: 8,
             count_signed: 0,
+            rounds: 1,
         }
     }
 
@@ -328,10 +367,12 @@ impl Dda {
         c.slot_bytes = round16(part) as u64;
         c.root = root as u32;
         c.sig = sig;
-        let (form, grid) = if use_ll(kernel, part, self.layout().push_cap) {
-            ("ll", self.ll_grid(part))
+        let (form, rounds) = part_form(kernel, part, self.layout().push_cap);
+        c.rounds = rounds;
+        let grid = if form == "ll" {
+            self.ll_grid(part)
         } else {
-            ("st", self.st_grid(part))
+            self.st_grid(part)
         };
         self.launch(
             module,
@@ -601,14 +642,19 @@ mod tests {
     fn every_part_kernel_launched_exists() {
         let entries = kernels::entry_names();
         // Every form `use_ll` picks, at every size class, names a kernel that exists.
-        for part in [0, 100, LL_MAX_BYTES, LL_MAX_BYTES + 1, 64 << 20] {
-            let form = |k| {
-                if use_ll(k, part, 512 << 10) {
-                    "ll"
-                } else {
-                    "st"
-                }
-            };
+        let sizes = [
+            0,
+            100,
+            LL_MAX_BYTES,
+            LL_MAX_BYTES + 1,
+            (8 << 20) - 1,
+            8 << 20,
+            (16 << 20) - 1,
+            16 << 20,
+            64 << 20,
+        ];
+        for part in sizes {
+            let form = |k| part_form(k, part, 512 << 10).0;
             for k in ["all_gather", "all_to_all", "broadcast"] {
                 let mut buf = [0; 64];
                 let name = part_kernel(&mut buf, k, form(k), None);
@@ -628,9 +674,44 @@ mod tests {
     }
 
     #[test]
+    fn large_gathers_and_scatters_are_pipelined() {
+        let cap = 512 << 10;
+        assert_eq!(part_form("all_gather", 100, cap), ("ll", 1));
+        assert_eq!(part_form("reduce_scatter", 100, cap), ("st", 1));
+        assert_eq!(part_form("all_gather", (8 << 20) - 1, cap), ("st", 1));
+        assert_eq!(part_form("all_gather", 8 << 20, cap), ("rw", 2));
+        assert_eq!(part_form("all_gather", 16 << 20, cap), ("rw", 4));
+        assert_eq!(part_form("reduce_scatter", 8 << 20, cap), ("st", 1));
+        assert_eq!(part_form("reduce_scatter", (16 << 20) - 1, cap), ("st", 1));
+        assert_eq!(part_form("reduce_scatter", 16 << 20, cap), ("rw", 4));
+        assert_eq!(part_form("reduce_scatter", 32 << 20, cap), ("rw", 8));
+        assert_eq!(part_form("all_gather", 64 << 20, cap), ("rw", 8));
+        for k in ["broadcast", "reduce", "all_to_all"] {
+            assert_eq!(part_form(k, 64 << 20, cap), ("st", 1), "{k}");
+        }
+    }
+
+    #[test]
+    fn rounds_follow_the_part_size() {
+        let mb = 1 << 20;
+        assert_eq!(st_rounds(0, 2 * mb), 1);
+        assert_eq!(st_rounds(16, 2 * mb), 1);
+        assert_eq!(st_rounds(2 * mb, 2 * mb), 1);
+        assert_eq!(st_rounds(2 * mb + 1, 2 * mb), 2);
+        assert_eq!(st_rounds(8 * mb, 2 * mb), 4);
+        assert_eq!(st_rounds(16 * mb, 2 * mb), COLL_MAX_ROUNDS as u32);
+        assert_eq!(st_rounds(64 * mb, 2 * mb), COLL_MAX_ROUNDS as u32);
+        assert_eq!(st_rounds(100, 1), COLL_MAX_ROUNDS as u32);
+        assert_eq!(st_rounds(100, 0), COLL_MAX_ROUNDS as u32);
+        // The kernels index their barrier words with the same bound.
+        let def = format!("#define FC_MAX_ROUNDS {COLL_MAX_ROUNDS} ");
+        assert!(super::super::kernels::COLLECTIVES_SOURCE.contains(&def));
+    }
+
+    #[test]
     fn cargs_layout_matches_the_kernel() {
-        // 4 arrays of 16 u64, 9 u64, 4 u32.
-        assert_eq!(std::mem::size_of::<CArgs>(), 4 * 16 * 8 + 9 * 8 + 4 * 4);
+        // 4 arrays of 16 u64, 9 u64, 5 u32 (padded to 8 bytes).
+        assert_eq!(std::mem::size_of::<CArgs>(), 4 * 16 * 8 + 9 * 8 + 6 * 4);
         assert_eq!(std::mem::align_of::<CArgs>(), 8);
     }
 

@@ -28,7 +28,10 @@ const VERIFY_MAGIC: u32 = 0x5eed_0000;
 /// Hello and payload-barrier words of collectives.cu (written by peers), in the state area.
 pub(super) const COLL_HELLO_OFF: usize = STATE_OFF + 4096;
 pub(super) const COLL_BAR_OFF: usize = STATE_OFF + 8192;
-const STATE_BYTES: usize = 8192 + 2 * MAX_BLOCKS * MAX_RANKS * 8;
+const STATE_BYTES: usize = 8192 + 2 * COLL_MAX_ROUNDS * MAX_BLOCKS * MAX_RANKS * 8;
+/// Rounds of a staged collective's pipeline (`FC_MAX_ROUNDS`): barrier words per block, sender
+/// and parity.
+pub(super) const COLL_MAX_ROUNDS: usize = 8;
 /// Warps per block of the flat kernel (`FC_FLAT_WARPS`): each warp is one pipeline.
 const FLAT_WARPS: usize = 16;
 /// Chunk flags of the push-write stream kernel (flat beyond the staging): u64 [data, ack][2 parities][blocks x warps][ranks].

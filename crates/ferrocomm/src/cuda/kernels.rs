@@ -37,9 +37,10 @@ pub fn has_lowp(dtype: DataType) -> bool {
 pub const COLLECTIVES_SOURCE: &str = include_str!("../../kernels/collectives.cu");
 
 /// Data-movement entry points of collectives.cu (byte kernels, `(Args, CArgs)`).
-pub const COLL_ENTRIES: [&str; 8] = [
+pub const COLL_ENTRIES: [&str; 9] = [
     "fc_all_gather_ll",
     "fc_all_gather_st",
+    "fc_all_gather_rw",
     "fc_all_to_all_ll",
     "fc_all_to_all_st",
     "fc_all_to_all_v_st",
@@ -48,7 +49,11 @@ pub const COLL_ENTRIES: [&str; 8] = [
     "fc_broadcast_st",
 ];
 /// Reduction entry points of collectives.cu, one per operator: `<prefix>_<op>`.
-pub const COLL_OP_ENTRIES: [&str; 2] = ["fc_reduce_scatter_st", "fc_reduce_st"];
+pub const COLL_OP_ENTRIES: [&str; 3] = [
+    "fc_reduce_scatter_st",
+    "fc_reduce_scatter_rw",
+    "fc_reduce_st",
+];
 
 /// Algorithms with an entry point per operator: `fc_<algo>_<op>`.
 pub const ALGOS: [&str; 4] = ["push", "flat", "tree", "stream"];
