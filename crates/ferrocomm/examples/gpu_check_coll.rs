@@ -373,7 +373,16 @@ fn sanitize_cases(c: &mut Ctx) -> Res<()> {
         seed += 1;
         let n_rw = pipe_min_bytes(kernel).expect("pipelined") / 2 + 3;
         let misalign = !in_place as usize;
-        run_one(c, coll, DataType::BF16, n_rw, Algo::Direct, in_place, misalign, seed)?;
+        run_one(
+            c,
+            coll,
+            DataType::BF16,
+            n_rw,
+            Algo::Direct,
+            in_place,
+            misalign,
+            seed,
+        )?;
     }
     // Other element sizes: byte moves; every reduction kernel (sum with the division of avg,
     // prod, min, max) on 2-, 4- and 8-byte elements.
