@@ -627,17 +627,17 @@ extern "C" __global__ void __launch_bounds__(512) fc_broadcast_st(Args a, CArgs 
 
 // ---------------------------------------------------------------- pipelined staged protocol
 
-// Large parts of all-gather and reduce-scatter (from 16 MiB, cuda/collectives.rs part_form): a
-// block's vectors cut into c.rounds rounds, each with its own barrier word per sender (payload:
-// the signature), so that a block copies or reduces round r - 1 from its staging while its stores
-// of round r travel, instead of the link and the local pass taking turns. Round r of block b
-// covers the same vectors on every rank (the rounds follow the part size, which every rank
-// shares), so its words cover exactly what the block reads. The last warp of a block only
-// signals (st_pipeline), so the workers never stall on a release, which waits for their stores
-// to land. Measured on 2xH200 (bench/results/2026-11-30-h200x2-pipeline): all-gather 64 MB
-// 141.3 -> 105.6 us, reduce-scatter 64 MB 141.2 -> 119.0; every thread releasing each round
-// itself was slower (108.7, 119.2), and so were rounds for smaller parts (reduce-scatter 4 MB
-// 12.2 -> 14.0) and for broadcast (16 MB 49.1 -> 52.5).
+// Large parts of all-gather (from 8 MiB) and reduce-scatter (from 16 MiB; cuda/collectives.rs
+// part_form): a block's vectors cut into c.rounds rounds, each with its own barrier word per
+// sender (payload: the signature), so that a block copies or reduces round r - 1 from its
+// staging while its stores of round r travel, instead of the link and the local pass taking
+// turns. Round r of block b covers the same vectors on every rank (the rounds follow the part
+// size, which every rank shares), so its words cover exactly what the block reads. The last warp
+// of a block only signals (st_pipeline), so the workers never stall on a release, which waits
+// for their stores to land. Measured on 2xH200 (bench/results/2026-11-30-h200x2-coll-rounds):
+// all-gather 64 MB 141.1 -> 104.8 us, reduce-scatter 64 MB 141.4 -> 117.1; every thread
+// releasing each round itself was slower, and so were rounds for smaller parts (reduce-scatter
+// 4 MB 12.2 -> 14.0) and for broadcast (16 MB 49.1 -> 52.5; -pipeline folder).
 // A signature that differs stops every block at round 0 (the rounds may differ too); block 0
 // reports it.
 
