@@ -427,13 +427,11 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_st(Args a, CArgs
     u8* out = (u8*)a.output;
     u64 stride = (u64)gridDim.x * blockDim.x;
     u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    for (u32 p = 0; p < a.world; p++) {
-        if (p != a.rank) {
-            put_part(slot_ptr(a, c, p, e, a.rank), in + p * bytes, bytes, first, stride);
-        } else {
-            copy_local(out + p * bytes, in + p * bytes, bytes);
-        }
-    }
+    // Every rank's remote stores first, then the own part's local copy while they travel (in
+    // rank order, rank 0 copied before it sent anything and the barrier waited for it).
+    for (u32 p = 0; p < a.world; p++)
+        if (p != a.rank) put_part(slot_ptr(a, c, p, e, a.rank), in + p * bytes, bytes, first, stride);
+    copy_local(out + a.rank * bytes, in + a.rank * bytes, bytes);
     if (st_meet(a, c, e, t0, out_w, in_w)) get_parts(a, c, e, out, bytes, first, stride);
     end_call(a, e);
 }
