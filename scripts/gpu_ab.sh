@@ -18,6 +18,7 @@
 #   AB_ARGS     bench flags [-b 4M -e 64M -f 4 -n 10 --reps 2 -G 10 --low-precision e4m3 --vs nccl]
 #   AB_CHECK    check program of the later builds, or none [gpu_check_lowp]
 #   AB_STEP_S   seconds per bench [40]
+#   AB_ARCH     architecture of the kernels each build makes sure are cached [sm_90]
 # Each BIN holds ferrocomm (and the check program for all but the first).
 set -uo pipefail
 export FERROCOMM_KERNEL_CACHE="$(cd "$1" && pwd)"
@@ -39,6 +40,13 @@ export NCCL_NVLS_ENABLE=0 FERROCOMM_TIMEOUT_S=30
 res="${OUT:-/tmp}/ab"
 mkdir -p "$res"
 : > "$res/summary.txt"
+# Every build's kernels into the cache first: a module missing there would otherwise be compiled
+# inside that build's first bench and eat its step limit (a cached module costs nothing here).
+for i in "${!bins[@]}"; do
+  "${bins[$i]}/ferrocomm" precompile --arch "${AB_ARCH:-sm_90}" --cache "$FERROCOMM_KERNEL_CACHE" \
+    > "$res/precompile-${names[$i]}.txt" 2>&1 ||
+    echo "precompile (${names[$i]}): failed, see precompile-${names[$i]}.txt" | tee -a "$res/summary.txt"
+done
 if [ "$check" != none ]; then
   for i in "${!bins[@]}"; do
     [ "$i" -gt 0 ] || continue
