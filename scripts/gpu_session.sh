@@ -21,7 +21,8 @@
 set -uo pipefail
 bin="$(cd "${1:-.carry/bin}" && pwd)"
 parts=" ${3:-checks sanitize python bench} "
-want() { [[ "$parts" == *" $1 "* ]]; }
+listed() { [[ "$1" == *" $2 "* ]]; }  # a space-padded list, a name
+want() { listed "$parts" "$1"; }
 export FERROCOMM_KERNEL_CACHE="$(cd "${2:-.carry/kc}" && pwd)"
 export NCCL_NVLS_ENABLE=0 FERROCOMM_TIMEOUT_S=30 PYTHONUNBUFFERED=1
 out="${OUT:-/tmp}"
@@ -44,11 +45,11 @@ step() { # name, limit in seconds, command...
 "$fc" info > "$res/info.txt" 2>&1
 checks=" ${CHECKS:-gpu_check gpu_check_coll gpu_check_lowp} "
 if want checks; then
-  [[ "$checks" == *" gpu_check "* ]] &&
+  listed "$checks" gpu_check &&
     step gpu_check 240 "$fc" launch -n 2 --timeout 238 -- "$bin/gpu_check" --no-timing
-  [[ "$checks" == *" gpu_check_coll "* ]] &&
+  listed "$checks" gpu_check_coll &&
     step gpu_check_coll 70 "$fc" launch -n 2 --timeout 68 -- "$bin/gpu_check_coll"
-  [[ "$checks" == *" gpu_check_lowp "* ]] &&
+  listed "$checks" gpu_check_lowp &&
     step gpu_check_lowp 100 "$fc" launch -n 2 --timeout 98 -- "$bin/gpu_check_lowp"
 fi
 if want sanitize; then

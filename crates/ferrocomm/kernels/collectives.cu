@@ -176,15 +176,46 @@ __device__ __forceinline__ void st_user8(u8* p, u32 n, uint2 v) {
 
 __device__ __forceinline__ u32 min_u32(u64 a, u64 b) { return (u32)(a < b ? a : b); }
 
-// Local copy of `bytes` from src to dst by every thread of the grid (no partition constraint).
-__device__ void copy_local(u8* dst, const u8* src, u64 bytes) {
-    if (dst == src || bytes == 0) return;
-    u64 nvec = (bytes + 15) / 16;
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 v = (u64)blockIdx.x * blockDim.x + threadIdx.x; v < nvec; v += stride) {
+// A thread's 16-byte vectors of a part: first, first + stride, ... below end (the whole part,
+// or one round of the pipelined kernels).
+struct Span {
+    u64 first, stride, end;
+};
+
+// Every vector of a part of `bytes` for the thread at `first` of `stride` threads.
+__device__ __forceinline__ Span span_all(u64 bytes, u64 first, u64 stride) {
+    return Span{first, stride, (bytes + 15) / 16};
+}
+
+// The span's vectors of `src` (a user buffer) into a staging slot.
+__device__ __forceinline__ void put_span(u8* slot, const u8* src, u64 bytes, Span q) {
+    for (u64 v = q.first; v < q.end; v += q.stride) {
+        u32 n = min_u32(16, bytes - v * 16);
+        *(uint4*)(slot + v * 16) = ld_user16(src + v * 16, n);
+    }
+}
+
+// The span's vectors of a local staging slot into `dst` (a user buffer).
+__device__ __forceinline__ void get_span(u8* dst, const u8* slot, u64 bytes, Span q) {
+    for (u64 v = q.first; v < q.end; v += q.stride) {
+        u32 n = min_u32(16, bytes - v * 16);
+        st_user16(dst + v * 16, n, ld_v4((const uint4*)(slot + v * 16)));
+    }
+}
+
+// The span's vectors between distinct user buffers.
+__device__ __forceinline__ void copy_span(u8* dst, const u8* src, u64 bytes, Span q) {
+    for (u64 v = q.first; v < q.end; v += q.stride) {
         u32 n = min_u32(16, bytes - v * 16);
         st_user16(dst + v * 16, n, ld_user16(src + v * 16, n));
     }
+}
+
+// Local copy of `bytes` from src to dst by every thread of the grid (no partition constraint).
+__device__ void copy_local(u8* dst, const u8* src, u64 bytes) {
+    if (dst == src || bytes == 0) return;
+    copy_span(dst, src, bytes,
+              span_all(bytes, (u64)blockIdx.x * blockDim.x + threadIdx.x, (u64)gridDim.x * blockDim.x));
 }
 
 // ---------------------------------------------------------------- staged protocol helpers
@@ -219,20 +250,12 @@ __device__ bool payload_barrier(const Args& a, const CArgs& c, u32 e, u64 t0, co
 
 // Sender side of one part: this block's vectors of `bytes` at `src` into a peer's slot.
 __device__ __forceinline__ void put_part(u8* slot, const u8* src, u64 bytes, u64 first, u64 stride) {
-    u64 nvec = (bytes + 15) / 16;
-    for (u64 v = first; v < nvec; v += stride) {
-        u32 n = min_u32(16, bytes - v * 16);
-        *(uint4*)(slot + v * 16) = ld_user16(src + v * 16, n);
-    }
+    put_span(slot, src, bytes, span_all(bytes, first, stride));
 }
 
 // Receiver side: the same vectors from the local slot into the user's buffer.
 __device__ __forceinline__ void get_part(u8* dst, const u8* slot, u64 bytes, u64 first, u64 stride) {
-    u64 nvec = (bytes + 15) / 16;
-    for (u64 v = first; v < nvec; v += stride) {
-        u32 n = min_u32(16, bytes - v * 16);
-        st_user16(dst + v * 16, n, ld_v4((const uint4*)(slot + v * 16)));
-    }
+    get_span(dst, slot, bytes, span_all(bytes, first, stride));
 }
 
 // Reduces vector v of the part held in rank order: the own part from `own`, every other
@@ -639,11 +662,6 @@ extern "C" __global__ void __launch_bounds__(512) fc_broadcast_st(Args a, CArgs 
 // A signature that differs stops every block at round 0 (the rounds may differ too); block 0
 // reports it.
 
-// A thread's vectors of a part: first, first + stride, ... below end.
-struct Span {
-    u64 first, stride, end;
-};
-
 // Round r of c.rounds for the thread at `first` of `stride` threads: consecutive grid-stride
 // iterations over the part of `bytes`.
 __device__ __forceinline__ Span span_round(const CArgs& c, u64 bytes, u64 first, u64 stride, u32 r) {
@@ -651,28 +669,6 @@ __device__ __forceinline__ Span span_round(const CArgs& c, u64 bytes, u64 first,
     u64 per = ((nvec + stride - 1) / stride + c.rounds - 1) / c.rounds;  // iterations per round
     u64 hi = first + (r + 1) * per * stride;
     return Span{first + r * per * stride, stride, hi < nvec ? hi : nvec};
-}
-
-__device__ __forceinline__ void put_span(u8* slot, const u8* src, u64 bytes, Span q) {
-    for (u64 v = q.first; v < q.end; v += q.stride) {
-        u32 n = min_u32(16, bytes - v * 16);
-        *(uint4*)(slot + v * 16) = ld_user16(src + v * 16, n);
-    }
-}
-
-__device__ __forceinline__ void get_span(u8* dst, const u8* slot, u64 bytes, Span q) {
-    for (u64 v = q.first; v < q.end; v += q.stride) {
-        u32 n = min_u32(16, bytes - v * 16);
-        st_user16(dst + v * 16, n, ld_v4((const uint4*)(slot + v * 16)));
-    }
-}
-
-// Between distinct user buffers (not in place).
-__device__ __forceinline__ void copy_span(u8* dst, const u8* src, u64 bytes, Span q) {
-    for (u64 v = q.first; v < q.end; v += q.stride) {
-        u32 n = min_u32(16, bytes - v * 16);
-        st_user16(dst + v * 16, n, ld_user16(src + v * 16, n));
-    }
 }
 
 __device__ __forceinline__ void bar_arrive(u32 id, u32 n) {
@@ -726,8 +722,11 @@ __device__ bool st_pipeline(const Args& a, const CArgs& c, u32 e, u64 t0, u64 by
         for (u32 r = 0; r <= c.rounds; r++) {
             if (r < c.rounds) bar_sync_n(1, n);  // the workers' stores of round r are issued
             if (r > 0) ok = __all_sync(0xffffffffu, ok && round_wait1(a, c, e, r - 1, t0, p));
-            ok = bar_and_n(2, n, ok);                        // round r - 1 may be read
-            if (r < c.rounds) round_post(a, c, e, r, p);     // waits for round r to land
+            ok = bar_and_n(2, n, ok);  // round r - 1 may be read
+            // Round r was sent (the workers' verdict then was at least as good as this one) and
+            // lands before its word; after a failure no further round is posted, so a late peer
+            // times out instead of reading rounds that were never sent.
+            if (r < c.rounds && ok) round_post(a, c, e, r, p);
         }
         return ok;
     }

@@ -641,18 +641,21 @@ mod tests {
     #[test]
     fn every_part_kernel_launched_exists() {
         let entries = kernels::entry_names();
-        // Every form `use_ll` picks, at every size class, names a kernel that exists.
-        let sizes = [
-            0,
-            100,
-            LL_MAX_BYTES,
-            LL_MAX_BYTES + 1,
-            (8 << 20) - 1,
-            8 << 20,
-            (16 << 20) - 1,
-            16 << 20,
-            64 << 20,
-        ];
+        // Every form `part_form` picks, on both sides of each of its size bounds, names a kernel
+        // that exists.
+        let mut sizes = vec![0, 100, LL_MAX_BYTES, LL_MAX_BYTES + 1, 64 << 20];
+        for k in [
+            "all_gather",
+            "all_to_all",
+            "broadcast",
+            "reduce_scatter",
+            "reduce",
+        ] {
+            if let Some(min) = pipe_min_bytes(k) {
+                sizes.extend([min - 1, min]);
+            }
+        }
+        assert!(sizes.len() >= 9, "both pipelined collectives' bounds");
         for part in sizes {
             let form = |k| part_form(k, part, 512 << 10).0;
             for k in ["all_gather", "all_to_all", "broadcast"] {
