@@ -436,6 +436,11 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
             "FERROCOMM_ALLTOALL_MAX_BYTES",
         ),
         (
+            Collective::AllToAllV,
+            t.all_to_all_max,
+            "FERROCOMM_ALLTOALL_MAX_BYTES",
+        ),
+        (
             Collective::Broadcast,
             t.broadcast_max,
             "FERROCOMM_BROADCAST_MAX_BYTES",

@@ -648,15 +648,16 @@ extern "C" __global__ void __launch_bounds__(512) fc_broadcast_st(Args a, CArgs 
 
 // ---------------------------------------------------------------- pipelined staged protocol
 
-// Large parts of all-gather (from 8 MiB) and reduce-scatter (from 16 MiB; cuda/collectives.rs
-// part_form): a block's vectors cut into c.rounds rounds, each with its own barrier word per
+// Large parts of all-gather and all-to-all (from 8 MiB) and reduce-scatter (from 16 MiB;
+// cuda/collectives.rs part_form): a block's vectors cut into c.rounds rounds, each with its own barrier word per
 // sender (payload: the signature), so that a block copies or reduces round r - 1 from its
 // staging while its stores of round r travel, instead of the link and the local pass taking
 // turns. Round r of block b covers the same vectors on every rank (the rounds follow the part
 // size, which every rank shares), so its words cover exactly what the block reads. The last warp
 // of a block only signals (st_pipeline), so the workers never stall on a release, which waits
 // for their stores to land. Measured on 2xH200 (bench/results/2026-11-30-h200x2-coll-rounds):
-// all-gather 64 MB 141.1 -> 104.8 us, reduce-scatter 64 MB 141.4 -> 117.1; every thread
+// all-gather 64 MB 141.1 -> 104.8 us, reduce-scatter 64 MB 141.4 -> 117.1 (-a2a-rw folder:
+// all-to-all 64 MB 141.0 -> 113.4); every thread
 // releasing each round itself was slower, and so were rounds for smaller parts (reduce-scatter
 // 4 MB 12.2 -> 14.0) and for broadcast (16 MB 49.1 -> 52.5; -pipeline folder).
 // A signature that differs stops every block at round 0 (the rounds may differ too); block 0
@@ -769,6 +770,35 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_gather_rw(Args a, CArgs
     pdl_wait();
     pdl_launch_dependents();
     all_gather_rw(a, c);
+}
+
+// Pipelined all-to-all: the all-gather's rounds with part p of the input sent to rank p. In
+// place, a thread reads each vector of part s (sending it) rounds before it writes that vector
+// of part s (receiving it), and the own part stays where it is.
+__device__ void all_to_all_rw(const Args& a, const CArgs& c) {
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    u64 bytes = c.n * c.es;
+    const u8* in = (const u8*)a.input;
+    u8* out = (u8*)a.output;
+    st_pipeline(
+        a, c, e, t0, bytes,
+        [&](Span q) {
+            for (u32 p = 0; p < a.world; p++)
+                if (p != a.rank) put_span(slot_ptr(a, c, p, e, a.rank), in + p * bytes, bytes, q);
+            if (in != out) copy_span(out + a.rank * bytes, in + a.rank * bytes, bytes, q);
+        },
+        [&](Span q) {
+            for (u32 s = 0; s < a.world; s++)
+                if (s != a.rank) get_span(out + s * bytes, slot_ptr(a, c, a.rank, e, s), bytes, q);
+        });
+    end_call(a, e);
+}
+
+extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_rw(Args a, CArgs c) {
+    pdl_wait();
+    pdl_launch_dependents();
+    all_to_all_rw(a, c);
 }
 
 // ---------------------------------------------------------------- reductions (module dtype T)

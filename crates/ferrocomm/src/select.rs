@@ -126,13 +126,15 @@ pub fn default_all_reduce_thresholds(world: usize) -> (usize, usize, usize) {
 
 /// Default direct-access limits for the data-movement collectives (bytes per rank).
 pub fn default_direct_max(coll: Collective, world: usize) -> usize {
-    // 2×H200 sweep (docs/tuning.md, direct-access collectives): direct access beats NCCL up to
-    // the largest size measured except all-to-all, where NCCL wins at 64 MiB per rank. The
-    // staging (64 MiB by default) caps the rest: world × part bytes per call.
+    // 2×H200 sweeps (docs/tuning.md, direct-access collectives): direct access beats NCCL up to
+    // the largest size measured, the equal-part all-to-all since it runs in rounds from 8 MiB
+    // parts (64 MiB per rank 0.81×). The all-to-all-v kernel is staged without rounds, like the
+    // equal-part one that NCCL beat at 64 MiB per rank (1.04×). The staging (64 MiB by default)
+    // caps the rest: world × part bytes per call.
     let base: usize = match coll {
         Collective::AllGather => 32 << 20,
         Collective::ReduceScatter => 32 << 20,
-        Collective::AllToAll | Collective::AllToAllV => 16 << 20,
+        Collective::AllToAllV => 16 << 20,
         _ => 64 << 20,
     };
     if world > 4 {
@@ -281,4 +283,78 @@ pub fn low_precision(
         return Ok(None);
     }
     crate::quant::Codec::new(format, lp.block).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(staging: usize) -> Capabilities {
+        Capabilities {
+            push: true,
+            nccl: true,
+            staging_bytes: Some(staging),
+            multi_host: false,
+        }
+    }
+
+    #[test]
+    fn data_movers_go_direct_up_to_their_thresholds() {
+        let cfg = Config::default();
+        let caps = gpu(64 << 20);
+        let pick = |coll, bytes, world| {
+            select(coll, bytes, world, DataType::BF16, Algo::Auto, &caps, &cfg).unwrap()
+        };
+        // The equal-part all-to-all runs in rounds up to the staging (64 MiB at 2 ranks); the
+        // all-to-all-v kernel has no rounds and hands over above 16 MiB.
+        assert_eq!(pick(Collective::AllToAll, 64 << 20, 2), Algo::Direct);
+        assert_eq!(pick(Collective::AllToAll, (64 << 20) + 1, 2), Algo::Nccl);
+        assert_eq!(pick(Collective::AllToAllV, 16 << 20, 2), Algo::Direct);
+        assert_eq!(pick(Collective::AllToAllV, (16 << 20) + 1, 2), Algo::Nccl);
+        assert_eq!(pick(Collective::AllGather, 32 << 20, 4), Algo::Direct);
+        assert_eq!(pick(Collective::AllGather, (32 << 20) + 1, 4), Algo::Nccl);
+        // Above 4 ranks every default halves.
+        for coll in [
+            Collective::AllGather,
+            Collective::ReduceScatter,
+            Collective::AllToAll,
+            Collective::AllToAllV,
+            Collective::Broadcast,
+            Collective::Reduce,
+        ] {
+            let (two, eight) = (default_direct_max(coll, 2), default_direct_max(coll, 8));
+            assert_eq!(eight * 2, two, "{}", coll.name());
+            assert_eq!(pick(coll, eight, 8), Algo::Direct, "{}", coll.name());
+            assert_eq!(pick(coll, eight + 1, 8), Algo::Nccl, "{}", coll.name());
+        }
+        // A smaller staging caps every threshold.
+        let small = gpu(8 << 20);
+        let pick_small = |bytes| {
+            select(
+                Collective::AllToAll,
+                bytes,
+                2,
+                DataType::BF16,
+                Algo::Auto,
+                &small,
+                &cfg,
+            )
+            .unwrap()
+        };
+        assert_eq!(pick_small(8 << 20), Algo::Direct);
+        assert_eq!(pick_small((8 << 20) + 1), Algo::Nccl);
+    }
+
+    #[test]
+    fn a_set_threshold_replaces_the_default() {
+        let mut cfg = Config::default();
+        cfg.thresholds.all_to_all_max = Some(1 << 20);
+        let caps = gpu(64 << 20);
+        for coll in [Collective::AllToAll, Collective::AllToAllV] {
+            let pick =
+                |bytes| select(coll, bytes, 2, DataType::BF16, Algo::Auto, &caps, &cfg).unwrap();
+            assert_eq!(pick(1 << 20), Algo::Direct, "{}", coll.name());
+            assert_eq!(pick((1 << 20) + 1), Algo::Nccl, "{}", coll.name());
+        }
+    }
 }

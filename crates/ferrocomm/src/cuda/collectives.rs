@@ -96,13 +96,15 @@ pub fn use_ll(kernel: &str, part_bytes: usize, push_cap: usize) -> bool {
 
 /// The smallest part of `kernel` that takes the pipelined staged kernel (`fc_<kernel>_rw`, rounds
 /// of `PIPE_ROUND_BYTES`, at most `COLL_MAX_ROUNDS`); None where rounds never pay. Measured on
-/// 2xH200 (bench/results/2026-11-30-h200x2-pipeline, -coll-rounds): all-gather 64 MB 141 -> 106
-/// us, 32 MB 68.6 -> 57.2, 16 MB (8 MiB parts, 2 rounds) 33.5 -> 32.0; reduce-scatter 64 MB 141
-/// -> 118, 32 MB 72 -> 67, but 16 MB 36.5 -> 37.6 with 2 rounds; broadcast, reduce and
-/// all-to-all lost at every size (each extra round costs 1.5-3 us; broadcast 16 MB 49.1 -> 52.5).
+/// 2xH200 (bench/results/2026-11-30-h200x2-pipeline, -coll-rounds, -a2a-rw): all-gather 64 MB
+/// 141 -> 106 us, 32 MB 68.6 -> 57.2, 16 MB (8 MiB parts, 2 rounds) 33.5 -> 32.0; all-to-all
+/// 16 MB 36.4 -> 33.5, 32 MB 73.5 -> 61.5, 64 MB 141.0 -> 113.4; reduce-scatter 64 MB 141 -> 118,
+/// 32 MB 72 -> 67, but 16 MB 36.4 -> 37.1 in 4 rounds of 2 MiB (36.5 -> 37.6 in 2); broadcast and
+/// reduce lost at every size (each extra round costs 1.5-3 us; broadcast 16 MB 49.1 -> 52.5), and
+/// rounds of 2 or 1 MiB lost to 4 MiB for every kernel.
 pub fn pipe_min_bytes(kernel: &str) -> Option<usize> {
     match kernel {
-        "all_gather" => Some(8 << 20),
+        "all_gather" | "all_to_all" => Some(8 << 20),
         "reduce_scatter" => Some(16 << 20),
         _ => None,
     }
@@ -655,7 +657,7 @@ mod tests {
                 sizes.extend([min - 1, min]);
             }
         }
-        assert!(sizes.len() >= 9, "both pipelined collectives' bounds");
+        assert!(sizes.len() >= 11, "the three pipelined collectives' bounds");
         for part in sizes {
             let form = |k| part_form(k, part, 512 << 10).0;
             for k in ["all_gather", "all_to_all", "broadcast"] {
@@ -677,7 +679,7 @@ mod tests {
     }
 
     #[test]
-    fn large_gathers_and_scatters_are_pipelined() {
+    fn large_data_moves_and_scatters_are_pipelined() {
         let cap = 512 << 10;
         assert_eq!(part_form("all_gather", 100, cap), ("ll", 1));
         assert_eq!(part_form("reduce_scatter", 100, cap), ("st", 1));
@@ -689,7 +691,10 @@ mod tests {
         assert_eq!(part_form("reduce_scatter", 16 << 20, cap), ("rw", 4));
         assert_eq!(part_form("reduce_scatter", 32 << 20, cap), ("rw", 8));
         assert_eq!(part_form("all_gather", 64 << 20, cap), ("rw", 8));
-        for k in ["broadcast", "reduce", "all_to_all"] {
+        assert_eq!(part_form("all_to_all", (8 << 20) - 1, cap), ("st", 1));
+        assert_eq!(part_form("all_to_all", (8 << 20) + 6, cap), ("rw", 3));
+        assert_eq!(part_form("all_to_all", 32 << 20, cap), ("rw", 8));
+        for k in ["broadcast", "reduce"] {
             assert_eq!(part_form(k, 64 << 20, cap), ("st", 1), "{k}");
         }
     }
