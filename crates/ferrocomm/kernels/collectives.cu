@@ -187,28 +187,78 @@ __device__ __forceinline__ Span span_all(u64 bytes, u64 first, u64 stride) {
     return Span{first, stride, (bytes + 15) / 16};
 }
 
+// Moving a span: whole 16-byte vectors between 16-byte aligned ends take COLL_UNROLL of the
+// thread's vectors per step with every load issued before any store (a store to a user buffer may
+// alias the next load and the staging loads are volatile, so a plain loop holds one load in
+// flight per thread and the local passes after the barrier run far below memory bandwidth); the
+// rest (a partial last vector, or every vector of an unaligned buffer) goes one vector at a time
+// through the scalar-safe accessors. The thread's set of vectors is the same either way.
+#define COLL_UNROLL 4
+
+struct UserSrc {  // a user buffer read
+    const u8* p;
+    __device__ uint4 fast(u64 v) const { return *(const uint4*)(p + v * 16); }
+    __device__ uint4 slow(u64 v, u32 n) const { return ld_user16(p + v * 16, n); }
+};
+struct SlotSrc {  // a local staging slot read after the barrier (16-byte aligned and padded)
+    const u8* p;
+    __device__ uint4 fast(u64 v) const { return ld_v4((const uint4*)(p + v * 16)); }
+    __device__ uint4 slow(u64 v, u32) const { return fast(v); }
+};
+struct UserDst {  // a user buffer written
+    u8* p;
+    __device__ void fast(u64 v, uint4 x) const { *(uint4*)(p + v * 16) = x; }
+    __device__ void slow(u64 v, u32 n, uint4 x) const { st_user16(p + v * 16, n, x); }
+};
+struct SlotDst {  // a staging slot written (a peer's over NVLink)
+    u8* p;
+    __device__ void fast(u64 v, uint4 x) const { *(uint4*)(p + v * 16) = x; }
+    __device__ void slow(u64 v, u32, uint4 x) const { fast(v, x); }
+};
+
+__device__ __forceinline__ bool al16(const void* p) { return ((u64)p & 15) == 0; }
+
+// The end of the unrolled part of a span (whole vectors, both ends aligned) and the thread's
+// first vector at or after it.
+__device__ __forceinline__ u64 fast_end(Span q, u64 bytes, bool aligned) {
+    u64 nfull = aligned ? bytes / 16 : 0;
+    return q.end < nfull ? q.end : nfull;
+}
+__device__ __forceinline__ u64 first_from(Span q, u64 lo) {
+    return lo <= q.first ? q.first : q.first + (lo - q.first + q.stride - 1) / q.stride * q.stride;
+}
+
+template <class Dst, class Src>
+__device__ __forceinline__ void move_span(Dst d, Src s, u64 bytes, Span q, bool aligned) {
+    u64 fend = fast_end(q, bytes, aligned);
+    for (u64 b = q.first; b < fend; b += COLL_UNROLL * q.stride) {
+        uint4 x[COLL_UNROLL];
+#pragma unroll
+        for (u32 k = 0; k < COLL_UNROLL; k++)
+            if (b + k * q.stride < fend) x[k] = s.fast(b + k * q.stride);
+#pragma unroll
+        for (u32 k = 0; k < COLL_UNROLL; k++)
+            if (b + k * q.stride < fend) d.fast(b + k * q.stride, x[k]);
+    }
+    for (u64 v = first_from(q, fend); v < q.end; v += q.stride) {
+        u32 n = min_u32(16, bytes - v * 16);
+        d.slow(v, n, s.slow(v, n));
+    }
+}
+
 // The span's vectors of `src` (a user buffer) into a staging slot.
 __device__ __forceinline__ void put_span(u8* slot, const u8* src, u64 bytes, Span q) {
-    for (u64 v = q.first; v < q.end; v += q.stride) {
-        u32 n = min_u32(16, bytes - v * 16);
-        *(uint4*)(slot + v * 16) = ld_user16(src + v * 16, n);
-    }
+    move_span(SlotDst{slot}, UserSrc{src}, bytes, q, al16(src));
 }
 
 // The span's vectors of a local staging slot into `dst` (a user buffer).
 __device__ __forceinline__ void get_span(u8* dst, const u8* slot, u64 bytes, Span q) {
-    for (u64 v = q.first; v < q.end; v += q.stride) {
-        u32 n = min_u32(16, bytes - v * 16);
-        st_user16(dst + v * 16, n, ld_v4((const uint4*)(slot + v * 16)));
-    }
+    move_span(UserDst{dst}, SlotSrc{slot}, bytes, q, al16(dst));
 }
 
 // The span's vectors between distinct user buffers.
 __device__ __forceinline__ void copy_span(u8* dst, const u8* src, u64 bytes, Span q) {
-    for (u64 v = q.first; v < q.end; v += q.stride) {
-        u32 n = min_u32(16, bytes - v * 16);
-        st_user16(dst + v * 16, n, ld_user16(src + v * 16, n));
-    }
+    move_span(UserDst{dst}, UserSrc{src}, bytes, q, al16(dst) && al16(src));
 }
 
 // Local copy of `bytes` from src to dst by every thread of the grid (no partition constraint).
@@ -272,6 +322,39 @@ __device__ __forceinline__ void reduce_part_vec(const Args& a, const CArgs& c, u
             else in[r].u = ld_v4((const uint4*)(slot_ptr(a, c, a.rank, e, r) + v * 16));
         }
     st_user16(dst + v * 16, n, reduce_ranks<OP, FC_MAX_RANKS>(a, in).u);
+}
+
+// reduce_part_vec over the span's vectors into `dst`. With two ranks and aligned ends the whole
+// vectors go U per step, every load first (see move_span); the pipelined kernel takes U = 2 (at
+// 4 its received vectors spill to local memory, which waits for each load).
+template <int OP, int U = COLL_UNROLL>
+__device__ __forceinline__ void reduce_span(const Args& a, const CArgs& c, u32 e, const u8* own,
+                                            u64 bytes, Span q, u8* dst) {
+    u64 fend = a.world == 2 ? fast_end(q, bytes, al16(own) && al16(dst)) : 0;
+    const u8* peer = slot_ptr(a, c, a.rank, e, a.rank ^ 1);  // read only when world == 2
+    for (u64 b = q.first; b < fend; b += U * q.stride) {
+        uint4 mine[U], theirs[U];
+#pragma unroll
+        for (u32 k = 0; k < U; k++) {
+            u64 v = b + k * q.stride;
+            if (v < fend) {
+                mine[k] = *(const uint4*)(own + v * 16);
+                theirs[k] = ld_v4((const uint4*)(peer + v * 16));
+            }
+        }
+#pragma unroll
+        for (u32 k = 0; k < U; k++) {
+            u64 v = b + k * q.stride;
+            if (v < fend) {
+                Vec in[2];  // rank order
+                in[0].u = a.rank == 0 ? mine[k] : theirs[k];
+                in[1].u = a.rank == 0 ? theirs[k] : mine[k];
+                *(uint4*)(dst + v * 16) = reduce_ranks<OP, 2>(a, in).u;
+            }
+        }
+    }
+    for (u64 v = first_from(q, fend); v < q.end; v += q.stride)
+        reduce_part_vec<OP>(a, c, e, own, bytes, v, dst);
 }
 
 // ---------------------------------------------------------------- LL protocol helpers
@@ -817,12 +900,8 @@ __device__ void reduce_scatter_st(const Args& a, const CArgs& c) {
     u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     for (u32 p = 0; p < a.world; p++)
         if (p != a.rank) put_part(slot_ptr(a, c, p, e, a.rank), in + p * bytes, bytes, first, stride);
-    bool ok = st_meet(a, c, e, t0, out_w, in_w);
-    if (ok) {
-        u64 nvec = (bytes + 15) / 16;
-        for (u64 v = first; v < nvec; v += stride)
-            reduce_part_vec<OP>(a, c, e, in + a.rank * bytes, bytes, v, out);
-    }
+    if (st_meet(a, c, e, t0, out_w, in_w))
+        reduce_span<OP>(a, c, e, in + a.rank * bytes, bytes, span_all(bytes, first, stride), out);
     end_call(a, e);
 }
 
@@ -839,10 +918,7 @@ __device__ void reduce_st(const Args& a, const CArgs& c) {
     u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (a.rank != c.root) put_part(slot_ptr(a, c, c.root, e, a.rank), in, bytes, first, stride);
     bool ok = st_meet(a, c, e, t0, out_w, in_w);
-    if (ok && a.rank == c.root) {
-        u64 nvec = (bytes + 15) / 16;
-        for (u64 v = first; v < nvec; v += stride) reduce_part_vec<OP>(a, c, e, in, bytes, v, out);
-    }
+    if (ok && a.rank == c.root) reduce_span<OP>(a, c, e, in, bytes, span_all(bytes, first, stride), out);
     end_call(a, e);
 }
 
@@ -861,10 +937,7 @@ __device__ void reduce_scatter_rw(const Args& a, const CArgs& c) {
             for (u32 p = 0; p < a.world; p++)
                 if (p != a.rank) put_span(slot_ptr(a, c, p, e, a.rank), in + p * bytes, bytes, q);
         },
-        [&](Span q) {
-            for (u64 v = q.first; v < q.end; v += q.stride)
-                reduce_part_vec<OP>(a, c, e, in + a.rank * bytes, bytes, v, out);
-        });
+        [&](Span q) { reduce_span<OP, 2>(a, c, e, in + a.rank * bytes, bytes, q, out); });
     end_call(a, e);
 }
 
