@@ -350,9 +350,14 @@ __device__ __forceinline__ void reduce_vec(const Args& a, u64 byte_off, Vec& out
 
 // Copy own input to own staging (parity e&1), barrier, every rank reads all staging buffers
 // for the vectors this block owns and writes them out. The staging parity alternates, so the
-// next call never overwrites what a slow peer is still reading (rule 3).
+// next call never overwrites what a slow peer is still reading (rule 3). Both passes take
+// FLAT_PULL_UNROLL of a thread's vectors per step with every load issued first (two ranks: the
+// read pass too): a store to the user's or the staging buffer may alias the next load, so a
+// plain loop holds one load in flight per thread. The thread's vectors are the same either way.
+#define FLAT_PULL_UNROLL 4
 template <int OP>
 __device__ void flat(const Args& a) {
+    constexpr u32 U = FLAT_PULL_UNROLL;
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
     u64 par = (u64)(e & 1) * a.staging_bytes;
@@ -360,17 +365,43 @@ __device__ void flat(const Args& a) {
     bool aligned = ((a.input | a.output) & 15) == 0;
     u64 stride = (u64)gridDim.x * blockDim.x;
     u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    for (u64 v = first; v < nvec; v += stride) {
-        Vec x;
-        x.u = make_uint4(0, 0, 0, 0);
-        load_user(a, v, aligned, x);
-        *(uint4*)(a.staging[a.rank] + par + v * 16) = x.u;
+    for (u64 b = first; b < nvec; b += U * stride) {
+        Vec x[U];
+#pragma unroll
+        for (u32 k = 0; k < U; k++) {
+            x[k].u = make_uint4(0, 0, 0, 0);
+            if (b + k * stride < nvec) load_user(a, b + k * stride, aligned, x[k]);
+        }
+#pragma unroll
+        for (u32 k = 0; k < U; k++)
+            if (b + k * stride < nvec) *(uint4*)(a.staging[a.rank] + par + (b + k * stride) * 16) = x[k].u;
     }
     if (block_barrier(a, 0, e, t0)) {
-        for (u64 v = first; v < nvec; v += stride) {
-            Vec r;
-            reduce_vec<OP>(a, par + v * 16, r);
-            store_user(a, v, aligned, r);
+        if (a.world == 2) {
+            for (u64 b = first; b < nvec; b += U * stride) {
+                uint4 x[U][2];
+#pragma unroll
+                for (u32 k = 0; k < U; k++)
+                    if (b + k * stride < nvec) {
+#pragma unroll
+                        for (u32 r = 0; r < 2; r++)
+                            x[k][r] = ld_v4((const uint4*)(a.staging[r] + par + (b + k * stride) * 16));
+                    }
+#pragma unroll
+                for (u32 k = 0; k < U; k++)
+                    if (b + k * stride < nvec) {
+                        Vec in[2];
+                        in[0].u = x[k][0];
+                        in[1].u = x[k][1];
+                        store_user(a, b + k * stride, aligned, reduce_ranks<OP, 2>(a, in));
+                    }
+            }
+        } else {
+            for (u64 v = first; v < nvec; v += stride) {
+                Vec r;
+                reduce_vec<OP>(a, par + v * 16, r);
+                store_user(a, v, aligned, r);
+            }
         }
     }
     end_call(a, e);
