@@ -828,7 +828,12 @@ __device__ bool st_pipeline(const Args& a, const CArgs& c, u32 e, u64 t0, u64 by
     return ok;
 }
 
-__device__ void all_gather_rw(const Args& a, const CArgs& c) {
+// The data movers in rounds: the all-gather sends its whole input to every rank, the all-to-all
+// (A2A) part p of its input to rank p; the own part is copied beside each round's stores unless
+// it is already in place. In place (all-to-all), a thread reads each vector of part s (sending
+// it) rounds before it writes that vector of part s (receiving it).
+template <bool A2A>
+__device__ __forceinline__ void move_rw(const Args& a, const CArgs& c) {
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
     u64 bytes = c.n * c.es;
@@ -839,8 +844,9 @@ __device__ void all_gather_rw(const Args& a, const CArgs& c) {
         a, c, e, t0, bytes,
         [&](Span q) {
             for (u32 p = 0; p < a.world; p++)
-                if (p != a.rank) put_span(slot_ptr(a, c, p, e, a.rank), in, bytes, q);
-            if (in != own) copy_span(own, in, bytes, q);
+                if (p != a.rank)
+                    put_span(slot_ptr(a, c, p, e, a.rank), A2A ? in + p * bytes : in, bytes, q);
+            if (A2A ? in != out : in != own) copy_span(own, A2A ? in + a.rank * bytes : in, bytes, q);
         },
         [&](Span q) {
             for (u32 s = 0; s < a.world; s++)
@@ -852,36 +858,13 @@ __device__ void all_gather_rw(const Args& a, const CArgs& c) {
 extern "C" __global__ void __launch_bounds__(512) fc_all_gather_rw(Args a, CArgs c) {
     pdl_wait();
     pdl_launch_dependents();
-    all_gather_rw(a, c);
-}
-
-// Pipelined all-to-all: the all-gather's rounds with part p of the input sent to rank p. In
-// place, a thread reads each vector of part s (sending it) rounds before it writes that vector
-// of part s (receiving it), and the own part stays where it is.
-__device__ void all_to_all_rw(const Args& a, const CArgs& c) {
-    u64 t0 = globaltimer();
-    u32 e = call_epoch(a);
-    u64 bytes = c.n * c.es;
-    const u8* in = (const u8*)a.input;
-    u8* out = (u8*)a.output;
-    st_pipeline(
-        a, c, e, t0, bytes,
-        [&](Span q) {
-            for (u32 p = 0; p < a.world; p++)
-                if (p != a.rank) put_span(slot_ptr(a, c, p, e, a.rank), in + p * bytes, bytes, q);
-            if (in != out) copy_span(out + a.rank * bytes, in + a.rank * bytes, bytes, q);
-        },
-        [&](Span q) {
-            for (u32 s = 0; s < a.world; s++)
-                if (s != a.rank) get_span(out + s * bytes, slot_ptr(a, c, a.rank, e, s), bytes, q);
-        });
-    end_call(a, e);
+    move_rw<false>(a, c);
 }
 
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_rw(Args a, CArgs c) {
     pdl_wait();
     pdl_launch_dependents();
-    all_to_all_rw(a, c);
+    move_rw<true>(a, c);
 }
 
 // ---------------------------------------------------------------- reductions (module dtype T)
