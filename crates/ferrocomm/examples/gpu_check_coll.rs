@@ -327,10 +327,10 @@ const RED_TYPES: [DataType; 7] = [
 /// kernel at least once in each form it has. All-gather, all-to-all, reduce-scatter, broadcast
 /// and reduce (roots 0 and the last rank) at an LL size and a staged size (the reductions are
 /// staged at both), in and out of place, aligned and one element off; all-gather,
-/// reduce-scatter and all-to-all (in and out of place) at a pipelined size; byte moves; every reduction kernel (avg, prod,
-/// min, max on f32, f16, u32, i64); all-to-all-v with uneven counts and a zero, in and out of
-/// place; device-count all-to-all-v with i32 and i64 counts, a truncated part and the counts
-/// the kernel must not trust. Counts are odd throughout.
+/// reduce-scatter and all-to-all (in and out of place) at a pipelined size; byte moves; every
+/// reduction kernel (avg, prod, min, max on f32, f16, u32, i64); all-to-all-v with uneven counts
+/// and a zero, in and out of place; device-count all-to-all-v with i32 and i64 counts, a
+/// truncated part and the counts the kernel must not trust. Counts are odd throughout.
 fn sanitize_cases(c: &mut Ctx) -> Res<()> {
     use ferrocomm::cuda::collectives::{pipe_min_bytes, LL_MAX_BYTES};
     let w = c.world;

@@ -374,7 +374,8 @@ __device__ void flat(const Args& a) {
         }
 #pragma unroll
         for (u32 k = 0; k < U; k++)
-            if (b + k * stride < nvec) *(uint4*)(a.staging[a.rank] + par + (b + k * stride) * 16) = x[k].u;
+            if (b + k * stride < nvec)
+                *(uint4*)(a.staging[a.rank] + par + (b + k * stride) * 16) = x[k].u;
     }
     if (block_barrier(a, 0, e, t0)) {
         if (a.world == 2) {
@@ -385,7 +386,8 @@ __device__ void flat(const Args& a) {
                     if (b + k * stride < nvec) {
 #pragma unroll
                         for (u32 r = 0; r < 2; r++)
-                            x[k][r] = ld_v4((const uint4*)(a.staging[r] + par + (b + k * stride) * 16));
+                            x[k][r] = ld_v4(
+                                (const uint4*)(a.staging[r] + par + (b + k * stride) * 16));
                     }
 #pragma unroll
                 for (u32 k = 0; k < U; k++)
