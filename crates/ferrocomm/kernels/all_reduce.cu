@@ -351,13 +351,14 @@ __device__ __forceinline__ void reduce_vec(const Args& a, u64 byte_off, Vec& out
 // Copy own input to own staging (parity e&1), barrier, every rank reads all staging buffers
 // for the vectors this block owns and writes them out. The staging parity alternates, so the
 // next call never overwrites what a slow peer is still reading (rule 3). Both passes take
-// FLAT_PULL_UNROLL of a thread's vectors per step with every load issued first (two ranks: the
+// FC_FLAT_UNROLL of a thread's vectors per step with every load issued first (two ranks: the
 // read pass too): a store to the user's or the staging buffer may alias the next load, so a
 // plain loop holds one load in flight per thread. The thread's vectors are the same either way.
-#define FLAT_PULL_UNROLL 4
+// The stream kernel below moves its chunks the same way.
+#define FC_FLAT_UNROLL 4
 template <int OP>
 __device__ void flat(const Args& a) {
-    constexpr u32 U = FLAT_PULL_UNROLL;
+    constexpr u32 U = FC_FLAT_UNROLL;
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
     u64 par = (u64)(e & 1) * a.staging_bytes;
@@ -509,8 +510,6 @@ __device__ __forceinline__ void flat_reduce_tile(const Args& a, const u8* slots,
         }
     }
 }
-
-#define FC_FLAT_UNROLL 4
 
 // Each rank writes its input straight into every peer's staging over NVLink (no local copy).
 // Every warp is an independent pipeline (no block-wide barrier: while one warp waits for its

@@ -739,11 +739,11 @@ extern "C" __global__ void __launch_bounds__(512) fc_broadcast_st(Args a, CArgs 
 // pass taking turns. Round r of block b covers the same vectors on every rank (the rounds follow
 // the part size, which every rank shares), so its words cover exactly what the block reads. The
 // last warp of a block only signals (st_pipeline), so the workers never stall on a release,
-// which waits for their stores to land. Measured on 2xH200 (bench/results/...-coll-rounds,
-// -a2a-rw): all-gather 64 MB 141.1 -> 104.8 us, reduce-scatter 64 MB 141.4 -> 117.1, all-to-all
-// 64 MB 141.0 -> 113.4; every thread releasing each round itself was slower, and so were rounds
-// for smaller parts (reduce-scatter 4 MB 12.2 -> 14.0) and for broadcast (16 MB 49.1 -> 52.5;
-// -pipeline folder).
+// which waits for their stores to land. Measured on 2xH200
+// (bench/results/2026-11-30-h200x2-coll-rounds, -a2a-rw): all-gather 64 MB 141.1 -> 104.8 us,
+// reduce-scatter 64 MB 141.4 -> 117.1, all-to-all 64 MB 141.0 -> 113.4; every thread releasing
+// each round itself was slower, and so were rounds for smaller parts (reduce-scatter 4 MB 12.2
+// -> 14.0) and for broadcast (16 MB 49.1 -> 52.5; -pipeline folder).
 // A signature that differs stops every block at round 0 (the rounds may differ too); block 0
 // reports it.
 
