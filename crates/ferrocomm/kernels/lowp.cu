@@ -768,7 +768,9 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_encode(Args a, Lp l) {
 // 29.55 -> 26.66 us, 4 MB 13.69 -> 12.73; in the WIDE build the same code cost 5% at 64 MB (its
 // registers are capped), so that build reads the own part back after the barrier. In the
 // all-to-all the own part reaches no other rank: it is not encoded but copied as it is (in place
-// it stays put).
+// it stays put). Overlapping quantization, link and decode in rounds was measured in two forms,
+// every warp in turn and warps by role, and lost in both (docs/quant-accuracy.md,
+// bench/results/2026-11-30-h200x2-lp-rounds).
 template <bool WIDE>
 __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
     __shared__ __align__(16) u8 smem[LP_WARPS][4 * LP_GROUP_BYTES_MAX];
