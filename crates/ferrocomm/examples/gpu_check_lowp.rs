@@ -2,10 +2,13 @@
 //!
 //! ```text
 //! ferrocomm launch -n 2 -- target/release/examples/gpu_check_lowp [--quick] [--no-timing] [--sanitize]
+//! ferrocomm launch -n 1 -- target/release/examples/gpu_check_lowp --quant-time
 //! ```
 //!
 //! `--no-timing` leaves out the quantization timing; `--sanitize` runs only a few small calls of
-//! every kernel (see `sanitize_cases`), for compute-sanitizer (scripts/gpu_sanitize.sh).
+//! every kernel (see `sanitize_cases`), for compute-sanitizer (scripts/gpu_sanitize.sh);
+//! `--quant-time` runs only the codec check and the quantization timing, on one GPU if need be
+//! (for a profiler: `ncu -k regex:fc_lp_encode ...` replays the kernel with no peer waiting).
 //!
 //! - GPU codec == CPU codec ([`quant::Codec::encode_from`]) byte for byte, every format, several
 //!   block sizes, f32/bf16/f16 inputs, odd counts, special blocks (zeros, tiny, huge, NaN, -0);
@@ -520,7 +523,12 @@ fn quant_cost(c: &mut Ctx) -> Res<()> {
     ] {
         let n = bytes / dtype.size();
         let inb = Buf::new(bytes)?;
-        inb.upload(0, &to_dtype(dtype, &random(n.min(1 << 20), 1)).0)?;
+        // Random values in every block: a block of zeros takes the encoder's zero-scale exit
+        // and skips its divisions, so a partly filled buffer would time less work.
+        let chunk = to_dtype(dtype, &random(n.min(1 << 20), 1)).0;
+        for off in (0..bytes).step_by(chunk.len()) {
+            inb.upload(off, &chunk[..chunk.len().min(bytes - off)])?;
+        }
         let outb = Buf::new(codec.encoded_bytes(n))?;
         ferrocomm::cuda::quantize_on_device(&c.cfg, &codec, dtype, inb.ptr, outb.ptr, n, 0)?;
         let reps = 20;
@@ -546,8 +554,9 @@ fn main() {
 }
 
 fn real_main() -> Res<i32> {
-    let args = flags(&["--quick", "--sanitize", "--no-timing"])?;
+    let args = flags(&["--quick", "--sanitize", "--no-timing", "--quant-time"])?;
     let quick = args.iter().any(|a| a == "--quick");
+    let quant_time = args.iter().any(|a| a == "--quant-time");
     let sanitize = args.iter().any(|a| a == "--sanitize");
     let no_timing = args.iter().any(|a| a == "--no-timing");
     let cfg = Config::from_env()?;
@@ -581,6 +590,11 @@ fn real_main() -> Res<i32> {
     if sanitize {
         // Under compute-sanitizer kernels run 10-100x slower: one call of each kind.
         sanitize_cases(&mut c, &comm)?;
+    } else if quant_time {
+        // The encode kernel alone (any world size, one GPU is enough; no peer to wait for, so a
+        // profiler may replay it): its bytes against the CPU codec, then its time.
+        codec_check(&mut c, &[1, 13, 4099, 300_007])?;
+        quant_cost(&mut c)?;
     } else {
         full_suite(&mut c, &comm, quick, no_timing)?;
     }

@@ -510,7 +510,8 @@ __device__ __forceinline__ u32 lp_rec_bytes(u32 m, u32 B) {
 // is read once, from HBM, and loads in flight rather than arithmetic bound the quantizer. The
 // next group is held raw (16-byte pieces, widened to f32 when used). Measured on 2xH200
 // (bench/results/2026-11-30-h200x2-lp-prefetch) against two groups loaded, then processed:
-// quantization alone bf16 64 MB 72.0 -> 59.5 us, 256 MB 240.5 -> 192.8; with two groups per
+// quantization alone bf16 64 MB 72.0 -> 59.5 us, 256 MB 240.5 -> 192.8 (timed on a buffer random
+// only in its first 1M elements; docs/quant-accuracy.md has the caveat); with two groups per
 // step and the prefetch the encode kernel needs 100 registers, one CTA per SM, and lost (99.2 us
 // at 64 MB), as did a 79-register variant with a reciprocal multiply: registers decide how many
 // warps an SM holds, and warps decide the loads in flight.
