@@ -6,8 +6,10 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::PathBuf;
 
 use ferrocomm::config::Source;
-use ferrocomm::select::{default_all_reduce_thresholds, default_direct_max};
-use ferrocomm::{Collective, Config};
+use ferrocomm::select::{
+    default_all_reduce_thresholds, default_direct_max, direct_max_setting, DIRECT_LIMITED,
+};
+use ferrocomm::Config;
 
 /// Print GPUs, links, libraries, thresholds and settings in effect.
 #[derive(clap::Args, Debug)]
@@ -419,33 +421,8 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
         w,
         "\n== Direct-access limits (2 ranks; halved above 4 ranks)"
     );
-    for (coll, v, var) in [
-        (
-            Collective::AllGather,
-            t.all_gather_max,
-            "FERROCOMM_ALLGATHER_MAX_BYTES",
-        ),
-        (
-            Collective::ReduceScatter,
-            t.reduce_scatter_max,
-            "FERROCOMM_REDUCESCATTER_MAX_BYTES",
-        ),
-        (
-            Collective::AllToAll,
-            t.all_to_all_max,
-            "FERROCOMM_ALLTOALL_MAX_BYTES",
-        ),
-        (
-            Collective::AllToAllV,
-            t.all_to_all_max,
-            "FERROCOMM_ALLTOALL_MAX_BYTES",
-        ),
-        (
-            Collective::Broadcast,
-            t.broadcast_max,
-            "FERROCOMM_BROADCAST_MAX_BYTES",
-        ),
-    ] {
+    for coll in DIRECT_LIMITED {
+        let (v, var) = direct_max_setting(t, coll);
         let _ = writeln!(
             w,
             "{}: direct <= {}, above: NCCL",

@@ -113,6 +113,10 @@ impl Ctx {
 
 // ---------------------------------------------------------------- codec
 
+/// Element counts of the full codec check: one element, odd counts around a few blocks, and one
+/// of many blocks with a partial last one.
+const CODEC_COUNTS: &[usize] = &[1, 13, 4099, 300_007];
+
 /// Every format, block size and input dtype at the element counts `counts`.
 fn codec_check(c: &mut Ctx, counts: &[usize]) -> Res<()> {
     let mut cases = 0;
@@ -593,7 +597,7 @@ fn real_main() -> Res<i32> {
     } else if quant_time {
         // The encode kernel alone (any world size, one GPU is enough; no peer to wait for, so a
         // profiler may replay it): its bytes against the CPU codec, then its time.
-        codec_check(&mut c, &[1, 13, 4099, 300_007])?;
+        codec_check(&mut c, CODEC_COUNTS)?;
         quant_cost(&mut c)?;
     } else {
         full_suite(&mut c, &comm, quick, no_timing)?;
@@ -613,7 +617,7 @@ fn real_main() -> Res<i32> {
 /// `no_timing`) the time of quantization alone.
 fn full_suite(c: &mut Ctx, comm: &Communicator, quick: bool, no_timing: bool) -> Res<()> {
     let cfg = c.cfg.clone();
-    codec_check(c, &[1, 13, 4099, 300_007])?;
+    codec_check(c, CODEC_COUNTS)?;
     all_reduce_checks(c, comm, quick)?;
     movers(
         c,

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::config::Config;
+use crate::config::{Config, Thresholds};
 use crate::error::{Error, Result};
 use crate::types::DataType;
 
@@ -124,6 +124,32 @@ pub fn default_all_reduce_thresholds(world: usize) -> (usize, usize, usize) {
     }
 }
 
+/// The collectives whose direct access ends at a size limit ([`direct_max_setting`],
+/// [`default_direct_max`]): all but the all-reduce (its own thresholds) and the point-to-point
+/// calls.
+pub const DIRECT_LIMITED: [Collective; 6] = [
+    Collective::AllGather,
+    Collective::ReduceScatter,
+    Collective::AllToAll,
+    Collective::AllToAllV,
+    Collective::Broadcast,
+    Collective::Reduce,
+];
+
+/// The setting that limits direct access for `coll` (bytes per rank; `None`: the default,
+/// [`default_direct_max`]) and the environment variable that sets it. The all-to-all and the
+/// all-to-all-v share one, and so do broadcast and reduce.
+pub fn direct_max_setting(t: &Thresholds, coll: Collective) -> (Option<usize>, &'static str) {
+    match coll {
+        Collective::AllGather => (t.all_gather_max, "FERROCOMM_ALLGATHER_MAX_BYTES"),
+        Collective::ReduceScatter => (t.reduce_scatter_max, "FERROCOMM_REDUCESCATTER_MAX_BYTES"),
+        Collective::AllToAll | Collective::AllToAllV => {
+            (t.all_to_all_max, "FERROCOMM_ALLTOALL_MAX_BYTES")
+        }
+        _ => (t.broadcast_max, "FERROCOMM_BROADCAST_MAX_BYTES"),
+    }
+}
+
 /// Default direct-access limits for the data-movement collectives (bytes per rank).
 pub fn default_direct_max(coll: Collective, world: usize) -> usize {
     // 2×H200 sweeps (docs/tuning.md, direct-access collectives): direct access beats NCCL up to
@@ -211,13 +237,9 @@ pub fn select(
         }
         Collective::Barrier | Collective::Send | Collective::Recv => Ok(Algo::Direct),
         other => {
-            let limit = match other {
-                Collective::AllGather => t.all_gather_max,
-                Collective::ReduceScatter => t.reduce_scatter_max,
-                Collective::AllToAll | Collective::AllToAllV => t.all_to_all_max,
-                _ => t.broadcast_max,
-            }
-            .unwrap_or_else(|| default_direct_max(other, world));
+            let limit = direct_max_setting(t, other)
+                .0
+                .unwrap_or_else(|| default_direct_max(other, world));
             if caps.nccl && (bytes_per_rank > limit || !fits(bytes_per_rank)) {
                 Ok(Algo::Nccl)
             } else {
@@ -343,6 +365,17 @@ mod tests {
         };
         assert_eq!(pick_small(8 << 20), Algo::Direct);
         assert_eq!(pick_small((8 << 20) + 1), Algo::Nccl);
+    }
+
+    #[test]
+    fn each_limit_is_set_by_the_variable_it_names() {
+        for coll in DIRECT_LIMITED {
+            let (unset, var) = direct_max_setting(&Config::default().thresholds, coll);
+            assert_eq!(unset, None, "{}", coll.name());
+            let cfg = Config::from_lookup(|k| (k == var).then(|| "1M".to_string())).unwrap();
+            let (set, _) = direct_max_setting(&cfg.thresholds, coll);
+            assert_eq!(set, Some(1 << 20), "{} ({var})", coll.name());
+        }
     }
 
     #[test]
