@@ -336,14 +336,7 @@ mod tests {
         assert_eq!(pick(Collective::AllGather, 32 << 20, 4), Algo::Direct);
         assert_eq!(pick(Collective::AllGather, (32 << 20) + 1, 4), Algo::Nccl);
         // Above 4 ranks every default halves.
-        for coll in [
-            Collective::AllGather,
-            Collective::ReduceScatter,
-            Collective::AllToAll,
-            Collective::AllToAllV,
-            Collective::Broadcast,
-            Collective::Reduce,
-        ] {
+        for coll in DIRECT_LIMITED {
             let (two, eight) = (default_direct_max(coll, 2), default_direct_max(coll, 8));
             assert_eq!(eight * 2, two, "{}", coll.name());
             assert_eq!(pick(coll, eight, 8), Algo::Direct, "{}", coll.name());
