@@ -638,8 +638,77 @@ fn full_suite(c: &mut Ctx, comm: &Communicator, quick: bool, no_timing: bool) ->
     accuracy(c, &comm32, &Codec::new(Format::Int8, 32)?, "int8 B=32")?;
     accuracy(c, &comm32, &Codec::new(Format::E4M3, 32)?, "e4m3 B=32")?;
     drop(comm32);
+    disagreeing_calls(c, &cfg)?;
     if !no_timing {
         quant_cost(c)?;
+    }
+    Ok(())
+}
+
+/// Calls whose counts differ between ranks (rank r passes n + r elements), one-shot and two-shot
+/// all-reduce, all-gather and a chunked all-reduce, each on a communicator of its own with a 3 s
+/// timeout: the call itself returns (kernels run asynchronously) and the next call on the
+/// communicator reports "disagrees between ranks", on every rank; never a hang or a timeout.
+fn disagreeing_calls(c: &mut Ctx, cfg: &Config) -> Res<()> {
+    let dev = Device::Cuda(c.dev);
+    let me = c.rank;
+    let w = c.world;
+    let b = Buf::new(64 << 20)?;
+    b.upload(0, &to_dtype(DataType::BF16, &random(1 << 20, 7)).0)?;
+    for (k, (what, n)) in [
+        ("all_reduce flat", 100_000usize),
+        ("all_reduce tree", 100_000),
+        ("all_gather", 70_001),
+        ("all_reduce flat, in chunks", 20_000_000),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut cfg2 = cfg.clone();
+        cfg2.timeout = Duration::from_secs(3);
+        if k == 3 {
+            cfg2.cuda_staging_bytes = 16 << 20; // two chunks of ~10M elements
+        }
+        let mut o = CommOptions::new(format!("gpu_check_lowp_bad{k}"));
+        o.config = Some(cfg2);
+        let comm = Communicator::new(o)?;
+        let mine = n + me;
+        let algo = if what.contains("tree") {
+            Algo::Tree
+        } else {
+            Algo::Flat
+        };
+        let opts = CallOpts::default()
+            .with_algo(algo)
+            .with_low_precision(LowPrecisionChoice::On(Format::E4M3));
+        // SAFETY: 64 MiB of this device hold every count here in bf16 (all-gather: w * mine).
+        let first = unsafe {
+            let o = ViewMut::from_raw(b.ptr as *mut u8, mine, DataType::BF16, dev);
+            if what.starts_with("all_gather") {
+                let o = ViewMut::from_raw(b.ptr as *mut u8, mine * w, DataType::BF16, dev);
+                comm.all_gather(Input::InPlace, o, &opts)
+            } else {
+                comm.all_reduce(Input::InPlace, o, ReduceOp::Sum, &opts)
+            }
+        };
+        sync()?;
+        // SAFETY: as above.
+        let next = unsafe {
+            let o = ViewMut::from_raw(b.ptr as *mut u8, 1024, DataType::BF16, dev);
+            comm.all_reduce(Input::InPlace, o, ReduceOp::Sum, &opts)
+        };
+        sync()?;
+        let shown = format!("{next:?}");
+        let ok = first.is_ok() && shown.contains("disagrees between ranks");
+        if me == 0 && ok {
+            println!("mismatch ({what}): {shown}");
+        }
+        c.verdict(
+            format!("{what}: counts {n} + rank: first {first:?}, then {shown}"),
+            ok,
+        );
+        // After a timeout the communicator is unusable; a mismatch leaves it usable.
+        std::mem::forget(comm);
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 // ferrocomm low-precision collectives: block-scaled FP8 (E4M3, E5M2) or INT8 codes in the
 // staging buffers, f32 arithmetic. Appended after all_reduce.cu in the f32/f16/bf16 modules; uses
-// its Args, T, Ty<T>, block_barrier, call_epoch and end_call.
+// its Args, T, Ty<T>, call_epoch and end_call, and after collectives.cu, whose payload-barrier
+// words (bar_word, wait_word) carry every call's signature.
 //
 // Wire layout and rounding are those of crates/ferrocomm/src/quant (tests compare bytes):
 //   block i of n elements = record at byte i*(4+B): [f32 scale][min(B, n-i*B) codes]
@@ -26,12 +27,38 @@ struct Lp {
     u64 in_stride;   // elements between input parts (multi-part modes)
     u64 out_stride;  // elements between output parts
     u64 region;      // staging bytes between encoded parts (multiple of 16)
+    u64 bar_off;     // offset of the payload-barrier words (CArgs.bar_off)
     u32 block;       // B
     u32 format;      // LP_E4M3 / LP_E5M2 / LP_INT8
     u32 nin;         // parts encoded by every rank (1 or world)
     u32 reduce;      // 1: sum the parts of all ranks into output part 0; 0: rank r -> part r
     u32 push;        // one-shot: 1 = records into the receivers' staging, 0 = into the sender's
+    u32 sig;         // signature of the call (equal on every rank that makes the same call)
 };
+
+// Block b meets block b of every rank at barrier `w` (0 or 1) on the collectives' payload-barrier
+// words, each carrying this call's signature: a rank whose call differs (count, dtype, format,
+// block size, kind, or another collective at the same step) is reported by block 0 (ERR_MISMATCH)
+// and nobody reads what it sent. Rule 1 as in block_barrier: bar.sync orders the block's staging
+// stores (remote ones included) before the system-scope release, which is cumulative; the
+// acquire makes the peers' stores visible to the whole block after the second bar.sync.
+__device__ bool lp_meet(const Args& a, const Lp& l, u32 e, u64 t0, u32 w) {
+    __syncthreads();
+    bool ok = true;
+    if (threadIdx.x < a.world) {
+        u32 p = threadIdx.x;
+        CArgs c;  // bar_word reads bar_off only
+        c.bar_off = l.bar_off;
+        st_release_sys64(bar_word(a, c, p, e, a.rank, w), ((u64)e << 32) | l.sig);
+        u32 sig = 0;
+        ok = wait_word(a, bar_word(a, c, a.rank, e, p, w), e, p, 10 + w, t0, &sig);
+        if (ok && sig != l.sig) {
+            if (blockIdx.x == 0) report_error(a, ERR_MISMATCH, p, sig);
+            ok = false;
+        }
+    }
+    return __syncthreads_and(ok) != 0;
+}
 
 __device__ __forceinline__ float lp_max(u32 f) {
     return f == LP_E4M3 ? 448.0f : (f == LP_E5M2 ? 57344.0f : 127.0f);
@@ -806,10 +833,7 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
                 quant_in_tiles(a, l, in, vin, 0, nu, gw, W, n, to.at(d), lane);
         }
     }
-    // Rule 1: block_barrier's bar.sync orders every thread's staging stores (remote ones
-    // included) before the system-scope release of the flag, which is cumulative; the acquire
-    // makes the peers' stores into our staging visible before anyone reads them.
-    if (block_barrier(a, 0, e, t0)) {
+    if (lp_meet(a, l, e, t0, 0)) {
         u64 base[FC_MAX_RANKS];
 #pragma unroll
         for (u32 r = 0; r < FC_MAX_RANKS; r++)
@@ -879,7 +903,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_tree(Args a, Lp l) {
     for (u32 k = 0; k < a.world; k++)
         quant_in_tiles(a, l, (const T*)a.input, vin, k * nt / a.world, (k + 1) * nt / a.world,
                        gw, W, n, mine, lane);
-    bool ok = block_barrier(a, 0, e, t0);
+    bool ok = lp_meet(a, l, e, t0, 0);
     if (ok) {
         u64 lo = a.rank * nt / a.world, hi = (a.rank + 1) * nt / a.world;
         // Each warp reads all ranks' codes of its tile before writing its own record (the
@@ -892,7 +916,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_tree(Args a, Lp l) {
             SrcSum sum{base, a.world, 0};
             for (u64 t = lo + gw; t < hi; t += W) lp_quant_tile(a, l, sum, t, n, mine, lane);
         }
-        ok = block_barrier(a, 1, e, t0);
+        ok = lp_meet(a, l, e, t0, 1);
     }
     if (ok) {
         Args nodiv = a;

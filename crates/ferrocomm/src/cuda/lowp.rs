@@ -13,11 +13,12 @@ use std::ffi::c_void;
 
 use cudarc::driver::sys;
 
-use super::dda::{Args, Dda};
+use super::collectives::signature;
+use super::dda::{Args, Dda, COLL_BAR_OFF};
 use super::{cu, cu_lazy};
 use crate::error::{Error, Result};
 use crate::quant::{Codec, Format};
-use crate::select::Algo;
+use crate::select::{Algo, Collective};
 use crate::types::DataType;
 
 /// Warps per CTA of the lowp kernels (`LP_WARPS`, 512 threads).
@@ -32,11 +33,13 @@ struct Lp {
     in_stride: u64,
     out_stride: u64,
     region: u64,
+    bar_off: u64,
     block: u32,
     format: u32,
     nin: u32,
     reduce: u32,
     push: u32,
+    sig: u32,
 }
 
 fn format_code(f: Format) -> u32 {
@@ -116,6 +119,31 @@ fn region(codec: &Codec, len: usize) -> usize {
 
 fn grid_for(tiles: usize) -> u32 {
     tiles.div_ceil(WARPS).clamp(1, MAX_GRID) as u32
+}
+
+/// The signature every rank's kernels compare at their barriers (lp_meet in kernels/lowp.cu): the
+/// collective and algorithm, dtype, format, block size, Avg, the whole part and this chunk, so
+/// ranks whose calls differ in any of them (or that are in another collective at the same step)
+/// get a "disagrees between ranks" error from the first chunk on instead of a wrong result.
+fn lp_signature(
+    kind: LpKind,
+    codec: &Codec,
+    dtype: DataType,
+    part: usize,
+    len: usize,
+    avg: bool,
+) -> u32 {
+    let coll = match kind {
+        LpKind::Flat | LpKind::Tree => Collective::AllReduce,
+        LpKind::AllGather => Collective::AllGather,
+        LpKind::ReduceScatter => Collective::ReduceScatter,
+        LpKind::AllToAll => Collective::AllToAll,
+    };
+    let what = format!(
+        "low precision {kind:?} {} {} avg={avg} part={part}",
+        codec.format, codec.block
+    );
+    signature(coll, dtype, len, 0, &what)
 }
 
 /// Which collective a chunked lowp launch implements.
@@ -246,6 +274,8 @@ impl Dda {
                 nin: 1,
                 region: region(codec, len) as u64,
                 push: push as u32,
+                bar_off: COLL_BAR_OFF as u64,
+                sig: lp_signature(kind, codec, dtype, part, len, avg),
                 ..Lp::default()
             };
             let tiles = len.div_ceil(tile(codec));
@@ -390,6 +420,57 @@ pub fn quantize_on_device(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signatures_separate_what_ranks_must_agree_on() {
+        let e4 = Codec::new(Format::E4M3, 128).unwrap();
+        let sig = |kind, codec: &Codec, dtype, part, len, avg| {
+            lp_signature(kind, codec, dtype, part, len, avg)
+        };
+        let base = sig(LpKind::Flat, &e4, DataType::BF16, 1000, 1000, false);
+        assert_eq!(
+            base,
+            sig(LpKind::Flat, &e4, DataType::BF16, 1000, 1000, false)
+        );
+        let others = [
+            sig(LpKind::Tree, &e4, DataType::BF16, 1000, 1000, false),
+            sig(LpKind::AllGather, &e4, DataType::BF16, 1000, 1000, false),
+            sig(
+                LpKind::ReduceScatter,
+                &e4,
+                DataType::BF16,
+                1000,
+                1000,
+                false,
+            ),
+            sig(LpKind::AllToAll, &e4, DataType::BF16, 1000, 1000, false),
+            sig(LpKind::Flat, &e4, DataType::F16, 1000, 1000, false),
+            sig(LpKind::Flat, &e4, DataType::BF16, 1001, 1000, false),
+            sig(LpKind::Flat, &e4, DataType::BF16, 1000, 999, false),
+            sig(LpKind::Flat, &e4, DataType::BF16, 1000, 1000, true),
+            sig(
+                LpKind::Flat,
+                &Codec::new(Format::E5M2, 128).unwrap(),
+                DataType::BF16,
+                1000,
+                1000,
+                false,
+            ),
+            sig(
+                LpKind::Flat,
+                &Codec::new(Format::E4M3, 64).unwrap(),
+                DataType::BF16,
+                1000,
+                1000,
+                false,
+            ),
+            // The full-precision collective of the same shape (collectives.cu's words).
+            signature(Collective::AllReduce, DataType::BF16, 1000, 0, "sum"),
+        ];
+        for (i, o) in others.iter().enumerate() {
+            assert_ne!(base, *o, "case {i}");
+        }
+    }
 
     /// (push, chunk, the most a chunk may hold) for two ranks and a 64 MiB staging parity.
     fn plan2(kind: LpKind, bytes: usize, es: usize) -> (bool, usize, usize) {
