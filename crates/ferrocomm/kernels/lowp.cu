@@ -7,7 +7,7 @@
 //   block i of n elements = record at byte i*(4+B): [f32 scale][min(B, n-i*B) codes]
 //   scale = absmax / M (absmax = integer max of the bits & 0x7fffffff), NaN when absmax is not
 //   finite (codes 0), one ulp lower when scale*M overflows; codes 0 when scale == 0;
-//   code = cvt.rn.satfinite(x / scale) with a correctly rounded division; INT8 = cvt.rni of the
+//   code = cvt.rn.satfinite(x / scale), x / scale correctly rounded (lp_quot); INT8 = cvt.rni of the
 //   clamped quotient. Decode = f32(code) * scale; sums in rank order 0..n-1, starting from rank
 //   0's decoded value. Every multiply/add/divide is an explicit _rn intrinsic: NVRTC contracts
 //   a*b+c into an FMA by default, which the CPU codec does not do.
@@ -64,6 +64,10 @@ __device__ __forceinline__ float lp_max(u32 f) {
     return f == LP_E4M3 ? 448.0f : (f == LP_E5M2 ? 57344.0f : 127.0f);
 }
 
+// log2 of the block size B, a power of two (quant::Codec::new checks it): the hot loops take a
+// record's index and a code's place in it with shifts and masks instead of integer divisions.
+__device__ __forceinline__ u32 lp_log2(u32 B) { return __ffs(B) - 1; }
+
 // Scale of a block whose absmax has the bits `m` (see the header).
 __device__ __forceinline__ float lp_scale(u32 m, u32 fmt) {
     if (m >= 0x7f800000u) return __uint_as_float(0x7fc00000u);
@@ -73,12 +77,39 @@ __device__ __forceinline__ float lp_scale(u32 m, u32 fmt) {
     return s;
 }
 
-// Four codes of x[0..4] / s, packed little endian (x[0] in the low byte).
-__device__ __forceinline__ u32 lp_encode4(const float* x, float s, u32 fmt) {
+// Scales from which lp_quot's reciprocal multiply gives the division's codes (see there).
+#define LP_RCP_MIN 0x1p-64f
+
+// The reciprocal of a block's scale for lp_quot, or 0 where the division is needed: scales
+// under LP_RCP_MIN (and zero or NaN scales, whose codes are 0 without a quotient).
+__device__ __forceinline__ float lp_recip(float s) { return s >= LP_RCP_MIN && !isinf(s) ? __frcp_rn(s) : 0.0f; }
+
+// x / s correctly rounded, from y = 1/s correctly rounded (lp_recip), in three instructions
+// instead of the division's ten and its slow-path branch: q = x*y is within an ulp of x/s, the
+// remainder x - q*s is exact (FMA), and q + remainder*y rounds to x/s (Markstein's theorem).
+// The sign of x is put back on a zero quotient (x = -0 or an underflowing negative x: the
+// division gives -0, whose E4M3/E5M2 code is 0x80). The remainder is exact, so the theorem
+// holds, for every scale from LP_RCP_MIN and every x whose quotient can round to a nonzero code
+// (|x/s| >= 2^-17); smaller quotients give code 0 either way. quant::fp8's tests check the
+// codes against the division's on random and edge pairs.
+__device__ __forceinline__ float lp_quot(float x, float s, float y) {
+    float q = __fmul_rn(x, y);
+    float r = __fmaf_rn(-q, s, x);
+    q = __fmaf_rn(r, y, q);
+    return __uint_as_float(__float_as_uint(q) | (__float_as_uint(x) & 0x80000000u));
+}
+
+// Four codes of x[0..4] / s, packed little endian (x[0] in the low byte); y = lp_recip(s).
+__device__ __forceinline__ u32 lp_encode4(const float* x, float s, float y, u32 fmt) {
     if (!(s > 0.0f) || isinf(s)) return 0;  // zero or NaN scale: codes 0
     float q[4];
+    if (y != 0.0f) {
 #pragma unroll
-    for (int i = 0; i < 4; i++) q[i] = __fdiv_rn(x[i], s);
+        for (int i = 0; i < 4; i++) q[i] = lp_quot(x[i], s, y);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) q[i] = __fdiv_rn(x[i], s);
+    }
     u32 lo, hi;
     if (fmt == LP_E4M3) {
         u16 a, b;
@@ -107,22 +138,30 @@ __device__ __forceinline__ u32 lp_encode4(const float* x, float s, u32 fmt) {
     return lo | (hi << 16);
 }
 
-// f32 value of the code in byte `k` of `w`.
-__device__ __forceinline__ float lp_code_value(u32 w, int k, u32 fmt) {
-    u32 c = (w >> (8 * k)) & 0xff;
-    if (fmt == LP_INT8) return (float)(int)(signed char)c;
-    u16 h;
-    if (fmt == LP_E5M2) {
-        h = (u16)(c << 8);  // E5M2 is the top byte of an f16
-    } else {
-        u32 hh;
-        u16 c16 = (u16)c;
-        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(hh) : "h"(c16));
-        h = (u16)(hh & 0xffff);
+// f32 values of the four codes of `w` (byte k -> v[k]). The FP8 codes go to f16 two at a time
+// (E4M3 by one conversion per pair, E5M2 is the top byte of an f16), then to f32; every step is
+// exact.
+__device__ __forceinline__ void lp_code_values4(u32 w, u32 fmt, float* v) {
+    if (fmt == LP_INT8) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] = (float)(int)(signed char)(w >> (8 * k));
+        return;
     }
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
+    u32 h[2];
+    if (fmt == LP_E5M2) {
+        h[0] = __byte_perm(w, 0, 0x1404);  // f16 pair: codes 0 and 1 as the top bytes
+        h[1] = __byte_perm(w, 0, 0x3424);  // codes 2 and 3
+    } else {
+        u16 lo = (u16)(w & 0xffff), hi = (u16)(w >> 16);
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h[0]) : "h"(lo));
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h[1]) : "h"(hi));
+    }
+#pragma unroll
+    for (int p = 0; p < 2; p++) {
+        u16 a = (u16)(h[p] & 0xffff), b = (u16)(h[p] >> 16);
+        asm("cvt.f32.f16 %0, %1;" : "=f"(v[2 * p]) : "h"(a));
+        asm("cvt.f32.f16 %0, %1;" : "=f"(v[2 * p + 1]) : "h"(b));
+    }
 }
 
 __device__ __forceinline__ u32 ld_u32_vol(const u8* p) {
@@ -237,8 +276,8 @@ __device__ __forceinline__ void lp_store_out8(T* out, u64 e0, u64 n, bool vec, c
 
 // Raw record words of elements e0..e0+4 of an encoding of n elements: the scale and the codes.
 __device__ __forceinline__ void lp_load_raw(const u8* enc, u64 e0, u64 n, u32 B, float& s, u32& w) {
-    const u8* rec = enc + (e0 / B) * (u64)(4 + B);
-    u32 j = (u32)(e0 % B);
+    const u8* rec = enc + (e0 >> lp_log2(B)) * (u64)(4 + B);
+    u32 j = (u32)e0 & (B - 1);
     s = __uint_as_float(ld_u32_vol(rec));
     if (e0 + 4 <= n) {
         w = ld_u32_vol(rec + 4 + j);
@@ -251,9 +290,11 @@ __device__ __forceinline__ void lp_load_raw(const u8* enc, u64 e0, u64 n, u32 B,
 
 // x[i] (+)= decoded element e0+i.
 __device__ __forceinline__ void lp_decode_into(float s, u32 w, u32 fmt, bool first, float* x) {
+    float c[4];
+    lp_code_values4(w, fmt, c);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        float v = __fmul_rn(lp_code_value(w, i, fmt), s);
+        float v = __fmul_rn(c[i], s);
         x[i] = first ? v : __fadd_rn(x[i], v);
     }
 }
@@ -294,10 +335,10 @@ __device__ __forceinline__ u32 absbits4(const float* x) {
 __device__ __forceinline__ void lp_store_codes(u8* enc, u64 e0, u64 n, u32 B, float s,
                                                const float* x, u32 fmt, bool scale) {
     if (e0 >= n) return;
-    u8* rec = enc + (e0 / B) * (u64)(4 + B);
-    u32 j = (u32)(e0 % B);
+    u8* rec = enc + (e0 >> lp_log2(B)) * (u64)(4 + B);
+    u32 j = (u32)e0 & (B - 1);
     if (scale && j == 0) *(float*)rec = s;
-    u32 w = lp_encode4(x, s, fmt);
+    u32 w = lp_encode4(x, s, lp_recip(s), fmt);
     if (e0 + 4 <= n) {
         *(u32*)(rec + 4 + j) = w;
     } else {
@@ -530,18 +571,19 @@ __device__ __forceinline__ void dequant_tiles(const Args& a, const Lp& l, const 
 
 // Bytes of the records of `m` elements (whole blocks plus a partial one), as Codec::encoded_bytes.
 __device__ __forceinline__ u32 lp_rec_bytes(u32 m, u32 B) {
-    return (m / B) * (4 + B) + (m % B ? 4 + m % B : 0);
+    u32 rest = m & (B - 1);
+    return (m >> lp_log2(B)) * (4 + B) + (rest ? 4 + rest : 0);
 }
 
-// One group per step, and the next group's loads issued before this one's arithmetic: the input
-// is read once, from HBM, and loads in flight rather than arithmetic bound the quantizer. The
-// next group is held raw (16-byte pieces, widened to f32 when used). Measured on 2xH200
+// One group per step, and the next group's loads issued before this one's arithmetic; the next
+// group is held raw (16-byte pieces, widened to f32 when used). Measured on 2xH200
 // (bench/results/2026-11-30-h200x2-lp-prefetch) against two groups loaded, then processed:
-// quantization alone bf16 64 MB 72.0 -> 59.5 us, 256 MB 240.5 -> 192.8 (timed on a buffer random
-// only in its first 1M elements; docs/quant-accuracy.md has the caveat); with two groups per
-// step and the prefetch the encode kernel needs 100 registers, one CTA per SM, and lost (99.2 us
-// at 64 MB), as did a 79-register variant with a reciprocal multiply: registers decide how many
-// warps an SM holds, and warps decide the loads in flight.
+// quantization alone bf16 64 MB 72.0 -> 59.5 us (timed on a buffer random only in its first 1M
+// elements; docs/quant-accuracy.md has the caveat); with two groups per step the encode kernel
+// needs 100 registers, one CTA per SM, and lost (99.2 us at 64 MB). Registers decide how many
+// warps an SM holds. Nsight Compute on the encode kernel (bench/results/2026-11-30-h200x2-
+// lp-fastq) then showed it bound by instructions, not loads: 70% of issue slots busy, ~40
+// instructions per element, DRAM at 25%; hence lp_quot, shifts for B and the paired FP8 decode.
 #define LP_STEP_GROUPS 1
 
 // Issues the whole-piece loads of the step at g0 (partial or unaligned runs are read when used).
@@ -590,8 +632,8 @@ __device__ __forceinline__ void lp_decode_group_sm(const Lp& l, const u8* sm, u3
 #pragma unroll
             for (u32 r = 0; r < NR; r++) {
                 if (r >= k) break;
-                const u8* rp = sm + r * LP_GROUP_BYTES_MAX + (el / B) * rec;
-                u32 j = el % B;
+                const u8* rp = sm + r * LP_GROUP_BYTES_MAX + (el >> lp_log2(B)) * rec;
+                u32 j = el & (B - 1);
                 float sc = *(const float*)rp;
                 u32 w0, w1;
                 if (e0 + 8 <= n) {
@@ -657,18 +699,19 @@ __device__ void quant_groups(const Lp& l, const T* in, bool vec, u64 glo, u64 gh
                 // Warp-uniform up to here: every lane takes part in the shuffles.
                 u32 m = seg_max(max(absbits4(x[k][h]), absbits4(x[k][h] + 4)), B / 8);
                 float s = lp_scale(m, l.format);
+                float y = lp_recip(s);
                 if (first + el < n) {
-                    u32 off = (el / B) * rec;
-                    u32 j = el % B;
+                    u32 off = (el >> lp_log2(B)) * rec;
+                    u32 j = el & (B - 1);
                     if (j == 0) *(float*)(sm + off) = s;
-                    *(u32*)(sm + off + 4 + j) = lp_encode4(x[k][h], s, l.format);
-                    *(u32*)(sm + off + 8 + j) = lp_encode4(x[k][h] + 4, s, l.format);
+                    *(u32*)(sm + off + 4 + j) = lp_encode4(x[k][h], s, y, l.format);
+                    *(u32*)(sm + off + 8 + j) = lp_encode4(x[k][h] + 4, s, y, l.format);
                 }
             }
             __syncwarp();
             u64 left = n - first;
             u32 gbytes = lp_rec_bytes(left < LP_GROUP_ELEMS ? (u32)left : LP_GROUP_ELEMS, B);
-            u64 goff = (first / B) * rec;  // 16-aligned (see above)
+            u64 goff = g * ((LP_GROUP_ELEMS >> lp_log2(B)) * rec);  // 16-aligned (see above)
             // Whole 16-byte pieces, then the last group's tail byte by byte (fc_lp_encode
             // writes a caller's buffer of exactly the encoded size).
             for (u32 v = lane; v < gbytes / 16; v += 32) {
@@ -726,7 +769,7 @@ __device__ void dequant_groups_pull(const Args& a, const Lp& l, const u64* base,
         u64 left = n - first;
         u32 gbytes = lp_rec_bytes(left < LP_GROUP_ELEMS ? (u32)left : LP_GROUP_ELEMS, B);
         u32 nv = (gbytes + 15) / 16;  // <= 40: two pieces per lane at most
-        u64 goff = (first / B) * rec;
+        u64 goff = g * ((LP_GROUP_ELEMS >> lp_log2(B)) * rec);
         uint4 v[NR][2];
 #pragma unroll
         for (u32 r = 0; r < NR; r++)

@@ -137,8 +137,9 @@ impl Codec {
             codes.fill(0);
             return;
         }
-        // The quotient is an IEEE division, not a multiply by 1/scale: the CUDA kernels divide
-        // too (correctly rounded), so both produce the same codes.
+        // The quotient is an IEEE division. The CUDA kernels compute the same correctly rounded
+        // quotient, by division or (scales from 2^-64) by a reciprocal multiply with one FMA
+        // correction that gives the division's codes (tests::reciprocal_quotient_codes).
         match self.format {
             Format::E4M3 => {
                 for (c, &v) in codes.iter_mut().zip(x) {
@@ -215,4 +216,113 @@ impl Codec {
 fn split_record(rec: &[u8]) -> (f32, &[u8]) {
     let (s, codes) = rec.split_at(SCALE_BYTES);
     (f32::from_le_bytes([s[0], s[1], s[2], s[3]]), codes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    /// The kernels' quotient for scales from `LP_RCP_MIN` (lowp.cu `lp_quot`): `x * y` with
+    /// `y = 1/s` correctly rounded, one FMA correction, the sign of `x` put on a zero.
+    fn reciprocal_quotient(x: f32, s: f32, y: f32) -> f32 {
+        let q = x * y;
+        let r = (-q).mul_add(s, x);
+        let q = r.mul_add(y, q);
+        f32::from_bits(q.to_bits() | (x.to_bits() & 0x8000_0000))
+    }
+
+    fn code(format: Format, q: f32) -> u8 {
+        match format {
+            Format::E4M3 => fp8::f32_to_e4m3(q),
+            Format::E5M2 => fp8::f32_to_e5m2(q),
+            Format::Int8 => fp8::f32_to_int8(q),
+        }
+    }
+
+    /// The reciprocal multiply gives the division's code for every block scale from 2^-64: on
+    /// random blocks over the whole exponent range, on values next to every rounding boundary
+    /// between two codes (the ties and the f32 neighbours on both sides), and on zeros, signed
+    /// zeros and subnormal inputs.
+    #[test]
+    fn reciprocal_quotient_codes() {
+        const RCP_MIN: f32 = 5.421_011e-20; // 2^-64, lowp.cu LP_RCP_MIN
+        assert_eq!(RCP_MIN, 2f32.powi(-64));
+        let mut rng = StdRng::seed_from_u64(0x5eed_0001);
+        let mut checked = 0u64;
+        for format in Format::ALL {
+            let values = Codec::new(format, 32).unwrap().values();
+            // Boundaries between adjacent finite non-negative codes, in units of the scale.
+            let mut cuts: Vec<f32> = values
+                .iter()
+                .copied()
+                .filter(|v| v.is_finite() && *v >= 0.0)
+                .collect();
+            cuts.sort_by(f32::total_cmp);
+            cuts.dedup();
+            let mids: Vec<f64> = cuts
+                .windows(2)
+                .map(|w| (w[0] as f64 + w[1] as f64) / 2.0)
+                .collect();
+            let mut check = |x: f32, s: f32| {
+                let y = 1.0 / s;
+                let (want, got) = (
+                    code(format, x / s),
+                    code(format, reciprocal_quotient(x, s, y)),
+                );
+                assert_eq!(
+                    want, got,
+                    "{format}: x = {x:e} ({:#010x}), s = {s:e} ({:#010x}): division code {want:#04x}, reciprocal code {got:#04x}",
+                    x.to_bits(),
+                    s.to_bits()
+                );
+                checked += 1;
+            };
+            for _ in 0..4000 {
+                // A block's absmax anywhere from where its scale is 2^-64 up to f32::MAX.
+                let lo = (RCP_MIN * format.max()).log2();
+                let e = rng.random_range(lo..128.0f32);
+                let absmax = (2f32.powf(e)).min(f32::MAX);
+                let s = block_scale(format, absmax);
+                if !(s >= RCP_MIN && s.is_finite()) {
+                    continue;
+                }
+                for _ in 0..64 {
+                    let x = absmax * rng.random_range(-1.0f32..=1.0);
+                    check(x, s);
+                    // Any f32 bit pattern at or below absmax (small and subnormal ones too).
+                    let b = rng.random_range(0..=absmax.to_bits());
+                    check(f32::from_bits(b), s);
+                    check(-f32::from_bits(b), s);
+                }
+                // Next to each boundary between codes: the nearest f32 to mid * s and its
+                // neighbours, both signs.
+                for &m in &mids {
+                    let x = (m * s as f64) as f32;
+                    if !x.is_finite() || x.abs() > absmax {
+                        continue;
+                    }
+                    for x in [
+                        f32::from_bits(x.to_bits() - 1),
+                        x,
+                        f32::from_bits(x.to_bits() + 1),
+                    ] {
+                        check(x, s);
+                        check(-x, s);
+                    }
+                }
+                for x in [
+                    0.0,
+                    -0.0,
+                    f32::from_bits(1),
+                    -f32::from_bits(1),
+                    absmax,
+                    -absmax,
+                ] {
+                    check(x, s);
+                }
+            }
+        }
+        assert!(checked > 2_000_000, "{checked} pairs checked");
+    }
 }
