@@ -330,9 +330,12 @@ impl Dda {
 
 /// Encodes `count` elements of `dtype` at device address `input` into `output`
 /// (`codec.encoded_bytes(count)` bytes) with the collectives' own quantizer, on the current
-/// context's device, then waits for it. For tests that hold the GPU codec to
-/// [`Codec::encode`] byte for byte and for timing quantization alone; the kernel module is
-/// compiled (or read from the kernel cache) and loaded once per process and dtype.
+/// context's device, `launches` times in a row on `stream` (at least once), then waits for them.
+/// For tests that hold the GPU codec to [`Codec::encode`] byte for byte and for timing
+/// quantization alone (many launches, one wait: the launches overlap, so the time is the
+/// kernel's); the kernel module is compiled (or read from the kernel cache) and loaded once per
+/// process and dtype. The grid is one wave of the GPU, as the fused kernels' is.
+#[allow(clippy::too_many_arguments)]
 pub fn quantize_on_device(
     cfg: &crate::config::Config,
     codec: &Codec,
@@ -341,10 +344,12 @@ pub fn quantize_on_device(
     output: u64,
     count: usize,
     stream: u64,
+    launches: usize,
 ) -> Result<()> {
     use std::collections::HashMap;
     use std::sync::Mutex;
-    static FUNCS: Mutex<Option<HashMap<DataType, usize>>> = Mutex::new(None);
+    // Per dtype: the kernel and the CTAs of one wave of this GPU.
+    static FUNCS: Mutex<Option<HashMap<DataType, (usize, usize)>>> = Mutex::new(None);
     if !super::kernels::has_lowp(dtype) {
         return Err(Error::Unsupported {
             collective: "quantize",
@@ -352,11 +357,11 @@ pub fn quantize_on_device(
             what: format!("low precision for {dtype}"),
         });
     }
-    let f = {
+    let (f, wave) = {
         let mut g = FUNCS.lock().unwrap_or_else(|e| e.into_inner());
         let map = g.get_or_insert_with(HashMap::new);
         match map.get(&dtype) {
-            Some(f) => *f as sys::CUfunction,
+            Some(&(f, wave)) => (f as sys::CUfunction, wave),
             None => {
                 let mut dev: sys::CUdevice = 0;
                 // SAFETY: out-parameter; a context must be current (documented).
@@ -389,8 +394,23 @@ pub fn quantize_on_device(
                     unsafe { sys::cuModuleGetFunction(&mut f, module, c"fc_lp_encode".as_ptr()) },
                     "fc_lp_encode",
                 )?;
-                map.insert(dtype, f as usize);
-                f
+                let mut per_sm = 0i32;
+                cu(
+                    // SAFETY: out-parameter; a live function, 512 threads, no dynamic smem.
+                    unsafe {
+                        sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                            &mut per_sm,
+                            f,
+                            (WARPS * 32) as i32,
+                            0,
+                        )
+                    },
+                    "occupancy of fc_lp_encode",
+                )?;
+                let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+                let wave = (per_sm.max(1) * sms.max(1)) as usize;
+                map.insert(dtype, (f as usize, wave));
+                (f, wave)
             }
         }
     };
@@ -400,16 +420,22 @@ pub fn quantize_on_device(
         format: format_code(codec.format),
         ..Lp::default()
     };
-    let grid = count.div_ceil(tile(codec) * WARPS * 4).clamp(1, 65535) as u32;
+    // One wave, as the fused kernels run: each warp quantizes many groups in turn, with the
+    // next group's loads in flight, so this times the quantizer they run.
+    let grid = count.div_ceil(tile(codec) * WARPS * 4).clamp(1, wave) as u32;
     let mut params: [*mut c_void; 2] = [(&mut a as *mut Args).cast(), (&mut l as *mut Lp).cast()];
     let pdl = super::launch::pdl_for_current_device(cfg)?;
-    cu(
-        // SAFETY: fc_lp_encode(Args, Lp), which starts with pdl_wait(); the caller promises
-        // `count` elements at `input` and the encoded size at `output`, device memory of the
-        // current context; `pdl` was decided for this context's device.
-        unsafe { super::launch::launch(f, grid, (WARPS * 32) as u32, stream, &mut params, pdl) },
-        "launching fc_lp_encode",
-    )?;
+    for _ in 0..launches.max(1) {
+        cu(
+            // SAFETY: fc_lp_encode(Args, Lp), which starts with pdl_wait(); the caller promises
+            // `count` elements at `input` and the encoded size at `output`, device memory of
+            // the current context; `pdl` was decided for this context's device.
+            unsafe {
+                super::launch::launch(f, grid, (WARPS * 32) as u32, stream, &mut params, pdl)
+            },
+            "launching fc_lp_encode",
+        )?;
+    }
     // SAFETY: waits for the launch above on the caller's stream.
     cu(
         unsafe { sys::cuStreamSynchronize(stream as sys::CUstream) },
