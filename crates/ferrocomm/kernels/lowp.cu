@@ -7,9 +7,9 @@
 //   block i of n elements = record at byte i*(4+B): [f32 scale][min(B, n-i*B) codes]
 //   scale = absmax / M (absmax = integer max of the bits & 0x7fffffff), NaN when absmax is not
 //   finite (codes 0), one ulp lower when scale*M overflows; codes 0 when scale == 0;
-//   code = cvt.rn.satfinite(x / scale), x / scale correctly rounded (lp_quot); INT8 = cvt.rni of the
-//   clamped quotient. Decode = f32(code) * scale; sums in rank order 0..n-1, starting from rank
-//   0's decoded value. Every multiply/add/divide is an explicit _rn intrinsic: NVRTC contracts
+//   code = cvt.rn.satfinite(x / scale) with x / scale correctly rounded (lp_quot); INT8 = cvt.rni
+//   of the clamped quotient. Decode = f32(code) * scale; sums in rank order 0..n-1, starting from
+//   rank 0's decoded value. Every multiply/add/divide is an explicit _rn intrinsic: NVRTC contracts
 //   a*b+c into an FMA by default, which the CPU codec does not do.
 //
 // Work split: a warp handles a tile of TILE = max(B, 128) elements, 4 per lane. For B < 128 a
@@ -82,7 +82,9 @@ __device__ __forceinline__ float lp_scale(u32 m, u32 fmt) {
 
 // The reciprocal of a block's scale for lp_quot, or 0 where the division is needed: scales
 // under LP_RCP_MIN (and zero or NaN scales, whose codes are 0 without a quotient).
-__device__ __forceinline__ float lp_recip(float s) { return s >= LP_RCP_MIN && !isinf(s) ? __frcp_rn(s) : 0.0f; }
+__device__ __forceinline__ float lp_recip(float s) {
+    return s >= LP_RCP_MIN && !isinf(s) ? __frcp_rn(s) : 0.0f;
+}
 
 // x / s correctly rounded, from y = 1/s correctly rounded (lp_recip), in three instructions
 // instead of the division's ten and its slow-path branch: q = x*y is within an ulp of x/s, the
