@@ -92,6 +92,50 @@ pub fn value(dtype: DataType, seed: u64, salt: u64, rank: usize, i: usize) -> Va
     }
 }
 
+/// Threads for one pass over `n` elements: the machine's, but one per 64 Ki elements at most, so
+/// small buffers stay on the calling thread.
+fn workers(n: usize) -> usize {
+    let hw = std::thread::available_parallelism().map_or(1, |p| p.get());
+    hw.min(n >> 16).max(1)
+}
+
+/// Splits `buf` (elements of `e` bytes) into one run of whole elements per worker and sums what
+/// `f(first element index, run)` returns for each. A 256 MB output takes tens of seconds on one
+/// thread: the expected value of every element is recomputed from every rank's input.
+fn par_sum<F: Fn(usize, &[u8]) -> u64 + Sync>(buf: &[u8], e: usize, f: F) -> u64 {
+    let n = buf.len() / e;
+    let per = n.div_ceil(workers(n)).max(1);
+    if per >= n {
+        return f(0, buf);
+    }
+    let f = &f;
+    std::thread::scope(|sc| {
+        let runs: Vec<_> = buf
+            .chunks(per * e)
+            .enumerate()
+            .map(|(k, run)| sc.spawn(move || f(k * per, run)))
+            .collect();
+        runs.into_iter()
+            .map(|h| h.join().expect("a check thread panicked"))
+            .sum()
+    })
+}
+
+/// As [`par_sum`], for filling `buf`: `f(first element index, run)` writes its run.
+fn par_fill<F: Fn(usize, &mut [u8]) + Sync>(buf: &mut [u8], e: usize, f: F) {
+    let n = buf.len() / e;
+    let per = n.div_ceil(workers(n)).max(1);
+    if per >= n {
+        return f(0, buf);
+    }
+    let f = &f;
+    std::thread::scope(|sc| {
+        for (k, run) in buf.chunks_mut(per * e).enumerate() {
+            sc.spawn(move || f(k * per, run));
+        }
+    });
+}
+
 /// Writes `v` as a `dtype` element at the start of `out`.
 pub fn encode(dtype: DataType, v: Val, out: &mut [u8]) {
     let x = match v {
@@ -178,9 +222,11 @@ impl Checker {
     pub fn input_bytes(&self, rank: usize) -> Vec<u8> {
         let e = self.shape.dtype.size();
         let mut b = vec![0u8; self.shape.in_count * e];
-        for (i, c) in b.chunks_exact_mut(e).enumerate() {
-            encode(self.shape.dtype, self.x(rank, i), c);
-        }
+        par_fill(&mut b, e, |first, run| {
+            for (i, c) in run.chunks_exact_mut(e).enumerate() {
+                encode(self.shape.dtype, self.x(rank, first + i), c);
+            }
+        });
         b
     }
 
@@ -198,75 +244,81 @@ impl Checker {
             Coll::Broadcast if rank != self.root => (0, 0),
             _ => (0, s.inplace_count),
         };
-        for i in 0..len {
-            let j = start + i;
-            encode(s.dtype, self.x(rank, i), &mut b[j * e..(j + 1) * e]);
-        }
+        par_fill(&mut b[start * e..(start + len) * e], e, |first, run| {
+            for (i, c) in run.chunks_exact_mut(e).enumerate() {
+                encode(s.dtype, self.x(rank, first + i), c);
+            }
+        });
         b
     }
 
-    /// Reduces element `i` over all ranks; the tolerance grows with the rank count.
+    /// Reduces element `i` over all ranks; the tolerance grows with the rank count. One pass
+    /// over the ranks, no allocation (it runs for every element of every checked output).
     fn reduced(&self, i: usize) -> Want {
         let s = &self.shape;
         let n = s.world;
-        let vals = (0..n).map(|r| self.x(r, i));
-        match (self.op, s.dtype.is_float()) {
-            (_, false) => {
-                let ints: Vec<i128> = vals
-                    .map(|v| match v {
-                        Val::I(i) => i,
-                        Val::F(x) => x as i128,
-                    })
-                    .collect();
-                let v = match self.op {
-                    ReduceOp::Sum => wrap(s.dtype, ints.iter().sum()),
-                    ReduceOp::Avg => wrap(s.dtype, ints.iter().sum::<i128>() / n as i128),
-                    ReduceOp::Prod => ints.iter().fold(1, |a, &b| wrap(s.dtype, a * b)),
-                    ReduceOp::Min => *ints.iter().min().unwrap_or(&0),
-                    ReduceOp::Max => *ints.iter().max().unwrap_or(&0),
-                    _ => 0,
-                };
-                Want {
-                    val: Val::I(v),
-                    tol: 0.0,
-                }
+        if !s.dtype.is_float() {
+            let int = |r| match self.x(r, i) {
+                Val::I(v) => v,
+                Val::F(x) => x as i128,
+            };
+            let (mut sum, mut prod, mut min, mut max) = (0i128, 1i128, i128::MAX, i128::MIN);
+            for r in 0..n {
+                let v = int(r);
+                sum += v;
+                prod = wrap(s.dtype, prod * v);
+                min = min.min(v);
+                max = max.max(v);
             }
-            (op, true) => {
-                let xs: Vec<f64> = vals
-                    .map(|v| match v {
-                        Val::F(x) => x,
-                        Val::I(i) => i as f64,
-                    })
-                    .collect();
-                let abs_sum: f64 = xs.iter().map(|x| x.abs()).sum();
-                let abs_max = xs.iter().fold(0f64, |a, x| a.max(x.abs()));
-                let eps = epsilon(s.dtype);
-                let nf = n as f64;
-                let (v, tol) = match op {
-                    ReduceOp::Sum => (xs.iter().sum::<f64>(), eps * nf * abs_sum),
-                    ReduceOp::Avg => (xs.iter().sum::<f64>() / nf, eps * nf * abs_sum / nf),
-                    ReduceOp::Prod => {
-                        let p: f64 = xs.iter().product();
-                        (p, eps * nf * p.abs())
-                    }
-                    ReduceOp::Min => (xs.iter().cloned().fold(f64::INFINITY, f64::min), 0.0),
-                    ReduceOp::Max => (xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max), 0.0),
-                    _ => (0.0, 0.0),
-                };
-                let lp = match (self.low_precision, op) {
-                    // Quantized at most once per phase (two phases for two-shot): each term
-                    // is off by at most a code step of its block's absmax.
-                    (Some(f), ReduceOp::Sum | ReduceOp::Avg) => {
-                        let scale = if op == ReduceOp::Avg { 1.0 } else { nf };
-                        2.0 * lp_step(f) * abs_max * scale
-                    }
-                    _ => 0.0,
-                };
-                Want {
-                    val: Val::F(v),
-                    tol: tol + lp,
-                }
+            let v = match self.op {
+                ReduceOp::Sum => wrap(s.dtype, sum),
+                ReduceOp::Avg => wrap(s.dtype, sum / n as i128),
+                ReduceOp::Prod => prod,
+                ReduceOp::Min if n > 0 => min,
+                ReduceOp::Max if n > 0 => max,
+                _ => 0,
+            };
+            return Want {
+                val: Val::I(v),
+                tol: 0.0,
+            };
+        }
+        let (mut sum, mut prod, mut abs_sum, mut abs_max) = (0f64, 1f64, 0f64, 0f64);
+        let (mut min, mut max) = (f64::INFINITY, f64::NEG_INFINITY);
+        for r in 0..n {
+            let x = match self.x(r, i) {
+                Val::F(x) => x,
+                Val::I(v) => v as f64,
+            };
+            sum += x;
+            prod *= x;
+            abs_sum += x.abs();
+            abs_max = abs_max.max(x.abs());
+            min = min.min(x);
+            max = max.max(x);
+        }
+        let eps = epsilon(s.dtype);
+        let nf = n as f64;
+        let (v, tol) = match self.op {
+            ReduceOp::Sum => (sum, eps * nf * abs_sum),
+            ReduceOp::Avg => (sum / nf, eps * nf * abs_sum / nf),
+            ReduceOp::Prod => (prod, eps * nf * prod.abs()),
+            ReduceOp::Min => (min, 0.0),
+            ReduceOp::Max => (max, 0.0),
+            _ => (0.0, 0.0),
+        };
+        let lp = match (self.low_precision, self.op) {
+            // Quantized at most once per phase (two phases for two-shot): each term is off by
+            // at most a code step of its block's absmax.
+            (Some(f), ReduceOp::Sum | ReduceOp::Avg) => {
+                let scale = if self.op == ReduceOp::Avg { 1.0 } else { nf };
+                2.0 * lp_step(f) * abs_max * scale
             }
+            _ => 0.0,
+        };
+        Want {
+            val: Val::F(v),
+            tol: tol + lp,
         }
     }
 
@@ -305,11 +357,19 @@ impl Checker {
 
     /// Number of wrong elements in `out` (the output buffer of `rank` as bytes).
     pub fn count_wrong(&self, rank: usize, out: &[u8], in_place: bool) -> u64 {
+        let e = self.shape.dtype.size();
+        par_sum(out, e, |first, run| {
+            self.count_wrong_run(rank, first, run, in_place)
+        })
+    }
+
+    /// Wrong elements among `run`, output elements `first..` of `rank`.
+    fn count_wrong_run(&self, rank: usize, first: usize, run: &[u8], in_place: bool) -> u64 {
         let d = self.shape.dtype;
         let e = d.size();
         let mut wrong = 0;
-        for (j, b) in out.chunks_exact(e).enumerate() {
-            let Some(w) = self.want(rank, j, in_place) else {
+        for (k, b) in run.chunks_exact(e).enumerate() {
+            let Some(w) = self.want(rank, first + k, in_place) else {
                 continue;
             };
             let ok = match (decode(d, b), w.val) {
@@ -487,6 +547,46 @@ mod tests {
         let c = checker(Coll::Reduce, DataType::F32, 2, 4, ReduceOp::Sum);
         assert_eq!(c.count_wrong(1, &[0xFF; 16], false), 0);
         assert_eq!(c.count_wrong(0, &[0xFF; 16], false), 4);
+    }
+
+    /// Buffers large enough to be checked and filled by several threads: every element lands
+    /// where the sequential pass puts it, and wrong elements at the runs' edges are all counted.
+    #[test]
+    fn large_buffers_are_checked_and_filled_in_runs() {
+        let part = 150_001; // odd: the runs split inside parts, not on their edges
+        let c = checker(Coll::AllGather, DataType::F32, 2, 2 * part, ReduceOp::Sum);
+        assert!(workers(2 * part) >= 1);
+        let input = c.input_bytes(1);
+        for i in [0, 1, 65_535, 65_536, part - 1] {
+            assert_eq!(
+                decode(DataType::F32, &input[i * 4..]),
+                c.input(1, i),
+                "element {i}"
+            );
+        }
+        let inplace = c.inplace_bytes(1);
+        assert_eq!(&inplace[part * 4..], &input[..]);
+        assert!(matches!(decode(DataType::F32, &inplace[..4]), Val::F(x) if x.is_nan()));
+        let mut out = vec![0u8; 2 * part * 4];
+        for j in 0..2 * part {
+            encode(
+                DataType::F32,
+                c.input(j / part, j % part),
+                &mut out[j * 4..],
+            );
+        }
+        assert_eq!(c.count_wrong(0, &out, false), 0);
+        let bad = [0, 65_535, 65_536, part, 2 * part - 1];
+        for j in bad {
+            poison(DataType::F32, &mut out[j * 4..(j + 1) * 4]);
+        }
+        assert_eq!(c.count_wrong(0, &out, false), bad.len() as u64);
+        // A reduction too: the sum of both ranks, one element off.
+        let c = checker(Coll::AllReduce, DataType::F32, 2, 200_003, ReduceOp::Sum);
+        let mut out = reduce_like_backend(&c);
+        assert_eq!(c.count_wrong(1, &out, false), 0);
+        poison(DataType::F32, &mut out[4 * 131_072..4 * 131_073]);
+        assert_eq!(c.count_wrong(1, &out, false), 1);
     }
 
     #[test]
