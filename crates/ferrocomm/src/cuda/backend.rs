@@ -330,6 +330,23 @@ impl CudaBackend {
     }
 }
 
+/// A rank's own sizes of an all-to-all-v (bytes: the larger of its send and receive totals;
+/// the largest part it sends or receives through the staging, its own part aside), for calls
+/// that take direct access without sizes every rank shares (forced, or no NCCL to fall back to).
+fn local_a2av_sizes(rank: usize, splits: &Splits, es: usize) -> (usize, usize) {
+    let total = |c: &[usize]| c.iter().sum::<usize>() * es;
+    let largest = (0..splits.send_counts.len())
+        .filter(|&p| p != rank)
+        .map(|p| splits.send_counts[p].max(splits.recv_counts[p]))
+        .max()
+        .unwrap_or(0)
+        * es;
+    (
+        total(&splits.send_counts).max(total(&splits.recv_counts)),
+        largest,
+    )
+}
+
 fn bind(c: &CudaContext) -> Result<()> {
     c.bind_to_thread()
         .map_err(|e| Error::Cuda(format!("binding the context: {e:?}")))
@@ -548,21 +565,22 @@ impl Backend for CudaBackend {
         check_views("all_to_all_v", self.device, &views_of(&input, &output))?;
         self.follow(&mut st, opts.stream)?;
         let dt = output.dtype();
-        let es = dt.size();
-        let total = |c: &[usize]| c.iter().sum::<usize>() * es;
-        let largest = splits
-            .send_counts
-            .iter()
-            .chain(&splits.recv_counts)
-            .max()
-            .copied()
-            .unwrap_or(0)
-            * es;
-        // In place, a thread overwrites only what it sent itself when every part keeps its size.
+        // In place, a thread overwrites only what it sent itself when every part keeps its size
+        // (at two ranks both ranks see the same answer: the crossing counts are in both views).
         let in_place_ok =
             !matches!(input, Input::InPlace) || splits.send_counts == splits.recv_counts;
-        let bytes = total(&splits.send_counts).max(total(&splits.recv_counts));
-        if !in_place_ok && opts.algo.0 == Algo::Direct {
+        let forced = opts.algo.0 == Algo::Direct;
+        // Sizes every rank computes alike (see a2av_agreed_sizes); with more than two ranks there
+        // are none, so unless direct access is forced (or NCCL is missing) the call goes to
+        // NCCL, which every rank then takes.
+        let sizes = match collectives::a2av_agreed_sizes(self.rank, splits, dt.size()) {
+            Some(s) => Some(s),
+            None if forced || self.nccl.is_none() => {
+                Some(local_a2av_sizes(self.rank, splits, dt.size()))
+            }
+            None => None,
+        };
+        if !in_place_ok && forced {
             return Err(Error::Unsupported {
                 collective: "all_to_all_v",
                 backend: "cuda",
@@ -570,7 +588,7 @@ impl Backend for CudaBackend {
                     .into(),
             });
         }
-        if in_place_ok {
+        if let (true, Some((bytes, largest))) = (in_place_ok, sizes) {
             if let Some(d) = self.direct(Collective::AllToAllV, bytes, largest, dt, None, opts)? {
                 let ip = in_ptr(&input, &output);
                 return d.coll_all_to_all_v(ip, output.ptr() as u64, splits, dt, opts.stream);

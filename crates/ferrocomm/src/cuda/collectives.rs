@@ -171,6 +171,29 @@ fn op_name(op: ReduceOp) -> String {
     format!("{op}")
 }
 
+/// The sizes that decide whether an all-to-all-v runs by direct access, computed so that every
+/// rank gets the same answer: `(bytes per rank as an equal all-to-all counts them, largest part
+/// through the staging)`, or `None` where no such sizes exist.
+///
+/// The choice must come out the same on every rank, or the ranks wait in different transports
+/// and the call fails for valid counts. A rank sees only its own row and column of the count
+/// matrix (`send_counts`, `recv_counts`), and its own part never goes through the staging (it is
+/// copied locally). At two ranks the parts that cross (one each way) are in both ranks' row and
+/// column, so the sizes come from them alone; with more ranks no count is seen by every rank.
+pub(super) fn a2av_agreed_sizes(rank: usize, splits: &Splits, es: usize) -> Option<(usize, usize)> {
+    let world = splits.send_counts.len();
+    if world > 2 {
+        return None;
+    }
+    let largest = (0..world)
+        .filter(|&p| p != rank)
+        .map(|p| splits.send_counts[p].max(splits.recv_counts[p]))
+        .max()
+        .unwrap_or(0)
+        * es;
+    Some((world * largest, largest))
+}
+
 /// How one call of a collective other than all-reduce runs on the cuda backend.
 ///
 /// `dda` is `None` when direct access is off; `part_bytes` is what the staging must hold per
@@ -639,6 +662,50 @@ impl Dda {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every rank's view of one all-to-all-v: its row (send) and column (receive) of `m`.
+    fn views(m: &[Vec<usize>]) -> Vec<Splits> {
+        (0..m.len())
+            .map(|r| Splits::packed(m[r].clone(), m.iter().map(|row| row[r]).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn all_to_all_v_sizes_agree_between_ranks() {
+        // Two ranks: skewed counts, own parts far larger than the crossing ones, zeros.
+        for m in [
+            vec![vec![5_000_000, 10], vec![3, 7]],
+            vec![vec![0, 0], vec![0, 9_000_000]],
+            vec![vec![1, 4_194_304], vec![4_194_305, 1]],
+        ] {
+            let sizes: Vec<_> = views(&m)
+                .iter()
+                .enumerate()
+                .map(|(r, s)| a2av_agreed_sizes(r, s, 2))
+                .collect();
+            assert!(sizes.iter().all(|s| *s == sizes[0]), "{m:?}: {sizes:?}");
+            let cross = m[0][1].max(m[1][0]) * 2;
+            assert_eq!(sizes[0], Some((2 * cross, cross)), "{m:?}");
+        }
+        // The old rule (the larger of a rank's send and receive totals) split this call: rank 0
+        // saw 20 MiB, rank 1 11 MiB, on both sides of the 16 MiB default.
+        let mib = 1 << 20;
+        let m = vec![vec![10 * mib, 10 * mib], vec![mib, mib]];
+        let v = views(&m);
+        let total = |s: &Splits| {
+            let t = |c: &[usize]| c.iter().sum::<usize>();
+            t(&s.send_counts).max(t(&s.recv_counts))
+        };
+        assert!(total(&v[0]) > 16 * mib && total(&v[1]) < 16 * mib);
+        assert_eq!(
+            a2av_agreed_sizes(0, &v[0], 1),
+            a2av_agreed_sizes(1, &v[1], 1)
+        );
+        // One rank: nothing crosses. More than two: no size is seen by every rank.
+        assert_eq!(a2av_agreed_sizes(0, &views(&[vec![8]])[0], 4), Some((0, 0)));
+        let three = views(&[vec![1, 2, 3], vec![4, 5, 6], vec![7, 8, 9]]);
+        assert!((0..3).all(|r| a2av_agreed_sizes(r, &three[r], 4).is_none()));
+    }
 
     #[test]
     fn every_part_kernel_launched_exists() {
