@@ -232,7 +232,13 @@ fn data_movement_and_rooted_collectives_on_three_ranks() {
     let common = [
         "-g", "3", "-b", "192", "-e", "768", "-f", "4", "-n", "2", "-w", "1", "--reps", "1",
     ];
-    for coll in ["all_gather", "reduce_scatter", "all_to_all", "sendrecv"] {
+    for coll in [
+        "all_gather",
+        "reduce_scatter",
+        "all_to_all",
+        "all_to_all_v",
+        "sendrecv",
+    ] {
         let mut a = vec![coll];
         a.extend(common);
         assert_clean(&bench(&a), &[192, 768]);

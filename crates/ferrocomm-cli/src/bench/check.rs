@@ -4,7 +4,7 @@
 
 use ferrocomm::{DataType, Format, ReduceOp};
 
-use super::sizes::{Coll, Shape};
+use super::sizes::{a2av_parts, Coll, Shape};
 
 /// One element's value: floats as f64 (exact for every float dtype), integers as i128.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -199,6 +199,8 @@ pub struct Checker {
     pub salt: u64,
     /// Low-precision wire format in effect for this row (widens the float tolerance).
     pub low_precision: Option<Format>,
+    /// All-to-all-v: the part sizes ([`a2av_parts`]); empty for the other collectives.
+    pub a2av: Vec<usize>,
 }
 
 /// Expected value of one output element with the slack allowed around it.
@@ -208,6 +210,31 @@ struct Want {
 }
 
 impl Checker {
+    /// The checker of one row (`a2av` filled in for the all-to-all-v).
+    pub fn new(
+        shape: Shape,
+        op: ReduceOp,
+        root: usize,
+        seed: u64,
+        salt: u64,
+        low_precision: Option<Format>,
+    ) -> Checker {
+        let a2av = if shape.coll == Coll::AllToAllV {
+            a2av_parts(shape.count, shape.world)
+        } else {
+            Vec::new()
+        };
+        Checker {
+            shape,
+            op,
+            root,
+            seed,
+            salt,
+            low_precision,
+            a2av,
+        }
+    }
+
     fn x(&self, rank: usize, i: usize) -> Val {
         value(self.shape.dtype, self.seed, self.salt, rank, i)
     }
@@ -351,6 +378,24 @@ impl Checker {
             }
             Coll::ReduceScatter => self.reduced(rank * part + j),
             Coll::AllToAll => self.moved(self.x(j / part, rank * part + j % part)),
+            Coll::AllToAllV => {
+                // Rank s sends part (d - s) mod n to rank d; rank `rank` receives them in rank
+                // order. Find the sender of element j, then where that part starts at the sender.
+                let part_of = |s: usize, d: usize| self.a2av[(d + n - s) % n];
+                let mut at = 0;
+                let mut src = None;
+                for s in 0..n {
+                    let len = part_of(s, rank);
+                    if j < at + len {
+                        let start: usize = (0..rank).map(|d| part_of(s, d)).sum();
+                        src = Some((s, start + j - at));
+                        break;
+                    }
+                    at += len;
+                }
+                let (s, i) = src?;
+                self.moved(self.x(s, i))
+            }
             Coll::SendRecv => self.moved(self.x((rank + n - 1) % n, j)),
         })
     }
@@ -413,14 +458,8 @@ mod tests {
     use super::*;
 
     fn checker(coll: Coll, dtype: DataType, world: usize, count: usize, op: ReduceOp) -> Checker {
-        Checker {
-            shape: Shape::new(coll, count * dtype.size(), dtype, world).unwrap(),
-            op,
-            root: 0,
-            seed: 7,
-            salt: 11,
-            low_precision: None,
-        }
+        let shape = Shape::new(coll, count * dtype.size(), dtype, world).unwrap();
+        Checker::new(shape, op, 0, 7, 11, None)
     }
 
     #[test]
@@ -587,6 +626,33 @@ mod tests {
         assert_eq!(c.count_wrong(1, &out, false), 0);
         poison(DataType::F32, &mut out[4 * 131_072..4 * 131_073]);
         assert_eq!(c.count_wrong(1, &out, false), 1);
+    }
+
+    #[test]
+    fn all_to_all_v_layout() {
+        use crate::bench::sizes::A2avCounts;
+        let (world, count) = (3, 61);
+        let c = checker(Coll::AllToAllV, DataType::I32, world, count, ReduceOp::Sum);
+        for rank in 0..world {
+            // Rank `rank`'s output as a backend builds it: the part from each sender s, taken
+            // from where s's part for `rank` starts in s's input.
+            let mine = A2avCounts::new(count, world, rank);
+            let mut out = vec![0u8; count * 4];
+            let mut j = 0;
+            for s in 0..world {
+                let theirs = A2avCounts::new(count, world, s);
+                let start = A2avCounts::displ(&theirs.send, rank);
+                assert_eq!(theirs.send[rank], mine.recv[s]);
+                for o in 0..mine.recv[s] {
+                    encode(DataType::I32, c.input(s, start + o), &mut out[j * 4..]);
+                    j += 1;
+                }
+            }
+            assert_eq!(c.count_wrong(rank, &out, false), 0, "rank {rank}");
+            // Parts in the wrong order are wrong.
+            let other = (rank + 1) % world;
+            assert!(c.count_wrong(other, &out, false) > 0);
+        }
     }
 
     #[test]

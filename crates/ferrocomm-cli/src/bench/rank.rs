@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use ferrocomm::config::BackendChoice;
 use ferrocomm::{
     CallOpts, CommOptions, Communicator, Config, DataType, Device, Format, Input,
-    LowPrecisionChoice, ReduceOp, View, ViewMut,
+    LowPrecisionChoice, ReduceOp, Splits, View, ViewMut,
 };
 
 use super::args::Plan;
@@ -17,7 +17,7 @@ use super::check::{self, Checker};
 use super::engine::{Engine, HostEngine};
 use super::json::{self, RankInfo, RunContext};
 use super::output::Outputs;
-use super::sizes::{Coll, Shape};
+use super::sizes::{A2avCounts, Coll, Shape};
 use super::table::{self, Measure, Row, Versus};
 use super::timing::{self, Timing};
 
@@ -41,7 +41,7 @@ fn lp_in_effect(plan: &Plan, cfg: &Config, shape: &Shape, op: ReduceOp) -> Optio
                 Coll::AllReduce => lp.all_reduce,
                 Coll::AllGather => lp.all_gather,
                 Coll::ReduceScatter => lp.reduce_scatter,
-                Coll::AllToAll => lp.all_to_all,
+                Coll::AllToAll | Coll::AllToAllV => lp.all_to_all,
                 _ => false,
             };
         on.then_some(lp.format)
@@ -49,7 +49,7 @@ fn lp_in_effect(plan: &Plan, cfg: &Config, shape: &Shape, op: ReduceOp) -> Optio
     let dtype_ok = matches!(shape.dtype, DataType::F32 | DataType::F16 | DataType::BF16);
     let coll_ok = matches!(
         shape.coll,
-        Coll::AllReduce | Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll
+        Coll::AllReduce | Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll | Coll::AllToAllV
     );
     let op_ok = !shape.coll.reduces() || matches!(op, ReduceOp::Sum | ReduceOp::Avg);
     (dtype_ok && coll_ok && op_ok).then_some(fmt)
@@ -115,6 +115,10 @@ impl RowCtx<'_> {
             Coll::AllGather => comm.all_gather(input, output, opts),
             Coll::ReduceScatter => comm.reduce_scatter(input, output, op, opts),
             Coll::AllToAll => comm.all_to_all(input, output, opts),
+            Coll::AllToAllV => {
+                let c = A2avCounts::new(s.count, s.world, self.rank);
+                comm.all_to_all_v(input, output, &Splits::packed(c.send, c.recv), opts)
+            }
             Coll::SendRecv => {
                 // A ring: send to the next rank, receive from the previous. Even ranks send
                 // first and odd ranks receive first, so blocking sends cannot wait on each
@@ -345,14 +349,14 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
             for &root in &roots {
                 for &size in &plan.sizes {
                     let shape = Shape::new(plan.coll, size, dtype, world)?;
-                    let checker = Checker {
+                    let checker = Checker::new(
                         shape,
                         op,
                         root,
-                        seed: plan.seed,
-                        salt: idx,
-                        low_precision: lp_in_effect(plan, &cfg, &shape, op),
-                    };
+                        plan.seed,
+                        idx,
+                        lp_in_effect(plan, &cfg, &shape, op),
+                    );
                     let ctx = RowCtx {
                         plan,
                         timing: &timing,
@@ -374,7 +378,8 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
                         comm: &comm,
                         opts: ours_opts.clone(),
                     };
-                    let has_ip = plan.coll != Coll::SendRecv;
+                    // The all-to-all-v's parts differ between send and receive: out of place only.
+                    let has_ip = !matches!(plan.coll, Coll::SendRecv | Coll::AllToAllV);
                     if idx == 0 {
                         // The first size once untimed on our side: ours is measured first, and
                         // on 2xH200 the first row of a run came out up to 42% slower than the

@@ -16,6 +16,9 @@ pub enum Coll {
     AllGather,
     ReduceScatter,
     AllToAll,
+    /// Uneven parts ([`a2av_parts`]): every rank sends and receives the whole size, split
+    /// unevenly between the ranks; out of place only.
+    AllToAllV,
     Broadcast,
     Reduce,
     /// Every rank sends to the next and receives from the previous (a ring), like nccl-tests.
@@ -23,11 +26,12 @@ pub enum Coll {
 }
 
 impl Coll {
-    pub const ALL: [Coll; 7] = [
+    pub const ALL: [Coll; 8] = [
         Coll::AllReduce,
         Coll::AllGather,
         Coll::ReduceScatter,
         Coll::AllToAll,
+        Coll::AllToAllV,
         Coll::Broadcast,
         Coll::Reduce,
         Coll::SendRecv,
@@ -39,6 +43,7 @@ impl Coll {
             Coll::AllGather => "all_gather",
             Coll::ReduceScatter => "reduce_scatter",
             Coll::AllToAll => "all_to_all",
+            Coll::AllToAllV => "all_to_all_v",
             Coll::Broadcast => "broadcast",
             Coll::Reduce => "reduce",
             Coll::SendRecv => "sendrecv",
@@ -52,6 +57,7 @@ impl Coll {
             Coll::AllGather => Collective::AllGather,
             Coll::ReduceScatter => Collective::ReduceScatter,
             Coll::AllToAll => Collective::AllToAll,
+            Coll::AllToAllV => Collective::AllToAllV,
             Coll::Broadcast => Collective::Broadcast,
             Coll::Reduce => Collective::Reduce,
             Coll::SendRecv => Collective::Send,
@@ -74,6 +80,8 @@ impl Coll {
         match self {
             Coll::AllReduce => 2.0 * (n - 1.0) / n,
             Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll => (n - 1.0) / n,
+            // Every rank keeps its own part (the smallest, see a2av_parts) and sends the rest.
+            Coll::AllToAllV => 1.0 - a2av_weight(0, world),
             Coll::Broadcast | Coll::Reduce | Coll::SendRecv => 1.0,
         }
     }
@@ -89,6 +97,7 @@ impl FromStr for Coll {
             "all_gather" | "allgather" => Coll::AllGather,
             "reduce_scatter" | "reducescatter" => Coll::ReduceScatter,
             "all_to_all" | "alltoall" => Coll::AllToAll,
+            "all_to_all_v" | "alltoallv" => Coll::AllToAllV,
             "broadcast" | "bcast" => Coll::Broadcast,
             "reduce" => Coll::Reduce,
             "sendrecv" | "send_recv" => Coll::SendRecv,
@@ -98,6 +107,27 @@ impl FromStr for Coll {
             ),
         })
     }
+}
+
+/// Share of a rank's buffer in the all-to-all-v part `k` ranks ahead of it (k = 0: its own
+/// part): (k + 1) / (1 + 2 + ... + world), so the own part is the smallest and the farthest rank
+/// gets the most.
+fn a2av_weight(k: usize, world: usize) -> f64 {
+    (k + 1) as f64 / (world * (world + 1) / 2) as f64
+}
+
+/// Elements of the all-to-all-v part `k` ranks ahead (k < world) for a buffer of `count`:
+/// `count * (k + 1) / T` rounded down (T = world(world + 1)/2), the last part taking what the
+/// rounding left. The count matrix is circulant (rank s sends part `(d - s) mod world` to rank
+/// d), so every rank sends and receives `count` elements, in parts of different sizes.
+pub fn a2av_parts(count: usize, world: usize) -> Vec<usize> {
+    let t = world * (world + 1) / 2;
+    let mut v: Vec<usize> = (0..world).map(|k| count * (k + 1) / t).collect();
+    let rest = count - v.iter().sum::<usize>();
+    if let Some(last) = v.last_mut() {
+        *last += rest;
+    }
+    v
 }
 
 /// The sizes of a sweep from `min` to `max` (inclusive when a step lands on it).
@@ -139,6 +169,33 @@ pub struct Shape {
     pub inplace_count: usize,
 }
 
+/// Send and receive counts of `rank` in an all-to-all-v of `count` elements per rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct A2avCounts {
+    pub send: Vec<usize>,
+    pub recv: Vec<usize>,
+}
+
+impl A2avCounts {
+    pub fn new(count: usize, world: usize, rank: usize) -> A2avCounts {
+        let parts = a2av_parts(count, world);
+        A2avCounts {
+            send: (0..world)
+                .map(|d| parts[(d + world - rank) % world])
+                .collect(),
+            recv: (0..world)
+                .map(|s| parts[(rank + world - s) % world])
+                .collect(),
+        }
+    }
+
+    /// Where part `p` starts (the parts packed in rank order).
+    #[cfg(test)]
+    pub fn displ(counts: &[usize], p: usize) -> usize {
+        counts[..p].iter().sum()
+    }
+}
+
 impl Shape {
     pub fn new(coll: Coll, size: usize, dtype: DataType, world: usize) -> anyhow::Result<Shape> {
         let e = dtype.size();
@@ -178,12 +235,17 @@ impl Shape {
     }
 
     /// Bytes per rank as algorithm selection counts them (input per rank; reduce_scatter's
-    /// output per rank, as `FERROCOMM_REDUCESCATTER_MAX_BYTES` says).
+    /// output per rank, as `FERROCOMM_REDUCESCATTER_MAX_BYTES` says; all-to-all-v: `world` times
+    /// its largest part to another rank, as the cuda backend counts it).
     pub fn bytes_per_rank(&self) -> usize {
         let e = self.dtype.size();
         match self.coll {
             Coll::AllGather => self.in_count * e,
             Coll::ReduceScatter => self.out_count * e,
+            Coll::AllToAllV => {
+                let parts = a2av_parts(self.count, self.world);
+                self.world * parts.iter().skip(1).max().copied().unwrap_or(0) * e
+            }
             _ => self.count * e,
         }
     }
@@ -238,6 +300,35 @@ mod tests {
         assert!(Shape::new(Coll::AllReduce, 4097, DataType::F32, 2).is_err());
         // A broadcast of any whole number of elements works on 3 ranks.
         assert!(Shape::new(Coll::Broadcast, 4096, DataType::F32, 3).is_ok());
+    }
+
+    #[test]
+    fn all_to_all_v_parts_are_uneven_and_every_rank_sends_and_receives_the_size() {
+        assert_eq!(a2av_parts(96, 3), vec![16, 32, 48]);
+        assert_eq!(a2av_parts(100, 3), vec![16, 33, 51]);
+        assert_eq!(a2av_parts(7, 1), vec![7]);
+        assert_eq!(a2av_parts(0, 4), vec![0, 0, 0, 0]);
+        for (count, world) in [(1000, 2), (1001, 3), (4099, 4), (5, 8)] {
+            let all: Vec<A2avCounts> = (0..world)
+                .map(|r| A2avCounts::new(count, world, r))
+                .collect();
+            for (r, c) in all.iter().enumerate() {
+                assert_eq!(c.send.iter().sum::<usize>(), count);
+                assert_eq!(c.recv.iter().sum::<usize>(), count);
+                for (s, cs) in all.iter().enumerate() {
+                    // What r receives from s is what s sends to r.
+                    assert_eq!(c.recv[s], cs.send[r], "{count} {world}: {r} <- {s}");
+                }
+            }
+        }
+        assert_eq!(A2avCounts::displ(&[3, 4, 5], 2), 7);
+        assert!((Coll::AllToAllV.busbw_factor(2) - 2.0 / 3.0).abs() < 1e-12);
+        // Selection sees world x the largest part sent to another rank.
+        let s = Shape::new(Coll::AllToAllV, 96 * 4, DataType::F32, 3).unwrap();
+        assert_eq!(
+            (s.in_count, s.out_count, s.bytes_per_rank()),
+            (96, 96, 3 * 48 * 4)
+        );
     }
 
     #[test]

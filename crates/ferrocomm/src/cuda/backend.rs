@@ -688,6 +688,14 @@ impl Backend for CudaBackend {
         if coll == Collective::AllReduce {
             return self.choose(bytes_per_rank, dtype, ReduceOp::Sum, opts);
         }
+        // All-to-all-v above two ranks: NCCL unless forced (see all_to_all_v).
+        if coll == Collective::AllToAllV
+            && self.size > 2
+            && opts.algo.0 != Algo::Direct
+            && self.nccl.is_some()
+        {
+            return Ok(Algo::Nccl);
+        }
         if !matches!(
             coll,
             Collective::Barrier | Collective::Send | Collective::Recv
