@@ -99,15 +99,19 @@ fn workers(n: usize) -> usize {
     hw.min(n >> 16).max(1)
 }
 
+/// Elements per run when `n` elements are split between the workers, `None` for a single run.
+fn run_elems(n: usize) -> Option<usize> {
+    let per = n.div_ceil(workers(n)).max(1);
+    (per < n).then_some(per)
+}
+
 /// Splits `buf` (elements of `e` bytes) into one run of whole elements per worker and sums what
 /// `f(first element index, run)` returns for each. A 256 MB output takes tens of seconds on one
 /// thread: the expected value of every element is recomputed from every rank's input.
 fn par_sum<F: Fn(usize, &[u8]) -> u64 + Sync>(buf: &[u8], e: usize, f: F) -> u64 {
-    let n = buf.len() / e;
-    let per = n.div_ceil(workers(n)).max(1);
-    if per >= n {
+    let Some(per) = run_elems(buf.len() / e) else {
         return f(0, buf);
-    }
+    };
     let f = &f;
     std::thread::scope(|sc| {
         let runs: Vec<_> = buf
@@ -123,11 +127,9 @@ fn par_sum<F: Fn(usize, &[u8]) -> u64 + Sync>(buf: &[u8], e: usize, f: F) -> u64
 
 /// As [`par_sum`], for filling `buf`: `f(first element index, run)` writes its run.
 fn par_fill<F: Fn(usize, &mut [u8]) + Sync>(buf: &mut [u8], e: usize, f: F) {
-    let n = buf.len() / e;
-    let per = n.div_ceil(workers(n)).max(1);
-    if per >= n {
+    let Some(per) = run_elems(buf.len() / e) else {
         return f(0, buf);
-    }
+    };
     let f = &f;
     std::thread::scope(|sc| {
         for (k, run) in buf.chunks_mut(per * e).enumerate() {
