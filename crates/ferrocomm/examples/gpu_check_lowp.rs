@@ -680,11 +680,12 @@ fn disagreeing_calls(c: &mut Ctx, cfg: &Config) -> Res<()> {
         let opts = CallOpts::default()
             .with_algo(algo)
             .with_low_precision(LowPrecisionChoice::On(Format::E4M3));
-        // SAFETY: 64 MiB of this device hold every count here in bf16 (all-gather: w * mine).
+        let gather = what.starts_with("all_gather");
+        let count = if gather { mine * w } else { mine };
+        // SAFETY: 64 MiB of this device hold every count here in bf16.
         let first = unsafe {
-            let o = ViewMut::from_raw(b.ptr as *mut u8, mine, DataType::BF16, dev);
-            if what.starts_with("all_gather") {
-                let o = ViewMut::from_raw(b.ptr as *mut u8, mine * w, DataType::BF16, dev);
+            let o = ViewMut::from_raw(b.ptr as *mut u8, count, DataType::BF16, dev);
+            if gather {
                 comm.all_gather(Input::InPlace, o, &opts)
             } else {
                 comm.all_reduce(Input::InPlace, o, ReduceOp::Sum, &opts)

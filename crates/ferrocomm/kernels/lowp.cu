@@ -92,8 +92,8 @@ __device__ __forceinline__ float lp_recip(float s) {
 // The sign of x is put back on a zero quotient (x = -0 or an underflowing negative x: the
 // division gives -0, whose E4M3/E5M2 code is 0x80). The remainder is exact, so the theorem
 // holds, for every scale from LP_RCP_MIN and every x whose quotient can round to a nonzero code
-// (|x/s| >= 2^-17); smaller quotients give code 0 either way. quant::fp8's tests check the
-// codes against the division's on random and edge pairs.
+// (|x/s| >= 2^-17); smaller quotients give code 0 either way.
+// quant::codec::tests::reciprocal_quotient_codes checks the codes against the division's.
 __device__ __forceinline__ float lp_quot(float x, float s, float y) {
     float q = __fmul_rn(x, y);
     float r = __fmaf_rn(-q, s, x);

@@ -4,7 +4,7 @@
 
 use ferrocomm::{DataType, Format, ReduceOp};
 
-use super::sizes::{a2av_parts, Coll, Shape};
+use super::sizes::{A2avCounts, Coll, Shape};
 
 /// One element's value: floats as f64 (exact for every float dtype), integers as i128.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -201,8 +201,9 @@ pub struct Checker {
     pub salt: u64,
     /// Low-precision wire format in effect for this row (widens the float tolerance).
     pub low_precision: Option<Format>,
-    /// All-to-all-v: the part sizes ([`a2av_parts`]); empty for the other collectives.
-    pub a2av: Vec<usize>,
+    /// All-to-all-v: for each receiving rank, its parts in the order they land, as (sender,
+    /// where the part starts in the sender's input, elements); empty for the other collectives.
+    pub a2av: Vec<Vec<(usize, usize, usize)>>,
 }
 
 /// Expected value of one output element with the slack allowed around it.
@@ -221,8 +222,18 @@ impl Checker {
         salt: u64,
         low_precision: Option<Format>,
     ) -> Checker {
+        let n = shape.world;
         let a2av = if shape.coll == Coll::AllToAllV {
-            a2av_parts(shape.count, shape.world)
+            let sends: Vec<Vec<usize>> = (0..n)
+                .map(|r| A2avCounts::new(shape.count, n, r).send)
+                .collect();
+            (0..n)
+                .map(|d| {
+                    (0..n)
+                        .map(|s| (s, A2avCounts::displ(&sends[s], d), sends[s][d]))
+                        .collect()
+                })
+                .collect()
         } else {
             Vec::new()
         };
@@ -381,22 +392,15 @@ impl Checker {
             Coll::ReduceScatter => self.reduced(rank * part + j),
             Coll::AllToAll => self.moved(self.x(j / part, rank * part + j % part)),
             Coll::AllToAllV => {
-                // Rank s sends part (d - s) mod n to rank d; rank `rank` receives them in rank
-                // order. Find the sender of element j, then where that part starts at the sender.
-                let part_of = |s: usize, d: usize| self.a2av[(d + n - s) % n];
+                // The part element j falls in, and its place in the sender's input.
                 let mut at = 0;
-                let mut src = None;
-                for s in 0..n {
-                    let len = part_of(s, rank);
+                for &(s, start, len) in &self.a2av[rank] {
                     if j < at + len {
-                        let start: usize = (0..rank).map(|d| part_of(s, d)).sum();
-                        src = Some((s, start + j - at));
-                        break;
+                        return Some(self.moved(self.x(s, start + j - at)));
                     }
                     at += len;
                 }
-                let (s, i) = src?;
-                self.moved(self.x(s, i))
+                return None;
             }
             Coll::SendRecv => self.moved(self.x((rank + n - 1) % n, j)),
         })
@@ -596,6 +600,9 @@ mod tests {
     fn large_buffers_are_checked_and_filled_in_runs() {
         let part = 150_001; // odd: the runs split inside parts, not on their edges
         let c = checker(Coll::AllGather, DataType::F32, 2, 2 * part, ReduceOp::Sum);
+        // Several runs wherever the machine has several threads (one otherwise).
+        let hw = std::thread::available_parallelism().map_or(1, |p| p.get());
+        assert_eq!(run_elems(2 * part).is_some(), hw > 1, "{hw} threads");
         assert!(workers(2 * part) >= 1);
         let input = c.input_bytes(1);
         for i in [0, 1, 65_535, 65_536, part - 1] {

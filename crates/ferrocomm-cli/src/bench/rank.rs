@@ -69,6 +69,8 @@ struct RowCtx<'a> {
     root: usize,
     checker: Checker,
     rank: usize,
+    /// All-to-all-v: this rank's counts, made once per row (not in the timed calls).
+    splits: Option<Splits>,
 }
 
 impl RowCtx<'_> {
@@ -115,10 +117,10 @@ impl RowCtx<'_> {
             Coll::AllGather => comm.all_gather(input, output, opts),
             Coll::ReduceScatter => comm.reduce_scatter(input, output, op, opts),
             Coll::AllToAll => comm.all_to_all(input, output, opts),
-            Coll::AllToAllV => {
-                let c = A2avCounts::new(s.count, s.world, self.rank);
-                comm.all_to_all_v(input, output, &Splits::packed(c.send, c.recv), opts)
-            }
+            Coll::AllToAllV => match &self.splits {
+                Some(sp) => comm.all_to_all_v(input, output, sp, opts),
+                None => unreachable!("all-to-all-v rows carry their counts"),
+            },
             Coll::SendRecv => {
                 // A ring: send to the next rank, receive from the previous. Even ranks send
                 // first and odd ranks receive first, so blocking sends cannot wait on each
@@ -365,6 +367,8 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
                         root,
                         checker,
                         rank,
+                        splits: (shape.coll == Coll::AllToAllV)
+                            .then(|| A2avCounts::new(shape.count, shape.world, rank).splits()),
                     };
                     let algo = comm
                         .path_for(

@@ -4,7 +4,7 @@
 use std::str::FromStr;
 
 use anyhow::bail;
-use ferrocomm::{Collective, DataType};
+use ferrocomm::{Collective, DataType, Splits};
 
 use super::args::Step;
 
@@ -177,6 +177,11 @@ pub struct A2avCounts {
 }
 
 impl A2avCounts {
+    /// The counts as the library takes them (parts packed in rank order).
+    pub fn splits(&self) -> Splits {
+        Splits::packed(self.send.clone(), self.recv.clone())
+    }
+
     pub fn new(count: usize, world: usize, rank: usize) -> A2avCounts {
         let parts = a2av_parts(count, world);
         A2avCounts {
@@ -190,7 +195,6 @@ impl A2avCounts {
     }
 
     /// Where part `p` starts (the parts packed in rank order).
-    #[cfg(test)]
     pub fn displ(counts: &[usize], p: usize) -> usize {
         counts[..p].iter().sum()
     }

@@ -217,6 +217,13 @@ impl CudaBackend {
         Ok(c.map(|c| (d, c)))
     }
 
+    /// Whether an all-to-all-v goes to NCCL whatever its counts: above two ranks no count that
+    /// decides is seen by every rank (collectives::a2av_agreed_sizes), so automatic selection
+    /// leaves it to NCCL unless direct access is forced or NCCL is missing.
+    fn a2av_to_nccl(&self, opts: &CallOpts) -> bool {
+        self.size > 2 && opts.algo.0 != Algo::Direct && self.nccl.is_some()
+    }
+
     /// Picks the all-reduce algorithm; `None` means direct access cannot take this call.
     fn choose(&self, bytes: usize, dtype: DataType, op: ReduceOp, opts: &CallOpts) -> Result<Algo> {
         let requested = opts.algo.0;
@@ -328,23 +335,6 @@ impl CudaBackend {
             None
         })
     }
-}
-
-/// A rank's own sizes of an all-to-all-v (bytes: the larger of its send and receive totals;
-/// the largest part it sends or receives through the staging, its own part aside), for calls
-/// that take direct access without sizes every rank shares (forced, or no NCCL to fall back to).
-fn local_a2av_sizes(rank: usize, splits: &Splits, es: usize) -> (usize, usize) {
-    let total = |c: &[usize]| c.iter().sum::<usize>() * es;
-    let largest = (0..splits.send_counts.len())
-        .filter(|&p| p != rank)
-        .map(|p| splits.send_counts[p].max(splits.recv_counts[p]))
-        .max()
-        .unwrap_or(0)
-        * es;
-    (
-        total(&splits.send_counts).max(total(&splits.recv_counts)),
-        largest,
-    )
 }
 
 fn bind(c: &CudaContext) -> Result<()> {
@@ -570,16 +560,13 @@ impl Backend for CudaBackend {
         let in_place_ok =
             !matches!(input, Input::InPlace) || splits.send_counts == splits.recv_counts;
         let forced = opts.algo.0 == Algo::Direct;
-        // Sizes every rank computes alike (see a2av_agreed_sizes); with more than two ranks there
-        // are none, so unless direct access is forced (or NCCL is missing) the call goes to
-        // NCCL, which every rank then takes.
-        let sizes = match collectives::a2av_agreed_sizes(self.rank, splits, dt.size()) {
-            Some(s) => Some(s),
-            None if forced || self.nccl.is_none() => {
-                Some(local_a2av_sizes(self.rank, splits, dt.size()))
-            }
-            None => None,
-        };
+        // Sizes every rank computes alike (see a2av_agreed_sizes); where there are none the call
+        // goes to NCCL on every rank, or (forced, no NCCL) by the rank's own sizes.
+        let es = dt.size();
+        let sizes = (!self.a2av_to_nccl(opts)).then(|| {
+            collectives::a2av_agreed_sizes(self.rank, splits, es)
+                .unwrap_or_else(|| collectives::a2av_local_sizes(self.rank, splits, es))
+        });
         if !in_place_ok && forced {
             return Err(Error::Unsupported {
                 collective: "all_to_all_v",
@@ -688,12 +675,7 @@ impl Backend for CudaBackend {
         if coll == Collective::AllReduce {
             return self.choose(bytes_per_rank, dtype, ReduceOp::Sum, opts);
         }
-        // All-to-all-v above two ranks: NCCL unless forced (see all_to_all_v).
-        if coll == Collective::AllToAllV
-            && self.size > 2
-            && opts.algo.0 != Algo::Direct
-            && self.nccl.is_some()
-        {
+        if coll == Collective::AllToAllV && self.a2av_to_nccl(opts) {
             return Ok(Algo::Nccl);
         }
         if !matches!(

@@ -182,16 +182,29 @@ fn op_name(op: ReduceOp) -> String {
 /// column, so the sizes come from them alone; with more ranks no count is seen by every rank.
 pub(super) fn a2av_agreed_sizes(rank: usize, splits: &Splits, es: usize) -> Option<(usize, usize)> {
     let world = splits.send_counts.len();
-    if world > 2 {
-        return None;
-    }
-    let largest = (0..world)
+    let largest = a2av_largest_crossing(rank, splits) * es;
+    (world <= 2).then_some((world * largest, largest))
+}
+
+/// A rank's own sizes of an all-to-all-v, for calls that take direct access without sizes every
+/// rank shares (forced, or no NCCL to fall back to): bytes are the larger of its send and
+/// receive totals, the largest part is as in [`a2av_agreed_sizes`].
+pub(super) fn a2av_local_sizes(rank: usize, splits: &Splits, es: usize) -> (usize, usize) {
+    let total = |c: &[usize]| c.iter().sum::<usize>() * es;
+    (
+        total(&splits.send_counts).max(total(&splits.recv_counts)),
+        a2av_largest_crossing(rank, splits) * es,
+    )
+}
+
+/// The largest count `rank` sends to or receives from another rank (its own part is copied
+/// locally and never goes through the staging).
+fn a2av_largest_crossing(rank: usize, splits: &Splits) -> usize {
+    (0..splits.send_counts.len())
         .filter(|&p| p != rank)
         .map(|p| splits.send_counts[p].max(splits.recv_counts[p]))
         .max()
         .unwrap_or(0)
-        * es;
-    Some((world * largest, largest))
 }
 
 /// How one call of a collective other than all-reduce runs on the cuda backend.
@@ -705,6 +718,10 @@ mod tests {
         assert_eq!(a2av_agreed_sizes(0, &views(&[vec![8]])[0], 4), Some((0, 0)));
         let three = views(&[vec![1, 2, 3], vec![4, 5, 6], vec![7, 8, 9]]);
         assert!((0..3).all(|r| a2av_agreed_sizes(r, &three[r], 4).is_none()));
+        // A rank's own sizes there: its larger total, and its largest crossing part (rank 1
+        // sends 4 and 6 to the others and receives 2 and 8; its own 5 does not count).
+        assert_eq!(a2av_local_sizes(1, &three[1], 4), (15 * 4, 8 * 4));
+        assert_eq!(a2av_local_sizes(0, &three[0], 1), (12, 7));
     }
 
     #[test]
