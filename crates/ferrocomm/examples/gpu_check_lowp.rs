@@ -27,7 +27,7 @@ use ferrocomm::bootstrap::all_gather_bytes;
 use ferrocomm::quant::{reference, Codec, Format};
 use ferrocomm::{
     Algo, CallOpts, CommOptions, Communicator, Config, DataType, Device, Input, LowPrecisionChoice,
-    ReduceOp, View, ViewMut,
+    ReduceOp, Splits, View, ViewMut,
 };
 use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
@@ -488,10 +488,83 @@ fn movers(c: &mut Ctx, comm: &Communicator, parts: &[usize], dtypes: &[DataType]
     Ok(())
 }
 
+/// Count matrices of the all-to-all-v check: skewed (a crossing part of 9 M elements: 36 MB of
+/// f32 and 18 MB of bf16, both through the plain kernel), odd, zero parts each way.
+const A2AV_COUNTS: &[[[usize; 2]; 2]] = &[
+    [[333, 70_001], [3_000_017, 1]],
+    [[4099, 0], [17, 5]],
+    [[0, 1], [1, 0]],
+    [[1_000, 9_000_001], [129, 2_000]],
+];
+
+/// Low-precision all-to-all-v (two ranks): count matrices `m[s][d]` (elements rank s sends to
+/// rank d) with skewed, odd and zero counts, the parts packed in rank order. Rank r's output part
+/// from rank s is Q(rank s's part for r) rounded to the dtype, its own part exact; anything else
+/// (a full-precision path, a part decoded short or long) fails the byte comparison.
+fn all_to_all_v_cases(
+    c: &mut Ctx,
+    comm: &Communicator,
+    matrices: &[[[usize; 2]; 2]],
+    dtypes: &[DataType],
+) -> Res<()> {
+    if c.world != 2 {
+        return Ok(());
+    }
+    let codec = Codec::new(Format::E4M3, c.cfg.low_precision.block)?;
+    let dev = Device::Cuda(c.dev);
+    let opts = CallOpts::default().with_low_precision(LowPrecisionChoice::On(Format::E4M3));
+    let me = c.rank;
+    for (k, m) in matrices.iter().enumerate() {
+        for &dtype in dtypes {
+            let es = dtype.size();
+            // Every rank's whole input (its parts packed in rank order), on every rank.
+            let inputs: Vec<Vec<f32>> = (0..2)
+                .map(|s| {
+                    let n = m[s][0] + m[s][1];
+                    to_dtype(dtype, &random(n, 9000 + 10 * k as u64 + s as u64)).1
+                })
+                .collect();
+            let part = |s: usize, d: usize| {
+                let at = if d == 0 { 0 } else { m[s][0] };
+                &inputs[s][at..at + m[s][d]]
+            };
+            let splits = Splits::packed(m[me].to_vec(), vec![m[0][me], m[1][me]]);
+            let mine = to_dtype(dtype, &inputs[me]).0;
+            let inb = Buf::new(mine.len().max(es))?;
+            inb.upload(0, &mine)?;
+            let out_n = m[0][me] + m[1][me];
+            let outb = Buf::new(out_n.max(1) * es)?;
+            outb.poison()?;
+            // SAFETY: sizes as the splits say; synchronised before reading.
+            unsafe {
+                let i = View::from_raw(inb.ptr as *const u8, inputs[me].len(), dtype, dev);
+                let o = ViewMut::from_raw(outb.ptr as *mut u8, out_n, dtype, dev);
+                comm.all_to_all_v(Input::Buf(i), o, &splits, &opts)?;
+            }
+            sync()?;
+            let want: Vec<f32> = (0..2)
+                .flat_map(|s| match s == me {
+                    true => part(s, me).to_vec(),
+                    false => codec.quantize_dequantize(part(s, me)),
+                })
+                .collect();
+            let got = outb.download(0, out_n * es)?;
+            c.verdict(
+                format!("all_to_all_v {dtype} counts {m:?}"),
+                got == round_bytes(dtype, &want),
+            );
+        }
+    }
+    if c.rank == 0 {
+        println!("all_to_all_v: checked against the codec");
+    }
+    Ok(())
+}
+
 /// The handful of cases run under compute-sanitizer (memcheck, racecheck): the codec at two
 /// counts (every format, block and dtype), then one low-precision call of each kind on an odd
 /// bf16 count: all-reduce one-shot out of place and two-shot in place, all-gather,
-/// reduce-scatter and all-to-all. No accuracy sweep, no timing.
+/// reduce-scatter, all-to-all and all-to-all-v. No accuracy sweep, no timing.
 fn sanitize_cases(c: &mut Ctx, comm: &Communicator) -> Res<()> {
     codec_check(c, &[13, 4099])?;
     let e4 = Codec::new(Format::E4M3, c.cfg.low_precision.block)?;
@@ -513,7 +586,8 @@ fn sanitize_cases(c: &mut Ctx, comm: &Communicator) -> Res<()> {
             seed,
         )?;
     }
-    movers(c, comm, &[n], &[DataType::BF16])
+    movers(c, comm, &[n], &[DataType::BF16])?;
+    all_to_all_v_cases(c, comm, &[[[333, n], [17, 1]]], &[DataType::BF16])
 }
 
 /// Time of quantization alone (the fused kernels' encode step run by itself).
@@ -626,6 +700,7 @@ fn full_suite(c: &mut Ctx, comm: &Communicator, quick: bool, no_timing: bool) ->
         &[1, 333, 70_001, 3_000_017, 17_000_003],
         &[DataType::F32, DataType::BF16],
     )?;
+    all_to_all_v_cases(c, comm, A2AV_COUNTS, &[DataType::F32, DataType::BF16])?;
     let e4 = Codec::new(Format::E4M3, cfg.low_precision.block)?;
     accuracy(c, comm, &e4, &format!("e4m3 B={}", cfg.low_precision.block))?;
     // INT8 with 32-element blocks needs its own communicator (the block is a config setting).

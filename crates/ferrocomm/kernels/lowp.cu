@@ -34,7 +34,17 @@ struct Lp {
     u32 reduce;      // 1: sum the parts of all ranks into output part 0; 0: rank r -> part r
     u32 push;        // one-shot: 1 = records into the receivers' staging, 0 = into the sender's
     u32 sig;         // signature of the call (equal on every rank that makes the same call)
+    u32 v;           // all-to-all-v (two ranks): part p's count and place below, not strides
+    u32 pad_;
+    u64 scount[2];   // v: elements sent to rank p, from input element sdispl[p]
+    u64 sdispl[2];
+    u64 rcount[2];   // v: elements received from rank p, at output element rdispl[p]
+    u64 rdispl[2];
 };
+
+// Entry p (0 or 1) of an all-to-all-v array, without indexing the parameter space (an indexed
+// parameter array is copied to the stack).
+__device__ __forceinline__ u64 lp_v(const u64 (&x)[2], u32 p) { return p ? x[1] : x[0]; }
 
 // Block b meets block b of every rank at barrier `w` (0 or 1) on the collectives' payload-barrier
 // words, each carrying this call's signature: a rank whose call differs (count, dtype, format,
@@ -860,6 +870,10 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
     bool vin = (a.input & 15) == 0 && (l.in_stride * sizeof(T)) % 16 == 0;
     bool vout = (a.output & 15) == 0 && (l.out_stride * sizeof(T)) % 16 == 0;
     bool a2a = l.nin > 1 && !l.reduce;
+    // All-to-all-v (per-part counts) runs in the plain kernel only, at every size (the host
+    // never launches the wide one for it): the wide kernel's registers are capped, and without
+    // this the per-part bookkeeping added to its spills.
+    bool v = !WIDE && l.v;
     // All-gather: the own part decoded by the quantizer (in place it reads each group of the
     // input before the same warp overwrites it).
     T* own = !WIDE && l.nin == 1 && !l.reduce && grouped ? (T*)a.output + a.rank * l.out_stride
@@ -867,15 +881,21 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
     u64 slot = par + (u64)a.rank * l.region;  // this rank's slot in every receiver's staging
     for (u32 p = 0; p < l.nin; p++) {
         if (a2a && p == a.rank) continue;
-        const T* in = (const T*)a.input + p * l.in_stride;
+        const T* in = (const T*)a.input + (v ? lp_v(l.sdispl, p) : p * l.in_stride);
+        // All-to-all-v: this part's own count, units and alignment (the grid, and so which warp
+        // takes a group, is the same on every rank: it comes from the largest crossing part).
+        u64 np = v ? lp_v(l.scount, p) : n;
+        u64 nup = v ? (np + LP_GROUP_ELEMS - 1) / LP_GROUP_ELEMS : nu;
+        bool vinp = v ? ((u64)in & 15) == 0 : vin;
         EncRanks to = l.push ? EncRanks{&a, slot, l.nin == 1 ? 0 : p, l.nin == 1 ? a.world : p + 1}
                              : EncRanks{&a, par + (u64)p * l.region, a.rank, a.rank + 1};
         if (grouped) {
-            quant_groups<EncRanks, !WIDE>(l, in, vin, 0, nu, gw, W, n, to, lane, sm, own, vout);
+            quant_groups<EncRanks, !WIDE>(l, in, vinp, 0, nup, gw, W, np, to, lane, sm, own, vout);
         } else {
-            // Once per receiver; the host pushes only grouped blocks (cuda/lowp.rs, plan).
+            // Once per receiver; the host pushes only grouped blocks (cuda/lowp.rs, plan), and
+            // sends all-to-all-v only in groups.
             for (u32 d = 0; d < to.count(); d++)
-                quant_in_tiles(a, l, in, vin, 0, nu, gw, W, n, to.at(d), lane);
+                quant_in_tiles(a, l, in, vinp, 0, nup, gw, W, np, to.at(d), lane);
         }
     }
     if (lp_meet(a, l, e, t0, 0)) {
@@ -888,16 +908,21 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
         if (l.reduce) {
             lp_decode_units(a, l, base, a.world, nu, gw, W, n, (T*)a.output, vout, lane, sm);
         } else {
-            for (u32 r = 0; r < a.world; r++)
-                if (!((a2a || own) && r == a.rank))
-                    lp_decode_units(a, l, base + r, 1, nu, gw, W, n,
-                                    (T*)a.output + r * l.out_stride, vout, lane, sm);
+            for (u32 r = 0; r < a.world; r++) {
+                if ((a2a || own) && r == a.rank) continue;
+                T* out = (T*)a.output + (v ? lp_v(l.rdispl, r) : r * l.out_stride);
+                u64 nr = v ? lp_v(l.rcount, r) : n;
+                u64 nur = v ? (nr + LP_GROUP_ELEMS - 1) / LP_GROUP_ELEMS : nu;
+                bool voutr = v ? ((u64)out & 15) == 0 : vout;
+                lp_decode_units(a, l, base + r, 1, nur, gw, W, nr, out, voutr, lane, sm);
+            }
         }
     }
     // Not in place: distinct buffers, any thread may copy any piece (no barrier covers it).
     if (a2a)
-        copy_local((u8*)((T*)a.output + a.rank * l.out_stride),
-                   (const u8*)((const T*)a.input + a.rank * l.in_stride), n * sizeof(T));
+        copy_local((u8*)((T*)a.output + (v ? lp_v(l.rdispl, a.rank) : a.rank * l.out_stride)),
+                   (const u8*)((const T*)a.input + (v ? lp_v(l.sdispl, a.rank) : a.rank * l.in_stride)),
+                   (v ? lp_v(l.rcount, a.rank) : n) * sizeof(T));
     end_call(a, e);
 }
 

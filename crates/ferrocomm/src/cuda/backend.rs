@@ -7,7 +7,7 @@ use cudarc::driver::{sys, CudaContext};
 
 use super::collectives;
 use super::dda::Dda;
-use super::lowp::{all_reduce_kind, LpKind};
+use super::lowp::{a2av_plan, all_reduce_kind, LpKind};
 use super::{cu, kernels, open_context};
 use crate::bootstrap::all_gather_bytes;
 use crate::comm::{Backend, CallOpts, CommContext, DeviceCounts, Splits};
@@ -301,6 +301,7 @@ const AR: Collective = Collective::AllReduce;
 const AG: Collective = Collective::AllGather;
 const RS: Collective = Collective::ReduceScatter;
 const A2A: Collective = Collective::AllToAll;
+const A2AV: Collective = Collective::AllToAllV;
 
 impl CudaBackend {
     /// The direct-access state when this call runs by direct access, `None` for NCCL; reports
@@ -560,9 +561,23 @@ impl Backend for CudaBackend {
         let in_place_ok =
             !matches!(input, Input::InPlace) || splits.send_counts == splits.recv_counts;
         let forced = opts.algo.0 == Algo::Direct;
+        let es = dt.size();
+        // Low precision (two ranks, out of place, the larger crossing part in one chunk): decided
+        // on the crossing counts, which both ranks see, so both take the same path.
+        if let (false, Some((_, largest))) = (
+            matches!(input, Input::InPlace),
+            collectives::a2av_agreed_sizes(self.rank, splits, es),
+        ) {
+            let (i, o) = (in_ptr(&input, &output), output.ptr() as u64);
+            if let Some((d, c)) = self.lp_codec(A2AV, dt, None, largest, [i, o], opts)? {
+                let staging = d.layout().staging_bytes;
+                if let Some(plan) = a2av_plan(self.rank, splits, &c, es, staging) {
+                    return d.lp_all_to_all_v(plan, &c, dt, i, o, splits, opts.stream);
+                }
+            }
+        }
         // Sizes every rank computes alike (see a2av_agreed_sizes); where there are none the call
         // goes to NCCL on every rank, or (forced, no NCCL) by the rank's own sizes.
-        let es = dt.size();
         let sizes = (!self.a2av_to_nccl(opts)).then(|| {
             collectives::a2av_agreed_sizes(self.rank, splits, es)
                 .unwrap_or_else(|| collectives::a2av_local_sizes(self.rank, splits, es))
@@ -724,13 +739,21 @@ impl Backend for CudaBackend {
             AR | RS => (Some(ReduceOp::Sum), bytes_per_rank),
             AG => (None, bytes_per_rank),
             A2A => (None, bytes_per_rank / self.size),
+            // World x the largest crossing part (as Communicator::algo_for's callers count it).
+            A2AV if self.size == 2 => (None, bytes_per_rank / self.size),
             _ => return Ok(None),
         };
-        if self
-            .lp_codec(coll, dtype, op, bytes, [0, 0], opts)?
-            .is_none()
-        {
+        let Some((d, c)) = self.lp_codec(coll, dtype, op, bytes, [0, 0], opts)? else {
             return Ok(None);
+        };
+        if coll == A2AV {
+            // Both crossing parts at the largest size: one staging chunk must hold them.
+            let x = bytes / dtype.size();
+            let s = Splits::packed(vec![x, x], vec![x, x]);
+            let staging = d.layout().staging_bytes;
+            if a2av_plan(self.rank, &s, &c, dtype.size(), staging).is_none() {
+                return Ok(None);
+            }
         }
         Ok(Some(match coll {
             AR => match all_reduce_kind(opts.algo.0, self.config.algo, self.size) {

@@ -21,6 +21,8 @@ use crate::quant::{Codec, Format};
 use crate::select::{Algo, Collective};
 use crate::types::DataType;
 
+use crate::comm::Splits;
+
 /// Warps per CTA of the lowp kernels (`LP_WARPS`, 512 threads).
 const WARPS: usize = 16;
 /// The flag area has slots for this many CTAs (`FC_MAX_BLOCKS`).
@@ -40,6 +42,13 @@ struct Lp {
     reduce: u32,
     push: u32,
     sig: u32,
+    /// All-to-all-v (two ranks): the counts and displacements below replace the strides.
+    v: u32,
+    pad: u32,
+    scount: [u64; 2],
+    sdispl: [u64; 2],
+    rcount: [u64; 2],
+    rdispl: [u64; 2],
 }
 
 fn format_code(f: Format) -> u32 {
@@ -86,6 +95,69 @@ fn plan(
         push,
         part.div_ceil(part.div_ceil(most)).div_ceil(tile) * tile,
     )
+}
+
+/// How a low-precision all-to-all-v runs, the same on both ranks: one launch of the one-shot
+/// kernel in all-to-all mode sized by the larger crossing part (`cross` elements: the part each
+/// rank sends the other; a rank's own part is copied exactly, as in the all-to-all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct A2avPlan {
+    pub cross: usize,
+    pub push: bool,
+}
+
+/// The plan of a low-precision all-to-all-v of `splits` on `rank`, or `None` where it cannot
+/// run as one launch. Two ranks only: each rank sees its own row and column of the count matrix,
+/// and only at two ranks do both see every count that decides (the crossing ones), so both
+/// take the same path (cuda::collectives::a2av_agreed_sizes); more ranks go full precision.
+/// `None` also when the larger crossing part needs more than one chunk of the staging.
+pub(super) fn a2av_plan(
+    rank: usize,
+    splits: &Splits,
+    codec: &Codec,
+    es: usize,
+    staging: usize,
+) -> Option<A2avPlan> {
+    let world = splits.send_counts.len();
+    if world != 2 {
+        return None;
+    }
+    let peer = 1 - rank;
+    let cross = splits.send_counts[peer].max(splits.recv_counts[peer]);
+    let (pull_parts, push_parts) = regions_per_parity(LpKind::AllToAll, world);
+    let pull_most = chunk_limit(staging, pull_parts, codec);
+    let push_most = if codec.block <= 128 {
+        chunk_limit(staging, push_parts, codec)
+    } else {
+        0
+    };
+    if pull_most == 0 || codec.block > 128 {
+        // The per-part counts are handled by the grouped kernels only.
+        return None;
+    }
+    let (push, chunk) = plan(
+        LpKind::AllToAll,
+        cross.max(1),
+        es,
+        pull_most,
+        push_most,
+        tile(codec),
+    );
+    (cross <= chunk).then_some(A2avPlan { cross, push })
+}
+
+/// The signature of a low-precision all-to-all-v: the format, block size, dtype and both
+/// crossing counts in rank order (rank 0 -> 1, rank 1 -> 0), each taken from the rank's own view
+/// (what it sends, what it expects), so ranks whose counts do not match get different ones.
+fn a2av_signature(rank: usize, splits: &Splits, codec: &Codec, dtype: DataType) -> u32 {
+    let peer = 1 - rank;
+    let (out, back) = (splits.send_counts[peer], splits.recv_counts[peer]);
+    let (c01, c10) = if rank == 0 { (out, back) } else { (back, out) };
+    let what = format!(
+        "low precision all_to_all_v {} {} {c01} {c10}",
+        codec.format, codec.block
+    );
+    signature(Collective::AllToAllV, dtype, c01, c10, &what)
 }
 
 /// Encoded regions one staging parity holds for `kind` at `world` ranks, (pull, push). Pull
@@ -326,6 +398,57 @@ impl Dda {
         }
         Ok(())
     }
+
+    /// A low-precision all-to-all-v on two ranks as `plan` (see [`a2av_plan`]) says: every
+    /// part a rank sends the other is quantized once, the own part copied exactly.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn lp_all_to_all_v(
+        &self,
+        plan: A2avPlan,
+        codec: &Codec,
+        dtype: DataType,
+        input: u64,
+        output: u64,
+        splits: &Splits,
+        stream: u64,
+    ) -> Result<()> {
+        let world = self.world;
+        let rank = self.rank;
+        if splits.send_counts[rank] != splits.recv_counts[rank] {
+            return Err(Error::InvalidArgument(format!(
+                "all_to_all_v: rank {rank} sends {} elements to itself but expects {}",
+                splits.send_counts[rank], splits.recv_counts[rank]
+            )));
+        }
+        let a = self.base_args(input, output, plan.cross as u64);
+        let mut l = Lp {
+            block: codec.block as u32,
+            format: format_code(codec.format),
+            nin: world as u32,
+            region: region(codec, plan.cross.max(1)) as u64,
+            push: plan.push as u32,
+            bar_off: COLL_BAR_OFF as u64,
+            sig: a2av_signature(rank, splits, codec, dtype),
+            v: 1,
+            ..Lp::default()
+        };
+        for p in 0..world {
+            l.scount[p] = splits.send_counts[p] as u64;
+            l.sdispl[p] = splits.send_displs[p] as u64;
+            l.rcount[p] = splits.recv_counts[p] as u64;
+            l.rdispl[p] = splits.recv_displs[p] as u64;
+        }
+        let units = plan.cross.div_ceil(4 * tile(codec));
+        // The plain kernel at every size: the wide one has no per-part counts (kernels/lowp.cu).
+        let name = "fc_lp_move";
+        let grid = grid_for(units).min(self.lp_wave(dtype, name)?);
+        self.lp_launch(name, dtype, a, l, grid, stream, || {
+            format!(
+                "all_to_all_v {} {dtype}, {} elements crossing",
+                codec.format, plan.cross
+            )
+        })
+    }
 }
 
 /// Encodes `count` elements of `dtype` at device address `input` into `output`
@@ -496,6 +619,54 @@ mod tests {
         for (i, o) in others.iter().enumerate() {
             assert_ne!(base, *o, "case {i}");
         }
+    }
+
+    /// Both ranks' views (row and column) of a two-rank count matrix.
+    fn views2(m: [[usize; 2]; 2]) -> [Splits; 2] {
+        [0, 1].map(|r| Splits::packed(m[r].to_vec(), vec![m[0][r], m[1][r]]))
+    }
+
+    #[test]
+    fn all_to_all_v_plans_agree_and_mismatches_are_signed_apart() {
+        let codec = Codec::new(Format::E4M3, 128).unwrap();
+        let staging = 64 << 20;
+        for m in [
+            [[5_000_000, 10], [3_000_001, 7]],
+            [[0, 0], [0, 9_000_000]],
+            [[1, 1 << 20], [(1 << 20) + 1, 1]],
+            [[4, 0], [0, 4]],
+        ] {
+            let v = views2(m);
+            let plans = [0, 1].map(|r| a2av_plan(r, &v[r], &codec, 2, staging));
+            assert_eq!(plans[0], plans[1], "{m:?}");
+            let cross = m[0][1].max(m[1][0]);
+            assert_eq!(plans[0].map(|p| p.cross), Some(cross), "{m:?}");
+            let sigs = [0, 1].map(|r| a2av_signature(r, &v[r], &codec, DataType::BF16));
+            assert_eq!(sigs[0], sigs[1], "{m:?}");
+        }
+        // Counts that do not match: rank 1 expects another count than rank 0 sends, or both
+        // ranks send a and expect b (the same pair of numbers on both, in the other order).
+        let mut v = views2([[1, 100], [200, 1]]);
+        v[1].recv_counts[0] = 101;
+        let s = |v: &[Splits; 2], r: usize| a2av_signature(r, &v[r], &codec, DataType::BF16);
+        assert_ne!(s(&v, 0), s(&v, 1));
+        let v = [
+            Splits::packed(vec![1, 100], vec![1, 200]),
+            Splits::packed(vec![100, 1], vec![200, 1]),
+        ];
+        assert_ne!(s(&v, 0), s(&v, 1));
+        // A part larger than one chunk of the staging, more than two ranks, blocks above 128:
+        // no plan (full precision).
+        let v = views2([[1, 40 << 20], [1, 1]]);
+        assert_eq!(a2av_plan(0, &v[0], &codec, 2, staging), None);
+        assert_eq!(a2av_plan(1, &v[1], &codec, 2, staging), None);
+        let three = Splits::packed(vec![1, 2, 3], vec![1, 2, 3]);
+        assert_eq!(a2av_plan(0, &three, &codec, 2, staging), None);
+        let big = Codec::new(Format::E4M3, 512).unwrap();
+        assert_eq!(
+            a2av_plan(0, &views2([[1, 2], [3, 4]])[0], &big, 2, staging),
+            None
+        );
     }
 
     /// (push, chunk, the most a chunk may hold) for two ranks and a 64 MiB staging parity.
