@@ -660,12 +660,48 @@ fn splits_for(w: usize, seed: u64, max: usize) -> Vec<Vec<usize>> {
 }
 
 fn a2av(c: &mut Ctx, quick: bool) -> Res<()> {
+    a2av_rounds(
+        c,
+        "round",
+        if quick { 12 } else { 40 },
+        5000,
+        &[10, 3000, 70_000, 600_000],
+    )
+}
+
+/// All-to-all-v cut into pieces (two ranks; one launch per piece): a communicator whose 1 MiB
+/// staging has slots of 512 KiB, and parts of up to 1.2 M elements, so a call takes up to 3
+/// pieces of 1-byte elements, 5 of bf16, 10 of f32 and 19 of i64; skewed, zero and odd counts,
+/// in and out of place, direct access forced and chosen.
+fn a2av_in_pieces(c: &mut Ctx, cfg: &Config, quick: bool) -> Res<()> {
+    if c.world != 2 {
+        return Ok(());
+    }
+    let mut small = cfg.clone();
+    small.cuda_staging_bytes = 1 << 20;
+    let mut o = CommOptions::new("gpu_check_coll_small");
+    o.config = Some(small);
+    let comm = Communicator::new(o)?;
+    let main = std::mem::replace(&mut c.comm, comm);
+    let rounds = if quick { 8 } else { 20 };
+    let r = a2av_rounds(
+        c,
+        "pieces",
+        rounds,
+        7000,
+        &[1_200_000, 300_001, 70_000, 900_000],
+    );
+    c.comm = main;
+    r
+}
+
+/// `rounds` all-to-all-v calls on random count matrices (parts of up to maxc[k % 4] elements),
+/// dtypes in turn, every fifth in place, gaps between parts, direct access forced and automatic.
+fn a2av_rounds(c: &mut Ctx, label: &str, rounds: usize, seed0: u64, maxc: &[usize; 4]) -> Res<()> {
     let w = c.world;
-    let rounds = if quick { 12 } else { 40 };
     for k in 0..rounds {
-        let seed = 5000 + k as u64;
-        let maxc = [10, 3000, 70_000, 600_000][k % 4];
-        let m = splits_for(w, seed, maxc); // m[s][r]: elements s sends to r
+        let seed = seed0 + k as u64;
+        let m = splits_for(w, seed, maxc[k % 4]); // m[s][r]: elements s sends to r
         let dtype = [
             DataType::BF16,
             DataType::F8E4M3,
@@ -685,7 +721,7 @@ fn a2av(c: &mut Ctx, quick: bool) -> Res<()> {
         let algo = if k % 2 == 0 { Algo::Direct } else { Algo::Auto };
         a2av_call(
             c,
-            &format!("round {k}"),
+            &format!("{label} {k}"),
             &m,
             dtype,
             in_place,
@@ -1354,6 +1390,10 @@ fn real_main() -> Res<i32> {
         vec![
             ("matrix", Box::new(|c| matrix(c, quick))),
             ("all_to_all_v", Box::new(|c| a2av(c, quick))),
+            (
+                "all_to_all_v in pieces",
+                Box::new(|c| a2av_in_pieces(c, &cfg, quick)),
+            ),
             ("dynamic", Box::new(|c| dynamic(c, quick))),
             (
                 "graph+race",

@@ -489,7 +489,8 @@ fn movers(c: &mut Ctx, comm: &Communicator, parts: &[usize], dtypes: &[DataType]
 }
 
 /// Count matrices of the all-to-all-v check: skewed (a crossing part of 9 M elements: 36 MB of
-/// f32 and 18 MB of bf16, both through the plain kernel), odd, zero parts each way.
+/// f32 and 18 MB of bf16, both through the plain kernel, in one piece of a 64 MiB staging),
+/// odd, zero parts each way.
 const A2AV_COUNTS: &[[[usize; 2]; 2]] = &[
     [[333, 70_001], [3_000_017, 1]],
     [[4099, 0], [17, 5]],
@@ -504,6 +505,7 @@ const A2AV_COUNTS: &[[[usize; 2]; 2]] = &[
 fn all_to_all_v_cases(
     c: &mut Ctx,
     comm: &Communicator,
+    what: &str,
     matrices: &[[[usize; 2]; 2]],
     dtypes: &[DataType],
 ) -> Res<()> {
@@ -550,13 +552,13 @@ fn all_to_all_v_cases(
                 .collect();
             let got = outb.download(0, out_n * es)?;
             c.verdict(
-                format!("all_to_all_v {dtype} counts {m:?}"),
+                format!("all_to_all_v{what} {dtype} counts {m:?}"),
                 got == round_bytes(dtype, &want),
             );
         }
     }
     if c.rank == 0 {
-        println!("all_to_all_v: checked against the codec");
+        println!("all_to_all_v{what}: checked against the codec");
     }
     Ok(())
 }
@@ -587,7 +589,20 @@ fn sanitize_cases(c: &mut Ctx, comm: &Communicator) -> Res<()> {
         )?;
     }
     movers(c, comm, &[n], &[DataType::BF16])?;
-    all_to_all_v_cases(c, comm, &[[[333, n], [17, 1]]], &[DataType::BF16])
+    all_to_all_v_cases(c, comm, "", &[[[333, n], [17, 1]]], &[DataType::BF16])?;
+    // In pieces: a 1 MiB staging holds ~500 K bf16 elements per crossing part.
+    let mut small = c.cfg.clone();
+    small.cuda_staging_bytes = 1 << 20;
+    let mut o = CommOptions::new("gpu_check_lowp_sanitize_small");
+    o.config = Some(small);
+    let comm = Communicator::new(o)?;
+    all_to_all_v_cases(
+        c,
+        &comm,
+        " in pieces",
+        &[[[333, 600_001], [17, 1]]],
+        &[DataType::BF16],
+    )
 }
 
 /// Time of quantization alone (the fused kernels' encode step run by itself).
@@ -700,7 +715,22 @@ fn full_suite(c: &mut Ctx, comm: &Communicator, quick: bool, no_timing: bool) ->
         &[1, 333, 70_001, 3_000_017, 17_000_003],
         &[DataType::F32, DataType::BF16],
     )?;
-    all_to_all_v_cases(c, comm, A2AV_COUNTS, &[DataType::F32, DataType::BF16])?;
+    all_to_all_v_cases(c, comm, "", A2AV_COUNTS, &[DataType::F32, DataType::BF16])?;
+    // The same counts cut into pieces (one launch each): a 4 MiB staging holds ~2 M elements
+    // per crossing part, so the 9 M-element part takes five.
+    let mut small = cfg.clone();
+    small.cuda_staging_bytes = 4 << 20;
+    let mut o = CommOptions::new("gpu_check_lowp_small");
+    o.config = Some(small);
+    let comm_small = Communicator::new(o)?;
+    all_to_all_v_cases(
+        c,
+        &comm_small,
+        " in pieces",
+        A2AV_COUNTS,
+        &[DataType::F32, DataType::BF16],
+    )?;
+    drop(comm_small);
     let e4 = Codec::new(Format::E4M3, cfg.low_precision.block)?;
     accuracy(c, comm, &e4, &format!("e4m3 B={}", cfg.low_precision.block))?;
     // INT8 with 32-element blocks needs its own communicator (the block is a config setting).

@@ -154,13 +154,15 @@ pub fn direct_max_setting(t: &Thresholds, coll: Collective) -> (Option<usize>, &
 pub fn default_direct_max(coll: Collective, world: usize) -> usize {
     // 2×H200 sweeps (docs/tuning.md, direct-access collectives): direct access beats NCCL up to
     // the largest size measured, the equal-part all-to-all since it runs in rounds from 8 MiB
-    // parts (64 MiB per rank 0.81×). The all-to-all-v kernel is staged without rounds, like the
-    // equal-part one that NCCL beat at 64 MiB per rank (1.04×). The staging (64 MiB by default)
-    // caps the rest: world × part bytes per call.
+    // parts (64 MiB per rank 0.81×). The staging (64 MiB by default) caps the rest: world × part
+    // bytes per call. The all-to-all-v runs in pieces of a staging slot at two ranks (the only
+    // world where automatic selection gives it direct access), and NCCL's all-to-all-v (grouped
+    // sends and receives) is far slower than its all-to-all: 0.44-0.66× at 1-32 MiB of uneven
+    // parts, bench/results/2026-11-30-h200x2-lp-a2av. So it has no limit of its own.
     let base: usize = match coll {
+        Collective::AllToAllV => return usize::MAX,
         Collective::AllGather => 32 << 20,
         Collective::ReduceScatter => 32 << 20,
-        Collective::AllToAllV => 16 << 20,
         _ => 64 << 20,
     };
     if world > 4 {
@@ -328,15 +330,34 @@ mod tests {
             select(coll, bytes, world, DataType::BF16, Algo::Auto, &caps, &cfg).unwrap()
         };
         // The equal-part all-to-all runs in rounds up to the staging (64 MiB at 2 ranks); the
-        // all-to-all-v kernel has no rounds and hands over above 16 MiB.
+        // all-to-all-v has no limit of its own (it runs in pieces; the staging is judged by the
+        // backend, which these capabilities stand for only in part).
         assert_eq!(pick(Collective::AllToAll, 64 << 20, 2), Algo::Direct);
         assert_eq!(pick(Collective::AllToAll, (64 << 20) + 1, 2), Algo::Nccl);
-        assert_eq!(pick(Collective::AllToAllV, 16 << 20, 2), Algo::Direct);
-        assert_eq!(pick(Collective::AllToAllV, (16 << 20) + 1, 2), Algo::Nccl);
+        let free = Capabilities {
+            staging_bytes: None,
+            ..caps
+        };
+        let v = |bytes| {
+            select(
+                Collective::AllToAllV,
+                bytes,
+                2,
+                DataType::BF16,
+                Algo::Auto,
+                &free,
+                &cfg,
+            )
+        };
+        assert_eq!(v(1 << 40).unwrap(), Algo::Direct);
         assert_eq!(pick(Collective::AllGather, 32 << 20, 4), Algo::Direct);
         assert_eq!(pick(Collective::AllGather, (32 << 20) + 1, 4), Algo::Nccl);
-        // Above 4 ranks every default halves.
-        for coll in DIRECT_LIMITED {
+        // Above 4 ranks every default halves (the all-to-all-v has none).
+        assert_eq!(default_direct_max(Collective::AllToAllV, 8), usize::MAX);
+        for coll in DIRECT_LIMITED
+            .into_iter()
+            .filter(|&c| c != Collective::AllToAllV)
+        {
             let (two, eight) = (default_direct_max(coll, 2), default_direct_max(coll, 8));
             assert_eq!(eight * 2, two, "{}", coll.name());
             assert_eq!(pick(coll, eight, 8), Algo::Direct, "{}", coll.name());

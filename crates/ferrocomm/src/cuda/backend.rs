@@ -562,8 +562,8 @@ impl Backend for CudaBackend {
             !matches!(input, Input::InPlace) || splits.send_counts == splits.recv_counts;
         let forced = opts.algo.0 == Algo::Direct;
         let es = dt.size();
-        // Low precision (two ranks, out of place, the larger crossing part in one chunk): decided
-        // on the crossing counts, which both ranks see, so both take the same path.
+        // Low precision (two ranks, out of place): decided on the crossing counts, which both
+        // ranks see, so both take the same path.
         if let (false, Some((_, largest))) = (
             matches!(input, Input::InPlace),
             collectives::a2av_agreed_sizes(self.rank, splits, es),
@@ -747,7 +747,8 @@ impl Backend for CudaBackend {
             return Ok(None);
         };
         if coll == A2AV {
-            // Both crossing parts at the largest size: one staging chunk must hold them.
+            // Both crossing parts at the largest size (the plan is None where the codec's
+            // blocks are too large for the per-part kernels).
             let x = bytes / dtype.size();
             let s = Splits::packed(vec![x, x], vec![x, x]);
             let staging = d.layout().staging_bytes;

@@ -207,6 +207,44 @@ fn a2av_largest_crossing(rank: usize, splits: &Splits) -> usize {
         .unwrap_or(0)
 }
 
+/// Where an all-to-all-v is cut into launches that each fit the staging: pieces of `chunk`
+/// elements of every crossing part, as many as the largest crossing part needs (at least one).
+/// At two ranks the crossing counts are in both ranks' views, so both cut the call alike; with
+/// more ranks every part must fit one piece (one launch), which [`choose`] checks.
+pub(super) fn a2av_pieces(rank: usize, splits: &Splits, chunk: usize) -> usize {
+    a2av_largest_crossing(rank, splits)
+        .div_ceil(chunk.max(1))
+        .max(1)
+}
+
+/// Piece `i` of an all-to-all-v cut in pieces of `chunk` elements (see [`a2av_pieces`]): elements
+/// `i * chunk ..` of every crossing part, up to `chunk` of them. The own part never goes through
+/// the staging (it is copied locally), so it goes whole with piece 0 and empty with the others:
+/// the number of pieces depends only on the crossing counts.
+pub(super) fn a2av_piece(rank: usize, splits: &Splits, i: usize, chunk: usize) -> Splits {
+    let off = i * chunk;
+    let cut = |counts: &[usize], displs: &[usize]| -> (Vec<usize>, Vec<usize>) {
+        (0..counts.len())
+            .map(|p| {
+                if p == rank {
+                    (if i == 0 { counts[p] } else { 0 }, displs[p])
+                } else {
+                    let at = off.min(counts[p]);
+                    ((counts[p] - at).min(chunk), displs[p] + at)
+                }
+            })
+            .unzip()
+    };
+    let (send_counts, send_displs) = cut(&splits.send_counts, &splits.send_displs);
+    let (recv_counts, recv_displs) = cut(&splits.recv_counts, &splits.recv_displs);
+    Splits {
+        send_counts,
+        send_displs,
+        recv_counts,
+        recv_displs,
+    }
+}
+
 /// How one call of a collective other than all-reduce runs on the cuda backend.
 ///
 /// `dda` is `None` when direct access is off; `part_bytes` is what the staging must hold per
@@ -243,7 +281,8 @@ pub(super) fn choose(
             let staging = d.layout().staging_bytes;
             let fits = match staged_need(coll, part_bytes, world) {
                 Some(need) => need <= staging,
-                None => part_bytes <= a2av_slot_bytes(staging, world),
+                // All-to-all-v at two ranks is cut into pieces that fit (a2av_pieces).
+                None => world <= 2 || part_bytes <= a2av_slot_bytes(staging, world),
             };
             if fits {
                 None
@@ -272,7 +311,13 @@ pub(super) fn choose(
             })
         };
     }
-    let a = select::select(coll, bytes_per_rank, world, dtype, requested, caps, cfg)?;
+    // The staging was judged above, part by part (select's own check compares the bytes per
+    // rank with the staging, which refuses all-to-all-v calls that run in pieces).
+    let caps = Capabilities {
+        staging_bytes: None,
+        ..*caps
+    };
+    let a = select::select(coll, bytes_per_rank, world, dtype, requested, &caps, cfg)?;
     Ok(match a {
         Algo::Nccl => Algo::Nccl,
         _ => Algo::Direct,
@@ -594,8 +639,9 @@ impl Dda {
         a2av_slot_bytes(self.layout().staging_bytes, self.world)
     }
 
-    /// All-to-all-v with host counts (validated by the communicator; every count fits a slot,
-    /// checked by [`choose`]).
+    /// All-to-all-v with host counts (validated by the communicator), one launch per piece of
+    /// a staging slot (see [`a2av_pieces`]; above two ranks every count fits one slot, checked by
+    /// [`choose`]).
     pub fn coll_all_to_all_v(
         &self,
         input: u64,
@@ -605,25 +651,31 @@ impl Dda {
         stream: u64,
     ) -> Result<()> {
         let es = dtype.size();
-        let mut c = self.cargs();
-        for p in 0..self.world {
-            c.scount[p] = splits.send_counts[p] as u64;
-            c.sdispl[p] = splits.send_displs[p] as u64;
-            c.rcount[p] = splits.recv_counts[p] as u64;
-            c.rdispl[p] = splits.recv_displs[p] as u64;
+        let chunk = self.a2av_slot() / es;
+        let pieces = a2av_pieces(self.rank, splits, chunk);
+        for i in 0..pieces {
+            let s = a2av_piece(self.rank, splits, i, chunk);
+            let mut c = self.cargs();
+            for p in 0..self.world {
+                c.scount[p] = s.send_counts[p] as u64;
+                c.sdispl[p] = s.send_displs[p] as u64;
+                c.rcount[p] = s.recv_counts[p] as u64;
+                c.rdispl[p] = s.recv_displs[p] as u64;
+            }
+            c.es = es as u64;
+            c.slot_bytes = self.a2av_slot() as u64;
+            let a = self.base_args(input, output, 0);
+            self.launch(
+                Self::MOVE_MODULE,
+                "fc_all_to_all_v_st",
+                a,
+                c,
+                self.a2av_grid(),
+                stream,
+                || format!("all_to_all_v ({dtype}), piece {i} of {pieces}"),
+            )?;
         }
-        c.es = es as u64;
-        c.slot_bytes = self.a2av_slot() as u64;
-        let a = self.base_args(input, output, 0);
-        self.launch(
-            Self::MOVE_MODULE,
-            "fc_all_to_all_v_st",
-            a,
-            c,
-            self.a2av_grid(),
-            stream,
-            || format!("all_to_all_v ({dtype})"),
-        )
+        Ok(())
     }
 
     /// All-to-all-v with counts in device memory (see `Communicator::all_to_all_v_dynamic`).
@@ -722,6 +774,85 @@ mod tests {
         // sends 4 and 6 to the others and receives 2 and 8; its own 5 does not count).
         assert_eq!(a2av_local_sizes(1, &three[1], 4), (15 * 4, 8 * 4));
         assert_eq!(a2av_local_sizes(0, &three[0], 1), (12, 7));
+    }
+
+    #[test]
+    fn all_to_all_v_pieces_cover_every_part_once_and_agree_between_ranks() {
+        // Skewed, zero and odd counts, own parts far larger than the crossing ones; gaps
+        // between the parts (displacements that are not packed).
+        for m in [
+            vec![vec![5_000, 10], vec![3, 7]],
+            vec![vec![0, 0], vec![0, 9_001]],
+            vec![vec![1, 4_096], vec![4_097, 100_000]],
+            vec![vec![7, 0], vec![0, 7]],
+        ] {
+            let mut v = views(&m);
+            for (r, s) in v.iter_mut().enumerate() {
+                s.send_displs = s
+                    .send_displs
+                    .iter()
+                    .enumerate()
+                    .map(|(p, d)| d + 3 * p + r)
+                    .collect();
+                s.recv_displs = s
+                    .recv_displs
+                    .iter()
+                    .enumerate()
+                    .map(|(p, d)| d + 5 * p)
+                    .collect();
+            }
+            for chunk in [1000, 4096, 1 << 20] {
+                let n = a2av_pieces(0, &v[0], chunk);
+                assert_eq!(n, a2av_pieces(1, &v[1], chunk), "{m:?} {chunk}");
+                assert_eq!(n, (m[0][1].max(m[1][0])).div_ceil(chunk).max(1));
+                // Elements of every part, by displacement, each covered once.
+                let mut seen: Vec<[Vec<u32>; 2]> = v
+                    .iter()
+                    .map(|s| {
+                        let len = |c: &[usize], d: &[usize]| c[1] + d[1];
+                        [
+                            vec![0; len(&s.send_counts, &s.send_displs)],
+                            vec![0; len(&s.recv_counts, &s.recv_displs)],
+                        ]
+                    })
+                    .collect();
+                for i in 0..n {
+                    let ps: Vec<Splits> = (0..2).map(|r| a2av_piece(r, &v[r], i, chunk)).collect();
+                    for r in 0..2 {
+                        let q = 1 - r;
+                        // What r sends q in this piece is what q expects from r.
+                        assert_eq!(ps[r].send_counts[q], ps[q].recv_counts[r], "{m:?} {i}");
+                        assert!(ps[r].send_counts[q] <= chunk);
+                        // The own part: whole in piece 0, empty after.
+                        let own = if i == 0 { m[r][r] } else { 0 };
+                        assert_eq!((ps[r].send_counts[r], ps[r].recv_counts[r]), (own, own));
+                        for p in 0..2 {
+                            let s = &ps[r];
+                            for k in 0..s.send_counts[p] {
+                                seen[r][0][s.send_displs[p] + k] += 1;
+                            }
+                            for k in 0..s.recv_counts[p] {
+                                seen[r][1][s.recv_displs[p] + k] += 1;
+                            }
+                        }
+                    }
+                }
+                for r in 0..2 {
+                    for (side, counts, displs) in [
+                        (0, &v[r].send_counts, &v[r].send_displs),
+                        (1, &v[r].recv_counts, &v[r].recv_displs),
+                    ] {
+                        for p in 0..2 {
+                            let part = &seen[r][side][displs[p]..displs[p] + counts[p]];
+                            assert!(
+                                part.iter().all(|&x| x == 1),
+                                "{m:?} {chunk} rank {r} part {p}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

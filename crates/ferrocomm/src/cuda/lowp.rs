@@ -13,15 +13,14 @@ use std::ffi::c_void;
 
 use cudarc::driver::sys;
 
-use super::collectives::signature;
+use super::collectives::{a2av_piece, a2av_pieces, signature};
 use super::dda::{Args, Dda, COLL_BAR_OFF};
 use super::{cu, cu_lazy};
+use crate::comm::Splits;
 use crate::error::{Error, Result};
 use crate::quant::{Codec, Format};
 use crate::select::{Algo, Collective};
 use crate::types::DataType;
-
-use crate::comm::Splits;
 
 /// Warps per CTA of the lowp kernels (`LP_WARPS`, 512 threads).
 const WARPS: usize = 16;
@@ -97,20 +96,23 @@ fn plan(
     )
 }
 
-/// How a low-precision all-to-all-v runs, the same on both ranks: one launch of the one-shot
-/// kernel in all-to-all mode sized by the larger crossing part (`cross` elements: the part each
-/// rank sends the other; a rank's own part is copied exactly, as in the all-to-all).
+/// How a low-precision all-to-all-v runs, the same on both ranks: launches of the one-shot
+/// kernel in all-to-all mode, each on a piece of `chunk` elements of both crossing parts (the
+/// part each rank sends the other; a rank's own part is copied exactly, as in the all-to-all,
+/// whole with the first piece: cuda::collectives::a2av_piece), sized like an all-to-all of the
+/// larger crossing part (`cross` elements).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct A2avPlan {
     pub cross: usize,
+    pub chunk: usize,
     pub push: bool,
 }
 
 /// The plan of a low-precision all-to-all-v of `splits` on `rank`, or `None` where it cannot
-/// run as one launch. Two ranks only: each rank sees its own row and column of the count matrix,
-/// and only at two ranks do both see every count that decides (the crossing ones), so both
-/// take the same path (cuda::collectives::a2av_agreed_sizes); more ranks go full precision.
-/// `None` also when the larger crossing part needs more than one chunk of the staging.
+/// run. Two ranks only: each rank sees its own row and column of the count matrix, and only at
+/// two ranks do both see every count that decides (the crossing ones), so both take the same
+/// path (cuda::collectives::a2av_agreed_sizes); more ranks go full precision. `None` also for
+/// blocks above 128 (the per-part counts are handled by the grouped kernels only).
 pub(super) fn a2av_plan(
     rank: usize,
     splits: &Splits,
@@ -119,22 +121,17 @@ pub(super) fn a2av_plan(
     staging: usize,
 ) -> Option<A2avPlan> {
     let world = splits.send_counts.len();
-    if world != 2 {
+    if world != 2 || codec.block > 128 {
         return None;
     }
     let peer = 1 - rank;
     let cross = splits.send_counts[peer].max(splits.recv_counts[peer]);
     let (pull_parts, push_parts) = regions_per_parity(LpKind::AllToAll, world);
     let pull_most = chunk_limit(staging, pull_parts, codec);
-    let push_most = if codec.block <= 128 {
-        chunk_limit(staging, push_parts, codec)
-    } else {
-        0
-    };
-    if pull_most == 0 || codec.block > 128 {
-        // The per-part counts are handled by the grouped kernels only.
+    if pull_most == 0 {
         return None;
     }
+    let push_most = chunk_limit(staging, push_parts, codec);
     let (push, chunk) = plan(
         LpKind::AllToAll,
         cross.max(1),
@@ -143,18 +140,25 @@ pub(super) fn a2av_plan(
         push_most,
         tile(codec),
     );
-    (cross <= chunk).then_some(A2avPlan { cross, push })
+    Some(A2avPlan { cross, chunk, push })
 }
 
-/// The signature of a low-precision all-to-all-v: the format, block size, dtype and both
-/// crossing counts in rank order (rank 0 -> 1, rank 1 -> 0), each taken from the rank's own view
-/// (what it sends, what it expects), so ranks whose counts do not match get different ones.
-fn a2av_signature(rank: usize, splits: &Splits, codec: &Codec, dtype: DataType) -> u32 {
+/// The signature of one piece of a low-precision all-to-all-v: the format, block size, dtype,
+/// the piece's place and both crossing counts of the whole call in rank order (rank 0 -> 1,
+/// rank 1 -> 0), each taken from the rank's own view (what it sends, what it expects), so ranks
+/// whose counts do not match get different ones.
+fn a2av_signature(
+    rank: usize,
+    splits: &Splits,
+    codec: &Codec,
+    dtype: DataType,
+    piece: usize,
+) -> u32 {
     let peer = 1 - rank;
     let (out, back) = (splits.send_counts[peer], splits.recv_counts[peer]);
     let (c01, c10) = if rank == 0 { (out, back) } else { (back, out) };
     let what = format!(
-        "low precision all_to_all_v {} {} {c01} {c10}",
+        "low precision all_to_all_v {} {} piece {piece} {c01} {c10}",
         codec.format, codec.block
     );
     signature(Collective::AllToAllV, dtype, c01, c10, &what)
@@ -420,34 +424,40 @@ impl Dda {
                 splits.send_counts[rank], splits.recv_counts[rank]
             )));
         }
-        let a = self.base_args(input, output, plan.cross as u64);
-        let mut l = Lp {
-            block: codec.block as u32,
-            format: format_code(codec.format),
-            nin: world as u32,
-            region: region(codec, plan.cross.max(1)) as u64,
-            push: plan.push as u32,
-            bar_off: COLL_BAR_OFF as u64,
-            sig: a2av_signature(rank, splits, codec, dtype),
-            v: 1,
-            ..Lp::default()
-        };
-        for p in 0..world {
-            l.scount[p] = splits.send_counts[p] as u64;
-            l.sdispl[p] = splits.send_displs[p] as u64;
-            l.rcount[p] = splits.recv_counts[p] as u64;
-            l.rdispl[p] = splits.recv_displs[p] as u64;
-        }
-        let units = plan.cross.div_ceil(4 * tile(codec));
+        let pieces = a2av_pieces(rank, splits, plan.chunk);
         // The plain kernel at every size: the wide one has no per-part counts (kernels/lowp.cu).
         let name = "fc_lp_move";
-        let grid = grid_for(units).min(self.lp_wave(dtype, name)?);
-        self.lp_launch(name, dtype, a, l, grid, stream, || {
-            format!(
-                "all_to_all_v {} {dtype}, {} elements crossing",
-                codec.format, plan.cross
-            )
-        })
+        let wave = self.lp_wave(dtype, name)?;
+        for i in 0..pieces {
+            let s = a2av_piece(rank, splits, i, plan.chunk);
+            let len = plan.cross.saturating_sub(i * plan.chunk).min(plan.chunk);
+            let a = self.base_args(input, output, len as u64);
+            let mut l = Lp {
+                block: codec.block as u32,
+                format: format_code(codec.format),
+                nin: world as u32,
+                region: region(codec, plan.chunk) as u64,
+                push: plan.push as u32,
+                bar_off: COLL_BAR_OFF as u64,
+                sig: a2av_signature(rank, splits, codec, dtype, i),
+                v: 1,
+                ..Lp::default()
+            };
+            for p in 0..world {
+                l.scount[p] = s.send_counts[p] as u64;
+                l.sdispl[p] = s.send_displs[p] as u64;
+                l.rcount[p] = s.recv_counts[p] as u64;
+                l.rdispl[p] = s.recv_displs[p] as u64;
+            }
+            let grid = grid_for(len.div_ceil(4 * tile(codec))).min(wave);
+            self.lp_launch(name, dtype, a, l, grid, stream, || {
+                format!(
+                    "all_to_all_v {} {dtype}, piece {i} of {pieces}, {} elements crossing",
+                    codec.format, plan.cross
+                )
+            })?;
+        }
+        Ok(())
     }
 }
 
@@ -630,36 +640,47 @@ mod tests {
     fn all_to_all_v_plans_agree_and_mismatches_are_signed_apart() {
         let codec = Codec::new(Format::E4M3, 128).unwrap();
         let staging = 64 << 20;
+        let (pull_parts, push_parts) = regions_per_parity(LpKind::AllToAll, 2);
         for m in [
             [[5_000_000, 10], [3_000_001, 7]],
             [[0, 0], [0, 9_000_000]],
             [[1, 1 << 20], [(1 << 20) + 1, 1]],
             [[4, 0], [0, 4]],
+            // Crossing parts of several chunks, one each way, and an own part larger still.
+            [[90_000_000, 40 << 20], [70_000_001, 3]],
         ] {
             let v = views2(m);
             let plans = [0, 1].map(|r| a2av_plan(r, &v[r], &codec, 2, staging));
             assert_eq!(plans[0], plans[1], "{m:?}");
+            let p = plans[0].unwrap();
             let cross = m[0][1].max(m[1][0]);
-            assert_eq!(plans[0].map(|p| p.cross), Some(cross), "{m:?}");
-            let sigs = [0, 1].map(|r| a2av_signature(r, &v[r], &codec, DataType::BF16));
-            assert_eq!(sigs[0], sigs[1], "{m:?}");
+            assert_eq!(p.cross, cross, "{m:?}");
+            // Every piece's region fits the staging, as push or pull lays them out.
+            let parts = if p.push { push_parts } else { pull_parts };
+            assert!(parts * region(&codec, p.chunk) <= staging, "{m:?} {p:?}");
+            let pieces = [0, 1].map(|r| a2av_pieces(r, &v[r], p.chunk));
+            assert_eq!(pieces[0], pieces[1], "{m:?}");
+            assert_eq!(pieces[0], cross.div_ceil(p.chunk).max(1), "{m:?}");
+            for i in 0..pieces[0] {
+                let sigs = [0, 1].map(|r| a2av_signature(r, &v[r], &codec, DataType::BF16, i));
+                assert_eq!(sigs[0], sigs[1], "{m:?} piece {i}");
+            }
         }
+        let v = views2([[1, 2], [3, 4]]);
+        let s0 = |i| a2av_signature(0, &v[0], &codec, DataType::BF16, i);
+        assert_ne!(s0(0), s0(1), "pieces are signed apart");
         // Counts that do not match: rank 1 expects another count than rank 0 sends, or both
         // ranks send a and expect b (the same pair of numbers on both, in the other order).
         let mut v = views2([[1, 100], [200, 1]]);
         v[1].recv_counts[0] = 101;
-        let s = |v: &[Splits; 2], r: usize| a2av_signature(r, &v[r], &codec, DataType::BF16);
+        let s = |v: &[Splits; 2], r: usize| a2av_signature(r, &v[r], &codec, DataType::BF16, 0);
         assert_ne!(s(&v, 0), s(&v, 1));
         let v = [
             Splits::packed(vec![1, 100], vec![1, 200]),
             Splits::packed(vec![100, 1], vec![200, 1]),
         ];
         assert_ne!(s(&v, 0), s(&v, 1));
-        // A part larger than one chunk of the staging, more than two ranks, blocks above 128:
-        // no plan (full precision).
-        let v = views2([[1, 40 << 20], [1, 1]]);
-        assert_eq!(a2av_plan(0, &v[0], &codec, 2, staging), None);
-        assert_eq!(a2av_plan(1, &v[1], &codec, 2, staging), None);
+        // More than two ranks, blocks above 128: no plan (full precision).
         let three = Splits::packed(vec![1, 2, 3], vec![1, 2, 3]);
         assert_eq!(a2av_plan(0, &three, &codec, 2, staging), None);
         let big = Codec::new(Format::E4M3, 512).unwrap();
