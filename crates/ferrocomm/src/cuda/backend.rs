@@ -571,7 +571,7 @@ impl Backend for CudaBackend {
             let (i, o) = (in_ptr(&input, &output), output.ptr() as u64);
             if let Some((d, c)) = self.lp_codec(A2AV, dt, None, largest, [i, o], opts)? {
                 let staging = d.layout().staging_bytes;
-                if let Some(plan) = a2av_plan(self.rank, splits, &c, es, staging) {
+                if let Some(plan) = a2av_plan(self.rank, splits, &c, staging) {
                     return d.lp_all_to_all_v(plan, &c, dt, i, o, splits, opts.stream);
                 }
             }
@@ -752,7 +752,7 @@ impl Backend for CudaBackend {
             let x = bytes / dtype.size();
             let s = Splits::packed(vec![x, x], vec![x, x]);
             let staging = d.layout().staging_bytes;
-            if a2av_plan(self.rank, &s, &c, dtype.size(), staging).is_none() {
+            if a2av_plan(self.rank, &s, &c, staging).is_none() {
                 return Ok(None);
             }
         }

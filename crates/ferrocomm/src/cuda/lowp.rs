@@ -68,26 +68,26 @@ fn tile(codec: &Codec) -> usize {
 /// is 9-14% faster from 32 MiB parts up and slower below (kernels/lowp.cu).
 const LP_WIDE_MIN_BYTES: usize = 32 << 20;
 
-/// How a one-shot collective of `part` elements of `es` bytes per part is cut: whether it
-/// pushes (records stored into the receivers' staging, a region per sender, at most `push_most`
-/// elements per chunk; 0 where push cannot run) or pulls (records in the sender's staging, at
-/// most `pull_most`, at least one tile), and the elements per chunk (equal chunks of whole
-/// tiles, not full ones and a small remainder). Push below LP_WIDE_MIN_BYTES per part and only
-/// when it needs no more chunks (kernel launches) than pull: measured on 2xH200
-/// (bench/results/2026-11-30-h200x2-lp-push) push is 7-11% faster at 16 MB, and from 32 MiB
-/// parts up the wide pull kernel is no slower (a 64 MB bf16 all-reduce in one pull chunk:
-/// 169 us, in two push chunks: 185).
+/// How a one-shot collective of `part` elements per part is cut: whether it pushes (records
+/// stored into the receivers' staging, a region per sender, at most `push_most` elements per
+/// chunk; 0 where push cannot run) or pulls (records in the sender's staging, at most
+/// `pull_most`, at least one tile), and the elements per chunk (equal chunks of whole tiles,
+/// not full ones and a small remainder). Push wherever it needs no more chunks (kernel
+/// launches) than pull. Measured on 2xH200: push is 7-11% faster at 16 MB
+/// (bench/results/2026-11-30-h200x2-lp-push); where it needs more chunks it loses (a 64 MB bf16
+/// all-reduce in one pull chunk: 169 us, in two push chunks: 185); with as many chunks, from
+/// 32 MiB parts up (the reduce-scatter and the all-to-all, a region per part either way), it
+/// wins 5-6% on a 256 MB bf16 reduce-scatter and 2% (out of place) to 14% (in place) on the
+/// all-to-all (bench/results/2026-11-30-h200x2-lp-a2av, run 3).
 fn plan(
     kind: LpKind,
     part: usize,
-    es: usize,
     pull_most: usize,
     push_most: usize,
     tile: usize,
 ) -> (bool, usize) {
     let push = kind != LpKind::Tree
         && push_most > 0
-        && part.min(push_most) * es < LP_WIDE_MIN_BYTES
         && part.div_ceil(push_most) <= part.div_ceil(pull_most);
     let most = if push { push_most } else { pull_most };
     (
@@ -117,7 +117,6 @@ pub(super) fn a2av_plan(
     rank: usize,
     splits: &Splits,
     codec: &Codec,
-    es: usize,
     staging: usize,
 ) -> Option<A2avPlan> {
     let world = splits.send_counts.len();
@@ -135,7 +134,6 @@ pub(super) fn a2av_plan(
     let (push, chunk) = plan(
         LpKind::AllToAll,
         cross.max(1),
-        es,
         pull_most,
         push_most,
         tile(codec),
@@ -333,7 +331,7 @@ impl Dda {
         } else {
             0
         };
-        let (push, chunk) = plan(kind, part, es as usize, pull_most, push_most, tile(codec));
+        let (push, chunk) = plan(kind, part, pull_most, push_most, tile(codec));
         let reduces = matches!(kind, LpKind::Flat | LpKind::Tree | LpKind::ReduceScatter);
         let mut off = 0usize;
         while off < part {
@@ -650,7 +648,7 @@ mod tests {
             [[90_000_000, 40 << 20], [70_000_001, 3]],
         ] {
             let v = views2(m);
-            let plans = [0, 1].map(|r| a2av_plan(r, &v[r], &codec, 2, staging));
+            let plans = [0, 1].map(|r| a2av_plan(r, &v[r], &codec, staging));
             assert_eq!(plans[0], plans[1], "{m:?}");
             let p = plans[0].unwrap();
             let cross = m[0][1].max(m[1][0]);
@@ -682,10 +680,10 @@ mod tests {
         assert_ne!(s(&v, 0), s(&v, 1));
         // More than two ranks, blocks above 128: no plan (full precision).
         let three = Splits::packed(vec![1, 2, 3], vec![1, 2, 3]);
-        assert_eq!(a2av_plan(0, &three, &codec, 2, staging), None);
+        assert_eq!(a2av_plan(0, &three, &codec, staging), None);
         let big = Codec::new(Format::E4M3, 512).unwrap();
         assert_eq!(
-            a2av_plan(0, &views2([[1, 2], [3, 4]])[0], &big, 2, staging),
+            a2av_plan(0, &views2([[1, 2], [3, 4]])[0], &big, staging),
             None
         );
     }
@@ -696,12 +694,12 @@ mod tests {
         let codec = Codec::new(Format::E4M3, 128).unwrap();
         let most = |nparts| chunk_limit(64 << 20, nparts, &codec);
         let (pull, push) = (most(pull_parts), most(push_parts));
-        let (p, c) = plan(kind, bytes / es, es, pull, push, 128);
+        let (p, c) = plan(kind, bytes / es, pull, push, 128);
         (p, c, if p { push } else { pull })
     }
 
     #[test]
-    fn push_below_the_wide_size_pull_above() {
+    fn push_where_it_needs_no_more_chunks_than_pull() {
         let pc = |kind, bytes, es| {
             let (p, c, _) = plan2(kind, bytes, es);
             (p, c)
@@ -711,8 +709,9 @@ mod tests {
         assert_eq!(pc(LpKind::AllToAll, 16 << 20, 2), (true, 8 << 20));
         // 64 MiB of bf16: one pull chunk (32 Mi elements, wide kernel), not two push ones.
         assert_eq!(pc(LpKind::Flat, 64 << 20, 2), (false, 32 << 20));
-        // Parts of 64 MiB (32 Mi bf16 elements): pull (wide), two regions either way.
-        assert_eq!(pc(LpKind::ReduceScatter, 64 << 20, 2), (false, 16 << 20));
+        // Parts of 64 MiB (32 Mi bf16 elements): two regions either way, so push.
+        assert_eq!(pc(LpKind::ReduceScatter, 64 << 20, 2), (true, 16 << 20));
+        assert!(pc(LpKind::AllToAll, 256 << 20, 2).0);
         // Two-shot never pushes.
         assert!(!pc(LpKind::Tree, 1 << 20, 2).0);
     }
@@ -724,11 +723,8 @@ mod tests {
         let codec = Codec::new(Format::E4M3, 128).unwrap();
         let (pull, push) = (chunk_limit(300, 1, &codec), chunk_limit(300, 4, &codec));
         assert_eq!((pull, push), (256, 0));
-        assert_eq!(plan(LpKind::Flat, 1000, 2, pull, push, 128), (false, 256));
-        assert_eq!(
-            plan(LpKind::AllGather, 100, 4, pull, push, 128),
-            (false, 128)
-        );
+        assert_eq!(plan(LpKind::Flat, 1000, pull, push, 128), (false, 256));
+        assert_eq!(plan(LpKind::AllGather, 100, pull, push, 128), (false, 128));
     }
 
     #[test]
