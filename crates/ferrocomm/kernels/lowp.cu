@@ -898,6 +898,13 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
                 quant_in_tiles(a, l, in, vinp, 0, nup, gw, W, np, to.at(d), lane);
         }
     }
+    // The all-to-all's own part, copied while the pushed records cross the link (the push phase
+    // is bound by the link, so the copy's HBM traffic fits beside it). Not in place: distinct
+    // buffers, any thread may copy any piece (no barrier covers it).
+    if (a2a)
+        copy_local((u8*)((T*)a.output + (v ? lp_v(l.rdispl, a.rank) : a.rank * l.out_stride)),
+                   (const u8*)((const T*)a.input + (v ? lp_v(l.sdispl, a.rank) : a.rank * l.in_stride)),
+                   (v ? lp_v(l.rcount, a.rank) : n) * sizeof(T));
     if (lp_meet(a, l, e, t0, 0)) {
         u64 base[FC_MAX_RANKS];
 #pragma unroll
@@ -918,11 +925,6 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
             }
         }
     }
-    // Not in place: distinct buffers, any thread may copy any piece (no barrier covers it).
-    if (a2a)
-        copy_local((u8*)((T*)a.output + (v ? lp_v(l.rdispl, a.rank) : a.rank * l.out_stride)),
-                   (const u8*)((const T*)a.input + (v ? lp_v(l.sdispl, a.rank) : a.rank * l.in_stride)),
-                   (v ? lp_v(l.rcount, a.rank) : n) * sizeof(T));
     end_call(a, e);
 }
 
