@@ -665,12 +665,22 @@ impl Dda {
             c.es = es as u64;
             c.slot_bytes = self.a2av_slot() as u64;
             let a = self.base_args(input, output, 0);
+            // At two ranks both know the piece's crossing counts: a grid as wide as the staged
+            // all-to-all's for that size, never narrower than the fixed one (the own part,
+            // which only this rank knows, is copied by the same grid).
+            let grid = if self.world == 2 {
+                let cross = s.send_counts[1 - self.rank].max(s.recv_counts[1 - self.rank]);
+                let (st, _) = self.st_grid(cross * es);
+                (st.max(self.a2av_grid().0), 512)
+            } else {
+                self.a2av_grid()
+            };
             self.launch(
                 Self::MOVE_MODULE,
                 "fc_all_to_all_v_st",
                 a,
                 c,
-                self.a2av_grid(),
+                grid,
                 stream,
                 || format!("all_to_all_v ({dtype}), piece {i} of {pieces}"),
             )?;
