@@ -443,6 +443,30 @@ fn sanitize_cases(c: &mut Ctx) -> Res<()> {
         direct,
         61_002,
     )?;
+    // Small parts: the LL form at two ranks.
+    let small: Vec<Vec<usize>> = (0..w)
+        .map(|s| (0..w).map(|r| [7, 1001][(s + r) % 2]).collect())
+        .collect();
+    a2av_call(
+        c,
+        "sanitize LL",
+        &small,
+        DataType::BF16,
+        false,
+        1,
+        direct,
+        61_003,
+    )?;
+    a2av_call(
+        c,
+        "sanitize LL",
+        &small,
+        DataType::F32,
+        true,
+        0,
+        direct,
+        61_004,
+    )?;
     let m = uneven((0, w - 1));
     dynamic_call(
         c,
@@ -1334,6 +1358,58 @@ fn bad_input(c: &mut Ctx, cfg: &Config) -> Res<()> {
         }
         if shown.contains("Timeout") {
             break; // a timeout is sticky: the communicator is done
+        }
+    }
+    // All-to-all-v at two ranks whose crossing counts differ (rank 1 expects one element more
+    // than rank 0 sends): LL and staged sizes.
+    for (k, n) in [(2usize, 100usize), (3, 60_000)] {
+        if w != 2 {
+            break;
+        }
+        let splits = Splits::packed(
+            if me == 0 { vec![5, n] } else { vec![n, 5] },
+            if me == 0 { vec![5, n] } else { vec![n + 1, 5] },
+        );
+        let half = 512 << 10;
+        // SAFETY: 1 MiB of this device: the input (n + 5 f32) below half of it, the output
+        // (n + 6) above.
+        let first = unsafe {
+            comm.all_to_all_v(
+                Input::Buf(View::from_raw(
+                    b.ptr as *const u8,
+                    n + 5,
+                    DataType::F32,
+                    dev,
+                )),
+                ViewMut::from_raw((b.ptr + half) as *mut u8, n + 6, DataType::F32, dev),
+                &splits,
+                &CallOpts::default().with_algo(Algo::Direct),
+            )
+        };
+        sync()?;
+        // SAFETY: as above.
+        let next = unsafe {
+            comm.all_gather(
+                Input::InPlace,
+                ViewMut::from_raw(b.ptr as *mut u8, 4 * w, DataType::F32, dev),
+                &CallOpts::default(),
+            )
+        };
+        sync()?;
+        total += 1;
+        let shown = format!("{next:?}");
+        if first.is_ok() && shown.contains("disagrees between ranks") {
+            ok += 1;
+            if me == 0 {
+                println!("mismatch {k} (all_to_all_v, {n} elements): {shown}");
+            }
+        } else {
+            c.failures.push(format!(
+                "all_to_all_v count mismatch {k} not reported: {first:?} then {shown}"
+            ));
+        }
+        if shown.contains("Timeout") {
+            break;
         }
     }
     std::mem::forget(comm);

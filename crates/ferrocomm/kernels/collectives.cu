@@ -545,9 +545,12 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_st(Args a, CArgs
 
 // ---------------------------------------------------------------- all-to-all-v (host counts)
 
-// Staged only, on a grid every rank launches alike. The barrier word to peer p carries the
-// count sent to p; the receiver compares it with the count it expects from p and takes the
-// smaller (a mismatch is reported). Counts were checked against the slot size on the host.
+// Staged, on a grid every rank launches alike. With c.sig set (two ranks: a signature over
+// both crossing counts, cuda/collectives.rs) the barrier words carry it and a rank whose peer's
+// differs reports it and reads nothing from that peer, so both ranks see the mismatch. Without
+// it (more ranks, where no rank sees every count) the word to peer p carries the count sent to
+// p; the receiver compares it with the count it expects from p and takes the smaller (a
+// mismatch is reported by that receiver). Counts were checked against the slot size on the host.
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_st(Args a, CArgs c) {
     pdl_wait();
     pdl_launch_dependents();
@@ -563,7 +566,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_st(Args a, CAr
         if (p == a.rank) continue;
         put_part(slot_ptr(a, c, p, e, a.rank), in + c.sdispl[p] * es, c.scount[p] * es, first, stride);
     }
-    if (threadIdx.x < a.world) out_w[threadIdx.x] = (u32)c.scount[threadIdx.x];
+    if (threadIdx.x < a.world) out_w[threadIdx.x] = c.sig ? c.sig : (u32)c.scount[threadIdx.x];
     bool ok = payload_barrier(a, c, e, t0, out_w, in_w);
     if (ok) {
         // In place (host: only with equal send and receive counts) the thread that sent a
@@ -580,13 +583,58 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_st(Args a, CAr
                 continue;
             }
             u64 got = in_w[s];
-            if (got != want && blockIdx.x == 0 && threadIdx.x == 0)
-                report_error(a, ERR_MISMATCH, s, (u32)got);
-            u64 take = got < want ? got : want;
+            bool bad = c.sig ? got != c.sig : got != want;
+            if (bad && blockIdx.x == 0 && threadIdx.x == 0) report_error(a, ERR_MISMATCH, s, (u32)got);
+            u64 take = c.sig ? (bad ? 0 : want) : (got < want ? got : want);
             get_part(out + c.rdispl[s] * es, slot_ptr(a, c, a.rank, e, s), take * es, first, stride);
         }
     }
     end_call(a, e);
+}
+
+// LL form for two ranks with crossing parts up to LL_MAX_BYTES (cuda/collectives.rs): as
+// fc_all_to_all_ll with each part's count and displacement. The hello carries the call's
+// signature, which covers both crossing counts in rank order, so a receiver whose counts differ
+// from its peer's reports it and reads nothing. No per-block barrier: every unit carries its
+// own flags, so the grid need not be the same on both ranks (each sizes it to its own parts,
+// the own one included). In place (equal counts, so equal displacements) each thread reads a
+// unit of part p before it writes that unit of part p.
+extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_ll(Args a, CArgs c) {
+    pdl_wait();
+    pdl_launch_dependents();
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    hello_send(a, c, e);
+    const u8* in = (const u8*)a.input;
+    u8* out = (u8*)a.output;
+    u64 es = c.es;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    for (u32 p = 0; p < a.world; p++) {
+        u64 bytes = c.scount[p] * es;
+        const u8* src = in + c.sdispl[p] * es;
+        u8* own = out + c.rdispl[p] * es;  // p == rank only
+        if (p == a.rank && src == own) continue;
+        for (u64 u = first; u < (bytes + 7) / 8; u += stride) {
+            u32 nb = min_u32(8, bytes - u * 8);
+            uint2 x = ld_user8(src + u * 8, nb);
+            if (p != a.rank) ll_send(a, p, e, u, x);
+            else st_user8(own + u * 8, nb, x);
+        }
+    }
+    bool ok = true;
+    for (u32 s = 0; s < a.world && ok; s++) {
+        if (s == a.rank) continue;
+        u64 bytes = c.rcount[s] * es;
+        u64 nunit = (bytes + 7) / 8;
+        if (first < nunit) ok = hello_wait(a, c, e, s, t0);
+        for (u64 u = first; u < nunit && ok; u += stride) {
+            uint2 x;
+            ok = ll_recv(a, s, e, u, t0, &x);
+            if (ok) st_user8(out + c.rdispl[s] * es + u * 8, min_u32(8, bytes - u * 8), x);
+        }
+    }
+    ll_end(a, c, e, t0);
 }
 
 // ---------------------------------------------------------------- all-to-all-v (device counts)

@@ -207,6 +207,22 @@ fn a2av_largest_crossing(rank: usize, splits: &Splits) -> usize {
         .unwrap_or(0)
 }
 
+/// The signature of a two-rank all-to-all-v: both crossing counts in rank order (rank 0 -> 1,
+/// rank 1 -> 0), each taken from the rank's own view (what it sends, what it expects), so ranks
+/// whose counts do not match get different ones; `what` names the form and anything else the
+/// ranks must agree on.
+pub(super) fn a2av_pair_signature(
+    rank: usize,
+    splits: &Splits,
+    dtype: DataType,
+    what: &str,
+) -> u32 {
+    let peer = 1 - rank;
+    let (out, back) = (splits.send_counts[peer], splits.recv_counts[peer]);
+    let (c01, c10) = if rank == 0 { (out, back) } else { (back, out) };
+    signature(Collective::AllToAllV, dtype, c01, c10, what)
+}
+
 /// Where an all-to-all-v is cut into launches that each fit the staging: pieces of `chunk`
 /// elements of every crossing part, as many as the largest crossing part needs (at least one).
 /// At two ranks the crossing counts are in both ranks' views, so both cut the call alike; with
@@ -651,6 +667,12 @@ impl Dda {
         stream: u64,
     ) -> Result<()> {
         let es = dtype.size();
+        if self.world == 2 {
+            let cross = a2av_largest_crossing(self.rank, splits) * es;
+            if use_ll("all_to_all_v", cross, self.layout().push_cap) {
+                return self.ll_all_to_all_v(input, output, splits, dtype, stream);
+            }
+        }
         let chunk = self.a2av_slot() / es;
         let pieces = a2av_pieces(self.rank, splits, chunk);
         for i in 0..pieces {
@@ -664,13 +686,16 @@ impl Dda {
             }
             c.es = es as u64;
             c.slot_bytes = self.a2av_slot() as u64;
+            if self.world == 2 {
+                // Both crossing counts and the piece: a mismatch is seen by both ranks.
+                c.sig = a2av_pair_signature(self.rank, splits, dtype, &format!("piece {i}"));
+            }
             let a = self.base_args(input, output, 0);
             // At two ranks both know the piece's crossing counts: a grid as wide as the staged
             // all-to-all's for that size, never narrower than the fixed one (the own part,
             // which only this rank knows, is copied by the same grid).
             let grid = if self.world == 2 {
-                let cross = s.send_counts[1 - self.rank].max(s.recv_counts[1 - self.rank]);
-                let (st, _) = self.st_grid(cross * es);
+                let (st, _) = self.st_grid(a2av_largest_crossing(self.rank, &s) * es);
                 (st.max(self.a2av_grid().0), 512)
             } else {
                 self.a2av_grid()
@@ -686,6 +711,44 @@ impl Dda {
             )?;
         }
         Ok(())
+    }
+
+    /// A two-rank all-to-all-v whose crossing parts fit LL lines (the choice depends only on
+    /// the crossing counts, which both ranks see): one launch, no barrier, a signature over both
+    /// crossing counts. The grid is this rank's own (LL needs none in common), sized by its
+    /// largest part, the own one included.
+    fn ll_all_to_all_v(
+        &self,
+        input: u64,
+        output: u64,
+        splits: &Splits,
+        dtype: DataType,
+        stream: u64,
+    ) -> Result<()> {
+        let es = dtype.size();
+        let mut c = self.cargs();
+        for p in 0..self.world {
+            c.scount[p] = splits.send_counts[p] as u64;
+            c.sdispl[p] = splits.send_displs[p] as u64;
+            c.rcount[p] = splits.recv_counts[p] as u64;
+            c.rdispl[p] = splits.recv_displs[p] as u64;
+        }
+        c.es = es as u64;
+        c.sig = a2av_pair_signature(self.rank, splits, dtype, "ll");
+        let largest = (0..self.world)
+            .map(|p| splits.send_counts[p].max(splits.recv_counts[p]))
+            .max()
+            .unwrap_or(0);
+        let a = self.base_args(input, output, 0);
+        self.launch(
+            Self::MOVE_MODULE,
+            "fc_all_to_all_v_ll",
+            a,
+            c,
+            self.ll_grid(largest * es),
+            stream,
+            || format!("all_to_all_v ({dtype}, LL)"),
+        )
     }
 
     /// All-to-all-v with counts in device memory (see `Communicator::all_to_all_v_dynamic`).

@@ -13,7 +13,7 @@ use std::ffi::c_void;
 
 use cudarc::driver::sys;
 
-use super::collectives::{a2av_piece, a2av_pieces, signature};
+use super::collectives::{a2av_pair_signature, a2av_piece, a2av_pieces, signature};
 use super::dda::{Args, Dda, COLL_BAR_OFF};
 use super::{cu, cu_lazy};
 use crate::comm::Splits;
@@ -141,10 +141,9 @@ pub(super) fn a2av_plan(
     Some(A2avPlan { cross, chunk, push })
 }
 
-/// The signature of one piece of a low-precision all-to-all-v: the format, block size, dtype,
-/// the piece's place and both crossing counts of the whole call in rank order (rank 0 -> 1,
-/// rank 1 -> 0), each taken from the rank's own view (what it sends, what it expects), so ranks
-/// whose counts do not match get different ones.
+/// The signature of one piece of a low-precision all-to-all-v: both crossing counts of the
+/// whole call in rank order (collectives::a2av_pair_signature), the format, block size, dtype
+/// and the piece's place.
 fn a2av_signature(
     rank: usize,
     splits: &Splits,
@@ -152,14 +151,11 @@ fn a2av_signature(
     dtype: DataType,
     piece: usize,
 ) -> u32 {
-    let peer = 1 - rank;
-    let (out, back) = (splits.send_counts[peer], splits.recv_counts[peer]);
-    let (c01, c10) = if rank == 0 { (out, back) } else { (back, out) };
     let what = format!(
-        "low precision all_to_all_v {} {} piece {piece} {c01} {c10}",
+        "low precision {} {} piece {piece}",
         codec.format, codec.block
     );
-    signature(Collective::AllToAllV, dtype, c01, c10, &what)
+    a2av_pair_signature(rank, splits, dtype, &what)
 }
 
 /// Encoded regions one staging parity holds for `kind` at `world` ranks, (pull, push). Pull
