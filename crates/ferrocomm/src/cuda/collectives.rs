@@ -677,14 +677,7 @@ impl Dda {
         let pieces = a2av_pieces(self.rank, splits, chunk);
         for i in 0..pieces {
             let s = a2av_piece(self.rank, splits, i, chunk);
-            let mut c = self.cargs();
-            for p in 0..self.world {
-                c.scount[p] = s.send_counts[p] as u64;
-                c.sdispl[p] = s.send_displs[p] as u64;
-                c.rcount[p] = s.recv_counts[p] as u64;
-                c.rdispl[p] = s.recv_displs[p] as u64;
-            }
-            c.es = es as u64;
+            let mut c = self.a2av_cargs(&s, es);
             c.slot_bytes = self.a2av_slot() as u64;
             if self.world == 2 {
                 // Both crossing counts and the piece: a mismatch is seen by both ranks.
@@ -713,6 +706,19 @@ impl Dda {
         Ok(())
     }
 
+    /// Kernel arguments holding the counts and displacements of `s` (elements of `es` bytes).
+    fn a2av_cargs(&self, s: &Splits, es: usize) -> CArgs {
+        let mut c = self.cargs();
+        for p in 0..self.world {
+            c.scount[p] = s.send_counts[p] as u64;
+            c.sdispl[p] = s.send_displs[p] as u64;
+            c.rcount[p] = s.recv_counts[p] as u64;
+            c.rdispl[p] = s.recv_displs[p] as u64;
+        }
+        c.es = es as u64;
+        c
+    }
+
     /// A two-rank all-to-all-v whose crossing parts fit LL lines (the choice depends only on
     /// the crossing counts, which both ranks see): one launch, no barrier, a signature over both
     /// crossing counts. The grid is this rank's own (LL needs none in common), sized by its
@@ -726,14 +732,7 @@ impl Dda {
         stream: u64,
     ) -> Result<()> {
         let es = dtype.size();
-        let mut c = self.cargs();
-        for p in 0..self.world {
-            c.scount[p] = splits.send_counts[p] as u64;
-            c.sdispl[p] = splits.send_displs[p] as u64;
-            c.rcount[p] = splits.recv_counts[p] as u64;
-            c.rdispl[p] = splits.recv_displs[p] as u64;
-        }
-        c.es = es as u64;
+        let mut c = self.a2av_cargs(splits, es);
         c.sig = a2av_pair_signature(self.rank, splits, dtype, "ll");
         let largest = (0..self.world)
             .map(|p| splits.send_counts[p].max(splits.recv_counts[p]))
