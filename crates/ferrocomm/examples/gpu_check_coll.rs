@@ -1318,80 +1318,61 @@ fn bad_input(c: &mut Ctx, cfg: &Config) -> Res<()> {
     } else {
         c.failures.push(format!("broadcast root {w} gave {r:?}"));
     }
-    // Counts that differ between ranks (LL and staged sizes), on a separate communicator.
+    // Calls whose counts differ between ranks (LL and staged sizes), on a separate
+    // communicator: the next call on it must report "disagrees between ranks" on every rank.
     let mut cfg2 = cfg.clone();
     cfg2.timeout = Duration::from_secs(3);
     let mut o = CommOptions::new("gpu_check_coll_bad");
     o.config = Some(cfg2);
     let comm = Communicator::new(o)?;
-    for (k, n) in [100usize, 60_000].into_iter().enumerate() {
-        let mine = n + me; // rank r gathers n + r elements: disagrees
-                           // SAFETY: 1 MiB of this device is enough for 2 * 60_001 f32.
-        let first = unsafe {
-            comm.all_gather(
-                Input::InPlace,
-                ViewMut::from_raw(b.ptr as *mut u8, mine * w, DataType::F32, dev),
-                &CallOpts::default().with_algo(Algo::Direct),
-            )
-        };
-        sync()?;
-        // SAFETY: as above.
-        let next = unsafe {
-            comm.all_gather(
-                Input::InPlace,
-                ViewMut::from_raw(b.ptr as *mut u8, 4 * w, DataType::F32, dev),
-                &CallOpts::default(),
-            )
-        };
-        sync()?;
-        total += 1;
-        let shown = format!("{next:?}");
-        if let (Ok(()), Err(e)) = (&first, &next) {
-            ok += 1;
-            if me == 0 {
-                println!("mismatch {k}: {e}");
+    let p = b.ptr;
+    type BadCall = (String, Box<dyn Fn(&Communicator) -> ferrocomm::Result<()>>);
+    let mut cases: Vec<BadCall> = Vec::new();
+    for n in [100usize, 60_000] {
+        // Rank r gathers n + r elements.
+        let call = move |comm: &Communicator| {
+            // SAFETY: 1 MiB of this device is enough for 2 * 60_001 f32.
+            unsafe {
+                let o = ViewMut::from_raw(p as *mut u8, (n + me) * w, DataType::F32, dev);
+                comm.all_gather(
+                    Input::InPlace,
+                    o,
+                    &CallOpts::default().with_algo(Algo::Direct),
+                )
             }
-        } else {
-            c.failures.push(format!(
-                "count mismatch {k} not reported: {first:?} then {shown}"
-            ));
-        }
-        if shown.contains("Timeout") {
-            break; // a timeout is sticky: the communicator is done
-        }
+        };
+        cases.push((format!("all_gather, {n} + rank elements"), Box::new(call)));
     }
-    // All-to-all-v at two ranks whose crossing counts differ (rank 1 expects one element more
-    // than rank 0 sends): LL and staged sizes.
-    for (k, n) in [(2usize, 100usize), (3, 60_000)] {
+    for n in [100usize, 60_000] {
         if w != 2 {
             break;
         }
-        let splits = Splits::packed(
-            if me == 0 { vec![5, n] } else { vec![n, 5] },
-            if me == 0 { vec![5, n] } else { vec![n + 1, 5] },
-        );
-        let half = 512 << 10;
-        // SAFETY: 1 MiB of this device: the input (n + 5 f32) below half of it, the output
-        // (n + 6) above.
-        let first = unsafe {
-            comm.all_to_all_v(
-                Input::Buf(View::from_raw(
-                    b.ptr as *const u8,
-                    n + 5,
-                    DataType::F32,
-                    dev,
-                )),
-                ViewMut::from_raw((b.ptr + half) as *mut u8, n + 6, DataType::F32, dev),
-                &splits,
-                &CallOpts::default().with_algo(Algo::Direct),
-            )
+        // All-to-all-v: rank 1 expects one element more than rank 0 sends.
+        let call = move |comm: &Communicator| {
+            let splits = Splits::packed(
+                if me == 0 { vec![5, n] } else { vec![n, 5] },
+                if me == 0 { vec![5, n] } else { vec![n + 1, 5] },
+            );
+            let half = 512 << 10;
+            // SAFETY: 1 MiB of this device: the input (n + 5 f32) below half of it, the
+            // output (n + 6) above.
+            unsafe {
+                let i = View::from_raw(p as *const u8, n + 5, DataType::F32, dev);
+                let o = ViewMut::from_raw((p + half) as *mut u8, n + 6, DataType::F32, dev);
+                let opts = CallOpts::default().with_algo(Algo::Direct);
+                comm.all_to_all_v(Input::Buf(i), o, &splits, &opts)
+            }
         };
+        cases.push((format!("all_to_all_v, {n} elements"), Box::new(call)));
+    }
+    for (k, (what, call)) in cases.iter().enumerate() {
+        let first = call(&comm);
         sync()?;
         // SAFETY: as above.
         let next = unsafe {
             comm.all_gather(
                 Input::InPlace,
-                ViewMut::from_raw(b.ptr as *mut u8, 4 * w, DataType::F32, dev),
+                ViewMut::from_raw(p as *mut u8, 4 * w, DataType::F32, dev),
                 &CallOpts::default(),
             )
         };
@@ -1401,15 +1382,15 @@ fn bad_input(c: &mut Ctx, cfg: &Config) -> Res<()> {
         if first.is_ok() && shown.contains("disagrees between ranks") {
             ok += 1;
             if me == 0 {
-                println!("mismatch {k} (all_to_all_v, {n} elements): {shown}");
+                println!("mismatch {k} ({what}): {shown}");
             }
         } else {
             c.failures.push(format!(
-                "all_to_all_v count mismatch {k} not reported: {first:?} then {shown}"
+                "count mismatch {k} ({what}) not reported: {first:?} then {shown}"
             ));
         }
         if shown.contains("Timeout") {
-            break;
+            break; // a timeout is sticky: the communicator is done
         }
     }
     std::mem::forget(comm);
