@@ -496,12 +496,15 @@ const A2AV_COUNTS: &[[[usize; 2]; 2]] = &[
     [[4099, 0], [17, 5]],
     [[0, 1], [1, 0]],
     [[1_000, 9_000_001], [129, 2_000]],
+    // Symmetric (also in place): crossing parts of 5,000,003 each way, own parts that differ.
+    [[77, 5_000_003], [5_000_003, 4_101]],
 ];
 
 /// Low-precision all-to-all-v (two ranks): count matrices `m[s][d]` (elements rank s sends to
 /// rank d) with skewed, odd and zero counts, the parts packed in rank order. Rank r's output part
 /// from rank s is Q(rank s's part for r) rounded to the dtype, its own part exact; anything else
-/// (a full-precision path, a part decoded short or long) fails the byte comparison.
+/// (a full-precision path, a part decoded short or long) fails the byte comparison. Symmetric
+/// matrices (every part keeps its size) run in place too.
 fn all_to_all_v_cases(
     c: &mut Ctx,
     comm: &Communicator,
@@ -532,29 +535,44 @@ fn all_to_all_v_cases(
             };
             let splits = Splits::packed(m[me].to_vec(), vec![m[0][me], m[1][me]]);
             let mine = to_dtype(dtype, &inputs[me]).0;
-            let inb = Buf::new(mine.len().max(es))?;
-            inb.upload(0, &mine)?;
             let out_n = m[0][me] + m[1][me];
-            let outb = Buf::new(out_n.max(1) * es)?;
-            outb.poison()?;
-            // SAFETY: sizes as the splits say; synchronised before reading.
-            unsafe {
-                let i = View::from_raw(inb.ptr as *const u8, inputs[me].len(), dtype, dev);
-                let o = ViewMut::from_raw(outb.ptr as *mut u8, out_n, dtype, dev);
-                comm.all_to_all_v(Input::Buf(i), o, &splits, &opts)?;
-            }
-            sync()?;
             let want: Vec<f32> = (0..2)
                 .flat_map(|s| match s == me {
                     true => part(s, me).to_vec(),
                     false => codec.quantize_dequantize(part(s, me)),
                 })
                 .collect();
-            let got = outb.download(0, out_n * es)?;
-            c.verdict(
-                format!("all_to_all_v{what} {dtype} counts {m:?}"),
-                got == round_bytes(dtype, &want),
-            );
+            // Out of place; in place too where every part keeps its size (a symmetric matrix).
+            for in_place in [false, true] {
+                if in_place && m[0][1] != m[1][0] {
+                    continue;
+                }
+                let inb = Buf::new(mine.len().max(es))?;
+                let outb = Buf::new(out_n.max(1) * es)?;
+                if in_place {
+                    outb.upload(0, &mine)?;
+                } else {
+                    inb.upload(0, &mine)?;
+                    outb.poison()?;
+                }
+                // SAFETY: sizes as the splits say; synchronised before reading.
+                unsafe {
+                    let o = ViewMut::from_raw(outb.ptr as *mut u8, out_n, dtype, dev);
+                    let input = if in_place {
+                        Input::InPlace
+                    } else {
+                        let n = inputs[me].len();
+                        Input::Buf(View::from_raw(inb.ptr as *const u8, n, dtype, dev))
+                    };
+                    comm.all_to_all_v(input, o, &splits, &opts)?;
+                }
+                sync()?;
+                let got = outb.download(0, out_n * es)?;
+                c.verdict(
+                    format!("all_to_all_v{what} {dtype} counts {m:?} in_place={in_place}"),
+                    got == round_bytes(dtype, &want),
+                );
+            }
         }
     }
     if c.rank == 0 {
@@ -589,7 +607,7 @@ fn sanitize_cases(c: &mut Ctx, comm: &Communicator) -> Res<()> {
         )?;
     }
     movers(c, comm, &[n], &[DataType::BF16])?;
-    all_to_all_v_cases(c, comm, "", &[[[333, n], [17, 1]]], &[DataType::BF16])?;
+    all_to_all_v_cases(c, comm, "", &[[[333, n], [n, 1]]], &[DataType::BF16])?;
     // In pieces: a 1 MiB staging holds ~500 K bf16 elements per crossing part.
     let mut small = c.cfg.clone();
     small.cuda_staging_bytes = 1 << 20;
@@ -600,7 +618,7 @@ fn sanitize_cases(c: &mut Ctx, comm: &Communicator) -> Res<()> {
         c,
         &comm,
         " in pieces",
-        &[[[333, 600_001], [17, 1]]],
+        &[[[333, 600_001], [600_001, 1]]],
         &[DataType::BF16],
     )
 }

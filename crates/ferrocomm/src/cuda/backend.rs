@@ -562,10 +562,15 @@ impl Backend for CudaBackend {
             !matches!(input, Input::InPlace) || splits.send_counts == splits.recv_counts;
         let forced = opts.algo.0 == Algo::Direct;
         let es = dt.size();
-        // Low precision (two ranks, out of place): decided on the crossing counts, which both
-        // ranks see, so both take the same path.
-        if let (false, Some((_, largest))) = (
-            matches!(input, Input::InPlace),
+        // Low precision (two ranks): decided on the crossing counts, which both ranks see, so
+        // both take the same path. In place only where every part keeps its size and place:
+        // then the warp that reads a group of part p to send it is the one that writes the
+        // group received into part p, after the barrier (kernels/lowp.cu, as in the all-to-all).
+        let lp_in_place_ok = !matches!(input, Input::InPlace)
+            || (splits.send_counts == splits.recv_counts
+                && splits.send_displs == splits.recv_displs);
+        if let (true, Some((_, largest))) = (
+            lp_in_place_ok,
             collectives::a2av_agreed_sizes(self.rank, splits, es),
         ) {
             let (i, o) = (in_ptr(&input, &output), output.ptr() as u64);
