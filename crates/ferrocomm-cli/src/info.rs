@@ -423,12 +423,15 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
     );
     for coll in DIRECT_LIMITED {
         let (v, var) = direct_max_setting(t, coll);
-        let _ = writeln!(
-            w,
-            "{}: direct <= {}, above: NCCL",
-            coll.name(),
-            threshold(v, default_direct_max(coll, 2), var)
-        );
+        let _ = match (v, default_direct_max(coll, 2)) {
+            (None, None) => writeln!(w, "{}: direct at every size (default)", coll.name()),
+            (v, d) => writeln!(
+                w,
+                "{}: direct <= {}, above: NCCL",
+                coll.name(),
+                threshold(v, d.unwrap_or(0), var)
+            ),
+        };
     }
     if cfg.algo != ferrocomm::Algo::Auto {
         let _ = writeln!(w, "forced algorithm: {} (FERROCOMM_ALGO)", cfg.algo);
@@ -598,6 +601,12 @@ mod tests {
             "{r}"
         );
         assert!(r.contains("host: 4 MiB per rank"), "{r}");
+        // Direct-access limits: a default size, and the all-to-all-v's none.
+        assert!(r.contains("all_gather: direct <= 32 MiB (default)"), "{r}");
+        assert!(
+            r.contains("all_to_all_v: direct at every size (default)"),
+            "{r}"
+        );
         assert!(r
             .lines()
             .any(|l| l.starts_with("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES") && l.ends_with("env")));

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys;
 use ferrocomm::bootstrap::{all_gather_bytes, store_barrier};
 use ferrocomm::{
-    Algo, CallOpts, CommOptions, Communicator, Config, DataType, Device, DeviceCounts, Input,
-    Splits, View, ViewMut,
+    Algo, CallOpts, Communicator, Config, DataType, Device, DeviceCounts, Input, Splits, View,
+    ViewMut,
 };
 use rand::{Rng, SeedableRng};
 
@@ -703,9 +703,7 @@ fn a2av_in_pieces(c: &mut Ctx, cfg: &Config, quick: bool) -> Res<()> {
     }
     let mut small = cfg.clone();
     small.cuda_staging_bytes = 1 << 20;
-    let mut o = CommOptions::new("gpu_check_coll_small");
-    o.config = Some(small);
-    let comm = Communicator::new(o)?;
+    let comm = comm_with("gpu_check_coll_small", small)?;
     let main = std::mem::replace(&mut c.comm, comm);
     let rounds = if quick { 8 } else { 20 };
     let r = a2av_rounds(
@@ -1322,9 +1320,7 @@ fn bad_input(c: &mut Ctx, cfg: &Config) -> Res<()> {
     // communicator: the next call on it must report "disagrees between ranks" on every rank.
     let mut cfg2 = cfg.clone();
     cfg2.timeout = Duration::from_secs(3);
-    let mut o = CommOptions::new("gpu_check_coll_bad");
-    o.config = Some(cfg2);
-    let comm = Communicator::new(o)?;
+    let comm = comm_with("gpu_check_coll_bad", cfg2)?;
     let p = b.ptr;
     type BadCall = (String, Box<dyn Fn(&Communicator) -> ferrocomm::Result<()>>);
     let mut cases: Vec<BadCall> = Vec::new();
@@ -1412,10 +1408,8 @@ fn real_main() -> Res<i32> {
     let sanitize = args.iter().any(|a| a == "--sanitize");
     let mut cfg = Config::from_env()?;
     cfg.cuda_staging_bytes = cfg.cuda_staging_bytes.max(128 << 20);
-    let mut o = CommOptions::new("gpu_check_coll");
-    o.config = Some(cfg.clone());
     let t0 = Instant::now();
-    let comm = Communicator::new(o)?;
+    let comm = comm_with("gpu_check_coll", cfg.clone())?;
     let rank = comm.rank();
     let world = comm.size();
     let dev = comm.device();

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use ferrocomm::bootstrap::all_gather_bytes;
 use ferrocomm::quant::{reference, Codec, Format};
 use ferrocomm::{
-    Algo, CallOpts, CommOptions, Communicator, Config, DataType, Device, Input, LowPrecisionChoice,
-    ReduceOp, Splits, View, ViewMut,
+    Algo, CallOpts, Communicator, Config, DataType, Device, Input, LowPrecisionChoice, ReduceOp,
+    Splits, View, ViewMut,
 };
 use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
@@ -611,9 +611,7 @@ fn sanitize_cases(c: &mut Ctx, comm: &Communicator) -> Res<()> {
     // In pieces: a 1 MiB staging holds ~500 K bf16 elements per crossing part.
     let mut small = c.cfg.clone();
     small.cuda_staging_bytes = 1 << 20;
-    let mut o = CommOptions::new("gpu_check_lowp_sanitize_small");
-    o.config = Some(small);
-    let comm = Communicator::new(o)?;
+    let comm = comm_with("gpu_check_lowp_sanitize_small", small)?;
     all_to_all_v_cases(
         c,
         &comm,
@@ -670,9 +668,7 @@ fn real_main() -> Res<i32> {
     let sanitize = args.iter().any(|a| a == "--sanitize");
     let no_timing = args.iter().any(|a| a == "--no-timing");
     let cfg = Config::from_env()?;
-    let mut o = CommOptions::new("gpu_check_lowp");
-    o.config = Some(cfg.clone());
-    let comm = Communicator::new(o)?;
+    let comm = comm_with("gpu_check_lowp", cfg.clone())?;
     let (rank, world) = (comm.rank(), comm.size());
     let Device::Cuda(dev) = comm.device() else {
         return Err("gpu_check_lowp needs a GPU".into());
@@ -738,9 +734,7 @@ fn full_suite(c: &mut Ctx, comm: &Communicator, quick: bool, no_timing: bool) ->
     // per crossing part, so the 9 M-element part takes five.
     let mut small = cfg.clone();
     small.cuda_staging_bytes = 4 << 20;
-    let mut o = CommOptions::new("gpu_check_lowp_small");
-    o.config = Some(small);
-    let comm_small = Communicator::new(o)?;
+    let comm_small = comm_with("gpu_check_lowp_small", small)?;
     all_to_all_v_cases(
         c,
         &comm_small,
@@ -754,9 +748,7 @@ fn full_suite(c: &mut Ctx, comm: &Communicator, quick: bool, no_timing: bool) ->
     // INT8 with 32-element blocks needs its own communicator (the block is a config setting).
     let mut cfg32 = cfg.clone();
     cfg32.low_precision.block = 32;
-    let mut o = CommOptions::new("gpu_check_lowp_b32");
-    o.config = Some(cfg32);
-    let comm32 = Communicator::new(o)?;
+    let comm32 = comm_with("gpu_check_lowp_b32", cfg32)?;
     accuracy(c, &comm32, &Codec::new(Format::Int8, 32)?, "int8 B=32")?;
     accuracy(c, &comm32, &Codec::new(Format::E4M3, 32)?, "e4m3 B=32")?;
     drop(comm32);
@@ -777,33 +769,33 @@ fn disagreeing_calls(c: &mut Ctx, cfg: &Config) -> Res<()> {
     let w = c.world;
     let b = Buf::new(64 << 20)?;
     b.upload(0, &to_dtype(DataType::BF16, &random(1 << 20, 7)).0)?;
-    for (k, (what, n)) in [
-        ("all_reduce flat", 100_000usize),
-        ("all_reduce tree", 100_000),
-        ("all_gather", 70_001),
-        ("all_reduce flat, in chunks", 20_000_000),
+    // (what, elements on rank 0, all-reduce algorithm, all-gather instead, staging bytes)
+    for (k, (what, n, algo, gather, staging)) in [
+        ("all_reduce flat", 100_000usize, Algo::Flat, false, None),
+        ("all_reduce tree", 100_000, Algo::Tree, false, None),
+        ("all_gather", 70_001, Algo::Flat, true, None),
+        // Two chunks of ~10M elements.
+        (
+            "all_reduce flat, in chunks",
+            20_000_000,
+            Algo::Flat,
+            false,
+            Some(16usize << 20),
+        ),
     ]
     .into_iter()
     .enumerate()
     {
         let mut cfg2 = cfg.clone();
         cfg2.timeout = Duration::from_secs(3);
-        if k == 3 {
-            cfg2.cuda_staging_bytes = 16 << 20; // two chunks of ~10M elements
+        if let Some(bytes) = staging {
+            cfg2.cuda_staging_bytes = bytes;
         }
-        let mut o = CommOptions::new(format!("gpu_check_lowp_bad{k}"));
-        o.config = Some(cfg2);
-        let comm = Communicator::new(o)?;
+        let comm = comm_with(&format!("gpu_check_lowp_bad{k}"), cfg2)?;
         let mine = n + me;
-        let algo = if what.contains("tree") {
-            Algo::Tree
-        } else {
-            Algo::Flat
-        };
         let opts = CallOpts::default()
             .with_algo(algo)
             .with_low_precision(LowPrecisionChoice::On(Format::E4M3));
-        let gather = what.starts_with("all_gather");
         let count = if gather { mine * w } else { mine };
         // SAFETY: 64 MiB of this device hold every count here in bf16.
         let first = unsafe {

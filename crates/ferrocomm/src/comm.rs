@@ -590,7 +590,8 @@ impl Communicator {
         self.live()?.all_to_all(input, output, opts)
     }
 
-    /// All-to-all with per-peer counts and offsets (in elements).
+    /// All-to-all with per-peer counts and offsets (in elements). A rank's part to itself must
+    /// have the same count on both sides (`send_counts[rank] == recv_counts[rank]`).
     pub fn all_to_all_v(
         &self,
         input: Input<'_>,
@@ -638,6 +639,15 @@ impl Communicator {
         if matches!(input, Input::InPlace) && splits.send_displs != splits.recv_displs {
             return Err(Error::InvalidArgument(format!(
                 "{c}: in place needs the same offsets for sending and receiving"
+            )));
+        }
+        // The own part is copied locally, never exchanged: a difference is this rank's mistake,
+        // refused here rather than by each backend's copy.
+        let me = self.rank();
+        if splits.send_counts[me] != splits.recv_counts[me] {
+            return Err(Error::InvalidArgument(format!(
+                "{c}: rank {me} sends {} elements to itself but expects {}",
+                splits.send_counts[me], splits.recv_counts[me]
             )));
         }
         self.live()?.all_to_all_v(input, output, splits, opts)

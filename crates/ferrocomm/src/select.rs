@@ -150,8 +150,9 @@ pub fn direct_max_setting(t: &Thresholds, coll: Collective) -> (Option<usize>, &
     }
 }
 
-/// Default direct-access limits for the data-movement collectives (bytes per rank).
-pub fn default_direct_max(coll: Collective, world: usize) -> usize {
+/// Default direct-access limits for the data-movement collectives (bytes per rank); `None`: no
+/// limit of its own (the staging still decides).
+pub fn default_direct_max(coll: Collective, world: usize) -> Option<usize> {
     // 2×H200 sweeps (docs/tuning.md, direct-access collectives): direct access beats NCCL up to
     // the largest size measured, the equal-part all-to-all since it runs in rounds from 8 MiB
     // parts (64 MiB per rank 0.81×). The staging (64 MiB by default) caps the rest: world × part
@@ -160,16 +161,12 @@ pub fn default_direct_max(coll: Collective, world: usize) -> usize {
     // sends and receives) is far slower than its all-to-all: 0.44-0.66× at 1-32 MiB of uneven
     // parts, bench/results/2026-11-30-h200x2-lp-a2av. So it has no limit of its own.
     let base: usize = match coll {
-        Collective::AllToAllV => return usize::MAX,
+        Collective::AllToAllV => return None,
         Collective::AllGather => 32 << 20,
         Collective::ReduceScatter => 32 << 20,
         _ => 64 << 20,
     };
-    if world > 4 {
-        base / 2
-    } else {
-        base
-    }
+    Some(if world > 4 { base / 2 } else { base })
 }
 
 /// Chooses the algorithm for one collective call.
@@ -241,8 +238,9 @@ pub fn select(
         other => {
             let limit = direct_max_setting(t, other)
                 .0
-                .unwrap_or_else(|| default_direct_max(other, world));
-            if caps.nccl && (bytes_per_rank > limit || !fits(bytes_per_rank)) {
+                .or_else(|| default_direct_max(other, world));
+            let above = limit.is_some_and(|l| bytes_per_rank > l);
+            if caps.nccl && (above || !fits(bytes_per_rank)) {
                 Ok(Algo::Nccl)
             } else {
                 Ok(Algo::Direct)
@@ -353,12 +351,13 @@ mod tests {
         assert_eq!(pick(Collective::AllGather, 32 << 20, 4), Algo::Direct);
         assert_eq!(pick(Collective::AllGather, (32 << 20) + 1, 4), Algo::Nccl);
         // Above 4 ranks every default halves (the all-to-all-v has none).
-        assert_eq!(default_direct_max(Collective::AllToAllV, 8), usize::MAX);
+        assert_eq!(default_direct_max(Collective::AllToAllV, 8), None);
         for coll in DIRECT_LIMITED
             .into_iter()
             .filter(|&c| c != Collective::AllToAllV)
         {
-            let (two, eight) = (default_direct_max(coll, 2), default_direct_max(coll, 8));
+            let limit = |world| default_direct_max(coll, world).expect("a default limit");
+            let (two, eight) = (limit(2), limit(8));
             assert_eq!(eight * 2, two, "{}", coll.name());
             assert_eq!(pick(coll, eight, 8), Algo::Direct, "{}", coll.name());
             assert_eq!(pick(coll, eight + 1, 8), Algo::Nccl, "{}", coll.name());

@@ -268,11 +268,14 @@ fn capacity_dtype_and_collective_must_agree() {
             call(3, DataType::F32).unwrap_err()
         } else {
             let mut out = Aligned::poisoned(6 * 4);
+            // Valid counts on this rank (its own part keeps its size); the peers' disagree.
             let counts = vec![if me == 1 { 2 } else { 3 }, 0, 0];
+            let mut send = vec![1, 2, 3];
+            send[me] = counts[me];
             comm.all_to_all_v(
                 ferrocomm::Input::Buf(view(DataType::F32, inp.bytes())),
                 view_mut(DataType::F32, out.bytes_mut()),
-                &Splits::packed(vec![1, 2, 3], counts),
+                &Splits::packed(send, counts),
                 &CallOpts::default(),
             )
             .unwrap_err()

@@ -180,6 +180,44 @@ fn different_calls_at_the_same_step_fail_on_every_rank() {
     }
 }
 
+/// A rank's part to itself with different send and receive counts is refused on that rank
+/// before anything runs (no exchange, no timeout), and the communicator stays usable.
+#[test]
+fn an_all_to_all_v_own_part_that_changes_size_is_refused() {
+    run_ranks(2, &config(4096, Duration::from_secs(20)), |comm| {
+        let me = comm.rank();
+        let mut recv = vec![4usize; 2];
+        recv[me] = 5;
+        let splits = Splits::packed(vec![4; 2], recv);
+        let x = vec![2.0f32; 8];
+        let mut y = vec![0.0f32; 9];
+        let r = comm.all_to_all_v(
+            Input::Buf(View::host(&x)),
+            ViewMut::host(&mut y),
+            &splits,
+            &CallOpts::default(),
+        );
+        let Err(Error::InvalidArgument(m)) = r else {
+            panic!("rank {me}: {r:?}");
+        };
+        assert!(
+            m.contains(&format!(
+                "rank {me} sends 4 elements to itself but expects 5"
+            )),
+            "{m}"
+        );
+        let splits = Splits::packed(vec![4; 2], vec![4; 2]);
+        comm.all_to_all_v(
+            Input::Buf(View::host(&x)),
+            ViewMut::host(&mut y[..8]),
+            &splits,
+            &CallOpts::default(),
+        )
+        .unwrap();
+        assert!(y[..8].iter().all(|&v| v == 2.0));
+    });
+}
+
 #[test]
 fn mismatched_send_and_recv_sizes_are_reported() {
     let res = run_ranks(2, &config(4096, Duration::from_secs(20)), |comm| {

@@ -4,9 +4,17 @@
 #![allow(dead_code)]
 
 use cudarc::driver::sys;
-use ferrocomm::{DataType, ReduceOp};
+use ferrocomm::{CommOptions, Communicator, Config, DataType, ReduceOp};
 
 pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// A communicator of its own named `name` with settings `cfg` (a smaller staging, another block
+/// size, a short timeout: whatever a group of cases needs).
+pub fn comm_with(name: &str, cfg: Config) -> Res<Communicator> {
+    let mut o = CommOptions::new(name);
+    o.config = Some(cfg);
+    Ok(Communicator::new(o)?)
+}
 
 /// The program's flags, each one of `known`. Unknown ones are refused rather than ignored: a
 /// mistyped flag must not run the full suite where a short one was meant (under

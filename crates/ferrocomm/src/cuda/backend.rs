@@ -7,7 +7,7 @@ use cudarc::driver::{sys, CudaContext};
 
 use super::collectives;
 use super::dda::Dda;
-use super::lowp::{a2av_plan, all_reduce_kind, LpKind};
+use super::lowp::{a2av_codec_fits, a2av_plan, all_reduce_kind, LpKind};
 use super::{cu, kernels, open_context};
 use crate::bootstrap::all_gather_bytes;
 use crate::comm::{Backend, CallOpts, CommContext, DeviceCounts, Splits};
@@ -563,14 +563,12 @@ impl Backend for CudaBackend {
         let forced = opts.algo.0 == Algo::Direct;
         let es = dt.size();
         // Low precision (two ranks): decided on the crossing counts, which both ranks see, so
-        // both take the same path. In place only where every part keeps its size and place:
-        // then the warp that reads a group of part p to send it is the one that writes the
-        // group received into part p, after the barrier (kernels/lowp.cu, as in the all-to-all).
-        let lp_in_place_ok = !matches!(input, Input::InPlace)
-            || (splits.send_counts == splits.recv_counts
-                && splits.send_displs == splits.recv_displs);
+        // both take the same path. In place as the full-precision kernels (every part keeps its
+        // size, and Communicator keeps its place): the warp that reads a group of part p to send
+        // it is the one that writes the group received into part p, after the barrier
+        // (kernels/lowp.cu, as in the all-to-all).
         if let (true, Some((_, largest))) = (
-            lp_in_place_ok,
+            in_place_ok,
             collectives::a2av_agreed_sizes(self.rank, splits, es),
         ) {
             let (i, o) = (in_ptr(&input, &output), output.ptr() as u64);
@@ -751,15 +749,8 @@ impl Backend for CudaBackend {
         let Some((d, c)) = self.lp_codec(coll, dtype, op, bytes, [0, 0], opts)? else {
             return Ok(None);
         };
-        if coll == A2AV {
-            // Both crossing parts at the largest size (the plan is None where the codec's
-            // blocks are too large for the per-part kernels).
-            let x = bytes / dtype.size();
-            let s = Splits::packed(vec![x, x], vec![x, x]);
-            let staging = d.layout().staging_bytes;
-            if a2av_plan(self.rank, &s, &c, staging).is_none() {
-                return Ok(None);
-            }
+        if coll == A2AV && !a2av_codec_fits(&c, d.layout().staging_bytes) {
+            return Ok(None);
         }
         Ok(Some(match coll {
             AR => match all_reduce_kind(opts.algo.0, self.config.algo, self.size) {

@@ -199,7 +199,7 @@ pub(super) fn a2av_local_sizes(rank: usize, splits: &Splits, es: usize) -> (usiz
 
 /// The largest count `rank` sends to or receives from another rank (its own part is copied
 /// locally and never goes through the staging).
-fn a2av_largest_crossing(rank: usize, splits: &Splits) -> usize {
+pub(super) fn a2av_largest_crossing(rank: usize, splits: &Splits) -> usize {
     (0..splits.send_counts.len())
         .filter(|&p| p != rank)
         .map(|p| splits.send_counts[p].max(splits.recv_counts[p]))

@@ -13,7 +13,9 @@ use std::ffi::c_void;
 
 use cudarc::driver::sys;
 
-use super::collectives::{a2av_pair_signature, a2av_piece, a2av_pieces, signature};
+use super::collectives::{
+    a2av_largest_crossing, a2av_pair_signature, a2av_piece, a2av_pieces, signature,
+};
 use super::dda::{Args, Dda, COLL_BAR_OFF};
 use super::{cu, cu_lazy};
 use crate::comm::Splits;
@@ -111,8 +113,8 @@ pub(super) struct A2avPlan {
 /// The plan of a low-precision all-to-all-v of `splits` on `rank`, or `None` where it cannot
 /// run. Two ranks only: each rank sees its own row and column of the count matrix, and only at
 /// two ranks do both see every count that decides (the crossing ones), so both take the same
-/// path (cuda::collectives::a2av_agreed_sizes); more ranks go full precision. `None` also for
-/// blocks above 128 (the per-part counts are handled by the grouped kernels only).
+/// path (cuda::collectives::a2av_agreed_sizes); more ranks go full precision. `None` also where
+/// the codec or the staging does not allow it ([`a2av_codec_fits`]).
 pub(super) fn a2av_plan(
     rank: usize,
     splits: &Splits,
@@ -120,16 +122,12 @@ pub(super) fn a2av_plan(
     staging: usize,
 ) -> Option<A2avPlan> {
     let world = splits.send_counts.len();
-    if world != 2 || codec.block > 128 {
+    if world != 2 || !a2av_codec_fits(codec, staging) {
         return None;
     }
-    let peer = 1 - rank;
-    let cross = splits.send_counts[peer].max(splits.recv_counts[peer]);
+    let cross = a2av_largest_crossing(rank, splits);
     let (pull_parts, push_parts) = regions_per_parity(LpKind::AllToAll, world);
     let pull_most = chunk_limit(staging, pull_parts, codec);
-    if pull_most == 0 {
-        return None;
-    }
     let push_most = chunk_limit(staging, push_parts, codec);
     let (push, chunk) = plan(
         LpKind::AllToAll,
@@ -139,6 +137,14 @@ pub(super) fn a2av_plan(
         tile(codec),
     );
     Some(A2avPlan { cross, chunk, push })
+}
+
+/// Whether a two-rank low-precision all-to-all-v can run with `codec` on a staging of `staging`
+/// bytes per parity: blocks of at most 128 (the per-part counts are handled by the grouped
+/// kernels only) and room for one tile per part.
+pub(super) fn a2av_codec_fits(codec: &Codec, staging: usize) -> bool {
+    let (pull_parts, _) = regions_per_parity(LpKind::AllToAll, 2);
+    codec.block <= 128 && chunk_limit(staging, pull_parts, codec) > 0
 }
 
 /// The signature of one piece of a low-precision all-to-all-v: both crossing counts of the
@@ -203,17 +209,11 @@ fn lp_signature(
     len: usize,
     avg: bool,
 ) -> u32 {
-    let coll = match kind {
-        LpKind::Flat | LpKind::Tree => Collective::AllReduce,
-        LpKind::AllGather => Collective::AllGather,
-        LpKind::ReduceScatter => Collective::ReduceScatter,
-        LpKind::AllToAll => Collective::AllToAll,
-    };
     let what = format!(
         "low precision {kind:?} {} {} avg={avg} part={part}",
         codec.format, codec.block
     );
-    signature(coll, dtype, len, 0, &what)
+    signature(kind.collective(), dtype, len, 0, &what)
 }
 
 /// Which collective a chunked lowp launch implements.
@@ -229,13 +229,17 @@ pub(super) enum LpKind {
 }
 
 impl LpKind {
-    fn name(self) -> &'static str {
+    fn collective(self) -> Collective {
         match self {
-            LpKind::Flat | LpKind::Tree => "all_reduce",
-            LpKind::AllGather => "all_gather",
-            LpKind::ReduceScatter => "reduce_scatter",
-            LpKind::AllToAll => "all_to_all",
+            LpKind::Flat | LpKind::Tree => Collective::AllReduce,
+            LpKind::AllGather => Collective::AllGather,
+            LpKind::ReduceScatter => Collective::ReduceScatter,
+            LpKind::AllToAll => Collective::AllToAll,
         }
+    }
+
+    fn name(self) -> &'static str {
+        self.collective().name()
     }
 }
 
@@ -412,19 +416,13 @@ impl Dda {
     ) -> Result<()> {
         let world = self.world;
         let rank = self.rank;
-        if splits.send_counts[rank] != splits.recv_counts[rank] {
-            return Err(Error::InvalidArgument(format!(
-                "all_to_all_v: rank {rank} sends {} elements to itself but expects {}",
-                splits.send_counts[rank], splits.recv_counts[rank]
-            )));
-        }
         let pieces = a2av_pieces(rank, splits, plan.chunk);
         // The plain kernel at every size: the wide one has no per-part counts (kernels/lowp.cu).
         let name = "fc_lp_move";
         let wave = self.lp_wave(dtype, name)?;
         for i in 0..pieces {
             let s = a2av_piece(rank, splits, i, plan.chunk);
-            let len = plan.cross.saturating_sub(i * plan.chunk).min(plan.chunk);
+            let len = a2av_largest_crossing(rank, &s);
             let a = self.base_args(input, output, len as u64);
             let mut l = Lp {
                 block: codec.block as u32,
