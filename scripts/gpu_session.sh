@@ -14,7 +14,8 @@
 #   bash scripts/gpu_session.sh .carry/bin .carry/kc bench             (~160 s)
 #   bash scripts/gpu_session.sh .carry/bin .carry/kc sanitize          (up to ~590 s)
 # PARTS (third argument) defaults to checks sanitize python bench; `coll` adds the direct-access
-# collectives' tables (five benches, ~45 s each). The bench steps'
+# collectives' tables (five benches, ~45 s each); `shared` runs the check programs at 3 and 4
+# ranks on the 2 GPUs (`--share-gpus`, correctness of the n-rank kernels only). The bench steps'
 # limits (BENCH_AR_LIMIT_S=40, BENCH_LP_LIMIT_S=30) end the sweeps after 64 MB; raise them to
 # reach 256 MB in a call of their own. CHECKS lists the check programs of part `checks`
 # (default "gpu_check gpu_check_coll gpu_check_lowp"; gpu_check alone takes ~125 s).
@@ -51,6 +52,17 @@ if want checks; then
     step gpu_check_coll 70 "$fc" launch -n 2 --timeout 68 -- "$bin/gpu_check_coll"
   listed "$checks" gpu_check_lowp &&
     step gpu_check_lowp 100 "$fc" launch -n 2 --timeout 98 -- "$bin/gpu_check_lowp"
+fi
+if want shared; then
+  # More ranks than GPUs (`--share-gpus`: local rank r on GPU r mod 2, NCCL off, two processes
+  # taking turns on one GPU): the 3- and 4-rank kernels' correctness, no timing. SHARED_WORLDS
+  # (default "3 4") and SHARED_CHECKS (default: the three programs, --quick) choose the runs.
+  for w in ${SHARED_WORLDS:-3 4}; do
+    for p in ${SHARED_CHECKS:-gpu_check gpu_check_coll gpu_check_lowp}; do
+      step "$p-w$w-shared" "${SHARED_LIMIT_S:-150}" "$fc" launch -n "$w" --timeout "$((${SHARED_LIMIT_S:-150} - 2))" -- \
+        "$bin/$p" --share-gpus ${SHARED_FLAGS---quick}
+    done
+  done
 fi
 if want sanitize; then
   SANITIZE_RUN_TIMEOUT_S=95 OUT="$res" step sanitize 590 bash "$(dirname "$0")/gpu_sanitize.sh" "$bin"

@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys;
 use ferrocomm::bootstrap::{all_gather_bytes, store_barrier};
 use ferrocomm::{
-    Algo, CallOpts, CommOptions, Communicator, Config, DataType, Device, Input, ReduceOp, View,
-    ViewMut,
+    Algo, CallOpts, Communicator, Config, DataType, Device, Input, ReduceOp, View, ViewMut,
 };
 use rand::{Rng, SeedableRng};
 
@@ -251,12 +250,20 @@ fn ops_for(d: DataType) -> Vec<OpK> {
 
 const ALGOS: [Algo; 5] = [Algo::Push, Algo::Flat, Algo::Tree, Algo::Nccl, Algo::Auto];
 
+/// The algorithms a case list runs here: all of [`ALGOS`], less NCCL under `--share-gpus`.
+fn algos() -> Vec<Algo> {
+    ALGOS
+        .into_iter()
+        .filter(|&a| a != Algo::Nccl || !shared_gpus())
+        .collect()
+}
+
 /// The handful of cases run under compute-sanitizer (memcheck, racecheck).
 fn sanitize_cases(c: &mut Ctx) -> Res<()> {
     let mut seed = 40_000u64;
     for d in [DataType::F32, DataType::BF16] {
         for (k, &n) in [1usize, 33, 4097, 70_001].iter().enumerate() {
-            for algo in ALGOS {
+            for algo in algos() {
                 seed += 1;
                 let cs = Case {
                     in_place: k % 2 == 0,
@@ -279,7 +286,7 @@ fn matrix(c: &mut Ctx, quick: bool) -> Res<()> {
                 if quick && si % 2 == 1 {
                     continue;
                 }
-                for (ai, algo) in ALGOS.iter().enumerate() {
+                for (ai, algo) in algos().iter().enumerate() {
                     seed += 1;
                     let cs = Case {
                         dtype: *d,
@@ -310,7 +317,7 @@ fn matrix(c: &mut Ctx, quick: bool) -> Res<()> {
     };
     for d in [DataType::BF16, DataType::F32] {
         for &b in big {
-            for algo in ALGOS {
+            for algo in algos() {
                 if algo == Algo::Push && b > (512 << 10) {
                     continue;
                 }
@@ -337,8 +344,9 @@ fn race(c: &mut Ctx, calls: usize) -> Res<()> {
     let plan: Vec<(usize, Algo)> = (0..calls)
         .map(|_| {
             let n = rng.random_range(1..max_n);
+            // NCCL is the last: under --share-gpus the draw leaves it out.
             let a = [Algo::Push, Algo::Flat, Algo::Tree, Algo::Auto, Algo::Nccl]
-                [rng.random_range(0..5)];
+                [rng.random_range(0..if shared_gpus() { 4 } else { 5 })];
             (n, a)
         })
         .collect();
@@ -408,7 +416,14 @@ fn graph(c: &mut Ctx, replays: usize) -> Res<()> {
         (200_000, Algo::Flat),
         (65536, Algo::Auto),
         (5, Algo::Tree),
-        (1024, Algo::Nccl),
+        (
+            1024,
+            if shared_gpus() {
+                Algo::Auto
+            } else {
+                Algo::Nccl
+            },
+        ),
     ];
     let max_n = 200_000;
     let inputs: Vec<Vec<u8>> = (0..c.world)
@@ -817,8 +832,7 @@ fn nccl_timeout(c: &mut Ctx, cfg: &Config) -> Res<()> {
     let mut cfg_n = cfg.clone();
     cfg_n.timeout = Duration::from_secs(3);
     let limit = cfg_n.timeout + Duration::from_secs(10);
-    let mut o6 = CommOptions::new("gpu_check_nccl_timeout");
-    o6.config = Some(cfg_n);
+    let o6 = options("gpu_check_nccl_timeout", cfg_n);
     // NCCL's own initialisation now has the 3 s deadline too: if it is that slow here, every
     // rank learns it and the case is reported instead of desynchronising the ranks.
     let comm6 = Communicator::new(o6);
@@ -898,8 +912,7 @@ fn nccl_timeout(c: &mut Ctx, cfg: &Config) -> Res<()> {
         ));
     }
     // Both ranks go on with a fresh communicator (the default timeout).
-    let mut o7 = CommOptions::new("gpu_check_nccl_after_timeout");
-    o7.config = Some(cfg.clone());
+    let o7 = options("gpu_check_nccl_after_timeout", cfg.clone());
     let comm7 = Communicator::new(o7)?;
     let after = Case {
         count: n6 + 3,
@@ -922,8 +935,7 @@ fn real_main() -> Res<i32> {
     let mut cfg = Config::from_env()?;
     // Room for the largest tested message in flat/tree.
     cfg.cuda_staging_bytes = cfg.cuda_staging_bytes.max(256 << 20);
-    let mut o = CommOptions::new("gpu_check");
-    o.config = Some(cfg.clone());
+    let o = options("gpu_check", cfg.clone());
     let t0 = Instant::now();
     let comm = Communicator::new(o)?;
     let rank = comm.rank();
@@ -932,11 +944,16 @@ fn real_main() -> Res<i32> {
         return Err("gpu_check needs a GPU (the communicator chose the host backend)".into());
     };
     if rank == 0 {
-        let (p, v) = ferrocomm::nccl::probe(&cfg)?;
+        let nccl = if shared_gpus() {
+            format!("off ({NO_NCCL}: the NCCL cases, the two-host and NCCL timeout checks and the timing are left out)")
+        } else {
+            let (p, v) = ferrocomm::nccl::probe(&cfg)?;
+            format!("{v} from {}", p.display())
+        };
         println!(
-            "gpu_check: {world} ranks, backend {}, NCCL {v} from {}, DDA memory {} MiB per GPU, init {:.2} s",
+            "gpu_check: {world} ranks on {} GPUs, backend {}, NCCL {nccl}, DDA memory {} MiB per GPU, init {:.2} s",
+            ferrocomm::cuda::gpu_count(),
             comm.backend_name(),
-            p.display(),
             ferrocomm::cuda::staging_memory_bytes(&cfg, world) >> 20,
             t0.elapsed().as_secs_f64()
         );
@@ -971,8 +988,7 @@ fn real_main() -> Res<i32> {
         foreign_pointers(&mut c)?;
 
         // Two communicators used alternately.
-        let mut o2 = CommOptions::new("gpu_check_b");
-        o2.config = Some(cfg.clone());
+        let o2 = options("gpu_check_b", cfg.clone());
         let comm2 = Communicator::new(o2)?;
         for k in 0..40u64 {
             let algo = [Algo::Push, Algo::Flat, Algo::Tree, Algo::Auto][k as usize % 4];
@@ -989,8 +1005,7 @@ fn real_main() -> Res<i32> {
         // slots (the writer waits for the reader's acknowledgements).
         let mut cfg_s = cfg.clone();
         cfg_s.cuda_staging_bytes = 1 << 20;
-        let mut o5 = CommOptions::new("gpu_check_small_staging");
-        o5.config = Some(cfg_s);
+        let o5 = options("gpu_check_small_staging", cfg_s);
         let comm5 = Communicator::new(o5)?;
         for (k, (d, n, algo)) in [
             (DataType::BF16, (8 << 20) + 3, Algo::Flat),
@@ -1010,9 +1025,14 @@ fn real_main() -> Res<i32> {
         }
         drop(comm5);
 
+        if shared_gpus() {
+            // What follows needs NCCL (two hosts simulated, its timeout) or GPUs of one's own
+            // (timing).
+            break 'suite;
+        }
+
         // Two hosts of one GPU each, simulated: NCCL must carry everything.
-        let mut o3 = CommOptions::new("gpu_check_2hosts");
-        o3.config = Some(cfg.clone());
+        let mut o3 = options("gpu_check_2hosts", cfg.clone());
         o3.local_size = Some(1);
         o3.local_rank = Some(0);
         o3.device = Some(Device::Cuda(dev));
@@ -1046,8 +1066,7 @@ fn real_main() -> Res<i32> {
         // the next call reports which rank was missing.
         let mut cfg_t = cfg.clone();
         cfg_t.timeout = Duration::from_secs(2);
-        let mut o4 = CommOptions::new("gpu_check_timeout");
-        o4.config = Some(cfg_t);
+        let o4 = options("gpu_check_timeout", cfg_t);
         let comm4 = Communicator::new(o4)?;
         if rank == 0 {
             let b = Buf::new(4096)?;

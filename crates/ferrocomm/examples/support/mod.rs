@@ -11,19 +11,54 @@ pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
 /// A communicator of its own named `name` with settings `cfg` (a smaller staging, another block
 /// size, a short timeout: whatever a group of cases needs).
 pub fn comm_with(name: &str, cfg: Config) -> Res<Communicator> {
-    let mut o = CommOptions::new(name);
-    o.config = Some(cfg);
-    Ok(Communicator::new(o)?)
+    Ok(Communicator::new(options(name, cfg))?)
 }
 
-/// The program's flags, each one of `known`. Unknown ones are refused rather than ignored: a
-/// mistyped flag must not run the full suite where a short one was meant (under
-/// compute-sanitizer that would run past its limit).
+/// The options every check program creates its communicators with: `name`, `cfg`, and under
+/// `--share-gpus` the device and settings of [`shared_gpus`].
+pub fn options(name: &str, mut cfg: Config) -> CommOptions {
+    let mut o = CommOptions::new(name);
+    if shared_gpus() {
+        let local = cfg.launch.local_rank.or(cfg.launch.rank).unwrap_or(0);
+        let gpus = ferrocomm::cuda::gpu_count().max(1);
+        o.device = Some(ferrocomm::Device::Cuda((local % gpus) as u32));
+        // NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): without it the
+        // backend runs every collective through direct access or refuses it.
+        cfg.nccl_lib = Some(NO_NCCL.into());
+    }
+    o.config = Some(cfg);
+    o
+}
+
+/// The library path `--share-gpus` gives NCCL: none loads, so the backend runs without it.
+pub const NO_NCCL: &str = "(no NCCL: ranks share GPUs)";
+
+static SHARED_GPUS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// Whether `--share-gpus` was given: local rank r runs on GPU r mod (GPUs of the host), so a
+/// world larger than the machine's GPU count runs the n-rank kernels (two or more processes
+/// per GPU take turns on it: correctness only, no timing), without NCCL.
+pub fn shared_gpus() -> bool {
+    *SHARED_GPUS.get_or_init(|| false)
+}
+
+/// The program's flags, each one of `known` or `--share-gpus` (every program takes it, see
+/// [`shared_gpus`]). Unknown ones are refused rather than ignored: a mistyped flag must not run
+/// the full suite where a short one was meant (under compute-sanitizer that would run past its
+/// limit).
 pub fn flags(known: &[&str]) -> Res<Vec<String>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if let Some(a) = args.iter().find(|a| !known.contains(&a.as_str())) {
-        return Err(format!("unknown argument {a:?} (flags: {})", known.join(", ")).into());
+    if let Some(a) = args
+        .iter()
+        .find(|a| !known.contains(&a.as_str()) && *a != "--share-gpus")
+    {
+        return Err(format!(
+            "unknown argument {a:?} (flags: {}, --share-gpus)",
+            known.join(", ")
+        )
+        .into());
     }
+    let _ = SHARED_GPUS.set(args.iter().any(|a| a == "--share-gpus"));
     Ok(args)
 }
 
