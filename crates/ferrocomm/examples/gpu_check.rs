@@ -685,6 +685,69 @@ fn others(c: &mut Ctx) -> Res<()> {
     Ok(())
 }
 
+/// The backend's barrier: it waits for the last rank (rank 0 arrives 0.3 s late, everyone else
+/// must wait that long), and a rank that never comes makes it fail with a timeout naming a
+/// missing rank instead of hanging.
+fn barrier_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
+    let (rank, world) = (c.rank, c.world);
+    let late = Duration::from_millis(300);
+    let o = CallOpts::default();
+    c.comm.barrier(&o)?;
+    if rank == 0 {
+        std::thread::sleep(late);
+    }
+    let t = Instant::now();
+    let r = c.comm.barrier(&o);
+    let waited = t.elapsed();
+    let tally = c.tally.entry("barrier".into()).or_default();
+    tally.cases += 1;
+    match r {
+        Err(e) => {
+            tally.errors += 1;
+            c.failures.push(format!("barrier: {e}"));
+        }
+        Ok(()) if rank != 0 && waited < late - Duration::from_millis(50) => {
+            tally.errors += 1;
+            c.failures.push(format!(
+                "barrier returned after {:.3} s, before rank 0 (0.3 s late) arrived",
+                waited.as_secs_f64()
+            ));
+        }
+        Ok(()) => {}
+    }
+
+    let mut cfg_t = cfg.clone();
+    cfg_t.timeout = Duration::from_secs(2);
+    let comm = Communicator::new(options("gpu_check_barrier_timeout", cfg_t))?;
+    let last = world - 1;
+    if rank == last {
+        let t = Instant::now();
+        let r = comm.barrier(&o);
+        let tally = c.tally.entry("barrier".into()).or_default();
+        tally.cases += 1;
+        match r {
+            Err(ferrocomm::Error::Timeout { missing, .. }) if missing != last => println!(
+                "barrier alone: timeout after {:.2} s naming rank {missing}",
+                t.elapsed().as_secs_f64()
+            ),
+            other => {
+                tally.errors += 1;
+                c.failures
+                    .push(format!("a barrier no other rank joined returned {other:?}"));
+            }
+        }
+    }
+    store_barrier(
+        &**c.comm.store(),
+        "barrier-timeout-done",
+        world,
+        Duration::from_secs(120),
+    )?;
+    // The lone rank's communicator is unusable; the others never ran a kernel on it.
+    std::mem::forget(comm);
+    Ok(())
+}
+
 // ---------------------------------------------------------------- timing
 
 fn timing(c: &mut Ctx, quick: bool) -> Res<()> {
@@ -1024,6 +1087,8 @@ fn real_main() -> Res<i32> {
             run_case(&mut c, Some(&comm5), &cs, 30_000 + k as u64, 0)?;
         }
         drop(comm5);
+
+        barrier_checks(&mut c, &cfg)?;
 
         if shared_gpus() {
             // What follows needs NCCL (two hosts simulated, its timeout) or GPUs of one's own

@@ -654,11 +654,28 @@ impl Backend for CudaBackend {
             d.check_error("barrier")?;
         }
         self.follow(&mut st, opts.stream)?;
-        self.nccl("barrier")?.barrier(opts)?;
-        if let Some(d) = &self.dda {
-            d.check_error("all_reduce")?;
-        }
-        Ok(())
+        let Some(d) = &self.dda else {
+            return self.nccl("barrier")?.barrier(opts);
+        };
+        // Direct access meets every rank in one push kernel (no NCCL needed): a one-word
+        // all-reduce with Max, which leaves the word as it was. A peer that never comes makes
+        // the kernel give up after the timeout, and check_error names it.
+        let w = d.barrier_word();
+        d.all_reduce(
+            Algo::Push,
+            w,
+            w,
+            1,
+            DataType::I32,
+            ReduceOp::Max,
+            opts.stream,
+        )?;
+        cu(
+            // SAFETY: waits for the caller's stream; the kernel ends by the timeout at the latest.
+            unsafe { sys::cuStreamSynchronize(opts.stream as sys::CUstream) },
+            "barrier: cuStreamSynchronize",
+        )?;
+        d.check_error("barrier")
     }
 
     fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()> {

@@ -25,6 +25,9 @@ const STATE_OFF: usize = FLAGS_BYTES;
 const VERIFY_OFF: usize = STATE_OFF + 64;
 /// What rank r writes into every peer's verify word r at start-up: VERIFY_MAGIC + r.
 const VERIFY_MAGIC: u32 = 0x5eed_0000;
+/// The word [`Dda::barrier_word`] all-reduces (local; state bytes 2048..4096 are otherwise
+/// unused: the kernels' block epochs end at 1024 + 4 x MAX_BLOCKS).
+const BARRIER_WORD_OFF: usize = STATE_OFF + 2048;
 /// Hello and payload-barrier words of collectives.cu (written by peers), in the state area.
 pub(super) const COLL_HELLO_OFF: usize = STATE_OFF + 4096;
 pub(super) const COLL_BAR_OFF: usize = STATE_OFF + 8192;
@@ -490,6 +493,12 @@ impl Dda {
             missing: peer,
             timeout: self.timeout,
         })
+    }
+
+    /// A device word of this rank's own (16-byte aligned) for the backend's barrier: a push
+    /// all-reduce of it with Max meets every rank and leaves its value as it was.
+    pub fn barrier_word(&self) -> u64 {
+        self.own + BARRIER_WORD_OFF as u64
     }
 
     /// Launches one all-reduce kernel of `algo` on `stream`.
