@@ -15,7 +15,8 @@
 #
 #   scripts/gpu_sanitize.sh [BINDIR]
 # BINDIR holds release `ferrocomm` and the check programs (beside it or in BINDIR/examples).
-# SANITIZE_RUN_TIMEOUT_S bounds each run (default 280 s).
+# SANITIZE_RUN_TIMEOUT_S bounds each run (default 280 s). SANITIZE_WORLD sets the ranks (default
+# 2); more ranks than GPUs need SANITIZE_FLAGS=--share-gpus (the check programs' flag).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${1:-$here/../target/release}"
@@ -30,7 +31,8 @@ export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-/tmp/ferrocomm-kernels}
 # shellcheck disable=SC2206  # a list of names
 programs=(${SANITIZE_PROGRAMS:-gpu_check gpu_check_coll gpu_check_lowp})
 # Every program takes both flags (gpu_check_coll has no timing and accepts --no-timing as is).
-flags=(--sanitize --no-timing)
+# shellcheck disable=SC2206  # extra flags, split on spaces
+flags=(--sanitize --no-timing ${SANITIZE_FLAGS:-})
 
 status=0
 summary=()
@@ -40,7 +42,7 @@ for tool in memcheck racecheck; do
     [ -x "$path" ] || path="$bin/examples/$prog"
     log="$out/sanitize-$tool-$prog.log"
     if [ -x "$path" ]; then
-      "$bin/ferrocomm" launch -n 2 --timeout "$limit" -- \
+      "$bin/ferrocomm" launch -n "${SANITIZE_WORLD:-2}" --timeout "$limit" -- \
         compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 99 \
         --print-limit 20 "$path" "${flags[@]}" 2>&1 | tee "$log"
       rc=${PIPESTATUS[0]}

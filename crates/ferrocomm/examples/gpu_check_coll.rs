@@ -331,7 +331,7 @@ const RED_TYPES: [DataType; 7] = [
 /// reduction kernel (avg, prod, min, max on f32, f16, u32, i64); all-to-all-v with uneven counts
 /// and a zero, in and out of place; device-count all-to-all-v with i32 and i64 counts, a
 /// truncated part and the counts the kernel must not trust. Counts are odd throughout.
-fn sanitize_cases(c: &mut Ctx) -> Res<()> {
+fn sanitize_cases(c: &mut Ctx, cfg: &Config) -> Res<()> {
     use ferrocomm::cuda::collectives::{pipe_min_bytes, LL_MAX_BYTES};
     let w = c.world;
     let mut seed = 60_000u64;
@@ -467,6 +467,26 @@ fn sanitize_cases(c: &mut Ctx) -> Res<()> {
         direct,
         61_004,
     )?;
+    // In pieces: a 1 MiB staging, crossing parts of 600 KB (two or more pieces at every world).
+    let mut small_cfg = cfg.clone();
+    small_cfg.cuda_staging_bytes = 1 << 20;
+    let comm = comm_with("gpu_check_coll_sanitize_pieces", small_cfg)?;
+    let main = std::mem::replace(&mut c.comm, comm);
+    let big: Vec<Vec<usize>> = (0..w)
+        .map(|s| (0..w).map(|r| [300_007, 3][(s + r + 1) % 2]).collect())
+        .collect();
+    let r = a2av_call(
+        c,
+        "sanitize pieces",
+        &big,
+        DataType::BF16,
+        false,
+        1,
+        direct,
+        61_005,
+    );
+    c.comm = main;
+    r?;
     let m = uneven((0, w - 1));
     dynamic_call(
         c,
@@ -693,14 +713,12 @@ fn a2av(c: &mut Ctx, quick: bool) -> Res<()> {
     )
 }
 
-/// All-to-all-v cut into pieces (two ranks; one launch per piece): a communicator whose 1 MiB
-/// staging has slots of 512 KiB, and parts of up to 1.2 M elements, so a call takes up to 3
-/// pieces of 1-byte elements, 5 of bf16, 10 of f32 and 19 of i64; skewed, zero and odd counts,
-/// in and out of place, direct access forced and chosen.
+/// All-to-all-v cut into pieces: a communicator whose 1 MiB staging has slots of 1 MiB / world,
+/// and parts of up to 1.2 M elements, so a call at two ranks (one launch per piece of a slot)
+/// takes up to 3 pieces of 1-byte elements, 5 of bf16, 10 of f32 and 19 of i64, and one above
+/// (pair by pair in pieces of half a slot) up to 75 of i64 at four ranks; skewed, zero and odd
+/// counts, in and out of place, direct access forced and chosen.
 fn a2av_in_pieces(c: &mut Ctx, cfg: &Config, quick: bool) -> Res<()> {
-    if c.world != 2 {
-        return Ok(());
-    }
     let mut small = cfg.clone();
     small.cuda_staging_bytes = 1 << 20;
     let comm = comm_with("gpu_check_coll_small", small)?;
@@ -1361,6 +1379,37 @@ fn bad_input(c: &mut Ctx, cfg: &Config) -> Res<()> {
         };
         cases.push((format!("all_to_all_v, {n} elements"), Box::new(call)));
     }
+    for n in [100usize, 60_000] {
+        if w == 2 {
+            break;
+        }
+        // More ranks: 5 elements between any two ranks, but rank 0 sends n to rank 1, which
+        // expects n + 1. Only rank 1 sees both counts; the kernel's verdict words carry what it
+        // found to every rank, so every rank reports it.
+        let call = move |comm: &Communicator| {
+            let send: Vec<usize> = (0..w)
+                .map(|q| if me == 0 && q == 1 { n } else { 5 })
+                .collect();
+            let recv: Vec<usize> = (0..w)
+                .map(|s| if me == 1 && s == 0 { n + 1 } else { 5 })
+                .collect();
+            let (ni, no) = (send.iter().sum(), recv.iter().sum());
+            let splits = Splits::packed(send, recv);
+            let half = 512 << 10;
+            // SAFETY: 1 MiB of this device: the input (at most n + 5 * w f32) below half of
+            // it, the output (at most n + 1 + 5 * w) above.
+            unsafe {
+                let i = View::from_raw(p as *const u8, ni, DataType::F32, dev);
+                let o = ViewMut::from_raw((p + half) as *mut u8, no, DataType::F32, dev);
+                let opts = CallOpts::default().with_algo(Algo::Direct);
+                comm.all_to_all_v(Input::Buf(i), o, &splits, &opts)
+            }
+        };
+        cases.push((
+            format!("all_to_all_v, {n} elements, {w} ranks"),
+            Box::new(call),
+        ));
+    }
     for (k, (what, call)) in cases.iter().enumerate() {
         let first = call(&comm);
         sync()?;
@@ -1375,7 +1424,9 @@ fn bad_input(c: &mut Ctx, cfg: &Config) -> Res<()> {
         sync()?;
         total += 1;
         let shown = format!("{next:?}");
-        if first.is_ok() && shown.contains("disagrees between ranks") {
+        // "disagrees between ranks" where the rank saw it, "counts disagree between ranks"
+        // where a peer did (all-to-all-v above two ranks).
+        if first.is_ok() && shown.contains("disagree") && shown.contains("between ranks") {
             ok += 1;
             if me == 0 {
                 println!("mismatch {k} ({what}): {shown}");
@@ -1436,7 +1487,7 @@ fn real_main() -> Res<i32> {
     type Step<'a> = (&'a str, Box<dyn Fn(&mut Ctx) -> Res<()> + 'a>);
     let steps: Vec<Step> = if sanitize {
         // Under compute-sanitizer kernels run 10-100x slower: a few calls of every kernel form.
-        vec![("sanitize", Box::new(sanitize_cases))]
+        vec![("sanitize", Box::new(|c| sanitize_cases(c, &cfg)))]
     } else {
         vec![
             ("matrix", Box::new(|c| matrix(c, quick))),

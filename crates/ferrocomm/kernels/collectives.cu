@@ -22,12 +22,14 @@
 //   vectors of every part, so the per-block barrier covers exactly the data the block reads.
 //
 // Bad input: a signature or count that disagrees between ranks sets the error record (code 2),
-// too much data for a capacity sets code 3, counts past the input code 4; lengths are always
+// too much data for a capacity sets code 3, counts past the input code 4, a mismatch a peer found
+// (all-to-all-v above two ranks) code 5; lengths are always
 // clamped to what this rank's own buffers hold, so nothing is written past a buffer.
 
 #define ERR_MISMATCH 2
 #define ERR_CAPACITY 3
 #define ERR_INPUT 4
+#define ERR_PEER_MISMATCH 5  // all-to-all-v above two ranks: a peer received a count it did not expect
 #define FC_MAX_ROUNDS 8  // rounds of a pipelined staged call (barrier words per block and sender)
 
 struct CArgs {
@@ -88,6 +90,22 @@ __device__ bool wait_word(const Args& a, const u64* p, u32 e, u32 peer, u32 phas
         }
     }
     *payload = (u32)v;
+    return true;
+}
+
+// Waits until *p holds exactly `want` (an epoch and a payload that tells one use of the word
+// in a call from an earlier one).
+__device__ bool wait_exact(const Args& a, const u64* p, u64 want, u32 peer, u32 phase, u64 t0) {
+    u32 spins = 0;
+    while (ld_acquire_sys64(p) != want) {
+        if (++spins == SPIN_CHECK) {
+            spins = 0;
+            if (globaltimer() - t0 > a.timeout_ns) {
+                report_timeout(a, peer, phase);
+                return false;
+            }
+        }
+    }
     return true;
 }
 
@@ -588,6 +606,130 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_st(Args a, CAr
             u64 take = c.sig ? (bad ? 0 : want) : (got < want ? got : want);
             get_part(out + c.rdispl[s] * es, slot_ptr(a, c, a.rank, e, s), take * es, first, stride);
         }
+    }
+    end_call(a, e);
+}
+
+// Any number of ranks, any counts, one launch: every part that crosses goes in pieces of
+// c.n elements through half of its sender slot (piece k in half k & 1), pair by pair, so no rank
+// needs a count it does not see. Per block, sender s and receiver r meet through two words in
+// the payload-barrier area (rounds 0-1: data, in r's memory; rounds 2-3: acknowledgements, in
+// s's memory), the epoch in the high half as everywhere:
+// - s writes its vectors of piece k into r's slot half k & 1, then (bar.sync, release) the data
+//   word with the piece's element count, bit 31 set on the pair's last piece. A pair always has
+//   a piece 0, empty or not, so r learns where the pair ends from s alone.
+// - r waits for that word, zeroes it (its own memory: the next piece in this half is written
+//   only after r's acknowledgement, so the zero comes first), copies the piece out, and
+//   acknowledges with k in the ack word. s waits for the acknowledgement of k - 2 before it
+//   writes piece k into the same half; the payload k tells acknowledgements of one call apart.
+// r copies only what it expects (rcount), at the piece's offset, never past a part; where the
+// elements s sent differ from that it reports a mismatch, and a last exchange of words (round 4)
+// carries that verdict to every rank, so all of them report it. Every block moves the same
+// vectors of every piece on every rank (one grid for all ranks), so per-block words cover
+// exactly what the block reads. The next call in this parity comes two calls later, after every
+// peer has sent at least its piece 0 of the call in between (so has finished this one).
+#define PC_LAST 0x80000000u
+
+extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_pc(Args a, CArgs c) {
+    pdl_wait();
+    pdl_launch_dependents();
+    __shared__ u32 got_w[FC_MAX_RANKS];
+    __shared__ u64 got_total[FC_MAX_RANKS];
+    __shared__ u32 recv_done[FC_MAX_RANKS];
+    __shared__ u32 verdict;  // 1 + the first sender whose elements differed from rcount, or 0
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    const u8* in = (const u8*)a.input;
+    u8* out = (u8*)a.output;
+    u64 es = c.es, piece = c.n;
+    u64 half = piece * es;  // bytes of one slot half (a multiple of 16)
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u32 me = a.rank, t = threadIdx.x;
+    if (t < a.world) {
+        got_total[t] = 0;
+        recv_done[t] = t == me;
+    }
+    if (t == 0) verdict = 0;
+    // Pieces of each part sent (at least one), and the most of them.
+    u64 send_pieces_max = 1;
+    for (u32 p = 0; p < a.world; p++) {
+        u64 n = p == me ? 1 : (c.scount[p] + piece - 1) / piece;
+        if (n > send_pieces_max) send_pieces_max = n;
+    }
+    copy_local(out + c.rdispl[me] * es, in + c.sdispl[me] * es,
+               (c.rcount[me] < c.scount[me] ? c.rcount[me] : c.scount[me]) * es);
+    __syncthreads();
+    bool ok = true;
+    for (u64 k = 0;; k++) {
+        // Send piece k of every part that has one: after the acknowledgement of piece k - 2.
+        if (t < a.world && t != me) {
+            u64 n = c.scount[t] > 0 ? (c.scount[t] + piece - 1) / piece : 1;
+            // The word may still hold the acknowledgement of k - 4: wait for k - 2 itself.
+            if (k < n && k >= 2)
+                ok = wait_exact(a, bar_word(a, c, me, e, t, 2 + (k & 1)), ((u64)e << 32) | (u32)(k - 2),
+                                t, 21, t0);
+        }
+        if (!__syncthreads_and(ok)) break;
+        for (u32 p = 0; p < a.world; p++) {
+            if (p == me) continue;
+            u64 at = k * piece;
+            if (at >= c.scount[p] && !(k == 0 && c.scount[p] == 0)) continue;
+            u64 n = c.scount[p] - at < piece ? c.scount[p] - at : piece;
+            put_part(slot_ptr(a, c, p, e, me) + (k & 1) * half, in + (c.sdispl[p] + at) * es, n * es,
+                     first, stride);
+        }
+        __syncthreads();
+        if (t < a.world && t != me) {
+            u64 at = k * piece, cnt = c.scount[t];
+            if (at < cnt || (k == 0 && cnt == 0)) {
+                u64 n = cnt - at < piece ? cnt - at : piece;
+                u32 w = (u32)n | (at + n >= cnt ? PC_LAST : 0u);
+                st_release_sys64(bar_word(a, c, t, e, me, k & 1), ((u64)e << 32) | w);
+            }
+        }
+        // Receive piece k from every sender whose pair has not ended.
+        if (t < a.world && !recv_done[t]) {
+            u64* wp = bar_word(a, c, me, e, t, k & 1);
+            ok = wait_word(a, wp, e, t, 22, t0, &got_w[t]);
+            if (ok) *(volatile u64*)wp = 0;
+        }
+        if (!__syncthreads_and(ok)) break;
+        bool more = false;
+        for (u32 s = 0; s < a.world; s++) {
+            if (recv_done[s]) continue;
+            u64 n = got_w[s] & ~PC_LAST, at = k * piece, want = c.rcount[s];
+            u64 take = at >= want ? 0 : (want - at < n ? want - at : n);
+            get_part(out + (c.rdispl[s] + at) * es, slot_ptr(a, c, me, e, s) + (k & 1) * half,
+                     take * es, first, stride);
+        }
+        __syncthreads();
+        if (t < a.world && !recv_done[t]) {
+            st_release_sys64(bar_word(a, c, t, e, me, 2 + (k & 1)), ((u64)e << 32) | (u32)k);
+            got_total[t] += got_w[t] & ~PC_LAST;
+            if (got_w[t] & PC_LAST) {
+                recv_done[t] = 1;
+                if (got_total[t] != c.rcount[t]) {
+                    atomicCAS(&verdict, 0u, t + 1);
+                    if (blockIdx.x == 0) report_error(a, ERR_MISMATCH, t, (u32)got_total[t]);
+                }
+            }
+        }
+        __syncthreads();
+        for (u32 s = 0; s < a.world; s++) more |= !recv_done[s];
+        if (!more && k + 1 >= send_pieces_max) break;
+    }
+    // Verdict: only a receiver sees that a sender's count differs from its own, so every rank
+    // tells every peer (round 4 words) whether its receives matched; a mismatch found anywhere
+    // is then reported on every rank, which all leave their next call alike.
+    if (ok) {
+        if (t < a.world && t != me) {
+            st_release_sys64(bar_word(a, c, t, e, me, 4), ((u64)e << 32) | verdict);
+            ok = wait_word(a, bar_word(a, c, me, e, t, 4), e, t, 23, t0, &got_w[t]);
+            if (ok && got_w[t] != 0 && blockIdx.x == 0)
+                report_error(a, ERR_PEER_MISMATCH, t, got_w[t] - 1);
+        }
+        __syncthreads();
     }
     end_call(a, e);
 }

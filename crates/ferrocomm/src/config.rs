@@ -48,7 +48,7 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_ALLREDUCE_TREE_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-reduce that uses tree on the cuda backend; above it NCCL."),
     var("FERROCOMM_ALLGATHER_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-gather (input bytes per rank) done by direct access on cuda; above it NCCL."),
     var("FERROCOMM_REDUCESCATTER_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest reduce-scatter (output bytes per rank) done by direct access on cuda."),
-    var("FERROCOMM_ALLTOALL_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-to-all (input bytes per rank) done by direct access on cuda."),
+    var("FERROCOMM_ALLTOALL_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-to-all (input bytes per rank) done by direct access on cuda; also the all-to-all-v at two ranks (above two its choice takes no size)."),
     var("FERROCOMM_BROADCAST_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest broadcast/reduce done by direct access on cuda."),
     var("FERROCOMM_HOST_SLOT_BYTES", "4194304", "Host backend: bytes of shared-memory staging per rank (larger messages are processed in chunks of this size)."),
     var("FERROCOMM_CUDA_STAGING_BYTES", "67108864", "CUDA backend: bytes of IPC staging per rank and buffer (direct access is limited to this size per rank)."),

@@ -156,10 +156,10 @@ pub fn default_direct_max(coll: Collective, world: usize) -> Option<usize> {
     // 2×H200 sweeps (docs/tuning.md, direct-access collectives): direct access beats NCCL up to
     // the largest size measured, the equal-part all-to-all since it runs in rounds from 8 MiB
     // parts (64 MiB per rank 0.81×). The staging (64 MiB by default) caps the rest: world × part
-    // bytes per call. The all-to-all-v runs in pieces of a staging slot at two ranks (the only
-    // world where automatic selection gives it direct access), and NCCL's all-to-all-v (grouped
-    // sends and receives) is far slower than its all-to-all: 0.44-0.66× at 1-32 MiB of uneven
-    // parts, bench/results/2026-11-30-h200x2-lp-a2av. So it has no limit of its own.
+    // bytes per call. The all-to-all-v runs in pieces at any size (launches of a staging slot
+    // at two ranks, pair by pair in one launch above), and NCCL's all-to-all-v (grouped sends
+    // and receives) is far slower than its all-to-all: 0.44-0.66× at 1-32 MiB of uneven parts,
+    // bench/results/2026-11-30-h200x2-lp-a2av. So it has no limit of its own.
     let base: usize = match coll {
         Collective::AllToAllV => return None,
         Collective::AllGather => 32 << 20,

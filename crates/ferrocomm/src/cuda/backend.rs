@@ -217,13 +217,6 @@ impl CudaBackend {
         Ok(c.map(|c| (d, c)))
     }
 
-    /// Whether an all-to-all-v goes to NCCL whatever its counts: above two ranks no count that
-    /// decides is seen by every rank (collectives::a2av_agreed_sizes), so automatic selection
-    /// leaves it to NCCL unless direct access is forced or NCCL is missing.
-    fn a2av_to_nccl(&self, opts: &CallOpts) -> bool {
-        self.size > 2 && opts.algo.0 != Algo::Direct && self.nccl.is_some()
-    }
-
     /// Picks the all-reduce algorithm; `None` means direct access cannot take this call.
     fn choose(&self, bytes: usize, dtype: DataType, op: ReduceOp, opts: &CallOpts) -> Result<Algo> {
         let requested = opts.algo.0;
@@ -567,10 +560,8 @@ impl Backend for CudaBackend {
         // size, and Communicator keeps its place): the warp that reads a group of part p to send
         // it is the one that writes the group received into part p, after the barrier
         // (kernels/lowp.cu, as in the all-to-all).
-        if let (true, Some((_, largest))) = (
-            in_place_ok,
-            collectives::a2av_agreed_sizes(self.rank, splits, es),
-        ) {
+        let (bytes, largest) = collectives::a2av_agreed_sizes(self.rank, splits, es);
+        if in_place_ok && self.size <= 2 {
             let (i, o) = (in_ptr(&input, &output), output.ptr() as u64);
             if let Some((d, c)) = self.lp_codec(A2AV, dt, None, largest, [i, o], opts)? {
                 let staging = d.layout().staging_bytes;
@@ -579,12 +570,6 @@ impl Backend for CudaBackend {
                 }
             }
         }
-        // Sizes every rank computes alike (see a2av_agreed_sizes); where there are none the call
-        // goes to NCCL on every rank, or (forced, no NCCL) by the rank's own sizes.
-        let sizes = (!self.a2av_to_nccl(opts)).then(|| {
-            collectives::a2av_agreed_sizes(self.rank, splits, es)
-                .unwrap_or_else(|| collectives::a2av_local_sizes(self.rank, splits, es))
-        });
         if !in_place_ok && forced {
             return Err(Error::Unsupported {
                 collective: "all_to_all_v",
@@ -593,7 +578,8 @@ impl Backend for CudaBackend {
                     .into(),
             });
         }
-        if let (true, Some((bytes, largest))) = (in_place_ok, sizes) {
+        // The sizes every rank computes alike decide (see a2av_agreed_sizes).
+        if in_place_ok {
             if let Some(d) = self.direct(Collective::AllToAllV, bytes, largest, dt, None, opts)? {
                 let ip = in_ptr(&input, &output);
                 return d.coll_all_to_all_v(ip, output.ptr() as u64, splits, dt, opts.stream);
@@ -710,16 +696,18 @@ impl Backend for CudaBackend {
         if coll == Collective::AllReduce {
             return self.choose(bytes_per_rank, dtype, ReduceOp::Sum, opts);
         }
-        if coll == Collective::AllToAllV && self.a2av_to_nccl(opts) {
-            return Ok(Algo::Nccl);
-        }
         if !matches!(
             coll,
             Collective::Barrier | Collective::Send | Collective::Recv
         ) {
-            let part = match coll {
-                Collective::AllToAll | Collective::AllToAllV => bytes_per_rank / self.size,
-                _ => bytes_per_rank,
+            let (bytes_per_rank, part) = match coll {
+                // Above two ranks the all-to-all-v's choice depends on no size (as in the call,
+                // collectives::a2av_agreed_sizes).
+                Collective::AllToAllV if self.size > 2 => (0, 0),
+                Collective::AllToAll | Collective::AllToAllV => {
+                    (bytes_per_rank, bytes_per_rank / self.size)
+                }
+                _ => (bytes_per_rank, bytes_per_rank),
             };
             let op = matches!(coll, Collective::Reduce | Collective::ReduceScatter)
                 .then_some(ReduceOp::Sum);

@@ -29,6 +29,7 @@ pub const LL_MAX_BYTES: usize = 32 << 10;
 const ERR_MISMATCH: u32 = 2;
 const ERR_CAPACITY: u32 = 3;
 const ERR_INPUT: u32 = 4;
+const ERR_PEER_MISMATCH: u32 = 5;
 
 /// Extra kernel arguments; the same layout as `struct CArgs` in collectives.cu.
 #[repr(C)]
@@ -173,28 +174,31 @@ fn op_name(op: ReduceOp) -> String {
 
 /// The sizes that decide whether an all-to-all-v runs by direct access, computed so that every
 /// rank gets the same answer: `(bytes per rank as an equal all-to-all counts them, largest part
-/// through the staging)`, or `None` where no such sizes exist.
+/// through the staging)`.
 ///
 /// The choice must come out the same on every rank, or the ranks wait in different transports
 /// and the call fails for valid counts. A rank sees only its own row and column of the count
 /// matrix (`send_counts`, `recv_counts`), and its own part never goes through the staging (it is
 /// copied locally). At two ranks the parts that cross (one each way) are in both ranks' row and
-/// column, so the sizes come from them alone; with more ranks no count is seen by every rank.
-pub(super) fn a2av_agreed_sizes(rank: usize, splits: &Splits, es: usize) -> Option<(usize, usize)> {
+/// column, so the sizes come from them alone. With more ranks no count is seen by every rank,
+/// and none is needed: the call runs pair by pair in pieces of a slot (`fc_all_to_all_v_pc`),
+/// whatever the counts, so the sizes are `(0, 0)` there and the choice depends on none (a size
+/// limit, `FERROCOMM_ALLTOALL_MAX_BYTES`, applies at two ranks only).
+pub(super) fn a2av_agreed_sizes(rank: usize, splits: &Splits, es: usize) -> (usize, usize) {
     let world = splits.send_counts.len();
+    if world > 2 {
+        return (0, 0);
+    }
     let largest = a2av_largest_crossing(rank, splits) * es;
-    (world <= 2).then_some((world * largest, largest))
+    (world * largest, largest)
 }
 
-/// A rank's own sizes of an all-to-all-v, for calls that take direct access without sizes every
-/// rank shares (forced, or no NCCL to fall back to): bytes are the larger of its send and
-/// receive totals, the largest part is as in [`a2av_agreed_sizes`].
-pub(super) fn a2av_local_sizes(rank: usize, splits: &Splits, es: usize) -> (usize, usize) {
-    let total = |c: &[usize]| c.iter().sum::<usize>() * es;
-    (
-        total(&splits.send_counts).max(total(&splits.recv_counts)),
-        a2av_largest_crossing(rank, splits) * es,
-    )
+/// Elements of one piece of the pair-by-pair all-to-all-v (`fc_all_to_all_v_pc`, above two
+/// ranks): half a sender slot of `slot_bytes`, at most 1 GiB, in whole 16-byte vectors (so every
+/// piece starts on one); so below 2^31 elements (bit 31 of the kernel's data word marks a pair's
+/// last piece).
+pub(super) fn a2av_pc_piece(slot_bytes: usize, es: usize) -> usize {
+    ((slot_bytes / 2).min(1 << 30) / 16 * 16 / es).max(16 / es)
 }
 
 /// The largest count `rank` sends to or receives from another rank (its own part is copied
@@ -223,10 +227,10 @@ pub(super) fn a2av_pair_signature(
     signature(Collective::AllToAllV, dtype, c01, c10, what)
 }
 
-/// Where an all-to-all-v is cut into launches that each fit the staging: pieces of `chunk`
-/// elements of every crossing part, as many as the largest crossing part needs (at least one).
-/// At two ranks the crossing counts are in both ranks' views, so both cut the call alike; with
-/// more ranks every part must fit one piece (one launch), which [`choose`] checks.
+/// Where a two-rank all-to-all-v is cut into launches that each fit the staging: pieces of
+/// `chunk` elements of every crossing part, as many as the largest crossing part needs (at least
+/// one). The crossing counts are in both ranks' views, so both cut the call alike (more ranks
+/// cut it pair by pair inside one kernel, [`a2av_pc_piece`]).
 pub(super) fn a2av_pieces(rank: usize, splits: &Splits, chunk: usize) -> usize {
     a2av_largest_crossing(rank, splits)
         .div_ceil(chunk.max(1))
@@ -297,8 +301,9 @@ pub(super) fn choose(
             let staging = d.layout().staging_bytes;
             let fits = match staged_need(coll, part_bytes, world) {
                 Some(need) => need <= staging,
-                // All-to-all-v at two ranks is cut into pieces that fit (a2av_pieces).
-                None => world <= 2 || part_bytes <= a2av_slot_bytes(staging, world),
+                // All-to-all-v goes in pieces of a slot at every size: launches of pieces at
+                // two ranks (a2av_pieces), pair by pair in one kernel above (a2av_pc_piece).
+                None => true,
             };
             if fits {
                 None
@@ -341,7 +346,7 @@ pub(super) fn choose(
 }
 
 impl Dda {
-    /// Decodes and clears a bad-input record written by collectives.cu (codes 2..4).
+    /// Decodes and clears a bad-input record written by collectives.cu (codes 2..5).
     pub(super) fn take_input_error(&self, collective: &'static str, code: u32) -> Result<()> {
         // SAFETY: the host page stays mapped for our lifetime; words 1..3 were written before
         // word 0 (the kernel fences between them).
@@ -358,6 +363,12 @@ impl Dda {
                 "a call that disagrees between ranks reached rank {}: rank {peer} sent signature \
                  or count {detail:#x}, which differs from this rank's (different counts, roots, \
                  dtypes or ops at the same step)",
+                self.rank
+            ),
+            ERR_PEER_MISMATCH => format!(
+                "an all_to_all_v whose counts disagree between ranks: rank {peer} received from \
+                 rank {detail} a number of elements other than it expected (reported on every \
+                 rank; this is rank {})",
                 self.rank
             ),
             ERR_CAPACITY => format!(
@@ -655,9 +666,10 @@ impl Dda {
         a2av_slot_bytes(self.layout().staging_bytes, self.world)
     }
 
-    /// All-to-all-v with host counts (validated by the communicator), one launch per piece of
-    /// a staging slot (see [`a2av_pieces`]; above two ranks every count fits one slot, checked by
-    /// [`choose`]).
+    /// All-to-all-v with host counts (validated by the communicator): at two ranks LL for small
+    /// crossing parts, else one launch per piece of a staging slot (see [`a2av_pieces`]); above
+    /// two ranks one launch that moves every pair's part in pieces of half a slot (see
+    /// [`a2av_pc_piece`]).
     pub fn coll_all_to_all_v(
         &self,
         input: u64,
@@ -673,6 +685,21 @@ impl Dda {
                 return self.ll_all_to_all_v(input, output, splits, dtype, stream);
             }
         }
+        if self.world > 2 {
+            let mut c = self.a2av_cargs(splits, es);
+            c.slot_bytes = self.a2av_slot() as u64;
+            c.n = a2av_pc_piece(self.a2av_slot(), es) as u64;
+            let a = self.base_args(input, output, 0);
+            return self.launch(
+                Self::MOVE_MODULE,
+                "fc_all_to_all_v_pc",
+                a,
+                c,
+                self.a2av_grid(),
+                stream,
+                || format!("all_to_all_v ({dtype}, {} ranks, pair by pair)", self.world),
+            );
+        }
         let chunk = self.a2av_slot() / es;
         let pieces = a2av_pieces(self.rank, splits, chunk);
         for i in 0..pieces {
@@ -684,15 +711,11 @@ impl Dda {
                 c.sig = a2av_pair_signature(self.rank, splits, dtype, &format!("piece {i}"));
             }
             let a = self.base_args(input, output, 0);
-            // At two ranks both know the piece's crossing counts: a grid as wide as the staged
+            // Every rank knows the piece's crossing counts: a grid as wide as the staged
             // all-to-all's for that size, never narrower than the fixed one (the own part,
             // which only this rank knows, is copied by the same grid).
-            let grid = if self.world == 2 {
-                let (st, _) = self.st_grid(a2av_largest_crossing(self.rank, &s) * es);
-                (st.max(self.a2av_grid().0), 512)
-            } else {
-                self.a2av_grid()
-            };
+            let (st, _) = self.st_grid(a2av_largest_crossing(self.rank, &s) * es);
+            let grid = (st.max(self.a2av_grid().0), 512);
             self.launch(
                 Self::MOVE_MODULE,
                 "fc_all_to_all_v_st",
@@ -822,7 +845,7 @@ mod tests {
                 .collect();
             assert!(sizes.iter().all(|s| *s == sizes[0]), "{m:?}: {sizes:?}");
             let cross = m[0][1].max(m[1][0]) * 2;
-            assert_eq!(sizes[0], Some((2 * cross, cross)), "{m:?}");
+            assert_eq!(sizes[0], (2 * cross, cross), "{m:?}");
         }
         // The old rule (the larger of a rank's send and receive totals) split this call: rank 0
         // saw 20 MiB, rank 1 11 MiB, on both sides of the 16 MiB default.
@@ -838,14 +861,24 @@ mod tests {
             a2av_agreed_sizes(0, &v[0], 1),
             a2av_agreed_sizes(1, &v[1], 1)
         );
-        // One rank: nothing crosses. More than two: no size is seen by every rank.
-        assert_eq!(a2av_agreed_sizes(0, &views(&[vec![8]])[0], 4), Some((0, 0)));
-        let three = views(&[vec![1, 2, 3], vec![4, 5, 6], vec![7, 8, 9]]);
-        assert!((0..3).all(|r| a2av_agreed_sizes(r, &three[r], 4).is_none()));
-        // A rank's own sizes there: its larger total, and its largest crossing part (rank 1
-        // sends 4 and 6 to the others and receives 2 and 8; its own 5 does not count).
-        assert_eq!(a2av_local_sizes(1, &three[1], 4), (15 * 4, 8 * 4));
-        assert_eq!(a2av_local_sizes(0, &three[0], 1), (12, 7));
+        // One rank: nothing crosses. More than two: no size is seen by every rank, and the
+        // choice takes none (every rank gets (0, 0) whatever its counts).
+        assert_eq!(a2av_agreed_sizes(0, &views(&[vec![8]])[0], 4), (0, 0));
+        let three = views(&[vec![1, 2, 3], vec![4, 5, 6], vec![7, 8_000_000, 9]]);
+        assert!((0..3).all(|r| a2av_agreed_sizes(r, &three[r], 4) == (0, 0)));
+    }
+
+    #[test]
+    fn pair_by_pair_pieces_are_whole_vectors_within_half_a_slot() {
+        for slot in [16usize, 48, 1 << 20, (64 << 20) / 3 / 16 * 16, 1 << 40] {
+            for es in [1usize, 2, 4, 8] {
+                let p = a2av_pc_piece(slot, es);
+                assert!(p >= 1 && (p * es) % 16 == 0, "slot {slot} es {es}: {p}");
+                assert!(p * es <= (slot / 2).max(16), "slot {slot} es {es}: {p}");
+                assert!(p < 1 << 31, "slot {slot} es {es}: {p}");
+            }
+        }
+        assert_eq!(a2av_pc_piece(1 << 20, 2), 1 << 18);
     }
 
     #[test]

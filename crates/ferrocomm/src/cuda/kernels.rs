@@ -37,7 +37,7 @@ pub fn has_lowp(dtype: DataType) -> bool {
 pub const COLLECTIVES_SOURCE: &str = include_str!("../../kernels/collectives.cu");
 
 /// Data-movement entry points of collectives.cu (byte kernels, `(Args, CArgs)`).
-pub const COLL_ENTRIES: [&str; 11] = [
+pub const COLL_ENTRIES: [&str; 12] = [
     "fc_all_gather_ll",
     "fc_all_gather_st",
     "fc_all_gather_rw",
@@ -46,6 +46,7 @@ pub const COLL_ENTRIES: [&str; 11] = [
     "fc_all_to_all_rw",
     "fc_all_to_all_v_st",
     "fc_all_to_all_v_ll",
+    "fc_all_to_all_v_pc",
     "fc_all_to_all_dyn_st",
     "fc_broadcast_ll",
     "fc_broadcast_st",
