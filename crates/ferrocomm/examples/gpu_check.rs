@@ -685,6 +685,128 @@ fn others(c: &mut Ctx) -> Res<()> {
     Ok(())
 }
 
+/// All-reduce calls that disagree between ranks (counts that change the grid or not, operators,
+/// algorithms; push, flat, tree and the streaming flat): the next call must report "disagrees
+/// between ranks" on every rank, and the communicator must then work again.
+fn mismatch_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
+    let (rank, world, dev) = (c.rank, c.world, c.dev);
+    let mut cfg_m = cfg.clone();
+    cfg_m.timeout = Duration::from_secs(20);
+    // 1 MiB of staging: 300,000 f32 stream through chunk slots (flat beyond the staging).
+    cfg_m.cuda_staging_bytes = 1 << 20;
+    let comm = Communicator::new(options("gpu_check_mismatch", cfg_m))?;
+    let b = Buf::new(4 << 20)?;
+    b.upload(0, &gen(DataType::F32, OpK::Sum, 1 << 20, 77, rank))?;
+    let r = rank;
+    // (what, count, operator, algorithm) on this rank
+    type Bad = (&'static str, usize, ReduceOp, Algo);
+    let cases: [Bad; 6] = [
+        (
+            "push, 100 + rank elements",
+            100 + r,
+            ReduceOp::Sum,
+            Algo::Push,
+        ),
+        (
+            "flat, grids differ",
+            100_000 + r * 60_000,
+            ReduceOp::Sum,
+            Algo::Flat,
+        ),
+        (
+            "tree, sum against max",
+            5000,
+            [ReduceOp::Sum, ReduceOp::Max][r % 2],
+            Algo::Tree,
+        ),
+        (
+            "push against flat",
+            3000,
+            ReduceOp::Sum,
+            [Algo::Push, Algo::Flat][r % 2],
+        ),
+        (
+            "flat streaming, 300,000 + rank",
+            300_000 + r,
+            ReduceOp::Sum,
+            Algo::Flat,
+        ),
+        (
+            "flat, avg against sum",
+            7000,
+            [ReduceOp::Avg, ReduceOp::Sum][r % 2],
+            Algo::Flat,
+        ),
+    ];
+    for (k, (what, n, op, algo)) in cases.into_iter().enumerate() {
+        let opts = CallOpts::default().with_algo(algo);
+        let t0 = Instant::now();
+        let first = op_in_place(&comm, &b, n, dev, op, &opts);
+        sync()?;
+        let next = sum_in_place(&comm, &b, 16, dev, &CallOpts::default());
+        sync()?;
+        let shown = format!("{next:?}");
+        let took = t0.elapsed();
+        let t = c.tally.entry("mismatch".into()).or_default();
+        t.cases += 1;
+        if first.is_ok() && shown.contains("disagrees between ranks") {
+            if rank == 0 {
+                println!(
+                    "mismatch {k} ({what}) after {:.3} s: {shown}",
+                    took.as_secs_f64()
+                );
+            }
+        } else {
+            t.errors += 1;
+            c.failures.push(format!(
+                "all_reduce mismatch {k} ({what}) not reported: {first:?} then {shown}"
+            ));
+            if shown.contains("Timeout") {
+                break; // sticky: the communicator is done
+            }
+        }
+        // A matching call works again (the automatic choice: the same on every rank).
+        let ok = sum_in_place(&comm, &b, 1000, dev, &CallOpts::default());
+        sync()?;
+        if let Err(e) = ok {
+            let t = c.tally.entry("mismatch".into()).or_default();
+            t.errors += 1;
+            c.failures
+                .push(format!("all_reduce after mismatch {k} ({what}): {e}"));
+        }
+    }
+    store_barrier(
+        &**c.comm.store(),
+        "mismatch-done",
+        world,
+        Duration::from_secs(120),
+    )?;
+    std::mem::forget(comm);
+    Ok(())
+}
+
+/// `comm.all_reduce` in place over `n` f32 of `b` with `op` (as [`sum_in_place`]).
+fn op_in_place(
+    comm: &Communicator,
+    b: &Buf,
+    n: usize,
+    dev: u32,
+    op: ReduceOp,
+    opts: &CallOpts,
+) -> ferrocomm::Result<()> {
+    assert!(n * 4 <= b.bytes);
+    // SAFETY: `n` f32 of a buffer of this device (asserted), alive until after the caller's
+    // synchronisation.
+    unsafe {
+        comm.all_reduce(
+            Input::InPlace,
+            ViewMut::from_raw(b.ptr as *mut u8, n, DataType::F32, Device::Cuda(dev)),
+            op,
+            opts,
+        )
+    }
+}
+
 /// The backend's barrier: it waits for the last rank (rank 0 arrives 0.3 s late, everyone else
 /// must wait that long), and a rank that never comes makes it fail with a timeout naming a
 /// missing rank instead of hanging.
@@ -1089,6 +1211,7 @@ fn real_main() -> Res<i32> {
         drop(comm5);
 
         barrier_checks(&mut c, &cfg)?;
+        mismatch_checks(&mut c, &cfg)?;
 
         if shared_gpus() {
             // What follows needs NCCL (two hosts simulated, its timeout) or GPUs of one's own

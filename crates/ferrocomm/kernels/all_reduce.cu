@@ -55,6 +55,11 @@ struct Args {
     // Added for the chunked push-write flat kernel:
     u64 chunk_bytes;            // bytes of one chunk slot (multiple of 16)
     u64 cflag_off;              // offset of the chunk flags from each rank's flags base
+    // The all-reduce's call signature (collective, dtype, count, op, algorithm; equal on every
+    // rank of a matching call) and where the hello words that carry it sit (from flags[r]).
+    u64 ar_hello_off;
+    u32 sig;
+    u32 pad_;
 };
 
 // ---------------------------------------------------------------- memory-model helpers
@@ -70,6 +75,14 @@ __device__ __forceinline__ u32 ld_acquire_sys(const u32* p) {
 __device__ __forceinline__ u32 ld_volatile_u32(const u32* p) {
     u32 v;
     asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release_sys64(u64* p, u64 v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ u64 ld_acquire_sys64(const u64* p) {
+    u64 v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
 __device__ __forceinline__ u64 globaltimer() {
@@ -134,18 +147,107 @@ __device__ void report_timeout(const Args& a, u32 peer, u32 phase) {
     __threadfence_system();
 }
 
+// Bad-input codes of the error record (collectives.cu has the others).
+#define ERR_MISMATCH 2
+
+// Records a bad-input error in the host-mapped record (word 0 last). Not sticky: the host clears
+// it after reporting. A timeout (code 1) already there is kept.
+__device__ void report_error(const Args& a, u32 code, u32 peer, u32 detail) {
+    volatile u32* e = (volatile u32*)a.error;
+    if (e[0] == 1) return;
+    e[1] = peer;
+    e[2] = detail;
+    e[3] = blockIdx.x;
+    __threadfence_system();
+    e[0] = code;
+    __threadfence_system();
+}
+
 #define SPIN_CHECK 512
 
-// Waits until *p == want (acquire, system scope); false on timeout (recorded).
+// ---------------------------------------------------------------- call signatures
+//
+// Ranks that disagree on a call (count, dtype, op, algorithm) would otherwise wait for data that
+// never comes or reduce what does not belong together. Block 0 of every rank stores a hello word
+// `e << 32 | sig` into every peer (parity e & 1, row = sender): push after its data, flat and
+// tree after their first barrier (met or not), stream at the start; block 0 checks every peer's
+// at the end, and every wait that spins long enough to check its clock also looks at the peers'
+// hellos, so a call whose partner runs another call, or another grid, ends with the mismatch
+// recorded (code 2, on every rank: each sees the other's signature) instead of a timeout or a
+// wrong sum. A matching call pays one store and one load per peer in block 0: on 2xH200 push
+// 1 KB 3.27 -> 3.90 us, 64 KB 4.82 -> 5.23, flat 256 KB 5.11 -> 5.27, 1 MB 7.74 -> 8.14, 4 MB
+// 18.34 -> 18.55 (bench/results/2026-11-30-h200x2-call-signatures). Where the hello goes first
+// and block 0 waits for it before its data, push 1 KB took 4.9 us; as a release store, 6.0.
+// The words are the collectives' hello words (one epoch is one call on every rank, whatever its
+// kind).
+__device__ __forceinline__ u64* ar_hello(const Args& a, u32 owner, u32 e, u32 sender) {
+    return (u64*)(a.flags[owner] + a.ar_hello_off) + ((e & 1) * FC_MAX_RANKS + sender);
+}
+
+// A plain (volatile) store: the hello orders nothing, and a release at system scope would wait
+// for the thread's earlier accesses to reach the system first.
+__device__ __forceinline__ void ar_hello_send(const Args& a, u32 e) {
+    if (blockIdx.x == 0 && threadIdx.x < a.world && threadIdx.x != a.rank)
+        *(volatile u64*)ar_hello(a, threadIdx.x, e, a.rank) = ((u64)e << 32) | a.sig;
+}
+
+// Whether some peer's hello of this call carries another signature (recorded when it does).
+__device__ bool ar_peer_differs(const Args& a, u32 e) {
+    for (u32 p = 0; p < a.world; p++) {
+        if (p == a.rank) continue;
+        u64 v = *(volatile const u64*)ar_hello(a, a.rank, e, p);
+        if ((u32)(v >> 32) == e && (u32)v != a.sig) {
+            report_error(a, ERR_MISMATCH, p, (u32)v);
+            return true;
+        }
+    }
+    return false;
+}
+
+// The slow path of every spin: false (recorded) past the timeout or on a peer's other call.
+__device__ bool spin_ok(const Args& a, u32 e, u32 peer, u32 phase, u64 t0) {
+    if (ar_peer_differs(a, e)) return false;
+    if (globaltimer() - t0 > a.timeout_ns) {
+        report_timeout(a, peer, phase);
+        return false;
+    }
+    return true;
+}
+
+// Block 0 (threads 1..world-1 of it, one per peer): that peer's hello of this call, compared
+// with ours; false (recorded) on a timeout or another signature. Other threads: true.
+__device__ bool ar_hello_wait(const Args& a, u32 e, u64 t0) {
+    bool ok = true;
+    if (blockIdx.x == 0 && threadIdx.x < a.world && threadIdx.x != a.rank) {
+        u32 p = threadIdx.x;
+        const u64* w = ar_hello(a, a.rank, e, p);
+        u32 spins = 0;
+        u64 v;
+        while ((u32)((v = *(volatile const u64*)w) >> 32) != e) {
+            if (++spins == SPIN_CHECK) {
+                spins = 0;
+                if (globaltimer() - t0 > a.timeout_ns) {
+                    report_timeout(a, p, 9);
+                    ok = false;
+                    break;
+                }
+            }
+        }
+        if (ok && (u32)v != a.sig) {
+            report_error(a, ERR_MISMATCH, p, (u32)v);
+            ok = false;
+        }
+    }
+    return ok;
+}
+
+// Waits until *p == want (acquire, system scope); false on timeout or mismatch (recorded).
 __device__ bool wait_flag(const Args& a, const u32* p, u32 want, u32 peer, u32 phase, u64 t0) {
     u32 spins = 0;
     while (ld_acquire_sys(p) != want) {
         if (++spins == SPIN_CHECK) {
             spins = 0;
-            if (globaltimer() - t0 > a.timeout_ns) {
-                report_timeout(a, peer, phase);
-                return false;
-            }
+            if (!spin_ok(a, want, peer, phase, t0)) return false;
         }
     }
     return true;
@@ -378,7 +480,12 @@ __device__ void flat(const Args& a) {
             if (b + k * stride < nvec)
                 *(uint4*)(a.staging[a.rank] + par + (b + k * stride) * 16) = x[k].u;
     }
-    if (block_barrier(a, 0, e, t0)) {
+    bool met = block_barrier(a, 0, e, t0);
+    // After the barrier, so that its release does not wait for the hello to cross first, and
+    // whether it met or not (a peer in another kernel waits for it to see the mismatch); block 0
+    // reads the peers' at the end, after the read pass (they are there by then).
+    ar_hello_send(a, e);
+    if (met) {
         if (a.world == 2) {
             for (u64 b = first; b < nvec; b += U * stride) {
                 uint4 x[U][2];
@@ -406,6 +513,7 @@ __device__ void flat(const Args& a) {
                 store_user(a, v, aligned, r);
             }
         }
+        ar_hello_wait(a, e, t0);
     }
     end_call(a, e);
 }
@@ -414,15 +522,6 @@ __device__ void flat(const Args& a) {
 
 // The flat algorithm for messages larger than the staging (and without NCCL): measured on
 // 2xH200 it beats the pull form only there (docs/tuning.md).
-
-__device__ __forceinline__ void st_release_sys_u64(u64* p, u64 v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ u64 ld_acquire_sys_u64(const u64* p) {
-    u64 v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
 
 #define FC_FLAT_SLOTS 2      // chunk slots per (warp, sender): double buffering
 #define FC_CFLAG_DATA 0
@@ -451,12 +550,11 @@ __device__ __forceinline__ bool wait_cflag(const Args& a, u32 kind, u32 e, u64 c
         const u64* p = cflag(a, a.rank, kind, e, peer, g);
         u32 spins = 0;
         for (;;) {
-            u64 v = ld_acquire_sys_u64(p);
+            u64 v = ld_acquire_sys64(p);
             if ((u32)(v >> 32) == e && (v & 0xffffffffull) >= count) break;
             if (++spins == SPIN_CHECK) {
                 spins = 0;
-                if (globaltimer() - t0 > a.timeout_ns) {
-                    report_timeout(a, peer, phase);
+                if (!spin_ok(a, e, peer, phase, t0)) {
                     ok = false;
                     break;
                 }
@@ -474,7 +572,7 @@ __device__ __forceinline__ void post_cflag(const Args& a, u32 kind, u32 e, u64 c
     __syncwarp();
     u32 peer = threadIdx.x & 31;
     if (peer < a.world && peer != a.rank)
-        st_release_sys_u64(cflag(a, peer, kind, e, a.rank, g), ((u64)e << 32) | count);
+        st_release_sys64(cflag(a, peer, kind, e, a.rank, g), ((u64)e << 32) | count);
 }
 
 // Reduces vectors [v0, v1) of one tile with one warp: own input plus every peer's received
@@ -566,6 +664,7 @@ __device__ void stream(const Args& a) {
         post_cflag(a, FC_CFLAG_DATA, e, c + 1, g);
     };
 
+    ar_hello_send(a, e);
     if (nch > 0) write_chunk(0);
     for (u64 c = 0; c < nch && ok; c++) {
         if (c + 1 < nch) {
@@ -587,6 +686,8 @@ __device__ void stream(const Args& a) {
         // Free the slot only if the writer will reuse it in this call.
         if (c + FC_FLAT_SLOTS < nch) post_cflag(a, FC_CFLAG_ACK, e, c + 1, g);
     }
+    // A large call: block 0 checks the hellos at the end, unless a wait of its own failed.
+    if (!__syncthreads_or(!ok)) ar_hello_wait(a, e, t0);
     end_call(a, e);
 }
 
@@ -616,6 +717,8 @@ __device__ void tree(const Args& a) {
         }
     }
     bool ok = block_barrier(a, 0, e, t0);
+    ar_hello_send(a, e);  // after the barrier, met or not, as in flat
+    bool hello = ok;
     if (ok) {
         for (u64 o = first; o < svec; o += stride) {
             u64 v = a.rank * svec + o;
@@ -640,6 +743,7 @@ __device__ void tree(const Args& a) {
             }
         }
     }
+    if (hello) ar_hello_wait(a, e, t0);
     end_call(a, e);
 }
 
@@ -694,6 +798,8 @@ __device__ void push(const Args& a) {
         for (u32 r = 0; r < FC_MAX_RANKS; r++)
             if (r < a.world) st_ll((uint4*)(a.push[r] + off), x.u.x, x.u.y, e);
     }
+    // After the data: block 0 reads the peers' hellos once its own units have arrived.
+    ar_hello_send(a, e);
     bool ok = true;
     for (u64 u = first; u < nunit && ok; u += stride) {
         Unit in_r[FC_MAX_RANKS];
@@ -707,8 +813,7 @@ __device__ void push(const Args& a) {
                 while (l.y != e || l.w != e) {
                     if (++spins == SPIN_CHECK) {
                         spins = 0;
-                        if (globaltimer() - t0 > a.timeout_ns) {
-                            report_timeout(a, r, 1);
+                        if (!spin_ok(a, e, r, 1, t0)) {
                             ok = false;
                             break;
                         }
@@ -729,6 +834,7 @@ __device__ void push(const Args& a) {
                 if (f + i < a.count) out[f + i] = res.e[i];
         }
     }
+    if (ok) ar_hello_wait(a, e, t0);
     end_call(a, e);
 }
 

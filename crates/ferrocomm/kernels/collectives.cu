@@ -26,7 +26,6 @@
 // (all-to-all-v above two ranks) code 5; lengths are always
 // clamped to what this rank's own buffers hold, so nothing is written past a buffer.
 
-#define ERR_MISMATCH 2
 #define ERR_CAPACITY 3
 #define ERR_INPUT 4
 #define ERR_PEER_MISMATCH 5  // all-to-all-v above two ranks: a peer received a count it did not expect
@@ -53,27 +52,7 @@ struct CArgs {
     u32 rounds;                // pipelined kernels: rounds (1..FC_MAX_ROUNDS)
 };
 
-// Records a bad-input error in the host-mapped record (word 0 last). Not sticky: the host clears
-// it after reporting. A timeout (code 1) already there is kept.
-__device__ void report_error(const Args& a, u32 code, u32 peer, u32 detail) {
-    volatile u32* e = (volatile u32*)a.error;
-    if (e[0] == 1) return;
-    e[1] = peer;
-    e[2] = detail;
-    e[3] = blockIdx.x;
-    __threadfence_system();
-    e[0] = code;
-    __threadfence_system();
-}
-
-__device__ __forceinline__ void st_release_sys64(u64* p, u64 v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ u64 ld_acquire_sys64(const u64* p) {
-    u64 v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
+// (report_error, ERR_MISMATCH and the 64-bit release/acquire helpers are in all_reduce.cu.)
 
 // Waits until the high half of *p equals the epoch; returns the low half (payload).
 __device__ bool wait_word(const Args& a, const u64* p, u32 e, u32 peer, u32 phase, u64 t0,

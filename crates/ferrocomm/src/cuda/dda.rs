@@ -111,6 +111,9 @@ pub(super) struct Args {
     pub(super) has_div: u32,
     chunk_bytes: u64,
     cflag_off: u64,
+    ar_hello_off: u64,
+    pub(super) sig: u32,
+    pad_: u32,
 }
 
 impl Args {
@@ -137,6 +140,9 @@ impl Args {
             has_div: 0,
             chunk_bytes: 0,
             cflag_off: 0,
+            ar_hello_off: 0,
+            sig: 0,
+            pad_: 0,
         }
     }
 }
@@ -465,6 +471,9 @@ impl Dda {
             has_div: 0,
             chunk_bytes: 0,
             cflag_off: CFLAGS_OFF as u64,
+            ar_hello_off: COLL_HELLO_OFF as u64,
+            sig: 0,
+            pad_: 0,
         };
         for (r, b) in self.bases.iter().enumerate() {
             a.flags[r] = *b;
@@ -534,6 +543,16 @@ impl Dda {
         // measured there); a larger one streams through chunk slots by push-write.
         let streaming = algo == Algo::Flat && bytes > self.layout.staging_bytes;
         let aname = if streaming { "stream" } else { aname };
+        // What every rank must agree on (the kernels compare it through their hello words):
+        // count, dtype, the operator with its Avg divisor, the algorithm.
+        let what = format!("{aname}/{opname}/{}", a.has_div);
+        a.sig = super::collectives::signature(
+            crate::select::Collective::AllReduce,
+            dtype,
+            count,
+            0,
+            &what,
+        );
         let f = self.func(
             dtype,
             kernel_name(&mut [0; 64], &["fc_", aname, "_", opname]),
