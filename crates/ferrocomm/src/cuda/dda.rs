@@ -545,13 +545,16 @@ impl Dda {
         let aname = if streaming { "stream" } else { aname };
         // What every rank must agree on (the kernels compare it through their hello words):
         // count, dtype, the operator with its Avg divisor, the algorithm.
-        let what = format!("{aname}/{opname}/{}", a.has_div);
+        // (Spelled on the stack, as the kernel name: no allocation per call.)
+        let avg = if a.has_div != 0 { "/avg" } else { "" };
+        let mut buf = [0; 64];
+        let what = kernel_name(&mut buf, &[aname, "/", opname, avg]);
         a.sig = super::collectives::signature(
             crate::select::Collective::AllReduce,
             dtype,
             count,
             0,
-            &what,
+            what,
         );
         let f = self.func(
             dtype,
