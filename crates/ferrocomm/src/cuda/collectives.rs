@@ -1041,6 +1041,11 @@ mod tests {
         // 4 arrays of 16 u64, 9 u64, 5 u32 (padded to 8 bytes).
         assert_eq!(std::mem::size_of::<CArgs>(), 4 * 16 * 8 + 9 * 8 + 6 * 4);
         assert_eq!(std::mem::align_of::<CArgs>(), 8);
+        let src = super::super::kernels::COLLECTIVES_SOURCE;
+        assert_eq!(
+            std::mem::size_of::<CArgs>(),
+            super::super::kernels::c_struct_size(src, "CArgs")
+        );
     }
 
     #[test]

@@ -707,3 +707,18 @@ fn load_modules(cfg: &Config, arch: &str) -> Result<HashMap<DataType, Module>> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args_layout_matches_the_kernel() {
+        let src = super::super::kernels::ALL_REDUCE_SOURCE;
+        assert_eq!(
+            std::mem::size_of::<Args>(),
+            super::super::kernels::c_struct_size(src, "Args")
+        );
+        assert_eq!(std::mem::align_of::<Args>(), 8);
+    }
+}

@@ -267,3 +267,39 @@ pub fn cubin(dtype: DataType, arch: &str, cfg: &Config) -> Result<Vec<u8>> {
     }
     Ok(bin)
 }
+
+/// The size in bytes of `struct name` in a kernel source, from its fields (`u64`, `i64`, `u32`,
+/// `i32`, `float`, arrays of a number or `FC_MAX_RANKS`), laid out as C does: every field at a
+/// multiple of its size, the whole padded to its widest. The Rust mirrors of the kernels'
+/// argument structs are passed by value into the launch: their tests compare `size_of` with this,
+/// so a field added on one side only fails a test instead of shifting every later argument.
+#[cfg(test)]
+pub(crate) fn c_struct_size(src: &str, name: &str) -> usize {
+    let head = format!("struct {name} {{");
+    let body = &src[src.find(&head).expect("struct in source") + head.len()..];
+    let body = &body[..body.find("};").expect("end of struct")];
+    let (mut at, mut widest) = (0usize, 1usize);
+    for line in body.lines() {
+        let decl = line.split("//").next().unwrap().trim();
+        if decl.is_empty() {
+            continue;
+        }
+        let decl = decl.strip_suffix(';').expect("one field per line");
+        let (ty, field) = decl.split_once(' ').expect("type and name");
+        let size = match ty {
+            "u64" | "i64" => 8,
+            "u32" | "i32" | "float" => 4,
+            other => panic!("field type {other} in struct {name}"),
+        };
+        let count = match field.trim().split_once('[') {
+            None => 1,
+            Some((_, n)) => match n.trim_end_matches(']') {
+                "FC_MAX_RANKS" => super::dda::MAX_RANKS,
+                n => n.parse().expect("array length"),
+            },
+        };
+        at = at.next_multiple_of(size) + size * count;
+        widest = widest.max(size);
+    }
+    at.next_multiple_of(widest)
+}

@@ -570,6 +570,15 @@ pub fn quantize_on_device(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn lp_layout_matches_the_kernel() {
+        let src = super::super::kernels::LOWP_SOURCE;
+        assert_eq!(
+            std::mem::size_of::<super::Lp>(),
+            super::super::kernels::c_struct_size(src, "Lp")
+        );
+    }
+
     use super::*;
 
     #[test]
