@@ -689,7 +689,7 @@ fn others(c: &mut Ctx) -> Res<()> {
 /// algorithms; push, flat, tree and the streaming flat): the next call must report "disagrees
 /// between ranks" on every rank, and the communicator must then work again.
 fn mismatch_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
-    let (rank, world, dev) = (c.rank, c.world, c.dev);
+    let (rank, dev) = (c.rank, c.dev);
     let mut cfg_m = cfg.clone();
     cfg_m.timeout = Duration::from_secs(20);
     // 1 MiB of staging: 300,000 f32 stream through chunk slots (flat beyond the staging).
@@ -775,12 +775,14 @@ fn mismatch_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
                 .push(format!("all_reduce after mismatch {k} ({what}): {e}"));
         }
     }
-    store_barrier(
-        &**c.comm.store(),
-        "mismatch-done",
-        world,
-        Duration::from_secs(120),
-    )?;
+    retire(c, "mismatch-done", comm)
+}
+
+/// Ends a group of cases on a communicator of their own: every rank waits for the others, then
+/// leaves the communicator unfreed (after a timeout it is unusable, and a kernel that gave up
+/// may have left work on its stream).
+fn retire(c: &Ctx, tag: &str, comm: Communicator) -> Res<()> {
+    store_barrier(&**c.comm.store(), tag, c.world, Duration::from_secs(120))?;
     std::mem::forget(comm);
     Ok(())
 }
@@ -859,15 +861,8 @@ fn barrier_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
             }
         }
     }
-    store_barrier(
-        &**c.comm.store(),
-        "barrier-timeout-done",
-        world,
-        Duration::from_secs(120),
-    )?;
     // The lone rank's communicator is unusable; the others never ran a kernel on it.
-    std::mem::forget(comm);
-    Ok(())
+    retire(c, "barrier-timeout-done", comm)
 }
 
 // ---------------------------------------------------------------- timing
@@ -1277,13 +1272,7 @@ fn real_main() -> Res<i32> {
                     .push(format!("timeout check: first {first:?}, second {second:?}")),
             }
         }
-        store_barrier(
-            &**c.comm.store(),
-            "timeout-done",
-            world,
-            Duration::from_secs(120),
-        )?;
-        std::mem::forget(comm4);
+        retire(&c, "timeout-done", comm4)?;
 
         nccl_timeout(&mut c, &cfg)?;
 

@@ -679,26 +679,14 @@ impl Dda {
         stream: u64,
     ) -> Result<()> {
         let es = dtype.size();
+        if self.world > 2 {
+            return self.pc_all_to_all_v(input, output, splits, dtype, stream);
+        }
         if self.world == 2 {
             let cross = a2av_largest_crossing(self.rank, splits) * es;
             if use_ll("all_to_all_v", cross, self.layout().push_cap) {
                 return self.ll_all_to_all_v(input, output, splits, dtype, stream);
             }
-        }
-        if self.world > 2 {
-            let mut c = self.a2av_cargs(splits, es);
-            c.slot_bytes = self.a2av_slot() as u64;
-            c.n = a2av_pc_piece(self.a2av_slot(), es) as u64;
-            let a = self.base_args(input, output, 0);
-            return self.launch(
-                Self::MOVE_MODULE,
-                "fc_all_to_all_v_pc",
-                a,
-                c,
-                self.a2av_grid(),
-                stream,
-                || format!("all_to_all_v ({dtype}, {} ranks, pair by pair)", self.world),
-            );
         }
         let chunk = self.a2av_slot() / es;
         let pieces = a2av_pieces(self.rank, splits, chunk);
@@ -740,6 +728,32 @@ impl Dda {
         }
         c.es = es as u64;
         c
+    }
+
+    /// An all-to-all-v above two ranks: one launch on the fixed grid, every pair's part in pieces
+    /// of half a slot (kernels/collectives.cu, `fc_all_to_all_v_pc`).
+    fn pc_all_to_all_v(
+        &self,
+        input: u64,
+        output: u64,
+        splits: &Splits,
+        dtype: DataType,
+        stream: u64,
+    ) -> Result<()> {
+        let slot = self.a2av_slot();
+        let mut c = self.a2av_cargs(splits, dtype.size());
+        c.slot_bytes = slot as u64;
+        c.n = a2av_pc_piece(slot, dtype.size()) as u64;
+        let a = self.base_args(input, output, 0);
+        self.launch(
+            Self::MOVE_MODULE,
+            "fc_all_to_all_v_pc",
+            a,
+            c,
+            self.a2av_grid(),
+            stream,
+            || format!("all_to_all_v ({dtype}, {} ranks, pair by pair)", self.world),
+        )
     }
 
     /// A two-rank all-to-all-v whose crossing parts fit LL lines (the choice depends only on
