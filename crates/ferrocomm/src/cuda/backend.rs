@@ -561,7 +561,7 @@ impl Backend for CudaBackend {
         // it is the one that writes the group received into part p, after the barrier
         // (kernels/lowp.cu, as in the all-to-all).
         let (bytes, largest) = collectives::a2av_agreed_sizes(self.rank, splits, es);
-        if in_place_ok && self.size <= 2 {
+        if in_place_ok && !collectives::a2av_by_pairs(self.size) {
             let (i, o) = (in_ptr(&input, &output), output.ptr() as u64);
             if let Some((d, c)) = self.lp_codec(A2AV, dt, None, largest, [i, o], opts)? {
                 let staging = d.layout().staging_bytes;
@@ -703,7 +703,7 @@ impl Backend for CudaBackend {
             let (bytes_per_rank, part) = match coll {
                 // Above two ranks the all-to-all-v's choice depends on no size (as in the call,
                 // collectives::a2av_agreed_sizes).
-                Collective::AllToAllV if self.size > 2 => (0, 0),
+                Collective::AllToAllV if collectives::a2av_by_pairs(self.size) => (0, 0),
                 Collective::AllToAll | Collective::AllToAllV => {
                     (bytes_per_rank, bytes_per_rank / self.size)
                 }

@@ -185,12 +185,18 @@ fn op_name(op: ReduceOp) -> String {
 /// whatever the counts, so the sizes are `(0, 0)` there and the choice depends on none (a size
 /// limit, `FERROCOMM_ALLTOALL_MAX_BYTES`, applies at two ranks only).
 pub(super) fn a2av_agreed_sizes(rank: usize, splits: &Splits, es: usize) -> (usize, usize) {
-    let world = splits.send_counts.len();
-    if world > 2 {
+    if a2av_by_pairs(splits.send_counts.len()) {
         return (0, 0);
     }
+    let world = splits.send_counts.len();
     let largest = a2av_largest_crossing(rank, splits) * es;
     (world * largest, largest)
+}
+
+/// Whether an all-to-all-v of `world` ranks runs pair by pair (`fc_all_to_all_v_pc`), with a
+/// choice that takes no size: above two ranks, where no count is seen by every rank.
+pub(super) fn a2av_by_pairs(world: usize) -> bool {
+    world > 2
 }
 
 /// Elements of one piece of the pair-by-pair all-to-all-v (`fc_all_to_all_v_pc`, above two
@@ -679,7 +685,7 @@ impl Dda {
         stream: u64,
     ) -> Result<()> {
         let es = dtype.size();
-        if self.world > 2 {
+        if a2av_by_pairs(self.world) {
             return self.pc_all_to_all_v(input, output, splits, dtype, stream);
         }
         if self.world == 2 {
