@@ -144,11 +144,13 @@ impl Case {
 
 /// An in-place f32 sum over the first `n` elements of `b` (the fault and refusal cases); the
 /// caller synchronises before `b` is dropped.
-fn sum_in_place(
+/// `comm.all_reduce` in place over `n` f32 of `b` with `op`.
+fn op_in_place(
     comm: &Communicator,
     b: &Buf,
     n: usize,
     dev: u32,
+    op: ReduceOp,
     opts: &CallOpts,
 ) -> ferrocomm::Result<()> {
     assert!(n * 4 <= b.bytes);
@@ -158,10 +160,20 @@ fn sum_in_place(
         comm.all_reduce(
             Input::InPlace,
             ViewMut::from_raw(b.ptr as *mut u8, n, DataType::F32, Device::Cuda(dev)),
-            ReduceOp::Sum,
+            op,
             opts,
         )
     }
+}
+
+fn sum_in_place(
+    comm: &Communicator,
+    b: &Buf,
+    n: usize,
+    dev: u32,
+    opts: &CallOpts,
+) -> ferrocomm::Result<()> {
+    op_in_place(comm, b, n, dev, ReduceOp::Sum, opts)
 }
 
 fn run_case(
@@ -785,28 +797,6 @@ fn retire(c: &Ctx, tag: &str, comm: Communicator) -> Res<()> {
     store_barrier(&**c.comm.store(), tag, c.world, Duration::from_secs(120))?;
     std::mem::forget(comm);
     Ok(())
-}
-
-/// `comm.all_reduce` in place over `n` f32 of `b` with `op` (as [`sum_in_place`]).
-fn op_in_place(
-    comm: &Communicator,
-    b: &Buf,
-    n: usize,
-    dev: u32,
-    op: ReduceOp,
-    opts: &CallOpts,
-) -> ferrocomm::Result<()> {
-    assert!(n * 4 <= b.bytes);
-    // SAFETY: `n` f32 of a buffer of this device (asserted), alive until after the caller's
-    // synchronisation.
-    unsafe {
-        comm.all_reduce(
-            Input::InPlace,
-            ViewMut::from_raw(b.ptr as *mut u8, n, DataType::F32, Device::Cuda(dev)),
-            op,
-            opts,
-        )
-    }
 }
 
 /// The backend's barrier: it waits for the last rank (rank 0 arrives 0.3 s late, everyone else
