@@ -19,6 +19,8 @@
 #   AB_CHECK    check program of the later builds, or none [gpu_check_lowp]
 #   AB_STEP_S   seconds per bench [40]
 #   AB_ARCH     architecture of the kernels each build makes sure are cached [sm_90]
+#   AB_PRECOMPILE  none: skip that step (the carried cache holds what the benches load; a build
+#               carried with only some dtypes' modules would otherwise compile the rest, ~70 s each)
 # Each BIN holds ferrocomm (and the check program for all but the first).
 set -uo pipefail
 export FERROCOMM_KERNEL_CACHE="$(cd "$1" && pwd)"
@@ -43,6 +45,7 @@ mkdir -p "$res"
 # Every build's kernels into the cache first: a module missing there would otherwise be compiled
 # inside that build's first bench and eat its step limit (a cached module costs nothing here).
 for i in "${!bins[@]}"; do
+  [ "${AB_PRECOMPILE:-}" != none ] || break
   "${bins[$i]}/ferrocomm" precompile --arch "${AB_ARCH:-sm_90}" --cache "$FERROCOMM_KERNEL_CACHE" \
     > "$res/precompile-${names[$i]}.txt" 2>&1 ||
     echo "precompile (${names[$i]}): failed, see precompile-${names[$i]}.txt" | tee -a "$res/summary.txt"

@@ -169,26 +169,35 @@ __device__ void report_error(const Args& a, u32 code, u32 peer, u32 detail) {
 //
 // Ranks that disagree on a call (count, dtype, op, algorithm) would otherwise wait for data that
 // never comes or reduce what does not belong together. Block 0 of every rank stores a hello word
-// `e << 32 | sig` into every peer (parity e & 1, row = sender): push after its data, flat and
-// tree after their first barrier (met or not), stream at the start; block 0 checks every peer's
-// at the end, and every wait that spins long enough to check its clock also looks at the peers'
-// hellos, so a call whose partner runs another call, or another grid, ends with the mismatch
-// recorded (code 2, on every rank: each sees the other's signature) instead of a timeout or a
-// wrong sum. A matching call pays one store and one load per peer in block 0: on 2xH200 push
-// 1 KB 3.27 -> 3.90 us, 64 KB 4.82 -> 5.23, flat 256 KB 5.11 -> 5.27, 1 MB 7.74 -> 8.14, 4 MB
-// 18.34 -> 18.55 (bench/results/2026-11-30-h200x2-call-signatures). Where the hello goes first
-// and block 0 waits for it before its data, push 1 KB took 4.9 us; as a release store, 6.0.
+// `e << 32 | sig` into every peer (parity e & 1, row = sender): push at the start from its last
+// warp, flat and tree after their first barrier (met or not), stream at the start; block 0
+// checks every peer's at the end, and every wait that spins long enough to check its clock also
+// looks at the peers' hellos, so a call whose partner runs another call, or another grid, ends
+// with the mismatch recorded (code 2, on every rank: each sees the other's signature) instead of
+// a timeout or a wrong sum. A matching call pays one store and one load per peer in block 0: on
+// 2xH200 push 1 KB 3.27 -> 3.56 us, 64 KB 4.82 -> 5.23, flat 256 KB 5.11 -> 5.32, 1 MB 7.74 ->
+// 7.80 (bench/results/2026-11-30-h200x2-call-signatures and -hello-warp). Push's hello stored
+// after its data by the data threads themselves took 3.90 us at 1 KB; stored first and awaited
+// by block 0 before its data, 4.9; as a release store, 6.0.
 // The words are the collectives' hello words (one epoch is one call on every rank, whatever its
 // kind).
 __device__ __forceinline__ u64* ar_hello(const Args& a, u32 owner, u32 e, u32 sender) {
     return (u64*)(a.flags[owner] + a.ar_hello_off) + ((e & 1) * FC_MAX_RANKS + sender);
 }
 
+// The thread of block 0 that stores the hello into peer p and waits for p's: thread `base + p`
+// (flat, tree and stream: base 0; push: its last warp, see there).
+__device__ __forceinline__ bool ar_hello_thread(const Args& a, u32 base, u32* p) {
+    *p = threadIdx.x - base;
+    return blockIdx.x == 0 && threadIdx.x >= base && *p < a.world && *p != a.rank;
+}
+
 // A plain (volatile) store: the hello orders nothing, and a release at system scope would wait
 // for the thread's earlier accesses to reach the system first.
-__device__ __forceinline__ void ar_hello_send(const Args& a, u32 e) {
-    if (blockIdx.x == 0 && threadIdx.x < a.world && threadIdx.x != a.rank)
-        *(volatile u64*)ar_hello(a, threadIdx.x, e, a.rank) = ((u64)e << 32) | a.sig;
+__device__ __forceinline__ void ar_hello_send(const Args& a, u32 e, u32 base = 0) {
+    u32 p;
+    if (ar_hello_thread(a, base, &p))
+        *(volatile u64*)ar_hello(a, p, e, a.rank) = ((u64)e << 32) | a.sig;
 }
 
 // Whether some peer's hello of this call carries another signature (recorded when it does).
@@ -214,12 +223,12 @@ __device__ bool spin_ok(const Args& a, u32 e, u32 peer, u32 phase, u64 t0) {
     return true;
 }
 
-// Block 0 (threads 1..world-1 of it, one per peer): that peer's hello of this call, compared
-// with ours; false (recorded) on a timeout or another signature. Other threads: true.
-__device__ bool ar_hello_wait(const Args& a, u32 e, u64 t0) {
+// The hello threads of block 0 (one per peer, ar_hello_thread): that peer's hello of this call,
+// compared with ours; false (recorded) on a timeout or another signature. Other threads: true.
+__device__ bool ar_hello_wait(const Args& a, u32 e, u64 t0, u32 base = 0) {
     bool ok = true;
-    if (blockIdx.x == 0 && threadIdx.x < a.world && threadIdx.x != a.rank) {
-        u32 p = threadIdx.x;
+    u32 p;
+    if (ar_hello_thread(a, base, &p)) {
         const u64* w = ar_hello(a, a.rank, e, p);
         u32 spins = 0;
         u64 v;
@@ -787,6 +796,10 @@ __device__ void push(const Args& a) {
     if (first < nunit) push_load<OP>(a, first, aligned, x0);
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
+    // The hellos go first and are read at the end, by the last warp of block 0: nothing waits
+    // for them on the way, and a small message leaves that warp without data (off the path).
+    u32 hello_base = blockDim.x - 32;
+    ar_hello_send(a, e, hello_base);
     u64 row = 2 * a.push_cap;               // bytes of one sender's LL lines
     u64 par = (u64)(e & 1) * a.world * row;
     for (u64 u = first; u < nunit; u += stride) {
@@ -798,8 +811,6 @@ __device__ void push(const Args& a) {
         for (u32 r = 0; r < FC_MAX_RANKS; r++)
             if (r < a.world) st_ll((uint4*)(a.push[r] + off), x.u.x, x.u.y, e);
     }
-    // After the data: block 0 reads the peers' hellos once its own units have arrived.
-    ar_hello_send(a, e);
     bool ok = true;
     for (u64 u = first; u < nunit && ok; u += stride) {
         Unit in_r[FC_MAX_RANKS];
@@ -834,7 +845,7 @@ __device__ void push(const Args& a) {
                 if (f + i < a.count) out[f + i] = res.e[i];
         }
     }
-    if (ok) ar_hello_wait(a, e, t0);
+    if (ok) ar_hello_wait(a, e, t0, hello_base);
     end_call(a, e);
 }
 
