@@ -55,9 +55,10 @@ struct Args {
     // Added for the chunked push-write flat kernel:
     u64 chunk_bytes;            // bytes of one chunk slot (multiple of 16)
     u64 cflag_off;              // offset of the chunk flags from each rank's flags base
-    // The all-reduce's call signature (collective, dtype, count, op, algorithm; equal on every
-    // rank of a matching call) and where the hello words that carry it sit (from flags[r]).
-    u64 ar_hello_off;
+    // Where the hello words sit (from flags[r]; every kernel that sends hellos uses them), and
+    // the all-reduce's call signature (collective, dtype, count, op, algorithm; equal on every
+    // rank of a matching call; the collectives carry theirs in CArgs.sig).
+    u64 hello_off;
     u32 sig;
     u32 pad_;
 };
@@ -181,31 +182,32 @@ __device__ void report_error(const Args& a, u32 code, u32 peer, u32 detail) {
 // by block 0 before its data, 4.9; as a release store, 6.0.
 // The words are the collectives' hello words (one epoch is one call on every rank, whatever its
 // kind).
-__device__ __forceinline__ u64* ar_hello(const Args& a, u32 owner, u32 e, u32 sender) {
-    return (u64*)(a.flags[owner] + a.ar_hello_off) + ((e & 1) * FC_MAX_RANKS + sender);
+__device__ __forceinline__ u64* hello_word(const Args& a, u32 owner, u32 e, u32 sender) {
+    return (u64*)(a.flags[owner] + a.hello_off) + ((e & 1) * FC_MAX_RANKS + sender);
 }
 
-// The thread of block 0 that stores the hello into peer p and waits for p's: thread `base + p`
-// (flat, tree and stream: base 0; push: its last warp, see there).
-__device__ __forceinline__ bool ar_hello_thread(const Args& a, u32 base, u32* p) {
+// The thread of block 0 that stores the hello into peer p and checks p's: thread `base + p`
+// (flat, tree and stream: base 0; push and the LL collectives: their last warp, which carries
+// no data in a small call, so neither the store nor the check sits on the data's path).
+__device__ __forceinline__ bool hello_thread(const Args& a, u32 base, u32* p) {
     *p = threadIdx.x - base;
     return blockIdx.x == 0 && threadIdx.x >= base && *p < a.world && *p != a.rank;
 }
 
 // A plain (volatile) store: the hello orders nothing, and a release at system scope would wait
 // for the thread's earlier accesses to reach the system first.
-__device__ __forceinline__ void ar_hello_send(const Args& a, u32 e, u32 base = 0) {
+__device__ __forceinline__ void hello_send(const Args& a, u32 sig, u32 e, u32 base) {
     u32 p;
-    if (ar_hello_thread(a, base, &p))
-        *(volatile u64*)ar_hello(a, p, e, a.rank) = ((u64)e << 32) | a.sig;
+    if (hello_thread(a, base, &p)) *(volatile u64*)hello_word(a, p, e, a.rank) = ((u64)e << 32) | sig;
 }
 
-// Whether some peer's hello of this call carries another signature (recorded when it does).
-__device__ bool ar_peer_differs(const Args& a, u32 e) {
+// Whether some peer's hello of call e carries another signature than `sig` (recorded when it
+// does).
+__device__ bool hello_differs(const Args& a, u32 sig, u32 e) {
     for (u32 p = 0; p < a.world; p++) {
         if (p == a.rank) continue;
-        u64 v = *(volatile const u64*)ar_hello(a, a.rank, e, p);
-        if ((u32)(v >> 32) == e && (u32)v != a.sig) {
+        u64 v = *(volatile const u64*)hello_word(a, a.rank, e, p);
+        if ((u32)(v >> 32) == e && (u32)v != sig) {
             report_error(a, ERR_MISMATCH, p, (u32)v);
             return true;
         }
@@ -213,9 +215,14 @@ __device__ bool ar_peer_differs(const Args& a, u32 e) {
     return false;
 }
 
-// The slow path of every spin: false (recorded) past the timeout or on a peer's other call.
-__device__ bool spin_ok(const Args& a, u32 e, u32 peer, u32 phase, u64 t0) {
-    if (ar_peer_differs(a, e)) return false;
+// Every spin loop's slow path: true (keep spinning) except every SPIN_CHECK-th call, where a
+// peer's hello of call e with another signature than `sig` (when `peek`: the kernel's peers
+// send hellos) or the timeout ends the wait, recorded (peer, phase).
+__device__ __forceinline__ bool spin_ok(const Args& a, u32& spins, u32 peer, u32 phase, u64 t0,
+                                        bool peek, u32 sig, u32 e) {
+    if (++spins < SPIN_CHECK) return true;
+    spins = 0;
+    if (peek && hello_differs(a, sig, e)) return false;
     if (globaltimer() - t0 > a.timeout_ns) {
         report_timeout(a, peer, phase);
         return false;
@@ -223,42 +230,28 @@ __device__ bool spin_ok(const Args& a, u32 e, u32 peer, u32 phase, u64 t0) {
     return true;
 }
 
-// The hello threads of block 0 (one per peer, ar_hello_thread): that peer's hello of this call,
-// compared with ours; false (recorded) on a timeout or another signature. Other threads: true.
-__device__ bool ar_hello_wait(const Args& a, u32 e, u64 t0, u32 base = 0) {
-    bool ok = true;
+// The hello threads of block 0 (one per peer, hello_thread): that peer's hello of call e,
+// compared with `sig`; false (recorded) on a timeout or another signature. Other threads: true.
+__device__ bool hello_check(const Args& a, u32 sig, u32 e, u64 t0, u32 base, u32 phase) {
     u32 p;
-    if (ar_hello_thread(a, base, &p)) {
-        const u64* w = ar_hello(a, a.rank, e, p);
-        u32 spins = 0;
-        u64 v;
-        while ((u32)((v = *(volatile const u64*)w) >> 32) != e) {
-            if (++spins == SPIN_CHECK) {
-                spins = 0;
-                if (globaltimer() - t0 > a.timeout_ns) {
-                    report_timeout(a, p, 9);
-                    ok = false;
-                    break;
-                }
-            }
-        }
-        if (ok && (u32)v != a.sig) {
-            report_error(a, ERR_MISMATCH, p, (u32)v);
-            ok = false;
-        }
+    if (!hello_thread(a, base, &p)) return true;
+    const u64* w = hello_word(a, a.rank, e, p);
+    u32 spins = 0;
+    u64 v;
+    while ((u32)((v = *(volatile const u64*)w) >> 32) != e)
+        if (!spin_ok(a, spins, p, phase, t0, false, sig, e)) return false;
+    if ((u32)v != sig) {
+        report_error(a, ERR_MISMATCH, p, (u32)v);
+        return false;
     }
-    return ok;
+    return true;
 }
 
 // Waits until *p == want (acquire, system scope); false on timeout or mismatch (recorded).
 __device__ bool wait_flag(const Args& a, const u32* p, u32 want, u32 peer, u32 phase, u64 t0) {
     u32 spins = 0;
-    while (ld_acquire_sys(p) != want) {
-        if (++spins == SPIN_CHECK) {
-            spins = 0;
-            if (!spin_ok(a, want, peer, phase, t0)) return false;
-        }
-    }
+    while (ld_acquire_sys(p) != want)
+        if (!spin_ok(a, spins, peer, phase, t0, true, a.sig, want)) return false;
     return true;
 }
 
@@ -493,7 +486,7 @@ __device__ void flat(const Args& a) {
     // After the barrier, so that its release does not wait for the hello to cross first, and
     // whether it met or not (a peer in another kernel waits for it to see the mismatch); block 0
     // reads the peers' at the end, after the read pass (they are there by then).
-    ar_hello_send(a, e);
+    hello_send(a, a.sig, e, 0);
     if (met) {
         if (a.world == 2) {
             for (u64 b = first; b < nvec; b += U * stride) {
@@ -522,7 +515,7 @@ __device__ void flat(const Args& a) {
                 store_user(a, v, aligned, r);
             }
         }
-        ar_hello_wait(a, e, t0);
+        hello_check(a, a.sig, e, t0, 0, 9);
     }
     end_call(a, e);
 }
@@ -561,12 +554,9 @@ __device__ __forceinline__ bool wait_cflag(const Args& a, u32 kind, u32 e, u64 c
         for (;;) {
             u64 v = ld_acquire_sys64(p);
             if ((u32)(v >> 32) == e && (v & 0xffffffffull) >= count) break;
-            if (++spins == SPIN_CHECK) {
-                spins = 0;
-                if (!spin_ok(a, e, peer, phase, t0)) {
-                    ok = false;
-                    break;
-                }
+            if (!spin_ok(a, spins, peer, phase, t0, true, a.sig, e)) {
+                ok = false;
+                break;
             }
         }
     }
@@ -673,7 +663,7 @@ __device__ void stream(const Args& a) {
         post_cflag(a, FC_CFLAG_DATA, e, c + 1, g);
     };
 
-    ar_hello_send(a, e);
+    hello_send(a, a.sig, e, 0);
     if (nch > 0) write_chunk(0);
     for (u64 c = 0; c < nch && ok; c++) {
         if (c + 1 < nch) {
@@ -696,7 +686,7 @@ __device__ void stream(const Args& a) {
         if (c + FC_FLAT_SLOTS < nch) post_cflag(a, FC_CFLAG_ACK, e, c + 1, g);
     }
     // A large call: block 0 checks the hellos at the end, unless a wait of its own failed.
-    if (!__syncthreads_or(!ok)) ar_hello_wait(a, e, t0);
+    if (!__syncthreads_or(!ok)) hello_check(a, a.sig, e, t0, 0, 9);
     end_call(a, e);
 }
 
@@ -726,7 +716,7 @@ __device__ void tree(const Args& a) {
         }
     }
     bool ok = block_barrier(a, 0, e, t0);
-    ar_hello_send(a, e);  // after the barrier, met or not, as in flat
+    hello_send(a, a.sig, e, 0);  // after the barrier, met or not, as in flat
     bool hello = ok;
     if (ok) {
         for (u64 o = first; o < svec; o += stride) {
@@ -752,7 +742,7 @@ __device__ void tree(const Args& a) {
             }
         }
     }
-    if (hello) ar_hello_wait(a, e, t0);
+    if (hello) hello_check(a, a.sig, e, t0, 0, 9);
     end_call(a, e);
 }
 
@@ -799,7 +789,7 @@ __device__ void push(const Args& a) {
     // The hellos go first and are read at the end, by the last warp of block 0: nothing waits
     // for them on the way, and a small message leaves that warp without data (off the path).
     u32 hello_base = blockDim.x - 32;
-    ar_hello_send(a, e, hello_base);
+    hello_send(a, a.sig, e, hello_base);
     u64 row = 2 * a.push_cap;               // bytes of one sender's LL lines
     u64 par = (u64)(e & 1) * a.world * row;
     for (u64 u = first; u < nunit; u += stride) {
@@ -822,12 +812,9 @@ __device__ void push(const Args& a) {
                 u32 spins = 0;
                 // Check both flags: each covers its own 4-byte half (rule 4: every element).
                 while (l.y != e || l.w != e) {
-                    if (++spins == SPIN_CHECK) {
-                        spins = 0;
-                        if (!spin_ok(a, e, r, 1, t0)) {
-                            ok = false;
-                            break;
-                        }
+                    if (!spin_ok(a, spins, r, 1, t0, true, a.sig, e)) {
+                        ok = false;
+                        break;
                     }
                     l = ld_v4(p);
                 }
@@ -845,7 +832,7 @@ __device__ void push(const Args& a) {
                 if (f + i < a.count) out[f + i] = res.e[i];
         }
     }
-    if (ok) ar_hello_wait(a, e, t0, hello_base);
+    if (ok) hello_check(a, a.sig, e, t0, hello_base, 9);
     end_call(a, e);
 }
 

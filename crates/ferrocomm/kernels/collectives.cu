@@ -10,10 +10,11 @@
 // - LL (small parts of the data movers: all-gather, all-to-all, broadcast): every sender stores
 //   8-byte units with the epoch beside each 4-byte half into the receiver's push region (parity
 //   e&1, row = sender), exactly like the push all-reduce; no barrier. Block 0 of every rank also
-//   sends a "hello" word (epoch << 32 | a signature of the call) to every peer and waits for
-//   every peer's hello before the kernel ends, so that a rank never runs more than one call
+//   sends a "hello" word (epoch << 32 | a signature of the call) to every peer at the start and
+//   checks every peer's before the kernel ends, so that a rank never runs more than one call
 //   ahead of any peer even when it receives nothing (the broadcast root): the parity buffers are
-//   then never overwritten while read.
+//   then never overwritten while read. A receiver whose wait for units goes on peeks at the
+//   hellos, so a peer in another call is reported, not waited for (ll_start, ll_end).
 // - staged (larger parts, and the reductions at every size: measured faster for them than
 //   LL lines even at 1 KB): every sender writes its parts straight into the receivers' staging
 //   (parity e&1, one slot per sender), then a per-block barrier whose flags carry a 32-bit payload
@@ -39,7 +40,6 @@ struct CArgs {
     u64 n;                     // elements per part (equal parts) or per message
     u64 es;                    // element size in bytes
     u64 slot_bytes;            // staging bytes per sender slot
-    u64 hello_off;             // offset of the hello words in every rank's allocation
     u64 bar_off;               // offset of the payload-barrier words
     u64 dyn_send;              // device counts: elements to send to each peer (dynamic)
     u64 dyn_recv;              // device counts out: elements received from each peer
@@ -59,15 +59,8 @@ __device__ bool wait_word(const Args& a, const u64* p, u32 e, u32 peer, u32 phas
                           u32* payload) {
     u32 spins = 0;
     u64 v;
-    while (((v = ld_acquire_sys64(p)) >> 32) != e) {
-        if (++spins == SPIN_CHECK) {
-            spins = 0;
-            if (globaltimer() - t0 > a.timeout_ns) {
-                report_timeout(a, peer, phase);
-                return false;
-            }
-        }
-    }
+    while (((v = ld_acquire_sys64(p)) >> 32) != e)
+        if (!spin_ok(a, spins, peer, phase, t0, false, 0, e)) return false;
     *payload = (u32)v;
     return true;
 }
@@ -76,15 +69,8 @@ __device__ bool wait_word(const Args& a, const u64* p, u32 e, u32 peer, u32 phas
 // in a call from an earlier one).
 __device__ bool wait_exact(const Args& a, const u64* p, u64 want, u32 peer, u32 phase, u64 t0) {
     u32 spins = 0;
-    while (ld_acquire_sys64(p) != want) {
-        if (++spins == SPIN_CHECK) {
-            spins = 0;
-            if (globaltimer() - t0 > a.timeout_ns) {
-                report_timeout(a, peer, phase);
-                return false;
-            }
-        }
-    }
+    while (ld_acquire_sys64(p) != want)
+        if (!spin_ok(a, spins, peer, phase, t0, false, 0, 0)) return false;
     return true;
 }
 
@@ -357,36 +343,25 @@ __device__ __forceinline__ void reduce_span(const Args& a, const CArgs& c, u32 e
 
 // ---------------------------------------------------------------- LL protocol helpers
 
-__device__ __forceinline__ u64* hello_word(const Args& a, const CArgs& c, u32 owner, u32 e, u32 sender) {
-    return (u64*)(a.flags[owner] + c.hello_off) + ((e & 1) * FC_MAX_RANKS + sender);
-}
-
 __device__ __forceinline__ uint4* ll_line(const Args& a, u32 owner, u32 e, u32 sender, u64 unit) {
     u64 row = 2 * a.push_cap;
     return (uint4*)(a.push[owner] + (u64)(e & 1) * a.world * row + sender * row + unit * 16);
 }
 
-// Block 0 greets every rank (itself included) at the start of the call.
-__device__ __forceinline__ void hello_send(const Args& a, const CArgs& c, u32 e) {
-    if (blockIdx.x == 0 && threadIdx.x < a.world)
-        st_release_sys64(hello_word(a, c, threadIdx.x, e, a.rank), ((u64)e << 32) | c.sig);
+// The LL kernels' hellos (all_reduce.cu: hello_send, hello_check) go from and to the last warp
+// of block 0: stored at the start, checked at the end. A receiver reads its units without
+// waiting for the sender's hello first (every unit's flags prove it is this call's), and a wait
+// that spins long enough to check its clock also looks at the peers' hellos, so a peer in
+// another call is reported instead of waited for. At the end block 0 has heard from every peer,
+// so no rank runs two calls ahead of another even when it receives nothing (the broadcast root).
+__device__ __forceinline__ u32 ll_hello_base() { return blockDim.x - 32; }
+
+__device__ __forceinline__ void ll_start(const Args& a, const CArgs& c, u32 e) {
+    hello_send(a, c.sig, e, ll_hello_base());
 }
 
-// Waits for `peer`'s hello of this call and compares its signature with ours.
-__device__ bool hello_wait(const Args& a, const CArgs& c, u32 e, u32 peer, u64 t0) {
-    u32 sig = 0;
-    if (!wait_word(a, hello_word(a, c, a.rank, e, peer), e, peer, 30, t0, &sig)) return false;
-    if (sig != c.sig) {
-        report_error(a, ERR_MISMATCH, peer, sig);
-        return false;
-    }
-    return true;
-}
-
-// Ends an LL call: block 0 has heard from every peer (so no rank runs two calls ahead).
 __device__ void ll_end(const Args& a, const CArgs& c, u32 e, u64 t0) {
-    if (blockIdx.x == 0 && threadIdx.x < a.world && threadIdx.x != a.rank)
-        hello_wait(a, c, e, threadIdx.x, t0);
+    hello_check(a, c.sig, e, t0, ll_hello_base(), 30);
     end_call(a, e);
 }
 
@@ -395,37 +370,31 @@ __device__ __forceinline__ void ll_send(const Args& a, u32 to, u32 e, u64 unit, 
 }
 
 // Polls unit `unit` from `from`; false on timeout (recorded).
-__device__ bool ll_recv(const Args& a, u32 from, u32 e, u64 unit, u64 t0, uint2* out) {
+__device__ bool ll_recv(const Args& a, const CArgs& c, u32 from, u32 e, u64 unit, u64 t0,
+                        uint2* out) {
     const uint4* p = ll_line(a, a.rank, e, from, unit);
     uint4 l = ld_v4(p);
     u32 spins = 0;
     // Both flags: each covers its own 4-byte half (rule 4: every element checked).
     while (l.y != e || l.w != e) {
-        if (++spins == SPIN_CHECK) {
-            spins = 0;
-            if (globaltimer() - t0 > a.timeout_ns) {
-                report_timeout(a, from, 31);
-                return false;
-            }
-        }
+        if (!spin_ok(a, spins, from, 31, t0, true, c.sig, e)) return false;
         l = ld_v4(p);
     }
     *out = make_uint2(l.x, l.z);
     return true;
 }
 
-// LL receive side of the data movers: after each peer's hello (its signature checked), the
-// peer's units into part s of `out`. False on a timeout (recorded).
+// LL receive side of the data movers: each peer's units into part s of `out`. False on a
+// timeout or a peer in another call (recorded).
 __device__ bool ll_receive_parts(const Args& a, const CArgs& c, u32 e, u64 t0, u8* out, u64 bytes,
                                  u64 first, u64 stride) {
     u64 nunit = (bytes + 7) / 8;
     bool ok = true;
     for (u32 s = 0; s < a.world && ok; s++) {
         if (s == a.rank) continue;
-        if (first < nunit) ok = hello_wait(a, c, e, s, t0);
         for (u64 u = first; u < nunit && ok; u += stride) {
             uint2 x;
-            ok = ll_recv(a, s, e, u, t0, &x);
+            ok = ll_recv(a, c, s, e, u, t0, &x);
             if (ok) st_user8(out + s * bytes + u * 8, min_u32(8, bytes - u * 8), x);
         }
     }
@@ -456,7 +425,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_gather_ll(Args a, CArgs
     pdl_launch_dependents();
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
-    hello_send(a, c, e);
+    ll_start(a, c, e);
     u64 bytes = c.n * c.es;
     u64 nunit = (bytes + 7) / 8;
     const u8* in = (const u8*)a.input;
@@ -501,7 +470,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_ll(Args a, CArgs
     pdl_launch_dependents();
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
-    hello_send(a, c, e);
+    ll_start(a, c, e);
     u64 bytes = c.n * c.es;
     u64 nunit = (bytes + 7) / 8;
     const u8* in = (const u8*)a.input;
@@ -715,8 +684,9 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_pc(Args a, CAr
 
 // LL form for two ranks with crossing parts up to LL_MAX_BYTES (cuda/collectives.rs): as
 // fc_all_to_all_ll with each part's count and displacement. The hello carries the call's
-// signature, which covers both crossing counts in rank order, so a receiver whose counts differ
-// from its peer's reports it and reads nothing. No per-block barrier: every unit carries its
+// signature, which covers both crossing counts in rank order, so ranks whose counts differ
+// report it (at the end, or as soon as a receiver waits for units its peer never sends); what a
+// receiver took meanwhile stays within its own counts. No per-block barrier: every unit carries its
 // own flags, so the grid need not be the same on both ranks (each sizes it to its own parts,
 // the own one included). In place (equal counts, so equal displacements) each thread reads a
 // unit of part p before it writes that unit of part p.
@@ -725,7 +695,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_ll(Args a, CAr
     pdl_launch_dependents();
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
-    hello_send(a, c, e);
+    ll_start(a, c, e);
     const u8* in = (const u8*)a.input;
     u8* out = (u8*)a.output;
     u64 es = c.es;
@@ -748,10 +718,9 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_ll(Args a, CAr
         if (s == a.rank) continue;
         u64 bytes = c.rcount[s] * es;
         u64 nunit = (bytes + 7) / 8;
-        if (first < nunit) ok = hello_wait(a, c, e, s, t0);
         for (u64 u = first; u < nunit && ok; u += stride) {
             uint2 x;
-            ok = ll_recv(a, s, e, u, t0, &x);
+            ok = ll_recv(a, c, s, e, u, t0, &x);
             if (ok) st_user8(out + c.rdispl[s] * es + u * 8, min_u32(8, bytes - u * 8), x);
         }
     }
@@ -846,7 +815,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_broadcast_ll(Args a, CArgs 
     pdl_launch_dependents();
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
-    hello_send(a, c, e);
+    ll_start(a, c, e);
     u64 bytes = c.n * c.es;
     u64 nunit = (bytes + 7) / 8;
     u8* out = (u8*)a.output;
@@ -863,10 +832,9 @@ extern "C" __global__ void __launch_bounds__(512) fc_broadcast_ll(Args a, CArgs 
             if (in != out) st_user8(out + u * 8, nb, x);
         }
     } else {
-        if (first < nunit) ok = hello_wait(a, c, e, c.root, t0);
         for (u64 u = first; u < nunit && ok; u += stride) {
             uint2 x;
-            ok = ll_recv(a, c.root, e, u, t0, &x);
+            ok = ll_recv(a, c, c.root, e, u, t0, &x);
             if (ok) st_user8(out + u * 8, min_u32(8, bytes - u * 8), x);
         }
     }

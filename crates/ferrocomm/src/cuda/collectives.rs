@@ -12,7 +12,7 @@ use std::ffi::c_void;
 
 use super::cu_lazy;
 use super::dda::{
-    kernel_name, Args, Dda, COLL_BAR_OFF, COLL_HELLO_OFF, COLL_MAX_ROUNDS, MAX_BLOCKS, MAX_RANKS,
+    kernel_name, Args, Dda, COLL_BAR_OFF, COLL_MAX_ROUNDS, MAX_BLOCKS, MAX_RANKS,
 };
 use super::kernels;
 use crate::comm::{CallOpts, Splits};
@@ -42,7 +42,6 @@ struct CArgs {
     n: u64,
     es: u64,
     slot_bytes: u64,
-    hello_off: u64,
     bar_off: u64,
     dyn_send: u64,
     dyn_recv: u64,
@@ -403,7 +402,6 @@ impl Dda {
             n: 0,
             es: 1,
             slot_bytes: 0,
-            hello_off: COLL_HELLO_OFF as u64,
             bar_off: COLL_BAR_OFF as u64,
             dyn_send: 0,
             dyn_recv: 0,

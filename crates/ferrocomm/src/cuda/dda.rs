@@ -111,7 +111,7 @@ pub(super) struct Args {
     pub(super) has_div: u32,
     chunk_bytes: u64,
     cflag_off: u64,
-    ar_hello_off: u64,
+    hello_off: u64,
     pub(super) sig: u32,
     pad_: u32,
 }
@@ -140,7 +140,7 @@ impl Args {
             has_div: 0,
             chunk_bytes: 0,
             cflag_off: 0,
-            ar_hello_off: 0,
+            hello_off: 0,
             sig: 0,
             pad_: 0,
         }
@@ -471,7 +471,7 @@ impl Dda {
             has_div: 0,
             chunk_bytes: 0,
             cflag_off: CFLAGS_OFF as u64,
-            ar_hello_off: COLL_HELLO_OFF as u64,
+            hello_off: COLL_HELLO_OFF as u64,
             sig: 0,
             pad_: 0,
         };
