@@ -336,7 +336,7 @@ fn sanitize_cases(c: &mut Ctx, cfg: &Config) -> Res<()> {
     let w = c.world;
     let mut seed = 60_000u64;
     // Elements per part: LL lines up to 8-byte elements, staged from 1-byte elements.
-    let (n_ll, n_st) = (3001usize, 70_001usize);
+    let (n_ll, n_st) = (3001usize, 300_001usize);
     assert!(n_ll * 8 <= LL_MAX_BYTES && n_st > LL_MAX_BYTES);
     let colls = [
         Coll::AllGather,
@@ -1315,11 +1315,11 @@ fn bad_input(c: &mut Ctx, cfg: &Config) -> Res<()> {
     let w = c.world;
     let me = c.rank;
     let dev = c.dev;
-    let b = Buf::new(1 << 20)?;
+    let b = Buf::new(4 << 20)?;
     let mut ok = 0;
     let mut total = 0;
     // Root out of range: refused before anything runs.
-    // SAFETY: 1 MiB of this device.
+    // SAFETY: 4 MiB of this device.
     let r = unsafe {
         c.comm.broadcast(
             Input::InPlace,
@@ -1342,10 +1342,10 @@ fn bad_input(c: &mut Ctx, cfg: &Config) -> Res<()> {
     let p = b.ptr;
     type BadCall = (String, Box<dyn Fn(&Communicator) -> ferrocomm::Result<()>>);
     let mut cases: Vec<BadCall> = Vec::new();
-    for n in [100usize, 60_000] {
+    for n in [100usize, 60_000, 120_000] {
         // Rank r gathers n + r elements.
         let call = move |comm: &Communicator| {
-            // SAFETY: 1 MiB of this device is enough for 2 * 60_001 f32.
+            // SAFETY: 4 MiB of this device is enough for w * 120_003 f32.
             unsafe {
                 let o = ViewMut::from_raw(p as *mut u8, (n + me) * w, DataType::F32, dev);
                 comm.all_gather(
@@ -1357,7 +1357,7 @@ fn bad_input(c: &mut Ctx, cfg: &Config) -> Res<()> {
         };
         cases.push((format!("all_gather, {n} + rank elements"), Box::new(call)));
     }
-    for n in [100usize, 60_000] {
+    for n in [100usize, 60_000, 120_000] {
         if w != 2 {
             break;
         }
@@ -1367,8 +1367,8 @@ fn bad_input(c: &mut Ctx, cfg: &Config) -> Res<()> {
                 if me == 0 { vec![5, n] } else { vec![n, 5] },
                 if me == 0 { vec![5, n] } else { vec![n + 1, 5] },
             );
-            let half = 512 << 10;
-            // SAFETY: 1 MiB of this device: the input (n + 5 f32) below half of it, the
+            let half = 2 << 20;
+            // SAFETY: 4 MiB of this device: the input (n + 5 f32) below half of it, the
             // output (n + 6) above.
             unsafe {
                 let i = View::from_raw(p as *const u8, n + 5, DataType::F32, dev);
@@ -1379,7 +1379,7 @@ fn bad_input(c: &mut Ctx, cfg: &Config) -> Res<()> {
         };
         cases.push((format!("all_to_all_v, {n} elements"), Box::new(call)));
     }
-    for n in [100usize, 60_000] {
+    for n in [100usize, 60_000, 120_000] {
         if w == 2 {
             break;
         }
@@ -1395,8 +1395,8 @@ fn bad_input(c: &mut Ctx, cfg: &Config) -> Res<()> {
                 .collect();
             let (ni, no) = (send.iter().sum(), recv.iter().sum());
             let splits = Splits::packed(send, recv);
-            let half = 512 << 10;
-            // SAFETY: 1 MiB of this device: the input (at most n + 5 * w f32) below half of
+            let half = 2 << 20;
+            // SAFETY: 4 MiB of this device: the input (at most n + 5 * w f32) below half of
             // it, the output (at most n + 1 + 5 * w) above.
             unsafe {
                 let i = View::from_raw(p as *const u8, ni, DataType::F32, dev);

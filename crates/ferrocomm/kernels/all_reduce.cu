@@ -802,6 +802,44 @@ __device__ void push(const Args& a) {
             if (r < a.world) st_ll((uint4*)(a.push[r] + off), x.u.x, x.u.y, e);
     }
     bool ok = true;
+    if (a.world == 2) {
+        // Two ranks: one line to wait for (the peer's), the own one read back, no loop over
+        // ranks. The loop below, unrolled for sixteen ranks with a spin loop in every step, cost
+        // about a microsecond per call on 2xH200: 1 KB 3.64 -> 2.69 us, 16 KB 4.78 -> 3.38,
+        // 64 KB 5.23 -> 3.67 (bench/results/2026-11-30-h200x2-ll-256k). Taking the own unit
+        // from the input instead of reading its line back was slower (1 KB 3.63 -> 3.92 in
+        // the general loop; bench/results/2026-11-30-h200x2-push-own).
+        u32 peer = a.rank ^ 1;
+        for (u64 u = first; u < nunit && ok; u += stride) {
+            const uint4* p = (const uint4*)(a.push[a.rank] + par + peer * row + u * 16);
+            uint4 l = ld_v4(p);
+            u32 spins = 0;
+            while (l.y != e || l.w != e) {
+                if (!spin_ok(a, spins, peer, 1, t0, true, a.sig, e)) {
+                    ok = false;
+                    break;
+                }
+                l = ld_v4(p);
+            }
+            if (!ok) break;
+            uint4 m = ld_v4((const uint4*)(a.push[a.rank] + par + a.rank * row + u * 16));
+            Unit in2[2];
+            in2[0].u = a.rank == 0 ? make_uint2(m.x, m.z) : make_uint2(l.x, l.z);
+            in2[1].u = a.rank == 0 ? make_uint2(l.x, l.z) : make_uint2(m.x, m.z);
+            Unit res = reduce_ranks<OP, 2>(a, in2);
+            u64 f = u * UNIT_ELEMS;
+            if (aligned && f + UNIT_ELEMS <= a.count) {
+                *(uint2*)(out + f) = res.u;
+            } else {
+#pragma unroll
+                for (u32 i = 0; i < UNIT_ELEMS; i++)
+                    if (f + i < a.count) out[f + i] = res.e[i];
+            }
+        }
+        if (ok) hello_check(a, a.sig, e, t0, hello_base, 9);
+        end_call(a, e);
+        return;
+    }
     for (u64 u = first; u < nunit && ok; u += stride) {
         Unit in_r[FC_MAX_RANKS];
 #pragma unroll

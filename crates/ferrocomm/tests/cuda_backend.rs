@@ -27,16 +27,24 @@ fn staging_memory_is_reported_per_world_size() {
     let l = ferrocomm::cuda::staging_layout(&cfg, 2);
     assert_eq!(l.staging_bytes, 64 << 20);
     assert_eq!(l.push_cap, 512 << 10);
+    assert_eq!(l.ll_max, 256 << 10);
     assert_eq!(l.staging_off % 4096, 0);
-    // A small staging size also caps push.
-    let small = Config {
+    // A small staging size also caps push, and LL with it.
+    let mut small = Config {
         cuda_staging_bytes: 100_000,
         ..Config::default()
     };
+    small.thresholds.ll_max = Some(1 << 20);
     assert_eq!(ferrocomm::cuda::push_capacity(&small), 100_000);
+    let ls = ferrocomm::cuda::staging_layout(&small, 2);
+    assert_eq!(ls.staging_bytes, 102_400);
+    assert_eq!(ls.ll_max, 100_000);
+    // FERROCOMM_LL_MAX_BYTES moves the LL limit within the push buffer.
+    let lowered =
+        Config::from_lookup(|k| (k == "FERROCOMM_LL_MAX_BYTES").then(|| "64K".into())).unwrap();
     assert_eq!(
-        ferrocomm::cuda::staging_layout(&small, 2).staging_bytes,
-        102_400
+        ferrocomm::cuda::staging_layout(&lowered, 2).ll_max,
+        64 << 10
     );
 }
 

@@ -11,9 +11,7 @@
 use std::ffi::c_void;
 
 use super::cu_lazy;
-use super::dda::{
-    kernel_name, Args, Dda, COLL_BAR_OFF, COLL_MAX_ROUNDS, MAX_BLOCKS, MAX_RANKS,
-};
+use super::dda::{kernel_name, Args, Dda, COLL_BAR_OFF, COLL_MAX_ROUNDS, MAX_BLOCKS, MAX_RANKS};
 use super::kernels;
 use crate::comm::{CallOpts, Splits};
 use crate::config::Config;
@@ -21,10 +19,14 @@ use crate::error::{Error, Result};
 use crate::select::{self, Algo, Capabilities, Collective};
 use crate::types::{DataType, ReduceOp};
 
-/// Largest part (bytes one sender puts in one receiver's row) sent as LL lines; above it the
-/// staged protocol. LL halves the link bandwidth, staged pays a barrier round trip: the all-reduce
-/// sweep (docs/tuning.md) puts the crossover between 32 and 64 KiB.
-pub const LL_MAX_BYTES: usize = 32 << 10;
+/// Default largest part (bytes one sender puts in one receiver's row) sent as LL lines
+/// (`FERROCOMM_LL_MAX_BYTES` moves it); above it the staged protocol. LL halves the link
+/// bandwidth, staged pays a barrier round trip. Measured on 2xH200 with the LL kernels' hellos
+/// off the data's path (bench/results/2026-11-30-h200x2-push-own), bf16, us, 32 KiB -> 512 KiB
+/// limit: all-gather of 128 KiB parts 4.96 -> 3.67, 256 KiB 5.21 -> 4.41, 512 KiB 5.94 -> 6.35;
+/// all-to-all the same parts 5.07 -> 3.79, 5.25 -> 4.54, 5.98 -> 6.46; broadcast 256 KiB 4.46 ->
+/// 3.26. So LL up to 256 KiB parts.
+pub const LL_MAX_BYTES: usize = 256 << 10;
 
 const ERR_MISMATCH: u32 = 2;
 const ERR_CAPACITY: u32 = 3;
@@ -85,13 +87,13 @@ pub fn staged_need(coll: Collective, part_bytes: usize, world: usize) -> Option<
     }
 }
 
-/// Whether a call of `kernel` with parts of `part_bytes` uses LL lines (`push_cap`: bytes of one
-/// LL row). The reductions (`reduce_scatter`, `reduce`) always take the staged protocol: measured
+/// Whether a call of `kernel` with parts of `part_bytes` uses LL lines (`ll_max`: the largest LL
+/// part, `StagingLayout::ll_max`). The reductions (`reduce_scatter`, `reduce`) always take the staged protocol: measured
 /// on 2xH200 (bench/results/2026-11-30-h200x2-ll-staged) it beats their LL kernels, since
 /// removed, at every size from 1 KB (reduce-scatter 1 KB 4.59 against 5.27 us, reduce 3.68
-/// against 4.36), while the data movers' LL kernels stay ahead or even up to 32 KiB parts.
-pub fn use_ll(kernel: &str, part_bytes: usize, push_cap: usize) -> bool {
-    !matches!(kernel, "reduce_scatter" | "reduce") && part_bytes <= LL_MAX_BYTES.min(push_cap)
+/// against 4.36), while the data movers' LL kernels stay ahead up to 256 KiB parts (LL_MAX_BYTES).
+pub fn use_ll(kernel: &str, part_bytes: usize, ll_max: usize) -> bool {
+    !matches!(kernel, "reduce_scatter" | "reduce") && part_bytes <= ll_max
 }
 
 /// The smallest part of `kernel` that takes the pipelined staged kernel (`fc_<kernel>_rw`, rounds
@@ -111,10 +113,10 @@ pub fn pipe_min_bytes(kernel: &str) -> Option<usize> {
 }
 const PIPE_ROUND_BYTES: usize = 4 << 20;
 
-/// The kernel form of a call of `kernel` with parts of `part_bytes` (`push_cap`: bytes of one LL
-/// row) and its rounds: `ll` (LL lines), `st` (staged) or `rw` (pipelined staged).
-pub fn part_form(kernel: &str, part_bytes: usize, push_cap: usize) -> (&'static str, u32) {
-    if use_ll(kernel, part_bytes, push_cap) {
+/// The kernel form of a call of `kernel` with parts of `part_bytes` (`ll_max`: the largest LL
+/// part) and its rounds: `ll` (LL lines), `st` (staged) or `rw` (pipelined staged).
+pub fn part_form(kernel: &str, part_bytes: usize, ll_max: usize) -> (&'static str, u32) {
+    if use_ll(kernel, part_bytes, ll_max) {
         ("ll", 1)
     } else if pipe_min_bytes(kernel).is_some_and(|min| part_bytes >= min) {
         ("rw", st_rounds(part_bytes, PIPE_ROUND_BYTES))
@@ -481,7 +483,7 @@ impl Dda {
         c.slot_bytes = round16(part) as u64;
         c.root = root as u32;
         c.sig = sig;
-        let (form, rounds) = part_form(kernel, part, self.layout().push_cap);
+        let (form, rounds) = part_form(kernel, part, self.layout().ll_max);
         c.rounds = rounds;
         let grid = if form == "ll" {
             self.ll_grid(part)
@@ -688,7 +690,7 @@ impl Dda {
         }
         if self.world == 2 {
             let cross = a2av_largest_crossing(self.rank, splits) * es;
-            if use_ll("all_to_all_v", cross, self.layout().push_cap) {
+            if use_ll("all_to_all_v", cross, self.layout().ll_max) {
                 return self.ll_all_to_all_v(input, output, splits, dtype, stream);
             }
         }
@@ -997,7 +999,7 @@ mod tests {
         }
         assert!(sizes.len() >= 11, "the three pipelined collectives' bounds");
         for part in sizes {
-            let form = |k| part_form(k, part, 512 << 10).0;
+            let form = |k| part_form(k, part, LL_MAX_BYTES).0;
             for k in ["all_gather", "all_to_all", "broadcast"] {
                 let mut buf = [0; 64];
                 let name = part_kernel(&mut buf, k, form(k), None);
@@ -1018,7 +1020,7 @@ mod tests {
 
     #[test]
     fn large_data_moves_and_scatters_are_pipelined() {
-        let cap = 512 << 10;
+        let cap = LL_MAX_BYTES;
         assert_eq!(part_form("all_gather", 100, cap), ("ll", 1));
         assert_eq!(part_form("reduce_scatter", 100, cap), ("st", 1));
         assert_eq!(part_form("all_gather", (8 << 20) - 1, cap), ("st", 1));
@@ -1056,8 +1058,8 @@ mod tests {
 
     #[test]
     fn cargs_layout_matches_the_kernel() {
-        // 4 arrays of 16 u64, 9 u64, 5 u32 (padded to 8 bytes).
-        assert_eq!(std::mem::size_of::<CArgs>(), 4 * 16 * 8 + 9 * 8 + 6 * 4);
+        // 4 arrays of 16 u64, 8 u64, 5 u32 (padded to 8 bytes).
+        assert_eq!(std::mem::size_of::<CArgs>(), 4 * 16 * 8 + 8 * 8 + 6 * 4);
         assert_eq!(std::mem::align_of::<CArgs>(), 8);
         let src = super::super::kernels::COLLECTIVES_SOURCE;
         assert_eq!(
@@ -1106,16 +1108,15 @@ mod tests {
         assert_eq!(a2av_slot_bytes(64 << 20, 3), (64 << 20) / 3 / 16 * 16);
         assert_eq!(a2av_slot_bytes(1000, 2) % 16, 0);
         for k in ["all_gather", "all_to_all", "broadcast"] {
-            assert!(use_ll(k, 0, 512 << 10));
-            assert!(use_ll(k, LL_MAX_BYTES, 512 << 10));
-            assert!(!use_ll(k, LL_MAX_BYTES + 1, 512 << 10));
-            // A small push buffer caps LL.
+            assert!(use_ll(k, 0, LL_MAX_BYTES));
+            assert!(use_ll(k, LL_MAX_BYTES, LL_MAX_BYTES));
+            assert!(!use_ll(k, LL_MAX_BYTES + 1, LL_MAX_BYTES));
             assert!(!use_ll(k, 4096, 2048));
         }
         // The reductions: never (they have no LL kernels).
         for k in ["reduce_scatter", "reduce"] {
-            assert!(!use_ll(k, 0, 512 << 10));
-            assert!(!use_ll(k, 2, 512 << 10));
+            assert!(!use_ll(k, 0, LL_MAX_BYTES));
+            assert!(!use_ll(k, 2, LL_MAX_BYTES));
         }
     }
 

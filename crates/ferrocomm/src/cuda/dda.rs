@@ -59,6 +59,9 @@ pub struct StagingLayout {
     pub push_off: usize,
     /// Payload bytes per sender of one push parity.
     pub push_cap: usize,
+    /// Largest part the data movers send in LL lines (`FERROCOMM_LL_MAX_BYTES`, at most
+    /// `push_cap`).
+    pub ll_max: usize,
     pub staging_off: usize,
     /// Bytes of one staging parity (the largest flat/tree message per rank).
     pub staging_bytes: usize,
@@ -81,6 +84,11 @@ pub fn staging_layout(cfg: &Config, world: usize) -> StagingLayout {
     StagingLayout {
         push_off,
         push_cap,
+        ll_max: cfg
+            .thresholds
+            .ll_max
+            .unwrap_or(super::collectives::LL_MAX_BYTES)
+            .min(push_cap),
         staging_off,
         staging_bytes,
         total: staging_off + 2 * staging_bytes,
