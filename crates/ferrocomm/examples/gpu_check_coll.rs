@@ -325,8 +325,7 @@ const RED_TYPES: [DataType; 7] = [
 
 /// The handful of cases run under compute-sanitizer (memcheck, racecheck): every direct-access
 /// kernel at least once in each form it has. All-gather, all-to-all, reduce-scatter, broadcast
-/// and reduce (roots 0 and the last rank) at an LL size and a staged size (the reductions are
-/// staged at both), in and out of place, aligned and one element off; all-gather,
+/// and reduce (roots 0 and the last rank) at an LL size and a staged size, in and out of place, aligned and one element off; all-gather,
 /// reduce-scatter and all-to-all (in and out of place) at a pipelined size; byte moves; every
 /// reduction kernel (avg, prod, min, max on f32, f16, u32, i64); all-to-all-v with uneven counts
 /// and a zero, in and out of place; device-count all-to-all-v with i32 and i64 counts, a

@@ -7,7 +7,7 @@
 // from any module. Reductions use the module's `T` and accumulate half types in f32.
 //
 // Two protocols, one launch each:
-// - LL (small parts of the data movers: all-gather, all-to-all, broadcast): every sender stores
+// - LL (small parts: all-gather, all-to-all(-v), broadcast, reduce-scatter, reduce): every sender stores
 //   8-byte units with the epoch beside each 4-byte half into the receiver's push region (parity
 //   e&1, row = sender), exactly like the push all-reduce; no barrier. Block 0 of every rank also
 //   sends a "hello" word (epoch << 32 | a signature of the call) to every peer at the start and
@@ -15,8 +15,7 @@
 //   ahead of any peer even when it receives nothing (the broadcast root): the parity buffers are
 //   then never overwritten while read. A receiver whose wait for units goes on peeks at the
 //   hellos, so a peer in another call is reported, not waited for (ll_start, ll_end).
-// - staged (larger parts, and the reductions at every size: measured faster for them than
-//   LL lines even at 1 KB): every sender writes its parts straight into the receivers' staging
+// - staged (larger parts): every sender writes its parts straight into the receivers' staging
 //   (parity e&1, one slot per sender), then a per-block barrier whose flags carry a 32-bit payload
 //   (the signature, or the element count of that pair for all-to-all-v), then every receiver
 //   copies or reduces from its own local staging. Block b of every rank handles the same 16-byte
@@ -1062,7 +1061,104 @@ __device__ void reduce_scatter_rw(const Args& a, const CArgs& c) {
     end_call(a, e);
 }
 
+// LL reductions (parts up to the LL limit): the push all-reduce's lines carry rank p's part to
+// rank p (reduce-scatter) or every rank's input to the root (reduce); the receiver reduces its
+// own input with the peers' lines in rank order 0..n-1 (rule 5; f32 for half types, rule 6).
+// Units of 8 bytes hold whole elements (the element size divides 8); the zeros past a part's
+// end in its last unit are reduced too, and never stored.
+
+// Unit u of every peer's line reduced with the own unit `mine`; false on a timeout or a peer in
+// another call (recorded). Two ranks: one line to wait for, as in push.
+template <int OP>
+__device__ __forceinline__ bool ll_reduce_unit(const Args& a, const CArgs& c, u32 e, u64 t0,
+                                               u64 u, uint2 mine, uint2* res) {
+    if (a.world == 2) {
+        uint2 x;
+        if (!ll_recv(a, c, a.rank ^ 1, e, u, t0, &x)) return false;
+        Unit in[2];
+        in[0].u = a.rank == 0 ? mine : x;
+        in[1].u = a.rank == 0 ? x : mine;
+        *res = reduce_ranks<OP, 2>(a, in).u;
+        return true;
+    }
+    Unit in[FC_MAX_RANKS];
+#pragma unroll
+    for (u32 r = 0; r < FC_MAX_RANKS; r++) {
+        if (r >= a.world) break;
+        if (r == a.rank) in[r].u = mine;
+        else if (!ll_recv(a, c, r, e, u, t0, &in[r].u)) return false;
+    }
+    *res = reduce_ranks<OP, FC_MAX_RANKS>(a, in).u;
+    return true;
+}
+
+// input: world * n elements, part p to rank p; output: n elements (in place: the own part of the
+// input, each unit read before the same thread writes it).
+template <int OP>
+__device__ void reduce_scatter_ll(const Args& a, const CArgs& c) {
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    ll_start(a, c, e);
+    u64 bytes = c.n * sizeof(T);
+    u64 nunit = (bytes + 7) / 8;
+    const u8* in = (const u8*)a.input;
+    u8* out = (u8*)a.output;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    for (u64 u = first; u < nunit; u += stride) {
+        u32 nb = min_u32(8, bytes - u * 8);
+        for (u32 p = 0; p < a.world; p++)
+            if (p != a.rank) ll_send(a, p, e, u, ld_user8(in + p * bytes + u * 8, nb));
+    }
+    const u8* own = in + a.rank * bytes;
+    bool ok = true;
+    for (u64 u = first; u < nunit && ok; u += stride) {
+        u32 nb = min_u32(8, bytes - u * 8);
+        uint2 r;
+        ok = ll_reduce_unit<OP>(a, c, e, t0, u, ld_user8(own + u * 8, nb), &r);
+        if (ok) st_user8(out + u * 8, nb, r);
+    }
+    ll_end(a, c, e, t0);
+}
+
+// Every rank's input reduced into root's output (other outputs untouched).
+template <int OP>
+__device__ void reduce_ll(const Args& a, const CArgs& c) {
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    ll_start(a, c, e);
+    u64 bytes = c.n * sizeof(T);
+    u64 nunit = (bytes + 7) / 8;
+    const u8* in = (const u8*)a.input;
+    u8* out = (u8*)a.output;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    bool ok = true;
+    for (u64 u = first; u < nunit && ok; u += stride) {
+        u32 nb = min_u32(8, bytes - u * 8);
+        uint2 x = ld_user8(in + u * 8, nb);
+        if (a.rank != c.root) {
+            ll_send(a, c.root, e, u, x);
+        } else {
+            uint2 r;
+            ok = ll_reduce_unit<OP>(a, c, e, t0, u, x, &r);
+            if (ok) st_user8(out + u * 8, nb, r);
+        }
+    }
+    ll_end(a, c, e, t0);
+}
+
 #define FC_COLL_ENTRY(NAME, OPV)                                                               \
+    extern "C" __global__ void __launch_bounds__(512) fc_reduce_scatter_ll_##NAME(Args a, CArgs c) { \
+        pdl_wait();                                                                            \
+        pdl_launch_dependents();                                                               \
+        reduce_scatter_ll<OPV>(a, c);                                                          \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(512) fc_reduce_ll_##NAME(Args a, CArgs c) {   \
+        pdl_wait();                                                                            \
+        pdl_launch_dependents();                                                               \
+        reduce_ll<OPV>(a, c);                                                                  \
+    }                                                                                          \
     extern "C" __global__ void __launch_bounds__(512) fc_reduce_scatter_st_##NAME(Args a, CArgs c) { \
         pdl_wait();                                                                            \
         pdl_launch_dependents();                                                               \

@@ -3,10 +3,9 @@
 //! push lines and epochs the all-reduce uses (so calls of any collective interleave freely and
 //! CUDA graphs capture them).
 //!
-//! Two protocols (see the head of collectives.cu): LL lines for the data movers' parts up to
-//! [`LL_MAX_BYTES`] (no barrier), staged copies with a per-block barrier above and for the
-//! reductions ([`use_ll`]). The choice depends only on values every rank shares (collective,
-//! part size, push capacity), so all ranks run the same kernel.
+//! Two protocols (see the head of collectives.cu): LL lines for parts up to [`LL_MAX_BYTES`] (no
+//! barrier), staged copies with a per-block barrier above ([`use_ll`]). The choice depends only
+//! on values every rank shares (part size, LL limit), so all ranks run the same kernel.
 
 use std::ffi::c_void;
 
@@ -87,13 +86,13 @@ pub fn staged_need(coll: Collective, part_bytes: usize, world: usize) -> Option<
     }
 }
 
-/// Whether a call of `kernel` with parts of `part_bytes` uses LL lines (`ll_max`: the largest LL
-/// part, `StagingLayout::ll_max`). The reductions (`reduce_scatter`, `reduce`) always take the staged protocol: measured
-/// on 2xH200 (bench/results/2026-11-30-h200x2-ll-staged) it beats their LL kernels, since
-/// removed, at every size from 1 KB (reduce-scatter 1 KB 4.59 against 5.27 us, reduce 3.68
-/// against 4.36), while the data movers' LL kernels stay ahead up to 256 KiB parts (LL_MAX_BYTES).
-pub fn use_ll(kernel: &str, part_bytes: usize, ll_max: usize) -> bool {
-    !matches!(kernel, "reduce_scatter" | "reduce") && part_bytes <= ll_max
+/// Whether a call with parts of `part_bytes` uses LL lines (`ll_max`: the largest LL part,
+/// `StagingLayout::ll_max`), for every collective with LL kernels: the data movers, and the
+/// reductions since their LL kernels wait for the peer's lines only (as the push all-reduce).
+/// Earlier LL reductions, which waited for a hello with a system-scope release first, lost to
+/// the staged kernels at every size (bench/results/2026-11-30-h200x2-ll-staged) and were removed.
+pub fn use_ll(part_bytes: usize, ll_max: usize) -> bool {
+    part_bytes <= ll_max
 }
 
 /// The smallest part of `kernel` that takes the pipelined staged kernel (`fc_<kernel>_rw`, rounds
@@ -116,7 +115,7 @@ const PIPE_ROUND_BYTES: usize = 4 << 20;
 /// The kernel form of a call of `kernel` with parts of `part_bytes` (`ll_max`: the largest LL
 /// part) and its rounds: `ll` (LL lines), `st` (staged) or `rw` (pipelined staged).
 pub fn part_form(kernel: &str, part_bytes: usize, ll_max: usize) -> (&'static str, u32) {
-    if use_ll(kernel, part_bytes, ll_max) {
+    if use_ll(part_bytes, ll_max) {
         ("ll", 1)
     } else if pipe_min_bytes(kernel).is_some_and(|min| part_bytes >= min) {
         ("rw", st_rounds(part_bytes, PIPE_ROUND_BYTES))
@@ -690,7 +689,7 @@ impl Dda {
         }
         if self.world == 2 {
             let cross = a2av_largest_crossing(self.rank, splits) * es;
-            if use_ll("all_to_all_v", cross, self.layout().ll_max) {
+            if use_ll(cross, self.layout().ll_max) {
                 return self.ll_all_to_all_v(input, output, splits, dtype, stream);
             }
         }
@@ -1022,7 +1021,8 @@ mod tests {
     fn large_data_moves_and_scatters_are_pipelined() {
         let cap = LL_MAX_BYTES;
         assert_eq!(part_form("all_gather", 100, cap), ("ll", 1));
-        assert_eq!(part_form("reduce_scatter", 100, cap), ("st", 1));
+        assert_eq!(part_form("reduce_scatter", 100, cap), ("ll", 1));
+        assert_eq!(part_form("reduce", cap + 1, cap), ("st", 1));
         assert_eq!(part_form("all_gather", (8 << 20) - 1, cap), ("st", 1));
         assert_eq!(part_form("all_gather", 8 << 20, cap), ("rw", 2));
         assert_eq!(part_form("all_gather", 16 << 20, cap), ("rw", 4));
@@ -1107,17 +1107,10 @@ mod tests {
         assert_eq!(staged_need(Collective::AllToAllV, 100, 2), None);
         assert_eq!(a2av_slot_bytes(64 << 20, 3), (64 << 20) / 3 / 16 * 16);
         assert_eq!(a2av_slot_bytes(1000, 2) % 16, 0);
-        for k in ["all_gather", "all_to_all", "broadcast"] {
-            assert!(use_ll(k, 0, LL_MAX_BYTES));
-            assert!(use_ll(k, LL_MAX_BYTES, LL_MAX_BYTES));
-            assert!(!use_ll(k, LL_MAX_BYTES + 1, LL_MAX_BYTES));
-            assert!(!use_ll(k, 4096, 2048));
-        }
-        // The reductions: never (they have no LL kernels).
-        for k in ["reduce_scatter", "reduce"] {
-            assert!(!use_ll(k, 0, LL_MAX_BYTES));
-            assert!(!use_ll(k, 2, LL_MAX_BYTES));
-        }
+        assert!(use_ll(0, LL_MAX_BYTES));
+        assert!(use_ll(LL_MAX_BYTES, LL_MAX_BYTES));
+        assert!(!use_ll(LL_MAX_BYTES + 1, LL_MAX_BYTES));
+        assert!(!use_ll(4096, 2048));
     }
 
     #[test]

@@ -52,7 +52,9 @@ pub const COLL_ENTRIES: [&str; 12] = [
     "fc_broadcast_st",
 ];
 /// Reduction entry points of collectives.cu, one per operator: `<prefix>_<op>`.
-pub const COLL_OP_ENTRIES: [&str; 3] = [
+pub const COLL_OP_ENTRIES: [&str; 5] = [
+    "fc_reduce_scatter_ll",
+    "fc_reduce_ll",
     "fc_reduce_scatter_st",
     "fc_reduce_scatter_rw",
     "fc_reduce_st",
