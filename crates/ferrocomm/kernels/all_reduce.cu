@@ -368,6 +368,25 @@ __device__ __forceinline__ V reduce_ranks(const Args& a, const V* in) {
     return res;
 }
 
+// reduce_ranks one rank at a time, for loops that receive the ranks' values in turn (r = 0,
+// 1, ... in order): the same fold, so the same bits, without holding every rank's value.
+template <int OP, typename V>
+__device__ __forceinline__ void fold_rank(const Args& a, Acc* acc, const V& x, u32 r) {
+    constexpr u32 E = sizeof(V) / sizeof(T);
+#pragma unroll
+    for (u32 i = 0; i < E; i++)
+        acc[i] = r == 0 ? load_acc<T, OP>(a, x.e[i]) : combine<OP>(acc[i], load_acc<T, OP>(a, x.e[i]));
+}
+
+template <int OP, typename V>
+__device__ __forceinline__ V fold_finish(const Args& a, const Acc* acc) {
+    constexpr u32 E = sizeof(V) / sizeof(T);
+    V res;
+#pragma unroll
+    for (u32 i = 0; i < E; i++) res.e[i] = finish<T, OP>(a, acc[i]);
+    return res;
+}
+
 // ---------------------------------------------------------------- per-call bookkeeping
 
 // Every block index owns one epoch word (state + 1024 bytes), so no block waits for another
@@ -802,65 +821,35 @@ __device__ void push(const Args& a) {
             if (r < a.world) st_ll((uint4*)(a.push[r] + off), x.u.x, x.u.y, e);
     }
     bool ok = true;
-    if (a.world == 2) {
-        // Two ranks: one line to wait for (the peer's), the own one read back, no loop over
-        // ranks. The loop below, unrolled for sixteen ranks with a spin loop in every step, cost
-        // about a microsecond per call on 2xH200: 1 KB 3.64 -> 2.69 us, 16 KB 4.78 -> 3.38,
-        // 64 KB 5.23 -> 3.67 (bench/results/2026-11-30-h200x2-ll-256k). Taking the own unit
-        // from the input instead of reading its line back was slower (1 KB 3.63 -> 3.92 in
-        // the general loop; bench/results/2026-11-30-h200x2-push-own).
-        u32 peer = a.rank ^ 1;
-        for (u64 u = first; u < nunit && ok; u += stride) {
-            const uint4* p = (const uint4*)(a.push[a.rank] + par + peer * row + u * 16);
+    for (u64 u = first; u < nunit && ok; u += stride) {
+        // One rank at a time (the own line too), folded as it arrives. The loop this replaces,
+        // unrolled over sixteen ranks with a spin loop in every step, cost about a microsecond
+        // per call on 2xH200; a two-rank path (wait for the peer's line, read the own one back)
+        // won most of it, and this loop a little more: 1 KB 3.64 -> 2.75 (two-rank path) ->
+        // 2.62 us, 64 KB 5.23 -> 3.74 -> 3.38 (bench/results/2026-11-30-h200x2-ll-256k,
+        // -push-fold). Taking the own unit from the input instead of its line was slower
+        // (bench/results/2026-11-30-h200x2-push-own).
+        Acc acc[UNIT_ELEMS];
+#pragma unroll 1
+        for (u32 r = 0; r < a.world; r++) {
+            const uint4* p = (const uint4*)(a.push[a.rank] + par + r * row + u * 16);
             uint4 l = ld_v4(p);
             u32 spins = 0;
+            // Check both flags: each covers its own 4-byte half (rule 4: every element).
             while (l.y != e || l.w != e) {
-                if (!spin_ok(a, spins, peer, 1, t0, true, a.sig, e)) {
+                if (!spin_ok(a, spins, r, 1, t0, true, a.sig, e)) {
                     ok = false;
                     break;
                 }
                 l = ld_v4(p);
             }
             if (!ok) break;
-            uint4 m = ld_v4((const uint4*)(a.push[a.rank] + par + a.rank * row + u * 16));
-            Unit in2[2];
-            in2[0].u = a.rank == 0 ? make_uint2(m.x, m.z) : make_uint2(l.x, l.z);
-            in2[1].u = a.rank == 0 ? make_uint2(l.x, l.z) : make_uint2(m.x, m.z);
-            Unit res = reduce_ranks<OP, 2>(a, in2);
-            u64 f = u * UNIT_ELEMS;
-            if (aligned && f + UNIT_ELEMS <= a.count) {
-                *(uint2*)(out + f) = res.u;
-            } else {
-#pragma unroll
-                for (u32 i = 0; i < UNIT_ELEMS; i++)
-                    if (f + i < a.count) out[f + i] = res.e[i];
-            }
-        }
-        if (ok) hello_check(a, a.sig, e, t0, hello_base, 9);
-        end_call(a, e);
-        return;
-    }
-    for (u64 u = first; u < nunit && ok; u += stride) {
-        Unit in_r[FC_MAX_RANKS];
-#pragma unroll
-        for (u32 r = 0; r < FC_MAX_RANKS; r++) {
-            if (r < a.world && ok) {
-                const uint4* p = (const uint4*)(a.push[a.rank] + par + r * row + u * 16);
-                uint4 l = ld_v4(p);
-                u32 spins = 0;
-                // Check both flags: each covers its own 4-byte half (rule 4: every element).
-                while (l.y != e || l.w != e) {
-                    if (!spin_ok(a, spins, r, 1, t0, true, a.sig, e)) {
-                        ok = false;
-                        break;
-                    }
-                    l = ld_v4(p);
-                }
-                in_r[r].u = make_uint2(l.x, l.z);
-            }
+            Unit x;
+            x.u = make_uint2(l.x, l.z);
+            fold_rank<OP>(a, acc, x, r);
         }
         if (!ok) break;
-        Unit res = reduce_ranks<OP, FC_MAX_RANKS>(a, in_r);
+        Unit res = fold_finish<OP, Unit>(a, acc);
         u64 f = u * UNIT_ELEMS;
         if (aligned && f + UNIT_ELEMS <= a.count) {
             *(uint2*)(out + f) = res.u;

@@ -1067,28 +1067,20 @@ __device__ void reduce_scatter_rw(const Args& a, const CArgs& c) {
 // Units of 8 bytes hold whole elements (the element size divides 8); the zeros past a part's
 // end in its last unit are reduced too, and never stored.
 
-// Unit u of every peer's line reduced with the own unit `mine`; false on a timeout or a peer in
-// another call (recorded). Two ranks: one line to wait for, as in push.
+// Unit u of every peer's line reduced with the own unit `mine`, one rank at a time in rank order
+// (as push); false on a timeout or a peer in another call (recorded).
 template <int OP>
 __device__ __forceinline__ bool ll_reduce_unit(const Args& a, const CArgs& c, u32 e, u64 t0,
                                                u64 u, uint2 mine, uint2* res) {
-    if (a.world == 2) {
-        uint2 x;
-        if (!ll_recv(a, c, a.rank ^ 1, e, u, t0, &x)) return false;
-        Unit in[2];
-        in[0].u = a.rank == 0 ? mine : x;
-        in[1].u = a.rank == 0 ? x : mine;
-        *res = reduce_ranks<OP, 2>(a, in).u;
-        return true;
+    Acc acc[UNIT_ELEMS];
+#pragma unroll 1
+    for (u32 r = 0; r < a.world; r++) {
+        Unit x;
+        if (r == a.rank) x.u = mine;
+        else if (!ll_recv(a, c, r, e, u, t0, &x.u)) return false;
+        fold_rank<OP>(a, acc, x, r);
     }
-    Unit in[FC_MAX_RANKS];
-#pragma unroll
-    for (u32 r = 0; r < FC_MAX_RANKS; r++) {
-        if (r >= a.world) break;
-        if (r == a.rank) in[r].u = mine;
-        else if (!ll_recv(a, c, r, e, u, t0, &in[r].u)) return false;
-    }
-    *res = reduce_ranks<OP, FC_MAX_RANKS>(a, in).u;
+    *res = fold_finish<OP, Unit>(a, acc).u;
     return true;
 }
 
