@@ -119,7 +119,9 @@ pub fn default_all_reduce_thresholds(world: usize) -> (usize, usize, usize) {
         // 2 ranks: push wins to 64 KiB (4.7 us against flat's 5.1), flat from 256 KiB; tree
         // never beats flat (both move S bytes each way); NCCL wins from 64 MiB (docs/tuning.md).
         0..=2 => (64 << 10, 32 << 20, 32 << 20),
-        3..=4 => (32 << 10, 512 << 10, 64 << 20),
+        // 3-4 ranks (4×H200, bench/results/2026-11-30-h200x4-first): push 0.34-0.40 of NCCL to
+        // 16 KiB, flat 0.50-0.64 at 64-256 KiB, tree 0.75-0.81 at 1-4 MiB and 1.01 at 16 MiB.
+        3..=4 => (32 << 10, 512 << 10, 8 << 20),
         _ => (16 << 10, 256 << 10, 64 << 20),
     }
 }
@@ -235,6 +237,12 @@ pub fn select(
             }
         }
         Collective::Barrier | Collective::Send | Collective::Recv => Ok(Algo::Direct),
+        // Above two ranks the all-to-all-v runs pair by pair and its choice can take no size (no
+        // count is seen by every rank). On 4×H200 the pair-by-pair kernel lost to NCCL's
+        // all-to-all-v up to 1 MB (1 KB 14.4 against 8.6 us, 256 KB 16.6 against 10.0) and won
+        // from 4 MB (0.76-0.78): without a size to go by, NCCL (never slower than NCCL), direct
+        // access when forced or without NCCL (bench/results/2026-11-30-h200x4-first).
+        Collective::AllToAllV if world > 2 => Ok(if caps.nccl { Algo::Nccl } else { Algo::Direct }),
         other => {
             let limit = direct_max_setting(t, other)
                 .0
@@ -348,6 +356,26 @@ mod tests {
             )
         };
         assert_eq!(v(1 << 40).unwrap(), Algo::Direct);
+        // Above two ranks: NCCL unless forced, or without NCCL.
+        let v4 = |requested, caps: &Capabilities| {
+            select(
+                Collective::AllToAllV,
+                0,
+                4,
+                DataType::BF16,
+                requested,
+                caps,
+                &cfg,
+            )
+            .unwrap()
+        };
+        assert_eq!(v4(Algo::Auto, &free), Algo::Nccl);
+        assert_eq!(v4(Algo::Direct, &free), Algo::Direct);
+        let no_nccl = Capabilities {
+            nccl: false,
+            ..free
+        };
+        assert_eq!(v4(Algo::Auto, &no_nccl), Algo::Direct);
         assert_eq!(pick(Collective::AllGather, 32 << 20, 4), Algo::Direct);
         assert_eq!(pick(Collective::AllGather, (32 << 20) + 1, 4), Algo::Nccl);
         // Above 4 ranks every default halves (the all-to-all-v has none).
