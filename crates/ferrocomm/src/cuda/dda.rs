@@ -59,7 +59,7 @@ pub struct StagingLayout {
     pub push_off: usize,
     /// Payload bytes per sender of one push parity.
     pub push_cap: usize,
-    /// Largest part the data movers send in LL lines (`FERROCOMM_LL_MAX_BYTES`, at most
+    /// Largest part the collectives send in LL lines (`FERROCOMM_LL_MAX_BYTES`, at most
     /// `push_cap`).
     pub ll_max: usize,
     pub staging_off: usize,
