@@ -8,8 +8,9 @@
 #
 # BINDIR holds release builds of `ferrocomm` and the `gpu_check` example (default: beside this
 # script, then target/release). NVLink multicast stays off. SWEEP_STEP_S (60) limits each step,
-# SWEEP_ITERS / SWEEP_REPS (10 / 3) set -n / --reps. The kernel cache can be filled beforehand
-# with `ferrocomm precompile --arch sm_90 --cache DIR` and passed as FERROCOMM_KERNEL_CACHE.
+# SWEEP_CHECK_S (240) the gpu_check step, SWEEP_ITERS / SWEEP_REPS (10 / 3) set -n / --reps. The
+# kernel cache can be filled beforehand with `ferrocomm precompile --arch sm_90 --cache DIR` and
+# passed as FERROCOMM_KERNEL_CACHE.
 #
 # On the device tool, from a checkout here (build, then one call):
 #   cargo build --release -p ferrocomm-cli -p ferrocomm --examples
@@ -40,10 +41,10 @@ summary="$res/summary.txt"
 { date -u; nvidia-smi -L; nvidia-smi topo -m; } > "$res/machine.txt" 2>&1
 "$fc" info > "$res/info.txt" 2>&1
 
-step() { # name, command...
+step() { # name, command... (STEP_LIMIT_S overrides the step's limit)
   local name="$1"; shift
   local t0=$SECONDS
-  timeout "$step_s" "$@" > "$res/$name.txt" 2>&1
+  timeout "${STEP_LIMIT_S:-$step_s}" "$@" > "$res/$name.txt" 2>&1
   local rc=$?
   printf '%-40s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" \
     "$(grep -E 'Out of bounds|Avg bus|all results' "$res/$name.txt" | tr '\n' ' ')" | tee -a "$summary"
@@ -53,7 +54,9 @@ step() { # name, command...
 }
 
 if [ -x "$gpu_check" ]; then
-  step gpu_check "$fc" launch -n "$n" --timeout 400 -- "$gpu_check" --quick --no-timing
+  # At 4 ranks the quick matrix alone took 48 s (bench/results/2026-11-30-h200x4-first).
+  STEP_LIMIT_S="${SWEEP_CHECK_S:-240}" step gpu_check "$fc" launch -n "$n" --timeout 400 -- \
+    "$gpu_check" --quick --no-timing
 fi
 
 for coll in all_reduce all_gather reduce_scatter all_to_all broadcast reduce sendrecv; do
