@@ -161,7 +161,9 @@ pub fn default_direct_max(coll: Collective, world: usize) -> Option<usize> {
     // bytes per call. The all-to-all-v runs in pieces at any size (launches of a staging slot
     // at two ranks, pair by pair in one launch above), and NCCL's all-to-all-v (grouped sends
     // and receives) is far slower than its all-to-all: 0.44-0.66× at 1-32 MiB of uneven parts,
-    // bench/results/2026-11-30-h200x2-lp-a2av. So it has no limit of its own.
+    // bench/results/2026-11-30-h200x2-lp-a2av. So it has no limit of its own at two ranks;
+    // above two, where its choice can take no size, `select` gives it to NCCL by a rule of its
+    // own.
     let base: usize = match coll {
         Collective::AllToAllV => return None,
         Collective::AllGather => 32 << 20,
@@ -169,6 +171,12 @@ pub fn default_direct_max(coll: Collective, world: usize) -> Option<usize> {
         _ => 64 << 20,
     };
     Some(if world > 4 { base / 2 } else { base })
+}
+
+/// Whether no count of an all-to-all-v of `world` ranks is seen by every rank (each sees its own
+/// row and column of the count matrix): above two ranks. Its choice can then take no size.
+pub fn a2av_without_agreed_size(world: usize) -> bool {
+    world > 2
 }
 
 /// Chooses the algorithm for one collective call.
@@ -242,7 +250,9 @@ pub fn select(
         // all-to-all-v up to 1 MB (1 KB 14.4 against 8.6 us, 256 KB 16.6 against 10.0) and won
         // from 4 MB (0.76-0.78): without a size to go by, NCCL (never slower than NCCL), direct
         // access when forced or without NCCL (bench/results/2026-11-30-h200x4-first).
-        Collective::AllToAllV if world > 2 => Ok(if caps.nccl { Algo::Nccl } else { Algo::Direct }),
+        Collective::AllToAllV if a2av_without_agreed_size(world) => {
+            Ok(if caps.nccl { Algo::Nccl } else { Algo::Direct })
+        }
         other => {
             let limit = direct_max_setting(t, other)
                 .0

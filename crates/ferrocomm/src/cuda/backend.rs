@@ -700,14 +700,10 @@ impl Backend for CudaBackend {
             coll,
             Collective::Barrier | Collective::Send | Collective::Recv
         ) {
-            let (bytes_per_rank, part) = match coll {
-                // Above two ranks the all-to-all-v's choice depends on no size (as in the call,
-                // collectives::a2av_agreed_sizes).
-                Collective::AllToAllV if collectives::a2av_by_pairs(self.size) => (0, 0),
-                Collective::AllToAll | Collective::AllToAllV => {
-                    (bytes_per_rank, bytes_per_rank / self.size)
-                }
-                _ => (bytes_per_rank, bytes_per_rank),
+            // (Above two ranks the all-to-all-v's choice takes no size: select's own rule.)
+            let part = match coll {
+                Collective::AllToAll | Collective::AllToAllV => bytes_per_rank / self.size,
+                _ => bytes_per_rank,
             };
             let op = matches!(coll, Collective::Reduce | Collective::ReduceScatter)
                 .then_some(ReduceOp::Sum);

@@ -193,10 +193,10 @@ pub(super) fn a2av_agreed_sizes(rank: usize, splits: &Splits, es: usize) -> (usi
     (world * largest, largest)
 }
 
-/// Whether an all-to-all-v of `world` ranks runs pair by pair (`fc_all_to_all_v_pc`), with a
-/// choice that takes no size: above two ranks, where no count is seen by every rank.
+/// Whether an all-to-all-v of `world` ranks runs pair by pair (`fc_all_to_all_v_pc`): where no
+/// count is seen by every rank ([`select::a2av_without_agreed_size`]).
 pub(super) fn a2av_by_pairs(world: usize) -> bool {
-    world > 2
+    select::a2av_without_agreed_size(world)
 }
 
 /// Elements of one piece of the pair-by-pair all-to-all-v (`fc_all_to_all_v_pc`, above two
@@ -698,7 +698,6 @@ impl Dda {
         for i in 0..pieces {
             let s = a2av_piece(self.rank, splits, i, chunk);
             let mut c = self.a2av_cargs(&s, es);
-            c.slot_bytes = self.a2av_slot() as u64;
             if self.world == 2 {
                 // Both crossing counts and the piece: a mismatch is seen by both ranks.
                 c.sig = a2av_pair_signature(self.rank, splits, dtype, &format!("piece {i}"));
@@ -722,9 +721,11 @@ impl Dda {
         Ok(())
     }
 
-    /// Kernel arguments holding the counts and displacements of `s` (elements of `es` bytes).
+    /// Kernel arguments holding the counts and displacements of `s` (elements of `es` bytes) and
+    /// the all-to-all-v's staging slot per sender ([`Self::a2av_slot`]; the LL kernel has none).
     fn a2av_cargs(&self, s: &Splits, es: usize) -> CArgs {
         let mut c = self.cargs();
+        c.slot_bytes = self.a2av_slot() as u64;
         for p in 0..self.world {
             c.scount[p] = s.send_counts[p] as u64;
             c.sdispl[p] = s.send_displs[p] as u64;
@@ -745,10 +746,8 @@ impl Dda {
         dtype: DataType,
         stream: u64,
     ) -> Result<()> {
-        let slot = self.a2av_slot();
         let mut c = self.a2av_cargs(splits, dtype.size());
-        c.slot_bytes = slot as u64;
-        c.n = a2av_pc_piece(slot, dtype.size()) as u64;
+        c.n = a2av_pc_piece(self.a2av_slot(), dtype.size()) as u64;
         let a = self.base_args(input, output, 0);
         self.launch(
             Self::MOVE_MODULE,

@@ -570,16 +570,16 @@ pub fn quantize_on_device(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn lp_layout_matches_the_kernel() {
         let src = super::super::kernels::LOWP_SOURCE;
         assert_eq!(
-            std::mem::size_of::<super::Lp>(),
+            std::mem::size_of::<Lp>(),
             super::super::kernels::c_struct_size(src, "Lp")
         );
     }
-
-    use super::*;
 
     #[test]
     fn signatures_separate_what_ranks_must_agree_on() {
