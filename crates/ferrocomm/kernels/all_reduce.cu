@@ -791,8 +791,8 @@ __device__ __forceinline__ void push_load(const Args& a, u64 u, bool aligned, Un
     }
 }
 
-template <int OP>
-__device__ void push(const Args& a) {
+template <int OP, u32 W>
+__device__ __forceinline__ void push(const Args& a) {
     u64 nunit = (a.count * sizeof(T) + 7) / 8;
     bool aligned = ((a.input | a.output) & 7) == 0;
     u64 stride = (u64)gridDim.x * blockDim.x;
@@ -811,6 +811,7 @@ __device__ void push(const Args& a) {
     hello_send(a, a.sig, e, hello_base);
     u64 row = 2 * a.push_cap;               // bytes of one sender's LL lines
     u64 par = (u64)(e & 1) * a.world * row;
+    const u8* mine = (const u8*)a.push[a.rank];
     for (u64 u = first; u < nunit; u += stride) {
         Unit x;
         if (u == first) x = x0;
@@ -830,23 +831,27 @@ __device__ void push(const Args& a) {
         // -push-fold). Taking the own unit from the input instead of its line was slower
         // (bench/results/2026-11-30-h200x2-push-own).
         Acc acc[UNIT_ELEMS];
-#pragma unroll 1
-        for (u32 r = 0; r < a.world; r++) {
-            const uint4* p = (const uint4*)(a.push[a.rank] + par + r * row + u * 16);
+        auto step = [&](u32 r) {
+            const uint4* p = (const uint4*)(mine + par + r * row + u * 16);
             uint4 l = ld_v4(p);
             u32 spins = 0;
             // Check both flags: each covers its own 4-byte half (rule 4: every element).
             while (l.y != e || l.w != e) {
-                if (!spin_ok(a, spins, r, 1, t0, true, a.sig, e)) {
-                    ok = false;
-                    break;
-                }
+                if (!spin_ok(a, spins, r, 1, t0, true, a.sig, e)) return false;
                 l = ld_v4(p);
             }
-            if (!ok) break;
             Unit x;
             x.u = make_uint2(l.x, l.z);
             fold_rank<OP>(a, acc, x, r);
+            return true;
+        };
+        // Two ranks: both steps known at compile time (see W in collectives.cu's LL helpers).
+        if (W) {
+#pragma unroll
+            for (u32 r = 0; r < W && ok; r++) ok = step(r);
+        } else {
+#pragma unroll 1
+            for (u32 r = 0; r < a.world && ok; r++) ok = step(r);
         }
         if (!ok) break;
         Unit res = fold_finish<OP, Unit>(a, acc);
@@ -879,7 +884,7 @@ extern "C" __global__ void fc_verify_write(Args a, u32 magic, u64 verify_off) {
 // ---------------------------------------------------------------- entry points
 
 #define FC_ENTRY(NAME, OPV)                                                             \
-    extern "C" __global__ void __launch_bounds__(512) fc_push_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); push<OPV>(a); } \
+    extern "C" __global__ void __launch_bounds__(512) fc_push_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); if (a.world == 2) push<OPV, 2>(a); else push<OPV, 0>(a); } \
     extern "C" __global__ void __launch_bounds__(512) fc_flat_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); flat<OPV>(a); } \
     extern "C" __global__ void __launch_bounds__(512) fc_tree_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); tree<OPV>(a); } \
     extern "C" __global__ void __launch_bounds__(512) fc_stream_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); stream<OPV>(a); }

@@ -14,7 +14,7 @@
 //   checks every peer's before the kernel ends, so that a rank never runs more than one call
 //   ahead of any peer even when it receives nothing (the broadcast root): the parity buffers are
 //   then never overwritten while read. A receiver whose wait for units goes on peeks at the
-//   hellos, so a peer in another call is reported, not waited for (ll_start, ll_end).
+//   hellos, so a peer in another call is reported, not waited for (ll_begin, ll_end).
 // - staged (larger parts): every sender writes its parts straight into the receivers' staging
 //   (parity e&1, one slot per sender), then a per-block barrier whose flags carry a 32-bit payload
 //   (the signature, or the element count of that pair for all-to-all-v), then every receiver
@@ -342,10 +342,20 @@ __device__ __forceinline__ void reduce_span(const Args& a, const CArgs& c, u32 e
 
 // ---------------------------------------------------------------- LL protocol helpers
 
-__device__ __forceinline__ uint4* ll_line(const Args& a, u32 owner, u32 e, u32 sender, u64 unit) {
-    u64 row = 2 * a.push_cap;
-    return (uint4*)(a.push[owner] + (u64)(e & 1) * a.world * row + sender * row + unit * 16);
-}
+// One LL call as a kernel sees it: its clock and epoch, its own lines of this call's parity, and
+// this thread's first unit and the grid's stride, computed once per call; sends go peer by peer,
+// each peer's region taken once.
+struct Ll {
+    u64 t0;
+    u32 e;
+    u64 row;         // bytes of one sender's lines
+    u64 par;         // offset of this call's parity in every rank's push region
+    const u8* mine;  // own push region
+    u64 first;       // this thread's first unit
+    u64 stride;      // units between a thread's units
+};
+
+__device__ __forceinline__ u64 ll_first() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
 
 // The LL kernels' hellos (all_reduce.cu: hello_send, hello_check) go from and to the last warp
 // of block 0: stored at the start, checked at the end. A receiver reads its units without
@@ -355,50 +365,95 @@ __device__ __forceinline__ uint4* ll_line(const Args& a, u32 owner, u32 e, u32 s
 // so no rank runs two calls ahead of another even when it receives nothing (the broadcast root).
 __device__ __forceinline__ u32 ll_hello_base() { return blockDim.x - 32; }
 
-__device__ __forceinline__ void ll_start(const Args& a, const CArgs& c, u32 e) {
-    hello_send(a, c.sig, e, ll_hello_base());
+// Every LL kernel's start: the clock, the epoch word and the hellos out. Kernels load their
+// first input unit before calling it, so that load and the epoch word's overlap (a small
+// message is one unit per thread).
+__device__ __forceinline__ Ll ll_begin(const Args& a, const CArgs& c) {
+    Ll l;
+    l.t0 = globaltimer();
+    l.e = call_epoch(a);
+    l.row = 2 * a.push_cap;
+    l.par = (u64)(l.e & 1) * a.world * l.row;
+    l.mine = (const u8*)a.push[a.rank];
+    l.first = ll_first();
+    l.stride = (u64)gridDim.x * blockDim.x;
+    hello_send(a, c.sig, l.e, ll_hello_base());
+    return l;
 }
 
-__device__ void ll_end(const Args& a, const CArgs& c, u32 e, u64 t0) {
-    hello_check(a, c.sig, e, t0, ll_hello_base(), 30);
-    end_call(a, e);
+__device__ void ll_end(const Args& a, const CArgs& c, const Ll& l) {
+    hello_check(a, c.sig, l.e, l.t0, ll_hello_base(), 30);
+    end_call(a, l.e);
 }
 
-__device__ __forceinline__ void ll_send(const Args& a, u32 to, u32 e, u64 unit, uint2 x) {
-    st_ll(ll_line(a, to, e, a.rank, unit), x.x, x.y, e);
+// Unit u of the user buffer `p` of `bytes` bytes (the last one may be short).
+__device__ __forceinline__ uint2 ll_load(const u8* p, u64 bytes, u64 u) {
+    return ld_user8(p + u * 8, min_u32(8, bytes - u * 8));
+}
+__device__ __forceinline__ void ll_store(u8* p, u64 bytes, u64 u, uint2 x) {
+    st_user8(p + u * 8, min_u32(8, bytes - u * 8), x);
 }
 
-// Polls unit `unit` from `from`; false on timeout (recorded).
-__device__ bool ll_recv(const Args& a, const CArgs& c, u32 from, u32 e, u64 unit, u64 t0,
-                        uint2* out) {
-    const uint4* p = ll_line(a, a.rank, e, from, unit);
-    uint4 l = ld_v4(p);
+// Unit u into this rank's lines in the push region at `base` (a peer's).
+__device__ __forceinline__ void ll_send_at(const Args& a, const Ll& l, u64 base, u64 u, uint2 x) {
+    st_ll((uint4*)(base + l.par + a.rank * l.row + u * 16), x.x, x.y, l.e);
+}
+
+// The LL kernels are built twice, for any world (W = 0) and for two ranks (W = 2), where every
+// loop over peers has one step known at compile time: on 2xH200 a 1 KB all-gather with its
+// loops over peers ran 1.94 us per kernel against 1.82 without them
+// (bench/results/2026-11-30-h200x2-ll-probe, T2 against T0).
+template <u32 W>
+__device__ __forceinline__ u32 ll_world(const Args& a) { return W ? W : a.world; }
+
+// The k-th rank after this one (k = 1 .. world-1): every peer once.
+template <u32 W>
+__device__ __forceinline__ u32 ll_peer(const Args& a, u32 k) {
+    u32 p = a.rank + k;
+    return p >= ll_world<W>(a) ? p - ll_world<W>(a) : p;
+}
+
+// Polls unit u from `from` in the own lines; false on timeout (recorded).
+__device__ __forceinline__ bool ll_recv(const Args& a, const CArgs& c, const Ll& l, u32 from, u64 u,
+                                        uint2* out) {
+    const uint4* p = (const uint4*)(l.mine + l.par + from * l.row + u * 16);
+    uint4 v = ld_v4(p);
     u32 spins = 0;
     // Both flags: each covers its own 4-byte half (rule 4: every element checked).
-    while (l.y != e || l.w != e) {
-        if (!spin_ok(a, spins, from, 31, t0, true, c.sig, e)) return false;
-        l = ld_v4(p);
+    while (v.y != l.e || v.w != l.e) {
+        if (!spin_ok(a, spins, from, 31, l.t0, true, c.sig, l.e)) return false;
+        v = ld_v4(p);
     }
-    *out = make_uint2(l.x, l.z);
+    *out = make_uint2(v.x, v.z);
     return true;
 }
 
 // LL receive side of the data movers: each peer's units into part s of `out`. False on a
 // timeout or a peer in another call (recorded).
-__device__ bool ll_receive_parts(const Args& a, const CArgs& c, u32 e, u64 t0, u8* out, u64 bytes,
-                                 u64 first, u64 stride) {
+template <u32 W>
+__device__ __forceinline__ bool ll_receive_parts(const Args& a, const CArgs& c, const Ll& l, u8* out,
+                                                 u64 bytes) {
     u64 nunit = (bytes + 7) / 8;
     bool ok = true;
-    for (u32 s = 0; s < a.world && ok; s++) {
-        if (s == a.rank) continue;
-        for (u64 u = first; u < nunit && ok; u += stride) {
+    for (u32 k = 1; k < ll_world<W>(a) && ok; k++) {
+        u32 s = ll_peer<W>(a, k);
+        for (u64 u = l.first; u < nunit && ok; u += l.stride) {
             uint2 x;
-            ok = ll_recv(a, c, s, e, u, t0, &x);
-            if (ok) st_user8(out + s * bytes + u * 8, min_u32(8, bytes - u * 8), x);
+            ok = ll_recv(a, c, l, s, u, &x);
+            if (ok) ll_store(out + s * bytes, bytes, u, x);
         }
     }
     return ok;
 }
+
+// The entry of an LL kernel `name`: its two-rank build at two ranks, the other one elsewhere.
+#define LL_ENTRY(name)                                                                        \
+    extern "C" __global__ void __launch_bounds__(512) fc_##name(Args a, CArgs c) {           \
+        pdl_wait();                                                                           \
+        pdl_launch_dependents();                                                              \
+        if (a.world == 2) name<2>(a, c);                                                      \
+        else name<0>(a, c);                                                                   \
+    }
 
 // Staged kernels meet through the payload barrier, which carries this call's signature to every
 // peer; block 0 reports a peer whose signature differs. False when a peer timed out.
@@ -419,28 +474,29 @@ __device__ void get_parts(const Args& a, const CArgs& c, u32 e, u8* out, u64 byt
 // ---------------------------------------------------------------- all-gather
 
 // input: n elements; output: world * n, part r from rank r. In place: input == own part.
-extern "C" __global__ void __launch_bounds__(512) fc_all_gather_ll(Args a, CArgs c) {
-    pdl_wait();
-    pdl_launch_dependents();
-    u64 t0 = globaltimer();
-    u32 e = call_epoch(a);
-    ll_start(a, c, e);
+template <u32 W>
+__device__ __forceinline__ void all_gather_ll(const Args& a, const CArgs& c) {
     u64 bytes = c.n * c.es;
     u64 nunit = (bytes + 7) / 8;
     const u8* in = (const u8*)a.input;
     u8* out = (u8*)a.output;
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    for (u64 u = first; u < nunit; u += stride) {
-        u32 nb = min_u32(8, bytes - u * 8);
-        uint2 x = ld_user8(in + u * 8, nb);
-        for (u32 p = 0; p < a.world; p++)
-            if (p != a.rank) ll_send(a, p, e, u, x);
-        if (in != out + a.rank * bytes) st_user8(out + a.rank * bytes + u * 8, nb, x);
+    u64 first = ll_first();
+    uint2 x = first < nunit ? ll_load(in, bytes, first) : make_uint2(0, 0);
+    Ll l = ll_begin(a, c);
+    for (u32 k = 1; k < ll_world<W>(a); k++) {
+        u64 to = a.push[ll_peer<W>(a, k)];
+        for (u64 u = first; u < nunit; u += l.stride)
+            ll_send_at(a, l, to, u, u == first ? x : ll_load(in, bytes, u));
     }
-    ll_receive_parts(a, c, e, t0, out, bytes, first, stride);
-    ll_end(a, c, e, t0);
+    u8* own = out + a.rank * bytes;
+    if (in != own)
+        for (u64 u = first; u < nunit; u += l.stride)
+            ll_store(own, bytes, u, u == first ? x : ll_load(in, bytes, u));
+    ll_receive_parts<W>(a, c, l, out, bytes);
+    ll_end(a, c, l);
 }
+
+LL_ENTRY(all_gather_ll)
 
 extern "C" __global__ void __launch_bounds__(512) fc_all_gather_st(Args a, CArgs c) {
     pdl_wait();
@@ -464,29 +520,27 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_gather_st(Args a, CArgs
 
 // input and output: world * n; part p of the input goes to rank p, part s of the output comes
 // from rank s. In place: each thread reads a unit of part p before writing that unit of part p.
-extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_ll(Args a, CArgs c) {
-    pdl_wait();
-    pdl_launch_dependents();
-    u64 t0 = globaltimer();
-    u32 e = call_epoch(a);
-    ll_start(a, c, e);
+template <u32 W>
+__device__ __forceinline__ void all_to_all_ll(const Args& a, const CArgs& c) {
     u64 bytes = c.n * c.es;
-    u64 nunit = (bytes + 7) / 8;
     const u8* in = (const u8*)a.input;
     u8* out = (u8*)a.output;
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    for (u64 u = first; u < nunit; u += stride) {
-        u32 nb = min_u32(8, bytes - u * 8);
-        for (u32 p = 0; p < a.world; p++) {
-            uint2 x = ld_user8(in + p * bytes + u * 8, nb);
-            if (p != a.rank) ll_send(a, p, e, u, x);
-            else if (in != out) st_user8(out + p * bytes + u * 8, nb, x);
-        }
+    Ll l = ll_begin(a, c);
+    u64 nunit = (bytes + 7) / 8;
+    for (u32 k = 1; k < ll_world<W>(a); k++) {
+        u32 p = ll_peer<W>(a, k);
+        u64 to = a.push[p];
+        for (u64 u = l.first; u < nunit; u += l.stride)
+            ll_send_at(a, l, to, u, ll_load(in + p * bytes, bytes, u));
     }
-    ll_receive_parts(a, c, e, t0, out, bytes, first, stride);
-    ll_end(a, c, e, t0);
+    if (in != out)
+        for (u64 u = l.first; u < nunit; u += l.stride)
+            ll_store(out + a.rank * bytes, bytes, u, ll_load(in + a.rank * bytes, bytes, u));
+    ll_receive_parts<W>(a, c, l, out, bytes);
+    ll_end(a, c, l);
 }
+
+LL_ENTRY(all_to_all_ll)
 
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_st(Args a, CArgs c) {
     pdl_wait();
@@ -692,24 +746,20 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_pc(Args a, CAr
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_ll(Args a, CArgs c) {
     pdl_wait();
     pdl_launch_dependents();
-    u64 t0 = globaltimer();
-    u32 e = call_epoch(a);
-    ll_start(a, c, e);
     const u8* in = (const u8*)a.input;
     u8* out = (u8*)a.output;
     u64 es = c.es;
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    Ll l = ll_begin(a, c);
     for (u32 p = 0; p < a.world; p++) {
         u64 bytes = c.scount[p] * es;
         const u8* src = in + c.sdispl[p] * es;
         u8* own = out + c.rdispl[p] * es;  // p == rank only
         if (p == a.rank && src == own) continue;
-        for (u64 u = first; u < (bytes + 7) / 8; u += stride) {
-            u32 nb = min_u32(8, bytes - u * 8);
-            uint2 x = ld_user8(src + u * 8, nb);
-            if (p != a.rank) ll_send(a, p, e, u, x);
-            else st_user8(own + u * 8, nb, x);
+        u64 to = a.push[p];  // once per peer, not per unit
+        for (u64 u = l.first; u < (bytes + 7) / 8; u += l.stride) {
+            uint2 x = ll_load(src, bytes, u);
+            if (p != a.rank) ll_send_at(a, l, to, u, x);
+            else ll_store(own, bytes, u, x);
         }
     }
     bool ok = true;
@@ -717,13 +767,13 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_ll(Args a, CAr
         if (s == a.rank) continue;
         u64 bytes = c.rcount[s] * es;
         u64 nunit = (bytes + 7) / 8;
-        for (u64 u = first; u < nunit && ok; u += stride) {
+        for (u64 u = l.first; u < nunit && ok; u += l.stride) {
             uint2 x;
-            ok = ll_recv(a, c, s, e, u, t0, &x);
-            if (ok) st_user8(out + c.rdispl[s] * es + u * 8, min_u32(8, bytes - u * 8), x);
+            ok = ll_recv(a, c, l, s, u, &x);
+            if (ok) ll_store(out + c.rdispl[s] * es, bytes, u, x);
         }
     }
-    ll_end(a, c, e, t0);
+    ll_end(a, c, l);
 }
 
 // ---------------------------------------------------------------- all-to-all-v (device counts)
@@ -809,36 +859,36 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_dyn_st(Args a, C
 // ---------------------------------------------------------------- broadcast
 
 // Root's input (or its output, in place) into every rank's output.
-extern "C" __global__ void __launch_bounds__(512) fc_broadcast_ll(Args a, CArgs c) {
-    pdl_wait();
-    pdl_launch_dependents();
-    u64 t0 = globaltimer();
-    u32 e = call_epoch(a);
-    ll_start(a, c, e);
+template <u32 W>
+__device__ __forceinline__ void broadcast_ll(const Args& a, const CArgs& c) {
     u64 bytes = c.n * c.es;
     u64 nunit = (bytes + 7) / 8;
+    const u8* in = (const u8*)a.input;
     u8* out = (u8*)a.output;
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    bool ok = true;
-    if (a.rank == c.root) {
-        const u8* in = (const u8*)a.input;
-        for (u64 u = first; u < nunit; u += stride) {
-            u32 nb = min_u32(8, bytes - u * 8);
-            uint2 x = ld_user8(in + u * 8, nb);
-            for (u32 p = 0; p < a.world; p++)
-                if (p != a.rank) ll_send(a, p, e, u, x);
-            if (in != out) st_user8(out + u * 8, nb, x);
+    u64 first = ll_first();
+    bool root = a.rank == c.root;
+    uint2 x = root && first < nunit ? ll_load(in, bytes, first) : make_uint2(0, 0);
+    Ll l = ll_begin(a, c);
+    if (root) {
+        for (u32 k = 1; k < ll_world<W>(a); k++) {
+            u64 to = a.push[ll_peer<W>(a, k)];
+            for (u64 u = first; u < nunit; u += l.stride)
+                ll_send_at(a, l, to, u, u == first ? x : ll_load(in, bytes, u));
         }
+        if (in != out)
+            for (u64 u = first; u < nunit; u += l.stride)
+                ll_store(out, bytes, u, u == first ? x : ll_load(in, bytes, u));
     } else {
-        for (u64 u = first; u < nunit && ok; u += stride) {
-            uint2 x;
-            ok = ll_recv(a, c, c.root, e, u, t0, &x);
-            if (ok) st_user8(out + u * 8, min_u32(8, bytes - u * 8), x);
+        bool ok = true;
+        for (u64 u = first; u < nunit && ok; u += l.stride) {
+            ok = ll_recv(a, c, l, c.root, u, &x);
+            if (ok) ll_store(out, bytes, u, x);
         }
     }
-    ll_end(a, c, e, t0);
+    ll_end(a, c, l);
 }
+
+LL_ENTRY(broadcast_ll)
 
 extern "C" __global__ void __launch_bounds__(512) fc_broadcast_st(Args a, CArgs c) {
     pdl_wait();
@@ -1069,87 +1119,90 @@ __device__ void reduce_scatter_rw(const Args& a, const CArgs& c) {
 
 // Unit u of every peer's line reduced with the own unit `mine`, one rank at a time in rank order
 // (as push); false on a timeout or a peer in another call (recorded).
-template <int OP>
-__device__ __forceinline__ bool ll_reduce_unit(const Args& a, const CArgs& c, u32 e, u64 t0,
-                                               u64 u, uint2 mine, uint2* res) {
+template <int OP, u32 W>
+__device__ __forceinline__ bool ll_reduce_unit(const Args& a, const CArgs& c, const Ll& l, u64 u,
+                                               uint2 mine, uint2* res) {
     Acc acc[UNIT_ELEMS];
-#pragma unroll 1
-    for (u32 r = 0; r < a.world; r++) {
+    auto step = [&](u32 r) {
         Unit x;
         if (r == a.rank) x.u = mine;
-        else if (!ll_recv(a, c, r, e, u, t0, &x.u)) return false;
+        else if (!ll_recv(a, c, l, r, u, &x.u)) return false;
         fold_rank<OP>(a, acc, x, r);
+        return true;
+    };
+    if (W) {
+#pragma unroll
+        for (u32 r = 0; r < W; r++)
+            if (!step(r)) return false;
+    } else {
+#pragma unroll 1
+        for (u32 r = 0; r < a.world; r++)
+            if (!step(r)) return false;
     }
     *res = fold_finish<OP, Unit>(a, acc).u;
     return true;
 }
 
 // input: world * n elements, part p to rank p; output: n elements (in place: the own part of the
-// input, each unit read before the same thread writes it).
-template <int OP>
-__device__ void reduce_scatter_ll(const Args& a, const CArgs& c) {
-    u64 t0 = globaltimer();
-    u32 e = call_epoch(a);
-    ll_start(a, c, e);
+// input, each unit read before the same thread writes it). Every unit is sent before the first
+// one is awaited.
+template <int OP, u32 W>
+__device__ __forceinline__ void reduce_scatter_ll(const Args& a, const CArgs& c) {
     u64 bytes = c.n * sizeof(T);
     u64 nunit = (bytes + 7) / 8;
     const u8* in = (const u8*)a.input;
     u8* out = (u8*)a.output;
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    for (u64 u = first; u < nunit; u += stride) {
-        u32 nb = min_u32(8, bytes - u * 8);
-        for (u32 p = 0; p < a.world; p++)
-            if (p != a.rank) ll_send(a, p, e, u, ld_user8(in + p * bytes + u * 8, nb));
+    Ll l = ll_begin(a, c);
+    for (u32 k = 1; k < ll_world<W>(a); k++) {
+        u32 p = ll_peer<W>(a, k);
+        u64 to = a.push[p];
+        for (u64 u = l.first; u < nunit; u += l.stride)
+            ll_send_at(a, l, to, u, ll_load(in + p * bytes, bytes, u));
     }
     const u8* own = in + a.rank * bytes;
     bool ok = true;
-    for (u64 u = first; u < nunit && ok; u += stride) {
-        u32 nb = min_u32(8, bytes - u * 8);
+    for (u64 u = l.first; u < nunit && ok; u += l.stride) {
         uint2 r;
-        ok = ll_reduce_unit<OP>(a, c, e, t0, u, ld_user8(own + u * 8, nb), &r);
-        if (ok) st_user8(out + u * 8, nb, r);
+        ok = ll_reduce_unit<OP, W>(a, c, l, u, ll_load(own, bytes, u), &r);
+        if (ok) ll_store(out, bytes, u, r);
     }
-    ll_end(a, c, e, t0);
+    ll_end(a, c, l);
 }
 
 // Every rank's input reduced into root's output (other outputs untouched).
-template <int OP>
-__device__ void reduce_ll(const Args& a, const CArgs& c) {
-    u64 t0 = globaltimer();
-    u32 e = call_epoch(a);
-    ll_start(a, c, e);
+template <int OP, u32 W>
+__device__ __forceinline__ void reduce_ll(const Args& a, const CArgs& c) {
     u64 bytes = c.n * sizeof(T);
     u64 nunit = (bytes + 7) / 8;
     const u8* in = (const u8*)a.input;
     u8* out = (u8*)a.output;
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    Ll l = ll_begin(a, c);
     bool ok = true;
-    for (u64 u = first; u < nunit && ok; u += stride) {
-        u32 nb = min_u32(8, bytes - u * 8);
-        uint2 x = ld_user8(in + u * 8, nb);
+    for (u64 u = l.first; u < nunit && ok; u += l.stride) {
+        uint2 x = ll_load(in, bytes, u);
         if (a.rank != c.root) {
-            ll_send(a, c.root, e, u, x);
+            ll_send_at(a, l, a.push[c.root], u, x);
         } else {
             uint2 r;
-            ok = ll_reduce_unit<OP>(a, c, e, t0, u, x, &r);
-            if (ok) st_user8(out + u * 8, nb, r);
+            ok = ll_reduce_unit<OP, W>(a, c, l, u, x, &r);
+            if (ok) ll_store(out, bytes, u, r);
         }
     }
-    ll_end(a, c, e, t0);
+    ll_end(a, c, l);
 }
 
 #define FC_COLL_ENTRY(NAME, OPV)                                                               \
     extern "C" __global__ void __launch_bounds__(512) fc_reduce_scatter_ll_##NAME(Args a, CArgs c) { \
         pdl_wait();                                                                            \
         pdl_launch_dependents();                                                               \
-        reduce_scatter_ll<OPV>(a, c);                                                          \
+        if (a.world == 2) reduce_scatter_ll<OPV, 2>(a, c);                                     \
+        else reduce_scatter_ll<OPV, 0>(a, c);                                                  \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(512) fc_reduce_ll_##NAME(Args a, CArgs c) {   \
         pdl_wait();                                                                            \
         pdl_launch_dependents();                                                               \
-        reduce_ll<OPV>(a, c);                                                                  \
+        if (a.world == 2) reduce_ll<OPV, 2>(a, c);                                             \
+        else reduce_ll<OPV, 0>(a, c);                                                          \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(512) fc_reduce_scatter_st_##NAME(Args a, CArgs c) { \
         pdl_wait();                                                                            \
