@@ -1,13 +1,20 @@
-# A = main abed616; B = run1's B; B2 = B with reduce as before (no first-unit load ahead, one
-# build for every world); B3 = B2 with the two-rank build (W=2) of reduce.
+# A = main abed616; C = main 44c4378 (run1's B with reduce as before, no first unit loaded ahead,
+# and its two-rank build: the form kept). Correctness of C at 2 ranks and at 3 sharing the GPUs,
+# then every LL collective timed side by side.
 tar xzf .carry/pack.tgz -C .carry
 export NCCL_NVLS_ENABLE=0 FERROCOMM_KERNEL_CACHE=$PWD/.carry/kc
-Z=.carry/bin-B3
+Z=.carry/bin-C
 timeout 150 $Z/ferrocomm launch -n 2 --timeout 148 -- $Z/gpu_check_coll --quick > $OUT/coll2.txt 2>&1; echo "coll2 rc=$?"; tail -1 $OUT/coll2.txt
-timeout 150 $Z/ferrocomm launch -n 3 --timeout 148 -- $Z/gpu_check_coll --quick --share-gpus > $OUT/coll3.txt 2>&1; echo "coll3 rc=$?"; tail -1 $OUT/coll3.txt
+timeout 100 $Z/ferrocomm launch -n 2 --timeout 98 -- $Z/gpu_check --quick --no-timing > $OUT/check2.txt 2>&1; echo "gpu_check 2 rc=$?"; tail -1 $OUT/check2.txt
 AB_PRECOMPILE=none AB_CHECK=none AB_STEP_S=25 \
-AB_BENCHES="reduce bfloat16;all_gather bfloat16" \
+AB_BENCHES="reduce bfloat16;all_gather bfloat16;reduce_scatter bfloat16;all_to_all bfloat16;broadcast bfloat16;all_reduce bfloat16" \
 AB_ARGS="-b 1K -e 256K -f 4 -n 10 --reps 2 -G 10 --vs nccl" \
-OUT=$OUT bash scripts/gpu_ab.sh .carry/kc .carry/bin-A .carry/bin-B .carry/bin-B2 .carry/bin-B3 > $OUT/ab.txt 2>&1; echo "ab rc=$?"
-tar czf $OUT/logs.tgz -C $OUT coll2.txt coll3.txt ab && rm -rf $OUT/coll*.txt
-awk '/^==/{print} /^ +[0-9]/{print $1, $6, $10, $15, $16, $17}' $OUT/ab/summary.txt
+OUT=$OUT bash scripts/gpu_ab.sh .carry/kc .carry/bin-A .carry/bin-C > $OUT/ab.txt 2>&1; echo "ab rc=$?"
+# Does the ranks' start skew (each host records its start event after its own barrier wake-up)
+# weigh on a row? The same rows with ten times the graph replays per measurement.
+for n in 10 100; do
+  timeout 60 $Z/ferrocomm bench all_gather -g 2 -d bfloat16 -b 1K -e 256K -f 4 -n $n --reps 3 -G 10 --vs nccl > $OUT/skew-n$n.txt 2>&1
+  echo "skew -n $n rc=$?"; grep -E '^ +[0-9]' $OUT/skew-n$n.txt | awk '{print $1, $6, $10, $15, $16, $17}'
+done
+tar czf $OUT/logs.tgz -C $OUT coll2.txt check2.txt ab skew-n10.txt skew-n100.txt && rm -rf $OUT/coll*.txt $OUT/check*.txt $OUT/skew*.txt
+cat $OUT/ab/summary.txt | cut -c1-160
