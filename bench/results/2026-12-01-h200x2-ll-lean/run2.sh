@@ -10,11 +10,14 @@ AB_PRECOMPILE=none AB_CHECK=none AB_STEP_S=25 \
 AB_BENCHES="reduce bfloat16;all_gather bfloat16;reduce_scatter bfloat16;all_to_all bfloat16;broadcast bfloat16;all_reduce bfloat16" \
 AB_ARGS="-b 1K -e 256K -f 4 -n 10 --reps 2 -G 10 --vs nccl" \
 OUT=$OUT bash scripts/gpu_ab.sh .carry/kc .carry/bin-A .carry/bin-C > $OUT/ab.txt 2>&1; echo "ab rc=$?"
-# Does the ranks' start skew (each host records its start event after its own barrier wake-up)
-# weigh on a row? The same rows with ten times the graph replays per measurement.
-for n in 10 100; do
-  timeout 60 $Z/ferrocomm bench all_gather -g 2 -d bfloat16 -b 1K -e 256K -f 4 -n $n --reps 3 -G 10 --vs nccl > $OUT/skew-n$n.txt 2>&1
-  echo "skew -n $n rc=$?"; grep -E '^ +[0-9]' $OUT/skew-n$n.txt | awk '{print $1, $6, $10, $15, $16, $17}'
+# The ranks' start skew: D = C's kernels with the bench that starts a GPU measurement after a
+# device-side line-up (one-element all-reduce on the stream), against --host-start (the old way)
+# and against ten times the graph replays per measurement.
+D=.carry/bin-D
+for v in "host-n10:--host-start -n 10" "host-n100:--host-start -n 100" "device-n10:-n 10" "device-n100:-n 100"; do
+  name=${v%%:*}
+  timeout 45 $D/ferrocomm bench all_gather -g 2 -d bfloat16 -b 1K -e 256K -f 4 --reps 3 -G 10 --vs nccl ${v#*:} > $OUT/skew-$name.txt 2>&1
+  echo "skew $name rc=$?"; grep -E '^ +[0-9]' $OUT/skew-$name.txt | awk '{print $1, $6, $10, $15, $16, $17}'
 done
-tar czf $OUT/logs.tgz -C $OUT coll2.txt check2.txt ab skew-n10.txt skew-n100.txt && rm -rf $OUT/coll*.txt $OUT/check*.txt $OUT/skew*.txt
+(cd $OUT && tar czf logs.tgz coll2.txt check2.txt ab skew-*.txt && rm -rf coll*.txt check*.txt skew*.txt)
 cat $OUT/ab/summary.txt | cut -c1-160

@@ -61,6 +61,11 @@ pub struct BenchArgs {
     /// Measurements per size (the median is reported).
     #[arg(long, default_value_t = 5)]
     pub reps: usize,
+    /// Start each measurement on every host as it leaves the barrier. By default a GPU
+    /// measurement starts where the ranks leave a one-element all-reduce on their streams
+    /// (issued after the barrier, not timed), so the hosts' start skew is not counted.
+    #[arg(long)]
+    pub host_start: bool,
     /// Algorithm: auto, push, flat, tree, direct or nccl.
     #[arg(long, default_value = "auto")]
     pub algo: String,
@@ -130,6 +135,8 @@ pub struct Plan {
     pub check: bool,
     pub blocking: bool,
     pub mode: Mode,
+    /// GPU measurements start after a device-side line-up (not `--host-start`).
+    pub device_start: bool,
     pub algo: Algo,
     pub vs_nccl: bool,
     pub low_precision: Option<Format>,
@@ -312,6 +319,7 @@ impl BenchArgs {
             check: self.check == 1,
             blocking: self.blocking == 1,
             mode,
+            device_start: !self.host_start,
             algo,
             vs_nccl,
             low_precision,

@@ -20,6 +20,10 @@ pub trait Engine {
     fn stream(&self) -> u64;
     fn in_ptr(&self) -> *mut u8;
     fn out_ptr(&self) -> *mut u8;
+    /// Four zeroed bytes of device memory for the line-up before a measurement (GPU only).
+    fn scratch(&self) -> Option<*mut u8> {
+        None
+    }
     fn upload_in(&mut self, bytes: &[u8]) -> anyhow::Result<()>;
     fn upload_out(&mut self, bytes: &[u8]) -> anyhow::Result<()>;
     fn download_out(&mut self, bytes: &mut [u8]) -> anyhow::Result<()>;

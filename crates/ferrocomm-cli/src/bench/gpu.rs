@@ -17,6 +17,7 @@ pub struct CudaEngine {
     stream: Arc<CudaStream>,
     input: sys::CUdeviceptr,
     output: sys::CUdeviceptr,
+    scratch: sys::CUdeviceptr,
     in_bytes: usize,
     out_bytes: usize,
     start: CudaEvent,
@@ -45,10 +46,17 @@ impl CudaEngine {
             cuda(unsafe { result::malloc_sync(n.max(1)) }, "cuMemAlloc")
         };
         let input = alloc(in_bytes)?;
-        let output = alloc(out_bytes).inspect_err(|_| {
-            // SAFETY: `input` was just allocated and is not used by anything.
-            let _ = unsafe { result::free_sync(input) };
-        })?;
+        let free = |ptrs: &[sys::CUdeviceptr]| {
+            for &p in ptrs {
+                // SAFETY: each was just allocated here and is not used by anything.
+                let _ = unsafe { result::free_sync(p) };
+            }
+        };
+        let output = alloc(out_bytes).inspect_err(|_| free(&[input]))?;
+        let scratch = alloc(4).inspect_err(|_| free(&[input, output]))?;
+        // SAFETY: `scratch` is a live allocation of four bytes, used by nothing yet.
+        let zeroed = unsafe { result::memset_d8_sync(scratch, 0, 4) };
+        cuda(zeroed, "cuMemsetD8").inspect_err(|_| free(&[input, output, scratch]))?;
         let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let start = cuda(ctx.new_event(timing), "create event")?;
         let stop = cuda(ctx.new_event(timing), "create event")?;
@@ -58,6 +66,7 @@ impl CudaEngine {
             stream,
             input,
             output,
+            scratch,
             in_bytes,
             out_bytes,
             start,
@@ -89,6 +98,7 @@ impl Drop for CudaEngine {
         unsafe {
             let _ = result::free_sync(self.input);
             let _ = result::free_sync(self.output);
+            let _ = result::free_sync(self.scratch);
         }
     }
 }
@@ -113,6 +123,9 @@ impl Engine for CudaEngine {
     }
     fn out_ptr(&self) -> *mut u8 {
         self.output as *mut u8
+    }
+    fn scratch(&self) -> Option<*mut u8> {
+        Some(self.scratch as *mut u8)
     }
     fn upload_in(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
         self.upload(self.input, self.in_bytes, bytes)

@@ -149,10 +149,23 @@ impl RowCtx<'_> {
         self.prepare(engine, in_place)?;
         let engine: &dyn Engine = engine;
         let barrier_opts = CallOpts::on_stream(engine.stream());
+        let scratch = engine.scratch().filter(|_| self.plan.device_start);
         timing::measure(
             engine,
             self.timing,
             &mut || Ok(side.comm.barrier(&barrier_opts)?),
+            // The same line-up for both sides (the communicator's own choice for four bytes):
+            // each rank's start event follows it on the stream, so the measurement starts where
+            // the ranks leave it together, whenever their hosts got back from the barrier.
+            &mut || {
+                let Some(p) = scratch else { return Ok(()) };
+                // SAFETY: the engine's four-byte scratch on `dev`, used by nothing else; it
+                // lives as long as the engine.
+                let word = unsafe { ViewMut::from_raw(p, 1, DataType::I32, engine.device()) };
+                Ok(side
+                    .comm
+                    .all_reduce(Input::InPlace, word, ReduceOp::Max, &barrier_opts)?)
+            },
             &mut || self.issue(engine, side, in_place),
         )
     }
@@ -287,7 +300,8 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
                 timeout,
             )?);
         }
-        print!("{}", header_text(plan, world, &backend, &ranks));
+        let gpu = matches!(comm.device(), Device::Cuda(_));
+        print!("{}", header_text(plan, world, &backend, &ranks, gpu));
     }
 
     let timing = Timing {
@@ -472,17 +486,18 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
     Ok(i32::from(summary.wrong > 0))
 }
 
-fn header_text(plan: &Plan, world: usize, backend: &str, ranks: &[RankInfo]) -> String {
+fn header_text(plan: &Plan, world: usize, backend: &str, ranks: &[RankInfo], gpu: bool) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
     let step = match plan.step {
         super::args::Step::Factor(f) => format!("{f}(factor)"),
         super::args::Step::Bytes(b) => format!("{b}(bytes)"),
     };
-    let _ = writeln!(
+    let _ =
+        writeln!(
         s,
         "# ferrocomm bench {}: nranks {world} minBytes {} maxBytes {} step: {step} warmup iters: \
-         {} iters: {} reps: {} mode: {} validation: {} blocking: {}",
+         {} iters: {} reps: {} mode: {} start: {} validation: {} blocking: {}",
         plan.coll.name(),
         plan.min_bytes,
         plan.max_bytes,
@@ -490,6 +505,7 @@ fn header_text(plan: &Plan, world: usize, backend: &str, ranks: &[RankInfo]) -> 
         plan.iters,
         plan.reps,
         plan.mode.describe(),
+        if plan.device_start && gpu { "device" } else { "host" },
         u8::from(plan.check),
         u8::from(plan.blocking),
     );

@@ -56,11 +56,19 @@ pub struct Timing {
 }
 
 /// Runs warm-up and the measurements of one row; returns this rank's samples (seconds per
-/// operation). `barrier` lines the ranks up before every measurement.
+/// operation). `barrier` lines the ranks up before every measurement and leaves the device
+/// idle; `align` is issued right after it and not waited for, so that the measurement starts
+/// where the ranks leave it on their devices (a small collective on the stream; a no-op on the
+/// host, whose collectives return when done, and with `--host-start`).
+///
+/// Without `align` each rank's start event is recorded when its host gets back from the
+/// barrier, and the ranks' hosts do not get back together: the first rank's first operation
+/// waits for the last rank, and that wait counts in every sample of the slowest rank's time.
 pub fn measure(
     engine: &dyn Engine,
     t: &Timing,
     barrier: &mut dyn FnMut() -> anyhow::Result<()>,
+    align: &mut dyn FnMut() -> anyhow::Result<()>,
     op: &mut dyn FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<f64>> {
     for _ in 0..t.warmup {
@@ -71,6 +79,7 @@ pub fn measure(
     let mut timed = |work: &mut Work<'_>| -> anyhow::Result<f64> {
         barrier()?;
         engine.sync()?;
+        align()?;
         engine.time(work)
     };
     let mut samples = Vec::new();
@@ -142,7 +151,7 @@ mod tests {
     #[test]
     fn measurement_counts_follow_the_mode() {
         let e = HostEngine::new(8, 8);
-        let (mut ops, mut barriers) = (0, 0);
+        let (mut ops, mut barriers, mut aligns) = (0, 0, 0);
         let t = Timing {
             mode: Mode::Eager,
             iters: 4,
@@ -158,35 +167,48 @@ mod tests {
                 Ok(())
             },
             &mut || {
+                aligns += 1;
+                Ok(())
+            },
+            &mut || {
                 ops += 1;
                 Ok(())
             },
         )
         .unwrap();
-        assert_eq!((s.len(), ops, barriers), (3, 2 + 12, 3));
+        assert_eq!((s.len(), ops, barriers, aligns), (3, 2 + 12, 3, 3));
         let t = Timing {
             mode: Mode::Isolated,
             ..t
         };
         let (mut ops, mut barriers) = (0, 0);
+        // Every measurement: barrier, then the line-up, then the timed work.
+        let order = std::cell::RefCell::new(String::new());
         let s = measure(
             &e,
             &t,
             &mut || {
                 barriers += 1;
+                order.borrow_mut().push('b');
+                Ok(())
+            },
+            &mut || {
+                order.borrow_mut().push('a');
                 Ok(())
             },
             &mut || {
                 ops += 1;
+                order.borrow_mut().push('o');
                 Ok(())
             },
         )
         .unwrap();
         assert_eq!((s.len(), ops, barriers), (4, 2 + 4, 4));
+        assert_eq!(order.into_inner(), "oo".to_string() + &"bao".repeat(4));
         let t = Timing {
             mode: Mode::Graph { ops: 2 },
             ..t
         };
-        assert!(measure(&e, &t, &mut || Ok(()), &mut || Ok(())).is_err());
+        assert!(measure(&e, &t, &mut || Ok(()), &mut || Ok(()), &mut || Ok(())).is_err());
     }
 }
