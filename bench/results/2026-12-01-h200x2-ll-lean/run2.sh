@@ -19,5 +19,13 @@ for v in "host-n10:--host-start -n 10" "host-n100:--host-start -n 100" "device-n
   timeout 45 $D/ferrocomm bench all_gather -g 2 -d bfloat16 -b 1K -e 256K -f 4 --reps 3 -G 10 --vs nccl ${v#*:} > $OUT/skew-$name.txt 2>&1
   echo "skew $name rc=$?"; grep -E '^ +[0-9]' $OUT/skew-$name.txt | awk '{print $1, $6, $10, $15, $16, $17}'
 done
-(cd $OUT && tar czf logs.tgz coll2.txt check2.txt ab skew-*.txt && rm -rf coll*.txt check*.txt skew*.txt)
+# E = C with the LL reduce-scatter's first units loaded before the epoch word (branch
+# wip/rs-prefetch 28a2967): its check, then the reduce-scatter against C.
+E=.carry/bin-E
+timeout 120 $E/ferrocomm launch -n 2 --timeout 118 -- $E/gpu_check_coll --quick > $OUT/coll2-E.txt 2>&1; echo "coll2 E rc=$?"; tail -1 $OUT/coll2-E.txt
+AB_PRECOMPILE=none AB_CHECK=none AB_STEP_S=25 AB_BENCHES="reduce_scatter bfloat16" \
+AB_ARGS="-b 1K -e 256K -f 4 -n 10 --reps 3 -G 10 --vs nccl" \
+OUT=$OUT/abE bash scripts/gpu_ab.sh .carry/kc .carry/bin-C .carry/bin-E > $OUT/abE.txt 2>&1; echo "abE rc=$?"
+cat $OUT/abE/ab/summary.txt | cut -c1-160
+(cd $OUT && tar czf logs.tgz coll2.txt coll2-E.txt check2.txt ab abE skew-*.txt && rm -rf coll*.txt check*.txt skew*.txt abE)
 cat $OUT/ab/summary.txt | cut -c1-160
