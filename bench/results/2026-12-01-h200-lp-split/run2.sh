@@ -1,0 +1,11 @@
+# Two H200 (nvidia-h200-x2): F (split push) against C (main 44c4378's kernels, the same
+# low-precision code as main) on the low-precision one-part calls, then F's gpu_check_lowp on
+# two GPUs (gpu_ab.sh runs it for every build but the first).
+tar xzf .carry/pack.tgz -C .carry
+export NCCL_NVLS_ENABLE=0 FERROCOMM_KERNEL_CACHE=$PWD/.carry/kc
+AB_PRECOMPILE=none AB_STEP_S=40 \
+AB_BENCHES="all_reduce bfloat16;all_gather bfloat16;all_reduce float" \
+AB_ARGS="-b 1M -e 64M -f 4 -n 10 --reps 2 -G 10 --low-precision e4m3 --vs nccl" \
+OUT=$OUT bash scripts/gpu_ab.sh .carry/kc .carry/bin-C .carry/bin-F > $OUT/ab.txt 2>&1; echo "ab rc=$?"
+(cd $OUT && tar czf logs.tgz ab)
+cat $OUT/ab/summary.txt | cut -c1-170
