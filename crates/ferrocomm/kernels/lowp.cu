@@ -20,6 +20,7 @@
 #define LP_E4M3 0
 #define LP_E5M2 1
 #define LP_INT8 2
+#define LP_ANY 3  // a template's format argument: the format is read at run time
 
 #define LP_WARPS 16  // warps per CTA (512 threads)
 
@@ -148,6 +149,60 @@ __device__ __forceinline__ u32 lp_encode4(const float* x, float s, float y, u32 
         hi = c[2] | (c[3] << 8);
     }
     return lo | (hi << 16);
+}
+
+// Four codes of the quotients q[0..4] (already x / s), packed as lp_encode4 packs them.
+__device__ __forceinline__ u32 lp_pack4(const float* q, u32 fmt) {
+    u32 w;
+    if (fmt == LP_E4M3) {
+        u16 a, b;
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(a) : "f"(q[1]), "f"(q[0]));
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(b) : "f"(q[3]), "f"(q[2]));
+        asm("mov.b32 %0, {%1, %2};" : "=r"(w) : "h"(a), "h"(b));
+    } else if (fmt == LP_E5M2) {
+        u16 a, b;
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(a) : "f"(q[1]), "f"(q[0]));
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(b) : "f"(q[3]), "f"(q[2]));
+        asm("mov.b32 %0, {%1, %2};" : "=r"(w) : "h"(a), "h"(b));
+    } else {
+        u32 c[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float v = fminf(fmaxf(q[i], -127.0f), 127.0f);
+            int r;
+            asm("cvt.rni.s32.f32 %0, %1;" : "=r"(r) : "f"(v));
+            c[i] = (u32)r & 0xff;
+        }
+        w = c[0] | (c[1] << 8) | (c[2] << 16) | (c[3] << 24);
+    }
+    return w;
+}
+
+// The eight codes of x[0..8] / s into w[0..2], as two lp_encode4 calls give them: for a format
+// known at compile time with one branch for the common case (a scale with its reciprocal)
+// instead of one per four codes; with LP_ANY (`fmt` read at run time) by lp_encode4.
+template <u32 FMT>
+__device__ __forceinline__ void lp_encode8(const float* x, float s, float y, u32 fmt, u32* w) {
+    if (FMT == LP_ANY) {
+        w[0] = lp_encode4(x, s, y, fmt);
+        w[1] = lp_encode4(x + 4, s, y, fmt);
+        return;
+    }
+    float q[8];
+    if (y != 0.0f) {  // y != 0: s is finite and at least LP_RCP_MIN (lp_recip)
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = lp_quot(x[i], s, y);
+    } else if (s > 0.0f && !isinf(s)) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = __fdiv_rn(x[i], s);
+    } else {  // zero or NaN scale: codes 0
+        w[0] = 0;
+        w[1] = 0;
+        return;
+    }
+    u32 f = FMT == LP_ANY ? fmt : FMT;
+    w[0] = lp_pack4(q, f);
+    w[1] = lp_pack4(q + 4, f);
 }
 
 // f32 values of the four codes of `w` (byte k -> v[k]). The FP8 codes go to f16 two at a time
@@ -675,10 +730,10 @@ __device__ __forceinline__ void lp_decode_group_sm(const Lp& l, const u8* sm, u3
 // set (the all-gather) the warp also decodes each group's records from its shared memory into
 // `own`, the rank's own output part: the values every peer decodes from the same records,
 // written before the barrier instead of read back from the staging after it.
-template <class Enc, bool OWN = false>
-__device__ void quant_groups(const Lp& l, const T* in, bool vec, u64 glo, u64 ghi, u64 gw, u64 W,
-                             u64 n, const Enc& enc, u32 lane, u8* sm, T* own = nullptr,
-                             bool vown = false) {
+template <class Enc, bool OWN, u32 FMT>
+__device__ void quant_groups_f(const Lp& l, const T* in, bool vec, u64 glo, u64 ghi, u64 gw,
+                               u64 W, u64 n, const Enc& enc, u32 lane, u8* sm, T* own,
+                               bool vown) {
     u32 B = l.block;
     u32 rec = 4 + B;
     // A group is two rows of 256 elements; a lane takes eight consecutive elements of a row
@@ -710,14 +765,16 @@ __device__ void quant_groups(const Lp& l, const T* in, bool vec, u64 glo, u64 gh
                 u32 el = h * 256 + lane * 8;  // element inside the group
                 // Warp-uniform up to here: every lane takes part in the shuffles.
                 u32 m = seg_max(max(absbits4(x[k][h]), absbits4(x[k][h] + 4)), B / 8);
-                float s = lp_scale(m, l.format);
+                float s = lp_scale(m, FMT == LP_ANY ? l.format : FMT);
                 float y = lp_recip(s);
                 if (first + el < n) {
                     u32 off = (el >> lp_log2(B)) * rec;
                     u32 j = el & (B - 1);
                     if (j == 0) *(float*)(sm + off) = s;
-                    *(u32*)(sm + off + 4 + j) = lp_encode4(x[k][h], s, y, l.format);
-                    *(u32*)(sm + off + 8 + j) = lp_encode4(x[k][h] + 4, s, y, l.format);
+                    u32 w[2];
+                    lp_encode8<FMT>(x[k][h], s, y, l.format, w);
+                    *(u32*)(sm + off + 4 + j) = w[0];
+                    *(u32*)(sm + off + 8 + j) = w[1];
                 }
             }
             __syncwarp();
@@ -736,6 +793,18 @@ __device__ void quant_groups(const Lp& l, const T* in, bool vec, u64 glo, u64 gh
             __syncwarp();
         }
     }
+}
+
+// quant_groups_f for the default format (E4M3) built with it known, the others reading it.
+template <class Enc, bool OWN = false>
+__device__ __forceinline__ void quant_groups(const Lp& l, const T* in, bool vec, u64 glo,
+                                             u64 ghi, u64 gw, u64 W, u64 n, const Enc& enc,
+                                             u32 lane, u8* sm, T* own = nullptr,
+                                             bool vown = false) {
+    if (l.format == LP_E4M3)
+        quant_groups_f<Enc, OWN, LP_E4M3>(l, in, vec, glo, ghi, gw, W, n, enc, lane, sm, own, vown);
+    else
+        quant_groups_f<Enc, OWN, LP_ANY>(l, in, vec, glo, ghi, gw, W, n, enc, lane, sm, own, vown);
 }
 
 // The decode for more than four ranks (more than shared memory holds): 4-byte loads straight
@@ -890,7 +959,13 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
         EncRanks to = l.push ? EncRanks{&a, slot, l.nin == 1 ? 0 : p, l.nin == 1 ? a.world : p + 1}
                              : EncRanks{&a, par + (u64)p * l.region, a.rank, a.rank + 1};
         if (grouped) {
-            quant_groups<EncRanks, !WIDE>(l, in, vinp, 0, nup, gw, W, np, to, lane, sm, own, vout);
+            // The wide build, capped at 64 registers, holds one quantizer, as before (a second,
+            // for E4M3, added to its spills).
+            if (WIDE)
+                quant_groups_f<EncRanks, false, LP_ANY>(l, in, vinp, 0, nup, gw, W, np, to, lane, sm,
+                                                        own, vout);
+            else
+                quant_groups<EncRanks, true>(l, in, vinp, 0, nup, gw, W, np, to, lane, sm, own, vout);
         } else {
             // Once per receiver; the host pushes only grouped blocks (cuda/lowp.rs, plan), and
             // sends all-to-all-v only in groups.
