@@ -112,46 +112,7 @@ __device__ __forceinline__ float lp_quot(float x, float s, float y) {
     return __uint_as_float(__float_as_uint(q) | (__float_as_uint(x) & 0x80000000u));
 }
 
-// Four codes of x[0..4] / s, packed little endian (x[0] in the low byte); y = lp_recip(s).
-__device__ __forceinline__ u32 lp_encode4(const float* x, float s, float y, u32 fmt) {
-    if (!(s > 0.0f) || isinf(s)) return 0;  // zero or NaN scale: codes 0
-    float q[4];
-    if (y != 0.0f) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) q[i] = lp_quot(x[i], s, y);
-    } else {
-#pragma unroll
-        for (int i = 0; i < 4; i++) q[i] = __fdiv_rn(x[i], s);
-    }
-    u32 lo, hi;
-    if (fmt == LP_E4M3) {
-        u16 a, b;
-        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(a) : "f"(q[1]), "f"(q[0]));
-        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(b) : "f"(q[3]), "f"(q[2]));
-        lo = a;
-        hi = b;
-    } else if (fmt == LP_E5M2) {
-        u16 a, b;
-        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(a) : "f"(q[1]), "f"(q[0]));
-        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(b) : "f"(q[3]), "f"(q[2]));
-        lo = a;
-        hi = b;
-    } else {
-        u32 c[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float v = fminf(fmaxf(q[i], -127.0f), 127.0f);
-            int r;
-            asm("cvt.rni.s32.f32 %0, %1;" : "=r"(r) : "f"(v));
-            c[i] = (u32)r & 0xff;
-        }
-        lo = c[0] | (c[1] << 8);
-        hi = c[2] | (c[3] << 8);
-    }
-    return lo | (hi << 16);
-}
-
-// Four codes of the quotients q[0..4] (already x / s), packed as lp_encode4 packs them.
+// Four codes of the quotients q[0..4] (x / s), packed little endian (q[0] in the low byte).
 __device__ __forceinline__ u32 lp_pack4(const float* q, u32 fmt) {
     u32 w;
     if (fmt == LP_E4M3) {
@@ -176,6 +137,20 @@ __device__ __forceinline__ u32 lp_pack4(const float* q, u32 fmt) {
         w = c[0] | (c[1] << 8) | (c[2] << 16) | (c[3] << 24);
     }
     return w;
+}
+
+// Four codes of x[0..4] / s, packed little endian (x[0] in the low byte); y = lp_recip(s).
+__device__ __forceinline__ u32 lp_encode4(const float* x, float s, float y, u32 fmt) {
+    if (!(s > 0.0f) || isinf(s)) return 0;  // zero or NaN scale: codes 0
+    float q[4];
+    if (y != 0.0f) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) q[i] = lp_quot(x[i], s, y);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) q[i] = __fdiv_rn(x[i], s);
+    }
+    return lp_pack4(q, fmt);
 }
 
 // The eight codes of x[0..8] / s into w[0..2], as two lp_encode4 calls give them: for a format
