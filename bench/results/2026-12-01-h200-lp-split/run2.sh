@@ -1,5 +1,5 @@
 # Two H200 (nvidia-h200-x2): F (split push, ec883b3) and G (split push at every size, 18d62a0)
-# against C (main 44c4378: the same low-precision code as main) on the low-precision calls,
+# against C (main: the same low-precision code without the split) on the low-precision calls,
 # with F's and G's gpu_check_lowp on two GPUs first (gpu_ab.sh runs it for every build but the
 # first). The 256 MB rows: run3.sh.
 tar xzf .carry/pack.tgz -C .carry
