@@ -1,4 +1,4 @@
-# Two H200 (nvidia-h200-x2): F (split push, ec883b3) and G (split push at every size, 18d62a0)
+# Two H200 (nvidia-h200-x2): F (main + patches/0001-0002, the split push) and G (+ 0003, at every size)
 # against C (main: the same low-precision code without the split) on the low-precision calls,
 # with F's and G's gpu_check_lowp on two GPUs first (gpu_ab.sh runs it for every build but the
 # first). The 256 MB rows: run3.sh.
