@@ -711,6 +711,9 @@ __device__ void quant_groups_f(const Lp& l, const T* in, bool vec, u64 glo, u64 
                                bool vown) {
     u32 B = l.block;
     u32 rec = 4 + B;
+    u64 sm_shared;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(sm_shared) : "l"(sm));
+    u32 sm_base = (u32)sm_shared;
     // A group is two rows of 256 elements; a lane takes eight consecutive elements of a row
     // (one 16-byte load for 2-byte inputs), so a block of B spans B/8 lanes (B >= 16).
     uint4 next[LP_STEP_GROUPS][2][LP_PIECES];
@@ -745,11 +748,15 @@ __device__ void quant_groups_f(const Lp& l, const T* in, bool vec, u64 glo, u64 
                 if (first + el < n) {
                     u32 off = (el >> lp_log2(B)) * rec;
                     u32 j = el & (B - 1);
-                    if (j == 0) *(float*)(sm + off) = s;
                     u32 w[2];
                     lp_encode8<FMT>(x[k][h], s, y, l.format, w);
-                    *(u32*)(sm + off + 4 + j) = w[0];
-                    *(u32*)(sm + off + 8 + j) = w[1];
+                    // Shared-window stores at an address taken once (through the generic
+                    // pointer the compiler rebuilt the window base for every store).
+                    u32 at = sm_base + off;
+                    if (j == 0) asm volatile("st.shared.f32 [%0], %1;" ::"r"(at), "f"(s) : "memory");
+                    // (4-byte aligned only: a record is 4 + B bytes.)
+                    asm volatile("st.shared.u32 [%0], %1;" ::"r"(at + 4 + j), "r"(w[0]) : "memory");
+                    asm volatile("st.shared.u32 [%0], %1;" ::"r"(at + 8 + j), "r"(w[1]) : "memory");
                 }
             }
             __syncwarp();
