@@ -13,27 +13,57 @@
 #     bash scripts/gpu_ab.sh .carry/kc .carry/bin-A .carry/bin-B
 #     Mind the carry limit (64 MiB): a variant adds ~8 MiB of binaries and up to ~12 MiB of
 #     kernels (the modules whose source changed).
+#   scripts/gpu_prepare.sh --variant NAME --from COMMIT [--patches 'FILE...'] [ARCH]
+#     the same for another commit (the patches applied on it with `git am -3`), built in a
+#     temporary worktree into this checkout's target directory; binaries and kernels land in
+#     this checkout's .carry. Then pack the variants and carry [".carry"] holding only the pack:
+#     tar czf .carry/pack.tgz -C .carry bin-A bin-B kc
 set -euo pipefail
 cd "$(dirname "$0")/.."
-variant=""
+variant="" from="" patches=""
 if [ "${1:-}" = --variant ]; then
   variant="$2"
   shift 2
 fi
+if [ "${1:-}" = --from ]; then
+  from="$2"
+  shift 2
+fi
+if [ "${1:-}" = --patches ]; then
+  patches="$2"
+  shift 2
+fi
 arch="${1:-sm_90}"
+[ -z "$from" ] || [ -n "$variant" ] || { echo "--from needs --variant NAME" >&2; exit 2; }
 if [ -z "${FERROCOMM_NVRTC_LIB:-}" ]; then
   # The NVRTC wheel scripts/test.sh installs.
   lib="$(python3 -c 'import nvidia.cu13, os; print(os.path.join(list(nvidia.cu13.__path__)[0], "lib"))' 2>/dev/null || true)"
   [ -n "$lib" ] && export FERROCOMM_NVRTC_LIB="$lib"
 fi
+target="$PWD/target"
+src="$PWD"
+if [ -n "$from" ]; then
+  src="$(mktemp -d /tmp/fc-variant-XXXXXX)"
+  git worktree add --detach "$src" "$from" > /dev/null
+  trap 'git worktree remove --force "$src"' EXIT
+  if [ -n "$patches" ]; then
+    abs=()
+    for f in $patches; do abs+=("$(realpath "$f")"); done
+    git -C "$src" am -3 --quiet "${abs[@]}"
+  fi
+fi
+# The kernel sources are embedded in the binaries: with one target directory for several
+# checkouts, cargo must see them changed to build each one's.
+touch "$src"/crates/ferrocomm/kernels/*.cu
 # Two commands: with --examples cargo builds no bin target, so one command would leave a stale CLI.
-cargo build --release -p ferrocomm-cli
-cargo build --release -p ferrocomm --examples
+(cd "$src" && CARGO_TARGET_DIR="$target" cargo build --release -p ferrocomm-cli)
+(cd "$src" && CARGO_TARGET_DIR="$target" cargo build --release -p ferrocomm --examples)
+[ -z "$from" ] || touch crates/ferrocomm/kernels/*.cu
 out=".carry/bin${variant:+-$variant}"
 rm -rf "$out"
 mkdir -p "$out"
-cp target/release/ferrocomm target/release/examples/gpu_check target/release/examples/gpu_check_coll \
-  target/release/examples/gpu_check_lowp "$out/"
+cp "$target"/release/ferrocomm "$target"/release/examples/gpu_check \
+  "$target"/release/examples/gpu_check_coll "$target"/release/examples/gpu_check_lowp "$out/"
 [ -n "$variant" ] || rm -rf .carry/kc
 "$out/ferrocomm" precompile --arch "$arch" --cache .carry/kc
 if [ -z "$variant" ]; then
