@@ -1,4 +1,4 @@
-# One H200 (the two-GPU machine was not lent): correctness of two candidate builds with both
+# One H200 (the two-GPU machine was not available): correctness of two candidate builds with both
 # ranks on the one GPU (--share-gpus; no timing means anything here):
 #   E = branch wip/rs-prefetch 28a2967: gpu_check_coll --quick at 2 ranks (the two-rank LL build)
 #   F = branch wip/lp-split 328391e: gpu_check_lowp --quick at 2 ranks (the split push runs at

@@ -1,4 +1,4 @@
-# One H200 (the two-GPU machine was not lent): B2 and B3 with every rank on the one GPU
+# One H200 (the two-GPU machine was not available): B2 and B3 with every rank on the one GPU
 # (--share-gpus): gpu_check_coll at 2 ranks (the two-rank builds) and 3 (the builds for any
 # world), gpu_check at 2 and 3; compute-sanitizer memcheck and racecheck over gpu_check and
 # gpu_check_coll of B3 at 2 ranks sharing the GPU. Correctness only: no timing means anything here.
