@@ -1118,7 +1118,9 @@ __device__ void reduce_scatter_rw(const Args& a, const CArgs& c) {
 // end in its last unit are reduced too, and never stored.
 
 // Unit u of every peer's line reduced with the own unit `mine`, one rank at a time in rank order
-// (as push); false on a timeout or a peer in another call (recorded).
+// (as push); false on a timeout or a peer in another call (recorded). push walks the ranks the
+// same way, written as `r < W && ok`: one helper for both compiled one of them differently (more
+// instructions in push, or in these reductions), so each keeps the form it was measured in.
 template <int OP, u32 W>
 __device__ __forceinline__ bool ll_reduce_unit(const Args& a, const CArgs& c, const Ll& l, u64 u,
                                                uint2 mine, uint2* res) {

@@ -139,23 +139,30 @@ __device__ __forceinline__ u32 lp_pack4(const float* q, u32 fmt) {
     return w;
 }
 
+// The quotients x[0..N] / s into q, or false for a zero or NaN scale (whose codes are 0);
+// y = lp_recip(s). One branch for the common case, a scale with its reciprocal.
+template <int N>
+__device__ __forceinline__ bool lp_quotients(const float* x, float s, float y, float* q) {
+    if (y != 0.0f) {  // y != 0: s is finite and at least LP_RCP_MIN (lp_recip)
+#pragma unroll
+        for (int i = 0; i < N; i++) q[i] = lp_quot(x[i], s, y);
+        return true;
+    }
+    if (!(s > 0.0f) || isinf(s)) return false;
+#pragma unroll
+    for (int i = 0; i < N; i++) q[i] = __fdiv_rn(x[i], s);
+    return true;
+}
+
 // Four codes of x[0..4] / s, packed little endian (x[0] in the low byte); y = lp_recip(s).
 __device__ __forceinline__ u32 lp_encode4(const float* x, float s, float y, u32 fmt) {
-    if (!(s > 0.0f) || isinf(s)) return 0;  // zero or NaN scale: codes 0
     float q[4];
-    if (y != 0.0f) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) q[i] = lp_quot(x[i], s, y);
-    } else {
-#pragma unroll
-        for (int i = 0; i < 4; i++) q[i] = __fdiv_rn(x[i], s);
-    }
-    return lp_pack4(q, fmt);
+    return lp_quotients<4>(x, s, y, q) ? lp_pack4(q, fmt) : 0;
 }
 
 // The eight codes of x[0..8] / s into w[0..2], as two lp_encode4 calls give them: for a format
-// known at compile time with one branch for the common case (a scale with its reciprocal)
-// instead of one per four codes; with LP_ANY (`fmt` read at run time) by lp_encode4.
+// known at compile time with one test of the scale for the eight; with LP_ANY (`fmt` read at
+// run time) by lp_encode4.
 template <u32 FMT>
 __device__ __forceinline__ void lp_encode8(const float* x, float s, float y, u32 fmt, u32* w) {
     if (FMT == LP_ANY) {
@@ -164,20 +171,9 @@ __device__ __forceinline__ void lp_encode8(const float* x, float s, float y, u32
         return;
     }
     float q[8];
-    if (y != 0.0f) {  // y != 0: s is finite and at least LP_RCP_MIN (lp_recip)
-#pragma unroll
-        for (int i = 0; i < 8; i++) q[i] = lp_quot(x[i], s, y);
-    } else if (s > 0.0f && !isinf(s)) {
-#pragma unroll
-        for (int i = 0; i < 8; i++) q[i] = __fdiv_rn(x[i], s);
-    } else {  // zero or NaN scale: codes 0
-        w[0] = 0;
-        w[1] = 0;
-        return;
-    }
-    u32 f = FMT == LP_ANY ? fmt : FMT;
-    w[0] = lp_pack4(q, f);
-    w[1] = lp_pack4(q + 4, f);
+    bool coded = lp_quotients<8>(x, s, y, q);
+    w[0] = coded ? lp_pack4(q, FMT) : 0;
+    w[1] = coded ? lp_pack4(q + 4, FMT) : 0;
 }
 
 // f32 values of the four codes of `w` (byte k -> v[k]). The FP8 codes go to f16 two at a time

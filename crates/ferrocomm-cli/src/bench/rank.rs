@@ -149,7 +149,7 @@ impl RowCtx<'_> {
         self.prepare(engine, in_place)?;
         let engine: &dyn Engine = engine;
         let barrier_opts = CallOpts::on_stream(engine.stream());
-        let scratch = engine.scratch().filter(|_| self.plan.device_start);
+        let scratch = line_up_word(self.plan, engine);
         timing::measure(
             engine,
             self.timing,
@@ -300,8 +300,11 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
                 timeout,
             )?);
         }
-        let gpu = matches!(comm.device(), Device::Cuda(_));
-        print!("{}", header_text(plan, world, &backend, &ranks, gpu));
+        let device_start = line_up_word(plan, engine.as_ref()).is_some();
+        print!(
+            "{}",
+            header_text(plan, world, &backend, &ranks, device_start)
+        );
     }
 
     let timing = Timing {
@@ -486,15 +489,26 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
     Ok(i32::from(summary.wrong > 0))
 }
 
-fn header_text(plan: &Plan, world: usize, backend: &str, ranks: &[RankInfo], gpu: bool) -> String {
+/// The word of the device-side line-up before each measurement, where one runs: a GPU engine,
+/// not `--host-start`.
+fn line_up_word(plan: &Plan, engine: &dyn Engine) -> Option<*mut u8> {
+    engine.scratch().filter(|_| plan.device_start)
+}
+
+fn header_text(
+    plan: &Plan,
+    world: usize,
+    backend: &str,
+    ranks: &[RankInfo],
+    device_start: bool,
+) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
     let step = match plan.step {
         super::args::Step::Factor(f) => format!("{f}(factor)"),
         super::args::Step::Bytes(b) => format!("{b}(bytes)"),
     };
-    let _ =
-        writeln!(
+    let _ = writeln!(
         s,
         "# ferrocomm bench {}: nranks {world} minBytes {} maxBytes {} step: {step} warmup iters: \
          {} iters: {} reps: {} mode: {} start: {} validation: {} blocking: {}",
@@ -505,7 +519,7 @@ fn header_text(plan: &Plan, world: usize, backend: &str, ranks: &[RankInfo], gpu
         plan.iters,
         plan.reps,
         plan.mode.describe(),
-        if plan.device_start && gpu { "device" } else { "host" },
+        if device_start { "device" } else { "host" },
         u8::from(plan.check),
         u8::from(plan.blocking),
     );
