@@ -274,7 +274,7 @@ class Comm:
             )
         return b
 
-    def _issue(self, coll, *, out=None, inp=None, op=None, peer=0, splits=None,
+    def _issue(self, coll, *, out=None, inp=None, op=None, peer=0, splits=None, counts=None,
                async_op=False, hints=None, keep=(), post=()):
         if self._finalized:
             raise FerrocommError(f"{coll}: communicator '{self.get_name()}' has been finalized")
@@ -309,6 +309,7 @@ class Comm:
             h.get("algo"),
             h.get("low_precision"),
             bool(async_op) and not cuda,
+            counts,
         )
         if native_work is not None:
             return _HostWork(native_work, keep, post)
@@ -432,6 +433,48 @@ class Comm:
         return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
                                       async_op=async_op, hints=hints)
 
+    def all_to_all_v_dynamic(self, output, input, send_counts, recv_counts,  # noqa: A002
+                             async_op=False, hints=None):
+        """Mixture-of-experts dispatch with the counts on the device: no host synchronization,
+        capturable in CUDA graphs. Counts count rows (the first dimension), as torch's split
+        sizes do.
+
+        ``input`` holds the rows for rank 0, 1, ... back to back, ``send_counts[p]`` rows for
+        rank p (``size`` int32 or int64 entries, which an earlier kernel on the stream may have
+        written). ``output`` holds ``size * capacity`` rows of the input's row shape: the rows
+        from rank s land at row ``s * capacity``, ``recv_counts[s]`` (same dtype, written by the
+        call) says how many arrived, rows past them are left as they were. A negative count
+        sends nothing. More rows than the capacity, or counts past the end of the input, are
+        cut and reported as an error (on CUDA by the next call on this communicator), never
+        written past a buffer. Every rank passes the same capacity, row shape and dtypes.
+        """
+        c = "all_to_all_v_dynamic"
+        o = self._buf(output, "output", c, writable=True)
+        i = self._buf(input, "input", c)
+        sc = self._buf(send_counts, "send_counts", c)
+        rc = self._buf(recv_counts, "recv_counts", c, writable=True)
+        if i.overlaps(o):
+            raise FerrocommValueError(f"{c}: input and output overlap (it has no in-place form)")
+        out_rows, out_row = T.rows_of(output, c)
+        _, in_row = T.rows_of(input, c)
+        if out_row != in_row:
+            raise FerrocommValueError(
+                f"{c}: output rows hold {out_row} elements but input rows {in_row} (shapes "
+                f"{tuple(o.shape)} and {tuple(i.shape)})")
+        if out_rows % self.size != 0:
+            raise FerrocommValueError(
+                f"{c}: output has {out_rows} rows, not a capacity per rank for {self.size} ranks "
+                "(size * capacity rows)")
+        for what, b in (("send_counts", sc), ("recv_counts", rc)):
+            for other in (o, i):
+                if b.overlaps(other):
+                    raise FerrocommValueError(f"{c}: {what} overlaps the data")
+        if sc.overlaps(rc):
+            raise FerrocommValueError(f"{c}: send_counts and recv_counts overlap")
+        counts = (sc.raw(), rc.raw(), out_rows // self.size, max(out_row, 1))
+        return self._issue(c, out=o, inp=i, counts=counts, async_op=async_op, hints=hints,
+                           keep=(output, input, send_counts, recv_counts))
+
     def all_to_all(self, output_tensor_list, input_tensor_list, async_op=False, hints=None):
         """``input_tensor_list[j]`` goes to rank j; ``output_tensor_list[i]`` comes from rank i."""
         c = "all_to_all"
@@ -498,7 +541,7 @@ class Comm:
                     f"{coll}: {what}[{k}] has {n} elements, expected {like.count}")
 
     def _split_counts(self, coll, what, obj, sizes):
-        rows, per_row = T.rows_of(obj)
+        rows, per_row = T.rows_of(obj, coll)
         if sizes is None:
             if rows % self.size != 0:
                 raise FerrocommValueError(

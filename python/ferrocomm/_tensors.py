@@ -127,11 +127,11 @@ def flat_slice(flat, start, length):
     return flat[start:start + length]
 
 
-def rows_of(obj):
+def rows_of(obj, coll):
     """Leading dimension and elements per row (torch's split sizes count rows)."""
     shape = obj.shape
     if len(shape) == 0:
-        raise FerrocommValueError("all_to_all_single: split sizes need tensors of at least 1 dim")
+        raise FerrocommValueError(f"{coll}: counting rows needs tensors of at least 1 dim")
     rows = shape[0]
     per_row = 1
     for d in shape[1:]:

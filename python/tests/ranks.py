@@ -271,6 +271,28 @@ def scenario_collectives(comm):
         poison(out)
         comm.all_to_all_v_single(out, ins[RANK], recv_rows, rows[RANK])
         check("all_to_all_v_single", out, np.concatenate(parts), name)
+        # all_to_all_v_dynamic: counts of rows (2 x 3 elements each) in int32 or int64 arrays,
+        # a zero and a negative count, room for 4 rows per sender; rows past what arrived keep
+        # their poison, every byte as sent.
+        cdt = np.int64 if salt % 2 else np.int32
+        drows = [[(s * 3 + d * 5 + salt) % 5 for d in range(WORLD)] for s in range(WORLD)]
+        for s in range(WORLD):
+            drows[s][(s + 1) % WORLD] = -2  # sends nothing
+        sent = [[max(x, 0) for x in r] for r in drows]
+        dins = [data(name, sum(sent[s]) * 6, s, salt + 3500).reshape(-1, 2, 3)
+                for s in range(WORLD)]
+        cap = 4
+        out = np.empty((WORLD * cap, 2, 3), dt)
+        poison(out)
+        want = out.copy()
+        for s in range(WORLD):
+            start = sum(sent[s][:RANK])
+            want[s * cap:s * cap + sent[s][RANK]] = dins[s][start:start + sent[s][RANK]]
+        recv = np.full(WORLD, -9, cdt)
+        comm.all_to_all_v_dynamic(out, dins[RANK], np.array(drows[RANK], cdt), recv)
+        assert np.array_equal(out.view(np.uint8), want.view(np.uint8)), \
+            f"rank {RANK}: all_to_all_v_dynamic [{name}] output"
+        assert recv.tolist() == [sent[s][RANK] for s in range(WORLD)], (name, recv)
         # all_to_all (lists), unequal sizes: rank s sends s+d+1 elements to d.
         in_list = [data(name, s_d, RANK * 100 + d, salt + 4000)
                    for d, s_d in enumerate(RANK + d + 1 for d in range(WORLD))]
@@ -385,6 +407,25 @@ def scenario_errors(comm):
     expect(V, "itself", comm.send, f32, RANK)
     out = np.empty(8 * WORLD, np.float32)
     expect(V, "overlap", comm.all_gather_single, out, out[1:9])
+    # all_to_all_v_dynamic: row shapes that differ, an output that is not size * capacity
+    # rows, counts of a float type or the wrong length; then rows past the capacity, cut and
+    # reported by this call on the host backend (every rank receives 3 rows, room for 2).
+    rows_in = np.ones((3 * WORLD, 2), np.float32)
+    cnt = np.full(WORLD, 3, np.int64)
+    rcv = np.zeros(WORLD, np.int64)
+    dyn = comm.all_to_all_v_dynamic
+    expect(V, "input rows 2", dyn, np.empty((2 * WORLD, 3), np.float32), rows_in, cnt, rcv)
+    expect(V, "capacity per rank", dyn, np.empty((2 * WORLD + 1, 2), np.float32), rows_in, cnt,
+           rcv)
+    expect(V, "must be i32", dyn, np.empty((2 * WORLD, 2), np.float32), rows_in,
+           cnt.astype(np.float32), rcv.astype(np.float32))
+    expect(V, "recv_counts", dyn, np.empty((2 * WORLD, 2), np.float32), rows_in, cnt,
+           rcv[:1])
+    out2 = np.empty((2 * WORLD, 2), np.float32)
+    poison(out2)
+    expect(V, "capacity", dyn, out2, rows_in, cnt, rcv)
+    assert rcv.tolist() == [2] * WORLD, rcv
+    assert np.all(out2 == 1.0), "the first two rows from every rank arrive"
     # The communicator still works after argument errors (nothing was sent).
     t = data("float32", 16, RANK, 99)
     comm.all_reduce(t, ReduceOp.SUM)

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use ferrocomm::bootstrap::Store;
 use ferrocomm::config::BackendChoice;
 use ferrocomm::{
-    Algo, CallOpts, CommOptions, Communicator, Config, DataType, Device, Error, Format, Input,
-    LowPrecisionChoice, ReduceOp, Splits, View, ViewMut,
+    Algo, CallOpts, CommOptions, Communicator, Config, DataType, Device, DeviceCounts, Error,
+    Format, Input, LowPrecisionChoice, ReduceOp, Splits, View, ViewMut,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError};
 use pyo3::prelude::*;
@@ -346,6 +346,7 @@ enum Coll {
     ReduceScatter(ReduceOp),
     AllToAll,
     AllToAllV,
+    AllToAllVDynamic,
     Barrier,
     Send(usize),
     Recv(usize),
@@ -361,6 +362,7 @@ impl Coll {
             Coll::ReduceScatter(_) => "reduce_scatter",
             Coll::AllToAll => "all_to_all",
             Coll::AllToAllV => "all_to_all_v",
+            Coll::AllToAllVDynamic => "all_to_all_v_dynamic",
             Coll::Barrier => "barrier",
             Coll::Send(_) => "send",
             Coll::Recv(_) => "recv",
@@ -374,6 +376,8 @@ struct Call {
     out: Option<Buf>,
     inp: Option<Buf>,
     splits: Option<Splits>,
+    /// all_to_all_v_dynamic: send counts, receive counts, capacity and unit.
+    counts: Option<(Buf, Buf, usize, usize)>,
     opts: CallOpts,
 }
 
@@ -407,6 +411,23 @@ impl Call {
                     .as_ref()
                     .ok_or_else(|| invalid(format!("{c}: no splits given")))?;
                 comm.all_to_all_v(inp, need_out()?, s, o)
+            }
+            Coll::AllToAllVDynamic => {
+                let (send, recv, capacity, unit) = self
+                    .counts
+                    .ok_or_else(|| invalid(format!("{c}: no counts given")))?;
+                let v = input.ok_or_else(|| invalid(format!("{c}: no input buffer given")))?;
+                // SAFETY: as above: the Python layer holds the count buffers too; the receive
+                // counts are written by this call only.
+                let counts = unsafe {
+                    DeviceCounts {
+                        send: send.view(),
+                        recv: recv.view_mut(),
+                        capacity,
+                        unit,
+                    }
+                };
+                comm.all_to_all_v_dynamic(v, need_out()?, counts, o)
             }
             Coll::Barrier => comm.barrier(o),
             Coll::Send(peer) => {
@@ -569,7 +590,7 @@ impl PyComm {
     /// place; for `send` the data sent). Returns a work object when the call was queued on the
     /// worker thread (host backend, `async_op=True`), None when it has been issued already.
     #[pyo3(signature = (coll, out=None, inp=None, op="sum", factor=1.0, peer=0, splits=None,
-                        stream=0, algo=None, low_precision=None, async_op=false))]
+                        stream=0, algo=None, low_precision=None, async_op=false, counts=None))]
     #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
@@ -585,6 +606,7 @@ impl PyComm {
         algo: Option<&str>,
         low_precision: Option<&str>,
         async_op: bool,
+        counts: Option<(RawBuf, RawBuf, usize, usize)>,
     ) -> PyResult<Option<NativeWork>> {
         let call = (|| -> ferrocomm::Result<Call> {
             let coll = match coll {
@@ -595,6 +617,7 @@ impl PyComm {
                 "reduce_scatter" => Coll::ReduceScatter(parse_op(op, factor)?),
                 "all_to_all" => Coll::AllToAll,
                 "all_to_all_v" => Coll::AllToAllV,
+                "all_to_all_v_dynamic" => Coll::AllToAllVDynamic,
                 "barrier" => Coll::Barrier,
                 "send" => Coll::Send(peer),
                 "recv" => Coll::Recv(peer),
@@ -614,6 +637,12 @@ impl PyComm {
                 out: out.as_ref().map(Buf::parse).transpose()?,
                 inp: inp.as_ref().map(Buf::parse).transpose()?,
                 splits,
+                counts: match &counts {
+                    Some((send, recv, capacity, unit)) => {
+                        Some((Buf::parse(send)?, Buf::parse(recv)?, *capacity, *unit))
+                    }
+                    None => None,
+                },
                 opts: self.opts(stream, algo, low_precision)?,
             })
         })()

@@ -492,6 +492,7 @@ fn sanitize_cases(c: &mut Ctx, cfg: &Config) -> Res<()> {
         "sanitize",
         &m,
         60_000,
+        1,
         DataType::BF16,
         DataType::I32,
         false,
@@ -502,10 +503,23 @@ fn sanitize_cases(c: &mut Ctx, cfg: &Config) -> Res<()> {
         "sanitize",
         &m,
         50_001,
+        1,
         DataType::U8,
         DataType::I64,
         false,
         62_002,
+    )?;
+    // Rows of 3 bf16 (6 bytes): parts at every alignment.
+    dynamic_call(
+        c,
+        "sanitize rows",
+        &m,
+        50_001,
+        3,
+        DataType::BF16,
+        DataType::I64,
+        false,
+        62_004,
     )?;
     // Every rank receives one part longer than the capacity: truncated, reported by the next
     // call; the other parts are short or empty.
@@ -528,6 +542,7 @@ fn sanitize_cases(c: &mut Ctx, cfg: &Config) -> Res<()> {
         "sanitize",
         &m,
         cap,
+        1,
         DataType::F32,
         DataType::I32,
         true,
@@ -857,7 +872,7 @@ fn a2av_call(
 }
 
 /// Device-count all-to-all-v: counts uploaded to device memory, uneven with zeros, i32 and i64
-/// counts, then an overfull part that must be truncated and reported.
+/// counts, of elements and of rows, then an overfull part that must be truncated and reported.
 fn dynamic(c: &mut Ctx, quick: bool) -> Res<()> {
     let w = c.world;
     let rounds = if quick { 6 } else { 16 };
@@ -878,11 +893,15 @@ fn dynamic(c: &mut Ctx, quick: bool) -> Res<()> {
         } else {
             DataType::I64
         };
+        // Counts of rows from round 4: units of 3 f32, 5 u8 (parts at every byte alignment),
+        // 2 u8, 64 bf16, 3 bf16, 7 f32.
+        let unit = [1, 1, 1, 1, 3, 5, 1, 1, 2, 64, 1, 1, 3, 7, 1, 1][k];
         dynamic_call(
             c,
             &format!("round {k}"),
             &m,
             cap,
+            unit,
             dtype,
             cdt,
             overfull,
@@ -902,7 +921,9 @@ struct DynOut {
 }
 
 /// Runs one device-count all-to-all-v: this rank's `input` bytes (elements of `dtype`), its
-/// send `counts` uploaded as `cdt` (i32 or i64), a poisoned output of `cap` elements per sender.
+/// send `counts` (units of `unit` elements) uploaded as `cdt` (i32 or i64), a poisoned output
+/// of `cap` units per sender.
+#[allow(clippy::too_many_arguments)]
 fn run_dynamic(
     c: &Ctx,
     input: &[u8],
@@ -910,9 +931,11 @@ fn run_dynamic(
     cdt: DataType,
     counts: &[i64],
     cap: usize,
+    unit: usize,
 ) -> Res<DynOut> {
-    let (w, dev, es) = (c.world, c.dev, dtype.size());
-    let in_n = input.len() / es;
+    let (w, dev) = (c.world, c.dev);
+    let in_n = input.len() / dtype.size();
+    let es = dtype.size() * unit;
     let inb = Buf::new(input.len().max(es))?;
     inb.upload(0, input)?;
     let outb = Buf::new(w * cap * es)?;
@@ -936,11 +959,12 @@ fn run_dynamic(
     let r = unsafe {
         c.comm.all_to_all_v_dynamic(
             View::from_raw(inb.ptr as *const u8, in_n, dtype, dev),
-            ViewMut::from_raw(outb.ptr as *mut u8, w * cap, dtype, dev),
+            ViewMut::from_raw(outb.ptr as *mut u8, w * cap * unit, dtype, dev),
             DeviceCounts {
                 send: View::from_raw(scb.ptr as *const u8, w, cdt, dev),
                 recv: ViewMut::from_raw(rcb.ptr as *mut u8, w, cdt, dev),
                 capacity: cap,
+                unit,
             },
             &CallOpts::default(),
         )
@@ -966,15 +990,16 @@ fn run_dynamic(
     })
 }
 
-/// One device-count all-to-all-v: `m[s][r]` elements from rank s to rank r, counts of type
-/// `cdt` in device memory, `cap` elements of room per sender. With `overfull`, a part longer
-/// than `cap` must arrive truncated and the next call must report it.
+/// One device-count all-to-all-v: `m[s][r]` units of `unit` elements from rank s to rank r,
+/// counts of type `cdt` in device memory, `cap` units of room per sender. With `overfull`, a
+/// part longer than `cap` must arrive truncated and the next call must report it.
 #[allow(clippy::too_many_arguments)]
 fn dynamic_call(
     c: &mut Ctx,
     label: &str,
     m: &[Vec<usize>],
     cap: usize,
+    unit: usize,
     dtype: DataType,
     cdt: DataType,
     overfull: bool,
@@ -983,12 +1008,12 @@ fn dynamic_call(
     let w = c.world;
     let me = c.rank;
     let dev = c.dev;
-    let es = dtype.size();
+    let es = dtype.size() * unit;
     let inputs: Vec<Vec<u8>> = (0..w)
         .map(|r| gen_bytes_fast(m[r].iter().sum::<usize>() * es, seed, r))
         .collect();
     let counts: Vec<i64> = m[me].iter().map(|&x| x as i64).collect();
-    let out = run_dynamic(c, &inputs[me], dtype, cdt, &counts, cap)?;
+    let out = run_dynamic(c, &inputs[me], dtype, cdt, &counts, cap, unit)?;
     let mut wrong = 0;
     for s in 0..w {
         let cnt = m[s][me].min(cap);
@@ -1001,7 +1026,7 @@ fn dynamic_call(
     }
     c.record(
         "a2av_dynamic",
-        format!("dynamic {label} {dtype} {cdt} counts, cap {cap}, counts {m:?}"),
+        format!("dynamic {label} {dtype} {cdt} counts, cap {cap} x {unit}, counts {m:?}"),
         out.r,
         wrong,
         out.guard,
@@ -1091,6 +1116,7 @@ fn dynamic_faults(c: &mut Ctx) -> Res<()> {
             cdt,
             &claimed[me],
             cap,
+            1,
         )?;
         let mut wrong = 0;
         for (s, input) in inputs.iter().enumerate() {

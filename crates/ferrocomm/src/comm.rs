@@ -101,14 +101,29 @@ impl Splits {
 /// The device-side counts of [`Communicator::all_to_all_v_dynamic`].
 #[derive(Debug)]
 pub struct DeviceCounts<'a> {
-    /// `size` integers (i32, u32, i64 or u64): elements this rank sends to each rank, its input
+    /// `size` integers (i32, u32, i64 or u64): units this rank sends to each rank, its input
     /// packed in rank order. On the cuda backend written by earlier work on the stream, never
     /// read by the host; on the host backend, host memory like the data.
     pub send: View<'a>,
-    /// `size` integers of the same type: elements received from each rank, written by the call.
+    /// `size` integers of the same type: units received from each rank, written by the call.
     pub recv: ViewMut<'a>,
-    /// Output elements reserved per sender: the part from rank `s` lands at `s * capacity`.
+    /// Output units reserved per sender: the part from rank `s` lands at unit `s * capacity`.
     pub capacity: usize,
+    /// Elements per unit, at least 1: 1 counts elements; a row's length counts rows (tokens of
+    /// `hidden` elements, as torch's split sizes count the first dimension).
+    pub unit: usize,
+}
+
+impl<'a> DeviceCounts<'a> {
+    /// Counts of single elements (`unit` 1).
+    pub fn elements(send: View<'a>, recv: ViewMut<'a>, capacity: usize) -> Self {
+        DeviceCounts {
+            send,
+            recv,
+            capacity,
+            unit: 1,
+        }
+    }
 }
 
 /// What a backend is told when it is created.
@@ -656,16 +671,17 @@ impl Communicator {
     /// All-to-all-v for mixture-of-experts dispatch, with the counts in device memory (written
     /// by an earlier kernel; no host synchronisation, CUDA-graph capturable).
     ///
-    /// `input` holds the parts for rank 0, 1, ... back to back, `counts.send[p]` elements for
-    /// rank `p`; the part from rank `s` lands at `s * counts.capacity` in `output` (which holds
-    /// `size * capacity` elements) and `counts.recv[s]` receives its length; output elements
-    /// past that length are left untouched. A negative count sends nothing. A part longer than
-    /// the capacity, or send counts past the input, are truncated and reported as an error
-    /// (by the receiving, resp. sending rank), nothing is written past a buffer: the cuda
-    /// backend reports it from the next call on this communicator; the host backend (counts in
-    /// host memory) from this call, once the exchange is complete and `counts.recv` written.
-    /// Every rank must pass the same capacity and dtype. The nccl backend refuses
-    /// ([`Error::Unsupported`]).
+    /// Counts and the capacity are in units of `counts.unit` elements (1: elements; a row's
+    /// length: rows). `input` holds the parts for rank 0, 1, ... back to back,
+    /// `counts.send[p]` units for rank `p`; the part from rank `s` lands at unit
+    /// `s * counts.capacity` of `output` (which holds `size * capacity * unit` elements) and
+    /// `counts.recv[s]` receives its length; output past that length is left untouched. A
+    /// negative count sends nothing. A part longer than the capacity, or send counts past the
+    /// input, are truncated and reported as an error (by the receiving, resp. sending rank),
+    /// nothing is written past a buffer: the cuda backend reports it from the next call on
+    /// this communicator; the host backend (counts in host memory) from this call, once the
+    /// exchange is complete and `counts.recv` written. Every rank must pass the same capacity,
+    /// unit and dtype. The nccl backend refuses ([`Error::Unsupported`]).
     pub fn all_to_all_v_dynamic(
         &self,
         input: View<'_>,
@@ -675,7 +691,28 @@ impl Communicator {
     ) -> Result<()> {
         let c = "all_to_all_v_dynamic";
         check_same(c, &input, &output)?;
-        let want = self.size() * counts.capacity;
+        let unit = counts.unit;
+        if unit == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{c}: the unit of the counts must be at least one element"
+            )));
+        }
+        if input.count() % unit != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{c}: the input's {} elements are not a whole number of units of {unit} elements",
+                input.count()
+            )));
+        }
+        let want = counts
+            .capacity
+            .checked_mul(unit)
+            .and_then(|x| x.checked_mul(self.size()))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{c}: a capacity of {} units of {unit} elements overflows",
+                    counts.capacity
+                ))
+            })?;
         if output.count() != want {
             return Err(Error::SizeMismatch {
                 collective: c,

@@ -1,7 +1,8 @@
 //! Host backend `all_to_all_v_dynamic`, ranks as threads: random uneven counts (zeros and
 //! negatives included) in every count dtype, exactly fitting capacities, overflowing parts and
 //! counts past the input, every element and count compared with a plain reference, and guard
-//! bytes after the output and the counts that must stay untouched.
+//! bytes after the output and the counts that must stay untouched; counts of elements and of
+//! rows (units of several elements).
 
 mod host_support;
 
@@ -20,11 +21,12 @@ fn cfg() -> ferrocomm::Config {
     config(SLOT, Duration::from_secs(30))
 }
 
-/// One call as every rank sees it: `want[s][p]` elements from rank `s` to rank `p` (negative:
-/// nothing), rank `s`'s input holding `in_count[s]` elements.
+/// One call as every rank sees it: `want[s][p]` units of `unit` elements from rank `s` to rank
+/// `p` (negative: nothing), rank `s`'s input holding `in_count[s]` units.
 struct Case {
     d: DataType,
     cdt: DataType,
+    unit: usize,
     cap: usize,
     want: Vec<Vec<i64>>,
     in_count: Vec<usize>,
@@ -33,7 +35,12 @@ struct Case {
 
 impl Case {
     fn input(&self, r: usize) -> Vec<u8> {
-        input(self.d, self.in_count[r], self.seed, r, false)
+        input(self.d, self.in_count[r] * self.unit, self.seed, r, false)
+    }
+
+    /// Bytes per unit.
+    fn us(&self) -> usize {
+        self.d.size() * self.unit
     }
 
     /// What rank `s` really sends to `p`: its count, cut where the input ends.
@@ -46,7 +53,7 @@ impl Case {
     /// Plain reference for rank `me`: output bytes (poison where nothing arrives), the received
     /// counts, and whether the call must fail on this rank.
     fn expected(&self, me: usize) -> (Vec<u8>, Vec<usize>, bool) {
-        let (n, es) = (self.want.len(), self.d.size());
+        let (n, es) = (self.want.len(), self.us());
         let mut out = vec![POISON; n * self.cap * es];
         let mut recv = Vec::new();
         let mut fails = (0..n)
@@ -92,7 +99,7 @@ fn decode(cdt: DataType, b: &[u8]) -> Vec<usize> {
 
 /// Runs `case` on `comm` and checks output, guard bytes, received counts and the error.
 fn check(comm: &Communicator, case: &Case, what: &str) {
-    let (me, n, es) = (comm.rank(), comm.size(), case.d.size());
+    let (me, n, es) = (comm.rank(), comm.size(), case.us());
     // Input followed by random bytes that must never arrive anywhere.
     let mut inp = case.input(me);
     let in_len = inp.len();
@@ -106,6 +113,7 @@ fn check(comm: &Communicator, case: &Case, what: &str) {
         send: view(case.cdt, send.bytes()),
         recv: view_mut(case.cdt, &mut recv.bytes_mut()[..n * case.cdt.size()]),
         capacity: case.cap,
+        unit: case.unit,
     };
     let r = comm.all_to_all_v_dynamic(
         view(case.d, &inbuf.bytes()[..in_len]),
@@ -181,6 +189,7 @@ fn cases(n: usize) -> Vec<(String, Case)> {
         let fit = Case {
             d,
             cdt,
+            unit: 1,
             cap: largest,
             in_count: (0..n).map(|s| total(s) + s * 3).collect(),
             want: want.clone(),
@@ -208,6 +217,24 @@ fn cases(n: usize) -> Vec<(String, Case)> {
         let fails = |c: &Case| (0..n).filter(|&r| c.expected(r).2).count();
         assert_eq!(fails(&fit), 0);
         assert!(fails(&overflow) > 0 && fails(&short) > 0);
+        // The same counts as rows: bf16 rows of 3 elements (6 bytes: parts at every alignment),
+        // u8 rows of 5, f32 rows of 64.
+        let unit = [3, 5, 64, 1][i];
+        let rows = |c: &Case, seed: u64| Case {
+            d: [DataType::BF16, DataType::U8, DataType::F32, d][i],
+            unit,
+            want: c.want.clone(),
+            in_count: c.in_count.clone(),
+            seed,
+            ..*c
+        };
+        if unit > 1 {
+            let (rf, ro, rs) = (rows(&fit, 400), rows(&overflow, 500), rows(&short, 600));
+            assert!(fails(&rf) == 0 && fails(&ro) > 0 && fails(&rs) > 0);
+            out.push((format!("{cdt} {} rows of {unit} exact fit", rf.d), rf));
+            out.push((format!("{cdt} {} rows of {unit} overflow", ro.d), ro));
+            out.push((format!("{cdt} {} rows of {unit} past the input", rs.d), rs));
+        }
         out.push((format!("{cdt} {d} exact fit"), fit));
         out.push((format!("{cdt} {d} overflow"), overflow));
         out.push((format!("{cdt} {d} past the input"), short));
@@ -247,10 +274,36 @@ fn capacity_dtype_and_collective_must_agree() {
                     send: view(DataType::I64, send.bytes()),
                     recv: view_mut(DataType::I64, recv.bytes_mut()),
                     capacity: cap,
+                    unit: 1,
                 },
                 &CallOpts::default(),
             )
         };
+        // A unit of no elements, an input that is not whole units: refused before anything
+        // is exchanged, naming what is wrong.
+        for (unit, what) in [
+            (0, "at least one element"),
+            (4, "whole number of units of 4"),
+        ] {
+            let mut out = Aligned::poisoned(n * 3 * 4 * 4);
+            let mut recv = Aligned::poisoned(n * 8);
+            let e = comm
+                .all_to_all_v_dynamic(
+                    view(DataType::F32, &inp.bytes()[..24]),
+                    view_mut(DataType::F32, out.bytes_mut()),
+                    DeviceCounts {
+                        send: view(DataType::I64, send.bytes()),
+                        recv: view_mut(DataType::I64, recv.bytes_mut()),
+                        capacity: 3,
+                        unit,
+                    },
+                    &CallOpts::default(),
+                )
+                .unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+            assert!(e.to_string().contains(what), "{e}");
+            assert!(out.bytes().iter().all(|&b| b == POISON));
+        }
         // Rank 1 disagrees on the capacity, then on the dtype: every rank fails.
         let cap = if me == 1 { 4 } else { 3 };
         let e = call(cap, DataType::F32).unwrap_err();

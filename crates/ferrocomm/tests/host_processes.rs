@@ -96,6 +96,7 @@ fn child_rank() {
                     send: View::host(&sends),
                     recv: ViewMut::host(&mut recv),
                     capacity: cap,
+                    unit: 1,
                 },
                 &o,
             )

@@ -623,9 +623,10 @@ impl Backend for CudaBackend {
         self.follow(&mut st, opts.stream)?;
         d.coll_all_to_all_dynamic(
             input.ptr() as u64,
-            input.count(),
+            input.count() / counts.unit,
             output.ptr() as u64,
             counts.capacity,
+            counts.unit,
             counts.send.ptr() as u64,
             counts.recv.ptr() as u64,
             counts.send.dtype(),

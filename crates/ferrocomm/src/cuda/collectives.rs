@@ -378,13 +378,13 @@ impl Dda {
                 self.rank
             ),
             ERR_CAPACITY => format!(
-                "all_to_all_v_dynamic on rank {}: rank {peer} sent {detail} elements, more than \
-                 the capacity per peer; the part was truncated to the capacity",
+                "all_to_all_v_dynamic on rank {}: rank {peer} sent {detail} units (of the \
+                 counts), more than the capacity per peer; the part was truncated to the capacity",
                 self.rank
             ),
             ERR_INPUT => format!(
-                "all_to_all_v_dynamic on rank {}: the send counts add up to {detail} elements, \
-                 more than the input holds; the parts past the input were truncated",
+                "all_to_all_v_dynamic on rank {}: the send counts add up to {detail} units, more \
+                 than the input holds; the parts past the input were truncated",
                 self.rank
             ),
             other => format!("unknown error record {other} (peer {peer}, detail {detail})"),
@@ -791,7 +791,9 @@ impl Dda {
         )
     }
 
-    /// All-to-all-v with counts in device memory (see `Communicator::all_to_all_v_dynamic`).
+    /// All-to-all-v with counts in device memory (see `Communicator::all_to_all_v_dynamic`):
+    /// `in_count` and `capacity` in units of `unit` elements. The kernel moves whole units (its
+    /// element is the unit, of any byte length and alignment).
     #[allow(clippy::too_many_arguments)]
     pub fn coll_all_to_all_dynamic(
         &self,
@@ -799,18 +801,24 @@ impl Dda {
         in_count: usize,
         output: u64,
         capacity: usize,
+        unit: usize,
         send_counts: u64,
         recv_counts: u64,
         count_dtype: DataType,
         dtype: DataType,
         stream: u64,
     ) -> Result<()> {
-        let es = dtype.size();
+        let es = dtype.size() * unit;
         let slot = self.a2av_slot();
         if capacity * es > slot {
+            let of = if unit == 1 {
+                format!("{dtype} elements")
+            } else {
+                format!("units of {unit} {dtype} elements")
+            };
             return Err(Error::InvalidArgument(format!(
-                "all_to_all_v_dynamic: a capacity of {capacity} {dtype} elements per peer needs \
-                 {} bytes per peer, more than the {slot} bytes of staging per peer \
+                "all_to_all_v_dynamic: a capacity of {capacity} {of} per peer needs {} bytes \
+                 per peer, more than the {slot} bytes of staging per peer \
                  (FERROCOMM_CUDA_STAGING_BYTES / ranks)",
                 capacity * es
             )));
@@ -832,7 +840,7 @@ impl Dda {
             c,
             self.a2av_grid(),
             stream,
-            || format!("all_to_all_v_dynamic ({dtype}, capacity {capacity})"),
+            || format!("all_to_all_v_dynamic ({dtype}, capacity {capacity} x {unit})"),
         )
     }
 }

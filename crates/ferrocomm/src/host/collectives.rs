@@ -640,7 +640,10 @@ impl HostBackend {
         counts: DeviceCounts<'_>,
     ) -> Result<()> {
         let c = "all_to_all_v_dynamic";
-        let (me, n, cap) = (self.rank, self.world, counts.capacity);
+        // Everything in elements here (parts are whole units: the input is, and so are the
+        // counts); the counts written and the messages go back to units.
+        let unit = counts.unit;
+        let (me, n, cap) = (self.rank, self.world, counts.capacity * unit);
         let cdt = counts.send.dtype();
         let not_host = |what: &str, d| {
             Error::InvalidArgument(format!(
@@ -662,7 +665,7 @@ impl HostBackend {
         let mut send_displs = Vec::with_capacity(n);
         let mut end = 0usize;
         for p in 0..n {
-            let want = read_count(cdt, send, p);
+            let want = read_count(cdt, send, p).saturating_mul(unit);
             send_counts.push(want.min(in_count.saturating_sub(end)));
             send_displs.push(end.min(in_count));
             end = end.saturating_add(want);
@@ -670,8 +673,10 @@ impl HostBackend {
         let mut problems = Vec::new();
         if end > in_count {
             problems.push(format!(
-                "the send counts add up to {end} elements, more than the input's {in_count}; \
-                 the parts past the input were cut"
+                "the send counts add up to {} units, more than the input's {}; the parts past \
+                 the input were cut",
+                end / unit,
+                in_count / unit
             ));
         }
         let splits = Splits {
@@ -692,7 +697,7 @@ impl HostBackend {
         let incoming =
             self.all_to_all_v_rounds(bufs, dtype, 0, in_count, &splits, Some(cap), layout, mv, mv)?;
         for (s, &got) in incoming.iter().enumerate() {
-            write_count(cdt, recv, s, got.min(cap));
+            write_count(cdt, recv, s, got.min(cap) / unit);
             if got > cap {
                 problems.push(format!(
                     "rank {s} sent {got} elements, more than the capacity of {cap}; the part \

@@ -1,0 +1,219 @@
+"""GPU check of ``Comm.all_to_all_v_dynamic``: mixture-of-experts dispatch with the counts made
+on the device by torch ops, never read by the host before the call.
+
+    ferrocomm launch -n 2 -- python3 python/tests/gpu/check_dynamic.py [--share-gpus]
+
+(torchrun works too.) With ``--share-gpus`` every rank runs on GPU ``LOCAL_RANK mod count`` and
+NCCL is not loaded (it refuses two ranks on one GPU), so two ranks can run on one GPU
+(correctness only). Every rank builds every rank's tokens from the same seeds, so it checks
+its rows and received counts against a reference of its own: rows of several dtypes and
+lengths (byte lengths that are no multiple of 16), int32 and int64 counts, zero counts, CUDA
+graph capture with the routing changing between replays, async work, and a part longer than
+the capacity (cut, reported by the next call). Outputs are poisoned before every call. Prints a
+summary; exits 1 on any mismatch.
+"""
+
+import os
+import sys
+
+import torch
+
+import ferrocomm
+
+RANK = int(os.environ["RANK"])
+WORLD = int(os.environ["WORLD_SIZE"])
+LOCAL = int(os.environ.get("LOCAL_RANK", RANK))
+SHARE = "--share-gpus" in sys.argv[1:]
+if SHARE:
+    os.environ["FERROCOMM_NCCL_LIB"] = "(no NCCL: ranks share GPUs)"
+DEV = torch.device("cuda", LOCAL % torch.cuda.device_count() if SHARE else LOCAL)
+FAILURES = []
+PASSED = [0]
+
+
+def record(name, ok, detail=""):
+    if ok:
+        PASSED[0] += 1
+    else:
+        FAILURES.append(f"{name}: {detail}")
+        print(f"[rank {RANK}] FAIL {name} {detail}", flush=True)
+
+
+def tokens(sender, seed, rows, hidden, dtype):
+    """Rank `sender`'s tokens sorted by destination rank, and each token's destination."""
+    g = torch.Generator(device=DEV).manual_seed(seed * 1009 + sender)
+    dest = torch.randint(0, WORLD, (rows,), generator=g, device=DEV)
+    if seed % 3 == 0:
+        dest[dest == (sender + 1) % WORLD] = sender  # one destination gets nothing
+    x = torch.randn(rows, hidden, generator=g, device=DEV) * 4
+    order = torch.argsort(dest, stable=True)
+    return x[order].to(dtype).contiguous(), dest[order].contiguous()
+
+
+def counts_of(dest, cdt):
+    """Tokens per destination, computed on the device (capturable, no host sync)."""
+    ranks = torch.arange(WORLD, device=DEV)
+    return (dest.unsqueeze(1) == ranks).sum(0).to(cdt)
+
+
+def poison(t):
+    t.view(torch.uint8).fill_(0x7E)
+    return t
+
+
+def expected(seed, rows_of, hidden, dtype, cap, out):
+    """The output rank RANK must hold (poison where nothing arrives) and its counts."""
+    want = poison(torch.empty_like(out))
+    wb = want.view(torch.uint8)  # bytes: boolean indexing has no fp8 kernels
+    got = []
+    for s in range(WORLD):
+        x, dest = tokens(s, seed, rows_of(s), hidden, dtype)
+        mine = x.view(torch.uint8)[dest == RANK]
+        n = min(mine.shape[0], cap)
+        wb[s * cap:s * cap + n] = mine[:n]
+        got.append(int((dest == RANK).sum().item()))
+    return want, got
+
+
+def same_bytes(a, b):
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def check_dispatch(comm):
+    cases = [
+        (torch.bfloat16, 7, torch.int64, 1000),   # 14-byte rows
+        (torch.float32, 64, torch.int32, 333),
+        (torch.float8_e4m3fn, 5, torch.int64, 2500),  # 5-byte rows
+        (torch.float16, 128, torch.int32, 1),
+        (torch.bfloat16, 4096, torch.int64, 64),  # a token of a hidden size 4096 model
+    ]
+    for k, (dtype, hidden, cdt, base) in enumerate(cases):
+        seed = 10 + k
+        rows_of = lambda s, base=base: base + 37 * s  # noqa: E731
+        cap = max(rows_of(s) for s in range(WORLD))
+        x, dest = tokens(RANK, seed, rows_of(RANK), hidden, dtype)
+        send = counts_of(dest, cdt)
+        recv = torch.full((WORLD,), -5, dtype=cdt, device=DEV)
+        out = poison(torch.empty(WORLD * cap, hidden, dtype=dtype, device=DEV))
+        comm.all_to_all_v_dynamic(out, x, send, recv)
+        want, got = expected(seed, rows_of, hidden, dtype, cap, out)
+        torch.cuda.synchronize(DEV)
+        name = f"dispatch {str(dtype)[6:]} rows of {hidden}, {str(cdt)[6:]} counts"
+        record(name + " rows", same_bytes(out, want))
+        record(name + " counts", recv.tolist() == got, f"{recv.tolist()} != {got}")
+
+
+def check_async(comm):
+    dtype, hidden = torch.bfloat16, 96
+    rows_of = lambda s: 700 + 11 * s  # noqa: E731
+    cap = 800
+    x, dest = tokens(RANK, 40, rows_of(RANK), hidden, dtype)
+    recv = torch.zeros(WORLD, dtype=torch.int64, device=DEV)
+    out = poison(torch.empty(WORLD * cap, hidden, dtype=dtype, device=DEV))
+    work = comm.all_to_all_v_dynamic(out, x, counts_of(dest, torch.int64), recv, async_op=True)
+    work.wait()
+    want, got = expected(40, rows_of, hidden, dtype, cap, out)
+    torch.cuda.synchronize(DEV)
+    record("async dispatch", same_bytes(out, want) and recv.tolist() == got)
+
+
+def check_graph(comm):
+    """Counts and dispatch captured once; each replay routes new tokens."""
+    dtype, hidden, rows = torch.bfloat16, 48, 900
+    cap = rows
+    xs = torch.empty(rows, hidden, dtype=dtype, device=DEV)
+    dst = torch.empty(rows, dtype=torch.int64, device=DEV)
+    recv = torch.empty(WORLD, dtype=torch.int32, device=DEV)
+    out = torch.empty(WORLD * cap, hidden, dtype=dtype, device=DEV)
+    x0, d0 = tokens(RANK, 50, rows, hidden, dtype)
+    xs.copy_(x0)
+    dst.copy_(d0)
+    s = torch.cuda.Stream(DEV)
+    s.wait_stream(torch.cuda.current_stream(DEV))
+    with torch.cuda.stream(s):
+        comm.all_to_all_v_dynamic(out, xs, counts_of(dst, torch.int32), recv)  # warm-up
+    torch.cuda.current_stream(DEV).wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        comm.all_to_all_v_dynamic(out, xs, counts_of(dst, torch.int32), recv)
+    errs = []
+    for it in range(4):
+        seed = 60 + it
+        x, d = tokens(RANK, seed, rows, hidden, dtype)
+        xs.copy_(x)
+        dst.copy_(d)
+        poison(out)
+        recv.fill_(-1)
+        graph.replay()
+        want, got = expected(seed, lambda s: rows, hidden, dtype, cap, out)
+        torch.cuda.synchronize(DEV)
+        if not (same_bytes(out, want) and recv.tolist() == got):
+            errs.append(f"replay {it}: counts {recv.tolist()} want {got}")
+    record("graph capture and replay, new routing each time", not errs, "; ".join(errs))
+
+
+def check_overfull(comm):
+    """Room for fewer rows than arrive: the rows are cut at the capacity, the counts say so,
+    the next call on the communicator raises naming the capacity, the one after works."""
+    dtype, hidden, rows = torch.float32, 3, 500
+    cap = 100
+    x, dest = tokens(RANK, 70, rows, hidden, dtype)
+    recv = torch.zeros(WORLD, dtype=torch.int64, device=DEV)
+    out = poison(torch.empty(WORLD * cap, hidden, dtype=dtype, device=DEV))
+    guard = poison(torch.empty(WORLD * cap + 64, hidden, dtype=dtype, device=DEV))
+    view = guard[:WORLD * cap]
+    comm.all_to_all_v_dynamic(view, x, counts_of(dest, torch.int64), recv)
+    want, got = expected(70, lambda s: rows, hidden, dtype, cap, out)
+    torch.cuda.synchronize(DEV)
+    tail_ok = bool((guard[WORLD * cap:].view(torch.uint8) == 0x7E).all().item())
+    record("overfull: rows cut at the capacity",
+           same_bytes(view, want) and recv.tolist() == [min(g, cap) for g in got] and tail_ok)
+    t = torch.ones(8, device=DEV)
+    try:
+        comm.all_reduce(t)
+        record("overfull: reported by the next call", False, "no error")
+    except ferrocomm.FerrocommValueError as e:
+        record("overfull: reported by the next call", "capacity" in str(e), str(e))
+    t = torch.ones(8, device=DEV)
+    comm.all_reduce(t)
+    torch.cuda.synchronize(DEV)
+    record("overfull: the communicator works again", bool((t == WORLD).all().item()))
+
+
+def check_errors(comm):
+    rows = torch.ones(4 * WORLD, 2, device=DEV)
+    cnt = torch.full((WORLD,), 2, dtype=torch.int64, device=DEV)
+    rcv = torch.zeros(WORLD, dtype=torch.int64, device=DEV)
+    cases = [
+        ("input rows 2", lambda: comm.all_to_all_v_dynamic(
+            torch.empty(2 * WORLD, 3, device=DEV), rows, cnt, rcv)),
+        ("must be i32", lambda: comm.all_to_all_v_dynamic(
+            torch.empty(2 * WORLD, 2, device=DEV), rows, cnt.float(), rcv.float())),
+        ("is on cpu", lambda: comm.all_to_all_v_dynamic(
+            torch.empty(2 * WORLD, 2, device=DEV), rows, cnt.cpu(), rcv)),
+        ("overlap", lambda: comm.all_to_all_v_dynamic(rows[:2 * WORLD], rows, cnt, rcv)),
+    ]
+    for needle, f in cases:
+        try:
+            f()
+            record(f"error: {needle}", False, "no error")
+        except ferrocomm.FerrocommValueError as e:
+            record(f"error: {needle}", needle in str(e), str(e))
+
+
+def main():
+    torch.cuda.set_device(DEV)
+    comm = ferrocomm.new_comm("ferrocomm", DEV, "check-dynamic")
+    assert comm.get_backend() == "cuda", comm
+    check_dispatch(comm)
+    check_async(comm)
+    check_graph(comm)
+    check_overfull(comm)
+    check_errors(comm)
+    comm.finalize()
+    print(f"[rank {RANK}] summary: {PASSED[0]} passed, {len(FAILURES)} failed", flush=True)
+    sys.exit(1 if FAILURES else 0)
+
+
+if __name__ == "__main__":
+    main()
