@@ -453,27 +453,60 @@ class Comm:
         i = self._buf(input, "input", c)
         sc = self._buf(send_counts, "send_counts", c)
         rc = self._buf(recv_counts, "recv_counts", c, writable=True)
+        row = self._dynamic_rows(c, o, i, output, input, (("send_counts", sc),
+                                                          ("recv_counts", rc)))
+        out_rows, _ = T.rows_of(output, c)
+        if out_rows % self.size != 0:
+            raise FerrocommValueError(
+                f"{c}: output has {out_rows} rows, not a capacity per rank for {self.size} ranks "
+                "(size * capacity rows)")
+        counts = (sc.raw(), rc.raw(), out_rows // self.size, row)
+        return self._issue(c, out=o, inp=i, counts=counts, async_op=async_op, hints=hints,
+                           keep=(output, input, send_counts, recv_counts))
+
+    def device_alltoallv_single(self, output, input, output_split_sizes,  # noqa: A002
+                                input_split_sizes, async_op=False, hints=None):
+        """All-to-all-v with both sides' split sizes in tensors (NCCLX's name and layout): on
+        CUDA they may come from earlier kernels on the stream, never read by the host, so the
+        call is capturable in CUDA graphs. Split sizes count rows (the first dimension).
+
+        ``input_split_sizes[p]`` rows of ``input`` (back to back) go to rank p;
+        ``output_split_sizes[s]`` rows from rank s land in ``output`` at the sum of the sizes
+        before it (``size`` int32 or int64 entries each; a negative size is 0). On CUDA, sizes
+        that disagree between ranks, or that run past ``input`` or ``output``, are reported by
+        the next call on every rank (what fits is moved, nothing is written past a buffer); on
+        the host backend the sizes are read at once and checked as ``all_to_all_single``'s.
+        """
+        c = "device_alltoallv_single"
+        o = self._buf(output, "output", c, writable=True)
+        i = self._buf(input, "input", c)
+        sc = self._buf(input_split_sizes, "input_split_sizes", c)
+        rc = self._buf(output_split_sizes, "output_split_sizes", c)
+        row = self._dynamic_rows(c, o, i, output, input, (("input_split_sizes", sc),
+                                                          ("output_split_sizes", rc)))
+        counts = (sc.raw(), rc.raw(), 0, row)
+        return self._issue("all_to_all_v_dynamic_packed", out=o, inp=i, counts=counts,
+                           async_op=async_op, hints=hints,
+                           keep=(output, input, input_split_sizes, output_split_sizes))
+
+    def _dynamic_rows(self, c, o, i, output, input, counts):  # noqa: A002
+        """Elements per row of the device-count calls' data; refuses overlaps and row shapes
+        that differ."""
         if i.overlaps(o):
             raise FerrocommValueError(f"{c}: input and output overlap (it has no in-place form)")
-        out_rows, out_row = T.rows_of(output, c)
+        _, out_row = T.rows_of(output, c)
         _, in_row = T.rows_of(input, c)
         if out_row != in_row:
             raise FerrocommValueError(
                 f"{c}: output rows hold {out_row} elements but input rows {in_row} (shapes "
                 f"{tuple(o.shape)} and {tuple(i.shape)})")
-        if out_rows % self.size != 0:
-            raise FerrocommValueError(
-                f"{c}: output has {out_rows} rows, not a capacity per rank for {self.size} ranks "
-                "(size * capacity rows)")
-        for what, b in (("send_counts", sc), ("recv_counts", rc)):
+        for what, b in counts:
             for other in (o, i):
                 if b.overlaps(other):
                     raise FerrocommValueError(f"{c}: {what} overlaps the data")
-        if sc.overlaps(rc):
-            raise FerrocommValueError(f"{c}: send_counts and recv_counts overlap")
-        counts = (sc.raw(), rc.raw(), out_rows // self.size, max(out_row, 1))
-        return self._issue(c, out=o, inp=i, counts=counts, async_op=async_op, hints=hints,
-                           keep=(output, input, send_counts, recv_counts))
+        if counts[0][1].overlaps(counts[1][1]):
+            raise FerrocommValueError(f"{c}: {counts[0][0]} and {counts[1][0]} overlap")
+        return max(out_row, 1)
 
     def all_to_all(self, output_tensor_list, input_tensor_list, async_op=False, hints=None):
         """``input_tensor_list[j]`` goes to rank j; ``output_tensor_list[i]`` comes from rank i."""

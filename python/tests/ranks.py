@@ -293,6 +293,24 @@ def scenario_collectives(comm):
         assert np.array_equal(out.view(np.uint8), want.view(np.uint8)), \
             f"rank {RANK}: all_to_all_v_dynamic [{name}] output"
         assert recv.tolist() == [sent[s][RANK] for s in range(WORLD)], (name, recv)
+        # device_alltoallv_single (NCCLX's layout): both sides' row counts in arrays, the rows
+        # packed in rank order, two rows past them keep their poison.
+        prow = [[(s + 2 * d + salt) % 4 for d in range(WORLD)] for s in range(WORLD)]
+        pins = [data(name, sum(prow[s]) * 6, s, salt + 3700).reshape(-1, 2, 3)
+                for s in range(WORLD)]
+        got_rows = [prow[s][RANK] for s in range(WORLD)]
+        out = np.empty((sum(got_rows) + 2, 2, 3), dt)
+        poison(out)
+        want = out.copy()
+        at = 0
+        for s in range(WORLD):
+            start = sum(prow[s][:RANK])
+            want[at:at + prow[s][RANK]] = pins[s][start:start + prow[s][RANK]]
+            at += prow[s][RANK]
+        comm.device_alltoallv_single(out, pins[RANK], np.array(got_rows, cdt),
+                                     np.array(prow[RANK], cdt))
+        assert np.array_equal(out.view(np.uint8), want.view(np.uint8)), \
+            f"rank {RANK}: device_alltoallv_single [{name}] output"
         # all_to_all (lists), unequal sizes: rank s sends s+d+1 elements to d.
         in_list = [data(name, s_d, RANK * 100 + d, salt + 4000)
                    for d, s_d in enumerate(RANK + d + 1 for d in range(WORLD))]
@@ -421,6 +439,12 @@ def scenario_errors(comm):
            cnt.astype(np.float32), rcv.astype(np.float32))
     expect(V, "recv_counts", dyn, np.empty((2 * WORLD, 2), np.float32), rows_in, cnt,
            rcv[:1])
+    dev = comm.device_alltoallv_single
+    cnt2 = cnt.copy()
+    expect(V, "input rows 2", dev, np.empty((2 * WORLD, 3), np.float32), rows_in, cnt2, cnt)
+    expect(V, "recv_counts", dev, np.empty((3 * WORLD, 2), np.float32), rows_in, cnt2[:1], cnt)
+    expect(V, "overlaps the data", dev, np.empty((3 * WORLD, 2), np.float32), rows_in,
+           cnt, rows_in.reshape(-1)[:WORLD].view(np.int32)[:WORLD])
     out2 = np.empty((2 * WORLD, 2), np.float32)
     poison(out2)
     expect(V, "capacity", dyn, out2, rows_in, cnt, rcv)

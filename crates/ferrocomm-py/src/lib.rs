@@ -17,7 +17,7 @@ use ferrocomm::bootstrap::Store;
 use ferrocomm::config::BackendChoice;
 use ferrocomm::{
     Algo, CallOpts, CommOptions, Communicator, Config, DataType, Device, DeviceCounts, Error,
-    Format, Input, LowPrecisionChoice, ReduceOp, Splits, View, ViewMut,
+    Format, Input, LowPrecisionChoice, PackedCounts, ReduceOp, Splits, View, ViewMut,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError};
 use pyo3::prelude::*;
@@ -347,6 +347,7 @@ enum Coll {
     AllToAll,
     AllToAllV,
     AllToAllVDynamic,
+    AllToAllVDynamicPacked,
     Barrier,
     Send(usize),
     Recv(usize),
@@ -363,6 +364,7 @@ impl Coll {
             Coll::AllToAll => "all_to_all",
             Coll::AllToAllV => "all_to_all_v",
             Coll::AllToAllVDynamic => "all_to_all_v_dynamic",
+            Coll::AllToAllVDynamicPacked => "all_to_all_v_dynamic_packed",
             Coll::Barrier => "barrier",
             Coll::Send(_) => "send",
             Coll::Recv(_) => "recv",
@@ -376,7 +378,8 @@ struct Call {
     out: Option<Buf>,
     inp: Option<Buf>,
     splits: Option<Splits>,
-    /// all_to_all_v_dynamic: send counts, receive counts, capacity and unit.
+    /// all_to_all_v_dynamic(_packed): send counts, receive counts, capacity (not packed) and
+    /// unit.
     counts: Option<(Buf, Buf, usize, usize)>,
     opts: CallOpts,
 }
@@ -428,6 +431,21 @@ impl Call {
                     }
                 };
                 comm.all_to_all_v_dynamic(v, need_out()?, counts, o)
+            }
+            Coll::AllToAllVDynamicPacked => {
+                let (send, recv, _, unit) = self
+                    .counts
+                    .ok_or_else(|| invalid(format!("{c}: no counts given")))?;
+                let v = input.ok_or_else(|| invalid(format!("{c}: no input buffer given")))?;
+                // SAFETY: as above: the Python layer holds the count buffers too.
+                let counts = unsafe {
+                    PackedCounts {
+                        send: send.view(),
+                        recv: recv.view(),
+                        unit,
+                    }
+                };
+                comm.all_to_all_v_dynamic_packed(v, need_out()?, counts, o)
             }
             Coll::Barrier => comm.barrier(o),
             Coll::Send(peer) => {
@@ -618,6 +636,7 @@ impl PyComm {
                 "all_to_all" => Coll::AllToAll,
                 "all_to_all_v" => Coll::AllToAllV,
                 "all_to_all_v_dynamic" => Coll::AllToAllVDynamic,
+                "all_to_all_v_dynamic_packed" => Coll::AllToAllVDynamicPacked,
                 "barrier" => Coll::Barrier,
                 "send" => Coll::Send(peer),
                 "recv" => Coll::Recv(peer),

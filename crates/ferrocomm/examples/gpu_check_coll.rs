@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys;
 use ferrocomm::bootstrap::{all_gather_bytes, store_barrier};
 use ferrocomm::{
-    Algo, CallOpts, Communicator, Config, DataType, Device, DeviceCounts, Input, Splits, View,
-    ViewMut,
+    Algo, CallOpts, Communicator, Config, DataType, Device, DeviceCounts, Input, PackedCounts,
+    Splits, View, ViewMut,
 };
 use rand::{Rng, SeedableRng};
 
@@ -509,6 +509,8 @@ fn sanitize_cases(c: &mut Ctx, cfg: &Config) -> Res<()> {
         false,
         62_002,
     )?;
+    // Packed (both sides' counts on the device, the verdict round): rows of 3 bf16.
+    packed_call(c, "sanitize", &m, 3, DataType::BF16, DataType::I32, 62_005)?;
     // Rows of 3 bf16 (6 bytes): parts at every alignment.
     dynamic_call(
         c,
@@ -909,6 +911,221 @@ fn dynamic(c: &mut Ctx, quick: bool) -> Res<()> {
         )?;
     }
     dynamic_faults(c)
+}
+
+/// One packed device-count all-to-all-v (NCCLX's device_alltoallv_single): this rank's
+/// `input` bytes, its send and receive counts (units of `unit` elements) uploaded as `cdt`, a
+/// poisoned output of `out_units` units. Returns the call's result, the output's bytes and
+/// writes past it.
+#[allow(clippy::too_many_arguments)]
+fn run_packed(
+    c: &Ctx,
+    input: &[u8],
+    dtype: DataType,
+    cdt: DataType,
+    send: &[i64],
+    recv: &[i64],
+    out_units: usize,
+    unit: usize,
+) -> Res<(ferrocomm::Result<()>, Vec<u8>, usize)> {
+    let (w, dev) = (c.world, c.dev);
+    let es = dtype.size() * unit;
+    let inb = Buf::new(input.len().max(es))?;
+    inb.upload(0, input)?;
+    let outb = Buf::new(out_units * es)?;
+    outb.poison()?;
+    let enc = |v: &[i64]| -> Vec<u8> {
+        v.iter()
+            .flat_map(|&x| {
+                if cdt == DataType::I32 {
+                    (x as i32).to_le_bytes().to_vec()
+                } else {
+                    x.to_le_bytes().to_vec()
+                }
+            })
+            .collect()
+    };
+    let scb = Buf::new(w * 8)?;
+    scb.upload(0, &enc(send))?;
+    let rcb = Buf::new(w * 8)?;
+    rcb.upload(0, &enc(recv))?;
+    sync()?;
+    // SAFETY: buffers of this device of the sizes given; synchronised below.
+    let r = unsafe {
+        c.comm.all_to_all_v_dynamic_packed(
+            View::from_raw(inb.ptr as *const u8, input.len() / dtype.size(), dtype, dev),
+            ViewMut::from_raw(outb.ptr as *mut u8, out_units * unit, dtype, dev),
+            PackedCounts {
+                send: View::from_raw(scb.ptr as *const u8, w, cdt, dev),
+                recv: View::from_raw(rcb.ptr as *const u8, w, cdt, dev),
+                unit,
+            },
+            &CallOpts::default(),
+        )
+    };
+    sync()?;
+    let got = outb.download(0, out_units * es)?;
+    let guard = guard_hits(&outb, 0, out_units * es)?;
+    Ok((r, got, guard))
+}
+
+/// One packed device-count all-to-all-v: `m[s][r]` units of `unit` elements from rank s to
+/// rank r, both sides' counts of type `cdt` in device memory, an output of exactly the units
+/// received and a tail of 5 that must keep its poison.
+fn packed_call(
+    c: &mut Ctx,
+    label: &str,
+    m: &[Vec<usize>],
+    unit: usize,
+    dtype: DataType,
+    cdt: DataType,
+    seed: u64,
+) -> Res<()> {
+    let (w, me) = (c.world, c.rank);
+    let us = dtype.size() * unit;
+    let inputs: Vec<Vec<u8>> = (0..w)
+        .map(|r| gen_bytes_fast(m[r].iter().sum::<usize>() * us, seed, r))
+        .collect();
+    let send: Vec<i64> = m[me].iter().map(|&x| x as i64).collect();
+    let recv: Vec<i64> = (0..w).map(|s| m[s][me] as i64).collect();
+    let total: usize = (0..w).map(|s| m[s][me]).sum();
+    let tail = 5;
+    let (r, got, guard) = run_packed(c, &inputs[me], dtype, cdt, &send, &recv, total + tail, unit)?;
+    let mut want = Vec::new();
+    for (s, inp) in inputs.iter().enumerate() {
+        let off: usize = m[s][..me].iter().sum();
+        want.extend_from_slice(&inp[off * us..(off + m[s][me]) * us]);
+    }
+    let mut wrong = diff_bytes(&want, &got[..total * us], dtype.size());
+    wrong += got[total * us..].iter().filter(|b| **b != POISON).count();
+    c.record(
+        "a2av_dynamic_packed",
+        format!("packed {label} {dtype} {cdt} counts x {unit}, counts {m:?}"),
+        r,
+        wrong,
+        guard,
+    );
+    Ok(())
+}
+
+/// The packed device-count all-to-all-v (NCCLX's device_alltoallv_single): counts of both
+/// sides in device memory, uneven with zeros, of elements and of rows, a tail of the output
+/// past the parts that must keep its poison; then faults one rank makes (counts that disagree
+/// with a peer's, receive counts past its output, send counts past its input): what fits is
+/// moved, nothing is written past the output, and the next call fails on every rank with a
+/// message naming the fault; the call after it works.
+fn dynamic_packed(c: &mut Ctx, quick: bool) -> Res<()> {
+    let (w, me) = (c.world, c.rank);
+    let rounds = if quick { 5 } else { 12 };
+    for k in 0..rounds {
+        let seed = 9700 + k as u64;
+        let m = splits_for(w, seed, [16usize, 1000, 5000, 60_000][k % 4] + 1);
+        let unit = [1, 3, 1, 5, 7, 1, 64, 2, 1, 1, 3, 1][k];
+        let dtype = [DataType::BF16, DataType::F32, DataType::U8][k % 3];
+        let cdt = if k % 2 == 0 {
+            DataType::I32
+        } else {
+            DataType::I64
+        };
+        packed_call(c, &format!("round {k}"), &m, unit, dtype, cdt, seed)?;
+    }
+    // Faults, each made by one rank; every rank's next call must fail naming it.
+    let dtype = DataType::F32;
+    for (k, fault) in ["disagree", "output", "input"].into_iter().enumerate() {
+        let seed = 9800 + k as u64;
+        let mut m = splits_for(w, seed, 3000);
+        for row in m.iter_mut() {
+            for x in row.iter_mut() {
+                *x += 1; // no zero parts: the faulty part always exists
+            }
+        }
+        let bad = w - 1;
+        let inputs: Vec<Vec<u8>> = (0..w)
+            .map(|r| gen_bytes_fast(m[r].iter().sum::<usize>() * 4, seed, r))
+            .collect();
+        let mut send: Vec<i64> = m[me].iter().map(|&x| x as i64).collect();
+        let mut recv: Vec<i64> = (0..w).map(|s| m[s][me] as i64).collect();
+        let total: usize = (0..w).map(|s| m[s][me]).sum();
+        let mut out_units = total;
+        let needle = match fault {
+            "disagree" => {
+                if me == bad {
+                    recv[0] += 1; // expects one more element from rank 0 than it sends
+                    out_units += 1;
+                }
+                "differs from"
+            }
+            "output" => {
+                if me == bad {
+                    out_units -= 1;
+                }
+                "past its output"
+            }
+            _ => {
+                if me == bad {
+                    send[w - 1] += 7; // 7 elements past the end of its input
+                }
+                "past its input"
+            }
+        };
+        let (r, _, guard) = run_packed(
+            c,
+            &inputs[me],
+            dtype,
+            DataType::I64,
+            &send,
+            &recv,
+            out_units,
+            1,
+        )?;
+        c.record(
+            "a2av_dynamic_packed_faults",
+            format!("{fault} on rank {bad}: the call itself, {m:?}"),
+            r,
+            0,
+            guard,
+        );
+        let dev = c.dev;
+        let b = Buf::new(64)?;
+        let mut next = Vec::new();
+        for _ in 0..2 {
+            // SAFETY: 64 bytes of this device.
+            next.push(unsafe {
+                c.comm.all_gather(
+                    Input::InPlace,
+                    ViewMut::from_raw(b.ptr as *mut u8, 2 * w, DataType::F32, dev),
+                    &CallOpts::default(),
+                )
+            });
+            sync()?;
+        }
+        let t = c.tally.entry("bad_input".into()).or_default();
+        t.cases += 1;
+        // The faulty rank names its own fault; the others name the faulty rank's (or, for a
+        // disagreement, the receiver's mismatch).
+        let first_ok = match &next[0] {
+            Err(e) => {
+                let m = e.to_string();
+                if me == bad || fault == "disagree" {
+                    m.contains("disagree") || m.contains(needle) || m.contains("more than")
+                } else {
+                    m.contains(needle) && m.contains(&format!("rank {bad}"))
+                }
+            }
+            Ok(()) => false,
+        };
+        if !first_ok || next[1].is_err() {
+            t.errors += 1;
+            c.failures
+                .push(format!("packed fault {fault}: next calls gave {next:?}"));
+        } else if me == 0 {
+            println!(
+                "packed fault {fault} reported: {}",
+                next[0].as_ref().unwrap_err()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// What one device-count all-to-all-v left behind: the call's result, the output's bytes,
@@ -1522,6 +1739,7 @@ fn real_main() -> Res<i32> {
                 Box::new(|c| a2av_in_pieces(c, &cfg, quick)),
             ),
             ("dynamic", Box::new(|c| dynamic(c, quick))),
+            ("dynamic packed", Box::new(|c| dynamic_packed(c, quick))),
             (
                 "graph+race",
                 Box::new(|c| graph_and_race(c, if quick { 10 } else { 50 })),

@@ -29,6 +29,11 @@
 #define ERR_CAPACITY 3
 #define ERR_INPUT 4
 #define ERR_PEER_MISMATCH 5  // all-to-all-v above two ranks: a peer received a count it did not expect
+#define ERR_OUTPUT 6  // packed device counts: the receive counts add up past the output
+#define ERR_SLOT 7    // packed device counts: a part larger than a staging slot
+#define ERR_PEER_FAULT 8  // packed device counts: another rank found one of the faults above
+#define DYN_SIGNED 1u  // count_flags: i32/i64 counts (a negative count sends nothing)
+#define DYN_PACKED 2u  // count_flags: receive counts given, the output packed at their prefix sums
 #define FC_MAX_ROUNDS 8  // rounds of a pipelined staged call (barrier words per block and sender)
 
 struct CArgs {
@@ -41,13 +46,13 @@ struct CArgs {
     u64 slot_bytes;            // staging bytes per sender slot
     u64 bar_off;               // offset of the payload-barrier words
     u64 dyn_send;              // device counts: elements to send to each peer (dynamic)
-    u64 dyn_recv;              // device counts out: elements received from each peer
-    u64 cap;                   // dynamic: output capacity per peer, in elements
+    u64 dyn_recv;              // device counts: elements received from each peer (out; packed: in)
+    u64 cap;                   // dynamic: output capacity per peer (packed: of the whole output)
     u64 in_count;              // dynamic: elements in the input
     u32 root;
     u32 sig;                   // signature of the call (equal on every rank)
     u32 count_bytes;           // dynamic: width of a count (4 or 8)
-    u32 count_signed;          // dynamic: 1 when the counts are i32/i64 (negative = nothing)
+    u32 count_flags;           // dynamic: DYN_SIGNED, DYN_PACKED
     u32 rounds;                // pipelined kernels: rounds (1..FC_MAX_ROUNDS)
 };
 
@@ -783,21 +788,29 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_ll(Args a, CAr
 __device__ __forceinline__ u64 dev_count(const CArgs& c, u64 base, u32 i) {
     if (c.count_bytes == 4) {
         u32 v = ((const u32*)base)[i];
-        return c.count_signed && (i32)v < 0 ? 0 : (u64)v;
+        return (c.count_flags & DYN_SIGNED) && (i32)v < 0 ? 0 : (u64)v;
     }
     u64 v = ((const u64*)base)[i];
-    return c.count_signed && (i64)v < 0 ? 0 : v;
+    return (c.count_flags & DYN_SIGNED) && (i64)v < 0 ? 0 : v;
 }
 
 // Mixture-of-experts dispatch: send counts live on the device (no host sync). The input is
 // packed in rank order (offsets = prefix sums of the counts); the part from rank s lands at
 // s * cap in the output, at most `cap` elements; the counts received go to `dyn_recv`. More than
 // `cap` (or past the input, or past a staging slot): truncated and reported, never written past.
+// Packed (DYN_PACKED, NCCLX's device_alltoallv_single): `dyn_recv` holds the counts expected
+// from each rank and the part from rank s lands at their prefix sum, within `cap` elements in
+// all; a part whose length differs from the one expected is a mismatch (what fits both is
+// copied), told to every rank in a verdict round; parts past the output or a slot: truncated
+// and reported.
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_dyn_st(Args a, CArgs c) {
     pdl_wait();
     pdl_launch_dependents();
     __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
     __shared__ u64 sent[FC_MAX_RANKS], displ[FC_MAX_RANKS];
+    __shared__ u64 rlen[FC_MAX_RANKS], rdispl[FC_MAX_RANKS];
+    __shared__ u32 verdict;
+    bool packed = (c.count_flags & DYN_PACKED) != 0;
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
     const u8* in = (const u8*)a.input;
@@ -822,6 +835,21 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_dyn_st(Args a, C
             d += want;
         }
         if (over && blockIdx.x == 0) report_error(a, ERR_INPUT, a.rank, (u32)d);
+        // The verdict word block 0 sends every peer in packed mode: 0, or the fault this rank
+        // found (the kind in the high half, the rank concerned + 1 in the low half).
+        verdict = over ? (ERR_INPUT << 16) | (a.rank + 1) : 0;
+        if (packed) {
+            u64 r = 0;
+            for (u32 s = 0; s < a.world; s++) {
+                rlen[s] = dev_count(c, c.dyn_recv, s);
+                rdispl[s] = r < c.cap ? r : c.cap;
+                r += rlen[s];
+            }
+            if (r > c.cap) {
+                verdict = (ERR_OUTPUT << 16) | (a.rank + 1);
+                if (blockIdx.x == 0) report_error(a, ERR_OUTPUT, a.rank, (u32)r);
+            }
+        }
     }
     __syncthreads();
     u64 stride = (u64)gridDim.x * blockDim.x;
@@ -834,22 +862,48 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_dyn_st(Args a, C
     if (ok) {
         for (u32 s = 0; s < a.world; s++) {
             u64 got = s == a.rank ? (u64)out_w[s] : (u64)in_w[s];
-            u64 take = got < c.cap ? got : c.cap;
+            u64 room = packed ? c.cap - rdispl[s] : c.cap;
+            u64 take = got < room ? got : room;
+            if (packed && take > rlen[s]) take = rlen[s];
             if (s == a.rank) {
                 if (take > sent[s]) take = sent[s];
             } else if (take > slot_elems) {
                 take = slot_elems;
             }
             if (blockIdx.x == 0 && threadIdx.x == 0) {
-                if (got > c.cap) report_error(a, ERR_CAPACITY, s, (u32)got);
-                if (c.count_bytes == 4) ((u32*)c.dyn_recv)[s] = (u32)take;
-                else ((u64*)c.dyn_recv)[s] = take;
+                if (packed) {
+                    if (got != rlen[s]) {
+                        verdict = (ERR_MISMATCH << 16) | (s + 1);
+                        report_error(a, ERR_MISMATCH, s, (u32)got);
+                    } else if (s != a.rank && got > slot_elems) {
+                        verdict = (ERR_SLOT << 16) | (s + 1);
+                        report_error(a, ERR_SLOT, s, (u32)got);
+                    }
+                } else {
+                    if (got > c.cap) report_error(a, ERR_CAPACITY, s, (u32)got);
+                    if (c.count_bytes == 4) ((u32*)c.dyn_recv)[s] = (u32)take;
+                    else ((u64*)c.dyn_recv)[s] = take;
+                }
             }
-            u8* dst = out + s * c.cap * es;
+            u8* dst = out + (packed ? rdispl[s] : s * c.cap) * es;
             if (s == a.rank) {
                 copy_local(dst, in + displ[s] * es, take * es);
             } else {
                 get_part(dst, slot_ptr(a, c, a.rank, e, s), take * es, first, stride);
+            }
+        }
+        // Packed: only a receiver sees that a part's length differs from the one it expects
+        // (and only the rank itself its counts past its buffers), so block 0 tells every peer
+        // (round 4 words) what it found, and every rank reports a fault found anywhere: all
+        // leave their next call alike.
+        if (packed && blockIdx.x == 0) {
+            __syncthreads();
+            u32 t = threadIdx.x, w = 0;
+            if (t < a.world && t != a.rank) {
+                st_release_sys64(bar_word(a, c, t, e, a.rank, 4), ((u64)e << 32) | verdict);
+                if (wait_word(a, bar_word(a, c, a.rank, e, t, 4), e, t, 24, t0, &w) && w != 0 &&
+                    verdict == 0)
+                    report_error(a, ERR_PEER_FAULT, t, w);
             }
         }
     }

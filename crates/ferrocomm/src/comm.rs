@@ -13,7 +13,7 @@ use crate::config::{BackendChoice, Config};
 use crate::error::{Error, Result};
 use crate::quant::Format;
 use crate::select::{Algo, Collective};
-use crate::types::{DataType, Device, ReduceOp};
+use crate::types::{read_count, DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
 /// Per-call options.
@@ -126,6 +126,19 @@ impl<'a> DeviceCounts<'a> {
     }
 }
 
+/// The counts of [`Communicator::all_to_all_v_dynamic_packed`], in units of `unit` elements.
+#[derive(Debug)]
+pub struct PackedCounts<'a> {
+    /// `size` integers (i32, u32, i64 or u64): units this rank sends to each rank, its input
+    /// packed in rank order.
+    pub send: View<'a>,
+    /// `size` integers of the same type: units this rank receives from each rank, packed in
+    /// rank order into the output (read, not written).
+    pub recv: View<'a>,
+    /// Elements per unit, at least 1 (see [`DeviceCounts::unit`]).
+    pub unit: usize,
+}
+
 /// What a backend is told when it is created.
 #[derive(Clone)]
 pub struct CommContext {
@@ -205,6 +218,23 @@ pub trait Backend: Send + Sync {
         let _ = (input, output, counts, opts);
         Err(Error::Unsupported {
             collective: "all_to_all_v_dynamic",
+            backend: self.name(),
+            what: "counts in device memory".into(),
+        })
+    }
+    /// All-to-all-v with both sides' counts in device memory, the output packed (see
+    /// [`Communicator::all_to_all_v_dynamic_packed`]; counts in host memory never reach the
+    /// backend). Backends without it refuse.
+    fn all_to_all_v_dynamic_packed(
+        &self,
+        input: View<'_>,
+        output: ViewMut<'_>,
+        counts: PackedCounts<'_>,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let _ = (input, output, counts, opts);
+        Err(Error::Unsupported {
+            collective: "all_to_all_v_dynamic_packed",
             backend: self.name(),
             what: "counts in device memory".into(),
         })
@@ -721,37 +751,71 @@ impl Communicator {
                 expected: want,
             });
         }
-        for (what, d, n) in [
-            ("send_counts", counts.send.dtype(), counts.send.count()),
-            ("recv_counts", counts.recv.dtype(), counts.recv.count()),
-        ] {
-            if !matches!(
-                d,
-                DataType::I32 | DataType::U32 | DataType::I64 | DataType::U64
-            ) {
-                return Err(Error::InvalidArgument(format!(
-                    "{c}: {what} must be i32, u32, i64 or u64, not {d}"
-                )));
-            }
-            if n != self.size() {
-                return Err(Error::SizeMismatch {
-                    collective: c,
-                    what,
-                    got: n,
-                    expected: self.size(),
-                });
-            }
-        }
-        if counts.send.dtype() != counts.recv.dtype() {
-            return Err(Error::DtypeMismatch {
-                collective: c,
-                what: "recv_counts",
-                got: counts.recv.dtype(),
-                expected: counts.send.dtype(),
-            });
-        }
+        check_counts(
+            c,
+            self.size(),
+            (counts.send.dtype(), counts.send.count()),
+            (counts.recv.dtype(), counts.recv.count()),
+        )?;
         self.live()?
             .all_to_all_v_dynamic(input, output, counts, opts)
+    }
+
+    /// All-to-all-v with both sides' counts in memory the caller's earlier work wrote, the
+    /// output packed (NCCLX's `device_alltoallv_single`): `input` holds `counts.send[p]` units
+    /// for rank `p` back to back, and the part from rank `s` lands at the sum of
+    /// `counts.recv[..s]` in `output`. Counts are in units of `counts.unit` elements; a
+    /// negative count is 0.
+    ///
+    /// Counts in device memory (cuda backend): no host synchronisation, CUDA-graph capturable.
+    /// A part whose length differs from the one its receiver expects (ranks that disagree),
+    /// receive counts past the output, send counts past the input and parts larger than a
+    /// staging slot (`FERROCOMM_CUDA_STAGING_BYTES / ranks`) are reported by the next call on
+    /// this communicator (a disagreement on every rank); what fits is moved and nothing is
+    /// written past a buffer. Counts in host memory (any backend): read here and run as
+    /// [`Communicator::all_to_all_v`], with its checks.
+    pub fn all_to_all_v_dynamic_packed(
+        &self,
+        input: View<'_>,
+        output: ViewMut<'_>,
+        counts: PackedCounts<'_>,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let c = "all_to_all_v_dynamic_packed";
+        check_same(c, &input, &output)?;
+        let unit = counts.unit;
+        if unit == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{c}: the unit of the counts must be at least one element"
+            )));
+        }
+        for (what, n) in [("input", input.count()), ("output", output.count())] {
+            if n % unit != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "{c}: the {what}'s {n} elements are not a whole number of units of {unit} \
+                     elements"
+                )));
+            }
+        }
+        check_counts(
+            c,
+            self.size(),
+            (counts.send.dtype(), counts.send.count()),
+            (counts.recv.dtype(), counts.recv.count()),
+        )?;
+        if counts.send.device() == Device::Host && counts.recv.device() == Device::Host {
+            let dt = counts.send.dtype();
+            let read = |v: &View<'_>| -> Vec<usize> {
+                let b = v.host_bytes().unwrap_or(&[]);
+                (0..self.size())
+                    .map(|i| read_count(dt, b, i).saturating_mul(unit))
+                    .collect()
+            };
+            let splits = Splits::packed(read(&counts.send), read(&counts.recv));
+            return self.all_to_all_v(Input::Buf(input), output, &splits, opts);
+        }
+        self.live()?
+            .all_to_all_v_dynamic_packed(input, output, counts, opts)
     }
 
     /// Returns once every rank has called it.
@@ -864,6 +928,43 @@ impl Communicator {
         }
         Ok(count / self.size())
     }
+}
+
+/// The counts of the device-count all-to-all-v calls, each given as (dtype, count): `size`
+/// integers each, one integer type for both.
+fn check_counts(
+    c: &'static str,
+    size: usize,
+    send: (DataType, usize),
+    recv: (DataType, usize),
+) -> Result<()> {
+    for (what, (d, n)) in [("send_counts", send), ("recv_counts", recv)] {
+        if !matches!(
+            d,
+            DataType::I32 | DataType::U32 | DataType::I64 | DataType::U64
+        ) {
+            return Err(Error::InvalidArgument(format!(
+                "{c}: {what} must be i32, u32, i64 or u64, not {d}"
+            )));
+        }
+        if n != size {
+            return Err(Error::SizeMismatch {
+                collective: c,
+                what,
+                got: n,
+                expected: size,
+            });
+        }
+    }
+    if send.0 != recv.0 {
+        return Err(Error::DtypeMismatch {
+            collective: c,
+            what: "recv_counts",
+            got: recv.0,
+            expected: send.0,
+        });
+    }
+    Ok(())
 }
 
 fn check_same(collective: &'static str, input: &View<'_>, output: &ViewMut<'_>) -> Result<()> {

@@ -23,7 +23,7 @@ pub mod view;
 
 pub use comm::{
     AlgoChoice, Backend, CallOpts, CommContext, CommOptions, Communicator, DeviceCounts,
-    LowPrecisionChoice, Splits,
+    LowPrecisionChoice, PackedCounts, Splits,
 };
 pub use config::Config;
 pub use error::{Error, Result};

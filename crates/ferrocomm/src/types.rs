@@ -309,6 +309,32 @@ pub struct F8E5M2(pub u8);
 
 element! { F8E4M3 => F8E4M3, F8E5M2 => F8E5M2 }
 
+/// Count `i` of a counts buffer of `dtype` (i32, u32, i64 or u64, native byte order). A
+/// negative count sends nothing.
+pub(crate) fn read_count(dtype: DataType, bytes: &[u8], i: usize) -> usize {
+    let w = dtype.size();
+    let b = &bytes[i * w..(i + 1) * w];
+    let v: i128 = match dtype {
+        DataType::I32 => i32::from_ne_bytes(b.try_into().expect("4 bytes")).into(),
+        DataType::U32 => u32::from_ne_bytes(b.try_into().expect("4 bytes")).into(),
+        DataType::I64 => i64::from_ne_bytes(b.try_into().expect("8 bytes")).into(),
+        _ => u64::from_ne_bytes(b.try_into().expect("8 bytes")).into(),
+    };
+    usize::try_from(v.max(0)).unwrap_or(usize::MAX)
+}
+
+/// Writes count `i` of a counts buffer of `dtype`, saturated to the type's largest value.
+pub(crate) fn write_count(dtype: DataType, bytes: &mut [u8], i: usize, v: usize) {
+    let w = dtype.size();
+    let b = &mut bytes[i * w..(i + 1) * w];
+    match dtype {
+        DataType::I32 => b.copy_from_slice(&i32::try_from(v).unwrap_or(i32::MAX).to_ne_bytes()),
+        DataType::U32 => b.copy_from_slice(&u32::try_from(v).unwrap_or(u32::MAX).to_ne_bytes()),
+        DataType::I64 => b.copy_from_slice(&i64::try_from(v).unwrap_or(i64::MAX).to_ne_bytes()),
+        _ => b.copy_from_slice(&(v as u64).to_ne_bytes()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,6 @@
-"""GPU check of ``Comm.all_to_all_v_dynamic``: mixture-of-experts dispatch with the counts made
-on the device by torch ops, never read by the host before the call.
+"""GPU check of ``Comm.all_to_all_v_dynamic`` and ``Comm.device_alltoallv_single``:
+mixture-of-experts dispatch with the counts made on the device by torch ops, never read by the
+host before the call.
 
     ferrocomm launch -n 2 -- python3 python/tests/gpu/check_dynamic.py [--share-gpus]
 
@@ -8,9 +9,10 @@ NCCL is not loaded (it refuses two ranks on one GPU), so two ranks can run on on
 (correctness only). Every rank builds every rank's tokens from the same seeds, so it checks
 its rows and received counts against a reference of its own: rows of several dtypes and
 lengths (byte lengths that are no multiple of 16), int32 and int64 counts, zero counts, CUDA
-graph capture with the routing changing between replays, async work, and a part longer than
-the capacity (cut, reported by the next call). Outputs are poisoned before every call. Prints a
-summary; exits 1 on any mismatch.
+graph capture with the routing changing between replays, async work, a part longer than the
+capacity (cut, reported by the next call); the packed form with the counts exchanged on the
+device, in a graph too, and two faults one rank makes (reported on every rank). Outputs are
+poisoned before every call. Prints a summary; exits 1 on any mismatch.
 """
 
 import os
@@ -180,6 +182,127 @@ def check_overfull(comm):
     record("overfull: the communicator works again", bool((t == WORLD).all().item()))
 
 
+def packed_expected(seed, rows_of, hidden, dtype, out):
+    """Rank RANK's packed output (poison past the rows that arrive) and its receive counts."""
+    want = poison(torch.empty_like(out))
+    wb = want.view(torch.uint8)
+    at, got = 0, []
+    for s in range(WORLD):
+        x, dest = tokens(s, seed, rows_of(s), hidden, dtype)
+        mine = x.view(torch.uint8)[dest == RANK]
+        wb[at:at + mine.shape[0]] = mine
+        at += mine.shape[0]
+        got.append(mine.shape[0])
+    return want, got
+
+
+def exchange_counts(comm, send):
+    """Receive counts from the send counts with an all-to-all of the counts, on the device."""
+    recv = torch.empty_like(send)
+    comm.all_to_all_single(recv, send)
+    return recv
+
+
+def check_packed(comm):
+    """device_alltoallv_single as a MoE dispatch runs it: counts made on the device, exchanged
+    with an all-to-all on the device, then the rows, packed; a tail past them keeps its poison."""
+    cases = [
+        (torch.bfloat16, 7, torch.int64, 1000),
+        (torch.float32, 64, torch.int32, 333),
+        (torch.float8_e5m2, 5, torch.int64, 2500),
+        (torch.bfloat16, 4096, torch.int64, 64),
+    ]
+    for k, (dtype, hidden, cdt, base) in enumerate(cases):
+        seed = 80 + k
+        rows_of = lambda s, base=base: base + 37 * s  # noqa: E731
+        bound = sum(rows_of(s) for s in range(WORLD)) + 3
+        x, dest = tokens(RANK, seed, rows_of(RANK), hidden, dtype)
+        send = counts_of(dest, cdt)
+        recv = exchange_counts(comm, send)
+        out = poison(torch.empty(bound, hidden, dtype=dtype, device=DEV))
+        comm.device_alltoallv_single(out, x, recv, send)
+        want, got = packed_expected(seed, rows_of, hidden, dtype, out)
+        torch.cuda.synchronize(DEV)
+        name = f"packed {str(dtype)[6:]} rows of {hidden}, {str(cdt)[6:]} counts"
+        record(name, same_bytes(out, want) and recv.tolist() == got, f"{recv.tolist()} {got}")
+
+
+def check_packed_graph(comm):
+    """The count kernel, the count exchange and the packed dispatch in one CUDA graph, replayed
+    with new routing each time."""
+    dtype, hidden, rows = torch.float16, 40, 700
+    xs = torch.empty(rows, hidden, dtype=dtype, device=DEV)
+    dst = torch.empty(rows, dtype=torch.int64, device=DEV)
+    recv = torch.empty(WORLD, dtype=torch.int64, device=DEV)
+    out = torch.empty(WORLD * rows + 1, hidden, dtype=dtype, device=DEV)
+    x0, d0 = tokens(RANK, 90, rows, hidden, dtype)
+    xs.copy_(x0)
+    dst.copy_(d0)
+
+    def body():
+        send = counts_of(dst, torch.int64)
+        comm.all_to_all_single(recv, send)
+        comm.device_alltoallv_single(out, xs, recv, send)
+
+    s = torch.cuda.Stream(DEV)
+    s.wait_stream(torch.cuda.current_stream(DEV))
+    with torch.cuda.stream(s):
+        body()  # warm-up
+    torch.cuda.current_stream(DEV).wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    errs = []
+    for it in range(4):
+        seed = 91 + it
+        x, d = tokens(RANK, seed, rows, hidden, dtype)
+        xs.copy_(x)
+        dst.copy_(d)
+        poison(out)
+        graph.replay()
+        want, got = packed_expected(seed, lambda s: rows, hidden, dtype, out)
+        torch.cuda.synchronize(DEV)
+        if not (same_bytes(out, want) and recv.tolist() == got):
+            errs.append(f"replay {it}: counts {recv.tolist()} want {got}")
+    record("packed: graph capture and replay, new routing each time", not errs, "; ".join(errs))
+
+
+def check_packed_faults(comm):
+    """One rank expects a part longer than sent, then one rank's output is a row short: the
+    next call fails on every rank naming the fault, nothing lands past the output, the call
+    after works."""
+    bad = WORLD - 1
+    for fault, needles in (("disagree", ("disagree",)),
+                           ("output", ("past its output", "more than the output"))):
+        dtype, hidden, rows = torch.float32, 3, 300
+        x, dest = tokens(RANK, 95, rows, hidden, dtype)
+        send = counts_of(dest, torch.int64)
+        recv = exchange_counts(comm, send)
+        total = int(recv.sum().item())
+        if RANK == bad:
+            if fault == "disagree":
+                recv[0] += 1
+                total += 1
+            else:
+                total -= 1
+        guard = poison(torch.empty(total + 16, hidden, dtype=dtype, device=DEV))
+        comm.device_alltoallv_single(guard[:total], x, recv, send)
+        torch.cuda.synchronize(DEV)
+        tail_ok = bool((guard[total:].view(torch.uint8) == 0x7E).all().item())
+        record(f"packed {fault}: nothing past the output", tail_ok)
+        t = torch.ones(8, device=DEV)
+        try:
+            comm.all_reduce(t)
+            record(f"packed {fault}: reported by the next call", False, "no error")
+        except ferrocomm.FerrocommValueError as e:
+            record(f"packed {fault}: reported by the next call",
+                   any(n in str(e) for n in needles), str(e))
+        t = torch.ones(8, device=DEV)
+        comm.all_reduce(t)
+        torch.cuda.synchronize(DEV)
+        record(f"packed {fault}: the communicator works again", bool((t == WORLD).all().item()))
+
+
 def check_errors(comm):
     rows = torch.ones(4 * WORLD, 2, device=DEV)
     cnt = torch.full((WORLD,), 2, dtype=torch.int64, device=DEV)
@@ -209,6 +332,9 @@ def main():
     check_async(comm)
     check_graph(comm)
     check_overfull(comm)
+    check_packed(comm)
+    check_packed_graph(comm)
+    check_packed_faults(comm)
     check_errors(comm)
     comm.finalize()
     print(f"[rank {RANK}] summary: {PASSED[0]} passed, {len(FAILURES)} failed", flush=True)

@@ -10,7 +10,7 @@ use super::dda::Dda;
 use super::lowp::{a2av_codec_fits, a2av_plan, all_reduce_kind, LpKind};
 use super::{cu, kernels, open_context};
 use crate::bootstrap::all_gather_bytes;
-use crate::comm::{Backend, CallOpts, CommContext, DeviceCounts, Splits};
+use crate::comm::{Backend, CallOpts, CommContext, DeviceCounts, PackedCounts, Splits};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::nccl::{check_views, in_part_ptr, in_ptr, views_of, NcclOps};
@@ -627,6 +627,45 @@ impl Backend for CudaBackend {
             output.ptr() as u64,
             counts.capacity,
             counts.unit,
+            false,
+            counts.send.ptr() as u64,
+            counts.recv.ptr() as u64,
+            counts.send.dtype(),
+            output.dtype(),
+            opts.stream,
+        )
+    }
+
+    fn all_to_all_v_dynamic_packed(
+        &self,
+        input: View<'_>,
+        output: ViewMut<'_>,
+        counts: PackedCounts<'_>,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let c = "all_to_all_v_dynamic_packed";
+        let mut st = self.enter()?;
+        let mut views = views_of(&Input::Buf(input), &output);
+        for (what, v) in [("send_counts", &counts.send), ("recv_counts", &counts.recv)] {
+            views.push((what, v.ptr() as u64, v.device(), v.bytes_len()));
+        }
+        check_views(c, self.device, &views)?;
+        let Some(d) = &self.dda else {
+            return Err(Error::Unsupported {
+                collective: c,
+                backend: "cuda",
+                what: format!("device-side counts without direct access ({})", self.no_dda),
+            });
+        };
+        d.check_error(c)?;
+        self.follow(&mut st, opts.stream)?;
+        d.coll_all_to_all_dynamic(
+            input.ptr() as u64,
+            input.count() / counts.unit,
+            output.ptr() as u64,
+            output.count() / counts.unit,
+            counts.unit,
+            true,
             counts.send.ptr() as u64,
             counts.recv.ptr() as u64,
             counts.send.dtype(),

@@ -31,6 +31,12 @@ const ERR_MISMATCH: u32 = 2;
 const ERR_CAPACITY: u32 = 3;
 const ERR_INPUT: u32 = 4;
 const ERR_PEER_MISMATCH: u32 = 5;
+const ERR_OUTPUT: u32 = 6;
+const ERR_SLOT: u32 = 7;
+const ERR_PEER_FAULT: u32 = 8;
+/// `CArgs::count_flags`: i32/i64 counts (negative: nothing), receive counts given (packed).
+const DYN_SIGNED: u32 = 1;
+const DYN_PACKED: u32 = 2;
 
 /// Extra kernel arguments; the same layout as `struct CArgs` in collectives.cu.
 #[repr(C)]
@@ -51,7 +57,7 @@ struct CArgs {
     root: u32,
     sig: u32,
     count_bytes: u32,
-    count_signed: u32,
+    count_flags: u32,
     rounds: u32,
 }
 
@@ -387,6 +393,37 @@ impl Dda {
                  than the input holds; the parts past the input were truncated",
                 self.rank
             ),
+            ERR_OUTPUT => format!(
+                "all_to_all_v_dynamic_packed on rank {}: the receive counts add up to {detail} \
+                 units, more than the output holds; the parts past the output were not written",
+                self.rank
+            ),
+            ERR_SLOT => format!(
+                "all_to_all_v_dynamic_packed on rank {}: rank {peer} sent a part of {detail} \
+                 units, more than a staging slot holds (FERROCOMM_CUDA_STAGING_BYTES / ranks); \
+                 the part was truncated",
+                self.rank
+            ),
+            ERR_PEER_FAULT => {
+                let (kind, who) = (detail >> 16, (detail & 0xffff).wrapping_sub(1));
+                let found = match kind {
+                    ERR_MISMATCH => format!(
+                        "received from rank {who} a part whose length differs from the one it \
+                         expected (the ranks' counts disagree)"
+                    ),
+                    ERR_OUTPUT => "has receive counts that add up past its output".into(),
+                    ERR_INPUT => "has send counts that add up past its input".into(),
+                    ERR_SLOT => {
+                        format!("received from rank {who} a part larger than a staging slot")
+                    }
+                    _ => format!("reported fault {detail:#x}"),
+                };
+                format!(
+                    "all_to_all_v_dynamic_packed: rank {peer} {found}; every rank reports it \
+                     (this is rank {})",
+                    self.rank
+                )
+            }
             other => format!("unknown error record {other} (peer {peer}, detail {detail})"),
         };
         Err(Error::InvalidArgument(format!(
@@ -411,7 +448,7 @@ impl Dda {
             root: 0,
             sig: 0,
             count_bytes: 8,
-            count_signed: 0,
+            count_flags: 0,
             rounds: 1,
         }
     }
@@ -791,9 +828,10 @@ impl Dda {
         )
     }
 
-    /// All-to-all-v with counts in device memory (see `Communicator::all_to_all_v_dynamic`):
-    /// `in_count` and `capacity` in units of `unit` elements. The kernel moves whole units (its
-    /// element is the unit, of any byte length and alignment).
+    /// All-to-all-v with counts in device memory (see `Communicator::all_to_all_v_dynamic`,
+    /// and with `packed` `Communicator::all_to_all_v_dynamic_packed`, where `capacity` is the
+    /// whole output): `in_count` and `capacity` in units of `unit` elements. The kernel moves
+    /// whole units (its element is the unit, of any byte length and alignment).
     #[allow(clippy::too_many_arguments)]
     pub fn coll_all_to_all_dynamic(
         &self,
@@ -802,6 +840,7 @@ impl Dda {
         output: u64,
         capacity: usize,
         unit: usize,
+        packed: bool,
         send_counts: u64,
         recv_counts: u64,
         count_dtype: DataType,
@@ -810,7 +849,7 @@ impl Dda {
     ) -> Result<()> {
         let es = dtype.size() * unit;
         let slot = self.a2av_slot();
-        if capacity * es > slot {
+        if !packed && capacity * es > slot {
             let of = if unit == 1 {
                 format!("{dtype} elements")
             } else {
@@ -831,7 +870,11 @@ impl Dda {
         c.dyn_send = send_counts;
         c.dyn_recv = recv_counts;
         c.count_bytes = count_dtype.size() as u32;
-        c.count_signed = matches!(count_dtype, DataType::I32 | DataType::I64) as u32;
+        c.count_flags = if matches!(count_dtype, DataType::I32 | DataType::I64) {
+            DYN_SIGNED
+        } else {
+            0
+        } | if packed { DYN_PACKED } else { 0 };
         let a = self.base_args(input, output, 0);
         self.launch(
             Self::MOVE_MODULE,

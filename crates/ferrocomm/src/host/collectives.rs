@@ -13,7 +13,7 @@ use crate::comm::{CallOpts, DeviceCounts, Splits};
 use crate::error::{Error, Result};
 use crate::reduce::reduce_bytes;
 use crate::select::{Algo, Collective};
-use crate::types::{DataType, ReduceOp};
+use crate::types::{read_count, write_count, DataType, ReduceOp};
 
 /// `len` bytes at `ptr` as a slice.
 ///
@@ -713,31 +713,5 @@ impl HostBackend {
                 problems.join("; ")
             )))
         }
-    }
-}
-
-/// Count `i` of a counts buffer of `dtype` (i32, u32, i64 or u64, native byte order). A
-/// negative count sends nothing.
-fn read_count(dtype: DataType, bytes: &[u8], i: usize) -> usize {
-    let w = dtype.size();
-    let b = &bytes[i * w..(i + 1) * w];
-    let v: i128 = match dtype {
-        DataType::I32 => i32::from_ne_bytes(b.try_into().expect("4 bytes")).into(),
-        DataType::U32 => u32::from_ne_bytes(b.try_into().expect("4 bytes")).into(),
-        DataType::I64 => i64::from_ne_bytes(b.try_into().expect("8 bytes")).into(),
-        _ => u64::from_ne_bytes(b.try_into().expect("8 bytes")).into(),
-    };
-    usize::try_from(v.max(0)).unwrap_or(usize::MAX)
-}
-
-/// Writes count `i` of a counts buffer of `dtype`, saturated to the type's largest value.
-fn write_count(dtype: DataType, bytes: &mut [u8], i: usize, v: usize) {
-    let w = dtype.size();
-    let b = &mut bytes[i * w..(i + 1) * w];
-    match dtype {
-        DataType::I32 => b.copy_from_slice(&i32::try_from(v).unwrap_or(i32::MAX).to_ne_bytes()),
-        DataType::U32 => b.copy_from_slice(&u32::try_from(v).unwrap_or(u32::MAX).to_ne_bytes()),
-        DataType::I64 => b.copy_from_slice(&i64::try_from(v).unwrap_or(i64::MAX).to_ne_bytes()),
-        _ => b.copy_from_slice(&(v as u64).to_ne_bytes()),
     }
 }
