@@ -237,6 +237,7 @@ fn data_movement_and_rooted_collectives_on_three_ranks() {
         "reduce_scatter",
         "all_to_all",
         "all_to_all_v",
+        "device_alltoallv",
         "sendrecv",
     ] {
         let mut a = vec![coll];
@@ -309,6 +310,33 @@ fn corrupted_output_is_counted_and_fails_the_run() {
         out.contains("# Out of bounds values : 3 FAILED"),
         "{out}\n{err}"
     );
+}
+
+#[test]
+fn corrupted_device_count_all_to_all_v_is_counted() {
+    // The device-count row has its own call and its own counts buffer: a wrong element in its
+    // output is found like any other.
+    let o = bench(&[
+        "device_alltoallv",
+        "-g",
+        "3",
+        "-b",
+        "384",
+        "-e",
+        "384",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--reps",
+        "1",
+        "--debug-corrupt",
+    ]);
+    let (out, err) = text(&o);
+    assert_ne!(o.status.code(), Some(0), "{out}\n{err}");
+    let r = rows(&out);
+    assert_eq!(r.len(), 1, "{out}\n{err}");
+    assert_eq!(r[0][8], "1", "{out}\n{err}");
 }
 
 #[test]

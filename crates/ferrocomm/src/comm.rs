@@ -216,11 +216,7 @@ pub trait Backend: Send + Sync {
         opts: &CallOpts,
     ) -> Result<()> {
         let _ = (input, output, counts, opts);
-        Err(Error::Unsupported {
-            collective: "all_to_all_v_dynamic",
-            backend: self.name(),
-            what: "counts in device memory".into(),
-        })
+        Err(no_device_counts("all_to_all_v_dynamic", self.name()))
     }
     /// All-to-all-v with both sides' counts in device memory, the output packed (see
     /// [`Communicator::all_to_all_v_dynamic_packed`]; counts in host memory never reach the
@@ -233,11 +229,7 @@ pub trait Backend: Send + Sync {
         opts: &CallOpts,
     ) -> Result<()> {
         let _ = (input, output, counts, opts);
-        Err(Error::Unsupported {
-            collective: "all_to_all_v_dynamic_packed",
-            backend: self.name(),
-            what: "counts in device memory".into(),
-        })
+        Err(no_device_counts("all_to_all_v_dynamic_packed", self.name()))
     }
     fn barrier(&self, opts: &CallOpts) -> Result<()>;
     fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
@@ -722,17 +714,7 @@ impl Communicator {
         let c = "all_to_all_v_dynamic";
         check_same(c, &input, &output)?;
         let unit = counts.unit;
-        if unit == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{c}: the unit of the counts must be at least one element"
-            )));
-        }
-        if input.count() % unit != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{c}: the input's {} elements are not a whole number of units of {unit} elements",
-                input.count()
-            )));
-        }
+        check_units(c, unit, &[("input", input.count())])?;
         let want = counts
             .capacity
             .checked_mul(unit)
@@ -771,8 +753,8 @@ impl Communicator {
     /// A part whose length differs from the one its receiver expects (ranks that disagree),
     /// receive counts past the output, send counts past the input and parts larger than a
     /// staging slot (`FERROCOMM_CUDA_STAGING_BYTES / ranks`) are reported by the next call on
-    /// this communicator (a disagreement on every rank); what fits is moved and nothing is
-    /// written past a buffer. Counts in host memory (any backend): read here and run as
+    /// this communicator, on every rank; what fits is moved and nothing is written past a
+    /// buffer. Counts in host memory (any backend): read here and run as
     /// [`Communicator::all_to_all_v`], with its checks.
     pub fn all_to_all_v_dynamic_packed(
         &self,
@@ -784,19 +766,11 @@ impl Communicator {
         let c = "all_to_all_v_dynamic_packed";
         check_same(c, &input, &output)?;
         let unit = counts.unit;
-        if unit == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{c}: the unit of the counts must be at least one element"
-            )));
-        }
-        for (what, n) in [("input", input.count()), ("output", output.count())] {
-            if n % unit != 0 {
-                return Err(Error::InvalidArgument(format!(
-                    "{c}: the {what}'s {n} elements are not a whole number of units of {unit} \
-                     elements"
-                )));
-            }
-        }
+        check_units(
+            c,
+            unit,
+            &[("input", input.count()), ("output", output.count())],
+        )?;
         check_counts(
             c,
             self.size(),
@@ -928,6 +902,33 @@ impl Communicator {
         }
         Ok(count / self.size())
     }
+}
+
+/// What a backend without the device-count all-to-all-v calls answers.
+fn no_device_counts(collective: &'static str, backend: &'static str) -> Error {
+    Error::Unsupported {
+        collective,
+        backend,
+        what: "counts in device memory".into(),
+    }
+}
+
+/// The unit of the device-count all-to-all-v calls: at least one element, and each of `bufs`
+/// (name, element count) a whole number of units.
+fn check_units(c: &'static str, unit: usize, bufs: &[(&str, usize)]) -> Result<()> {
+    if unit == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{c}: the unit of the counts must be at least one element"
+        )));
+    }
+    for &(what, n) in bufs {
+        if n % unit != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{c}: the {what}'s {n} elements are not a whole number of units of {unit} elements"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The counts of the device-count all-to-all-v calls, each given as (dtype, count): `size`

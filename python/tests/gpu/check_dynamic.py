@@ -119,6 +119,41 @@ def check_async(comm):
     record("async dispatch", same_bytes(out, want) and recv.tolist() == got)
 
 
+def captured(body):
+    """`body` run once on a side stream (warm-up: kernels loaded, buffers mapped), then
+    captured in a CUDA graph."""
+    s = torch.cuda.Stream(DEV)
+    s.wait_stream(torch.cuda.current_stream(DEV))
+    with torch.cuda.stream(s):
+        body()
+    torch.cuda.current_stream(DEV).wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    return graph
+
+
+def replays(graph, bufs, shape, seeds, expect):
+    """Replays `graph` once per seed with that seed's tokens in `bufs` = (tokens, destinations,
+    output, receive counts); `expect(seed)` gives the output and counts wanted. Returns the
+    replays that went wrong."""
+    xs, dst, out, recv = bufs
+    rows, hidden, dtype = shape
+    errs = []
+    for it, seed in enumerate(seeds):
+        x, d = tokens(RANK, seed, rows, hidden, dtype)
+        xs.copy_(x)
+        dst.copy_(d)
+        poison(out)
+        recv.fill_(-1)
+        graph.replay()
+        want, got = expect(seed)
+        torch.cuda.synchronize(DEV)
+        if not (same_bytes(out, want) and recv.tolist() == got):
+            errs.append(f"replay {it}: counts {recv.tolist()} want {got}")
+    return errs
+
+
 def check_graph(comm):
     """Counts and dispatch captured once; each replay routes new tokens."""
     dtype, hidden, rows = torch.bfloat16, 48, 900
@@ -130,27 +165,9 @@ def check_graph(comm):
     x0, d0 = tokens(RANK, 50, rows, hidden, dtype)
     xs.copy_(x0)
     dst.copy_(d0)
-    s = torch.cuda.Stream(DEV)
-    s.wait_stream(torch.cuda.current_stream(DEV))
-    with torch.cuda.stream(s):
-        comm.all_to_all_v_dynamic(out, xs, counts_of(dst, torch.int32), recv)  # warm-up
-    torch.cuda.current_stream(DEV).wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        comm.all_to_all_v_dynamic(out, xs, counts_of(dst, torch.int32), recv)
-    errs = []
-    for it in range(4):
-        seed = 60 + it
-        x, d = tokens(RANK, seed, rows, hidden, dtype)
-        xs.copy_(x)
-        dst.copy_(d)
-        poison(out)
-        recv.fill_(-1)
-        graph.replay()
-        want, got = expected(seed, lambda s: rows, hidden, dtype, cap, out)
-        torch.cuda.synchronize(DEV)
-        if not (same_bytes(out, want) and recv.tolist() == got):
-            errs.append(f"replay {it}: counts {recv.tolist()} want {got}")
+    graph = captured(lambda: comm.all_to_all_v_dynamic(out, xs, counts_of(dst, torch.int32), recv))
+    errs = replays(graph, (xs, dst, out, recv), (rows, hidden, dtype), range(60, 64),
+                   lambda seed: expected(seed, lambda s: rows, hidden, dtype, cap, out))
     record("graph capture and replay, new routing each time", not errs, "; ".join(errs))
 
 
@@ -244,26 +261,8 @@ def check_packed_graph(comm):
         comm.all_to_all_single(recv, send)
         comm.device_alltoallv_single(out, xs, recv, send)
 
-    s = torch.cuda.Stream(DEV)
-    s.wait_stream(torch.cuda.current_stream(DEV))
-    with torch.cuda.stream(s):
-        body()  # warm-up
-    torch.cuda.current_stream(DEV).wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    errs = []
-    for it in range(4):
-        seed = 91 + it
-        x, d = tokens(RANK, seed, rows, hidden, dtype)
-        xs.copy_(x)
-        dst.copy_(d)
-        poison(out)
-        graph.replay()
-        want, got = packed_expected(seed, lambda s: rows, hidden, dtype, out)
-        torch.cuda.synchronize(DEV)
-        if not (same_bytes(out, want) and recv.tolist() == got):
-            errs.append(f"replay {it}: counts {recv.tolist()} want {got}")
+    errs = replays(captured(body), (xs, dst, out, recv), (rows, hidden, dtype), range(91, 95),
+                   lambda seed: packed_expected(seed, lambda s: rows, hidden, dtype, out))
     record("packed: graph capture and replay, new routing each time", not errs, "; ".join(errs))
 
 

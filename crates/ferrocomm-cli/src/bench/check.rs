@@ -223,7 +223,7 @@ impl Checker {
         low_precision: Option<Format>,
     ) -> Checker {
         let n = shape.world;
-        let a2av = if shape.coll == Coll::AllToAllV {
+        let a2av = if shape.coll.uneven() {
             let sends: Vec<Vec<usize>> = (0..n)
                 .map(|r| A2avCounts::new(shape.count, n, r).send)
                 .collect();
@@ -391,7 +391,7 @@ impl Checker {
             }
             Coll::ReduceScatter => self.reduced(rank * part + j),
             Coll::AllToAll => self.moved(self.x(j / part, rank * part + j % part)),
-            Coll::AllToAllV => {
+            Coll::AllToAllV | Coll::DeviceAllToAllV => {
                 // The part element j falls in, and its place in the sender's input.
                 let mut at = 0;
                 for &(s, start, len) in &self.a2av[rank] {

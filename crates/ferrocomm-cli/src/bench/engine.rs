@@ -8,6 +8,10 @@ use ferrocomm::Device;
 /// Work to time or capture: issues one or more collectives.
 pub type Work<'a> = dyn FnMut() -> anyhow::Result<()> + 'a;
 
+/// Bytes of the counts buffer beside a rank's data buffers: two i64 counts per rank (send and
+/// receive) for worlds up to 1024 ranks.
+pub const COUNTS_BYTES: usize = 2 * 8 * 1024;
+
 /// A captured graph of operations that can be replayed.
 pub trait Replay {
     fn launch(&self) -> anyhow::Result<()>;
@@ -24,8 +28,12 @@ pub trait Engine {
     fn scratch(&self) -> Option<*mut u8> {
         None
     }
+    /// [`COUNTS_BYTES`] in the buffers' memory for a call's counts (the device-count
+    /// all-to-all-v).
+    fn counts_ptr(&self) -> *mut u8;
     fn upload_in(&mut self, bytes: &[u8]) -> anyhow::Result<()>;
     fn upload_out(&mut self, bytes: &[u8]) -> anyhow::Result<()>;
+    fn upload_counts(&mut self, bytes: &[u8]) -> anyhow::Result<()>;
     fn download_out(&mut self, bytes: &mut [u8]) -> anyhow::Result<()>;
     /// Waits for everything issued so far.
     fn sync(&self) -> anyhow::Result<()>;
@@ -40,6 +48,7 @@ pub struct HostEngine {
     // u64 storage keeps every element type aligned.
     input: Vec<u64>,
     output: Vec<u64>,
+    counts: Vec<u64>,
 }
 
 impl HostEngine {
@@ -47,6 +56,7 @@ impl HostEngine {
         HostEngine {
             input: vec![0; in_bytes.div_ceil(8).max(1)],
             output: vec![0; out_bytes.div_ceil(8).max(1)],
+            counts: vec![0; COUNTS_BYTES / 8],
         }
     }
 }
@@ -76,8 +86,14 @@ impl Engine for HostEngine {
     fn out_ptr(&self) -> *mut u8 {
         self.output.as_ptr() as *mut u8
     }
+    fn counts_ptr(&self) -> *mut u8 {
+        self.counts.as_ptr() as *mut u8
+    }
     fn upload_in(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
         copy_into(&mut self.input, bytes, "input")
+    }
+    fn upload_counts(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
+        copy_into(&mut self.counts, bytes, "counts")
     }
     fn upload_out(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
         copy_into(&mut self.output, bytes, "output")

@@ -9,7 +9,7 @@ use anyhow::Context;
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaGraph, CudaStream};
 use ferrocomm::Device;
 
-use super::engine::{Engine, Replay, Work};
+use super::engine::{Engine, Replay, Work, COUNTS_BYTES};
 
 pub struct CudaEngine {
     ordinal: u32,
@@ -18,6 +18,7 @@ pub struct CudaEngine {
     input: sys::CUdeviceptr,
     output: sys::CUdeviceptr,
     scratch: sys::CUdeviceptr,
+    counts: sys::CUdeviceptr,
     in_bytes: usize,
     out_bytes: usize,
     start: CudaEvent,
@@ -57,6 +58,7 @@ impl CudaEngine {
         // SAFETY: `scratch` is a live allocation of four bytes, used by nothing yet.
         let zeroed = unsafe { result::memset_d8_sync(scratch, 0, 4) };
         cuda(zeroed, "cuMemsetD8").inspect_err(|_| free(&[input, output, scratch]))?;
+        let counts = alloc(COUNTS_BYTES).inspect_err(|_| free(&[input, output, scratch]))?;
         let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let start = cuda(ctx.new_event(timing), "create event")?;
         let stop = cuda(ctx.new_event(timing), "create event")?;
@@ -67,6 +69,7 @@ impl CudaEngine {
             input,
             output,
             scratch,
+            counts,
             in_bytes,
             out_bytes,
             start,
@@ -99,6 +102,7 @@ impl Drop for CudaEngine {
             let _ = result::free_sync(self.input);
             let _ = result::free_sync(self.output);
             let _ = result::free_sync(self.scratch);
+            let _ = result::free_sync(self.counts);
         }
     }
 }
@@ -127,8 +131,14 @@ impl Engine for CudaEngine {
     fn scratch(&self) -> Option<*mut u8> {
         Some(self.scratch as *mut u8)
     }
+    fn counts_ptr(&self) -> *mut u8 {
+        self.counts as *mut u8
+    }
     fn upload_in(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
         self.upload(self.input, self.in_bytes, bytes)
+    }
+    fn upload_counts(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
+        self.upload(self.counts, COUNTS_BYTES, bytes)
     }
     fn upload_out(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
         self.upload(self.output, self.out_bytes, bytes)

@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use ferrocomm::config::BackendChoice;
 use ferrocomm::{
     CallOpts, CommOptions, Communicator, Config, DataType, Device, Format, Input,
-    LowPrecisionChoice, ReduceOp, Splits, View, ViewMut,
+    LowPrecisionChoice, PackedCounts, ReduceOp, Splits, View, ViewMut,
 };
 
 use super::args::Plan;
@@ -79,6 +79,18 @@ impl RowCtx<'_> {
     fn prepare(&self, engine: &mut dyn Engine, in_place: bool) -> anyhow::Result<()> {
         let s = &self.shape;
         let e = s.dtype.size();
+        if s.coll == Coll::DeviceAllToAllV {
+            // The counts where an earlier kernel would have left them: in the engine's memory,
+            // written before the timed calls (which never read them on the host).
+            let sp = self
+                .splits
+                .as_ref()
+                .expect("all-to-all-v rows carry their counts");
+            let counts: Vec<u8> = (sp.send_counts.iter().chain(&sp.recv_counts))
+                .flat_map(|&c| (c as i64).to_ne_bytes())
+                .collect();
+            engine.upload_counts(&counts)?;
+        }
         if in_place {
             engine.upload_out(&self.checker.inplace_bytes(self.rank))
         } else {
@@ -121,6 +133,32 @@ impl RowCtx<'_> {
                 Some(sp) => comm.all_to_all_v(input, output, sp, opts),
                 None => unreachable!("all-to-all-v rows carry their counts"),
             },
+            // NCCL has no device counts: its side runs its all-to-all-v, the same exchange.
+            Coll::DeviceAllToAllV if comm.backend_name() == "nccl" => match &self.splits {
+                Some(sp) => comm.all_to_all_v(input, output, sp, opts),
+                None => unreachable!("all-to-all-v rows carry their counts"),
+            },
+            Coll::DeviceAllToAllV => {
+                let Input::Buf(input) = input else {
+                    unreachable!("all-to-all-v rows are out of place")
+                };
+                let n = s.world;
+                // SAFETY: the engine's counts buffer (COUNTS_BYTES, on `dev`) holds this row's
+                // send then receive counts as i64 (`prepare`); it lives as long as the engine.
+                let (send, recv) = unsafe {
+                    let p = engine.counts_ptr();
+                    (
+                        View::from_raw(p, n, DataType::I64, dev),
+                        View::from_raw(p.add(n * 8), n, DataType::I64, dev),
+                    )
+                };
+                let counts = PackedCounts {
+                    send,
+                    recv,
+                    unit: 1,
+                };
+                comm.all_to_all_v_dynamic_packed(input, output, counts, opts)
+            }
             Coll::SendRecv => {
                 // A ring: send to the next rank, receive from the previous. Even ranks send
                 // first and odd ranks receive first, so blocking sends cannot wait on each
@@ -384,7 +422,9 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
                         root,
                         checker,
                         rank,
-                        splits: (shape.coll == Coll::AllToAllV)
+                        splits: shape
+                            .coll
+                            .uneven()
                             .then(|| A2avCounts::new(shape.count, shape.world, rank).splits()),
                     };
                     let algo = comm
@@ -400,7 +440,7 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
                         opts: ours_opts.clone(),
                     };
                     // The all-to-all-v's parts differ between send and receive: out of place only.
-                    let has_ip = !matches!(plan.coll, Coll::SendRecv | Coll::AllToAllV);
+                    let has_ip = !(plan.coll == Coll::SendRecv || plan.coll.uneven());
                     if idx == 0 {
                         // The first size once untimed on our side: ours is measured first, and
                         // on 2xH200 the first row of a run came out up to 42% slower than the

@@ -19,6 +19,10 @@ pub enum Coll {
     /// Uneven parts ([`a2av_parts`]): every rank sends and receives the whole size, split
     /// unevenly between the ranks; out of place only.
     AllToAllV,
+    /// The same parts with both sides' counts in device memory, the output packed
+    /// (`all_to_all_v_dynamic_packed`, NCCLX's device_alltoallv_single); NCCL's side runs its
+    /// all-to-all-v with the counts on the host, the same call it has.
+    DeviceAllToAllV,
     Broadcast,
     Reduce,
     /// Every rank sends to the next and receives from the previous (a ring), like nccl-tests.
@@ -26,12 +30,13 @@ pub enum Coll {
 }
 
 impl Coll {
-    pub const ALL: [Coll; 8] = [
+    pub const ALL: [Coll; 9] = [
         Coll::AllReduce,
         Coll::AllGather,
         Coll::ReduceScatter,
         Coll::AllToAll,
         Coll::AllToAllV,
+        Coll::DeviceAllToAllV,
         Coll::Broadcast,
         Coll::Reduce,
         Coll::SendRecv,
@@ -44,6 +49,7 @@ impl Coll {
             Coll::ReduceScatter => "reduce_scatter",
             Coll::AllToAll => "all_to_all",
             Coll::AllToAllV => "all_to_all_v",
+            Coll::DeviceAllToAllV => "device_alltoallv",
             Coll::Broadcast => "broadcast",
             Coll::Reduce => "reduce",
             Coll::SendRecv => "sendrecv",
@@ -57,7 +63,7 @@ impl Coll {
             Coll::AllGather => Collective::AllGather,
             Coll::ReduceScatter => Collective::ReduceScatter,
             Coll::AllToAll => Collective::AllToAll,
-            Coll::AllToAllV => Collective::AllToAllV,
+            Coll::AllToAllV | Coll::DeviceAllToAllV => Collective::AllToAllV,
             Coll::Broadcast => Collective::Broadcast,
             Coll::Reduce => Collective::Reduce,
             Coll::SendRecv => Collective::Send,
@@ -67,6 +73,11 @@ impl Coll {
     /// Whether it takes a reduction operator.
     pub const fn reduces(self) -> bool {
         matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce)
+    }
+
+    /// Whether its parts are the uneven ones of [`a2av_parts`] (out of place only).
+    pub const fn uneven(self) -> bool {
+        matches!(self, Coll::AllToAllV | Coll::DeviceAllToAllV)
     }
 
     /// Whether it has a root.
@@ -81,7 +92,7 @@ impl Coll {
             Coll::AllReduce => 2.0 * (n - 1.0) / n,
             Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll => (n - 1.0) / n,
             // Every rank keeps its own part (the smallest, see a2av_parts) and sends the rest.
-            Coll::AllToAllV => 1.0 - a2av_weight(0, world),
+            Coll::AllToAllV | Coll::DeviceAllToAllV => 1.0 - a2av_weight(0, world),
             Coll::Broadcast | Coll::Reduce | Coll::SendRecv => 1.0,
         }
     }
@@ -98,6 +109,9 @@ impl FromStr for Coll {
             "reduce_scatter" | "reducescatter" => Coll::ReduceScatter,
             "all_to_all" | "alltoall" => Coll::AllToAll,
             "all_to_all_v" | "alltoallv" => Coll::AllToAllV,
+            "device_alltoallv" | "device_alltoallv_single" | "all_to_all_v_dynamic_packed" => {
+                Coll::DeviceAllToAllV
+            }
             "broadcast" | "bcast" => Coll::Broadcast,
             "reduce" => Coll::Reduce,
             "sendrecv" | "send_recv" => Coll::SendRecv,
@@ -246,7 +260,7 @@ impl Shape {
         match self.coll {
             Coll::AllGather => self.in_count * e,
             Coll::ReduceScatter => self.out_count * e,
-            Coll::AllToAllV => {
+            Coll::AllToAllV | Coll::DeviceAllToAllV => {
                 let parts = a2av_parts(self.count, self.world);
                 self.world * parts.iter().skip(1).max().copied().unwrap_or(0) * e
             }

@@ -297,6 +297,54 @@ const A2A: Collective = Collective::AllToAll;
 const A2AV: Collective = Collective::AllToAllV;
 
 impl CudaBackend {
+    /// The device-count all-to-all-v calls (counts checked by the communicator): every buffer
+    /// on this device, direct access, one launch. `recv` is the receive counts' (address,
+    /// device, bytes); `(capacity, unit, packed)` as `Dda::coll_all_to_all_dynamic` takes them.
+    #[allow(clippy::too_many_arguments)]
+    fn dynamic(
+        &self,
+        c: &'static str,
+        input: View<'_>,
+        output: ViewMut<'_>,
+        send: &View<'_>,
+        recv: (u64, Device, usize),
+        (capacity, unit, packed): (usize, usize, bool),
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let mut st = self.enter()?;
+        let mut views = views_of(&Input::Buf(input), &output);
+        views.push((
+            "send_counts",
+            send.ptr() as u64,
+            send.device(),
+            send.bytes_len(),
+        ));
+        views.push(("recv_counts", recv.0, recv.1, recv.2));
+        check_views(c, self.device, &views)?;
+        let Some(d) = &self.dda else {
+            return Err(Error::Unsupported {
+                collective: c,
+                backend: "cuda",
+                what: format!("device-side counts without direct access ({})", self.no_dda),
+            });
+        };
+        d.check_error(c)?;
+        self.follow(&mut st, opts.stream)?;
+        d.coll_all_to_all_dynamic(
+            input.ptr() as u64,
+            input.count() / unit,
+            output.ptr() as u64,
+            capacity,
+            unit,
+            packed,
+            send.ptr() as u64,
+            recv.0,
+            send.dtype(),
+            output.dtype(),
+            opts.stream,
+        )
+    }
+
     /// The direct-access state when this call runs by direct access, `None` for NCCL; reports
     /// an error an earlier kernel recorded.
     fn direct(
@@ -596,43 +644,15 @@ impl Backend for CudaBackend {
         counts: DeviceCounts<'_>,
         opts: &CallOpts,
     ) -> Result<()> {
-        let c = "all_to_all_v_dynamic";
-        let mut st = self.enter()?;
-        let mut views = views_of(&Input::Buf(input), &output);
-        views.push((
-            "send_counts",
-            counts.send.ptr() as u64,
-            counts.send.device(),
-            counts.send.bytes_len(),
-        ));
-        views.push((
-            "recv_counts",
-            counts.recv.ptr() as u64,
-            counts.recv.device(),
-            counts.recv.bytes_len(),
-        ));
-        check_views(c, self.device, &views)?;
-        let Some(d) = &self.dda else {
-            return Err(Error::Unsupported {
-                collective: c,
-                backend: "cuda",
-                what: format!("device-side counts without direct access ({})", self.no_dda),
-            });
-        };
-        d.check_error(c)?;
-        self.follow(&mut st, opts.stream)?;
-        d.coll_all_to_all_dynamic(
-            input.ptr() as u64,
-            input.count() / counts.unit,
-            output.ptr() as u64,
-            counts.capacity,
-            counts.unit,
-            false,
-            counts.send.ptr() as u64,
-            counts.recv.ptr() as u64,
-            counts.send.dtype(),
-            output.dtype(),
-            opts.stream,
+        let r = &counts.recv;
+        self.dynamic(
+            "all_to_all_v_dynamic",
+            input,
+            output,
+            &counts.send,
+            (r.ptr() as u64, r.device(), r.bytes_len()),
+            (counts.capacity, counts.unit, false),
+            opts,
         )
     }
 
@@ -643,34 +663,16 @@ impl Backend for CudaBackend {
         counts: PackedCounts<'_>,
         opts: &CallOpts,
     ) -> Result<()> {
-        let c = "all_to_all_v_dynamic_packed";
-        let mut st = self.enter()?;
-        let mut views = views_of(&Input::Buf(input), &output);
-        for (what, v) in [("send_counts", &counts.send), ("recv_counts", &counts.recv)] {
-            views.push((what, v.ptr() as u64, v.device(), v.bytes_len()));
-        }
-        check_views(c, self.device, &views)?;
-        let Some(d) = &self.dda else {
-            return Err(Error::Unsupported {
-                collective: c,
-                backend: "cuda",
-                what: format!("device-side counts without direct access ({})", self.no_dda),
-            });
-        };
-        d.check_error(c)?;
-        self.follow(&mut st, opts.stream)?;
-        d.coll_all_to_all_dynamic(
-            input.ptr() as u64,
-            input.count() / counts.unit,
-            output.ptr() as u64,
-            output.count() / counts.unit,
-            counts.unit,
-            true,
-            counts.send.ptr() as u64,
-            counts.recv.ptr() as u64,
-            counts.send.dtype(),
-            output.dtype(),
-            opts.stream,
+        let r = &counts.recv;
+        let capacity = output.count() / counts.unit;
+        self.dynamic(
+            "all_to_all_v_dynamic_packed",
+            input,
+            output,
+            &counts.send,
+            (r.ptr() as u64, r.device(), r.bytes_len()),
+            (capacity, counts.unit, true),
+            opts,
         )
     }
 
