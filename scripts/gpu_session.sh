@@ -76,6 +76,8 @@ if want python; then
     step setup_fault 60 torchrun --nproc_per_node 2 python/tests/gpu/check_setup_fault.py
   PYTHONPATH=/tmp/ferrocomm-site \
     step python_dynamic 90 torchrun --nproc_per_node 2 python/tests/gpu/check_dynamic.py
+  PYTHONPATH=/tmp/ferrocomm-site \
+    step python_lists 90 torchrun --nproc_per_node 2 python/tests/gpu/check_lists.py
 fi
 if want coll; then
   # The direct-access collectives against NCCL, graph mode (docs/tuning.md's tables).

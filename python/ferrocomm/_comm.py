@@ -544,6 +544,115 @@ class Comm:
         return self._issue("all_to_all_v", out=o, inp=i, splits=_packed(send, recv),
                            async_op=async_op, hints=hints, keep=keep, post=(post,))
 
+    # -- torchcomms' uneven and rooted list methods, built on the all-to-all-v -----------------
+    # Each is one all-to-all-v (parts of zero elements where nothing moves), so it runs where
+    # the all-to-all-v runs: direct access on one node, NCCL elsewhere, the host backend.
+
+    def all_gather_v(self, tensor_list, tensor, async_op=False, hints=None):
+        """``tensor_list[r]`` receives rank r's ``tensor``; the sizes may differ between ranks
+        (``tensor_list[r]`` has rank r's size)."""
+        c = "all_gather_v"
+        i = self._buf(tensor, "tensor", c)
+        outs = self._list_like(c, "tensor_list", tensor_list, i)
+        n = i.count
+        # Every peer's part is the same input: the send parts overlap, which reading allows.
+        splits = [[n] * self.size, [0] * self.size, outs, _prefix(outs)]
+        return self._gathered(c, tensor_list, i, tensor, splits, async_op, hints)
+
+    def gather(self, output_list, input, root, async_op=False, hints=None):  # noqa: A002
+        """On ``root``, ``output_list[r]`` receives rank r's ``input``; other ranks pass any
+        list (it is not touched) or None."""
+        c = "gather"
+        root = self._root(c, root)
+        i = self._buf(input, "input", c)
+        send = [0] * self.size
+        send[root] = i.count
+        if self.rank == root:
+            outs = self._list_like(c, "output_list", output_list, i)
+        else:
+            outs = [0] * self.size
+        splits = [send, [0] * self.size, outs, _prefix(outs)]
+        lst = output_list if self.rank == root else []
+        return self._gathered(c, lst, i, input, splits, async_op, hints)
+
+    def scatter(self, output, input_list, root, async_op=False, hints=None):
+        """``output`` receives ``input_list[rank]`` of ``root``; other ranks pass any list (it
+        is not read) or None."""
+        c = "scatter"
+        root = self._root(c, root)
+        o = self._buf(output, "output", c, writable=True)
+        if self.rank == root:
+            sizes = self._list_like(c, "input_list", input_list, o)
+            staging = T.concat_flat(list(input_list), output)
+        else:
+            sizes = [0] * self.size
+            staging = T.empty_like_flat(o, 0)
+        i = self._buf(staging, "input", c)
+        recv = [0] * self.size
+        recv[root] = o.count
+        splits = [sizes, _prefix(sizes), recv, [0] * self.size]
+        return self._issue("all_to_all_v", out=o, inp=i, splits=splits, async_op=async_op,
+                           hints=hints, keep=(output, staging))
+
+    def reduce_scatter_v(self, output, input_list, op=ReduceOp.SUM, async_op=False,
+                         hints=None):
+        """``output`` receives the reduction over ranks of every rank's ``input_list[rank]``;
+        the parts may differ in size (``input_list[r]`` has rank r's output size on every
+        rank). Runs as a reduce-scatter of parts padded to the largest."""
+        c = "reduce_scatter_v"
+        o = self._buf(output, "output", c, writable=True)
+        sizes = self._list_like(c, "input_list", input_list, o)
+        if sizes[self.rank] != o.count:
+            raise FerrocommValueError(
+                f"{c}: input_list[{self.rank}] has {sizes[self.rank]} elements but the output "
+                f"{o.count}")
+        width = max(sizes)
+        # Zeros in the padding: it is reduced too (and thrown away), and in low precision it
+        # shares scale blocks with the data, so it must be finite and small.
+        padded = T.zeros_like_flat(o, width * self.size)
+        for r, t in enumerate(input_list):
+            T.copy_flat_into(padded, r * width, t)
+        part = T.empty_like_flat(o, width)
+        i = self._buf(padded, "input", c)
+        po = self._buf(part, "output", c, writable=True)
+
+        def post():
+            T.copy_into(output, T.flat_slice(part, 0, o.count))
+
+        return self._issue("reduce_scatter", out=po, inp=i, op=op, async_op=async_op,
+                           hints=hints, keep=(output, padded, part), post=(post,))
+
+    def _root(self, coll, root):
+        r = int(root)
+        if not 0 <= r < self.size:
+            raise FerrocommValueError(f"{coll}: root {r} out of range for {self.size} ranks")
+        return r
+
+    def _list_like(self, coll, what, lst, like):
+        """The element counts of a list of one buffer per rank, each of `like`'s dtype and
+        device (sizes may differ)."""
+        if lst is None or len(lst) != self.size:
+            got = "None" if lst is None else f"{len(lst)} entries"
+            raise FerrocommValueError(
+                f"{coll}: {what} has {got}, expected one per rank ({self.size})")
+        for k, t in enumerate(lst):
+            _check_like(coll, what, k, t, like, self)
+        return [_numel(t) for t in lst]
+
+    def _gathered(self, coll, out_list, i, input, splits, async_op, hints):  # noqa: A002
+        """One all-to-all-v of `i` by `splits` into a staging buffer, copied into `out_list`
+        (by the receive counts) when it is done."""
+        recv, displs = splits[2], splits[3]
+        staging = T.empty_like_flat(i, sum(recv))
+        o = self._buf(staging, "output", coll, writable=True)
+
+        def post():
+            for r, t in enumerate(out_list):
+                T.copy_into(t, T.flat_slice(staging, displs[r], recv[r]))
+
+        return self._issue("all_to_all_v", out=o, inp=i, splits=splits, async_op=async_op,
+                           hints=hints, keep=(input, staging, out_list), post=(post,))
+
     def barrier(self, async_op=False, hints=None):
         """Returns (or its work completes) once every rank has called it."""
         return self._issue("barrier", async_op=async_op, hints=hints)

@@ -104,6 +104,14 @@ def empty_like_flat(buf, count):
     return _torch().empty(count, dtype=obj.dtype, device=obj.device)
 
 
+def zeros_like_flat(buf, count):
+    """As `empty_like_flat`, filled with zeros."""
+    obj = buf.obj
+    if isinstance(obj, np.ndarray):
+        return np.zeros(count, dtype=obj.dtype)
+    return _torch().zeros(count, dtype=obj.dtype, device=obj.device)
+
+
 def concat_flat(objs, like):
     """The elements of `objs`, flattened and concatenated into one new contiguous buffer."""
     if isinstance(like, np.ndarray):
@@ -121,6 +129,12 @@ def copy_into(dst, src_flat):
         dst[...] = src_flat.reshape(dst.shape)
     else:
         dst.copy_(src_flat.view(dst.shape))
+
+
+def copy_flat_into(flat, start, src):
+    """Copies `src` (any layout) into `flat` at element `start`."""
+    n = src.size if isinstance(src, np.ndarray) else src.numel()
+    flat[start:start + n] = src.reshape(-1)
 
 
 def flat_slice(flat, start, length):

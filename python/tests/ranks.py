@@ -328,6 +328,39 @@ def scenario_collectives(comm):
         for s in range(WORLD):
             check(f"all_to_all equal[{s}]", out_list[s],
                   data(name, 4, s * 100 + RANK, salt + 5000), name)
+        # torchcomms' uneven and rooted list methods: rank r's part holds r + 2 elements.
+        sz = [r + 2 for r in range(WORLD)]
+        vs = [data(name, sz[r], r, salt + 7000) for r in range(WORLD)]
+        outs = [np.empty(sz[r], dt) for r in range(WORLD)]
+        for o in outs:
+            poison(o)
+        comm.all_gather_v(outs, vs[RANK])
+        for r in range(WORLD):
+            check(f"all_gather_v[{r}]", outs[r], vs[r], name)
+        root = (salt + 1) % WORLD
+        gl = [np.empty(sz[r], dt) for r in range(WORLD)] if RANK == root else None
+        for o in gl or []:
+            poison(o)
+        comm.gather(gl, vs[RANK], root)
+        for r in range(WORLD if RANK == root else 0):
+            check(f"gather[{r}] to {root}", gl[r], vs[r], name)
+        # scatter: root's input_list[p] (p + 2 elements) to rank p.
+        parts = [data(name, sz[p], root * 100 + p, salt + 7100) for p in range(WORLD)]
+        got = np.empty(sz[RANK], dt)
+        poison(got)
+        comm.scatter(got, parts if RANK == root else None, root)
+        check(f"scatter from {root}", got, parts[RANK], name)
+        if not movement_only(name):
+            # reduce_scatter_v: every rank's input_list[p] has p + 2 elements; rank p gets
+            # their reduction over ranks.
+            for op in ("sum", "max"):
+                lists = [[data(name, sz[p], r * 100 + p, salt + 7200, data_kind(op, name))
+                          for p in range(WORLD)] for r in range(WORLD)]
+                got = np.empty(sz[RANK], dt)
+                poison(got)
+                comm.reduce_scatter_v(got, lists[RANK], op_obj(op, 1.0))
+                want = reduce_ref(op, [lists[r][RANK] for r in range(WORLD)], name)
+                check(f"reduce_scatter_v {op}", got, want, name)
         # send/recv around the ring (even ranks send first, so nothing waits on itself).
         nxt, prv = (RANK + 1) % WORLD, (RANK - 1) % WORLD
         mine = data(name, 19, RANK, salt + 6000)
@@ -439,6 +472,16 @@ def scenario_errors(comm):
            cnt.astype(np.float32), rcv.astype(np.float32))
     expect(V, "recv_counts", dyn, np.empty((2 * WORLD, 2), np.float32), rows_in, cnt,
            rcv[:1])
+    # torchcomms' list methods: roots out of range, lists of the wrong length or dtype, an
+    # output that is not its own part.
+    expect(V, "out of range", comm.gather, None, f32, WORLD)
+    expect(V, "out of range", comm.scatter, f32, None, -1)
+    expect(V, "expected one per rank", comm.all_gather_v, [f32], f32)
+    expect(V, "dtype mismatch", comm.all_gather_v,
+           [np.empty(3, np.float64) for _ in range(WORLD)], f32)
+    expect(V, "expected one per rank", comm.scatter, f32, None, RANK)
+    expect(V, "input_list[", comm.reduce_scatter_v, np.empty(3, np.float32),
+           [np.ones(2, np.float32) for _ in range(WORLD)])
     dev = comm.device_alltoallv_single
     cnt2 = cnt.copy()
     expect(V, "input rows 2", dev, np.empty((2 * WORLD, 3), np.float32), rows_in, cnt2, cnt)
