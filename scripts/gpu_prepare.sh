@@ -15,7 +15,7 @@
 #     kernels (the modules whose source changed).
 #   scripts/gpu_prepare.sh --variant NAME --from COMMIT [--patches 'FILE...'] [ARCH]
 #     the same for another commit (the patches applied on it with `git am -3`), built in a
-#     temporary worktree into this checkout's target directory; binaries and kernels land in
+#     temporary worktree into target/variants of this checkout; binaries and kernels land in
 #     this checkout's .carry. Then pack the variants and carry [".carry"] holding only the pack:
 #     tar czf .carry/pack.tgz -C .carry bin-A bin-B kc
 set -euo pipefail
@@ -43,6 +43,10 @@ fi
 target="$PWD/target"
 src="$PWD"
 if [ -n "$from" ]; then
+  # A target directory of their own: cargo names a workspace member's artifacts the same in
+  # every checkout, so a build of this checkout running meanwhile (tests, the wheel) would
+  # replace the variant's library under it.
+  target="$PWD/target/variants"
   src="$(mktemp -d /tmp/fc-variant-XXXXXX)"
   git worktree add --detach "$src" "$from" > /dev/null
   trap 'git worktree remove --force "$src"' EXIT
