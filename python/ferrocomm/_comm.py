@@ -8,7 +8,7 @@ from . import _tensors as T
 from ._errors import FerrocommError, FerrocommValueError
 from ._ops import ReduceOp
 
-__all__ = ["Comm", "Work", "new_comm"]
+__all__ = ["BatchSendRecv", "Comm", "Work", "new_comm"]
 
 _HINT_KEYS = ("low_precision", "algo")
 
@@ -275,7 +275,7 @@ class Comm:
         return b
 
     def _issue(self, coll, *, out=None, inp=None, op=None, peer=0, splits=None, counts=None,
-               async_op=False, hints=None, keep=(), post=()):
+               batch=None, async_op=False, hints=None, keep=(), post=()):
         if self._finalized:
             raise FerrocommError(f"{coll}: communicator '{self.get_name()}' has been finalized")
         h = {**self._hints, **_check_hints(hints, coll)}
@@ -297,6 +297,12 @@ class Comm:
             if name != b.dtype:
                 h["low_precision"] = "off"
             raws.append((b.ptr, b.count, name, b.device))
+        native_batch = None
+        if batch is not None:
+            native_batch = []
+            for is_send, b, p in batch:
+                name, opname = _alias(coll, b, opname)
+                native_batch.append((is_send, (b.ptr, b.count, name, b.device), p))
         native_work = self._n.run(
             coll,
             raws[0],
@@ -310,6 +316,7 @@ class Comm:
             h.get("low_precision"),
             bool(async_op) and not cuda,
             counts,
+            native_batch,
         )
         if native_work is not None:
             return _HostWork(native_work, keep, post)
@@ -657,6 +664,20 @@ class Comm:
         """Returns (or its work completes) once every rank has called it."""
         return self._issue("barrier", async_op=async_op, hints=hints)
 
+    def batch_op_create(self):
+        """A batch of sends and receives issued together (torchcomms' BatchSendRecv)."""
+        return BatchSendRecv(self)
+
+    def _batch(self, ops, async_op, hints):
+        c = "batch_send_recv"
+        batch = []
+        for k, (is_send, t, p) in enumerate(ops):
+            what = f"{'send' if is_send else 'recv'} #{k}"
+            b = self._buf(t, what, c, writable=not is_send)
+            batch.append((is_send, b, int(p)))
+        return self._issue(c, batch=batch, async_op=async_op, hints=hints,
+                           keep=tuple(t for _, t, _ in ops))
+
     def send(self, tensor, dst, async_op=False, hints=None):
         """Sends ``tensor`` to rank ``dst``, which calls ``recv`` with the same size."""
         c = "send"
@@ -698,6 +719,27 @@ class Comm:
             raise FerrocommValueError(
                 f"{coll}: {what}_split_sizes {sizes} do not add up to its {rows} rows")
         return [s * per_row for s in sizes]
+
+
+class BatchSendRecv:
+    """Sends and receives issued together, as NCCL's group (torchcomms' BatchSendRecv): add them
+    with ``send`` and ``recv``, then ``issue()``. They progress at once, so a rank may send to
+    a peer and receive from it in one batch in either order; between two ranks, messages match
+    in the order issued. ``issue`` returns a work object like any collective."""
+
+    def __init__(self, comm):
+        self._comm = comm
+        self._ops = []
+
+    def send(self, tensor, dst):
+        self._ops.append((True, tensor, dst))
+
+    def recv(self, tensor, src):
+        self._ops.append((False, tensor, src))
+
+    def issue(self, async_op=False, options=None, hints=None):
+        del options  # torchcomms' batch options; none applies here
+        return self._comm._batch(list(self._ops), async_op, hints)
 
 
 def _contig(t):

@@ -373,6 +373,18 @@ def scenario_collectives(comm):
             comm.recv(got, prv)
             comm.send(mine, nxt)
         check("send/recv", got, data(name, 19, prv, salt + 6000), name)
+        # batch_op_create: a ring many mailboxes long, every rank sending before it receives,
+        # in one batch (a send then a receive would wait forever), every other dtype async.
+        big = data(name, 70000, RANK, salt + 6100)
+        got = np.empty(70000, dt)
+        poison(got)
+        batch = comm.batch_op_create()
+        batch.send(big, nxt)
+        batch.recv(got, prv)
+        work = batch.issue(async_op=salt % 2 == 0)
+        if work is not None:
+            work.wait()
+        check("batch send/recv", got, data(name, 70000, prv, salt + 6100), name)
         comm.barrier()
 
 
@@ -482,6 +494,12 @@ def scenario_errors(comm):
     expect(V, "expected one per rank", comm.scatter, f32, None, RANK)
     expect(V, "input_list[", comm.reduce_scatter_v, np.empty(3, np.float32),
            [np.ones(2, np.float32) for _ in range(WORLD)])
+    batch = comm.batch_op_create()
+    batch.send(f32, RANK)
+    expect(V, "itself", batch.issue)
+    batch = comm.batch_op_create()
+    batch.recv(ro, (RANK + 1) % WORLD)
+    expect(V, "read-only", batch.issue)
     dev = comm.device_alltoallv_single
     cnt2 = cnt.copy()
     expect(V, "input rows 2", dev, np.empty((2 * WORLD, 3), np.float32), rows_in, cnt2, cnt)

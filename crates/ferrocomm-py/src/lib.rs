@@ -17,7 +17,7 @@ use ferrocomm::bootstrap::Store;
 use ferrocomm::config::BackendChoice;
 use ferrocomm::{
     Algo, CallOpts, CommOptions, Communicator, Config, DataType, Device, DeviceCounts, Error,
-    Format, Input, LowPrecisionChoice, PackedCounts, ReduceOp, Splits, View, ViewMut,
+    Format, Input, LowPrecisionChoice, P2pOp, PackedCounts, ReduceOp, Splits, View, ViewMut,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError};
 use pyo3::prelude::*;
@@ -351,6 +351,7 @@ enum Coll {
     Barrier,
     Send(usize),
     Recv(usize),
+    Batch,
 }
 
 impl Coll {
@@ -368,6 +369,7 @@ impl Coll {
             Coll::Barrier => "barrier",
             Coll::Send(_) => "send",
             Coll::Recv(_) => "recv",
+            Coll::Batch => "batch_send_recv",
         }
     }
 }
@@ -381,6 +383,8 @@ struct Call {
     /// all_to_all_v_dynamic(_packed): send counts, receive counts, capacity (not packed) and
     /// unit.
     counts: Option<(Buf, Buf, usize, usize)>,
+    /// batch_send_recv: (send?, buffer, peer) in order.
+    batch: Vec<(bool, Buf, usize)>,
     opts: CallOpts,
 }
 
@@ -453,6 +457,30 @@ impl Call {
                 comm.send(v, peer, o)
             }
             Coll::Recv(peer) => comm.recv(need_out()?, peer, o),
+            Coll::Batch => {
+                let ops = self
+                    .batch
+                    .iter()
+                    .map(|&(send, b, peer)| {
+                        // SAFETY: as above: the Python layer holds every buffer of the batch;
+                        // a received buffer is written by this call only.
+                        unsafe {
+                            if send {
+                                P2pOp::Send {
+                                    data: b.view(),
+                                    peer,
+                                }
+                            } else {
+                                P2pOp::Recv {
+                                    out: b.view_mut(),
+                                    peer,
+                                }
+                            }
+                        }
+                    })
+                    .collect();
+                comm.batch_send_recv(ops, o)
+            }
         }
     }
 }
@@ -608,7 +636,8 @@ impl PyComm {
     /// place; for `send` the data sent). Returns a work object when the call was queued on the
     /// worker thread (host backend, `async_op=True`), None when it has been issued already.
     #[pyo3(signature = (coll, out=None, inp=None, op="sum", factor=1.0, peer=0, splits=None,
-                        stream=0, algo=None, low_precision=None, async_op=false, counts=None))]
+                        stream=0, algo=None, low_precision=None, async_op=false, counts=None,
+                        batch=None))]
     #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
@@ -625,6 +654,7 @@ impl PyComm {
         low_precision: Option<&str>,
         async_op: bool,
         counts: Option<(RawBuf, RawBuf, usize, usize)>,
+        batch: Option<Vec<(bool, RawBuf, usize)>>,
     ) -> PyResult<Option<NativeWork>> {
         let call = (|| -> ferrocomm::Result<Call> {
             let coll = match coll {
@@ -640,6 +670,7 @@ impl PyComm {
                 "barrier" => Coll::Barrier,
                 "send" => Coll::Send(peer),
                 "recv" => Coll::Recv(peer),
+                "batch_send_recv" => Coll::Batch,
                 other => return Err(invalid(format!("unknown collective '{other}'"))),
             };
             let splits =
@@ -662,6 +693,11 @@ impl PyComm {
                     }
                     None => None,
                 },
+                batch: batch
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|(send, raw, peer)| Ok((*send, Buf::parse(raw)?, *peer)))
+                    .collect::<ferrocomm::Result<_>>()?,
                 opts: self.opts(stream, algo, low_precision)?,
             })
         })()

@@ -126,6 +126,23 @@ impl<'a> DeviceCounts<'a> {
     }
 }
 
+/// One operation of [`Communicator::batch_send_recv`].
+#[derive(Debug)]
+pub enum P2pOp<'a> {
+    /// `data` to rank `peer`, which receives it with a receive of the same size and dtype.
+    Send { data: View<'a>, peer: usize },
+    /// From rank `peer` into `out`.
+    Recv { out: ViewMut<'a>, peer: usize },
+}
+
+impl P2pOp<'_> {
+    fn peer(&self) -> usize {
+        match self {
+            P2pOp::Send { peer, .. } | P2pOp::Recv { peer, .. } => *peer,
+        }
+    }
+}
+
 /// The counts of [`Communicator::all_to_all_v_dynamic_packed`], in units of `unit` elements.
 #[derive(Debug)]
 pub struct PackedCounts<'a> {
@@ -232,6 +249,8 @@ pub trait Backend: Send + Sync {
         Err(no_device_counts("all_to_all_v_dynamic_packed", self.name()))
     }
     fn barrier(&self, opts: &CallOpts) -> Result<()>;
+    /// Sends and receives issued together (see [`Communicator::batch_send_recv`]).
+    fn batch_send_recv(&self, ops: Vec<P2pOp<'_>>, opts: &CallOpts) -> Result<()>;
     fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
     fn recv(&self, out: ViewMut<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
     /// The algorithm [`crate::select::select`] picks for this call on this backend (for the
@@ -807,6 +826,18 @@ impl Communicator {
     pub fn recv(&self, out: ViewMut<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
         self.check_peer("recv", peer)?;
         self.live()?.recv(out, peer, opts)
+    }
+
+    /// Sends and receives issued together (NCCL's group, torch's `batch_isend_irecv`): they
+    /// progress at once, so a batch may hold a send to a peer and a receive from it in either
+    /// order without waiting on itself. Between two ranks, sends and receives match in the
+    /// order issued (a batch's in its order), each receive the size and dtype of its send.
+    /// Only the ranks named take part.
+    pub fn batch_send_recv(&self, ops: Vec<P2pOp<'_>>, opts: &CallOpts) -> Result<()> {
+        for op in &ops {
+            self.check_peer("batch_send_recv", op.peer())?;
+        }
+        self.live()?.batch_send_recv(ops, opts)
     }
 
     /// A communicator of the ranks listed (in that order). Ranks not listed get `None` and need

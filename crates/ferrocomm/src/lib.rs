@@ -23,7 +23,7 @@ pub mod view;
 
 pub use comm::{
     AlgoChoice, Backend, CallOpts, CommContext, CommOptions, Communicator, DeviceCounts,
-    LowPrecisionChoice, PackedCounts, Splits,
+    LowPrecisionChoice, P2pOp, PackedCounts, Splits,
 };
 pub use config::Config;
 pub use error::{Error, Result};

@@ -5,7 +5,9 @@ mod host_support;
 
 use std::time::Duration;
 
-use ferrocomm::{Algo, CallOpts, Collective, Communicator, DataType, Input, ReduceOp, Splits};
+use ferrocomm::{
+    Algo, CallOpts, Collective, Communicator, DataType, Error, Input, P2pOp, ReduceOp, Splits,
+};
 use host_support::*;
 
 const WORLDS: [usize; 5] = [1, 2, 3, 4, 8];
@@ -431,6 +433,106 @@ fn barrier_and_point_to_point() {
                 assert_eq!(got.bytes(), &input(d, big, 99, peer, false)[..]);
             }
             comm.barrier(&CallOpts::default()).unwrap();
+        });
+    }
+}
+
+#[test]
+fn batched_sends_and_receives() {
+    for n in [2, 3, 4] {
+        run_ranks(n, &cfg(), |comm| {
+            let me = comm.rank();
+            let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+            let o = CallOpts::default();
+            // A ring of messages many mailboxes long, every rank sending before it receives:
+            // one batch moves both, where a send then a receive would wait forever.
+            let big = 50_000;
+            let d = DataType::F32;
+            let msg = input(d, big, 5, me, false);
+            let mut got = Aligned::poisoned(big * 4);
+            comm.batch_send_recv(
+                vec![
+                    P2pOp::Send {
+                        data: view(d, &msg),
+                        peer: next,
+                    },
+                    P2pOp::Recv {
+                        out: view_mut(d, got.bytes_mut()),
+                        peer: prev,
+                    },
+                ],
+                &o,
+            )
+            .unwrap();
+            assert_eq!(got.bytes(), &input(d, big, 5, prev, false)[..]);
+            // Two messages each way between every pair, of two dtypes, in order, the receives
+            // listed first: messages of a pair and direction match in order.
+            let mut sends = Vec::new();
+            let mut want = Vec::new();
+            for p in (0..n).filter(|&p| p != me) {
+                for (k, dt) in [DataType::I64, DataType::BF16].into_iter().enumerate() {
+                    // Elements from rank s to rank r: several mailboxes, no two alike.
+                    let len = |s: usize, r: usize| 3000 * (k + 1) + 7 * s + r;
+                    let seed = 60 + k as u64;
+                    sends.push((dt, input(dt, len(me, p), seed, me, false), p));
+                    want.push((dt, input(dt, len(p, me), seed, p, false), p));
+                }
+            }
+            let mut outs: Vec<Aligned> =
+                want.iter().map(|w| Aligned::poisoned(w.1.len())).collect();
+            let mut ops: Vec<P2pOp<'_>> = Vec::new();
+            for ((dt, _, p), out) in want.iter().zip(outs.iter_mut()) {
+                ops.push(P2pOp::Recv {
+                    out: view_mut(*dt, out.bytes_mut()),
+                    peer: *p,
+                });
+            }
+            for (dt, data, p) in &sends {
+                ops.push(P2pOp::Send {
+                    data: view(*dt, data),
+                    peer: *p,
+                });
+            }
+            comm.batch_send_recv(ops, &o).unwrap();
+            for (w, out) in want.iter().zip(&outs) {
+                assert_eq!(out.bytes(), &w.1[..], "from rank {}", w.2);
+            }
+            // A receive of another size than its send: this batch fails on the receiver, the
+            // message is drained, and the next batch works.
+            let short = input(d, 10, 8, me, false);
+            let mut got = Aligned::poisoned(if me == 0 { 44 } else { 40 });
+            let r = comm.batch_send_recv(
+                vec![
+                    P2pOp::Send {
+                        data: view(d, &short),
+                        peer: next,
+                    },
+                    P2pOp::Recv {
+                        out: view_mut(d, got.bytes_mut()),
+                        peer: prev,
+                    },
+                ],
+                &o,
+            );
+            if me == 0 {
+                assert!(matches!(r, Err(Error::Mismatch { .. })), "{r:?}");
+            } else {
+                r.unwrap();
+            }
+            // A peer out of range or this rank itself: refused before anything moves.
+            for (bad, what) in [(n, "out of range"), (me, "itself")] {
+                let e = comm
+                    .batch_send_recv(
+                        vec![P2pOp::Send {
+                            data: view(d, &short),
+                            peer: bad,
+                        }],
+                        &o,
+                    )
+                    .unwrap_err();
+                assert!(e.to_string().contains(what), "{e}");
+            }
+            comm.barrier(&o).unwrap();
         });
     }
 }

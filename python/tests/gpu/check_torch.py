@@ -259,6 +259,23 @@ def check_methods(comm, tag):
             return same(got, ref.view(dtype), dtype, "copy")
         check(f"send/recv {dn}", sr)
 
+        def batch(x=even):
+            # Every rank sends before it receives, in one batch (torchcomms' BatchSendRecv).
+            t = x.contiguous()
+            got = poison(torch.empty_like(t))
+            nxt, prv = (RANK + 1) % WORLD, (RANK - 1) % WORLD
+            b = comm.batch_op_create()
+            b.send(t, nxt)
+            b.recv(got, prv)
+            b.issue()
+            ref = torch.empty_like(t.view(torch.uint8) if dtype in FP8 else t)
+            src = t.view(torch.uint8) if dtype in FP8 else t
+            ops = [dist.P2POp(dist.isend, src, nxt), dist.P2POp(dist.irecv, ref, prv)]
+            for r in dist.batch_isend_irecv(ops):
+                r.wait()
+            return same(got, ref.view(dtype), dtype, "copy")
+        check(f"batch send/recv {dn}", batch)
+
         if dtype in FP8:
             def fp8(x=even):
                 t = x.contiguous()

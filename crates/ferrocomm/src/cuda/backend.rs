@@ -10,10 +10,10 @@ use super::dda::Dda;
 use super::lowp::{a2av_codec_fits, a2av_plan, all_reduce_kind, LpKind};
 use super::{cu, kernels, open_context};
 use crate::bootstrap::all_gather_bytes;
-use crate::comm::{Backend, CallOpts, CommContext, DeviceCounts, PackedCounts, Splits};
+use crate::comm::{Backend, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts, Splits};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::nccl::{check_views, in_part_ptr, in_ptr, views_of, NcclOps};
+use crate::nccl::{check_views, in_part_ptr, in_ptr, p2p_views, views_of, NcclOps};
 use crate::select::{self, Algo, Capabilities, Collective};
 use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
@@ -726,6 +726,13 @@ impl Backend for CudaBackend {
         )?;
         self.follow(&mut st, opts.stream)?;
         self.nccl("recv")?.recv(out, peer, opts)
+    }
+
+    fn batch_send_recv(&self, ops: Vec<P2pOp<'_>>, opts: &CallOpts) -> Result<()> {
+        let mut st = self.enter()?;
+        check_views("batch_send_recv", self.device, &p2p_views(&ops))?;
+        self.follow(&mut st, opts.stream)?;
+        self.nccl("batch_send_recv")?.batch_send_recv(&ops, opts)
     }
 
     fn algo_for(

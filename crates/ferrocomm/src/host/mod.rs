@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::comm::{Backend, CallOpts, CommContext, DeviceCounts, Splits};
+use crate::comm::{Backend, CallOpts, CommContext, DeviceCounts, P2pOp, Splits};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::select::{self, Algo, Capabilities, Collective};
@@ -542,6 +542,10 @@ impl Backend for HostBackend {
 
     fn recv(&self, out: ViewMut<'_>, peer: usize, _opts: &CallOpts) -> Result<()> {
         self.recv_impl(out, peer)
+    }
+
+    fn batch_send_recv(&self, ops: Vec<P2pOp<'_>>, _opts: &CallOpts) -> Result<()> {
+        self.p2p_impl("batch_send_recv", &ops)
     }
 
     fn algo_for(

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys as drv;
 use cudarc::driver::CudaContext;
 
-use crate::comm::{Backend, CallOpts, CommContext, Splits};
+use crate::comm::{Backend, CallOpts, CommContext, P2pOp, Splits};
 use crate::config::Config;
 use crate::cuda::cu;
 use crate::error::{Error, Result};
@@ -885,15 +885,26 @@ impl Nccl {
         stream: u64,
         what: &'static str,
     ) -> Result<()> {
-        let dt = nccl_dtype(dtype);
+        let sends = sends.iter().map(|&(peer, p, n)| (true, peer, p, n, dtype));
+        let recvs = recvs.iter().map(|&(peer, p, n)| (false, peer, p, n, dtype));
+        let ops: Vec<_> = sends.chain(recvs).collect();
+        self.exchange_ops(&ops, stream, what)
+    }
+
+    /// Grouped point-to-point in the order given: (send?, peer, pointer, count, dtype).
+    pub fn exchange_ops(
+        &self,
+        ops: &[(bool, usize, u64, usize, DataType)],
+        stream: u64,
+        what: &'static str,
+    ) -> Result<()> {
         self.run(what, stream, |live| {
             let l = live.lib();
             // SAFETY: group calls bracket the point-to-point enqueues below.
             live.ok_in_group(unsafe { (l.ncclGroupStart)() }, "ncclGroupStart")?;
             let mut first_err = Ok(());
-            let sends = sends.iter().map(|&(peer, p, n)| (true, peer, p, n));
-            let recvs = recvs.iter().map(|&(peer, p, n)| (false, peer, p, n));
-            for (send, peer, p, n) in sends.chain(recvs) {
+            for &(send, peer, p, n, dtype) in ops {
+                let dt = nccl_dtype(dtype);
                 let (comm, s) = (live.comm(), Self::stream(stream));
                 // SAFETY: `p` holds (or has room for) `n` elements, checked by the communicator.
                 let r = unsafe {
@@ -1249,6 +1260,22 @@ impl NcclOps {
             "recv",
         )
     }
+
+    /// One NCCL group of the batch's sends and receives, in its order.
+    pub fn batch_send_recv(&self, ops: &[P2pOp<'_>], opts: &CallOpts) -> Result<()> {
+        let ops: Vec<_> = ops
+            .iter()
+            .map(|op| match op {
+                P2pOp::Send { data, peer } => {
+                    (true, *peer, data.ptr() as u64, data.count(), data.dtype())
+                }
+                P2pOp::Recv { out, peer } => {
+                    (false, *peer, out.ptr() as u64, out.count(), out.dtype())
+                }
+            })
+            .collect();
+        self.nccl.exchange_ops(&ops, opts.stream, "batch_send_recv")
+    }
 }
 
 impl Drop for NcclOps {
@@ -1330,6 +1357,25 @@ pub(crate) fn views_of<'a>(
         v.push(("input", i.ptr() as u64, i.device(), i.bytes_len()));
     }
     v
+}
+
+/// The buffers of a batch of sends and receives, for [`check_views`].
+pub(crate) fn p2p_views(
+    ops: &[P2pOp<'_>],
+) -> Vec<(&'static str, u64, crate::types::Device, usize)> {
+    ops.iter()
+        .map(|op| match op {
+            P2pOp::Send { data, .. } => (
+                "send data",
+                data.ptr() as u64,
+                data.device(),
+                data.bytes_len(),
+            ),
+            P2pOp::Recv { out, .. } => {
+                ("recv out", out.ptr() as u64, out.device(), out.bytes_len())
+            }
+        })
+        .collect()
 }
 
 impl NcclBackend {
@@ -1433,6 +1479,11 @@ impl Backend for NcclBackend {
             &[("out", out.ptr() as u64, out.device(), out.bytes_len())],
         )?;
         self.ops.recv(out, peer, opts)
+    }
+    fn batch_send_recv(&self, ops: Vec<P2pOp<'_>>, opts: &CallOpts) -> Result<()> {
+        let _g = self.enter()?;
+        check_views("batch_send_recv", self.device, &p2p_views(&ops))?;
+        self.ops.batch_send_recv(&ops, opts)
     }
     fn algo_for(
         &self,
