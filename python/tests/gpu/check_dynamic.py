@@ -15,30 +15,12 @@ device, in a graph too, and two faults one rank makes (reported on every rank). 
 poisoned before every call. Prints a summary; exits 1 on any mismatch.
 """
 
-import os
-import sys
-
 import torch
 
 import ferrocomm
-
-RANK = int(os.environ["RANK"])
-WORLD = int(os.environ["WORLD_SIZE"])
-LOCAL = int(os.environ.get("LOCAL_RANK", RANK))
-SHARE = "--share-gpus" in sys.argv[1:]
-if SHARE:
-    os.environ["FERROCOMM_NCCL_LIB"] = "(no NCCL: ranks share GPUs)"
-DEV = torch.device("cuda", LOCAL % torch.cuda.device_count() if SHARE else LOCAL)
-FAILURES = []
-PASSED = [0]
-
-
-def record(name, ok, detail=""):
-    if ok:
-        PASSED[0] += 1
-    else:
-        FAILURES.append(f"{name}: {detail}")
-        print(f"[rank {RANK}] FAIL {name} {detail}", flush=True)
+from shared_check import (
+    DEV, RANK, WORLD, captured, expect_errors, finish, poison, record, same_bytes,
+)
 
 
 def tokens(sender, seed, rows, hidden, dtype):
@@ -58,11 +40,6 @@ def counts_of(dest, cdt):
     return (dest.unsqueeze(1) == ranks).sum(0).to(cdt)
 
 
-def poison(t):
-    t.view(torch.uint8).fill_(0x7E)
-    return t
-
-
 def expected(seed, rows_of, hidden, dtype, cap, out):
     """The output rank RANK must hold (poison where nothing arrives) and its counts."""
     want = poison(torch.empty_like(out))
@@ -75,10 +52,6 @@ def expected(seed, rows_of, hidden, dtype, cap, out):
         wb[s * cap:s * cap + n] = mine[:n]
         got.append(int((dest == RANK).sum().item()))
     return want, got
-
-
-def same_bytes(a, b):
-    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 def check_dispatch(comm):
@@ -117,20 +90,6 @@ def check_async(comm):
     want, got = expected(40, rows_of, hidden, dtype, cap, out)
     torch.cuda.synchronize(DEV)
     record("async dispatch", same_bytes(out, want) and recv.tolist() == got)
-
-
-def captured(body):
-    """`body` run once on a side stream (warm-up: kernels loaded, buffers mapped), then
-    captured in a CUDA graph."""
-    s = torch.cuda.Stream(DEV)
-    s.wait_stream(torch.cuda.current_stream(DEV))
-    with torch.cuda.stream(s):
-        body()
-    torch.cuda.current_stream(DEV).wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    return graph
 
 
 def replays(graph, bufs, shape, seeds, expect):
@@ -315,12 +274,7 @@ def check_errors(comm):
             torch.empty(2 * WORLD, 2, device=DEV), rows, cnt.cpu(), rcv)),
         ("overlap", lambda: comm.all_to_all_v_dynamic(rows[:2 * WORLD], rows, cnt, rcv)),
     ]
-    for needle, f in cases:
-        try:
-            f()
-            record(f"error: {needle}", False, "no error")
-        except ferrocomm.FerrocommValueError as e:
-            record(f"error: {needle}", needle in str(e), str(e))
+    expect_errors(cases)
 
 
 def main():
@@ -335,9 +289,7 @@ def main():
     check_packed_graph(comm)
     check_packed_faults(comm)
     check_errors(comm)
-    comm.finalize()
-    print(f"[rank {RANK}] summary: {PASSED[0]} passed, {len(FAILURES)} failed", flush=True)
-    sys.exit(1 if FAILURES else 0)
+    finish(comm)
 
 
 if __name__ == "__main__":

@@ -11,33 +11,16 @@ work, a CUDA graph, and the errors for bad lists. Outputs are poisoned before ev
 Prints a summary; exits 1 on any mismatch.
 """
 
-import os
-import sys
-
 import torch
 
 import ferrocomm
 from ferrocomm import ReduceOp
+from shared_check import (
+    DEV, RANK, WORLD, captured, expect_errors, finish, poison, record, same_bytes,
+)
 
-RANK = int(os.environ["RANK"])
-WORLD = int(os.environ["WORLD_SIZE"])
-LOCAL = int(os.environ.get("LOCAL_RANK", RANK))
-SHARE = "--share-gpus" in sys.argv[1:]
-if SHARE:
-    os.environ["FERROCOMM_NCCL_LIB"] = "(no NCCL: ranks share GPUs)"
-DEV = torch.device("cuda", LOCAL % torch.cuda.device_count() if SHARE else LOCAL)
-FAILURES = []
-PASSED = [0]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.uint8,
           torch.float8_e4m3fn]
-
-
-def record(name, ok, detail=""):
-    if ok:
-        PASSED[0] += 1
-    else:
-        FAILURES.append(f"{name}: {detail}")
-        print(f"[rank {RANK}] FAIL {name} {detail}", flush=True)
 
 
 def rand(n, dtype, seed, owner):
@@ -47,16 +30,6 @@ def rand(n, dtype, seed, owner):
         return (torch.randn(n, device=DEV, generator=g) * 3).to(dtype)
     hi = 9 if dtype == torch.uint8 else 1000
     return torch.randint(0, hi, (n,), device=DEV, generator=g).to(dtype)
-
-
-def poison(t):
-    t.view(torch.uint8).fill_(0x7E)
-    return t
-
-
-def same_bytes(a, b):
-    torch.cuda.synchronize(DEV)
-    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 def sizes(base):
@@ -125,14 +98,7 @@ def check_async_and_graph(comm):
         comm.gather(got, src, root)
         comm.scatter(out, parts, root)
 
-    s = torch.cuda.Stream(DEV)
-    s.wait_stream(torch.cuda.current_stream(DEV))
-    with torch.cuda.stream(s):
-        body()
-    torch.cuda.current_stream(DEV).wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
+    graph = captured(body)
     errs = []
     for it in range(3):
         seed = 910 + it
@@ -160,12 +126,7 @@ def check_errors(comm):
             [torch.empty(4, device=DEV, dtype=torch.float64) for _ in range(WORLD)], t)),
         ("is on cpu", lambda: comm.scatter(t, [torch.ones(4) for _ in range(WORLD)], RANK)),
     ]
-    for needle, f in cases:
-        try:
-            f()
-            record(f"error: {needle}", False, "no error")
-        except ferrocomm.FerrocommValueError as e:
-            record(f"error: {needle}", needle in str(e), str(e))
+    expect_errors(cases)
 
 
 def main():
@@ -175,9 +136,7 @@ def main():
     check_reduce_scatter_v(comm)
     check_async_and_graph(comm)
     check_errors(comm)
-    comm.finalize()
-    print(f"[rank {RANK}] summary: {PASSED[0]} passed, {len(FAILURES)} failed", flush=True)
-    sys.exit(1 if FAILURES else 0)
+    finish(comm)
 
 
 if __name__ == "__main__":

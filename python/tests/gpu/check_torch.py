@@ -129,6 +129,16 @@ def ops_for(dtype):
     return ["sum", "min", "max"]
 
 
+def torch_ring(t, nxt, prv):
+    """What torch.distributed receives from `prv` while sending `t` to `nxt` (fp8 as bytes)."""
+    src = t.view(torch.uint8) if t.dtype in FP8 else t
+    ref = torch.empty_like(src)
+    ops = [dist.P2POp(dist.isend, src, nxt), dist.P2POp(dist.irecv, ref, prv)]
+    for r in dist.batch_isend_irecv(ops):
+        r.wait()
+    return ref
+
+
 def check_methods(comm, tag):
     seed = 0
     for dtype in FLOATS + INTS:
@@ -251,12 +261,7 @@ def check_methods(comm, tag):
             else:
                 comm.recv(got, prv)
                 comm.send(t, nxt)
-            ref = torch.empty_like(t.view(torch.uint8) if dtype in FP8 else t)
-            src = t.view(torch.uint8) if dtype in FP8 else t
-            ops = [dist.P2POp(dist.isend, src, nxt), dist.P2POp(dist.irecv, ref, prv)]
-            for r in dist.batch_isend_irecv(ops):
-                r.wait()
-            return same(got, ref.view(dtype), dtype, "copy")
+            return same(got, torch_ring(t, nxt, prv).view(dtype), dtype, "copy")
         check(f"send/recv {dn}", sr)
 
         def batch(x=even):
@@ -268,12 +273,7 @@ def check_methods(comm, tag):
             b.send(t, nxt)
             b.recv(got, prv)
             b.issue()
-            ref = torch.empty_like(t.view(torch.uint8) if dtype in FP8 else t)
-            src = t.view(torch.uint8) if dtype in FP8 else t
-            ops = [dist.P2POp(dist.isend, src, nxt), dist.P2POp(dist.irecv, ref, prv)]
-            for r in dist.batch_isend_irecv(ops):
-                r.wait()
-            return same(got, ref.view(dtype), dtype, "copy")
+            return same(got, torch_ring(t, nxt, prv).view(dtype), dtype, "copy")
         check(f"batch send/recv {dn}", batch)
 
         if dtype in FP8:
