@@ -13,3 +13,7 @@ for p in check_dynamic check_lists; do
   PYTHONPATH=/tmp/fc-site timeout 150 torchrun --nproc_per_node 2 python/tests/gpu/$p.py > $OUT/$p.txt 2>&1
   echo "$p rc=$?"; grep -E "summary|FAIL" $OUT/$p.txt | head -8
 done
+# And the whole Python API against torch.distributed on two GPUs (the batch of sends and
+# receives included: one NCCL group).
+PYTHONPATH=/tmp/fc-site CHECK_WATCHDOG_S=170 timeout 180 torchrun --nproc_per_node 2 python/tests/gpu/check_torch.py > $OUT/check_torch.txt 2>&1
+echo "check_torch rc=$?"; grep -E "summary|FAIL" $OUT/check_torch.txt | head -12
