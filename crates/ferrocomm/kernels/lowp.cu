@@ -36,7 +36,7 @@ struct Lp {
     u32 push;        // one-shot: 1 = records into the receivers' staging, 0 = into the sender's
     u32 sig;         // signature of the call (equal on every rank that makes the same call)
     u32 v;           // all-to-all-v (two ranks): part p's count and place below, not strides
-    u32 pad_;
+    u32 split;       // push, one part (nin = 1): odd groups stay in the sender's staging, pulled
     u64 scount[2];   // v: elements sent to rank p, from input element sdispl[p]
     u64 sdispl[2];
     u64 rcount[2];   // v: elements received from rank p, at output element rdispl[p]
@@ -638,9 +638,12 @@ __device__ __forceinline__ void lp_fetch_step(const T* in, bool vec, u64 g0, u64
 }
 
 // Where a quantizer stores its records: one buffer (the codec alone), or the same records into
-// ranks lo..hi-1, each at byte `off` of its staging (the one-shot family's push).
+// ranks lo..hi-1, each at byte `off` of its staging (the one-shot family's push); `group(g)` is
+// where group g goes. With `split` the odd groups go to the sender's own staging only, at the
+// same place, and the receivers pull them after the barrier.
 struct EncOne {
     u8* p;
+    __device__ __forceinline__ EncOne group(u64) const { return *this; }
     __device__ __forceinline__ u32 count() const { return 1; }
     __device__ __forceinline__ u8* at(u32) const { return p; }
 };
@@ -648,6 +651,10 @@ struct EncRanks {
     const Args* a;
     u64 off;
     u32 lo, hi;
+    u32 split;
+    __device__ __forceinline__ EncRanks group(u64 g) const {
+        return split && (g & 1) ? EncRanks{a, off, a->rank, a->rank + 1, 0} : *this;
+    }
     __device__ __forceinline__ u32 count() const { return hi - lo; }
     __device__ __forceinline__ u8* at(u32 d) const { return (u8*)(a->staging[lo + d] + off); }
 };
@@ -761,12 +768,13 @@ __device__ void quant_groups_f(const Lp& l, const T* in, bool vec, u64 glo, u64 
             u64 goff = g * ((LP_GROUP_ELEMS >> lp_log2(B)) * rec);  // 16-aligned (see above)
             // Whole 16-byte pieces, then the last group's tail byte by byte (fc_lp_encode
             // writes a caller's buffer of exactly the encoded size).
+            auto dst = enc.group(g);
             for (u32 v = lane; v < gbytes / 16; v += 32) {
                 uint4 x = ((const uint4*)sm)[v];
-                for (u32 d = 0; d < enc.count(); d++) *(uint4*)(enc.at(d) + goff + v * 16) = x;
+                for (u32 d = 0; d < dst.count(); d++) *(uint4*)(dst.at(d) + goff + v * 16) = x;
             }
             for (u32 i = (gbytes & ~15u) + lane; i < gbytes; i += 32)
-                for (u32 d = 0; d < enc.count(); d++) enc.at(d)[goff + i] = sm[i];
+                for (u32 d = 0; d < dst.count(); d++) dst.at(d)[goff + i] = sm[i];
             if (OWN && own) lp_decode_group_sm<1>(l, sm, 1, first, n, own, vown, lane, 0, 1.0f);
             __syncwarp();
         }
@@ -817,13 +825,15 @@ __device__ void dequant_groups(const Args& a, const Lp& l, const u64* base, u32 
 // The decode: the group's records of each of k <= NR ranks (16-byte aligned, see above)
 // are fetched with 16-byte loads, all ranks' loads in flight at once, into the warp's shared
 // memory (NR * LP_GROUP_BYTES_MAX bytes), then decoded and summed in rank order from there.
+// With `odd` set, odd groups come from odd[0..k) instead (a split push: see EncRanks).
 template <int NR>
 __device__ void dequant_groups_pull(const Args& a, const Lp& l, const u64* base, u32 k, u64 glo,
                                     u64 ghi, u64 gw, u64 W, u64 n, T* out, bool vec, u32 lane,
-                                    u8* sm) {
+                                    u8* sm, const u64* odd = nullptr) {
     u32 B = l.block;
     u32 rec = 4 + B;
     for (u64 g = glo + gw; g < ghi; g += W) {
+        const u64* src = odd && (g & 1) ? odd : base;
         u64 first = g * LP_GROUP_ELEMS;
         u64 left = n - first;
         u32 gbytes = lp_rec_bytes(left < LP_GROUP_ELEMS ? (u32)left : LP_GROUP_ELEMS, B);
@@ -835,7 +845,7 @@ __device__ void dequant_groups_pull(const Args& a, const Lp& l, const u64* base,
 #pragma unroll
             for (u32 h = 0; h < 2; h++)
                 if (r < k && lane + 32 * h < nv)
-                    v[r][h] = ld_v4((const uint4*)(base[r] + goff + (lane + 32 * h) * 16));
+                    v[r][h] = ld_v4((const uint4*)(src[r] + goff + (lane + 32 * h) * 16));
 #pragma unroll
         for (u32 r = 0; r < NR; r++)
 #pragma unroll
@@ -848,14 +858,16 @@ __device__ void dequant_groups_pull(const Args& a, const Lp& l, const u64* base,
     }
 }
 
-// Decodes units 0..nu (groups for B <= 128, tiles above) of k encodings at base[0..k).
+// Decodes units 0..nu (groups for B <= 128, tiles above) of k encodings at base[0..k) (odd
+// groups at odd[0..k) where given: a split push, groups only, k <= 4).
 __device__ __forceinline__ void lp_decode_units(const Args& a, const Lp& l, const u64* base,
                                                 u32 k, u64 nu, u64 gw, u64 W, u64 n, T* out,
-                                                bool vec, u32 lane, u8* sm) {
+                                                bool vec, u32 lane, u8* sm,
+                                                const u64* odd = nullptr) {
     if (l.block > 128) dequant_tiles(a, l, base, k, 0, 0, nu, gw, W, n, out, vec, lane);
-    else if (k == 1) dequant_groups_pull<1>(a, l, base, k, 0, nu, gw, W, n, out, vec, lane, sm);
-    else if (k == 2) dequant_groups_pull<2>(a, l, base, k, 0, nu, gw, W, n, out, vec, lane, sm);
-    else if (k <= 4) dequant_groups_pull<4>(a, l, base, k, 0, nu, gw, W, n, out, vec, lane, sm);
+    else if (k == 1) dequant_groups_pull<1>(a, l, base, k, 0, nu, gw, W, n, out, vec, lane, sm, odd);
+    else if (k == 2) dequant_groups_pull<2>(a, l, base, k, 0, nu, gw, W, n, out, vec, lane, sm, odd);
+    else if (k <= 4) dequant_groups_pull<4>(a, l, base, k, 0, nu, gw, W, n, out, vec, lane, sm, odd);
     else dequant_groups<FC_MAX_RANKS, 1>(a, l, base, k, 0, nu, gw, W, n, out, vec, lane);
 }
 
@@ -934,8 +946,9 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
         u64 np = v ? lp_v(l.scount, p) : n;
         u64 nup = v ? (np + LP_GROUP_ELEMS - 1) / LP_GROUP_ELEMS : nu;
         bool vinp = v ? ((u64)in & 15) == 0 : vin;
-        EncRanks to = l.push ? EncRanks{&a, slot, l.nin == 1 ? 0 : p, l.nin == 1 ? a.world : p + 1}
-                             : EncRanks{&a, par + (u64)p * l.region, a.rank, a.rank + 1};
+        EncRanks to = l.push ? EncRanks{&a, slot, l.nin == 1 ? 0 : p, l.nin == 1 ? a.world : p + 1,
+                                        l.nin == 1 ? l.split : 0}
+                             : EncRanks{&a, par + (u64)p * l.region, a.rank, a.rank + 1, 0};
         if (grouped) {
             // The wide build, capped at 64 registers, holds one quantizer, as before (a second,
             // for E4M3, added to its spills).
@@ -965,8 +978,15 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
             base[r] = r >= a.world ? 0
                       : l.push     ? a.staging[a.rank] + par + (u64)r * l.region
                                    : a.staging[r] + par + (u64)(l.nin == 1 ? 0 : a.rank) * l.region;
+        // A split push (one part, up to four ranks): the odd groups are in each sender's staging,
+        // at its slot there.
+        u64 odd_base[4];
+#pragma unroll
+        for (u32 r = 0; r < 4; r++)
+            odd_base[r] = r < a.world ? a.staging[r] + par + (u64)r * l.region : 0;
+        const u64* odd = l.split && l.nin == 1 && a.world <= 4 ? odd_base : nullptr;
         if (l.reduce) {
-            lp_decode_units(a, l, base, a.world, nu, gw, W, n, (T*)a.output, vout, lane, sm);
+            lp_decode_units(a, l, base, a.world, nu, gw, W, n, (T*)a.output, vout, lane, sm, odd);
         } else {
             for (u32 r = 0; r < a.world; r++) {
                 if ((a2a || own) && r == a.rank) continue;
@@ -974,7 +994,8 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
                 u64 nr = v ? lp_v(l.rcount, r) : n;
                 u64 nur = v ? (nr + LP_GROUP_ELEMS - 1) / LP_GROUP_ELEMS : nu;
                 bool voutr = v ? ((u64)out & 15) == 0 : vout;
-                lp_decode_units(a, l, base + r, 1, nur, gw, W, nr, out, voutr, lane, sm);
+                lp_decode_units(a, l, base + r, 1, nur, gw, W, nr, out, voutr, lane, sm,
+                                odd ? odd + r : nullptr);
             }
         }
     }

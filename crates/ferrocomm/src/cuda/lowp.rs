@@ -45,7 +45,9 @@ struct Lp {
     sig: u32,
     /// All-to-all-v (two ranks): the counts and displacements below replace the strides.
     v: u32,
-    pad: u32,
+    /// Push of one part (`nin` = 1): odd groups stay in the sender's staging and the receivers
+    /// pull them after the barrier, while they decode the pushed ones.
+    split: u32,
     scount: [u64; 2],
     sdispl: [u64; 2],
     rcount: [u64; 2],
@@ -58,6 +60,13 @@ fn format_code(f: Format) -> u32 {
         Format::E5M2 => 1,
         Format::Int8 => 2,
     }
+}
+
+/// Whether a push of one part (one-shot all-reduce, all-gather) leaves its odd groups in the
+/// sender's staging for the receivers to pull: half the records cross the link while the
+/// quantizer runs, the other half while the receivers decode the first (two ranks, groups).
+fn split_push(push: bool, codec: &Codec, world: usize) -> u32 {
+    u32::from(push && codec.block <= 128 && world == 2)
 }
 
 /// Elements a warp handles at once (`lp_tile`): 128, or one block when blocks are larger.
@@ -368,10 +377,12 @@ impl Dda {
                 LpKind::Tree => ("fc_lp_tree", grid_for(tiles.div_ceil(world))),
                 LpKind::Flat => {
                     l.reduce = 1;
+                    l.split = split_push(push, codec, world);
                     (one_shot, grid_for(units))
                 }
                 LpKind::AllGather => {
                     l.out_stride = part as u64;
+                    l.split = split_push(push, codec, world);
                     (one_shot, grid_for(units))
                 }
                 LpKind::ReduceScatter => {
