@@ -36,7 +36,8 @@ struct Lp {
     u32 push;        // one-shot: 1 = records into the receivers' staging, 0 = into the sender's
     u32 sig;         // signature of the call (equal on every rank that makes the same call)
     u32 v;           // all-to-all-v (two ranks): part p's count and place below, not strides
-    u32 split;       // push, one part (nin = 1): odd groups stay in the sender's staging, pulled
+    u32 split;       // push (one part, or the all-to-all at two ranks): odd groups stay in the
+                     // sender's staging, at its slot, and the receivers pull them
     u64 scount[2];   // v: elements sent to rank p, from input element sdispl[p]
     u64 sdispl[2];
     u64 rcount[2];   // v: elements received from rank p, at output element rdispl[p]
@@ -938,6 +939,10 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
     T* own = !WIDE && l.nin == 1 && !l.reduce && grouped ? (T*)a.output + a.rank * l.out_stride
                                                           : nullptr;
     u64 slot = par + (u64)a.rank * l.region;  // this rank's slot in every receiver's staging
+    // A split push needs the sender's own slot free for what it keeps back: one part (the same
+    // records for every receiver, its own decode included) or the all-to-all at two ranks (the
+    // own part is not encoded).
+    u32 split = l.split && l.push && (l.nin == 1 || (a2a && a.world == 2)) && a.world <= 4 ? 1 : 0;
     for (u32 p = 0; p < l.nin; p++) {
         if (a2a && p == a.rank) continue;
         const T* in = (const T*)a.input + (v ? lp_v(l.sdispl, p) : p * l.in_stride);
@@ -947,7 +952,7 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
         u64 nup = v ? (np + LP_GROUP_ELEMS - 1) / LP_GROUP_ELEMS : nu;
         bool vinp = v ? ((u64)in & 15) == 0 : vin;
         EncRanks to = l.push ? EncRanks{&a, slot, l.nin == 1 ? 0 : p, l.nin == 1 ? a.world : p + 1,
-                                        l.nin == 1 ? l.split : 0}
+                                        split}
                              : EncRanks{&a, par + (u64)p * l.region, a.rank, a.rank + 1, 0};
         if (grouped) {
             // The wide build, capped at 64 registers, holds one quantizer, as before (a second,
@@ -978,13 +983,12 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
             base[r] = r >= a.world ? 0
                       : l.push     ? a.staging[a.rank] + par + (u64)r * l.region
                                    : a.staging[r] + par + (u64)(l.nin == 1 ? 0 : a.rank) * l.region;
-        // A split push (one part, up to four ranks): the odd groups are in each sender's staging,
-        // at its slot there.
+        // A split push: the odd groups are in each sender's own staging, at its slot there.
         u64 odd_base[4];
 #pragma unroll
         for (u32 r = 0; r < 4; r++)
             odd_base[r] = r < a.world ? a.staging[r] + par + (u64)r * l.region : 0;
-        const u64* odd = l.split && l.nin == 1 && a.world <= 4 ? odd_base : nullptr;
+        const u64* odd = split ? odd_base : nullptr;
         if (l.reduce) {
             lp_decode_units(a, l, base, a.world, nu, gw, W, n, (T*)a.output, vout, lane, sm, odd);
         } else {

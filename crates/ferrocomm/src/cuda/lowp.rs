@@ -62,7 +62,7 @@ fn format_code(f: Format) -> u32 {
     }
 }
 
-/// Whether a push of one part (one-shot all-reduce, all-gather) leaves its odd groups in the
+/// Whether a push (one-shot all-reduce, all-gather, all-to-all) leaves its odd groups in the
 /// sender's staging for the receivers to pull: half the records cross the link while the
 /// quantizer runs, the other half while the receivers decode the first (two ranks, groups).
 fn split_push(push: bool, codec: &Codec, world: usize) -> u32 {
@@ -394,6 +394,7 @@ impl Dda {
                 LpKind::AllToAll => {
                     // The own part is copied, not encoded (kernels/lowp.cu).
                     l.nin = world as u32;
+                    l.split = split_push(push, codec, world);
                     l.in_stride = part as u64;
                     l.out_stride = part as u64;
                     (one_shot, grid_for(units))
