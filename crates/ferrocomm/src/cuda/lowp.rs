@@ -340,7 +340,16 @@ impl Dda {
         } else {
             0
         };
-        let (push, chunk) = plan(kind, part, pull_most, push_most, tile(codec));
+        // At two ranks the split push overlaps the link with the quantizer and the decode: it
+        // is taken even where it needs more chunks than pull.
+        let (push, chunk) = if push_most > 0
+            && split_push(true, codec, world) == 1
+            && matches!(kind, LpKind::Flat | LpKind::AllGather)
+        {
+            plan(kind, part, push_most, push_most, tile(codec))
+        } else {
+            plan(kind, part, pull_most, push_most, tile(codec))
+        };
         let reduces = matches!(kind, LpKind::Flat | LpKind::Tree | LpKind::ReduceScatter);
         let mut off = 0usize;
         while off < part {
