@@ -1208,18 +1208,23 @@ __device__ __forceinline__ void reduce_scatter_ll(const Args& a, const CArgs& c)
     u64 nunit = (bytes + 7) / 8;
     const u8* in = (const u8*)a.input;
     u8* out = (u8*)a.output;
+    const u8* own = in + a.rank * bytes;
+    // The first own unit, and at two ranks the first unit for the peer, before the epoch word.
+    u64 first = ll_first();
+    bool has = first < nunit;
+    uint2 mine0 = has ? ll_load(own, bytes, first) : make_uint2(0, 0);
+    uint2 peer0 = W == 2 && has ? ll_load(in + (1 - a.rank) * bytes, bytes, first) : make_uint2(0, 0);
     Ll l = ll_begin(a, c);
     for (u32 k = 1; k < ll_world<W>(a); k++) {
         u32 p = ll_peer<W>(a, k);
         u64 to = a.push[p];
-        for (u64 u = l.first; u < nunit; u += l.stride)
-            ll_send_at(a, l, to, u, ll_load(in + p * bytes, bytes, u));
+        for (u64 u = first; u < nunit; u += l.stride)
+            ll_send_at(a, l, to, u, W == 2 && u == first ? peer0 : ll_load(in + p * bytes, bytes, u));
     }
-    const u8* own = in + a.rank * bytes;
     bool ok = true;
-    for (u64 u = l.first; u < nunit && ok; u += l.stride) {
+    for (u64 u = first; u < nunit && ok; u += l.stride) {
         uint2 r;
-        ok = ll_reduce_unit<OP, W>(a, c, l, u, ll_load(own, bytes, u), &r);
+        ok = ll_reduce_unit<OP, W>(a, c, l, u, u == first ? mine0 : ll_load(own, bytes, u), &r);
         if (ok) ll_store(out, bytes, u, r);
     }
     ll_end(a, c, l);
