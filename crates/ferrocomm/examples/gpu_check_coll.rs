@@ -913,6 +913,23 @@ fn dynamic(c: &mut Ctx, quick: bool) -> Res<()> {
     dynamic_faults(c)
 }
 
+/// `counts` as `cdt` (i32 or i64) in a device buffer.
+fn counts_buf(cdt: DataType, counts: &[i64]) -> Res<Buf> {
+    let enc: Vec<u8> = counts
+        .iter()
+        .flat_map(|&x| {
+            if cdt == DataType::I32 {
+                (x as i32).to_le_bytes().to_vec()
+            } else {
+                x.to_le_bytes().to_vec()
+            }
+        })
+        .collect();
+    let b = Buf::new(counts.len() * 8)?;
+    b.upload(0, &enc)?;
+    Ok(b)
+}
+
 /// One packed device-count all-to-all-v (NCCLX's device_alltoallv_single): this rank's
 /// `input` bytes, its send and receive counts (units of `unit` elements) uploaded as `cdt`, a
 /// poisoned output of `out_units` units. Returns the call's result, the output's bytes and
@@ -934,21 +951,8 @@ fn run_packed(
     inb.upload(0, input)?;
     let outb = Buf::new(out_units * es)?;
     outb.poison()?;
-    let enc = |v: &[i64]| -> Vec<u8> {
-        v.iter()
-            .flat_map(|&x| {
-                if cdt == DataType::I32 {
-                    (x as i32).to_le_bytes().to_vec()
-                } else {
-                    x.to_le_bytes().to_vec()
-                }
-            })
-            .collect()
-    };
-    let scb = Buf::new(w * 8)?;
-    scb.upload(0, &enc(send))?;
-    let rcb = Buf::new(w * 8)?;
-    rcb.upload(0, &enc(recv))?;
+    let scb = counts_buf(cdt, send)?;
+    let rcb = counts_buf(cdt, recv)?;
     sync()?;
     // SAFETY: buffers of this device of the sizes given; synchronised below.
     let r = unsafe {
@@ -1157,18 +1161,7 @@ fn run_dynamic(
     inb.upload(0, input)?;
     let outb = Buf::new(w * cap * es)?;
     outb.poison()?;
-    let enc: Vec<u8> = counts
-        .iter()
-        .flat_map(|&x| {
-            if cdt == DataType::I32 {
-                (x as i32).to_le_bytes().to_vec()
-            } else {
-                x.to_le_bytes().to_vec()
-            }
-        })
-        .collect();
-    let scb = Buf::new(w * 8)?;
-    scb.upload(0, &enc)?;
+    let scb = counts_buf(cdt, counts)?;
     let rcb = Buf::new(w * 8)?;
     rcb.poison()?;
     sync()?;

@@ -136,7 +136,8 @@ pub enum P2pOp<'a> {
 }
 
 impl P2pOp<'_> {
-    fn peer(&self) -> usize {
+    /// The rank at the other end.
+    pub fn peer(&self) -> usize {
         match self {
             P2pOp::Send { peer, .. } | P2pOp::Recv { peer, .. } => *peer,
         }

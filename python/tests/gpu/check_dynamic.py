@@ -41,16 +41,19 @@ def counts_of(dest, cdt):
 
 
 def expected(seed, rows_of, hidden, dtype, cap, out):
-    """The output rank RANK must hold (poison where nothing arrives) and its counts."""
+    """The output rank RANK must hold (poison where nothing arrives) and its counts: the rows
+    from rank s at row s * cap, cut to `cap`; with `cap` None packed one after another."""
     want = poison(torch.empty_like(out))
     wb = want.view(torch.uint8)  # bytes: boolean indexing has no fp8 kernels
-    got = []
+    at, got = 0, []
     for s in range(WORLD):
         x, dest = tokens(s, seed, rows_of(s), hidden, dtype)
         mine = x.view(torch.uint8)[dest == RANK]
-        n = min(mine.shape[0], cap)
-        wb[s * cap:s * cap + n] = mine[:n]
-        got.append(int((dest == RANK).sum().item()))
+        n = mine.shape[0] if cap is None else min(mine.shape[0], cap)
+        start = at if cap is None else s * cap
+        wb[start:start + n] = mine[:n]
+        at += n
+        got.append(mine.shape[0])
     return want, got
 
 
@@ -158,20 +161,6 @@ def check_overfull(comm):
     record("overfull: the communicator works again", bool((t == WORLD).all().item()))
 
 
-def packed_expected(seed, rows_of, hidden, dtype, out):
-    """Rank RANK's packed output (poison past the rows that arrive) and its receive counts."""
-    want = poison(torch.empty_like(out))
-    wb = want.view(torch.uint8)
-    at, got = 0, []
-    for s in range(WORLD):
-        x, dest = tokens(s, seed, rows_of(s), hidden, dtype)
-        mine = x.view(torch.uint8)[dest == RANK]
-        wb[at:at + mine.shape[0]] = mine
-        at += mine.shape[0]
-        got.append(mine.shape[0])
-    return want, got
-
-
 def exchange_counts(comm, send):
     """Receive counts from the send counts with an all-to-all of the counts, on the device."""
     recv = torch.empty_like(send)
@@ -197,7 +186,7 @@ def check_packed(comm):
         recv = exchange_counts(comm, send)
         out = poison(torch.empty(bound, hidden, dtype=dtype, device=DEV))
         comm.device_alltoallv_single(out, x, recv, send)
-        want, got = packed_expected(seed, rows_of, hidden, dtype, out)
+        want, got = expected(seed, rows_of, hidden, dtype, None, out)
         torch.cuda.synchronize(DEV)
         name = f"packed {str(dtype)[6:]} rows of {hidden}, {str(cdt)[6:]} counts"
         record(name, same_bytes(out, want) and recv.tolist() == got, f"{recv.tolist()} {got}")
@@ -221,7 +210,7 @@ def check_packed_graph(comm):
         comm.device_alltoallv_single(out, xs, recv, send)
 
     errs = replays(captured(body), (xs, dst, out, recv), (rows, hidden, dtype), range(91, 95),
-                   lambda seed: packed_expected(seed, lambda s: rows, hidden, dtype, out))
+                   lambda seed: expected(seed, lambda s: rows, hidden, dtype, None, out))
     record("packed: graph capture and replay, new routing each time", not errs, "; ".join(errs))
 
 

@@ -65,18 +65,15 @@ impl HostBackend {
                 mismatch: None,
             })
             .collect();
-        let n = self.world;
         let mut backoff = Backoff::new(self.timeout());
+        // Only the first unfinished message of each pair and direction may move.
+        let mut claimed = vec![[false; 2]; self.world];
         loop {
             let mut moved = false;
-            // Only the first unfinished message of each pair and direction may move.
-            let mut claimed = vec![[false; 2]; n];
+            claimed.fill([false; 2]);
             for m in moving.iter_mut().filter(|m| m.k < m.chunks) {
-                let (dir, peer) = match m.op {
-                    P2pOp::Send { peer, .. } => (0, *peer),
-                    P2pOp::Recv { peer, .. } => (1, *peer),
-                };
-                if std::mem::replace(&mut claimed[peer][dir], true) {
+                let dir = usize::from(matches!(m.op, P2pOp::Recv { .. }));
+                if std::mem::replace(&mut claimed[m.op.peer()][dir], true) {
                     continue;
                 }
                 moved |= if dir == 0 {
@@ -93,28 +90,24 @@ impl HostBackend {
                 backoff = Backoff::new(self.timeout());
                 continue;
             }
-            let pending: Vec<usize> = moving
+            let mut pending = moving
                 .iter()
                 .filter(|m| m.k < m.chunks)
-                .map(|m| m.op_peer())
-                .collect();
-            let first = waiting.op_peer();
-            if let Some(&p) = pending
-                .iter()
-                .find(|&&p| self.seg.failed(p).load(Ordering::Relaxed) != 0)
+                .map(|m| m.op.peer());
+            if let Some(p) = pending
+                .clone()
+                .find(|&p| self.seg.failed(p).load(Ordering::Relaxed) != 0)
             {
                 return Err(self.p2p_stop(Stop::PeerFailed, what, p));
             }
             let mut dead = None;
             let alive = || {
                 dead = pending
-                    .iter()
-                    .copied()
                     .find(|&p| !process_alive(self.seg.pid(p).load(Ordering::Relaxed) as u32));
                 dead.is_none()
             };
             if let Err(stop) = backoff.pause(alive) {
-                return Err(self.p2p_stop(stop, what, dead.unwrap_or(first)));
+                return Err(self.p2p_stop(stop, what, dead.unwrap_or(waiting.op.peer())));
             }
         }
         match moving.into_iter().find_map(|m| m.mismatch) {
@@ -208,13 +201,5 @@ impl HostBackend {
         mail.acked.store(acked + 1, Ordering::Release);
         m.k += 1;
         true
-    }
-}
-
-impl Moving<'_, '_> {
-    fn op_peer(&self) -> usize {
-        match self.op {
-            P2pOp::Send { peer, .. } | P2pOp::Recv { peer, .. } => *peer,
-        }
     }
 }
