@@ -9,7 +9,7 @@ use ferrocomm::config::Source;
 use ferrocomm::select::{
     default_all_reduce_thresholds, default_direct_max, direct_max_setting, DIRECT_LIMITED,
 };
-use ferrocomm::Config;
+use ferrocomm::{Collective, Config};
 
 /// Print GPUs, links, libraries, thresholds and settings in effect.
 #[derive(clap::Args, Debug)]
@@ -433,6 +433,12 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
             ),
         };
     }
+    let (v, var) = direct_max_setting(t, Collective::Send);
+    let _ = writeln!(
+        w,
+        "send/recv: direct <= {} at two ranks only, otherwise: NCCL",
+        threshold(v, default_direct_max(Collective::Send, 2).unwrap_or(0), var)
+    );
     if cfg.algo != ferrocomm::Algo::Auto {
         let _ = writeln!(w, "forced algorithm: {} (FERROCOMM_ALGO)", cfg.algo);
     }

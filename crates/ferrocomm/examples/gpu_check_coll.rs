@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys;
 use ferrocomm::bootstrap::{all_gather_bytes, store_barrier};
 use ferrocomm::{
-    Algo, CallOpts, Communicator, Config, DataType, Device, DeviceCounts, Input, PackedCounts,
-    Splits, View, ViewMut,
+    Algo, CallOpts, Collective, Communicator, Config, DataType, Device, DeviceCounts, Input,
+    PackedCounts, Splits, View, ViewMut,
 };
 use rand::{Rng, SeedableRng};
 
@@ -168,6 +168,38 @@ enum Coll {
     Broadcast(usize),
     ReduceScatter(OpK),
     Reduce(OpK, usize),
+    /// A message from the rank given to the next one (send on one, recv on the other; the
+    /// rest take no part).
+    SendRecv(usize),
+}
+
+/// Whether this communicator can run point-to-point at all (not above two ranks without NCCL,
+/// as with `--share-gpus`).
+fn has_p2p(comm: &Communicator) -> bool {
+    comm.size() > 1
+        && comm
+            .algo_for(Collective::Send, 4, DataType::BF16, &CallOpts::default())
+            .is_ok()
+}
+
+/// The sender's send or the next rank's receive of one message from `sender` (`Coll::SendRecv`);
+/// other ranks do nothing.
+fn p2p(
+    comm: &Communicator,
+    sender: usize,
+    input: View<'_>,
+    out: ViewMut<'_>,
+    opts: &CallOpts,
+) -> ferrocomm::Result<()> {
+    let (me, w) = (comm.rank(), comm.size());
+    let to = (sender + 1) % w;
+    if me == sender {
+        comm.send(input, to, opts)
+    } else if me == to {
+        comm.recv(out, sender, opts)
+    } else {
+        Ok(())
+    }
 }
 
 /// One call of `coll` with `n` elements per part, checked against the host reference.
@@ -192,9 +224,11 @@ fn run_one(
     let (in_n, out_n) = match coll {
         Coll::AllGather => (n, n * w),
         Coll::AllToAll => (n * w, n * w),
-        Coll::Broadcast(_) | Coll::Reduce(..) => (n, n),
+        Coll::Broadcast(_) | Coll::Reduce(..) | Coll::SendRecv(_) => (n, n),
         Coll::ReduceScatter(_) => (n * w, n),
     };
+    // Point-to-point has no in-place form.
+    let in_place = in_place && !matches!(coll, Coll::SendRecv(_));
     let big = n * es > (1 << 20);
     let inputs: Vec<Vec<u8>> = (0..w)
         .map(|r| {
@@ -248,6 +282,12 @@ fn run_one(
                 c.comm.reduce_scatter(input, o, op.op(), &opts)
             }
             Coll::Reduce(op, root) => c.comm.reduce(input, o, op.op(), root, &opts),
+            Coll::SendRecv(sender) => {
+                let Input::Buf(i) = input else {
+                    unreachable!("point-to-point runs out of place")
+                };
+                p2p(&c.comm, sender, i, o, &opts)
+            }
         }
     };
     sync()?;
@@ -293,6 +333,17 @@ fn run_one(
                 wrong = got.iter().filter(|b| **b != POISON).count().min(1);
             }
         }
+        Coll::SendRecv(sender) => {
+            if me == (sender + 1) % w {
+                wrong = diff_bytes(&inputs[sender], &got, es);
+            } else {
+                // Nothing else is written (the sender's output stays poisoned) and the
+                // sender's buffer is only read.
+                wrong = got.iter().filter(|b| **b != POISON).count().min(1);
+                let sent = inb.download(off, in_n * es)?;
+                wrong += diff_bytes(&inputs[me], &sent, es);
+            }
+        }
     }
     let key = match coll {
         Coll::AllGather => "all_gather",
@@ -300,6 +351,7 @@ fn run_one(
         Coll::Broadcast(_) => "broadcast",
         Coll::ReduceScatter(_) => "reduce_scatter",
         Coll::Reduce(..) => "reduce",
+        Coll::SendRecv(_) => "send_recv",
     };
     let what = format!("{coll:?} {dtype} n={n} {algo} in_place={in_place} misalign={misalign}");
     c.record(key, what, r, wrong, guard);
@@ -325,7 +377,8 @@ const RED_TYPES: [DataType; 7] = [
 
 /// The handful of cases run under compute-sanitizer (memcheck, racecheck): every direct-access
 /// kernel at least once in each form it has. All-gather, all-to-all, reduce-scatter, broadcast
-/// and reduce (roots 0 and the last rank) at an LL size and a staged size, in and out of place, aligned and one element off; all-gather,
+/// and reduce (roots 0 and the last rank), and at two ranks send/recv both ways, at an LL size and
+/// a staged size, in and out of place, aligned and one element off; all-gather,
 /// reduce-scatter and all-to-all (in and out of place) at a pipelined size; byte moves; every
 /// reduction kernel (avg, prod, min, max on f32, f16, u32, i64); all-to-all-v with uneven counts
 /// and a zero, in and out of place; device-count all-to-all-v with i32 and i64 counts, a
@@ -346,7 +399,10 @@ fn sanitize_cases(c: &mut Ctx, cfg: &Config) -> Res<()> {
         Coll::Reduce(OpK::Sum, 0),
         Coll::Reduce(OpK::Sum, w - 1),
     ];
-    for coll in colls {
+    // Direct point-to-point (two ranks): both directions.
+    let p2p = [Coll::SendRecv(0), Coll::SendRecv(w - 1)];
+    let p2p = if w == 2 { &p2p[..] } else { &[] };
+    for &coll in colls.iter().chain(p2p) {
         for (k, n) in [n_ll, n_st].into_iter().enumerate() {
             for in_place in [false, true] {
                 seed += 1;
@@ -559,6 +615,9 @@ fn matrix(c: &mut Ctx, quick: bool) -> Res<()> {
     let small: &[usize] = &[0, 1, 3, 8, 33, 1000, 4097, 20_001, 70_003];
     let mut colls = vec![Coll::AllGather, Coll::AllToAll];
     colls.extend((0..w).map(Coll::Broadcast));
+    if has_p2p(&c.comm) {
+        colls.extend((0..w).map(Coll::SendRecv));
+    }
     for coll in &colls {
         for d in MOVE_TYPES {
             for (si, &n) in small.iter().enumerate() {
@@ -566,6 +625,10 @@ fn matrix(c: &mut Ctx, quick: bool) -> Res<()> {
                     continue;
                 }
                 for (ai, algo) in [Algo::Direct, Algo::Auto].into_iter().enumerate() {
+                    // Direct point-to-point is for two ranks only.
+                    if matches!(coll, Coll::SendRecv(_)) && w != 2 && algo == Algo::Direct {
+                        continue;
+                    }
                     seed += 1;
                     run_one(
                         c,
@@ -686,6 +749,18 @@ fn matrix(c: &mut Ctx, quick: bool) -> Res<()> {
                 0,
                 seed,
             )?;
+            if has_p2p(&c.comm) && (w == 2 || algo == Algo::Auto) {
+                run_one(
+                    c,
+                    Coll::SendRecv(seed as usize % w),
+                    DataType::BF16,
+                    n,
+                    algo,
+                    false,
+                    0,
+                    seed,
+                )?;
+            }
         }
     }
     // 64 MB gathered output.
@@ -1410,6 +1485,15 @@ fn graph_and_race(c: &mut Ctx, replays: usize) -> Res<()> {
         (Coll::ReduceScatter(OpK::Min), 5),
         (Coll::Reduce(OpK::Sum, w - 1), 200_000),
     ];
+    let mut plan = plan;
+    if has_p2p(&c.comm) {
+        // Messages both ways, an LL size and a staged one.
+        plan.extend([
+            (Coll::SendRecv(0), 3001),
+            (Coll::SendRecv(w - 1), 150_001),
+            (Coll::SendRecv(w - 1), 17),
+        ]);
+    }
     let maxn = 300_000 * w;
     let inputs: Vec<Vec<u8>> = (0..w).map(|r| gen(d, maxn, 77, r, false)).collect();
     let inb = Buf::new(maxn * es)?;
@@ -1433,6 +1517,10 @@ fn graph_and_race(c: &mut Ctx, replays: usize) -> Res<()> {
                         comm.reduce_scatter(i(n * w), out(*n), op.op(), &o)?
                     }
                     Coll::Reduce(op, r) => comm.reduce(i(*n), out(*n), op.op(), r, &o)?,
+                    Coll::SendRecv(s) => {
+                        let Input::Buf(v) = i(*n) else { unreachable!() };
+                        p2p(comm, s, v, out(*n), &o)?
+                    }
                 }
             }
         }
@@ -1473,6 +1561,13 @@ fn graph_and_race(c: &mut Ctx, replays: usize) -> Res<()> {
                     let got = outs[k].download(0, n * es)?;
                     let parts: Vec<&[u8]> = inputs.iter().map(|v| &v[..n * es]).collect();
                     (check_reduce(d, op, &parts, &got), n)
+                }
+                Coll::SendRecv(s) => {
+                    if me != (s + 1) % w {
+                        continue;
+                    }
+                    let got = outs[k].download(0, n * es)?;
+                    (diff_bytes(&inputs[s][..n * es], &got, es), n)
                 }
             };
             let _ = len;
@@ -1644,6 +1739,42 @@ fn bad_input(c: &mut Ctx, cfg: &Config) -> Res<()> {
             format!("all_to_all_v, {n} elements, {w} ranks"),
             Box::new(call),
         ));
+    }
+    for n in [100usize, 60_000, 120_000] {
+        if w != 2 {
+            break;
+        }
+        // Both ranks send at once (each a root of its own message), then a receive one
+        // element longer than its send.
+        let both_send = move |comm: &Communicator| {
+            // SAFETY: 4 MiB of this device holds 120_000 f32.
+            unsafe {
+                let i = View::from_raw(p as *const u8, n, DataType::F32, dev);
+                let opts = CallOpts::default().with_algo(Algo::Direct);
+                comm.send(i, 1 - me, &opts)
+            }
+        };
+        cases.push((
+            format!("send on both ranks, {n} elements"),
+            Box::new(both_send),
+        ));
+        let longer = move |comm: &Communicator| {
+            let opts = CallOpts::default().with_algo(Algo::Direct);
+            // SAFETY: as above, n + 1 f32.
+            unsafe {
+                if me == 0 {
+                    comm.send(
+                        View::from_raw(p as *const u8, n, DataType::F32, dev),
+                        1,
+                        &opts,
+                    )
+                } else {
+                    let o = ViewMut::from_raw(p as *mut u8, n + 1, DataType::F32, dev);
+                    comm.recv(o, 0, &opts)
+                }
+            }
+        };
+        cases.push((format!("recv of {n} + 1 elements"), Box::new(longer)));
     }
     for (k, (what, call)) in cases.iter().enumerate() {
         let first = call(&comm);

@@ -818,6 +818,12 @@ impl Communicator {
     }
 
     /// Sends `data` to `peer`, which must call [`Communicator::recv`] with the same count.
+    ///
+    /// As NCCL's, a send may wait until the peer receives: two ranks that both send to each
+    /// other first (or both receive first) must pair the calls in
+    /// [`Communicator::batch_send_recv`]. In a two-rank communicator on the cuda backend a
+    /// message goes by direct access (`FERROCOMM_P2P_MAX_BYTES`), where such a pair of sends
+    /// is reported as calls that disagree between the ranks instead of waiting.
     pub fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
         self.check_peer("send", peer)?;
         self.live()?.send(data, peer, opts)

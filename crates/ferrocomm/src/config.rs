@@ -51,6 +51,7 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_ALLTOALL_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-to-all (input bytes per rank) done by direct access on cuda; also the all-to-all-v at two ranks (above two its choice takes no size)."),
     var("FERROCOMM_LL_MAX_BYTES", "262144", "CUDA backend: largest part (bytes) that all-gather, all-to-all(-v), broadcast, reduce-scatter and reduce move in LL lines (flags beside the data, no barrier); larger parts take the staged protocol. At most the push buffer (512 KiB, or the staging size when smaller)."),
     var("FERROCOMM_BROADCAST_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest broadcast/reduce done by direct access on cuda."),
+    var("FERROCOMM_P2P_MAX_BYTES", "67108864", "Largest send/recv message done by direct access on cuda, in two-rank communicators only (a message is a broadcast rooted at its sender there); larger ones, and every one above two ranks, go through NCCL (0: every non-empty message)."),
     var("FERROCOMM_HOST_SLOT_BYTES", "4194304", "Host backend: bytes of shared-memory staging per rank (larger messages are processed in chunks of this size)."),
     var("FERROCOMM_CUDA_STAGING_BYTES", "67108864", "CUDA backend: bytes of IPC staging per rank and buffer (direct access is limited to this size per rank)."),
     var("FERROCOMM_NCCL_WATCHDOG", "1", "1 follows every NCCL operation enqueued outside graph capture with a CUDA event and aborts the NCCL communicator when one stays incomplete past FERROCOMM_TIMEOUT_S; 0 leaves NCCL unwatched (as nccl-tests runs it: the bench's NCCL baseline does)."),
@@ -124,6 +125,8 @@ pub struct Thresholds {
     pub reduce_scatter_max: Option<usize>,
     pub all_to_all_max: Option<usize>,
     pub broadcast_max: Option<usize>,
+    /// `FERROCOMM_P2P_MAX_BYTES`: the largest send/recv done by direct access (two ranks).
+    pub p2p_max: Option<usize>,
     /// `FERROCOMM_LL_MAX_BYTES`: the largest part the cuda collectives send in LL lines.
     pub ll_max: Option<usize>,
 }
@@ -261,7 +264,7 @@ pub fn parse_size(s: &str) -> std::result::Result<usize, String> {
 
 /// [`Config::shared_settings`]: each setting (its path in the serialized configuration) and the
 /// variable that sets it.
-const SHARED_SETTINGS: [(&str, &str); 19] = [
+const SHARED_SETTINGS: [(&str, &str); 20] = [
     ("algo", "FERROCOMM_ALGO"),
     ("low_precision.enabled", "FERROCOMM_LOW_PRECISION"),
     ("low_precision.format", "FERROCOMM_LP_FORMAT"),
@@ -284,6 +287,7 @@ const SHARED_SETTINGS: [(&str, &str); 19] = [
     ),
     ("thresholds.all_to_all_max", "FERROCOMM_ALLTOALL_MAX_BYTES"),
     ("thresholds.broadcast_max", "FERROCOMM_BROADCAST_MAX_BYTES"),
+    ("thresholds.p2p_max", "FERROCOMM_P2P_MAX_BYTES"),
     ("thresholds.ll_max", "FERROCOMM_LL_MAX_BYTES"),
     ("host_slot_bytes", "FERROCOMM_HOST_SLOT_BYTES"),
     ("cuda_staging_bytes", "FERROCOMM_CUDA_STAGING_BYTES"),
@@ -387,6 +391,7 @@ impl Config {
             reduce_scatter_max: r.bytes("FERROCOMM_REDUCESCATTER_MAX_BYTES")?,
             all_to_all_max: r.bytes("FERROCOMM_ALLTOALL_MAX_BYTES")?,
             broadcast_max: r.bytes("FERROCOMM_BROADCAST_MAX_BYTES")?,
+            p2p_max: r.bytes("FERROCOMM_P2P_MAX_BYTES")?,
             ll_max: r.bytes("FERROCOMM_LL_MAX_BYTES")?,
         };
         let host_slot_bytes = r.bytes("FERROCOMM_HOST_SLOT_BYTES")?.unwrap_or(4 << 20);

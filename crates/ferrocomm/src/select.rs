@@ -140,7 +140,8 @@ pub const DIRECT_LIMITED: [Collective; 6] = [
 
 /// The setting that limits direct access for `coll` (bytes per rank; `None`: the default,
 /// [`default_direct_max`]) and the environment variable that sets it. The all-to-all and the
-/// all-to-all-v share one, and so do broadcast and reduce.
+/// all-to-all-v share one, broadcast and reduce another, send and recv a third (two-rank
+/// communicators only: see [`select`]).
 pub fn direct_max_setting(t: &Thresholds, coll: Collective) -> (Option<usize>, &'static str) {
     match coll {
         Collective::AllGather => (t.all_gather_max, "FERROCOMM_ALLGATHER_MAX_BYTES"),
@@ -148,8 +149,14 @@ pub fn direct_max_setting(t: &Thresholds, coll: Collective) -> (Option<usize>, &
         Collective::AllToAll | Collective::AllToAllV => {
             (t.all_to_all_max, "FERROCOMM_ALLTOALL_MAX_BYTES")
         }
+        Collective::Send | Collective::Recv => (t.p2p_max, "FERROCOMM_P2P_MAX_BYTES"),
         _ => (t.broadcast_max, "FERROCOMM_BROADCAST_MAX_BYTES"),
     }
+}
+
+/// Whether `coll` is a point-to-point call.
+fn p2p(coll: Collective) -> bool {
+    matches!(coll, Collective::Send | Collective::Recv)
 }
 
 /// Default direct-access limits for the data-movement collectives (bytes per rank); `None`: no
@@ -207,7 +214,10 @@ pub fn select(
                 matches!(coll, Collective::AllReduce) && !caps.multi_host && fits(bytes_per_rank)
             }
             Algo::Direct => {
-                coll != Collective::AllReduce && !caps.multi_host && fits(bytes_per_rank)
+                coll != Collective::AllReduce
+                    && !caps.multi_host
+                    && fits(bytes_per_rank)
+                    && (!p2p(coll) || world == 2 || !caps.nccl)
             }
             Algo::Auto => true,
         };
@@ -244,7 +254,13 @@ pub fn select(
                 Ok(Algo::Tree)
             }
         }
-        Collective::Barrier | Collective::Send | Collective::Recv => Ok(Algo::Direct),
+        Collective::Barrier => Ok(Algo::Direct),
+        // Point-to-point goes direct at two ranks only, where both ranks take part in every
+        // message (a broadcast rooted at its sender); NCCL's otherwise (the host backend's own
+        // path where there is no NCCL).
+        Collective::Send | Collective::Recv if world != 2 => {
+            Ok(if caps.nccl { Algo::Nccl } else { Algo::Direct })
+        }
         // Above two ranks the all-to-all-v runs pair by pair and its choice can take no size (no
         // count is seen by every rank). On 4×H200 the pair-by-pair kernel lost to NCCL's
         // all-to-all-v up to 1 MB (1 KB 14.4 against 8.6 us, 256 KB 16.6 against 10.0) and won
@@ -439,6 +455,51 @@ mod tests {
                 |bytes| select(coll, bytes, 2, DataType::BF16, Algo::Auto, &caps, &cfg).unwrap();
             assert_eq!(pick(1 << 20), Algo::Direct, "{}", coll.name());
             assert_eq!(pick((1 << 20) + 1), Algo::Nccl, "{}", coll.name());
+        }
+    }
+
+    #[test]
+    fn point_to_point_goes_direct_between_two_ranks_only() {
+        let caps = gpu(64 << 20);
+        let mut cfg = Config::default();
+        for coll in [Collective::Send, Collective::Recv] {
+            let pick = |bytes, world, algo, caps: &Capabilities, cfg: &Config| {
+                select(coll, bytes, world, DataType::BF16, algo, caps, cfg)
+            };
+            let auto = |bytes, world, cfg: &Config| pick(bytes, world, Algo::Auto, &caps, cfg);
+            assert_eq!(auto(1024, 2, &cfg).unwrap(), Algo::Direct);
+            assert_eq!(auto(64 << 20, 2, &cfg).unwrap(), Algo::Direct);
+            assert_eq!(auto((64 << 20) + 1, 2, &cfg).unwrap(), Algo::Nccl);
+            // Above two ranks a message leaves the other ranks out: NCCL, and a forced direct
+            // is refused, unless there is no NCCL (the host backend's own path).
+            assert_eq!(auto(1024, 4, &cfg).unwrap(), Algo::Nccl);
+            assert!(pick(1024, 4, Algo::Direct, &caps, &cfg).is_err());
+            let host = Capabilities {
+                push: false,
+                nccl: false,
+                staging_bytes: None,
+                multi_host: false,
+            };
+            assert_eq!(
+                pick(1024, 4, Algo::Auto, &host, &cfg).unwrap(),
+                Algo::Direct
+            );
+            assert_eq!(
+                pick(1024, 4, Algo::Direct, &host, &cfg).unwrap(),
+                Algo::Direct
+            );
+            // Its own limit; 0 leaves only empty messages to direct access.
+            cfg.thresholds.p2p_max = Some(0);
+            assert_eq!(auto(0, 2, &cfg).unwrap(), Algo::Direct);
+            assert_eq!(auto(1, 2, &cfg).unwrap(), Algo::Nccl);
+            cfg.thresholds.p2p_max = Some(1 << 20);
+            assert_eq!(auto(1 << 20, 2, &cfg).unwrap(), Algo::Direct);
+            assert_eq!(auto((1 << 20) + 1, 2, &cfg).unwrap(), Algo::Nccl);
+            assert_eq!(
+                direct_max_setting(&cfg.thresholds, coll),
+                (Some(1 << 20), "FERROCOMM_P2P_MAX_BYTES")
+            );
+            cfg.thresholds.p2p_max = None;
         }
     }
 }

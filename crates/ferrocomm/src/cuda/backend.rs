@@ -377,6 +377,52 @@ impl CudaBackend {
             None
         })
     }
+
+    /// Direct access for one message to or from `peer` (`Dda::coll_send_recv`): between the
+    /// two ranks of a two-rank communicator, where both take part in every message, up to
+    /// `FERROCOMM_P2P_MAX_BYTES`; `None`: NCCL's.
+    fn direct_p2p(
+        &self,
+        coll: Collective,
+        peer: usize,
+        bytes: usize,
+        dtype: DataType,
+        opts: &CallOpts,
+    ) -> Result<Option<&Dda>> {
+        let why_not = if self.size != 2 {
+            "direct access for point-to-point between the two ranks of a two-rank communicator only"
+        } else if peer == self.rank {
+            "direct access for a message to the rank itself"
+        } else {
+            return self.direct(coll, bytes, bytes, dtype, None, opts);
+        };
+        if opts.algo.0 == Algo::Direct {
+            return Err(Error::Unsupported {
+                collective: coll.name(),
+                backend: "cuda",
+                what: why_not.into(),
+            });
+        }
+        Ok(None)
+    }
+
+    /// Direct access for a whole batch when every message in it can take it (two ranks, no
+    /// message to the rank itself, each within the limit; every rank sees the same sizes);
+    /// `None`: the batch is one NCCL group.
+    fn direct_batch(&self, ops: &[P2pOp<'_>], opts: &CallOpts) -> Result<Option<&Dda>> {
+        let mut dda = None;
+        for op in ops {
+            let (coll, bytes, dt) = match op {
+                P2pOp::Send { data, .. } => (Collective::Send, data.bytes_len(), data.dtype()),
+                P2pOp::Recv { out, .. } => (Collective::Recv, out.bytes_len(), out.dtype()),
+            };
+            match self.direct_p2p(coll, op.peer(), bytes, dt, opts)? {
+                Some(d) => dda = Some(d),
+                None => return Ok(None),
+            }
+        }
+        Ok(dda)
+    }
 }
 
 fn bind(c: &CudaContext) -> Result<()> {
@@ -714,6 +760,10 @@ impl Backend for CudaBackend {
             &[("data", data.ptr() as u64, data.device(), data.bytes_len())],
         )?;
         self.follow(&mut st, opts.stream)?;
+        let (n, dt) = (data.count(), data.dtype());
+        if let Some(d) = self.direct_p2p(Collective::Send, peer, n * dt.size(), dt, opts)? {
+            return d.coll_send_recv(data.ptr() as u64, n, dt, self.rank, opts.stream);
+        }
         self.nccl("send")?.send(data, peer, opts)
     }
 
@@ -725,6 +775,10 @@ impl Backend for CudaBackend {
             &[("out", out.ptr() as u64, out.device(), out.bytes_len())],
         )?;
         self.follow(&mut st, opts.stream)?;
+        let (n, dt) = (out.count(), out.dtype());
+        if let Some(d) = self.direct_p2p(Collective::Recv, peer, n * dt.size(), dt, opts)? {
+            return d.coll_send_recv(out.ptr() as u64, n, dt, peer, opts.stream);
+        }
         self.nccl("recv")?.recv(out, peer, opts)
     }
 
@@ -732,6 +786,26 @@ impl Backend for CudaBackend {
         let mut st = self.enter()?;
         check_views("batch_send_recv", self.device, &p2p_views(&ops))?;
         self.follow(&mut st, opts.stream)?;
+        if let Some(d) = self.direct_batch(&ops, opts)? {
+            // Both ranks run rank 0's messages first, then rank 1's, each side's in the order
+            // issued: the order their counterparts take, batched or one by one, whenever the
+            // other rank receives rank 0's messages before it sends its own (as a batch does).
+            for sender in 0..2 {
+                for op in &ops {
+                    let (ptr, n, dt) = match op {
+                        P2pOp::Send { data, .. } if sender == self.rank => {
+                            (data.ptr() as u64, data.count(), data.dtype())
+                        }
+                        P2pOp::Recv { out, .. } if sender != self.rank => {
+                            (out.ptr() as u64, out.count(), out.dtype())
+                        }
+                        _ => continue,
+                    };
+                    d.coll_send_recv(ptr, n, dt, sender, opts.stream)?;
+                }
+            }
+            return Ok(());
+        }
         self.nccl("batch_send_recv")?.batch_send_recv(&ops, opts)
     }
 
@@ -745,10 +819,8 @@ impl Backend for CudaBackend {
         if coll == Collective::AllReduce {
             return self.choose(bytes_per_rank, dtype, ReduceOp::Sum, opts);
         }
-        if !matches!(
-            coll,
-            Collective::Barrier | Collective::Send | Collective::Recv
-        ) {
+        let p2p = matches!(coll, Collective::Send | Collective::Recv);
+        if !(coll == Collective::Barrier || p2p && self.size != 2) {
             // (Above two ranks the all-to-all-v's choice takes no size: select's own rule.)
             let part = match coll {
                 Collective::AllToAll | Collective::AllToAllV => bytes_per_rank / self.size,

@@ -87,7 +87,7 @@ pub fn staged_need(coll: Collective, part_bytes: usize, world: usize) -> Option<
         | Collective::ReduceScatter
         | Collective::AllToAll
         | Collective::Reduce => Some(world * round16(part_bytes)),
-        Collective::Broadcast => Some(round16(part_bytes)),
+        Collective::Broadcast | Collective::Send | Collective::Recv => Some(round16(part_bytes)),
         _ => None,
     }
 }
@@ -374,7 +374,8 @@ impl Dda {
             ERR_MISMATCH => format!(
                 "a call that disagrees between ranks reached rank {}: rank {peer} sent signature \
                  or count {detail:#x}, which differs from this rank's (different counts, roots, \
-                 dtypes or ops at the same step)",
+                 dtypes or ops at the same step, or two ranks that both send, or both receive, \
+                 at once: pair them in a batch_send_recv)",
                 self.rank
             ),
             ERR_PEER_MISMATCH => format!(
@@ -615,6 +616,37 @@ impl Dda {
             sig,
             stream,
             || format!("broadcast ({dtype}, {n} elements, root {root})"),
+        )
+    }
+
+    /// One message of `n` elements between the two ranks of a two-rank communicator, on both
+    /// of them: `sender`'s `buf` into the other's. Both ranks take part in every message there,
+    /// so it is the broadcast kernel rooted at the sender, in place (the sender's buffer is only
+    /// read). The signature is the send's on both sides: a send meets only a receive of the
+    /// same count and dtype from the same sender, and two ranks that both send (or receive)
+    /// at once disagree on the root, which the kernel reports instead of waiting.
+    pub fn coll_send_recv(
+        &self,
+        buf: u64,
+        n: usize,
+        dtype: DataType,
+        sender: usize,
+        stream: u64,
+    ) -> Result<()> {
+        let a = self.base_args(buf, buf, n as u64);
+        let sig = signature(Collective::Send, dtype, n, sender, "");
+        let receiver = 1 - sender;
+        self.launch_part(
+            Self::MOVE_MODULE,
+            "broadcast",
+            None,
+            a,
+            n,
+            dtype,
+            sender,
+            sig,
+            stream,
+            || format!("send ({dtype}, {n} elements, rank {sender} to rank {receiver})"),
         )
     }
 
