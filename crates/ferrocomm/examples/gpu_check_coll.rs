@@ -955,7 +955,8 @@ fn dynamic(c: &mut Ctx, quick: bool) -> Res<()> {
     let rounds = if quick { 6 } else { 16 };
     for k in 0..rounds {
         let seed = 9000 + k as u64;
-        let cap = [16usize, 1000, 5000, 100_000][k % 4];
+        // Round 3 and every fourth after it: parts on both sides of the LL limit in one call.
+        let cap = [16usize, 1000, 5000, 200_000][k % 4];
         let overfull = k % 4 == 3 && k > 4;
         let mut m = splits_for(w, seed, cap + 1);
         if overfull {

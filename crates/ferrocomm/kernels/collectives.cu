@@ -801,43 +801,55 @@ __device__ __forceinline__ u64 dev_count(const CArgs& c, u64 base, u32 i) {
 // Packed (DYN_PACKED, NCCLX's device_alltoallv_single): `dyn_recv` holds the counts expected
 // from each rank and the part from rank s lands at their prefix sum, within `cap` elements in
 // all; a part whose length differs from the one expected is a mismatch (what fits both is
-// copied), told to every rank in a verdict round; parts past the output or a slot: truncated
+// copied), told to every rank by a verdict line; parts past the output or a slot: truncated
 // and reported.
-extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_dyn_st(Args a, CArgs c) {
+//
+// No rank knows what the others send before the call, so each pair chooses its own protocol by
+// the count its sender announces, which both ends then know: block 0 of every sender stores the
+// count as LL unit 0 of its lines in the receiver's push region, then a part of at most c.n bytes
+// follows as LL units 1.. (no barrier: a small dispatch costs one flight), a larger one goes into
+// the receiver's staging slot and every sender block releases its barrier word to the receiver
+// once its vectors are there (block b of both ranks handles the same vectors; the grid is the
+// same on every rank, a2av_grid). Slots and lines are reused two calls later, after every rank
+// has heard every peer's hello of the call between (ll_end), as in the LL collectives. In packed
+// mode each rank knows its verdict as soon as it has the headers and stores it as the last LL
+// unit of its lines in every peer; every rank reads its peers' at the end, so a fault one rank
+// finds is reported on all of them without a round trip of its own.
+extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_dyn(Args a, CArgs c) {
     pdl_wait();
     pdl_launch_dependents();
-    __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
-    __shared__ u64 sent[FC_MAX_RANKS], displ[FC_MAX_RANKS];
+    __shared__ u64 told[FC_MAX_RANKS], sent[FC_MAX_RANKS], displ[FC_MAX_RANKS];
+    __shared__ u64 got[FC_MAX_RANKS], take[FC_MAX_RANKS];
     __shared__ u64 rlen[FC_MAX_RANKS], rdispl[FC_MAX_RANKS];
     __shared__ u32 verdict;
     bool packed = (c.count_flags & DYN_PACKED) != 0;
-    u64 t0 = globaltimer();
-    u32 e = call_epoch(a);
     const u8* in = (const u8*)a.input;
     u8* out = (u8*)a.output;
-    u64 es = c.es;
+    u64 es = c.es, ll_bytes = c.n;
     u64 slot_elems = c.slot_bytes / es;
-    if (threadIdx.x == 0) {
+    u32 me = a.rank, t = threadIdx.x;
+    u64 vunit = a.push_cap / 8 - 1;  // the verdict's unit: the last of a sender's lines
+    Ll l = ll_begin(a, c);
+    if (t == 0) {
         u64 d = 0;
         bool over = false;
         for (u32 p = 0; p < a.world; p++) {
             u64 want = dev_count(c, c.dyn_send, p);
             u64 avail = d < c.in_count ? c.in_count - d : 0;
-            u64 take = want < avail ? want : avail;
-            if (take < want) over = true;
+            u64 n = want < avail ? want : avail;
+            if (n < want) over = true;
             // The receiver is told what really exists (elements past the input are never
             // announced, so it never copies a stale slot); it compares that with its capacity
             // (<= the slot), so a part cut at the slot is always reported there.
-            out_w[p] = (u32)(take > 0xffffffffull ? 0xffffffffull : take);
-            if (take > slot_elems) take = slot_elems;
-            sent[p] = take;
+            told[p] = n;
+            sent[p] = n < slot_elems ? n : slot_elems;
             displ[p] = d;
             d += want;
         }
-        if (over && blockIdx.x == 0) report_error(a, ERR_INPUT, a.rank, (u32)d);
-        // The verdict word block 0 sends every peer in packed mode: 0, or the fault this rank
-        // found (the kind in the high half, the rank concerned + 1 in the low half).
-        verdict = over ? (ERR_INPUT << 16) | (a.rank + 1) : 0;
+        if (over && blockIdx.x == 0) report_error(a, ERR_INPUT, me, (u32)d);
+        // The verdict this rank tells its peers in packed mode: 0, or the fault it found (the
+        // kind in the high half, the rank concerned + 1 in the low half).
+        verdict = over ? (ERR_INPUT << 16) | (me + 1) : 0;
         if (packed) {
             u64 r = 0;
             for (u32 s = 0; s < a.world; s++) {
@@ -846,68 +858,96 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_dyn_st(Args a, C
                 r += rlen[s];
             }
             if (r > c.cap) {
-                verdict = (ERR_OUTPUT << 16) | (a.rank + 1);
-                if (blockIdx.x == 0) report_error(a, ERR_OUTPUT, a.rank, (u32)r);
+                verdict = (ERR_OUTPUT << 16) | (me + 1);
+                if (blockIdx.x == 0) report_error(a, ERR_OUTPUT, me, (u32)r);
             }
         }
     }
     __syncthreads();
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (blockIdx.x == 0 && t < a.world && t != me)
+        ll_send_at(a, l, a.push[t], 0, make_uint2((u32)told[t], (u32)(told[t] >> 32)));
     for (u32 p = 0; p < a.world; p++) {
-        if (p == a.rank) continue;
-        put_part(slot_ptr(a, c, p, e, a.rank), in + displ[p] * es, sent[p] * es, first, stride);
+        if (p == me) continue;
+        u64 bytes = sent[p] * es;
+        const u8* src = in + displ[p] * es;
+        if (told[p] * es <= ll_bytes) {
+            u64 to = a.push[p];
+            for (u64 u = l.first; u < (bytes + 7) / 8; u += l.stride)
+                ll_send_at(a, l, to, u + 1, ll_load(src, bytes, u));
+        } else {
+            put_part(slot_ptr(a, c, p, l.e, me), src, bytes, l.first, l.stride);
+        }
     }
-    bool ok = payload_barrier(a, c, e, t0, out_w, in_w);
-    if (ok) {
+    // Staged parts: this block's vectors are in the peer's slot (bar.sync, then the release's
+    // cumulativity, as payload_barrier).
+    __syncthreads();
+    if (t < a.world && t != me && told[t] * es > ll_bytes)
+        st_release_sys64(bar_word(a, c, t, l.e, me), ((u64)l.e << 32) | 1u);
+    // Every sender's header.
+    bool ok = true;
+    if (t < a.world) {
+        uint2 x = make_uint2((u32)told[me], (u32)(told[me] >> 32));
+        if (t != me) ok = ll_recv(a, c, l, t, 0, &x);
+        got[t] = ((u64)x.y << 32) | x.x;
+    }
+    ok = __syncthreads_and(ok) != 0;
+    if (ok && t == 0) {
         for (u32 s = 0; s < a.world; s++) {
-            u64 got = s == a.rank ? (u64)out_w[s] : (u64)in_w[s];
+            u64 g = got[s];
             u64 room = packed ? c.cap - rdispl[s] : c.cap;
-            u64 take = got < room ? got : room;
-            if (packed && take > rlen[s]) take = rlen[s];
-            if (s == a.rank) {
-                if (take > sent[s]) take = sent[s];
-            } else if (take > slot_elems) {
-                take = slot_elems;
+            u64 n = g < room ? g : room;
+            if (packed && n > rlen[s]) n = rlen[s];
+            if (s == me) {
+                if (n > sent[s]) n = sent[s];
+            } else if (n > slot_elems) {
+                n = slot_elems;
             }
-            if (blockIdx.x == 0 && threadIdx.x == 0) {
-                if (packed) {
-                    if (got != rlen[s]) {
-                        verdict = (ERR_MISMATCH << 16) | (s + 1);
-                        report_error(a, ERR_MISMATCH, s, (u32)got);
-                    } else if (s != a.rank && got > slot_elems) {
-                        verdict = (ERR_SLOT << 16) | (s + 1);
-                        report_error(a, ERR_SLOT, s, (u32)got);
-                    }
-                } else {
-                    if (got > c.cap) report_error(a, ERR_CAPACITY, s, (u32)got);
-                    if (c.count_bytes == 4) ((u32*)c.dyn_recv)[s] = (u32)take;
-                    else ((u64*)c.dyn_recv)[s] = take;
+            take[s] = n;
+            if (blockIdx.x != 0) continue;
+            if (packed) {
+                if (g != rlen[s]) {
+                    verdict = (ERR_MISMATCH << 16) | (s + 1);
+                    report_error(a, ERR_MISMATCH, s, (u32)g);
+                } else if (s != me && g > slot_elems) {
+                    verdict = (ERR_SLOT << 16) | (s + 1);
+                    report_error(a, ERR_SLOT, s, (u32)g);
                 }
-            }
-            u8* dst = out + (packed ? rdispl[s] : s * c.cap) * es;
-            if (s == a.rank) {
-                copy_local(dst, in + displ[s] * es, take * es);
             } else {
-                get_part(dst, slot_ptr(a, c, a.rank, e, s), take * es, first, stride);
-            }
-        }
-        // Packed: only a receiver sees that a part's length differs from the one it expects
-        // (and only the rank itself its counts past its buffers), so block 0 tells every peer
-        // (round 4 words) what it found, and every rank reports a fault found anywhere: all
-        // leave their next call alike.
-        if (packed && blockIdx.x == 0) {
-            __syncthreads();
-            u32 t = threadIdx.x, w = 0;
-            if (t < a.world && t != a.rank) {
-                st_release_sys64(bar_word(a, c, t, e, a.rank, 4), ((u64)e << 32) | verdict);
-                if (wait_word(a, bar_word(a, c, a.rank, e, t, 4), e, t, 24, t0, &w) && w != 0 &&
-                    verdict == 0)
-                    report_error(a, ERR_PEER_FAULT, t, w);
+                if (g > c.cap) report_error(a, ERR_CAPACITY, s, (u32)g);
+                if (c.count_bytes == 4) ((u32*)c.dyn_recv)[s] = (u32)n;
+                else ((u64*)c.dyn_recv)[s] = n;
             }
         }
     }
-    end_call(a, e);
+    __syncthreads();
+    if (ok && packed && blockIdx.x == 0 && t < a.world && t != me)
+        ll_send_at(a, l, a.push[t], vunit, make_uint2(verdict, 0));
+    for (u32 s = 0; s < a.world && ok; s++) {
+        u8* dst = out + (packed ? rdispl[s] : s * c.cap) * es;
+        u64 bytes = take[s] * es;
+        if (s == me) {
+            copy_local(dst, in + displ[s] * es, bytes);
+        } else if (got[s] * es <= ll_bytes) {
+            bool fine = true;
+            for (u64 u = l.first; u < (bytes + 7) / 8 && fine; u += l.stride) {
+                uint2 x;
+                fine = ll_recv(a, c, l, s, u + 1, &x);
+                if (fine) ll_store(dst, bytes, u, x);
+            }
+            ok = __syncthreads_and(fine) != 0;
+        } else {
+            u32 unused;
+            bool fine = t != 0 || wait_word(a, bar_word(a, c, me, l.e, s), l.e, s, 22, l.t0, &unused);
+            ok = __syncthreads_and(fine) != 0;
+            if (ok) get_part(dst, slot_ptr(a, c, me, l.e, s), bytes, l.first, l.stride);
+        }
+    }
+    if (ok && packed && blockIdx.x == 0 && t < a.world && t != me) {
+        uint2 x;
+        if (ll_recv(a, c, l, t, vunit, &x) && x.x != 0 && verdict == 0)
+            report_error(a, ERR_PEER_FAULT, t, x.x);
+    }
+    ll_end(a, c, l);
 }
 
 // ---------------------------------------------------------------- broadcast

@@ -907,10 +907,21 @@ impl Dda {
         } else {
             0
         } | if packed { DYN_PACKED } else { 0 };
+        // Parts up to this many bytes go in LL lines after their count, larger ones through
+        // the staging (a pair's choice, by the count its sender announces: kernels/collectives.cu).
+        // The last line of a sender's row carries the verdict.
+        c.n = self.layout().ll_max.min(self.layout().push_cap - 16) as u64;
+        c.sig = signature(
+            Collective::AllToAllV,
+            DataType::U8,
+            es,
+            packed as usize,
+            "device counts",
+        );
         let a = self.base_args(input, output, 0);
         self.launch(
             Self::MOVE_MODULE,
-            "fc_all_to_all_dyn_st",
+            "fc_all_to_all_dyn",
             a,
             c,
             self.a2av_grid(),

@@ -47,7 +47,7 @@ pub const COLL_ENTRIES: [&str; 12] = [
     "fc_all_to_all_v_st",
     "fc_all_to_all_v_ll",
     "fc_all_to_all_v_pc",
-    "fc_all_to_all_dyn_st",
+    "fc_all_to_all_dyn",
     "fc_broadcast_ll",
     "fc_broadcast_st",
 ];
