@@ -787,22 +787,13 @@ impl Backend for CudaBackend {
         check_views("batch_send_recv", self.device, &p2p_views(&ops))?;
         self.follow(&mut st, opts.stream)?;
         if let Some(d) = self.direct_batch(&ops, opts)? {
-            // Both ranks run rank 0's messages first, then rank 1's, each side's in the order
-            // issued: the order their counterparts take, batched or one by one, whenever the
-            // other rank receives rank 0's messages before it sends its own (as a batch does).
-            for sender in 0..2 {
-                for op in &ops {
-                    let (ptr, n, dt) = match op {
-                        P2pOp::Send { data, .. } if sender == self.rank => {
-                            (data.ptr() as u64, data.count(), data.dtype())
-                        }
-                        P2pOp::Recv { out, .. } if sender != self.rank => {
-                            (out.ptr() as u64, out.count(), out.dtype())
-                        }
-                        _ => continue,
-                    };
-                    d.coll_send_recv(ptr, n, dt, sender, opts.stream)?;
-                }
+            let sends = ops.iter().map(|op| matches!(op, P2pOp::Send { .. }));
+            for (k, sender) in collectives::two_rank_batch_order(self.rank, sends) {
+                let (ptr, n, dt) = match &ops[k] {
+                    P2pOp::Send { data, .. } => (data.ptr() as u64, data.count(), data.dtype()),
+                    P2pOp::Recv { out, .. } => (out.ptr() as u64, out.count(), out.dtype()),
+                };
+                d.coll_send_recv(ptr, n, dt, sender, opts.stream)?;
             }
             return Ok(());
         }

@@ -92,6 +92,26 @@ pub fn staged_need(coll: Collective, part_bytes: usize, world: usize) -> Option<
     }
 }
 
+/// The order in which `rank` of a two-rank communicator runs a batch's messages by direct
+/// access (each one call of both ranks, `Dda::coll_send_recv`): (index in the batch, sender),
+/// rank 0's messages first, then rank 1's, each side's in the order issued. `sends` tells, op by
+/// op, a send from a receive. The other rank, batched or one call at a time, meets them in that
+/// order whenever it too takes rank 0's messages first (as its batch does).
+pub(super) fn two_rank_batch_order(
+    rank: usize,
+    sends: impl Iterator<Item = bool> + Clone,
+) -> Vec<(usize, usize)> {
+    (0..2)
+        .flat_map(|sender| {
+            sends
+                .clone()
+                .enumerate()
+                .filter(move |&(_, send)| send == (sender == rank))
+                .map(move |(k, _)| (k, sender))
+        })
+        .collect()
+}
+
 /// Whether a call with parts of `part_bytes` uses LL lines (`ll_max`: the largest LL part,
 /// `StagingLayout::ll_max`), for every collective with LL kernels: the data movers, and the
 /// reductions since their LL kernels wait for the peer's lines only (as the push all-reduce).
@@ -1159,6 +1179,27 @@ mod tests {
             std::mem::size_of::<CArgs>(),
             super::super::kernels::c_struct_size(src, "CArgs")
         );
+    }
+
+    #[test]
+    fn both_ranks_run_a_batch_in_one_order() {
+        // Rank 0: send a, recv b, send c; rank 1: recv a, send b, recv c (sends true).
+        let (r0, r1) = ([true, false, true], [false, true, false]);
+        let o0 = two_rank_batch_order(0, r0.into_iter());
+        let o1 = two_rank_batch_order(1, r1.into_iter());
+        assert_eq!(o0, vec![(0, 0), (2, 0), (1, 1)]);
+        assert_eq!(o1, vec![(0, 0), (2, 0), (1, 1)]);
+        // Every call pairs a send with a receive of the same sender, message for message.
+        for ((k0, s0), (k1, s1)) in o0.iter().zip(&o1) {
+            assert_eq!(s0, s1);
+            assert_ne!(r0[*k0], r1[*k1]);
+        }
+        // A batch that only receives, against single sends on the other rank.
+        assert_eq!(
+            two_rank_batch_order(0, [false, false].into_iter()),
+            vec![(0, 1), (1, 1)]
+        );
+        assert!(two_rank_batch_order(1, std::iter::empty()).is_empty());
     }
 
     #[test]
