@@ -1641,6 +1641,65 @@ fn graph_and_race(c: &mut Ctx, replays: usize) -> Res<()> {
     Ok(())
 }
 
+/// Batches of sends and receives (`batch_send_recv`): every rank sends two messages and receives
+/// two, sends and receives interleaved in issue order, at LL sizes and a staged one: to the next
+/// rank and the one after it (at two ranks both to the other one, by direct access, where both
+/// ranks must meet every message in one order), random data, outputs poisoned, inputs checked
+/// unchanged.
+fn batches(c: &mut Ctx) -> Res<()> {
+    let (w, me, dev) = (c.world, c.rank, c.dev);
+    // Message j goes `hop(j)` ranks ahead.
+    let hop = |j: usize| if w == 2 { 1 } else { 1 + j };
+    let d = DataType::BF16;
+    for (k, n) in [3001usize, 150_001, 7].into_iter().enumerate() {
+        let seed = 70_000 + k as u64;
+        // Message j from rank s has n + j + s elements (every message its own size).
+        let len = |s: usize, j: usize| n + j + s;
+        let data = |s: usize, j: usize| gen(d, len(s, j), seed + j as u64, s, false);
+        let ins: Vec<Buf> = (0..2)
+            .map(|j| Buf::new(len(me, j) * 2))
+            .collect::<Res<_>>()?;
+        let outs: Vec<Buf> = (0..2)
+            .map(|j| Buf::new(len((me + w - hop(j)) % w, j) * 2))
+            .collect::<Res<_>>()?;
+        for j in 0..2 {
+            ins[j].upload(0, &data(me, j))?;
+            outs[j].poison()?;
+        }
+        sync()?;
+        let r = {
+            let mut ops = Vec::new();
+            for j in 0..2 {
+                let (to, from) = ((me + hop(j)) % w, (me + w - hop(j)) % w);
+                // SAFETY: the buffers hold the lengths given and outlive the call (synchronised
+                // below).
+                unsafe {
+                    ops.push(ferrocomm::P2pOp::Send {
+                        data: View::from_raw(ins[j].ptr as *const u8, len(me, j), d, dev),
+                        peer: to,
+                    });
+                    ops.push(ferrocomm::P2pOp::Recv {
+                        out: ViewMut::from_raw(outs[j].ptr as *mut u8, len(from, j), d, dev),
+                        peer: from,
+                    });
+                }
+            }
+            c.comm.batch_send_recv(ops, &CallOpts::default())
+        };
+        sync()?;
+        let (mut wrong, mut guard) = (0, 0);
+        for j in 0..2 {
+            let from = (me + w - hop(j)) % w;
+            let got = outs[j].download(0, len(from, j) * 2)?;
+            wrong += diff_bytes(&data(from, j), &got, 2);
+            guard += guard_hits(&outs[j], 0, len(from, j) * 2)?;
+            wrong += diff_bytes(&data(me, j), &ins[j].download(0, len(me, j) * 2)?, 2);
+        }
+        c.record("batch", format!("batch n={n}"), r, wrong, guard);
+    }
+    Ok(())
+}
+
 /// Disagreeing counts and roots out of range: clear errors, nothing hangs.
 fn bad_input(c: &mut Ctx, cfg: &Config) -> Res<()> {
     let w = c.world;
@@ -1868,6 +1927,10 @@ fn real_main() -> Res<i32> {
             (
                 "graph+race",
                 Box::new(|c| graph_and_race(c, if quick { 10 } else { 50 })),
+            ),
+            (
+                "batches",
+                Box::new(|c| if has_p2p(&c.comm) { batches(c) } else { Ok(()) }),
             ),
             ("bad input", Box::new(|c| bad_input(c, &cfg))),
         ]
