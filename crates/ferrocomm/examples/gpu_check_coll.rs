@@ -615,7 +615,8 @@ fn matrix(c: &mut Ctx, quick: bool) -> Res<()> {
     let small: &[usize] = &[0, 1, 3, 8, 33, 1000, 4097, 20_001, 70_003];
     let mut colls = vec![Coll::AllGather, Coll::AllToAll];
     colls.extend((0..w).map(Coll::Broadcast));
-    if has_p2p(&c.comm) {
+    let p2p = has_p2p(&c.comm);
+    if p2p {
         colls.extend((0..w).map(Coll::SendRecv));
     }
     for coll in &colls {
@@ -749,7 +750,7 @@ fn matrix(c: &mut Ctx, quick: bool) -> Res<()> {
                 0,
                 seed,
             )?;
-            if has_p2p(&c.comm) && (w == 2 || algo == Algo::Auto) {
+            if p2p && (w == 2 || algo == Algo::Auto) {
                 run_one(
                     c,
                     Coll::SendRecv(seed as usize % w),

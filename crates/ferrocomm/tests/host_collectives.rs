@@ -437,6 +437,26 @@ fn barrier_and_point_to_point() {
     }
 }
 
+/// One batch: `data` to rank `next`, and from rank `prev` into `out`.
+fn ring<'a>(
+    d: DataType,
+    data: &'a [u8],
+    out: &'a mut [u8],
+    next: usize,
+    prev: usize,
+) -> Vec<P2pOp<'a>> {
+    vec![
+        P2pOp::Send {
+            data: view(d, data),
+            peer: next,
+        },
+        P2pOp::Recv {
+            out: view_mut(d, out),
+            peer: prev,
+        },
+    ]
+}
+
 #[test]
 fn batched_sends_and_receives() {
     for n in [2, 3, 4] {
@@ -450,20 +470,8 @@ fn batched_sends_and_receives() {
             let d = DataType::F32;
             let msg = input(d, big, 5, me, false);
             let mut got = Aligned::poisoned(big * 4);
-            comm.batch_send_recv(
-                vec![
-                    P2pOp::Send {
-                        data: view(d, &msg),
-                        peer: next,
-                    },
-                    P2pOp::Recv {
-                        out: view_mut(d, got.bytes_mut()),
-                        peer: prev,
-                    },
-                ],
-                &o,
-            )
-            .unwrap();
+            comm.batch_send_recv(ring(d, &msg, got.bytes_mut(), next, prev), &o)
+                .unwrap();
             assert_eq!(got.bytes(), &input(d, big, 5, prev, false)[..]);
             // Two messages each way between every pair, of two dtypes, in order, the receives
             // listed first: messages of a pair and direction match in order.
@@ -501,19 +509,7 @@ fn batched_sends_and_receives() {
             // message is drained, and the next batch works.
             let short = input(d, 10, 8, me, false);
             let mut got = Aligned::poisoned(if me == 0 { 44 } else { 40 });
-            let r = comm.batch_send_recv(
-                vec![
-                    P2pOp::Send {
-                        data: view(d, &short),
-                        peer: next,
-                    },
-                    P2pOp::Recv {
-                        out: view_mut(d, got.bytes_mut()),
-                        peer: prev,
-                    },
-                ],
-                &o,
-            );
+            let r = comm.batch_send_recv(ring(d, &short, got.bytes_mut(), next, prev), &o);
             if me == 0 {
                 assert!(matches!(r, Err(Error::Mismatch { .. })), "{r:?}");
             } else {
