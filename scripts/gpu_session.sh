@@ -17,7 +17,10 @@
 # collectives' tables (five benches, ~45 s each); `shared` runs the check programs at 3 and 4
 # ranks on the 2 GPUs (`--share-gpus`, correctness of the n-rank kernels only). The bench steps'
 # limits (BENCH_AR_LIMIT_S=40, BENCH_LP_LIMIT_S=30) end the sweeps after 64 MB; raise them to
-# reach 256 MB in a call of their own. CHECKS lists the check programs of part `checks`
+# reach 256 MB in a call of their own.
+# `p2p` times send/recv and the device-count all-to-all-v against NCCL and runs
+# scripts/gpu_link_ceiling.py (~3 min); `pdl` times every collective from 1 KB to 256 KB with
+# FERROCOMM_PDL off and on, interleaved (~5 min). CHECKS lists the check programs of part `checks`
 # (default "gpu_check gpu_check_coll gpu_check_lowp"; gpu_check alone takes ~125 s).
 set -uo pipefail
 bin="$(cd "${1:-.carry/bin}" && pwd)"
@@ -85,6 +88,25 @@ if want coll; then
     step "$c-graph" "${BENCH_COLL_LIMIT_S:-45}" "$fc" bench "$c" -g 2 -d bfloat16 -b 1K -e 64M -f 4 -n 10 \
       --reps 3 -G 10 --vs nccl --json "$res/$c-graph.json"
   done
+fi
+if want p2p; then
+  # Point-to-point and the device-count all-to-all-v against NCCL (graph and eager), then what
+  # the link carries by the copy engines, one way and both ways (the ceiling of every large row).
+  step sendrecv-graph "${BENCH_P2P_LIMIT_S:-60}" "$fc" bench sendrecv -g 2 -d bfloat16 -b 1K -e 256M -f 4 -n 10 \
+    --reps 3 -G 10 --vs nccl --json "$res/sendrecv-graph.json"
+  step sendrecv-eager "${BENCH_P2P_LIMIT_S:-60}" "$fc" bench sendrecv -g 2 -d bfloat16 -b 1K -e 1M -f 4 -n 20 \
+    --reps 3 --vs nccl --json "$res/sendrecv-eager.json"
+  step device_alltoallv-graph "${BENCH_P2P_LIMIT_S:-60}" "$fc" bench device_alltoallv -g 2 -d bfloat16 -b 1K -e 16M \
+    -f 4 -n 10 --reps 3 -G 10 --vs nccl --json "$res/device_alltoallv-graph.json"
+  step link_ceiling 60 python3 "$(dirname "$0")/gpu_link_ceiling.py" 16M 64M 256M
+fi
+if want pdl; then
+  # Programmatic dependent launch on and off, the same build, every collective's small sizes in
+  # graph mode, runs interleaved (scripts/gpu_ab.sh; its tables under $OUT/ab).
+  AB_CHECK=none AB_PRECOMPILE=none AB_STEP_S="${BENCH_PDL_LIMIT_S:-25}" \
+    AB_ARGS="-b 1K -e 256K -f 4 -n 10 --reps 3 -G 10 --vs nccl" \
+    AB_BENCHES="all_reduce bfloat16;all_gather bfloat16;reduce_scatter bfloat16;all_to_all bfloat16;all_to_all_v bfloat16;broadcast bfloat16;reduce bfloat16;sendrecv bfloat16" \
+    step pdl-ab 420 bash "$(dirname "$0")/gpu_ab.sh" "$FERROCOMM_KERNEL_CACHE" "$bin" "$bin@FERROCOMM_PDL=1"
 fi
 if want bench; then
   step all_reduce-graph "${BENCH_AR_LIMIT_S:-40}" "$fc" bench all_reduce -g 2 -d bfloat16 -b 1K -e 256M -f 4 -n 10 --reps 3 \
