@@ -20,7 +20,8 @@
 # reach 256 MB in a call of their own.
 # `p2p` times send/recv and the device-count all-to-all-v against NCCL and runs
 # scripts/gpu_link_ceiling.py (~3 min); `pdl` times every collective from 1 KB to 256 KB with
-# FERROCOMM_PDL off and on, interleaved (~5 min). CHECKS lists the check programs of part `checks`
+# FERROCOMM_PDL off and on, interleaved (~5 min); `ce` the copy engines' probe and the copy-engine
+# all-reduce checked and timed against the SM one (~6 min). CHECKS lists the check programs of part `checks`
 # (default "gpu_check gpu_check_coll gpu_check_lowp"; gpu_check alone takes ~125 s).
 set -uo pipefail
 bin="$(cd "${1:-.carry/bin}" && pwd)"
@@ -107,6 +108,21 @@ if want pdl; then
     AB_ARGS="-b 1K -e 256K -f 4 -n 10 --reps 3 -G 10 --vs nccl" \
     AB_BENCHES="all_reduce bfloat16;all_gather bfloat16;reduce_scatter bfloat16;all_to_all bfloat16;all_to_all_v bfloat16;broadcast bfloat16;reduce bfloat16;sendrecv bfloat16" \
     step pdl-ab 420 bash "$(dirname "$0")/gpu_ab.sh" "$FERROCOMM_KERNEL_CACHE" "$bin" "$bin@FERROCOMM_PDL=1"
+fi
+if want ce; then
+  # The copy engines: what they carry over NVLink one way and both ways against SM kernels, and
+  # a stand-alone copy-engine all-reduce (bench/results/2026-12-01-h200x2-ce-probe); then the
+  # library's (FERROCOMM_ALLREDUCE_CE_MIN_BYTES) checked at every flat size, and timed against
+  # the SM flat and NCCL from 1 MB to 64 MB, runs interleaved.
+  step ce_probe 200 bash "$(dirname "$0")/../bench/results/2026-12-01-h200x2-ce-probe/run.sh"
+  FERROCOMM_ALLREDUCE_CE_MIN_BYTES=1 step gpu_check-ce 200 "$fc" launch -n 2 --timeout 198 -- \
+    "$bin/gpu_check" --quick --no-timing
+  AB_CHECK=none AB_PRECOMPILE=none AB_STEP_S="${BENCH_CE_LIMIT_S:-40}" \
+    AB_ARGS="-b 1M -e 64M -f 4 -n 10 --reps 3 -G 10 --vs nccl" \
+    AB_BENCHES="all_reduce bfloat16;all_reduce float" \
+    step ce-ab 200 bash "$(dirname "$0")/gpu_ab.sh" "$FERROCOMM_KERNEL_CACHE" \
+    "$bin@FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES=64M" \
+    "$bin@FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES=64M,FERROCOMM_ALLREDUCE_CE_MIN_BYTES=1M"
 fi
 if want bench; then
   step all_reduce-graph "${BENCH_AR_LIMIT_S:-40}" "$fc" bench all_reduce -g 2 -d bfloat16 -b 1K -e 256M -f 4 -n 10 --reps 3 \

@@ -417,6 +417,17 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
             threshold(t.tree_max, tr, "FERROCOMM_ALLREDUCE_TREE_MAX_BYTES"),
         );
     }
+    let _ = match t.ce_min.filter(|&m| m > 0) {
+        Some(m) => writeln!(
+            w,
+            "2 ranks: flat all-reduces of {m} bytes and more (up to the staging) by the copy \
+             engines (FERROCOMM_ALLREDUCE_CE_MIN_BYTES)"
+        ),
+        None => writeln!(
+            w,
+            "2 ranks: the copy engines carry no all-reduce (FERROCOMM_ALLREDUCE_CE_MIN_BYTES unset)"
+        ),
+    };
     let _ = writeln!(
         w,
         "\n== Direct-access limits (2 ranks; halved above 4 ranks)"

@@ -61,6 +61,8 @@ struct Args {
     u64 hello_off;
     u32 sig;
     u32 pad_;
+    // The copy-engine all-reduce's words (CE_* below), from flags[r] of every rank.
+    u64 ce_words_off;
 };
 
 // ---------------------------------------------------------------- memory-model helpers
@@ -709,6 +711,121 @@ __device__ void stream(const Args& a) {
     end_call(a, e);
 }
 
+// ---------------------------------------------------------------- ce: one-shot through the copy engines
+//
+// Two ranks, opt-in (FERROCOMM_ALLREDUCE_CE_MIN_BYTES): each rank's copy engine moves its input,
+// chunk by chunk, into the peer's copy-engine region (after the staging's two parities), each
+// chunk followed by a 4-byte copy of the call's epoch into the peer's flag of that chunk (the
+// same stream, so the flag lands after the chunk: cuda/dda.rs issues the copies). The SMs only
+// reduce: fc_ce_<op>'s blocks take every chunk once its flag holds the epoch, out = in + received
+// in rank order (rule 5, bit-identical on both ranks). The region has one buffer: fc_ce_gate, on
+// the caller's stream before the copies, waits until the peer's reduce of our previous
+// copy-engine call has finished reading it (the peer's last block stores that call's epoch into
+// our DONE word; a peer that ran another call then, which the hellos reported, never will), and
+// publishes this call's epoch as the flags' source word (SEQ). Every wait has the timeout; the
+// reduce also looks at the peers' hellos while it waits.
+#define CE_SEQ 0         // this call's epoch: the source of the flag copies (local)
+#define CE_LAST 1        // epoch of this rank's previous copy-engine call (local)
+#define CE_ARRIVED 2     // blocks of the reduce that finished (local, reset by the last one)
+#define CE_DONE 3        // epoch of the peer's last finished copy-engine reduce (peer-written)
+#define CE_FLAGS 16      // chunk flags (peer-written by its copy engine), FC_CE_MAX_CHUNKS of them
+#define FC_CE_MAX_CHUNKS 64
+
+// In place (the buffers overlap), a chunk of the output may be written only once our own copy
+// of that chunk has left, which our flag of it in the peer's memory says (read over the link:
+// a copy into our own memory may run as a kernel, which our spinning blocks could keep out).
+__device__ __forceinline__ bool ce_overlap(const Args& a, u64 bytes) {
+    return a.input < a.output + bytes && a.output < a.input + bytes;
+}
+
+__device__ __forceinline__ u32* ce_words(const Args& a, u32 r) {
+    return (u32*)(a.flags[r] + a.ce_words_off);
+}
+
+__device__ void ce_gate(const Args& a) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    u64 t0 = globaltimer();
+    u32* w = ce_words(a, a.rank);
+    u32 last = ld_volatile_u32(w + CE_LAST);
+    u32 spins = 0;
+    while (last != 0 && (i32)(ld_acquire_sys(w + CE_DONE) - last) < 0) {
+        // A peer whose SEQ word holds another epoch is past that call, or never ran it by copy
+        // engine (calls that disagreed: reported then), so it reads nothing of ours.
+        if (ld_volatile_u32(ce_words(a, 1 - a.rank) + CE_SEQ) != last) break;
+        if (!spin_ok(a, spins, 1 - a.rank, 30, t0, false, a.sig, 0)) break;
+    }
+    // The copies of this call read it after this kernel completed.
+    w[CE_SEQ] = call_epoch(a);
+}
+
+template <int OP>
+__device__ void ce(const Args& a) {
+    constexpr u32 U = FC_FLAT_UNROLL;
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    u32 peer = 1 - a.rank;
+    u32* w = ce_words(a, a.rank);
+    const u8* got = (const u8*)a.staging[a.rank] + 2 * a.staging_bytes;
+    u64 nvec = (a.count + VEC_ELEMS - 1) / VEC_ELEMS;
+    u64 cvec = a.chunk_bytes / 16;
+    u64 nch = (nvec + cvec - 1) / cvec;
+    bool aligned = ((a.input | a.output) & 15) == 0;
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    bool ok = true;
+    bool in_place = ce_overlap(a, a.count * sizeof(T));
+    hello_send(a, a.sig, e, 0);
+    for (u64 c = 0; c < nch && ok; c++) {
+        if (threadIdx.x == 0) {
+            u32 spins = 0;
+            while (ld_acquire_sys(w + CE_FLAGS + c) != e)
+                if (!spin_ok(a, spins, peer, 31, t0, true, a.sig, e)) {
+                    ok = false;
+                    break;
+                }
+            while (ok && in_place && ld_acquire_sys(ce_words(a, peer) + CE_FLAGS + c) != e)
+                if (!spin_ok(a, spins, a.rank, 32, t0, true, a.sig, e)) ok = false;
+        }
+        // bar.sync orders the acquire before every thread's reads of the chunk (rule 1).
+        ok = __syncthreads_and(ok) != 0;
+        if (!ok) break;
+        u64 v1 = (c + 1) * cvec < nvec ? (c + 1) * cvec : nvec;
+        for (u64 b = c * cvec + first; b < v1; b += U * stride) {
+            Vec mine[U];
+            uint4 theirs[U];
+#pragma unroll
+            for (u32 k = 0; k < U; k++) {
+                u64 v = b + k * stride;
+                mine[k].u = make_uint4(0, 0, 0, 0);
+                if (v < v1) {
+                    load_user(a, v, aligned, mine[k]);
+                    theirs[k] = ld_v4((const uint4*)(got + v * 16));
+                }
+            }
+#pragma unroll
+            for (u32 k = 0; k < U; k++)
+                if (b + k * stride < v1) {
+                    Vec in[2];
+                    in[0].u = a.rank == 0 ? mine[k].u : theirs[k];
+                    in[1].u = a.rank == 0 ? theirs[k] : mine[k].u;
+                    store_user(a, b + k * stride, aligned, reduce_ranks<OP, 2>(a, in));
+                }
+        }
+    }
+    if (ok) ok = hello_check(a, a.sig, e, t0, 0, 9);
+    // The last block to finish tells the peer that its copies may rewrite the region.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(w + CE_ARRIVED, 1) + 1 == gridDim.x) {
+            w[CE_ARRIVED] = 0;
+            w[CE_LAST] = e;
+            st_release_sys(ce_words(a, peer) + CE_DONE, e);
+        }
+    }
+    end_call(a, e);
+}
+
 // ---------------------------------------------------------------- tree: two-shot
 
 // Stripe k (of `world`) is reduced by rank k into its own staging, then everyone gathers the
@@ -887,7 +1004,10 @@ extern "C" __global__ void fc_verify_write(Args a, u32 magic, u64 verify_off) {
     extern "C" __global__ void __launch_bounds__(512) fc_push_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); if (a.world == 2) push<OPV, 2>(a); else push<OPV, 0>(a); } \
     extern "C" __global__ void __launch_bounds__(512) fc_flat_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); flat<OPV>(a); } \
     extern "C" __global__ void __launch_bounds__(512) fc_tree_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); tree<OPV>(a); } \
-    extern "C" __global__ void __launch_bounds__(512) fc_stream_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); stream<OPV>(a); }
+    extern "C" __global__ void __launch_bounds__(512) fc_stream_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); stream<OPV>(a); } \
+    extern "C" __global__ void __launch_bounds__(512) fc_ce_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); ce<OPV>(a); }
+
+extern "C" __global__ void fc_ce_gate(Args a) { pdl_wait(); pdl_launch_dependents(); ce_gate(a); }
 
 FC_ENTRY(sum, OP_SUM)
 FC_ENTRY(prod, OP_PROD)

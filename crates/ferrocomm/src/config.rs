@@ -45,6 +45,7 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_LP_ALL_TO_ALL", "1", "Per-collective switch for all_to_all and all_to_all_v."),
     var("FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-reduce (bytes per rank) that uses the barrier-free push one-shot."),
     var("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-reduce that uses flat (one-shot pull); above it tree (two-shot)."),
+    var("FERROCOMM_ALLREDUCE_CE_MIN_BYTES", "0 (off)", "CUDA backend, two ranks: flat all-reduces of at least this many bytes per rank (and at most the staging) move their data with the copy engines instead of the SMs (chunks into the peer's memory, the SMs only reduce); 0 keeps every one on the SMs. Adds one staging-sized region per rank when set."),
     var("FERROCOMM_ALLREDUCE_TREE_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-reduce that uses tree on the cuda backend; above it NCCL."),
     var("FERROCOMM_ALLGATHER_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-gather (input bytes per rank) done by direct access on cuda; above it NCCL."),
     var("FERROCOMM_REDUCESCATTER_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest reduce-scatter (output bytes per rank) done by direct access on cuda."),
@@ -121,6 +122,9 @@ pub struct Thresholds {
     pub push_max: Option<usize>,
     pub flat_max: Option<usize>,
     pub tree_max: Option<usize>,
+    /// `FERROCOMM_ALLREDUCE_CE_MIN_BYTES`: the smallest flat all-reduce whose data the copy
+    /// engines move (two ranks; `None` or 0: off).
+    pub ce_min: Option<usize>,
     pub all_gather_max: Option<usize>,
     pub reduce_scatter_max: Option<usize>,
     pub all_to_all_max: Option<usize>,
@@ -264,7 +268,7 @@ pub fn parse_size(s: &str) -> std::result::Result<usize, String> {
 
 /// [`Config::shared_settings`]: each setting (its path in the serialized configuration) and the
 /// variable that sets it.
-const SHARED_SETTINGS: [(&str, &str); 20] = [
+const SHARED_SETTINGS: [(&str, &str); 21] = [
     ("algo", "FERROCOMM_ALGO"),
     ("low_precision.enabled", "FERROCOMM_LOW_PRECISION"),
     ("low_precision.format", "FERROCOMM_LP_FORMAT"),
@@ -280,6 +284,7 @@ const SHARED_SETTINGS: [(&str, &str); 20] = [
     ("thresholds.push_max", "FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES"),
     ("thresholds.flat_max", "FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES"),
     ("thresholds.tree_max", "FERROCOMM_ALLREDUCE_TREE_MAX_BYTES"),
+    ("thresholds.ce_min", "FERROCOMM_ALLREDUCE_CE_MIN_BYTES"),
     ("thresholds.all_gather_max", "FERROCOMM_ALLGATHER_MAX_BYTES"),
     (
         "thresholds.reduce_scatter_max",
@@ -387,6 +392,7 @@ impl Config {
             push_max: r.bytes("FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES")?,
             flat_max: r.bytes("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES")?,
             tree_max: r.bytes("FERROCOMM_ALLREDUCE_TREE_MAX_BYTES")?,
+            ce_min: r.bytes("FERROCOMM_ALLREDUCE_CE_MIN_BYTES")?,
             all_gather_max: r.bytes("FERROCOMM_ALLGATHER_MAX_BYTES")?,
             reduce_scatter_max: r.bytes("FERROCOMM_REDUCESCATTER_MAX_BYTES")?,
             all_to_all_max: r.bytes("FERROCOMM_ALLTOALL_MAX_BYTES")?,

@@ -49,6 +49,59 @@ fn staging_memory_is_reported_per_world_size() {
 }
 
 #[test]
+fn the_copy_engine_region_exists_only_when_asked_for_at_two_ranks() {
+    let off = Config::default();
+    let on =
+        Config::from_lookup(|k| (k == "FERROCOMM_ALLREDUCE_CE_MIN_BYTES").then(|| "4M".into()))
+            .unwrap();
+    let zero =
+        Config::from_lookup(|k| (k == "FERROCOMM_ALLREDUCE_CE_MIN_BYTES").then(|| "0".into()))
+            .unwrap();
+    assert_eq!(on.thresholds.ce_min, Some(4 << 20));
+    let l = ferrocomm::cuda::staging_layout(&off, 2);
+    assert_eq!(l.ce_bytes, 0);
+    assert_eq!(ferrocomm::cuda::staging_layout(&zero, 2), l);
+    let c = ferrocomm::cuda::staging_layout(&on, 2);
+    // One staging-sized region after the two parities, nothing else moved.
+    assert_eq!(c.ce_bytes, c.staging_bytes);
+    assert_eq!(c.ce_off, c.staging_off + 2 * c.staging_bytes);
+    assert_eq!(c.total, l.total + c.staging_bytes);
+    assert_eq!((c.staging_off, c.push_off), (l.staging_off, l.push_off));
+    // The kernels' words and flags take two ranks: none above.
+    for world in [3, 4, 8] {
+        assert_eq!(ferrocomm::cuda::staging_layout(&on, world).ce_bytes, 0);
+    }
+}
+
+#[test]
+fn copy_engine_chunks_cover_the_message_within_the_flags() {
+    for bytes in [
+        1usize,
+        15,
+        16,
+        1 << 20,
+        (1 << 20) + 2,
+        16 << 20,
+        64 << 20,
+        100_000_001,
+        1 << 30,
+    ] {
+        let c = ferrocomm::cuda::ce_chunk(bytes);
+        assert_eq!(c % 16, 0, "{bytes}");
+        assert!(c >= 1 << 20, "chunk {c} for {bytes}");
+        let n = bytes.div_ceil(c);
+        assert!(
+            (1..=ferrocomm::cuda::CE_MAX_CHUNKS).contains(&n),
+            "{n} chunks for {bytes}"
+        );
+        // About eight chunks once a message has 8 MiB (the first lands while the rest fly).
+        if (8 << 20..=512 << 20).contains(&bytes) {
+            assert!((7..=8).contains(&n), "{n} chunks for {bytes}");
+        }
+    }
+}
+
+#[test]
 fn flat_chunks_fit_the_staging() {
     for &staging in &[8192usize, 102_400, 64 << 20, 256 << 20] {
         for &world in &[2usize, 3, 8, 16] {

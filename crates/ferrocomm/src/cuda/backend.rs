@@ -114,11 +114,16 @@ impl CudaBackend {
         if ctx.config.debug {
             eprintln!(
                 "ferrocomm: rank {} cuda:{device}: dda {} ({} MiB staging, programmatic \
-                 dependent launch {}), nccl {}",
+                 dependent launch {}, copy-engine all-reduce {}), nccl {}",
                 ctx.rank,
                 if dda.is_some() { "on" } else { "off" },
                 super::staging_memory_bytes(&ctx.config, ctx.size) >> 20,
                 if dda.as_ref().is_some_and(|d| d.pdl) {
+                    "on"
+                } else {
+                    "off"
+                },
+                if dda.as_ref().is_some_and(|d| d.layout().ce_bytes > 0) {
                     "on"
                 } else {
                     "off"

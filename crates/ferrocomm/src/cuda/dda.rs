@@ -46,6 +46,23 @@ const FLAT_SLOTS: usize = 2;
 /// 512 bytes (one 16-byte vector per lane), a large one streams in chunks of at most 8 KiB.
 const FLAT_MIN_CHUNK: usize = 512;
 const FLAT_MAX_CHUNK: usize = 8 << 10;
+/// The copy-engine all-reduce's words (`CE_*` in all_reduce.cu) in the state area, after the
+/// barrier word: SEQ, LAST, ARRIVED, DONE, then the chunk flags from word 16: 320 bytes, inside
+/// the state area's free 2048..4096.
+const CE_WORDS_OFF: usize = STATE_OFF + 3072;
+const CE_SEQ_WORD: usize = 0;
+const CE_FLAGS_WORD: usize = 16;
+/// Most chunks of one copy-engine all-reduce (`FC_CE_MAX_CHUNKS`), and the chunk sizes it aims
+/// at: about eight chunks (the first arrives while the rest are in flight), at least 1 MiB each
+/// (each costs two copies).
+pub const CE_MAX_CHUNKS: usize = 64;
+const CE_TARGET_CHUNKS: usize = 8;
+const CE_MIN_CHUNK: usize = 1 << 20;
+/// Threads per block of the copy-engine reduction (one block per SM): its blocks spin until
+/// their chunks land, and a copy between two buffers of one GPU (ranks sharing a GPU) runs as a
+/// kernel that needs room beside them; on 1xH200 a 4-byte copy waited behind spinning blocks that
+/// filled every SM's threads (bench/results/2026-12-01-h200-ce, spin_copy).
+const CE_THREADS: u32 = 256;
 /// Largest push payload per rank (LL lines double it, and every rank holds every sender's).
 const PUSH_CAP_MAX: usize = 512 << 10;
 
@@ -65,6 +82,10 @@ pub struct StagingLayout {
     pub staging_off: usize,
     /// Bytes of one staging parity (the largest flat/tree message per rank).
     pub staging_bytes: usize,
+    /// The copy-engine all-reduce's receive region (`FERROCOMM_ALLREDUCE_CE_MIN_BYTES`; two
+    /// ranks only): `ce_bytes` (0: off) after the staging's two parities.
+    pub ce_off: usize,
+    pub ce_bytes: usize,
     pub total: usize,
 }
 
@@ -81,6 +102,8 @@ pub fn staging_layout(cfg: &Config, world: usize) -> StagingLayout {
     let staging_off = round_up(push_off + push_bytes, 4096);
     // At least one flat block's slots for 16 ranks (16 warps x 16 senders x 2 slots x 16 B).
     let staging_bytes = round_up(cfg.cuda_staging_bytes.max(8192), 4096);
+    let ce_on = world == 2 && cfg.thresholds.ce_min.is_some_and(|m| m > 0);
+    let ce_bytes = if ce_on { staging_bytes } else { 0 };
     StagingLayout {
         push_off,
         push_cap,
@@ -91,7 +114,9 @@ pub fn staging_layout(cfg: &Config, world: usize) -> StagingLayout {
             .min(push_cap),
         staging_off,
         staging_bytes,
-        total: staging_off + 2 * staging_bytes,
+        ce_off: staging_off + 2 * staging_bytes,
+        ce_bytes,
+        total: staging_off + 2 * staging_bytes + ce_bytes,
     }
 }
 
@@ -122,6 +147,7 @@ pub(super) struct Args {
     hello_off: u64,
     pub(super) sig: u32,
     pad_: u32,
+    ce_words_off: u64,
 }
 
 impl Args {
@@ -151,6 +177,7 @@ impl Args {
             hello_off: 0,
             sig: 0,
             pad_: 0,
+            ce_words_off: 0,
         }
     }
 }
@@ -189,6 +216,115 @@ pub struct Dda {
     modules: HashMap<DataType, Module>,
     pub(super) sm_count: u32,
     pub(super) timeout: Duration,
+    /// `FERROCOMM_DEBUG`: a kernel's timeout record is printed whole (peer, phase, block).
+    debug: bool,
+    /// The copy-engine all-reduce (`FERROCOMM_ALLREDUCE_CE_MIN_BYTES`), when on.
+    ce: Option<CopyEngine>,
+}
+
+/// What the copy-engine all-reduce needs besides the region: the smallest message it takes, and
+/// a stream of its own for the copies (forked from and joined back to the caller's by events,
+/// so graph capture follows it).
+struct CopyEngine {
+    min_bytes: usize,
+    stream: sys::CUstream,
+    fork: sys::CUevent,
+    join: sys::CUevent,
+}
+
+impl CopyEngine {
+    /// Creates the stream and events in the current context.
+    fn new(min_bytes: usize) -> Result<CopyEngine> {
+        let mut ce = CopyEngine {
+            min_bytes,
+            stream: std::ptr::null_mut(),
+            fork: std::ptr::null_mut(),
+            join: std::ptr::null_mut(),
+        };
+        cu(
+            // SAFETY: out-parameter; a context is current.
+            unsafe {
+                sys::cuStreamCreate(
+                    &mut ce.stream,
+                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                )
+            },
+            "cuStreamCreate (copy engine)",
+        )?;
+        for ev in [&mut ce.fork, &mut ce.join] {
+            cu(
+                // SAFETY: out-parameter; a context is current.
+                unsafe {
+                    sys::cuEventCreate(ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+                },
+                "cuEventCreate (copy engine)",
+            )?;
+        }
+        Ok(ce)
+    }
+
+    /// Orders the copy stream after the work enqueued so far on `main` (a live stream of this
+    /// context, or the legacy one).
+    fn fork_from(&self, main: sys::CUstream) -> sys::CUresult {
+        // SAFETY: the event and the copy stream were created by `new` in this context; `main`
+        // is the caller's stream of this context.
+        unsafe {
+            match sys::cuEventRecord(self.fork, main) {
+                sys::CUresult::CUDA_SUCCESS => sys::cuStreamWaitEvent(self.stream, self.fork, 0),
+                e => e,
+            }
+        }
+    }
+
+    /// Orders `main`'s later work after everything enqueued on the copy stream so far.
+    fn join_into(&self, main: sys::CUstream) -> sys::CUresult {
+        // SAFETY: as in `fork_from`.
+        unsafe {
+            match sys::cuEventRecord(self.join, self.stream) {
+                sys::CUresult::CUDA_SUCCESS => sys::cuStreamWaitEvent(main, self.join, 0),
+                e => e,
+            }
+        }
+    }
+
+    /// Enqueues a copy of `len` bytes from `src` to `dst` on the copy stream.
+    ///
+    /// # Safety
+    /// Both ranges are device memory of (or mapped into) this context, valid until the copy
+    /// stream has run it.
+    unsafe fn copy(&self, dst: u64, src: u64, len: usize) -> sys::CUresult {
+        // SAFETY: the caller's contract; the stream is ours.
+        unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, self.stream) }
+    }
+}
+
+impl Drop for CopyEngine {
+    fn drop(&mut self) {
+        // SAFETY: created once by `new` (null when that failed first); errors at teardown are
+        // ignored because nothing can act on them.
+        unsafe {
+            if !self.fork.is_null() {
+                let _ = sys::cuEventDestroy_v2(self.fork);
+            }
+            if !self.join.is_null() {
+                let _ = sys::cuEventDestroy_v2(self.join);
+            }
+            if !self.stream.is_null() {
+                let _ = sys::cuStreamDestroy_v2(self.stream);
+            }
+        }
+    }
+}
+
+/// Chunk size of a copy-engine all-reduce of `bytes` per rank: about eight chunks of at least
+/// 1 MiB, never more than [`CE_MAX_CHUNKS`], a multiple of 16.
+/// Both ranks compute the same value (the flags are per chunk).
+pub fn ce_chunk(bytes: usize) -> usize {
+    let c = bytes
+        .div_ceil(CE_TARGET_CHUNKS)
+        .max(CE_MIN_CHUNK)
+        .max(bytes.div_ceil(CE_MAX_CHUNKS));
+    round_up(c, 16)
 }
 
 // SAFETY: the raw pointers are device addresses and a pinned host page owned by this struct;
@@ -270,7 +406,13 @@ impl Dda {
             modules,
             sm_count,
             timeout: ctx.timeout(),
+            debug: ctx.config.debug,
+            ce: None,
         };
+        if layout.ce_bytes > 0 {
+            let min = ctx.config.thresholds.ce_min.unwrap_or(0);
+            me.ce = Some(CopyEngine::new(min)?);
+        }
         // NOT the async pool (stream.alloc): legacy IPC cannot share pool memory.
         cu(
             // SAFETY: out-parameter; the context is current.
@@ -482,6 +624,7 @@ impl Dda {
             hello_off: COLL_HELLO_OFF as u64,
             sig: 0,
             pad_: 0,
+            ce_words_off: CE_WORDS_OFF as u64,
         };
         for (r, b) in self.bases.iter().enumerate() {
             a.flags[r] = *b;
@@ -503,7 +646,16 @@ impl Dda {
             return self.take_input_error(collective, w);
         }
         // SAFETY: as above, words 1..3.
-        let peer = unsafe { std::ptr::read_volatile(self.error_host.add(1)) } as usize;
+        let [peer, phase, block] =
+            [1, 2, 3].map(|i| unsafe { std::ptr::read_volatile(self.error_host.add(i)) });
+        if self.debug {
+            eprintln!(
+                "ferrocomm: rank {} {collective}: a kernel's wait for rank {peer} timed out \
+                 (phase {phase}, block {block})",
+                self.rank
+            );
+        }
+        let peer = peer as usize;
         Err(Error::Timeout {
             collective,
             rank: self.rank,
@@ -548,9 +700,21 @@ impl Dda {
         };
         let bytes = count * dtype.size();
         // Flat pulls from the peers' staging when the message fits it (faster at every size
-        // measured there); a larger one streams through chunk slots by push-write.
-        let streaming = algo == Algo::Flat && bytes > self.layout.staging_bytes;
-        let aname = if streaming { "stream" } else { aname };
+        // measured there); a larger one streams through chunk slots by push-write. At two ranks
+        // with FERROCOMM_ALLREDUCE_CE_MIN_BYTES set, messages from that size up to the region's
+        // move by the copy engines instead.
+        let by_ce = algo == Algo::Flat
+            && self.ce.as_ref().is_some_and(|ce| {
+                bytes > 0 && bytes >= ce.min_bytes && bytes <= self.layout.ce_bytes
+            });
+        let streaming = algo == Algo::Flat && !by_ce && bytes > self.layout.staging_bytes;
+        let aname = if by_ce {
+            "ce"
+        } else if streaming {
+            "stream"
+        } else {
+            aname
+        };
         // What every rank must agree on (the kernels compare it through their hello words):
         // count, dtype, the operator with its Avg divisor, the algorithm.
         // (Spelled on the stack, as the kernel name: no allocation per call.)
@@ -569,6 +733,9 @@ impl Dda {
             kernel_name(&mut [0; 64], &["fc_", aname, "_", opname]),
         )?;
         let max_blocks = (self.sm_count as usize).clamp(1, MAX_BLOCKS);
+        if by_ce {
+            return self.all_reduce_ce(&mut a, f, bytes, max_blocks as u32, stream);
+        }
         let mut blocks = units.div_ceil(threads as usize).clamp(1, max_blocks) as u32;
         if streaming {
             let (g, chunk) = flat_grid(bytes, max_blocks, self.world, self.layout.staging_bytes);
@@ -583,6 +750,62 @@ impl Dda {
             unsafe { launch::launch(f, blocks, threads, stream, &mut params, self.pdl) },
             || format!("launching all_reduce ({aname}, {dtype}, {count} elements)"),
         )
+    }
+}
+
+impl Dda {
+    /// The copy-engine all-reduce (two ranks; all_reduce.cu's `ce` section): on `stream`, the
+    /// gate, then the fork to the copy stream, which copies every chunk of the input into the
+    /// peer's region followed by the chunk's flag (this call's epoch, from the SEQ word the gate
+    /// wrote), while `reduce` (fc_ce_<op>) runs on `stream`; the copy stream joins `stream`
+    /// after it. `a` is the call's arguments with its signature.
+    fn all_reduce_ce(
+        &self,
+        a: &mut Args,
+        reduce: sys::CUfunction,
+        bytes: usize,
+        blocks: u32,
+        stream: u64,
+    ) -> Result<()> {
+        let ce = self
+            .ce
+            .as_ref()
+            .expect("the caller checked the copy engine is on");
+        let chunk = ce_chunk(bytes);
+        a.chunk_bytes = chunk as u64;
+        let what = || format!("the copy-engine all-reduce ({bytes} bytes per rank)");
+        let gate = self.func(DataType::F32, "fc_ce_gate")?;
+        let main = stream as sys::CUstream;
+        let peer = self.bases[1 - self.rank];
+        let (words, peer_words) = (self.own + CE_WORDS_OFF as u64, peer + CE_WORDS_OFF as u64);
+        let region = peer + self.layout.ce_off as u64;
+        let mut params: [*mut c_void; 1] = [(a as *mut Args).cast()];
+        cu_lazy(
+            // SAFETY: fc_ce_gate takes one `Args` by value (this call's, pointers into our
+            // allocation and the peers'), starts with pdl_wait() and touches only the CE words.
+            unsafe { launch::launch(gate, 1, 32, stream, &mut params, self.pdl) },
+            || format!("launching the gate of {}", what()),
+        )?;
+        cu_lazy(ce.fork_from(main), what)?;
+        let seq = words + 4 * CE_SEQ_WORD as u64;
+        for (k, off) in (0..bytes).step_by(chunk).enumerate() {
+            let len = chunk.min(bytes - off);
+            let o = off as u64;
+            let flag = peer_words + 4 * (CE_FLAGS_WORD + k) as u64;
+            // SAFETY: the input holds `bytes` (validated by the communicator) and the peer's
+            // region `ce_bytes` >= `bytes`; the SEQ word and the peer's flag words are inside
+            // the allocations mapped here.
+            cu_lazy(unsafe { ce.copy(region + o, a.input + o, len) }, what)?;
+            // SAFETY: as above (4 bytes).
+            cu_lazy(unsafe { ce.copy(flag, seq, 4) }, what)?;
+        }
+        cu_lazy(
+            // SAFETY: `reduce` takes one `Args` by value and starts with pdl_wait(); the user
+            // pointers were validated by the caller, the region and words are ours.
+            unsafe { launch::launch(reduce, blocks, CE_THREADS, stream, &mut params, self.pdl) },
+            || format!("launching the reduction of {}", what()),
+        )?;
+        cu_lazy(ce.join_into(main), what)
     }
 }
 

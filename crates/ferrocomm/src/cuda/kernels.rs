@@ -61,11 +61,11 @@ pub const COLL_OP_ENTRIES: [&str; 5] = [
 ];
 
 /// Algorithms with an entry point per operator: `fc_<algo>_<op>`.
-pub const ALGOS: [&str; 4] = ["push", "flat", "tree", "stream"];
+pub const ALGOS: [&str; 5] = ["push", "flat", "tree", "stream", "ce"];
 /// Operators compiled into every module (Avg and PremulSum run on `sum` with scale factors).
 pub const OPS: [&str; 4] = ["sum", "prod", "min", "max"];
 /// Entry points beside the per-operator ones.
-pub const EXTRA_ENTRIES: [&str; 1] = ["fc_verify_write"];
+pub const EXTRA_ENTRIES: [&str; 2] = ["fc_verify_write", "fc_ce_gate"];
 
 /// Element types the direct-access kernels handle, with the define that selects each.
 pub const VARIANTS: [(DataType, &str); 7] = [

@@ -25,7 +25,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::types::Device;
 
-pub use dda::{flat_grid, push_capacity, staging_layout, StagingLayout};
+pub use dda::{ce_chunk, flat_grid, push_capacity, staging_layout, StagingLayout, CE_MAX_CHUNKS};
 pub use lowp::quantize_on_device;
 
 /// Number of CUDA devices visible, 0 when the driver library is absent or fails to start.
