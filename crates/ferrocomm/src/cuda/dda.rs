@@ -838,8 +838,12 @@ pub fn flat_grid(
 impl Drop for Dda {
     fn drop(&mut self) {
         // SAFETY: each pointer was opened/allocated exactly once by `new`; errors at teardown
-        // are ignored because nothing can act on them.
+        // are ignored because nothing can act on them. The copy stream drains first: its copies
+        // write into the peers' memory, whose mappings close next.
         unsafe {
+            if let Some(ce) = &self.ce {
+                let _ = sys::cuStreamSynchronize(ce.stream);
+            }
             for p in self.opened.drain(..) {
                 let _ = sys::cuIpcCloseMemHandle(p);
             }
