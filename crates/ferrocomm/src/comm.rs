@@ -274,6 +274,16 @@ pub trait Backend: Send + Sync {
     ) -> Result<Option<Algo>> {
         Ok(None)
     }
+    /// How a full-precision call that runs `algo` moves its data, when the algorithm's name
+    /// alone does not say it (the cuda all-reduce's copy engines: `ce`).
+    fn path_detail(
+        &self,
+        _coll: Collective,
+        _bytes_per_rank: usize,
+        _algo: Algo,
+    ) -> Option<&'static str> {
+        None
+    }
 }
 
 /// How to create a communicator. Unset fields come from the environment.
@@ -538,8 +548,9 @@ impl Communicator {
         self.backend.algo_for(coll, bytes_per_rank, dtype, opts)
     }
 
-    /// The path this call takes, as the bench shows it: the algorithm's name, or `lp-` and the
-    /// low-precision path's name (`lp-flat`, `lp-tree`, `lp-direct`) when it goes low precision.
+    /// The path this call takes, as the bench shows it: the algorithm's name (`flat-ce` when the
+    /// copy engines carry a flat all-reduce), or `lp-` and the low-precision path's name
+    /// (`lp-flat`, `lp-tree`, `lp-direct`) when it goes low precision.
     pub fn path_for(
         &self,
         coll: Collective,
@@ -552,9 +563,13 @@ impl Communicator {
             .low_precision_path(coll, bytes_per_rank, dtype, opts)?
         {
             Some(a) => Ok(format!("lp-{a}")),
-            None => Ok(self
-                .algo_for(coll, bytes_per_rank, dtype, opts)?
-                .to_string()),
+            None => {
+                let algo = self.algo_for(coll, bytes_per_rank, dtype, opts)?;
+                Ok(match self.backend.path_detail(coll, bytes_per_rank, algo) {
+                    Some(d) => format!("{algo}-{d}"),
+                    None => algo.to_string(),
+                })
+            }
         }
     }
 

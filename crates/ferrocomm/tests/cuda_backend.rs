@@ -71,6 +71,13 @@ fn the_copy_engine_region_exists_only_when_asked_for_at_two_ranks() {
     for world in [3, 4, 8] {
         assert_eq!(ferrocomm::cuda::staging_layout(&on, world).ce_bytes, 0);
     }
+    // Which messages it takes: from the minimum up to the region, never an empty one, and none
+    // without the region.
+    let takes = |l, b| ferrocomm::cuda::ce_takes(l, 4 << 20, b);
+    assert!(!takes(&c, 0) && !takes(&c, (4 << 20) - 1));
+    assert!(takes(&c, 4 << 20) && takes(&c, c.ce_bytes));
+    assert!(!takes(&c, c.ce_bytes + 1));
+    assert!(!takes(&l, 4 << 20) && !ferrocomm::cuda::ce_takes(&l, 0, 1));
 }
 
 #[test]

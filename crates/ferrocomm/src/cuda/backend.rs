@@ -848,6 +848,16 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn path_detail(
+        &self,
+        coll: Collective,
+        bytes_per_rank: usize,
+        algo: Algo,
+    ) -> Option<&'static str> {
+        let dda = self.dda.as_ref()?;
+        (coll == AR && algo == Algo::Flat && dda.copy_engine_takes(bytes_per_rank)).then_some("ce")
+    }
+
     fn low_precision_path(
         &self,
         coll: Collective,

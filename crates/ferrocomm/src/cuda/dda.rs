@@ -316,6 +316,13 @@ impl Drop for CopyEngine {
     }
 }
 
+/// Whether the copy engines carry a flat all-reduce of `bytes` per rank under `layout` (its
+/// region, 0 when off) and `FERROCOMM_ALLREDUCE_CE_MIN_BYTES` = `min_bytes`: from that size up
+/// to the region's, never an empty one.
+pub fn ce_takes(layout: &StagingLayout, min_bytes: usize, bytes: usize) -> bool {
+    bytes > 0 && bytes >= min_bytes && bytes <= layout.ce_bytes
+}
+
 /// Chunk size of a copy-engine all-reduce of `bytes` per rank: about eight chunks of at least
 /// 1 MiB, never more than [`CE_MAX_CHUNKS`], a multiple of 16.
 /// Both ranks compute the same value (the flags are per chunk).
@@ -664,6 +671,14 @@ impl Dda {
         })
     }
 
+    /// Whether a flat all-reduce of `bytes` per rank moves by the copy engines
+    /// (`FERROCOMM_ALLREDUCE_CE_MIN_BYTES`, up to the region's size).
+    pub fn copy_engine_takes(&self, bytes: usize) -> bool {
+        self.ce
+            .as_ref()
+            .is_some_and(|ce| ce_takes(&self.layout, ce.min_bytes, bytes))
+    }
+
     /// A device word of this rank's own (16-byte aligned) for the backend's barrier: a push
     /// all-reduce of it with Max meets every rank and leaves its value as it was.
     pub fn barrier_word(&self) -> u64 {
@@ -703,10 +718,7 @@ impl Dda {
         // measured there); a larger one streams through chunk slots by push-write. At two ranks
         // with FERROCOMM_ALLREDUCE_CE_MIN_BYTES set, messages from that size up to the region's
         // move by the copy engines instead.
-        let by_ce = algo == Algo::Flat
-            && self.ce.as_ref().is_some_and(|ce| {
-                bytes > 0 && bytes >= ce.min_bytes && bytes <= self.layout.ce_bytes
-            });
+        let by_ce = algo == Algo::Flat && self.copy_engine_takes(bytes);
         let streaming = algo == Algo::Flat && !by_ce && bytes > self.layout.staging_bytes;
         let aname = if by_ce {
             "ce"

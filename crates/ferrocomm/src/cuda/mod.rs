@@ -25,7 +25,9 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::types::Device;
 
-pub use dda::{ce_chunk, flat_grid, push_capacity, staging_layout, StagingLayout, CE_MAX_CHUNKS};
+pub use dda::{
+    ce_chunk, ce_takes, flat_grid, push_capacity, staging_layout, StagingLayout, CE_MAX_CHUNKS,
+};
 pub use lowp::quantize_on_device;
 
 /// Number of CUDA devices visible, 0 when the driver library is absent or fails to start.
