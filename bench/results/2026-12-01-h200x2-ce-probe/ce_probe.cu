@@ -5,8 +5,9 @@
 //   nvcc -O2 -arch=sm_90 -o ce_probe ce_probe.cu && ./ce_probe [SIZES...]   (default 4M 16M 64M 256M)
 //
 // 1. raw: S bytes into the other GPU's memory, 20 copies, one direction alone and both at once:
-//    copy engines (cudaMemcpyAsync between the two devices' pointers) and SM kernels of B blocks
-//    of 512 threads, 16-byte stores into the peer (push) or 16-byte loads from it (pull).
+//    copy engines (cudaMemcpyAsync between the two devices' pointers; also split into 2 or 4
+//    copies on as many streams, which may take more engines) and SM kernels of B blocks of 512
+//    threads, 16-byte stores into the peer (push) or 16-byte loads from it (pull).
 // 2. all-reduce (bf16 sum, S bytes per rank): each GPU's copy stream copies its input, chunk by
 //    chunk, into the other GPU's staging, each chunk followed by a 4-byte flag copy (the call's
 //    epoch), while its compute stream runs one reduce kernel whose blocks take each chunk once its
@@ -121,6 +122,7 @@ static double median(std::vector<double> v) {
 
 struct Gpu {
     cudaStream_t ms, cs;
+    cudaStream_t xs[4];  // extra copy streams: one copy split over several copy engines
     cudaEvent_t fork, join;
     uint4* in;
     uint4* out;
@@ -143,6 +145,7 @@ int main(int argc, char** argv) {
         CK(cudaDeviceEnablePeerAccess(1 - g, 0));
         CK(cudaStreamCreateWithFlags(&G[g].ms, cudaStreamNonBlocking));
         CK(cudaStreamCreateWithFlags(&G[g].cs, cudaStreamNonBlocking));
+        for (auto& x : G[g].xs) CK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
         CK(cudaEventCreateWithFlags(&G[g].fork, cudaEventDisableTiming));
         CK(cudaEventCreateWithFlags(&G[g].join, cudaEventDisableTiming));
         CK(cudaMalloc(&G[g].in, maxb));
@@ -172,8 +175,10 @@ int main(int argc, char** argv) {
     const int N = 20;
     printf("\n%-10s %-26s %10s %10s\n", "bytes", "mover", "one way", "both ways");
     for (u64 S : sizes) {
-        // kinds: 0 = copy engine, 1.. = push with B blocks, then pull with B blocks
+        // kinds: 0 = copy engine, 1000 + k = the copy split over k streams at once, 1.. = push
+        // with B blocks, then pull with B blocks
         std::vector<std::pair<std::string, int>> kinds = {{"copy engine", 0}};
+        for (int k : {2, 4}) kinds.push_back({"copy engines, " + std::to_string(k) + " streams", 1000 + k});
         for (int b : {16, 32, 66, 132}) kinds.push_back({"SM push, " + std::to_string(b) + " blocks", b});
         for (int b : {32, 132}) kinds.push_back({"SM pull, " + std::to_string(b) + " blocks", -b});
         for (auto& kd : kinds) {
@@ -189,6 +194,12 @@ int main(int argc, char** argv) {
                             int p = 1 - g;
                             if (kd.second == 0)
                                 CK(cudaMemcpyAsync(G[p].stg, G[g].in, S, cudaMemcpyDeviceToDevice, G[g].ms));
+                            else if (kd.second > 1000)
+                                for (int x = 0; x < kd.second - 1000; x++) {
+                                    u64 part = S / (kd.second - 1000);
+                                    CK(cudaMemcpyAsync((char*)G[p].stg + x * part, (char*)G[g].in + x * part, part,
+                                                       cudaMemcpyDeviceToDevice, G[g].xs[x]));
+                                }
                             else if (kd.second > 0)
                                 push_k<<<kd.second, 512, 0, G[g].ms>>>(G[p].stg, G[g].in, S / 16);
                             else  // pull: this GPU reads the other's input into its own staging
