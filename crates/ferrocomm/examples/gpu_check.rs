@@ -833,7 +833,7 @@ fn barrier_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
 
     let mut cfg_t = cfg.clone();
     cfg_t.timeout = Duration::from_secs(2);
-    let comm = Communicator::new(options("gpu_check_barrier_timeout", cfg_t))?;
+    let comm = Communicator::new(options("gpu_check_barrier_timeout", cfg_t.clone()))?;
     let last = world - 1;
     if rank == last {
         let t = Instant::now();
@@ -853,7 +853,39 @@ fn barrier_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
         }
     }
     // The lone rank's communicator is unusable; the others never ran a kernel on it.
-    retire(c, "barrier-timeout-done", comm)
+    retire(c, "barrier-timeout-done", comm)?;
+
+    // A 4 MB flat all-reduce no other rank joins (by the copy engines when
+    // FERROCOMM_ALLREDUCE_CE_MIN_BYTES says so: its gate passes, its copies land in the idle
+    // peer, its reduction waits for chunks that never come): the next call names a missing rank
+    // after the 2 s timeout instead of waiting.
+    let comm = Communicator::new(options("gpu_check_flat_timeout", cfg_t))?;
+    if rank == last {
+        let n = 1 << 20;
+        let b = Buf::new(4 * n)?;
+        b.upload(0, &gen(DataType::F32, OpK::Sum, n, 78, rank))?;
+        let t = Instant::now();
+        let first = sum_in_place(&comm, &b, n, c.dev, &o.clone().with_algo(Algo::Flat));
+        sync()?;
+        let next = comm.barrier(&o);
+        let tally = c.tally.entry("barrier".into()).or_default();
+        tally.cases += 1;
+        match (first, next) {
+            (Ok(()), Err(ferrocomm::Error::Timeout { missing, .. })) if missing != last => {
+                println!(
+                    "flat all_reduce alone: timeout after {:.2} s naming rank {missing}",
+                    t.elapsed().as_secs_f64()
+                )
+            }
+            other => {
+                tally.errors += 1;
+                c.failures.push(format!(
+                    "a flat all_reduce no other rank joined, then a barrier: {other:?}"
+                ));
+            }
+        }
+    }
+    retire(c, "flat-timeout-done", comm)
 }
 
 // ---------------------------------------------------------------- timing
