@@ -868,7 +868,7 @@ fn barrier_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
         let first = sum_in_place(&comm, &b, n, c.dev, &o.clone().with_algo(Algo::Flat));
         sync()?;
         let next = comm.barrier(&o);
-        let tally = c.tally.entry("barrier".into()).or_default();
+        let tally = c.tally.entry("flat-timeout".into()).or_default();
         tally.cases += 1;
         match (first, next) {
             (Ok(()), Err(ferrocomm::Error::Timeout { missing, .. })) if missing != last => {

@@ -58,6 +58,11 @@ const CE_FLAGS_WORD: usize = 16;
 pub const CE_MAX_CHUNKS: usize = 64;
 const CE_TARGET_CHUNKS: usize = 8;
 const CE_MIN_CHUNK: usize = 1 << 20;
+// The words sit after the barrier word, inside the state area's free bytes 2048..4096.
+const _: () = assert!(
+    CE_WORDS_OFF >= BARRIER_WORD_OFF + 16
+        && CE_WORDS_OFF + 4 * (CE_FLAGS_WORD + CE_MAX_CHUNKS) <= STATE_OFF + 4096
+);
 /// Threads per block of the copy-engine reduction (one block per SM): its blocks spin until
 /// their chunks land, and a copy between two buffers of one GPU (ranks sharing a GPU) runs as a
 /// kernel that needs room beside them; on 1xH200 a 4-byte copy waited behind spinning blocks that
@@ -216,8 +221,10 @@ pub struct Dda {
     modules: HashMap<DataType, Module>,
     pub(super) sm_count: u32,
     pub(super) timeout: Duration,
-    /// `FERROCOMM_DEBUG`: a kernel's timeout record is printed whole (peer, phase, block).
+    /// `FERROCOMM_DEBUG`: a kernel's timeout record is printed whole (peer, phase, block), once
+    /// (the record is sticky: every later call finds it again).
     debug: bool,
+    timeout_shown: std::sync::atomic::AtomicBool,
     /// The copy-engine all-reduce (`FERROCOMM_ALLREDUCE_CE_MIN_BYTES`), when on.
     ce: Option<CopyEngine>,
 }
@@ -414,6 +421,7 @@ impl Dda {
             sm_count,
             timeout: ctx.timeout(),
             debug: ctx.config.debug,
+            timeout_shown: std::sync::atomic::AtomicBool::new(false),
             ce: None,
         };
         if layout.ce_bytes > 0 {
@@ -655,7 +663,11 @@ impl Dda {
         // SAFETY: as above, words 1..3.
         let [peer, phase, block] =
             [1, 2, 3].map(|i| unsafe { std::ptr::read_volatile(self.error_host.add(i)) });
-        if self.debug {
+        if self.debug
+            && !self
+                .timeout_shown
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
             eprintln!(
                 "ferrocomm: rank {} {collective}: a kernel's wait for rank {peer} timed out \
                  (phase {phase}, block {block})",
@@ -719,7 +731,8 @@ impl Dda {
         // with FERROCOMM_ALLREDUCE_CE_MIN_BYTES set, messages from that size up to the region's
         // move by the copy engines instead.
         let by_ce = algo == Algo::Flat && self.copy_engine_takes(bytes);
-        let streaming = algo == Algo::Flat && !by_ce && bytes > self.layout.staging_bytes;
+        // (The copy engines' region is the staging's size: they never take a streamed message.)
+        let streaming = algo == Algo::Flat && bytes > self.layout.staging_bytes;
         let aname = if by_ce {
             "ce"
         } else if streaming {
@@ -958,6 +971,22 @@ fn load_modules(cfg: &Config, arch: &str) -> Result<HashMap<DataType, Module>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copy_engine_words_match_the_kernel_and_fit_the_free_state() {
+        let src = super::super::kernels::ALL_REDUCE_SOURCE;
+        for def in [
+            format!("#define CE_SEQ {CE_SEQ_WORD} "),
+            format!("#define CE_FLAGS {CE_FLAGS_WORD} "),
+            format!("#define FC_CE_MAX_CHUNKS {CE_MAX_CHUNKS}\n"),
+        ] {
+            assert!(
+                src.contains(&def),
+                "all_reduce.cu lacks `{}`",
+                def.trim_end()
+            );
+        }
+    }
 
     #[test]
     fn args_layout_matches_the_kernel() {
