@@ -21,7 +21,8 @@
 # `p2p` times send/recv and the device-count all-to-all-v against NCCL and runs
 # scripts/gpu_link_ceiling.py (~3 min); `pdl` times every collective from 1 KB to 256 KB with
 # FERROCOMM_PDL off and on, interleaved (~5 min); `ce` the copy engines' probe and the copy-engine
-# all-reduce checked and timed against the SM one (~6 min). CHECKS lists the check programs of part `checks`
+# all-reduce checked and timed against the SM one (~6 min); `push` the push all-reduce against flat
+# at 64-512 KB (~1.5 min). CHECKS lists the check programs of part `checks`
 # (default "gpu_check gpu_check_coll gpu_check_lowp"; gpu_check alone takes ~125 s).
 set -uo pipefail
 bin="$(cd "${1:-.carry/bin}" && pwd)"
@@ -123,6 +124,17 @@ if want ce; then
     step ce-ab 200 bash "$(dirname "$0")/gpu_ab.sh" "$FERROCOMM_KERNEL_CACHE" \
     "$bin@FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES=64M" \
     "$bin@FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES=64M,FERROCOMM_ALLREDUCE_CE_MIN_BYTES=1M"
+fi
+if want push; then
+  # The push (LL) all-reduce above its default limit (64 KiB at two ranks): the same build with
+  # FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES at its buffer's 512 KiB, against flat, runs interleaved.
+  # The data movers' LL won to 256 KiB parts (bench/results/2026-11-30-h200x2-push-own), and
+  # push has gained ~1.7 us at 64 KiB since flat won at 256 KiB (docs/tuning.md's first table).
+  AB_CHECK=none AB_PRECOMPILE=none AB_STEP_S="${BENCH_PUSH_LIMIT_S:-30}" \
+    AB_ARGS="-b 64K -e 512K -f 2 -n 20 --reps 3 -G 10 --vs nccl" \
+    AB_BENCHES="all_reduce bfloat16;all_reduce float" \
+    step push-ab 150 bash "$(dirname "$0")/gpu_ab.sh" "$FERROCOMM_KERNEL_CACHE" \
+    "$bin" "$bin@FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES=512K"
 fi
 if want bench; then
   step all_reduce-graph "${BENCH_AR_LIMIT_S:-40}" "$fc" bench all_reduce -g 2 -d bfloat16 -b 1K -e 256M -f 4 -n 10 --reps 3 \
