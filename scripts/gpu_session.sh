@@ -22,7 +22,9 @@
 # scripts/gpu_link_ceiling.py (~3 min); `pdl` times every collective from 1 KB to 256 KB with
 # FERROCOMM_PDL off and on, interleaved (~5 min); `ce` the copy engines' probe and the copy-engine
 # all-reduce checked and timed against the SM one (~6 min); `push` the push all-reduce against flat
-# at 64-512 KB (~1.5 min). CHECKS lists the check programs of part `checks`
+# at 64-512 KB (~1.5 min); `ll128` the LL128 all-reduce checked in full (every flat size, 10,000
+# back-to-back calls: a line torn on the way would show as a wrong sum) and timed against flat
+# from 64 KB to 32 MB (~5 min). CHECKS lists the check programs of part `checks`
 # (default "gpu_check gpu_check_coll gpu_check_lowp"; gpu_check alone takes ~125 s).
 set -uo pipefail
 bin="$(cd "${1:-.carry/bin}" && pwd)"
@@ -135,6 +137,18 @@ if want push; then
     AB_BENCHES="all_reduce bfloat16;all_reduce float" \
     step push-ab 150 bash "$(dirname "$0")/gpu_ab.sh" "$FERROCOMM_KERNEL_CACHE" \
     "$bin" "$bin@FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES=512K"
+fi
+if want ll128; then
+  # The LL128 all-reduce (FERROCOMM_ALLREDUCE_LL128_MAX_BYTES at the staging's 64 MiB: every
+  # flat all-reduce by it), first checked (the whole gpu_check, whose race case runs 10,000
+  # mixed calls back to back), then timed against the pull flat and NCCL, runs interleaved.
+  FERROCOMM_ALLREDUCE_LL128_MAX_BYTES=64M step gpu_check-ll128 240 "$fc" launch -n 2 --timeout 238 -- \
+    "$bin/gpu_check" --no-timing
+  AB_CHECK=none AB_PRECOMPILE=none AB_STEP_S="${BENCH_LL128_LIMIT_S:-40}" \
+    AB_ARGS="-b 64K -e 32M -f 2 -n 20 --reps 3 -G 10 --vs nccl" \
+    AB_BENCHES="all_reduce bfloat16;all_reduce float" \
+    step ll128-ab 200 bash "$(dirname "$0")/gpu_ab.sh" "$FERROCOMM_KERNEL_CACHE" \
+    "$bin" "$bin@FERROCOMM_ALLREDUCE_LL128_MAX_BYTES=64M"
 fi
 if want bench; then
   step all_reduce-graph "${BENCH_AR_LIMIT_S:-40}" "$fc" bench all_reduce -g 2 -d bfloat16 -b 1K -e 256M -f 4 -n 10 --reps 3 \

@@ -428,6 +428,17 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
             "2 ranks: the copy engines carry no all-reduce (FERROCOMM_ALLREDUCE_CE_MIN_BYTES unset)"
         ),
     };
+    let _ = match t.ll128_max.filter(|&m| m > 0) {
+        Some(m) => writeln!(
+            w,
+            "flat all-reduces of at most {m} bytes (and the staging) in LL128 lines \
+             (FERROCOMM_ALLREDUCE_LL128_MAX_BYTES)"
+        ),
+        None => writeln!(
+            w,
+            "flat all-reduces pull through the staging (FERROCOMM_ALLREDUCE_LL128_MAX_BYTES unset)"
+        ),
+    };
     let _ = writeln!(
         w,
         "\n== Direct-access limits (2 ranks; halved above 4 ranks)"

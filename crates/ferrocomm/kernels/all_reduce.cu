@@ -63,6 +63,10 @@ struct Args {
     u32 pad_;
     // The copy-engine all-reduce's words (CE_* below), from flags[r] of every rank.
     u64 ce_words_off;
+    // The LL128 all-reduce's region (from flags[r] of every rank; 0: none) and the bytes of one
+    // sender's lines in one parity.
+    u64 ll128_off;
+    u64 ll128_row;
 };
 
 // ---------------------------------------------------------------- memory-model helpers
@@ -448,14 +452,18 @@ __device__ __forceinline__ void load_user(const Args& a, u64 v, bool aligned, Ve
     }
 }
 
-__device__ __forceinline__ void store_user(const Args& a, u64 v, bool aligned, const Vec& x) {
+// Writes vector v of the user's output (a Vec of 16 bytes, or push's Unit of 8; elements past
+// `count` are not written).
+template <typename V>
+__device__ __forceinline__ void store_user(const Args& a, u64 v, bool aligned, const V& x) {
+    constexpr u32 E = sizeof(V) / sizeof(T);
     T* out = (T*)a.output;
-    u64 first = v * VEC_ELEMS;
-    if (aligned && first + VEC_ELEMS <= a.count) {
-        *(uint4*)(out + first) = x.u;
+    u64 first = v * E;
+    if (aligned && first + E <= a.count) {
+        *(decltype(x.u)*)(out + first) = x.u;
     } else {
 #pragma unroll
-        for (u32 i = 0; i < VEC_ELEMS; i++)
+        for (u32 i = 0; i < E; i++)
             if (first + i < a.count) out[first + i] = x.e[i];
     }
 }
@@ -894,8 +902,8 @@ union Unit {
 // half, into every rank's push buffer (parity e&1, row = sender); then it polls its own buffer
 // until every sender's unit carries this epoch. No barrier, no clearing: flags are compared for
 // equality with an epoch that a stale line (two calls old) can never hold (rule 4's LL form).
-template <int OP>
-__device__ __forceinline__ void push_load(const Args& a, u64 u, bool aligned, Unit& x) {
+// Unit u of the user's input (zeros past `count`).
+__device__ __forceinline__ void load_unit(const Args& a, u64 u, bool aligned, Unit& x) {
     const T* in = (const T*)a.input;
     x.u = make_uint2(0, 0);
     u64 f = u * UNIT_ELEMS;
@@ -914,12 +922,11 @@ __device__ __forceinline__ void push(const Args& a) {
     bool aligned = ((a.input | a.output) & 7) == 0;
     u64 stride = (u64)gridDim.x * blockDim.x;
     u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    T* out = (T*)a.output;
     // The first unit is loaded before the epoch word is read, so the two loads overlap
     // (a small message is one unit per thread: this is the whole input). Both come after the
     // entry's pdl_wait(): the input may be the previous kernel's output.
     Unit x0;
-    if (first < nunit) push_load<OP>(a, first, aligned, x0);
+    if (first < nunit) load_unit(a, first, aligned, x0);
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);
     // The hellos go first and are read at the end, by the last warp of block 0: nothing waits
@@ -932,7 +939,7 @@ __device__ __forceinline__ void push(const Args& a) {
     for (u64 u = first; u < nunit; u += stride) {
         Unit x;
         if (u == first) x = x0;
-        else push_load<OP>(a, u, aligned, x);
+        else load_unit(a, u, aligned, x);
         u64 off = par + a.rank * row + u * 16;
 #pragma unroll
         for (u32 r = 0; r < FC_MAX_RANKS; r++)
@@ -971,15 +978,125 @@ __device__ __forceinline__ void push(const Args& a) {
             for (u32 r = 0; r < a.world && ok; r++) ok = step(r);
         }
         if (!ok) break;
-        Unit res = fold_finish<OP, Unit>(a, acc);
-        u64 f = u * UNIT_ELEMS;
-        if (aligned && f + UNIT_ELEMS <= a.count) {
-            *(uint2*)(out + f) = res.u;
-        } else {
+        store_user(a, u, aligned, fold_finish<OP, Unit>(a, acc));
+    }
+    if (ok) hello_check(a, a.sig, e, t0, hello_base, 9);
+    end_call(a, e);
+}
+
+// ---------------------------------------------------------------- ll128: barrier-free one-shot, 128-byte lines
+
+// Opt-in (FERROCOMM_ALLREDUCE_LL128_MAX_BYTES): flat all-reduces up to that size. The input is
+// cut into 8-byte words, 15 to a line; a line is 128 bytes, its last word the flag (this call's
+// epoch), and eight lanes of a warp store it with one 16-byte store each (lane 7 its last data
+// word and the flag), so a warp instruction writes four whole lines. The receiver loads a line
+// the same way and takes it once lane 7's word holds the epoch: this relies on a warp's 128-byte
+// line reaching the peer whole, as NCCL's LL128 protocol does over NVLink (94% of the link's
+// bytes are data, against LL's 50%, and no fence anywhere). Lines go into every peer's region
+// (parity e&1, row = the sender's place among the receiver's peers), which only these lines
+// ever touch, so a stale line holds an older epoch (rule 4's LL form; the region starts zeroed,
+// epochs from 1). A warp stores its lines of step k, then folds its lines of step k-1 (own words
+// kept in registers, the peers' from the own region, ranks in order 0..n-1: rule 5), so the
+// link carries the next lines while the last ones are summed. Each line's input words are read
+// and its output words written by the same eight lanes, a step apart: in place is safe. The
+// grid needs no agreement between ranks (no per-block flags): any warp takes any line.
+#define LL128_WORDS 15
+
+__device__ __forceinline__ void st_v2u64(u64* p, u64 x, u64 y) {
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1,%2};" ::"l"(p), "l"(x), "l"(y) : "memory");
+}
+__device__ __forceinline__ void ld_v2u64(const u64* p, u64& x, u64& y) {
+    asm volatile("ld.volatile.global.v2.u64 {%0,%1}, [%2];" : "=l"(x), "=l"(y) : "l"(p) : "memory");
+}
+
+// Word w of the input (a unit: 8 bytes of elements; zeros past `count`).
+__device__ __forceinline__ u64 ll128_load(const Args& a, u64 w, bool aligned) {
+    Unit x;
+    load_unit(a, w, aligned, x);
+    return ((u64)x.u.y << 32) | x.u.x;
+}
+
+__device__ __forceinline__ Unit ll128_unit(u64 v) {
+    Unit x;
+    x.u = make_uint2((u32)v, (u32)(v >> 32));
+    return x;
+}
+
+// The row of sender s in receiver r's region: its place among r's peers.
+__device__ __forceinline__ u64 ll128_row_of(const Args& a, u32 s, u32 r) {
+    return (u64)((s + a.world - r - 1) % a.world);
+}
+
+template <int OP, u32 W>
+__device__ __forceinline__ void ll128(const Args& a) {
+    u64 nword = (a.count * sizeof(T) + 7) / 8;
+    u64 nline = (nword + LL128_WORDS - 1) / LL128_WORDS;
+    bool ain = (a.input & 7) == 0, aout = (a.output & 7) == 0;
+    u32 lane = threadIdx.x & 31, j = lane & 7;
+    u64 warps = (u64)gridDim.x * (blockDim.x >> 5);
+    u64 gw = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    u32 world = W ? W : a.world;
+    u64 t0 = globaltimer();
+    u32 e = call_epoch(a);
+    u32 hello_base = blockDim.x - 32;
+    hello_send(a, a.sig, e, hello_base);
+    u64 par = (u64)(e & 1) * (world - 1) * a.ll128_row;
+    const u8* mine = (const u8*)(a.flags[a.rank] + a.ll128_off) + par;
+    // This lane's two words of a line: data words 2j and 2j+1, or for lane 7 word 14 and the flag.
+    u64 x0 = 0, x1 = 0, p0 = 0, p1 = 0, prev = ~0ull;
+    bool ok = true;
+    for (u64 g = gw;; g += warps) {
+        bool more = g * 4 < nline;  // the same for the whole warp
+        u64 line = g * 4 + (lane >> 3);
+        if (more && line < nline) {
+            u64 w = line * LL128_WORDS + 2 * j;
+            x0 = w < nword ? ll128_load(a, w, ain) : 0;
+            x1 = j == 7 ? (u64)e : w + 1 < nword ? ll128_load(a, w + 1, ain) : 0;
+            u64 off = line * 128 + j * 16;
 #pragma unroll
-            for (u32 i = 0; i < UNIT_ELEMS; i++)
-                if (f + i < a.count) out[f + i] = res.e[i];
+            for (u32 r = 0; r < FC_MAX_RANKS; r++)
+                if (r < world && r != a.rank)
+                    st_v2u64((u64*)(a.flags[r] + a.ll128_off + par +
+                                    ll128_row_of(a, a.rank, r) * a.ll128_row + off),
+                             x0, x1);
         }
+        if (prev != ~0ull) {
+            // Fold the previous step's line (`prev`, this lane's words p0, p1) over the ranks.
+            bool valid = prev < nline;
+            Acc acc[2][UNIT_ELEMS];
+#pragma unroll 1
+            for (u32 r = 0; r < world && ok; r++) {
+                u64 v0 = p0, v1 = p1;
+                if (r != a.rank) {
+                    const u64* src = (const u64*)(mine + ll128_row_of(a, r, a.rank) * a.ll128_row +
+                                                  prev * 128 + j * 16);
+                    u32 spins = 0;
+                    for (;;) {
+                        if (valid) ld_v2u64(src, v0, v1);
+                        u64 flag = __shfl_sync(0xffffffffu, v1, lane | 7);
+                        if (__all_sync(0xffffffffu, !valid || flag == (u64)e)) break;
+                        bool stop = lane == 0 && !spin_ok(a, spins, r, 33, t0, true, a.sig, e);
+                        if (__shfl_sync(0xffffffffu, stop, 0)) {
+                            ok = false;
+                            break;
+                        }
+                    }
+                    if (!ok) break;
+                }
+                fold_rank<OP>(a, acc[0], ll128_unit(v0), r);
+                fold_rank<OP>(a, acc[1], ll128_unit(v1), r);
+            }
+            if (!ok) break;
+            if (valid) {
+                u64 w = prev * LL128_WORDS + 2 * j;
+                if (w < nword) store_user(a, w, aout, fold_finish<OP, Unit>(a, acc[0]));
+                if (j != 7 && w + 1 < nword) store_user(a, w + 1, aout, fold_finish<OP, Unit>(a, acc[1]));
+            }
+        }
+        if (!more) break;
+        prev = line;
+        p0 = x0;
+        p1 = x1;
     }
     if (ok) hello_check(a, a.sig, e, t0, hello_base, 9);
     end_call(a, e);
@@ -1005,7 +1122,8 @@ extern "C" __global__ void fc_verify_write(Args a, u32 magic, u64 verify_off) {
     extern "C" __global__ void __launch_bounds__(512) fc_flat_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); flat<OPV>(a); } \
     extern "C" __global__ void __launch_bounds__(512) fc_tree_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); tree<OPV>(a); } \
     extern "C" __global__ void __launch_bounds__(512) fc_stream_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); stream<OPV>(a); } \
-    extern "C" __global__ void __launch_bounds__(512) fc_ce_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); ce<OPV>(a); }
+    extern "C" __global__ void __launch_bounds__(512) fc_ce_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); ce<OPV>(a); } \
+    extern "C" __global__ void __launch_bounds__(512) fc_ll128_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); if (a.world == 2) ll128<OPV, 2>(a); else ll128<OPV, 0>(a); }
 
 extern "C" __global__ void fc_ce_gate(Args a) { pdl_wait(); pdl_launch_dependents(); ce_gate(a); }
 

@@ -549,7 +549,7 @@ impl Communicator {
     }
 
     /// The path this call takes, as the bench shows it: the algorithm's name (`flat-ce` when the
-    /// copy engines carry a flat all-reduce), or `lp-` and the low-precision path's name
+    /// copy engines carry a flat all-reduce, `flat-ll128` when LL128 lines do), or `lp-` and the low-precision path's name
     /// (`lp-flat`, `lp-tree`, `lp-direct`) when it goes low precision.
     pub fn path_for(
         &self,

@@ -46,6 +46,7 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-reduce (bytes per rank) that uses the barrier-free push one-shot."),
     var("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-reduce that uses flat (one-shot pull); above it tree (two-shot)."),
     var("FERROCOMM_ALLREDUCE_CE_MIN_BYTES", "0 (off)", "CUDA backend, two ranks: flat all-reduces of at least this many bytes per rank (and at most the staging) move their data with the copy engines instead of the SMs (chunks into the peer's memory, the SMs only reduce); 0 keeps every one on the SMs. Adds one staging-sized region per rank when set."),
+    var("FERROCOMM_ALLREDUCE_LL128_MAX_BYTES", "0 (off)", "CUDA backend: flat all-reduces of at most this many bytes per rank (and at most the staging) move in 128-byte lines with the flag inside (NCCL's LL128 form: no barrier, no fence; relies on a warp's 128-byte store reaching the peer whole, as over NVLink) instead of the pull through the staging; 0 keeps the pull. Adds a region of 2 x (ranks - 1) x 16/15 of it per rank when set."),
     var("FERROCOMM_ALLREDUCE_TREE_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-reduce that uses tree on the cuda backend; above it NCCL."),
     var("FERROCOMM_ALLGATHER_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-gather (input bytes per rank) done by direct access on cuda; above it NCCL."),
     var("FERROCOMM_REDUCESCATTER_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest reduce-scatter (output bytes per rank) done by direct access on cuda."),
@@ -125,6 +126,9 @@ pub struct Thresholds {
     /// `FERROCOMM_ALLREDUCE_CE_MIN_BYTES`: the smallest flat all-reduce whose data the copy
     /// engines move (two ranks; `None` or 0: off).
     pub ce_min: Option<usize>,
+    /// `FERROCOMM_ALLREDUCE_LL128_MAX_BYTES`: the largest flat all-reduce that moves in LL128
+    /// lines (`None` or 0: off).
+    pub ll128_max: Option<usize>,
     pub all_gather_max: Option<usize>,
     pub reduce_scatter_max: Option<usize>,
     pub all_to_all_max: Option<usize>,
@@ -268,7 +272,7 @@ pub fn parse_size(s: &str) -> std::result::Result<usize, String> {
 
 /// [`Config::shared_settings`]: each setting (its path in the serialized configuration) and the
 /// variable that sets it.
-const SHARED_SETTINGS: [(&str, &str); 21] = [
+const SHARED_SETTINGS: [(&str, &str); 22] = [
     ("algo", "FERROCOMM_ALGO"),
     ("low_precision.enabled", "FERROCOMM_LOW_PRECISION"),
     ("low_precision.format", "FERROCOMM_LP_FORMAT"),
@@ -285,6 +289,10 @@ const SHARED_SETTINGS: [(&str, &str); 21] = [
     ("thresholds.flat_max", "FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES"),
     ("thresholds.tree_max", "FERROCOMM_ALLREDUCE_TREE_MAX_BYTES"),
     ("thresholds.ce_min", "FERROCOMM_ALLREDUCE_CE_MIN_BYTES"),
+    (
+        "thresholds.ll128_max",
+        "FERROCOMM_ALLREDUCE_LL128_MAX_BYTES",
+    ),
     ("thresholds.all_gather_max", "FERROCOMM_ALLGATHER_MAX_BYTES"),
     (
         "thresholds.reduce_scatter_max",
@@ -393,6 +401,7 @@ impl Config {
             flat_max: r.bytes("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES")?,
             tree_max: r.bytes("FERROCOMM_ALLREDUCE_TREE_MAX_BYTES")?,
             ce_min: r.bytes("FERROCOMM_ALLREDUCE_CE_MIN_BYTES")?,
+            ll128_max: r.bytes("FERROCOMM_ALLREDUCE_LL128_MAX_BYTES")?,
             all_gather_max: r.bytes("FERROCOMM_ALLGATHER_MAX_BYTES")?,
             reduce_scatter_max: r.bytes("FERROCOMM_REDUCESCATTER_MAX_BYTES")?,
             all_to_all_max: r.bytes("FERROCOMM_ALLTOALL_MAX_BYTES")?,

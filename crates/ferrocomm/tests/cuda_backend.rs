@@ -81,6 +81,63 @@ fn the_copy_engine_region_exists_only_when_asked_for_at_two_ranks() {
 }
 
 #[test]
+fn the_ll128_region_holds_a_row_per_peer_and_parity_only_when_asked_for() {
+    let ll = |v: &str| {
+        let v = v.to_string();
+        Config::from_lookup(move |k| {
+            (k == "FERROCOMM_ALLREDUCE_LL128_MAX_BYTES").then(|| v.clone())
+        })
+        .unwrap()
+    };
+    let off = ferrocomm::cuda::staging_layout(&Config::default(), 2);
+    assert_eq!((off.ll128_cap, off.ll128_row), (0, 0));
+    assert_eq!(ferrocomm::cuda::staging_layout(&ll("0"), 2), off);
+    assert!(!ferrocomm::cuda::ll128_takes(&off, 1));
+    for world in [2usize, 3, 8] {
+        let base = ferrocomm::cuda::staging_layout(&Config::default(), world);
+        let l = ferrocomm::cuda::staging_layout(&ll("16M"), world);
+        assert_eq!(l.ll128_cap, 16 << 20);
+        // Whole 128-byte lines of 120 payload bytes, rows 4 KiB apart, after everything else.
+        assert!(l.ll128_row >= (16usize << 20).div_ceil(120) * 128);
+        assert_eq!(l.ll128_row % 4096, 0);
+        assert_eq!(l.ll128_off, base.total);
+        assert_eq!(l.total, base.total + 2 * (world - 1) * l.ll128_row);
+        assert_eq!(
+            (l.staging_off, l.staging_bytes),
+            (base.staging_off, base.staging_bytes)
+        );
+        // Which messages it takes: non-empty ones up to the cap.
+        assert!(!ferrocomm::cuda::ll128_takes(&l, 0));
+        assert!(ferrocomm::cuda::ll128_takes(&l, 1) && ferrocomm::cuda::ll128_takes(&l, 16 << 20));
+        assert!(!ferrocomm::cuda::ll128_takes(&l, (16 << 20) + 1));
+    }
+    // Never more than the staging (a larger flat message streams), and after the copy engines'
+    // region when both are on.
+    let big = ferrocomm::cuda::staging_layout(&ll("1G"), 2);
+    assert_eq!(big.ll128_cap, big.staging_bytes);
+    let both = Config::from_lookup(|k| match k {
+        "FERROCOMM_ALLREDUCE_LL128_MAX_BYTES" => Some("1M".into()),
+        "FERROCOMM_ALLREDUCE_CE_MIN_BYTES" => Some("4M".into()),
+        _ => None,
+    })
+    .unwrap();
+    let b = ferrocomm::cuda::staging_layout(&both, 2);
+    assert_eq!(b.ll128_off, b.ce_off + b.ce_bytes);
+    // An odd cap rounds up to whole words; lines cover it.
+    let odd = ferrocomm::cuda::staging_layout(&ll("1001"), 2);
+    assert_eq!(odd.ll128_cap, 1008);
+    assert_eq!(ferrocomm::cuda::ll128_line_bytes(1008), 9 * 128);
+    assert_eq!(
+        ferrocomm::cuda::ll128_line_bytes(ferrocomm::cuda::LL128_PAYLOAD),
+        128
+    );
+    assert_eq!(
+        ferrocomm::cuda::ll128_line_bytes(ferrocomm::cuda::LL128_PAYLOAD + 1),
+        256
+    );
+}
+
+#[test]
 fn copy_engine_chunks_cover_the_message_within_the_flags() {
     for bytes in [
         1usize,

@@ -855,7 +855,14 @@ impl Backend for CudaBackend {
         algo: Algo,
     ) -> Option<&'static str> {
         let dda = self.dda.as_ref()?;
-        (coll == AR && algo == Algo::Flat && dda.copy_engine_takes(bytes_per_rank)).then_some("ce")
+        if coll != AR || algo != Algo::Flat {
+            return None;
+        }
+        if dda.copy_engine_takes(bytes_per_rank) {
+            Some("ce")
+        } else {
+            dda.ll128_takes(bytes_per_rank).then_some("ll128")
+        }
     }
 
     fn low_precision_path(

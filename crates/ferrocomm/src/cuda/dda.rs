@@ -91,7 +91,23 @@ pub struct StagingLayout {
     /// ranks only): `ce_bytes` (0: off) after the staging's two parities.
     pub ce_off: usize,
     pub ce_bytes: usize,
+    /// The LL128 all-reduce's lines (`FERROCOMM_ALLREDUCE_LL128_MAX_BYTES`): at `ll128_off`, two
+    /// parities of `world - 1` rows (one per peer) of `ll128_row` bytes, the lines of
+    /// `ll128_cap` payload bytes (0: off).
+    pub ll128_off: usize,
+    pub ll128_cap: usize,
+    pub ll128_row: usize,
     pub total: usize,
+}
+
+/// Payload bytes of one LL128 line (`LL128_WORDS` 8-byte words; the 16th is the flag).
+pub const LL128_PAYLOAD: usize = 15 * 8;
+/// Threads per block of the LL128 kernel.
+const LL128_THREADS: u32 = 512;
+
+/// Bytes of the LL128 lines that carry `bytes` of payload (whole 128-byte lines).
+pub fn ll128_line_bytes(bytes: usize) -> usize {
+    bytes.div_ceil(LL128_PAYLOAD) * 128
 }
 
 /// Largest message (bytes per rank) the push kernel takes.
@@ -109,6 +125,14 @@ pub fn staging_layout(cfg: &Config, world: usize) -> StagingLayout {
     let staging_bytes = round_up(cfg.cuda_staging_bytes.max(8192), 4096);
     let ce_on = world == 2 && cfg.thresholds.ce_min.is_some_and(|m| m > 0);
     let ce_bytes = if ce_on { staging_bytes } else { 0 };
+    let ce_off = staging_off + 2 * staging_bytes;
+    // LL128 rows: whole lines of at most the staging's payload, 4 KiB apart.
+    let ll128_cap = match cfg.thresholds.ll128_max {
+        Some(m) if world >= 2 => round_up(m.min(staging_bytes), 8),
+        _ => 0,
+    };
+    let ll128_row = round_up(ll128_line_bytes(ll128_cap), 4096);
+    let ll128_off = ce_off + ce_bytes;
     StagingLayout {
         push_off,
         push_cap,
@@ -119,9 +143,12 @@ pub fn staging_layout(cfg: &Config, world: usize) -> StagingLayout {
             .min(push_cap),
         staging_off,
         staging_bytes,
-        ce_off: staging_off + 2 * staging_bytes,
+        ce_off,
         ce_bytes,
-        total: staging_off + 2 * staging_bytes + ce_bytes,
+        ll128_off,
+        ll128_cap,
+        ll128_row,
+        total: ll128_off + 2 * (world.max(1) - 1) * ll128_row,
     }
 }
 
@@ -153,6 +180,8 @@ pub(super) struct Args {
     pub(super) sig: u32,
     pad_: u32,
     ce_words_off: u64,
+    ll128_off: u64,
+    ll128_row: u64,
 }
 
 impl Args {
@@ -183,6 +212,8 @@ impl Args {
             sig: 0,
             pad_: 0,
             ce_words_off: 0,
+            ll128_off: 0,
+            ll128_row: 0,
         }
     }
 }
@@ -328,6 +359,12 @@ impl Drop for CopyEngine {
 /// to the region's, never an empty one.
 pub fn ce_takes(layout: &StagingLayout, min_bytes: usize, bytes: usize) -> bool {
     bytes > 0 && bytes >= min_bytes && bytes <= layout.ce_bytes
+}
+
+/// Whether a flat all-reduce of `bytes` per rank moves in LL128 lines: on (`ll128_cap` > 0)
+/// and at most the cap, which is at most the staging (a streamed message never does).
+pub fn ll128_takes(layout: &StagingLayout, bytes: usize) -> bool {
+    bytes > 0 && bytes <= layout.ll128_cap
 }
 
 /// Chunk size of a copy-engine all-reduce of `bytes` per rank: about eight chunks of at least
@@ -640,6 +677,8 @@ impl Dda {
             sig: 0,
             pad_: 0,
             ce_words_off: CE_WORDS_OFF as u64,
+            ll128_off: self.layout.ll128_off as u64,
+            ll128_row: self.layout.ll128_row as u64,
         };
         for (r, b) in self.bases.iter().enumerate() {
             a.flags[r] = *b;
@@ -691,6 +730,13 @@ impl Dda {
             .is_some_and(|ce| ce_takes(&self.layout, ce.min_bytes, bytes))
     }
 
+    /// Whether a flat all-reduce of `bytes` per rank moves in LL128 lines
+    /// (`FERROCOMM_ALLREDUCE_LL128_MAX_BYTES`; the copy engines take precedence where both
+    /// would).
+    pub fn ll128_takes(&self, bytes: usize) -> bool {
+        !self.copy_engine_takes(bytes) && ll128_takes(&self.layout, bytes)
+    }
+
     /// A device word of this rank's own (16-byte aligned) for the backend's barrier: a push
     /// all-reduce of it with Max meets every rank and leaves its value as it was.
     pub fn barrier_word(&self) -> u64 {
@@ -731,10 +777,15 @@ impl Dda {
         // with FERROCOMM_ALLREDUCE_CE_MIN_BYTES set, messages from that size up to the region's
         // move by the copy engines instead.
         let by_ce = algo == Algo::Flat && self.copy_engine_takes(bytes);
+        // With FERROCOMM_ALLREDUCE_LL128_MAX_BYTES set, flat messages up to that size push
+        // 128-byte lines into the peers instead (no barrier; all_reduce.cu's `ll128` section).
+        let by_ll128 = algo == Algo::Flat && self.ll128_takes(bytes);
         // (The copy engines' region is the staging's size: they never take a streamed message.)
         let streaming = algo == Algo::Flat && bytes > self.layout.staging_bytes;
         let aname = if by_ce {
             "ce"
+        } else if by_ll128 {
+            "ll128"
         } else if streaming {
             "stream"
         } else {
@@ -762,6 +813,15 @@ impl Dda {
             return self.all_reduce_ce(&mut a, f, bytes, max_blocks as u32, stream);
         }
         let mut blocks = units.div_ceil(threads as usize).clamp(1, max_blocks) as u32;
+        let mut threads = threads;
+        if by_ll128 {
+            // Four lines per warp and step; any grid (the lines name no block).
+            threads = LL128_THREADS;
+            let warp_steps = bytes.div_ceil(LL128_PAYLOAD).div_ceil(4);
+            blocks = warp_steps
+                .div_ceil(LL128_THREADS as usize / 32)
+                .clamp(1, max_blocks) as u32;
+        }
         if streaming {
             let (g, chunk) = flat_grid(bytes, max_blocks, self.world, self.layout.staging_bytes);
             blocks = g as u32;
@@ -973,12 +1033,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn copy_engine_words_match_the_kernel_and_fit_the_free_state() {
+    fn kernel_constants_match_the_host_and_fit_the_free_state() {
         let src = super::super::kernels::ALL_REDUCE_SOURCE;
         for def in [
             format!("#define CE_SEQ {CE_SEQ_WORD} "),
             format!("#define CE_FLAGS {CE_FLAGS_WORD} "),
             format!("#define FC_CE_MAX_CHUNKS {CE_MAX_CHUNKS}\n"),
+            // The LL128 line: the host sizes rows and grids by its payload.
+            format!("#define LL128_WORDS {}\n", LL128_PAYLOAD / 8),
         ] {
             assert!(
                 src.contains(&def),

@@ -61,7 +61,7 @@ pub const COLL_OP_ENTRIES: [&str; 5] = [
 ];
 
 /// Algorithms with an entry point per operator: `fc_<algo>_<op>`.
-pub const ALGOS: [&str; 5] = ["push", "flat", "tree", "stream", "ce"];
+pub const ALGOS: [&str; 6] = ["push", "flat", "tree", "stream", "ce", "ll128"];
 /// Operators compiled into every module (Avg and PremulSum run on `sum` with scale factors).
 pub const OPS: [&str; 4] = ["sum", "prod", "min", "max"];
 /// Entry points beside the per-operator ones.

@@ -26,7 +26,8 @@ use crate::error::{Error, Result};
 use crate::types::Device;
 
 pub use dda::{
-    ce_chunk, ce_takes, flat_grid, push_capacity, staging_layout, StagingLayout, CE_MAX_CHUNKS,
+    ce_chunk, ce_takes, flat_grid, ll128_line_bytes, ll128_takes, push_capacity, staging_layout,
+    StagingLayout, CE_MAX_CHUNKS, LL128_PAYLOAD,
 };
 pub use lowp::quantize_on_device;
 
