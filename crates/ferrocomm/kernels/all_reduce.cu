@@ -1123,7 +1123,7 @@ extern "C" __global__ void fc_verify_write(Args a, u32 magic, u64 verify_off) {
     extern "C" __global__ void __launch_bounds__(512) fc_tree_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); tree<OPV>(a); } \
     extern "C" __global__ void __launch_bounds__(512) fc_stream_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); stream<OPV>(a); } \
     extern "C" __global__ void __launch_bounds__(512) fc_ce_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); ce<OPV>(a); } \
-    extern "C" __global__ void __launch_bounds__(512) fc_ll128_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); if (a.world == 2) ll128<OPV, 2>(a); else ll128<OPV, 0>(a); }
+    extern "C" __global__ void __launch_bounds__(512, 2) fc_ll128_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); if (a.world == 2) ll128<OPV, 2>(a); else ll128<OPV, 0>(a); }
 
 extern "C" __global__ void fc_ce_gate(Args a) { pdl_wait(); pdl_launch_dependents(); ce_gate(a); }
 

@@ -25,11 +25,12 @@ fn variant_table_matches_the_source() {
         let line = format!("FC_ENTRY({op}, OP_{})", op.to_ascii_uppercase());
         assert!(ALL_REDUCE_SOURCE.contains(&line), "missing `{line}`");
     }
-    // Each entry waits for the previous grid, then runs its algorithm (push: a two-rank build and
-    // one for any world).
+    // Each entry waits for the previous grid, then runs its algorithm (push and ll128: a two-rank
+    // build and one for any world; ll128 fits two blocks an SM).
     for algo in ALGOS {
+        let bounds = if algo == "ll128" { "512, 2" } else { "512" };
         let head = format!(
-            "void __launch_bounds__(512) fc_{algo}_##NAME(Args a) {{ pdl_wait(); \
+            "void __launch_bounds__({bounds}) fc_{algo}_##NAME(Args a) {{ pdl_wait(); \
              pdl_launch_dependents(); "
         );
         let line = ALL_REDUCE_SOURCE

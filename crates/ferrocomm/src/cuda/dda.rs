@@ -102,8 +102,12 @@ pub struct StagingLayout {
 
 /// Payload bytes of one LL128 line (`LL128_WORDS` 8-byte words; the 16th is the flag).
 pub const LL128_PAYLOAD: usize = 15 * 8;
-/// Threads per block of the LL128 kernel.
+/// Threads per block of the LL128 kernel, and blocks per SM (its `__launch_bounds__(512, 2)`
+/// keeps it within 64 registers, so two are resident): 1024 threads an SM, as in the SM copy
+/// kernel that carried ~366 GB/s each way with both directions busy
+/// (bench/results/2026-11-30-h200x2-ce-probe).
 const LL128_THREADS: u32 = 512;
+const LL128_BLOCKS_PER_SM: usize = 2;
 
 /// Bytes of the LL128 lines that carry `bytes` of payload (whole 128-byte lines).
 pub fn ll128_line_bytes(bytes: usize) -> usize {
@@ -820,7 +824,8 @@ impl Dda {
             let warp_steps = bytes.div_ceil(LL128_PAYLOAD).div_ceil(4);
             blocks = warp_steps
                 .div_ceil(LL128_THREADS as usize / 32)
-                .clamp(1, max_blocks) as u32;
+                .clamp(1, (LL128_BLOCKS_PER_SM * max_blocks).min(MAX_BLOCKS))
+                as u32;
         }
         if streaming {
             let (g, chunk) = flat_grid(bytes, max_blocks, self.world, self.layout.staging_bytes);
@@ -1041,6 +1046,8 @@ mod tests {
             format!("#define FC_CE_MAX_CHUNKS {CE_MAX_CHUNKS}\n"),
             // The LL128 line: the host sizes rows and grids by its payload.
             format!("#define LL128_WORDS {}\n", LL128_PAYLOAD / 8),
+            // Its grid: two blocks an SM only if the kernel is built to fit two.
+            format!("__launch_bounds__({LL128_THREADS}, {LL128_BLOCKS_PER_SM}) fc_ll128_"),
         ] {
             assert!(
                 src.contains(&def),
