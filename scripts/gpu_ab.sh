@@ -2,7 +2,7 @@
 # Side-by-side measurement of several builds in one device run (same machine, same minute): the
 # check program of every build but the first, then each bench run with every build in turn. All
 # builds' kernels must be in the one kernel cache (scripts/gpu_prepare.sh --variant puts each build's
-# there: the key is the source hash). Results and a summary in $OUT/ab/.
+# there: the key is the source hash). Results and a summary in $OUT/ab/ (or $AB_DIR).
 #
 #   bash scripts/gpu_ab.sh KC BIN_A BIN_B [BIN_C ...]
 #
@@ -19,6 +19,7 @@
 #   AB_CHECK    check program of the later builds, or none [gpu_check_lowp]
 #   AB_STEP_S   seconds per bench [40]
 #   AB_ARCH     architecture of the kernels each build makes sure are cached [sm_90]
+#   AB_DIR      where results and the summary go [$OUT/ab]
 #   AB_PRECOMPILE  none: skip that step (the carried cache holds what the benches load; a build
 #               carried with only some dtypes' modules would otherwise compile the rest, ~70 s each)
 # Each BIN holds ferrocomm (and the check program for all but the first).
@@ -39,7 +40,7 @@ IFS=';' read -r -a benches <<< "${AB_BENCHES:-all_reduce bfloat16;all_reduce flo
 args="${AB_ARGS:--b 4M -e 64M -f 4 -n 10 --reps 2 -G 10 --low-precision e4m3 --vs nccl}"
 check="${AB_CHECK:-gpu_check_lowp}"
 export NCCL_NVLS_ENABLE=0 FERROCOMM_TIMEOUT_S=30
-res="${OUT:-/tmp}/ab"
+res="${AB_DIR:-${OUT:-/tmp}/ab}"
 mkdir -p "$res"
 : > "$res/summary.txt"
 # Every build's kernels into the cache first: a module missing there would otherwise be compiled

@@ -49,6 +49,14 @@ step() { # name, limit in seconds, command...
   tar czf "$out/session.tgz" -C "$out" session
   cp "$summary" "$out/session-summary.txt"
 }
+ab() { # step name, step limit, seconds per bench, bench flags, "COLL DTYPE;..." pairs, builds...
+  # (scripts/gpu_ab.sh: the same build under settings, BIN@VAR=VALUE, interleaved; no check
+  # program, the carried kernel cache as it is; tables and JSON under $OUT/<step name>)
+  local name="$1" limit="$2" per="$3" args="$4" benches="$5"
+  shift 5
+  AB_CHECK=none AB_PRECOMPILE=none AB_STEP_S="$per" AB_ARGS="$args" AB_BENCHES="$benches" AB_DIR="$out/$name" \
+    step "$name" "$limit" bash "$(dirname "$0")/gpu_ab.sh" "$FERROCOMM_KERNEL_CACHE" "$@"
+}
 { date -u; nvidia-smi -L; nvidia-smi topo -m; } > "$res/machine.txt" 2>&1
 "$fc" info > "$res/info.txt" 2>&1
 checks=" ${CHECKS:-gpu_check gpu_check_coll gpu_check_lowp} "
@@ -106,11 +114,10 @@ if want p2p; then
 fi
 if want pdl; then
   # Programmatic dependent launch on and off, the same build, every collective's small sizes in
-  # graph mode, runs interleaved (scripts/gpu_ab.sh; its tables under $OUT/ab).
-  AB_CHECK=none AB_PRECOMPILE=none AB_STEP_S="${BENCH_PDL_LIMIT_S:-25}" \
-    AB_ARGS="-b 1K -e 256K -f 4 -n 10 --reps 3 -G 10 --vs nccl" \
-    AB_BENCHES="all_reduce bfloat16;all_gather bfloat16;reduce_scatter bfloat16;all_to_all bfloat16;all_to_all_v bfloat16;broadcast bfloat16;reduce bfloat16;sendrecv bfloat16" \
-    step pdl-ab 420 bash "$(dirname "$0")/gpu_ab.sh" "$FERROCOMM_KERNEL_CACHE" "$bin" "$bin@FERROCOMM_PDL=1"
+  # graph mode, runs interleaved (scripts/gpu_ab.sh; its tables under $OUT/pdl-ab).
+  ab pdl-ab 420 "${BENCH_PDL_LIMIT_S:-25}" "-b 1K -e 256K -f 4 -n 10 --reps 3 -G 10 --vs nccl" \
+    "all_reduce bfloat16;all_gather bfloat16;reduce_scatter bfloat16;all_to_all bfloat16;all_to_all_v bfloat16;broadcast bfloat16;reduce bfloat16;sendrecv bfloat16" \
+    "$bin" "$bin@FERROCOMM_PDL=1"
 fi
 if want ce; then
   # The copy engines: what they carry over NVLink one way and both ways against SM kernels, and
@@ -120,10 +127,8 @@ if want ce; then
   step ce_probe 200 bash "$(dirname "$0")/../bench/results/2026-12-01-h200x2-ce-probe/run.sh"
   FERROCOMM_ALLREDUCE_CE_MIN_BYTES=1 step gpu_check-ce 200 "$fc" launch -n 2 --timeout 198 -- \
     "$bin/gpu_check" --quick --no-timing
-  AB_CHECK=none AB_PRECOMPILE=none AB_STEP_S="${BENCH_CE_LIMIT_S:-40}" \
-    AB_ARGS="-b 1M -e 64M -f 4 -n 10 --reps 3 -G 10 --vs nccl" \
-    AB_BENCHES="all_reduce bfloat16;all_reduce float" \
-    step ce-ab 200 bash "$(dirname "$0")/gpu_ab.sh" "$FERROCOMM_KERNEL_CACHE" \
+  ab ce-ab 200 "${BENCH_CE_LIMIT_S:-40}" "-b 1M -e 64M -f 4 -n 10 --reps 3 -G 10 --vs nccl" \
+    "all_reduce bfloat16;all_reduce float" \
     "$bin@FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES=64M" \
     "$bin@FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES=64M,FERROCOMM_ALLREDUCE_CE_MIN_BYTES=1M"
 fi
@@ -132,10 +137,8 @@ if want push; then
   # FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES at its buffer's 512 KiB, against flat, runs interleaved.
   # The data movers' LL won to 256 KiB parts (bench/results/2026-11-30-h200x2-push-own), and
   # push has gained ~1.7 us at 64 KiB since flat won at 256 KiB (docs/tuning.md's first table).
-  AB_CHECK=none AB_PRECOMPILE=none AB_STEP_S="${BENCH_PUSH_LIMIT_S:-30}" \
-    AB_ARGS="-b 64K -e 512K -f 2 -n 20 --reps 3 -G 10 --vs nccl" \
-    AB_BENCHES="all_reduce bfloat16;all_reduce float" \
-    step push-ab 150 bash "$(dirname "$0")/gpu_ab.sh" "$FERROCOMM_KERNEL_CACHE" \
+  ab push-ab 150 "${BENCH_PUSH_LIMIT_S:-30}" "-b 64K -e 512K -f 2 -n 20 --reps 3 -G 10 --vs nccl" \
+    "all_reduce bfloat16;all_reduce float" \
     "$bin" "$bin@FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES=512K"
 fi
 if want ll128; then
@@ -144,10 +147,8 @@ if want ll128; then
   # mixed calls back to back), then timed against the pull flat and NCCL, runs interleaved.
   FERROCOMM_ALLREDUCE_LL128_MAX_BYTES=64M step gpu_check-ll128 240 "$fc" launch -n 2 --timeout 238 -- \
     "$bin/gpu_check" --no-timing
-  AB_CHECK=none AB_PRECOMPILE=none AB_STEP_S="${BENCH_LL128_LIMIT_S:-40}" \
-    AB_ARGS="-b 64K -e 32M -f 2 -n 20 --reps 3 -G 10 --vs nccl" \
-    AB_BENCHES="all_reduce bfloat16;all_reduce float" \
-    step ll128-ab 200 bash "$(dirname "$0")/gpu_ab.sh" "$FERROCOMM_KERNEL_CACHE" \
+  ab ll128-ab 200 "${BENCH_LL128_LIMIT_S:-40}" "-b 64K -e 32M -f 2 -n 20 --reps 3 -G 10 --vs nccl" \
+    "all_reduce bfloat16;all_reduce float" \
     "$bin" "$bin@FERROCOMM_ALLREDUCE_LL128_MAX_BYTES=64M"
 fi
 if want bench; then
