@@ -56,6 +56,9 @@ pub struct SystemInfo {
     pub links: Vec<Vec<String>>,
     /// How links were probed.
     pub link_note: String,
+    /// NVLink between each pair of GPUs as NVML reports it (the LL128 all-reduce's check), or
+    /// why NVML could not say; empty without GPUs.
+    pub nvml: Vec<String>,
 }
 
 /// The GPU-to-GPU part of `nvidia-smi topo -m`: one row per `GPU<i>` line, as many cells as
@@ -264,6 +267,7 @@ fn probe_cuda(info: &mut SystemInfo) {
         })
         .collect();
     info.links = probe_links();
+    info.nvml = probe_nvml(&info.gpus);
     info.link_note = if info.links.len() == devs.len() {
         "peer access from cuDeviceCanAccessPeer, link kinds from `nvidia-smi topo -m`".into()
     } else {
@@ -271,6 +275,32 @@ fn probe_cuda(info: &mut SystemInfo) {
          did not answer)"
             .into()
     };
+}
+
+/// One line per pair of GPUs: NVLink between them or not by NVML, as the LL128 all-reduce
+/// checks its peers; with one GPU, whether NVML knows it (asked about itself).
+fn probe_nvml(gpus: &[Gpu]) -> Vec<String> {
+    let bus: Vec<(usize, &str)> = gpus
+        .iter()
+        .filter_map(|g| g.pci_bus_id.as_deref().map(|b| (g.index, b)))
+        .collect();
+    if let [(i, b)] = bus[..] {
+        return vec![match ferrocomm::cuda::nvml::nvlink_between(b, b) {
+            Ok(_) => format!("GPU{i}: known to NVML (one GPU: no pairs)"),
+            Err(e) => format!("GPU{i}: NVML could not say ({e})"),
+        }];
+    }
+    let mut out = Vec::new();
+    for (k, &(i, a)) in bus.iter().enumerate() {
+        for &(j, b) in &bus[k + 1..] {
+            out.push(match ferrocomm::cuda::nvml::nvlink_between(a, b) {
+                Ok(true) => format!("GPU{i}-GPU{j}: NVLink"),
+                Ok(false) => format!("GPU{i}-GPU{j}: no NVLink (the LL128 all-reduce stays off)"),
+                Err(e) => format!("GPU{i}-GPU{j}: unknown ({e})"),
+            });
+        }
+    }
+    out
 }
 
 /// GPUs the driver shows (0 without a driver), as the library counts them.
@@ -388,6 +418,9 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
         }
     } else {
         let _ = writeln!(w, "links: {}", sys.link_note);
+    }
+    for line in &sys.nvml {
+        let _ = writeln!(w, "NVML: {line}");
     }
     let _ = writeln!(w, "\n== Libraries");
     let _ = writeln!(w, "{}", lib_line("libcuda", &sys.libcuda));

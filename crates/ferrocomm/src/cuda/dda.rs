@@ -262,6 +262,11 @@ pub struct Dda {
     timeout_shown: std::sync::atomic::AtomicBool,
     /// The copy-engine all-reduce (`FERROCOMM_ALLREDUCE_CE_MIN_BYTES`), when on.
     ce: Option<CopyEngine>,
+    /// The LL128 all-reduce runs: set (`FERROCOMM_ALLREDUCE_LL128_MAX_BYTES`) and every pair
+    /// of ranks on one GPU or joined by NVLink (agreed by every rank at set-up).
+    ll128_on: bool,
+    /// This GPU's PCI bus id, when the LL128 all-reduce is set (its peers check their links).
+    bus_id: String,
 }
 
 /// What the copy-engine all-reduce needs besides the region: the smallest message it takes, and
@@ -421,10 +426,31 @@ impl Dda {
         // Every rank has written (or given up) before any rank reads what arrived.
         store_barrier(store, "dda/verify", world, t)?;
         let checked = wrote.and_then(|()| me.check_peer_writes());
-        let local = checked.map(|()| Vec::new()).map_err(|e| e.to_string());
+        // The LL128 lines' links, judged by each rank for its own peers; every rank's verdict
+        // travels with its report, so all run LL128 or none does.
+        let links = me.ll128_links(&handles);
+        let local = checked
+            .map(|()| vec![u8::from(links.is_ok())])
+            .map_err(|e| e.to_string());
         // Also the barrier after which everyone has read its words and collectives may start.
         match agree(store, "dda/verified", rank, world, local, t)? {
-            Ok(_) => Ok(me),
+            Ok(verdicts) => {
+                me.ll128_on = me.layout.ll128_cap > 0 && verdicts.iter().all(|v| v == &[1]);
+                if me.layout.ll128_cap > 0 && !me.ll128_on {
+                    let why = match links {
+                        Err(e) => e,
+                        Ok(()) => {
+                            let r = verdicts.iter().position(|v| v != &[1]).unwrap_or(0);
+                            format!("rank {r} found a link without NVLink")
+                        }
+                    };
+                    eprintln!(
+                        "ferrocomm: rank {rank}: FERROCOMM_ALLREDUCE_LL128_MAX_BYTES is set but \
+                         the LL128 all-reduce stays off ({why}); flat all-reduces pull"
+                    );
+                }
+                Ok(me)
+            }
             Err(failed) => Err(peers_failed(&failed)),
         }
     }
@@ -464,6 +490,8 @@ impl Dda {
             debug: ctx.config.debug,
             timeout_shown: std::sync::atomic::AtomicBool::new(false),
             ce: None,
+            ll128_on: false,
+            bus_id: String::new(),
         };
         if layout.ce_bytes > 0 {
             let min = ctx.config.thresholds.ce_min.unwrap_or(0);
@@ -528,7 +556,41 @@ impl Dda {
             std::slice::from_raw_parts((&handle as *const sys::CUipcMemHandle).cast::<u8>(), 64)
         });
         msg.extend_from_slice(&(me.own - base).to_le_bytes());
+        if layout.ll128_cap > 0 {
+            // The LL128 all-reduce's link check needs every GPU's bus id (an unknown one is
+            // empty: no link can be shown, so it stays off).
+            let mut dev: sys::CUdevice = 0;
+            // SAFETY: out-parameter; the context is current.
+            if unsafe { sys::cuCtxGetDevice(&mut dev) } == sys::CUresult::CUDA_SUCCESS {
+                me.bus_id = super::nvml::pci_bus_id(dev).unwrap_or_default();
+            }
+            msg.extend_from_slice(me.bus_id.as_bytes());
+        }
         Ok((me, msg))
+    }
+
+    /// Whether this rank's links to its peers carry LL128 lines (every peer on this GPU or
+    /// joined to it by NVLink, the peers' bus ids from their set-up messages); `Ok` when the
+    /// LL128 all-reduce is not set.
+    fn ll128_links(&self, handles: &[Vec<u8>]) -> std::result::Result<(), String> {
+        if self.layout.ll128_cap == 0 {
+            return Ok(());
+        }
+        if self.bus_id.is_empty() {
+            return Err("this GPU's PCI bus id is unknown".into());
+        }
+        let peers: Vec<(usize, String)> = handles
+            .iter()
+            .enumerate()
+            .filter(|(r, _)| *r != self.rank)
+            .map(|(r, m)| {
+                (
+                    r,
+                    String::from_utf8_lossy(&m[72.min(m.len())..]).into_owned(),
+                )
+            })
+            .collect();
+        super::nvml::ll128_links(&self.bus_id, &peers, super::nvml::nvlink_between)
     }
 
     /// Opens every peer's staging from the messages of [`Dda::prepare`], once per peer.
@@ -537,7 +599,7 @@ impl Dda {
             if peer == self.rank {
                 continue;
             }
-            if m.len() != 72 {
+            if m.len() < 72 {
                 return Err(Error::Cuda(format!(
                     "rank {peer} sent a malformed IPC handle ({} bytes)",
                     m.len()
@@ -738,7 +800,7 @@ impl Dda {
     /// (`FERROCOMM_ALLREDUCE_LL128_MAX_BYTES`; the copy engines take precedence where both
     /// would).
     pub fn ll128_takes(&self, bytes: usize) -> bool {
-        !self.copy_engine_takes(bytes) && ll128_takes(&self.layout, bytes)
+        self.ll128_on && !self.copy_engine_takes(bytes) && ll128_takes(&self.layout, bytes)
     }
 
     /// A device word of this rank's own (16-byte aligned) for the backend's barrier: a push

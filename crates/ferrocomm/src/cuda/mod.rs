@@ -6,7 +6,8 @@
 //! - `launch`: the one kernel launch (programmatic dependent launch on sm_90 when enabled);
 //! - `dda`: IPC staging, peer checks and kernel launches for push / flat / tree all-reduce;
 //! - [`collectives`]: direct-access all-gather, reduce-scatter, all-to-all(v), broadcast, reduce;
-//! - `backend`: the [`Backend`] that chooses between DDA and NCCL per call.
+//! - `backend`: the [`Backend`] that chooses between DDA and NCCL per call;
+//! - [`nvml`]: whether two GPUs are joined by NVLink (the LL128 all-reduce needs it).
 
 mod backend;
 pub mod collectives;
@@ -15,6 +16,7 @@ pub mod kernels;
 mod launch;
 pub mod libs;
 mod lowp;
+pub mod nvml;
 
 use std::sync::Arc;
 
