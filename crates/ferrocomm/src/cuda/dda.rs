@@ -441,7 +441,7 @@ impl Dda {
                         Err(e) => e,
                         Ok(()) => {
                             let r = verdicts.iter().position(|v| v != &[1]).unwrap_or(0);
-                            format!("rank {r} found a link without NVLink")
+                            format!("rank {r} could not show NVLink to all its peers")
                         }
                     };
                     eprintln!(
