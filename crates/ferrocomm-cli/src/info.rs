@@ -2,7 +2,7 @@
 //!
 //! The system probe here is also what `ferrocomm bench --json` records as the run's context.
 
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_int, c_void, CStr, CString};
 use std::path::PathBuf;
 
 use ferrocomm::config::Source;
@@ -231,23 +231,13 @@ fn probe_cuda(info: &mut SystemInfo) {
         let cc = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).zip(
             attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
         );
-        let mut bus = [0 as c_char; 32];
-        // SAFETY: the buffer holds 32 bytes and its length is passed; `d` is a valid device.
-        let pci = (unsafe { sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), 32, d) }
-            == sys::CUresult::CUDA_SUCCESS)
-            .then(|| {
-                // SAFETY: the driver wrote a NUL-terminated string into `bus`.
-                unsafe { CStr::from_ptr(bus.as_ptr()) }
-                    .to_string_lossy()
-                    .into_owned()
-            });
         info.gpus.push(Gpu {
             index: i,
             name: result::device::get_name(d).unwrap_or_else(|e| format!("? ({e})")),
             // SAFETY: `d` came from cuDeviceGet.
             memory_bytes: unsafe { result::device::total_mem(d) }.unwrap_or(0),
             compute_capability: cc,
-            pci_bus_id: pci,
+            pci_bus_id: ferrocomm::cuda::nvml::pci_bus_id(d).ok(),
         });
     }
     info.peer_access = devs

@@ -857,8 +857,9 @@ fn barrier_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
 
     // A 4 MB flat all-reduce no other rank joins (by the copy engines when
     // FERROCOMM_ALLREDUCE_CE_MIN_BYTES says so: its gate passes, its copies land in the idle
-    // peer, its reduction waits for chunks that never come): the next call names a missing rank
-    // after the 2 s timeout instead of waiting.
+    // peer, its reduction waits for chunks that never come; in LL128 lines under
+    // FERROCOMM_ALLREDUCE_LL128_MAX_BYTES: its fold waits for lines that never come): the next
+    // call names a missing rank after the 2 s timeout instead of waiting.
     let comm = Communicator::new(options("gpu_check_flat_timeout", cfg_t))?;
     if rank == last {
         let n = 1 << 20;

@@ -1022,9 +1022,10 @@ __device__ __forceinline__ Unit ll128_unit(u64 v) {
     return x;
 }
 
-// The row of sender s in receiver r's region: its place among r's peers.
-__device__ __forceinline__ u64 ll128_row_of(const Args& a, u32 s, u32 r) {
-    return (u64)((s + a.world - r - 1) % a.world);
+// The row of sender s in receiver r's region: its place among r's peers (`world` the kernel's
+// compile-time count where it has one, so the two-rank build does no division per line).
+__device__ __forceinline__ u64 ll128_row_of(u32 world, u32 s, u32 r) {
+    return (u64)((s + world - r - 1) % world);
 }
 
 template <int OP, u32 W>
@@ -1057,7 +1058,7 @@ __device__ __forceinline__ void ll128(const Args& a) {
             for (u32 r = 0; r < FC_MAX_RANKS; r++)
                 if (r < world && r != a.rank)
                     st_v2u64((u64*)(a.flags[r] + a.ll128_off + par +
-                                    ll128_row_of(a, a.rank, r) * a.ll128_row + off),
+                                    ll128_row_of(world, a.rank, r) * a.ll128_row + off),
                              x0, x1);
         }
         if (prev != ~0ull) {
@@ -1068,7 +1069,7 @@ __device__ __forceinline__ void ll128(const Args& a) {
             for (u32 r = 0; r < world && ok; r++) {
                 u64 v0 = p0, v1 = p1;
                 if (r != a.rank) {
-                    const u64* src = (const u64*)(mine + ll128_row_of(a, r, a.rank) * a.ll128_row +
+                    const u64* src = (const u64*)(mine + ll128_row_of(world, r, a.rank) * a.ll128_row +
                                                   prev * 128 + j * 16);
                     u32 spins = 0;
                     for (;;) {

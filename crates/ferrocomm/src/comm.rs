@@ -275,7 +275,8 @@ pub trait Backend: Send + Sync {
         Ok(None)
     }
     /// How a full-precision call that runs `algo` moves its data, when the algorithm's name
-    /// alone does not say it (the cuda all-reduce's copy engines: `ce`).
+    /// alone does not say it (the cuda flat all-reduce's copy engines, `ce`, or LL128 lines,
+    /// `ll128`).
     fn path_detail(
         &self,
         _coll: Collective,
@@ -549,8 +550,8 @@ impl Communicator {
     }
 
     /// The path this call takes, as the bench shows it: the algorithm's name (`flat-ce` when the
-    /// copy engines carry a flat all-reduce, `flat-ll128` when LL128 lines do), or `lp-` and the low-precision path's name
-    /// (`lp-flat`, `lp-tree`, `lp-direct`) when it goes low precision.
+    /// copy engines carry a flat all-reduce, `flat-ll128` when LL128 lines do), or `lp-` and the
+    /// low-precision path's name (`lp-flat`, `lp-tree`, `lp-direct`) when it goes low precision.
     pub fn path_for(
         &self,
         coll: Collective,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{sys, CudaContext};
 
 use super::collectives;
-use super::dda::Dda;
+use super::dda::{Dda, FlatForm};
 use super::lowp::{a2av_codec_fits, a2av_plan, all_reduce_kind, LpKind};
 use super::{cu, kernels, open_context};
 use crate::bootstrap::all_gather_bytes;
@@ -858,10 +858,9 @@ impl Backend for CudaBackend {
         if coll != AR || algo != Algo::Flat {
             return None;
         }
-        if dda.copy_engine_takes(bytes_per_rank) {
-            Some("ce")
-        } else {
-            dda.ll128_takes(bytes_per_rank).then_some("ll128")
+        match dda.flat_form(bytes_per_rank) {
+            f @ (FlatForm::CopyEngine | FlatForm::Ll128) => Some(f.kernel()),
+            FlatForm::Pull | FlatForm::Stream => None,
         }
     }
 

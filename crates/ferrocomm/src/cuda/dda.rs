@@ -16,6 +16,9 @@ use crate::error::{Error, Result};
 use crate::select::Algo;
 use crate::types::{DataType, ReduceOp};
 
+/// Bytes of a rank's set-up message before its bus id: the 64-byte IPC handle of its
+/// allocation and the staging's offset in it.
+const IPC_MSG_BYTES: usize = 72;
 /// Most ranks the kernels handle (`FC_MAX_RANKS` in all_reduce.cu).
 pub const MAX_RANKS: usize = 16;
 /// Flag slots per barrier and parity (`FC_MAX_BLOCKS`): the largest grid of flat and tree.
@@ -265,8 +268,27 @@ pub struct Dda {
     /// The LL128 all-reduce runs: set (`FERROCOMM_ALLREDUCE_LL128_MAX_BYTES`) and every pair
     /// of ranks on one GPU or joined by NVLink (agreed by every rank at set-up).
     ll128_on: bool,
-    /// This GPU's PCI bus id, when the LL128 all-reduce is set (its peers check their links).
-    bus_id: String,
+}
+
+/// How a flat all-reduce moves its data ([`Dda::flat_form`]); `kernel` names its entry points
+/// (`fc_<kernel>_<op>`) and the bench's path detail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlatForm {
+    Pull,
+    Stream,
+    CopyEngine,
+    Ll128,
+}
+
+impl FlatForm {
+    pub fn kernel(self) -> &'static str {
+        match self {
+            FlatForm::Pull => "flat",
+            FlatForm::Stream => "stream",
+            FlatForm::CopyEngine => "ce",
+            FlatForm::Ll128 => "ll128",
+        }
+    }
 }
 
 /// What the copy-engine all-reduce needs besides the region: the smallest message it takes, and
@@ -491,7 +513,6 @@ impl Dda {
             timeout_shown: std::sync::atomic::AtomicBool::new(false),
             ce: None,
             ll128_on: false,
-            bus_id: String::new(),
         };
         if layout.ce_bytes > 0 {
             let min = ctx.config.thresholds.ce_min.unwrap_or(0);
@@ -550,47 +571,44 @@ impl Dda {
         )?;
         // SAFETY: initialised by the call above.
         let handle = unsafe { handle.assume_init() };
-        let mut msg = Vec::with_capacity(72);
+        let mut msg = Vec::with_capacity(IPC_MSG_BYTES);
         // SAFETY: the handle is 64 plain bytes.
         msg.extend_from_slice(unsafe {
             std::slice::from_raw_parts((&handle as *const sys::CUipcMemHandle).cast::<u8>(), 64)
         });
         msg.extend_from_slice(&(me.own - base).to_le_bytes());
         if layout.ll128_cap > 0 {
-            // The LL128 all-reduce's link check needs every GPU's bus id (an unknown one is
-            // empty: no link can be shown, so it stays off).
+            // The LL128 all-reduce's link check needs every GPU's bus id, after the handle (an
+            // unknown one is empty: no link can be shown, so it stays off).
             let mut dev: sys::CUdevice = 0;
             // SAFETY: out-parameter; the context is current.
             if unsafe { sys::cuCtxGetDevice(&mut dev) } == sys::CUresult::CUDA_SUCCESS {
-                me.bus_id = super::nvml::pci_bus_id(dev).unwrap_or_default();
+                msg.extend_from_slice(super::nvml::pci_bus_id(dev).unwrap_or_default().as_bytes());
             }
-            msg.extend_from_slice(me.bus_id.as_bytes());
         }
         Ok((me, msg))
     }
 
     /// Whether this rank's links to its peers carry LL128 lines (every peer on this GPU or
-    /// joined to it by NVLink, the peers' bus ids from their set-up messages); `Ok` when the
-    /// LL128 all-reduce is not set.
+    /// joined to it by NVLink; every rank's bus id follows its handle in the set-up messages);
+    /// `Ok` when the LL128 all-reduce is not set.
     fn ll128_links(&self, handles: &[Vec<u8>]) -> std::result::Result<(), String> {
         if self.layout.ll128_cap == 0 {
             return Ok(());
         }
-        if self.bus_id.is_empty() {
+        let bus =
+            |m: &Vec<u8>| String::from_utf8_lossy(&m[IPC_MSG_BYTES.min(m.len())..]).into_owned();
+        let own = bus(&handles[self.rank]);
+        if own.is_empty() {
             return Err("this GPU's PCI bus id is unknown".into());
         }
         let peers: Vec<(usize, String)> = handles
             .iter()
             .enumerate()
             .filter(|(r, _)| *r != self.rank)
-            .map(|(r, m)| {
-                (
-                    r,
-                    String::from_utf8_lossy(&m[72.min(m.len())..]).into_owned(),
-                )
-            })
+            .map(|(r, m)| (r, bus(m)))
             .collect();
-        super::nvml::ll128_links(&self.bus_id, &peers, super::nvml::nvlink_between)
+        super::nvml::ll128_links(&own, &peers, super::nvml::nvlink_between)
     }
 
     /// Opens every peer's staging from the messages of [`Dda::prepare`], once per peer.
@@ -599,7 +617,7 @@ impl Dda {
             if peer == self.rank {
                 continue;
             }
-            if m.len() < 72 {
+            if m.len() < IPC_MSG_BYTES {
                 return Err(Error::Cuda(format!(
                     "rank {peer} sent a malformed IPC handle ({} bytes)",
                     m.len()
@@ -608,7 +626,7 @@ impl Dda {
             let mut h = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
             // SAFETY: copying 64 bytes into the 64-byte handle.
             unsafe { std::ptr::copy_nonoverlapping(m.as_ptr(), h.as_mut_ptr().cast::<u8>(), 64) };
-            let off = u64::from_le_bytes(m[64..72].try_into().expect("8 bytes"));
+            let off = u64::from_le_bytes(m[64..IPC_MSG_BYTES].try_into().expect("8 bytes"));
             let mut p: sys::CUdeviceptr = 0;
             // SAFETY: a handle exported by a peer process; opened once per peer and closed in
             // Drop. LAZY_ENABLE_PEER_ACCESS turns on peer access for this mapping.
@@ -788,19 +806,26 @@ impl Dda {
         })
     }
 
-    /// Whether a flat all-reduce of `bytes` per rank moves by the copy engines
-    /// (`FERROCOMM_ALLREDUCE_CE_MIN_BYTES`, up to the region's size).
-    pub fn copy_engine_takes(&self, bytes: usize) -> bool {
-        self.ce
+    /// How a flat all-reduce of `bytes` per rank moves its data (the one place that decides):
+    /// by the copy engines from `FERROCOMM_ALLREDUCE_CE_MIN_BYTES` up to their region, else in
+    /// LL128 lines up to `FERROCOMM_ALLREDUCE_LL128_MAX_BYTES` where every link is NVLink, else
+    /// pulled from the staging when it fits (faster at every size measured there), else
+    /// streamed through chunk slots by push-write. (Neither region is larger than the staging:
+    /// a streamed message is never theirs.)
+    pub fn flat_form(&self, bytes: usize) -> FlatForm {
+        if self
+            .ce
             .as_ref()
             .is_some_and(|ce| ce_takes(&self.layout, ce.min_bytes, bytes))
-    }
-
-    /// Whether a flat all-reduce of `bytes` per rank moves in LL128 lines
-    /// (`FERROCOMM_ALLREDUCE_LL128_MAX_BYTES`; the copy engines take precedence where both
-    /// would).
-    pub fn ll128_takes(&self, bytes: usize) -> bool {
-        self.ll128_on && !self.copy_engine_takes(bytes) && ll128_takes(&self.layout, bytes)
+        {
+            FlatForm::CopyEngine
+        } else if self.ll128_on && ll128_takes(&self.layout, bytes) {
+            FlatForm::Ll128
+        } else if bytes > self.layout.staging_bytes {
+            FlatForm::Stream
+        } else {
+            FlatForm::Pull
+        }
     }
 
     /// A device word of this rank's own (16-byte aligned) for the backend's barrier: a push
@@ -838,25 +863,8 @@ impl Dda {
             }
         };
         let bytes = count * dtype.size();
-        // Flat pulls from the peers' staging when the message fits it (faster at every size
-        // measured there); a larger one streams through chunk slots by push-write. At two ranks
-        // with FERROCOMM_ALLREDUCE_CE_MIN_BYTES set, messages from that size up to the region's
-        // move by the copy engines instead.
-        let by_ce = algo == Algo::Flat && self.copy_engine_takes(bytes);
-        // With FERROCOMM_ALLREDUCE_LL128_MAX_BYTES set, flat messages up to that size push
-        // 128-byte lines into the peers instead (no barrier; all_reduce.cu's `ll128` section).
-        let by_ll128 = algo == Algo::Flat && self.ll128_takes(bytes);
-        // (The copy engines' region is the staging's size: they never take a streamed message.)
-        let streaming = algo == Algo::Flat && bytes > self.layout.staging_bytes;
-        let aname = if by_ce {
-            "ce"
-        } else if by_ll128 {
-            "ll128"
-        } else if streaming {
-            "stream"
-        } else {
-            aname
-        };
+        let form = (algo == Algo::Flat).then(|| self.flat_form(bytes));
+        let aname = form.map_or(aname, FlatForm::kernel);
         // What every rank must agree on (the kernels compare it through their hello words):
         // count, dtype, the operator with its Avg divisor, the algorithm.
         // (Spelled on the stack, as the kernel name: no allocation per call.)
@@ -875,25 +883,30 @@ impl Dda {
             kernel_name(&mut [0; 64], &["fc_", aname, "_", opname]),
         )?;
         let max_blocks = (self.sm_count as usize).clamp(1, MAX_BLOCKS);
-        if by_ce {
-            return self.all_reduce_ce(&mut a, f, bytes, max_blocks as u32, stream);
-        }
-        let mut blocks = units.div_ceil(threads as usize).clamp(1, max_blocks) as u32;
-        let mut threads = threads;
-        if by_ll128 {
-            // Four lines per warp and step; any grid (the lines name no block).
-            threads = LL128_THREADS;
-            let warp_steps = bytes.div_ceil(LL128_PAYLOAD).div_ceil(4);
-            blocks = warp_steps
-                .div_ceil(LL128_THREADS as usize / 32)
-                .clamp(1, (LL128_BLOCKS_PER_SM * max_blocks).min(MAX_BLOCKS))
-                as u32;
-        }
-        if streaming {
-            let (g, chunk) = flat_grid(bytes, max_blocks, self.world, self.layout.staging_bytes);
-            blocks = g as u32;
-            a.chunk_bytes = chunk as u64;
-        }
+        let (blocks, threads) = match form {
+            Some(FlatForm::CopyEngine) => {
+                return self.all_reduce_ce(&mut a, f, bytes, max_blocks as u32, stream)
+            }
+            Some(FlatForm::Ll128) => {
+                // Four lines per warp and step; any grid (the lines name no block).
+                let warp_steps = bytes.div_ceil(LL128_PAYLOAD).div_ceil(4);
+                let cap = (LL128_BLOCKS_PER_SM * max_blocks).min(MAX_BLOCKS);
+                let blocks = warp_steps
+                    .div_ceil(LL128_THREADS as usize / 32)
+                    .clamp(1, cap);
+                (blocks as u32, LL128_THREADS)
+            }
+            Some(FlatForm::Stream) => {
+                let (g, chunk) =
+                    flat_grid(bytes, max_blocks, self.world, self.layout.staging_bytes);
+                a.chunk_bytes = chunk as u64;
+                (g as u32, threads)
+            }
+            _ => (
+                units.div_ceil(threads as usize).clamp(1, max_blocks) as u32,
+                threads,
+            ),
+        };
         let mut params: [*mut c_void; 1] = [(&mut a as *mut Args).cast()];
         cu_lazy(
             // SAFETY: `f` takes one `Args` by value, laid out as in the kernel source, and starts

@@ -36,79 +36,108 @@ pub fn pci_bus_id(dev: cudarc::driver::sys::CUdevice) -> Result<String, String> 
 /// Whether NVML reports an NVLink path between the GPUs at bus ids `a` and `b`; an error says
 /// what failed (no NVML, a bus id it does not know).
 pub fn nvlink_between(a: &str, b: &str) -> Result<bool, String> {
-    let (ca, cb) = match (CString::new(a), CString::new(b)) {
-        (Ok(ca), Ok(cb)) => (ca, cb),
-        _ => return Err("a PCI bus id holds a NUL byte".into()),
+    let (Ok(ca), Ok(cb)) = (CString::new(a), CString::new(b)) else {
+        return Err("a PCI bus id holds a NUL byte".into());
     };
-    let name = CString::new("libnvidia-ml.so.1").expect("no NUL in a literal");
-    // SAFETY: dlopen of the driver's library by soname; closed below.
-    let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    if h.is_null() {
-        return Err("libnvidia-ml.so.1 (NVML) could not be loaded".into());
-    }
-    let sym = |s: &str| {
-        let c = CString::new(s).expect("no NUL in a symbol name");
-        // SAFETY: `h` is a live handle; a missing symbol gives NULL.
-        unsafe { libc::dlsym(h, c.as_ptr()) }
-    };
-    let (init, by_bus, p2p, err, shutdown) = (
-        sym("nvmlInit_v2"),
-        sym("nvmlDeviceGetHandleByPciBusId_v2"),
-        sym("nvmlDeviceGetP2PStatus"),
-        sym("nvmlErrorString"),
-        sym("nvmlShutdown"),
-    );
-    let out = if [init, by_bus, p2p, err, shutdown]
-        .iter()
-        .any(|p| p.is_null())
-    {
-        Err(
-            "NVML lacks nvmlInit_v2, nvmlDeviceGetHandleByPciBusId_v2 or nvmlDeviceGetP2PStatus"
-                .into(),
-        )
-    } else {
+    let nvml = Nvml::open()?;
+    nvml.call("nvmlInit_v2", || {
+        // SAFETY: no arguments; paired with nvmlShutdown below.
+        unsafe { (nvml.init)() }
+    })?;
+    let asked = (|| {
+        let (da, db) = (nvml.device(&ca, a)?, nvml.device(&cb, b)?);
+        let mut status: c_int = -1;
+        nvml.call("nvmlDeviceGetP2PStatus", || {
+            // SAFETY: two handles from NVML and an out-parameter of the documented type.
+            unsafe { (nvml.p2p)(da, db, P2P_CAPS_NVLINK, &mut status) }
+        })?;
+        Ok(status == P2P_STATUS_OK)
+    })();
+    // SAFETY: pairs the successful nvmlInit_v2 above.
+    unsafe { (nvml.shutdown)() };
+    asked
+}
+
+/// The NVML entry points used here, from the library loaded for one question (closed on drop).
+struct Nvml {
+    lib: *mut c_void,
+    init: InitFn,
+    by_bus: ByBusFn,
+    p2p: P2pFn,
+    err: ErrFn,
+    shutdown: InitFn,
+}
+
+impl Nvml {
+    fn open() -> Result<Nvml, String> {
+        let name = CString::new("libnvidia-ml.so.1").expect("no NUL in a literal");
+        // SAFETY: dlopen of the driver's library by soname; closed by Drop (or below).
+        let lib = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if lib.is_null() {
+            return Err("libnvidia-ml.so.1 (NVML) could not be loaded".into());
+        }
+        let sym = |s: &str| {
+            let c = CString::new(s).expect("no NUL in a symbol name");
+            // SAFETY: `lib` is a live handle; a missing symbol gives NULL.
+            unsafe { libc::dlsym(lib, c.as_ptr()) }
+        };
+        let names = [
+            "nvmlInit_v2",
+            "nvmlDeviceGetHandleByPciBusId_v2",
+            "nvmlDeviceGetP2PStatus",
+            "nvmlErrorString",
+            "nvmlShutdown",
+        ];
+        let [init, by_bus, p2p, err, shutdown] = names.map(sym);
+        if let Some(i) = [init, by_bus, p2p, err, shutdown]
+            .iter()
+            .position(|p| p.is_null())
+        {
+            // SAFETY: opened above, nothing of it used.
+            unsafe { libc::dlclose(lib) };
+            return Err(format!("NVML lacks {}", names[i]));
+        }
         // SAFETY: the symbols have these C signatures in every NVML since CUDA 8 (nvml.h).
-        let (init, by_bus, p2p, err, shutdown) = unsafe {
-            (
-                std::mem::transmute::<*mut c_void, InitFn>(init),
-                std::mem::transmute::<*mut c_void, ByBusFn>(by_bus),
-                std::mem::transmute::<*mut c_void, P2pFn>(p2p),
-                std::mem::transmute::<*mut c_void, ErrFn>(err),
-                std::mem::transmute::<*mut c_void, InitFn>(shutdown),
-            )
-        };
-        let what = |call: &str, r: c_int| {
-            // SAFETY: nvmlErrorString returns a static NUL-terminated string for any code.
-            let s = unsafe { CStr::from_ptr(err(r)) }.to_string_lossy();
-            format!("{call}: {s}")
-        };
-        // SAFETY: plain calls with out-parameters of the documented types; every successful
-        // nvmlInit_v2 is paired with nvmlShutdown.
         unsafe {
-            match init() {
-                NVML_SUCCESS => {
-                    let (mut da, mut db) = (std::ptr::null_mut(), std::ptr::null_mut());
-                    let mut status: c_int = -1;
-                    let r = match by_bus(ca.as_ptr(), &mut da) {
-                        NVML_SUCCESS => match by_bus(cb.as_ptr(), &mut db) {
-                            NVML_SUCCESS => match p2p(da, db, P2P_CAPS_NVLINK, &mut status) {
-                                NVML_SUCCESS => Ok(status == P2P_STATUS_OK),
-                                r => Err(what("nvmlDeviceGetP2PStatus", r)),
-                            },
-                            r => Err(what(&format!("nvmlDeviceGetHandleByPciBusId_v2({b})"), r)),
-                        },
-                        r => Err(what(&format!("nvmlDeviceGetHandleByPciBusId_v2({a})"), r)),
-                    };
-                    shutdown();
-                    r
-                }
-                r => Err(what("nvmlInit_v2", r)),
+            Ok(Nvml {
+                lib,
+                init: std::mem::transmute::<*mut c_void, InitFn>(init),
+                by_bus: std::mem::transmute::<*mut c_void, ByBusFn>(by_bus),
+                p2p: std::mem::transmute::<*mut c_void, P2pFn>(p2p),
+                err: std::mem::transmute::<*mut c_void, ErrFn>(err),
+                shutdown: std::mem::transmute::<*mut c_void, InitFn>(shutdown),
+            })
+        }
+    }
+
+    /// `f`'s NVML return code as a result, the error named by NVML and `what`.
+    fn call(&self, what: &str, f: impl FnOnce() -> c_int) -> Result<(), String> {
+        match f() {
+            NVML_SUCCESS => Ok(()),
+            r => {
+                // SAFETY: nvmlErrorString returns a static NUL-terminated string for any code.
+                let s = unsafe { CStr::from_ptr((self.err)(r)) }.to_string_lossy();
+                Err(format!("{what}: {s}"))
             }
         }
-    };
-    // SAFETY: `h` came from dlopen above and nothing of it is used after this.
-    unsafe { libc::dlclose(h) };
-    out
+    }
+
+    /// NVML's handle of the GPU at bus id `bus` (`text` for the message).
+    fn device(&self, bus: &CStr, text: &str) -> Result<Device, String> {
+        let mut d: Device = std::ptr::null_mut();
+        self.call(&format!("nvmlDeviceGetHandleByPciBusId_v2({text})"), || {
+            // SAFETY: a NUL-terminated bus id and an out-parameter; NVML is initialised.
+            unsafe { (self.by_bus)(bus.as_ptr(), &mut d) }
+        })?;
+        Ok(d)
+    }
+}
+
+impl Drop for Nvml {
+    fn drop(&mut self) {
+        // SAFETY: `lib` came from dlopen and none of its functions is called after this.
+        unsafe { libc::dlclose(self.lib) };
+    }
 }
 
 /// Whether the LL128 lines may run between this rank (its GPU at `own`) and the peers at
