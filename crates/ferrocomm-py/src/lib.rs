@@ -824,7 +824,7 @@ fn new_comm(
 fn dtype_name(py: Python<'_>, name: &str) -> PyResult<&'static str> {
     name.parse::<DataType>()
         .map(|d| d.name())
-        .map_err(|e| py_err(py, e))
+        .map_err(|e| py_err(py, e.into()))
 }
 
 #[pymodule]

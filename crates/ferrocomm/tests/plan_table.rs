@@ -8,8 +8,7 @@
 use std::fmt::Write;
 
 use ferrocomm::config::Config;
-use ferrocomm::select::{low_precision, select, Capabilities};
-use ferrocomm::LowPrecisionChoice;
+use ferrocomm::plan::{low_precision, select, Caps, LowPrecisionChoice};
 use ferrocomm::{Algo, Collective, DataType, Format, ReduceOp};
 
 const COLLECTIVES: [Collective; 10] = [
@@ -60,8 +59,8 @@ fn sizes() -> Vec<usize> {
     s
 }
 
-fn caps() -> Vec<(&'static str, Capabilities)> {
-    let cuda = Capabilities {
+fn caps() -> Vec<(&'static str, Caps)> {
+    let cuda = Caps {
         push: true,
         nccl: true,
         staging_bytes: Some(64 << 20),
@@ -71,28 +70,28 @@ fn caps() -> Vec<(&'static str, Capabilities)> {
         ("cuda", cuda),
         (
             "cuda-staging-8m",
-            Capabilities {
+            Caps {
                 staging_bytes: Some(8 << 20),
                 ..cuda
             },
         ),
         (
             "cuda-unbounded",
-            Capabilities {
+            Caps {
                 staging_bytes: None,
                 ..cuda
             },
         ),
         (
             "cuda-no-nccl",
-            Capabilities {
+            Caps {
                 nccl: false,
                 ..cuda
             },
         ),
         (
             "host",
-            Capabilities {
+            Caps {
                 push: false,
                 nccl: false,
                 staging_bytes: None,
@@ -101,7 +100,7 @@ fn caps() -> Vec<(&'static str, Capabilities)> {
         ),
         (
             "nccl-multi-host",
-            Capabilities {
+            Caps {
                 push: false,
                 nccl: true,
                 staging_bytes: None,
@@ -276,7 +275,7 @@ fn low_precision_table() -> String {
         let fname = format!("{set:?}");
         for (chname, choice) in choices {
             for coll in COLLECTIVES {
-                for floor in [0, ferrocomm::select::CUDA_LP_MIN_BYTES] {
+                for floor in [0, ferrocomm::plan::CUDA_LP_MIN_BYTES] {
                     // The dtype/op pairs with the same answers share a line.
                     let mut rows: Vec<(String, Vec<String>)> = Vec::new();
                     for dtype in dtypes {

@@ -9,12 +9,12 @@ use super::collectives;
 use super::dda::{Dda, FlatForm};
 use super::lowp::{a2av_codec_fits, a2av_plan, all_reduce_kind, LpKind};
 use super::{cu, kernels, open_context};
+use crate::backend::{Backend, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts, Splits};
 use crate::bootstrap::all_gather_bytes;
-use crate::comm::{Backend, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts, Splits};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::nccl::{check_views, in_part_ptr, in_ptr, p2p_views, views_of, NcclOps};
-use crate::select::{self, Algo, Capabilities, Collective};
+use crate::plan::{self, Algo, Caps, Collective};
 use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
@@ -149,8 +149,8 @@ impl CudaBackend {
         })
     }
 
-    fn caps(&self) -> Capabilities {
-        Capabilities {
+    fn caps(&self) -> Caps {
+        Caps {
             push: self.dda.is_some(),
             nccl: self.nccl.is_some(),
             staging_bytes: Some(self.dda.as_ref().map_or(0, |d| d.layout().staging_bytes)),
@@ -194,7 +194,7 @@ impl CudaBackend {
     }
 
     /// Direct access and the codec when this call goes low precision (the shared rule of
-    /// [`select::low_precision`], with the cuda size floor); `None` for full precision, also
+    /// [`plan::low_precision`], with the cuda size floor); `None` for full precision, also
     /// without direct access or for pointers not aligned to the element size.
     fn lp_codec(
         &self,
@@ -209,8 +209,8 @@ impl CudaBackend {
         if ptrs.iter().any(|p| p % dtype.size() as u64 != 0) {
             return Ok(None);
         }
-        let min = select::CUDA_LP_MIN_BYTES;
-        let c = select::low_precision(
+        let min = plan::CUDA_LP_MIN_BYTES;
+        let c = plan::low_precision(
             coll,
             dtype,
             op,
@@ -254,11 +254,11 @@ impl CudaBackend {
         }
         // Flat streams any size through its chunk slots; only tree is bounded by the staging.
         let staging = self.dda.as_ref().map_or(0, |d| d.layout().staging_bytes);
-        let caps = Capabilities {
+        let caps = Caps {
             staging_bytes: None,
             ..self.caps()
         };
-        let mut a = select::select(
+        let mut a = plan::select(
             Collective::AllReduce,
             bytes,
             self.size,

@@ -12,10 +12,10 @@ use std::ffi::c_void;
 use super::cu_lazy;
 use super::dda::{kernel_name, Args, Dda, COLL_BAR_OFF, COLL_MAX_ROUNDS, MAX_BLOCKS, MAX_RANKS};
 use super::kernels;
-use crate::comm::{CallOpts, Splits};
+use crate::backend::{CallOpts, Splits};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::select::{self, Algo, Capabilities, Collective};
+use crate::plan::{self, Algo, Caps, Collective};
 use crate::types::{DataType, ReduceOp};
 
 /// Default largest part (bytes one sender puts in one receiver's row) sent as LL lines
@@ -220,9 +220,9 @@ pub(super) fn a2av_agreed_sizes(rank: usize, splits: &Splits, es: usize) -> (usi
 }
 
 /// Whether an all-to-all-v of `world` ranks runs pair by pair (`fc_all_to_all_v_pc`): where no
-/// count is seen by every rank ([`select::a2av_without_agreed_size`]).
+/// count is seen by every rank ([`plan::a2av_without_agreed_size`]).
 pub(super) fn a2av_by_pairs(world: usize) -> bool {
-    select::a2av_without_agreed_size(world)
+    plan::a2av_without_agreed_size(world)
 }
 
 /// Elements of one piece of the pair-by-pair all-to-all-v (`fc_all_to_all_v_pc`, above two
@@ -305,7 +305,7 @@ pub(super) fn a2av_piece(rank: usize, splits: &Splits, i: usize, chunk: usize) -
 #[allow(clippy::too_many_arguments)]
 pub(super) fn choose(
     dda: Option<&Dda>,
-    caps: &Capabilities,
+    caps: &Caps,
     world: usize,
     cfg: &Config,
     coll: Collective,
@@ -366,11 +366,11 @@ pub(super) fn choose(
     }
     // The staging was judged above, part by part (select's own check compares the bytes per
     // rank with the staging, which refuses all-to-all-v calls that run in pieces).
-    let caps = Capabilities {
+    let caps = Caps {
         staging_bytes: None,
         ..*caps
     };
-    let a = select::select(coll, bytes_per_rank, world, dtype, requested, &caps, cfg)?;
+    let a = plan::select(coll, bytes_per_rank, world, dtype, requested, &caps, cfg)?;
     Ok(match a {
         Algo::Nccl => Algo::Nccl,
         _ => Algo::Direct,

@@ -9,11 +9,11 @@ use std::time::Duration;
 use cudarc::driver::sys;
 
 use super::{cu, cu_lazy, kernels, launch};
+use crate::backend::CommContext;
 use crate::bootstrap::{agree, store_barrier};
-use crate::comm::CommContext;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::select::Algo;
+use crate::plan::Algo;
 use crate::types::{DataType, ReduceOp};
 
 /// Bytes of a rank's set-up message before its bus id: the 64-byte IPC handle of its
@@ -872,7 +872,7 @@ impl Dda {
         let mut buf = [0; 64];
         let what = kernel_name(&mut buf, &[aname, "/", opname, avg]);
         a.sig = super::collectives::signature(
-            crate::select::Collective::AllReduce,
+            crate::plan::Collective::AllReduce,
             dtype,
             count,
             0,

@@ -18,10 +18,10 @@ use super::collectives::{
 };
 use super::dda::{Args, Dda, COLL_BAR_OFF};
 use super::{cu, cu_lazy};
-use crate::comm::Splits;
+use crate::backend::Splits;
 use crate::error::{Error, Result};
+use crate::plan::{Algo, Collective};
 use crate::quant::{Codec, Format};
-use crate::select::{Algo, Collective};
 use crate::types::DataType;
 
 /// Warps per CTA of the lowp kernels (`LP_WARPS`, 512 threads).

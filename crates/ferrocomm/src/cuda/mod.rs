@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaContext};
 
-use crate::comm::{Backend, CommContext};
+use crate::backend::{Backend, CommContext};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::types::Device;

@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys as drv;
 use cudarc::driver::CudaContext;
 
-use crate::comm::{Backend, CallOpts, CommContext, P2pOp, Splits};
+use crate::backend::{Backend, CallOpts, CommContext, P2pOp, Splits};
 use crate::config::Config;
 use crate::cuda::cu;
 use crate::error::{Error, Result};
-use crate::select::{self, Algo, Capabilities, Collective};
+use crate::plan::{self, Algo, Caps, Collective};
 use crate::types::{DataType, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
@@ -1492,14 +1492,14 @@ impl Backend for NcclBackend {
         dtype: DataType,
         opts: &CallOpts,
     ) -> Result<Algo> {
-        let caps = Capabilities {
+        let caps = Caps {
             push: false,
             nccl: true,
             staging_bytes: Some(0),
             multi_host: true,
         };
         let _ = self.size;
-        select::select(
+        plan::select(
             coll,
             bytes_per_rank,
             self.size,

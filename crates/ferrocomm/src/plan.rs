@@ -1,106 +1,29 @@
-//! Algorithm selection: the one function every backend consults to choose how a collective runs.
-
-use std::fmt;
-use std::str::FromStr;
+//! The planner: how a call runs (its algorithm, and whether it goes low precision, with which
+//! codec), decided from plain values (the call's shape, what the backend has, the
+//! configuration). Every backend consults it; it imports no backend.
 
 use crate::config::{Config, Thresholds};
 use crate::error::{Error, Result};
-use crate::types::DataType;
+use crate::quant::{Codec, Format};
+pub use crate::types::{Algo, Collective};
+use crate::types::{DataType, ReduceOp};
 
-/// How a collective is carried out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum Algo {
-    /// Let [`select`] decide.
-    Auto,
-    /// Barrier-free one-shot: data travels with flags or sentinels (smallest messages).
-    Push,
-    /// One-shot pull: every rank reads every staging slot and reduces locally.
-    Flat,
-    /// Two-shot: reduce-scatter of stripes, then all-gather of the reduced stripes.
-    Tree,
-    /// Direct access for the data-movement collectives (each rank copies what it needs).
-    Direct,
-    /// NCCL carries the collective.
-    Nccl,
-}
-
-impl Algo {
-    pub const fn name(self) -> &'static str {
-        match self {
-            Algo::Auto => "auto",
-            Algo::Push => "push",
-            Algo::Flat => "flat",
-            Algo::Tree => "tree",
-            Algo::Direct => "direct",
-            Algo::Nccl => "nccl",
-        }
-    }
-}
-
-impl fmt::Display for Algo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Algo {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Algo::Auto,
-            "push" | "oneshot_push" => Algo::Push,
-            "flat" | "oneshot" | "one_shot" => Algo::Flat,
-            "tree" | "twoshot" | "two_shot" => Algo::Tree,
-            "direct" | "dda" => Algo::Direct,
-            "nccl" => Algo::Nccl,
-            other => {
-                return Err(Error::InvalidArgument(format!(
-                    "unknown algorithm '{other}' (expected auto, push, flat, tree, direct, nccl)"
-                )))
-            }
-        })
-    }
-}
-
-/// The collectives, as selection and signatures name them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum Collective {
-    AllReduce,
-    Reduce,
-    Broadcast,
-    AllGather,
-    ReduceScatter,
-    AllToAll,
-    AllToAllV,
-    Barrier,
-    Send,
-    Recv,
-}
-
-impl Collective {
-    pub const fn name(self) -> &'static str {
-        match self {
-            Collective::AllReduce => "all_reduce",
-            Collective::Reduce => "reduce",
-            Collective::Broadcast => "broadcast",
-            Collective::AllGather => "all_gather",
-            Collective::ReduceScatter => "reduce_scatter",
-            Collective::AllToAll => "all_to_all",
-            Collective::AllToAllV => "all_to_all_v",
-            Collective::Barrier => "barrier",
-            Collective::Send => "send",
-            Collective::Recv => "recv",
-        }
-    }
-
-    pub const fn code(self) -> u8 {
-        self as u8
-    }
+/// Per-call low-precision override.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LowPrecisionChoice {
+    /// Follow the environment (`FERROCOMM_LOW_PRECISION` and the per-collective switches).
+    #[default]
+    Default,
+    /// Full precision for this call.
+    Off,
+    /// Low precision in this format, whatever the environment says (still only for
+    /// Sum/Avg on f32/f16/bf16).
+    On(Format),
 }
 
 /// What a backend can do, so that selection never picks an algorithm it lacks.
 #[derive(Debug, Clone, Copy)]
-pub struct Capabilities {
+pub struct Caps {
     pub push: bool,
     pub nccl: bool,
     /// Largest message (bytes per rank) that fits the direct-access staging in one piece;
@@ -196,7 +119,7 @@ pub fn select(
     world: usize,
     dtype: DataType,
     requested: Algo,
-    caps: &Capabilities,
+    caps: &Caps,
     cfg: &Config,
 ) -> Result<Algo> {
     let _ = dtype;
@@ -297,14 +220,12 @@ pub const CUDA_LP_MIN_BYTES: usize = 4 << 20;
 pub fn low_precision(
     coll: Collective,
     dtype: DataType,
-    op: Option<crate::types::ReduceOp>,
+    op: Option<ReduceOp>,
     bytes_per_rank: usize,
-    choice: crate::comm::LowPrecisionChoice,
+    choice: LowPrecisionChoice,
     cfg: &Config,
     default_min_bytes: usize,
-) -> Result<Option<crate::quant::Codec>> {
-    use crate::comm::LowPrecisionChoice;
-    use crate::types::ReduceOp;
+) -> Result<Option<Codec>> {
     let lp = &cfg.low_precision;
     let format = match choice {
         LowPrecisionChoice::Off => return Ok(None),
@@ -338,15 +259,15 @@ pub fn low_precision(
     {
         return Ok(None);
     }
-    crate::quant::Codec::new(format, lp.block).map(Some)
+    Codec::new(format, lp.block).map(Some)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn gpu(staging: usize) -> Capabilities {
-        Capabilities {
+    fn gpu(staging: usize) -> Caps {
+        Caps {
             push: true,
             nccl: true,
             staging_bytes: Some(staging),
@@ -366,7 +287,7 @@ mod tests {
         // backend, which these capabilities stand for only in part).
         assert_eq!(pick(Collective::AllToAll, 64 << 20, 2), Algo::Direct);
         assert_eq!(pick(Collective::AllToAll, (64 << 20) + 1, 2), Algo::Nccl);
-        let free = Capabilities {
+        let free = Caps {
             staging_bytes: None,
             ..caps
         };
@@ -383,7 +304,7 @@ mod tests {
         };
         assert_eq!(v(1 << 40).unwrap(), Algo::Direct);
         // Above two ranks: NCCL unless forced, or without NCCL.
-        let v4 = |requested, caps: &Capabilities| {
+        let v4 = |requested, caps: &Caps| {
             select(
                 Collective::AllToAllV,
                 0,
@@ -397,7 +318,7 @@ mod tests {
         };
         assert_eq!(v4(Algo::Auto, &free), Algo::Nccl);
         assert_eq!(v4(Algo::Direct, &free), Algo::Direct);
-        let no_nccl = Capabilities {
+        let no_nccl = Caps {
             nccl: false,
             ..free
         };
@@ -463,7 +384,7 @@ mod tests {
         let caps = gpu(64 << 20);
         let mut cfg = Config::default();
         for coll in [Collective::Send, Collective::Recv] {
-            let pick = |bytes, world, algo, caps: &Capabilities, cfg: &Config| {
+            let pick = |bytes, world, algo, caps: &Caps, cfg: &Config| {
                 select(coll, bytes, world, DataType::BF16, algo, caps, cfg)
             };
             let auto = |bytes, world, cfg: &Config| pick(bytes, world, Algo::Auto, &caps, cfg);
@@ -474,7 +395,7 @@ mod tests {
             // is refused, unless there is no NCCL (the host backend's own path).
             assert_eq!(auto(1024, 4, &cfg).unwrap(), Algo::Nccl);
             assert!(pick(1024, 4, Algo::Direct, &caps, &cfg).is_err());
-            let host = Capabilities {
+            let host = Caps {
                 push: false,
                 nccl: false,
                 staging_bytes: None,
