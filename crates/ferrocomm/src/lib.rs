@@ -13,6 +13,7 @@ pub mod bootstrap;
 pub mod comm;
 pub mod config;
 pub mod cuda;
+pub mod driver;
 pub mod error;
 pub mod host;
 pub mod launch;

@@ -12,6 +12,7 @@ use super::{cu, kernels, open_context};
 use crate::backend::{Backend, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts, Splits};
 use crate::bootstrap::all_gather_bytes;
 use crate::config::Config;
+use crate::driver::capturing;
 use crate::error::{Error, Result};
 use crate::nccl::{check_views, in_part_ptr, in_ptr, p2p_views, views_of, NcclOps};
 use crate::plan::{self, Algo, Caps, Collective};
@@ -433,16 +434,6 @@ impl CudaBackend {
 fn bind(c: &CudaContext) -> Result<()> {
     c.bind_to_thread()
         .map_err(|e| Error::Cuda(format!("binding the context: {e:?}")))
-}
-
-fn capturing(stream: u64) -> Result<bool> {
-    let mut s = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    cu(
-        // SAFETY: out-parameter for a stream of this context.
-        unsafe { sys::cuStreamIsCapturing(stream as sys::CUstream, &mut s) },
-        "cuStreamIsCapturing",
-    )?;
-    Ok(s != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
 fn setup_dda(ctx: &CommContext, cuda: &CudaContext) -> Result<Dda> {
