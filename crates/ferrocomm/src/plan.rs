@@ -262,6 +262,366 @@ pub fn low_precision(
     Codec::new(format, lp.block).map(Some)
 }
 
+// ---------------------------------------------------------------------------------------------
+// The cuda backend: what direct access has, and how each call runs there.
+
+/// Rounds of a staged collective's pipeline (`FC_MAX_ROUNDS` of the kernels): barrier words per
+/// block, sender and parity.
+pub const COLL_MAX_ROUNDS: usize = 8;
+
+/// What the cuda backend's direct access has on one communicator (its staging layout and its
+/// links), as plain values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DdaCaps {
+    /// Bytes per rank of one staging parity (`FERROCOMM_CUDA_STAGING_BYTES`).
+    pub staging_bytes: usize,
+    /// Largest push all-reduce, bytes per rank.
+    pub push_cap: usize,
+    /// The copy engines' region, bytes per rank (0: off).
+    pub ce_bytes: usize,
+    /// The smallest flat all-reduce the copy engines take
+    /// (`FERROCOMM_ALLREDUCE_CE_MIN_BYTES`); `None` where they are not set up.
+    pub ce_min: Option<usize>,
+    /// Largest flat all-reduce in LL128 lines, bytes per rank (0: off).
+    pub ll128_cap: usize,
+    /// Every pair of ranks shares a GPU or is joined by NVLink (NVML's verdict, the same on
+    /// every rank): LL128 lines cannot tear.
+    pub ll128_links: bool,
+    /// Largest part the collectives send in LL lines (`FERROCOMM_LL_MAX_BYTES`).
+    pub ll_max: usize,
+}
+
+/// What the cuda backend has for a call, as plain values.
+#[derive(Debug, Clone, Copy)]
+pub struct CudaCaps<'a> {
+    pub world: usize,
+    /// Direct access; `None` when it is off, `no_dda` says why.
+    pub dda: Option<DdaCaps>,
+    pub no_dda: &'a str,
+    /// NCCL underneath; `no_nccl` says why not where it is absent.
+    pub nccl: bool,
+    pub no_nccl: &'a str,
+    /// Ranks span several hosts.
+    pub multi_host: bool,
+    /// The element types the direct-access reduction kernels are built for.
+    pub kernel_dtypes: &'a [DataType],
+}
+
+impl CudaCaps<'_> {
+    /// The capabilities [`select`] weighs.
+    pub fn caps(&self) -> Caps {
+        Caps {
+            push: self.dda.is_some(),
+            nccl: self.nccl,
+            staging_bytes: Some(self.dda.as_ref().map_or(0, |d| d.staging_bytes)),
+            multi_host: self.multi_host || self.dda.is_none(),
+        }
+    }
+
+    /// Whether the direct-access reduction kernels handle `dtype`.
+    pub fn kernels_take(&self, dtype: DataType) -> bool {
+        self.kernel_dtypes.contains(&dtype)
+    }
+}
+
+/// How a flat all-reduce moves its data ([`flat_form`]); `kernel` names its entry points
+/// (`fc_<kernel>_<op>`) and the bench's path detail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlatForm {
+    Pull,
+    Stream,
+    CopyEngine,
+    Ll128,
+}
+
+impl FlatForm {
+    pub fn kernel(self) -> &'static str {
+        match self {
+            FlatForm::Pull => "flat",
+            FlatForm::Stream => "stream",
+            FlatForm::CopyEngine => "ce",
+            FlatForm::Ll128 => "ll128",
+        }
+    }
+}
+
+/// Whether the copy engines carry a flat all-reduce of `bytes` per rank (`ce_bytes`: their
+/// region, 0 when off) and `FERROCOMM_ALLREDUCE_CE_MIN_BYTES` = `min_bytes`: from that size up
+/// to the region's, never an empty one.
+pub fn ce_takes(ce_bytes: usize, min_bytes: usize, bytes: usize) -> bool {
+    bytes > 0 && bytes >= min_bytes && bytes <= ce_bytes
+}
+
+/// Whether a flat all-reduce of `bytes` per rank moves in LL128 lines: on (`ll128_cap` > 0)
+/// and at most the cap, which is at most the staging (a streamed message never does).
+pub fn ll128_takes(ll128_cap: usize, bytes: usize) -> bool {
+    bytes > 0 && bytes <= ll128_cap
+}
+
+/// How a flat all-reduce of `bytes` per rank moves its data under `dda` (the one place that
+/// decides):
+/// by the copy engines from `FERROCOMM_ALLREDUCE_CE_MIN_BYTES` up to their region, else in
+/// LL128 lines up to `FERROCOMM_ALLREDUCE_LL128_MAX_BYTES` where every link is NVLink, else
+/// pulled from the staging when it fits (faster at every size measured there), else
+/// streamed through chunk slots by push-write. (Neither region is larger than the staging:
+/// a streamed message is never theirs.)
+pub fn flat_form(dda: &DdaCaps, bytes: usize) -> FlatForm {
+    if dda
+        .ce_min
+        .is_some_and(|min| ce_takes(dda.ce_bytes, min, bytes))
+    {
+        FlatForm::CopyEngine
+    } else if dda.ll128_links && ll128_takes(dda.ll128_cap, bytes) {
+        FlatForm::Ll128
+    } else if bytes > dda.staging_bytes {
+        FlatForm::Stream
+    } else {
+        FlatForm::Pull
+    }
+}
+
+/// `n` rounded up to a whole number of 16-byte vectors.
+fn round16(n: usize) -> usize {
+    n.div_ceil(16) * 16
+}
+
+/// Staging bytes one staged call needs in each receiver (one parity), or `None` when the
+/// collective has no fixed layout (all-to-all-v: slots of [`a2av_slot_bytes`]).
+pub fn staged_need(coll: Collective, part_bytes: usize, world: usize) -> Option<usize> {
+    match coll {
+        Collective::AllGather
+        | Collective::ReduceScatter
+        | Collective::AllToAll
+        | Collective::Reduce => Some(world * round16(part_bytes)),
+        Collective::Broadcast | Collective::Send | Collective::Recv => Some(round16(part_bytes)),
+        _ => None,
+    }
+}
+
+/// Whether a call with parts of `part_bytes` uses LL lines (`ll_max`: the largest LL part,
+/// `StagingLayout::ll_max`), for every collective with LL kernels: the data movers, and the
+/// reductions since their LL kernels wait for the peer's lines only (as the push all-reduce).
+/// Earlier LL reductions, which waited for a hello with a system-scope release first, lost to
+/// the staged kernels at every size (bench/results/2026-11-30-h200x2-ll-staged) and were removed.
+pub fn use_ll(part_bytes: usize, ll_max: usize) -> bool {
+    part_bytes <= ll_max
+}
+
+/// The smallest part of `kernel` that takes the pipelined staged kernel (`fc_<kernel>_rw`, rounds
+/// of `PIPE_ROUND_BYTES`, at most `COLL_MAX_ROUNDS`); None where rounds never pay. Measured on
+/// 2xH200 (bench/results/2026-11-30-h200x2-pipeline, -coll-rounds, -a2a-rw): all-gather 64 MB
+/// 141 -> 106 us, 32 MB 68.6 -> 57.2, 16 MB (8 MiB parts, 2 rounds) 33.5 -> 32.0; all-to-all
+/// 16 MB 36.4 -> 33.5, 32 MB 73.5 -> 61.5, 64 MB 141.0 -> 113.4; reduce-scatter 64 MB 141 -> 118,
+/// 32 MB 72 -> 67, but 16 MB 36.4 -> 37.1 in 4 rounds of 2 MiB (36.5 -> 37.6 in 2); broadcast and
+/// reduce lost at every size (each extra round costs 1.5-3 us; broadcast 16 MB 49.1 -> 52.5), and
+/// rounds of 2 or 1 MiB lost to 4 MiB for every kernel.
+pub fn pipe_min_bytes(kernel: &str) -> Option<usize> {
+    match kernel {
+        "all_gather" | "all_to_all" => Some(8 << 20),
+        "reduce_scatter" => Some(16 << 20),
+        _ => None,
+    }
+}
+const PIPE_ROUND_BYTES: usize = 4 << 20;
+
+/// The kernel form of a call of `kernel` with parts of `part_bytes` (`ll_max`: the largest LL
+/// part) and its rounds: `ll` (LL lines), `st` (staged) or `rw` (pipelined staged).
+pub fn part_form(kernel: &str, part_bytes: usize, ll_max: usize) -> (&'static str, u32) {
+    if use_ll(part_bytes, ll_max) {
+        ("ll", 1)
+    } else if pipe_min_bytes(kernel).is_some_and(|min| part_bytes >= min) {
+        ("rw", st_rounds(part_bytes, PIPE_ROUND_BYTES))
+    } else {
+        ("st", 1)
+    }
+}
+
+/// Rounds of a pipelined staged call with parts of `part_bytes`: one per `round_bytes` (rounded
+/// up), at most `COLL_MAX_ROUNDS`. Every rank computes the same from the part size.
+pub fn st_rounds(part_bytes: usize, round_bytes: usize) -> u32 {
+    part_bytes
+        .div_ceil(round_bytes.max(1))
+        .clamp(1, COLL_MAX_ROUNDS) as u32
+}
+
+/// The all-reduce algorithm of the cuda backend: direct access (push, flat, tree) where
+/// it can take the call, else NCCL; an explicit request that cannot run is an error.
+pub fn cuda_all_reduce(
+    cuda: &CudaCaps<'_>,
+    cfg: &Config,
+    bytes: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    requested: Algo,
+) -> Result<Algo> {
+    let dda_ok = cuda.dda.is_some()
+        && cuda.kernels_take(dtype)
+        && !matches!(op, ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor);
+    if !dda_ok {
+        if matches!(requested, Algo::Push | Algo::Flat | Algo::Tree) {
+            return Err(Error::Unsupported {
+                collective: "all_reduce",
+                backend: "cuda",
+                what: format!(
+                    "{requested} for {dtype} {op}: {}",
+                    if cuda.dda.is_none() {
+                        cuda.no_dda.to_string()
+                    } else {
+                        "the direct-access kernels do not handle this dtype/op".into()
+                    }
+                ),
+            });
+        }
+        if !cuda.nccl {
+            return Err(Error::Unsupported {
+                collective: "all_reduce",
+                backend: "cuda",
+                what: format!("{dtype} {op} without NCCL ({})", cuda.no_nccl),
+            });
+        }
+        return Ok(Algo::Nccl);
+    }
+    // Flat streams any size through its chunk slots; only tree is bounded by the staging.
+    let staging = cuda.dda.as_ref().map_or(0, |d| d.staging_bytes);
+    let caps = Caps {
+        staging_bytes: None,
+        ..cuda.caps()
+    };
+    let mut a = select(
+        Collective::AllReduce,
+        bytes,
+        cuda.world,
+        dtype,
+        requested,
+        &caps,
+        cfg,
+    )?;
+    if a == Algo::Tree && bytes > staging {
+        if requested == Algo::Tree {
+            return Err(Error::InvalidArgument(format!(
+                "all_reduce: tree takes at most {staging} bytes per rank (the staging size), got {bytes}"
+            )));
+        }
+        a = if cuda.nccl { Algo::Nccl } else { Algo::Flat };
+    }
+    let push_cap = cuda.dda.as_ref().map_or(0, |d| d.push_cap);
+    if a == Algo::Push && bytes > push_cap {
+        if requested == Algo::Push {
+            return Err(Error::InvalidArgument(format!(
+                "all_reduce: push takes at most {push_cap} bytes per rank, got {bytes}"
+            )));
+        }
+        a = Algo::Flat;
+    }
+    if matches!(a, Algo::Direct | Algo::Auto) {
+        a = Algo::Flat;
+    }
+    Ok(a)
+}
+
+/// How one call of a collective other than all-reduce runs on the cuda backend.
+///
+/// `part_bytes` is what the staging must hold per sender (see [`staged_need`]); `op` is set for
+/// reductions. Auto falls back to NCCL where direct access cannot take the call; an explicit
+/// `direct` that cannot run is an error.
+#[allow(clippy::too_many_arguments)]
+pub fn cuda_collective(
+    cuda: &CudaCaps<'_>,
+    cfg: &Config,
+    coll: Collective,
+    bytes_per_rank: usize,
+    part_bytes: usize,
+    dtype: DataType,
+    op: Option<ReduceOp>,
+    requested: Algo,
+) -> Result<Algo> {
+    let (world, caps) = (cuda.world, &cuda.caps());
+    let why_not = match &cuda.dda {
+        None => Some("direct access is off on this communicator".to_string()),
+        Some(_) if op.is_some() && !cuda.kernels_take(dtype) => {
+            Some(format!("the reduction kernels do not handle {dtype}"))
+        }
+        Some(_)
+            if matches!(
+                op,
+                Some(ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor)
+            ) =>
+        {
+            Some("bitwise operators are NCCL's".into())
+        }
+        Some(d) => {
+            let staging = d.staging_bytes;
+            let fits = match staged_need(coll, part_bytes, world) {
+                Some(need) => need <= staging,
+                // All-to-all-v goes in pieces of a slot at every size: launches of pieces at
+                // two ranks (a2av_pieces), pair by pair in one kernel above (a2av_pc_piece).
+                None => true,
+            };
+            if fits {
+                None
+            } else {
+                Some(format!(
+                    "{part_bytes} bytes per part do not fit the staging ({staging} bytes)"
+                ))
+            }
+        }
+    };
+    if let Some(why) = why_not {
+        if requested == Algo::Direct {
+            return Err(Error::Unsupported {
+                collective: coll.name(),
+                backend: "cuda",
+                what: format!("direct access for this call: {why}"),
+            });
+        }
+        return if caps.nccl {
+            Ok(Algo::Nccl)
+        } else {
+            Err(Error::Unsupported {
+                collective: coll.name(),
+                backend: "cuda",
+                what: format!("this call without NCCL ({why})"),
+            })
+        };
+    }
+    // The staging was judged above, part by part (select's own check compares the bytes per
+    // rank with the staging, which refuses all-to-all-v calls that run in pieces).
+    let caps = Caps {
+        staging_bytes: None,
+        ..*caps
+    };
+    let a = select(coll, bytes_per_rank, world, dtype, requested, &caps, cfg)?;
+    Ok(match a {
+        Algo::Nccl => Algo::Nccl,
+        _ => Algo::Direct,
+    })
+}
+
+/// The all-reduce algorithm of a low-precision call, flat or tree: an explicit flat/tree request
+/// (per call or `FERROCOMM_ALGO`) is followed; otherwise one-shot up to 2 ranks (one
+/// quantization, the same NVLink traffic as two-shot there) and two-shot above (O(N) instead of
+/// O(N^2) traffic).
+pub fn lp_all_reduce(requested: Algo, cfg_algo: Algo, world: usize) -> Algo {
+    let r = if requested == Algo::Auto {
+        cfg_algo
+    } else {
+        requested
+    };
+    match r {
+        Algo::Flat | Algo::Push => Algo::Flat,
+        Algo::Tree => Algo::Tree,
+        _ if world <= 2 => Algo::Flat,
+        _ => Algo::Tree,
+    }
+}
+
+/// Whether a push (one-shot all-reduce, all-gather, all-to-all) leaves its odd groups in the
+/// sender's staging for the receivers to pull: half the records cross the link while the
+/// quantizer runs, the other half while the receivers decode the first (two ranks, groups).
+pub fn split_push(push: bool, codec: &Codec, world: usize) -> u32 {
+    u32::from(push && codec.block <= 128 && world == 2)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

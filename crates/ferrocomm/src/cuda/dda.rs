@@ -13,7 +13,7 @@ use crate::backend::CommContext;
 use crate::bootstrap::{agree, store_barrier};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::plan::Algo;
+use crate::plan::{flat_form, Algo, DdaCaps, FlatForm};
 use crate::types::{DataType, ReduceOp};
 
 /// Bytes of a rank's set-up message before its bus id: the 64-byte IPC handle of its
@@ -35,9 +35,7 @@ const BARRIER_WORD_OFF: usize = STATE_OFF + 2048;
 pub(super) const COLL_HELLO_OFF: usize = STATE_OFF + 4096;
 pub(super) const COLL_BAR_OFF: usize = STATE_OFF + 8192;
 const STATE_BYTES: usize = 8192 + 2 * COLL_MAX_ROUNDS * MAX_BLOCKS * MAX_RANKS * 8;
-/// Rounds of a staged collective's pipeline (`FC_MAX_ROUNDS`): barrier words per block, sender
-/// and parity.
-pub(super) const COLL_MAX_ROUNDS: usize = 8;
+pub(super) use crate::plan::COLL_MAX_ROUNDS;
 /// Warps per block of the flat kernel (`FC_FLAT_WARPS`): each warp is one pipeline.
 const FLAT_WARPS: usize = 16;
 /// Chunk flags of the push-write stream kernel (flat beyond the staging): u64 [data, ack][2 parities][blocks x warps][ranks].
@@ -270,27 +268,6 @@ pub struct Dda {
     ll128_on: bool,
 }
 
-/// How a flat all-reduce moves its data ([`Dda::flat_form`]); `kernel` names its entry points
-/// (`fc_<kernel>_<op>`) and the bench's path detail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FlatForm {
-    Pull,
-    Stream,
-    CopyEngine,
-    Ll128,
-}
-
-impl FlatForm {
-    pub fn kernel(self) -> &'static str {
-        match self {
-            FlatForm::Pull => "flat",
-            FlatForm::Stream => "stream",
-            FlatForm::CopyEngine => "ce",
-            FlatForm::Ll128 => "ll128",
-        }
-    }
-}
-
 /// What the copy-engine all-reduce needs besides the region: the smallest message it takes, and
 /// a stream of its own for the copies (forked from and joined back to the caller's by events,
 /// so graph capture follows it).
@@ -383,19 +360,6 @@ impl Drop for CopyEngine {
             }
         }
     }
-}
-
-/// Whether the copy engines carry a flat all-reduce of `bytes` per rank under `layout` (its
-/// region, 0 when off) and `FERROCOMM_ALLREDUCE_CE_MIN_BYTES` = `min_bytes`: from that size up
-/// to the region's, never an empty one.
-pub fn ce_takes(layout: &StagingLayout, min_bytes: usize, bytes: usize) -> bool {
-    bytes > 0 && bytes >= min_bytes && bytes <= layout.ce_bytes
-}
-
-/// Whether a flat all-reduce of `bytes` per rank moves in LL128 lines: on (`ll128_cap` > 0)
-/// and at most the cap, which is at most the staging (a streamed message never does).
-pub fn ll128_takes(layout: &StagingLayout, bytes: usize) -> bool {
-    bytes > 0 && bytes <= layout.ll128_cap
 }
 
 /// Chunk size of a copy-engine all-reduce of `bytes` per rank: about eight chunks of at least
@@ -806,25 +770,16 @@ impl Dda {
         })
     }
 
-    /// How a flat all-reduce of `bytes` per rank moves its data (the one place that decides):
-    /// by the copy engines from `FERROCOMM_ALLREDUCE_CE_MIN_BYTES` up to their region, else in
-    /// LL128 lines up to `FERROCOMM_ALLREDUCE_LL128_MAX_BYTES` where every link is NVLink, else
-    /// pulled from the staging when it fits (faster at every size measured there), else
-    /// streamed through chunk slots by push-write. (Neither region is larger than the staging:
-    /// a streamed message is never theirs.)
-    pub fn flat_form(&self, bytes: usize) -> FlatForm {
-        if self
-            .ce
-            .as_ref()
-            .is_some_and(|ce| ce_takes(&self.layout, ce.min_bytes, bytes))
-        {
-            FlatForm::CopyEngine
-        } else if self.ll128_on && ll128_takes(&self.layout, bytes) {
-            FlatForm::Ll128
-        } else if bytes > self.layout.staging_bytes {
-            FlatForm::Stream
-        } else {
-            FlatForm::Pull
+    /// What direct access has on this communicator, for the planner.
+    pub fn caps(&self) -> DdaCaps {
+        DdaCaps {
+            staging_bytes: self.layout.staging_bytes,
+            push_cap: self.layout.push_cap,
+            ce_bytes: self.layout.ce_bytes,
+            ce_min: self.ce.as_ref().map(|ce| ce.min_bytes),
+            ll128_cap: self.layout.ll128_cap,
+            ll128_links: self.ll128_on,
+            ll_max: self.layout.ll_max,
         }
     }
 
@@ -863,7 +818,7 @@ impl Dda {
             }
         };
         let bytes = count * dtype.size();
-        let form = (algo == Algo::Flat).then(|| self.flat_form(bytes));
+        let form = (algo == Algo::Flat).then(|| flat_form(&self.caps(), bytes));
         let aname = form.map_or(aname, FlatForm::kernel);
         // What every rank must agree on (the kernels compare it through their hello words):
         // count, dtype, the operator with its Avg divisor, the algorithm.

@@ -21,8 +21,8 @@ use crate::config::Config;
 use crate::error::Result;
 
 pub use dda::{
-    ce_chunk, ce_takes, flat_grid, ll128_line_bytes, ll128_takes, push_capacity, staging_layout,
-    StagingLayout, CE_MAX_CHUNKS, LL128_PAYLOAD,
+    ce_chunk, flat_grid, ll128_line_bytes, push_capacity, staging_layout, StagingLayout,
+    CE_MAX_CHUNKS, LL128_PAYLOAD,
 };
 pub use lowp::quantize_on_device;
 
