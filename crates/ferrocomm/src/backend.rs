@@ -11,7 +11,8 @@ use std::time::Duration;
 use crate::bootstrap::Store;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::plan::{Algo, Collective, LowPrecisionChoice};
+use crate::plan::{Algo, Collective, Engine, FlatForm, LowPrecisionChoice, Plan};
+use crate::quant::Codec;
 use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
@@ -84,7 +85,7 @@ impl Splits {
     }
 }
 
-/// The device-side counts of [`Communicator::all_to_all_v_dynamic`].
+/// The device-side counts of [`crate::comm::Communicator::all_to_all_v_dynamic`].
 #[derive(Debug)]
 pub struct DeviceCounts<'a> {
     /// `size` integers (i32, u32, i64 or u64): units this rank sends to each rank, its input
@@ -112,7 +113,7 @@ impl<'a> DeviceCounts<'a> {
     }
 }
 
-/// One operation of [`Communicator::batch_send_recv`].
+/// One operation of [`crate::comm::Communicator::batch_send_recv`].
 #[derive(Debug)]
 pub enum P2pOp<'a> {
     /// `data` to rank `peer`, which receives it with a receive of the same size and dtype.
@@ -130,7 +131,7 @@ impl P2pOp<'_> {
     }
 }
 
-/// The counts of [`Communicator::all_to_all_v_dynamic_packed`], in units of `unit` elements.
+/// The counts of [`crate::comm::Communicator::all_to_all_v_dynamic_packed`], in units of `unit` elements.
 #[derive(Debug)]
 pub struct PackedCounts<'a> {
     /// `size` integers (i32, u32, i64 or u64): units this rank sends to each rank, its input
@@ -168,7 +169,7 @@ impl CommContext {
     }
 }
 
-/// What every backend implements. Arguments have been validated by [`Communicator`].
+/// What every backend implements. Arguments have been validated by [`crate::comm::Communicator`].
 pub trait Backend: Send + Sync {
     /// The backend's name (`host`, `cuda`, `nccl`).
     fn name(&self) -> &'static str;
@@ -211,7 +212,7 @@ pub trait Backend: Send + Sync {
         opts: &CallOpts,
     ) -> Result<()>;
     /// All-to-all-v whose counts live in device memory (see
-    /// [`Communicator::all_to_all_v_dynamic`]). Backends without it refuse.
+    /// [`crate::comm::Communicator::all_to_all_v_dynamic`]). Backends without it refuse.
     fn all_to_all_v_dynamic(
         &self,
         input: View<'_>,
@@ -223,7 +224,7 @@ pub trait Backend: Send + Sync {
         Err(no_device_counts("all_to_all_v_dynamic", self.name()))
     }
     /// All-to-all-v with both sides' counts in device memory, the output packed (see
-    /// [`Communicator::all_to_all_v_dynamic_packed`]; counts in host memory never reach the
+    /// [`crate::comm::Communicator::all_to_all_v_dynamic_packed`]; counts in host memory never reach the
     /// backend). Backends without it refuse.
     fn all_to_all_v_dynamic_packed(
         &self,
@@ -236,7 +237,7 @@ pub trait Backend: Send + Sync {
         Err(no_device_counts("all_to_all_v_dynamic_packed", self.name()))
     }
     fn barrier(&self, opts: &CallOpts) -> Result<()>;
-    /// Sends and receives issued together (see [`Communicator::batch_send_recv`]).
+    /// Sends and receives issued together (see [`crate::comm::Communicator::batch_send_recv`]).
     fn batch_send_recv(&self, ops: Vec<P2pOp<'_>>, opts: &CallOpts) -> Result<()>;
     fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
     fn recv(&self, out: ViewMut<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
@@ -250,26 +251,60 @@ pub trait Backend: Send + Sync {
         opts: &CallOpts,
     ) -> Result<Algo>;
     /// When this call goes low precision, the path it takes (flat or tree all-reduce, direct
-    /// for the others); `None` for full precision, where [`Backend::algo_for`] says the path.
-    fn low_precision_path(
+    /// for the others) and its codec; `None` for full precision, where [`Backend::algo_for`]
+    /// says the path.
+    fn low_precision_plan(
         &self,
         _coll: Collective,
         _bytes_per_rank: usize,
         _dtype: DataType,
         _opts: &CallOpts,
-    ) -> Result<Option<Algo>> {
+    ) -> Result<Option<(Algo, Codec)>> {
         Ok(None)
     }
-    /// How a full-precision call that runs `algo` moves its data, when the algorithm's name
-    /// alone does not say it (the cuda flat all-reduce's copy engines, `ce`, or LL128 lines,
-    /// `ll128`).
-    fn path_detail(
+    /// How a full-precision call that runs `algo` moves its data, where the backend has forms
+    /// (the cuda flat all-reduce: pulled, streamed, by the copy engines or in LL128 lines).
+    fn flat_form(
         &self,
         _coll: Collective,
         _bytes_per_rank: usize,
         _algo: Algo,
-    ) -> Option<&'static str> {
+    ) -> Option<FlatForm> {
         None
+    }
+    /// The plan of this call: its low-precision path when it goes low precision, else its
+    /// algorithm and form.
+    fn plan_for(
+        &self,
+        coll: Collective,
+        bytes_per_rank: usize,
+        dtype: DataType,
+        opts: &CallOpts,
+    ) -> Result<Plan> {
+        let on_host = self.name() == "host";
+        if let Some((algo, codec)) = self.low_precision_plan(coll, bytes_per_rank, dtype, opts)? {
+            return Ok(Plan {
+                engine: if on_host {
+                    Engine::Host
+                } else {
+                    Engine::Direct
+                },
+                algo,
+                form: None,
+                low_precision: Some(codec),
+            });
+        }
+        let algo = self.algo_for(coll, bytes_per_rank, dtype, opts)?;
+        Ok(Plan {
+            engine: match algo {
+                Algo::Nccl => Engine::Nccl,
+                _ if on_host => Engine::Host,
+                _ => Engine::Direct,
+            },
+            algo,
+            form: self.flat_form(coll, bytes_per_rank, algo),
+            low_precision: None,
+        })
     }
 }
 

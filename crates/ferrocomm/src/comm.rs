@@ -15,7 +15,7 @@ use crate::bootstrap::{self, PrefixStore, Store};
 use crate::config::{BackendChoice, Config};
 use crate::error::{Error, Result};
 pub use crate::plan::LowPrecisionChoice;
-use crate::plan::{Algo, Collective};
+use crate::plan::{Algo, Collective, Plan};
 use crate::types::{read_count, DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
@@ -281,9 +281,20 @@ impl Communicator {
         self.backend.algo_for(coll, bytes_per_rank, dtype, opts)
     }
 
-    /// The path this call takes, as the bench shows it: the algorithm's name (`flat-ce` when the
-    /// copy engines carry a flat all-reduce, `flat-ll128` when LL128 lines do), or `lp-` and the
-    /// low-precision path's name (`lp-flat`, `lp-tree`, `lp-direct`) when it goes low precision.
+    /// How a call with these parameters would run ([`Plan`]).
+    pub fn plan_for(
+        &self,
+        coll: Collective,
+        bytes_per_rank: usize,
+        dtype: DataType,
+        opts: &CallOpts,
+    ) -> Result<Plan> {
+        self.backend.plan_for(coll, bytes_per_rank, dtype, opts)
+    }
+
+    /// The path this call takes, as the bench shows it: its [`Plan`] printed (the algorithm's
+    /// name, `flat-ce` when the copy engines carry a flat all-reduce, `flat-ll128` when LL128
+    /// lines do, or `lp-` and the low-precision path's name when it goes low precision).
     pub fn path_for(
         &self,
         coll: Collective,
@@ -291,19 +302,9 @@ impl Communicator {
         dtype: DataType,
         opts: &CallOpts,
     ) -> Result<String> {
-        match self
-            .backend
-            .low_precision_path(coll, bytes_per_rank, dtype, opts)?
-        {
-            Some(a) => Ok(format!("lp-{a}")),
-            None => {
-                let algo = self.algo_for(coll, bytes_per_rank, dtype, opts)?;
-                Ok(match self.backend.path_detail(coll, bytes_per_rank, algo) {
-                    Some(d) => format!("{algo}-{d}"),
-                    None => algo.to_string(),
-                })
-            }
-        }
+        Ok(self
+            .plan_for(coll, bytes_per_rank, dtype, opts)?
+            .to_string())
     }
 
     fn live(&self) -> Result<&dyn Backend> {

@@ -33,7 +33,7 @@ pub use error::{Error, Result};
 /// The planner's former name.
 #[doc(hidden)]
 pub use plan as select;
-pub use plan::LowPrecisionChoice;
+pub use plan::{LowPrecisionChoice, Plan};
 pub use quant::Format;
 pub use types::{Algo, Collective, DataType, Device, Element, ReduceOp, F8E4M3, F8E5M2};
 pub use view::{Input, View, ViewMut};

@@ -2,6 +2,8 @@
 //! codec), decided from plain values (the call's shape, what the backend has, the
 //! configuration). Every backend consults it; it imports no backend.
 
+use std::fmt;
+
 use crate::config::{Config, Thresholds};
 use crate::error::{Error, Result};
 use crate::quant::{Codec, Format};
@@ -19,6 +21,48 @@ pub enum LowPrecisionChoice {
     /// Low precision in this format, whatever the environment says (still only for
     /// Sum/Avg on f32/f16/bf16).
     On(Format),
+}
+
+/// Which engine carries a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// The host backend (shared memory between processes).
+    Host,
+    /// The cuda backend's direct access (kernels on IPC-mapped staging).
+    Direct,
+    /// NCCL.
+    Nccl,
+}
+
+/// How one call runs, as the planner decided it: the bench's path column, `algo_for`'s callers
+/// and `ferrocomm info` print it through its one [`fmt::Display`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    pub engine: Engine,
+    /// The algorithm; for a low-precision call, the low-precision path's (flat or tree
+    /// all-reduce, direct for the others).
+    pub algo: Algo,
+    /// How a flat all-reduce moves its data, where the backend has forms.
+    pub form: Option<FlatForm>,
+    /// The codec of a low-precision call; `None` for full precision.
+    pub low_precision: Option<Codec>,
+}
+
+impl fmt::Display for Plan {
+    /// `lp-` and the path for a low-precision call (`lp-flat`, `lp-tree`, `lp-direct`); else
+    /// the algorithm, with the form where the name alone does not say it (`flat-ce`,
+    /// `flat-ll128`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.low_precision.is_some() {
+            return write!(f, "lp-{}", self.algo);
+        }
+        match self.form {
+            Some(form @ (FlatForm::CopyEngine | FlatForm::Ll128)) => {
+                write!(f, "{}-{}", self.algo, form.kernel())
+            }
+            _ => write!(f, "{}", self.algo),
+        }
+    }
 }
 
 /// What a backend can do, so that selection never picks an algorithm it lacks.
@@ -625,6 +669,32 @@ pub fn split_push(push: bool, codec: &Codec, world: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plan_prints_as_the_path_it_takes() {
+        let full = |algo, form| Plan {
+            engine: Engine::Direct,
+            algo,
+            form,
+            low_precision: None,
+        };
+        assert_eq!(full(Algo::Flat, Some(FlatForm::Pull)).to_string(), "flat");
+        assert_eq!(full(Algo::Flat, Some(FlatForm::Stream)).to_string(), "flat");
+        assert_eq!(
+            full(Algo::Flat, Some(FlatForm::CopyEngine)).to_string(),
+            "flat-ce"
+        );
+        assert_eq!(
+            full(Algo::Flat, Some(FlatForm::Ll128)).to_string(),
+            "flat-ll128"
+        );
+        assert_eq!(full(Algo::Nccl, None).to_string(), "nccl");
+        let lp = Plan {
+            low_precision: Some(Codec::new(Format::E4M3, 128).unwrap()),
+            ..full(Algo::Tree, None)
+        };
+        assert_eq!(lp.to_string(), "lp-tree");
+    }
 
     fn gpu(staging: usize) -> Caps {
         Caps {

@@ -16,6 +16,7 @@ use crate::driver::capturing;
 use crate::error::{Error, Result};
 use crate::nccl::{check_views, in_part_ptr, in_ptr, p2p_views, views_of, NcclOps};
 use crate::plan::{self, Algo, Collective, CudaCaps, FlatForm};
+use crate::quant::Codec;
 use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
@@ -221,7 +222,7 @@ impl CudaBackend {
         bytes: usize,
         ptrs: [u64; 2],
         opts: &CallOpts,
-    ) -> Result<Option<(&Dda, crate::quant::Codec)>> {
+    ) -> Result<Option<(&Dda, Codec)>> {
         let Some(d) = &self.dda else { return Ok(None) };
         if ptrs.iter().any(|p| p % dtype.size() as u64 != 0) {
             return Ok(None);
@@ -783,29 +784,21 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn path_detail(
-        &self,
-        coll: Collective,
-        bytes_per_rank: usize,
-        algo: Algo,
-    ) -> Option<&'static str> {
+    fn flat_form(&self, coll: Collective, bytes_per_rank: usize, algo: Algo) -> Option<FlatForm> {
         let dda = self.dda.as_ref()?;
         if coll != AR || algo != Algo::Flat {
             return None;
         }
-        match plan::flat_form(&dda.caps(), bytes_per_rank) {
-            f @ (FlatForm::CopyEngine | FlatForm::Ll128) => Some(f.kernel()),
-            FlatForm::Pull | FlatForm::Stream => None,
-        }
+        Some(plan::flat_form(&dda.caps(), bytes_per_rank))
     }
 
-    fn low_precision_path(
+    fn low_precision_plan(
         &self,
         coll: Collective,
         bytes_per_rank: usize,
         dtype: DataType,
         opts: &CallOpts,
-    ) -> Result<Option<Algo>> {
+    ) -> Result<Option<(Algo, Codec)>> {
         // The same rule as the calls (aligned pointers assumed), on the part sizes algo_for uses.
         let (op, bytes) = match coll {
             AR | RS => (Some(ReduceOp::Sum), bytes_per_rank),
@@ -821,9 +814,10 @@ impl Backend for CudaBackend {
         if coll == A2AV && !a2av_codec_fits(&c, d.layout().staging_bytes) {
             return Ok(None);
         }
-        Ok(Some(match coll {
+        let algo = match coll {
             AR => plan::lp_all_reduce(opts.algo.0, self.config.algo, self.size),
             _ => Algo::Direct,
-        }))
+        };
+        Ok(Some((algo, c)))
     }
 }

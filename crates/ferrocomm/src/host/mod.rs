@@ -25,6 +25,7 @@ use crate::backend::{Backend, CallOpts, CommContext, DeviceCounts, P2pOp, Splits
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::plan::{self, Algo, Caps, Collective};
+use crate::quant::Codec;
 use crate::types::{DataType, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
@@ -558,20 +559,19 @@ impl Backend for HostBackend {
         self.algo(coll, bytes_per_rank, dtype, opts)
     }
 
-    fn low_precision_path(
+    fn low_precision_plan(
         &self,
         coll: Collective,
         bytes_per_rank: usize,
         dtype: DataType,
         opts: &CallOpts,
-    ) -> Result<Option<Algo>> {
+    ) -> Result<Option<(Algo, Codec)>> {
         // plan::low_precision turns down the collectives that have no low-precision form.
-        if self
-            .low_precision(coll, dtype, ReduceOp::Sum, bytes_per_rank, opts)?
-            .is_none()
-        {
+        let Some(codec) = self.low_precision(coll, dtype, ReduceOp::Sum, bytes_per_rank, opts)?
+        else {
             return Ok(None);
-        }
-        self.algo(coll, bytes_per_rank, dtype, opts).map(Some)
+        };
+        self.algo(coll, bytes_per_rank, dtype, opts)
+            .map(|a| Some((a, codec)))
     }
 }
