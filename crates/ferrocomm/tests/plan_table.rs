@@ -8,7 +8,10 @@
 use std::fmt::Write;
 
 use ferrocomm::config::Config;
-use ferrocomm::plan::{low_precision, select, Caps, LowPrecisionChoice};
+use ferrocomm::plan::{
+    cuda_all_reduce, cuda_collective, flat_form, low_precision, lp_all_reduce, part_form, select,
+    Caps, CudaCaps, DdaCaps, LowPrecisionChoice,
+};
 use ferrocomm::{Algo, Collective, DataType, Format, ReduceOp};
 
 const COLLECTIVES: [Collective; 10] = [
@@ -222,6 +225,152 @@ fn algorithm_table() -> String {
     t
 }
 
+/// The cuda backend's direct access as a two-rank communicator has it by default, and with the
+/// copy engines and LL128 lines on.
+fn dda_caps() -> Vec<(&'static str, DdaCaps)> {
+    let base = DdaCaps {
+        staging_bytes: 64 << 20,
+        push_cap: 64 << 10,
+        ce_bytes: 0,
+        ce_min: None,
+        ll128_cap: 0,
+        ll128_links: false,
+        ll_max: 256 << 10,
+    };
+    vec![
+        ("dda", base),
+        (
+            "dda-staging-8m",
+            DdaCaps {
+                staging_bytes: 8 << 20,
+                ..base
+            },
+        ),
+        (
+            "dda-ce",
+            DdaCaps {
+                ce_bytes: 64 << 20,
+                ce_min: Some(4 << 20),
+                ..base
+            },
+        ),
+        (
+            "dda-ll128",
+            DdaCaps {
+                ll128_cap: 16 << 20,
+                ll128_links: true,
+                ..base
+            },
+        ),
+        (
+            "dda-ll128-pcie",
+            DdaCaps {
+                ll128_cap: 16 << 20,
+                ..base
+            },
+        ),
+    ]
+}
+
+fn cuda_table() -> String {
+    let sizes = sizes();
+    let mut t = String::new();
+    let cfg = Config::default();
+    let kernels = [DataType::F32, DataType::F16, DataType::BF16, DataType::I32];
+    let mut variants: Vec<(String, Option<DdaCaps>, bool)> = Vec::new();
+    for (name, d) in dda_caps() {
+        variants.push((name.to_string(), Some(d), true));
+    }
+    variants.push(("dda-no-nccl".into(), Some(dda_caps()[0].1), false));
+    variants.push(("no-dda".into(), None, true));
+    variants.push(("no-dda-no-nccl".into(), None, false));
+    for (name, dda, nccl) in &variants {
+        let cuda = |world| CudaCaps {
+            world,
+            dda: *dda,
+            no_dda: "off",
+            nccl: *nccl,
+            no_nccl: "absent",
+            multi_host: false,
+            kernel_dtypes: &kernels,
+        };
+        for req in ALGOS {
+            for (dtype, op) in [
+                (DataType::BF16, ReduceOp::Sum),
+                (DataType::F8E4M3, ReduceOp::Sum),
+                (DataType::I32, ReduceOp::BitAnd),
+            ] {
+                let head = format!("{name} {req} all_reduce {dtype} {op}");
+                by_world(&mut t, &head, |world| {
+                    runs(&sizes, |bytes| {
+                        algo_text(cuda_all_reduce(&cuda(world), &cfg, bytes, dtype, op, req))
+                    })
+                });
+            }
+            if !matches!(req, Algo::Auto | Algo::Direct | Algo::Nccl) {
+                continue;
+            }
+            for coll in COLLECTIVES {
+                if matches!(coll, Collective::AllReduce | Collective::Barrier) {
+                    continue;
+                }
+                let op = matches!(coll, Collective::Reduce | Collective::ReduceScatter)
+                    .then_some(ReduceOp::Sum);
+                let head = format!("{name} {req} {}", coll.name());
+                by_world(&mut t, &head, |world| {
+                    runs(&sizes, |bytes| {
+                        let part = match coll {
+                            Collective::AllToAll | Collective::AllToAllV => bytes / world,
+                            _ => bytes,
+                        };
+                        algo_text(cuda_collective(
+                            &cuda(world),
+                            &cfg,
+                            coll,
+                            bytes,
+                            part,
+                            DataType::BF16,
+                            op,
+                            req,
+                        ))
+                    })
+                });
+            }
+        }
+        if let Some(d) = dda {
+            let r = runs(&sizes, |bytes| flat_form(d, bytes).kernel().to_string());
+            writeln!(t, "{name} flat form: {r}").expect("writing to a string");
+            for kernel in [
+                "all_gather",
+                "reduce_scatter",
+                "all_to_all",
+                "broadcast",
+                "reduce",
+            ] {
+                let r = runs(&sizes, |bytes| {
+                    let (form, rounds) = part_form(kernel, bytes, d.ll_max);
+                    format!("{form}x{rounds}")
+                });
+                writeln!(t, "{name} {kernel} part form: {r}").expect("writing to a string");
+            }
+        }
+    }
+    for req in ALGOS {
+        for cfg_algo in ALGOS {
+            let r: Vec<String> = (1..=16)
+                .map(|w| lp_all_reduce(req, cfg_algo, w).name().to_string())
+                .collect();
+            writeln!(
+                t,
+                "low-precision all_reduce {req} (configured {cfg_algo}): {}",
+                r.join(" ")
+            )
+            .expect("writing to a string");
+        }
+    }
+    t
+}
+
 fn low_precision_table() -> String {
     let sizes = sizes();
     let mut t = String::new();
@@ -315,9 +464,11 @@ fn low_precision_table() -> String {
 fn the_planner_decides_as_recorded() {
     let table = format!(
         "# algorithm: capabilities configuration request collective worlds: sizes answer\n{}\
-         # low precision: settings choice collective floor dtype/op pairs: sizes answer\n{}",
+         # low precision: settings choice collective floor dtype/op pairs: sizes answer\n{}\
+         # cuda: direct access request collective worlds: sizes answer\n{}",
         algorithm_table(),
-        low_precision_table()
+        low_precision_table(),
+        cuda_table()
     );
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/plan_table.golden");
     if std::env::var_os("FERROCOMM_BLESS").is_some() {
