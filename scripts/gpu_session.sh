@@ -10,7 +10,8 @@
 # verdict. PARTS (a quoted list) defaults to "checks sanitize python bench":
 #   checks    the Rust correctness checks: gpu_check (10,000 race calls, 1,000 graph replays),
 #             gpu_check_coll (the direct-access collectives), gpu_check_lowp (low precision);
-#             CHECKS picks some of them, CHECK_FLAGS adds flags (gpu_check alone takes ~125 s)
+#             CHECKS picks some of them, CHECK_FLAGS adds flags (default --quick on one GPU;
+#             gpu_check alone takes ~125 s on two)
 #   shared    the check programs at more ranks than GPUs (`--share-gpus`: correctness of the
 #             n-rank kernels only); SHARED_WORLDS, SHARED_CHECKS, SHARED_FLAGS (--quick)
 #   sanitize  compute-sanitizer memcheck and racecheck over the three programs (scripts/gpu_sanitize.sh)
@@ -73,7 +74,7 @@ ab() { # step name, step limit, seconds per bench, bench flags, "COLL DTYPE;..."
 "$fc" info > "$res/info.txt" 2>&1
 checks=" ${CHECKS:-gpu_check gpu_check_coll gpu_check_lowp} "
 # shellcheck disable=SC2206  # flags, split on spaces
-cflags=(${CHECK_FLAGS:-} $share)
+cflags=(${CHECK_FLAGS-${share:+--quick}} $share)  # ranks sharing a GPU: the quick matrix
 if want checks; then
   listed "$checks" gpu_check &&
     step gpu_check 240 "$fc" launch -n 2 --timeout 238 -- "$bin/gpu_check" --no-timing "${cflags[@]}"
@@ -101,6 +102,7 @@ if want sanitize; then
 fi
 if want python; then
   site="$(mktemp -d /tmp/ferrocomm-site-XXXXXX)"
+  trap 'rm -rf "$site"' EXIT
   python3 -m pip install -q --no-deps --no-index --target "$site" "$build"/dist/ferrocomm-*.whl \
     > "$res/pip.txt" 2>&1
   if [ -z "$share" ]; then
