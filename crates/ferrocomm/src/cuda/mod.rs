@@ -3,7 +3,8 @@
 //!
 //! - [`kernels`]: the NVRTC kernel registry and its disk cache;
 //! - `launch`: the one kernel launch (programmatic dependent launch on sm_90 when enabled);
-//! - `dda`: IPC staging, peer checks and kernel launches for push / flat / tree all-reduce;
+//! - `dda`: IPC staging, peer mapping and checks; `dda::all_reduce`: the push / flat / tree
+//!   all-reduce launches;
 //! - [`collectives`]: direct-access all-gather, reduce-scatter, all-to-all(v), broadcast, reduce;
 //! - `backend`: the [`Backend`] that chooses between DDA and NCCL per call;
 //! - [`nvml`]: whether two GPUs are joined by NVLink (the LL128 all-reduce needs it).
