@@ -21,6 +21,7 @@ pub mod nccl;
 pub mod plan;
 pub mod quant;
 pub mod reduce;
+pub mod reference;
 pub mod types;
 pub mod view;
 
