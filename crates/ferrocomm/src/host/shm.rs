@@ -18,6 +18,7 @@
 //! ```
 
 use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -31,10 +32,6 @@ const MAGIC: u64 = 0x6665_7272_6f73_686d; // "ferroshm"
 
 /// Words of a signature record.
 pub(crate) const SIG_WORDS: usize = 8;
-
-fn round_up(x: usize, to: usize) -> usize {
-    x.div_ceil(to) * to
-}
 
 /// Offsets of every part of the segment, the same on every rank (all derive it from the same
 /// world size and configuration, which rank 0 records in the header and the others check).
@@ -55,21 +52,37 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    pub fn new(world: usize, slot_bytes: usize) -> Layout {
+    /// The layout for `world` ranks with `slot_bytes` of staging each; an error naming
+    /// `FERROCOMM_HOST_SLOT_BYTES` when the segment's size would not fit in a `usize` (every
+    /// offset below is then in range too: each is at most the total).
+    pub fn new(world: usize, slot_bytes: usize) -> Result<Layout> {
+        let too_big = || {
+            Error::InvalidArgument(format!(
+                "host backend: a shared segment for {world} ranks with \
+                 FERROCOMM_HOST_SLOT_BYTES={slot_bytes} does not fit in memory's address range"
+            ))
+        };
+        let add = |a: usize, b: usize| a.checked_add(b).ok_or_else(too_big);
+        let mul = |a: usize, b: usize| a.checked_mul(b).ok_or_else(too_big);
+        let up = |x: usize, to: usize| mul(x.div_ceil(to), to);
         // Staging is cut at cache-line multiples so that every chunk, stripe and part starts
         // aligned for any element type.
         let slot_bytes = slot_bytes / LINE * LINE;
         let p2p_bytes = (slot_bytes / 4).clamp(4096, 256 << 10) / LINE * LINE;
         let ctl = LINE;
-        let sig = ctl + world * LINE;
-        let counts = sig + world * LINE;
-        let counts_stride = round_up(2 * world * 8, LINE);
-        let pairs = counts + world * counts_stride;
+        let sig = add(ctl, mul(world, LINE)?)?;
+        let counts = add(sig, mul(world, LINE)?)?;
+        let counts_stride = up(mul(mul(2, world)?, 8)?, LINE)?;
+        let pairs = add(counts, mul(world, counts_stride)?)?;
         let pair_stride = LINE + p2p_bytes;
-        let slots = round_up(pairs + world * world * pair_stride, 4096);
-        let reduced = slots + world * slot_bytes;
-        let total = reduced + slot_bytes;
-        Layout {
+        let slots = up(add(pairs, mul(mul(world, world)?, pair_stride)?)?, 4096)?;
+        let reduced = add(slots, mul(world, slot_bytes)?)?;
+        let total = add(reduced, slot_bytes)?;
+        // mmap and ftruncate take signed sizes.
+        if i64::try_from(total).is_err() || isize::try_from(total).is_err() {
+            return Err(too_big());
+        }
+        Ok(Layout {
             world,
             slot_bytes,
             p2p_bytes,
@@ -82,7 +95,7 @@ impl Layout {
             slots,
             reduced,
             total,
-        }
+        })
     }
 }
 
@@ -120,7 +133,7 @@ impl Segment {
         slot_bytes: usize,
         timeout: Duration,
     ) -> Result<Segment> {
-        let layout = Layout::new(world, slot_bytes);
+        let layout = Layout::new(world, slot_bytes)?;
         let ctx = |what: &str| format!("host backend rank {rank}: {what}");
         let seg = if rank == 0 {
             let name = format!(
@@ -142,7 +155,7 @@ impl Segment {
                     e.into(),
                 )
             })?;
-            let seg = Segment::map(File::from(fd), layout, &ctx)?;
+            let seg = Segment::map(File::from(fd), layout, &|w| ctx(&format!("{name}: {w}")))?;
             seg.write_header();
             store.set("host/shm_name", name.as_bytes())?;
             seg.claim(rank);
@@ -152,6 +165,12 @@ impl Segment {
         } else {
             let name = store.get("host/shm_name", timeout)?;
             let name = String::from_utf8_lossy(&name).into_owned();
+            if !is_segment_name(&name) {
+                return Err(Error::InvalidArgument(ctx(&format!(
+                    "the store names the shared segment {name:?}, which is not a name rank 0 \
+                     makes (/ferrocomm-<pid>-<16 hex digits>)"
+                ))));
+            }
             let fd = rustix::shm::open(
                 name.as_str(),
                 rustix::shm::OFlags::RDWR,
@@ -166,7 +185,7 @@ impl Segment {
                     e.into(),
                 )
             })?;
-            let seg = Segment::map(File::from(fd), layout, &ctx)?;
+            let seg = Segment::map(File::from(fd), layout, &|w| ctx(&format!("{name}: {w}")))?;
             seg.check_header(rank)?;
             seg.claim(rank);
             store_barrier(store, "host/mapped", world, timeout)?;
@@ -176,11 +195,12 @@ impl Segment {
     }
 
     fn map(file: File, layout: Layout, ctx: &dyn Fn(&str) -> String) -> Result<Segment> {
-        let len = file
+        let meta = file
             .metadata()
-            .map_err(|e| Error::io(ctx("fstat of the segment"), e))?
-            .len() as usize;
-        if len != layout.total {
+            .map_err(|e| Error::io(ctx("fstat of the segment"), e))?;
+        check_owner(meta.uid(), meta.mode(), &ctx)?;
+        let len = meta.len();
+        if len != layout.total as u64 {
             return Err(Error::InvalidArgument(ctx(&format!(
                 "the shared segment has {len} bytes but this rank expects {} (ranks disagree on \
                  the world size or FERROCOMM_HOST_SLOT_BYTES)",
@@ -286,6 +306,66 @@ impl Segment {
         // SAFETY: in bounds of the mapping by construction of the layout.
         unsafe { self.map.as_mut_ptr().add(self.layout.reduced) }
     }
+}
+
+/// Whether `name` is one [`Segment::establish`] makes: `/ferrocomm-<pid>-<16 hex digits>`.
+fn is_segment_name(name: &str) -> bool {
+    segment_creator(name.strip_prefix('/').unwrap_or("")).is_some() && name.starts_with('/')
+}
+
+/// The creator's pid of a segment's file name (`ferrocomm-<pid>-<16 hex digits>`).
+fn segment_creator(file: &str) -> Option<u32> {
+    let (pid, hex) = file.strip_prefix("ferrocomm-")?.split_once('-')?;
+    let hex_ok = hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit());
+    let pid_ok = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
+    if hex_ok && pid_ok {
+        pid.parse().ok()
+    } else {
+        None
+    }
+}
+
+/// A segment must belong to this user and be open to no one else (rank 0 creates it 0600):
+/// one made by anyone else could be read or written behind the job's back.
+fn check_owner(uid: u32, mode: u32, ctx: &dyn Fn(&str) -> String) -> Result<()> {
+    let me = rustix::process::getuid().as_raw();
+    if uid != me || mode & 0o777 != 0o600 {
+        return Err(Error::InvalidArgument(ctx(&format!(
+            "the shared segment belongs to uid {uid} with mode {:o}, but must belong to this \
+             user (uid {me}) with mode 600; refusing to map it",
+            mode & 0o7777
+        ))));
+    }
+    Ok(())
+}
+
+/// Removes this user's segments in `dir` (`/dev/shm`) whose creator process is gone: left by
+/// a rank 0 killed during set-up, before every rank had mapped the segment. Returns the names
+/// removed.
+pub fn remove_stale_segments(dir: &std::path::Path) -> Vec<String> {
+    let me = rustix::process::getuid().as_raw();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = segment_creator(&name) else {
+            continue;
+        };
+        let mine = e.metadata().is_ok_and(|m| m.uid() == me);
+        // Only "no such process" counts as gone (EPERM: alive, another user's).
+        let alive = rustix::process::Pid::from_raw(pid as i32).is_some_and(|p| {
+            !matches!(
+                rustix::process::test_kill_process(p),
+                Err(rustix::io::Errno::SRCH)
+            )
+        });
+        if mine && !alive && std::fs::remove_file(e.path()).is_ok() {
+            removed.push(name);
+        }
+    }
+    removed
 }
 
 /// Unlinks a shared-memory name when dropped (after every rank mapped it, or on failure).
