@@ -379,3 +379,90 @@ impl Drop for UnlinkGuard {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bootstrap::MemStore;
+
+    #[test]
+    fn layouts_past_the_address_range_are_refused() {
+        for (world, slot) in [
+            (2, usize::MAX),
+            (2, 6148914691236517248),
+            (usize::MAX / 64, 4096),
+            (1 << 33, 4096),
+        ] {
+            let e = Layout::new(world, slot).unwrap_err().to_string();
+            assert!(e.contains("FERROCOMM_HOST_SLOT_BYTES"), "{e}");
+        }
+        let l = Layout::new(3, 8192).unwrap();
+        assert!(l.reduced + l.slot_bytes == l.total && l.slots % 4096 == 0);
+    }
+
+    /// A segment another process made, mode `mode`, of the size rank 1 expects, with a header
+    /// that passes the check; published in a store as rank 0 would.
+    fn forged(mode: u32, name: &str) -> std::sync::Arc<MemStore> {
+        let layout = Layout::new(2, 8192).unwrap();
+        let fd = rustix::shm::open(
+            name,
+            rustix::shm::OFlags::CREATE | rustix::shm::OFlags::EXCL | rustix::shm::OFlags::RDWR,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
+        rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(mode)).unwrap();
+        rustix::fs::ftruncate(&fd, layout.total as u64).unwrap();
+        let map = memmap2::MmapOptions::new()
+            .len(layout.total)
+            .map_raw(&File::from(fd))
+            .unwrap();
+        let seg = Segment { map, layout };
+        seg.write_header();
+        let store = MemStore::new();
+        store.set("host/shm_name", name.as_bytes()).unwrap();
+        store
+    }
+
+    #[test]
+    fn a_segment_open_to_others_is_refused_naming_it() {
+        let name = format!("/ferrocomm-{}-{:016x}", std::process::id(), 0xf0e1d2u64);
+        let store = forged(0o666, &name);
+        let r = Segment::establish(&*store, 1, 2, 8192, Duration::from_millis(200));
+        let _ = rustix::shm::unlink(name.as_str());
+        let e = r.err().expect("mapped a world-writable segment").to_string();
+        assert!(e.contains(&name) && e.contains("mode 666"), "{e}");
+    }
+
+    #[test]
+    fn a_name_rank0_would_not_make_is_refused() {
+        for name in ["/evil", "/ferrocomm-1-xyz", "/ferrocomm-1-0123456789abcdef/../x", ""] {
+            let store = MemStore::new();
+            store.set("host/shm_name", name.as_bytes()).unwrap();
+            let e = Segment::establish(&*store, 1, 2, 8192, Duration::from_millis(200))
+                .err()
+                .expect("opened a foreign name")
+                .to_string();
+            assert!(e.contains("not a name rank 0"), "{name}: {e}");
+        }
+    }
+
+    #[test]
+    fn stale_segments_of_dead_creators_are_removed_and_live_ones_kept() {
+        let dir = std::env::temp_dir().join(format!("ferrocomm-shm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A pid that is gone: a child that has exited and been reaped.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let stale = format!("ferrocomm-{dead}-00000000000000aa");
+        let live = format!("ferrocomm-{}-00000000000000bb", std::process::id());
+        let other = "ferrocomm-notapid-00000000000000cc".to_string();
+        for n in [&stale, &live, &other] {
+            std::fs::write(dir.join(n), b"x").unwrap();
+        }
+        assert_eq!(remove_stale_segments(&dir), vec![stale.clone()]);
+        assert!(!dir.join(&stale).exists());
+        assert!(dir.join(&live).exists() && dir.join(&other).exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
