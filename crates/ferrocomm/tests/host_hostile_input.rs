@@ -191,34 +191,33 @@ fn collectives_with_mismatched_sizes_and_bad_roots_fail_cleanly() {
     run_ranks(2, &cfg, |comm| {
         let mut runner = runner(64);
         runner
-            .run(&(0usize..40, 0usize..40, extreme()), |(n_in, n_out, root)| {
-                let x = vec![1.0f32; n_in];
-                let mut y = vec![GUARD; n_out];
-                // Sizes are checked on each rank before any exchange, so an error here is
-                // local and the other rank makes the same choice (same inputs on both).
-                let o = CallOpts::default();
-                let ar = comm.all_reduce(
-                    Input::Buf(View::host(&x)),
-                    ViewMut::host(&mut y),
-                    ReduceOp::Sum,
-                    &o,
-                );
-                prop_assert_eq!(ar.is_ok(), n_in == n_out);
-                if ar.is_ok() {
-                    prop_assert!(y.iter().all(|&v| v == 2.0));
-                }
-                if root >= 2 {
-                    let e = comm
-                        .broadcast(Input::InPlace, ViewMut::host(&mut y), root, &o)
-                        .unwrap_err();
-                    prop_assert!(
-                        matches!(e, Error::RankOutOfRange { .. }),
-                        "{}",
-                        e
+            .run(
+                &(0usize..40, 0usize..40, extreme()),
+                |(n_in, n_out, root)| {
+                    let x = vec![1.0f32; n_in];
+                    let mut y = vec![GUARD; n_out];
+                    // Sizes are checked on each rank before any exchange, so an error here is
+                    // local and the other rank makes the same choice (same inputs on both).
+                    let o = CallOpts::default();
+                    let ar = comm.all_reduce(
+                        Input::Buf(View::host(&x)),
+                        ViewMut::host(&mut y),
+                        ReduceOp::Sum,
+                        &o,
                     );
-                }
-                Ok(())
-            })
+                    prop_assert_eq!(ar.is_ok(), n_in == n_out);
+                    if ar.is_ok() {
+                        prop_assert!(y.iter().all(|&v| v == 2.0));
+                    }
+                    if root >= 2 {
+                        let e = comm
+                            .broadcast(Input::InPlace, ViewMut::host(&mut y), root, &o)
+                            .unwrap_err();
+                        prop_assert!(matches!(e, Error::RankOutOfRange { .. }), "{}", e);
+                    }
+                    Ok(())
+                },
+            )
             .unwrap();
     });
 }
@@ -231,7 +230,13 @@ fn a_slot_size_past_the_address_range_is_refused() {
             .unwrap_err();
         let s = e.to_string();
         assert!(
-            matches!(e, Error::BadEnv { var: "FERROCOMM_HOST_SLOT_BYTES", .. }),
+            matches!(
+                e,
+                Error::BadEnv {
+                    var: "FERROCOMM_HOST_SLOT_BYTES",
+                    ..
+                }
+            ),
             "{s}"
         );
         assert!(s.contains(v), "{s}");
@@ -260,16 +265,26 @@ fn a_slot_size_past_the_address_range_is_refused() {
 #[test]
 fn timeouts_past_what_a_duration_holds_are_clear_errors() {
     for v in ["1e19", "1e30", "inf", "NaN", "-1", "0"] {
-        let e = Config::from_lookup(|k| (k == "FERROCOMM_TIMEOUT_S").then(|| v.into()))
-            .unwrap_err();
+        let e =
+            Config::from_lookup(|k| (k == "FERROCOMM_TIMEOUT_S").then(|| v.into())).unwrap_err();
         assert!(
-            matches!(e, Error::BadEnv { var: "FERROCOMM_TIMEOUT_S", .. }),
+            matches!(
+                e,
+                Error::BadEnv {
+                    var: "FERROCOMM_TIMEOUT_S",
+                    ..
+                }
+            ),
             "{v}: {e}"
         );
     }
     let c = Config::from_lookup(|k| (k == "FERROCOMM_TIMEOUT_S").then(|| "1e9".into())).unwrap();
     assert_eq!(c.timeout, Duration::from_secs(1_000_000_000));
-    for t in [Duration::MAX, Duration::ZERO, Duration::from_secs(u64::MAX / 2)] {
+    for t in [
+        Duration::MAX,
+        Duration::ZERO,
+        Duration::from_secs(u64::MAX / 2),
+    ] {
         let e = Communicator::new(CommOptions {
             name: unique_name("timeout"),
             rank: Some(0),

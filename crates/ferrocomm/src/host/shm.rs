@@ -429,13 +429,21 @@ mod tests {
         let store = forged(0o666, &name);
         let r = Segment::establish(&*store, 1, 2, 8192, Duration::from_millis(200));
         let _ = rustix::shm::unlink(name.as_str());
-        let e = r.err().expect("mapped a world-writable segment").to_string();
+        let e = r
+            .err()
+            .expect("mapped a world-writable segment")
+            .to_string();
         assert!(e.contains(&name) && e.contains("mode 666"), "{e}");
     }
 
     #[test]
     fn a_name_rank0_would_not_make_is_refused() {
-        for name in ["/evil", "/ferrocomm-1-xyz", "/ferrocomm-1-0123456789abcdef/../x", ""] {
+        for name in [
+            "/evil",
+            "/ferrocomm-1-xyz",
+            "/ferrocomm-1-0123456789abcdef/../x",
+            "",
+        ] {
             let store = MemStore::new();
             store.set("host/shm_name", name.as_bytes()).unwrap();
             let e = Segment::establish(&*store, 1, 2, 8192, Duration::from_millis(200))
