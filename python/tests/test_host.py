@@ -37,6 +37,10 @@ def test_low_precision_hints(world):
     run_ranks(world, "low_precision")
 
 
+def test_hostile_values():
+    run_ranks(3, "hostile")
+
+
 def test_info():
     run_ranks(2, "info")
 
