@@ -621,6 +621,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_store_secret_is_never_shown() {
+        let secret = "do-not-print-this-secret";
+        let c = Config::from_lookup(|k| (k == "FERROCOMM_STORE_SECRET").then(|| secret.into()))
+            .unwrap();
+        assert_eq!(c.launch.store_secret, Some(Secret(secret.into())));
+        let shown = format!(
+            "{c:?} {} {:?}",
+            serde_json::to_string(&c).unwrap(),
+            c.table()
+        );
+        assert!(!shown.contains(secret), "{shown}");
+        assert!(shown.contains("(set, hidden)"), "{shown}");
+    }
+
+    #[test]
     fn shared_settings_cover_every_threshold_and_low_precision_field() {
         // Every field of these groups decides something ranks must agree on; a new field must be
         // added to shared_settings (with its variable) or this fails.

@@ -426,6 +426,27 @@ fn connect_from_env_uses_the_next_port_under_torchrun_and_names_missing_port() {
 }
 
 #[test]
+fn rank0_listens_on_master_addr_alone() {
+    // 127.0.0.2 is loopback too, but another address: a server bound to it (not to 0.0.0.0)
+    // refuses connections to 127.0.0.1.
+    let port = free_port();
+    let c = cfg(&[
+        ("MASTER_ADDR", "127.0.0.2".into()),
+        ("MASTER_PORT", port.to_string()),
+        ("FERROCOMM_TIMEOUT_S", "5".into()),
+    ]);
+    let s = connect_from_env(&c, 0, 1).unwrap();
+    s.set("k", b"v").unwrap();
+    let there = TcpStore::connect("127.0.0.2", port, &key(), T).unwrap();
+    assert_eq!(there.get("k", T).unwrap(), b"v");
+    let e = match TcpStore::connect("127.0.0.1", port, &key(), Duration::from_millis(300)) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("the server listens beyond MASTER_ADDR"),
+    };
+    assert!(e.contains("could not connect"), "{e}");
+}
+
+#[test]
 fn external_store_is_not_started_by_rank0() {
     let srv = TcpStoreServer::bind("127.0.0.1", 0, &key()).unwrap();
     let c = cfg(&[

@@ -126,23 +126,8 @@ impl StoreKey {
 /// 0600, else an error naming the file.
 fn read_key_file(path: &Path) -> Result<[u8; 32]> {
     let name = path.display();
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir)
-            .map_err(|e| Error::io(format!("store key: creating {}", dir.display()), e))?;
-    }
-    let created = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path);
-    match created {
-        Ok(mut f) => {
-            f.write_all(&rand::random::<[u8; 32]>())
-                .and_then(|_| f.sync_all())
-                .map_err(|e| Error::io(format!("store key: writing {name}"), e))?;
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(Error::io(format!("store key: creating {name}"), e)),
+    if !path.exists() {
+        create_key_file(path)?;
     }
     let mut f = File::open(path).map_err(|e| Error::io(format!("store key: opening {name}"), e))?;
     let meta = f
@@ -158,13 +143,6 @@ fn read_key_file(path: &Path) -> Result<[u8; 32]> {
         )));
     }
     let mut key = [0u8; 32];
-    // A file being written by another process of the job: wait for its 32 bytes briefly.
-    for _ in 0..50 {
-        if meta.len() >= 32 || f.metadata().map(|m| m.len() >= 32).unwrap_or(false) {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
     f.read_exact(&mut key).map_err(|e| {
         Error::io(
             format!("store key: reading 32 bytes from {name} (remove it to make a new one)"),
@@ -172,6 +150,36 @@ fn read_key_file(path: &Path) -> Result<[u8; 32]> {
         )
     })?;
     Ok(key)
+}
+
+/// Writes a new key file whole before it appears under its name (a hard link of a complete
+/// temporary file), so that ranks starting together never read a partial one; the first rank
+/// to link wins and the others read its key.
+fn create_key_file(path: &Path) -> Result<()> {
+    let name = path.display();
+    let dir = path.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("store key: creating {}", dir.display()), e))?;
+    let tmp = dir.join(format!(
+        ".store-key.{}.{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    let written = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| {
+            f.write_all(&rand::random::<[u8; 32]>())?;
+            f.sync_all()
+        })
+        .and_then(|_| match fs::hard_link(&tmp, path) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+            _ => Ok(()),
+        });
+    let _ = fs::remove_file(&tmp);
+    written.map_err(|e| Error::io(format!("store key: creating {name}"), e))
 }
 
 #[cfg(test)]
@@ -193,6 +201,67 @@ mod tests {
         assert_eq!(new_secret().len(), 64);
     }
 
+    fn config(pairs: &[(&str, &str)]) -> Result<StoreKey> {
+        let m: std::collections::HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        StoreKey::from_config(&Config::from_lookup(|k| m.get(k).cloned())?)
+    }
+
+    #[test]
+    fn the_key_comes_from_the_secret_then_torchrun_then_the_key_file() {
+        let dir = std::env::temp_dir().join(format!("ferrocomm-keyorder-{}", std::process::id()));
+        let xdg = dir.display().to_string();
+        let secret = "a secret of sixteen or more";
+        let port = [("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut v: Vec<(&str, &str)> = port.to_vec();
+            v.push(("XDG_CONFIG_HOME", &xdg));
+            v.extend_from_slice(extra);
+            config(&v)
+        };
+        let s = with(&[
+            ("FERROCOMM_STORE_SECRET", secret),
+            ("TORCHELASTIC_RUN_ID", "r1"),
+        ]);
+        assert_eq!(s.unwrap(), StoreKey::from_secret(secret));
+        let r1 = with(&[("TORCHELASTIC_RUN_ID", "r1")]).unwrap();
+        assert_ne!(r1, with(&[("TORCHELASTIC_RUN_ID", "r2")]).unwrap());
+        assert_ne!(r1, StoreKey::from_secret(secret));
+        // No run id ("none" is torchrun's default): this user's key file, one key per port.
+        let f1 = with(&[("TORCHELASTIC_RUN_ID", "none")]).unwrap();
+        assert_eq!(f1, with(&[]).unwrap());
+        assert!(dir.join("ferrocomm").join("store-key").exists());
+        let other_port = config(&[("XDG_CONFIG_HOME", &xdg), ("MASTER_PORT", "29501")]);
+        assert_ne!(f1, other_port.unwrap());
+        // A short secret is refused without showing it; nothing to derive a key from either.
+        let e = with(&[("FERROCOMM_STORE_SECRET", "short")]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::BadEnv {
+                    var: "FERROCOMM_STORE_SECRET",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(!e.to_string().contains("short"), "{e}");
+        let e = config(&[("MASTER_PORT", "29500")]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::MissingEnv {
+                    var: "FERROCOMM_STORE_SECRET",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn key_file_is_created_private_and_refused_when_open_to_others() {
         use std::os::unix::fs::PermissionsExt;
@@ -202,6 +271,15 @@ mod tests {
         assert_eq!(read_key_file(&path).unwrap(), k1);
         let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
+        // Ranks starting together all read the one key the first of them wrote.
+        let fresh = dir.join("race").join("store-key");
+        let keys: Vec<[u8; 32]> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| read_key_file(&fresh).unwrap()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(keys.iter().all(|k| *k == keys[0]));
         fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
         let e = read_key_file(&path).unwrap_err().to_string();
         assert!(e.contains("store-key") && e.contains("644"), "{e}");
