@@ -31,7 +31,7 @@ const fn var(name: &'static str, default: &'static str, meaning: &'static str) -
 
 /// Every variable ferrocomm reads.
 pub const VARS: &[Var] = &[
-    var("FERROCOMM_TIMEOUT_S", "300", "Seconds a collective or bootstrap step waits for a peer before failing with a timeout (naming the missing rank where it can be known; NCCL work is aborted by the watchdog)."),
+    var("FERROCOMM_TIMEOUT_S", "300", "Seconds a collective or bootstrap step waits for a peer before failing with a timeout (naming the missing rank where it can be known; NCCL work is aborted by the watchdog). Positive, at most 1e9."),
     var("FERROCOMM_BACKEND", "auto", "Backend when none is asked for: auto (cuda for GPU buffers when a GPU is present, host otherwise), host, cuda, nccl."),
     var("FERROCOMM_ALGO", "auto", "Force one algorithm for every collective that has it: auto, push, flat, tree, direct, nccl."),
     var("FERROCOMM_LOW_PRECISION", "0", "1 turns on block-scaled low-precision collectives (Sum/Avg on f32/f16/bf16 only)."),
@@ -54,8 +54,8 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_LL_MAX_BYTES", "262144", "CUDA backend: largest part (bytes) that all-gather, all-to-all(-v), broadcast, reduce-scatter and reduce move in LL lines (flags beside the data, no barrier); larger parts take the staged protocol. At most the push buffer (512 KiB, or the staging size when smaller)."),
     var("FERROCOMM_BROADCAST_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest broadcast/reduce done by direct access on cuda."),
     var("FERROCOMM_P2P_MAX_BYTES", "67108864", "Largest send/recv message done by direct access on cuda, in two-rank communicators only (a message is a broadcast rooted at its sender there); larger ones, and every one above two ranks, go through NCCL (0: every non-empty message)."),
-    var("FERROCOMM_HOST_SLOT_BYTES", "4194304", "Host backend: bytes of shared-memory staging per rank (larger messages are processed in chunks of this size)."),
-    var("FERROCOMM_CUDA_STAGING_BYTES", "67108864", "CUDA backend: bytes of IPC staging per rank and buffer (direct access is limited to this size per rank)."),
+    var("FERROCOMM_HOST_SLOT_BYTES", "4194304", "Host backend: bytes of shared-memory staging per rank (larger messages are processed in chunks of this size). 4096 to 1 GiB."),
+    var("FERROCOMM_CUDA_STAGING_BYTES", "67108864", "CUDA backend: bytes of IPC staging per rank and buffer (direct access is limited to this size per rank). At most 16 GiB."),
     var("FERROCOMM_NCCL_WATCHDOG", "1", "1 follows every NCCL operation enqueued outside graph capture with a CUDA event and aborts the NCCL communicator when one stays incomplete past FERROCOMM_TIMEOUT_S; 0 leaves NCCL unwatched (as nccl-tests runs it: the bench's NCCL baseline does)."),
     var("FERROCOMM_PDL", "0", "CUDA backend: 1 launches the kernels with programmatic dependent launch on sm_90 and newer (a kernel is scheduled while the previous one on the stream finishes, and waits for it in griddepcontrol.wait); 0 launches them plainly."),
     var("FERROCOMM_NCCL_LIB", "(search)", "Path of libnccl.so to load; otherwise the system path, then torch's nvidia/nccl/lib."),

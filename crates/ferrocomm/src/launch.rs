@@ -226,8 +226,7 @@ fn report(rank: usize, st: ExitStatus, others: bool) {
 fn die_with_parent(launcher: u32) -> io::Result<()> {
     use rustix::process::{getppid, set_parent_process_death_signal, Pid, Signal};
     set_parent_process_death_signal(Some(Signal::KILL))?;
-    if getppid().map(Pid::as_raw_nonzero) != Pid::from_raw(launcher as i32).map(Pid::as_raw_nonzero)
-    {
+    if getppid().map(Pid::as_raw_pid) != Some(launcher as i32) {
         return Err(io::Error::other(
             "the launcher exited before the rank started",
         ));

@@ -215,10 +215,8 @@ fn a_segment_left_by_a_rank0_killed_during_set_up_is_removed_by_the_next_launch(
     // SAFETY: kill has no memory-safety preconditions; `pid` is rank 0, our grandchild.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     assert_eq!(job.join().unwrap(), 128 + 9);
-    assert!(
-        seg.exists(),
-        "the segment of a rank 0 killed during set-up is left"
-    );
+    // Rank 0 died before unlinking its segment's name: the segment is left (another launch
+    // running meanwhile, of this test binary or another, may already have removed it).
     assert_eq!(launch(&spec(1, "noop")).unwrap(), 0);
     assert!(!seg.exists(), "{} survived the next launch", seg.display());
     let _ = std::fs::remove_file(&pid_file);
