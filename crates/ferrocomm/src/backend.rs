@@ -65,13 +65,15 @@ pub struct Splits {
 }
 
 impl Splits {
-    /// Splits packed back to back in rank order.
+    /// Splits packed back to back in rank order. A displacement past `usize::MAX` stays at
+    /// `usize::MAX` (never wraps), so [`crate::comm::Communicator::all_to_all_v`] refuses it as
+    /// past the buffer.
     pub fn packed(send_counts: Vec<usize>, recv_counts: Vec<usize>) -> Self {
         let prefix = |c: &[usize]| {
             c.iter()
                 .scan(0usize, |acc, &n| {
                     let d = *acc;
-                    *acc += n;
+                    *acc = acc.saturating_add(n);
                     Some(d)
                 })
                 .collect()
