@@ -171,10 +171,144 @@ impl CommContext {
     }
 }
 
+/// One call as the communicator hands it to a backend, its arguments checked
+/// ([`crate::comm::Communicator`] builds it once per call): the collective with its buffers,
+/// operator, root or peer, splits or counts, and the call's options.
+#[derive(Debug)]
+pub struct Call<'a> {
+    pub kind: CallKind<'a>,
+    pub opts: &'a CallOpts,
+}
+
+/// The collective of a [`Call`] and its operands. (A fused collective, such as an all-reduce
+/// followed by an RMSNorm, is one more variant, which backends without it refuse.)
+#[derive(Debug)]
+pub enum CallKind<'a> {
+    AllReduce {
+        input: Input<'a>,
+        output: ViewMut<'a>,
+        op: ReduceOp,
+    },
+    Reduce {
+        input: Input<'a>,
+        output: ViewMut<'a>,
+        op: ReduceOp,
+        root: usize,
+    },
+    Broadcast {
+        input: Input<'a>,
+        output: ViewMut<'a>,
+        root: usize,
+    },
+    AllGather {
+        input: Input<'a>,
+        output: ViewMut<'a>,
+    },
+    ReduceScatter {
+        input: Input<'a>,
+        output: ViewMut<'a>,
+        op: ReduceOp,
+    },
+    AllToAll {
+        input: Input<'a>,
+        output: ViewMut<'a>,
+    },
+    AllToAllV {
+        input: Input<'a>,
+        output: ViewMut<'a>,
+        splits: &'a Splits,
+    },
+    AllToAllVDynamic {
+        input: View<'a>,
+        output: ViewMut<'a>,
+        counts: DeviceCounts<'a>,
+    },
+    AllToAllVDynamicPacked {
+        input: View<'a>,
+        output: ViewMut<'a>,
+        counts: PackedCounts<'a>,
+    },
+    Barrier,
+    Send {
+        data: View<'a>,
+        peer: usize,
+    },
+    Recv {
+        out: ViewMut<'a>,
+        peer: usize,
+    },
+    BatchSendRecv {
+        ops: Vec<P2pOp<'a>>,
+    },
+}
+
+impl CallKind<'_> {
+    /// The collective, as the planner names it (the batch as its sends and receives: `Send`).
+    pub fn collective(&self) -> Collective {
+        match self {
+            CallKind::AllReduce { .. } => Collective::AllReduce,
+            CallKind::Reduce { .. } => Collective::Reduce,
+            CallKind::Broadcast { .. } => Collective::Broadcast,
+            CallKind::AllGather { .. } => Collective::AllGather,
+            CallKind::ReduceScatter { .. } => Collective::ReduceScatter,
+            CallKind::AllToAll { .. } => Collective::AllToAll,
+            CallKind::AllToAllV { .. }
+            | CallKind::AllToAllVDynamic { .. }
+            | CallKind::AllToAllVDynamicPacked { .. } => Collective::AllToAllV,
+            CallKind::Barrier => Collective::Barrier,
+            CallKind::Send { .. } | CallKind::BatchSendRecv { .. } => Collective::Send,
+            CallKind::Recv { .. } => Collective::Recv,
+        }
+    }
+}
+
 /// What every backend implements. Arguments have been validated by [`crate::comm::Communicator`].
 pub trait Backend: Send + Sync {
     /// The backend's name (`host`, `cuda`, `nccl`).
     fn name(&self) -> &'static str;
+    /// Runs one checked call: the one entry the communicator uses, which hands each
+    /// collective to its method below.
+    fn run(&self, call: Call<'_>) -> Result<()> {
+        let opts = call.opts;
+        match call.kind {
+            CallKind::AllReduce { input, output, op } => self.all_reduce(input, output, op, opts),
+            CallKind::Reduce {
+                input,
+                output,
+                op,
+                root,
+            } => self.reduce(input, output, op, root, opts),
+            CallKind::Broadcast {
+                input,
+                output,
+                root,
+            } => self.broadcast(input, output, root, opts),
+            CallKind::AllGather { input, output } => self.all_gather(input, output, opts),
+            CallKind::ReduceScatter { input, output, op } => {
+                self.reduce_scatter(input, output, op, opts)
+            }
+            CallKind::AllToAll { input, output } => self.all_to_all(input, output, opts),
+            CallKind::AllToAllV {
+                input,
+                output,
+                splits,
+            } => self.all_to_all_v(input, output, splits, opts),
+            CallKind::AllToAllVDynamic {
+                input,
+                output,
+                counts,
+            } => self.all_to_all_v_dynamic(input, output, counts, opts),
+            CallKind::AllToAllVDynamicPacked {
+                input,
+                output,
+                counts,
+            } => self.all_to_all_v_dynamic_packed(input, output, counts, opts),
+            CallKind::Barrier => self.barrier(opts),
+            CallKind::Send { data, peer } => self.send(data, peer, opts),
+            CallKind::Recv { out, peer } => self.recv(out, peer, opts),
+            CallKind::BatchSendRecv { ops } => self.batch_send_recv(ops, opts),
+        }
+    }
     fn all_reduce(
         &self,
         input: Input<'_>,

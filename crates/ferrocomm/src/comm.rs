@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 pub use crate::backend::{
-    AlgoChoice, Backend, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts, Splits,
+    AlgoChoice, Backend, Call, CallKind, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts,
+    Splits,
 };
 use crate::bootstrap::{self, PrefixStore, Store};
 use crate::config::{BackendChoice, Config};
@@ -313,6 +314,11 @@ impl Communicator {
             .to_string())
     }
 
+    /// Hands one checked call to the backend.
+    fn run(&self, kind: CallKind<'_>, opts: &CallOpts) -> Result<()> {
+        self.live()?.run(Call { kind, opts })
+    }
+
     fn live(&self) -> Result<&dyn Backend> {
         if self.finalized.load(std::sync::atomic::Ordering::Acquire) {
             return Err(Error::Finalized(self.ctx.name.clone()));
@@ -331,7 +337,7 @@ impl Communicator {
         let c = "all_reduce";
         op.check(output.dtype(), c)?;
         check_input(c, &input, &output, output.count())?;
-        self.live()?.all_reduce(input, output, op, opts)
+        self.run(CallKind::AllReduce { input, output, op }, opts)
     }
 
     /// Reduces `input` over all ranks into `output` on `root` (other ranks' outputs are not
@@ -348,7 +354,15 @@ impl Communicator {
         op.check(output.dtype(), c)?;
         self.check_root(c, root)?;
         check_input(c, &input, &output, output.count())?;
-        self.live()?.reduce(input, output, op, root, opts)
+        self.run(
+            CallKind::Reduce {
+                input,
+                output,
+                op,
+                root,
+            },
+            opts,
+        )
     }
 
     /// Copies `root`'s input into every rank's `output` (the input is read on root only).
@@ -364,7 +378,14 @@ impl Communicator {
         if self.rank() == root {
             check_input(c, &input, &output, output.count())?;
         }
-        self.live()?.broadcast(input, output, root, opts)
+        self.run(
+            CallKind::Broadcast {
+                input,
+                output,
+                root,
+            },
+            opts,
+        )
     }
 
     /// Concatenates every rank's input (in rank order) into `output`, which holds
@@ -373,7 +394,7 @@ impl Communicator {
         let c = "all_gather";
         let n = self.part_count(c, "output", output.count())?;
         check_input(c, &input, &output, n)?;
-        self.live()?.all_gather(input, output, opts)
+        self.run(CallKind::AllGather { input, output }, opts)
     }
 
     /// Reduces `input` (`size * n` elements) over all ranks and leaves part `rank` (n elements)
@@ -391,7 +412,7 @@ impl Communicator {
             self.part_count(c, "output", output.count())?;
         }
         check_input(c, &input, &output, output.count() * self.size())?;
-        self.live()?.reduce_scatter(input, output, op, opts)
+        self.run(CallKind::ReduceScatter { input, output, op }, opts)
     }
 
     /// Every rank sends part `j` of its input to rank `j`; input and output hold `size * n`.
@@ -399,7 +420,7 @@ impl Communicator {
         let c = "all_to_all";
         self.part_count(c, "output", output.count())?;
         check_input(c, &input, &output, output.count())?;
-        self.live()?.all_to_all(input, output, opts)
+        self.run(CallKind::AllToAll { input, output }, opts)
     }
 
     /// All-to-all with per-peer counts and offsets (in elements). A rank's part to itself must
@@ -463,7 +484,14 @@ impl Communicator {
                 splits.send_counts[me], splits.recv_counts[me]
             )));
         }
-        self.live()?.all_to_all_v(input, output, splits, opts)
+        self.run(
+            CallKind::AllToAllV {
+                input,
+                output,
+                splits,
+            },
+            opts,
+        )
     }
 
     /// All-to-all-v for mixture-of-experts dispatch, with the counts in device memory (written
@@ -515,8 +543,14 @@ impl Communicator {
             (counts.send.dtype(), counts.send.count()),
             (counts.recv.dtype(), counts.recv.count()),
         )?;
-        self.live()?
-            .all_to_all_v_dynamic(input, output, counts, opts)
+        self.run(
+            CallKind::AllToAllVDynamic {
+                input,
+                output,
+                counts,
+            },
+            opts,
+        )
     }
 
     /// All-to-all-v with both sides' counts in memory the caller's earlier work wrote, the
@@ -564,13 +598,19 @@ impl Communicator {
             let splits = Splits::packed(read(&counts.send), read(&counts.recv));
             return self.all_to_all_v(Input::Buf(input), output, &splits, opts);
         }
-        self.live()?
-            .all_to_all_v_dynamic_packed(input, output, counts, opts)
+        self.run(
+            CallKind::AllToAllVDynamicPacked {
+                input,
+                output,
+                counts,
+            },
+            opts,
+        )
     }
 
     /// Returns once every rank has called it.
     pub fn barrier(&self, opts: &CallOpts) -> Result<()> {
-        self.live()?.barrier(opts)
+        self.run(CallKind::Barrier, opts)
     }
 
     /// Sends `data` to `peer`, which must call [`Communicator::recv`] with the same count.
@@ -582,13 +622,13 @@ impl Communicator {
     /// is reported as calls that disagree between the ranks instead of waiting.
     pub fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
         self.check_peer("send", peer)?;
-        self.live()?.send(data, peer, opts)
+        self.run(CallKind::Send { data, peer }, opts)
     }
 
     /// Receives from `peer` into `out`.
     pub fn recv(&self, out: ViewMut<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
         self.check_peer("recv", peer)?;
-        self.live()?.recv(out, peer, opts)
+        self.run(CallKind::Recv { out, peer }, opts)
     }
 
     /// Sends and receives issued together (NCCL's group, torch's `batch_isend_irecv`): they
@@ -600,7 +640,7 @@ impl Communicator {
         for op in &ops {
             self.check_peer("batch_send_recv", op.peer())?;
         }
-        self.live()?.batch_send_recv(ops, opts)
+        self.run(CallKind::BatchSendRecv { ops }, opts)
     }
 
     /// A communicator of the ranks listed (in that order). Ranks not listed get `None` and need

@@ -26,7 +26,8 @@ pub mod types;
 pub mod view;
 
 pub use backend::{
-    AlgoChoice, Backend, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts, Splits,
+    AlgoChoice, Backend, Call, CallKind, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts,
+    Splits,
 };
 pub use comm::{CommOptions, Communicator};
 pub use config::Config;
