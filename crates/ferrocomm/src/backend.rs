@@ -400,12 +400,7 @@ pub trait Backend: Send + Sync {
     }
     /// How a full-precision call that runs `algo` moves its data, where the backend has forms
     /// (the cuda flat all-reduce: pulled, streamed, by the copy engines or in LL128 lines).
-    fn flat_form(
-        &self,
-        _coll: Collective,
-        _bytes_per_rank: usize,
-        _algo: Algo,
-    ) -> Option<FlatForm> {
+    fn form_for(&self, _coll: Collective, _bytes_per_rank: usize, _algo: Algo) -> Option<FlatForm> {
         None
     }
     /// The plan of this call: its low-precision path when it goes low precision, else its
@@ -438,7 +433,7 @@ pub trait Backend: Send + Sync {
                 _ => Engine::Direct,
             },
             algo,
-            form: self.flat_form(coll, bytes_per_rank, algo),
+            form: self.form_for(coll, bytes_per_rank, algo),
             low_precision: None,
         })
     }

@@ -430,7 +430,7 @@ fn round16(n: usize) -> usize {
 }
 
 /// Staging bytes one staged call needs in each receiver (one parity), or `None` when the
-/// collective has no fixed layout (all-to-all-v: slots of [`a2av_slot_bytes`]).
+/// collective has no fixed layout (all-to-all-v: slots of [`crate::cuda::collectives::a2av_slot_bytes`]).
 pub fn staged_need(coll: Collective, part_bytes: usize, world: usize) -> Option<usize> {
     match coll {
         Collective::AllGather

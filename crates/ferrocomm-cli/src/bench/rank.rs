@@ -34,7 +34,7 @@ struct RankRow {
 
 /// Low-precision format in effect for this row, if any (for the check's tolerance): the
 /// codec of the call's plan, for the reductions that go low precision (Sum and Avg).
-fn lp_in_effect(call: &ferrocomm::Plan, shape: &Shape, op: ReduceOp) -> Option<Format> {
+fn lp_format(call: &ferrocomm::Plan, shape: &Shape, op: ReduceOp) -> Option<Format> {
     let op_ok = !shape.coll.reduces() || matches!(op, ReduceOp::Sum | ReduceOp::Avg);
     call.low_precision.filter(|_| op_ok).map(|c| c.format)
 }
@@ -404,7 +404,7 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
                         root,
                         plan.seed,
                         idx,
-                        lp_in_effect(&call, &shape, op),
+                        lp_format(&call, &shape, op),
                     );
                     let ctx = RowCtx {
                         plan,

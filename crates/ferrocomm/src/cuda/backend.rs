@@ -165,7 +165,13 @@ impl CudaBackend {
     }
 
     /// The all-reduce algorithm of a full-precision call ([`plan::cuda_all_reduce`]).
-    fn choose(&self, bytes: usize, dtype: DataType, op: ReduceOp, opts: &CallOpts) -> Result<Algo> {
+    fn all_reduce_algo(
+        &self,
+        bytes: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        opts: &CallOpts,
+    ) -> Result<Algo> {
         plan::cuda_all_reduce(
             &self.cuda_caps(),
             &self.config,
@@ -447,7 +453,7 @@ impl Backend for CudaBackend {
             let avg = op == ReduceOp::Avg;
             return d.lp_collective(kind, &codec, dtype, ip, op_ptr, count, avg, opts.stream);
         }
-        let algo = self.choose(count * dtype.size(), dtype, op, opts)?;
+        let algo = self.all_reduce_algo(count * dtype.size(), dtype, op, opts)?;
         self.follow(&mut st, opts.stream)?;
         match (algo, &self.dda) {
             (Algo::Push | Algo::Flat | Algo::Tree, Some(d)) => {
@@ -751,7 +757,7 @@ impl Backend for CudaBackend {
         opts: &CallOpts,
     ) -> Result<Algo> {
         if coll == Collective::AllReduce {
-            return self.choose(bytes_per_rank, dtype, ReduceOp::Sum, opts);
+            return self.all_reduce_algo(bytes_per_rank, dtype, ReduceOp::Sum, opts);
         }
         let p2p = matches!(coll, Collective::Send | Collective::Recv);
         if !(coll == Collective::Barrier || p2p && self.size != 2) {
@@ -784,7 +790,7 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn flat_form(&self, coll: Collective, bytes_per_rank: usize, algo: Algo) -> Option<FlatForm> {
+    fn form_for(&self, coll: Collective, bytes_per_rank: usize, algo: Algo) -> Option<FlatForm> {
         let dda = self.dda.as_ref()?;
         if coll != AR || algo != Algo::Flat {
             return None;
