@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from . import config, fidelity, report, timing, train
+from . import config, fidelity, hf, report, timing, train
 from .config import BenchArgumentError
 from .model import Model
 from .paths import ALGOS, LP_FORMATS, Group, parse_paths
@@ -271,7 +271,8 @@ def _fidelity(cfg, lm, group, args, out, log):
     if ref == "nccl" and group.nccl is None:
         group.nccl = group.dist.new_group(backend="nccl")
     if args.hf:
-        full, tokens = _load_hf(args.hf, args.text, args.torch_dtype)
+        full = hf.weights(args.hf, args.torch_dtype)
+        tokens = hf.tokens(args.hf, args.text)
         lm_cfg = cfg
         res["lm"] = {"name": cfg.name, "source": args.hf, "text": args.text}
     else:
@@ -312,33 +313,3 @@ def _fidelity(cfg, lm, group, args, out, log):
     res["perplexity"] = fidelity.perplexity(model, group, tokens, ref, args, log, args.fused)
     res["eval_seconds"] = time.perf_counter() - t0
     return res
-
-
-def _load_hf(directory, text_file, dtype):
-    """Full-layout weights and the text's tokens from a Hugging Face directory (no download)."""
-    try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError:
-        raise BenchArgumentError("--hf needs transformers (pip install transformers)")
-    tok = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    hf = AutoModelForCausalLM.from_pretrained(directory, torch_dtype=dtype,
-                                              local_files_only=True)
-    sd = hf.state_dict()
-    layers = []
-    for i in range(hf.config.num_hidden_layers):
-        p = f"model.layers.{i}."
-        lay = {"in_norm": sd[p + "input_layernorm.weight"],
-               "wq": sd[p + "self_attn.q_proj.weight"], "wk": sd[p + "self_attn.k_proj.weight"],
-               "wv": sd[p + "self_attn.v_proj.weight"], "wo": sd[p + "self_attn.o_proj.weight"],
-               "post_norm": sd[p + "post_attention_layernorm.weight"],
-               "w_gate": sd[p + "mlp.gate_proj.weight"], "w_up": sd[p + "mlp.up_proj.weight"],
-               "w_down": sd[p + "mlp.down_proj.weight"]}
-        if p + "self_attn.q_norm.weight" in sd:
-            lay["q_norm"] = sd[p + "self_attn.q_norm.weight"]
-            lay["k_norm"] = sd[p + "self_attn.k_norm.weight"]
-        layers.append(lay)
-    embed = sd["model.embed_tokens.weight"]
-    full = {"embed": embed, "final_norm": sd["model.norm.weight"],
-            "lm_head": sd.get("lm_head.weight", embed), "layers": layers}
-    ids = tok(Path(text_file).read_text(), return_tensors="pt")["input_ids"][0]
-    return full, ids
