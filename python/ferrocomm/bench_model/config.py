@@ -107,7 +107,9 @@ def from_hf(directory):
     if c.get("attention_bias") or c.get("mlp_bias"):
         raise BenchArgumentError(f"--hf {directory}: biases in attention or MLP are not supported")
     heads = c["num_attention_heads"]
-    scaling = c.get("rope_scaling") or {}
+    # transformers 5 keeps theta and scaling in "rope_parameters"; 4.x in rope_theta/rope_scaling.
+    scaling = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    theta = c.get("rope_theta", scaling.get("rope_theta", 10000.0))
     kind_scaling = scaling.get("rope_type", scaling.get("type", "default"))
     llama3 = None
     if kind_scaling == "llama3":
@@ -121,5 +123,5 @@ def from_hf(directory):
         layers=c["num_hidden_layers"], heads=heads,
         kv_heads=c.get("num_key_value_heads", heads),
         head_dim=c.get("head_dim") or c["hidden_size"] // heads, ffn=c["intermediate_size"],
-        rope_theta=float(c.get("rope_theta", 10000.0)), eps=float(c.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(theta), eps=float(c.get("rms_norm_eps", 1e-6)),
         qk_norm=kind == "qwen3", rope_llama3=llama3)
