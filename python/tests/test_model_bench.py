@@ -3,6 +3,7 @@
 torch is required here (the model is PyTorch): without it these tests fail at import."""
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -32,8 +33,9 @@ def _env(rank, world, port, extra=None):
     return e
 
 
-def bench(args, out, world=2, timeout=180):
-    """Runs the bench on `world` CPU ranks into `out`; returns result.json's content."""
+def bench(args, out, world=2, timeout=180, code=0):
+    """Runs the bench on `world` CPU ranks into `out`, each expected to exit with `code`;
+    returns result.json's content and rank 0's output."""
     port = free_port()
     cmd = [sys.executable, "-m", "ferrocomm.bench_model", "--device", "cpu", "--out", str(out),
            *args]
@@ -48,7 +50,7 @@ def bench(args, out, world=2, timeout=180):
             p.kill()
         pytest.fail(f"bench_model {args} did not finish in {timeout}s")
     codes = [p.returncode for p in procs]
-    if any(codes):
+    if any(c != code for c in codes):
         pytest.fail(f"bench_model {args} failed (exit codes {codes}):\n" + "\n".join(outs))
     return json.loads((out / "result.json").read_text()), outs[0]
 
@@ -69,10 +71,16 @@ def bench_error(args, env, monkeypatch):
 
 @pytest.mark.parametrize("size", ["tiny", "tiny-qk"])
 def test_tensor_parallel_equals_unsharded(tmp_path, size):
-    doc, _ = bench(["--check", "--model", size, "--paths", "gloo,ferrocomm,ferrocomm-lp",
-                    "--lp-format", "int8"], tmp_path)
+    # tiny: a vocabulary of 251 (the head's halves padded); the `none` path (no communication)
+    # must fail the check, and then the run exits with 1.
+    extra = ["--vocab", "251", "--paths", "gloo,ferrocomm,ferrocomm-lp,none"] \
+        if size == "tiny" else ["--paths", "gloo,ferrocomm,ferrocomm-lp"]
+    doc, _ = bench(["--check", "--model", size, "--lp-format", "int8", *extra], tmp_path,
+                   code=1 if size == "tiny" else 0)
     rows = {r["path"]: r for r in doc["check"]["rows"]}
-    assert doc["check"]["passed"]
+    assert doc["check"]["passed"] == (size != "tiny")
+    if size == "tiny":
+        assert not rows["none"]["passed"] and rows["none"]["max_abs_diff"] > 0.1
     for path in ("gloo", "ferrocomm"):
         assert rows[path]["max_abs_diff"] < 1e-4, rows[path]
         assert rows[path]["top1_agreement"] == 1.0
@@ -111,7 +119,10 @@ def test_timing_tables_json_and_png(tmp_path):
     assert doc["machine"]["world_size"] == 2 and doc["command"][1:3] == ["-m",
                                                                       "ferrocomm.bench_model"]
     assert "time per output token" in out and "TTFT ms" in out
-    assert (tmp_path / "result.png").stat().st_size > 1000
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "result.png").stat().st_size > 1000
+    else:
+        assert "matplotlib is not installed: no PNG" in out
 
 
 def test_fidelity_end_to_end(tmp_path):

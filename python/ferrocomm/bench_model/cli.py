@@ -260,7 +260,8 @@ def main(argv=None):
     if rank == 0:
         print(report.tables(doc))
         report.write(out, doc)
-        print(f"\nwrote {out}/result.json and result.png")
+        png = " and result.png" if (out / "result.png").exists() else ""
+        print(f"\nwrote {out}/result.json{png}")
     return 1 if failed else 0
 
 

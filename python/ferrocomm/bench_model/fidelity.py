@@ -156,6 +156,6 @@ def perplexity(model, group, tokens, ref_path, args, log, fused):
         log(f"perplexity {path} {fmt} {rows[-1]['algo']}: {ppl:.4f} "
             f"({rows[-1]['ppl_delta_pct']:+.3f}%), KL {rows[-1]['kl_mean']:.2e}, "
             f"top-1 {rows[-1]['top1_agreement']:.4f}")
-    return {"tokens": count, "windows": n, "seq": seq, "bytes_per_all_reduce":
-            min(args.eval_batch, n) * seq * model.cfg.hidden * torch.tensor(
-                [], dtype=model.dtype).element_size(), "rows": rows}
+    elem = torch.empty((), dtype=model.dtype).element_size()
+    return {"tokens": count, "windows": n, "seq": seq, "rows": rows,
+            "bytes_per_all_reduce": min(args.eval_batch, n) * seq * model.cfg.hidden * elem}

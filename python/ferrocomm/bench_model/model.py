@@ -6,8 +6,9 @@ the MLP, fused the way engines run them: ``wqkv`` (this rank's query heads, then
 value heads) and ``wgu`` (gate then up, column parallel), ``wo`` and ``w_down`` row parallel.
 A layer's attention and its MLP each end in one all-reduce of a partial sum over the hidden
 size, followed by the residual add and the next RMSNorm: ``Reducer.add_norm`` does these three
-steps, so a fused all-reduce + residual + RMSNorm replaces exactly them. The embedding, the
-final norm and the output head are replicated on every rank.
+steps, so a fused all-reduce + residual + RMSNorm replaces exactly them. The output head is
+split by vocabulary rows (padded to a multiple of the world size) and the logits gathered
+(``Reducer.all_gather``); the embedding and the final norm are replicated on every rank.
 """
 
 import math
@@ -74,6 +75,15 @@ def shard_layer(cfg, layer, rank, world, dtype):
     return {k: t.to(dtype).contiguous() for k, t in out.items()}
 
 
+def shard_head(lm_head, rank, world, dtype):
+    """A rank's rows of the output head [vocab, hidden], zero-padded to equal parts."""
+    part = -(-lm_head.shape[0] // world)
+    rows = lm_head[rank * part:(rank + 1) * part]
+    if rows.shape[0] < part:
+        rows = torch.cat([rows, rows.new_zeros(part - rows.shape[0], rows.shape[1])])
+    return rows.to(dtype).contiguous()
+
+
 def unshard_layer(cfg, shard):
     """The full layout of a one-rank shard (its inverse at world size 1)."""
     hd = cfg.head_dim
@@ -124,8 +134,8 @@ class Model:
         layers = [shard_layer(cfg, _random_layer(cfg, gen, device), rank, world, dtype)
                   for _ in range(cfg.layers)]
         final_norm = (1.0 + 0.1 * torch.randn(cfg.hidden, generator=gen, device=device)).to(dtype)
-        lm_head = (torch.randn(cfg.vocab, cfg.hidden, generator=gen, device=device)
-                   / math.sqrt(cfg.hidden)).to(dtype)
+        lm_head = shard_head(torch.randn(cfg.vocab, cfg.hidden, generator=gen, device=device)
+                             / math.sqrt(cfg.hidden), rank, world, dtype)
         return cls(cfg, rank, world, layers, embed, final_norm, lm_head, device, dtype, max_pos)
 
     @classmethod
@@ -139,7 +149,8 @@ class Model:
         layers = [shard_layer(cfg, {k: t.to(device) for k, t in lay.items()}, rank, world, dtype)
                   for lay in full["layers"]]
         return cls(cfg, rank, world, layers, dev(full["embed"]), dev(full["final_norm"]),
-                   dev(full["lm_head"]), device, dtype, max_pos)
+                   shard_head(full["lm_head"].to(device), rank, world, dtype), device, dtype,
+                   max_pos)
 
     def new_cache(self, batch, max_len):
         return KVCache(self, batch, max_len)
@@ -200,7 +211,13 @@ class Model:
             x, h = reducer.add_norm(d, h, nxt, cfg.eps)
         if not all_logits:
             x = x[:, -1]
-        return (x @ self.lm_head.t()).float()
+        logits = x @ self.lm_head.t()
+        if self.world > 1:
+            parts = torch.empty((self.world, *logits.shape), dtype=logits.dtype,
+                                device=logits.device)
+            reducer.all_gather(parts, logits.contiguous())
+            logits = parts.movedim(0, -2).reshape(*logits.shape[:-1], -1)
+        return logits[..., :cfg.vocab].float()
 
     def full_weights(self):
         """Full-layout weights of a one-rank model (for saving a trained model)."""

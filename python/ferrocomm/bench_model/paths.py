@@ -9,6 +9,9 @@
 | `ferrocomm-fused` | `Comm.all_reduce_rmsnorm` (all-reduce, residual add and RMSNorm in one call) |
 | `ferrocomm-fused-lp` | the same with the `low_precision` hint |
 | `none` | nothing: the step without communication, for the communication share |
+
+Every path also gathers the logits of the vocabulary-split output head (`all_gather`): gloo's
+and NCCL's through torch.distributed, ferrocomm's `all_gather_single` in full precision.
 """
 
 import torch
@@ -30,6 +33,11 @@ class Reducer:
 
     def all_reduce(self, x):
         """In place. The base class communicates nothing (the `none` path, one rank)."""
+
+    def all_gather(self, out, x):
+        """`out` [world, *x.shape] receives every rank's `x` in rank order. The base class
+        copies its own `x` into every part (the same work as receiving them)."""
+        out.copy_(x.expand_as(out))
 
     def add_norm(self, x, residual, weight, eps):
         """(normed, new residual) after all-reducing the partial sum `x`."""
@@ -56,6 +64,14 @@ class TorchDist(Reducer):
         else:
             self._dist.all_reduce(x, group=self._group)
 
+    def all_gather(self, out, x):
+        if self._via_cpu:
+            parts = [torch.empty_like(x, device="cpu") for _ in range(out.shape[0])]
+            self._dist.all_gather(parts, x.cpu(), group=self._group)
+            out.copy_(torch.stack(parts))
+        else:
+            self._dist.all_gather_into_tensor(out, x, group=self._group)
+
 
 class Ferro(Reducer):
     """ferrocomm's `Comm.all_reduce` with per-call hints.
@@ -77,6 +93,10 @@ class Ferro(Reducer):
 
     def all_reduce(self, x):
         self._comm.all_reduce(x, "sum", hints=self.hints(x))
+
+    def all_gather(self, out, x):
+        # The logits travel exactly: low precision is for the all-reduces under study.
+        self._comm.all_gather_single(out, x, hints={"low_precision": "off"})
 
 
 class FerroFused(Ferro):
