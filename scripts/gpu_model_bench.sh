@@ -11,6 +11,8 @@
 #   bash scripts/gpu_model_bench.sh OUT_DIR [WHEEL]
 # OUT_DIR receives one folder per part (result.json, result.png) and the logs. WHEEL, when
 # given, is installed first (pip --no-deps); otherwise ferrocomm must be importable already.
+# PARTS (default "check hf fidelity timing") picks parts; FERROCOMM_KERNEL_CACHE may point at
+# kernels compiled beforehand (scripts/gpu_prepare.sh's .carry/kc).
 set -uo pipefail
 out="${1:?usage: gpu_model_bench.sh OUT_DIR [WHEEL]}"
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -20,13 +22,16 @@ if [ -n "${2:-}" ]; then
 fi
 export FERROCOMM_NCCL_LIB=/nonexistent
 export FERROCOMM_TIMEOUT_S="${FERROCOMM_TIMEOUT_S:-120}"
-export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-/tmp/ferrocomm-kernels}"
+FERROCOMM_KERNEL_CACHE="$(realpath -m "${FERROCOMM_KERNEL_CACHE:-/tmp/ferrocomm-kernels}")"
+export FERROCOMM_KERNEL_CACHE
+parts=" ${PARTS:-check hf fidelity timing} "
 nvidia-smi -L || true
 cd "$out" || exit 1
 status=0
 run() {
   local name="$1"
   shift
+  case "$parts" in *" ${name%%-*} "*) ;; *) return ;; esac
   echo "=== $name: $*"
   local t0=$SECONDS
   if "$@" > "$name.log" 2>&1; then
@@ -49,9 +54,9 @@ run check-qwen3-8b bench --check --model qwen3-8b --layers 2 --dtype fp32 --path
   --out check-qwen3-8b
 run check-llama3-8b-bf16 bench --check --model llama3-8b --layers 2 --paths "$paths" \
   --out check-llama3-8b-bf16
-run hf-loader python3 "$here/python/tests/gpu/check_hf_loader.py" hf-loader
+run hf python3 "$here/python/tests/gpu/check_hf_loader.py" hf
 run fidelity bench --fidelity --model llama3-8b --layers 2 --out fidelity
-run timing-smoke bench --model llama3-8b --layers 2 --paths "$paths" --decode-batches 1,8 \
-  --context 1024 --steps 10 --warmup 3 --prefill 512,2048 --prefill-reps 2 --out timing-smoke
+run timing bench --model llama3-8b --layers 2 --paths "$paths" --decode-batches 1,8 \
+  --context 1024 --steps 10 --warmup 3 --prefill 512,2048 --prefill-reps 2 --out timing
 echo "gpu_model_bench: $([ $status = 0 ] && echo ok || echo FAILED)"
 exit $status

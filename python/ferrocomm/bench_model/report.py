@@ -137,7 +137,7 @@ def plot(out, doc):
         ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=60)
         ax.set_ylabel("perplexity change vs full precision one-shot (%)")
         ax.set_title(f"perplexity on held-out text (full: {p['rows'][0]['perplexity']:.3f})")
-    fig.suptitle(" ".join(doc["command"])[:160], fontsize=8)
+    fig.suptitle(" ".join(["python", *doc["command"][1:]])[:160], fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "result.png", dpi=110)
     plt.close(fig)
