@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +17,8 @@ def machine(device, world):
 
     info = {"host": socket.gethostname(), "platform": platform.platform(),
             "python": sys.version.split()[0], "torch": torch.__version__,
-            "ferrocomm": ferrocomm.__version__, "world_size": world, "device": str(device),
+            "ferrocomm": ferrocomm.__version__, "revision": _revision(),
+            "world_size": world, "device": str(device),
             "env": {k: v for k, v in sorted(os.environ.items())
                     if k.startswith(("FERROCOMM_", "NCCL_"))}}
     if torch.device(device).type == "cuda":
@@ -29,14 +31,30 @@ def machine(device, world):
 
 
 def default_out():
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d-%H%M%S")
-    return Path("bench/results") / f"{stamp}-{socket.gethostname()}-model"
+    """bench/results/YYYY-MM-DD-<host>-model-HHMMSS (UTC), as bench/results/README.md names runs."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return Path("bench/results") / (f"{now:%Y-%m-%d}-{socket.gethostname()}-model-"
+                                    f"{now:%H%M%S}")
+
+
+def _revision():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def write(out, doc):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    m = doc.get("machine", {})
+    lines = [" ".join(["python", *doc["command"][1:]]),
+             *(f"{k}: {m[k]}" for k in ("host", "gpu", "cuda", "torch", "ferrocomm", "revision",
+                                         "world_size", "device") if m.get(k) is not None),
+             *(f"{k}={v}" for k, v in m.get("env", {}).items()), "", tables(doc)]
+    (out / "command.txt").write_text("\n".join(lines) + "\n")
     plot(out, doc)
     return out
 
