@@ -84,7 +84,8 @@ def resolve(name, **overrides):
         if v is None:
             continue
         if not isinstance(v, int) or v <= 0:
-            raise BenchArgumentError(f"--{k.replace('_', '-')} must be a positive integer, not {v!r}")
+            flag = "--" + k.replace("_", "-")
+            raise BenchArgumentError(f"{flag} must be a positive integer, not {v!r}")
         changes[k] = v
     cfg = dataclasses.replace(SIZES[name], **changes)
     if changes:
@@ -117,7 +118,8 @@ def from_hf(directory):
                   float(scaling["high_freq_factor"]),
                   float(scaling["original_max_position_embeddings"]))
     elif kind_scaling not in ("default", None):
-        raise BenchArgumentError(f"--hf {directory}: rope scaling {kind_scaling!r} is not supported")
+        raise BenchArgumentError(
+            f"--hf {directory}: rope scaling {kind_scaling!r} is not supported")
     return ModelConfig(
         name=Path(directory).name, vocab=c["vocab_size"], hidden=c["hidden_size"],
         layers=c["num_hidden_layers"], heads=heads,

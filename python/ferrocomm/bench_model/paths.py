@@ -3,7 +3,7 @@
 | path | all-reduce |
 |---|---|
 | `nccl` | `torch.distributed` on an NCCL group |
-| `gloo` | `torch.distributed` on gloo, through CPU copies: the reference where NCCL cannot run (ranks sharing one GPU, CPU tensors); never captured in a CUDA graph |
+| `gloo` | `torch.distributed` on gloo through CPU copies (the reference where NCCL cannot run) |
 | `ferrocomm` | `Comm.all_reduce`, full precision |
 | `ferrocomm-lp` | `Comm.all_reduce` with the per-call hint `low_precision` (e4m3 unless told) |
 | `ferrocomm-fused` | `Comm.all_reduce_rmsnorm` (all-reduce, residual add and RMSNorm in one call) |
@@ -116,10 +116,6 @@ class FerroFused(Ferro):
     def add_norm(self, x, residual, weight, eps):
         self._comm.all_reduce_rmsnorm(x, residual, weight, eps, hints=self.hints(x))
         return x, residual
-
-
-def fused_available(comm):
-    return callable(getattr(comm, "all_reduce_rmsnorm", None))
 
 
 def parse_paths(text):

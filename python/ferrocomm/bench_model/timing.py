@@ -70,9 +70,6 @@ def decode(model, reducer, group, batch, context, steps, warmup, seed):
     group.barrier()
     times = _Clock(dev).run(run, steps)
     med = statistics.median(times)
-    if use_graph:
-        del graph
-    del cache
     return {"batch": batch, "context": context, "steps": steps, "graph": use_graph,
             "tpot_ms": group.max(med), "tpot_ms_rank": med}
 
@@ -97,7 +94,6 @@ def prefill(model, reducer, group, length, reps, seed):
         once()
         times.append((time.perf_counter() - t0) * 1e3)
     med = statistics.median(times)
-    del cache
     return {"prompt": length, "reps": reps, "ttft_ms": group.max(med), "ttft_ms_rank": med}
 
 
