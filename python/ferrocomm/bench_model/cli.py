@@ -265,6 +265,19 @@ def main(argv=None):
     return 1 if failed else 0
 
 
+def _train(lm, ckpt, args, log):
+    """Trains the byte-level model on the standard library's source and saves it at `ckpt`."""
+    data, held, root = train.stdlib_corpus(args.corpus_bytes)
+    log(f"training {lm.name} ({lm.params() / 1e6:.1f}M parameters) on {len(data)} bytes "
+        f"of {root}, {len(held)} bytes held out")
+    full, stats = train.train(
+        lm, train.as_tokens(data), steps=args.train_steps, batch=args.train_batch,
+        seq=args.train_seq, lr=args.lr, seed=args.seed, device=args.device, log=log)
+    stats.update(corpus=root, train_bytes=len(data), held_out_bytes=len(held))
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"config": lm.__dict__, "weights": full, "stats": stats}, ckpt)
+
+
 def _fidelity(cfg, lm, group, args, out, log):
     """Trains (rank 0) or loads the small LM, then compares paths and measures perplexity."""
     res = {}
@@ -279,17 +292,17 @@ def _fidelity(cfg, lm, group, args, out, log):
     else:
         lm_cfg = lm
         ckpt = Path(args.lm_checkpoint) if args.lm_checkpoint else out / f"{lm.name}.pt"
+        error = None
         if group.rank == 0 and not ckpt.exists():
-            data, held, root = train.stdlib_corpus(args.corpus_bytes)
-            log(f"training {lm.name} ({lm.params() / 1e6:.1f}M parameters) on {len(data)} bytes "
-                f"of {root}, {len(held)} bytes held out")
-            full, stats = train.train(
-                lm, train.as_tokens(data), steps=args.train_steps, batch=args.train_batch,
-                seq=args.train_seq, lr=args.lr, seed=args.seed, device=args.device, log=log)
-            stats.update(corpus=root, train_bytes=len(data), held_out_bytes=len(held))
-            ckpt.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"config": lm.__dict__, "weights": full, "stats": stats}, ckpt)
-        group.barrier()
+            try:
+                _train(lm, ckpt, args, log)
+            except Exception as e:  # reported to every rank below, then raised here
+                error = e
+        # Every rank waits here for rank 0's training; a failure there ends every rank.
+        if group.max(1.0 if error else 0.0):
+            if error:
+                raise error
+            raise RuntimeError("rank 0 could not train the model (its error is in its output)")
         saved = torch.load(ckpt, weights_only=True)
         if saved["config"] != lm.__dict__:
             raise BenchArgumentError(f"--lm-checkpoint {ckpt} holds a model of another shape: "
