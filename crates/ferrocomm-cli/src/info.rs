@@ -345,6 +345,50 @@ fn threshold(v: Option<usize>, default: usize, var: &str) -> String {
     }
 }
 
+/// The world size `info`'s plans are shown for.
+const PLAN_WORLD: usize = 2;
+/// The sizes (bytes per rank) `info`'s plans are shown for.
+const PLAN_SIZES: [usize; 5] = [1 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20];
+/// The collectives `info`'s plans are shown for.
+const PLAN_COLLECTIVES: [Collective; 7] = [
+    Collective::AllReduce,
+    Collective::AllGather,
+    Collective::ReduceScatter,
+    Collective::AllToAll,
+    Collective::Broadcast,
+    Collective::Reduce,
+    Collective::Send,
+];
+
+/// One line per collective: the [`ferrocomm::Plan`] the host backend runs for each of
+/// [`PLAN_SIZES`] (`all_reduce: 1 KiB flat, 64 KiB flat, ...`), a refusal as `error: ...`.
+pub fn host_plans(cfg: &Config) -> Vec<String> {
+    PLAN_COLLECTIVES
+        .iter()
+        .map(|&coll| {
+            let cells: Vec<String> = PLAN_SIZES
+                .iter()
+                .map(|&bytes| {
+                    let plan = ferrocomm::plan::host_plan(
+                        coll,
+                        bytes,
+                        PLAN_WORLD,
+                        ferrocomm::DataType::F32,
+                        ferrocomm::Algo::Auto,
+                        ferrocomm::LowPrecisionChoice::Default,
+                        cfg,
+                    );
+                    match plan {
+                        Ok(p) => format!("{} {p}", human(bytes)),
+                        Err(e) => format!("{} error: {e}", human(bytes)),
+                    }
+                })
+                .collect();
+            format!("{}: {}", coll.name(), cells.join(", "))
+        })
+        .collect()
+}
+
 /// The report as text.
 pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
     use std::fmt::Write as _;
@@ -486,6 +530,17 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
     );
     if cfg.algo != ferrocomm::Algo::Auto {
         let _ = writeln!(w, "forced algorithm: {} (FERROCOMM_ALGO)", cfg.algo);
+    }
+
+    if sys.gpus.is_empty() {
+        let _ = writeln!(
+            w,
+            "\n== Plans: host backend, {PLAN_WORLD} ranks, float (bytes per rank: the path, as \
+             the bench's algo column and FERROCOMM_DEBUG print it)"
+        );
+        for line in host_plans(cfg) {
+            let _ = writeln!(w, "{line}");
+        }
     }
 
     let lp = &cfg.low_precision;

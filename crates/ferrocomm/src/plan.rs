@@ -24,7 +24,7 @@ pub enum LowPrecisionChoice {
 }
 
 /// Which engine carries a call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Engine {
     /// The host backend (shared memory between processes).
     Host,
@@ -36,7 +36,7 @@ pub enum Engine {
 
 /// How one call runs, as the planner decided it: the bench's path column, `algo_for`'s callers
 /// and `ferrocomm info` print it through its one [`fmt::Display`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Plan {
     pub engine: Engine,
     /// The algorithm; for a low-precision call, the low-precision path's (flat or tree
@@ -61,6 +61,23 @@ impl fmt::Display for Plan {
                 write!(f, "{}-{}", self.algo, form.kernel())
             }
             _ => write!(f, "{}", self.algo),
+        }
+    }
+}
+
+impl Plan {
+    /// A full-precision plan of the cuda backend: NCCL's engine for [`Algo::Nccl`], direct
+    /// access for every other algorithm.
+    pub fn on_gpu(algo: Algo, form: Option<FlatForm>) -> Plan {
+        Plan {
+            engine: if algo == Algo::Nccl {
+                Engine::Nccl
+            } else {
+                Engine::Direct
+            },
+            algo,
+            form,
+            low_precision: None,
         }
     }
 }
@@ -307,6 +324,105 @@ pub fn low_precision(
 }
 
 // ---------------------------------------------------------------------------------------------
+// The host backend: every call runs in shared memory.
+
+/// What the host backend has: no push kernel, no NCCL, no staging limit (it chunks).
+pub const HOST_CAPS: Caps = Caps {
+    push: false,
+    nccl: false,
+    staging_bytes: None,
+    multi_host: false,
+};
+
+/// The host backend's algorithm: the all-reduce flat or tree ([`select`]'s push is flat
+/// there), every other collective direct.
+pub fn host_algo(
+    coll: Collective,
+    bytes_per_rank: usize,
+    world: usize,
+    dtype: DataType,
+    requested: Algo,
+    cfg: &Config,
+) -> Result<Algo> {
+    let a = select(
+        coll,
+        bytes_per_rank,
+        world,
+        dtype,
+        requested,
+        &HOST_CAPS,
+        cfg,
+    )?;
+    Ok(match (coll, a) {
+        (Collective::AllReduce, Algo::Tree) => Algo::Tree,
+        (Collective::AllReduce, _) => Algo::Flat,
+        _ => Algo::Direct,
+    })
+}
+
+/// The host backend's codec for one call: [`low_precision`] with no size floor of its own
+/// (low precision whenever asked); `op` counts for the reducing collectives only.
+pub fn host_low_precision(
+    coll: Collective,
+    dtype: DataType,
+    op: ReduceOp,
+    bytes_per_rank: usize,
+    choice: LowPrecisionChoice,
+    cfg: &Config,
+) -> Result<Option<Codec>> {
+    let op = matches!(
+        coll,
+        Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+    )
+    .then_some(op);
+    low_precision(coll, dtype, op, bytes_per_rank, choice, cfg, 0)
+}
+
+/// The plan of one host-backend call of `bytes_per_rank` (a Sum for the reductions): what the
+/// host backend runs, what `ferrocomm info` prints on a machine without a GPU.
+pub fn host_plan(
+    coll: Collective,
+    bytes_per_rank: usize,
+    world: usize,
+    dtype: DataType,
+    requested: Algo,
+    choice: LowPrecisionChoice,
+    cfg: &Config,
+) -> Result<Plan> {
+    let codec = host_low_precision(coll, dtype, ReduceOp::Sum, bytes_per_rank, choice, cfg)?;
+    Ok(Plan {
+        engine: Engine::Host,
+        algo: host_algo(coll, bytes_per_rank, world, dtype, requested, cfg)?,
+        form: None,
+        low_precision: codec,
+    })
+}
+
+/// The plan of one call on the plain NCCL backend: NCCL for everything (an explicit request for
+/// another algorithm is refused by [`select`]), full precision.
+pub fn nccl_plan(
+    coll: Collective,
+    bytes_per_rank: usize,
+    world: usize,
+    dtype: DataType,
+    requested: Algo,
+    cfg: &Config,
+) -> Result<Plan> {
+    let caps = Caps {
+        push: false,
+        nccl: true,
+        staging_bytes: Some(0),
+        multi_host: true,
+    };
+    Ok(Plan {
+        engine: Engine::Nccl,
+        algo: select(coll, bytes_per_rank, world, dtype, requested, &caps, cfg)?,
+        form: None,
+        low_precision: None,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
 // The cuda backend: what direct access has, and how each call runs there.
 
 /// Rounds of a staged collective's pipeline (`FC_MAX_ROUNDS` of the kernels): barrier words per
@@ -370,7 +486,7 @@ impl CudaCaps<'_> {
 
 /// How a flat all-reduce moves its data ([`flat_form`]); `kernel` names its entry points
 /// (`fc_<kernel>_<op>`) and the bench's path detail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FlatForm {
     Pull,
     Stream,
@@ -561,6 +677,40 @@ pub fn cuda_all_reduce(
         a = Algo::Flat;
     }
     Ok(a)
+}
+
+/// The plan of one all-reduce of `bytes` per rank on the cuda backend (pointers aligned to the
+/// element size, which the backend requires): low precision by direct access when
+/// [`low_precision`] says so (with the cuda size floor, [`CUDA_LP_MIN_BYTES`]) on the path of
+/// [`lp_all_reduce`]; else [`cuda_all_reduce`]'s algorithm, a flat one with its
+/// [`flat_form`]. The executor runs this plan as it is.
+pub fn cuda_all_reduce_plan(
+    cuda: &CudaCaps<'_>,
+    cfg: &Config,
+    bytes: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    requested: Algo,
+    choice: LowPrecisionChoice,
+) -> Result<Plan> {
+    if cuda.dda.is_some() {
+        let coll = Collective::AllReduce;
+        let lp = low_precision(coll, dtype, Some(op), bytes, choice, cfg, CUDA_LP_MIN_BYTES)?;
+        if let Some(codec) = lp {
+            return Ok(Plan {
+                engine: Engine::Direct,
+                algo: lp_all_reduce(requested, cfg.algo, cuda.world),
+                form: None,
+                low_precision: Some(codec),
+            });
+        }
+    }
+    let algo = cuda_all_reduce(cuda, cfg, bytes, dtype, op, requested)?;
+    let form = match (&cuda.dda, algo) {
+        (Some(d), Algo::Flat) => Some(flat_form(d, bytes)),
+        _ => None,
+    };
+    Ok(Plan::on_gpu(algo, form))
 }
 
 /// How one call of a collective other than all-reduce runs on the cuda backend.

@@ -391,7 +391,7 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
                 for &size in &plan.sizes {
                     let shape = Shape::new(plan.coll, size, dtype, world)?;
                     let call = comm
-                        .plan_for(
+                        .algo_for(
                             plan.coll.collective(),
                             shape.bytes_per_rank(),
                             dtype,

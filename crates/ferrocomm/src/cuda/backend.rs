@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::driver::capturing;
 use crate::error::{Error, Result};
 use crate::nccl::{check_views, in_part_ptr, in_ptr, p2p_views, views_of, NcclOps};
-use crate::plan::{self, Algo, Collective, CudaCaps, FlatForm};
+use crate::plan::{self, Algo, Collective, CudaCaps, Engine, Plan};
 use crate::quant::Codec;
 use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
@@ -164,21 +164,23 @@ impl CudaBackend {
         }
     }
 
-    /// The all-reduce algorithm of a full-precision call ([`plan::cuda_all_reduce`]).
-    fn all_reduce_algo(
+    /// The plan of an all-reduce ([`plan::cuda_all_reduce_plan`]): what
+    /// [`Backend::plan_for`] reports and the executor runs.
+    fn all_reduce_plan(
         &self,
         bytes: usize,
         dtype: DataType,
         op: ReduceOp,
         opts: &CallOpts,
-    ) -> Result<Algo> {
-        plan::cuda_all_reduce(
+    ) -> Result<Plan> {
+        plan::cuda_all_reduce_plan(
             &self.cuda_caps(),
             &self.config,
             bytes,
             dtype,
             op,
             opts.algo.0,
+            opts.low_precision,
         )
     }
 
@@ -442,23 +444,28 @@ impl Backend for CudaBackend {
                 "all_reduce: pointers must be aligned to the element size ({es} bytes)"
             )));
         }
-        let lp = self.lp_codec(AR, dtype, Some(op), count * es as usize, [ip, op_ptr], opts)?;
-        if let Some((d, codec)) = lp {
-            let kind = LpKind::of_all_reduce(plan::lp_all_reduce(
-                opts.algo.0,
-                self.config.algo,
-                self.size,
-            ));
-            self.follow(&mut st, opts.stream)?;
-            let avg = op == ReduceOp::Avg;
-            return d.lp_collective(kind, &codec, dtype, ip, op_ptr, count, avg, opts.stream);
-        }
-        let algo = self.all_reduce_algo(count * dtype.size(), dtype, op, opts)?;
+        let plan = self.all_reduce_plan(count * dtype.size(), dtype, op, opts)?;
         self.follow(&mut st, opts.stream)?;
-        match (algo, &self.dda) {
-            (Algo::Push | Algo::Flat | Algo::Tree, Some(d)) => {
-                d.all_reduce(algo, ip, op_ptr, count, dtype, op, opts.stream)
+        match (plan, &self.dda) {
+            (
+                Plan {
+                    low_precision: Some(codec),
+                    algo,
+                    ..
+                },
+                Some(d),
+            ) => {
+                let kind = LpKind::of_all_reduce(algo);
+                let avg = op == ReduceOp::Avg;
+                d.lp_collective(kind, &codec, dtype, ip, op_ptr, count, avg, opts.stream)
             }
+            (
+                Plan {
+                    engine: Engine::Direct,
+                    ..
+                },
+                Some(d),
+            ) => d.all_reduce(&plan, ip, op_ptr, count, dtype, op, opts.stream),
             _ => self.nccl("all_reduce")?.all_reduce(input, output, op, opts),
         }
     }
@@ -684,15 +691,13 @@ impl Backend for CudaBackend {
         // all-reduce with Max, which leaves the word as it was. A peer that never comes makes
         // the kernel give up after the timeout, and check_error names it.
         let w = d.barrier_word();
-        d.all_reduce(
-            Algo::Push,
-            w,
-            w,
-            1,
-            DataType::I32,
-            ReduceOp::Max,
-            opts.stream,
-        )?;
+        let push = Plan {
+            engine: Engine::Direct,
+            algo: Algo::Push,
+            form: None,
+            low_precision: None,
+        };
+        d.all_reduce(&push, w, w, 1, DataType::I32, ReduceOp::Max, opts.stream)?;
         cu(
             // SAFETY: waits for the caller's stream; the kernel ends by the timeout at the latest.
             unsafe { sys::cuStreamSynchronize(opts.stream as sys::CUstream) },
@@ -749,16 +754,38 @@ impl Backend for CudaBackend {
         self.nccl("batch_send_recv")?.batch_send_recv(&ops, opts)
     }
 
-    fn algo_for(
+    fn plan_for(
+        &self,
+        coll: Collective,
+        bytes_per_rank: usize,
+        dtype: DataType,
+        opts: &CallOpts,
+    ) -> Result<Plan> {
+        if coll == AR {
+            return self.all_reduce_plan(bytes_per_rank, dtype, ReduceOp::Sum, opts);
+        }
+        if let Some(codec) = self.collective_codec(coll, bytes_per_rank, dtype, opts)? {
+            return Ok(Plan {
+                engine: Engine::Direct,
+                algo: Algo::Direct,
+                form: None,
+                low_precision: Some(codec),
+            });
+        }
+        let algo = self.collective_algo(coll, bytes_per_rank, dtype, opts)?;
+        Ok(Plan::on_gpu(algo, None))
+    }
+}
+
+impl CudaBackend {
+    /// The algorithm of a full-precision call of a collective other than the all-reduce.
+    fn collective_algo(
         &self,
         coll: Collective,
         bytes_per_rank: usize,
         dtype: DataType,
         opts: &CallOpts,
     ) -> Result<Algo> {
-        if coll == Collective::AllReduce {
-            return self.all_reduce_algo(bytes_per_rank, dtype, ReduceOp::Sum, opts);
-        }
         let p2p = matches!(coll, Collective::Send | Collective::Recv);
         if !(coll == Collective::Barrier || p2p && self.size != 2) {
             // (Above two ranks the all-to-all-v's choice takes no size: select's own rule.)
@@ -790,24 +817,17 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn form_for(&self, coll: Collective, bytes_per_rank: usize, algo: Algo) -> Option<FlatForm> {
-        let dda = self.dda.as_ref()?;
-        if coll != AR || algo != Algo::Flat {
-            return None;
-        }
-        Some(plan::flat_form(&dda.caps(), bytes_per_rank))
-    }
-
-    fn low_precision_plan(
+    /// The codec when a call of a collective other than the all-reduce goes low precision.
+    fn collective_codec(
         &self,
         coll: Collective,
         bytes_per_rank: usize,
         dtype: DataType,
         opts: &CallOpts,
-    ) -> Result<Option<(Algo, Codec)>> {
+    ) -> Result<Option<Codec>> {
         // The same rule as the calls (aligned pointers assumed), on the part sizes algo_for uses.
         let (op, bytes) = match coll {
-            AR | RS => (Some(ReduceOp::Sum), bytes_per_rank),
+            RS => (Some(ReduceOp::Sum), bytes_per_rank),
             AG => (None, bytes_per_rank),
             A2A => (None, bytes_per_rank / self.size),
             // World x the largest crossing part (as Communicator::algo_for's callers count it).
@@ -820,10 +840,6 @@ impl Backend for CudaBackend {
         if coll == A2AV && !a2av_codec_fits(&c, d.layout().staging_bytes) {
             return Ok(None);
         }
-        let algo = match coll {
-            AR => plan::lp_all_reduce(opts.algo.0, self.config.algo, self.size),
-            _ => Algo::Direct,
-        };
-        Ok(Some((algo, c)))
+        Ok(Some(c))
     }
 }
