@@ -449,6 +449,9 @@ pub struct DdaCaps {
     pub ll128_links: bool,
     /// Largest part the collectives send in LL lines (`FERROCOMM_LL_MAX_BYTES`).
     pub ll_max: usize,
+    /// The two-rank low-precision all-to-all-v fits the staging with the configured block (its
+    /// tiles: a capacity check of the executor; the format leaves the record sizes alike).
+    pub a2av_lp: bool,
 }
 
 /// What the cuda backend has for a call, as plain values.
@@ -711,6 +714,72 @@ pub fn cuda_all_reduce_plan(
         _ => None,
     };
     Ok(Plan::on_gpu(algo, form))
+}
+
+/// The plan of one call of `coll` with `bytes_per_rank` (as [`Plan`]'s callers count it: the
+/// output of an all-reduce, one rank's part of an all-gather or reduce-scatter, the whole
+/// output of an all-to-all, `world` × the largest crossing part of an all-to-all-v) on the
+/// cuda backend, a Sum for the reductions, pointers aligned: [`cuda_all_reduce_plan`] for the
+/// all-reduce; low precision by direct access where [`low_precision`] says so (the all-to-all-v
+/// at two ranks, where its tiles fit); else [`cuda_collective`]'s algorithm (the barrier a
+/// push by direct access, else NCCL's; point-to-point above two ranks NCCL's).
+pub fn cuda_plan(
+    cuda: &CudaCaps<'_>,
+    cfg: &Config,
+    coll: Collective,
+    bytes_per_rank: usize,
+    dtype: DataType,
+    requested: Algo,
+    choice: LowPrecisionChoice,
+) -> Result<Plan> {
+    let world = cuda.world;
+    if coll == Collective::AllReduce {
+        let sum = ReduceOp::Sum;
+        return cuda_all_reduce_plan(cuda, cfg, bytes_per_rank, dtype, sum, requested, choice);
+    }
+    // The size low precision weighs: one rank's part.
+    let lp_shape = match coll {
+        Collective::ReduceScatter => Some((Some(ReduceOp::Sum), bytes_per_rank)),
+        Collective::AllGather => Some((None, bytes_per_rank)),
+        Collective::AllToAll => Some((None, bytes_per_rank / world)),
+        Collective::AllToAllV if world == 2 => Some((None, bytes_per_rank / world)),
+        _ => None,
+    };
+    if let (Some(d), Some((op, bytes))) = (&cuda.dda, lp_shape) {
+        let lp = low_precision(coll, dtype, op, bytes, choice, cfg, CUDA_LP_MIN_BYTES)?;
+        if let Some(codec) = lp.filter(|_| coll != Collective::AllToAllV || d.a2av_lp) {
+            return Ok(Plan {
+                engine: Engine::Direct,
+                algo: Algo::Direct,
+                form: None,
+                low_precision: Some(codec),
+            });
+        }
+    }
+    if coll == Collective::Barrier && cuda.dda.is_some() {
+        // Direct access meets every rank in a one-word push all-reduce.
+        return Ok(Plan::on_gpu(Algo::Push, None));
+    }
+    let p2p = matches!(coll, Collective::Send | Collective::Recv);
+    if coll == Collective::Barrier || p2p && world != 2 {
+        if !cuda.nccl {
+            return Err(Error::Unsupported {
+                collective: coll.name(),
+                backend: "cuda",
+                what: format!("{} without NCCL ({})", coll.name(), cuda.no_nccl),
+            });
+        }
+        return Ok(Plan::on_gpu(Algo::Nccl, None));
+    }
+    // (Above two ranks the all-to-all-v's choice takes no size: select's own rule.)
+    let part = match coll {
+        Collective::AllToAll | Collective::AllToAllV => bytes_per_rank / world,
+        _ => bytes_per_rank,
+    };
+    let op =
+        matches!(coll, Collective::Reduce | Collective::ReduceScatter).then_some(ReduceOp::Sum);
+    let algo = cuda_collective(cuda, cfg, coll, bytes_per_rank, part, dtype, op, requested)?;
+    Ok(Plan::on_gpu(algo, None))
 }
 
 /// How one call of a collective other than all-reduce runs on the cuda backend.
@@ -1002,5 +1071,79 @@ mod tests {
             );
             cfg.thresholds.p2p_max = None;
         }
+    }
+
+    #[test]
+    fn a_cuda_plan_names_what_each_call_runs() {
+        let dda = DdaCaps {
+            staging_bytes: 64 << 20,
+            push_cap: 512 << 10,
+            ce_bytes: 0,
+            ce_min: None,
+            ll128_cap: 0,
+            ll128_links: false,
+            ll_max: 256 << 10,
+            a2av_lp: true,
+        };
+        let kernels = [DataType::F32, DataType::BF16];
+        let caps = |world, dda, nccl| CudaCaps {
+            world,
+            dda,
+            no_dda: "off",
+            nccl,
+            no_nccl: "absent",
+            multi_host: false,
+            kernel_dtypes: &kernels,
+        };
+        let mut cfg = Config::default();
+        let plan = |c: &CudaCaps<'_>, cfg: &Config, coll, bytes| {
+            let d = LowPrecisionChoice::Default;
+            cuda_plan(c, cfg, coll, bytes, DataType::BF16, Algo::Auto, d).map(|p| p.to_string())
+        };
+        let two = caps(2, Some(dda), true);
+        assert_eq!(
+            plan(&two, &cfg, Collective::AllReduce, 1024).unwrap(),
+            "push"
+        );
+        assert_eq!(
+            plan(&two, &cfg, Collective::AllReduce, 1 << 30).unwrap(),
+            "nccl"
+        );
+        // The barrier meets in a push kernel by direct access, else in NCCL, else nowhere.
+        assert_eq!(plan(&two, &cfg, Collective::Barrier, 0).unwrap(), "push");
+        let no_dda = caps(2, None, true);
+        assert_eq!(plan(&no_dda, &cfg, Collective::Barrier, 0).unwrap(), "nccl");
+        assert!(plan(&caps(2, None, false), &cfg, Collective::Barrier, 0).is_err());
+        // Point-to-point direct between two ranks only.
+        assert_eq!(plan(&two, &cfg, Collective::Send, 1024).unwrap(), "direct");
+        let four = caps(4, Some(dda), true);
+        assert_eq!(plan(&four, &cfg, Collective::Send, 1024).unwrap(), "nccl");
+        // Low precision from the cuda floor (4 MiB of one rank's part) up.
+        cfg.low_precision.enabled = true;
+        let ag = |bytes| plan(&two, &cfg, Collective::AllGather, bytes).unwrap();
+        assert_eq!(
+            (ag(1 << 20), ag(4 << 20)),
+            ("direct".into(), "lp-direct".into())
+        );
+        // The all-to-all counts its whole output; the all-to-all-v goes low precision at two
+        // ranks where its tiles fit.
+        let a2a = plan(&two, &cfg, Collective::AllToAll, 8 << 20).unwrap();
+        assert_eq!(a2a, "lp-direct");
+        let a2av = |c: &CudaCaps<'_>| plan(c, &cfg, Collective::AllToAllV, 8 << 20).unwrap();
+        assert_eq!(a2av(&two), "lp-direct");
+        let tight = DdaCaps {
+            a2av_lp: false,
+            ..dda
+        };
+        assert_eq!(a2av(&caps(2, Some(tight), true)), "direct");
+        assert_eq!(a2av(&four), "nccl");
+        assert_eq!(
+            plan(&two, &cfg, Collective::AllReduce, 4 << 20).unwrap(),
+            "lp-flat"
+        );
+        assert_eq!(
+            plan(&four, &cfg, Collective::AllReduce, 4 << 20).unwrap(),
+            "lp-tree"
+        );
     }
 }

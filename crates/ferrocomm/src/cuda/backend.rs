@@ -7,7 +7,7 @@ use cudarc::driver::{sys, CudaContext};
 
 use super::collectives;
 use super::dda::Dda;
-use super::lowp::{a2av_codec_fits, a2av_plan, LpKind};
+use super::lowp::{a2av_plan, LpKind};
 use super::{cu, kernels, open_context};
 use crate::backend::{Backend, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts, Splits};
 use crate::bootstrap::all_gather_bytes;
@@ -155,7 +155,7 @@ impl CudaBackend {
     fn cuda_caps(&self) -> CudaCaps<'_> {
         CudaCaps {
             world: self.size,
-            dda: self.dda.as_ref().map(Dda::caps),
+            dda: self.dda.as_ref().map(|d| d.caps(&self.config)),
             no_dda: &self.no_dda,
             nccl: self.nccl.is_some(),
             no_nccl: &self.no_nccl,
@@ -249,7 +249,6 @@ impl CudaBackend {
     }
 }
 
-const AR: Collective = Collective::AllReduce;
 const AG: Collective = Collective::AllGather;
 const RS: Collective = Collective::ReduceScatter;
 const A2A: Collective = Collective::AllToAll;
@@ -691,12 +690,7 @@ impl Backend for CudaBackend {
         // all-reduce with Max, which leaves the word as it was. A peer that never comes makes
         // the kernel give up after the timeout, and check_error names it.
         let w = d.barrier_word();
-        let push = Plan {
-            engine: Engine::Direct,
-            algo: Algo::Push,
-            form: None,
-            low_precision: None,
-        };
+        let push = Plan::on_gpu(Algo::Push, None);
         d.all_reduce(&push, w, w, 1, DataType::I32, ReduceOp::Max, opts.stream)?;
         cu(
             // SAFETY: waits for the caller's stream; the kernel ends by the timeout at the latest.
@@ -761,85 +755,14 @@ impl Backend for CudaBackend {
         dtype: DataType,
         opts: &CallOpts,
     ) -> Result<Plan> {
-        if coll == AR {
-            return self.all_reduce_plan(bytes_per_rank, dtype, ReduceOp::Sum, opts);
-        }
-        if let Some(codec) = self.collective_codec(coll, bytes_per_rank, dtype, opts)? {
-            return Ok(Plan {
-                engine: Engine::Direct,
-                algo: Algo::Direct,
-                form: None,
-                low_precision: Some(codec),
-            });
-        }
-        let algo = self.collective_algo(coll, bytes_per_rank, dtype, opts)?;
-        Ok(Plan::on_gpu(algo, None))
-    }
-}
-
-impl CudaBackend {
-    /// The algorithm of a full-precision call of a collective other than the all-reduce.
-    fn collective_algo(
-        &self,
-        coll: Collective,
-        bytes_per_rank: usize,
-        dtype: DataType,
-        opts: &CallOpts,
-    ) -> Result<Algo> {
-        let p2p = matches!(coll, Collective::Send | Collective::Recv);
-        if !(coll == Collective::Barrier || p2p && self.size != 2) {
-            // (Above two ranks the all-to-all-v's choice takes no size: select's own rule.)
-            let part = match coll {
-                Collective::AllToAll | Collective::AllToAllV => bytes_per_rank / self.size,
-                _ => bytes_per_rank,
-            };
-            let op = matches!(coll, Collective::Reduce | Collective::ReduceScatter)
-                .then_some(ReduceOp::Sum);
-            return plan::cuda_collective(
-                &self.cuda_caps(),
-                &self.config,
-                coll,
-                bytes_per_rank,
-                part,
-                dtype,
-                op,
-                opts.algo.0,
-            );
-        }
-        if self.nccl.is_some() {
-            Ok(Algo::Nccl)
-        } else {
-            Err(Error::Unsupported {
-                collective: coll.name(),
-                backend: "cuda",
-                what: format!("{} without NCCL ({})", coll.name(), self.no_nccl),
-            })
-        }
-    }
-
-    /// The codec when a call of a collective other than the all-reduce goes low precision.
-    fn collective_codec(
-        &self,
-        coll: Collective,
-        bytes_per_rank: usize,
-        dtype: DataType,
-        opts: &CallOpts,
-    ) -> Result<Option<Codec>> {
-        // The same rule as the calls (aligned pointers assumed), on the part sizes algo_for uses.
-        let (op, bytes) = match coll {
-            RS => (Some(ReduceOp::Sum), bytes_per_rank),
-            AG => (None, bytes_per_rank),
-            A2A => (None, bytes_per_rank / self.size),
-            // World x the largest crossing part (as Communicator::algo_for's callers count it).
-            A2AV if self.size == 2 => (None, bytes_per_rank / self.size),
-            _ => return Ok(None),
-        };
-        let Some((d, c)) = self.lp_codec(coll, dtype, op, bytes, [0, 0], opts)? else {
-            return Ok(None);
-        };
-        if coll == A2AV && !a2av_codec_fits(&c, d.layout().staging_bytes) {
-            return Ok(None);
-        }
-        Ok(Some(c))
+        plan::cuda_plan(
+            &self.cuda_caps(),
+            &self.config,
+            coll,
+            bytes_per_rank,
+            dtype,
+            opts.algo.0,
+            opts.low_precision,
+        )
     }
 }
