@@ -367,8 +367,9 @@ const PLAN_COLLECTIVES: [Collective; 7] = [
 /// share NVLink or ranks share one GPU) and NCCL where the library was found.
 pub fn plans(cfg: &Config, sys: &SystemInfo) -> Vec<String> {
     use ferrocomm::plan::{cuda_plan, host_plan, CudaCaps};
-    let (dt, auto, lp) = (
+    let (dt, sum, auto, lp) = (
         ferrocomm::DataType::F32,
+        ferrocomm::ReduceOp::Sum,
         ferrocomm::Algo::Auto,
         ferrocomm::LowPrecisionChoice::Default,
     );
@@ -402,7 +403,7 @@ pub fn plans(cfg: &Config, sys: &SystemInfo) -> Vec<String> {
                     let plan = if sys.gpus.is_empty() {
                         host_plan(coll, bytes, PLAN_WORLD, dt, auto, lp, cfg)
                     } else {
-                        cuda_plan(&cuda, cfg, coll, bytes, dt, auto, lp)
+                        cuda_plan(&cuda, cfg, coll, bytes, dt, sum, auto, lp)
                     };
                     match plan {
                         Ok(p) => format!("{} {p}", human(bytes)),

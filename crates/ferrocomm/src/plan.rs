@@ -46,6 +46,17 @@ pub struct Plan {
     pub form: Option<FlatForm>,
     /// The codec of a low-precision call; `None` for full precision.
     pub low_precision: Option<Codec>,
+    /// How a full-precision staged collective of the cuda backend's direct access moves its
+    /// parts ([`part_form`]); `None` elsewhere (the all-to-all-v picks per piece).
+    pub parts: Option<PartForm>,
+}
+
+/// The kernel form of a staged collective's parts and its rounds ([`part_form`]): `ll` (LL
+/// lines), `st` (staged) or `rw` (pipelined staged, in `rounds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PartForm {
+    pub form: &'static str,
+    pub rounds: u32,
 }
 
 impl fmt::Display for Plan {
@@ -78,6 +89,7 @@ impl Plan {
             algo,
             form,
             low_precision: None,
+            parts: None,
         }
     }
 }
@@ -395,6 +407,7 @@ pub fn host_plan(
         algo: host_algo(coll, bytes_per_rank, world, dtype, requested, cfg)?,
         form: None,
         low_precision: codec,
+        parts: None,
     })
 }
 
@@ -419,6 +432,7 @@ pub fn nccl_plan(
         algo: select(coll, bytes_per_rank, world, dtype, requested, &caps, cfg)?,
         form: None,
         low_precision: None,
+        parts: None,
     })
 }
 
@@ -705,6 +719,7 @@ pub fn cuda_all_reduce_plan(
                 algo: lp_all_reduce(requested, cfg.algo, cuda.world),
                 form: None,
                 low_precision: Some(codec),
+                parts: None,
             });
         }
     }
@@ -722,24 +737,26 @@ pub fn cuda_all_reduce_plan(
 /// cuda backend, a Sum for the reductions, pointers aligned: [`cuda_all_reduce_plan`] for the
 /// all-reduce; low precision by direct access where [`low_precision`] says so (the all-to-all-v
 /// at two ranks, where its tiles fit); else [`cuda_collective`]'s algorithm (the barrier a
-/// push by direct access, else NCCL's; point-to-point above two ranks NCCL's).
+/// push by direct access, else NCCL's; point-to-point above two ranks NCCL's), a staged
+/// collective by direct access with its [`PartForm`]. `op` counts for the reductions.
+#[allow(clippy::too_many_arguments)]
 pub fn cuda_plan(
     cuda: &CudaCaps<'_>,
     cfg: &Config,
     coll: Collective,
     bytes_per_rank: usize,
     dtype: DataType,
+    op: ReduceOp,
     requested: Algo,
     choice: LowPrecisionChoice,
 ) -> Result<Plan> {
     let world = cuda.world;
     if coll == Collective::AllReduce {
-        let sum = ReduceOp::Sum;
-        return cuda_all_reduce_plan(cuda, cfg, bytes_per_rank, dtype, sum, requested, choice);
+        return cuda_all_reduce_plan(cuda, cfg, bytes_per_rank, dtype, op, requested, choice);
     }
     // The size low precision weighs: one rank's part.
     let lp_shape = match coll {
-        Collective::ReduceScatter => Some((Some(ReduceOp::Sum), bytes_per_rank)),
+        Collective::ReduceScatter => Some((Some(op), bytes_per_rank)),
         Collective::AllGather => Some((None, bytes_per_rank)),
         Collective::AllToAll => Some((None, bytes_per_rank / world)),
         Collective::AllToAllV if world == 2 => Some((None, bytes_per_rank / world)),
@@ -753,6 +770,7 @@ pub fn cuda_plan(
                 algo: Algo::Direct,
                 form: None,
                 low_precision: Some(codec),
+                parts: None,
             });
         }
     }
@@ -776,10 +794,33 @@ pub fn cuda_plan(
         Collective::AllToAll | Collective::AllToAllV => bytes_per_rank / world,
         _ => bytes_per_rank,
     };
-    let op =
-        matches!(coll, Collective::Reduce | Collective::ReduceScatter).then_some(ReduceOp::Sum);
+    let op = matches!(coll, Collective::Reduce | Collective::ReduceScatter).then_some(op);
     let algo = cuda_collective(cuda, cfg, coll, bytes_per_rank, part, dtype, op, requested)?;
-    Ok(Plan::on_gpu(algo, None))
+    let parts = match (&cuda.dda, algo, staged_kernel(coll)) {
+        (Some(d), Algo::Direct, Some(kernel)) => {
+            let (form, rounds) = part_form(kernel, part, d.ll_max);
+            Some(PartForm { form, rounds })
+        }
+        _ => None,
+    };
+    Ok(Plan {
+        parts,
+        ..Plan::on_gpu(algo, None)
+    })
+}
+
+/// The staged kernel that carries `coll` by direct access (`fc_<kernel>_<form>`): a message
+/// between two ranks is a broadcast rooted at its sender; `None` for the all-reduce and the
+/// all-to-all-v, which have kernels of their own.
+pub fn staged_kernel(coll: Collective) -> Option<&'static str> {
+    match coll {
+        Collective::AllGather => Some("all_gather"),
+        Collective::ReduceScatter => Some("reduce_scatter"),
+        Collective::AllToAll => Some("all_to_all"),
+        Collective::Reduce => Some("reduce"),
+        Collective::Broadcast | Collective::Send | Collective::Recv => Some("broadcast"),
+        _ => None,
+    }
 }
 
 /// How one call of a collective other than all-reduce runs on the cuda backend.
@@ -896,6 +937,7 @@ mod tests {
             algo,
             form,
             low_precision: None,
+            parts: None,
         };
         assert_eq!(full(Algo::Flat, Some(FlatForm::Pull)).to_string(), "flat");
         assert_eq!(full(Algo::Flat, Some(FlatForm::Stream)).to_string(), "flat");
@@ -1098,7 +1140,8 @@ mod tests {
         let mut cfg = Config::default();
         let plan = |c: &CudaCaps<'_>, cfg: &Config, coll, bytes| {
             let d = LowPrecisionChoice::Default;
-            cuda_plan(c, cfg, coll, bytes, DataType::BF16, Algo::Auto, d).map(|p| p.to_string())
+            let (dt, sum) = (DataType::BF16, ReduceOp::Sum);
+            cuda_plan(c, cfg, coll, bytes, dt, sum, Algo::Auto, d).map(|p| p.to_string())
         };
         let two = caps(2, Some(dda), true);
         assert_eq!(
@@ -1118,6 +1161,23 @@ mod tests {
         assert_eq!(plan(&two, &cfg, Collective::Send, 1024).unwrap(), "direct");
         let four = caps(4, Some(dda), true);
         assert_eq!(plan(&four, &cfg, Collective::Send, 1024).unwrap(), "nccl");
+        // A staged collective carries the form of its parts (the all-gather's kernel: LL lines
+        // to ll_max, staged, pipelined in rounds of 4 MiB from 8 MiB); NCCL's none.
+        let parts = |c: &CudaCaps<'_>, coll, bytes| {
+            let (dt, sum, d) = (DataType::BF16, ReduceOp::Sum, LowPrecisionChoice::Default);
+            cuda_plan(c, &cfg, coll, bytes, dt, sum, Algo::Auto, d)
+                .unwrap()
+                .parts
+        };
+        let form = |form, rounds| Some(PartForm { form, rounds });
+        assert_eq!(parts(&two, Collective::AllGather, 1024), form("ll", 1));
+        assert_eq!(parts(&two, Collective::AllGather, 1 << 20), form("st", 1));
+        assert_eq!(parts(&two, Collective::AllGather, 16 << 20), form("rw", 4));
+        assert_eq!(parts(&two, Collective::AllGather, 64 << 20), None);
+        // The all-to-all's part is its output over the world; a message is a broadcast.
+        assert_eq!(parts(&two, Collective::AllToAll, 32 << 20), form("rw", 4));
+        assert_eq!(parts(&two, Collective::Send, 1 << 20), form("st", 1));
+        assert_eq!(parts(&two, Collective::AllReduce, 1024), None);
         // Low precision from the cuda floor (4 MiB of one rank's part) up.
         cfg.low_precision.enabled = true;
         let ag = |bytes| plan(&two, &cfg, Collective::AllGather, bytes).unwrap();
