@@ -12,6 +12,7 @@ use crate::bootstrap::{self, PrefixStore, Store};
 use crate::config::{BackendChoice, Config};
 use crate::error::{Error, Result};
 use crate::quant::Format;
+use crate::rmsnorm::{AllReduceRmsNorm, Shape};
 use crate::select::{Algo, Collective};
 use crate::types::{read_count, DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
@@ -250,6 +251,21 @@ pub trait Backend: Send + Sync {
         Err(no_device_counts("all_to_all_v_dynamic_packed", self.name()))
     }
     fn barrier(&self, opts: &CallOpts) -> Result<()>;
+    /// The fused all-reduce + residual add + RMSNorm (see [`crate::rmsnorm`]), its arguments
+    /// checked ([`AllReduceRmsNorm::check`] gave `shape`). Backends without it refuse.
+    fn all_reduce_rmsnorm(
+        &self,
+        call: AllReduceRmsNorm<'_>,
+        shape: Shape,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let _ = (call, shape, opts);
+        Err(Error::Unsupported {
+            collective: crate::rmsnorm::NAME,
+            backend: self.name(),
+            what: "the fused all-reduce + RMSNorm".into(),
+        })
+    }
     /// Sends and receives issued together (see [`Communicator::batch_send_recv`]).
     fn batch_send_recv(&self, ops: Vec<P2pOp<'_>>, opts: &CallOpts) -> Result<()>;
     fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
@@ -593,6 +609,15 @@ impl Communicator {
         op.check(output.dtype(), c)?;
         check_input(c, &input, &output, output.count())?;
         self.live()?.all_reduce(input, output, op, opts)
+    }
+
+    /// Sums `call.x` over all ranks, adds the residual and RMS-normalizes every row, in one
+    /// call (optionally also as FP8 with a scale per row): see [`crate::rmsnorm`]. Every rank
+    /// passes the same shape, dtype, eps and FP8 choice; the host backend checks that, the
+    /// cuda backend's all-reduce the total size.
+    pub fn all_reduce_rmsnorm(&self, call: AllReduceRmsNorm<'_>, opts: &CallOpts) -> Result<()> {
+        let shape = call.check()?;
+        self.live()?.all_reduce_rmsnorm(call, shape, opts)
     }
 
     /// Reduces `input` over all ranks into `output` on `root` (other ranks' outputs are not

@@ -17,6 +17,7 @@ pub mod launch;
 pub mod nccl;
 pub mod quant;
 pub mod reduce;
+pub mod rmsnorm;
 pub mod select;
 pub mod types;
 pub mod view;
@@ -28,6 +29,7 @@ pub use comm::{
 pub use config::Config;
 pub use error::{Error, Result};
 pub use quant::Format;
+pub use rmsnorm::{AllReduceRmsNorm, Fp8Rows};
 pub use select::{Algo, Collective};
 pub use types::{DataType, Device, Element, ReduceOp, F8E4M3, F8E5M2};
 pub use view::{Input, View, ViewMut};
