@@ -4,15 +4,16 @@
 //! For `rows x hidden` elements and every row:
 //!
 //! ```text
-//! s = sum over ranks of x                       (f32, ranks in order 0..n)
+//! s = round(sum over ranks of x)                (f32, ranks in order 0..n: the all-reduce)
 //! r = round(s + residual)                       -> residual_out
 //! y = round(r * 1/sqrt(mean(r^2) + eps) * w)    -> out            (f32 arithmetic)
 //! codes, scale = E4M3 of y, one scale per row   -> fp8 (optional)
 //! ```
 //!
-//! `round` is the rounding to the element type (bf16, f16 or f32). The norm is taken of the
-//! stored residual, so `out` is what an unfused `rms_norm(residual_out)` would give up to the
-//! order of the sum of squares. The FP8 form of a row is the row of `out` block-scaled as the
+//! `round` is the rounding to the element type (bf16, f16 or f32). The sum is the plain
+//! all-reduce's, rounded once (low precision on the wire applies as it does there), and the
+//! norm is taken of the stored residual: the call gives what `all_reduce`, the add and
+//! `rms_norm(residual_out)` give one after the other, up to the order of the sum of squares. The FP8 form of a row is the row of `out` block-scaled as the
 //! low-precision format scales a block ([`crate::quant`]): `scale = absmax / 448`, each code
 //! `e4m3(y / scale)` (nearest even, saturating); an all-zero row has scale 0 and codes 0.
 //!
@@ -265,7 +266,7 @@ fn round_to(dtype: DataType, v: f32) -> f32 {
 }
 
 /// The residual add, norm and FP8 encoding of every row (see the module doc): `sum` is the
-/// f32 sum over ranks, `residual` and `weight` the inputs as f32 values.
+/// all-reduced rows, `residual` and `weight` the inputs, as f32 values of the element type.
 pub fn norm_rows(
     sum: &[f32],
     residual: &[f32],
@@ -319,10 +320,16 @@ pub fn norm_rows(
 #[derive(Debug, Clone)]
 pub struct Exact {
     pub hidden: usize,
+    /// The sum over ranks.
+    pub sum: Vec<f64>,
     /// `sum + residual`.
     pub residual: Vec<f64>,
     /// The normalized rows.
     pub y: Vec<f64>,
+    /// The weight.
+    pub weight: Vec<f64>,
+    /// `1 / sqrt(mean(r^2) + eps)` of every row.
+    pub inv: Vec<f64>,
 }
 
 /// The exact rows of a call whose ranks' partial rows are `inputs` (every rank's in rank
@@ -334,22 +341,28 @@ pub fn exact_rows<S: AsRef<[f64]>>(
     eps: f64,
 ) -> Exact {
     let hidden = weight.len();
-    let mut r = residual.to_vec();
+    let mut sum = vec![0.0; residual.len()];
     for x in inputs {
-        for (a, b) in r.iter_mut().zip(x.as_ref()) {
+        for (a, b) in sum.iter_mut().zip(x.as_ref()) {
             *a += b;
         }
     }
+    let r: Vec<f64> = sum.iter().zip(residual).map(|(a, b)| a + b).collect();
     let mut y = Vec::with_capacity(r.len());
+    let mut invs = Vec::with_capacity(r.len() / hidden.max(1));
     for row in r.chunks(hidden) {
         let ms = row.iter().map(|v| v * v).sum::<f64>() / hidden as f64;
         let inv = 1.0 / (ms + eps).sqrt();
+        invs.push(inv);
         y.extend(row.iter().zip(weight).map(|(v, w)| v * inv * w));
     }
     Exact {
         hidden,
+        sum,
         residual: r,
         y,
+        weight: weight.to_vec(),
+        inv: invs,
     }
 }
 
@@ -370,11 +383,11 @@ fn row_max(v: &[f64], hidden: usize) -> Vec<f64> {
 }
 
 /// Whether `got` (a call's results as f32 values) matches `want` within the rounding the
-/// computation allows: one rounding of `r` to the element type after an f32 sum; three
-/// roundings' worth for `y` (the stored `r`, the norm of the stored row, `y` itself); and for
-/// FP8, the scale within those and every dequantized code within half an E4M3 step (2^-4
-/// relative, `scale * 2^-10` for the subnormal codes) of `y`. The first element out of bounds
-/// is the error.
+/// computation allows: `r` two roundings (the sum's, then `r`'s) past an f32 sum; `y` the
+/// effect of those on `y` itself and on the row's norm, plus two roundings; for FP8 the scale
+/// within that of `absmax(y) / 448` and every dequantized code within half an E4M3 step (2^-4
+/// relative, `scale * 2^-10` for the subnormal codes) of `y`. The first element out of bounds is
+/// the error.
 pub fn compare(
     dtype: DataType,
     want: &Exact,
@@ -392,21 +405,41 @@ pub fn compare(
             y.len()
         ));
     }
-    let f32_noise = 2f64.powi(-20);
+    let noise = 2f64.powi(-20);
+    let s_max = row_max(&want.sum, h);
     let r_max = row_max(&want.residual, h);
     let y_max = row_max(&want.y, h);
+    let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    // Relative error of a row's 1/rms from the rounding of its r.
+    let rel_inv: Vec<f64> = want
+        .sum
+        .chunks(h)
+        .zip(want.residual.chunks(h))
+        .map(|(s, r)| {
+            let rn = norm(r);
+            if rn > 0.0 {
+                u * (norm(s) + rn) / rn
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let mut y_tol_max = vec![0.0f64; y_max.len()];
     for i in 0..n {
         let (row, col) = (i / h, i % h);
         let e = want.residual[i];
-        let tol = u * e.abs() + f32_noise * r_max[row];
-        if (residual[i] as f64 - e).abs() > tol || residual[i].is_nan() {
+        let tol_r = u * (want.sum[i].abs() + e.abs()) + noise * (s_max[row] + r_max[row]);
+        if (residual[i] as f64 - e).abs() > tol_r || residual[i].is_nan() {
             return Err(format!(
-                "residual_out row {row} col {col}: got {}, want {e} (tolerance {tol:e})",
+                "residual_out row {row} col {col}: got {}, want {e} (tolerance {tol_r:e})",
                 residual[i]
             ));
         }
         let e = want.y[i];
-        let tol = 4.0 * u * e.abs() + 4.0 * f32_noise * y_max[row] + 4.0 * u * u * y_max[row];
+        let tol = want.inv[row] * want.weight[col].abs() * tol_r
+            + e.abs() * (rel_inv[row] + 3.0 * u)
+            + noise * y_max[row];
+        y_tol_max[row] = y_tol_max[row].max(tol);
         if (y[i] as f64 - e).abs() > tol || y[i].is_nan() {
             return Err(format!(
                 "out row {row} col {col}: got {}, want {e} (tolerance {tol:e})",
@@ -431,14 +464,15 @@ pub fn compare(
     for row in 0..rows {
         let s = scales[row] as f64;
         let want_s = y_max[row] / 448.0;
-        if (s - want_s).abs() > 5.0 * u * want_s + 4.0 * f32_noise * want_s || s.is_nan() {
+        if (s - want_s).abs() > y_tol_max[row] / 448.0 + 2.0 * u * want_s || s.is_nan() {
             return Err(format!("fp8 scale of row {row}: got {s}, want {want_s}"));
         }
         for col in 0..h {
             let i = row * h + col;
             let e = want.y[i];
             let got = values[codes[i] as usize] as f64 * s;
-            let tol = e.abs() * 2f64.powi(-4) + s * 2f64.powi(-10) + 4.0 * u * y_max[row];
+            let tol =
+                (e.abs() + y_tol_max[row]) * 2f64.powi(-4) + s * 2f64.powi(-10) + y_tol_max[row];
             if (got - e).abs() > tol || got.is_nan() {
                 return Err(format!(
                     "fp8 row {row} col {col}: code {:#04x} x scale {s} = {got}, want {e} \

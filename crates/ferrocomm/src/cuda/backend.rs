@@ -727,6 +727,18 @@ impl Backend for CudaBackend {
         )
     }
 
+    fn all_reduce_rmsnorm(
+        &self,
+        call: crate::rmsnorm::AllReduceRmsNorm<'_>,
+        shape: crate::rmsnorm::Shape,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        bind(&self.cuda)?;
+        super::fused_norm::run(&self.config, self.device, call, shape, opts, |x, out| {
+            self.all_reduce(x, out, ReduceOp::Sum, opts)
+        })
+    }
+
     fn barrier(&self, opts: &CallOpts) -> Result<()> {
         let mut st = self.enter()?;
         if let Some(d) = &self.dda {

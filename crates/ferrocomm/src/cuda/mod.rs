@@ -6,12 +6,14 @@
 //! - `launch`: the one kernel launch (programmatic dependent launch on sm_90 when enabled);
 //! - `dda`: IPC staging, peer checks and kernel launches for push / flat / tree all-reduce;
 //! - [`collectives`]: direct-access all-gather, reduce-scatter, all-to-all(v), broadcast, reduce;
+//! - `fused_norm`: the fused all-reduce + RMSNorm (the all-reduce, then one norm launch);
 //! - `backend`: the [`Backend`] that chooses between DDA and NCCL per call;
 //! - [`nvml`]: whether two GPUs are joined by NVLink (the LL128 all-reduce needs it).
 
 mod backend;
 pub mod collectives;
 mod dda;
+pub(crate) mod fused_norm;
 pub mod kernels;
 mod launch;
 pub mod libs;

@@ -1,5 +1,5 @@
 //! The host backend's fused all-reduce + residual add + RMSNorm ([`crate::rmsnorm`]): the
-//! ranks agree on the call, sum the partial rows in f32, and every rank normalizes its copy of
+//! ranks agree on the call, all-reduce the partial rows, and every rank normalizes its copy of
 //! the sum with [`rmsnorm::norm_rows`], the arithmetic GPU results are checked against.
 
 use super::HostBackend;
@@ -80,12 +80,16 @@ impl HostBackend {
             )));
         }
         let n = rows * hidden;
-        let mut sum = match x {
-            Input::InPlace => widen(dtype, host(out.as_view().host_bytes(), "out")?, n)?,
-            Input::Buf(v) => widen(dtype, host(v.host_bytes(), "x")?, n)?,
+        // The plain all-reduce's sum (its algorithm, low precision included), rounded once.
+        let mut summed = match x {
+            Input::InPlace => host(out.as_view().host_bytes(), "out")?.to_vec(),
+            Input::Buf(v) => host(v.host_bytes(), "x")?.to_vec(),
         };
-        // The sum in f32, by the all-reduce's own algorithm (low precision on the wire included).
-        self.all_reduce(Input::InPlace, ViewMut::host(&mut sum), ReduceOp::Sum, opts)?;
+        // SAFETY: `summed` holds exactly `n` elements of `dtype` and outlives the call.
+        let sum_view =
+            unsafe { ViewMut::from_raw(summed.as_mut_ptr(), n, dtype, crate::types::Device::Host) };
+        self.all_reduce(Input::InPlace, sum_view, ReduceOp::Sum, opts)?;
+        let sum = widen(dtype, &summed, n)?;
         let res = match residual {
             Input::InPlace => widen(
                 dtype,
