@@ -67,7 +67,8 @@ out=".carry/bin${variant:+-$variant}"
 rm -rf "$out"
 mkdir -p "$out"
 cp "$target"/release/ferrocomm "$target"/release/examples/gpu_check \
-  "$target"/release/examples/gpu_check_coll "$target"/release/examples/gpu_check_lowp "$out/"
+  "$target"/release/examples/gpu_check_coll "$target"/release/examples/gpu_check_lowp \
+  "$target"/release/examples/gpu_check_norm "$out/"
 [ -n "$variant" ] || rm -rf .carry/kc
 "$out/ferrocomm" precompile --arch "$arch" --cache .carry/kc
 if [ -z "$variant" ]; then
