@@ -1,31 +1,33 @@
 #!/usr/bin/env bash
-# Device check of the fused all-reduce + residual add + RMSNorm (gpu_check_norm) at 2 and 3
-# ranks. With fewer GPUs than ranks the ranks share them (--share-gpus: NCCL off, direct access
-# between processes of one GPU).
+# The fused all-reduce + residual add + RMSNorm device check
+# (crates/ferrocomm/examples/gpu_check_norm.rs) at 2 and 3 ranks, through `ferrocomm launch`.
 #
-#   bash scripts/gpu_check_norm.sh BIN_DIR KERNEL_CACHE OUT_DIR [gpu_check_norm flags]
+#   scripts/gpu_check_norm.sh BUILD_DIR OUT_DIR [gpu_check_norm flags...]
 #
-# BIN_DIR holds `ferrocomm` and `gpu_check_norm` (scripts/gpu_prepare.sh: .carry/bin),
-# KERNEL_CACHE the precompiled kernels (.carry/kc; any writable folder works, kernels are then
-# compiled on the device), OUT_DIR receives gpu_check_norm-<ranks>.log. Exits non-zero when a
-# run fails.
+# BUILD_DIR is what scripts/gpu_prepare.sh made (bin/ferrocomm, bin/gpu_check_norm, the kernel
+# cache kc/); the logs go to OUT_DIR/gpu_check_norm-<ranks>.log. With fewer GPUs than ranks the
+# ranks share them (--share-gpus: NCCL left out, as NCCL refuses two ranks on one GPU). Flags go
+# to gpu_check_norm (--quick). Exits non-zero when a run fails.
 set -uo pipefail
-[ $# -ge 3 ] || { sed -n 2,11p "$0" >&2; exit 2; }
-bin="$(cd "$1" && pwd)"
-kc="$2"
-out="$3"
-shift 3
-mkdir -p "$out"
+[ $# -ge 2 ] || { echo "usage: scripts/gpu_check_norm.sh BUILD_DIR OUT_DIR [flags...]" >&2; exit 2; }
+build="$(cd "$1" && pwd)" || exit 2
+mkdir -p "$2" && out="$(cd "$2" && pwd)" || exit 2
+shift 2
+bin="$build/bin"
+[ -x "$bin/ferrocomm" ] && [ -x "$bin/gpu_check_norm" ] || {
+  echo "gpu_check_norm.sh: $bin must hold ferrocomm and gpu_check_norm (scripts/gpu_prepare.sh BUILD_DIR)" >&2
+  exit 2
+}
 export NCCL_NVLS_ENABLE=0
 export FERROCOMM_TIMEOUT_S="${FERROCOMM_TIMEOUT_S:-30}"
-export FERROCOMM_KERNEL_CACHE="$kc"
+[ -d "$build/kc" ] && export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-$build/kc}"
+nvidia-smi -L | tee "$out/gpu_check_norm-machine.txt" || true
 ngpu="$(nvidia-smi -L 2>/dev/null | wc -l)"
 status=0
 for n in 2 3; do
   share=()
   [ "$ngpu" -ge "$n" ] || share=(--share-gpus)
-  echo "== gpu_check_norm: $n ranks ${share[*]:-}" | tee "$out/gpu_check_norm-$n.log"
   "$bin/ferrocomm" launch -n "$n" --timeout 560 -- "$bin/gpu_check_norm" "${share[@]}" "$@" \
-    2>&1 | tee -a "$out/gpu_check_norm-$n.log" || status=1
+    2>&1 | tee "$out/gpu_check_norm-$n.log" || status=1
 done
 exit $status
