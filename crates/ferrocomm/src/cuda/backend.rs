@@ -734,9 +734,20 @@ impl Backend for CudaBackend {
         opts: &CallOpts,
     ) -> Result<()> {
         bind(&self.cuda)?;
-        super::fused_norm::run(&self.config, self.device, call, shape, opts, |x, out| {
-            self.all_reduce(x, out, ReduceOp::Sum, opts)
-        })
+        // With direct access the kernel was loaded with the modules at start-up.
+        let loaded = match &self.dda {
+            Some(d) => Some((d.func(shape.dtype, "fc_rmsnorm")?, d.pdl)),
+            None => None,
+        };
+        super::fused_norm::run(
+            &self.config,
+            self.device,
+            call,
+            shape,
+            opts,
+            loaded,
+            |x, out| self.all_reduce(x, out, ReduceOp::Sum, opts),
+        )
     }
 
     fn barrier(&self, opts: &CallOpts) -> Result<()> {

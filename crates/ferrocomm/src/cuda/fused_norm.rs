@@ -94,13 +94,17 @@ fn function(cfg: &Config, dtype: DataType) -> Result<sys::CUfunction> {
 
 /// Runs `call` on a backend serving `device`: every buffer checked to be memory of that
 /// device, the sum into `out` by `all_reduce` (the backend's own, with `opts`), then the norm
-/// on `opts.stream`. The backend's context must be current.
+/// on `opts.stream`. The backend's context must be current. `loaded` is `fc_rmsnorm` of the
+/// call's dtype and whether launches use PDL, where the backend loaded its modules at start-up
+/// (direct access); otherwise the module is loaded at the first call (not inside a graph
+/// capture: the first call must run eagerly).
 pub(crate) fn run(
     cfg: &Config,
     device: u32,
     call: AllReduceRmsNorm<'_>,
     shape: Shape,
     opts: &CallOpts,
+    loaded: Option<(sys::CUfunction, bool)>,
     all_reduce: impl FnOnce(Input<'_>, ViewMut<'_>) -> Result<()>,
 ) -> Result<()> {
     let AllReduceRmsNorm {
@@ -148,8 +152,13 @@ pub(crate) fn run(
         ));
     }
     check_views(NAME, device, &views)?;
-    let f = function(cfg, shape.dtype)?;
-    let pdl = super::launch::pdl_for_current_device(cfg)?;
+    let (f, pdl) = match loaded {
+        Some(l) => l,
+        None => (
+            function(cfg, shape.dtype)?,
+            super::launch::pdl_for_current_device(cfg)?,
+        ),
+    };
     let residual_ptr = match residual {
         Input::InPlace => residual_out.ptr() as u64,
         Input::Buf(v) => v.ptr() as u64,

@@ -1466,9 +1466,15 @@ impl Backend for NcclBackend {
     ) -> Result<()> {
         // NCCL's all-reduce, then our norm kernel on the same stream.
         drop(self.enter()?);
-        crate::cuda::fused_norm::run(&self.config, self.device, call, shape, opts, |x, out| {
-            self.all_reduce(x, out, ReduceOp::Sum, opts)
-        })
+        crate::cuda::fused_norm::run(
+            &self.config,
+            self.device,
+            call,
+            shape,
+            opts,
+            None,
+            |x, out| self.all_reduce(x, out, ReduceOp::Sum, opts),
+        )
     }
 
     fn barrier(&self, opts: &CallOpts) -> Result<()> {
