@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use ferrocomm::config::BackendChoice;
 use ferrocomm::{
-    CallOpts, CommOptions, Communicator, Config, DataType, Device, Format, Input,
+    AllReduceRmsNorm, CallOpts, CommOptions, Communicator, Config, DataType, Device, Format, Input,
     LowPrecisionChoice, PackedCounts, ReduceOp, Splits, View, ViewMut,
 };
 
@@ -38,7 +38,7 @@ fn lp_in_effect(plan: &Plan, cfg: &Config, shape: &Shape, op: ReduceOp) -> Optio
         let lp = &cfg.low_precision;
         let on = lp.enabled
             && match shape.coll {
-                Coll::AllReduce => lp.all_reduce,
+                Coll::AllReduce | Coll::AllReduceRmsNorm => lp.all_reduce,
                 Coll::AllGather => lp.all_gather,
                 Coll::ReduceScatter => lp.reduce_scatter,
                 Coll::AllToAll | Coll::AllToAllV => lp.all_to_all,
@@ -49,7 +49,12 @@ fn lp_in_effect(plan: &Plan, cfg: &Config, shape: &Shape, op: ReduceOp) -> Optio
     let dtype_ok = matches!(shape.dtype, DataType::F32 | DataType::F16 | DataType::BF16);
     let coll_ok = matches!(
         shape.coll,
-        Coll::AllReduce | Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll | Coll::AllToAllV
+        Coll::AllReduce
+            | Coll::AllReduceRmsNorm
+            | Coll::AllGather
+            | Coll::ReduceScatter
+            | Coll::AllToAll
+            | Coll::AllToAllV
     );
     let op_ok = !shape.coll.reduces() || matches!(op, ReduceOp::Sum | ReduceOp::Avg);
     (dtype_ok && coll_ok && op_ok).then_some(fmt)
@@ -158,6 +163,25 @@ impl RowCtx<'_> {
                     unit: 1,
                 };
                 comm.all_to_all_v_dynamic_packed(input, output, counts, opts)
+            }
+            Coll::AllReduceRmsNorm => {
+                let (n, h, e) = (s.count, s.hidden, d.size());
+                let (inp, outp) = (engine.in_ptr(), output.ptr());
+                // SAFETY: the engine's buffers hold this row's layout (Shape::of_run: input
+                // rows | residual | weight, output rows | residual) on `dev`, for as long as
+                // the engine lives; the parts do not overlap.
+                let call = unsafe {
+                    AllReduceRmsNorm {
+                        x: Input::Buf(View::from_raw(inp, n, d, dev)),
+                        residual: Input::Buf(View::from_raw(inp.add(n * e), n, d, dev)),
+                        weight: View::from_raw(inp.add(2 * n * e), h, d, dev),
+                        out: ViewMut::from_raw(outp, n, d, dev),
+                        residual_out: ViewMut::from_raw(outp.add(n * e), n, d, dev),
+                        eps: check::RMSNORM_EPS,
+                        fp8: None,
+                    }
+                };
+                comm.all_reduce_rmsnorm(call, opts)
             }
             Coll::SendRecv => {
                 // A ring: send to the next rank, receive from the previous. Even ranks send
@@ -310,7 +334,7 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
     let (mut in_max, mut out_max) = (0, 0);
     for &d in &plan.dtypes {
         for &s in &plan.sizes {
-            let sh = Shape::new(plan.coll, s, d, world)?;
+            let sh = Shape::of_run(plan.coll, s, d, world, plan.hidden)?;
             in_max = in_max.max(sh.in_count * d.size());
             out_max = out_max.max(sh.out_count.max(sh.inplace_count) * d.size());
         }
@@ -405,7 +429,7 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
         for &op in &plan.ops {
             for &root in &roots {
                 for &size in &plan.sizes {
-                    let shape = Shape::new(plan.coll, size, dtype, world)?;
+                    let shape = Shape::of_run(plan.coll, size, dtype, world, plan.hidden)?;
                     let checker = Checker::new(
                         shape,
                         op,
@@ -440,7 +464,9 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
                         opts: ours_opts.clone(),
                     };
                     // The all-to-all-v's parts differ between send and receive: out of place only.
-                    let has_ip = !(plan.coll == Coll::SendRecv || plan.coll.uneven());
+                    let has_ip = !(plan.coll == Coll::SendRecv
+                        || plan.coll == Coll::AllReduceRmsNorm
+                        || plan.coll.uneven());
                     if idx == 0 {
                         // The first size once untimed on our side: ours is measured first, and
                         // on 2xH200 the first row of a run came out up to 42% slower than the
