@@ -146,21 +146,35 @@ impl RowCtx<'_> {
             Coll::AllReduceRmsNorm => {
                 let (n, h, e) = (s.count, s.hidden, d.size());
                 let (inp, outp) = (engine.in_ptr(), output.ptr());
+                // NCCL has no fused call: its side is NCCL's all-reduce into out, then the
+                // norm kernel alone (the unfused pair).
+                let nccl = comm.backend_name() == "nccl";
                 // SAFETY: the engine's buffers hold this row's layout (Shape::of_run: input
                 // rows | residual | weight, output rows | residual) on `dev`, for as long as
                 // the engine lives; the parts do not overlap.
                 let call = unsafe {
+                    let x = View::from_raw(inp, n, d, dev);
+                    let out = ViewMut::from_raw(outp, n, d, dev);
+                    if nccl {
+                        let sum = ViewMut::from_raw(outp, n, d, dev);
+                        comm.all_reduce(Input::Buf(x), sum, ReduceOp::Sum, opts)?;
+                    }
                     AllReduceRmsNorm {
-                        x: Input::Buf(View::from_raw(inp, n, d, dev)),
+                        x: if nccl { Input::InPlace } else { Input::Buf(x) },
                         residual: Input::Buf(View::from_raw(inp.add(n * e), n, d, dev)),
                         weight: View::from_raw(inp.add(2 * n * e), h, d, dev),
-                        out: ViewMut::from_raw(outp, n, d, dev),
+                        out,
                         residual_out: ViewMut::from_raw(outp.add(n * e), n, d, dev),
                         eps: check::RMSNORM_EPS,
                         fp8: None,
                     }
                 };
-                comm.all_reduce_rmsnorm(call, opts)
+                match (nccl, dev) {
+                    (true, Device::Cuda(g)) => {
+                        ferrocomm::cuda::residual_rmsnorm(comm.config(), g, call, opts.stream)
+                    }
+                    _ => comm.all_reduce_rmsnorm(call, opts),
+                }
             }
             Coll::SendRecv => {
                 // A ring: send to the next rank, receive from the previous. Even ranks send

@@ -12,9 +12,9 @@ use std::sync::Mutex;
 use cudarc::driver::sys;
 
 use super::{cu, cu_lazy, kernels};
-use crate::comm::CallOpts;
+use crate::backend::CallOpts;
 use crate::config::Config;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::nccl::check_views;
 use crate::rmsnorm::{AllReduceRmsNorm, Shape, NAME};
 use crate::types::{DataType, Device};
@@ -203,6 +203,33 @@ pub(crate) fn run(
             shape.rows, shape.hidden, shape.dtype
         )
     })
+}
+
+/// The residual add and norm alone, on `stream`: `call.out` already holds the all-reduced rows
+/// (an all-reduce run before it on the stream, NCCL's say), so `call.x` must be
+/// [`Input::InPlace`]. One launch of the kernel the fused call uses; the context of `device`
+/// must be current.
+pub fn residual_rmsnorm(
+    cfg: &Config,
+    device: u32,
+    call: AllReduceRmsNorm<'_>,
+    stream: u64,
+) -> Result<()> {
+    if !matches!(call.x, Input::InPlace) {
+        return Err(Error::InvalidArgument(format!(
+            "{NAME}: the norm alone reads the all-reduced rows from out; pass x in place"
+        )));
+    }
+    let shape = call.check()?;
+    run(
+        cfg,
+        device,
+        call,
+        shape,
+        &CallOpts::on_stream(stream),
+        None,
+        |_, _| Ok(()),
+    )
 }
 
 #[cfg(test)]

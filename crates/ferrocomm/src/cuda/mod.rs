@@ -13,7 +13,7 @@
 mod backend;
 pub mod collectives;
 mod dda;
-pub(crate) mod fused_norm;
+mod fused_norm;
 pub mod kernels;
 mod launch;
 mod lowp;
@@ -27,6 +27,7 @@ pub use dda::{
     ce_chunk, flat_grid, ll128_line_bytes, push_capacity, staging_layout, StagingLayout,
     CE_MAX_CHUNKS, LL128_PAYLOAD,
 };
+pub use fused_norm::residual_rmsnorm;
 pub use lowp::quantize_on_device;
 
 pub(crate) use crate::driver::{cu, cu_lazy, open_context};

@@ -3,7 +3,7 @@
 //! the sum with [`rmsnorm::norm_rows`], the arithmetic GPU results are checked against.
 
 use super::HostBackend;
-use crate::comm::{Backend, CallOpts};
+use crate::backend::{Backend, CallOpts};
 use crate::error::{Error, Result};
 use crate::reduce::{from_f32, to_f32};
 use crate::rmsnorm::{self, AllReduceRmsNorm, Shape};

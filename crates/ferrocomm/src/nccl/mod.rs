@@ -1339,25 +1339,6 @@ impl Backend for NcclBackend {
         check_views("all_to_all_v", self.device, &views_of(&input, &output))?;
         self.ops.all_to_all_v(input, output, splits, opts)
     }
-    fn all_reduce_rmsnorm(
-        &self,
-        call: crate::rmsnorm::AllReduceRmsNorm<'_>,
-        shape: crate::rmsnorm::Shape,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        // NCCL's all-reduce, then our norm kernel on the same stream.
-        drop(self.enter()?);
-        crate::cuda::fused_norm::run(
-            &self.config,
-            self.device,
-            call,
-            shape,
-            opts,
-            None,
-            |x, out| self.all_reduce(x, out, ReduceOp::Sum, opts),
-        )
-    }
-
     fn barrier(&self, opts: &CallOpts) -> Result<()> {
         let _g = self.enter()?;
         self.ops.barrier(opts)
