@@ -771,6 +771,12 @@ def scenario_low_precision(comm):
                 assert 0.005 < rel(got, sent) <= 0.035, (s, rel(got, sent))
 
 
+def scenario_rmsnorm(comm):
+    import rmsnorm_checks
+
+    rmsnorm_checks.run(comm, RANK, WORLD)
+
+
 def main():
     scenario = sys.argv[1]
     kwargs = {}

@@ -17,6 +17,7 @@ use crate::config::{BackendChoice, Config};
 use crate::error::{Error, Result};
 pub use crate::plan::LowPrecisionChoice;
 use crate::plan::{Algo, Collective, Plan};
+use crate::rmsnorm::AllReduceRmsNorm;
 use crate::types::{read_count, DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
@@ -338,6 +339,15 @@ impl Communicator {
         op.check(output.dtype(), c)?;
         check_input(c, &input, &output, output.count())?;
         self.run(CallKind::AllReduce { input, output, op }, opts)
+    }
+
+    /// Sums `call.x` over all ranks, adds the residual and RMS-normalizes every row, in one
+    /// call (optionally also as FP8 with a scale per row): see [`crate::rmsnorm`]. Every rank
+    /// passes the same shape, dtype, eps and FP8 choice; the host backend checks that, the
+    /// cuda backend's all-reduce the total size.
+    pub fn all_reduce_rmsnorm(&self, call: AllReduceRmsNorm<'_>, opts: &CallOpts) -> Result<()> {
+        let shape = call.check()?;
+        self.live()?.all_reduce_rmsnorm(call, shape, opts)
     }
 
     /// Reduces `input` over all ranks into `output` on `root` (other ranks' outputs are not

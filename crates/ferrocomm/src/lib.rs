@@ -22,6 +22,7 @@ pub mod plan;
 pub mod quant;
 pub mod reduce;
 pub mod reference;
+pub mod rmsnorm;
 pub mod types;
 pub mod view;
 
@@ -37,5 +38,6 @@ pub use error::{Error, Result};
 pub use plan as select;
 pub use plan::{LowPrecisionChoice, Plan};
 pub use quant::Format;
+pub use rmsnorm::{AllReduceRmsNorm, Fp8Rows};
 pub use types::{Algo, Collective, DataType, Device, Element, ReduceOp, F8E4M3, F8E5M2};
 pub use view::{Input, View, ViewMut};

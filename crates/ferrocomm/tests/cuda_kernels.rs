@@ -163,6 +163,7 @@ fn every_kernel_waits_for_the_previous_grid_first() {
         ("all_reduce.cu", ALL_REDUCE_SOURCE),
         ("collectives.cu", COLLECTIVES_SOURCE),
         ("lowp.cu", kernels::LOWP_SOURCE),
+        ("rmsnorm.cu", kernels::RMSNORM_SOURCE),
     ] {
         for (name, body) in kernel_bodies(src) {
             let body = body.trim_start();
@@ -193,6 +194,7 @@ fn every_kernel_waits_for_the_previous_grid_first() {
             + COLL_ENTRIES.len()
             + COLL_OP_ENTRIES.len()
             + kernels::LOWP_ENTRIES.len()
+            + kernels::RMSNORM_ENTRIES.len()
     );
 }
 
