@@ -1,10 +1,7 @@
 //! `--json FILE`: every row and the context of the run (machine, libraries, settings, revision,
 //! date, command line), for tools and for the results archive.
 
-use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
-
-use anyhow::Context as _;
 
 use super::args::Plan;
 use super::table::{Row, Summary};
@@ -100,9 +97,11 @@ pub fn now_iso8601() -> String {
     iso8601(secs)
 }
 
-pub fn write(path: &Path, report: &Report<'_>) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(report)?;
-    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+/// The file's text.
+pub fn render(report: &Report<'_>) -> anyhow::Result<Vec<u8>> {
+    let mut text = serde_json::to_vec_pretty(report)?;
+    text.push(b'\n');
+    Ok(text)
 }
 
 #[cfg(test)]
