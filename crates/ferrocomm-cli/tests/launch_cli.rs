@@ -219,6 +219,49 @@ fn sigterm_to_the_launcher_reaches_the_ranks() {
 }
 
 #[test]
+fn torchrun_spellings_are_accepted() {
+    let show = "echo $WORLD_SIZE $MASTER_ADDR $MASTER_PORT";
+    for (n, addr, port) in [
+        ("--nproc_per_node", "--master_addr", "--master_port"),
+        ("--nproc-per-node", "--master-addr", "--master-port"),
+    ] {
+        let o = run(&[
+            "launch",
+            n,
+            "2",
+            addr,
+            "localhost",
+            port,
+            "29517",
+            "--",
+            "sh",
+            "-c",
+            show,
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{n}: {o:?}");
+        let rows: Vec<String> = lines(&o.stdout)
+            .iter()
+            .map(|l| l.split_whitespace().skip(2).collect::<Vec<_>>().join(" "))
+            .collect();
+        assert_eq!(rows, ["2 localhost 29517", "2 localhost 29517"], "{n}");
+    }
+    // --nproc_per_node=N, as torchrun users write it.
+    let o = run(&["launch", "--nproc_per_node=3", "--", "sh", "-c", show]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert_eq!(lines(&o.stdout).len(), 3);
+    for (flag, value, says) in [
+        ("--master-port", "0", "1 to 65535"),
+        ("--master_port", "70000", "70000"),
+        ("--master-addr", "", "empty"),
+    ] {
+        let o = run(&["launch", "-n", "1", flag, value, "--", "true"]);
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}: {o:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{flag} {value}: {err}");
+    }
+}
+
+#[test]
 fn bad_input_is_explained() {
     let o = run(&["launch", "-n", "0", "true"]);
     assert_ne!(o.status.code(), Some(0));
