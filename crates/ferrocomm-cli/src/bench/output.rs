@@ -19,6 +19,8 @@ use super::table::{self, Row};
 /// What rank 0 writes, and what it needs to write it again after each size.
 pub struct Outputs<'a> {
     plan: &'a Plan,
+    /// Whether the measurements start on the device (as the header says).
+    device_start: bool,
     /// The JSON's context (present when the plan asks for JSON).
     context: Option<RunContext>,
     title: String,
@@ -27,10 +29,17 @@ pub struct Outputs<'a> {
 
 impl<'a> Outputs<'a> {
     /// Prepares the files the plan asks for; `planned` rows in all, `title` for the plot.
-    pub fn new(plan: &'a Plan, context: Option<RunContext>, title: String, planned: usize) -> Self {
+    pub fn new(
+        plan: &'a Plan,
+        device_start: bool,
+        context: Option<RunContext>,
+        title: String,
+        planned: usize,
+    ) -> Self {
         hold::install();
         Outputs {
             plan,
+            device_start,
             context,
             title,
             planned,
@@ -43,7 +52,7 @@ impl<'a> Outputs<'a> {
         if let (Some(path), Some(context)) = (&self.plan.json, &self.context) {
             let report = Report {
                 context,
-                plan: self.plan,
+                plan: json::PlanJson::new(self.plan, self.device_start),
                 mode: self.plan.mode.describe(),
                 rows,
                 summary: Progress {
