@@ -93,10 +93,12 @@ rust_tests() {
 }
 
 # The Python package built as users build it (maturin through pip, without build isolation so
-# that the environment's maturin is used), in the dev profile: it shares target/debug with the
-# Rust tests instead of building everything again for release.
+# that the environment's maturin is used), in the dev profile (not a release build of
+# everything) and in a target directory of its own: maturin configures pyo3 for the
+# environment's Python, which would otherwise rebuild pyo3 and its dependents in target/debug
+# back and forth between this stage and the cargo stages of the next run.
 python_package() {
-  MATURIN_PEP517_ARGS="--profile dev" \
+  CARGO_TARGET_DIR="$PWD/target/python" MATURIN_PEP517_ARGS="--profile dev" \
     "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation --force-reinstall \
     --no-deps ./
 }
