@@ -6,7 +6,7 @@ use std::ffi::{c_int, c_void, CStr, CString};
 use std::path::PathBuf;
 
 use ferrocomm::config::Source;
-use ferrocomm::select::{
+use ferrocomm::plan::{
     default_all_reduce_thresholds, default_direct_max, direct_max_setting, DIRECT_LIMITED,
 };
 use ferrocomm::{Collective, Config};
@@ -535,7 +535,7 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
         lp.min_bytes.map_or(
             format!(
                 "backend default (cuda {}, host 0)",
-                human(ferrocomm::select::CUDA_LP_MIN_BYTES)
+                human(ferrocomm::plan::CUDA_LP_MIN_BYTES)
             ),
             human
         ),
@@ -684,7 +684,7 @@ mod tests {
             r.contains("2 ranks: all_reduce flat <= 256 KiB (env FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES), tree above"),
             "{r}"
         );
-        let flat4 = ferrocomm::select::default_all_reduce_thresholds(4).1;
+        let flat4 = ferrocomm::plan::default_all_reduce_thresholds(4).1;
         let plain = render(&Config::from_lookup(|_| None).unwrap(), &sys);
         assert!(
             plain.contains(&format!(
@@ -716,7 +716,7 @@ mod tests {
             r.contains("flat <= 256 KiB (env FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES)"),
             "{r}"
         );
-        let push2 = ferrocomm::select::default_all_reduce_thresholds(2).0;
+        let push2 = ferrocomm::plan::default_all_reduce_thresholds(2).0;
         assert!(
             r.contains(&format!("push <= {} (default)", human(push2))),
             "{r}"
