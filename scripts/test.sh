@@ -119,7 +119,7 @@ stage doc-tests cargo test --workspace --doc --locked
 stage api-docs env RUSTDOCFLAGS="-D warnings" cargo doc -p ferrocomm --no-deps --locked
 if passed python-env; then
   stage python-package python_package
-  stage python-tests "$PY" -m pytest -q python/tests
+  stage python-tests "$PY" -m pytest -q --durations=5 python/tests
 else
   names+=("python-package" "python-tests")
   codes+=(1 1)
