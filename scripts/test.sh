@@ -8,8 +8,9 @@
 # 580 refuses), numpy, pytest, maturin and torch for the torch.distributed tests.
 # Nothing is installed outside .venv. uv installs them (fast, and from its cache on later runs).
 #
-# Compiled kernels are kept in target/kernel-cache, keyed by source hash, arch and NVRTC version:
-# the NVRTC check compiles only what changed since the last run.
+# Compiled kernels are kept where the library keeps them (FERROCOMM_KERNEL_CACHE, by default
+# ~/.cache/ferrocomm), keyed by source hash, options, arch and NVRTC version: the NVRTC check
+# compiles only kernels whose source changed since any checkout on this machine compiled them.
 #
 # Every stage runs even when an earlier one fails; a summary of the stages (pass/fail, seconds)
 # ends the run, and the exit status is non-zero when any failed.
@@ -109,7 +110,6 @@ if [ -z "${FERROCOMM_NVRTC_LIB:-}" ] && passed python-env; then
   export FERROCOMM_NVRTC_LIB
 fi
 echo "NVRTC for kernel compile checks: ${FERROCOMM_NVRTC_LIB:-(none found)}"
-export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-$PWD/target/kernel-cache}"
 
 stage fmt cargo fmt --all -- --check
 stage clippy cargo clippy --workspace --all-targets --locked -- -D warnings
