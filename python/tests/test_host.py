@@ -100,3 +100,10 @@ def test_timeout():
 @pytest.mark.parametrize("world", [2])
 def test_torch_cpu_tensors(world):
     run_ranks(world, "torch")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_all_reduce_rmsnorm(world):
+    """The fused all-reduce + residual add + RMSNorm against a float64 numpy reference."""
+    outs = run_ranks(world, "rmsnorm", timeout=240)
+    assert all("rmsnorm ok" in o for o in outs)
