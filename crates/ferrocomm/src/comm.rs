@@ -334,12 +334,15 @@ impl Communicator {
                     .unwrap_or_else(|e| e.into_inner())
                     .insert((coll, plan));
                 if first {
-                    eprintln!(
-                        "ferrocomm: rank {} '{}': {} of {bytes} bytes per rank ({dtype}) runs {plan}",
+                    // One write of the whole line, so that ranks sharing a terminal or a pipe
+                    // do not interleave their lines.
+                    let line = format!(
+                        "ferrocomm: rank {} '{}': {} of {bytes} bytes per rank ({dtype}) runs {plan}\n",
                         self.ctx.rank,
                         self.ctx.name,
                         coll.name()
                     );
+                    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
                 }
             }
         }
