@@ -679,7 +679,10 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         bind(&self.cuda)?;
         if let Some(d) = &self.dda {
-            let bytes = shape.rows.saturating_mul(shape.hidden) * shape.dtype.size();
+            let bytes = shape
+                .rows
+                .saturating_mul(shape.hidden)
+                .saturating_mul(shape.dtype.size());
             // Low precision on the wire is the all-reduce's own path (two launches).
             let lp = plan::low_precision(
                 AR,
