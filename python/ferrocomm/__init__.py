@@ -9,7 +9,7 @@ torch is optional: numpy arrays and CPU tensors work on the host backend, CUDA t
 cuda and nccl backends.
 """
 
-from ._comm import BatchSendRecv, Comm, Work, new_comm
+from ._comm import BatchSendRecv, Comm, CommOptions, Work, new_comm
 from ._errors import (
     FerrocommError,
     FerrocommTimeout,
@@ -26,6 +26,7 @@ __all__ = [
     "new_comm",
     "BatchSendRecv",
     "Comm",
+    "CommOptions",
     "TorchComm",
     "Work",
     "TorchWork",
