@@ -1,13 +1,10 @@
 """The Python API on the host backend with real processes (2 and 4 ranks)."""
 
-import importlib.util
 import os
 
 import pytest
 
 from conftest import run_ranks
-
-HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -62,7 +59,12 @@ def test_timeout():
     assert "timeout after" in outs[0]
 
 
-@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 @pytest.mark.parametrize("world", [2])
 def test_torch_cpu_tensors(world):
     run_ranks(world, "torch")
+
+
+def test_torchcomms_parity():
+    """gather_single, per-call timeout, abort, set_timeout, get_options, get_backend_version,
+    new_comm's torchcomms argument order, ReduceOp from torch.distributed."""
+    run_ranks(2, "parity")
