@@ -275,7 +275,9 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=None):
         t = _one(input_tensors, "allgather")
         outs = _one(output_tensors, "allgather")
-        return self._run(t, lambda c, a, h: c.all_gather(outs, t, async_op=a, hints=h),
+        # Outputs of different sizes (as NCCL's group allows): the all-gather-v.
+        f = "all_gather" if len({o.numel() for o in outs}) <= 1 else "all_gather_v"
+        return self._run(t, lambda c, a, h: getattr(c, f)(outs, t, async_op=a, hints=h),
                          output_tensors,
                          lambda: self._cpu_gloo.allgather(output_tensors, input_tensors, opts))
 
@@ -292,7 +294,8 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
         op = _op(opts) if opts is not None else ReduceOp.SUM
         t = _one(output_tensors, "reduce_scatter")
         ins = _one(input_tensors, "reduce_scatter")
-        return self._run(t, lambda c, a, h: c.reduce_scatter(t, ins, op, async_op=a, hints=h),
+        f = "reduce_scatter" if len({i.numel() for i in ins}) <= 1 else "reduce_scatter_v"
+        return self._run(t, lambda c, a, h: getattr(c, f)(t, ins, op, async_op=a, hints=h),
                          output_tensors,
                          lambda: self._cpu_gloo.reduce_scatter(output_tensors, input_tensors,
                                                                opts))

@@ -22,6 +22,10 @@ import ferrocomm.torch as fct
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
 DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64]
+# The GPU check runs the same scenarios on CUDA tensors (gloo on CPU copies as the reference)
+# and compiles with inductor; CI runs them on CPU tensors with aot_eager (no C++ compiler).
+DEV = torch.device(os.environ.get("FERROCOMM_TEST_DEVICE", "cpu"))
+COMPILE_BACKEND = os.environ.get("FERROCOMM_TEST_COMPILE", "aot_eager")
 
 
 def data(shape, dtype, salt, lo=-4, hi=5):
@@ -39,12 +43,16 @@ def same(what, got, want):
     assert torch.equal(got, want), f"{what}: got {got}, expected {want}"
 
 
-def both(what, fn):
-    """fn(group) on the ferrocomm world group and on the gloo group; equal results."""
-    mine = fn(None)
-    ref = fn(GLOO)
-    same(what, mine, ref)
-    return mine
+def _cpu(t):
+    return [_cpu(x) for x in t] if isinstance(t, (list, tuple)) else t.cpu()
+
+
+def both(what, fn, *tensors):
+    """fn(group, *tensors) on the ferrocomm world group with copies of `tensors` on DEV, and
+    on the gloo group with CPU copies; equal results."""
+    mine = fn(None, *[t.to(DEV, copy=True) for t in tensors])
+    ref = fn(GLOO, *[t.clone() for t in tensors])
+    same(what, _cpu(mine), ref)
 
 
 def _waited(t):
@@ -71,149 +79,131 @@ def scenario_collectives():
         for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN,
                    dist.ReduceOp.PRODUCT):
             lo, hi = (1, 3) if op == dist.ReduceOp.PRODUCT else (-4, 5)
-            x = data((n, 3), dt, k, lo, hi)
 
-            def ar(g, x=x, op=op):
-                y = x.clone()
-                dist.all_reduce(y, op=op, group=g)
-                return y
-            both(f"all_reduce {dt} {op}", ar)
+            def ar(g, x, op=op):
+                dist.all_reduce(x, op=op, group=g)
+                return x
+            both(f"all_reduce {dt} {op}", ar, data((n, 3), dt, k, lo, hi))
 
         x = data((n,), dt, 10 + k)
         for root in range(WORLD):
-            def bc(g, x=x, root=root):
-                y = x.clone()
+            def bc(g, y, root=root):
                 dist.broadcast(y, src=root, group=g)
                 return y
-            both(f"broadcast {dt} root {root}", bc)
+            both(f"broadcast {dt} root {root}", bc, x)
 
-            def rd(g, x=x, root=root):
-                y = x.clone()
+            def rd(g, y, root=root):
                 dist.reduce(y, dst=root, group=g)
                 # Off the root the tensor is unspecified (gloo writes partial sums into it).
                 return [y] if RANK == root else []
-            both(f"reduce {dt} root {root}", rd)
+            both(f"reduce {dt} root {root}", rd, x)
 
-        def ag(g, x=x):
-            out = [torch.empty_like(x) for _ in range(WORLD)]
-            dist.all_gather(out, x, group=g)
+            def ga(g, y, root=root):
+                out = [torch.empty_like(y) for _ in range(WORLD)] if RANK == root else None
+                dist.gather(y, out, dst=root, group=g)
+                return out if out is not None else []
+            both(f"gather {dt} root {root}", ga, x)
+
+            def sc(g, y, root=root):
+                out = torch.empty_like(y)
+                src = [y + r for r in range(WORLD)] if RANK == root else None
+                dist.scatter(out, src, src=root, group=g)
+                return out
+            both(f"scatter {dt} root {root}", sc, x)
+
+        def ag(g, y):
+            out = [torch.empty_like(y) for _ in range(WORLD)]
+            dist.all_gather(out, y, group=g)
             return out
-        both(f"all_gather {dt}", ag)
+        both(f"all_gather {dt}", ag, x)
 
-        def agt(g, x=x):
-            out = x.new_empty((WORLD * n,))
-            dist.all_gather_into_tensor(out, x, group=g)
+        def agt(g, y):
+            out = y.new_empty((WORLD * n,))
+            dist.all_gather_into_tensor(out, y, group=g)
             return out
-        both(f"all_gather_into_tensor {dt}", agt)
+        both(f"all_gather_into_tensor {dt}", agt, x)
 
-        parts = [data((r + 2,), dt, 20 + k + r) for r in range(WORLD)]
-
-        def rs(g, parts=parts):
-            out = torch.empty_like(parts[RANK])
-            dist.reduce_scatter(out, [p.clone() for p in parts], group=g)
-            return out
-        # gloo has no reduce_scatter: the reference is the all_reduce of each part.
-        got = rs(None)
-        sums = [p.clone() for p in parts]
-        for p in sums:
-            dist.all_reduce(p, group=GLOO)
-        want = sums[RANK]
-        same(f"reduce_scatter {dt}", got, want)
-
-        big = data((WORLD * 3, 2), dt, 30 + k)
-
-        def rst(g, big=big):
+        def rst(g, big):
             out = big.new_empty((3, 2))
-            dist.reduce_scatter_tensor(out, big.clone(), group=g)
+            dist.reduce_scatter_tensor(out, big, group=g)
             return out
-        both(f"reduce_scatter_tensor {dt}", rst)
+        both(f"reduce_scatter_tensor {dt}", rst, data((WORLD * 3, 2), dt, 30 + k))
 
-        # all_to_all with uneven parts: rank r sends j + r + 1 elements to rank j.
-        ins = [data((j + RANK + 1,), dt, 40 + k + j) for j in range(WORLD)]
-
-        out = [ins[0].new_empty((RANK + i + 1,)) for i in range(WORLD)]
-        dist.all_to_all(out, ins)
-        # gloo has no list all_to_all: its all_to_all_single is the reference.
-        sizes = [RANK + i + 1 for i in range(WORLD)]
-        flat = torch.cat(ins).new_empty((sum(sizes),))
-        dist.all_to_all_single(flat, torch.cat(ins), sizes, [t.numel() for t in ins],
-                               group=GLOO)
-        same(f"all_to_all {dt}", out, list(flat.split(sizes)))
-
+        # Uneven parts: rank r sends j + r + 1 rows to rank j.
         send = [j + RANK + 1 for j in range(WORLD)]
         recv = [RANK + i + 1 for i in range(WORLD)]
-        flat = data((sum(send), 2), dt, 50 + k)
 
-        def a2as(g, flat=flat, send=send, recv=recv):
+        def a2as(g, flat):
             out = flat.new_empty((sum(recv), 2))
             dist.all_to_all_single(out, flat, recv, send, group=g)
             return out
-        both(f"all_to_all_single uneven {dt}", a2as)
+        both(f"all_to_all_single uneven {dt}", a2as, data((sum(send), 2), dt, 50 + k))
 
-        even = data((WORLD * 2,), dt, 60 + k)
-
-        def a2ae(g, even=even):
+        def a2ae(g, even):
             out = torch.empty_like(even)
             dist.all_to_all_single(out, even, group=g)
             return out
-        both(f"all_to_all_single {dt}", a2ae)
+        both(f"all_to_all_single {dt}", a2ae, data((WORLD * 2,), dt, 60 + k))
 
-        for root in range(WORLD):
-            def ga(g, x=x, root=root):
-                out = [torch.empty_like(x) for _ in range(WORLD)] if RANK == root else None
-                dist.gather(x, out, dst=root, group=g)
-                return out if out is not None else []
-            both(f"gather {dt} root {root}", ga)
+        # gloo has neither the list all_to_all nor reduce_scatter: the references are its
+        # all_to_all_single and all_reduce.
+        ins = [data((j + RANK + 1,), dt, 40 + k + j) for j in range(WORLD)]
+        out = [t.new_empty((RANK + i + 1,), device=DEV) for i, t in enumerate(ins)]
+        dist.all_to_all(out, [t.to(DEV) for t in ins])
+        flat = torch.cat(ins).new_empty((sum(recv),))
+        dist.all_to_all_single(flat, torch.cat(ins), recv, send, group=GLOO)
+        same(f"all_to_all {dt}", _cpu(out), list(flat.split(recv)))
 
-            def sc(g, x=x, root=root):
-                out = torch.empty_like(x)
-                src = [x + r for r in range(WORLD)] if RANK == root else None
-                dist.scatter(out, src, src=root, group=g)
-                return out
-            both(f"scatter {dt} root {root}", sc)
+        parts = [data((r + 2,), dt, 20 + k + r) for r in range(WORLD)]
+        for what, sizes in (("uneven", None), ("even", 3)):
+            if sizes is not None:
+                parts = [data((sizes,), dt, 25 + k + r) for r in range(WORLD)]
+            got = torch.empty_like(parts[RANK], device=DEV)
+            dist.reduce_scatter(got, [p.to(DEV) for p in parts])
+            sums = [p.clone() for p in parts]
+            for p in sums:
+                dist.all_reduce(p, group=GLOO)
+            same(f"reduce_scatter {what} {dt}", _cpu(got), sums[RANK])
 
     # AVG (gloo has none: SUM / world), bf16 and fp16 against float32 through gloo.
     x = data((9,), torch.float32, 70) * WORLD
-    y = x.clone()
+    y = x.to(DEV)
     dist.all_reduce(y, op=dist.ReduceOp.AVG)
     want = x.clone()
     dist.all_reduce(want, group=GLOO)
-    same("all_reduce AVG", y, want / WORLD)
+    same("all_reduce AVG", _cpu(y), want / WORLD)
     for dt in (torch.bfloat16, torch.float16):
-        y = x.to(dt)
+        y = x.to(DEV, dt)
         dist.all_reduce(y)
-        same(f"all_reduce {dt}", y, want.to(dt))
+        same(f"all_reduce {dt}", _cpu(y), want.to(dt))
 
-    # Point to point: a ring with isend/irecv, blocking send/recv, batch_isend_irecv.
+    # Point to point: a ring through batch_isend_irecv, blocking send/recv, isend/irecv.
     nxt, prv = (RANK + 1) % WORLD, (RANK - 1) % WORLD
-    t = data((5,), torch.float32, 80)
-    for g in (None, GLOO):
-        got = torch.empty(5)
+
+    def ring(g, t):
+        got = torch.empty_like(t)
         reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, t, nxt, group=g),
                                        dist.P2POp(dist.irecv, got, prv, group=g)])
         for q in reqs:
             q.wait()
-        if g is None:
-            mine = got
-    same("batch_isend_irecv ring", mine, got)
+        return got
+    both("batch_isend_irecv ring", ring, data((5,), torch.float32, 80))
     if RANK in (0, 1):
         peer = 1 - RANK
-        buf = torch.empty(5)
-        if RANK == 0:
-            dist.send(t, dst=1)
-            dist.recv(buf, src=1)
-        else:
-            dist.recv(buf, src=0)
-            dist.send(t, dst=0)
-        want = data((5,), torch.float32, 80)
-        want_peer = torch.randint(-4, 5, (5,), generator=torch.Generator().manual_seed(
-            80 * 1000 + peer)).to(torch.float32)
-        same("send/recv", buf, want_peer)
-        assert torch.equal(t, want)
-        q = dist.isend(t, dst=peer) if RANK == 0 else dist.irecv(buf, src=peer)
-        q.wait()
-        if RANK == 1:
-            same("isend/irecv", buf, want_peer)
+
+        def pair(g, t):
+            buf = torch.empty_like(t)
+            if RANK == 0:
+                dist.send(t, dst=1, group=g)
+                dist.recv(buf, src=1, group=g)
+            else:
+                dist.recv(buf, src=0, group=g)
+                dist.send(t, dst=0, group=g)
+            q = dist.isend(t, dst=peer, group=g) if RANK == 0 else \
+                dist.irecv(buf, src=peer, group=g)
+            q.wait()
+            return buf
+        both("send/recv, isend/irecv", pair, data((5,), torch.float32, 81))
 
     # Object collectives go through the tensor ones.
     objs = [None] * WORLD
@@ -232,23 +222,23 @@ def scenario_collectives():
     assert out == [f"to {RANK}"], out
 
     # Functional collectives (eager, then torch.compile(fullgraph=True)).
-    world = dist.group.WORLD
-    gloo = GLOO
-    x = data((WORLD * 2, 3), torch.float32, 90)
     for what, f in (
-        ("fc.all_reduce", lambda g: fc.all_reduce(x, "sum", g)),
-        ("fc.all_gather_tensor", lambda g: fc.all_gather_tensor(x, 0, g)),
-        ("fc.reduce_scatter_tensor", lambda g: fc.reduce_scatter_tensor(x, "sum", 0, g)),
-        ("fc.all_to_all_single", lambda g: fc.all_to_all_single(x, None, None, g)),
-        ("fc.broadcast", lambda g: fc.broadcast(x, 1, g)),
+        ("fc.all_reduce", lambda g, t: fc.all_reduce(t, "sum", g)),
+        ("fc.all_gather_tensor", lambda g, t: fc.all_gather_tensor(t, 0, g)),
+        ("fc.reduce_scatter_tensor", lambda g, t: fc.reduce_scatter_tensor(t, "sum", 0, g)),
+        ("fc.all_to_all_single", lambda g, t: fc.all_to_all_single(t, None, None, g)),
+        ("fc.broadcast", lambda g, t: fc.broadcast(t, 1, g)),
     ):
-        same(what, _waited(f(world)), _waited(f(gloo)))
+        both(what, lambda g, t, f=f: _waited(f(g or dist.group.WORLD, t)),
+             data((WORLD * 2, 3), torch.float32, 90))
 
     def step(t, g):
         return fc.all_reduce(t * 2, "sum", g) + 1
 
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-    same("torch.compile(fullgraph=True) fc.all_reduce", compiled(x, world), step(x, gloo))
+    compiled = torch.compile(step, fullgraph=True, backend=COMPILE_BACKEND)
+    both("torch.compile(fullgraph=True) fc.all_reduce",
+         lambda g, t: compiled(t, g or dist.group.WORLD) if g is None else step(t, g),
+         data((4, 4), torch.float32, 91))
 
     dist.barrier()
     dist.destroy_process_group()
