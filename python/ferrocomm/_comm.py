@@ -319,7 +319,7 @@ class Comm:
             torch = T._torch()
             if torch is None:
                 raise FerrocommValueError(f"{coll}: CUDA communicators need torch tensors")
-            stream = torch.cuda.current_stream(self._n.device_index).cuda_stream
+            stream = T.current_stream_handle(torch, self._n.device_index)
         raws = []
         for b in (out, inp):
             if b is None:

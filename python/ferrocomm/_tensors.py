@@ -19,6 +19,17 @@ def _torch():
     return sys.modules.get("torch")
 
 
+def current_stream_handle(torch, device_index):
+    """The caller's current CUDA stream on `device_index` as an integer (a ``CUstream``).
+
+    torch's raw-stream accessor (what its compiled code calls) skips building a Stream object,
+    a microsecond of the host time of every call; the public spelling is the fallback."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
 def is_tensor(obj):
     t = _torch()
     return t is not None and isinstance(obj, t.Tensor)

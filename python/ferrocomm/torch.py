@@ -64,12 +64,19 @@ def _call_hints():
     return getattr(_local, "hints", None)
 
 
+_OPS = {}
+
+
 def _op(opts):
     """ferrocomm's ReduceOp for torch's options object."""
-    try:
-        return ReduceOp.coerce(opts.reduceOp)
-    except ValueError as e:
-        raise FerrocommUnsupported(f"ferrocomm backend: {e}") from None
+    kind = opts.reduceOp.op
+    op = _OPS.get(kind)
+    if op is None:
+        try:
+            op = _OPS[kind] = ReduceOp.coerce(opts.reduceOp)
+        except ValueError as e:
+            raise FerrocommUnsupported(f"ferrocomm backend: {e}") from None
+    return op
 
 
 class _Work(dist.Work):
@@ -78,6 +85,8 @@ class _Work(dist.Work):
     ``get_future()`` completes with the output tensors."""
 
     def __init__(self, pg, inner, result, stream=None):
+        # stream: the CUDA stream the call was issued on; _WAITED for a call torch waits on at
+        # once on the stream it was issued on (its stream is not looked up); None on the CPU.
         super().__init__()
         self._pg = pg
         self._inner = inner
@@ -90,11 +99,16 @@ class _Work(dist.Work):
         # the call, and a call nobody polls costs no event.
         if self._event is None:
             self._event = torch.cuda.Event()
-            self._event.record(self._stream)
+            self._event.record(self._cuda_stream())
         return self._event
+
+    def _cuda_stream(self):
+        return torch.cuda.current_stream() if self._stream is _WAITED else self._stream
 
     def wait(self, timeout=None):
         self._pg._flush_p2p()
+        if self._stream is _WAITED:
+            return True
         if self._stream is not None:
             cur = torch.cuda.current_stream(self._stream.device)
             if cur != self._stream:
@@ -116,8 +130,9 @@ class _Work(dist.Work):
     def get_future(self):
         self._pg._flush_p2p()
         if self._stream is not None:
-            fut = torch.futures.Future(devices=[self._stream.device])
-            with torch.cuda.stream(self._stream):
+            stream = self._cuda_stream()
+            fut = torch.futures.Future(devices=[stream.device])
+            with torch.cuda.stream(stream):
                 fut.set_result(self._result)
             return fut
         fut = torch.futures.Future()
@@ -135,6 +150,9 @@ class _Work(dist.Work):
 
         threading.Thread(target=finish, name="ferrocomm-future", daemon=True).start()
         return fut
+
+
+_WAITED = object()
 
 
 def _seconds(t):
@@ -227,8 +245,8 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
             self._cuda[index] = c
         return c
 
-    def _run(self, t, call, result, gloo=None):
-        """Runs `call(comm, async_op)` on the communicator serving tensor `t`."""
+    def _run(self, t, opts, call, result, gloo=None):
+        """Runs `call(comm, async_op, hints)` on the communicator serving tensor `t`."""
         if self._p2p:
             self._flush_p2p()
         h = _call_hints()
@@ -237,6 +255,10 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
             c = self._cuda.get(dev.index)
             if c is None:
                 c = self._cuda_comm(dev.index)
+            # A call torch waits on at once needs no stream of its own: wait() is a no-op.
+            if opts is not None and not getattr(opts, "asyncOp", True):
+                call(c, False, h)
+                return _Work(self, (), result, _WAITED)
             stream = torch.cuda.current_stream(dev)
             call(c, False, h)
             return _Work(self, (), result, stream)
@@ -244,6 +266,10 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
             raise FerrocommValueError(f"ferrocomm backend: tensors on {dev} are not supported")
         if self._host is None:
             return gloo()
+        # CPU: a call torch waits on at once runs here (no hop to the work thread).
+        if opts is not None and not getattr(opts, "asyncOp", True):
+            call(self._host, False, h)
+            return _Work(self, (), result)
         return _Work(self, (call(self._host, True, h),), result)
 
     # -- collectives (torch's ProcessGroup signatures) ---------------------------------------
@@ -251,12 +277,13 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         op = _op(opts) if opts is not None else ReduceOp.SUM
         t = _one(tensors, "allreduce")
-        return self._run(t, lambda c, a, h: c.all_reduce(t, op, async_op=a, hints=h), tensors,
-                         lambda: self._cpu_gloo.allreduce(tensors, opts))
+        return self._run(t, opts, lambda c, a, h: c.all_reduce(t, op, async_op=a, hints=h),
+                         tensors, lambda: self._cpu_gloo.allreduce(tensors, opts))
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = _op(opts) if opts is not None else ReduceOp.SUM
-        works = [self._run(t, lambda c, a, h, t=t: c.all_reduce(t, op, async_op=a, hints=h),
+        works = [self._run(t, opts,
+                           lambda c, a, h, t=t: c.all_reduce(t, op, async_op=a, hints=h),
                            [t], lambda t=t: self._cpu_gloo.allreduce_coalesced([t], opts))
                  for t in tensors]
         return _joined(self, works, tensors)
@@ -264,12 +291,14 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
     def reduce(self, tensors, opts):
         op = _op(opts)
         t = _one(tensors, "reduce")
-        return self._run(t, lambda c, a, h: c.reduce(t, opts.rootRank, op, async_op=a, hints=h),
+        root = opts.rootRank
+        return self._run(t, opts, lambda c, a, h: c.reduce(t, root, op, async_op=a, hints=h),
                          tensors, lambda: self._cpu_gloo.reduce(tensors, opts))
 
     def broadcast(self, tensors, opts):
         t = _one(tensors, "broadcast")
-        return self._run(t, lambda c, a, h: c.broadcast(t, opts.rootRank, async_op=a, hints=h),
+        root = opts.rootRank
+        return self._run(t, opts, lambda c, a, h: c.broadcast(t, root, async_op=a, hints=h),
                          tensors, lambda: self._cpu_gloo.broadcast(tensors, opts))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -277,12 +306,12 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
         outs = _one(output_tensors, "allgather")
         # Outputs of different sizes (as NCCL's group allows): the all-gather-v.
         f = "all_gather" if len({o.numel() for o in outs}) <= 1 else "all_gather_v"
-        return self._run(t, lambda c, a, h: getattr(c, f)(outs, t, async_op=a, hints=h),
+        return self._run(t, opts, lambda c, a, h: getattr(c, f)(outs, t, async_op=a, hints=h),
                          output_tensors,
                          lambda: self._cpu_gloo.allgather(output_tensors, input_tensors, opts))
 
     def _allgather_base(self, output, input, opts=None):  # noqa: A002
-        return self._run(input,
+        return self._run(input, opts,
                          lambda c, a, h: c.all_gather_single(output, input, async_op=a, hints=h),
                          [output], lambda: self._cpu_gloo._allgather_base(output, input, opts))
 
@@ -295,15 +324,14 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
         t = _one(output_tensors, "reduce_scatter")
         ins = _one(input_tensors, "reduce_scatter")
         f = "reduce_scatter" if len({i.numel() for i in ins}) <= 1 else "reduce_scatter_v"
-        return self._run(t, lambda c, a, h: getattr(c, f)(t, ins, op, async_op=a, hints=h),
+        return self._run(t, opts, lambda c, a, h: getattr(c, f)(t, ins, op, async_op=a, hints=h),
                          output_tensors,
                          lambda: self._cpu_gloo.reduce_scatter(output_tensors, input_tensors,
                                                                opts))
 
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
         op = _op(opts) if opts is not None else ReduceOp.SUM
-        return self._run(
-            output,
+        return self._run(output, opts,
             lambda c, a, h: c.reduce_scatter_single(output, input, op, async_op=a, hints=h),
             [output], lambda: self._cpu_gloo._reduce_scatter_base(output, input, opts))
 
@@ -315,15 +343,13 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
                       opts=None):
         osz = list(output_split_sizes) or None
         isz = list(input_split_sizes) or None
-        return self._run(
-            input,
+        return self._run(input, opts,
             lambda c, a, h: c.all_to_all_single(output, input, osz, isz, async_op=a, hints=h),
             [output], lambda: self._cpu_gloo.alltoall_base(output, input, output_split_sizes,
                                                            input_split_sizes, opts))
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        return self._run(
-            input_tensors[0],
+        return self._run(input_tensors[0], opts,
             lambda c, a, h: c.all_to_all(output_tensors, input_tensors, async_op=a, hints=h),
             output_tensors, lambda: self._cpu_gloo.alltoall(output_tensors, input_tensors, opts))
 
@@ -331,7 +357,7 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
         t = _one(input_tensors, "gather")
         root = opts.rootRank
         outs = output_tensors[0] if self.rank() == root else None
-        return self._run(t, lambda c, a, h: c.gather(outs, t, root, async_op=a, hints=h),
+        return self._run(t, opts, lambda c, a, h: c.gather(outs, t, root, async_op=a, hints=h),
                          output_tensors,
                          lambda: self._cpu_gloo.gather(output_tensors, input_tensors, opts))
 
@@ -339,7 +365,7 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
         t = _one(output_tensors, "scatter")
         root = opts.rootRank
         ins = input_tensors[0] if self.rank() == root else None
-        return self._run(t, lambda c, a, h: c.scatter(t, ins, root, async_op=a, hints=h),
+        return self._run(t, opts, lambda c, a, h: c.scatter(t, ins, root, async_op=a, hints=h),
                          output_tensors,
                          lambda: self._cpu_gloo.scatter(output_tensors, input_tensors, opts))
 
@@ -478,12 +504,6 @@ def register():
     if NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
-
-
-def _autoload():
-    """The ``torch.backends`` entry point: torch calls it at the end of ``import torch``."""
-    if dist.is_available():
-        register()
 
 
 register()

@@ -185,7 +185,7 @@ def llama_tp(gloo):
         out[label] = {"max_abs_error": diff.max().item(), "rel_error": rel,
                       "logit_scale": want.abs().max().item()}
         # bf16 carries 8 bits: sums in another order differ by a few ulps of the logits.
-        bound = 0.02 if label == "full" else 0.08
+        bound = 0.03 if label == "full" else 0.15
         assert rel < bound, f"{label}: relative logit error {rel:.4f} >= {bound}"
     del gloo
     return out
