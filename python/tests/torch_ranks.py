@@ -72,6 +72,14 @@ def init(backend="ferrocomm", **kw):
 def scenario_collectives():
     """Every c10d collective, the object collectives and the functional collectives."""
     init()
+    collectives()
+    dist.barrier()
+    dist.destroy_process_group()
+    print("collectives ok")
+
+
+def collectives():
+    """The body of scenario_collectives, on the initialized default group (DEV's tensors)."""
     assert dist.get_backend() == "ferrocomm"
     assert isinstance(dist.group.WORLD, fct.ProcessGroupFerrocomm)
     n = 7
@@ -239,10 +247,6 @@ def scenario_collectives():
     both("torch.compile(fullgraph=True) fc.all_reduce",
          lambda g, t: compiled(t, g or dist.group.WORLD) if g is None else step(t, g),
          data((4, 4), torch.float32, 91))
-
-    dist.barrier()
-    dist.destroy_process_group()
-    print("collectives ok")
 
 
 def scenario_async():
