@@ -1,14 +1,27 @@
-#!/bin/bash
-# Device correctness + timing run of the cuda backend on a 2-GPU machine.
-# Expects `ferrocomm` and `gpu_check` (release builds) beside this script; writes the log to
-# $OUT/gpu_check.log when OUT is set. Extra arguments go to gpu_check (--quick, --no-timing).
-set -o pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
+#!/usr/bin/env bash
+# The all-reduce device check (crates/ferrocomm/examples/gpu_check.rs) with correctness and
+# timing, on the GPUs of this machine, through `ferrocomm launch`.
+#
+#   scripts/gpu_check.sh BUILD_DIR OUT_DIR [gpu_check flags...]
+#
+# BUILD_DIR is what scripts/gpu_prepare.sh made (bin/ferrocomm, bin/gpu_check, the kernel cache
+# kc/); the log goes to OUT_DIR/gpu_check.log. Ranks: RANKS, default one per GPU and at least 2.
+# Flags go to gpu_check: --quick, --no-timing, --share-gpus (more ranks than GPUs; NCCL left out,
+# as NCCL refuses two ranks on one GPU). On one GPU: RANKS=2 ... --share-gpus.
+set -uo pipefail
+[ $# -ge 2 ] || { echo "usage: scripts/gpu_check.sh BUILD_DIR OUT_DIR [gpu_check flags...]" >&2; exit 2; }
+build="$(cd "$1" && pwd)" || exit 2
+mkdir -p "$2" && out="$(cd "$2" && pwd)" || exit 2
+shift 2
+bin="$build/bin"
+[ -x "$bin/ferrocomm" ] && [ -x "$bin/gpu_check" ] || {
+  echo "gpu_check.sh: $bin must hold ferrocomm and gpu_check (scripts/gpu_prepare.sh BUILD_DIR)" >&2
+  exit 2
+}
 export NCCL_NVLS_ENABLE=0
 export FERROCOMM_TIMEOUT_S="${FERROCOMM_TIMEOUT_S:-20}"
-export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-/tmp/ferrocomm-kernels}"
-out="${OUT:-/tmp}"
-nvidia-smi -L || true
+[ -d "$build/kc" ] && export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-$build/kc}"
+nvidia-smi -L | tee "$out/gpu_check-machine.txt" || true
 ngpu="$(nvidia-smi -L 2>/dev/null | wc -l)"
 [ "$ngpu" -ge 2 ] || ngpu=2
-"$here/ferrocomm" launch -n "$ngpu" --timeout 560 -- "$here/gpu_check" "$@" 2>&1 | tee "$out/gpu_check.log"
+"$bin/ferrocomm" launch -n "${RANKS:-$ngpu}" --timeout 560 -- "$bin/gpu_check" "$@" 2>&1 | tee "$out/gpu_check.log"

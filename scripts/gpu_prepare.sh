@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
-# Prepares a device run on a machine without a GPU: release builds of `ferrocomm` and the check
-# programs, every kernel compiled for the device's architecture into .carry/kc (so the device does
-# not spend ~45 s compiling), and the Python wheel into dist/.
+# Builds everything a GPU machine needs, on a machine with Rust (no GPU needed): release builds of
+# `ferrocomm` and the check programs, every kernel compiled for the GPUs' architecture (so the
+# first run does not spend ~45 s compiling), and the Python wheel. The GPU machine then needs no
+# Rust and no network: copy BUILD_DIR and this checkout there.
 #
-#   scripts/gpu_prepare.sh [ARCH]                 (default sm_90: H100/H200)
-#     binaries into .carry/bin, a fresh .carry/kc, the wheel; then, carry [".carry", "dist"]:
-#     bash scripts/gpu_session.sh .carry/bin .carry/kc [PARTS]
-#   scripts/gpu_prepare.sh --variant NAME [ARCH]
-#     the working tree as variant NAME for an A/B: binaries into .carry/bin-NAME, its kernels
-#     added to .carry/kc beside the other variants' (the cache key is the source hash), no wheel.
-#     Build A, edit, build B, then carry [".carry"]:
-#     bash scripts/gpu_ab.sh .carry/kc .carry/bin-A .carry/bin-B
-#     Mind the carry limit (64 MiB): a variant adds ~8 MiB of binaries and up to ~12 MiB of
-#     kernels (the modules whose source changed).
-#   scripts/gpu_prepare.sh --variant NAME --from COMMIT [--patches 'FILE...'] [ARCH]
+#   scripts/gpu_prepare.sh BUILD_DIR [ARCH]        (ARCH defaults to sm_90: H100/H200)
+#     BUILD_DIR/bin: ferrocomm, gpu_check, gpu_check_coll, gpu_check_lowp;
+#     BUILD_DIR/kc: a fresh kernel cache; BUILD_DIR/dist: the wheel. Then, on the GPU machine:
+#     scripts/gpu_session.sh BUILD_DIR OUT_DIR [PARTS]   (or gpu_check.sh, gpu_sanitize.sh, ...)
+#   scripts/gpu_prepare.sh BUILD_DIR --variant NAME [ARCH]
+#     the working tree as variant NAME for an A/B: binaries into BUILD_DIR/bin-NAME, its kernels
+#     added to BUILD_DIR/kc beside the other variants' (the cache key is the source hash), no
+#     wheel. Build A, edit, build B, then on the GPU machine:
+#     scripts/gpu_ab.sh OUT_DIR BUILD_DIR/kc BUILD_DIR/bin-A BUILD_DIR/bin-B
+#     A variant adds ~8 MiB of binaries and up to ~12 MiB of kernels (the modules whose source
+#     changed).
+#   scripts/gpu_prepare.sh BUILD_DIR --variant NAME --from COMMIT [--patches 'FILE...'] [ARCH]
 #     the same for another commit (the patches applied on it with `git am -3`), built in a
-#     temporary worktree into target/variants of this checkout; binaries and kernels land in
-#     this checkout's .carry. Then pack the variants and carry [".carry"] holding only the pack:
-#     tar czf .carry/pack.tgz -C .carry bin-A bin-B kc
+#     temporary worktree into target/variants of this checkout.
 set -euo pipefail
+[ $# -ge 1 ] && [ "${1#-}" = "$1" ] || {
+  echo "usage: scripts/gpu_prepare.sh BUILD_DIR [--variant NAME [--from COMMIT [--patches 'FILE...']]] [ARCH]" >&2
+  exit 2
+}
+mkdir -p "$1"
+build="$(cd "$1" && pwd)"
+shift
 cd "$(dirname "$0")/.."
 variant="" from="" patches=""
 if [ "${1:-}" = --variant ]; then
@@ -63,17 +70,15 @@ touch "$src"/crates/ferrocomm/kernels/*.cu
 (cd "$src" && CARGO_TARGET_DIR="$target" cargo build --release -p ferrocomm-cli)
 (cd "$src" && CARGO_TARGET_DIR="$target" cargo build --release -p ferrocomm --examples)
 [ -z "$from" ] || touch crates/ferrocomm/kernels/*.cu
-out=".carry/bin${variant:+-$variant}"
+out="$build/bin${variant:+-$variant}"
 rm -rf "$out"
 mkdir -p "$out"
 cp "$target"/release/ferrocomm "$target"/release/examples/gpu_check \
   "$target"/release/examples/gpu_check_coll "$target"/release/examples/gpu_check_lowp "$out/"
-[ -n "$variant" ] || rm -rf .carry/kc
-"$out/ferrocomm" precompile --arch "$arch" --cache .carry/kc
+[ -n "$variant" ] || rm -rf "$build/kc"
+"$out/ferrocomm" precompile --arch "$arch" --cache "$build/kc"
 if [ -z "$variant" ]; then
-  rm -rf dist
-  python3 -m pip wheel --no-deps . -w dist/
-  du -sh .carry dist
-else
-  du -sh .carry "$out" .carry/kc
+  rm -rf "$build/dist"
+  python3 -m pip wheel --no-deps . -w "$build/dist"
 fi
+du -sh "$build" "$out" "$build/kc"

@@ -5,7 +5,7 @@
 #   gpu_check_coll  every direct-access collective kernel (LL and staged, in and out of place,
 #                   both roots, all-to-all-v with host and with device counts);
 #   gpu_check_lowp  the codec and one call of each low-precision collective.
-# Each run logs to $OUT/sanitize-<tool>-<program>.log; one line per run gives its exit code, and
+# Each run logs to OUT_DIR/sanitize-<tool>-<program>.log; one line per run gives its exit code, and
 # the script exits non-zero when any run fails (the tool reports an error, a result is wrong, the
 # program is missing or the run times out).
 # API-error records are off: libnccl's initialisation probes kernels with cudaFuncGetAttributes
@@ -13,19 +13,21 @@
 # on H200, all inside libnccl.so), which the tool would count as errors; memory-access and race
 # reports are what this script is for.
 #
-#   scripts/gpu_sanitize.sh [BINDIR]
-# BINDIR holds release `ferrocomm` and the check programs (beside it or in BINDIR/examples).
+#   scripts/gpu_sanitize.sh BUILD_DIR OUT_DIR
+# BUILD_DIR is what scripts/gpu_prepare.sh made: release `ferrocomm` and the check programs in
+# BUILD_DIR/bin, the kernel cache in BUILD_DIR/kc.
 # SANITIZE_RUN_TIMEOUT_S bounds each run (default 280 s). SANITIZE_WORLD sets the ranks (default
 # 2); more ranks than GPUs need SANITIZE_FLAGS=--share-gpus (the check programs' flag).
 set -uo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
-bin="${1:-$here/../target/release}"
-out="${OUT:-/tmp}"
+[ $# -eq 2 ] || { echo "usage: scripts/gpu_sanitize.sh BUILD_DIR OUT_DIR" >&2; exit 2; }
+build="$(cd "$1" && pwd)" || exit 2
+mkdir -p "$2" && out="$(cd "$2" && pwd)" || exit 2
+bin="$build/bin"
 limit="${SANITIZE_RUN_TIMEOUT_S:-280}"
 export NCCL_NVLS_ENABLE=0
 # Checked kernels run far slower: give the device-side spin limit room.
 export FERROCOMM_TIMEOUT_S="${FERROCOMM_TIMEOUT_S:-120}"
-export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-/tmp/ferrocomm-kernels}"
+[ -d "$build/kc" ] && export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-$build/kc}"
 
 # SANITIZE_PROGRAMS picks some of them (default: all three).
 # shellcheck disable=SC2206  # a list of names
@@ -39,7 +41,6 @@ summary=()
 for tool in memcheck racecheck; do
   for prog in "${programs[@]}"; do
     path="$bin/$prog"
-    [ -x "$path" ] || path="$bin/examples/$prog"
     log="$out/sanitize-$tool-$prog.log"
     if [ -x "$path" ]; then
       "$bin/ferrocomm" launch -n "${SANITIZE_WORLD:-2}" --timeout "$limit" -- \
@@ -47,7 +48,7 @@ for tool in memcheck racecheck; do
         --print-limit 20 "$path" "${flags[@]}" 2>&1 | tee "$log"
       rc=${PIPESTATUS[0]}
     else
-      echo "$prog: not found in $bin or $bin/examples" | tee "$log"
+      echo "$prog: not found in $bin" | tee "$log"
       rc=127
     fi
     line="compute-sanitizer $tool $prog: exit $rc"

@@ -1,41 +1,30 @@
 #!/usr/bin/env bash
-# The benchmark sweep of a GPU machine, in one call: correctness first (gpu_check on every GPU),
-# then `ferrocomm bench --vs nccl` for every collective in eager and CUDA-graph mode, full and
-# low precision, with JSON and PNG for each, packed into $OUT/sweep-<N>gpu.tgz (the device tool
-# returns at most 8 files).
+# The benchmark sweep of a GPU machine: correctness first (gpu_check on every GPU), then
+# `ferrocomm bench --vs nccl` for every collective in eager and CUDA-graph mode, full and low
+# precision, with JSON and PNG for each, into OUT_DIR (OUT_DIR/summary.txt: one line a step).
 #
-#   scripts/gpu_sweep.sh [NGPUS] [MAXBYTES] [BINDIR]
+#   scripts/gpu_sweep.sh BUILD_DIR OUT_DIR [NGPUS] [MAXBYTES]
 #
-# BINDIR holds release builds of `ferrocomm` and the `gpu_check` example (default: beside this
-# script, then target/release). NVLink multicast stays off. SWEEP_STEP_S (60) limits each step,
-# SWEEP_CHECK_S (240) the gpu_check step, SWEEP_ITERS / SWEEP_REPS (10 / 3) set -n / --reps. The
-# kernel cache can be filled beforehand with `ferrocomm precompile --arch sm_90 --cache DIR` and
-# passed as FERROCOMM_KERNEL_CACHE.
-#
-# On the device tool, from a checkout here (build, then one call):
-#   cargo build --release -p ferrocomm-cli -p ferrocomm --examples
-#   mkdir -p .carry/bin && cp target/release/ferrocomm target/release/examples/gpu_check .carry/bin/
-#   target/release/ferrocomm precompile --arch sm_90 --cache .carry/kernels
-#   run: FERROCOMM_KERNEL_CACHE=$PWD/.carry/kernels bash scripts/gpu_sweep.sh 8 1G .carry/bin
-#        (kind nvidia-h200-x8, carry [".carry"]; results: $OUT/sweep-8gpu.tgz and its summary)
+# BUILD_DIR is what scripts/gpu_prepare.sh made (bin/ferrocomm, bin/gpu_check, the kernel cache
+# kc/). NGPUS defaults to every GPU of the machine, MAXBYTES to 1G. NVLink multicast stays off.
+# SWEEP_STEP_S (60) limits each step, SWEEP_CHECK_S (240) the gpu_check step, SWEEP_ITERS /
+# SWEEP_REPS (10 / 3) set -n / --reps.
 set -uo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
-n="${1:-$(nvidia-smi -L 2>/dev/null | wc -l)}"
-max="${2:-1G}"
-bin="${3:-$here}"
-[ -x "$bin/ferrocomm" ] || bin="$here/../target/release"
+[ $# -ge 2 ] || { echo "usage: scripts/gpu_sweep.sh BUILD_DIR OUT_DIR [NGPUS] [MAXBYTES]" >&2; exit 2; }
+build="$(cd "$1" && pwd)" || exit 2
+mkdir -p "$2" && res="$(cd "$2" && pwd)" || exit 2
+n="${3:-$(nvidia-smi -L 2>/dev/null | wc -l)}"
+max="${4:-1G}"
+bin="$build/bin"
 gpu_check="$bin/gpu_check"
-[ -x "$gpu_check" ] || gpu_check="$bin/examples/gpu_check"
-out="${OUT:-/tmp}"
-res="$out/sweep-${n}gpu"
-mkdir -p "$res"
+[ -x "$bin/ferrocomm" ] || { echo "gpu_sweep.sh: no ferrocomm in $bin (scripts/gpu_prepare.sh BUILD_DIR)" >&2; exit 2; }
+[ -d "$build/kc" ] && export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-$build/kc}"
 export NCCL_NVLS_ENABLE=0
 export FERROCOMM_TIMEOUT_S="${FERROCOMM_TIMEOUT_S:-60}"
-export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-/tmp/ferrocomm-kernels}"
 fc="$bin/ferrocomm"
 iters="${SWEEP_ITERS:-10}"
 reps="${SWEEP_REPS:-3}"
-step_s="${SWEEP_STEP_S:-60}"   # limit of one step, so the whole sweep fits one device call
+step_s="${SWEEP_STEP_S:-60}"   # limit of one step: a stuck bench cannot hold the sweep
 
 summary="$res/summary.txt"
 { date -u; nvidia-smi -L; nvidia-smi topo -m; } > "$res/machine.txt" 2>&1
@@ -48,9 +37,6 @@ step() { # name, command... (STEP_LIMIT_S overrides the step's limit)
   local rc=$?
   printf '%-40s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" \
     "$(grep -E 'Out of bounds|Avg bus|all results' "$res/$name.txt" | tr '\n' ' ')" | tee -a "$summary"
-  # Packed after every step: a call cut off by its limit still returns what was done.
-  tar czf "$out/sweep-${n}gpu.tgz" -C "$out" "sweep-${n}gpu"
-  cp "$summary" "$out/sweep-${n}gpu-summary.txt"
 }
 
 if [ -x "$gpu_check" ]; then
@@ -84,5 +70,4 @@ step all_reduce-f32-lp-e4m3 "$fc" bench all_reduce -g "$n" -d float -b 64K -e "$
   -n "$iters" --reps "$reps" -G 10 --low-precision e4m3 --vs nccl \
   --json "$res/all_reduce-f32-lp-e4m3.json" --plot "$res/all_reduce-f32-lp-e4m3.png"
 
-rm -rf "$res"
-cat "$out/sweep-${n}gpu-summary.txt"
+cat "$summary"

@@ -527,6 +527,35 @@ def scenario_errors(comm):
     expect(ferrocomm.FerrocommError, "finalized", comm.all_reduce, t)
 
 
+def scenario_hostile(comm):
+    """Values at the edges of what the arguments hold: split sizes whose element counts and
+    prefix sums pass 2**64 (the output must stay untouched), timeouts no duration holds.
+    Every one raises a FerrocommError subclass (a PanicException would fail the rank)."""
+    V = ferrocomm.FerrocommValueError
+    big = 2**63 - 1
+    backing = np.empty((4, 4), np.float32)
+    poison(backing)
+    before = backing.copy()
+    rows_in = np.ones((2, 4), np.float32)
+    expect(V, "all_to_all_v", comm.device_alltoallv_single, backing[:2], rows_in,
+           np.array([1, big, 1][:WORLD], np.int64), np.array([0, 1, big][:WORLD], np.int64))
+    assert np.array_equal(backing, before, equal_nan=True), "written despite the error"
+    expect(V, "all_to_all_v", comm.device_alltoallv_single, backing[:2], rows_in,
+           np.array([big] * WORLD, np.int64), np.array([big] * WORLD, np.int64))
+    assert np.array_equal(backing, before, equal_nan=True), "written despite the error"
+    for t in (1e30, 1e19, float("inf"), float("nan"), -1.0):
+        expect(ferrocomm.FerrocommError, "timeout", ferrocomm.new_comm, "host", "cpu", "h",
+               timeout=t)
+    t = data("float32", 16, RANK, 97)
+    work = comm.all_reduce(t, ReduceOp.SUM, async_op=True)
+    for w in (1e30, float("inf"), float("nan"), -1.0):
+        expect(ferrocomm.FerrocommError, "timeout", work.wait, w)
+    work.wait()
+    check("all_reduce after hostile values", t,
+          reduce_ref("sum", [data("float32", 16, r, 97) for r in range(WORLD)], "float32"),
+          "float32")
+
+
 def scenario_timeout(comm):
     """Rank 0 calls all_reduce alone and gets FerrocommTimeout naming the wait."""
     if RANK == 0:

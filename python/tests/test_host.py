@@ -1,10 +1,13 @@
 """The Python API on the host backend with real processes (2 and 4 ranks)."""
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
-from conftest import run_ranks
+from conftest import free_port, run_ranks
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -32,6 +35,37 @@ def test_narrow_types(world):
 def test_low_precision_hints(world):
     """E4M3 through hints: bounded error, rank-identical sums, the all-to-all's own part exact."""
     run_ranks(world, "low_precision")
+
+
+def test_hostile_values():
+    run_ranks(3, "hostile")
+
+
+def test_a_rank_with_another_store_secret_is_refused():
+    """Rank 1 holds another FERROCOMM_STORE_SECRET than rank 0, whose store it reaches: it is
+    refused at once, naming the secret; rank 0 times out waiting for it."""
+    port = free_port()
+    code = ("import ferrocomm\n"
+            "try:\n"
+            "    ferrocomm.new_comm('host', 'cpu', 'secret', timeout=3)\n"
+            "    print('JOINED')\n"
+            "except ferrocomm.FerrocommError as e:\n"
+            "    print('REFUSED', type(e).__name__, e)\n")
+
+    def start(rank, secret):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   FERROCOMM_STORE_SECRET=secret)
+        return subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    r0 = start(0, "the job's own secret 0123456789")
+    time.sleep(0.5)
+    r1 = start(1, "a stranger's guess 0123456789")
+    out1 = r1.communicate(timeout=30)[0]
+    out0 = r0.communicate(timeout=30)[0]
+    assert "REFUSED" in out1 and "secret" in out1, out1
+    assert "REFUSED FerrocommTimeout" in out0, out0
 
 
 def test_info():

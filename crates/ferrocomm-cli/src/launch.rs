@@ -1,7 +1,5 @@
 //! `ferrocomm launch`: start N ranks of a program with torchrun's variables set.
 
-use std::time::Duration;
-
 use anyhow::{bail, Context};
 use ferrocomm::launch::{launch, LaunchSpec};
 
@@ -32,8 +30,10 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<i32> {
         bail!("launch: -n must be at least 1 (the number of ranks to start)");
     }
     let timeout = match args.timeout {
-        Some(s) if s > 0.0 && s.is_finite() => Some(Duration::from_secs_f64(s)),
-        Some(s) => bail!("launch: --timeout must be a positive number of seconds, got {s}"),
+        Some(s) => match ferrocomm::config::timeout_from_secs(s) {
+            Ok(d) => Some(d),
+            Err(why) => bail!("launch: --timeout {why}"),
+        },
         None => None,
     };
     let (program, rest) = args

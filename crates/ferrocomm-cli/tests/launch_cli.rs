@@ -250,3 +250,69 @@ fn timeout_stops_the_job() {
     assert_eq!(o.status.code(), Some(124));
     assert!(t0.elapsed() < Duration::from_secs(10));
 }
+
+#[test]
+fn sigkill_to_the_launcher_takes_the_ranks_with_it() {
+    let dir = scratch("kill");
+    // Each rank is the sleeping process itself (exec), as a Python rank would be.
+    let script = format!("echo $$ > {}/rank.$RANK; exec sleep 60", dir.display());
+    let mut child = ferrocomm()
+        .args(["launch", "-n", "3", "--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids_in(&dir).len() < 3 {
+        assert!(Instant::now() < deadline, "ranks did not start");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let pids = pids_in(&dir);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_all_gone(&pids);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn timeouts_too_long_for_a_duration_are_refused_without_a_panic() {
+    for t in ["1e30", "1e19", "inf", "nan", "-1"] {
+        let o = run(&["launch", "-n", "1", "--timeout", t, "--", "true"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        // An error exit (not 0, not a panic's 101) that names the option.
+        assert!(
+            !matches!(o.status.code(), Some(0) | Some(101) | None),
+            "{t}: {err}"
+        );
+        assert!(
+            err.contains("timeout") && !err.contains("panicked"),
+            "{t}: {err}"
+        );
+    }
+}
+
+#[test]
+fn every_job_gets_its_own_store_secret() {
+    let secret = || {
+        let o = run(&[
+            "launch",
+            "-n",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo $FERROCOMM_STORE_SECRET",
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{o:?}");
+        let rows: BTreeSet<String> = lines(&o.stdout)
+            .iter()
+            .map(|l| l.split_whitespace().last().unwrap_or("").to_string())
+            .collect();
+        assert_eq!(rows.len(), 1, "ranks of one job share it: {rows:?}");
+        rows.into_iter().next().unwrap()
+    };
+    let (a, b) = (secret(), secret());
+    assert_eq!(a.len(), 64);
+    assert!(a.bytes().all(|c| c.is_ascii_hexdigit()), "{a}");
+    assert_ne!(a, b);
+}

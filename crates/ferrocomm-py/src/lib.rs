@@ -265,8 +265,9 @@ impl NativeWork {
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         let limit = match timeout {
-            Some(t) if t.is_finite() && t >= 0.0 => Duration::from_secs_f64(t),
-            Some(t) => return Err(py_err(py, invalid(format!("wait: bad timeout {t}")))),
+            Some(0.0) => Duration::ZERO,
+            Some(t) => ferrocomm::config::timeout_from_secs(t)
+                .map_err(|why| py_err(py, invalid(format!("wait: timeout {why}"))))?,
             None => self.limit,
         };
         let state = self.state.clone();
@@ -798,8 +799,10 @@ fn new_comm(
         };
         let timeout = match timeout_s {
             None => None,
-            Some(t) if t > 0.0 && t.is_finite() => Some(Duration::from_secs_f64(t)),
-            Some(t) => return Err(invalid(format!("timeout must be positive, got {t}"))),
+            Some(t) => Some(
+                ferrocomm::config::timeout_from_secs(t)
+                    .map_err(|why| invalid(format!("timeout {why}")))?,
+            ),
         };
         let mut o = CommOptions::new(name);
         o.backend = Some(backend);

@@ -78,13 +78,15 @@ pub struct Splits {
 }
 
 impl Splits {
-    /// Splits packed back to back in rank order.
+    /// Splits packed back to back in rank order. A displacement past `usize::MAX` stays at
+    /// `usize::MAX` (never wraps), so [`Communicator::all_to_all_v`] refuses it as past the
+    /// buffer.
     pub fn packed(send_counts: Vec<usize>, recv_counts: Vec<usize>) -> Self {
         let prefix = |c: &[usize]| {
             c.iter()
                 .scan(0usize, |acc, &n| {
                     let d = *acc;
-                    *acc += n;
+                    *acc = acc.saturating_add(n);
                     Some(d)
                 })
                 .collect()
@@ -398,6 +400,12 @@ impl Communicator {
             None => Config::from_env()?,
         };
         if let Some(t) = opts.timeout {
+            if t.is_zero() || t > crate::config::MAX_TIMEOUT {
+                return Err(Error::InvalidArgument(format!(
+                    "timeout {t:?} must be positive and at most {:?}",
+                    crate::config::MAX_TIMEOUT
+                )));
+            }
             config.timeout = t;
         }
         let l = &config.launch;
@@ -695,19 +703,20 @@ impl Communicator {
             }
         };
         for p in 0..n {
-            let se = splits.send_displs[p] + splits.send_counts[p];
-            if se > in_count {
-                return Err(Error::InvalidArgument(format!(
-                    "{c}: part for rank {p} ends at element {se}, past the input's {in_count}"
-                )));
-            }
-            let re = splits.recv_displs[p] + splits.recv_counts[p];
-            if re > output.count() {
-                return Err(Error::InvalidArgument(format!(
-                    "{c}: part from rank {p} ends at element {re}, past the output's {}",
-                    output.count()
-                )));
-            }
+            check_part(
+                c,
+                ("input", "for", in_count),
+                p,
+                splits.send_displs[p],
+                splits.send_counts[p],
+            )?;
+            check_part(
+                c,
+                ("output", "from", output.count()),
+                p,
+                splits.recv_displs[p],
+                splits.recv_counts[p],
+            )?;
         }
         if matches!(input, Input::InPlace) && splits.send_displs != splits.recv_displs {
             return Err(Error::InvalidArgument(format!(
@@ -955,6 +964,28 @@ impl Communicator {
             )));
         }
         Ok(count / self.size())
+    }
+}
+
+/// A part of an all-to-all-v buffer (`buf`: its name, "for"/"from", its element count) for or
+/// from rank `p`, `count` elements at `displ`: it must end inside the buffer, the end computed
+/// without overflow.
+fn check_part(
+    c: &'static str,
+    (buf, dir, len): (&str, &str, usize),
+    p: usize,
+    displ: usize,
+    count: usize,
+) -> Result<()> {
+    match displ.checked_add(count) {
+        Some(end) if end <= len => Ok(()),
+        Some(end) => Err(Error::InvalidArgument(format!(
+            "{c}: part {dir} rank {p} ends at element {end}, past the {buf}'s {len}"
+        ))),
+        None => Err(Error::InvalidArgument(format!(
+            "{c}: part {dir} rank {p} (displacement {displ} + count {count}) overflows; the \
+             {buf} has {len} elements"
+        ))),
     }
 }
 

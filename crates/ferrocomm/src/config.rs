@@ -31,7 +31,7 @@ const fn var(name: &'static str, default: &'static str, meaning: &'static str) -
 
 /// Every variable ferrocomm reads.
 pub const VARS: &[Var] = &[
-    var("FERROCOMM_TIMEOUT_S", "300", "Seconds a collective or bootstrap step waits for a peer before failing with a timeout (naming the missing rank where it can be known; NCCL work is aborted by the watchdog)."),
+    var("FERROCOMM_TIMEOUT_S", "300", "Seconds a collective or bootstrap step waits for a peer before failing with a timeout (naming the missing rank where it can be known; NCCL work is aborted by the watchdog). Positive, at most 1e9."),
     var("FERROCOMM_BACKEND", "auto", "Backend when none is asked for: auto (cuda for GPU buffers when a GPU is present, host otherwise), host, cuda, nccl."),
     var("FERROCOMM_ALGO", "auto", "Force one algorithm for every collective that has it: auto, push, flat, tree, direct, nccl."),
     var("FERROCOMM_LOW_PRECISION", "0", "1 turns on block-scaled low-precision collectives (Sum/Avg on f32/f16/bf16 only)."),
@@ -54,8 +54,8 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_LL_MAX_BYTES", "262144", "CUDA backend: largest part (bytes) that all-gather, all-to-all(-v), broadcast, reduce-scatter and reduce move in LL lines (flags beside the data, no barrier); larger parts take the staged protocol. At most the push buffer (512 KiB, or the staging size when smaller)."),
     var("FERROCOMM_BROADCAST_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest broadcast/reduce done by direct access on cuda."),
     var("FERROCOMM_P2P_MAX_BYTES", "67108864", "Largest send/recv message done by direct access on cuda, in two-rank communicators only (a message is a broadcast rooted at its sender there); larger ones, and every one above two ranks, go through NCCL (0: every non-empty message)."),
-    var("FERROCOMM_HOST_SLOT_BYTES", "4194304", "Host backend: bytes of shared-memory staging per rank (larger messages are processed in chunks of this size)."),
-    var("FERROCOMM_CUDA_STAGING_BYTES", "67108864", "CUDA backend: bytes of IPC staging per rank and buffer (direct access is limited to this size per rank)."),
+    var("FERROCOMM_HOST_SLOT_BYTES", "4194304", "Host backend: bytes of shared-memory staging per rank (larger messages are processed in chunks of this size). 4096 to 1 GiB."),
+    var("FERROCOMM_CUDA_STAGING_BYTES", "67108864", "CUDA backend: bytes of IPC staging per rank and buffer (direct access is limited to this size per rank). At most 16 GiB."),
     var("FERROCOMM_NCCL_WATCHDOG", "1", "1 follows every NCCL operation enqueued outside graph capture with a CUDA event and aborts the NCCL communicator when one stays incomplete past FERROCOMM_TIMEOUT_S; 0 leaves NCCL unwatched (as nccl-tests runs it: the bench's NCCL baseline does)."),
     var("FERROCOMM_PDL", "0", "CUDA backend: 1 launches the kernels with programmatic dependent launch on sm_90 and newer (a kernel is scheduled while the previous one on the stream finishes, and waits for it in griddepcontrol.wait); 0 launches them plainly."),
     var("FERROCOMM_NCCL_LIB", "(search)", "Path of libnccl.so to load; otherwise the system path, then torch's nvidia/nccl/lib."),
@@ -63,6 +63,7 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_KERNEL_CACHE", "$XDG_CACHE_HOME/ferrocomm or ~/.cache/ferrocomm", "Directory of compiled kernels (cubins keyed by source hash, arch and NVRTC version)."),
     var("FERROCOMM_STORE_ADDR", "MASTER_ADDR", "Host of the bootstrap TCP store."),
     var("FERROCOMM_STORE_PORT", "MASTER_PORT (MASTER_PORT+1 under torchrun)", "Port of the bootstrap TCP store."),
+    var("FERROCOMM_STORE_SECRET", "(derived)", "Secret the job's processes share to authenticate to the bootstrap store (at least 16 characters; never printed). ferrocomm launch sets a random one; unset, it is derived from torchrun's TORCHELASTIC_RUN_ID with MASTER_ADDR and MASTER_PORT, else from this user's key file $XDG_CONFIG_HOME/ferrocomm/store-key (see docs/security.md)."),
     var("FERROCOMM_STORE_EXTERNAL", "0", "1 when the store server runs outside the ranks (ferrocomm launch sets it); rank 0 then connects as a client."),
     var("FERROCOMM_DEBUG", "0", "1 prints the configuration and every algorithm choice to stderr at start-up (like NCCL_DEBUG=INFO)."),
     var("RANK", "-", "Global rank (torchrun); OMPI_COMM_WORLD_RANK is read when RANK is absent."),
@@ -153,6 +154,21 @@ pub struct LaunchEnv {
     pub store_external: bool,
     /// Set under torchrun, whose agent already listens on MASTER_PORT.
     pub under_torchelastic: bool,
+    /// `TORCHELASTIC_RUN_ID`: torchrun's run id (random under `--standalone`).
+    pub run_id: Option<String>,
+    /// `FERROCOMM_STORE_SECRET` (see [`crate::bootstrap::StoreKey::from_config`]).
+    #[serde(skip)]
+    pub store_secret: Option<Secret>,
+}
+
+/// A secret read from the environment: never printed, serialized or shown by `info`.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("(hidden)")
+    }
 }
 
 /// The configuration in effect.
@@ -177,6 +193,9 @@ pub struct Config {
     /// libnvrtc when the system path lacks them.
     pub python_prefixes: Vec<PathBuf>,
     pub kernel_cache: PathBuf,
+    /// This user's store key file (`$XDG_CONFIG_HOME/ferrocomm/store-key` or
+    /// `~/.config/ferrocomm/store-key`; `None` without either variable).
+    pub store_key_file: Option<PathBuf>,
     pub debug: bool,
     pub launch: LaunchEnv,
     /// Variable name -> (value text, source) for every variable in [`VARS`].
@@ -242,15 +261,51 @@ impl Reader<'_> {
         }
     }
 
-    fn bytes(&mut self, name: &'static str) -> Result<Option<usize>> {
+    /// A byte size of at most `max` (sizes are used in layout arithmetic: bounded here, every
+    /// sum and product of a few of them stays far from overflowing).
+    fn bytes(&mut self, name: &'static str, max: usize) -> Result<Option<usize>> {
         match self.raw(name) {
             None => Ok(None),
-            Some(s) => parse_size(&s).map(Some).map_err(|why| Error::BadEnv {
-                var: name,
-                value: s,
-                why,
-            }),
+            Some(s) => match parse_size(&s) {
+                Ok(n) if n <= max => Ok(Some(n)),
+                Ok(n) => Err(Error::BadEnv {
+                    var: name,
+                    value: s,
+                    why: format!("{n} bytes is more than the largest accepted, {max}"),
+                }),
+                Err(why) => Err(Error::BadEnv {
+                    var: name,
+                    value: s,
+                    why,
+                }),
+            },
         }
+    }
+}
+
+/// Largest size any byte-size variable accepts (1 TiB): thresholds only compare with it.
+pub const MAX_ENV_BYTES: usize = 1 << 40;
+/// Largest `FERROCOMM_HOST_SLOT_BYTES` (1 GiB of shared staging per rank).
+pub const MAX_HOST_SLOT_BYTES: usize = 1 << 30;
+/// Largest `FERROCOMM_CUDA_STAGING_BYTES` (16 GiB of device staging per rank and buffer).
+pub const MAX_CUDA_STAGING_BYTES: usize = 1 << 34;
+
+/// Longest timeout accepted (about 31 years): beyond any job, and short enough that every
+/// deadline computed from it (`Instant::now()` plus a few of it) is a valid instant.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(1_000_000_000);
+
+/// A timeout given in seconds (an environment variable, a command-line option, a Python
+/// argument): positive, finite and at most [`MAX_TIMEOUT`]; otherwise why not.
+pub fn timeout_from_secs(secs: f64) -> std::result::Result<Duration, String> {
+    if secs.is_nan() || secs <= 0.0 {
+        return Err(format!("must be a positive number of seconds, got {secs}"));
+    }
+    match Duration::try_from_secs_f64(secs) {
+        Ok(d) if d <= MAX_TIMEOUT => Ok(d),
+        _ => Err(format!(
+            "{secs} seconds is longer than the longest timeout accepted ({} s)",
+            MAX_TIMEOUT.as_secs()
+        )),
     }
 }
 
@@ -343,13 +398,11 @@ impl Config {
                 "expected seconds (a positive number)",
             )?
             .unwrap_or(300.0);
-        if !(timeout_s > 0.0 && timeout_s.is_finite()) {
-            return Err(Error::BadEnv {
-                var: "FERROCOMM_TIMEOUT_S",
-                value: timeout_s.to_string(),
-                why: "must be positive".into(),
-            });
-        }
+        let timeout = timeout_from_secs(timeout_s).map_err(|why| Error::BadEnv {
+            var: "FERROCOMM_TIMEOUT_S",
+            value: timeout_s.to_string(),
+            why,
+        })?;
         let backend = match r.raw("FERROCOMM_BACKEND") {
             None => BackendChoice::Auto,
             Some(s) => s.parse().map_err(|why| Error::BadEnv {
@@ -390,26 +443,28 @@ impl Config {
             enabled: lp_on || lp_alias,
             format,
             block,
-            min_bytes: r.bytes("FERROCOMM_LP_MIN_BYTES")?,
+            min_bytes: r.bytes("FERROCOMM_LP_MIN_BYTES", MAX_ENV_BYTES)?,
             all_reduce: r.flag("FERROCOMM_LP_ALL_REDUCE", true)?,
             all_gather: r.flag("FERROCOMM_LP_ALL_GATHER", true)?,
             reduce_scatter: r.flag("FERROCOMM_LP_REDUCE_SCATTER", true)?,
             all_to_all: r.flag("FERROCOMM_LP_ALL_TO_ALL", true)?,
         };
         let thresholds = Thresholds {
-            push_max: r.bytes("FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES")?,
-            flat_max: r.bytes("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES")?,
-            tree_max: r.bytes("FERROCOMM_ALLREDUCE_TREE_MAX_BYTES")?,
-            ce_min: r.bytes("FERROCOMM_ALLREDUCE_CE_MIN_BYTES")?,
-            ll128_max: r.bytes("FERROCOMM_ALLREDUCE_LL128_MAX_BYTES")?,
-            all_gather_max: r.bytes("FERROCOMM_ALLGATHER_MAX_BYTES")?,
-            reduce_scatter_max: r.bytes("FERROCOMM_REDUCESCATTER_MAX_BYTES")?,
-            all_to_all_max: r.bytes("FERROCOMM_ALLTOALL_MAX_BYTES")?,
-            broadcast_max: r.bytes("FERROCOMM_BROADCAST_MAX_BYTES")?,
-            p2p_max: r.bytes("FERROCOMM_P2P_MAX_BYTES")?,
-            ll_max: r.bytes("FERROCOMM_LL_MAX_BYTES")?,
+            push_max: r.bytes("FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES", MAX_ENV_BYTES)?,
+            flat_max: r.bytes("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES", MAX_ENV_BYTES)?,
+            tree_max: r.bytes("FERROCOMM_ALLREDUCE_TREE_MAX_BYTES", MAX_ENV_BYTES)?,
+            ce_min: r.bytes("FERROCOMM_ALLREDUCE_CE_MIN_BYTES", MAX_ENV_BYTES)?,
+            ll128_max: r.bytes("FERROCOMM_ALLREDUCE_LL128_MAX_BYTES", MAX_ENV_BYTES)?,
+            all_gather_max: r.bytes("FERROCOMM_ALLGATHER_MAX_BYTES", MAX_ENV_BYTES)?,
+            reduce_scatter_max: r.bytes("FERROCOMM_REDUCESCATTER_MAX_BYTES", MAX_ENV_BYTES)?,
+            all_to_all_max: r.bytes("FERROCOMM_ALLTOALL_MAX_BYTES", MAX_ENV_BYTES)?,
+            broadcast_max: r.bytes("FERROCOMM_BROADCAST_MAX_BYTES", MAX_ENV_BYTES)?,
+            p2p_max: r.bytes("FERROCOMM_P2P_MAX_BYTES", MAX_ENV_BYTES)?,
+            ll_max: r.bytes("FERROCOMM_LL_MAX_BYTES", MAX_ENV_BYTES)?,
         };
-        let host_slot_bytes = r.bytes("FERROCOMM_HOST_SLOT_BYTES")?.unwrap_or(4 << 20);
+        let host_slot_bytes = r
+            .bytes("FERROCOMM_HOST_SLOT_BYTES", MAX_HOST_SLOT_BYTES)?
+            .unwrap_or(4 << 20);
         if host_slot_bytes < 4096 {
             return Err(Error::BadEnv {
                 var: "FERROCOMM_HOST_SLOT_BYTES",
@@ -417,7 +472,9 @@ impl Config {
                 why: "must be at least 4096".into(),
             });
         }
-        let cuda_staging_bytes = r.bytes("FERROCOMM_CUDA_STAGING_BYTES")?.unwrap_or(64 << 20);
+        let cuda_staging_bytes = r
+            .bytes("FERROCOMM_CUDA_STAGING_BYTES", MAX_CUDA_STAGING_BYTES)?
+            .unwrap_or(64 << 20);
         // Off by default: on 2xH200 it changed nothing measurable (docs/tuning.md).
         let pdl = r.flag("FERROCOMM_PDL", false)?;
         let nccl_watchdog = r.flag("FERROCOMM_NCCL_WATCHDOG", true)?;
@@ -441,10 +498,19 @@ impl Config {
                 base.join("ferrocomm")
             }
         };
+        let store_key_file = lookup("XDG_CONFIG_HOME")
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| {
+                lookup("HOME")
+                    .filter(|s| !s.is_empty())
+                    .map(|h| PathBuf::from(h).join(".config"))
+            })
+            .map(|d| d.join("ferrocomm").join("store-key"));
         let debug = r.flag("FERROCOMM_DEBUG", false)?;
         let launch = read_launch(&mut r)?;
         Ok(Config {
-            timeout: Duration::from_secs_f64(timeout_s),
+            timeout,
             backend,
             algo,
             low_precision,
@@ -457,6 +523,7 @@ impl Config {
             nvrtc_lib,
             python_prefixes,
             kernel_cache,
+            store_key_file,
             debug,
             launch,
             sources: r.sources,
@@ -514,7 +581,16 @@ fn read_launch(r: &mut Reader<'_>) -> Result<LaunchEnv> {
     let store_addr = r.raw("FERROCOMM_STORE_ADDR");
     let store_port = r.parse::<u16>("FERROCOMM_STORE_PORT", "expected a TCP port")?;
     let store_external = r.flag("FERROCOMM_STORE_EXTERNAL", false)?;
-    let under_torchelastic = (r.lookup)("TORCHELASTIC_RUN_ID").is_some();
+    let run_id = (r.lookup)("TORCHELASTIC_RUN_ID");
+    let under_torchelastic = run_id.is_some();
+    let store_secret = r.raw("FERROCOMM_STORE_SECRET").map(Secret);
+    if store_secret.is_some() {
+        // The table `info` prints shows that it is set, never its value.
+        r.sources.insert(
+            "FERROCOMM_STORE_SECRET",
+            ("(set, hidden)".into(), Source::Env),
+        );
+    }
     if let (Some(rk), Some(ws)) = (rank, world_size) {
         if rk >= ws {
             return Err(Error::BadEnv {
@@ -535,12 +611,29 @@ fn read_launch(r: &mut Reader<'_>) -> Result<LaunchEnv> {
         store_port,
         store_external,
         under_torchelastic,
+        run_id,
+        store_secret,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_store_secret_is_never_shown() {
+        let secret = "do-not-print-this-secret";
+        let c = Config::from_lookup(|k| (k == "FERROCOMM_STORE_SECRET").then(|| secret.into()))
+            .unwrap();
+        assert_eq!(c.launch.store_secret, Some(Secret(secret.into())));
+        let shown = format!(
+            "{c:?} {} {:?}",
+            serde_json::to_string(&c).unwrap(),
+            c.table()
+        );
+        assert!(!shown.contains(secret), "{shown}");
+        assert!(shown.contains("(set, hidden)"), "{shown}");
+    }
 
     #[test]
     fn shared_settings_cover_every_threshold_and_low_precision_field() {

@@ -3,7 +3,12 @@
 //!
 //! Each child gets its own process group, so that stopping a rank also stops whatever it
 //! started (a shell's children, a Python's workers). When one rank fails the others get
-//! SIGTERM, then SIGKILL after [`GRACE`]; SIGINT/SIGTERM sent to the launcher are forwarded.
+//! SIGTERM, then SIGKILL after [`GRACE`]; SIGINT/SIGTERM sent to the launcher are forwarded,
+//! and a launcher killed outright takes its ranks with it (`PR_SET_PDEATHSIG`). The store is
+//! bound to loopback and needs the random secret the ranks get in `FERROCOMM_STORE_SECRET`.
+//! A rank that timed out waiting for another leaves a report in the store, so the launcher
+//! names the rank that stalled. At start-up it removes shared-memory segments left in
+//! `/dev/shm` by ranks of earlier jobs that died during set-up.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -14,7 +19,7 @@ use std::sync::{mpsc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::bootstrap::TcpStoreServer;
+use crate::bootstrap::{new_secret, StoreKey, TcpStoreServer, TIMED_OUT};
 use crate::error::{Error, Result};
 
 /// How long stopped ranks get between SIGTERM and SIGKILL.
@@ -46,8 +51,13 @@ pub fn launch(spec: &LaunchSpec) -> Result<i32> {
             "launch: the number of ranks must be at least 1".into(),
         ));
     }
-    let store = TcpStoreServer::bind("127.0.0.1", 0)?;
+    for name in crate::host::remove_stale_segments(std::path::Path::new("/dev/shm")) {
+        eprintln!("ferrocomm launch: removed /dev/shm/{name}, left by a job whose rank 0 died");
+    }
+    let secret = new_secret();
+    let store = TcpStoreServer::bind("127.0.0.1", 0, &StoreKey::from_secret(&secret))?;
     let master_port = free_port()?;
+    let launcher = std::process::id();
     let _signals = ForwardSignals::install();
 
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -65,8 +75,14 @@ pub fn launch(spec: &LaunchSpec) -> Result<i32> {
             .env("FERROCOMM_STORE_ADDR", "127.0.0.1")
             .env("FERROCOMM_STORE_PORT", store.port().to_string())
             .env("FERROCOMM_STORE_EXTERNAL", "1")
+            .env("FERROCOMM_STORE_SECRET", &secret)
             // Its own group: a signal to -pid reaches everything the rank started.
             .process_group(0);
+        // SAFETY: the closure runs in the child between fork and exec and only makes two
+        // async-signal-safe system calls (prctl, getppid), allocating nothing.
+        unsafe {
+            cmd.pre_exec(move || die_with_parent(launcher));
+        }
         for (k, v) in &spec.env {
             cmd.env(k, v);
         }
@@ -105,6 +121,7 @@ pub fn launch(spec: &LaunchSpec) -> Result<i32> {
 
     let start = Instant::now();
     let mut first_failure: Option<i32> = None;
+    let mut named_stall = false;
     // When the stop began (SIGTERM sent); SIGKILL follows GRACE later.
     let mut stopping: Option<Instant> = None;
     let mut killed = false;
@@ -126,6 +143,10 @@ pub fn launch(spec: &LaunchSpec) -> Result<i32> {
         if ranks.iter().all(|r| r.status.is_some()) {
             break;
         }
+        if first_failure.is_some() && !named_stall {
+            named_stall = true;
+            name_stalled(&store, &ranks);
+        }
         if stopping.is_none() {
             let sig = SIGNALLED.swap(0, Ordering::SeqCst);
             if sig != 0 {
@@ -142,6 +163,8 @@ pub fn launch(spec: &LaunchSpec) -> Result<i32> {
                     spec.timeout.unwrap_or_default()
                 );
                 first_failure = Some(124);
+                named_stall = true;
+                name_stalled(&store, &ranks);
                 signal_all(&ranks, libc::SIGTERM);
                 stopping = Some(Instant::now());
             }
@@ -196,6 +219,53 @@ fn report(rank: usize, st: ExitStatus, others: bool) {
         ""
     };
     eprintln!("ferrocomm launch: rank {rank} {what}{tail}");
+}
+
+/// Set in a rank between fork and exec: SIGKILL when the launcher dies, also when it already
+/// has (the rank was then reparented before the request took effect).
+fn die_with_parent(launcher: u32) -> io::Result<()> {
+    use rustix::process::{getppid, set_parent_process_death_signal, Pid, Signal};
+    set_parent_process_death_signal(Some(Signal::KILL))?;
+    if getppid().map(Pid::as_raw_pid) != Some(launcher as i32) {
+        return Err(io::Error::other(
+            "the launcher exited before the rank started",
+        ));
+    }
+    Ok(())
+}
+
+/// Prints which ranks the timed-out ranks were waiting for (their reports under
+/// [`TIMED_OUT`] in the store), once the job is being stopped.
+fn name_stalled(store: &TcpStoreServer, ranks: &[Rank]) {
+    let rank_of = |pid: i32| {
+        // The report names the process in the host backend; a rank's process group has the
+        // pid of the process the launcher started.
+        // SAFETY: getpgid has no memory-safety preconditions.
+        let group = unsafe { libc::getpgid(pid) };
+        ranks
+            .iter()
+            .find(|r| r.pid == pid || r.pid == group)
+            .map(|r| r.rank)
+    };
+    let mut waited: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+    for (key, value) in store.entries_containing(&format!("/{TIMED_OUT}")) {
+        let reporter = key.rsplit('/').next().and_then(|p| p.parse::<i32>().ok());
+        let missing = std::str::from_utf8(&value)
+            .ok()
+            .and_then(|v| v.trim().parse::<i32>().ok());
+        if let (Some(by), Some(stalled)) = (reporter.and_then(rank_of), missing.and_then(rank_of)) {
+            waited.entry(stalled).or_default().push(by);
+        }
+    }
+    for (stalled, mut by) in waited {
+        by.sort_unstable();
+        by.dedup();
+        let by: Vec<String> = by.iter().map(|r| r.to_string()).collect();
+        eprintln!(
+            "ferrocomm launch: rank {stalled} stalled: rank(s) {} timed out waiting for it",
+            by.join(", ")
+        );
+    }
 }
 
 /// Sends `sig` to the process group of every rank (also of ranks that exited: what they started

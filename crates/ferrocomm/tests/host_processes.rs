@@ -46,6 +46,7 @@ fn child_rank() {
         TcpStore::connect(
             "127.0.0.1",
             env("TEST_STORE_PORT") as u16,
+            &key(),
             Duration::from_secs(20),
         )
         .unwrap(),
@@ -147,7 +148,7 @@ fn child_rank() {
 
 /// Which ranks reported that they ran to the end.
 fn finished(port: u16, n: usize) -> Vec<bool> {
-    let s = TcpStore::connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
+    let s = TcpStore::connect("127.0.0.1", port, &key(), Duration::from_secs(5)).unwrap();
     (0..n)
         .map(|r| s.check(&format!("test/done/{r}")).unwrap())
         .collect()
@@ -187,7 +188,7 @@ fn wait_all(children: Vec<Child>, deadline: Duration) -> Vec<Option<i32>> {
 
 #[test]
 fn ranks_as_processes_get_correct_results_and_leave_nothing_behind() {
-    let server = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
+    let server = TcpStoreServer::bind("127.0.0.1", 0, &key()).unwrap();
     let children = spawn(3, "collectives", server.port());
     let rank0 = children[0].id();
     let codes = wait_all(children, Duration::from_secs(60));
@@ -202,7 +203,7 @@ fn ranks_as_processes_get_correct_results_and_leave_nothing_behind() {
 
 #[test]
 fn a_rank_that_dies_is_reported_without_hanging() {
-    let server = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
+    let server = TcpStoreServer::bind("127.0.0.1", 0, &key()).unwrap();
     let children = spawn(3, "die", server.port());
     // The dead child stays a zombie until reaped here; the others must notice it anyway.
     let codes = wait_all(children, Duration::from_secs(60));

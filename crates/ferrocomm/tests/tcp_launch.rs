@@ -3,11 +3,16 @@
 //!
 //! The ranks are this test binary again, running only the ignored `rank_process` test.
 
-use std::time::Duration;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use ferrocomm::bootstrap::{all_gather_bytes, connect_from_env, store_barrier};
+use ferrocomm::bootstrap::{all_gather_bytes, connect_from_env, store_barrier, Store};
+use ferrocomm::config::BackendChoice;
 use ferrocomm::launch::{launch, LaunchSpec};
-use ferrocomm::{Config, Error};
+use ferrocomm::{
+    CallOpts, CommOptions, Communicator, Config, Error, Input, ReduceOp, View, ViewMut,
+};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -63,8 +68,158 @@ fn rank_process() {
             let _ = s.get("never", Duration::from_secs(60));
             std::process::exit(0);
         }
+        // A host communicator's all-reduce in which rank 1 never takes part: the others time
+        // out (FERROCOMM_TIMEOUT_S) waiting for it.
+        "stall" => {
+            let comm = Communicator::new(CommOptions {
+                backend: Some(BackendChoice::Host),
+                config: Some(cfg),
+                ..CommOptions::new("stall")
+            })
+            .unwrap();
+            if rank == 1 {
+                std::thread::sleep(Duration::from_secs(60));
+            }
+            let x = [1.0f32; 16];
+            let mut y = [0.0f32; 16];
+            let e = comm
+                .all_reduce(
+                    Input::Buf(View::host(&x)),
+                    ViewMut::host(&mut y),
+                    ReduceOp::Sum,
+                    &CallOpts::default(),
+                )
+                .unwrap_err();
+            assert!(matches!(e, Error::Timeout { missing: 1, .. }), "{e}");
+            std::process::exit(1);
+        }
+        // Rank 0 notes its pid and sets up a host communicator that rank 1 never joins: it
+        // waits in set-up, its segment in /dev/shm, until killed.
+        // Rank 1 takes part until it would open the segment, and stops there.
+        "setup" => {
+            if rank == 0 {
+                let f = std::env::var("TEST_PID_FILE").unwrap();
+                std::fs::write(f, std::process::id().to_string()).unwrap();
+            }
+            let store = connect_from_env(&cfg, rank, world).unwrap();
+            let store: Arc<dyn Store> = if rank == 1 {
+                Arc::new(StopAtSegment(store))
+            } else {
+                store
+            };
+            let _ = Communicator::new(CommOptions {
+                backend: Some(BackendChoice::Host),
+                config: Some(cfg),
+                store: Some(store),
+                ..CommOptions::new("setup")
+            });
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        "noop" => {}
         other => panic!("unknown role {other}"),
     }
+}
+
+/// A store that never answers a rank asking for the shared segment's name.
+struct StopAtSegment(Arc<dyn Store>);
+
+impl Store for StopAtSegment {
+    fn set(&self, key: &str, value: &[u8]) -> ferrocomm::Result<()> {
+        self.0.set(key, value)
+    }
+    fn get(&self, key: &str, timeout: Duration) -> ferrocomm::Result<Vec<u8>> {
+        if key.ends_with("host/shm_name") {
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        self.0.get(key, timeout)
+    }
+    fn check(&self, key: &str) -> ferrocomm::Result<bool> {
+        self.0.check(key)
+    }
+    fn add(&self, key: &str, delta: i64) -> ferrocomm::Result<i64> {
+        self.0.add(key, delta)
+    }
+    fn delete(&self, key: &str) -> ferrocomm::Result<bool> {
+        self.0.delete(key)
+    }
+}
+
+/// Runs a launcher in a child process (this binary again), for its stderr.
+#[test]
+#[ignore = "entry point of the launcher process that a test starts"]
+fn launcher_process() {
+    let role = std::env::var("FERROCOMM_TEST_LAUNCHED_ROLE").expect("started by a test");
+    let mut s = spec(3, &role);
+    s.env.push(("FERROCOMM_TIMEOUT_S".into(), "1".into()));
+    std::process::exit(launch(&s).unwrap());
+}
+
+#[test]
+fn the_rank_that_stalled_is_named_not_the_one_that_gave_up() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "launcher_process", "--ignored", "--nocapture"])
+        .env("FERROCOMM_TEST_LAUNCHED_ROLE", "stall")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("rank 1 stalled: rank(s) 0, 2 timed out waiting for it")
+            || err.contains("rank 1 stalled: rank(s) 0 timed out")
+            || err.contains("rank 1 stalled: rank(s) 2 timed out"),
+        "{err}"
+    );
+}
+
+/// This user's segments of process `pid` in /dev/shm.
+fn segments_of(pid: u32) -> Vec<PathBuf> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(&format!("ferrocomm-{pid}-")))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_segment_left_by_a_rank0_killed_during_set_up_is_removed_by_the_next_launch() {
+    let pid_file = std::env::temp_dir().join(format!("ferrocomm-setup-{}", std::process::id()));
+    let _ = std::fs::remove_file(&pid_file);
+    let mut s = spec(2, "setup");
+    s.env
+        .push(("TEST_PID_FILE".into(), pid_file.display().to_string()));
+    let job = std::thread::spawn(move || launch(&s).unwrap());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (pid, seg) = loop {
+        assert!(
+            Instant::now() < deadline,
+            "rank 0 did not create its segment"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Some(seg) = segments_of(pid).pop() {
+            break (pid, seg);
+        }
+    };
+    // SAFETY: kill has no memory-safety preconditions; `pid` is rank 0, our grandchild.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    assert_eq!(job.join().unwrap(), 128 + 9);
+    // Rank 0 died before unlinking its segment's name: the segment is left (another launch
+    // running meanwhile, of this test binary or another, may already have removed it).
+    assert_eq!(launch(&spec(1, "noop")).unwrap(), 0);
+    assert!(!seg.exists(), "{} survived the next launch", seg.display());
+    let _ = std::fs::remove_file(&pid_file);
 }
 
 #[test]

@@ -12,12 +12,19 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ferrocomm::bootstrap::{
-    all_gather_bytes, connect_from_env, store_barrier, PrefixStore, Store, TcpStore, TcpStoreServer,
+    all_gather_bytes, connect_from_env, store_barrier, PrefixStore, Store, StoreKey, TcpStore,
+    TcpStoreServer, MAX_VALUE,
 };
 use ferrocomm::{Config, Error};
 
 const ROLE: &str = "FERROCOMM_TEST_CHILD_ROLE";
 const T: Duration = Duration::from_secs(10);
+const SECRET: &str = "the tcp store tests' secret";
+
+/// The key of SECRET, which every test's server and clients (and children) hold.
+fn key() -> StoreKey {
+    StoreKey::from_secret(SECRET)
+}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -63,7 +70,7 @@ fn child_process() {
             let port: u16 = var("TEST_PORT").parse().unwrap();
             let rank: usize = var("TEST_RANK").parse().unwrap();
             let world: usize = var("TEST_WORLD").parse().unwrap();
-            let s = TcpStore::connect("127.0.0.1", port, T).unwrap();
+            let s = TcpStore::connect("127.0.0.1", port, &key(), T).unwrap();
             s.add("arrivals", 10 + rank as i64).unwrap();
             store_barrier(&s, "start", world, T).unwrap();
             let payload = format!("payload of rank {rank}").into_bytes();
@@ -76,7 +83,7 @@ fn child_process() {
         }
         // A server that reports its port and lives until killed.
         "server" => {
-            let srv = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
+            let srv = TcpStoreServer::bind("127.0.0.1", 0, &key()).unwrap();
             println!("PORT {}", srv.port());
             thread::sleep(Duration::from_secs(60));
         }
@@ -86,9 +93,9 @@ fn child_process() {
 
 #[test]
 fn set_get_check_add_delete() {
-    let srv = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
+    let srv = TcpStoreServer::bind("127.0.0.1", 0, &key()).unwrap();
     assert_ne!(srv.port(), 0);
-    let s = TcpStore::connect("127.0.0.1", srv.port(), T).unwrap();
+    let s = TcpStore::connect("127.0.0.1", srv.port(), &key(), T).unwrap();
     assert!(!s.check("k").unwrap());
     s.set("k", b"\x00value\xff").unwrap();
     assert!(s.check("k").unwrap());
@@ -106,10 +113,10 @@ fn set_get_check_add_delete() {
     assert!(s.delete("k").unwrap());
     assert!(!s.delete("k").unwrap());
     assert!(!s.check("k").unwrap());
-    // Empty and large values round-trip.
+    // Empty and the largest values round-trip.
     s.set("empty", b"").unwrap();
     assert_eq!(s.get("empty", T).unwrap(), b"");
-    let big: Vec<u8> = (0..3_000_000u32)
+    let big: Vec<u8> = (0..MAX_VALUE as u32)
         .map(|i| i.wrapping_mul(2654435761) as u8)
         .collect();
     s.set("big", &big).unwrap();
@@ -118,13 +125,13 @@ fn set_get_check_add_delete() {
 
 #[test]
 fn threads_meet_through_the_server() {
-    let srv = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
+    let srv = TcpStoreServer::bind("127.0.0.1", 0, &key()).unwrap();
     let port = srv.port();
     let world = 4;
     let hs: Vec<_> = (0..world)
         .map(|r| {
             thread::spawn(move || {
-                let s = TcpStore::connect("127.0.0.1", port, T).unwrap();
+                let s = TcpStore::connect("127.0.0.1", port, &key(), T).unwrap();
                 let n = s.add("count", 1).unwrap();
                 store_barrier(&s, "b", world, T).unwrap();
                 let all = all_gather_bytes(&s, "g", r, world, &[r as u8, 0xa5], T).unwrap();
@@ -145,8 +152,8 @@ fn threads_meet_through_the_server() {
 
 #[test]
 fn one_client_shared_by_threads_does_not_block_on_a_waiting_get() {
-    let srv = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
-    let s = Arc::new(TcpStore::connect("127.0.0.1", srv.port(), T).unwrap());
+    let srv = TcpStoreServer::bind("127.0.0.1", 0, &key()).unwrap();
+    let s = Arc::new(TcpStore::connect("127.0.0.1", srv.port(), &key(), T).unwrap());
     let s2 = s.clone();
     let waiter = thread::spawn(move || s2.get("late", T).unwrap());
     thread::sleep(Duration::from_millis(100));
@@ -158,8 +165,8 @@ fn one_client_shared_by_threads_does_not_block_on_a_waiting_get() {
 
 #[test]
 fn get_times_out_with_the_key() {
-    let srv = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
-    let s = TcpStore::connect("127.0.0.1", srv.port(), T).unwrap();
+    let srv = TcpStoreServer::bind("127.0.0.1", 0, &key()).unwrap();
+    let s = TcpStore::connect("127.0.0.1", srv.port(), &key(), T).unwrap();
     let t0 = Instant::now();
     match s.get("never", Duration::from_millis(200)) {
         Err(Error::StoreTimeout { key, timeout }) => {
@@ -178,7 +185,7 @@ fn get_times_out_with_the_key() {
 fn nobody_listening_fails_clearly_within_the_deadline() {
     let port = free_port();
     let t0 = Instant::now();
-    let e = match TcpStore::connect("127.0.0.1", port, Duration::from_millis(600)) {
+    let e = match TcpStore::connect("127.0.0.1", port, &key(), Duration::from_millis(600)) {
         Err(e) => e.to_string(),
         Ok(_) => panic!("connected to a port nobody listens on"),
     };
@@ -196,25 +203,28 @@ fn nobody_listening_fails_clearly_within_the_deadline() {
 fn clients_may_start_before_the_server() {
     let port = free_port();
     let client = thread::spawn(move || {
-        let s = TcpStore::connect("127.0.0.1", port, T).unwrap();
+        let s = TcpStore::connect("127.0.0.1", port, &key(), T).unwrap();
         s.get("k", T).unwrap()
     });
     thread::sleep(Duration::from_millis(300));
-    let srv = TcpStoreServer::bind("127.0.0.1", port).unwrap();
-    let s = TcpStore::connect("127.0.0.1", srv.port(), T).unwrap();
+    let srv = TcpStoreServer::bind("127.0.0.1", port, &key()).unwrap();
+    let s = TcpStore::connect("127.0.0.1", srv.port(), &key(), T).unwrap();
     s.set("k", b"v").unwrap();
     assert_eq!(client.join().unwrap(), b"v");
 }
 
 #[test]
 fn another_service_on_the_port_is_rejected() {
+    use std::io::{Read, Write};
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let t = thread::spawn(move || {
-        let (c, _) = l.accept().unwrap();
-        drop(c);
+        let (mut c, _) = l.accept().unwrap();
+        let mut hello = [0u8; 36];
+        c.read_exact(&mut hello).unwrap();
+        let _ = c.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n....");
     });
-    let e = match TcpStore::connect("127.0.0.1", port, T) {
+    let e = match TcpStore::connect("127.0.0.1", port, &key(), T) {
         Err(e) => e.to_string(),
         Ok(_) => panic!("accepted a service that is not a store"),
     };
@@ -223,10 +233,36 @@ fn another_service_on_the_port_is_rejected() {
 }
 
 #[test]
+fn a_service_that_hangs_up_gives_no_handshake_reply() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    l.set_nonblocking(true).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let t = thread::spawn(move || {
+        // Every connection closed at once, as a server at its connection limit does.
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            match l.accept() {
+                Ok((c, _)) => drop(c),
+                Err(_) => thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    });
+    let e = match TcpStore::connect("127.0.0.1", port, &key(), Duration::from_millis(300)) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("connected to a service that hangs up"),
+    };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    t.join().unwrap();
+    assert!(e.contains("no handshake reply"), "{e}");
+    assert!(!e.contains("not a ferrocomm store"), "{e}");
+}
+
+#[test]
 fn dropped_server_fails_waiting_and_later_calls() {
-    let srv = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
+    let srv = TcpStoreServer::bind("127.0.0.1", 0, &key()).unwrap();
     let addr = format!("127.0.0.1:{}", srv.port());
-    let s = Arc::new(TcpStore::connect("127.0.0.1", srv.port(), T).unwrap());
+    let s = Arc::new(TcpStore::connect("127.0.0.1", srv.port(), &key(), T).unwrap());
     s.set("a", b"1").unwrap();
     let s2 = s.clone();
     let waiter = thread::spawn(move || {
@@ -245,8 +281,9 @@ fn dropped_server_fails_waiting_and_later_calls() {
 
 #[test]
 fn prefixes_share_one_server_without_colliding() {
-    let srv = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
-    let inner: Arc<dyn Store> = Arc::new(TcpStore::connect("127.0.0.1", srv.port(), T).unwrap());
+    let srv = TcpStoreServer::bind("127.0.0.1", 0, &key()).unwrap();
+    let inner: Arc<dyn Store> =
+        Arc::new(TcpStore::connect("127.0.0.1", srv.port(), &key(), T).unwrap());
     let a = PrefixStore::new("comm_a", inner.clone());
     let b = PrefixStore::new("comm_b", inner.clone());
     a.set("x", b"from a").unwrap();
@@ -263,7 +300,7 @@ fn prefixes_share_one_server_without_colliding() {
 
 #[test]
 fn processes_meet_through_the_server() {
-    let srv = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
+    let srv = TcpStoreServer::bind("127.0.0.1", 0, &key()).unwrap();
     let world = 3;
     let kids: Vec<Child> = (0..world)
         .map(|r| {
@@ -280,7 +317,7 @@ fn processes_meet_through_the_server() {
     for k in kids {
         assert!(wait_child(k, Duration::from_secs(30)).success());
     }
-    let s = TcpStore::connect("127.0.0.1", srv.port(), T).unwrap();
+    let s = TcpStore::connect("127.0.0.1", srv.port(), &key(), T).unwrap();
     // 10 + 11 + 12 from the three ranks.
     assert_eq!(s.add("arrivals", 0).unwrap(), 33);
     for r in 0..world {
@@ -306,7 +343,7 @@ fn killed_server_process_fails_the_client_promptly() {
             break p.parse().unwrap();
         }
     };
-    let s = Arc::new(TcpStore::connect("127.0.0.1", port, T).unwrap());
+    let s = Arc::new(TcpStore::connect("127.0.0.1", port, &key(), T).unwrap());
     s.set("k", b"v").unwrap();
     assert_eq!(s.get("k", T).unwrap(), b"v");
     let s2 = s.clone();
@@ -326,10 +363,12 @@ fn killed_server_process_fails_the_client_promptly() {
 }
 
 fn cfg(pairs: &[(&str, String)]) -> Config {
-    let m: HashMap<String, String> = pairs
+    let mut m: HashMap<String, String> = pairs
         .iter()
         .map(|(k, v)| (k.to_string(), v.clone()))
         .collect();
+    m.entry("FERROCOMM_STORE_SECRET".into())
+        .or_insert_with(|| SECRET.into());
     Config::from_lookup(move |k| m.get(k).cloned()).unwrap()
 }
 
@@ -375,7 +414,7 @@ fn connect_from_env_uses_the_next_port_under_torchrun_and_names_missing_port() {
     ]);
     let s = connect_from_env(&c, 0, 1).unwrap();
     s.set("k", b"v").unwrap();
-    let direct = TcpStore::connect("127.0.0.1", port + 1, T).unwrap();
+    let direct = TcpStore::connect("127.0.0.1", port + 1, &key(), T).unwrap();
     assert_eq!(direct.get("k", T).unwrap(), b"v");
     drop(agent);
 
@@ -387,8 +426,29 @@ fn connect_from_env_uses_the_next_port_under_torchrun_and_names_missing_port() {
 }
 
 #[test]
+fn rank0_listens_on_master_addr_alone() {
+    // 127.0.0.2 is loopback too, but another address: a server bound to it (not to 0.0.0.0)
+    // refuses connections to 127.0.0.1.
+    let port = free_port();
+    let c = cfg(&[
+        ("MASTER_ADDR", "127.0.0.2".into()),
+        ("MASTER_PORT", port.to_string()),
+        ("FERROCOMM_TIMEOUT_S", "5".into()),
+    ]);
+    let s = connect_from_env(&c, 0, 1).unwrap();
+    s.set("k", b"v").unwrap();
+    let there = TcpStore::connect("127.0.0.2", port, &key(), T).unwrap();
+    assert_eq!(there.get("k", T).unwrap(), b"v");
+    let e = match TcpStore::connect("127.0.0.1", port, &key(), Duration::from_millis(300)) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("the server listens beyond MASTER_ADDR"),
+    };
+    assert!(e.contains("could not connect"), "{e}");
+}
+
+#[test]
 fn external_store_is_not_started_by_rank0() {
-    let srv = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
+    let srv = TcpStoreServer::bind("127.0.0.1", 0, &key()).unwrap();
     let c = cfg(&[
         ("MASTER_PORT", free_port().to_string()),
         ("FERROCOMM_STORE_PORT", srv.port().to_string()),
@@ -397,6 +457,6 @@ fn external_store_is_not_started_by_rank0() {
     ]);
     let s0 = connect_from_env(&c, 0, 2).unwrap();
     s0.set("who", b"rank0").unwrap();
-    let mine = TcpStore::connect("127.0.0.1", srv.port(), T).unwrap();
+    let mine = TcpStore::connect("127.0.0.1", srv.port(), &key(), T).unwrap();
     assert_eq!(mine.get("who", T).unwrap(), b"rank0");
 }

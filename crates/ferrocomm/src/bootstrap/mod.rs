@@ -1,14 +1,24 @@
 //! Bootstrap: the key-value store ranks meet through, and the helpers built on it.
 
+mod auth;
 mod tcp;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-pub use tcp::{connect_from_env, TcpStore, TcpStoreServer};
+pub use auth::{new_secret, StoreKey};
+pub use tcp::{
+    connect_from_env, TcpStore, TcpStoreServer, HANDSHAKE_TIMEOUT, MAX_CONNECTIONS,
+    MAX_HANDSHAKING, MAX_KEY, MAX_TOTAL, MAX_VALUE, REQUEST_TIMEOUT,
+};
 
 use crate::error::{Error, Result};
+
+/// Key (in a communicator's store) under which a rank that timed out leaves the pid of the
+/// rank it waited for, as `timed_out/<its own pid>`: `ferrocomm launch` reads it to name the
+/// rank that stalled.
+pub const TIMED_OUT: &str = "timed_out/";
 
 /// A key-value store shared by all ranks (torch's `Store` semantics).
 pub trait Store: Send + Sync {
@@ -133,7 +143,9 @@ impl Store for MemStore {
             .map(|v| decode_i64(key, v))
             .transpose()?
             .unwrap_or(0);
-        let new = cur + delta;
+        let new = cur
+            .checked_add(delta)
+            .ok_or_else(|| Error::Store(format!("add to '{key}' overflows i64")))?;
         m.insert(key.to_string(), new.to_string().into_bytes());
         self.changed.notify_all();
         Ok(new)

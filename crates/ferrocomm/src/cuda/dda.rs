@@ -74,6 +74,18 @@ const CE_THREADS: u32 = 256;
 /// Largest push payload per rank (LL lines double it, and every rank holds every sender's).
 const PUSH_CAP_MAX: usize = 512 << 10;
 
+/// Where a peer's staging starts in this process's mapping of the peer's allocation (mapped
+/// at `mapped`, `size` bytes long): at the offset `off` the peer sent, when the `total` bytes
+/// of a staging from there lie inside the allocation; `None` otherwise (a corrupt or forged
+/// offset would make every access through the mapping stray outside it).
+pub(crate) fn peer_staging(mapped: u64, size: u64, off: u64, total: u64) -> Option<u64> {
+    let end = off.checked_add(total)?;
+    if end > size {
+        return None;
+    }
+    mapped.checked_add(off)
+}
+
 fn round_up(n: usize, a: usize) -> usize {
     n.div_ceil(a) * a
 }
@@ -643,7 +655,21 @@ impl Dda {
                 ))
             })?;
             self.opened.push(p);
-            self.bases[peer] = p + off;
+            let mut start: sys::CUdeviceptr = 0;
+            let mut size = 0usize;
+            cu(
+                // SAFETY: out-parameters for an address inside the mapping just opened.
+                unsafe { sys::cuMemGetAddressRange_v2(&mut start, &mut size, p) },
+                &format!("cuMemGetAddressRange of rank {peer}'s staging"),
+            )?;
+            let total = self.layout.total as u64;
+            let mapped_size = (size as u64).saturating_sub(p - start.min(p));
+            self.bases[peer] = peer_staging(p, mapped_size, off, total).ok_or_else(|| {
+                Error::Cuda(format!(
+                    "rank {peer} sent a staging offset of {off} bytes into an allocation of \
+                     {mapped_size} bytes, which cannot hold a staging of {total} bytes there"
+                ))
+            })?;
         }
         Ok(())
     }
@@ -1111,6 +1137,21 @@ fn load_modules(cfg: &Config, arch: &str) -> Result<HashMap<DataType, Module>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_staging_must_lie_inside_its_allocation() {
+        let (p, size, total) = (0x7f00_0000_0000u64, 1u64 << 20, 1u64 << 19);
+        assert_eq!(peer_staging(p, size, 0, total), Some(p));
+        assert_eq!(
+            peer_staging(p, size, size - total, total),
+            Some(p + size - total)
+        );
+        assert_eq!(peer_staging(p, size, size - total + 1, total), None);
+        assert_eq!(peer_staging(p, size, u64::MAX, total), None);
+        assert_eq!(peer_staging(p, size, u64::MAX - total + 1, total), None);
+        assert_eq!(peer_staging(p, size, 0, size + 1), None);
+        assert_eq!(peer_staging(u64::MAX - 8, size, 16, 16), None);
+    }
 
     #[test]
     fn kernel_constants_match_the_host_and_fit_the_free_state() {

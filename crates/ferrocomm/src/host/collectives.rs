@@ -610,7 +610,12 @@ impl HostBackend {
         opts: &CallOpts,
     ) -> Result<()> {
         let coll = Collective::AllToAllV;
-        let bytes = splits.send_counts.iter().sum::<usize>() * dtype.size();
+        // Saturating: only compared with a threshold (each part is checked against the input).
+        let bytes = splits
+            .send_counts
+            .iter()
+            .fold(0usize, |a, &c| a.saturating_add(c))
+            .saturating_mul(dtype.size());
         if let Some(codec) = self.low_precision(coll, dtype, ReduceOp::Sum, bytes, opts)? {
             return self.all_to_all_v_lp(bufs, dtype, in_count, splits, &codec);
         }

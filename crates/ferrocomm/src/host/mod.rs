@@ -17,6 +17,8 @@ mod p2p;
 mod shm;
 mod sync;
 
+pub use shm::remove_stale_segments;
+
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -45,6 +47,8 @@ pub struct HostBackend {
     rank: usize,
     world: usize,
     cfg: Arc<Config>,
+    /// The communicator's store, where a timeout is reported for the launcher.
+    store: Arc<dyn crate::bootstrap::Store>,
     /// Collectives run one at a time per communicator (their epochs and sequence numbers).
     state: Mutex<CallState>,
     /// Sends and receives are ordered per pair through the mailboxes; one at a time per rank.
@@ -201,6 +205,7 @@ impl HostBackend {
             rank: ctx.rank,
             world: ctx.size,
             cfg: ctx.config.clone(),
+            store: ctx.store.clone(),
             state: Mutex::new(CallState::default()),
             p2p: Mutex::new(()),
         })
@@ -244,7 +249,19 @@ impl HostBackend {
         Ok(())
     }
 
+    /// Leaves `timed_out/<our pid>` = the pid of `peer` in the store, so that a launcher
+    /// hosting it names the rank that stalled rather than the one that gave up first.
+    fn report_timeout(&self, peer: usize) {
+        let pid = self.seg.pid(peer).load(Ordering::Relaxed);
+        let key = format!("{}{}", crate::bootstrap::TIMED_OUT, std::process::id());
+        // Best effort: the timeout error is what matters to this rank.
+        let _ = self.store.set(&key, pid.to_string().as_bytes());
+    }
+
     fn stop_error(&self, stop: Stop, coll: Collective, peer: usize) -> Error {
+        if matches!(stop, Stop::Timeout) {
+            self.report_timeout(peer);
+        }
         match stop {
             Stop::Timeout => Error::Timeout {
                 collective: coll.name(),

@@ -117,6 +117,9 @@ impl HostBackend {
     }
 
     fn p2p_stop(&self, stop: Stop, what: &'static str, peer: usize) -> Error {
+        if matches!(stop, Stop::Timeout) {
+            self.report_timeout(peer);
+        }
         match stop {
             Stop::Timeout => Error::Timeout {
                 collective: what,

@@ -18,6 +18,7 @@
 //! ```
 
 use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -31,10 +32,6 @@ const MAGIC: u64 = 0x6665_7272_6f73_686d; // "ferroshm"
 
 /// Words of a signature record.
 pub(crate) const SIG_WORDS: usize = 8;
-
-fn round_up(x: usize, to: usize) -> usize {
-    x.div_ceil(to) * to
-}
 
 /// Offsets of every part of the segment, the same on every rank (all derive it from the same
 /// world size and configuration, which rank 0 records in the header and the others check).
@@ -55,21 +52,37 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    pub fn new(world: usize, slot_bytes: usize) -> Layout {
+    /// The layout for `world` ranks with `slot_bytes` of staging each; an error naming
+    /// `FERROCOMM_HOST_SLOT_BYTES` when the segment's size would not fit in a `usize` (every
+    /// offset below is then in range too: each is at most the total).
+    pub fn new(world: usize, slot_bytes: usize) -> Result<Layout> {
+        let too_big = || {
+            Error::InvalidArgument(format!(
+                "host backend: a shared segment for {world} ranks with \
+                 FERROCOMM_HOST_SLOT_BYTES={slot_bytes} does not fit in memory's address range"
+            ))
+        };
+        let add = |a: usize, b: usize| a.checked_add(b).ok_or_else(too_big);
+        let mul = |a: usize, b: usize| a.checked_mul(b).ok_or_else(too_big);
+        let up = |x: usize, to: usize| mul(x.div_ceil(to), to);
         // Staging is cut at cache-line multiples so that every chunk, stripe and part starts
         // aligned for any element type.
         let slot_bytes = slot_bytes / LINE * LINE;
         let p2p_bytes = (slot_bytes / 4).clamp(4096, 256 << 10) / LINE * LINE;
         let ctl = LINE;
-        let sig = ctl + world * LINE;
-        let counts = sig + world * LINE;
-        let counts_stride = round_up(2 * world * 8, LINE);
-        let pairs = counts + world * counts_stride;
+        let sig = add(ctl, mul(world, LINE)?)?;
+        let counts = add(sig, mul(world, LINE)?)?;
+        let counts_stride = up(mul(mul(2, world)?, 8)?, LINE)?;
+        let pairs = add(counts, mul(world, counts_stride)?)?;
         let pair_stride = LINE + p2p_bytes;
-        let slots = round_up(pairs + world * world * pair_stride, 4096);
-        let reduced = slots + world * slot_bytes;
-        let total = reduced + slot_bytes;
-        Layout {
+        let slots = up(add(pairs, mul(mul(world, world)?, pair_stride)?)?, 4096)?;
+        let reduced = add(slots, mul(world, slot_bytes)?)?;
+        let total = add(reduced, slot_bytes)?;
+        // mmap and ftruncate take signed sizes.
+        if i64::try_from(total).is_err() || isize::try_from(total).is_err() {
+            return Err(too_big());
+        }
+        Ok(Layout {
             world,
             slot_bytes,
             p2p_bytes,
@@ -82,7 +95,7 @@ impl Layout {
             slots,
             reduced,
             total,
-        }
+        })
     }
 }
 
@@ -120,7 +133,7 @@ impl Segment {
         slot_bytes: usize,
         timeout: Duration,
     ) -> Result<Segment> {
-        let layout = Layout::new(world, slot_bytes);
+        let layout = Layout::new(world, slot_bytes)?;
         let ctx = |what: &str| format!("host backend rank {rank}: {what}");
         let seg = if rank == 0 {
             let name = format!(
@@ -142,7 +155,7 @@ impl Segment {
                     e.into(),
                 )
             })?;
-            let seg = Segment::map(File::from(fd), layout, &ctx)?;
+            let seg = Segment::map(File::from(fd), layout, &|w| ctx(&format!("{name}: {w}")))?;
             seg.write_header();
             store.set("host/shm_name", name.as_bytes())?;
             seg.claim(rank);
@@ -152,6 +165,12 @@ impl Segment {
         } else {
             let name = store.get("host/shm_name", timeout)?;
             let name = String::from_utf8_lossy(&name).into_owned();
+            if !is_segment_name(&name) {
+                return Err(Error::InvalidArgument(ctx(&format!(
+                    "the store names the shared segment {name:?}, which is not a name rank 0 \
+                     makes (/ferrocomm-<pid>-<16 hex digits>)"
+                ))));
+            }
             let fd = rustix::shm::open(
                 name.as_str(),
                 rustix::shm::OFlags::RDWR,
@@ -166,7 +185,7 @@ impl Segment {
                     e.into(),
                 )
             })?;
-            let seg = Segment::map(File::from(fd), layout, &ctx)?;
+            let seg = Segment::map(File::from(fd), layout, &|w| ctx(&format!("{name}: {w}")))?;
             seg.check_header(rank)?;
             seg.claim(rank);
             store_barrier(store, "host/mapped", world, timeout)?;
@@ -176,11 +195,12 @@ impl Segment {
     }
 
     fn map(file: File, layout: Layout, ctx: &dyn Fn(&str) -> String) -> Result<Segment> {
-        let len = file
+        let meta = file
             .metadata()
-            .map_err(|e| Error::io(ctx("fstat of the segment"), e))?
-            .len() as usize;
-        if len != layout.total {
+            .map_err(|e| Error::io(ctx("fstat of the segment"), e))?;
+        check_owner(meta.uid(), meta.mode(), &ctx)?;
+        let len = meta.len();
+        if len != layout.total as u64 {
             return Err(Error::InvalidArgument(ctx(&format!(
                 "the shared segment has {len} bytes but this rank expects {} (ranks disagree on \
                  the world size or FERROCOMM_HOST_SLOT_BYTES)",
@@ -288,6 +308,66 @@ impl Segment {
     }
 }
 
+/// Whether `name` is one [`Segment::establish`] makes: `/ferrocomm-<pid>-<16 hex digits>`.
+fn is_segment_name(name: &str) -> bool {
+    segment_creator(name.strip_prefix('/').unwrap_or("")).is_some() && name.starts_with('/')
+}
+
+/// The creator's pid of a segment's file name (`ferrocomm-<pid>-<16 hex digits>`).
+fn segment_creator(file: &str) -> Option<u32> {
+    let (pid, hex) = file.strip_prefix("ferrocomm-")?.split_once('-')?;
+    let hex_ok = hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit());
+    let pid_ok = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
+    if hex_ok && pid_ok {
+        pid.parse().ok()
+    } else {
+        None
+    }
+}
+
+/// A segment must belong to this user and be open to no one else (rank 0 creates it 0600):
+/// one made by anyone else could be read or written behind the job's back.
+fn check_owner(uid: u32, mode: u32, ctx: &dyn Fn(&str) -> String) -> Result<()> {
+    let me = rustix::process::getuid().as_raw();
+    if uid != me || mode & 0o777 != 0o600 {
+        return Err(Error::InvalidArgument(ctx(&format!(
+            "the shared segment belongs to uid {uid} with mode {:o}, but must belong to this \
+             user (uid {me}) with mode 600; refusing to map it",
+            mode & 0o7777
+        ))));
+    }
+    Ok(())
+}
+
+/// Removes this user's segments in `dir` (`/dev/shm`) whose creator process is gone: left by
+/// a rank 0 killed during set-up, before every rank had mapped the segment. Returns the names
+/// removed.
+pub fn remove_stale_segments(dir: &std::path::Path) -> Vec<String> {
+    let me = rustix::process::getuid().as_raw();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = segment_creator(&name) else {
+            continue;
+        };
+        let mine = e.metadata().is_ok_and(|m| m.uid() == me);
+        // Only "no such process" counts as gone (EPERM: alive, another user's).
+        let alive = rustix::process::Pid::from_raw(pid as i32).is_some_and(|p| {
+            !matches!(
+                rustix::process::test_kill_process(p),
+                Err(rustix::io::Errno::SRCH)
+            )
+        });
+        if mine && !alive && std::fs::remove_file(e.path()).is_ok() {
+            removed.push(name);
+        }
+    }
+    removed
+}
+
 /// Unlinks a shared-memory name when dropped (after every rank mapped it, or on failure).
 struct UnlinkGuard(Option<String>);
 
@@ -297,5 +377,100 @@ impl Drop for UnlinkGuard {
             // Nothing useful to do if it is already gone.
             let _ = rustix::shm::unlink(n.as_str());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bootstrap::MemStore;
+
+    #[test]
+    fn layouts_past_the_address_range_are_refused() {
+        for (world, slot) in [
+            (2, usize::MAX),
+            (2, 6148914691236517248),
+            (usize::MAX / 64, 4096),
+            (1 << 33, 4096),
+        ] {
+            let e = Layout::new(world, slot).unwrap_err().to_string();
+            assert!(e.contains("FERROCOMM_HOST_SLOT_BYTES"), "{e}");
+        }
+        let l = Layout::new(3, 8192).unwrap();
+        assert!(l.reduced + l.slot_bytes == l.total && l.slots % 4096 == 0);
+    }
+
+    /// A segment another process made, mode `mode`, of the size rank 1 expects, with a header
+    /// that passes the check; published in a store as rank 0 would.
+    fn forged(mode: u32, name: &str) -> std::sync::Arc<MemStore> {
+        let layout = Layout::new(2, 8192).unwrap();
+        let fd = rustix::shm::open(
+            name,
+            rustix::shm::OFlags::CREATE | rustix::shm::OFlags::EXCL | rustix::shm::OFlags::RDWR,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
+        rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(mode)).unwrap();
+        rustix::fs::ftruncate(&fd, layout.total as u64).unwrap();
+        let map = memmap2::MmapOptions::new()
+            .len(layout.total)
+            .map_raw(&File::from(fd))
+            .unwrap();
+        let seg = Segment { map, layout };
+        seg.write_header();
+        let store = MemStore::new();
+        store.set("host/shm_name", name.as_bytes()).unwrap();
+        store
+    }
+
+    #[test]
+    fn a_segment_open_to_others_is_refused_naming_it() {
+        let name = format!("/ferrocomm-{}-{:016x}", std::process::id(), 0xf0e1d2u64);
+        let store = forged(0o666, &name);
+        let r = Segment::establish(&*store, 1, 2, 8192, Duration::from_millis(200));
+        let _ = rustix::shm::unlink(name.as_str());
+        let e = r
+            .err()
+            .expect("mapped a world-writable segment")
+            .to_string();
+        assert!(e.contains(&name) && e.contains("mode 666"), "{e}");
+    }
+
+    #[test]
+    fn a_name_rank0_would_not_make_is_refused() {
+        for name in [
+            "/evil",
+            "/ferrocomm-1-xyz",
+            "/ferrocomm-1-0123456789abcdef/../x",
+            "",
+        ] {
+            let store = MemStore::new();
+            store.set("host/shm_name", name.as_bytes()).unwrap();
+            let e = Segment::establish(&*store, 1, 2, 8192, Duration::from_millis(200))
+                .err()
+                .expect("opened a foreign name")
+                .to_string();
+            assert!(e.contains("not a name rank 0"), "{name}: {e}");
+        }
+    }
+
+    #[test]
+    fn stale_segments_of_dead_creators_are_removed_and_live_ones_kept() {
+        let dir = std::env::temp_dir().join(format!("ferrocomm-shm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A pid that is gone: a child that has exited and been reaped.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let stale = format!("ferrocomm-{dead}-00000000000000aa");
+        let live = format!("ferrocomm-{}-00000000000000bb", std::process::id());
+        let other = "ferrocomm-notapid-00000000000000cc".to_string();
+        for n in [&stale, &live, &other] {
+            std::fs::write(dir.join(n), b"x").unwrap();
+        }
+        assert_eq!(remove_stale_segments(&dir), vec![stale.clone()]);
+        assert!(!dir.join(&stale).exists());
+        assert!(dir.join(&live).exists() && dir.join(&other).exists());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

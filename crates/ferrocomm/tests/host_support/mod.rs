@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrocomm::bootstrap::{MemStore, Store};
+use ferrocomm::bootstrap::{MemStore, Store, StoreKey};
 use ferrocomm::config::BackendChoice;
 use ferrocomm::{CommOptions, Communicator, Config, DataType, ReduceOp};
 use half::{bf16, f16};
@@ -18,6 +18,11 @@ pub fn config(slot_bytes: usize, timeout: Duration) -> Config {
         timeout,
         ..Config::default()
     }
+}
+
+/// The store key of the tests' TCP stores (parent and child processes derive the same).
+pub fn key() -> StoreKey {
+    StoreKey::from_secret("the host tests' store secret")
 }
 
 /// A name no other test in this process uses.
