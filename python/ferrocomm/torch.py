@@ -85,8 +85,8 @@ class _Work(dist.Work):
     ``get_future()`` completes with the output tensors."""
 
     def __init__(self, pg, inner, result, stream=None):
-        # stream: the CUDA stream the call was issued on; _WAITED for a call torch waits on at
-        # once on the stream it was issued on (its stream is not looked up); None on the CPU.
+        # stream: the CUDA stream the call was issued on; None for a CPU call; _WAITED for a
+        # call torch waits on at once (done, or ordered on the caller's stream already).
         super().__init__()
         self._pg = pg
         self._inner = inner
@@ -99,11 +99,8 @@ class _Work(dist.Work):
         # the call, and a call nobody polls costs no event.
         if self._event is None:
             self._event = torch.cuda.Event()
-            self._event.record(self._cuda_stream())
+            self._event.record(self._stream)
         return self._event
-
-    def _cuda_stream(self):
-        return torch.cuda.current_stream() if self._stream is _WAITED else self._stream
 
     def wait(self, timeout=None):
         self._pg._flush_p2p()
@@ -120,6 +117,8 @@ class _Work(dist.Work):
 
     def is_completed(self):
         self._pg._flush_p2p()
+        if self._stream is _WAITED:
+            return True
         if self._stream is not None:
             return self._cuda_event().query()
         return all(w.is_completed() for w in self._inner)
@@ -129,8 +128,12 @@ class _Work(dist.Work):
 
     def get_future(self):
         self._pg._flush_p2p()
+        if self._stream is _WAITED:
+            fut = torch.futures.Future()
+            fut.set_result(self._result)
+            return fut
         if self._stream is not None:
-            stream = self._cuda_stream()
+            stream = self._stream
             fut = torch.futures.Future(devices=[stream.device])
             with torch.cuda.stream(stream):
                 fut.set_result(self._result)
@@ -174,6 +177,9 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
         self._p2p_works = []
         self._cpu_gloo = cpu_backend
         self._host = None
+        # What a call torch waits on at once returns (done, or ordered on the caller's stream
+        # already): one object, not one per call.
+        self._waited = _Work(self, (), [], _WAITED)
         if cpu_backend is None:
             self._host = self._new_comm("host", "cpu")
 
@@ -258,7 +264,7 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
             # A call torch waits on at once needs no stream of its own: wait() is a no-op.
             if opts is not None and not getattr(opts, "asyncOp", True):
                 call(c, False, h)
-                return _Work(self, (), result, _WAITED)
+                return self._waited
             stream = torch.cuda.current_stream(dev)
             call(c, False, h)
             return _Work(self, (), result, stream)
@@ -269,7 +275,7 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
         # CPU: a call torch waits on at once runs here (no hop to the work thread).
         if opts is not None and not getattr(opts, "asyncOp", True):
             call(self._host, False, h)
-            return _Work(self, (), result)
+            return self._waited
         return _Work(self, (call(self._host, True, h),), result)
 
     # -- collectives (torch's ProcessGroup signatures) ---------------------------------------
