@@ -30,6 +30,11 @@ class RedOpType(str, enum.Enum):
     def __ne__(self, other):
         return not self.__eq__(other)
 
+    def __str__(self):
+        return self.value
+
+    __format__ = str.__format__
+
     __hash__ = str.__hash__
 
 
@@ -93,7 +98,7 @@ class ReduceOp:
     def __repr__(self):
         if self._name == "premul_sum":
             return f"ReduceOp.PREMUL_SUM({self._factor})"
-        return f"ReduceOp.{self.type}"
+        return f"ReduceOp.{self.type.value}"
 
     @classmethod
     def coerce(cls, op):
