@@ -231,7 +231,10 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
     # -- plumbing --------------------------------------------------------------------------
 
     def _new_comm(self, backend, device):
-        return new_comm(backend, device, f"torch/{self._group_name}/{device}",
+        # The name is the same on every rank: the device type, not its index (ranks of one
+        # group usually hold different GPUs).
+        kind = torch.device(device).type
+        return new_comm(backend, device, f"torch/{self._group_name}/{kind}",
                         timeout=self._timeout, store=self._store, hints=self._hints,
                         rank=self.rank(), size=self.size())
 
