@@ -1,0 +1,5 @@
+import sys
+
+from . import _entry
+
+sys.exit(_entry())
