@@ -17,8 +17,9 @@
 #   sanitize  compute-sanitizer memcheck and racecheck over the three programs (scripts/gpu_sanitize.sh)
 #   python    the Python package's GPU checks (python/tests/gpu), the wheel from BUILD_DIR/dist
 #   torch     the "ferrocomm" torch.distributed backend against gloo (collectives, CUDA graphs,
-#             torch.compile, DTensor, transformers tp_plan="auto"; needs transformers and
-#             accelerate), and scripts/torch_overhead.py's host time per call (~5 min)
+#             torch.compile, DTensor, transformers tp_plan="auto"; needs transformers, and
+#             accelerate installed or carried in BUILD_DIR/dist/extra), and
+#             scripts/torch_overhead.py's host time per call (~5 min)
 #   bench     the bench tables: all-reduce graph mode, low precision (two GPUs or more)
 #   coll      the direct-access collectives' tables (five benches, ~45 s each)
 #   p2p       send/recv and the device-count all-to-all-v against NCCL, scripts/gpu_link_ceiling.py
@@ -128,6 +129,13 @@ if want torch; then
     trap 'rm -rf "$site"' EXIT
     python3 -m pip install -q --no-deps --no-index --target "$site" "$build"/dist/ferrocomm-*.whl \
       > "$res/pip.txt" 2>&1
+  fi
+  # transformers' tp_plan needs accelerate: wheels carried in BUILD_DIR/dist/extra (pip download
+  # accelerate psutil --no-deps --python-version 3.12 --only-binary=:all: -d BUILD_DIR/dist/extra)
+  # are installed beside the package when the machine lacks them.
+  if ! python3 -c "import accelerate" 2> /dev/null && ls "$build"/dist/extra/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-deps --no-index --target "$site" "$build"/dist/extra/*.whl \
+      >> "$res/pip.txt" 2>&1
   fi
   # gloo on CPU copies is the reference, so NCCL stays off and the ranks may share one GPU.
   FERROCOMM_NCCL_LIB=/nonexistent CHECK_WATCHDOG_S=530 PYTHONPATH="$site" \
