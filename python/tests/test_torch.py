@@ -5,6 +5,8 @@ torch is required: these tests fail (they are not skipped) when it is missing.
 """
 
 import importlib.util
+import subprocess
+import sys
 
 import pytest
 
@@ -39,3 +41,12 @@ def test_groups_mixed_backends_and_low_precision():
 
 def test_errors():
     run(2, "errors")
+
+
+def test_import_torch_registers_the_backend():
+    """The installed package's torch.backends entry point: no import of ferrocomm needed."""
+    code = ("import sys, torch.distributed as dist; "
+            "print('FERROCOMM' in dist.Backend._plugins, 'ferrocomm.torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr
