@@ -66,6 +66,16 @@ class Buf:
         return self.ptr < other.ptr + other.nbytes and other.ptr < self.ptr + self.nbytes
 
 
+_TORCH_DTYPES = {}
+_UNSEEN = object()
+
+
+def _torch_dtype_name(dtype):
+    if dtype.is_complex or str(dtype).replace("torch.", "").startswith(("qint", "quint")):
+        return None
+    return str(dtype).replace("torch.", "")
+
+
 def describe(obj, what, coll, writable=False):
     """A `Buf` for a numpy array or torch tensor, or FerrocommValueError saying what is wrong."""
     if isinstance(obj, np.ndarray):
@@ -81,12 +91,17 @@ def describe(obj, what, coll, writable=False):
         ptr = obj.__array_interface__["data"][0]
         return Buf(obj, ptr, obj.size, obj.dtype.name, HOST, obj.dtype.itemsize, obj.shape)
     if is_tensor(obj):
+        # The element type's name, looked up once per dtype (None: refused); complex and
+        # quantized dtypes are refused by name, sparse layouts by is_sparse below.
+        dtype = _TORCH_DTYPES.get(obj.dtype, _UNSEEN)
+        if dtype is _UNSEEN:
+            dtype = _TORCH_DTYPES[obj.dtype] = _torch_dtype_name(obj.dtype)
         if not obj.is_contiguous():
             raise FerrocommValueError(
                 f"{coll}: {what} is not contiguous (strides {tuple(obj.stride())} for shape "
                 f"{tuple(obj.shape)}); pass tensor.contiguous()"
             )
-        if obj.is_complex() or obj.is_sparse or obj.is_quantized:
+        if dtype is None or obj.is_sparse:
             raise FerrocommValueError(f"{coll}: {what} has unsupported layout or dtype {obj.dtype}")
         dev = obj.device
         if dev.type == "cuda":
@@ -95,7 +110,6 @@ def describe(obj, what, coll, writable=False):
             device = HOST
         else:
             raise FerrocommValueError(f"{coll}: {what} is on device {dev}, expected cuda or cpu")
-        dtype = str(obj.dtype).replace("torch.", "")
         return Buf(obj, obj.data_ptr(), obj.numel(), dtype, device, obj.element_size(),
                    tuple(obj.shape))
     raise FerrocommValueError(
