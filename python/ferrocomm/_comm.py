@@ -85,6 +85,10 @@ class _DoneWork(Work):
         return "Work(completed)"
 
 
+# What every call issued with async_op=False returns: it holds nothing, so one object serves all.
+_DONE = _DoneWork()
+
+
 class _HostWork(Work):
     """A host collective running on the communicator's work thread."""
 
@@ -201,6 +205,7 @@ class Comm:
         self._requested = requested_backend
         self._hints = dict(hints or {})
         self._finalized = False
+        self._cuda = native.device_index != T.HOST
         # torchcomms parity: per-call timeouts, abort, options (see "-- torchcomms parity").
         self._options = options or {}
         self._call_timeout = None
@@ -309,7 +314,7 @@ class Comm:
                 f"{coll}: communicator '{self.get_name()}' has been aborted ({self._aborted})")
         h = {**self._hints, **_check_hints(hints, coll)}
         opname, factor = ("sum", 1.0) if op is None else ReduceOp.coerce(op).native()
-        cuda = self._n.device_index != T.HOST
+        cuda = self._cuda
         # A per-call (or set_timeout) bound: host calls then run on the work thread and the
         # caller waits that long at most. CUDA calls only enqueue; it bounds wait_blocking().
         limit = self._call_timeout if self._call_timeout is not None else self._timeout
@@ -355,7 +360,7 @@ class Comm:
             if async_op:
                 return work
             self._bounded_wait(coll, work, limit)
-            return _DoneWork()
+            return _DONE
         # Issued (CUDA: enqueued on the current stream; host: finished). Copies of list
         # variants go on the same stream, after the collective.
         for f in post:
@@ -364,7 +369,7 @@ class Comm:
             ev = torch.cuda.Event()
             ev.record(torch.cuda.current_stream(self._n.device_index))
             return _CudaWork(ev, self._n.device_index, keep, limit)
-        return _DoneWork()
+        return _DONE
 
     def _in_place_or(self, out, inp, offset_elems):
         """None (in place) when `inp` is `out` shifted by `offset_elems` elements (NCCL's in-place

@@ -103,15 +103,17 @@ def describe(obj, what, coll, writable=False):
             )
         if dtype is None or obj.is_sparse:
             raise FerrocommValueError(f"{coll}: {what} has unsupported layout or dtype {obj.dtype}")
-        dev = obj.device
-        if dev.type == "cuda":
-            device = dev.index if dev.index is not None else 0
-        elif dev.type == "cpu":
+        # is_cuda / is_cpu and get_device() build no torch.device object.
+        if obj.is_cuda:
+            device = obj.get_device()
+        elif obj.is_cpu:
             device = HOST
         else:
-            raise FerrocommValueError(f"{coll}: {what} is on device {dev}, expected cuda or cpu")
+            raise FerrocommValueError(
+                f"{coll}: {what} is on device {obj.device}, expected cuda or cpu")
+        # torch.Size is a tuple already.
         return Buf(obj, obj.data_ptr(), obj.numel(), dtype, device, obj.element_size(),
-                   tuple(obj.shape))
+                   obj.shape)
     raise FerrocommValueError(
         f"{coll}: {what} must be a numpy array or a torch tensor, not {type(obj).__name__}"
     )
