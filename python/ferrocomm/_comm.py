@@ -340,21 +340,21 @@ class Comm:
             for is_send, b, p in batch:
                 name, opname = _alias(coll, b, opname)
                 native_batch.append((is_send, (b.ptr, b.count, name, b.device), p))
-        native_work = self._n.run(
-            coll,
-            raws[0],
-            raws[1],
-            opname,
-            factor,
-            int(peer),
-            splits,
-            stream,
-            h.get("algo"),
-            h.get("low_precision"),
-            (bool(async_op) or limit is not None) and not cuda,
-            counts,
-            native_batch,
-        )
+        native_work = self._n.run({
+            "coll": coll,
+            "out": raws[0],
+            "inp": raws[1],
+            "op": opname,
+            "factor": factor,
+            "peer": int(peer),
+            "splits": splits,
+            "stream": stream,
+            "algo": h.get("algo"),
+            "low_precision": h.get("low_precision"),
+            "async_op": (bool(async_op) or limit is not None) and not cuda,
+            "counts": counts,
+            "batch": native_batch,
+        })
         if native_work is not None:
             work = _HostWork(native_work, keep, post, limit)
             if async_op:

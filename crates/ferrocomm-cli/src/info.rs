@@ -6,7 +6,7 @@ use std::ffi::{c_int, c_void, CStr, CString};
 use std::path::PathBuf;
 
 use ferrocomm::config::Source;
-use ferrocomm::select::{
+use ferrocomm::plan::{
     default_all_reduce_thresholds, default_direct_max, direct_max_setting, DIRECT_LIMITED,
 };
 use ferrocomm::{Collective, Config};
@@ -500,7 +500,7 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
         lp.min_bytes.map_or(
             format!(
                 "backend default (cuda {}, host 0)",
-                human(ferrocomm::select::CUDA_LP_MIN_BYTES)
+                human(ferrocomm::plan::CUDA_LP_MIN_BYTES)
             ),
             human
         ),
@@ -646,7 +646,7 @@ mod tests {
             r.contains("flat <= 256 KiB (env FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES)"),
             "{r}"
         );
-        let push2 = ferrocomm::select::default_all_reduce_thresholds(2).0;
+        let push2 = ferrocomm::plan::default_all_reduce_thresholds(2).0;
         assert!(
             r.contains(&format!("push <= {} (default)", human(push2))),
             "{r}"

@@ -294,6 +294,32 @@ impl NativeWork {
 /// `(address, element count, dtype name, device index or -1 for host)`.
 type RawBuf = (u64, usize, String, i64);
 
+/// One call as `_comm.py` describes it to `PyComm.run`: a dict with every key.
+///
+/// `coll` names the collective; `out` is the buffer written, `inp` the separate input (None: in
+/// place; for `send` the data sent); `op` and `factor` the reduction (PreMulSum's factor);
+/// `peer` the root or peer; `splits` an all-to-all-v's (send_counts, send_displs, recv_counts,
+/// recv_displs); `counts` the device-count all-to-all-v's (send, recv, capacity, unit); `batch`
+/// a batch_send_recv's (is_send, buffer, peer) operations; `stream` the CUDA stream; `algo` and
+/// `low_precision` the per-call hints; `async_op` whether a host call may be queued.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct CallDesc {
+    coll: String,
+    out: Option<RawBuf>,
+    inp: Option<RawBuf>,
+    op: String,
+    factor: f64,
+    peer: usize,
+    splits: Option<[Vec<usize>; 4]>,
+    stream: u64,
+    algo: Option<String>,
+    low_precision: Option<String>,
+    async_op: bool,
+    counts: Option<(RawBuf, RawBuf, usize, usize)>,
+    batch: Option<Vec<(bool, RawBuf, usize)>>,
+}
+
 #[derive(Clone, Copy)]
 struct Buf {
     ptr: u64,
@@ -633,30 +659,31 @@ impl PyComm {
         r.map_err(|e| py_err(py, e))
     }
 
-    /// Runs one collective. `out` is the buffer written, `inp` the separate input (None: in
-    /// place; for `send` the data sent). Returns a work object when the call was queued on the
-    /// worker thread (host backend, `async_op=True`), None when it has been issued already.
-    #[pyo3(signature = (coll, out=None, inp=None, op="sum", factor=1.0, peer=0, splits=None,
-                        stream=0, algo=None, low_precision=None, async_op=false, counts=None,
-                        batch=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn run(
-        &self,
-        py: Python<'_>,
-        coll: &str,
-        out: Option<RawBuf>,
-        inp: Option<RawBuf>,
-        op: &str,
-        factor: f64,
-        peer: usize,
-        splits: Option<[Vec<usize>; 4]>,
-        stream: u64,
-        algo: Option<&str>,
-        low_precision: Option<&str>,
-        async_op: bool,
-        counts: Option<(RawBuf, RawBuf, usize, usize)>,
-        batch: Option<Vec<(bool, RawBuf, usize)>>,
-    ) -> PyResult<Option<NativeWork>> {
+    /// Runs one collective, described by one dict ([`CallDesc`]). Returns a work object when
+    /// the call was queued on the worker thread (host backend, `async_op=True`), None when it
+    /// has been issued already.
+    fn run(&self, py: Python<'_>, desc: CallDesc) -> PyResult<Option<NativeWork>> {
+        let CallDesc {
+            coll,
+            out,
+            inp,
+            op,
+            factor,
+            peer,
+            splits,
+            stream,
+            algo,
+            low_precision,
+            async_op,
+            counts,
+            batch,
+        } = desc;
+        let (coll, op, algo, low_precision) = (
+            coll.as_str(),
+            op.as_str(),
+            algo.as_deref(),
+            low_precision.as_deref(),
+        );
         let call = (|| -> ferrocomm::Result<Call> {
             let coll = match coll {
                 "all_reduce" => Coll::AllReduce(parse_op(op, factor)?),
@@ -827,7 +854,7 @@ fn new_comm(
 fn dtype_name(py: Python<'_>, name: &str) -> PyResult<&'static str> {
     name.parse::<DataType>()
         .map(|d| d.name())
-        .map_err(|e| py_err(py, e))
+        .map_err(|e| py_err(py, e.into()))
 }
 
 #[pymodule]

@@ -384,7 +384,8 @@ const RED_TYPES: [DataType; 7] = [
 /// and a zero, in and out of place; device-count all-to-all-v with i32 and i64 counts, a
 /// truncated part and the counts the kernel must not trust. Counts are odd throughout.
 fn sanitize_cases(c: &mut Ctx, cfg: &Config) -> Res<()> {
-    use ferrocomm::cuda::collectives::{pipe_min_bytes, LL_MAX_BYTES};
+    use ferrocomm::cuda::collectives::LL_MAX_BYTES;
+    use ferrocomm::plan::pipe_min_bytes;
     let w = c.world;
     let mut seed = 60_000u64;
     // Elements per part: LL lines up to 8-byte elements, staged from 1-byte elements.

@@ -8,286 +8,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+pub use crate::backend::{
+    AlgoChoice, Backend, Call, CallKind, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts,
+    Splits,
+};
 use crate::bootstrap::{self, PrefixStore, Store};
 use crate::config::{BackendChoice, Config};
 use crate::error::{Error, Result};
-use crate::quant::Format;
-use crate::select::{Algo, Collective};
+pub use crate::plan::LowPrecisionChoice;
+use crate::plan::{Algo, Collective, Plan};
 use crate::types::{read_count, DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
-
-/// Per-call options.
-#[derive(Debug, Clone, Default)]
-pub struct CallOpts {
-    /// CUDA stream (a `CUstream` as an integer; 0 is the legacy default stream). Ignored by the
-    /// host backend.
-    pub stream: u64,
-    /// Algorithm for this call; `Auto` lets selection decide.
-    pub algo: AlgoChoice,
-    /// Low precision for this call, overriding the environment.
-    pub low_precision: LowPrecisionChoice,
-}
-
-/// Per-call algorithm request (a newtype so that `CallOpts::default()` means automatic).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AlgoChoice(pub Algo);
-
-impl Default for AlgoChoice {
-    fn default() -> Self {
-        AlgoChoice(Algo::Auto)
-    }
-}
-
-/// Per-call low-precision override.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LowPrecisionChoice {
-    /// Follow the environment (`FERROCOMM_LOW_PRECISION` and the per-collective switches).
-    #[default]
-    Default,
-    /// Full precision for this call.
-    Off,
-    /// Low precision in this format, whatever the environment says (still only for
-    /// Sum/Avg on f32/f16/bf16).
-    On(Format),
-}
-
-impl CallOpts {
-    pub fn on_stream(stream: u64) -> Self {
-        CallOpts {
-            stream,
-            ..Default::default()
-        }
-    }
-    pub fn with_algo(mut self, algo: Algo) -> Self {
-        self.algo = AlgoChoice(algo);
-        self
-    }
-    pub fn with_low_precision(mut self, lp: LowPrecisionChoice) -> Self {
-        self.low_precision = lp;
-        self
-    }
-}
-
-/// Per-peer element counts and offsets of an all-to-all-v.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Splits {
-    pub send_counts: Vec<usize>,
-    pub send_displs: Vec<usize>,
-    pub recv_counts: Vec<usize>,
-    pub recv_displs: Vec<usize>,
-}
-
-impl Splits {
-    /// Splits packed back to back in rank order. A displacement past `usize::MAX` stays at
-    /// `usize::MAX` (never wraps), so [`Communicator::all_to_all_v`] refuses it as past the
-    /// buffer.
-    pub fn packed(send_counts: Vec<usize>, recv_counts: Vec<usize>) -> Self {
-        let prefix = |c: &[usize]| {
-            c.iter()
-                .scan(0usize, |acc, &n| {
-                    let d = *acc;
-                    *acc = acc.saturating_add(n);
-                    Some(d)
-                })
-                .collect()
-        };
-        Splits {
-            send_displs: prefix(&send_counts),
-            recv_displs: prefix(&recv_counts),
-            send_counts,
-            recv_counts,
-        }
-    }
-}
-
-/// The device-side counts of [`Communicator::all_to_all_v_dynamic`].
-#[derive(Debug)]
-pub struct DeviceCounts<'a> {
-    /// `size` integers (i32, u32, i64 or u64): units this rank sends to each rank, its input
-    /// packed in rank order. On the cuda backend written by earlier work on the stream, never
-    /// read by the host; on the host backend, host memory like the data.
-    pub send: View<'a>,
-    /// `size` integers of the same type: units received from each rank, written by the call.
-    pub recv: ViewMut<'a>,
-    /// Output units reserved per sender: the part from rank `s` lands at unit `s * capacity`.
-    pub capacity: usize,
-    /// Elements per unit, at least 1: 1 counts elements; a row's length counts rows (tokens of
-    /// `hidden` elements, as torch's split sizes count the first dimension).
-    pub unit: usize,
-}
-
-impl<'a> DeviceCounts<'a> {
-    /// Counts of single elements (`unit` 1).
-    pub fn elements(send: View<'a>, recv: ViewMut<'a>, capacity: usize) -> Self {
-        DeviceCounts {
-            send,
-            recv,
-            capacity,
-            unit: 1,
-        }
-    }
-}
-
-/// One operation of [`Communicator::batch_send_recv`].
-#[derive(Debug)]
-pub enum P2pOp<'a> {
-    /// `data` to rank `peer`, which receives it with a receive of the same size and dtype.
-    Send { data: View<'a>, peer: usize },
-    /// From rank `peer` into `out`.
-    Recv { out: ViewMut<'a>, peer: usize },
-}
-
-impl P2pOp<'_> {
-    /// The rank at the other end.
-    pub fn peer(&self) -> usize {
-        match self {
-            P2pOp::Send { peer, .. } | P2pOp::Recv { peer, .. } => *peer,
-        }
-    }
-}
-
-/// The counts of [`Communicator::all_to_all_v_dynamic_packed`], in units of `unit` elements.
-#[derive(Debug)]
-pub struct PackedCounts<'a> {
-    /// `size` integers (i32, u32, i64 or u64): units this rank sends to each rank, its input
-    /// packed in rank order.
-    pub send: View<'a>,
-    /// `size` integers of the same type: units this rank receives from each rank, packed in
-    /// rank order into the output (read, not written).
-    pub recv: View<'a>,
-    /// Elements per unit, at least 1 (see [`DeviceCounts::unit`]).
-    pub unit: usize,
-}
-
-/// What a backend is told when it is created.
-#[derive(Clone)]
-pub struct CommContext {
-    /// The communicator's name as the user gave it.
-    pub name: String,
-    /// Unique key prefix of this communicator instance in the store.
-    pub prefix: String,
-    pub rank: usize,
-    pub size: usize,
-    /// Ranks of this communicator on this host, and this rank's index among them, as the
-    /// launcher said; backends that care verify it through the store (hostnames).
-    pub local_rank: usize,
-    pub local_size: usize,
-    pub device: Device,
-    /// The communicator's own store (keys already prefixed).
-    pub store: Arc<dyn Store>,
-    pub config: Arc<Config>,
-}
-
-impl CommContext {
-    pub fn timeout(&self) -> Duration {
-        self.config.timeout
-    }
-}
-
-/// What every backend implements. Arguments have been validated by [`Communicator`].
-pub trait Backend: Send + Sync {
-    /// The backend's name (`host`, `cuda`, `nccl`).
-    fn name(&self) -> &'static str;
-    fn all_reduce(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        op: ReduceOp,
-        opts: &CallOpts,
-    ) -> Result<()>;
-    fn reduce(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        op: ReduceOp,
-        root: usize,
-        opts: &CallOpts,
-    ) -> Result<()>;
-    fn broadcast(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        root: usize,
-        opts: &CallOpts,
-    ) -> Result<()>;
-    fn all_gather(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()>;
-    fn reduce_scatter(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        op: ReduceOp,
-        opts: &CallOpts,
-    ) -> Result<()>;
-    fn all_to_all(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()>;
-    fn all_to_all_v(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        splits: &Splits,
-        opts: &CallOpts,
-    ) -> Result<()>;
-    /// All-to-all-v whose counts live in device memory (see
-    /// [`Communicator::all_to_all_v_dynamic`]). Backends without it refuse.
-    fn all_to_all_v_dynamic(
-        &self,
-        input: View<'_>,
-        output: ViewMut<'_>,
-        counts: DeviceCounts<'_>,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let _ = (input, output, counts, opts);
-        Err(no_device_counts("all_to_all_v_dynamic", self.name()))
-    }
-    /// All-to-all-v with both sides' counts in device memory, the output packed (see
-    /// [`Communicator::all_to_all_v_dynamic_packed`]; counts in host memory never reach the
-    /// backend). Backends without it refuse.
-    fn all_to_all_v_dynamic_packed(
-        &self,
-        input: View<'_>,
-        output: ViewMut<'_>,
-        counts: PackedCounts<'_>,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let _ = (input, output, counts, opts);
-        Err(no_device_counts("all_to_all_v_dynamic_packed", self.name()))
-    }
-    fn barrier(&self, opts: &CallOpts) -> Result<()>;
-    /// Sends and receives issued together (see [`Communicator::batch_send_recv`]).
-    fn batch_send_recv(&self, ops: Vec<P2pOp<'_>>, opts: &CallOpts) -> Result<()>;
-    fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
-    fn recv(&self, out: ViewMut<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
-    /// The algorithm [`crate::select::select`] picks for this call on this backend (for the
-    /// bench and `FERROCOMM_DEBUG`).
-    fn algo_for(
-        &self,
-        coll: Collective,
-        bytes_per_rank: usize,
-        dtype: DataType,
-        opts: &CallOpts,
-    ) -> Result<Algo>;
-    /// When this call goes low precision, the path it takes (flat or tree all-reduce, direct
-    /// for the others); `None` for full precision, where [`Backend::algo_for`] says the path.
-    fn low_precision_path(
-        &self,
-        _coll: Collective,
-        _bytes_per_rank: usize,
-        _dtype: DataType,
-        _opts: &CallOpts,
-    ) -> Result<Option<Algo>> {
-        Ok(None)
-    }
-    /// How a full-precision call that runs `algo` moves its data, when the algorithm's name
-    /// alone does not say it (the cuda flat all-reduce's copy engines, `ce`, or LL128 lines,
-    /// `ll128`).
-    fn path_detail(
-        &self,
-        _coll: Collective,
-        _bytes_per_rank: usize,
-        _algo: Algo,
-    ) -> Option<&'static str> {
-        None
-    }
-}
 
 /// How to create a communicator. Unset fields come from the environment.
 #[derive(Clone, Default)]
@@ -557,9 +288,20 @@ impl Communicator {
         self.backend.algo_for(coll, bytes_per_rank, dtype, opts)
     }
 
-    /// The path this call takes, as the bench shows it: the algorithm's name (`flat-ce` when the
-    /// copy engines carry a flat all-reduce, `flat-ll128` when LL128 lines do), or `lp-` and the
-    /// low-precision path's name (`lp-flat`, `lp-tree`, `lp-direct`) when it goes low precision.
+    /// How a call with these parameters would run ([`Plan`]).
+    pub fn plan_for(
+        &self,
+        coll: Collective,
+        bytes_per_rank: usize,
+        dtype: DataType,
+        opts: &CallOpts,
+    ) -> Result<Plan> {
+        self.backend.plan_for(coll, bytes_per_rank, dtype, opts)
+    }
+
+    /// The path this call takes, as the bench shows it: its [`Plan`] printed (the algorithm's
+    /// name, `flat-ce` when the copy engines carry a flat all-reduce, `flat-ll128` when LL128
+    /// lines do, or `lp-` and the low-precision path's name when it goes low precision).
     pub fn path_for(
         &self,
         coll: Collective,
@@ -567,19 +309,14 @@ impl Communicator {
         dtype: DataType,
         opts: &CallOpts,
     ) -> Result<String> {
-        match self
-            .backend
-            .low_precision_path(coll, bytes_per_rank, dtype, opts)?
-        {
-            Some(a) => Ok(format!("lp-{a}")),
-            None => {
-                let algo = self.algo_for(coll, bytes_per_rank, dtype, opts)?;
-                Ok(match self.backend.path_detail(coll, bytes_per_rank, algo) {
-                    Some(d) => format!("{algo}-{d}"),
-                    None => algo.to_string(),
-                })
-            }
-        }
+        Ok(self
+            .plan_for(coll, bytes_per_rank, dtype, opts)?
+            .to_string())
+    }
+
+    /// Hands one checked call to the backend.
+    fn run(&self, kind: CallKind<'_>, opts: &CallOpts) -> Result<()> {
+        self.live()?.run(Call { kind, opts })
     }
 
     fn live(&self) -> Result<&dyn Backend> {
@@ -600,7 +337,7 @@ impl Communicator {
         let c = "all_reduce";
         op.check(output.dtype(), c)?;
         check_input(c, &input, &output, output.count())?;
-        self.live()?.all_reduce(input, output, op, opts)
+        self.run(CallKind::AllReduce { input, output, op }, opts)
     }
 
     /// Reduces `input` over all ranks into `output` on `root` (other ranks' outputs are not
@@ -617,7 +354,15 @@ impl Communicator {
         op.check(output.dtype(), c)?;
         self.check_root(c, root)?;
         check_input(c, &input, &output, output.count())?;
-        self.live()?.reduce(input, output, op, root, opts)
+        self.run(
+            CallKind::Reduce {
+                input,
+                output,
+                op,
+                root,
+            },
+            opts,
+        )
     }
 
     /// Copies `root`'s input into every rank's `output` (the input is read on root only).
@@ -633,7 +378,14 @@ impl Communicator {
         if self.rank() == root {
             check_input(c, &input, &output, output.count())?;
         }
-        self.live()?.broadcast(input, output, root, opts)
+        self.run(
+            CallKind::Broadcast {
+                input,
+                output,
+                root,
+            },
+            opts,
+        )
     }
 
     /// Concatenates every rank's input (in rank order) into `output`, which holds
@@ -642,7 +394,7 @@ impl Communicator {
         let c = "all_gather";
         let n = self.part_count(c, "output", output.count())?;
         check_input(c, &input, &output, n)?;
-        self.live()?.all_gather(input, output, opts)
+        self.run(CallKind::AllGather { input, output }, opts)
     }
 
     /// Reduces `input` (`size * n` elements) over all ranks and leaves part `rank` (n elements)
@@ -660,7 +412,7 @@ impl Communicator {
             self.part_count(c, "output", output.count())?;
         }
         check_input(c, &input, &output, output.count() * self.size())?;
-        self.live()?.reduce_scatter(input, output, op, opts)
+        self.run(CallKind::ReduceScatter { input, output, op }, opts)
     }
 
     /// Every rank sends part `j` of its input to rank `j`; input and output hold `size * n`.
@@ -668,7 +420,7 @@ impl Communicator {
         let c = "all_to_all";
         self.part_count(c, "output", output.count())?;
         check_input(c, &input, &output, output.count())?;
-        self.live()?.all_to_all(input, output, opts)
+        self.run(CallKind::AllToAll { input, output }, opts)
     }
 
     /// All-to-all with per-peer counts and offsets (in elements). A rank's part to itself must
@@ -732,7 +484,14 @@ impl Communicator {
                 splits.send_counts[me], splits.recv_counts[me]
             )));
         }
-        self.live()?.all_to_all_v(input, output, splits, opts)
+        self.run(
+            CallKind::AllToAllV {
+                input,
+                output,
+                splits,
+            },
+            opts,
+        )
     }
 
     /// All-to-all-v for mixture-of-experts dispatch, with the counts in device memory (written
@@ -784,8 +543,14 @@ impl Communicator {
             (counts.send.dtype(), counts.send.count()),
             (counts.recv.dtype(), counts.recv.count()),
         )?;
-        self.live()?
-            .all_to_all_v_dynamic(input, output, counts, opts)
+        self.run(
+            CallKind::AllToAllVDynamic {
+                input,
+                output,
+                counts,
+            },
+            opts,
+        )
     }
 
     /// All-to-all-v with both sides' counts in memory the caller's earlier work wrote, the
@@ -833,13 +598,19 @@ impl Communicator {
             let splits = Splits::packed(read(&counts.send), read(&counts.recv));
             return self.all_to_all_v(Input::Buf(input), output, &splits, opts);
         }
-        self.live()?
-            .all_to_all_v_dynamic_packed(input, output, counts, opts)
+        self.run(
+            CallKind::AllToAllVDynamicPacked {
+                input,
+                output,
+                counts,
+            },
+            opts,
+        )
     }
 
     /// Returns once every rank has called it.
     pub fn barrier(&self, opts: &CallOpts) -> Result<()> {
-        self.live()?.barrier(opts)
+        self.run(CallKind::Barrier, opts)
     }
 
     /// Sends `data` to `peer`, which must call [`Communicator::recv`] with the same count.
@@ -851,13 +622,13 @@ impl Communicator {
     /// is reported as calls that disagree between the ranks instead of waiting.
     pub fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
         self.check_peer("send", peer)?;
-        self.live()?.send(data, peer, opts)
+        self.run(CallKind::Send { data, peer }, opts)
     }
 
     /// Receives from `peer` into `out`.
     pub fn recv(&self, out: ViewMut<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
         self.check_peer("recv", peer)?;
-        self.live()?.recv(out, peer, opts)
+        self.run(CallKind::Recv { out, peer }, opts)
     }
 
     /// Sends and receives issued together (NCCL's group, torch's `batch_isend_irecv`): they
@@ -869,7 +640,7 @@ impl Communicator {
         for op in &ops {
             self.check_peer("batch_send_recv", op.peer())?;
         }
-        self.live()?.batch_send_recv(ops, opts)
+        self.run(CallKind::BatchSendRecv { ops }, opts)
     }
 
     /// A communicator of the ranks listed (in that order). Ranks not listed get `None` and need
@@ -986,15 +757,6 @@ fn check_part(
             "{c}: part {dir} rank {p} (displacement {displ} + count {count}) overflows; the \
              {buf} has {len} elements"
         ))),
-    }
-}
-
-/// What a backend without the device-count all-to-all-v calls answers.
-fn no_device_counts(collective: &'static str, backend: &'static str) -> Error {
-    Error::Unsupported {
-        collective,
-        backend,
-        what: "counts in device memory".into(),
     }
 }
 

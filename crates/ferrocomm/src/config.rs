@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::quant::Format;
-use crate::select::Algo;
+use crate::types::Algo;
 
 /// One environment variable: its name, default (as text) and meaning.
 #[derive(Debug, Clone, Copy)]
@@ -118,7 +118,7 @@ pub struct LowPrecisionConfig {
 }
 
 /// Size thresholds in bytes per rank; `None` means "the default for this world size"
-/// (see [`crate::select`]).
+/// (see [`crate::plan`]).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Thresholds {
     pub push_max: Option<usize>,
@@ -413,11 +413,13 @@ impl Config {
         };
         let algo = match r.raw("FERROCOMM_ALGO") {
             None => Algo::Auto,
-            Some(s) => s.parse().map_err(|e: Error| Error::BadEnv {
-                var: "FERROCOMM_ALGO",
-                value: s,
-                why: e.to_string(),
-            })?,
+            Some(s) => s
+                .parse()
+                .map_err(|e: crate::types::ParseError| Error::BadEnv {
+                    var: "FERROCOMM_ALGO",
+                    value: s,
+                    why: e.to_string(),
+                })?,
         };
         let lp_on = r.flag("FERROCOMM_LOW_PRECISION", false)?;
         let lp_alias = r.flag("RCCL_LOW_PRECISION_ENABLE", false)?;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::types::{DataType, ReduceOp};
+use crate::types::{DataType, ParseError, ReduceOp};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -116,6 +116,12 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl From<ParseError> for Error {
+    fn from(e: ParseError) -> Self {
+        Error::InvalidArgument(e.0)
+    }
 }
 
 impl Error {

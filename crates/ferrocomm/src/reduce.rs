@@ -13,6 +13,29 @@ use half::{bf16, f16};
 use crate::error::{Error, Result};
 use crate::types::{DataType, ReduceOp};
 
+impl ReduceOp {
+    /// Whether this operator is defined for `dtype`; an error that says why otherwise.
+    ///
+    /// Arithmetic ops work on every type (Avg on integers truncates, as in NCCL); PremulSum
+    /// needs a float type; bitwise ops need an integer type.
+    pub fn check(self, dtype: DataType, collective: &'static str) -> Result<()> {
+        let ok = match self {
+            ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Min | ReduceOp::Max | ReduceOp::Avg => true,
+            ReduceOp::PremulSum(s) => dtype.is_float() && s.is_finite(),
+            ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor => dtype.is_integer(),
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::UnsupportedOp {
+                collective,
+                op: self,
+                dtype,
+            })
+        }
+    }
+}
+
 /// Elements processed per block: the accumulator block stays in L1 while every input streams by.
 const BLOCK: usize = 1024;
 

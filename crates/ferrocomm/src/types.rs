@@ -1,9 +1,23 @@
-//! Element types, reduction operators and where a buffer lives.
+//! Element types, reduction operators, where a buffer lives, and the names of collectives and
+//! algorithms: the words every other module speaks (this module imports none of them).
 
 use std::fmt;
 use std::str::FromStr;
 
-use crate::error::{Error, Result};
+/// A name that is not one of the accepted spellings (a dtype, an op, a device, an algorithm);
+/// it becomes [`crate::Error::InvalidArgument`] with the same message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError(pub String);
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid argument: {}", self.0)
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+type Result<T> = std::result::Result<T, ParseError>;
 
 /// The element type of a buffer, as NCCL and torch know them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -108,7 +122,7 @@ impl fmt::Display for DataType {
 }
 
 impl FromStr for DataType {
-    type Err = Error;
+    type Err = ParseError;
 
     /// Accepts nccl-tests names (`float`, `half`, `bfloat16`, `int32`...), torch names
     /// (`float32`, `torch.bfloat16`, `float8_e4m3fn`...) and short forms (`f32`, `bf16`, `e4m3`).
@@ -128,7 +142,7 @@ impl FromStr for DataType {
             "int64" | "i64" | "long" => DataType::I64,
             "uint64" | "u64" => DataType::U64,
             _ => {
-                return Err(Error::InvalidArgument(format!(
+                return Err(ParseError(format!(
                     "unknown dtype '{s}' (expected one of: float, double, half, bfloat16, f8e4m3, \
                      f8e5m2, int8, uint8, int32, uint32, int64, uint64)"
                 )))
@@ -182,27 +196,6 @@ impl ReduceOp {
             ReduceOp::BitXor => 8,
         }
     }
-
-    /// Whether this operator is defined for `dtype`; an error that says why otherwise.
-    ///
-    /// Arithmetic ops work on every type (Avg on integers truncates, as in NCCL); PremulSum
-    /// needs a float type; bitwise ops need an integer type.
-    pub fn check(self, dtype: DataType, collective: &'static str) -> Result<()> {
-        let ok = match self {
-            ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Min | ReduceOp::Max | ReduceOp::Avg => true,
-            ReduceOp::PremulSum(s) => dtype.is_float() && s.is_finite(),
-            ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor => dtype.is_integer(),
-        };
-        if ok {
-            Ok(())
-        } else {
-            Err(Error::UnsupportedOp {
-                collective,
-                op: self,
-                dtype,
-            })
-        }
-    }
 }
 
 impl fmt::Display for ReduceOp {
@@ -215,7 +208,7 @@ impl fmt::Display for ReduceOp {
 }
 
 impl FromStr for ReduceOp {
-    type Err = Error;
+    type Err = ParseError;
 
     fn from_str(s: &str) -> Result<Self> {
         Ok(match s.trim().to_ascii_lowercase().as_str() {
@@ -229,7 +222,7 @@ impl FromStr for ReduceOp {
             "bor" | "bitor" => ReduceOp::BitOr,
             "bxor" | "bitxor" => ReduceOp::BitXor,
             other => {
-                return Err(Error::InvalidArgument(format!(
+                return Err(ParseError(format!(
                     "unknown reduce op '{other}' (expected sum, prod, min, max, avg, premulsum, \
                      band, bor, bxor)"
                 )))
@@ -257,7 +250,7 @@ impl fmt::Display for Device {
 }
 
 impl FromStr for Device {
-    type Err = Error;
+    type Err = ParseError;
 
     /// `cpu`, `cuda`, `cuda:N` (a bare `cuda` means the local rank's GPU and parses as `cuda:0`
     /// here; the communicator resolves it).
@@ -273,11 +266,102 @@ impl FromStr for Device {
             return n
                 .parse()
                 .map(Device::Cuda)
-                .map_err(|_| Error::InvalidArgument(format!("bad device ordinal in '{s}'")));
+                .map_err(|_| ParseError(format!("bad device ordinal in '{s}'")));
         }
-        Err(Error::InvalidArgument(format!(
+        Err(ParseError(format!(
             "unknown device '{s}' (expected cpu, cuda or cuda:N)"
         )))
+    }
+}
+
+/// How a collective is carried out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Algo {
+    /// Let the planner decide ([`crate::plan`]).
+    Auto,
+    /// Barrier-free one-shot: data travels with flags or sentinels (smallest messages).
+    Push,
+    /// One-shot pull: every rank reads every staging slot and reduces locally.
+    Flat,
+    /// Two-shot: reduce-scatter of stripes, then all-gather of the reduced stripes.
+    Tree,
+    /// Direct access for the data-movement collectives (each rank copies what it needs).
+    Direct,
+    /// NCCL carries the collective.
+    Nccl,
+}
+
+impl Algo {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algo::Auto => "auto",
+            Algo::Push => "push",
+            Algo::Flat => "flat",
+            Algo::Tree => "tree",
+            Algo::Direct => "direct",
+            Algo::Nccl => "nccl",
+        }
+    }
+}
+
+impl fmt::Display for Algo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algo {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Algo::Auto,
+            "push" | "oneshot_push" => Algo::Push,
+            "flat" | "oneshot" | "one_shot" => Algo::Flat,
+            "tree" | "twoshot" | "two_shot" => Algo::Tree,
+            "direct" | "dda" => Algo::Direct,
+            "nccl" => Algo::Nccl,
+            other => {
+                return Err(ParseError(format!(
+                    "unknown algorithm '{other}' (expected auto, push, flat, tree, direct, nccl)"
+                )))
+            }
+        })
+    }
+}
+
+/// The collectives, as the planner and signatures name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Collective {
+    AllReduce,
+    Reduce,
+    Broadcast,
+    AllGather,
+    ReduceScatter,
+    AllToAll,
+    AllToAllV,
+    Barrier,
+    Send,
+    Recv,
+}
+
+impl Collective {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all_reduce",
+            Collective::Reduce => "reduce",
+            Collective::Broadcast => "broadcast",
+            Collective::AllGather => "all_gather",
+            Collective::ReduceScatter => "reduce_scatter",
+            Collective::AllToAll => "all_to_all",
+            Collective::AllToAllV => "all_to_all_v",
+            Collective::Barrier => "barrier",
+            Collective::Send => "send",
+            Collective::Recv => "recv",
+        }
+    }
+
+    pub const fn code(self) -> u8 {
+        self as u8
     }
 }
 

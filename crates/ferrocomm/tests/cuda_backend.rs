@@ -73,11 +73,12 @@ fn the_copy_engine_region_exists_only_when_asked_for_at_two_ranks() {
     }
     // Which messages it takes: from the minimum up to the region, never an empty one, and none
     // without the region.
-    let takes = |l, b| ferrocomm::cuda::ce_takes(l, 4 << 20, b);
+    let takes =
+        |l: &ferrocomm::cuda::StagingLayout, b| ferrocomm::plan::ce_takes(l.ce_bytes, 4 << 20, b);
     assert!(!takes(&c, 0) && !takes(&c, (4 << 20) - 1));
     assert!(takes(&c, 4 << 20) && takes(&c, c.ce_bytes));
     assert!(!takes(&c, c.ce_bytes + 1));
-    assert!(!takes(&l, 4 << 20) && !ferrocomm::cuda::ce_takes(&l, 0, 1));
+    assert!(!takes(&l, 4 << 20) && !ferrocomm::plan::ce_takes(l.ce_bytes, 0, 1));
 }
 
 #[test]
@@ -92,7 +93,7 @@ fn the_ll128_region_holds_a_row_per_peer_and_parity_only_when_asked_for() {
     let off = ferrocomm::cuda::staging_layout(&Config::default(), 2);
     assert_eq!((off.ll128_cap, off.ll128_row), (0, 0));
     assert_eq!(ferrocomm::cuda::staging_layout(&ll("0"), 2), off);
-    assert!(!ferrocomm::cuda::ll128_takes(&off, 1));
+    assert!(!ferrocomm::plan::ll128_takes(off.ll128_cap, 1));
     for world in [2usize, 3, 8] {
         let base = ferrocomm::cuda::staging_layout(&Config::default(), world);
         let l = ferrocomm::cuda::staging_layout(&ll("16M"), world);
@@ -107,9 +108,12 @@ fn the_ll128_region_holds_a_row_per_peer_and_parity_only_when_asked_for() {
             (base.staging_off, base.staging_bytes)
         );
         // Which messages it takes: non-empty ones up to the cap.
-        assert!(!ferrocomm::cuda::ll128_takes(&l, 0));
-        assert!(ferrocomm::cuda::ll128_takes(&l, 1) && ferrocomm::cuda::ll128_takes(&l, 16 << 20));
-        assert!(!ferrocomm::cuda::ll128_takes(&l, (16 << 20) + 1));
+        assert!(!ferrocomm::plan::ll128_takes(l.ll128_cap, 0));
+        assert!(
+            ferrocomm::plan::ll128_takes(l.ll128_cap, 1)
+                && ferrocomm::plan::ll128_takes(l.ll128_cap, 16 << 20)
+        );
+        assert!(!ferrocomm::plan::ll128_takes(l.ll128_cap, (16 << 20) + 1));
     }
     // Never more than the staging (a larger flat message streams), and after the copy engines'
     // region when both are on.

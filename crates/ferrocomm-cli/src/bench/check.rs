@@ -2,16 +2,10 @@
 //! counter-based hash of seed, row, rank and index), poison for outputs, and the count of
 //! wrong elements (exact for integers and data movement, a tolerance for float reductions).
 
+use ferrocomm::reference::{decode, encode, epsilon, is_signed, round_to, wrap, Value};
 use ferrocomm::{DataType, Format, ReduceOp};
 
 use super::sizes::{A2avCounts, Coll, Shape};
-
-/// One element's value: floats as f64 (exact for every float dtype), integers as i128.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Val {
-    F(f64),
-    I(i128),
-}
 
 /// A well-mixed 64-bit hash (splitmix64's finalizer).
 fn mix(mut z: u64) -> u64 {
@@ -19,32 +13,6 @@ fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
-}
-
-/// Rounds `x` to the nearest value of a float dtype.
-fn round_to(dtype: DataType, x: f64) -> f64 {
-    match dtype {
-        DataType::F64 => x,
-        DataType::F32 => x as f32 as f64,
-        DataType::F16 => half::f16::from_f64(x).to_f64(),
-        DataType::BF16 => half::bf16::from_f64(x).to_f64(),
-        DataType::F8E4M3 => float8::F8E4M3::from_f32(x as f32).to_f32() as f64,
-        DataType::F8E5M2 => float8::F8E5M2::from_f32(x as f32).to_f32() as f64,
-        _ => x,
-    }
-}
-
-/// Relative precision (machine epsilon) of a float dtype.
-fn epsilon(dtype: DataType) -> f64 {
-    match dtype {
-        DataType::F64 => f64::EPSILON,
-        DataType::F32 => f32::EPSILON as f64,
-        DataType::F16 => 2f64.powi(-10),
-        DataType::BF16 => 2f64.powi(-7),
-        DataType::F8E4M3 => 2f64.powi(-3),
-        DataType::F8E5M2 => 2f64.powi(-2),
-        _ => 0.0,
-    }
 }
 
 /// Largest magnitude of a generated integer: small enough that sums over many ranks never
@@ -56,23 +24,8 @@ fn int_range(dtype: DataType) -> i128 {
     }
 }
 
-fn is_signed(dtype: DataType) -> bool {
-    matches!(dtype, DataType::I8 | DataType::I32 | DataType::I64)
-}
-
-/// Wraps an integer into a dtype's range (two's complement, as the hardware does).
-fn wrap(dtype: DataType, v: i128) -> i128 {
-    let bits = dtype.size() as u32 * 8;
-    let m = v.rem_euclid(1i128 << bits);
-    if is_signed(dtype) && m >= 1i128 << (bits - 1) {
-        m - (1i128 << bits)
-    } else {
-        m
-    }
-}
-
 /// The input value of element `i` on rank `rank` for a row salted with `salt`. Never zero.
-pub fn value(dtype: DataType, seed: u64, salt: u64, rank: usize, i: usize) -> Val {
+pub fn value(dtype: DataType, seed: u64, salt: u64, rank: usize, i: usize) -> Value {
     let h = mix(seed ^ mix(salt ^ mix(((rank as u64) << 40) ^ i as u64)));
     if dtype.is_float() {
         // +-[0.5, 1.5): no zeros, no cancellation to denormals, exact in every float dtype
@@ -80,11 +33,11 @@ pub fn value(dtype: DataType, seed: u64, salt: u64, rank: usize, i: usize) -> Va
         let u = (h >> 11) as f64 / (1u64 << 53) as f64;
         let mag = 0.5 + u;
         let x = if h & 1 == 1 { -mag } else { mag };
-        Val::F(round_to(dtype, x))
+        Value::Float(round_to(dtype, x))
     } else {
         let r = int_range(dtype);
         let m = 1 + (h >> 8) as i128 % r;
-        Val::I(if is_signed(dtype) && h & 1 == 1 {
+        Value::Int(if is_signed(dtype) && h & 1 == 1 {
             -m
         } else {
             m
@@ -138,53 +91,6 @@ fn par_fill<F: Fn(usize, &mut [u8]) + Sync>(buf: &mut [u8], e: usize, f: F) {
     });
 }
 
-/// Writes `v` as a `dtype` element at the start of `out`.
-pub fn encode(dtype: DataType, v: Val, out: &mut [u8]) {
-    let x = match v {
-        Val::F(x) => x,
-        Val::I(i) => i as f64,
-    };
-    let i = match v {
-        Val::I(i) => i,
-        Val::F(x) => x as i128,
-    };
-    match dtype {
-        DataType::F32 => out[..4].copy_from_slice(&(x as f32).to_le_bytes()),
-        DataType::F64 => out[..8].copy_from_slice(&x.to_le_bytes()),
-        DataType::F16 => out[..2].copy_from_slice(&half::f16::from_f64(x).to_le_bytes()),
-        DataType::BF16 => out[..2].copy_from_slice(&half::bf16::from_f64(x).to_le_bytes()),
-        DataType::F8E4M3 => out[0] = float8::F8E4M3::from_f32(x as f32).to_bits(),
-        DataType::F8E5M2 => out[0] = float8::F8E5M2::from_f32(x as f32).to_bits(),
-        DataType::I8 => out[0] = (i as i8) as u8,
-        DataType::U8 => out[0] = i as u8,
-        DataType::I32 => out[..4].copy_from_slice(&(i as i32).to_le_bytes()),
-        DataType::U32 => out[..4].copy_from_slice(&(i as u32).to_le_bytes()),
-        DataType::I64 => out[..8].copy_from_slice(&(i as i64).to_le_bytes()),
-        DataType::U64 => out[..8].copy_from_slice(&(i as u64).to_le_bytes()),
-    }
-}
-
-/// Reads a `dtype` element from the start of `b`.
-pub fn decode(dtype: DataType, b: &[u8]) -> Val {
-    let a2 = || [b[0], b[1]];
-    let a4 = || [b[0], b[1], b[2], b[3]];
-    let a8 = || [b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]];
-    match dtype {
-        DataType::F32 => Val::F(f32::from_le_bytes(a4()) as f64),
-        DataType::F64 => Val::F(f64::from_le_bytes(a8())),
-        DataType::F16 => Val::F(half::f16::from_le_bytes(a2()).to_f64()),
-        DataType::BF16 => Val::F(half::bf16::from_le_bytes(a2()).to_f64()),
-        DataType::F8E4M3 => Val::F(float8::F8E4M3::from_bits(b[0]).to_f32() as f64),
-        DataType::F8E5M2 => Val::F(float8::F8E5M2::from_bits(b[0]).to_f32() as f64),
-        DataType::I8 => Val::I(b[0] as i8 as i128),
-        DataType::U8 => Val::I(b[0] as i128),
-        DataType::I32 => Val::I(i32::from_le_bytes(a4()) as i128),
-        DataType::U32 => Val::I(u32::from_le_bytes(a4()) as i128),
-        DataType::I64 => Val::I(i64::from_le_bytes(a8()) as i128),
-        DataType::U64 => Val::I(u64::from_le_bytes(a8()) as i128),
-    }
-}
-
 /// Fills `out` with poison: NaN for floats, a value outside the generated range for integers.
 pub fn poison(dtype: DataType, out: &mut [u8]) {
     let byte = if dtype.is_float() { 0xFF } else { 0x7F };
@@ -208,7 +114,7 @@ pub struct Checker {
 
 /// Expected value of one output element with the slack allowed around it.
 struct Want {
-    val: Val,
+    val: Value,
     tol: f64,
 }
 
@@ -248,13 +154,13 @@ impl Checker {
         }
     }
 
-    fn x(&self, rank: usize, i: usize) -> Val {
+    fn x(&self, rank: usize, i: usize) -> Value {
         value(self.shape.dtype, self.seed, self.salt, rank, i)
     }
 
     /// Rank `rank`'s input element `i`.
     #[cfg(test)]
-    pub fn input(&self, rank: usize, i: usize) -> Val {
+    pub fn input(&self, rank: usize, i: usize) -> Value {
         self.x(rank, i)
     }
 
@@ -299,8 +205,8 @@ impl Checker {
         let n = s.world;
         if !s.dtype.is_float() {
             let int = |r| match self.x(r, i) {
-                Val::I(v) => v,
-                Val::F(x) => x as i128,
+                Value::Int(v) => v,
+                Value::Float(x) => x as i128,
             };
             let (mut sum, mut prod, mut min, mut max) = (0i128, 1i128, i128::MAX, i128::MIN);
             for r in 0..n {
@@ -319,7 +225,7 @@ impl Checker {
                 _ => 0,
             };
             return Want {
-                val: Val::I(v),
+                val: Value::Int(v),
                 tol: 0.0,
             };
         }
@@ -327,8 +233,8 @@ impl Checker {
         let (mut min, mut max) = (f64::INFINITY, f64::NEG_INFINITY);
         for r in 0..n {
             let x = match self.x(r, i) {
-                Val::F(x) => x,
-                Val::I(v) => v as f64,
+                Value::Float(x) => x,
+                Value::Int(v) => v as f64,
             };
             sum += x;
             prod *= x;
@@ -357,15 +263,15 @@ impl Checker {
             _ => 0.0,
         };
         Want {
-            val: Val::F(v),
+            val: Value::Float(v),
             tol: tol + lp,
         }
     }
 
     /// A value moved unchanged (or, in low precision, quantized once).
-    fn moved(&self, v: Val) -> Want {
+    fn moved(&self, v: Value) -> Want {
         let tol = match (self.low_precision, v) {
-            (Some(f), Val::F(x)) => lp_step(f) * x.abs().max(1.5),
+            (Some(f), Value::Float(x)) => lp_step(f) * x.abs().max(1.5),
             _ => 0.0,
         };
         Want { val: v, tol }
@@ -424,8 +330,8 @@ impl Checker {
                 continue;
             };
             let ok = match (decode(d, b), w.val) {
-                (Val::I(g), Val::I(x)) => g == x,
-                (Val::F(g), Val::F(x)) => {
+                (Value::Int(g), Value::Int(x)) => g == x,
+                (Value::Float(g), Value::Float(x)) => {
                     // Saturating types may clamp the exact value: compare with it rounded.
                     let xr = round_to(d, x);
                     g == xr || (g - x).abs() <= w.tol || (g - xr).abs() <= w.tol
@@ -478,8 +384,8 @@ mod tests {
                 encode(d, v, &mut b);
                 assert_eq!(decode(d, &b), v, "{d}");
                 match v {
-                    Val::F(x) => assert!(x != 0.0 && x.is_finite()),
-                    Val::I(i) => assert!(i != 0),
+                    Value::Float(x) => assert!(x != 0.0 && x.is_finite()),
+                    Value::Int(i) => assert!(i != 0),
                 }
                 seen.insert(format!("{v:?}"));
             }
@@ -505,24 +411,24 @@ mod tests {
         let mut out = vec![0u8; s.count * e];
         for j in 0..s.count {
             let v = match (c.input(0, j), s.dtype.is_float()) {
-                (Val::F(_), true) => {
+                (Value::Float(_), true) => {
                     // Accumulate in f32 in rank order, as the library does for narrow types.
                     let mut acc = 0f32;
                     for r in 0..s.world {
-                        if let Val::F(x) = c.input(r, j) {
+                        if let Value::Float(x) = c.input(r, j) {
                             acc += x as f32;
                         }
                     }
-                    Val::F(acc as f64)
+                    Value::Float(acc as f64)
                 }
                 _ => {
                     let mut acc = 0i128;
                     for r in 0..s.world {
-                        if let Val::I(x) = c.input(r, j) {
+                        if let Value::Int(x) = c.input(r, j) {
                             acc += x;
                         }
                     }
-                    Val::I(wrap(s.dtype, acc))
+                    Value::Int(wrap(s.dtype, acc))
                 }
             };
             encode(s.dtype, v, &mut out[j * e..(j + 1) * e]);
@@ -546,8 +452,8 @@ mod tests {
             poison(d, &mut out[..e]);
             // Off by far more than the tolerance.
             let v = match decode(d, &out[5 * e..]) {
-                Val::F(x) => Val::F(x + 0.5),
-                Val::I(i) => Val::I(i + 1),
+                Value::Float(x) => Value::Float(x + 0.5),
+                Value::Int(i) => Value::Int(i + 1),
             };
             encode(d, v, &mut out[5 * e..6 * e]);
             assert_eq!(c.count_wrong(0, &out, false), 2, "{d}");
@@ -580,8 +486,8 @@ mod tests {
         for j in 4..8 {
             let m = (0..2)
                 .map(|r| c.input(r, j))
-                .fold(Val::I(i128::MIN), |a, b| match (a, b) {
-                    (Val::I(a), Val::I(b)) => Val::I(a.max(b)),
+                .fold(Value::Int(i128::MIN), |a, b| match (a, b) {
+                    (Value::Int(a), Value::Int(b)) => Value::Int(a.max(b)),
                     _ => a,
                 });
             encode(DataType::I32, m, &mut out[j * 4..]);
@@ -614,7 +520,7 @@ mod tests {
         }
         let inplace = c.inplace_bytes(1);
         assert_eq!(&inplace[part * 4..], &input[..]);
-        assert!(matches!(decode(DataType::F32, &inplace[..4]), Val::F(x) if x.is_nan()));
+        assert!(matches!(decode(DataType::F32, &inplace[..4]), Value::Float(x) if x.is_nan()));
         let mut out = vec![0u8; 2 * part * 4];
         for j in 0..2 * part {
             encode(
@@ -669,6 +575,6 @@ mod tests {
         let c = checker(Coll::AllGather, DataType::F32, 2, 4, ReduceOp::Sum);
         let b = c.inplace_bytes(1);
         assert_eq!(decode(DataType::F32, &b[8..]), c.input(1, 0));
-        assert!(matches!(decode(DataType::F32, &b[..4]), Val::F(x) if x.is_nan()));
+        assert!(matches!(decode(DataType::F32, &b[..4]), Value::Float(x) if x.is_nan()));
     }
 }

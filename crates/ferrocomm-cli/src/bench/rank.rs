@@ -32,27 +32,11 @@ struct RankRow {
     nccl_ip: Option<Vec<f64>>,
 }
 
-/// Low-precision format in effect for this row, if any (for the check's tolerance).
-fn lp_in_effect(plan: &Plan, cfg: &Config, shape: &Shape, op: ReduceOp) -> Option<Format> {
-    let fmt = plan.low_precision.or_else(|| {
-        let lp = &cfg.low_precision;
-        let on = lp.enabled
-            && match shape.coll {
-                Coll::AllReduce => lp.all_reduce,
-                Coll::AllGather => lp.all_gather,
-                Coll::ReduceScatter => lp.reduce_scatter,
-                Coll::AllToAll | Coll::AllToAllV => lp.all_to_all,
-                _ => false,
-            };
-        on.then_some(lp.format)
-    })?;
-    let dtype_ok = matches!(shape.dtype, DataType::F32 | DataType::F16 | DataType::BF16);
-    let coll_ok = matches!(
-        shape.coll,
-        Coll::AllReduce | Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll | Coll::AllToAllV
-    );
+/// Low-precision format in effect for this row, if any (for the check's tolerance): the
+/// codec of the call's plan, for the reductions that go low precision (Sum and Avg).
+fn lp_format(call: &ferrocomm::Plan, shape: &Shape, op: ReduceOp) -> Option<Format> {
     let op_ok = !shape.coll.reduces() || matches!(op, ReduceOp::Sum | ReduceOp::Avg);
-    (dtype_ok && coll_ok && op_ok).then_some(fmt)
+    call.low_precision.filter(|_| op_ok).map(|c| c.format)
 }
 
 /// Everything one side (ours or NCCL's) of a row needs.
@@ -406,13 +390,21 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
             for &root in &roots {
                 for &size in &plan.sizes {
                     let shape = Shape::new(plan.coll, size, dtype, world)?;
+                    let call = comm
+                        .plan_for(
+                            plan.coll.collective(),
+                            shape.bytes_per_rank(),
+                            dtype,
+                            &ours_opts,
+                        )
+                        .with_context(|| format!("--algo {} for size {size}", plan.algo))?;
                     let checker = Checker::new(
                         shape,
                         op,
                         root,
                         plan.seed,
                         idx,
-                        lp_in_effect(plan, &cfg, &shape, op),
+                        lp_format(&call, &shape, op),
                     );
                     let ctx = RowCtx {
                         plan,
@@ -427,14 +419,7 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
                             .uneven()
                             .then(|| A2avCounts::new(shape.count, shape.world, rank).splits()),
                     };
-                    let algo = comm
-                        .path_for(
-                            plan.coll.collective(),
-                            shape.bytes_per_rank(),
-                            dtype,
-                            &ours_opts,
-                        )
-                        .with_context(|| format!("--algo {} for size {size}", plan.algo))?;
+                    let algo = call.to_string();
                     let ours = Side {
                         comm: &comm,
                         opts: ours_opts.clone(),

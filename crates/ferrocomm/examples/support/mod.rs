@@ -1,10 +1,10 @@
 //! What the device check programs (`gpu_check`, `gpu_check_coll`, `gpu_check_lowp`) share: raw
-//! device buffers with a poisoned guard band, stream and sync helpers, element decoding, the
-//! reduction reference of one element and a hash. Each program uses a part of it.
+//! device buffers with a poisoned guard band, stream and sync helpers, the check of one reduced
+//! element against the library's reference and a hash. Each program uses a part of it.
 #![allow(dead_code)]
 
 use cudarc::driver::sys;
-use ferrocomm::{CommOptions, Communicator, Config, DataType, ReduceOp};
+use ferrocomm::{reference, CommOptions, Communicator, Config, DataType, ReduceOp};
 
 pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -166,27 +166,6 @@ pub fn new_stream() -> Res<u64> {
     Ok(s as u64)
 }
 
-/// One float element's bytes as f64.
-pub fn as_f64(dtype: DataType, b: &[u8]) -> f64 {
-    match dtype {
-        DataType::F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
-        DataType::F16 => half::f16::from_le_bytes(b.try_into().unwrap()).to_f64(),
-        DataType::BF16 => half::bf16::from_le_bytes(b.try_into().unwrap()).to_f64(),
-        _ => unreachable!(),
-    }
-}
-
-/// One integer element's bytes as i128.
-pub fn as_i128(dtype: DataType, b: &[u8]) -> i128 {
-    match dtype {
-        DataType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as i128,
-        DataType::U32 => u32::from_le_bytes(b.try_into().unwrap()) as i128,
-        DataType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as i128,
-        DataType::U64 => u64::from_le_bytes(b.try_into().unwrap()) as i128,
-        _ => unreachable!(),
-    }
-}
-
 /// FNV-1a of a result, compared across ranks to prove they agree bit for bit.
 pub fn fnv(b: &[u8]) -> u64 {
     b.iter().fold(0xcbf29ce484222325u64, |h, x| {
@@ -219,8 +198,9 @@ impl OpK {
 }
 
 /// Whether `got` is the reduction by `op` of the `n` ranks' elements `el(0..n)` (element bytes
-/// of `dtype`): floats against the f64 result within the dtype's rounding (relative to the sum
-/// of magnitudes), integers exactly with the dtype's wrap-around.
+/// of `dtype`), by the library's reference ([`ferrocomm::reference::expected`]): floats against
+/// the f64 result within the dtype's rounding (relative to the sum of magnitudes), integers
+/// exactly with the dtype's wrap-around.
 pub fn element_ok<'a>(
     dtype: DataType,
     op: OpK,
@@ -228,46 +208,12 @@ pub fn element_ok<'a>(
     el: impl Fn(usize) -> &'a [u8],
     got: &[u8],
 ) -> bool {
-    if dtype.is_float() {
-        let xs: Vec<f64> = (0..n).map(|r| as_f64(dtype, el(r))).collect();
-        let gv = as_f64(dtype, got);
-        let mag: f64 = xs.iter().map(|x| x.abs()).sum();
-        let (want, scale) = match op {
-            OpK::Sum => (xs.iter().sum::<f64>(), mag),
-            OpK::Avg => (xs.iter().sum::<f64>() / n as f64, mag / n as f64),
-            OpK::PremulSum => (xs.iter().map(|x| x * 0.5).sum::<f64>(), mag * 0.5),
-            OpK::Prod => {
-                let p: f64 = xs.iter().product();
-                (p, p.abs() * n as f64)
-            }
-            OpK::Min => (xs.iter().cloned().fold(f64::INFINITY, f64::min), 0.0),
-            OpK::Max => (xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max), 0.0),
-        };
-        let rel = match dtype {
-            DataType::F32 => 2e-6,
-            DataType::F16 => 1.5e-3,
-            _ => 1e-2,
-        };
-        (gv - want).abs() <= rel * scale + 1e-30
-    } else {
-        let bits = dtype.size() * 8;
-        let wrap = |v: i128| -> i128 {
-            let m = 1i128 << bits;
-            let mut w = v.rem_euclid(m);
-            if matches!(dtype, DataType::I32 | DataType::I64) && w >= m / 2 {
-                w -= m;
-            }
-            w
-        };
-        let xs: Vec<i128> = (0..n).map(|r| as_i128(dtype, el(r))).collect();
-        let want = match op {
-            OpK::Sum => wrap(xs.iter().sum()),
-            OpK::Avg => wrap(wrap(xs.iter().sum()) / n as i128),
-            OpK::Prod => wrap(xs.iter().product()),
-            OpK::Min => *xs.iter().min().unwrap(),
-            OpK::Max => *xs.iter().max().unwrap(),
-            OpK::PremulSum => unreachable!("PremulSum is for floating types"),
-        };
-        as_i128(dtype, got) == want
-    }
+    let xs: Vec<reference::Value> = (0..n).map(|r| reference::decode(dtype, el(r))).collect();
+    let (want, scale) = reference::expected(dtype, op.op(), &xs);
+    let rel = match dtype {
+        DataType::F32 => 2e-6,
+        DataType::F16 => 1.5e-3,
+        _ => 1e-2,
+    };
+    reference::within(reference::decode(dtype, got), want, scale, rel)
 }

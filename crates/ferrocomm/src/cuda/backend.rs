@@ -6,15 +6,17 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{sys, CudaContext};
 
 use super::collectives;
-use super::dda::{Dda, FlatForm};
-use super::lowp::{a2av_codec_fits, a2av_plan, all_reduce_kind, LpKind};
+use super::dda::Dda;
+use super::lowp::{a2av_codec_fits, a2av_plan, LpKind};
 use super::{cu, kernels, open_context};
+use crate::backend::{Backend, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts, Splits};
 use crate::bootstrap::all_gather_bytes;
-use crate::comm::{Backend, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts, Splits};
 use crate::config::Config;
+use crate::driver::capturing;
 use crate::error::{Error, Result};
 use crate::nccl::{check_views, in_part_ptr, in_ptr, p2p_views, views_of, NcclOps};
-use crate::select::{self, Algo, Capabilities, Collective};
+use crate::plan::{self, Algo, Collective, CudaCaps, FlatForm};
+use crate::quant::Codec;
 use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
@@ -149,13 +151,35 @@ impl CudaBackend {
         })
     }
 
-    fn caps(&self) -> Capabilities {
-        Capabilities {
-            push: self.dda.is_some(),
+    /// What this communicator has, for the planner.
+    fn cuda_caps(&self) -> CudaCaps<'_> {
+        CudaCaps {
+            world: self.size,
+            dda: self.dda.as_ref().map(Dda::caps),
+            no_dda: &self.no_dda,
             nccl: self.nccl.is_some(),
-            staging_bytes: Some(self.dda.as_ref().map_or(0, |d| d.layout().staging_bytes)),
-            multi_host: self.multi_host || self.dda.is_none(),
+            no_nccl: &self.no_nccl,
+            multi_host: self.multi_host,
+            kernel_dtypes: &kernels::DTYPES,
         }
+    }
+
+    /// The all-reduce algorithm of a full-precision call ([`plan::cuda_all_reduce`]).
+    fn all_reduce_algo(
+        &self,
+        bytes: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        opts: &CallOpts,
+    ) -> Result<Algo> {
+        plan::cuda_all_reduce(
+            &self.cuda_caps(),
+            &self.config,
+            bytes,
+            dtype,
+            op,
+            opts.algo.0,
+        )
     }
 
     fn nccl(&self, collective: &'static str) -> Result<&NcclOps> {
@@ -194,7 +218,7 @@ impl CudaBackend {
     }
 
     /// Direct access and the codec when this call goes low precision (the shared rule of
-    /// [`select::low_precision`], with the cuda size floor); `None` for full precision, also
+    /// [`plan::low_precision`], with the cuda size floor); `None` for full precision, also
     /// without direct access or for pointers not aligned to the element size.
     fn lp_codec(
         &self,
@@ -204,13 +228,13 @@ impl CudaBackend {
         bytes: usize,
         ptrs: [u64; 2],
         opts: &CallOpts,
-    ) -> Result<Option<(&Dda, crate::quant::Codec)>> {
+    ) -> Result<Option<(&Dda, Codec)>> {
         let Some(d) = &self.dda else { return Ok(None) };
         if ptrs.iter().any(|p| p % dtype.size() as u64 != 0) {
             return Ok(None);
         }
-        let min = select::CUDA_LP_MIN_BYTES;
-        let c = select::low_precision(
+        let min = plan::CUDA_LP_MIN_BYTES;
+        let c = plan::low_precision(
             coll,
             dtype,
             op,
@@ -220,78 +244,6 @@ impl CudaBackend {
             min,
         )?;
         Ok(c.map(|c| (d, c)))
-    }
-
-    /// Picks the all-reduce algorithm; `None` means direct access cannot take this call.
-    fn choose(&self, bytes: usize, dtype: DataType, op: ReduceOp, opts: &CallOpts) -> Result<Algo> {
-        let requested = opts.algo.0;
-        let dda_ok = self.dda.is_some()
-            && kernels::supports(dtype)
-            && !matches!(op, ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor);
-        if !dda_ok {
-            if matches!(requested, Algo::Push | Algo::Flat | Algo::Tree) {
-                return Err(Error::Unsupported {
-                    collective: "all_reduce",
-                    backend: "cuda",
-                    what: format!(
-                        "{requested} for {dtype} {op}: {}",
-                        if self.dda.is_none() {
-                            self.no_dda.clone()
-                        } else {
-                            "the direct-access kernels do not handle this dtype/op".into()
-                        }
-                    ),
-                });
-            }
-            if self.nccl.is_none() {
-                return Err(Error::Unsupported {
-                    collective: "all_reduce",
-                    backend: "cuda",
-                    what: format!("{dtype} {op} without NCCL ({})", self.no_nccl),
-                });
-            }
-            return Ok(Algo::Nccl);
-        }
-        // Flat streams any size through its chunk slots; only tree is bounded by the staging.
-        let staging = self.dda.as_ref().map_or(0, |d| d.layout().staging_bytes);
-        let caps = Capabilities {
-            staging_bytes: None,
-            ..self.caps()
-        };
-        let mut a = select::select(
-            Collective::AllReduce,
-            bytes,
-            self.size,
-            dtype,
-            requested,
-            &caps,
-            &self.config,
-        )?;
-        if a == Algo::Tree && bytes > staging {
-            if requested == Algo::Tree {
-                return Err(Error::InvalidArgument(format!(
-                    "all_reduce: tree takes at most {staging} bytes per rank (the staging size), got {bytes}"
-                )));
-            }
-            a = if self.nccl.is_some() {
-                Algo::Nccl
-            } else {
-                Algo::Flat
-            };
-        }
-        let push_cap = self.dda.as_ref().map_or(0, |d| d.layout().push_cap);
-        if a == Algo::Push && bytes > push_cap {
-            if requested == Algo::Push {
-                return Err(Error::InvalidArgument(format!(
-                    "all_reduce: push takes at most {push_cap} bytes per rank, got {bytes}"
-                )));
-            }
-            a = Algo::Flat;
-        }
-        if matches!(a, Algo::Direct | Algo::Auto) {
-            a = Algo::Flat;
-        }
-        Ok(a)
     }
 }
 
@@ -364,17 +316,15 @@ impl CudaBackend {
         if let Some(d) = &self.dda {
             d.check_error(coll.name())?;
         }
-        let a = collectives::choose(
-            self.dda.as_ref(),
-            &self.caps(),
-            self.size,
+        let a = plan::cuda_collective(
+            &self.cuda_caps(),
             &self.config,
             coll,
             bytes_per_rank,
             part_bytes,
             dtype,
             op,
-            opts,
+            opts.algo.0,
         )?;
         Ok(if a == Algo::Direct {
             self.dda.as_ref()
@@ -433,16 +383,6 @@ impl CudaBackend {
 fn bind(c: &CudaContext) -> Result<()> {
     c.bind_to_thread()
         .map_err(|e| Error::Cuda(format!("binding the context: {e:?}")))
-}
-
-fn capturing(stream: u64) -> Result<bool> {
-    let mut s = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    cu(
-        // SAFETY: out-parameter for a stream of this context.
-        unsafe { sys::cuStreamIsCapturing(stream as sys::CUstream, &mut s) },
-        "cuStreamIsCapturing",
-    )?;
-    Ok(s != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
 fn setup_dda(ctx: &CommContext, cuda: &CudaContext) -> Result<Dda> {
@@ -504,12 +444,16 @@ impl Backend for CudaBackend {
         }
         let lp = self.lp_codec(AR, dtype, Some(op), count * es as usize, [ip, op_ptr], opts)?;
         if let Some((d, codec)) = lp {
-            let kind = all_reduce_kind(opts.algo.0, self.config.algo, self.size);
+            let kind = LpKind::of_all_reduce(plan::lp_all_reduce(
+                opts.algo.0,
+                self.config.algo,
+                self.size,
+            ));
             self.follow(&mut st, opts.stream)?;
             let avg = op == ReduceOp::Avg;
             return d.lp_collective(kind, &codec, dtype, ip, op_ptr, count, avg, opts.stream);
         }
-        let algo = self.choose(count * dtype.size(), dtype, op, opts)?;
+        let algo = self.all_reduce_algo(count * dtype.size(), dtype, op, opts)?;
         self.follow(&mut st, opts.stream)?;
         match (algo, &self.dda) {
             (Algo::Push | Algo::Flat | Algo::Tree, Some(d)) => {
@@ -813,7 +757,7 @@ impl Backend for CudaBackend {
         opts: &CallOpts,
     ) -> Result<Algo> {
         if coll == Collective::AllReduce {
-            return self.choose(bytes_per_rank, dtype, ReduceOp::Sum, opts);
+            return self.all_reduce_algo(bytes_per_rank, dtype, ReduceOp::Sum, opts);
         }
         let p2p = matches!(coll, Collective::Send | Collective::Recv);
         if !(coll == Collective::Barrier || p2p && self.size != 2) {
@@ -824,17 +768,15 @@ impl Backend for CudaBackend {
             };
             let op = matches!(coll, Collective::Reduce | Collective::ReduceScatter)
                 .then_some(ReduceOp::Sum);
-            return collectives::choose(
-                self.dda.as_ref(),
-                &self.caps(),
-                self.size,
+            return plan::cuda_collective(
+                &self.cuda_caps(),
                 &self.config,
                 coll,
                 bytes_per_rank,
                 part,
                 dtype,
                 op,
-                opts,
+                opts.algo.0,
             );
         }
         if self.nccl.is_some() {
@@ -848,29 +790,21 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn path_detail(
-        &self,
-        coll: Collective,
-        bytes_per_rank: usize,
-        algo: Algo,
-    ) -> Option<&'static str> {
+    fn form_for(&self, coll: Collective, bytes_per_rank: usize, algo: Algo) -> Option<FlatForm> {
         let dda = self.dda.as_ref()?;
         if coll != AR || algo != Algo::Flat {
             return None;
         }
-        match dda.flat_form(bytes_per_rank) {
-            f @ (FlatForm::CopyEngine | FlatForm::Ll128) => Some(f.kernel()),
-            FlatForm::Pull | FlatForm::Stream => None,
-        }
+        Some(plan::flat_form(&dda.caps(), bytes_per_rank))
     }
 
-    fn low_precision_path(
+    fn low_precision_plan(
         &self,
         coll: Collective,
         bytes_per_rank: usize,
         dtype: DataType,
         opts: &CallOpts,
-    ) -> Result<Option<Algo>> {
+    ) -> Result<Option<(Algo, Codec)>> {
         // The same rule as the calls (aligned pointers assumed), on the part sizes algo_for uses.
         let (op, bytes) = match coll {
             AR | RS => (Some(ReduceOp::Sum), bytes_per_rank),
@@ -886,12 +820,10 @@ impl Backend for CudaBackend {
         if coll == A2AV && !a2av_codec_fits(&c, d.layout().staging_bytes) {
             return Ok(None);
         }
-        Ok(Some(match coll {
-            AR => match all_reduce_kind(opts.algo.0, self.config.algo, self.size) {
-                LpKind::Tree => Algo::Tree,
-                _ => Algo::Flat,
-            },
+        let algo = match coll {
+            AR => plan::lp_all_reduce(opts.algo.0, self.config.algo, self.size),
             _ => Algo::Direct,
-        }))
+        };
+        Ok(Some((algo, c)))
     }
 }

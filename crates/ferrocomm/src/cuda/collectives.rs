@@ -10,12 +10,10 @@
 use std::ffi::c_void;
 
 use super::cu_lazy;
-use super::dda::{kernel_name, Args, Dda, COLL_BAR_OFF, COLL_MAX_ROUNDS, MAX_BLOCKS, MAX_RANKS};
-use super::kernels;
-use crate::comm::{CallOpts, Splits};
-use crate::config::Config;
+use super::dda::{kernel_name, Args, Dda, COLL_BAR_OFF, MAX_BLOCKS, MAX_RANKS};
+use crate::backend::Splits;
 use crate::error::{Error, Result};
-use crate::select::{self, Algo, Capabilities, Collective};
+use crate::plan::{self, part_form, use_ll, Collective};
 use crate::types::{DataType, ReduceOp};
 
 /// Default largest part (bytes one sender puts in one receiver's row) sent as LL lines
@@ -79,19 +77,6 @@ pub fn a2av_slot_bytes(staging_bytes: usize, world: usize) -> usize {
     (staging_bytes / world.max(1)) / 16 * 16
 }
 
-/// Staging bytes one staged call needs in each receiver (one parity), or `None` when the
-/// collective has no fixed layout (all-to-all-v: slots of [`a2av_slot_bytes`]).
-pub fn staged_need(coll: Collective, part_bytes: usize, world: usize) -> Option<usize> {
-    match coll {
-        Collective::AllGather
-        | Collective::ReduceScatter
-        | Collective::AllToAll
-        | Collective::Reduce => Some(world * round16(part_bytes)),
-        Collective::Broadcast | Collective::Send | Collective::Recv => Some(round16(part_bytes)),
-        _ => None,
-    }
-}
-
 /// The order in which `rank` of a two-rank communicator runs a batch's messages by direct
 /// access (each one call of both ranks, `Dda::coll_send_recv`): (index in the batch, sender),
 /// rank 0's messages first, then rank 1's, each side's in the order issued. `sends` tells, op by
@@ -110,52 +95,6 @@ pub(super) fn two_rank_batch_order(
                 .map(move |(k, _)| (k, sender))
         })
         .collect()
-}
-
-/// Whether a call with parts of `part_bytes` uses LL lines (`ll_max`: the largest LL part,
-/// `StagingLayout::ll_max`), for every collective with LL kernels: the data movers, and the
-/// reductions since their LL kernels wait for the peer's lines only (as the push all-reduce).
-/// Earlier LL reductions, which waited for a hello with a system-scope release first, lost to
-/// the staged kernels at every size (bench/results/2026-11-30-h200x2-ll-staged) and were removed.
-pub fn use_ll(part_bytes: usize, ll_max: usize) -> bool {
-    part_bytes <= ll_max
-}
-
-/// The smallest part of `kernel` that takes the pipelined staged kernel (`fc_<kernel>_rw`, rounds
-/// of `PIPE_ROUND_BYTES`, at most `COLL_MAX_ROUNDS`); None where rounds never pay. Measured on
-/// 2xH200 (bench/results/2026-11-30-h200x2-pipeline, -coll-rounds, -a2a-rw): all-gather 64 MB
-/// 141 -> 106 us, 32 MB 68.6 -> 57.2, 16 MB (8 MiB parts, 2 rounds) 33.5 -> 32.0; all-to-all
-/// 16 MB 36.4 -> 33.5, 32 MB 73.5 -> 61.5, 64 MB 141.0 -> 113.4; reduce-scatter 64 MB 141 -> 118,
-/// 32 MB 72 -> 67, but 16 MB 36.4 -> 37.1 in 4 rounds of 2 MiB (36.5 -> 37.6 in 2); broadcast and
-/// reduce lost at every size (each extra round costs 1.5-3 us; broadcast 16 MB 49.1 -> 52.5), and
-/// rounds of 2 or 1 MiB lost to 4 MiB for every kernel.
-pub fn pipe_min_bytes(kernel: &str) -> Option<usize> {
-    match kernel {
-        "all_gather" | "all_to_all" => Some(8 << 20),
-        "reduce_scatter" => Some(16 << 20),
-        _ => None,
-    }
-}
-const PIPE_ROUND_BYTES: usize = 4 << 20;
-
-/// The kernel form of a call of `kernel` with parts of `part_bytes` (`ll_max`: the largest LL
-/// part) and its rounds: `ll` (LL lines), `st` (staged) or `rw` (pipelined staged).
-pub fn part_form(kernel: &str, part_bytes: usize, ll_max: usize) -> (&'static str, u32) {
-    if use_ll(part_bytes, ll_max) {
-        ("ll", 1)
-    } else if pipe_min_bytes(kernel).is_some_and(|min| part_bytes >= min) {
-        ("rw", st_rounds(part_bytes, PIPE_ROUND_BYTES))
-    } else {
-        ("st", 1)
-    }
-}
-
-/// Rounds of a pipelined staged call with parts of `part_bytes`: one per `round_bytes` (rounded
-/// up), at most `COLL_MAX_ROUNDS`. Every rank computes the same from the part size.
-pub fn st_rounds(part_bytes: usize, round_bytes: usize) -> u32 {
-    part_bytes
-        .div_ceil(round_bytes.max(1))
-        .clamp(1, COLL_MAX_ROUNDS) as u32
 }
 
 /// A 32-bit signature of a call that every rank must make alike (collective, dtype, count, root,
@@ -220,9 +159,9 @@ pub(super) fn a2av_agreed_sizes(rank: usize, splits: &Splits, es: usize) -> (usi
 }
 
 /// Whether an all-to-all-v of `world` ranks runs pair by pair (`fc_all_to_all_v_pc`): where no
-/// count is seen by every rank ([`select::a2av_without_agreed_size`]).
+/// count is seen by every rank ([`plan::a2av_without_agreed_size`]).
 pub(super) fn a2av_by_pairs(world: usize) -> bool {
-    select::a2av_without_agreed_size(world)
+    plan::a2av_without_agreed_size(world)
 }
 
 /// Elements of one piece of the pair-by-pair all-to-all-v (`fc_all_to_all_v_pc`, above two
@@ -295,86 +234,6 @@ pub(super) fn a2av_piece(rank: usize, splits: &Splits, i: usize, chunk: usize) -
         recv_counts,
         recv_displs,
     }
-}
-
-/// How one call of a collective other than all-reduce runs on the cuda backend.
-///
-/// `dda` is `None` when direct access is off; `part_bytes` is what the staging must hold per
-/// sender (see [`staged_need`]); `op` is set for reductions. Auto falls back to NCCL where direct
-/// access cannot take the call; an explicit `direct` that cannot run is an error.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn choose(
-    dda: Option<&Dda>,
-    caps: &Capabilities,
-    world: usize,
-    cfg: &Config,
-    coll: Collective,
-    bytes_per_rank: usize,
-    part_bytes: usize,
-    dtype: DataType,
-    op: Option<ReduceOp>,
-    opts: &CallOpts,
-) -> Result<Algo> {
-    let requested = opts.algo.0;
-    let why_not = match dda {
-        None => Some("direct access is off on this communicator".to_string()),
-        Some(_) if op.is_some() && !kernels::supports(dtype) => {
-            Some(format!("the reduction kernels do not handle {dtype}"))
-        }
-        Some(_)
-            if matches!(
-                op,
-                Some(ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor)
-            ) =>
-        {
-            Some("bitwise operators are NCCL's".into())
-        }
-        Some(d) => {
-            let staging = d.layout().staging_bytes;
-            let fits = match staged_need(coll, part_bytes, world) {
-                Some(need) => need <= staging,
-                // All-to-all-v goes in pieces of a slot at every size: launches of pieces at
-                // two ranks (a2av_pieces), pair by pair in one kernel above (a2av_pc_piece).
-                None => true,
-            };
-            if fits {
-                None
-            } else {
-                Some(format!(
-                    "{part_bytes} bytes per part do not fit the staging ({staging} bytes)"
-                ))
-            }
-        }
-    };
-    if let Some(why) = why_not {
-        if requested == Algo::Direct {
-            return Err(Error::Unsupported {
-                collective: coll.name(),
-                backend: "cuda",
-                what: format!("direct access for this call: {why}"),
-            });
-        }
-        return if caps.nccl {
-            Ok(Algo::Nccl)
-        } else {
-            Err(Error::Unsupported {
-                collective: coll.name(),
-                backend: "cuda",
-                what: format!("this call without NCCL ({why})"),
-            })
-        };
-    }
-    // The staging was judged above, part by part (select's own check compares the bytes per
-    // rank with the staging, which refuses all-to-all-v calls that run in pieces).
-    let caps = Capabilities {
-        staging_bytes: None,
-        ..*caps
-    };
-    let a = select::select(coll, bytes_per_rank, world, dtype, requested, &caps, cfg)?;
-    Ok(match a {
-        Algo::Nccl => Algo::Nccl,
-        _ => Algo::Direct,
-    })
 }
 
 impl Dda {
@@ -954,6 +813,8 @@ impl Dda {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cuda::kernels;
+    use crate::plan::{pipe_min_bytes, st_rounds, staged_need, COLL_MAX_ROUNDS};
 
     /// Every rank's view of one all-to-all-v: its row (send) and column (receive) of `m`.
     fn views(m: &[Vec<usize>]) -> Vec<Splits> {

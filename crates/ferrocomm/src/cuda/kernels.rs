@@ -78,6 +78,17 @@ pub const VARIANTS: [(DataType, &str); 7] = [
     (DataType::U64, "FC_T_U64"),
 ];
 
+/// The element types of [`VARIANTS`], in order.
+pub const DTYPES: [DataType; VARIANTS.len()] = {
+    let mut d = [DataType::F32; VARIANTS.len()];
+    let mut i = 0;
+    while i < d.len() {
+        d[i] = VARIANTS[i].0;
+        i += 1;
+    }
+    d
+};
+
 /// Whether the direct-access kernels handle `dtype`.
 pub fn supports(dtype: DataType) -> bool {
     VARIANTS.iter().any(|(d, _)| *d == dtype)

@@ -18,10 +18,10 @@ use super::collectives::{
 };
 use super::dda::{Args, Dda, COLL_BAR_OFF};
 use super::{cu, cu_lazy};
-use crate::comm::Splits;
+use crate::backend::Splits;
 use crate::error::{Error, Result};
+use crate::plan::{split_push, Algo, Collective};
 use crate::quant::{Codec, Format};
-use crate::select::{Algo, Collective};
 use crate::types::DataType;
 
 /// Warps per CTA of the lowp kernels (`LP_WARPS`, 512 threads).
@@ -60,13 +60,6 @@ fn format_code(f: Format) -> u32 {
         Format::E5M2 => 1,
         Format::Int8 => 2,
     }
-}
-
-/// Whether a push (one-shot all-reduce, all-gather, all-to-all) leaves its odd groups in the
-/// sender's staging for the receivers to pull: half the records cross the link while the
-/// quantizer runs, the other half while the receivers decode the first (two ranks, groups).
-fn split_push(push: bool, codec: &Codec, world: usize) -> u32 {
-    u32::from(push && codec.block <= 128 && world == 2)
 }
 
 /// Elements a warp handles at once (`lp_tile`): 128, or one block when blocks are larger.
@@ -247,25 +240,16 @@ impl LpKind {
         }
     }
 
+    /// The kind that runs a low-precision all-reduce of `algo` ([`crate::plan::lp_all_reduce`]).
+    pub(super) fn of_all_reduce(algo: Algo) -> LpKind {
+        match algo {
+            Algo::Tree => LpKind::Tree,
+            _ => LpKind::Flat,
+        }
+    }
+
     fn name(self) -> &'static str {
         self.collective().name()
-    }
-}
-
-/// The all-reduce algorithm of a low-precision call: an explicit flat/tree request (per call or
-/// `FERROCOMM_ALGO`) is followed; otherwise one-shot up to 2 ranks (one quantization, the same
-/// NVLink traffic as two-shot there) and two-shot above (O(N) instead of O(N^2) traffic).
-pub(super) fn all_reduce_kind(requested: Algo, cfg_algo: Algo, world: usize) -> LpKind {
-    let r = if requested == Algo::Auto {
-        cfg_algo
-    } else {
-        requested
-    };
-    match r {
-        Algo::Flat | Algo::Push => LpKind::Flat,
-        Algo::Tree => LpKind::Tree,
-        _ if world <= 2 => LpKind::Flat,
-        _ => LpKind::Tree,
     }
 }
 

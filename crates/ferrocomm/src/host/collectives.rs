@@ -9,10 +9,10 @@ use std::sync::atomic::Ordering;
 
 use super::shm::LINE;
 use super::{Bufs, Call, HostBackend, Signature};
-use crate::comm::{CallOpts, DeviceCounts, Splits};
+use crate::backend::{CallOpts, DeviceCounts, Splits};
 use crate::error::{Error, Result};
+use crate::plan::{Algo, Collective};
 use crate::reduce::reduce_bytes;
-use crate::select::{Algo, Collective};
 use crate::types::{read_count, write_count, DataType, ReduceOp};
 
 /// `len` bytes at `ptr` as a slice.

@@ -8,11 +8,11 @@
 
 use super::collectives::{exclusive, region_bytes, shared, stripe};
 use super::{Bufs, HostBackend, Signature};
-use crate::comm::{CallOpts, Splits};
+use crate::backend::{CallOpts, Splits};
 use crate::error::{Error, Result};
+use crate::plan::{self, Algo, Collective};
 use crate::quant::{Codec, Format, SCALE_BYTES};
 use crate::reduce::{from_f32, to_f32};
-use crate::select::{self, Algo, Collective};
 use crate::types::{DataType, ReduceOp};
 
 /// The signature word of a codec: ranks must agree on format and block.
@@ -117,7 +117,7 @@ impl HostBackend {
         )
         .then_some(op);
         // The host backend has no size floor of its own: low precision whenever asked.
-        select::low_precision(coll, dtype, op, bytes, opts.low_precision, &self.cfg, 0)
+        plan::low_precision(coll, dtype, op, bytes, opts.low_precision, &self.cfg, 0)
     }
 
     /// Elements per chunk: whole blocks whose encoding fits `room` bytes.

@@ -23,18 +23,19 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::comm::{Backend, CallOpts, CommContext, DeviceCounts, P2pOp, Splits};
+use crate::backend::{Backend, CallOpts, CommContext, DeviceCounts, P2pOp, Splits};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::select::{self, Algo, Capabilities, Collective};
+use crate::plan::{self, Algo, Caps, Collective};
+use crate::quant::Codec;
 use crate::types::{DataType, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
 use shm::{Segment, SIG_WORDS};
 use sync::{process_alive, Backoff, Stop};
 
-/// What the host backend can do, for [`select::select`].
-const CAPS: Capabilities = Capabilities {
+/// What the host backend can do, for [`plan::select`].
+const CAPS: Caps = Caps {
     push: false,
     nccl: false,
     staging_bytes: None,
@@ -284,7 +285,7 @@ impl HostBackend {
         dtype: DataType,
         opts: &CallOpts,
     ) -> Result<Algo> {
-        let a = select::select(
+        let a = plan::select(
             coll,
             bytes,
             self.world,
@@ -575,20 +576,19 @@ impl Backend for HostBackend {
         self.algo(coll, bytes_per_rank, dtype, opts)
     }
 
-    fn low_precision_path(
+    fn low_precision_plan(
         &self,
         coll: Collective,
         bytes_per_rank: usize,
         dtype: DataType,
         opts: &CallOpts,
-    ) -> Result<Option<Algo>> {
-        // select::low_precision turns down the collectives that have no low-precision form.
-        if self
-            .low_precision(coll, dtype, ReduceOp::Sum, bytes_per_rank, opts)?
-            .is_none()
-        {
+    ) -> Result<Option<(Algo, Codec)>> {
+        // plan::low_precision turns down the collectives that have no low-precision form.
+        let Some(codec) = self.low_precision(coll, dtype, ReduceOp::Sum, bytes_per_rank, opts)?
+        else {
             return Ok(None);
-        }
-        self.algo(coll, bytes_per_rank, dtype, opts).map(Some)
+        };
+        self.algo(coll, bytes_per_rank, dtype, opts)
+            .map(|a| Some((a, codec)))
     }
 }

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use super::collectives::copy;
 use super::sync::{process_alive, Backoff, Stop};
 use super::HostBackend;
-use crate::comm::P2pOp;
+use crate::backend::P2pOp;
 use crate::error::{Error, Result};
 use crate::types::Device;
 

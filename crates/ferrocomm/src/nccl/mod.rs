@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys as drv;
 use cudarc::driver::CudaContext;
 
-use crate::comm::{Backend, CallOpts, CommContext, P2pOp, Splits};
+use crate::backend::{Backend, CallOpts, CommContext, P2pOp, Splits};
 use crate::config::Config;
-use crate::cuda::cu;
+use crate::driver::{capturing_or_unknown as capturing, cu, DeviceContext, Event, PushedContext};
 use crate::error::{Error, Result};
-use crate::select::{self, Algo, Capabilities, Collective};
+use crate::plan::{self, Algo, Caps, Collective};
 use crate::types::{DataType, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
@@ -33,7 +33,7 @@ fn candidates(cfg: &Config) -> Vec<PathBuf> {
     }
     c.push(PathBuf::from("libnccl.so.2"));
     c.push(PathBuf::from("libnccl.so"));
-    for d in crate::cuda::libs::python_lib_dirs(cfg, &["nccl/lib"]) {
+    for d in crate::driver::libs::python_lib_dirs(cfg, &["nccl/lib"]) {
         c.push(d.join("libnccl.so.2"));
     }
     c
@@ -159,83 +159,6 @@ fn wait_ready(l: &sys::Lib, comm: sys::NcclComm, timeout: Duration) -> Option<sy
     }
 }
 
-/// The device's context the communicator was created in, kept alive (primary context retained)
-/// for the watchdog and abort threads, which make it current.
-struct DeviceContext {
-    ctx: drv::CUcontext,
-    dev: drv::CUdevice,
-}
-
-// SAFETY: a CUcontext may be made current on any thread.
-unsafe impl Send for DeviceContext {}
-// SAFETY: as above; never mutated.
-unsafe impl Sync for DeviceContext {}
-
-impl DeviceContext {
-    /// The calling thread's current context, its device's primary context retained.
-    fn current() -> Result<DeviceContext> {
-        let mut ctx: drv::CUcontext = std::ptr::null_mut();
-        // SAFETY: out-parameter.
-        cu(unsafe { drv::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
-        if ctx.is_null() {
-            return Err(Error::Cuda(
-                "NCCL needs the device's context current on the calling thread".into(),
-            ));
-        }
-        let mut dev: drv::CUdevice = 0;
-        // SAFETY: out-parameter; a context is current.
-        cu(unsafe { drv::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
-        let mut primary: drv::CUcontext = std::ptr::null_mut();
-        cu(
-            // SAFETY: out-parameter; released in Drop.
-            unsafe { drv::cuDevicePrimaryCtxRetain(&mut primary, dev) },
-            "cuDevicePrimaryCtxRetain",
-        )?;
-        Ok(DeviceContext { ctx, dev })
-    }
-
-    /// Prepares a helper thread of ours (watchdog, abort): the context current, and the
-    /// thread's capture mode thread-local, so that its event queries and NCCL's teardown never
-    /// invalidate a graph another thread is capturing in the default (global) mode.
-    fn enter_helper_thread(&self) -> std::result::Result<(), String> {
-        // SAFETY: the context is alive (primary retained by self).
-        let r = unsafe { drv::cuCtxSetCurrent(self.ctx) };
-        r.result().map_err(|e| format!("cuCtxSetCurrent: {e:?}"))?;
-        let mut mode = drv::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-        // SAFETY: in/out parameter; sets this thread's mode only (the thread is ours, the
-        // previous mode is not restored).
-        let r = unsafe { drv::cuThreadExchangeStreamCaptureMode(&mut mode) };
-        r.result()
-            .map_err(|e| format!("cuThreadExchangeStreamCaptureMode: {e:?}"))
-    }
-}
-
-impl Drop for DeviceContext {
-    fn drop(&mut self) {
-        // SAFETY: retained once in `current`.
-        unsafe { drv::cuDevicePrimaryCtxRelease_v2(self.dev) };
-    }
-}
-
-/// Makes a context current for a scope and restores the caller's afterwards.
-struct PushedContext;
-
-impl PushedContext {
-    fn push(ctx: drv::CUcontext) -> Option<PushedContext> {
-        // SAFETY: a live context; popped in Drop.
-        let r = unsafe { drv::cuCtxPushCurrent_v2(ctx) };
-        (r == drv::CUresult::CUDA_SUCCESS).then_some(PushedContext)
-    }
-}
-
-impl Drop for PushedContext {
-    fn drop(&mut self) {
-        let mut old: drv::CUcontext = std::ptr::null_mut();
-        // SAFETY: pops the context pushed in `push`.
-        unsafe { drv::cuCtxPopCurrent_v2(&mut old) };
-    }
-}
-
 /// A communicator handle that may cross to the abort thread.
 struct SendComm(sys::NcclComm);
 // SAFETY: NCCL communicators may be used from any thread; ownership moves with it.
@@ -343,52 +266,10 @@ impl watchdog::Guard for NcclGuard {
     }
 }
 
-/// A CUDA event recorded after an NCCL operation: the watchdog's completion marker.
-struct Event(drv::CUevent);
-
-// SAFETY: events may be queried and destroyed from any thread.
-unsafe impl Send for Event {}
-
-impl Event {
-    fn new() -> Result<Event> {
-        let mut e: drv::CUevent = std::ptr::null_mut();
-        cu(
-            // SAFETY: out-parameter; no timing, so recording and querying stay cheap.
-            unsafe {
-                drv::cuEventCreate(&mut e, drv::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
-            },
-            "cuEventCreate (NCCL watchdog)",
-        )?;
-        Ok(Event(e))
-    }
-}
-
 impl watchdog::Pending for Event {
     fn is_done(&mut self) -> std::result::Result<bool, String> {
-        // SAFETY: a live event, recorded on a stream of this context.
-        match unsafe { drv::cuEventQuery(self.0) } {
-            drv::CUresult::CUDA_SUCCESS => Ok(true),
-            drv::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            e => Err(format!("cuEventQuery: {e:?}")),
-        }
+        self.query()
     }
-}
-
-impl Drop for Event {
-    fn drop(&mut self) {
-        // SAFETY: created in `new`, destroyed once (pending work keeps it valid until done).
-        unsafe { drv::cuEventDestroy_v2(self.0) };
-    }
-}
-
-/// Whether `stream` is being captured into a CUDA graph (an error counts as capturing: then no
-/// event is recorded, which is always safe).
-fn capturing(stream: u64) -> bool {
-    let mut s = drv::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: out-parameter for a stream of the current context.
-    let r = unsafe { drv::cuStreamIsCapturing(stream as drv::CUstream, &mut s) };
-    r != drv::CUresult::CUDA_SUCCESS
-        || s != drv::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
 }
 
 /// How often the watchdog polls the events of work in flight.
@@ -720,7 +601,7 @@ impl Nccl {
         }
         let ev = match w.recycled() {
             Some(e) => e,
-            None => Event::new()?,
+            None => Event::new("cuEventCreate (NCCL watchdog)")?,
         };
         cu(
             // SAFETY: a live event and a stream of the current context.
@@ -1299,7 +1180,7 @@ pub struct NcclBackend {
 
 /// NCCL alone as the backend of `ctx`.
 pub fn new_backend(ctx: &CommContext) -> Result<Box<dyn Backend>> {
-    let cuda = crate::cuda::open_context(ctx.device)?;
+    let cuda = crate::driver::open_context(ctx.device)?;
     cuda.bind_to_thread()
         .map_err(|e| Error::Cuda(format!("binding the context: {e:?}")))?;
     let ops = NcclOps::new(ctx)?;
@@ -1332,7 +1213,7 @@ pub(crate) fn check_views(
         if bytes == 0 {
             continue;
         }
-        let d = crate::cuda::pointer_device(p, collective, what)?;
+        let d = crate::driver::pointer_device(p, collective, what)?;
         if d != device {
             return Err(Error::InvalidArgument(format!(
                 "{collective}: {what} pointer {p:#x} is memory of cuda:{d}, this communicator \
@@ -1492,14 +1373,14 @@ impl Backend for NcclBackend {
         dtype: DataType,
         opts: &CallOpts,
     ) -> Result<Algo> {
-        let caps = Capabilities {
+        let caps = Caps {
             push: false,
             nccl: true,
             staging_bytes: Some(0),
             multi_host: true,
         };
         let _ = self.size;
-        select::select(
+        plan::select(
             coll,
             bytes_per_rank,
             self.size,

@@ -8,13 +8,18 @@ use std::time::Duration;
 
 use cudarc::driver::sys;
 
-use super::{cu, cu_lazy, kernels, launch};
+use super::{cu, kernels, launch};
+use crate::backend::CommContext;
 use crate::bootstrap::{agree, store_barrier};
-use crate::comm::CommContext;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::select::Algo;
-use crate::types::{DataType, ReduceOp};
+use crate::plan::DdaCaps;
+use crate::types::DataType;
+
+mod all_reduce;
+
+use all_reduce::CopyEngine;
+pub use all_reduce::{ce_chunk, flat_grid};
 
 /// Bytes of a rank's set-up message before its bus id: the 64-byte IPC handle of its
 /// allocation and the staging's offset in it.
@@ -35,9 +40,7 @@ const BARRIER_WORD_OFF: usize = STATE_OFF + 2048;
 pub(super) const COLL_HELLO_OFF: usize = STATE_OFF + 4096;
 pub(super) const COLL_BAR_OFF: usize = STATE_OFF + 8192;
 const STATE_BYTES: usize = 8192 + 2 * COLL_MAX_ROUNDS * MAX_BLOCKS * MAX_RANKS * 8;
-/// Rounds of a staged collective's pipeline (`FC_MAX_ROUNDS`): barrier words per block, sender
-/// and parity.
-pub(super) const COLL_MAX_ROUNDS: usize = 8;
+pub(super) use crate::plan::COLL_MAX_ROUNDS;
 /// Warps per block of the flat kernel (`FC_FLAT_WARPS`): each warp is one pipeline.
 const FLAT_WARPS: usize = 16;
 /// Chunk flags of the push-write stream kernel (flat beyond the staging): u64 [data, ack][2 parities][blocks x warps][ranks].
@@ -280,145 +283,6 @@ pub struct Dda {
     /// The LL128 all-reduce runs: set (`FERROCOMM_ALLREDUCE_LL128_MAX_BYTES`) and every pair
     /// of ranks on one GPU or joined by NVLink (agreed by every rank at set-up).
     ll128_on: bool,
-}
-
-/// How a flat all-reduce moves its data ([`Dda::flat_form`]); `kernel` names its entry points
-/// (`fc_<kernel>_<op>`) and the bench's path detail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FlatForm {
-    Pull,
-    Stream,
-    CopyEngine,
-    Ll128,
-}
-
-impl FlatForm {
-    pub fn kernel(self) -> &'static str {
-        match self {
-            FlatForm::Pull => "flat",
-            FlatForm::Stream => "stream",
-            FlatForm::CopyEngine => "ce",
-            FlatForm::Ll128 => "ll128",
-        }
-    }
-}
-
-/// What the copy-engine all-reduce needs besides the region: the smallest message it takes, and
-/// a stream of its own for the copies (forked from and joined back to the caller's by events,
-/// so graph capture follows it).
-struct CopyEngine {
-    min_bytes: usize,
-    stream: sys::CUstream,
-    fork: sys::CUevent,
-    join: sys::CUevent,
-}
-
-impl CopyEngine {
-    /// Creates the stream and events in the current context.
-    fn new(min_bytes: usize) -> Result<CopyEngine> {
-        let mut ce = CopyEngine {
-            min_bytes,
-            stream: std::ptr::null_mut(),
-            fork: std::ptr::null_mut(),
-            join: std::ptr::null_mut(),
-        };
-        cu(
-            // SAFETY: out-parameter; a context is current.
-            unsafe {
-                sys::cuStreamCreate(
-                    &mut ce.stream,
-                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-                )
-            },
-            "cuStreamCreate (copy engine)",
-        )?;
-        for ev in [&mut ce.fork, &mut ce.join] {
-            cu(
-                // SAFETY: out-parameter; a context is current.
-                unsafe {
-                    sys::cuEventCreate(ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
-                },
-                "cuEventCreate (copy engine)",
-            )?;
-        }
-        Ok(ce)
-    }
-
-    /// Orders the copy stream after the work enqueued so far on `main` (a live stream of this
-    /// context, or the legacy one).
-    fn fork_from(&self, main: sys::CUstream) -> sys::CUresult {
-        // SAFETY: the event and the copy stream were created by `new` in this context; `main`
-        // is the caller's stream of this context.
-        unsafe {
-            match sys::cuEventRecord(self.fork, main) {
-                sys::CUresult::CUDA_SUCCESS => sys::cuStreamWaitEvent(self.stream, self.fork, 0),
-                e => e,
-            }
-        }
-    }
-
-    /// Orders `main`'s later work after everything enqueued on the copy stream so far.
-    fn join_into(&self, main: sys::CUstream) -> sys::CUresult {
-        // SAFETY: as in `fork_from`.
-        unsafe {
-            match sys::cuEventRecord(self.join, self.stream) {
-                sys::CUresult::CUDA_SUCCESS => sys::cuStreamWaitEvent(main, self.join, 0),
-                e => e,
-            }
-        }
-    }
-
-    /// Enqueues a copy of `len` bytes from `src` to `dst` on the copy stream.
-    ///
-    /// # Safety
-    /// Both ranges are device memory of (or mapped into) this context, valid until the copy
-    /// stream has run it.
-    unsafe fn copy(&self, dst: u64, src: u64, len: usize) -> sys::CUresult {
-        // SAFETY: the caller's contract; the stream is ours.
-        unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, self.stream) }
-    }
-}
-
-impl Drop for CopyEngine {
-    fn drop(&mut self) {
-        // SAFETY: created once by `new` (null when that failed first); errors at teardown are
-        // ignored because nothing can act on them.
-        unsafe {
-            if !self.fork.is_null() {
-                let _ = sys::cuEventDestroy_v2(self.fork);
-            }
-            if !self.join.is_null() {
-                let _ = sys::cuEventDestroy_v2(self.join);
-            }
-            if !self.stream.is_null() {
-                let _ = sys::cuStreamDestroy_v2(self.stream);
-            }
-        }
-    }
-}
-
-/// Whether the copy engines carry a flat all-reduce of `bytes` per rank under `layout` (its
-/// region, 0 when off) and `FERROCOMM_ALLREDUCE_CE_MIN_BYTES` = `min_bytes`: from that size up
-/// to the region's, never an empty one.
-pub fn ce_takes(layout: &StagingLayout, min_bytes: usize, bytes: usize) -> bool {
-    bytes > 0 && bytes >= min_bytes && bytes <= layout.ce_bytes
-}
-
-/// Whether a flat all-reduce of `bytes` per rank moves in LL128 lines: on (`ll128_cap` > 0)
-/// and at most the cap, which is at most the staging (a streamed message never does).
-pub fn ll128_takes(layout: &StagingLayout, bytes: usize) -> bool {
-    bytes > 0 && bytes <= layout.ll128_cap
-}
-
-/// Chunk size of a copy-engine all-reduce of `bytes` per rank: about eight chunks of at least
-/// 1 MiB, never more than [`CE_MAX_CHUNKS`], a multiple of 16.
-/// Both ranks compute the same value (the flags are per chunk).
-pub fn ce_chunk(bytes: usize) -> usize {
-    let c = bytes
-        .div_ceil(CE_TARGET_CHUNKS)
-        .max(CE_MIN_CHUNK)
-        .max(bytes.div_ceil(CE_MAX_CHUNKS));
-    round_up(c, 16)
 }
 
 // SAFETY: the raw pointers are device addresses and a pinned host page owned by this struct;
@@ -832,25 +696,16 @@ impl Dda {
         })
     }
 
-    /// How a flat all-reduce of `bytes` per rank moves its data (the one place that decides):
-    /// by the copy engines from `FERROCOMM_ALLREDUCE_CE_MIN_BYTES` up to their region, else in
-    /// LL128 lines up to `FERROCOMM_ALLREDUCE_LL128_MAX_BYTES` where every link is NVLink, else
-    /// pulled from the staging when it fits (faster at every size measured there), else
-    /// streamed through chunk slots by push-write. (Neither region is larger than the staging:
-    /// a streamed message is never theirs.)
-    pub fn flat_form(&self, bytes: usize) -> FlatForm {
-        if self
-            .ce
-            .as_ref()
-            .is_some_and(|ce| ce_takes(&self.layout, ce.min_bytes, bytes))
-        {
-            FlatForm::CopyEngine
-        } else if self.ll128_on && ll128_takes(&self.layout, bytes) {
-            FlatForm::Ll128
-        } else if bytes > self.layout.staging_bytes {
-            FlatForm::Stream
-        } else {
-            FlatForm::Pull
+    /// What direct access has on this communicator, for the planner.
+    pub fn caps(&self) -> DdaCaps {
+        DdaCaps {
+            staging_bytes: self.layout.staging_bytes,
+            push_cap: self.layout.push_cap,
+            ce_bytes: self.layout.ce_bytes,
+            ce_min: self.ce.as_ref().map(|ce| ce.min_bytes),
+            ll128_cap: self.layout.ll128_cap,
+            ll128_links: self.ll128_on,
+            ll_max: self.layout.ll_max,
         }
     }
 
@@ -859,171 +714,6 @@ impl Dda {
     pub fn barrier_word(&self) -> u64 {
         self.own + BARRIER_WORD_OFF as u64
     }
-
-    /// Launches one all-reduce kernel of `algo` on `stream`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn all_reduce(
-        &self,
-        algo: Algo,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        stream: u64,
-    ) -> Result<()> {
-        // The op's kernel suffix and its PremulSum factor / Avg divisor in the arguments.
-        let (mut a, opname) = self.reduction_args(input, output, count, op, "all_reduce")?;
-        let (aname, threads, units) = match algo {
-            Algo::Push => ("push", 256u32, (count * dtype.size()).div_ceil(8)),
-            Algo::Flat => ("flat", 512, (count * dtype.size()).div_ceil(16)),
-            Algo::Tree => (
-                "tree",
-                512,
-                (count * dtype.size()).div_ceil(16).div_ceil(self.world),
-            ),
-            other => {
-                return Err(Error::InvalidArgument(format!(
-                    "all_reduce: {other} is not a direct-access algorithm"
-                )))
-            }
-        };
-        let bytes = count * dtype.size();
-        let form = (algo == Algo::Flat).then(|| self.flat_form(bytes));
-        let aname = form.map_or(aname, FlatForm::kernel);
-        // What every rank must agree on (the kernels compare it through their hello words):
-        // count, dtype, the operator with its Avg divisor, the algorithm.
-        // (Spelled on the stack, as the kernel name: no allocation per call.)
-        let avg = if a.has_div != 0 { "/avg" } else { "" };
-        let mut buf = [0; 64];
-        let what = kernel_name(&mut buf, &[aname, "/", opname, avg]);
-        a.sig = super::collectives::signature(
-            crate::select::Collective::AllReduce,
-            dtype,
-            count,
-            0,
-            what,
-        );
-        let f = self.func(
-            dtype,
-            kernel_name(&mut [0; 64], &["fc_", aname, "_", opname]),
-        )?;
-        let max_blocks = (self.sm_count as usize).clamp(1, MAX_BLOCKS);
-        let (blocks, threads) = match form {
-            Some(FlatForm::CopyEngine) => {
-                return self.all_reduce_ce(&mut a, f, bytes, max_blocks as u32, stream)
-            }
-            Some(FlatForm::Ll128) => {
-                // Four lines per warp and step; any grid (the lines name no block).
-                let warp_steps = bytes.div_ceil(LL128_PAYLOAD).div_ceil(4);
-                let cap = (LL128_BLOCKS_PER_SM * max_blocks).min(MAX_BLOCKS);
-                let blocks = warp_steps
-                    .div_ceil(LL128_THREADS as usize / 32)
-                    .clamp(1, cap);
-                (blocks as u32, LL128_THREADS)
-            }
-            Some(FlatForm::Stream) => {
-                let (g, chunk) =
-                    flat_grid(bytes, max_blocks, self.world, self.layout.staging_bytes);
-                a.chunk_bytes = chunk as u64;
-                (g as u32, threads)
-            }
-            _ => (
-                units.div_ceil(threads as usize).clamp(1, max_blocks) as u32,
-                threads,
-            ),
-        };
-        let mut params: [*mut c_void; 1] = [(&mut a as *mut Args).cast()];
-        cu_lazy(
-            // SAFETY: `f` takes one `Args` by value, laid out as in the kernel source, and starts
-            // with pdl_wait(); the pointers inside were validated by the caller (device memory of
-            // this GPU, `count` elements).
-            unsafe { launch::launch(f, blocks, threads, stream, &mut params, self.pdl) },
-            || format!("launching all_reduce ({aname}, {dtype}, {count} elements)"),
-        )
-    }
-}
-
-impl Dda {
-    /// The copy-engine all-reduce (two ranks; all_reduce.cu's `ce` section): on `stream`, the
-    /// gate, then the fork to the copy stream, which copies every chunk of the input into the
-    /// peer's region followed by the chunk's flag (this call's epoch, from the SEQ word the gate
-    /// wrote), while `reduce` (fc_ce_<op>) runs on `stream`; the copy stream joins `stream`
-    /// after it. `a` is the call's arguments with its signature.
-    fn all_reduce_ce(
-        &self,
-        a: &mut Args,
-        reduce: sys::CUfunction,
-        bytes: usize,
-        blocks: u32,
-        stream: u64,
-    ) -> Result<()> {
-        let ce = self
-            .ce
-            .as_ref()
-            .expect("the caller checked the copy engine is on");
-        let chunk = ce_chunk(bytes);
-        a.chunk_bytes = chunk as u64;
-        let what = || format!("the copy-engine all-reduce ({bytes} bytes per rank)");
-        let gate = self.func(DataType::F32, "fc_ce_gate")?;
-        let main = stream as sys::CUstream;
-        let peer = self.bases[1 - self.rank];
-        let (words, peer_words) = (self.own + CE_WORDS_OFF as u64, peer + CE_WORDS_OFF as u64);
-        let region = peer + self.layout.ce_off as u64;
-        let mut params: [*mut c_void; 1] = [(a as *mut Args).cast()];
-        cu_lazy(
-            // SAFETY: fc_ce_gate takes one `Args` by value (this call's, pointers into our
-            // allocation and the peers'), starts with pdl_wait() and touches only the CE words.
-            unsafe { launch::launch(gate, 1, 32, stream, &mut params, self.pdl) },
-            || format!("launching the gate of {}", what()),
-        )?;
-        cu_lazy(ce.fork_from(main), what)?;
-        let seq = words + 4 * CE_SEQ_WORD as u64;
-        for (k, off) in (0..bytes).step_by(chunk).enumerate() {
-            let len = chunk.min(bytes - off);
-            let o = off as u64;
-            let flag = peer_words + 4 * (CE_FLAGS_WORD + k) as u64;
-            // SAFETY: the input holds `bytes` (validated by the communicator) and the peer's
-            // region `ce_bytes` >= `bytes`; the SEQ word and the peer's flag words are inside
-            // the allocations mapped here.
-            cu_lazy(unsafe { ce.copy(region + o, a.input + o, len) }, what)?;
-            // SAFETY: as above (4 bytes).
-            cu_lazy(unsafe { ce.copy(flag, seq, 4) }, what)?;
-        }
-        cu_lazy(
-            // SAFETY: `reduce` takes one `Args` by value and starts with pdl_wait(); the user
-            // pointers were validated by the caller, the region and words are ours.
-            unsafe { launch::launch(reduce, blocks, CE_THREADS, stream, &mut params, self.pdl) },
-            || format!("launching the reduction of {}", what()),
-        )?;
-        cu_lazy(ce.join_into(main), what)
-    }
-}
-
-/// Grid (blocks of 16 warps) and per-warp chunk size of the push-write stream kernel for `bytes`
-/// per rank: warps of at least `FLAT_MIN_CHUNK` (up to one block per SM), chunks of at most
-/// `FLAT_MAX_CHUNK`, and every warp's `world * FLAT_SLOTS` slots inside one staging parity.
-/// Both ranks compute the same values (warp g's flags pair it with warp g of every peer).
-pub fn flat_grid(
-    bytes: usize,
-    max_blocks: usize,
-    world: usize,
-    staging_bytes: usize,
-) -> (usize, usize) {
-    let vbytes = round_up(bytes.max(1), 16);
-    let per_block_slots = FLAT_WARPS * world * FLAT_SLOTS * 16;
-    let grid = vbytes
-        .div_ceil(FLAT_MIN_CHUNK * FLAT_WARPS)
-        .min(max_blocks)
-        .min((staging_bytes / per_block_slots).max(1))
-        .max(1);
-    let groups = grid * FLAT_WARPS;
-    let slot_cap = (staging_bytes / (groups * world * FLAT_SLOTS)) / 16 * 16;
-    let chunk = round_up(vbytes.div_ceil(groups), 16)
-        .min(FLAT_MAX_CHUNK)
-        .min(slot_cap)
-        .max(16);
-    (grid, chunk)
 }
 
 impl Drop for Dda {

@@ -1,0 +1,449 @@
+//! What every executor serves: the [`Backend`] trait and the types of a call's arguments
+//! (options, splits, device counts, point-to-point operations) and of a backend's creation.
+//!
+//! [`crate::comm::Communicator`] checks every call's arguments once and hands a backend only
+//! calls that make sense locally; this module sits below it, so that backends never import the
+//! communicator that builds them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::bootstrap::Store;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::plan::{Algo, Collective, Engine, FlatForm, LowPrecisionChoice, Plan};
+use crate::quant::Codec;
+use crate::types::{DataType, Device, ReduceOp};
+use crate::view::{Input, View, ViewMut};
+
+/// Per-call options.
+#[derive(Debug, Clone, Default)]
+pub struct CallOpts {
+    /// CUDA stream (a `CUstream` as an integer; 0 is the legacy default stream). Ignored by the
+    /// host backend.
+    pub stream: u64,
+    /// Algorithm for this call; `Auto` lets selection decide.
+    pub algo: AlgoChoice,
+    /// Low precision for this call, overriding the environment.
+    pub low_precision: LowPrecisionChoice,
+}
+
+/// Per-call algorithm request (a newtype so that `CallOpts::default()` means automatic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AlgoChoice(pub Algo);
+
+impl Default for AlgoChoice {
+    fn default() -> Self {
+        AlgoChoice(Algo::Auto)
+    }
+}
+
+impl CallOpts {
+    pub fn on_stream(stream: u64) -> Self {
+        CallOpts {
+            stream,
+            ..Default::default()
+        }
+    }
+    pub fn with_algo(mut self, algo: Algo) -> Self {
+        self.algo = AlgoChoice(algo);
+        self
+    }
+    pub fn with_low_precision(mut self, lp: LowPrecisionChoice) -> Self {
+        self.low_precision = lp;
+        self
+    }
+}
+
+/// Per-peer element counts and offsets of an all-to-all-v.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Splits {
+    pub send_counts: Vec<usize>,
+    pub send_displs: Vec<usize>,
+    pub recv_counts: Vec<usize>,
+    pub recv_displs: Vec<usize>,
+}
+
+impl Splits {
+    /// Splits packed back to back in rank order. A displacement past `usize::MAX` stays at
+    /// `usize::MAX` (never wraps), so [`crate::comm::Communicator::all_to_all_v`] refuses it as
+    /// past the buffer.
+    pub fn packed(send_counts: Vec<usize>, recv_counts: Vec<usize>) -> Self {
+        let prefix = |c: &[usize]| {
+            c.iter()
+                .scan(0usize, |acc, &n| {
+                    let d = *acc;
+                    *acc = acc.saturating_add(n);
+                    Some(d)
+                })
+                .collect()
+        };
+        Splits {
+            send_displs: prefix(&send_counts),
+            recv_displs: prefix(&recv_counts),
+            send_counts,
+            recv_counts,
+        }
+    }
+}
+
+/// The device-side counts of [`crate::comm::Communicator::all_to_all_v_dynamic`].
+#[derive(Debug)]
+pub struct DeviceCounts<'a> {
+    /// `size` integers (i32, u32, i64 or u64): units this rank sends to each rank, its input
+    /// packed in rank order. On the cuda backend written by earlier work on the stream, never
+    /// read by the host; on the host backend, host memory like the data.
+    pub send: View<'a>,
+    /// `size` integers of the same type: units received from each rank, written by the call.
+    pub recv: ViewMut<'a>,
+    /// Output units reserved per sender: the part from rank `s` lands at unit `s * capacity`.
+    pub capacity: usize,
+    /// Elements per unit, at least 1: 1 counts elements; a row's length counts rows (tokens of
+    /// `hidden` elements, as torch's split sizes count the first dimension).
+    pub unit: usize,
+}
+
+impl<'a> DeviceCounts<'a> {
+    /// Counts of single elements (`unit` 1).
+    pub fn elements(send: View<'a>, recv: ViewMut<'a>, capacity: usize) -> Self {
+        DeviceCounts {
+            send,
+            recv,
+            capacity,
+            unit: 1,
+        }
+    }
+}
+
+/// One operation of [`crate::comm::Communicator::batch_send_recv`].
+#[derive(Debug)]
+pub enum P2pOp<'a> {
+    /// `data` to rank `peer`, which receives it with a receive of the same size and dtype.
+    Send { data: View<'a>, peer: usize },
+    /// From rank `peer` into `out`.
+    Recv { out: ViewMut<'a>, peer: usize },
+}
+
+impl P2pOp<'_> {
+    /// The rank at the other end.
+    pub fn peer(&self) -> usize {
+        match self {
+            P2pOp::Send { peer, .. } | P2pOp::Recv { peer, .. } => *peer,
+        }
+    }
+}
+
+/// The counts of [`crate::comm::Communicator::all_to_all_v_dynamic_packed`], in units of `unit` elements.
+#[derive(Debug)]
+pub struct PackedCounts<'a> {
+    /// `size` integers (i32, u32, i64 or u64): units this rank sends to each rank, its input
+    /// packed in rank order.
+    pub send: View<'a>,
+    /// `size` integers of the same type: units this rank receives from each rank, packed in
+    /// rank order into the output (read, not written).
+    pub recv: View<'a>,
+    /// Elements per unit, at least 1 (see [`DeviceCounts::unit`]).
+    pub unit: usize,
+}
+
+/// What a backend is told when it is created.
+#[derive(Clone)]
+pub struct CommContext {
+    /// The communicator's name as the user gave it.
+    pub name: String,
+    /// Unique key prefix of this communicator instance in the store.
+    pub prefix: String,
+    pub rank: usize,
+    pub size: usize,
+    /// Ranks of this communicator on this host, and this rank's index among them, as the
+    /// launcher said; backends that care verify it through the store (hostnames).
+    pub local_rank: usize,
+    pub local_size: usize,
+    pub device: Device,
+    /// The communicator's own store (keys already prefixed).
+    pub store: Arc<dyn Store>,
+    pub config: Arc<Config>,
+}
+
+impl CommContext {
+    pub fn timeout(&self) -> Duration {
+        self.config.timeout
+    }
+}
+
+/// One call as the communicator hands it to a backend, its arguments checked
+/// ([`crate::comm::Communicator`] builds it once per call): the collective with its buffers,
+/// operator, root or peer, splits or counts, and the call's options.
+#[derive(Debug)]
+pub struct Call<'a> {
+    pub kind: CallKind<'a>,
+    pub opts: &'a CallOpts,
+}
+
+/// The collective of a [`Call`] and its operands. (A fused collective, such as an all-reduce
+/// followed by an RMSNorm, is one more variant, which backends without it refuse.)
+#[derive(Debug)]
+pub enum CallKind<'a> {
+    AllReduce {
+        input: Input<'a>,
+        output: ViewMut<'a>,
+        op: ReduceOp,
+    },
+    Reduce {
+        input: Input<'a>,
+        output: ViewMut<'a>,
+        op: ReduceOp,
+        root: usize,
+    },
+    Broadcast {
+        input: Input<'a>,
+        output: ViewMut<'a>,
+        root: usize,
+    },
+    AllGather {
+        input: Input<'a>,
+        output: ViewMut<'a>,
+    },
+    ReduceScatter {
+        input: Input<'a>,
+        output: ViewMut<'a>,
+        op: ReduceOp,
+    },
+    AllToAll {
+        input: Input<'a>,
+        output: ViewMut<'a>,
+    },
+    AllToAllV {
+        input: Input<'a>,
+        output: ViewMut<'a>,
+        splits: &'a Splits,
+    },
+    AllToAllVDynamic {
+        input: View<'a>,
+        output: ViewMut<'a>,
+        counts: DeviceCounts<'a>,
+    },
+    AllToAllVDynamicPacked {
+        input: View<'a>,
+        output: ViewMut<'a>,
+        counts: PackedCounts<'a>,
+    },
+    Barrier,
+    Send {
+        data: View<'a>,
+        peer: usize,
+    },
+    Recv {
+        out: ViewMut<'a>,
+        peer: usize,
+    },
+    BatchSendRecv {
+        ops: Vec<P2pOp<'a>>,
+    },
+}
+
+impl CallKind<'_> {
+    /// The collective, as the planner names it (the batch as its sends and receives: `Send`).
+    pub fn collective(&self) -> Collective {
+        match self {
+            CallKind::AllReduce { .. } => Collective::AllReduce,
+            CallKind::Reduce { .. } => Collective::Reduce,
+            CallKind::Broadcast { .. } => Collective::Broadcast,
+            CallKind::AllGather { .. } => Collective::AllGather,
+            CallKind::ReduceScatter { .. } => Collective::ReduceScatter,
+            CallKind::AllToAll { .. } => Collective::AllToAll,
+            CallKind::AllToAllV { .. }
+            | CallKind::AllToAllVDynamic { .. }
+            | CallKind::AllToAllVDynamicPacked { .. } => Collective::AllToAllV,
+            CallKind::Barrier => Collective::Barrier,
+            CallKind::Send { .. } | CallKind::BatchSendRecv { .. } => Collective::Send,
+            CallKind::Recv { .. } => Collective::Recv,
+        }
+    }
+}
+
+/// What every backend implements. Arguments have been validated by [`crate::comm::Communicator`].
+pub trait Backend: Send + Sync {
+    /// The backend's name (`host`, `cuda`, `nccl`).
+    fn name(&self) -> &'static str;
+    /// Runs one checked call: the one entry the communicator uses, which hands each
+    /// collective to its method below.
+    fn run(&self, call: Call<'_>) -> Result<()> {
+        let opts = call.opts;
+        match call.kind {
+            CallKind::AllReduce { input, output, op } => self.all_reduce(input, output, op, opts),
+            CallKind::Reduce {
+                input,
+                output,
+                op,
+                root,
+            } => self.reduce(input, output, op, root, opts),
+            CallKind::Broadcast {
+                input,
+                output,
+                root,
+            } => self.broadcast(input, output, root, opts),
+            CallKind::AllGather { input, output } => self.all_gather(input, output, opts),
+            CallKind::ReduceScatter { input, output, op } => {
+                self.reduce_scatter(input, output, op, opts)
+            }
+            CallKind::AllToAll { input, output } => self.all_to_all(input, output, opts),
+            CallKind::AllToAllV {
+                input,
+                output,
+                splits,
+            } => self.all_to_all_v(input, output, splits, opts),
+            CallKind::AllToAllVDynamic {
+                input,
+                output,
+                counts,
+            } => self.all_to_all_v_dynamic(input, output, counts, opts),
+            CallKind::AllToAllVDynamicPacked {
+                input,
+                output,
+                counts,
+            } => self.all_to_all_v_dynamic_packed(input, output, counts, opts),
+            CallKind::Barrier => self.barrier(opts),
+            CallKind::Send { data, peer } => self.send(data, peer, opts),
+            CallKind::Recv { out, peer } => self.recv(out, peer, opts),
+            CallKind::BatchSendRecv { ops } => self.batch_send_recv(ops, opts),
+        }
+    }
+    fn all_reduce(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        op: ReduceOp,
+        opts: &CallOpts,
+    ) -> Result<()>;
+    fn reduce(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        op: ReduceOp,
+        root: usize,
+        opts: &CallOpts,
+    ) -> Result<()>;
+    fn broadcast(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        root: usize,
+        opts: &CallOpts,
+    ) -> Result<()>;
+    fn all_gather(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()>;
+    fn reduce_scatter(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        op: ReduceOp,
+        opts: &CallOpts,
+    ) -> Result<()>;
+    fn all_to_all(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()>;
+    fn all_to_all_v(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        splits: &Splits,
+        opts: &CallOpts,
+    ) -> Result<()>;
+    /// All-to-all-v whose counts live in device memory (see
+    /// [`crate::comm::Communicator::all_to_all_v_dynamic`]). Backends without it refuse.
+    fn all_to_all_v_dynamic(
+        &self,
+        input: View<'_>,
+        output: ViewMut<'_>,
+        counts: DeviceCounts<'_>,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let _ = (input, output, counts, opts);
+        Err(no_device_counts("all_to_all_v_dynamic", self.name()))
+    }
+    /// All-to-all-v with both sides' counts in device memory, the output packed (see
+    /// [`crate::comm::Communicator::all_to_all_v_dynamic_packed`]; counts in host memory never reach the
+    /// backend). Backends without it refuse.
+    fn all_to_all_v_dynamic_packed(
+        &self,
+        input: View<'_>,
+        output: ViewMut<'_>,
+        counts: PackedCounts<'_>,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let _ = (input, output, counts, opts);
+        Err(no_device_counts("all_to_all_v_dynamic_packed", self.name()))
+    }
+    fn barrier(&self, opts: &CallOpts) -> Result<()>;
+    /// Sends and receives issued together (see [`crate::comm::Communicator::batch_send_recv`]).
+    fn batch_send_recv(&self, ops: Vec<P2pOp<'_>>, opts: &CallOpts) -> Result<()>;
+    fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
+    fn recv(&self, out: ViewMut<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
+    /// The algorithm [`crate::plan::select`] picks for this call on this backend (for the
+    /// bench and `FERROCOMM_DEBUG`).
+    fn algo_for(
+        &self,
+        coll: Collective,
+        bytes_per_rank: usize,
+        dtype: DataType,
+        opts: &CallOpts,
+    ) -> Result<Algo>;
+    /// When this call goes low precision, the path it takes (flat or tree all-reduce, direct
+    /// for the others) and its codec; `None` for full precision, where [`Backend::algo_for`]
+    /// says the path.
+    fn low_precision_plan(
+        &self,
+        _coll: Collective,
+        _bytes_per_rank: usize,
+        _dtype: DataType,
+        _opts: &CallOpts,
+    ) -> Result<Option<(Algo, Codec)>> {
+        Ok(None)
+    }
+    /// How a full-precision call that runs `algo` moves its data, where the backend has forms
+    /// (the cuda flat all-reduce: pulled, streamed, by the copy engines or in LL128 lines).
+    fn form_for(&self, _coll: Collective, _bytes_per_rank: usize, _algo: Algo) -> Option<FlatForm> {
+        None
+    }
+    /// The plan of this call: its low-precision path when it goes low precision, else its
+    /// algorithm and form.
+    fn plan_for(
+        &self,
+        coll: Collective,
+        bytes_per_rank: usize,
+        dtype: DataType,
+        opts: &CallOpts,
+    ) -> Result<Plan> {
+        let on_host = self.name() == "host";
+        if let Some((algo, codec)) = self.low_precision_plan(coll, bytes_per_rank, dtype, opts)? {
+            return Ok(Plan {
+                engine: if on_host {
+                    Engine::Host
+                } else {
+                    Engine::Direct
+                },
+                algo,
+                form: None,
+                low_precision: Some(codec),
+            });
+        }
+        let algo = self.algo_for(coll, bytes_per_rank, dtype, opts)?;
+        Ok(Plan {
+            engine: match algo {
+                Algo::Nccl => Engine::Nccl,
+                _ if on_host => Engine::Host,
+                _ => Engine::Direct,
+            },
+            algo,
+            form: self.form_for(coll, bytes_per_rank, algo),
+            low_precision: None,
+        })
+    }
+}
+
+/// What a backend without the device-count all-to-all-v calls answers.
+fn no_device_counts(collective: &'static str, backend: &'static str) -> Error {
+    Error::Unsupported {
+        collective,
+        backend,
+        what: "counts in device memory".into(),
+    }
+}

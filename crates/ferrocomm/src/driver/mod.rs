@@ -1,0 +1,221 @@
+//! The CUDA driver leaf both GPU backends use: driver errors, contexts, device pointers,
+//! events, stream-capture state and finding NVIDIA's libraries. It imports no backend.
+//!
+//! - [`libs`]: finding libcuda / libnvrtc / libnccl before cudarc touches them (absent = error,
+//!   no panic).
+
+pub mod libs;
+
+use std::sync::Arc;
+
+use cudarc::driver::{sys, sys as drv, CudaContext};
+
+use crate::error::{Error, Result};
+use crate::types::Device;
+
+/// Number of CUDA devices visible, 0 when the driver library is absent or fails to start.
+pub fn gpu_count() -> usize {
+    if !libs::driver_present() {
+        return 0;
+    }
+    if cudarc::driver::result::init().is_err() {
+        return 0;
+    }
+    cudarc::driver::result::device::get_count()
+        .map(|n| n.max(0) as usize)
+        .unwrap_or(0)
+}
+
+/// Turns a driver result into our error, naming the call.
+pub(crate) fn cu(r: sys::CUresult, what: &str) -> Result<()> {
+    cu_lazy(r, || what.to_string())
+}
+
+/// [`cu`] for the per-call paths (kernel launches): the description is built only on failure.
+pub(crate) fn cu_lazy(r: sys::CUresult, what: impl FnOnce() -> String) -> Result<()> {
+    r.result()
+        .map_err(|e| Error::Cuda(format!("{}: {e:?}", what())))
+}
+
+/// Opens the primary context of `device` for this process, with cudarc's event tracking off
+/// (it synchronizes and breaks graph capture).
+pub(crate) fn open_context(device: Device) -> Result<Arc<CudaContext>> {
+    let Device::Cuda(ordinal) = device else {
+        return Err(Error::InvalidArgument(
+            "the cuda backend needs a CUDA device".into(),
+        ));
+    };
+    if !libs::driver_present() {
+        return Err(Error::LibraryMissing {
+            library: "libcuda",
+            why: "the NVIDIA driver library (libcuda.so.1) is not on the library path".into(),
+        });
+    }
+    let n = gpu_count();
+    if ordinal as usize >= n {
+        return Err(Error::InvalidArgument(format!(
+            "device cuda:{ordinal} does not exist ({n} visible)"
+        )));
+    }
+    let ctx = CudaContext::new(ordinal as usize)
+        .map_err(|e| Error::Cuda(format!("creating the context of cuda:{ordinal}: {e:?}")))?;
+    // SAFETY: ferrocomm never hands CudaSlices across streams; all its buffers are raw
+    // allocations whose stream use it orders itself.
+    unsafe { ctx.disable_event_tracking() };
+    Ok(ctx)
+}
+
+/// The device a pointer lives on, or an error when it is not CUDA memory.
+pub(crate) fn pointer_device(ptr: u64, collective: &'static str, what: &str) -> Result<u32> {
+    let mut ord: i32 = -1;
+    // SAFETY: DEVICE_ORDINAL writes one int; an unknown pointer is reported as an error code.
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ord as *mut i32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS || ord < 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{collective}: {what} pointer {ptr:#x} is not CUDA device memory ({r:?})"
+        )));
+    }
+    Ok(ord as u32)
+}
+
+/// Whether `stream` is being captured into a CUDA graph.
+pub(crate) fn capturing(stream: u64) -> Result<bool> {
+    let mut s = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    cu(
+        // SAFETY: out-parameter for a stream of this context.
+        unsafe { sys::cuStreamIsCapturing(stream as sys::CUstream, &mut s) },
+        "cuStreamIsCapturing",
+    )?;
+    Ok(s != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// Whether `stream` is being captured into a CUDA graph (an error counts as capturing: then no
+/// event is recorded, which is always safe).
+pub(crate) fn capturing_or_unknown(stream: u64) -> bool {
+    let mut s = drv::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: out-parameter for a stream of the current context.
+    let r = unsafe { drv::cuStreamIsCapturing(stream as drv::CUstream, &mut s) };
+    r != drv::CUresult::CUDA_SUCCESS
+        || s != drv::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+}
+
+/// A device's context, kept alive (primary context retained) for helper threads (the NCCL
+/// watchdog and abort threads), which make it current.
+pub(crate) struct DeviceContext {
+    pub(crate) ctx: drv::CUcontext,
+    dev: drv::CUdevice,
+}
+
+// SAFETY: a CUcontext may be made current on any thread.
+unsafe impl Send for DeviceContext {}
+// SAFETY: as above; never mutated.
+unsafe impl Sync for DeviceContext {}
+
+impl DeviceContext {
+    /// The calling thread's current context, its device's primary context retained.
+    pub(crate) fn current() -> Result<DeviceContext> {
+        let mut ctx: drv::CUcontext = std::ptr::null_mut();
+        // SAFETY: out-parameter.
+        cu(unsafe { drv::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
+        if ctx.is_null() {
+            return Err(Error::Cuda(
+                "NCCL needs the device's context current on the calling thread".into(),
+            ));
+        }
+        let mut dev: drv::CUdevice = 0;
+        // SAFETY: out-parameter; a context is current.
+        cu(unsafe { drv::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
+        let mut primary: drv::CUcontext = std::ptr::null_mut();
+        cu(
+            // SAFETY: out-parameter; released in Drop.
+            unsafe { drv::cuDevicePrimaryCtxRetain(&mut primary, dev) },
+            "cuDevicePrimaryCtxRetain",
+        )?;
+        Ok(DeviceContext { ctx, dev })
+    }
+
+    /// Prepares a helper thread of ours (watchdog, abort): the context current, and the
+    /// thread's capture mode thread-local, so that its event queries and NCCL's teardown never
+    /// invalidate a graph another thread is capturing in the default (global) mode.
+    pub(crate) fn enter_helper_thread(&self) -> std::result::Result<(), String> {
+        // SAFETY: the context is alive (primary retained by self).
+        let r = unsafe { drv::cuCtxSetCurrent(self.ctx) };
+        r.result().map_err(|e| format!("cuCtxSetCurrent: {e:?}"))?;
+        let mut mode = drv::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        // SAFETY: in/out parameter; sets this thread's mode only (the thread is ours, the
+        // previous mode is not restored).
+        let r = unsafe { drv::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        r.result()
+            .map_err(|e| format!("cuThreadExchangeStreamCaptureMode: {e:?}"))
+    }
+}
+
+impl Drop for DeviceContext {
+    fn drop(&mut self) {
+        // SAFETY: retained once in `current`.
+        unsafe { drv::cuDevicePrimaryCtxRelease_v2(self.dev) };
+    }
+}
+
+/// Makes a context current for a scope and restores the caller's afterwards.
+pub(crate) struct PushedContext;
+
+impl PushedContext {
+    pub(crate) fn push(ctx: drv::CUcontext) -> Option<PushedContext> {
+        // SAFETY: a live context; popped in Drop.
+        let r = unsafe { drv::cuCtxPushCurrent_v2(ctx) };
+        (r == drv::CUresult::CUDA_SUCCESS).then_some(PushedContext)
+    }
+}
+
+impl Drop for PushedContext {
+    fn drop(&mut self) {
+        let mut old: drv::CUcontext = std::ptr::null_mut();
+        // SAFETY: pops the context pushed in `push`.
+        unsafe { drv::cuCtxPopCurrent_v2(&mut old) };
+    }
+}
+
+/// A CUDA event without timing (a completion marker, as the NCCL watchdog's).
+pub(crate) struct Event(pub(crate) drv::CUevent);
+
+// SAFETY: events may be queried and destroyed from any thread.
+unsafe impl Send for Event {}
+
+impl Event {
+    /// A new event; `what` names it in an error.
+    pub(crate) fn new(what: &str) -> Result<Event> {
+        let mut e: drv::CUevent = std::ptr::null_mut();
+        cu(
+            // SAFETY: out-parameter; no timing, so recording and querying stay cheap.
+            unsafe {
+                drv::cuEventCreate(&mut e, drv::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+            },
+            what,
+        )?;
+        Ok(Event(e))
+    }
+
+    /// Whether the work before the event's record has finished.
+    pub(crate) fn query(&self) -> std::result::Result<bool, String> {
+        // SAFETY: a live event, recorded on a stream of this context.
+        match unsafe { drv::cuEventQuery(self.0) } {
+            drv::CUresult::CUDA_SUCCESS => Ok(true),
+            drv::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(format!("cuEventQuery: {e:?}")),
+        }
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once (pending work keeps it valid until done).
+        unsafe { drv::cuEventDestroy_v2(self.0) };
+    }
+}

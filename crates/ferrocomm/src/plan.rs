@@ -1,0 +1,856 @@
+//! The planner: how a call runs (its algorithm, and whether it goes low precision, with which
+//! codec), decided from plain values (the call's shape, what the backend has, the
+//! configuration). Every backend consults it; it imports no backend.
+
+use std::fmt;
+
+use crate::config::{Config, Thresholds};
+use crate::error::{Error, Result};
+use crate::quant::{Codec, Format};
+pub use crate::types::{Algo, Collective};
+use crate::types::{DataType, ReduceOp};
+
+/// Per-call low-precision override.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LowPrecisionChoice {
+    /// Follow the environment (`FERROCOMM_LOW_PRECISION` and the per-collective switches).
+    #[default]
+    Default,
+    /// Full precision for this call.
+    Off,
+    /// Low precision in this format, whatever the environment says (still only for
+    /// Sum/Avg on f32/f16/bf16).
+    On(Format),
+}
+
+/// Which engine carries a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// The host backend (shared memory between processes).
+    Host,
+    /// The cuda backend's direct access (kernels on IPC-mapped staging).
+    Direct,
+    /// NCCL.
+    Nccl,
+}
+
+/// How one call runs, as the planner decided it: the bench's path column, `algo_for`'s callers
+/// and `ferrocomm info` print it through its one [`fmt::Display`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    pub engine: Engine,
+    /// The algorithm; for a low-precision call, the low-precision path's (flat or tree
+    /// all-reduce, direct for the others).
+    pub algo: Algo,
+    /// How a flat all-reduce moves its data, where the backend has forms.
+    pub form: Option<FlatForm>,
+    /// The codec of a low-precision call; `None` for full precision.
+    pub low_precision: Option<Codec>,
+}
+
+impl fmt::Display for Plan {
+    /// `lp-` and the path for a low-precision call (`lp-flat`, `lp-tree`, `lp-direct`); else
+    /// the algorithm, with the form where the name alone does not say it (`flat-ce`,
+    /// `flat-ll128`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.low_precision.is_some() {
+            return write!(f, "lp-{}", self.algo);
+        }
+        match self.form {
+            Some(form @ (FlatForm::CopyEngine | FlatForm::Ll128)) => {
+                write!(f, "{}-{}", self.algo, form.kernel())
+            }
+            _ => write!(f, "{}", self.algo),
+        }
+    }
+}
+
+/// What a backend can do, so that selection never picks an algorithm it lacks.
+#[derive(Debug, Clone, Copy)]
+pub struct Caps {
+    pub push: bool,
+    pub nccl: bool,
+    /// Largest message (bytes per rank) that fits the direct-access staging in one piece;
+    /// `None` when the backend chunks larger messages itself.
+    pub staging_bytes: Option<usize>,
+    /// Ranks span several hosts: direct access is never attempted.
+    pub multi_host: bool,
+}
+
+/// Default all-reduce thresholds by world size (bytes per rank): (push_max, flat_max, tree_max).
+///
+/// The 2-rank figures come from the 2×H200 sweep recorded in docs/tuning.md; larger worlds scale
+/// them down because flat moves O(N²) bytes and push's payload grows with N.
+pub fn default_all_reduce_thresholds(world: usize) -> (usize, usize, usize) {
+    match world {
+        // 2 ranks: push wins to 64 KiB (4.7 us against flat's 5.1), flat from 256 KiB; tree
+        // never beats flat (both move S bytes each way); NCCL wins from 64 MiB (docs/tuning.md).
+        0..=2 => (64 << 10, 32 << 20, 32 << 20),
+        // 3-4 ranks (4×H200, bench/results/2026-11-30-h200x4-first): push 0.34-0.40 of NCCL to
+        // 16 KiB, flat 0.50-0.64 at 64-256 KiB, tree 0.75-0.81 at 1-4 MiB and 1.01 at 16 MiB.
+        3..=4 => (32 << 10, 512 << 10, 8 << 20),
+        _ => (16 << 10, 256 << 10, 64 << 20),
+    }
+}
+
+/// The collectives whose direct access ends at a size limit ([`direct_max_setting`],
+/// [`default_direct_max`]): all but the all-reduce (its own thresholds) and the point-to-point
+/// calls.
+pub const DIRECT_LIMITED: [Collective; 6] = [
+    Collective::AllGather,
+    Collective::ReduceScatter,
+    Collective::AllToAll,
+    Collective::AllToAllV,
+    Collective::Broadcast,
+    Collective::Reduce,
+];
+
+/// The setting that limits direct access for `coll` (bytes per rank; `None`: the default,
+/// [`default_direct_max`]) and the environment variable that sets it. The all-to-all and the
+/// all-to-all-v share one, broadcast and reduce another, send and recv a third (two-rank
+/// communicators only: see [`select`]).
+pub fn direct_max_setting(t: &Thresholds, coll: Collective) -> (Option<usize>, &'static str) {
+    match coll {
+        Collective::AllGather => (t.all_gather_max, "FERROCOMM_ALLGATHER_MAX_BYTES"),
+        Collective::ReduceScatter => (t.reduce_scatter_max, "FERROCOMM_REDUCESCATTER_MAX_BYTES"),
+        Collective::AllToAll | Collective::AllToAllV => {
+            (t.all_to_all_max, "FERROCOMM_ALLTOALL_MAX_BYTES")
+        }
+        Collective::Send | Collective::Recv => (t.p2p_max, "FERROCOMM_P2P_MAX_BYTES"),
+        _ => (t.broadcast_max, "FERROCOMM_BROADCAST_MAX_BYTES"),
+    }
+}
+
+/// Whether `coll` is a point-to-point call.
+fn p2p(coll: Collective) -> bool {
+    matches!(coll, Collective::Send | Collective::Recv)
+}
+
+/// Default direct-access limits for the data-movement collectives (bytes per rank); `None`: no
+/// limit of its own (the staging still decides).
+pub fn default_direct_max(coll: Collective, world: usize) -> Option<usize> {
+    // 2×H200 sweeps (docs/tuning.md, direct-access collectives): direct access beats NCCL up to
+    // the largest size measured, the equal-part all-to-all since it runs in rounds from 8 MiB
+    // parts (64 MiB per rank 0.81×). The staging (64 MiB by default) caps the rest: world × part
+    // bytes per call. The all-to-all-v runs in pieces at any size (launches of a staging slot
+    // at two ranks, pair by pair in one launch above), and NCCL's all-to-all-v (grouped sends
+    // and receives) is far slower than its all-to-all: 0.44-0.66× at 1-32 MiB of uneven parts,
+    // bench/results/2026-11-30-h200x2-lp-a2av. So it has no limit of its own at two ranks;
+    // above two, where its choice can take no size, `select` gives it to NCCL by a rule of its
+    // own.
+    let base: usize = match coll {
+        Collective::AllToAllV => return None,
+        Collective::AllGather => 32 << 20,
+        Collective::ReduceScatter => 32 << 20,
+        _ => 64 << 20,
+    };
+    Some(if world > 4 { base / 2 } else { base })
+}
+
+/// Whether no count of an all-to-all-v of `world` ranks is seen by every rank (each sees its own
+/// row and column of the count matrix): above two ranks. Its choice can then take no size.
+pub fn a2av_without_agreed_size(world: usize) -> bool {
+    world > 2
+}
+
+/// Chooses the algorithm for one collective call.
+///
+/// `requested` is the per-call choice (or the `FERROCOMM_ALGO` default); an explicit choice
+/// the backend cannot do is an error rather than a silent substitute.
+pub fn select(
+    coll: Collective,
+    bytes_per_rank: usize,
+    world: usize,
+    dtype: DataType,
+    requested: Algo,
+    caps: &Caps,
+    cfg: &Config,
+) -> Result<Algo> {
+    let _ = dtype;
+    let requested = if requested == Algo::Auto {
+        cfg.algo
+    } else {
+        requested
+    };
+    let fits = |n: usize| caps.staging_bytes.is_none_or(|s| n <= s);
+    if requested != Algo::Auto {
+        let ok = match requested {
+            Algo::Nccl => caps.nccl,
+            Algo::Push => caps.push && coll == Collective::AllReduce && fits(bytes_per_rank),
+            Algo::Flat | Algo::Tree => {
+                matches!(coll, Collective::AllReduce) && !caps.multi_host && fits(bytes_per_rank)
+            }
+            Algo::Direct => {
+                coll != Collective::AllReduce
+                    && !caps.multi_host
+                    && fits(bytes_per_rank)
+                    && (!p2p(coll) || world == 2 || !caps.nccl)
+            }
+            Algo::Auto => true,
+        };
+        if ok {
+            return Ok(requested);
+        }
+        // A forced algorithm from the environment that does not apply to this collective falls
+        // through to automatic choice; a per-call request is honoured or refused.
+        if requested != cfg.algo {
+            return Err(Error::InvalidArgument(format!(
+                "algorithm {requested} cannot run {} of {bytes_per_rank} bytes per rank on this backend",
+                coll.name()
+            )));
+        }
+    }
+    if caps.multi_host && caps.nccl {
+        // DDA is never attempted across hosts.
+        return Ok(Algo::Nccl);
+    }
+    let t = &cfg.thresholds;
+    match coll {
+        Collective::AllReduce => {
+            let (push_d, flat_d, tree_d) = default_all_reduce_thresholds(world);
+            let push_max = t.push_max.unwrap_or(push_d);
+            let flat_max = t.flat_max.unwrap_or(flat_d);
+            let tree_max = t.tree_max.unwrap_or(tree_d);
+            if caps.push && bytes_per_rank <= push_max && fits(bytes_per_rank) {
+                Ok(Algo::Push)
+            } else if bytes_per_rank <= flat_max && fits(bytes_per_rank) {
+                Ok(Algo::Flat)
+            } else if caps.nccl && (bytes_per_rank > tree_max || !fits(bytes_per_rank)) {
+                Ok(Algo::Nccl)
+            } else {
+                Ok(Algo::Tree)
+            }
+        }
+        Collective::Barrier => Ok(Algo::Direct),
+        // Point-to-point goes direct at two ranks only, where both ranks take part in every
+        // message (a broadcast rooted at its sender); NCCL's otherwise (the host backend's own
+        // path where there is no NCCL).
+        Collective::Send | Collective::Recv if world != 2 => {
+            Ok(if caps.nccl { Algo::Nccl } else { Algo::Direct })
+        }
+        // Above two ranks the all-to-all-v runs pair by pair and its choice can take no size (no
+        // count is seen by every rank). On 4×H200 the pair-by-pair kernel lost to NCCL's
+        // all-to-all-v up to 1 MB (1 KB 14.4 against 8.6 us, 256 KB 16.6 against 10.0) and won
+        // from 4 MB (0.76-0.78): without a size to go by, NCCL (never slower than NCCL), direct
+        // access when forced or without NCCL (bench/results/2026-11-30-h200x4-first).
+        Collective::AllToAllV if a2av_without_agreed_size(world) => {
+            Ok(if caps.nccl { Algo::Nccl } else { Algo::Direct })
+        }
+        other => {
+            let limit = direct_max_setting(t, other)
+                .0
+                .or_else(|| default_direct_max(other, world));
+            let above = limit.is_some_and(|l| bytes_per_rank > l);
+            if caps.nccl && (above || !fits(bytes_per_rank)) {
+                Ok(Algo::Nccl)
+            } else {
+                Ok(Algo::Direct)
+            }
+        }
+    }
+}
+
+/// Smallest message (bytes per rank) the cuda backend sends in low precision by default
+/// (`FERROCOMM_LP_MIN_BYTES` overrides): below it quantizing costs more than the halved traffic
+/// saves (2×H200 measurement in docs/quant-accuracy.md).
+pub const CUDA_LP_MIN_BYTES: usize = 4 << 20;
+
+/// Whether one call goes low precision, and with which codec: the rule every backend follows.
+///
+/// A per-call `On(format)` forces it and `Off` forbids it; `Default` follows the global switch,
+/// the per-collective switch and the minimum size (`FERROCOMM_LP_MIN_BYTES`, else
+/// `default_min_bytes`, the backend's tuned value). Whatever was asked, only Sum/Avg reductions
+/// (and the non-reducing all-gather / all-to-all, `op = None`) of f32/f16/bf16 qualify.
+pub fn low_precision(
+    coll: Collective,
+    dtype: DataType,
+    op: Option<ReduceOp>,
+    bytes_per_rank: usize,
+    choice: LowPrecisionChoice,
+    cfg: &Config,
+    default_min_bytes: usize,
+) -> Result<Option<Codec>> {
+    let lp = &cfg.low_precision;
+    let format = match choice {
+        LowPrecisionChoice::Off => return Ok(None),
+        LowPrecisionChoice::On(f) => f,
+        LowPrecisionChoice::Default => {
+            let switch = match coll {
+                Collective::AllReduce => lp.all_reduce,
+                Collective::AllGather => lp.all_gather,
+                Collective::ReduceScatter => lp.reduce_scatter,
+                Collective::AllToAll | Collective::AllToAllV => lp.all_to_all,
+                _ => false,
+            };
+            if !lp.enabled || !switch || bytes_per_rank < lp.min_bytes.unwrap_or(default_min_bytes)
+            {
+                return Ok(None);
+            }
+            lp.format
+        }
+    };
+    let lp_coll = matches!(
+        coll,
+        Collective::AllReduce
+            | Collective::AllGather
+            | Collective::ReduceScatter
+            | Collective::AllToAll
+            | Collective::AllToAllV
+    );
+    if !lp_coll
+        || !matches!(dtype, DataType::F32 | DataType::F16 | DataType::BF16)
+        || op.is_some_and(|o| !matches!(o, ReduceOp::Sum | ReduceOp::Avg))
+    {
+        return Ok(None);
+    }
+    Codec::new(format, lp.block).map(Some)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cuda backend: what direct access has, and how each call runs there.
+
+/// Rounds of a staged collective's pipeline (`FC_MAX_ROUNDS` of the kernels): barrier words per
+/// block, sender and parity.
+pub const COLL_MAX_ROUNDS: usize = 8;
+
+/// What the cuda backend's direct access has on one communicator (its staging layout and its
+/// links), as plain values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DdaCaps {
+    /// Bytes per rank of one staging parity (`FERROCOMM_CUDA_STAGING_BYTES`).
+    pub staging_bytes: usize,
+    /// Largest push all-reduce, bytes per rank.
+    pub push_cap: usize,
+    /// The copy engines' region, bytes per rank (0: off).
+    pub ce_bytes: usize,
+    /// The smallest flat all-reduce the copy engines take
+    /// (`FERROCOMM_ALLREDUCE_CE_MIN_BYTES`); `None` where they are not set up.
+    pub ce_min: Option<usize>,
+    /// Largest flat all-reduce in LL128 lines, bytes per rank (0: off).
+    pub ll128_cap: usize,
+    /// Every pair of ranks shares a GPU or is joined by NVLink (NVML's verdict, the same on
+    /// every rank): LL128 lines cannot tear.
+    pub ll128_links: bool,
+    /// Largest part the collectives send in LL lines (`FERROCOMM_LL_MAX_BYTES`).
+    pub ll_max: usize,
+}
+
+/// What the cuda backend has for a call, as plain values.
+#[derive(Debug, Clone, Copy)]
+pub struct CudaCaps<'a> {
+    pub world: usize,
+    /// Direct access; `None` when it is off, `no_dda` says why.
+    pub dda: Option<DdaCaps>,
+    pub no_dda: &'a str,
+    /// NCCL underneath; `no_nccl` says why not where it is absent.
+    pub nccl: bool,
+    pub no_nccl: &'a str,
+    /// Ranks span several hosts.
+    pub multi_host: bool,
+    /// The element types the direct-access reduction kernels are built for.
+    pub kernel_dtypes: &'a [DataType],
+}
+
+impl CudaCaps<'_> {
+    /// The capabilities [`select`] weighs.
+    pub fn caps(&self) -> Caps {
+        Caps {
+            push: self.dda.is_some(),
+            nccl: self.nccl,
+            staging_bytes: Some(self.dda.as_ref().map_or(0, |d| d.staging_bytes)),
+            multi_host: self.multi_host || self.dda.is_none(),
+        }
+    }
+
+    /// Whether the direct-access reduction kernels handle `dtype`.
+    pub fn kernels_take(&self, dtype: DataType) -> bool {
+        self.kernel_dtypes.contains(&dtype)
+    }
+}
+
+/// How a flat all-reduce moves its data ([`flat_form`]); `kernel` names its entry points
+/// (`fc_<kernel>_<op>`) and the bench's path detail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlatForm {
+    Pull,
+    Stream,
+    CopyEngine,
+    Ll128,
+}
+
+impl FlatForm {
+    pub fn kernel(self) -> &'static str {
+        match self {
+            FlatForm::Pull => "flat",
+            FlatForm::Stream => "stream",
+            FlatForm::CopyEngine => "ce",
+            FlatForm::Ll128 => "ll128",
+        }
+    }
+}
+
+/// Whether the copy engines carry a flat all-reduce of `bytes` per rank (`ce_bytes`: their
+/// region, 0 when off) and `FERROCOMM_ALLREDUCE_CE_MIN_BYTES` = `min_bytes`: from that size up
+/// to the region's, never an empty one.
+pub fn ce_takes(ce_bytes: usize, min_bytes: usize, bytes: usize) -> bool {
+    bytes > 0 && bytes >= min_bytes && bytes <= ce_bytes
+}
+
+/// Whether a flat all-reduce of `bytes` per rank moves in LL128 lines: on (`ll128_cap` > 0)
+/// and at most the cap, which is at most the staging (a streamed message never does).
+pub fn ll128_takes(ll128_cap: usize, bytes: usize) -> bool {
+    bytes > 0 && bytes <= ll128_cap
+}
+
+/// How a flat all-reduce of `bytes` per rank moves its data under `dda` (the one place that
+/// decides):
+/// by the copy engines from `FERROCOMM_ALLREDUCE_CE_MIN_BYTES` up to their region, else in
+/// LL128 lines up to `FERROCOMM_ALLREDUCE_LL128_MAX_BYTES` where every link is NVLink, else
+/// pulled from the staging when it fits (faster at every size measured there), else
+/// streamed through chunk slots by push-write. (Neither region is larger than the staging:
+/// a streamed message is never theirs.)
+pub fn flat_form(dda: &DdaCaps, bytes: usize) -> FlatForm {
+    if dda
+        .ce_min
+        .is_some_and(|min| ce_takes(dda.ce_bytes, min, bytes))
+    {
+        FlatForm::CopyEngine
+    } else if dda.ll128_links && ll128_takes(dda.ll128_cap, bytes) {
+        FlatForm::Ll128
+    } else if bytes > dda.staging_bytes {
+        FlatForm::Stream
+    } else {
+        FlatForm::Pull
+    }
+}
+
+/// `n` rounded up to a whole number of 16-byte vectors.
+fn round16(n: usize) -> usize {
+    n.div_ceil(16) * 16
+}
+
+/// Staging bytes one staged call needs in each receiver (one parity), or `None` when the
+/// collective has no fixed layout (all-to-all-v: slots of [`crate::cuda::collectives::a2av_slot_bytes`]).
+pub fn staged_need(coll: Collective, part_bytes: usize, world: usize) -> Option<usize> {
+    match coll {
+        Collective::AllGather
+        | Collective::ReduceScatter
+        | Collective::AllToAll
+        | Collective::Reduce => Some(world * round16(part_bytes)),
+        Collective::Broadcast | Collective::Send | Collective::Recv => Some(round16(part_bytes)),
+        _ => None,
+    }
+}
+
+/// Whether a call with parts of `part_bytes` uses LL lines (`ll_max`: the largest LL part,
+/// `StagingLayout::ll_max`), for every collective with LL kernels: the data movers, and the
+/// reductions since their LL kernels wait for the peer's lines only (as the push all-reduce).
+/// Earlier LL reductions, which waited for a hello with a system-scope release first, lost to
+/// the staged kernels at every size (bench/results/2026-11-30-h200x2-ll-staged) and were removed.
+pub fn use_ll(part_bytes: usize, ll_max: usize) -> bool {
+    part_bytes <= ll_max
+}
+
+/// The smallest part of `kernel` that takes the pipelined staged kernel (`fc_<kernel>_rw`, rounds
+/// of `PIPE_ROUND_BYTES`, at most `COLL_MAX_ROUNDS`); None where rounds never pay. Measured on
+/// 2xH200 (bench/results/2026-11-30-h200x2-pipeline, -coll-rounds, -a2a-rw): all-gather 64 MB
+/// 141 -> 106 us, 32 MB 68.6 -> 57.2, 16 MB (8 MiB parts, 2 rounds) 33.5 -> 32.0; all-to-all
+/// 16 MB 36.4 -> 33.5, 32 MB 73.5 -> 61.5, 64 MB 141.0 -> 113.4; reduce-scatter 64 MB 141 -> 118,
+/// 32 MB 72 -> 67, but 16 MB 36.4 -> 37.1 in 4 rounds of 2 MiB (36.5 -> 37.6 in 2); broadcast and
+/// reduce lost at every size (each extra round costs 1.5-3 us; broadcast 16 MB 49.1 -> 52.5), and
+/// rounds of 2 or 1 MiB lost to 4 MiB for every kernel.
+pub fn pipe_min_bytes(kernel: &str) -> Option<usize> {
+    match kernel {
+        "all_gather" | "all_to_all" => Some(8 << 20),
+        "reduce_scatter" => Some(16 << 20),
+        _ => None,
+    }
+}
+const PIPE_ROUND_BYTES: usize = 4 << 20;
+
+/// The kernel form of a call of `kernel` with parts of `part_bytes` (`ll_max`: the largest LL
+/// part) and its rounds: `ll` (LL lines), `st` (staged) or `rw` (pipelined staged).
+pub fn part_form(kernel: &str, part_bytes: usize, ll_max: usize) -> (&'static str, u32) {
+    if use_ll(part_bytes, ll_max) {
+        ("ll", 1)
+    } else if pipe_min_bytes(kernel).is_some_and(|min| part_bytes >= min) {
+        ("rw", st_rounds(part_bytes, PIPE_ROUND_BYTES))
+    } else {
+        ("st", 1)
+    }
+}
+
+/// Rounds of a pipelined staged call with parts of `part_bytes`: one per `round_bytes` (rounded
+/// up), at most `COLL_MAX_ROUNDS`. Every rank computes the same from the part size.
+pub fn st_rounds(part_bytes: usize, round_bytes: usize) -> u32 {
+    part_bytes
+        .div_ceil(round_bytes.max(1))
+        .clamp(1, COLL_MAX_ROUNDS) as u32
+}
+
+/// The all-reduce algorithm of the cuda backend: direct access (push, flat, tree) where
+/// it can take the call, else NCCL; an explicit request that cannot run is an error.
+pub fn cuda_all_reduce(
+    cuda: &CudaCaps<'_>,
+    cfg: &Config,
+    bytes: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    requested: Algo,
+) -> Result<Algo> {
+    let dda_ok = cuda.dda.is_some()
+        && cuda.kernels_take(dtype)
+        && !matches!(op, ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor);
+    if !dda_ok {
+        if matches!(requested, Algo::Push | Algo::Flat | Algo::Tree) {
+            return Err(Error::Unsupported {
+                collective: "all_reduce",
+                backend: "cuda",
+                what: format!(
+                    "{requested} for {dtype} {op}: {}",
+                    if cuda.dda.is_none() {
+                        cuda.no_dda.to_string()
+                    } else {
+                        "the direct-access kernels do not handle this dtype/op".into()
+                    }
+                ),
+            });
+        }
+        if !cuda.nccl {
+            return Err(Error::Unsupported {
+                collective: "all_reduce",
+                backend: "cuda",
+                what: format!("{dtype} {op} without NCCL ({})", cuda.no_nccl),
+            });
+        }
+        return Ok(Algo::Nccl);
+    }
+    // Flat streams any size through its chunk slots; only tree is bounded by the staging.
+    let staging = cuda.dda.as_ref().map_or(0, |d| d.staging_bytes);
+    let caps = Caps {
+        staging_bytes: None,
+        ..cuda.caps()
+    };
+    let mut a = select(
+        Collective::AllReduce,
+        bytes,
+        cuda.world,
+        dtype,
+        requested,
+        &caps,
+        cfg,
+    )?;
+    if a == Algo::Tree && bytes > staging {
+        if requested == Algo::Tree {
+            return Err(Error::InvalidArgument(format!(
+                "all_reduce: tree takes at most {staging} bytes per rank (the staging size), got {bytes}"
+            )));
+        }
+        a = if cuda.nccl { Algo::Nccl } else { Algo::Flat };
+    }
+    let push_cap = cuda.dda.as_ref().map_or(0, |d| d.push_cap);
+    if a == Algo::Push && bytes > push_cap {
+        if requested == Algo::Push {
+            return Err(Error::InvalidArgument(format!(
+                "all_reduce: push takes at most {push_cap} bytes per rank, got {bytes}"
+            )));
+        }
+        a = Algo::Flat;
+    }
+    if matches!(a, Algo::Direct | Algo::Auto) {
+        a = Algo::Flat;
+    }
+    Ok(a)
+}
+
+/// How one call of a collective other than all-reduce runs on the cuda backend.
+///
+/// `part_bytes` is what the staging must hold per sender (see [`staged_need`]); `op` is set for
+/// reductions. Auto falls back to NCCL where direct access cannot take the call; an explicit
+/// `direct` that cannot run is an error.
+#[allow(clippy::too_many_arguments)]
+pub fn cuda_collective(
+    cuda: &CudaCaps<'_>,
+    cfg: &Config,
+    coll: Collective,
+    bytes_per_rank: usize,
+    part_bytes: usize,
+    dtype: DataType,
+    op: Option<ReduceOp>,
+    requested: Algo,
+) -> Result<Algo> {
+    let (world, caps) = (cuda.world, &cuda.caps());
+    let why_not = match &cuda.dda {
+        None => Some("direct access is off on this communicator".to_string()),
+        Some(_) if op.is_some() && !cuda.kernels_take(dtype) => {
+            Some(format!("the reduction kernels do not handle {dtype}"))
+        }
+        Some(_)
+            if matches!(
+                op,
+                Some(ReduceOp::BitAnd | ReduceOp::BitOr | ReduceOp::BitXor)
+            ) =>
+        {
+            Some("bitwise operators are NCCL's".into())
+        }
+        Some(d) => {
+            let staging = d.staging_bytes;
+            let fits = match staged_need(coll, part_bytes, world) {
+                Some(need) => need <= staging,
+                // All-to-all-v goes in pieces of a slot at every size: launches of pieces at
+                // two ranks (a2av_pieces), pair by pair in one kernel above (a2av_pc_piece).
+                None => true,
+            };
+            if fits {
+                None
+            } else {
+                Some(format!(
+                    "{part_bytes} bytes per part do not fit the staging ({staging} bytes)"
+                ))
+            }
+        }
+    };
+    if let Some(why) = why_not {
+        if requested == Algo::Direct {
+            return Err(Error::Unsupported {
+                collective: coll.name(),
+                backend: "cuda",
+                what: format!("direct access for this call: {why}"),
+            });
+        }
+        return if caps.nccl {
+            Ok(Algo::Nccl)
+        } else {
+            Err(Error::Unsupported {
+                collective: coll.name(),
+                backend: "cuda",
+                what: format!("this call without NCCL ({why})"),
+            })
+        };
+    }
+    // The staging was judged above, part by part (select's own check compares the bytes per
+    // rank with the staging, which refuses all-to-all-v calls that run in pieces).
+    let caps = Caps {
+        staging_bytes: None,
+        ..*caps
+    };
+    let a = select(coll, bytes_per_rank, world, dtype, requested, &caps, cfg)?;
+    Ok(match a {
+        Algo::Nccl => Algo::Nccl,
+        _ => Algo::Direct,
+    })
+}
+
+/// The all-reduce algorithm of a low-precision call, flat or tree: an explicit flat/tree request
+/// (per call or `FERROCOMM_ALGO`) is followed; otherwise one-shot up to 2 ranks (one
+/// quantization, the same NVLink traffic as two-shot there) and two-shot above (O(N) instead of
+/// O(N^2) traffic).
+pub fn lp_all_reduce(requested: Algo, cfg_algo: Algo, world: usize) -> Algo {
+    let r = if requested == Algo::Auto {
+        cfg_algo
+    } else {
+        requested
+    };
+    match r {
+        Algo::Flat | Algo::Push => Algo::Flat,
+        Algo::Tree => Algo::Tree,
+        _ if world <= 2 => Algo::Flat,
+        _ => Algo::Tree,
+    }
+}
+
+/// Whether a push (one-shot all-reduce, all-gather, all-to-all) leaves its odd groups in the
+/// sender's staging for the receivers to pull: half the records cross the link while the
+/// quantizer runs, the other half while the receivers decode the first (two ranks, groups).
+pub fn split_push(push: bool, codec: &Codec, world: usize) -> u32 {
+    u32::from(push && codec.block <= 128 && world == 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_prints_as_the_path_it_takes() {
+        let full = |algo, form| Plan {
+            engine: Engine::Direct,
+            algo,
+            form,
+            low_precision: None,
+        };
+        assert_eq!(full(Algo::Flat, Some(FlatForm::Pull)).to_string(), "flat");
+        assert_eq!(full(Algo::Flat, Some(FlatForm::Stream)).to_string(), "flat");
+        assert_eq!(
+            full(Algo::Flat, Some(FlatForm::CopyEngine)).to_string(),
+            "flat-ce"
+        );
+        assert_eq!(
+            full(Algo::Flat, Some(FlatForm::Ll128)).to_string(),
+            "flat-ll128"
+        );
+        assert_eq!(full(Algo::Nccl, None).to_string(), "nccl");
+        let lp = Plan {
+            low_precision: Some(Codec::new(Format::E4M3, 128).unwrap()),
+            ..full(Algo::Tree, None)
+        };
+        assert_eq!(lp.to_string(), "lp-tree");
+    }
+
+    fn gpu(staging: usize) -> Caps {
+        Caps {
+            push: true,
+            nccl: true,
+            staging_bytes: Some(staging),
+            multi_host: false,
+        }
+    }
+
+    #[test]
+    fn data_movers_go_direct_up_to_their_thresholds() {
+        let cfg = Config::default();
+        let caps = gpu(64 << 20);
+        let pick = |coll, bytes, world| {
+            select(coll, bytes, world, DataType::BF16, Algo::Auto, &caps, &cfg).unwrap()
+        };
+        // The equal-part all-to-all runs in rounds up to the staging (64 MiB at 2 ranks); the
+        // all-to-all-v has no limit of its own (it runs in pieces; the staging is judged by the
+        // backend, which these capabilities stand for only in part).
+        assert_eq!(pick(Collective::AllToAll, 64 << 20, 2), Algo::Direct);
+        assert_eq!(pick(Collective::AllToAll, (64 << 20) + 1, 2), Algo::Nccl);
+        let free = Caps {
+            staging_bytes: None,
+            ..caps
+        };
+        let v = |bytes| {
+            select(
+                Collective::AllToAllV,
+                bytes,
+                2,
+                DataType::BF16,
+                Algo::Auto,
+                &free,
+                &cfg,
+            )
+        };
+        assert_eq!(v(1 << 40).unwrap(), Algo::Direct);
+        // Above two ranks: NCCL unless forced, or without NCCL.
+        let v4 = |requested, caps: &Caps| {
+            select(
+                Collective::AllToAllV,
+                0,
+                4,
+                DataType::BF16,
+                requested,
+                caps,
+                &cfg,
+            )
+            .unwrap()
+        };
+        assert_eq!(v4(Algo::Auto, &free), Algo::Nccl);
+        assert_eq!(v4(Algo::Direct, &free), Algo::Direct);
+        let no_nccl = Caps {
+            nccl: false,
+            ..free
+        };
+        assert_eq!(v4(Algo::Auto, &no_nccl), Algo::Direct);
+        assert_eq!(pick(Collective::AllGather, 32 << 20, 4), Algo::Direct);
+        assert_eq!(pick(Collective::AllGather, (32 << 20) + 1, 4), Algo::Nccl);
+        // Above 4 ranks every default halves (the all-to-all-v has none).
+        assert_eq!(default_direct_max(Collective::AllToAllV, 8), None);
+        for coll in DIRECT_LIMITED
+            .into_iter()
+            .filter(|&c| c != Collective::AllToAllV)
+        {
+            let limit = |world| default_direct_max(coll, world).expect("a default limit");
+            let (two, eight) = (limit(2), limit(8));
+            assert_eq!(eight * 2, two, "{}", coll.name());
+            assert_eq!(pick(coll, eight, 8), Algo::Direct, "{}", coll.name());
+            assert_eq!(pick(coll, eight + 1, 8), Algo::Nccl, "{}", coll.name());
+        }
+        // A smaller staging caps every threshold.
+        let small = gpu(8 << 20);
+        let pick_small = |bytes| {
+            select(
+                Collective::AllToAll,
+                bytes,
+                2,
+                DataType::BF16,
+                Algo::Auto,
+                &small,
+                &cfg,
+            )
+            .unwrap()
+        };
+        assert_eq!(pick_small(8 << 20), Algo::Direct);
+        assert_eq!(pick_small((8 << 20) + 1), Algo::Nccl);
+    }
+
+    #[test]
+    fn each_limit_is_set_by_the_variable_it_names() {
+        for coll in DIRECT_LIMITED {
+            let (unset, var) = direct_max_setting(&Config::default().thresholds, coll);
+            assert_eq!(unset, None, "{}", coll.name());
+            let cfg = Config::from_lookup(|k| (k == var).then(|| "1M".to_string())).unwrap();
+            let (set, _) = direct_max_setting(&cfg.thresholds, coll);
+            assert_eq!(set, Some(1 << 20), "{} ({var})", coll.name());
+        }
+    }
+
+    #[test]
+    fn a_set_threshold_replaces_the_default() {
+        let mut cfg = Config::default();
+        cfg.thresholds.all_to_all_max = Some(1 << 20);
+        let caps = gpu(64 << 20);
+        for coll in [Collective::AllToAll, Collective::AllToAllV] {
+            let pick =
+                |bytes| select(coll, bytes, 2, DataType::BF16, Algo::Auto, &caps, &cfg).unwrap();
+            assert_eq!(pick(1 << 20), Algo::Direct, "{}", coll.name());
+            assert_eq!(pick((1 << 20) + 1), Algo::Nccl, "{}", coll.name());
+        }
+    }
+
+    #[test]
+    fn point_to_point_goes_direct_between_two_ranks_only() {
+        let caps = gpu(64 << 20);
+        let mut cfg = Config::default();
+        for coll in [Collective::Send, Collective::Recv] {
+            let pick = |bytes, world, algo, caps: &Caps, cfg: &Config| {
+                select(coll, bytes, world, DataType::BF16, algo, caps, cfg)
+            };
+            let auto = |bytes, world, cfg: &Config| pick(bytes, world, Algo::Auto, &caps, cfg);
+            assert_eq!(auto(1024, 2, &cfg).unwrap(), Algo::Direct);
+            assert_eq!(auto(64 << 20, 2, &cfg).unwrap(), Algo::Direct);
+            assert_eq!(auto((64 << 20) + 1, 2, &cfg).unwrap(), Algo::Nccl);
+            // Above two ranks a message leaves the other ranks out: NCCL, and a forced direct
+            // is refused, unless there is no NCCL (the host backend's own path).
+            assert_eq!(auto(1024, 4, &cfg).unwrap(), Algo::Nccl);
+            assert!(pick(1024, 4, Algo::Direct, &caps, &cfg).is_err());
+            let host = Caps {
+                push: false,
+                nccl: false,
+                staging_bytes: None,
+                multi_host: false,
+            };
+            assert_eq!(
+                pick(1024, 4, Algo::Auto, &host, &cfg).unwrap(),
+                Algo::Direct
+            );
+            assert_eq!(
+                pick(1024, 4, Algo::Direct, &host, &cfg).unwrap(),
+                Algo::Direct
+            );
+            // Its own limit; 0 leaves only empty messages to direct access.
+            cfg.thresholds.p2p_max = Some(0);
+            assert_eq!(auto(0, 2, &cfg).unwrap(), Algo::Direct);
+            assert_eq!(auto(1, 2, &cfg).unwrap(), Algo::Nccl);
+            cfg.thresholds.p2p_max = Some(1 << 20);
+            assert_eq!(auto(1 << 20, 2, &cfg).unwrap(), Algo::Direct);
+            assert_eq!(auto((1 << 20) + 1, 2, &cfg).unwrap(), Algo::Nccl);
+            assert_eq!(
+                direct_max_setting(&cfg.thresholds, coll),
+                (Some(1 << 20), "FERROCOMM_P2P_MAX_BYTES")
+            );
+            cfg.thresholds.p2p_max = None;
+        }
+    }
+}

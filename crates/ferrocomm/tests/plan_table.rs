@@ -1,0 +1,519 @@
+//! The planner's decisions as a table: every collective, every world from 1 to 16, sizes on
+//! both sides of every threshold, every override (per call and from the environment), for the
+//! capabilities of each backend. The table is compared with `tests/plan_table.golden`, recorded
+//! from the decisions as they stood, so that moving or reshaping the planner is shown to change
+//! no decision. A decision that changes on purpose is recorded again with
+//! `FERROCOMM_BLESS=1 cargo test -p ferrocomm --test plan_table` and reviewed in the diff.
+
+use std::fmt::Write;
+
+use ferrocomm::config::Config;
+use ferrocomm::plan::{
+    cuda_all_reduce, cuda_collective, flat_form, low_precision, lp_all_reduce, part_form, select,
+    Caps, CudaCaps, DdaCaps, LowPrecisionChoice,
+};
+use ferrocomm::{Algo, Collective, DataType, Format, ReduceOp};
+
+const COLLECTIVES: [Collective; 10] = [
+    Collective::AllReduce,
+    Collective::Reduce,
+    Collective::Broadcast,
+    Collective::AllGather,
+    Collective::ReduceScatter,
+    Collective::AllToAll,
+    Collective::AllToAllV,
+    Collective::Barrier,
+    Collective::Send,
+    Collective::Recv,
+];
+
+const ALGOS: [Algo; 6] = [
+    Algo::Auto,
+    Algo::Push,
+    Algo::Flat,
+    Algo::Tree,
+    Algo::Direct,
+    Algo::Nccl,
+];
+
+/// Sizes on both sides of every threshold (defaults, the overrides below, the stagings).
+fn sizes() -> Vec<usize> {
+    let marks = [
+        1usize << 10,
+        2 << 20,
+        16 << 10,
+        32 << 10,
+        64 << 10,
+        256 << 10,
+        512 << 10,
+        1 << 20,
+        4 << 20,
+        8 << 20,
+        16 << 20,
+        32 << 20,
+        64 << 20,
+    ];
+    let mut s = vec![0, 1, 1 << 40];
+    for m in marks {
+        s.extend([m - 1, m, m + 1]);
+    }
+    s.sort_unstable();
+    s.dedup();
+    s
+}
+
+fn caps() -> Vec<(&'static str, Caps)> {
+    let cuda = Caps {
+        push: true,
+        nccl: true,
+        staging_bytes: Some(64 << 20),
+        multi_host: false,
+    };
+    vec![
+        ("cuda", cuda),
+        (
+            "cuda-staging-8m",
+            Caps {
+                staging_bytes: Some(8 << 20),
+                ..cuda
+            },
+        ),
+        (
+            "cuda-unbounded",
+            Caps {
+                staging_bytes: None,
+                ..cuda
+            },
+        ),
+        (
+            "cuda-no-nccl",
+            Caps {
+                nccl: false,
+                ..cuda
+            },
+        ),
+        (
+            "host",
+            Caps {
+                push: false,
+                nccl: false,
+                staging_bytes: None,
+                multi_host: false,
+            },
+        ),
+        (
+            "nccl-multi-host",
+            Caps {
+                push: false,
+                nccl: true,
+                staging_bytes: None,
+                multi_host: true,
+            },
+        ),
+    ]
+}
+
+/// Configurations from environment variables (name, settings).
+fn configs() -> Vec<(String, Config)> {
+    let mut sets: Vec<Vec<(&str, &str)>> = vec![vec![]];
+    for a in ["push", "flat", "tree", "direct", "nccl"] {
+        sets.push(vec![("FERROCOMM_ALGO", a)]);
+    }
+    sets.push(vec![
+        ("FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES", "1K"),
+        ("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES", "2M"),
+        ("FERROCOMM_ALLREDUCE_TREE_MAX_BYTES", "16M"),
+    ]);
+    sets.push(vec![("FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES", "0")]);
+    for v in [
+        "FERROCOMM_ALLGATHER_MAX_BYTES",
+        "FERROCOMM_REDUCESCATTER_MAX_BYTES",
+        "FERROCOMM_ALLTOALL_MAX_BYTES",
+        "FERROCOMM_BROADCAST_MAX_BYTES",
+        "FERROCOMM_P2P_MAX_BYTES",
+    ] {
+        sets.push(vec![(v, "1M")]);
+    }
+    sets.push(vec![("FERROCOMM_P2P_MAX_BYTES", "0")]);
+    sets.into_iter()
+        .map(|set| {
+            let name = if set.is_empty() {
+                "default".to_string()
+            } else {
+                set.iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            let cfg = Config::from_lookup(|k| {
+                set.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            })
+            .expect("the table's settings parse");
+            (name, cfg)
+        })
+        .collect()
+}
+
+/// Consecutive sizes with the same answer, as `lo..hi answer` (the last open-ended).
+fn runs(sizes: &[usize], answer: impl Fn(usize) -> String) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut start = 0;
+    let answers: Vec<String> = sizes.iter().map(|&s| answer(s)).collect();
+    for i in 1..=sizes.len() {
+        if i == sizes.len() || answers[i] != answers[start] {
+            let hi = if i == sizes.len() {
+                String::new()
+            } else {
+                sizes[i - 1].to_string()
+            };
+            out.push(format!("{}..{hi} {}", sizes[start], answers[start]));
+            start = i;
+        }
+    }
+    out.join(", ")
+}
+
+/// Lines `head worlds: runs`, worlds with the same runs grouped.
+fn by_world(t: &mut String, head: &str, row: impl Fn(usize) -> String) {
+    let mut groups: Vec<(usize, usize, String)> = Vec::new();
+    for world in 1..=16 {
+        let r = row(world);
+        match groups.last_mut() {
+            Some((_, hi, last)) if *last == r => *hi = world,
+            _ => groups.push((world, world, r)),
+        }
+    }
+    for (lo, hi, r) in groups {
+        writeln!(t, "{head} w{lo}-{hi}: {r}").expect("writing to a string");
+    }
+}
+
+fn algo_text(r: ferrocomm::Result<Algo>) -> String {
+    match r {
+        Ok(a) => a.name().to_string(),
+        Err(_) => "refused".to_string(),
+    }
+}
+
+fn algorithm_table() -> String {
+    let sizes = sizes();
+    let mut t = String::new();
+    let configs = configs();
+    for (cname, caps) in caps() {
+        for (fname, cfg) in &configs {
+            // The per-call requests with the default configuration; automatic choice with
+            // every configuration.
+            let requests: &[Algo] = if fname == "default" {
+                &ALGOS
+            } else {
+                &ALGOS[..1]
+            };
+            for &req in requests {
+                for coll in COLLECTIVES {
+                    let head = format!("{cname} {fname} {req} {}", coll.name());
+                    by_world(&mut t, &head, |world| {
+                        runs(&sizes, |bytes| {
+                            algo_text(select(coll, bytes, world, DataType::BF16, req, &caps, cfg))
+                        })
+                    });
+                }
+            }
+        }
+    }
+    t
+}
+
+/// The cuda backend's direct access as a two-rank communicator has it by default, and with the
+/// copy engines and LL128 lines on.
+fn dda_caps() -> Vec<(&'static str, DdaCaps)> {
+    let base = DdaCaps {
+        staging_bytes: 64 << 20,
+        push_cap: 64 << 10,
+        ce_bytes: 0,
+        ce_min: None,
+        ll128_cap: 0,
+        ll128_links: false,
+        ll_max: 256 << 10,
+    };
+    vec![
+        ("dda", base),
+        (
+            "dda-staging-8m",
+            DdaCaps {
+                staging_bytes: 8 << 20,
+                ..base
+            },
+        ),
+        (
+            "dda-ce",
+            DdaCaps {
+                ce_bytes: 64 << 20,
+                ce_min: Some(4 << 20),
+                ..base
+            },
+        ),
+        (
+            "dda-ll128",
+            DdaCaps {
+                ll128_cap: 16 << 20,
+                ll128_links: true,
+                ..base
+            },
+        ),
+        (
+            "dda-ll128-pcie",
+            DdaCaps {
+                ll128_cap: 16 << 20,
+                ..base
+            },
+        ),
+    ]
+}
+
+fn cuda_table() -> String {
+    let sizes = sizes();
+    let mut t = String::new();
+    let cfg = Config::default();
+    let kernels = [DataType::F32, DataType::F16, DataType::BF16, DataType::I32];
+    let mut variants: Vec<(String, Option<DdaCaps>, bool)> = Vec::new();
+    for (name, d) in dda_caps() {
+        variants.push((name.to_string(), Some(d), true));
+    }
+    variants.push(("dda-no-nccl".into(), Some(dda_caps()[0].1), false));
+    variants.push(("no-dda".into(), None, true));
+    variants.push(("no-dda-no-nccl".into(), None, false));
+    for (name, dda, nccl) in &variants {
+        let cuda = |world| CudaCaps {
+            world,
+            dda: *dda,
+            no_dda: "off",
+            nccl: *nccl,
+            no_nccl: "absent",
+            multi_host: false,
+            kernel_dtypes: &kernels,
+        };
+        for req in ALGOS {
+            for (dtype, op) in [
+                (DataType::BF16, ReduceOp::Sum),
+                (DataType::F8E4M3, ReduceOp::Sum),
+                (DataType::I32, ReduceOp::BitAnd),
+            ] {
+                let head = format!("{name} {req} all_reduce {dtype} {op}");
+                by_world(&mut t, &head, |world| {
+                    runs(&sizes, |bytes| {
+                        algo_text(cuda_all_reduce(&cuda(world), &cfg, bytes, dtype, op, req))
+                    })
+                });
+            }
+            if !matches!(req, Algo::Auto | Algo::Direct | Algo::Nccl) {
+                continue;
+            }
+            for coll in COLLECTIVES {
+                if matches!(coll, Collective::AllReduce | Collective::Barrier) {
+                    continue;
+                }
+                let op = matches!(coll, Collective::Reduce | Collective::ReduceScatter)
+                    .then_some(ReduceOp::Sum);
+                let head = format!("{name} {req} {}", coll.name());
+                by_world(&mut t, &head, |world| {
+                    runs(&sizes, |bytes| {
+                        let part = match coll {
+                            Collective::AllToAll | Collective::AllToAllV => bytes / world,
+                            _ => bytes,
+                        };
+                        algo_text(cuda_collective(
+                            &cuda(world),
+                            &cfg,
+                            coll,
+                            bytes,
+                            part,
+                            DataType::BF16,
+                            op,
+                            req,
+                        ))
+                    })
+                });
+            }
+        }
+        if let Some(d) = dda {
+            let r = runs(&sizes, |bytes| flat_form(d, bytes).kernel().to_string());
+            writeln!(t, "{name} flat form: {r}").expect("writing to a string");
+            for kernel in [
+                "all_gather",
+                "reduce_scatter",
+                "all_to_all",
+                "broadcast",
+                "reduce",
+            ] {
+                let r = runs(&sizes, |bytes| {
+                    let (form, rounds) = part_form(kernel, bytes, d.ll_max);
+                    format!("{form}x{rounds}")
+                });
+                writeln!(t, "{name} {kernel} part form: {r}").expect("writing to a string");
+            }
+        }
+    }
+    for req in ALGOS {
+        for cfg_algo in ALGOS {
+            let r: Vec<String> = (1..=16)
+                .map(|w| lp_all_reduce(req, cfg_algo, w).name().to_string())
+                .collect();
+            writeln!(
+                t,
+                "low-precision all_reduce {req} (configured {cfg_algo}): {}",
+                r.join(" ")
+            )
+            .expect("writing to a string");
+        }
+    }
+    t
+}
+
+fn low_precision_table() -> String {
+    let sizes = sizes();
+    let mut t = String::new();
+    let sets: Vec<Vec<(&str, &str)>> = vec![
+        vec![],
+        vec![("FERROCOMM_LOW_PRECISION", "1")],
+        vec![("RCCL_LOW_PRECISION_ENABLE", "1")],
+        vec![
+            ("FERROCOMM_LOW_PRECISION", "1"),
+            ("FERROCOMM_LP_MIN_BYTES", "1M"),
+            ("FERROCOMM_LP_FORMAT", "e5m2"),
+            ("FERROCOMM_LP_BLOCK", "64"),
+        ],
+        vec![
+            ("FERROCOMM_LOW_PRECISION", "1"),
+            ("FERROCOMM_LP_ALL_REDUCE", "0"),
+            ("FERROCOMM_LP_ALL_GATHER", "0"),
+        ],
+        vec![
+            ("FERROCOMM_LOW_PRECISION", "1"),
+            ("FERROCOMM_LP_REDUCE_SCATTER", "0"),
+            ("FERROCOMM_LP_ALL_TO_ALL", "0"),
+        ],
+    ];
+    let choices = [
+        ("default", LowPrecisionChoice::Default),
+        ("off", LowPrecisionChoice::Off),
+        ("e4m3", LowPrecisionChoice::On(Format::E4M3)),
+        ("int8", LowPrecisionChoice::On(Format::Int8)),
+    ];
+    let dtypes = [
+        DataType::F32,
+        DataType::BF16,
+        DataType::F16,
+        DataType::I32,
+        DataType::F8E4M3,
+    ];
+    let ops = [
+        None,
+        Some(ReduceOp::Sum),
+        Some(ReduceOp::Avg),
+        Some(ReduceOp::Max),
+    ];
+    for set in sets {
+        let cfg = Config::from_lookup(|k| {
+            set.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+        .expect("the table's settings parse");
+        let fname = format!("{set:?}");
+        for (chname, choice) in choices {
+            for coll in COLLECTIVES {
+                for floor in [0, ferrocomm::plan::CUDA_LP_MIN_BYTES] {
+                    // The dtype/op pairs with the same answers share a line.
+                    let mut rows: Vec<(String, Vec<String>)> = Vec::new();
+                    for dtype in dtypes {
+                        for op in ops {
+                            let r = runs(&sizes, |bytes| {
+                                match low_precision(coll, dtype, op, bytes, choice, &cfg, floor) {
+                                    Ok(None) => "full".to_string(),
+                                    Ok(Some(c)) => format!("{}/{}", c.format.name(), c.block),
+                                    Err(_) => "refused".to_string(),
+                                }
+                            });
+                            let pair =
+                                format!("{dtype}/{}", op.map_or("-".into(), |o| o.to_string()));
+                            match rows.iter_mut().find(|(x, _)| *x == r) {
+                                Some((_, pairs)) => pairs.push(pair),
+                                None => rows.push((r, vec![pair])),
+                            }
+                        }
+                    }
+                    for (r, pairs) in rows {
+                        writeln!(
+                            t,
+                            "{fname} {chname} {} floor={floor} {}: {r}",
+                            coll.name(),
+                            pairs.join(",")
+                        )
+                        .expect("writing to a string");
+                    }
+                }
+            }
+        }
+    }
+    t
+}
+
+#[test]
+fn the_planner_decides_as_recorded() {
+    let table = format!(
+        "# algorithm: capabilities configuration request collective worlds: sizes answer\n{}\
+         # low precision: settings choice collective floor dtype/op pairs: sizes answer\n{}\
+         # cuda: direct access request collective worlds: sizes answer\n{}",
+        algorithm_table(),
+        low_precision_table(),
+        cuda_table()
+    );
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/plan_table.golden");
+    if std::env::var_os("FERROCOMM_BLESS").is_some() {
+        std::fs::write(path, &table).expect("writing the golden table");
+    }
+    let golden = std::fs::read_to_string(path).expect("tests/plan_table.golden is readable");
+    if golden != table {
+        let first = golden
+            .lines()
+            .zip(table.lines())
+            .enumerate()
+            .find(|(_, (a, b))| a != b);
+        match first {
+            Some((i, (want, got))) => panic!(
+                "decision table line {} differs:\n recorded: {want}\n now:      {got}",
+                i + 1
+            ),
+            None => panic!(
+                "decision table has {} lines, recorded {}",
+                table.lines().count(),
+                golden.lines().count()
+            ),
+        }
+    }
+}
+
+#[test]
+fn the_table_holds_the_decisions_it_names() {
+    // A few rows read by hand, so that the recorded table is known to say what it seems to.
+    let t = algorithm_table();
+    assert!(
+        t.contains(
+            "cuda default auto all_reduce w1-2: 0..65536 push, 65537..33554432 flat, \
+             33554433.. nccl"
+        ),
+        "{}",
+        t.lines()
+            .find(|l| l.contains("cuda default auto all_reduce"))
+            .unwrap_or("")
+    );
+    assert!(t.contains("host default auto send w1-16: 0.. direct"));
+    assert!(t.contains("cuda default auto send w3-16: 0.. nccl"));
+    let lp = low_precision_table();
+    assert!(lp.contains(
+        "[(\"FERROCOMM_LOW_PRECISION\", \"1\")] default all_reduce floor=4194304 \
+         float/-,float/sum,float/avg,bfloat16/-,bfloat16/sum,bfloat16/avg,half/-,half/sum,half/avg: 0..4194303 full, 4194304.. e4m3/128"
+    ));
+}
