@@ -10,6 +10,7 @@ cuda and nccl backends.
 """
 
 from ._comm import BatchSendRecv, Comm, CommOptions, Work, new_comm
+from ._fused import all_reduce_rmsnorm
 from ._errors import (
     FerrocommError,
     FerrocommTimeout,
@@ -24,6 +25,7 @@ TorchWork = Work
 
 __all__ = [
     "new_comm",
+    "all_reduce_rmsnorm",
     "BatchSendRecv",
     "Comm",
     "CommOptions",

@@ -3,6 +3,7 @@
 import datetime
 import functools
 import numbers
+import operator
 import os
 import sys
 from time import monotonic as _monotonic
@@ -41,10 +42,14 @@ def _alias(coll, buf, opname):
     if coll in _REDUCTIONS:
         if buf.dtype == "bool" and opname in _BOOL_OPS:
             return as_type, _BOOL_OPS[opname]
-        what = f"op {opname}" if buf.dtype == "bool" else "reductions"
+        if buf.dtype == "bool":
+            raise FerrocommValueError(
+                f"{coll}: op {opname} on bool is not supported (bool reduces with sum, product, "
+                "min, max, band and bor only)"
+            )
         raise FerrocommValueError(
-            f"{coll}: {buf.dtype} supports data movement only (and bool: sum, product, min, max, "
-            f"band, bor); {what} on {buf.dtype} is not supported"
+            f"{coll}: {buf.dtype} cannot be reduced, only moved (all_gather, broadcast, "
+            f"all_to_all, send/recv); reduce a wider type such as int32 or float32 instead"
         )
     return as_type, opname
 
@@ -393,10 +398,21 @@ class Comm:
 
     allreduce = all_reduce
 
+    def all_reduce_rmsnorm(self, x, residual, weight, eps, *, out=None, residual_out=None,
+                           quant=None, async_op=False, hints=None):
+        """All-reduce of ``x``, residual add and RMSNorm in one call (see ferrocomm._fused):
+        returns ``(out, residual_out)`` (``x`` and ``residual`` in place by default), with
+        ``quant="e4m3"`` ``(out, residual_out, codes, scales)``."""
+        from . import _fused
+
+        return _fused.run(self, x, residual, weight, eps, out=out, residual_out=residual_out,
+                          quant=quant, async_op=async_op, hints=hints)
+
     def reduce(self, tensor, root, op=ReduceOp.SUM, async_op=False, hints=None):
         """Reduces ``tensor`` over all ranks into ``tensor`` on ``root`` (others unchanged)."""
         c = "reduce"
         b = self._buf(tensor, "tensor", c, writable=True)
+        root = _rank_arg(c, "root", root, self.size)
         return self._issue(c, out=b, op=op, peer=root, async_op=async_op, hints=hints,
                            keep=(tensor,))
 
@@ -404,6 +420,7 @@ class Comm:
         """Copies ``root``'s ``tensor`` into ``tensor`` on every rank."""
         c = "broadcast"
         b = self._buf(tensor, "tensor", c, writable=True)
+        root = _rank_arg(c, "root", root, self.size)
         return self._issue(c, out=b, peer=root, async_op=async_op, hints=hints, keep=(tensor,))
 
     def all_gather_single(self, output, input, async_op=False, hints=None):  # noqa: A002
@@ -671,10 +688,7 @@ class Comm:
                            hints=hints, keep=(output, padded, part), post=(post,))
 
     def _root(self, coll, root):
-        r = int(root)
-        if not 0 <= r < self.size:
-            raise FerrocommValueError(f"{coll}: root {r} out of range for {self.size} ranks")
-        return r
+        return _rank_arg(coll, "root", root, self.size)
 
     def _list_like(self, coll, what, lst, like):
         """The element counts of a list of one buffer per rank, each of `like`'s dtype and
@@ -715,7 +729,8 @@ class Comm:
         for k, (is_send, t, p) in enumerate(ops):
             what = f"{'send' if is_send else 'recv'} #{k}"
             b = self._buf(t, what, c, writable=not is_send)
-            batch.append((is_send, b, int(p)))
+            peer = _rank_arg(f"{c} {what}", "dst" if is_send else "src", p, self.size)
+            batch.append((is_send, b, peer))
         return self._issue(c, batch=batch, async_op=async_op, hints=hints,
                            keep=tuple(t for _, t, _ in ops))
 
@@ -723,12 +738,14 @@ class Comm:
         """Sends ``tensor`` to rank ``dst``, which calls ``recv`` with the same size."""
         c = "send"
         b = self._buf(tensor, "tensor", c)
+        dst = _rank_arg(c, "dst", dst, self.size)
         return self._issue(c, inp=b, peer=dst, async_op=async_op, hints=hints, keep=(tensor,))
 
     def recv(self, tensor, src, async_op=False, hints=None):
         """Receives into ``tensor`` from rank ``src``."""
         c = "recv"
         b = self._buf(tensor, "tensor", c, writable=True)
+        src = _rank_arg(c, "src", src, self.size)
         return self._issue(c, out=b, peer=src, async_op=async_op, hints=hints, keep=(tensor,))
 
     # -- argument checks -------------------------------------------------------------------
@@ -920,6 +937,24 @@ class BatchSendRecv:
     def issue(self, async_op=False, options=None, hints=None):
         del options  # torchcomms' batch options; none applies here
         return self._comm._batch(list(self._ops), async_op, hints)
+
+
+def _rank_arg(coll, name, value, size):
+    """A rank argument (``root``, ``dst``, ``src``) as an int in ``0..size``: Python and numpy
+    integers are accepted; bool, float, str and anything else are refused, not rounded."""
+    if isinstance(value, bool) or getattr(value, "dtype", None) is not None and \
+            str(value.dtype).replace("torch.", "") == "bool":
+        raise FerrocommValueError(f"{coll}: {name} must be an int rank, not a bool ({value!r})")
+    try:
+        r = operator.index(value)
+    except TypeError:
+        raise FerrocommValueError(
+            f"{coll}: {name} must be an int rank, not {type(value).__name__} ({value!r})"
+        ) from None
+    if not 0 <= r < size:
+        raise FerrocommValueError(
+            f"{coll}: {name} {r} is out of range for {size} ranks (0..{size - 1})")
+    return r
 
 
 def _contig(t):

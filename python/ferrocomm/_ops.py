@@ -2,6 +2,8 @@
 
 import enum
 
+from ._errors import FerrocommValueError
+
 __all__ = ["ReduceOp"]
 
 
@@ -52,11 +54,15 @@ class ReduceOp:
     def __init__(self, name, factor=1.0):
         name = str(name).lower()
         if name not in _NATIVE:
-            raise ValueError(
+            raise FerrocommValueError(
                 f"unknown reduce op {name!r} (expected one of {', '.join(sorted(_NATIVE))})"
             )
         self._name = name
-        self._factor = float(factor)
+        try:
+            self._factor = float(factor)
+        except (TypeError, ValueError):
+            raise FerrocommValueError(
+                f"reduce op {name}: factor must be a number, not {factor!r}") from None
 
     @staticmethod
     def PREMUL_SUM(factor):  # noqa: N802 (torchcomms' spelling)

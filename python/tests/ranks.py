@@ -454,8 +454,28 @@ def scenario_errors(comm):
     ro = np.ones(4, np.float32)
     ro.flags.writeable = False
     expect(V, "read-only", comm.all_reduce, ro)
-    expect(V, "out of range", comm.reduce, f32, WORLD, ReduceOp.SUM)
+    expect(V, f"reduce: root {WORLD} is out of range", comm.reduce, f32, WORLD, ReduceOp.SUM)
     expect(V, "out of range", comm.broadcast, f32, WORLD + 3)
+    # Ranks are ints in range: negative, bool, float, str and None are refused naming the
+    # argument; numpy integers are ints.
+    for bad, says in [(-1, "root -1 is out of range"), (True, "not a bool"),
+                      (np.bool_(False), "not a bool"), (1.5, "not float"), (0.9, "not float"),
+                      ("1", "not str"), (None, "not NoneType"), (np.float64(1), "not float")]:
+        expect(V, says, comm.broadcast, f32, bad)
+        expect(V, "root", comm.reduce, f32, bad)
+    expect(V, "dst -1 is out of range", comm.send, f32, -1)
+    expect(V, "src must be an int rank", comm.recv, f32, 1.0)
+    batch = comm.batch_op_create()
+    batch.send(f32, 2.0)
+    expect(V, "dst must be an int rank", batch.issue)
+    # Every argument error is a FerrocommError, the reduce op's too.
+    e = expect(ferrocomm.FerrocommError, "unknown reduce op 'bogus'", comm.all_reduce, f32,
+               "bogus")
+    assert isinstance(e, V) and isinstance(e, ValueError), type(e)
+    expect(V, "factor must be a number", ReduceOp.PREMUL_SUM, "x")
+    b = data("float32", 8, RANK, 97)
+    comm.broadcast(b, np.int64(WORLD - 1))
+    check("broadcast from a numpy root", b, data("float32", 8, WORLD - 1, 97), "float32")
     expect(V, "bxor", comm.all_reduce, f32, ReduceOp.BXOR)
     expect(V, "premulsum", comm.all_reduce, np.ones(4, np.int32), ReduceOp.PREMUL_SUM(2.0))
     expect(V, "unknown dtype", comm.all_reduce, np.ones(4, np.complex64))
@@ -718,8 +738,9 @@ def scenario_narrow(comm):
                                for s in range(WORLD)])
         assert np.array_equal(a2a_out.view(np.uint8), want.view(np.uint8)), name
         if name != "bool":
-            expect(ferrocomm.FerrocommValueError, "data movement only", comm.all_reduce,
-                   xs[RANK].copy())
+            e = expect(ferrocomm.FerrocommValueError, f"all_reduce: {name} cannot be reduced",
+                       comm.all_reduce, xs[RANK].copy())
+            assert "only moved" in str(e) and "bool" not in str(e), e
     assert comm.algo_for("all_gather", 4096, "int16") == comm.algo_for("all_gather", 4096,
                                                                         "float16")
     # Low precision asked for explicitly never touches them.
@@ -769,6 +790,12 @@ def scenario_low_precision(comm):
                 assert np.array_equal(got, sent), "own part changed"
             else:
                 assert 0.005 < rel(got, sent) <= 0.035, (s, rel(got, sent))
+
+
+def scenario_rmsnorm(comm):
+    import rmsnorm_checks
+
+    rmsnorm_checks.run(comm, RANK, WORLD)
 
 
 def scenario_parity(comm):

@@ -98,6 +98,13 @@ def test_torch_cpu_tensors(world):
     run_ranks(world, "torch")
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_all_reduce_rmsnorm(world):
+    """The fused all-reduce + residual add + RMSNorm against a float64 numpy reference."""
+    outs = run_ranks(world, "rmsnorm", timeout=240)
+    assert all("rmsnorm ok" in o for o in outs)
+
+
 def test_torchcomms_parity():
     """gather_single, per-call timeout, abort, set_timeout, get_options, get_backend_version,
     new_comm's torchcomms argument order, ReduceOp from torch.distributed."""

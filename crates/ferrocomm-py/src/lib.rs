@@ -24,6 +24,9 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyType};
 
+mod fused_norm;
+use fused_norm::NormCall;
+
 // ---------------------------------------------------------------------------------------------
 // Errors
 
@@ -37,7 +40,9 @@ fn error_class(e: &Error) -> &'static str {
         | Error::RankOutOfRange { .. }
         | Error::BadEnv { .. }
         | Error::MissingEnv { .. } => "FerrocommValueError",
-        Error::Timeout { .. } | Error::StoreTimeout { .. } => "FerrocommTimeout",
+        Error::Timeout { .. } | Error::StoreTimeout { .. } | Error::RendezvousTimeout { .. } => {
+            "FerrocommTimeout"
+        }
         Error::Unsupported { .. } | Error::LibraryMissing { .. } => "FerrocommUnsupported",
         _ => "FerrocommError",
     }
@@ -220,6 +225,9 @@ impl WorkState {
 }
 
 type Job = Box<dyn FnOnce() + Send>;
+
+/// A call to run on the worker thread, given the communicator.
+type Exec = Box<dyn FnOnce(&Communicator) -> ferrocomm::Result<()> + Send>;
 
 struct Worker {
     tx: mpsc::Sender<Job>,
@@ -557,14 +565,21 @@ impl PyComm {
 
     /// Queues `call` on the worker thread (started on first use).
     fn submit(&self, call: Call) -> ferrocomm::Result<NativeWork> {
+        let name = call.coll.name();
+        // SAFETY: the Python layer keeps the buffers alive until the work object reports
+        // completion (it holds them in the work object).
+        self.submit_exec(name, Box::new(move |comm| unsafe { call.exec(comm) }))
+    }
+
+    /// Queues `exec` (a call whose buffers the Python layer keeps alive until the work object
+    /// reports completion) on the worker thread, started on first use.
+    fn submit_exec(&self, collective: &str, exec: Exec) -> ferrocomm::Result<NativeWork> {
         let state = Arc::new(WorkState::default());
-        let collective = call.coll.name().to_string();
+        let collective = collective.to_string();
         let comm = self.inner.clone();
         let st = state.clone();
         let job: Job = Box::new(move || {
-            // SAFETY: the Python layer keeps the buffers alive until the work object reports
-            // completion (it holds them in the work object).
-            let r = unsafe { call.exec(&comm) };
+            let r = exec(&comm);
             st.finish(r.map_err(|e| info(&e)));
         });
         let mut w = self.worker.lock().unwrap_or_else(|e| e.into_inner());
@@ -745,6 +760,63 @@ impl PyComm {
         // SAFETY: the Python caller holds the buffers' objects for the whole call; CUDA calls
         // only enqueue on `stream`, where torch's caching allocator keeps the memory until the
         // stream has passed it (the usual contract of stream-ordered collectives).
+        let r = py.detach(move || unsafe { call.exec(&comm) });
+        r.map(|_| None).map_err(|e| py_err(py, e))
+    }
+
+    /// The fused all-reduce + residual add + RMSNorm (`ferrocomm::rmsnorm`). `out` /
+    /// `residual_out` None: in place into `x` / `residual`; `fp8`: (E4M3 codes, f32 scales per
+    /// row). Returns a work object as [`PyComm::run`] does.
+    #[pyo3(signature = (x, residual, weight, eps, out=None, residual_out=None, fp8=None,
+                        stream=0, algo=None, low_precision=None, async_op=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce_rmsnorm(
+        &self,
+        py: Python<'_>,
+        x: RawBuf,
+        residual: RawBuf,
+        weight: RawBuf,
+        eps: f32,
+        out: Option<RawBuf>,
+        residual_out: Option<RawBuf>,
+        fp8: Option<(RawBuf, RawBuf)>,
+        stream: u64,
+        algo: Option<&str>,
+        low_precision: Option<&str>,
+        async_op: bool,
+    ) -> PyResult<Option<NativeWork>> {
+        let call = (|| -> ferrocomm::Result<NormCall> {
+            Ok(NormCall {
+                x: Buf::parse(&x)?,
+                out: out.as_ref().map(Buf::parse).transpose()?,
+                residual: Buf::parse(&residual)?,
+                residual_out: residual_out.as_ref().map(Buf::parse).transpose()?,
+                weight: Buf::parse(&weight)?,
+                eps,
+                fp8: match &fp8 {
+                    Some((c, s)) => Some((Buf::parse(c)?, Buf::parse(s)?)),
+                    None => None,
+                },
+                opts: self.opts(stream, algo, low_precision)?,
+            })
+        })()
+        .map_err(|e| py_err(py, e))?;
+        let host = self.inner.device() == Device::Host;
+        if host && (async_op || self.has_worker()) {
+            // SAFETY: the Python layer holds the buffers in the work object until it completes.
+            let exec = Box::new(move |c: &Communicator| unsafe { call.exec(c) });
+            let work = self
+                .submit_exec(ferrocomm::rmsnorm::NAME, exec)
+                .map_err(|e| py_err(py, e))?;
+            if async_op {
+                return Ok(Some(work));
+            }
+            work.wait(py, None)?;
+            return Ok(None);
+        }
+        let comm = self.inner.clone();
+        // SAFETY: as in `run`: the caller holds the objects for the whole call; CUDA calls only
+        // enqueue on `stream`.
         let r = py.detach(move || unsafe { call.exec(&comm) });
         r.map(|_| None).map_err(|e| py_err(py, e))
     }

@@ -373,6 +373,22 @@ pub trait Backend: Send + Sync {
         Err(no_device_counts("all_to_all_v_dynamic_packed", self.name()))
     }
     fn barrier(&self, opts: &CallOpts) -> Result<()>;
+    /// The fused all-reduce + residual add + RMSNorm (see [`crate::rmsnorm`]), its arguments
+    /// checked ([`crate::rmsnorm::AllReduceRmsNorm::check`] gave `shape`). Backends without it
+    /// refuse.
+    fn all_reduce_rmsnorm(
+        &self,
+        call: crate::rmsnorm::AllReduceRmsNorm<'_>,
+        shape: crate::rmsnorm::Shape,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        let _ = (call, shape, opts);
+        Err(Error::Unsupported {
+            collective: crate::rmsnorm::NAME,
+            backend: self.name(),
+            what: "the fused all-reduce + RMSNorm".into(),
+        })
+    }
     /// Sends and receives issued together (see [`crate::comm::Communicator::batch_send_recv`]).
     fn batch_send_recv(&self, ops: Vec<P2pOp<'_>>, opts: &CallOpts) -> Result<()>;
     fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()>;

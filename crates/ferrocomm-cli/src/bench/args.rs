@@ -84,6 +84,10 @@ pub struct BenchArgs {
     /// Draw time and bus bandwidth against size to this PNG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// all_reduce_rmsnorm: elements per row (a multiple of 8; every size a whole number of
+    /// rows). Default 4096.
+    #[arg(long)]
+    pub hidden: Option<usize>,
     /// Seed of the random inputs (each rank derives its own stream from it).
     #[arg(long, default_value_t = 0x5eed)]
     pub seed: u64,
@@ -125,7 +129,11 @@ pub struct Plan {
     pub min_bytes: usize,
     pub max_bytes: usize,
     pub step: Step,
+    /// The JSON writes these by the rows' names (`float`, `sum`), the ops for reducing
+    /// collectives only (see `json::PlanJson`).
+    #[serde(skip)]
     pub dtypes: Vec<DataType>,
+    #[serde(skip)]
     pub ops: Vec<ReduceOp>,
     /// `None`: every rank in turn (`-r all`).
     pub root: Option<usize>,
@@ -135,7 +143,9 @@ pub struct Plan {
     pub check: bool,
     pub blocking: bool,
     pub mode: Mode,
-    /// GPU measurements start after a device-side line-up (not `--host-start`).
+    /// GPU measurements start after a device-side line-up (not `--host-start`). Asked for, not
+    /// what happened (the host backend has no device): the JSON writes the start in effect.
+    #[serde(skip)]
     pub device_start: bool,
     pub algo: Algo,
     pub vs_nccl: bool,
@@ -143,6 +153,8 @@ pub struct Plan {
     pub backend: Option<BackendChoiceName>,
     pub ranks: Option<usize>,
     pub seed: u64,
+    /// all_reduce_rmsnorm: elements per row (0 for the other collectives).
+    pub hidden: usize,
     pub json: Option<PathBuf>,
     pub plot: Option<PathBuf>,
     pub corrupt: bool,
@@ -296,6 +308,31 @@ impl BenchArgs {
         if self.ranks == Some(0) {
             bail!("-g 0: at least one rank is needed");
         }
+        let hidden = match (coll, self.hidden) {
+            (Coll::AllReduceRmsNorm, h) => {
+                let h = h.unwrap_or(4096);
+                if h == 0 || h % 8 != 0 {
+                    bail!("--hidden {h}: the row length must be a positive multiple of 8");
+                }
+                if let Some(d) = dtypes
+                    .iter()
+                    .find(|d| !matches!(d, DataType::F32 | DataType::F16 | DataType::BF16))
+                {
+                    bail!("-d {d}: all_reduce_rmsnorm runs float, half and bfloat16 rows");
+                }
+                h
+            }
+            (_, Some(h)) => bail!("--hidden {h}: only all_reduce_rmsnorm has rows"),
+            (_, None) => 0,
+        };
+        if coll == Coll::AllReduceRmsNorm {
+            // Whole rows at every size, before any rank starts.
+            for &d in &dtypes {
+                for &s in &sizes {
+                    sizes::Shape::of_run(coll, s, d, 1, hidden)?;
+                }
+            }
+        }
         if let Some(p) = &self.plot {
             if p.extension().and_then(|e| e.to_str()) != Some("png") {
                 bail!(
@@ -326,6 +363,7 @@ impl BenchArgs {
             backend,
             ranks: self.ranks,
             seed: self.seed,
+            hidden,
             json: self.json.clone(),
             plot: self.plot.clone(),
             corrupt: self.debug_corrupt,
@@ -347,7 +385,7 @@ impl Plan {
         }
         for &d in &self.dtypes {
             for &s in &self.sizes {
-                sizes::Shape::new(self.coll, s, d, world)?;
+                sizes::Shape::of_run(self.coll, s, d, world, self.hidden)?;
             }
         }
         Ok(())
@@ -468,6 +506,26 @@ mod tests {
         assert!(err("all_reduce --plot out.svg").contains("PNG"));
         assert!(err("broadcast -r one").contains("-r one"));
         assert!(err("all_reduce --bogus").contains("--bogus"));
+    }
+
+    #[test]
+    fn rmsnorm_rows_come_from_hidden() {
+        let p =
+            parse("all_reduce_rmsnorm -b 8K -e 32K -f 2 -d bfloat16,float --hidden 1024").unwrap();
+        assert_eq!((p.coll, p.hidden), (Coll::AllReduceRmsNorm, 1024));
+        let s = sizes::Shape::of_run(p.coll, 8192, DataType::BF16, 2, p.hidden).unwrap();
+        // Input: 4096 elements of rows, as many of residual, the weight; output rows + residual.
+        assert_eq!((s.count, s.in_count, s.out_count), (4096, 9216, 8192));
+        assert_eq!(
+            parse("all_reduce_rmsnorm -b 8K -e 8K -d bfloat16")
+                .unwrap()
+                .hidden,
+            4096
+        );
+        assert!(err("all_reduce_rmsnorm -b 8K -e 8K --hidden 12").contains("multiple of 8"));
+        assert!(err("all_reduce_rmsnorm -b 8K -e 8K -d int32").contains("float, half and"));
+        assert!(err("all_reduce_rmsnorm -b 1000 -e 1000 --hidden 8").contains("rows of"));
+        assert!(err("all_reduce -b 8K -e 8K --hidden 8").contains("only all_reduce_rmsnorm"));
     }
 
     #[test]

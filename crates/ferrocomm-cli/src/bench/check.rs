@@ -7,6 +7,9 @@ use ferrocomm::{DataType, Format, ReduceOp};
 
 use super::sizes::{A2avCounts, Coll, Shape};
 
+/// The eps of the bench's all_reduce_rmsnorm calls.
+pub const RMSNORM_EPS: f32 = 1e-6;
+
 /// A well-mixed 64-bit hash (splitmix64's finalizer).
 fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -284,6 +287,8 @@ impl Checker {
         let n = s.world;
         let part = s.count / n;
         Some(match s.coll {
+            // Checked row by row (count_wrong_rmsnorm).
+            Coll::AllReduceRmsNorm => return None,
             Coll::AllReduce => self.reduced(j),
             Coll::Reduce if rank == self.root => self.reduced(j),
             Coll::Reduce => return None,
@@ -314,6 +319,9 @@ impl Checker {
 
     /// Number of wrong elements in `out` (the output buffer of `rank` as bytes).
     pub fn count_wrong(&self, rank: usize, out: &[u8], in_place: bool) -> u64 {
+        if self.shape.coll == Coll::AllReduceRmsNorm {
+            return self.count_wrong_rmsnorm(rank, out);
+        }
         let e = self.shape.dtype.size();
         par_sum(out, e, |first, run| {
             self.count_wrong_run(rank, first, run, in_place)
@@ -340,6 +348,66 @@ impl Checker {
             };
             if !ok {
                 wrong += 1;
+            }
+        }
+        wrong
+    }
+
+    /// all_reduce_rmsnorm: wrong elements of `out` (normalized rows, then the new residual)
+    /// against the library's host arithmetic (`rmsnorm::norm_rows`) on the all-reduced rows.
+    /// The residual must match exactly (the sum is in rank order, rounded once, as the
+    /// reference's), the rows within a few roundings of the row's norm (the sum of squares is
+    /// ordered differently on a GPU); low precision widens both by a code step per rank.
+    fn count_wrong_rmsnorm(&self, rank: usize, out: &[u8]) -> u64 {
+        let s = &self.shape;
+        let (n, h, d, e) = (s.count, s.hidden, s.dtype, s.dtype.size());
+        let widen = |b: &[u8]| {
+            let mut v = vec![0.0f32; b.len() / e];
+            ferrocomm::reduce::to_f32(d, b, &mut v).map(|_| v)
+        };
+        let inputs: Vec<Vec<u8>> = (0..s.world).map(|r| self.input_bytes(r)).collect();
+        let xs: Vec<&[u8]> = inputs.iter().map(|b| &b[..n * e]).collect();
+        let mut sum = vec![0u8; n * e];
+        let own = &inputs[rank];
+        let parts = (|| -> ferrocomm::Result<_> {
+            ferrocomm::reduce::reduce_bytes(d, ReduceOp::Sum, &xs, &mut sum)?;
+            Ok((
+                widen(&sum)?,
+                widen(&own[n * e..2 * n * e])?,
+                widen(&own[2 * n * e..])?,
+                widen(&out[..n * e])?,
+                widen(&out[n * e..2 * n * e])?,
+            ))
+        })();
+        // Not a float dtype: the plan refuses those; count everything wrong rather than panic.
+        let Ok((sum_f, res, w, got_y, got_r)) = parts else {
+            return (2 * n) as u64;
+        };
+        let want = ferrocomm::rmsnorm::norm_rows(&sum_f, &res, &w, RMSNORM_EPS, d, false);
+        let u = epsilon(d);
+        let lp = self
+            .low_precision
+            .map_or(0.0, |f| 2.0 * lp_step(f) * s.world as f64);
+        let mut wrong = 0;
+        for row in 0..n / h {
+            let span = row * h..(row + 1) * h;
+            let r_max = want.residual[span.clone()]
+                .iter()
+                .chain(&sum_f[span.clone()])
+                .fold(0.0f64, |m, v| m.max(v.abs() as f64));
+            let y_max = want.y[span.clone()]
+                .iter()
+                .fold(0.0f64, |m, v| m.max(v.abs() as f64));
+            for i in span {
+                let (gr, wr) = (got_r[i] as f64, want.residual[i] as f64);
+                if !(gr == wr || (gr - wr).abs() <= lp * r_max) {
+                    wrong += 1;
+                }
+                let (gy, wy) = (got_y[i] as f64, want.y[i] as f64);
+                let tol = 4.0 * u * (wy.abs() + y_max) + 4.0 * lp * y_max;
+                if !(gy == wy || (gy - wy).abs() <= tol) {
+                    wrong += 1;
+                }
             }
         }
         wrong

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use ferrocomm::config::BackendChoice;
 use ferrocomm::{
-    CallOpts, CommOptions, Communicator, Config, DataType, Device, Format, Input,
+    AllReduceRmsNorm, CallOpts, CommOptions, Communicator, Config, DataType, Device, Format, Input,
     LowPrecisionChoice, PackedCounts, ReduceOp, Splits, View, ViewMut,
 };
 
@@ -142,6 +142,39 @@ impl RowCtx<'_> {
                     unit: 1,
                 };
                 comm.all_to_all_v_dynamic_packed(input, output, counts, opts)
+            }
+            Coll::AllReduceRmsNorm => {
+                let (n, h, e) = (s.count, s.hidden, d.size());
+                let (inp, outp) = (engine.in_ptr(), output.ptr());
+                // NCCL has no fused call: its side is NCCL's all-reduce into out, then the
+                // norm kernel alone (the unfused pair).
+                let nccl = comm.backend_name() == "nccl";
+                // SAFETY: the engine's buffers hold this row's layout (Shape::of_run: input
+                // rows | residual | weight, output rows | residual) on `dev`, for as long as
+                // the engine lives; the parts do not overlap.
+                let call = unsafe {
+                    let x = View::from_raw(inp, n, d, dev);
+                    let out = ViewMut::from_raw(outp, n, d, dev);
+                    if nccl {
+                        let sum = ViewMut::from_raw(outp, n, d, dev);
+                        comm.all_reduce(Input::Buf(x), sum, ReduceOp::Sum, opts)?;
+                    }
+                    AllReduceRmsNorm {
+                        x: if nccl { Input::InPlace } else { Input::Buf(x) },
+                        residual: Input::Buf(View::from_raw(inp.add(n * e), n, d, dev)),
+                        weight: View::from_raw(inp.add(2 * n * e), h, d, dev),
+                        out,
+                        residual_out: ViewMut::from_raw(outp.add(n * e), n, d, dev),
+                        eps: check::RMSNORM_EPS,
+                        fp8: None,
+                    }
+                };
+                match (nccl, dev) {
+                    (true, Device::Cuda(g)) => {
+                        ferrocomm::cuda::residual_rmsnorm(comm.config(), g, call, opts.stream)
+                    }
+                    _ => comm.all_reduce_rmsnorm(call, opts),
+                }
             }
             Coll::SendRecv => {
                 // A ring: send to the next rank, receive from the previous. Even ranks send
@@ -294,7 +327,7 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
     let (mut in_max, mut out_max) = (0, 0);
     for &d in &plan.dtypes {
         for &s in &plan.sizes {
-            let sh = Shape::new(plan.coll, s, d, world)?;
+            let sh = Shape::of_run(plan.coll, s, d, world, plan.hidden)?;
             in_max = in_max.max(sh.in_count * d.size());
             out_max = out_max.max(sh.out_count.max(sh.inplace_count) * d.size());
         }
@@ -380,7 +413,8 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
             system: crate::info::probe_system(&cfg),
             env: crate::info::env_entries(&cfg),
         });
-        Outputs::new(plan, context, title, total)
+        let device_start = line_up_word(plan, engine.as_ref()).is_some();
+        Outputs::new(plan, device_start, context, title, total)
     });
     let mut rows: Vec<Row> = Vec::new();
     let mut my_wrong = 0u64;
@@ -389,7 +423,7 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
         for &op in &plan.ops {
             for &root in &roots {
                 for &size in &plan.sizes {
-                    let shape = Shape::new(plan.coll, size, dtype, world)?;
+                    let shape = Shape::of_run(plan.coll, size, dtype, world, plan.hidden)?;
                     let call = comm
                         .plan_for(
                             plan.coll.collective(),
@@ -425,7 +459,9 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
                         opts: ours_opts.clone(),
                     };
                     // The all-to-all-v's parts differ between send and receive: out of place only.
-                    let has_ip = !(plan.coll == Coll::SendRecv || plan.coll.uneven());
+                    let has_ip = !(plan.coll == Coll::SendRecv
+                        || plan.coll == Coll::AllReduceRmsNorm
+                        || plan.coll.uneven());
                     if idx == 0 {
                         // The first size once untimed on our side: ours is measured first, and
                         // on 2xH200 the first row of a run came out up to 42% slower than the

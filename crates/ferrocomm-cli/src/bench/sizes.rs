@@ -27,10 +27,15 @@ pub enum Coll {
     Reduce,
     /// Every rank sends to the next and receives from the previous (a ring), like nccl-tests.
     SendRecv,
+    /// The fused all-reduce + residual add + RMSNorm (`all_reduce_rmsnorm`) of rows of
+    /// `--hidden` elements: the size is the all-reduced rows; each rank's input buffer holds
+    /// them, the residual and the weight, its output the normalized rows and the new residual.
+    /// Out of place only; NCCL's side is NCCL's all-reduce followed by the norm kernel.
+    AllReduceRmsNorm,
 }
 
 impl Coll {
-    pub const ALL: [Coll; 9] = [
+    pub const ALL: [Coll; 10] = [
         Coll::AllReduce,
         Coll::AllGather,
         Coll::ReduceScatter,
@@ -40,6 +45,7 @@ impl Coll {
         Coll::Broadcast,
         Coll::Reduce,
         Coll::SendRecv,
+        Coll::AllReduceRmsNorm,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -53,13 +59,14 @@ impl Coll {
             Coll::Broadcast => "broadcast",
             Coll::Reduce => "reduce",
             Coll::SendRecv => "sendrecv",
+            Coll::AllReduceRmsNorm => "all_reduce_rmsnorm",
         }
     }
 
     /// The library's name for it (algorithm selection).
     pub const fn collective(self) -> Collective {
         match self {
-            Coll::AllReduce => Collective::AllReduce,
+            Coll::AllReduce | Coll::AllReduceRmsNorm => Collective::AllReduce,
             Coll::AllGather => Collective::AllGather,
             Coll::ReduceScatter => Collective::ReduceScatter,
             Coll::AllToAll => Collective::AllToAll,
@@ -89,7 +96,7 @@ impl Coll {
     pub fn busbw_factor(self, world: usize) -> f64 {
         let n = world as f64;
         match self {
-            Coll::AllReduce => 2.0 * (n - 1.0) / n,
+            Coll::AllReduce | Coll::AllReduceRmsNorm => 2.0 * (n - 1.0) / n,
             Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll => (n - 1.0) / n,
             // Every rank keeps its own part (the smallest, see a2av_parts) and sends the rest.
             Coll::AllToAllV | Coll::DeviceAllToAllV => 1.0 - a2av_weight(0, world),
@@ -115,6 +122,7 @@ impl FromStr for Coll {
             "broadcast" | "bcast" => Coll::Broadcast,
             "reduce" => Coll::Reduce,
             "sendrecv" | "send_recv" => Coll::SendRecv,
+            "all_reduce_rmsnorm" | "allreduce_rmsnorm" => Coll::AllReduceRmsNorm,
             _ => bail!(
                 "unknown collective '{s}' (expected one of: {})",
                 Coll::ALL.map(|c| c.name()).join(", ")
@@ -181,6 +189,8 @@ pub struct Shape {
     pub out_count: usize,
     /// Elements of the buffer an in-place call works on.
     pub inplace_count: usize,
+    /// all_reduce_rmsnorm: elements per row (0 for the other collectives).
+    pub hidden: usize,
 }
 
 /// Send and receive counts of `rank` in an all-to-all-v of `count` elements per rank.
@@ -249,7 +259,37 @@ impl Shape {
             in_count,
             out_count,
             inplace_count: count,
+            hidden: 0,
         })
+    }
+
+    /// The shape of a row of the run: [`Shape::new`], and for all_reduce_rmsnorm rows of
+    /// `hidden` elements, its buffers laid out as [`Coll::AllReduceRmsNorm`] says (input: rows,
+    /// residual, weight; output: normalized rows, new residual).
+    pub fn of_run(
+        coll: Coll,
+        size: usize,
+        dtype: DataType,
+        world: usize,
+        hidden: usize,
+    ) -> anyhow::Result<Shape> {
+        let mut s = Shape::new(coll, size, dtype, world)?;
+        if coll == Coll::AllReduceRmsNorm {
+            if hidden == 0 || s.count % hidden != 0 {
+                bail!(
+                    "all_reduce_rmsnorm: size {size} bytes ({} {} elements) is not a whole number \
+                     of rows of --hidden {hidden}; choose sizes that are multiples of {} bytes",
+                    s.count,
+                    dtype.name(),
+                    hidden * dtype.size()
+                );
+            }
+            s.hidden = hidden;
+            s.in_count = 2 * s.count + hidden;
+            s.out_count = 2 * s.count;
+            s.inplace_count = 0;
+        }
+        Ok(s)
     }
 
     /// Bytes per rank as algorithm selection counts them (input per rank; reduce_scatter's

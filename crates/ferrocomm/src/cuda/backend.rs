@@ -671,6 +671,29 @@ impl Backend for CudaBackend {
         )
     }
 
+    fn all_reduce_rmsnorm(
+        &self,
+        call: crate::rmsnorm::AllReduceRmsNorm<'_>,
+        shape: crate::rmsnorm::Shape,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        bind(&self.cuda)?;
+        // With direct access the kernel was loaded with the modules at start-up.
+        let loaded = match &self.dda {
+            Some(d) => Some((d.func(shape.dtype, "fc_rmsnorm")?, d.pdl)),
+            None => None,
+        };
+        super::fused_norm::run(
+            &self.config,
+            self.device,
+            call,
+            shape,
+            opts,
+            loaded,
+            |x, out| self.all_reduce(x, out, ReduceOp::Sum, opts),
+        )
+    }
+
     fn barrier(&self, opts: &CallOpts) -> Result<()> {
         let mut st = self.enter()?;
         if let Some(d) = &self.dda {

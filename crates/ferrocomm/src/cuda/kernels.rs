@@ -27,7 +27,13 @@ pub const LOWP_ENTRIES: [&str; 4] = [
     "fc_lp_tree",
 ];
 
-/// Whether the module of `dtype` holds the low-precision kernels.
+/// The residual add + RMSNorm after an all-reduce (the fused all_reduce_rmsnorm call),
+/// appended after lowp.cu to the modules of the float types.
+pub const RMSNORM_SOURCE: &str = include_str!("../../kernels/rmsnorm.cu");
+/// Entry points of rmsnorm.cu (f32, f16 and bf16 modules only).
+pub const RMSNORM_ENTRIES: [&str; 1] = ["fc_rmsnorm"];
+
+/// Whether the module of `dtype` holds the low-precision kernels (and the RMSNorm).
 pub fn has_lowp(dtype: DataType) -> bool {
     matches!(dtype, DataType::F32 | DataType::F16 | DataType::BF16)
 }
@@ -115,16 +121,21 @@ pub fn entry_names_for(dtype: DataType) -> Vec<String> {
     let mut v = entry_names();
     if has_lowp(dtype) {
         v.extend(LOWP_ENTRIES.iter().map(|s| s.to_string()));
+        v.extend(RMSNORM_ENTRIES.iter().map(|s| s.to_string()));
     }
     v
 }
 
-/// The full source of the module for `dtype` (define line + shared source, + lowp.cu for the
-/// float types).
+/// The full source of the module for `dtype` (define line + shared source, + lowp.cu and
+/// rmsnorm.cu for the float types).
 pub fn module_source(dtype: DataType) -> Option<String> {
     VARIANTS.iter().find(|(d, _)| *d == dtype).map(|(_, def)| {
-        let lowp = if has_lowp(dtype) { LOWP_SOURCE } else { "" };
-        format!("#define {def} 1\n{ALL_REDUCE_SOURCE}\n{COLLECTIVES_SOURCE}\n{lowp}")
+        let (lowp, norm) = if has_lowp(dtype) {
+            (LOWP_SOURCE, RMSNORM_SOURCE)
+        } else {
+            ("", "")
+        };
+        format!("#define {def} 1\n{ALL_REDUCE_SOURCE}\n{COLLECTIVES_SOURCE}\n{lowp}\n{norm}")
     })
 }
 

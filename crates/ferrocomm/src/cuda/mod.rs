@@ -6,12 +6,14 @@
 //! - `dda`: IPC staging, peer mapping and checks; `dda::all_reduce`: the push / flat / tree
 //!   all-reduce launches;
 //! - [`collectives`]: direct-access all-gather, reduce-scatter, all-to-all(v), broadcast, reduce;
+//! - `fused_norm`: the fused all-reduce + RMSNorm (the all-reduce, then one norm launch);
 //! - `backend`: the [`Backend`] that chooses between DDA and NCCL per call;
 //! - [`nvml`]: whether two GPUs are joined by NVLink (the LL128 all-reduce needs it).
 
 mod backend;
 pub mod collectives;
 mod dda;
+mod fused_norm;
 pub mod kernels;
 mod launch;
 mod lowp;
@@ -25,6 +27,7 @@ pub use dda::{
     ce_chunk, flat_grid, ll128_line_bytes, push_capacity, staging_layout, StagingLayout,
     CE_MAX_CHUNKS, LL128_PAYLOAD,
 };
+pub use fused_norm::residual_rmsnorm;
 pub use lowp::quantize_on_device;
 
 pub(crate) use crate::driver::{cu, cu_lazy, open_context};

@@ -1,0 +1,465 @@
+//! Device check of the fused all-reduce + residual add + RMSNorm (`all_reduce_rmsnorm`) of the
+//! cuda backend:
+//!
+//! ```text
+//! ferrocomm launch -n 2 -- target/release/examples/gpu_check_norm [--share-gpus] [--quick]
+//! ```
+//!
+//! - every dtype (f32, f16, bf16), the model hidden sizes 8 / 4096 / 5120 / 8192 / 16384 and
+//!   odd row counts, in and out of place, FP8 rows on and off, each all-reduce algorithm (push,
+//!   flat, tree, auto); inputs regenerated from seeds on every rank;
+//! - against the host reference on the same inputs: the residual bit for bit (the sum is the
+//!   all-reduce's, in rank order, so it equals the host's), `out` and the FP8 rows within the
+//!   bounds of `rmsnorm::compare` against the exact f64 result (the FP8 rows dequantized
+//!   within half an E4M3 step);
+//! - identical results on every rank; nothing written past any output (guard bands);
+//! - a CUDA graph of several calls captured once and replayed, outputs poisoned between
+//!   replays, every replay checked.
+//!
+//! Exits 1 on any mismatch, 2 on an error.
+
+use std::time::Duration;
+
+use cudarc::driver::sys;
+use ferrocomm::bootstrap::all_gather_bytes;
+use ferrocomm::reduce::{reduce_bytes, to_f32};
+use ferrocomm::rmsnorm::{compare, exact_rows, norm_rows};
+use ferrocomm::{
+    Algo, AllReduceRmsNorm, CallOpts, Communicator, Config, DataType, Device, Fp8Rows, Input,
+    ReduceOp, View, ViewMut,
+};
+use rand::{Rng, SeedableRng};
+
+mod support;
+use support::*;
+
+/// One call: the shape, the algorithm of its all-reduce and how it is issued.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    d: DataType,
+    rows: usize,
+    hidden: usize,
+    eps: f32,
+    in_place: bool,
+    fp8: bool,
+    algo: Algo,
+    seed: u64,
+}
+
+/// `n` random values of `d` as bytes (never NaN), the same on every rank for a seed.
+fn gen(d: DataType, n: usize, seed: u64) -> Vec<u8> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let v: Vec<f32> = (0..n).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+    let mut b = vec![0u8; n * d.size()];
+    ferrocomm::reduce::from_f32(d, &v, &mut b).expect("float dtype");
+    b
+}
+
+fn widen(d: DataType, b: &[u8]) -> Vec<f32> {
+    let mut v = vec![0.0f32; b.len() / d.size()];
+    to_f32(d, b, &mut v).expect("float dtype");
+    v
+}
+
+impl Case {
+    fn n(&self) -> usize {
+        self.rows * self.hidden
+    }
+    fn x(&self, rank: usize) -> Vec<u8> {
+        gen(self.d, self.n(), self.seed * 131 + rank as u64)
+    }
+    fn residual(&self) -> Vec<u8> {
+        gen(self.d, self.n(), self.seed * 131 + 97)
+    }
+    fn weight(&self) -> Vec<u8> {
+        gen(self.d, self.hidden, self.seed * 131 + 98)
+    }
+    fn label(&self, world: usize) -> String {
+        format!(
+            "{world} ranks {} {}x{} eps {} {} fp8 {} algo {}",
+            self.d,
+            self.rows,
+            self.hidden,
+            self.eps,
+            if self.in_place {
+                "in place"
+            } else {
+                "out of place"
+            },
+            self.fp8,
+            self.algo
+        )
+    }
+}
+
+/// A case's device buffers: x (the partial rows, or out in place), out, residual, residual_out
+/// (the residual in place), weight, codes, scales.
+struct Bufs {
+    x: Buf,
+    out: Buf,
+    res: Buf,
+    res_out: Buf,
+    w: Buf,
+    codes: Buf,
+    scales: Buf,
+}
+
+impl Bufs {
+    fn new(c: &Case) -> Res<Bufs> {
+        let b = c.n() * c.d.size();
+        let bufs = Bufs {
+            x: Buf::new(b)?,
+            out: Buf::new(b)?,
+            res: Buf::new(b)?,
+            res_out: Buf::new(b)?,
+            w: Buf::new(c.hidden * c.d.size())?,
+            codes: Buf::new(c.n())?,
+            scales: Buf::new(c.rows * 4)?,
+        };
+        Ok(bufs)
+    }
+
+    /// Poisons everything, then uploads the inputs (in place: into out and residual_out).
+    fn load(&self, c: &Case, rank: usize) -> Res<()> {
+        for b in [
+            &self.x,
+            &self.out,
+            &self.res,
+            &self.res_out,
+            &self.w,
+            &self.codes,
+            &self.scales,
+        ] {
+            b.poison()?;
+        }
+        let (xb, rb) = if c.in_place {
+            (&self.out, &self.res_out)
+        } else {
+            (&self.x, &self.res)
+        };
+        xb.upload(0, &c.x(rank))?;
+        rb.upload(0, &c.residual())?;
+        self.w.upload(0, &c.weight())
+    }
+
+    /// Issues the call on `stream`.
+    fn call(&self, comm: &Communicator, c: &Case, dev: u32, stream: u64) -> Res<()> {
+        let dv = Device::Cuda(dev);
+        let (n, d) = (c.n(), c.d);
+        // SAFETY: every buffer holds what the view says (allocated for this case), alive until
+        // the caller has synchronized (graph replays: until the graph is destroyed).
+        let call = unsafe {
+            AllReduceRmsNorm {
+                x: if c.in_place {
+                    Input::InPlace
+                } else {
+                    Input::Buf(View::from_raw(self.x.ptr as *const u8, n, d, dv))
+                },
+                out: ViewMut::from_raw(self.out.ptr as *mut u8, n, d, dv),
+                residual: if c.in_place {
+                    Input::InPlace
+                } else {
+                    Input::Buf(View::from_raw(self.res.ptr as *const u8, n, d, dv))
+                },
+                residual_out: ViewMut::from_raw(self.res_out.ptr as *mut u8, n, d, dv),
+                weight: View::from_raw(self.w.ptr as *const u8, c.hidden, d, dv),
+                eps: c.eps,
+                fp8: c.fp8.then(|| Fp8Rows {
+                    codes: ViewMut::from_raw(self.codes.ptr as *mut u8, n, DataType::F8E4M3, dv),
+                    scales: ViewMut::from_raw(
+                        self.scales.ptr as *mut u8,
+                        c.rows,
+                        DataType::F32,
+                        dv,
+                    ),
+                }),
+            }
+        };
+        let opts = CallOpts::on_stream(stream).with_algo(c.algo);
+        comm.all_reduce_rmsnorm(call, &opts)?;
+        Ok(())
+    }
+}
+
+struct Ctx {
+    comm: Communicator,
+    rank: usize,
+    world: usize,
+    dev: u32,
+    failures: Vec<String>,
+    passed: usize,
+    seq: u64,
+}
+
+impl Ctx {
+    fn same_everywhere(&mut self, bytes: &[u8]) -> Res<bool> {
+        self.seq += 1;
+        let h = fnv(bytes).to_le_bytes();
+        let all = all_gather_bytes(
+            &**self.comm.store(),
+            &format!("normchk/{}", self.seq),
+            self.rank,
+            self.world,
+            &h,
+            Duration::from_secs(120),
+        )?;
+        Ok(all.iter().all(|v| v.as_slice() == h))
+    }
+
+    fn verdict(&mut self, what: String, problem: Option<String>) {
+        match problem {
+            None => self.passed += 1,
+            Some(p) => {
+                eprintln!("FAIL rank {}: {what}: {p}", self.rank);
+                self.failures.push(what);
+            }
+        }
+    }
+
+    /// Downloads what `c` wrote and checks it (see the module doc).
+    fn check(&mut self, c: &Case, b: &Bufs, what: &str) -> Res<()> {
+        let (n, d) = (c.n(), c.d);
+        let label = format!("{} {what}", c.label(self.world));
+        let read = |buf: &Buf, bytes: usize| -> Res<(Vec<u8>, bool)> {
+            let all = buf.download(0, bytes + GUARD)?;
+            let guard_ok = all[bytes..].iter().all(|&g| g == POISON);
+            Ok((all[..bytes].to_vec(), guard_ok))
+        };
+        let (y, g1) = read(&b.out, n * d.size())?;
+        let (r, g2) = read(&b.res_out, n * d.size())?;
+        let (codes, g3) = read(&b.codes, n)?;
+        let (scales, g4) = read(&b.scales, c.rows * 4)?;
+        let mut problem = None;
+        let fp8_written = !c.fp8 || (g3 && g4);
+        if !(g1 && g2 && fp8_written)
+            || (!c.fp8 && (codes.iter().chain(&scales).any(|&v| v != POISON)))
+        {
+            problem = Some("written past an output, or FP8 rows written without FP8".to_string());
+        }
+        // The host reference on the same inputs: the all-reduce's sum, then norm_rows.
+        let inputs: Vec<Vec<u8>> = (0..self.world).map(|r| c.x(r)).collect();
+        let refs: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+        let mut sum = vec![0u8; n * d.size()];
+        reduce_bytes(d, ReduceOp::Sum, &refs, &mut sum)?;
+        let host = norm_rows(
+            &widen(d, &sum),
+            &widen(d, &c.residual()),
+            &widen(d, &c.weight()),
+            c.eps,
+            d,
+            c.fp8,
+        );
+        let got_r = widen(d, &r);
+        if problem.is_none() && got_r != host.residual {
+            let i = got_r
+                .iter()
+                .zip(&host.residual)
+                .position(|(a, b)| a.to_bits() != b.to_bits())
+                .unwrap_or(0);
+            problem = Some(format!(
+                "residual_out[{i}] = {} but the host reference has {}",
+                got_r[i], host.residual[i]
+            ));
+        }
+        if problem.is_none() {
+            let f64s = |b: &[u8]| -> Vec<f64> { widen(d, b).into_iter().map(f64::from).collect() };
+            let xs: Vec<Vec<f64>> = inputs.iter().map(|x| f64s(x)).collect();
+            let exact = exact_rows(&xs, &f64s(&c.residual()), &f64s(&c.weight()), c.eps as f64);
+            let sc = widen(DataType::F32, &scales);
+            let q = c.fp8.then_some((codes.as_slice(), sc.as_slice()));
+            problem = compare(d, &exact, &got_r, &widen(d, &y), q).err();
+            // The host's own rows pass the same bounds (the reference is sound).
+            if let Err(e) = compare(
+                d,
+                &exact,
+                &host.residual,
+                &host.y,
+                c.fp8
+                    .then_some((host.codes.as_slice(), host.scales.as_slice())),
+            ) {
+                problem = Some(format!("the host reference itself: {e}"));
+            }
+        }
+        let mut all = y;
+        all.extend_from_slice(&r);
+        if c.fp8 {
+            all.extend_from_slice(&codes);
+            all.extend_from_slice(&scales);
+        }
+        if !self.same_everywhere(&all)? && problem.is_none() {
+            problem = Some("results differ between ranks".into());
+        }
+        self.verdict(label, problem);
+        Ok(())
+    }
+}
+
+fn cases(quick: bool) -> Vec<Case> {
+    let mut v = Vec::new();
+    let mut seed = 1;
+    let shapes: &[(usize, usize)] = if quick {
+        &[(8, 1), (4096, 3), (40, 7)]
+    } else {
+        &[
+            (8, 1),
+            (4096, 3),
+            (5120, 1),
+            (8192, 5),
+            (16384, 3),
+            (40, 7),
+            (4096, 129),
+        ]
+    };
+    for d in [DataType::BF16, DataType::F16, DataType::F32] {
+        for &(hidden, rows) in shapes {
+            for algo in [Algo::Auto, Algo::Push, Algo::Flat, Algo::Tree] {
+                seed += 1;
+                // Push carries small messages only.
+                if algo == Algo::Push && rows * hidden * d.size() > 64 << 10 {
+                    continue;
+                }
+                v.push(Case {
+                    d,
+                    rows,
+                    hidden,
+                    eps: if seed % 2 == 0 { 1e-6 } else { 1e-5 },
+                    in_place: seed % 2 == 0,
+                    fp8: seed % 3 != 0,
+                    algo,
+                    seed,
+                });
+            }
+        }
+    }
+    v
+}
+
+/// Several calls captured in one graph on a stream of our own, replayed three times with the
+/// outputs poisoned (and in-place inputs reloaded) before each replay.
+fn graph(c: &mut Ctx) -> Res<()> {
+    let plan = [
+        (DataType::BF16, 3, 4096, true, true, Algo::Auto),
+        (DataType::BF16, 1, 8, false, true, Algo::Push),
+        (DataType::F16, 5, 8192, false, false, Algo::Flat),
+        (DataType::F32, 7, 40, true, true, Algo::Tree),
+    ];
+    let cases: Vec<Case> = plan
+        .iter()
+        .enumerate()
+        .map(|(k, &(d, rows, hidden, in_place, fp8, algo))| Case {
+            d,
+            rows,
+            hidden,
+            eps: 1e-6,
+            in_place,
+            fp8,
+            algo,
+            seed: 1000 + k as u64,
+        })
+        .collect();
+    let bufs: Vec<Bufs> = cases.iter().map(Bufs::new).collect::<Res<_>>()?;
+    for (k, b) in cases.iter().zip(&bufs) {
+        b.load(k, c.rank)?;
+    }
+    let stream = new_stream()?;
+    let mut g: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: capture on our own stream; the buffers outlive the graph.
+    unsafe {
+        cu(
+            sys::cuStreamBeginCapture_v2(
+                stream as sys::CUstream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            ),
+            "cuStreamBeginCapture",
+        )?;
+    }
+    let issued: Res<()> = cases
+        .iter()
+        .zip(&bufs)
+        .try_for_each(|(k, b)| b.call(&c.comm, k, c.dev, stream));
+    // SAFETY: ends the capture begun above, whatever the calls did.
+    unsafe {
+        cu(
+            sys::cuStreamEndCapture(stream as sys::CUstream, &mut g),
+            "cuStreamEndCapture",
+        )?;
+    }
+    issued?;
+    let mut ge: sys::CUgraphExec = std::ptr::null_mut();
+    // SAFETY: a captured graph; instantiated once.
+    unsafe {
+        cu(
+            sys::cuGraphInstantiateWithFlags(&mut ge, g, 0),
+            "cuGraphInstantiate",
+        )?
+    };
+    for replay in 0..3 {
+        for (k, b) in cases.iter().zip(&bufs) {
+            b.load(k, c.rank)?;
+        }
+        // SAFETY: an instantiated graph on our stream.
+        unsafe {
+            cu(
+                sys::cuGraphLaunch(ge, stream as sys::CUstream),
+                "cuGraphLaunch",
+            )?;
+        }
+        sync()?;
+        for (k, b) in cases.iter().zip(&bufs) {
+            c.check(k, b, &format!("graph replay {replay}"))?;
+        }
+    }
+    // SAFETY: destroyed once, after the last replay completed.
+    unsafe {
+        sys::cuGraphExecDestroy(ge);
+        sys::cuGraphDestroy(g);
+    }
+    Ok(())
+}
+
+fn real_main() -> Res<i32> {
+    let args = flags(&["--quick"])?;
+    let quick = args.iter().any(|a| a == "--quick");
+    let cfg = Config::from_env()?;
+    let comm = comm_with("gpu_check_norm", cfg)?;
+    let (rank, world) = (comm.rank(), comm.size());
+    let Device::Cuda(dev) = comm.device() else {
+        return Err("gpu_check_norm needs a GPU".into());
+    };
+    let cuda = cudarc::driver::CudaContext::new(dev as usize)?;
+    cuda.bind_to_thread()?;
+    if rank == 0 {
+        println!(
+            "gpu_check_norm: {world} ranks, backend {}",
+            comm.backend_name()
+        );
+    }
+    let mut c = Ctx {
+        comm,
+        rank,
+        world,
+        dev,
+        failures: Vec::new(),
+        passed: 0,
+        seq: 0,
+    };
+    let stream = new_stream()?;
+    for case in cases(quick) {
+        let b = Bufs::new(&case)?;
+        b.load(&case, rank)?;
+        b.call(&c.comm, &case, dev, stream)?;
+        sync()?;
+        c.check(&case, &b, "eager")?;
+    }
+    graph(&mut c)?;
+    let failed = c.failures.len();
+    println!(
+        "gpu_check_norm rank {rank}: {} passed, {failed} failed",
+        c.passed
+    );
+    Ok(if failed == 0 { 0 } else { 1 })
+}
+
+fn main() {
+    run_main("gpu_check_norm", real_main)
+}

@@ -1,0 +1,254 @@
+//! The fused all-reduce + residual add + RMSNorm on CUDA memory ([`crate::rmsnorm`]): the
+//! backend's own all-reduce leaves the f32-accumulated sum in `out` (push / flat / tree by direct
+//! access, or NCCL, chosen by size as for a plain all-reduce, low precision included), then one
+//! launch of `fc_rmsnorm` (kernels/rmsnorm.cu) on the same stream adds the residual and
+//! normalizes every row, FP8 rows included. No host synchronisation, no allocation: CUDA-graph
+//! capturable like the all-reduce.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use cudarc::driver::sys;
+
+use super::{cu, cu_lazy, kernels};
+use crate::backend::CallOpts;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::nccl::check_views;
+use crate::rmsnorm::{AllReduceRmsNorm, Shape, NAME};
+use crate::types::{DataType, Device};
+use crate::view::{Input, ViewMut};
+
+/// Threads of one row's block: a quarter of the row (32 to 512, whole warps).
+fn threads_for(hidden: usize) -> u32 {
+    (hidden / 4).next_multiple_of(32).clamp(32, 512) as u32
+}
+
+/// Blocks of the grid: one per row, grid-striding past this many rows.
+const MAX_BLOCKS: usize = 8192;
+
+/// The kernel's argument struct (`NormArgs` in kernels/rmsnorm.cu), field for field.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct NormArgs {
+    sum: u64,
+    residual: u64,
+    weight: u64,
+    out: u64,
+    residual_out: u64,
+    codes: u64,
+    scales: u64,
+    rows: u64,
+    hidden: u64,
+    eps: f32,
+    pad: u32,
+}
+
+/// `fc_rmsnorm` of `dtype` in the current context, loaded once per context and dtype.
+fn function(cfg: &Config, dtype: DataType) -> Result<sys::CUfunction> {
+    static FUNCS: Mutex<Option<HashMap<(usize, DataType), usize>>> = Mutex::new(None);
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: out-parameter.
+    cu(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
+    let key = (ctx as usize, dtype);
+    let mut g = FUNCS.lock().unwrap_or_else(|e| e.into_inner());
+    let map = g.get_or_insert_with(HashMap::new);
+    if let Some(&f) = map.get(&key) {
+        return Ok(f as sys::CUfunction);
+    }
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: out-parameter; the caller made the backend's context current.
+    cu(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
+    let attr = |a| {
+        let mut v = 0i32;
+        // SAFETY: out-parameter for a valid device.
+        cu(
+            unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) },
+            "cuDeviceGetAttribute",
+        )
+        .map(|_| v)
+    };
+    use sys::CUdevice_attribute as A;
+    let arch = format!(
+        "sm_{}{}",
+        attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+        attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?
+    );
+    let bin = kernels::cubin(dtype, &arch, cfg)?;
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    cu(
+        // SAFETY: a complete cubin for this device; kept loaded for the context's life.
+        unsafe { sys::cuModuleLoadData(&mut module, bin.as_ptr().cast()) },
+        "loading the rmsnorm kernel",
+    )?;
+    let mut f: sys::CUfunction = std::ptr::null_mut();
+    cu(
+        // SAFETY: live module, NUL-terminated name.
+        unsafe { sys::cuModuleGetFunction(&mut f, module, c"fc_rmsnorm".as_ptr()) },
+        "fc_rmsnorm",
+    )?;
+    map.insert(key, f as usize);
+    Ok(f)
+}
+
+/// Runs `call` on a backend serving `device`: every buffer checked to be memory of that
+/// device, the sum into `out` by `all_reduce` (the backend's own, with `opts`), then the norm
+/// on `opts.stream`. The backend's context must be current. `loaded` is `fc_rmsnorm` of the
+/// call's dtype and whether launches use PDL, where the backend loaded its modules at start-up
+/// (direct access); otherwise the module is loaded at the first call (not inside a graph
+/// capture: the first call must run eagerly).
+pub(crate) fn run(
+    cfg: &Config,
+    device: u32,
+    call: AllReduceRmsNorm<'_>,
+    shape: Shape,
+    opts: &CallOpts,
+    loaded: Option<(sys::CUfunction, bool)>,
+    all_reduce: impl FnOnce(Input<'_>, ViewMut<'_>) -> Result<()>,
+) -> Result<()> {
+    let AllReduceRmsNorm {
+        x,
+        mut out,
+        residual,
+        residual_out,
+        weight,
+        eps,
+        fp8,
+    } = call;
+    let view = |what, p: u64, d: Device, b: usize| (what, p, d, b);
+    let mut views = vec![
+        view("out", out.ptr() as u64, out.device(), out.bytes_len()),
+        view(
+            "residual_out",
+            residual_out.ptr() as u64,
+            residual_out.device(),
+            residual_out.bytes_len(),
+        ),
+        view(
+            "weight",
+            weight.ptr() as u64,
+            weight.device(),
+            weight.bytes_len(),
+        ),
+    ];
+    for (what, i) in [("x", &x), ("residual", &residual)] {
+        if let Input::Buf(v) = i {
+            views.push(view(what, v.ptr() as u64, v.device(), v.bytes_len()));
+        }
+    }
+    if let Some(q) = &fp8 {
+        views.push(view(
+            "fp8 codes",
+            q.codes.ptr() as u64,
+            q.codes.device(),
+            q.codes.bytes_len(),
+        ));
+        views.push(view(
+            "fp8 scales",
+            q.scales.ptr() as u64,
+            q.scales.device(),
+            q.scales.bytes_len(),
+        ));
+    }
+    check_views(NAME, device, &views)?;
+    let (f, pdl) = match loaded {
+        Some(l) => l,
+        None => (
+            function(cfg, shape.dtype)?,
+            super::launch::pdl_for_current_device(cfg)?,
+        ),
+    };
+    let residual_ptr = match residual {
+        Input::InPlace => residual_out.ptr() as u64,
+        Input::Buf(v) => v.ptr() as u64,
+    };
+    let mut args = NormArgs {
+        sum: out.ptr() as u64,
+        residual: residual_ptr,
+        weight: weight.ptr() as u64,
+        out: out.ptr() as u64,
+        residual_out: residual_out.ptr() as u64,
+        codes: fp8.as_ref().map_or(0, |q| q.codes.ptr() as u64),
+        scales: fp8.as_ref().map_or(0, |q| q.scales.ptr() as u64),
+        rows: shape.rows as u64,
+        hidden: shape.hidden as u64,
+        eps,
+        pad: 0,
+    };
+    // The sum over ranks, in f32, rounded once into `out`.
+    all_reduce(x, out.reborrow())?;
+    if shape.rows == 0 {
+        return Ok(());
+    }
+    let blocks = shape.rows.min(MAX_BLOCKS) as u32;
+    let mut params = [(&mut args as *mut NormArgs).cast::<c_void>()];
+    // SAFETY: `f` is fc_rmsnorm of this dtype in the current context, taking one NormArgs by
+    // value (layout checked against the source in the tests); every pointer in it is memory of
+    // this device (checked above) holding the sizes the call's check verified; the kernel starts
+    // with griddepcontrol.wait, and `pdl` comes from pdl_for_current_device.
+    let r = unsafe {
+        super::launch::launch(
+            f,
+            blocks,
+            threads_for(shape.hidden),
+            opts.stream,
+            &mut params,
+            pdl,
+        )
+    };
+    cu_lazy(r, || {
+        format!(
+            "launching fc_rmsnorm ({} rows of {} {})",
+            shape.rows, shape.hidden, shape.dtype
+        )
+    })
+}
+
+/// The residual add and norm alone, on `stream`: `call.out` already holds the all-reduced rows
+/// (an all-reduce run before it on the stream, NCCL's say), so `call.x` must be
+/// [`Input::InPlace`]. One launch of the kernel the fused call uses; the context of `device`
+/// must be current.
+pub fn residual_rmsnorm(
+    cfg: &Config,
+    device: u32,
+    call: AllReduceRmsNorm<'_>,
+    stream: u64,
+) -> Result<()> {
+    if !matches!(call.x, Input::InPlace) {
+        return Err(Error::InvalidArgument(format!(
+            "{NAME}: the norm alone reads the all-reduced rows from out; pass x in place"
+        )));
+    }
+    let shape = call.check()?;
+    run(
+        cfg,
+        device,
+        call,
+        shape,
+        &CallOpts::on_stream(stream),
+        None,
+        |_, _| Ok(()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args_have_the_kernel_layout() {
+        assert_eq!(
+            std::mem::size_of::<NormArgs>(),
+            kernels::c_struct_size(kernels::RMSNORM_SOURCE, "NormArgs")
+        );
+    }
+
+    #[test]
+    fn a_row_gets_whole_warps_up_to_512_threads() {
+        assert_eq!(threads_for(8), 32);
+        assert_eq!(threads_for(4096), 512);
+        assert_eq!(threads_for(520), 160);
+        assert_eq!(threads_for(16384), 512);
+    }
+}
