@@ -21,7 +21,7 @@ def test_reduce_ops():
     assert repr(p) == "ReduceOp.PREMUL_SUM(0.5)" and repr(ReduceOp.AVG) == "ReduceOp.AVG"
     assert {ReduceOp.MIN, ReduceOp.MIN, ReduceOp.MAX} == {ReduceOp.MIN, ReduceOp.MAX}
     assert ReduceOp.coerce("bxor") == ReduceOp.BXOR
-    with pytest.raises(ValueError, match="unknown reduce op"):
+    with pytest.raises(ferrocomm.FerrocommValueError, match="unknown reduce op"):
         ReduceOp("median")
 
 

@@ -345,6 +345,33 @@ fn threshold(v: Option<usize>, default: usize, var: &str) -> String {
     }
 }
 
+/// What the host backend runs (every communicator on a machine without a GPU): all-reduce flat
+/// up to the flat threshold and tree above it (there is no NCCL to hand large ones to), every
+/// other collective by direct access to shared memory at every size.
+fn host_choices(w: &mut String, cfg: &Config) {
+    use std::fmt::Write as _;
+    let t = &cfg.thresholds;
+    let _ = writeln!(w, "\n== Host backend (what runs here; bytes per rank)");
+    for world in [2usize, 4, 8] {
+        let (_, f, _) = default_all_reduce_thresholds(world);
+        let _ = writeln!(
+            w,
+            "{world} ranks: all_reduce flat <= {}, tree above",
+            threshold(t.flat_max, f, "FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES"),
+        );
+    }
+    let _ = writeln!(
+        w,
+        "other collectives: direct through shared memory at every size"
+    );
+    let _ = writeln!(
+        w,
+        "chunks of {} per rank (FERROCOMM_HOST_SLOT_BYTES); FERROCOMM_ALGO={} forces one where it applies",
+        human(cfg.host_slot_bytes),
+        cfg.algo
+    );
+}
+
 /// The report as text.
 pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
     use std::fmt::Write as _;
@@ -429,7 +456,15 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
     );
 
     let t = &cfg.thresholds;
-    let _ = writeln!(w, "\n== All-reduce thresholds (bytes per rank)");
+    if sys.gpus.is_empty() {
+        host_choices(w, cfg);
+    }
+    let gpu_note = if sys.gpus.is_empty() {
+        "; GPU backends only, none on this machine"
+    } else {
+        ""
+    };
+    let _ = writeln!(w, "\n== All-reduce thresholds (bytes per rank{gpu_note})");
     for world in [2usize, 4, 8] {
         let (p, f, tr) = default_all_reduce_thresholds(world);
         let _ = writeln!(
@@ -464,7 +499,7 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
     };
     let _ = writeln!(
         w,
-        "\n== Direct-access limits (2 ranks; halved above 4 ranks)"
+        "\n== Direct-access limits (2 ranks; halved above 4 ranks{gpu_note})"
     );
     for coll in DIRECT_LIMITED {
         let (v, var) = direct_max_setting(t, coll);
@@ -642,6 +677,41 @@ mod tests {
         };
         let r = render(&cfg, &sys);
         assert!(r.contains("no GPU"), "{r}");
+        // Without a GPU the host backend's choices come first, the GPU thresholds marked.
+        let host = r.find("== Host backend").expect("host section");
+        assert!(host < r.find("== All-reduce thresholds").unwrap(), "{r}");
+        assert!(
+            r.contains("2 ranks: all_reduce flat <= 256 KiB (env FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES), tree above"),
+            "{r}"
+        );
+        let flat4 = ferrocomm::plan::default_all_reduce_thresholds(4).1;
+        let plain = render(&Config::from_lookup(|_| None).unwrap(), &sys);
+        assert!(
+            plain.contains(&format!(
+                "4 ranks: all_reduce flat <= {} (default), tree above",
+                human(flat4)
+            )),
+            "{plain}"
+        );
+        assert!(
+            r.contains("bytes per rank; GPU backends only, none on this machine"),
+            "{r}"
+        );
+        let with_gpu = render(
+            &cfg,
+            &SystemInfo {
+                gpus: vec![Gpu {
+                    index: 0,
+                    name: "H200".into(),
+                    memory_bytes: 141 << 30,
+                    compute_capability: Some((9, 0)),
+                    pci_bus_id: None,
+                }],
+                ..sys.clone()
+            },
+        );
+        assert!(!with_gpu.contains("== Host backend"), "{with_gpu}");
+        assert!(!with_gpu.contains("none on this machine"), "{with_gpu}");
         assert!(
             r.contains("flat <= 256 KiB (env FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES)"),
             "{r}"

@@ -219,6 +219,49 @@ fn sigterm_to_the_launcher_reaches_the_ranks() {
 }
 
 #[test]
+fn torchrun_spellings_are_accepted() {
+    let show = "echo $WORLD_SIZE $MASTER_ADDR $MASTER_PORT";
+    for (n, addr, port) in [
+        ("--nproc_per_node", "--master_addr", "--master_port"),
+        ("--nproc-per-node", "--master-addr", "--master-port"),
+    ] {
+        let o = run(&[
+            "launch",
+            n,
+            "2",
+            addr,
+            "localhost",
+            port,
+            "29517",
+            "--",
+            "sh",
+            "-c",
+            show,
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{n}: {o:?}");
+        let rows: Vec<String> = lines(&o.stdout)
+            .iter()
+            .map(|l| l.split_whitespace().skip(2).collect::<Vec<_>>().join(" "))
+            .collect();
+        assert_eq!(rows, ["2 localhost 29517", "2 localhost 29517"], "{n}");
+    }
+    // --nproc_per_node=N, as torchrun users write it.
+    let o = run(&["launch", "--nproc_per_node=3", "--", "sh", "-c", show]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert_eq!(lines(&o.stdout).len(), 3);
+    for (flag, value, says) in [
+        ("--master-port", "0", "1 to 65535"),
+        ("--master_port", "70000", "70000"),
+        ("--master-addr", "", "empty"),
+    ] {
+        let o = run(&["launch", "-n", "1", flag, value, "--", "true"]);
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}: {o:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{flag} {value}: {err}");
+    }
+}
+
+#[test]
 fn bad_input_is_explained() {
     let o = run(&["launch", "-n", "0", "true"]);
     assert_ne!(o.status.code(), Some(0));
@@ -249,6 +292,52 @@ fn timeout_stops_the_job() {
     let o = run(&["launch", "-n", "2", "--timeout", "0.5", "--", "sleep", "60"]);
     assert_eq!(o.status.code(), Some(124));
     assert!(t0.elapsed() < Duration::from_secs(10));
+}
+
+/// The library's first example, as README has a user run it: built with cargo, started by
+/// `ferrocomm launch`.
+#[test]
+fn the_host_all_reduce_example_runs_under_the_launcher() {
+    // The example belongs to the library crate: cargo builds it into this target directory
+    // (already built and fresh when the whole workspace's tests were built).
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ferrocomm/Cargo.toml");
+    let release = Path::new(env!("CARGO_BIN_EXE_ferrocomm"))
+        .parent()
+        .is_some_and(|d| d.ends_with("release"));
+    let mut build = Command::new(cargo);
+    build
+        .args(["build", "--example", "host_all_reduce", "--manifest-path"])
+        .arg(&manifest);
+    if release {
+        build.arg("--release");
+    }
+    let b = build.output().unwrap();
+    assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    // target/debug/ferrocomm -> target/debug/examples/host_all_reduce
+    let example = Path::new(env!("CARGO_BIN_EXE_ferrocomm"))
+        .with_file_name("examples")
+        .join("host_all_reduce");
+    let o = ferrocomm()
+        .args(["launch", "-n", "3", "--"])
+        .arg(&example)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let mut got = lines(&o.stdout);
+    got.sort();
+    assert_eq!(
+        got,
+        (0..3)
+            .map(|r| format!(
+                "[rank {r}] rank {r} of 3: all_reduce sum of 1000 floats = 6 (0 wrong)"
+            ))
+            .collect::<Vec<_>>()
+    );
+    // Started alone it says how to start it.
+    let o = Command::new(&example).env_remove("RANK").output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("ferrocomm launch"));
 }
 
 #[test]

@@ -40,7 +40,9 @@ fn error_class(e: &Error) -> &'static str {
         | Error::RankOutOfRange { .. }
         | Error::BadEnv { .. }
         | Error::MissingEnv { .. } => "FerrocommValueError",
-        Error::Timeout { .. } | Error::StoreTimeout { .. } => "FerrocommTimeout",
+        Error::Timeout { .. } | Error::StoreTimeout { .. } | Error::RendezvousTimeout { .. } => {
+            "FerrocommTimeout"
+        }
         Error::Unsupported { .. } | Error::LibraryMissing { .. } => "FerrocommUnsupported",
         _ => "FerrocommError",
     }

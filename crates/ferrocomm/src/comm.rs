@@ -21,22 +21,47 @@ use crate::rmsnorm::AllReduceRmsNorm;
 use crate::types::{read_count, DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
-/// How to create a communicator. Unset fields come from the environment.
+/// How to create a communicator ([`Communicator::new`]). Unset fields come from the
+/// environment, as torchrun and `ferrocomm launch` set it; every rank passes the same `name`.
+///
+/// How the ranks meet: through `store` when one is given (a [`crate::bootstrap::MemStore`] for
+/// ranks that are threads of one process, or any [`Store`]); otherwise through a TCP store,
+/// hosted by `ferrocomm launch` (`FERROCOMM_STORE_ADDR`/`FERROCOMM_STORE_PORT`) or else by rank
+/// 0 at `MASTER_ADDR`:`MASTER_PORT` (`MASTER_PORT + 1` under torchrun, whose own store holds
+/// `MASTER_PORT`). A one-rank communicator with a store given needs no environment at all.
 #[derive(Clone, Default)]
 pub struct CommOptions {
+    /// The communicator's name, the same on every rank (empty: `default`). Communicators of
+    /// different names, or created one after another under one name, never share store keys.
     pub name: String,
+    /// Which backend to build (`None`: `FERROCOMM_BACKEND`, by default `auto`: the CUDA backend
+    /// when the device is a GPU, the host backend otherwise).
     pub backend: Option<BackendChoice>,
+    /// The device whose buffers the collectives take (`None`: GPU `local_rank` when there is a
+    /// GPU and the backend is not `host`, else [`Device::Host`]).
     pub device: Option<Device>,
+    /// This rank, below `size` (`None`: `RANK`, or `OMPI_COMM_WORLD_RANK`).
     pub rank: Option<usize>,
+    /// The number of ranks (`None`: `WORLD_SIZE`, or `OMPI_COMM_WORLD_SIZE`).
     pub size: Option<usize>,
+    /// This rank among those on its machine (`None`: `LOCAL_RANK`, else `rank`); picks the
+    /// default GPU.
     pub local_rank: Option<usize>,
+    /// The number of ranks on this machine (`None`: `LOCAL_WORLD_SIZE`, else `size`).
     pub local_size: Option<usize>,
+    /// The store the ranks meet through (`None`: the TCP store the environment names, as above).
     pub store: Option<Arc<dyn Store>>,
+    /// How long a rank waits for its peers, at creation and in every collective (`None`:
+    /// `FERROCOMM_TIMEOUT_S`, 300 s by default); a peer that does not arrive in time is named in
+    /// the error.
     pub timeout: Option<Duration>,
+    /// Every setting (`None`: [`Config::from_env`], the `FERROCOMM_*` variables); `timeout`
+    /// above overrides its timeout.
     pub config: Option<Config>,
 }
 
 impl CommOptions {
+    /// Options with `name` and everything else from the environment.
     pub fn new(name: impl Into<String>) -> Self {
         CommOptions {
             name: name.into(),

@@ -95,6 +95,21 @@ pub enum Error {
     #[error("store: timed out after {timeout:?} waiting for key '{key}'")]
     StoreTimeout { key: String, timeout: Duration },
 
+    /// A joint step through the store (`tag`, such as `settings`) that some ranks never joined.
+    #[error(
+        "store: rank {rank} timed out after {timeout:?} at '{tag}' waiting for {}: {} of {world} \
+         ranks never joined (not started, crashed, or created a communicator under another name)",
+        rank_list(missing), missing.len()
+    )]
+    RendezvousTimeout {
+        tag: String,
+        rank: usize,
+        world: usize,
+        /// The ranks that had not joined when the wait ended, in order.
+        missing: Vec<usize>,
+        timeout: Duration,
+    },
+
     #[error("{library} is not available: {why}")]
     LibraryMissing { library: &'static str, why: String },
 
@@ -131,5 +146,15 @@ impl Error {
             context: context.into(),
             source,
         }
+    }
+}
+
+/// "rank 3" or "ranks 1, 2 and 5".
+fn rank_list(ranks: &[usize]) -> String {
+    let names: Vec<String> = ranks.iter().map(usize::to_string).collect();
+    match names.as_slice() {
+        [] => "no rank".into(),
+        [one] => format!("rank {one}"),
+        [head @ .., last] => format!("ranks {} and {last}", head.join(", ")),
     }
 }

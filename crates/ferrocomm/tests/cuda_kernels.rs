@@ -1,6 +1,11 @@
 //! The direct-access kernels: the variant table agrees with the source (always), and every
 //! variant compiles with NVRTC for sm_90 (needs libnvrtc: the system path, FERROCOMM_NVRTC_LIB,
 //! or python's nvidia-cuda-nvrtc==13.0.88 wheel; the test fails when none is found).
+//!
+//! The compile goes through the kernel cache (`FERROCOMM_KERNEL_CACHE`), as a communicator's
+//! does: a cubin is reused only for the same source, options, arch and NVRTC version, so a hit
+//! means this very source compiled with this NVRTC before, and an edited kernel compiles again.
+//! `scripts/test.sh` keeps the cache in `target/kernel-cache`.
 
 use ferrocomm::cuda::kernels::{
     self, ALGOS, ALL_REDUCE_SOURCE, COLLECTIVES_SOURCE, COLL_ENTRIES, COLL_OP_ENTRIES,
@@ -228,17 +233,29 @@ fn every_variant_compiles_with_nvrtc() {
     }
     let (major, minor) = kernels::nvrtc_version().unwrap();
     assert!(major >= 12, "NVRTC {major}.{minor} is too old");
+    let ver = (major, minor);
+    let t0 = std::time::Instant::now();
+    // One module per element type, all at once (NVRTC compiles programs in parallel).
     std::thread::scope(|s| {
         let hs: Vec<_> = VARIANTS
             .iter()
             .map(|(d, _)| {
                 let cfg = &cfg;
-                (*d, s.spawn(move || kernels::compile(*d, "sm_90", cfg)))
+                let cached = kernels::cache_path(&cfg.kernel_cache, *d, "sm_90", ver).exists();
+                let h = s.spawn(move || {
+                    let t = std::time::Instant::now();
+                    kernels::cubin(*d, "sm_90", cfg).map(|b| (b, t.elapsed()))
+                });
+                (*d, cached, h)
             })
             .collect();
-        for (d, h) in hs {
+        for (d, cached, h) in hs {
             let bin = match h.join().unwrap() {
-                Ok(b) => b,
+                Ok((b, took)) => {
+                    let how = if cached { "from the cache" } else { "compiled" };
+                    eprintln!("{d}: {how} in {:.1} s", took.as_secs_f64());
+                    b
+                }
                 Err(e) => panic!("{d}: {e}"),
             };
             assert_eq!(&bin[..4], b"\x7fELF", "{d}: not a cubin");
@@ -259,6 +276,11 @@ fn every_variant_compiles_with_nvrtc() {
             }
         }
     });
+    eprintln!(
+        "every variant for sm_90 in {:.1} s (cache {})",
+        t0.elapsed().as_secs_f64(),
+        cfg.kernel_cache.display()
+    );
 }
 
 #[test]

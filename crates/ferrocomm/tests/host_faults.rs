@@ -9,6 +9,58 @@ use ferrocomm::{CallOpts, DataType, Error, Input, ReduceOp, Splits, View, ViewMu
 use host_support::*;
 
 #[test]
+fn ranks_that_never_join_are_named_when_creation_times_out() {
+    // Ranks 0 and 2 of 4 start; 1 and 3 never do.
+    let timeout = Duration::from_millis(300);
+    let store: std::sync::Arc<dyn ferrocomm::bootstrap::Store> =
+        ferrocomm::bootstrap::MemStore::new();
+    let name = unique_name("join");
+    let cfg = config(4096, timeout);
+    let errs: Vec<Error> = std::thread::scope(|s| {
+        let hs: Vec<_> = [0, 2]
+            .map(|r| {
+                let (store, name, cfg) = (store.clone(), &name, &cfg);
+                s.spawn(move || {
+                    ferrocomm::Communicator::new(ferrocomm::CommOptions {
+                        name: name.clone(),
+                        rank: Some(r),
+                        size: Some(4),
+                        store: Some(store),
+                        backend: Some(ferrocomm::config::BackendChoice::Host),
+                        config: Some(cfg.clone()),
+                        ..Default::default()
+                    })
+                    .err()
+                    .expect("created without ranks 1 and 3")
+                })
+            })
+            .into_iter()
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (e, r) in errs.iter().zip([0, 2]) {
+        match e {
+            Error::RendezvousTimeout {
+                rank,
+                world,
+                missing,
+                ..
+            } => assert_eq!(
+                (*rank, *world, missing.as_slice()),
+                (r, 4, &[1, 3][..]),
+                "{e}"
+            ),
+            other => panic!("rank {r}: {other}"),
+        }
+        let text = e.to_string();
+        assert!(
+            text.contains("waiting for ranks 1 and 3: 2 of 4 ranks never joined"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
 fn a_rank_that_never_arrives_is_named_in_the_timeout() {
     let timeout = Duration::from_millis(300);
     let (tx, rx) = std::sync::Mutex::new(std::sync::mpsc::channel::<()>())

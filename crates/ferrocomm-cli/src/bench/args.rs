@@ -129,7 +129,11 @@ pub struct Plan {
     pub min_bytes: usize,
     pub max_bytes: usize,
     pub step: Step,
+    /// The JSON writes these by the rows' names (`float`, `sum`), the ops for reducing
+    /// collectives only (see `json::PlanJson`).
+    #[serde(skip)]
     pub dtypes: Vec<DataType>,
+    #[serde(skip)]
     pub ops: Vec<ReduceOp>,
     /// `None`: every rank in turn (`-r all`).
     pub root: Option<usize>,
@@ -139,7 +143,9 @@ pub struct Plan {
     pub check: bool,
     pub blocking: bool,
     pub mode: Mode,
-    /// GPU measurements start after a device-side line-up (not `--host-start`).
+    /// GPU measurements start after a device-side line-up (not `--host-start`). Asked for, not
+    /// what happened (the host backend has no device): the JSON writes the start in effect.
+    #[serde(skip)]
     pub device_start: bool,
     pub algo: Algo,
     pub vs_nccl: bool,

@@ -1,10 +1,7 @@
 //! `--json FILE`: every row and the context of the run (machine, libraries, settings, revision,
 //! date, command line), for tools and for the results archive.
 
-use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
-
-use anyhow::Context as _;
 
 use super::args::Plan;
 use super::table::{Row, Summary};
@@ -38,11 +35,41 @@ pub struct RunContext {
     pub env: Vec<EnvEntry>,
 }
 
+/// The plan as the file shows it: in the words of the header and the rows.
+#[derive(Debug, serde::Serialize)]
+pub struct PlanJson<'a> {
+    #[serde(flatten)]
+    pub plan: &'a Plan,
+    /// Where each measurement starts, as in the header: `device` (a device-side line-up) or
+    /// `host`.
+    pub start: &'static str,
+    /// Element types by the rows' names (`float`, `half`, ...).
+    pub dtypes: Vec<&'static str>,
+    /// Reduction operators by the rows' names; absent for collectives that do not reduce.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ops: Option<Vec<&'static str>>,
+}
+
+impl<'a> PlanJson<'a> {
+    /// `device_start`: whether the measurements start on the device in this run.
+    pub fn new(plan: &'a Plan, device_start: bool) -> Self {
+        PlanJson {
+            plan,
+            start: if device_start { "device" } else { "host" },
+            dtypes: plan.dtypes.iter().map(|d| d.name()).collect(),
+            ops: plan
+                .coll
+                .reduces()
+                .then(|| plan.ops.iter().map(|o| o.name()).collect()),
+        }
+    }
+}
+
 /// The whole file.
 #[derive(Debug, serde::Serialize)]
 pub struct Report<'a> {
     pub context: &'a RunContext,
-    pub plan: &'a Plan,
+    pub plan: PlanJson<'a>,
     pub mode: String,
     pub rows: &'a [Row],
     pub summary: Progress,
@@ -100,9 +127,11 @@ pub fn now_iso8601() -> String {
     iso8601(secs)
 }
 
-pub fn write(path: &Path, report: &Report<'_>) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(report)?;
-    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+/// The file's text.
+pub fn render(report: &Report<'_>) -> anyhow::Result<Vec<u8>> {
+    let mut text = serde_json::to_vec_pretty(report)?;
+    text.push(b'\n');
+    Ok(text)
 }
 
 #[cfg(test)]
@@ -163,7 +192,7 @@ mod tests {
         }];
         let r = Report {
             context: &ctx,
-            plan: &plan,
+            plan: PlanJson::new(&plan, false),
             mode: "eager".into(),
             rows: &rows,
             summary: Progress {
@@ -181,6 +210,20 @@ mod tests {
         assert_eq!(v["context"]["git_revision"], "abc");
         assert_eq!(v["context"]["backend"], "host (no GPU found)");
         assert_eq!(v["plan"]["sizes"], serde_json::json!([1024, 2048]));
+        // The plan in the rows' and the header's words.
+        assert_eq!(v["plan"]["start"], "host");
+        assert_eq!(v["plan"]["dtypes"], serde_json::json!(["float"]));
+        assert_eq!(v["plan"]["ops"], serde_json::json!(["sum"]));
+        assert!(v["plan"].get("device_start").is_none(), "{}", v["plan"]);
+        let gather = Cli::try_parse_from(["b", "all_gather", "-d", "half,bfloat16"])
+            .unwrap()
+            .a
+            .plan()
+            .unwrap();
+        let g = serde_json::to_value(PlanJson::new(&gather, true)).unwrap();
+        assert_eq!(g["start"], "device");
+        assert_eq!(g["dtypes"], serde_json::json!(["half", "bfloat16"]));
+        assert!(g.get("ops").is_none(), "all_gather has no ops: {g}");
         assert_eq!(v["summary"]["wrong"], 0);
     }
 }

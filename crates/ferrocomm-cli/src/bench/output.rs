@@ -1,8 +1,11 @@
 //! Rank 0's files (`--json`, `--plot`), rewritten after every finished size so that a sweep cut
 //! short (a time limit, SIGTERM or SIGINT, an error on a later size) keeps every row it measured.
 //!
-//! Each file is written beside its final name and renamed over it, so a reader (or a kill) never
-//! sees half a file; a SIGTERM/SIGINT that arrives during a write takes effect right after it.
+//! Each file is first made in memory (the plot takes seconds in a debug build), then written
+//! beside its final name and renamed over it, so a reader never sees half a file. A SIGTERM/SIGINT
+//! that arrives while a file is made ends the process at once (nothing is on disk yet); one that
+//! arrives while the bytes are written and renamed (milliseconds) takes effect right after, well
+//! inside the launcher's grace before SIGKILL: no temporary file is left behind.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -16,6 +19,8 @@ use super::table::{self, Row};
 /// What rank 0 writes, and what it needs to write it again after each size.
 pub struct Outputs<'a> {
     plan: &'a Plan,
+    /// Whether the measurements start on the device (as the header says).
+    device_start: bool,
     /// The JSON's context (present when the plan asks for JSON).
     context: Option<RunContext>,
     title: String,
@@ -24,10 +29,17 @@ pub struct Outputs<'a> {
 
 impl<'a> Outputs<'a> {
     /// Prepares the files the plan asks for; `planned` rows in all, `title` for the plot.
-    pub fn new(plan: &'a Plan, context: Option<RunContext>, title: String, planned: usize) -> Self {
+    pub fn new(
+        plan: &'a Plan,
+        device_start: bool,
+        context: Option<RunContext>,
+        title: String,
+        planned: usize,
+    ) -> Self {
         hold::install();
         Outputs {
             plan,
+            device_start,
             context,
             title,
             planned,
@@ -36,11 +48,11 @@ impl<'a> Outputs<'a> {
 
     /// Writes the files for the rows done so far; `complete` once the sweep has finished.
     pub fn save(&self, rows: &[Row], complete: bool) -> anyhow::Result<()> {
-        let _held = hold::Held::begin();
+        let mut files: Vec<(&Path, Vec<u8>)> = Vec::new();
         if let (Some(path), Some(context)) = (&self.plan.json, &self.context) {
             let report = Report {
                 context,
-                plan: self.plan,
+                plan: json::PlanJson::new(self.plan, self.device_start),
                 mode: self.plan.mode.describe(),
                 rows,
                 summary: Progress {
@@ -50,36 +62,39 @@ impl<'a> Outputs<'a> {
                     rows_planned: self.planned,
                 },
             };
-            replace(path, |tmp| json::write(tmp, &report))?;
+            files.push((path, json::render(&report)?));
         }
         if let Some(path) = &self.plan.plot {
             if !rows.is_empty() {
-                replace(path, |tmp| super::plot::draw(tmp, &self.title, rows))?;
+                files.push((path, super::plot::render(&self.title, rows)?));
             }
+        }
+        // Only the writes are held: both files show the same rows once a signal takes effect.
+        let _held = hold::Held::begin();
+        for (path, bytes) in files {
+            replace(path, &bytes)?;
         }
         Ok(())
     }
 }
 
-/// A temporary name beside `path`, with the same extension (the plot's encoder picks the image
-/// format from it).
+/// A temporary name beside `path` (same directory, so the rename cannot cross file systems).
 fn temp_beside(path: &Path) -> PathBuf {
     let name = path
         .file_name()
         .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
-    let ext = path
-        .extension()
-        .map_or_else(|| "tmp".into(), |e| e.to_string_lossy().into_owned());
-    path.with_file_name(format!(".{name}.{}.partial.{ext}", std::process::id()))
+    path.with_file_name(format!(".{name}.{}.partial", std::process::id()))
 }
 
-/// Writes `path` through a temporary file renamed over it.
-fn replace(path: &Path, write: impl FnOnce(&Path) -> anyhow::Result<()>) -> anyhow::Result<()> {
+/// Writes `bytes` to `path` through a temporary file renamed over it.
+fn replace(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let tmp = temp_beside(path);
-    let r = write(&tmp).and_then(|()| {
-        std::fs::rename(&tmp, path)
-            .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
-    });
+    let r = std::fs::write(&tmp, bytes)
+        .with_context(|| format!("writing {}", tmp.display()))
+        .and_then(|()| {
+            std::fs::rename(&tmp, path)
+                .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+        });
     if r.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
@@ -152,24 +167,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn replacing_leaves_the_old_file_when_the_write_fails() {
+    fn replacing_leaves_the_old_file_when_the_rename_fails() {
         let d = std::env::temp_dir().join(format!("ferrocomm-output-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
         let p = d.join("r.png");
         assert_eq!(
             temp_beside(&p).file_name().unwrap().to_str().unwrap(),
-            format!(".r.png.{}.partial.png", std::process::id())
+            format!(".r.png.{}.partial", std::process::id())
         );
-        replace(&p, |t| Ok(std::fs::write(t, b"one")?)).unwrap();
+        replace(&p, b"one").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"one");
-        let e = replace(&p, |t| {
-            std::fs::write(t, b"tw")?;
-            anyhow::bail!("cut short")
-        });
-        assert!(e.is_err());
-        assert_eq!(std::fs::read(&p).unwrap(), b"one");
-        let left: Vec<_> = std::fs::read_dir(&d).unwrap().collect();
-        assert_eq!(left.len(), 1, "the temporary file is removed");
+        replace(&p, b"two").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        // A directory in the way: the rename fails and the temporary file goes.
+        let blocked = d.join("dir");
+        std::fs::create_dir_all(blocked.join("inside")).unwrap();
+        assert!(replace(&blocked, b"three").is_err());
+        assert!(blocked.join("inside").is_dir());
+        let mut left: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["dir", "r.png"], "the temporary file is removed");
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -413,7 +413,8 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
             system: crate::info::probe_system(&cfg),
             env: crate::info::env_entries(&cfg),
         });
-        Outputs::new(plan, context, title, total)
+        let device_start = line_up_word(plan, engine.as_ref()).is_some();
+        Outputs::new(plan, device_start, context, title, total)
     });
     let mut rows: Vec<Row> = Vec::new();
     let mut my_wrong = 0u64;

@@ -168,6 +168,8 @@ pub fn decode_i64(key: &str, v: &[u8]) -> Result<i64> {
 }
 
 /// Every rank contributes `data` under `tag`; returns all ranks' contributions in rank order.
+/// A rank that has not contributed within `timeout` ends the wait with
+/// [`Error::RendezvousTimeout`], naming every rank still missing then.
 pub fn all_gather_bytes(
     store: &dyn Store,
     tag: &str,
@@ -178,12 +180,31 @@ pub fn all_gather_bytes(
 ) -> Result<Vec<Vec<u8>>> {
     store.set(&format!("{tag}/{rank}"), data)?;
     let deadline = Instant::now() + timeout;
-    (0..world)
-        .map(|r| {
-            let left = deadline.saturating_duration_since(Instant::now());
-            store.get(&format!("{tag}/{r}"), left)
-        })
-        .collect()
+    let mut all = Vec::with_capacity(world);
+    for r in 0..world {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match store.get(&format!("{tag}/{r}"), left) {
+            Ok(v) => all.push(v),
+            Err(Error::StoreTimeout { .. }) => {
+                // Rank r is missing; the later ones may be too (a look each, no wait).
+                let mut missing = vec![r];
+                for q in r + 1..world {
+                    if !store.check(&format!("{tag}/{q}"))? {
+                        missing.push(q);
+                    }
+                }
+                return Err(Error::RendezvousTimeout {
+                    tag: tag.to_string(),
+                    rank,
+                    world,
+                    missing,
+                    timeout,
+                });
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(all)
 }
 
 /// The outcome of [`agree`]: every rank's payload in rank order, or every failure as
@@ -307,7 +328,39 @@ mod tests {
         // A rank that never reports: the others get the store's timeout, not a hang.
         let s = MemStore::new();
         let e = agree(&*s, "t", 0, 2, Ok(vec![]), Duration::from_millis(50)).unwrap_err();
-        assert!(e.to_string().contains("t/1"), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "store: rank 0 timed out after 50ms at 't' waiting for rank 1: 1 of 2 ranks never \
+             joined (not started, crashed, or created a communicator under another name)"
+        );
+    }
+
+    #[test]
+    fn a_gather_timeout_names_every_rank_that_never_joined() {
+        let s = MemStore::new();
+        // Of 6 ranks, 0, 2 and 4 arrive; 1, 3 and 5 never do.
+        for r in [2, 4] {
+            s.set(&format!("g/{r}"), b"x").unwrap();
+        }
+        let e = all_gather_bytes(&*s, "g", 0, 6, b"x", Duration::from_millis(30)).unwrap_err();
+        match &e {
+            Error::RendezvousTimeout {
+                tag,
+                rank,
+                world,
+                missing,
+                ..
+            } => assert_eq!(
+                (tag.as_str(), *rank, *world, missing.clone()),
+                ("g", 0, 6, vec![1, 3, 5])
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            e.to_string()
+                .contains("waiting for ranks 1, 3 and 5: 3 of 6 ranks never joined"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -246,7 +246,13 @@ impl HostBackend {
             if self.seg.failed(peer).load(Ordering::Relaxed) != 0 {
                 return Err(Stop::PeerFailed);
             }
-            backoff.pause(|| process_alive(self.seg.pid(peer).load(Ordering::Relaxed) as u32))?;
+            if let Err(stop) =
+                backoff.pause(|| process_alive(self.seg.pid(peer).load(Ordering::Relaxed) as u32))
+            {
+                // The peer may have arrived and exited between the look and the liveness check
+                // (the last barrier of a run): what it published still counts.
+                return if ready() { Ok(()) } else { Err(stop) };
+            }
         }
         Ok(())
     }
