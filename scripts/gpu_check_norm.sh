@@ -5,8 +5,12 @@
 #   scripts/gpu_check_norm.sh BUILD_DIR OUT_DIR [gpu_check_norm flags...]
 #
 # BUILD_DIR is what scripts/gpu_prepare.sh made (bin/ferrocomm, bin/gpu_check_norm, the kernel
-# cache kc/, the wheel dist/); the logs go to OUT_DIR/gpu_check_norm-<ranks>.log and, with the
-# wheel, OUT_DIR/check_rmsnorm-<ranks>.log (python/tests/gpu/check_rmsnorm.py, torch tensors).
+# cache kc/, the wheel dist/). The Rust check runs three times at each size: two launches
+# (FERROCOMM_RMSNORM_FUSED=0), one launch (=1: flat and tree calls take the one-shot and the
+# two-shot kernel, auto the one-shot), and one launch with FERROCOMM_RMSNORM_FLAT_MAX_BYTES=65536
+# (auto takes the two-shot above 64 KiB); logs OUT_DIR/gpu_check_norm-<mode>-<ranks>.log. With
+# the wheel, OUT_DIR/check_rmsnorm-<mode>-<ranks>.log (python/tests/gpu/check_rmsnorm.py, torch
+# tensors) with two and with one launch.
 # With fewer GPUs than ranks the ranks share them (--share-gpus: NCCL left out, as NCCL refuses
 # two ranks on one GPU). Flags go to gpu_check_norm (--quick). Exits non-zero when a run fails.
 set -uo pipefail
@@ -25,11 +29,17 @@ export FERROCOMM_TIMEOUT_S="${FERROCOMM_TIMEOUT_S:-30}"
 nvidia-smi -L | tee "$out/gpu_check_norm-machine.txt" || true
 ngpu="$(nvidia-smi -L 2>/dev/null | wc -l)"
 status=0
-for n in 2 3; do
-  share=()
-  [ "$ngpu" -ge "$n" ] || share=(--share-gpus)
-  "$bin/ferrocomm" launch -n "$n" --timeout 560 -- "$bin/gpu_check_norm" "${share[@]}" "$@" \
-    2>&1 | tee "$out/gpu_check_norm-$n.log" || status=1
+# mode name, FERROCOMM_RMSNORM_FUSED, FERROCOMM_RMSNORM_FLAT_MAX_BYTES (-: the default)
+for m in "two-launch 0 -" "fused 1 -" "fused-tree 1 65536"; do
+  read -r name fused flat <<< "$m"
+  flat="${flat#-}"
+  for n in 2 3; do
+    share=()
+    [ "$ngpu" -ge "$n" ] || share=(--share-gpus)
+    FERROCOMM_RMSNORM_FUSED="$fused" FERROCOMM_RMSNORM_FLAT_MAX_BYTES="$flat" \
+      "$bin/ferrocomm" launch -n "$n" --timeout 560 -- "$bin/gpu_check_norm" "${share[@]}" "$@" \
+      2>&1 | tee "$out/gpu_check_norm-$name-$n.log" || status=1
+  done
 done
 # The Python API on CUDA tensors (torch), from the wheel gpu_prepare.sh built.
 if ls "$build"/dist/ferrocomm-*.whl > /dev/null 2>&1; then
@@ -37,12 +47,15 @@ if ls "$build"/dist/ferrocomm-*.whl > /dev/null 2>&1; then
   trap 'rm -rf "$site"' EXIT
   python3 -m pip install -q --no-deps --no-index --target "$site" "$build"/dist/ferrocomm-*.whl
   here="$(cd "$(dirname "$0")/.." && pwd)"
-  for n in 2 3; do
-    share=()
-    [ "$ngpu" -ge "$n" ] || share=(--share-gpus)
-    PYTHONPATH="$site:$here/python/tests/gpu" "$bin/ferrocomm" launch -n "$n" --timeout 300 -- \
-      python3 "$here/python/tests/gpu/check_rmsnorm.py" "${share[@]}" \
-      2>&1 | tee "$out/check_rmsnorm-$n.log" || status=1
+  for fused in 0 1; do
+    for n in 2 3; do
+      share=()
+      [ "$ngpu" -ge "$n" ] || share=(--share-gpus)
+      FERROCOMM_RMSNORM_FUSED="$fused" PYTHONPATH="$site:$here/python/tests/gpu" \
+        "$bin/ferrocomm" launch -n "$n" --timeout 300 -- \
+        python3 "$here/python/tests/gpu/check_rmsnorm.py" "${share[@]}" \
+        2>&1 | tee "$out/check_rmsnorm-fused$fused-$n.log" || status=1
+    done
   done
 fi
 exit $status

@@ -16,6 +16,10 @@
 #             n-rank kernels only); SHARED_WORLDS, SHARED_CHECKS, SHARED_FLAGS (--quick)
 #   sanitize  compute-sanitizer memcheck and racecheck over the three programs (scripts/gpu_sanitize.sh)
 #   python    the Python package's GPU checks (python/tests/gpu), the wheel from BUILD_DIR/dist
+#   torch     the "ferrocomm" torch.distributed backend against gloo (collectives, CUDA graphs,
+#             torch.compile, DTensor, transformers tp_plan="auto"; needs transformers, and
+#             accelerate installed or carried in BUILD_DIR/dist/extra), and
+#             scripts/torch_overhead.py's host time per call (~5 min)
 #   bench     the bench tables: all-reduce graph mode, low precision (two GPUs or more)
 #   coll      the direct-access collectives' tables (five benches, ~45 s each)
 #   p2p       send/recv and the device-count all-to-all-v against NCCL, scripts/gpu_link_ceiling.py
@@ -118,6 +122,26 @@ if want python; then
   # shellcheck disable=SC2086
   PYTHONPATH="$site" \
     step python_lists 90 torchrun --nproc_per_node 2 python/tests/gpu/check_lists.py $share
+fi
+if want torch; then
+  if [ -z "${site:-}" ]; then  # the python part's install, else one of its own
+    site="$(mktemp -d /tmp/ferrocomm-site-XXXXXX)"
+    trap 'rm -rf "$site"' EXIT
+    python3 -m pip install -q --no-deps --no-index --target "$site" "$build"/dist/ferrocomm-*.whl \
+      > "$res/pip.txt" 2>&1
+  fi
+  # transformers' tp_plan needs accelerate: wheels carried in BUILD_DIR/dist/extra (pip download
+  # accelerate psutil --no-deps --python-version 3.12 --only-binary=:all: -d BUILD_DIR/dist/extra)
+  # are installed beside the package when the machine lacks them.
+  if ! python3 -c "import accelerate" 2> /dev/null && ls "$build"/dist/extra/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-deps --no-index --target "$site" "$build"/dist/extra/*.whl \
+      >> "$res/pip.txt" 2>&1
+  fi
+  # gloo on CPU copies is the reference, so NCCL stays off and the ranks may share one GPU.
+  FERROCOMM_NCCL_LIB=/nonexistent CHECK_WATCHDOG_S=530 PYTHONPATH="$site" \
+    step torch_backend 540 torchrun --nproc_per_node 2 python/tests/gpu/check_torch_backend.py \
+    "$res/torch_backend"
+  PYTHONPATH="$site" step torch_overhead 240 python3 "$here/torch_overhead.py" "$res/torch_overhead"
 fi
 if want coll && timing coll; then
   # The direct-access collectives against NCCL, graph mode (docs/tuning.md's tables).

@@ -9,7 +9,7 @@ torch is optional: numpy arrays and CPU tensors work on the host backend, CUDA t
 cuda and nccl backends.
 """
 
-from ._comm import BatchSendRecv, Comm, Work, new_comm
+from ._comm import BatchSendRecv, Comm, CommOptions, Work, new_comm
 from ._fused import all_reduce_rmsnorm
 from ._errors import (
     FerrocommError,
@@ -28,6 +28,7 @@ __all__ = [
     "all_reduce_rmsnorm",
     "BatchSendRecv",
     "Comm",
+    "CommOptions",
     "TorchComm",
     "Work",
     "TorchWork",

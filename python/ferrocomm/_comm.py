@@ -1,15 +1,20 @@
 """The communicator object and its work objects (torchcomms' TorchComm and TorchWork)."""
 
 import datetime
+import functools
 import numbers
 import operator
+import os
+import sys
+from time import monotonic as _monotonic
+from time import sleep as _sleep
 
 from . import _native
 from . import _tensors as T
-from ._errors import FerrocommError, FerrocommValueError
+from ._errors import FerrocommError, FerrocommTimeout, FerrocommValueError
 from ._ops import ReduceOp
 
-__all__ = ["BatchSendRecv", "Comm", "Work", "new_comm"]
+__all__ = ["BatchSendRecv", "Comm", "CommOptions", "Work", "new_comm"]
 
 _HINT_KEYS = ("low_precision", "algo")
 
@@ -85,16 +90,21 @@ class _DoneWork(Work):
         return "Work(completed)"
 
 
+# What every call issued with async_op=False returns: it holds nothing, so one object serves all.
+_DONE = _DoneWork()
+
+
 class _HostWork(Work):
     """A host collective running on the communicator's work thread."""
 
-    def __init__(self, native, keep, post):
+    def __init__(self, native, keep, post, limit=None):
         self._native = native
         self._keep = keep
         self._post = post
+        self._limit = limit
 
     def wait(self, timeout=None):
-        self._native.wait(timeout)
+        self._native.wait(self._limit if timeout is None else _timeout_seconds(timeout))
         # Results of list variants are copied out of the staging buffer here, once.
         post, self._post = self._post, ()
         for f in post:
@@ -111,17 +121,28 @@ class _HostWork(Work):
 class _CudaWork(Work):
     """A CUDA collective: an event recorded on the stream right after it."""
 
-    def __init__(self, event, device, keep):
+    def __init__(self, event, device, keep, limit=None):
         self._event = event
         self._device = device
         self._keep = keep
+        self._limit = limit
 
-    def wait(self):
+    def wait(self, timeout=None):
+        del timeout  # ordering the stream does not block the host
         torch = T._torch()
         torch.cuda.current_stream(self._device).wait_event(self._event)
 
-    def wait_blocking(self):
-        self._event.synchronize()
+    def wait_blocking(self, timeout=None):
+        limit = self._limit if timeout is None else _timeout_seconds(timeout)
+        if limit is None:
+            self._event.synchronize()
+        else:
+            deadline = _monotonic() + limit
+            while not self._event.query():
+                if _monotonic() > deadline:
+                    raise FerrocommTimeout(
+                        f"CUDA work did not complete within {limit:g}s (work still pending)")
+                _sleep(0.0002)
         self._keep = ()
 
     def is_completed(self):
@@ -184,11 +205,17 @@ class Comm:
     tensors on the cuda and nccl backends), contiguous, without copying them.
     """
 
-    def __init__(self, native, requested_backend, hints=None):
+    def __init__(self, native, requested_backend, hints=None, options=None):
         self._n = native
         self._requested = requested_backend
         self._hints = dict(hints or {})
         self._finalized = False
+        self._cuda = native.device_index != T.HOST
+        # torchcomms parity: per-call timeouts, abort, options (see "-- torchcomms parity").
+        self._options = options or {}
+        self._call_timeout = None
+        self._timeout = None
+        self._aborted = None
 
     # -- information ---------------------------------------------------------------------
 
@@ -220,6 +247,8 @@ class Comm:
         return torch.device(name) if torch is not None else name
 
     def get_timeout(self):
+        if self._timeout is not None:
+            return datetime.timedelta(seconds=self._timeout)
         return datetime.timedelta(seconds=self._n.timeout_s)
 
     def get_hints(self):
@@ -245,10 +274,12 @@ class Comm:
     # -- lifecycle -------------------------------------------------------------------------
 
     def finalize(self):
-        """Waits for queued work and releases the communicator; later calls raise."""
+        """Waits for queued work and releases the communicator; later calls raise. After
+        ``abort()`` it returns at once (the abandoned work is not waited for)."""
         if not self._finalized:
             self._finalized = True
-            self._n.finalize()
+            if self._aborted is None:
+                self._n.finalize()
 
     def __enter__(self):
         return self
@@ -266,7 +297,7 @@ class Comm:
         if sub is None:
             return None
         merged = {**self._hints, **_check_hints(hints, "split")}
-        return Comm(sub, self._requested, merged)
+        return Comm(sub, self._requested, merged, {**self._options, "name": str(name)})
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -284,16 +315,22 @@ class Comm:
                batch=None, async_op=False, hints=None, keep=(), post=()):
         if self._finalized:
             raise FerrocommError(f"{coll}: communicator '{self.get_name()}' has been finalized")
+        if self._aborted is not None:
+            raise FerrocommError(
+                f"{coll}: communicator '{self.get_name()}' has been aborted ({self._aborted})")
         h = {**self._hints, **_check_hints(hints, coll)}
         opname, factor = ("sum", 1.0) if op is None else ReduceOp.coerce(op).native()
-        cuda = self._n.device_index != T.HOST
+        cuda = self._cuda
+        # A per-call (or set_timeout) bound: host calls then run on the work thread and the
+        # caller waits that long at most. CUDA calls only enqueue; it bounds wait_blocking().
+        limit = self._call_timeout if self._call_timeout is not None else self._timeout
         stream = 0
         torch = None
         if cuda:
             torch = T._torch()
             if torch is None:
                 raise FerrocommValueError(f"{coll}: CUDA communicators need torch tensors")
-            stream = torch.cuda.current_stream(self._n.device_index).cuda_stream
+            stream = T.current_stream_handle(torch, self._n.device_index)
         raws = []
         for b in (out, inp):
             if b is None:
@@ -320,12 +357,16 @@ class Comm:
             "stream": stream,
             "algo": h.get("algo"),
             "low_precision": h.get("low_precision"),
-            "async_op": bool(async_op) and not cuda,
+            "async_op": (bool(async_op) or limit is not None) and not cuda,
             "counts": counts,
             "batch": native_batch,
         })
         if native_work is not None:
-            return _HostWork(native_work, keep, post)
+            work = _HostWork(native_work, keep, post, limit)
+            if async_op:
+                return work
+            self._bounded_wait(coll, work, limit)
+            return _DONE
         # Issued (CUDA: enqueued on the current stream; host: finished). Copies of list
         # variants go on the same stream, after the collective.
         for f in post:
@@ -333,8 +374,8 @@ class Comm:
         if cuda and async_op:
             ev = torch.cuda.Event()
             ev.record(torch.cuda.current_stream(self._n.device_index))
-            return _CudaWork(ev, self._n.device_index, keep)
-        return _DoneWork()
+            return _CudaWork(ev, self._n.device_index, keep, limit)
+        return _DONE
 
     def _in_place_or(self, out, inp, offset_elems):
         """None (in place) when `inp` is `out` shifted by `offset_elems` elements (NCCL's in-place
@@ -739,6 +780,145 @@ class Comm:
         return [s * per_row for s in sizes]
 
 
+# ---------------------------------------------------------------------------------------------
+# torchcomms parity: per-call timeouts, abort, options, gather_single
+
+class CommOptions:
+    """What ``Comm.get_options()`` returns (torchcomms' CommOptions)."""
+
+    __slots__ = ("abort_process_on_timeout_or_error", "timeout", "store", "name", "hints")
+
+    def __init__(self, abort_process_on_timeout_or_error, timeout, store, name, hints):
+        self.abort_process_on_timeout_or_error = abort_process_on_timeout_or_error
+        self.timeout = timeout
+        self.store = store
+        self.name = name
+        self.hints = hints
+
+    def __repr__(self):
+        return (f"CommOptions(name={self.name!r}, timeout={self.timeout!r}, "
+                f"abort_process_on_timeout_or_error={self.abort_process_on_timeout_or_error}, "
+                f"hints={self.hints!r})")
+
+
+def _parity(cls):
+    """Adds torchcomms' parity members to `cls` and a per-call ``timeout=`` keyword to every
+    collective (a timedelta or seconds): on the host backend the caller waits that long at most
+    (the call runs on the work thread), and a call that overruns it raises FerrocommTimeout and
+    aborts the communicator (the call is still pending); on CUDA calls only enqueue, so it
+    bounds the returned work's ``wait_blocking()``."""
+
+    def timed(f):
+        @functools.wraps(f)
+        def call(self, *args, timeout=None, **kw):
+            if timeout is None:
+                return f(self, *args, **kw)
+            t = _timeout_seconds(timeout)
+            if not t > 0:
+                raise FerrocommValueError(f"{f.__name__}: timeout must be positive, got {t}")
+            self._call_timeout = t
+            try:
+                return f(self, *args, **kw)
+            finally:
+                self._call_timeout = None
+        return call
+
+    for name, member in vars(_ParityMixin).items():
+        if not name.startswith("__"):
+            setattr(cls, name, member)
+    for name in ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_single",
+                 "all_gather_v", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_v",
+                 "all_to_all", "all_to_all_single", "all_to_all_v_single",
+                 "all_to_all_v_dynamic", "device_alltoallv_single", "gather", "gather_single",
+                 "scatter", "barrier", "send", "recv"):
+        setattr(cls, name, timed(getattr(cls, name)))
+    cls.allreduce = cls.all_reduce
+    return cls
+
+
+class _ParityMixin:
+    """The members `_parity` adds to Comm."""
+
+    def _bounded_wait(self, coll, work, limit):
+        try:
+            work.wait(limit)
+        except FerrocommTimeout as e:
+            if limit is not None:
+                self._aborted = f"{coll} timed out after {limit:g}s"
+            self._on_error(e)
+            raise
+        except FerrocommError as e:
+            self._on_error(e)
+            raise
+
+    def _on_error(self, e):
+        if self._options.get("abort_process_on_timeout_or_error"):
+            print(f"ferrocomm: aborting the process: {e}", file=sys.stderr, flush=True)
+            os.abort()
+
+    def abort(self):
+        """Abandons queued and running work; every later call raises at once. Resources are
+        released when the process exits (torchcomms' abort)."""
+        if self._aborted is None:
+            self._aborted = "abort() was called"
+
+    def is_aborted(self):
+        return self._aborted is not None
+
+    def set_timeout(self, timeout):
+        """Bounds every later call as a per-call ``timeout=`` does (a timedelta or seconds).
+        A peer's absence is still detected after the creation timeout at the latest."""
+        t = _timeout_seconds(timeout)
+        if t is None or not t > 0:
+            raise FerrocommValueError(f"set_timeout: timeout must be positive, got {timeout!r}")
+        self._timeout = t
+
+    def get_options(self):
+        o = self._options
+        return CommOptions(bool(o.get("abort_process_on_timeout_or_error")), self.get_timeout(),
+                           o.get("store"), self.get_name(), self.get_hints())
+
+    def get_backend_version(self):
+        """ferrocomm's version (the library serving every backend)."""
+        return _native.__version__
+
+    def gather_single(self, output, input, root, async_op=False, hints=None):  # noqa: A002
+        """On ``root``, ``output`` (size x input elements) receives every rank's ``input`` in
+        rank order; other ranks' ``output`` is not touched (any buffer or None)."""
+        c = "gather_single"
+        root = self._root(c, root)
+        i = self._buf(input, "input", c)
+        n = i.count
+        send = [0] * self.size
+        send[root] = n
+        if self.rank == root:
+            o = self._buf(output, "output", c, writable=True)
+            if o.count != n * self.size:
+                raise FerrocommValueError(
+                    f"{c}: output has {o.count} elements, expected {self.size} x {n}")
+            if o.dtype != i.dtype:
+                raise FerrocommValueError(
+                    f"{c}: dtype mismatch: output is {o.dtype}, input {i.dtype}")
+            recv = [n] * self.size
+            if self._in_place_or(o, i, self.rank * n) is None:
+                # In place (input is this rank's part of output): send a copy.
+                i = self._buf(T.concat_flat([input], input), "input", c)
+            keep = (output, input, i.obj)
+        else:
+            recv = [0] * self.size
+            o = self._buf(T.empty_like_flat(i, 0), "output", c, writable=True)
+            keep = (input, o.obj)
+        splits = [send, [0] * self.size, recv, _prefix(recv)]
+        return self._issue("all_to_all_v", out=o, inp=i, splits=splits, async_op=async_op,
+                           hints=hints, keep=keep)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+_parity(Comm)
+
+
 class BatchSendRecv:
     """Sends and receives issued together, as NCCL's group (torchcomms' BatchSendRecv): add them
     with ``send`` and ``recv``, then ``issue()``. They progress at once, so a rank may send to
@@ -817,18 +997,26 @@ def _packed(send, recv):
     return [list(send), _prefix(send), list(recv), _prefix(recv)]
 
 
-def new_comm(backend, device, name, *, timeout=None, store=None, hints=None, rank=None,
-             size=None, local_rank=None, local_size=None):
+def new_comm(backend, device, name=None, abort_process_on_timeout_or_error=None, timeout=None,
+             high_priority_stream=None, store=None, hints=None, *, rank=None, size=None,
+             local_rank=None, local_size=None):
     """Creates a communicator; every rank of the group calls it with the same arguments.
 
-    ``backend``: ``"ferrocomm"`` (cuda for a CUDA device, host for ``"cpu"``), ``"cuda"``,
-    ``"host"`` or ``"nccl"``. ``device``: ``torch.device`` or a string (``"cuda"`` is
-    LOCAL_RANK's GPU, ``"cuda:1"``, ``"cpu"``). Rank and size come from ``rank``/``size`` or
-    torchrun's RANK/WORLD_SIZE; peers meet through ``store`` (anything with torch Store's
-    ``set``/``get``/``wait``/``add``/``check``/``delete_key``) or the TCP store at
-    MASTER_ADDR/MASTER_PORT. ``timeout`` (timedelta or seconds) bounds every wait.
-    ``hints`` sets defaults for every call (``{"low_precision": "e4m3", "algo": "flat"}``).
+    The arguments are torchcomms' (positional order and keywords). ``backend``:
+    ``"ferrocomm"`` (cuda for a CUDA device, host for ``"cpu"``), ``"cuda"``, ``"host"`` or
+    ``"nccl"``. ``device``: ``torch.device`` or a string (``"cuda"`` is LOCAL_RANK's GPU,
+    ``"cuda:1"``, ``"cpu"``). ``name``: the same on every rank (required). Rank and size come
+    from ``rank``/``size`` or torchrun's RANK/WORLD_SIZE; peers meet through ``store``
+    (anything with torch Store's ``set``/``get``/``wait``/``add``/``check``/``delete_key``) or
+    the TCP store at MASTER_ADDR/MASTER_PORT. ``timeout`` (timedelta or seconds) bounds every
+    wait. ``hints`` sets defaults for every call (``{"low_precision": "e4m3", "algo":
+    "flat"}``). ``abort_process_on_timeout_or_error=True`` aborts the process when a call
+    fails or times out (default: it raises). ``high_priority_stream`` is accepted and ignored
+    (calls run on the caller's stream).
     """
+    del high_priority_stream
+    if name is None or str(name) == "":
+        raise FerrocommValueError("new_comm: name is required (the same on every rank)")
     native = _native.new_comm(
         str(name),
         str(backend),
@@ -840,4 +1028,6 @@ def new_comm(backend, device, name, *, timeout=None, store=None, hints=None, ran
         timeout_s=_timeout_seconds(timeout),
         store=store,
     )
-    return Comm(native, str(backend), _check_hints(hints, "new_comm"))
+    options = {"abort_process_on_timeout_or_error": bool(abort_process_on_timeout_or_error),
+               "store": store, "name": str(name)}
+    return Comm(native, str(backend), _check_hints(hints, "new_comm"), options)

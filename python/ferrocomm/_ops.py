@@ -1,8 +1,43 @@
 """Reduction operators, spelled as torchcomms spells them."""
 
+import enum
+
 from ._errors import FerrocommValueError
 
 __all__ = ["ReduceOp"]
+
+
+class RedOpType(str, enum.Enum):
+    """What ``ReduceOp.type`` returns (torchcomms' ``ReduceOp.RedOpType``). Members equal
+    their names (``ReduceOp.SUM.type == "SUM"``) and torch.distributed's ``RedOpType`` of the
+    same name."""
+
+    SUM = "SUM"
+    PRODUCT = "PRODUCT"
+    MIN = "MIN"
+    MAX = "MAX"
+    AVG = "AVG"
+    BAND = "BAND"
+    BOR = "BOR"
+    BXOR = "BXOR"
+    PREMUL_SUM = "PREMUL_SUM"
+
+    def __eq__(self, other):
+        if isinstance(other, str):
+            return str.__eq__(self, other)
+        # torch.distributed.ReduceOp.RedOpType (a pybind enum) compares by name.
+        name = getattr(other, "name", None)
+        return isinstance(name, str) and name == self.value
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    def __str__(self):
+        return self.value
+
+    __format__ = str.__format__
+
+    __hash__ = str.__hash__
 
 
 class ReduceOp:
@@ -44,17 +79,23 @@ class ReduceOp:
 
     @property
     def type(self):
-        return self._name.upper()
+        """A ``RedOpType``: compares equal to ``ReduceOp.RedOpType.SUM``, ``"SUM"`` and
+        ``torch.distributed.ReduceOp.SUM``."""
+        return RedOpType("PRODUCT" if self._name == "prod" else self._name.upper())
 
     def native(self):
         """(op name, factor) as the native layer takes them."""
         return _NATIVE[self._name], self._factor
 
     def __eq__(self, other):
-        return (
-            isinstance(other, ReduceOp)
-            and self._name == other._name
-            and (self._name != "premul_sum" or self._factor == other._factor)
+        if not isinstance(other, ReduceOp):
+            # torch.distributed.ReduceOp values compare by operator.
+            try:
+                other = ReduceOp.coerce(other)
+            except (ValueError, TypeError):
+                return NotImplemented
+        return self._name == other._name and (
+            self._name != "premul_sum" or self._factor == other._factor
         )
 
     def __hash__(self):
@@ -63,7 +104,7 @@ class ReduceOp:
     def __repr__(self):
         if self._name == "premul_sum":
             return f"ReduceOp.PREMUL_SUM({self._factor})"
-        return f"ReduceOp.{self.type}"
+        return f"ReduceOp.{self.type.value}"
 
     @classmethod
     def coerce(cls, op):
@@ -72,8 +113,18 @@ class ReduceOp:
             return op
         if isinstance(op, str):
             return ReduceOp(op)
-        name = getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
-        return ReduceOp(str(name).lower())
+        # torch.distributed.ReduceOp holds a RedOpType in `.op`; RedOpType has `.name`.
+        inner = getattr(op, "op", None)
+        if inner is not None and not callable(inner):
+            op = inner
+        name = getattr(op, "name", None)
+        if not isinstance(name, str):
+            raise TypeError(f"not a reduce op: {op!r}")
+        if name == "PREMUL_SUM":
+            raise ValueError(
+                "torch.distributed's PREMUL_SUM keeps its factor out of reach of Python; "
+                "pass ferrocomm.ReduceOp.PREMUL_SUM(factor)")
+        return ReduceOp(name.lower())
 
 
 _NATIVE = {
@@ -89,6 +140,7 @@ _NATIVE = {
     "bxor": "bxor",
 }
 
+ReduceOp.RedOpType = RedOpType
 ReduceOp.SUM = ReduceOp("sum")
 ReduceOp.PRODUCT = ReduceOp("product")
 ReduceOp.MIN = ReduceOp("min")

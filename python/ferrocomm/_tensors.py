@@ -19,6 +19,17 @@ def _torch():
     return sys.modules.get("torch")
 
 
+def current_stream_handle(torch, device_index):
+    """The caller's current CUDA stream on `device_index` as an integer (a ``CUstream``).
+
+    torch's raw-stream accessor (what its compiled code calls) skips building a Stream object,
+    a microsecond of the host time of every call; the public spelling is the fallback."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
 def is_tensor(obj):
     t = _torch()
     return t is not None and isinstance(obj, t.Tensor)
@@ -55,6 +66,16 @@ class Buf:
         return self.ptr < other.ptr + other.nbytes and other.ptr < self.ptr + self.nbytes
 
 
+_TORCH_DTYPES = {}
+_UNSEEN = object()
+
+
+def _torch_dtype_name(dtype):
+    if dtype.is_complex or str(dtype).replace("torch.", "").startswith(("qint", "quint")):
+        return None
+    return str(dtype).replace("torch.", "")
+
+
 def describe(obj, what, coll, writable=False):
     """A `Buf` for a numpy array or torch tensor, or FerrocommValueError saying what is wrong."""
     if isinstance(obj, np.ndarray):
@@ -70,23 +91,29 @@ def describe(obj, what, coll, writable=False):
         ptr = obj.__array_interface__["data"][0]
         return Buf(obj, ptr, obj.size, obj.dtype.name, HOST, obj.dtype.itemsize, obj.shape)
     if is_tensor(obj):
+        # The element type's name, looked up once per dtype (None: refused); complex and
+        # quantized dtypes are refused by name, sparse layouts by is_sparse below.
+        dtype = _TORCH_DTYPES.get(obj.dtype, _UNSEEN)
+        if dtype is _UNSEEN:
+            dtype = _TORCH_DTYPES[obj.dtype] = _torch_dtype_name(obj.dtype)
         if not obj.is_contiguous():
             raise FerrocommValueError(
                 f"{coll}: {what} is not contiguous (strides {tuple(obj.stride())} for shape "
                 f"{tuple(obj.shape)}); pass tensor.contiguous()"
             )
-        if obj.is_complex() or obj.is_sparse or obj.is_quantized:
+        if dtype is None or obj.is_sparse:
             raise FerrocommValueError(f"{coll}: {what} has unsupported layout or dtype {obj.dtype}")
-        dev = obj.device
-        if dev.type == "cuda":
-            device = dev.index if dev.index is not None else 0
-        elif dev.type == "cpu":
+        # is_cuda / is_cpu and get_device() build no torch.device object.
+        if obj.is_cuda:
+            device = obj.get_device()
+        elif obj.is_cpu:
             device = HOST
         else:
-            raise FerrocommValueError(f"{coll}: {what} is on device {dev}, expected cuda or cpu")
-        dtype = str(obj.dtype).replace("torch.", "")
+            raise FerrocommValueError(
+                f"{coll}: {what} is on device {obj.device}, expected cuda or cpu")
+        # torch.Size is a tuple already.
         return Buf(obj, obj.data_ptr(), obj.numel(), dtype, device, obj.element_size(),
-                   tuple(obj.shape))
+                   obj.shape)
     raise FerrocommValueError(
         f"{coll}: {what} must be a numpy array or a torch tensor, not {type(obj).__name__}"
     )

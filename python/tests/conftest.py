@@ -23,8 +23,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_ranks(world, scenario, env=None, timeout=60, expect_ok=True):
-    """Runs `python ranks.py scenario` as `world` processes; returns their outputs."""
+def run_ranks(world, scenario, env=None, timeout=60, expect_ok=True, script="ranks.py"):
+    """Runs `python <script> scenario` as `world` processes; returns their outputs."""
     port = free_port()
     procs = []
     for r in range(world):
@@ -34,7 +34,7 @@ def run_ranks(world, scenario, env=None, timeout=60, expect_ok=True):
                  PYTHONPATH=str(HERE) + os.pathsep + e.get("PYTHONPATH", ""))
         e.update(env or {})
         procs.append(subprocess.Popen(
-            [sys.executable, str(HERE / "ranks.py"), scenario], env=e, cwd=str(HERE),
+            [sys.executable, str(HERE / script), scenario], env=e, cwd=str(HERE),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = []
     deadline = time.monotonic() + timeout

@@ -798,6 +798,73 @@ def scenario_rmsnorm(comm):
     rmsnorm_checks.run(comm, RANK, WORLD)
 
 
+def scenario_parity(comm):
+    """torchcomms' members: gather_single, per-call timeout, abort, set_timeout, get_options,
+    get_backend_version, new_comm's positional order, ReduceOp from torch.distributed values."""
+    import datetime
+
+    import torch.distributed as dist
+
+    assert comm.get_backend_version() == ferrocomm.__version__
+    o = comm.get_options()
+    assert (o.name, o.abort_process_on_timeout_or_error) == ("test", False), o
+    comm.set_timeout(datetime.timedelta(seconds=20))
+    assert comm.get_timeout() == datetime.timedelta(seconds=20)
+    expect(ferrocomm.FerrocommValueError, "positive", comm.set_timeout, 0)
+    expect(ferrocomm.FerrocommValueError, "positive", comm.all_reduce,
+           np.ones(4, np.float32), timeout=-1)
+
+    # ReduceOp: torch.distributed's values are accepted and compare equal.
+    R = ferrocomm.ReduceOp
+    assert R.SUM == dist.ReduceOp.SUM and R.MAX != dist.ReduceOp.SUM
+    assert R.MAX.type == R.RedOpType.MAX and R.MAX.type == "MAX"
+    assert R.MAX.type == dist.ReduceOp.RedOpType.MAX and R.MAX.type != dist.ReduceOp.SUM
+    assert R.coerce(dist.ReduceOp.PRODUCT).type == R.RedOpType.PRODUCT
+    x = np.full(8, RANK + 1, np.float32)
+    comm.all_reduce(x, dist.ReduceOp.MAX, timeout=datetime.timedelta(seconds=10))
+    assert (x == WORLD).all(), x
+
+    # gather_single: out of place and in place, every root.
+    n = 5
+    for root in range(WORLD):
+        inp = data("float32", n, RANK, 3)
+        out = np.zeros(n * WORLD, np.float32) if RANK == root else None
+        comm.gather_single(out, inp, root, timeout=10)
+        if RANK == root:
+            want = np.concatenate([data("float32", n, r, 3) for r in range(WORLD)])
+            check(f"gather_single root {root}", out, want, "float32")
+        buf = np.zeros(n * WORLD, np.float32)
+        buf[RANK * n:(RANK + 1) * n] = data("float32", n, RANK, 4)
+        comm.gather_single(buf, buf[RANK * n:(RANK + 1) * n], root).wait()
+        if RANK == root:
+            want = np.concatenate([data("float32", n, r, 4) for r in range(WORLD)])
+            check(f"gather_single in place root {root}", buf, want, "float32")
+
+    # torchcomms' positional order: name, abort_process_on_timeout_or_error, timeout,
+    # high_priority_stream, store, hints.
+    c2 = ferrocomm.new_comm("host", "cpu", "parity", False, datetime.timedelta(seconds=3),
+                            None, None, {"algo": "auto"})
+    assert c2.get_options().timeout == datetime.timedelta(seconds=3)
+    assert c2.get_hints() == {"algo": "auto"}
+    if RANK == 0:
+        # Alone: the per-call timeout ends the wait and aborts the communicator.
+        t0 = time.monotonic()
+        expect(ferrocomm.FerrocommTimeout, "did not complete", c2.all_reduce,
+               np.ones(16, np.float32), timeout=0.5)
+        took = time.monotonic() - t0
+        assert took < 2.5, f"per-call timeout of 0.5 s took {took:.1f}s"
+        assert c2.is_aborted()
+        expect(ferrocomm.FerrocommError, "aborted", c2.barrier)
+    else:
+        c2.abort()
+        assert c2.is_aborted()
+        expect(ferrocomm.FerrocommError, "abort() was called", c2.all_reduce,
+               np.ones(16, np.float32))
+    c2.finalize()  # returns at once after an abort
+    expect(ferrocomm.FerrocommValueError, "name is required", ferrocomm.new_comm, "host", "cpu")
+    comm.barrier(timeout=10)
+
+
 def main():
     scenario = sys.argv[1]
     kwargs = {}

@@ -1,6 +1,5 @@
 """The Python API on the host backend with real processes (2 and 4 ranks)."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -9,8 +8,6 @@ import time
 import pytest
 
 from conftest import free_port, run_ranks
-
-HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -96,7 +93,6 @@ def test_timeout():
     assert "timeout after" in outs[0]
 
 
-@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 @pytest.mark.parametrize("world", [2])
 def test_torch_cpu_tensors(world):
     run_ranks(world, "torch")
@@ -107,3 +103,9 @@ def test_all_reduce_rmsnorm(world):
     """The fused all-reduce + residual add + RMSNorm against a float64 numpy reference."""
     outs = run_ranks(world, "rmsnorm", timeout=240)
     assert all("rmsnorm ok" in o for o in outs)
+
+
+def test_torchcomms_parity():
+    """gather_single, per-call timeout, abort, set_timeout, get_options, get_backend_version,
+    new_comm's torchcomms argument order, ReduceOp from torch.distributed."""
+    run_ranks(2, "parity")

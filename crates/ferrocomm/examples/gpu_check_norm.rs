@@ -14,14 +14,19 @@
 //!   within half an E4M3 step);
 //! - identical results on every rank; nothing written past any output (guard bands);
 //! - a CUDA graph of several calls captured once and replayed, outputs poisoned between
-//!   replays, every replay checked.
+//!   replays, every replay checked;
+//! - with `FERROCOMM_RMSNORM_FUSED=1` the calls that direct access takes run in one launch
+//!   (a per-call flat or tree forces the one-shot or the two-shot form, auto chooses by
+//!   `FERROCOMM_RMSNORM_FLAT_MAX_BYTES`), checked the same way, and ranks that disagree on a
+//!   call (eps, FP8 rows, rows, the form) must see "disagrees between ranks" at the next call
+//!   on every rank, after which a matching call works again.
 //!
 //! Exits 1 on any mismatch, 2 on an error.
 
 use std::time::Duration;
 
 use cudarc::driver::sys;
-use ferrocomm::bootstrap::all_gather_bytes;
+use ferrocomm::bootstrap::{all_gather_bytes, store_barrier};
 use ferrocomm::reduce::{reduce_bytes, to_f32};
 use ferrocomm::rmsnorm::{compare, exact_rows, norm_rows};
 use ferrocomm::{
@@ -417,21 +422,121 @@ fn graph(c: &mut Ctx) -> Res<()> {
     Ok(())
 }
 
+/// Calls that disagree between ranks, one launch each (see the module doc), on a communicator
+/// of their own with a short timeout; left unfreed at the end (a kernel that gave up may still
+/// hold its staging).
+fn mismatch(c: &mut Ctx, cfg: &Config) -> Res<()> {
+    let mut cfg_m = cfg.clone();
+    cfg_m.timeout = Duration::from_secs(20);
+    let comm = comm_with("gpu_check_norm_mismatch", cfg_m)?;
+    let r = c.rank;
+    let base = Case {
+        d: DataType::BF16,
+        rows: 5,
+        hidden: 4096,
+        eps: 1e-6,
+        in_place: false,
+        fp8: false,
+        algo: Algo::Flat,
+        seed: 5000,
+    };
+    let cases = [
+        (
+            "eps differs",
+            Case {
+                eps: 1e-6 * (1 + r) as f32,
+                ..base
+            },
+        ),
+        (
+            "FP8 rows on rank 0 only",
+            Case {
+                fp8: r == 0,
+                ..base
+            },
+        ),
+        (
+            "rows differ",
+            Case {
+                rows: 5 + r,
+                ..base
+            },
+        ),
+        (
+            "one-shot against two-shot",
+            Case {
+                algo: [Algo::Flat, Algo::Tree][r % 2],
+                ..base
+            },
+        ),
+    ];
+    let stream = new_stream()?;
+    let good = Bufs::new(&base)?;
+    for (what, case) in cases {
+        let b = Bufs::new(&case)?;
+        b.load(&case, r)?;
+        let first = b.call(&comm, &case, c.dev, stream);
+        sync()?;
+        good.load(&base, r)?;
+        let next = good.call(&comm, &base, c.dev, stream);
+        sync()?;
+        let shown = format!("{next:?}");
+        let label = format!("mismatch ({what})");
+        if first.is_ok() && shown.contains("disagrees between ranks") {
+            if r == 0 {
+                println!("{label}: reported: {shown}");
+            }
+            c.verdict(label.clone(), None);
+        } else {
+            c.verdict(
+                label.clone(),
+                Some(format!("not reported: {first:?} then {shown}")),
+            );
+            if shown.contains("Timeout") {
+                break; // sticky: the communicator is done
+            }
+        }
+        // A matching call works again, with the right results.
+        good.load(&base, r)?;
+        match good.call(&comm, &base, c.dev, stream) {
+            Ok(()) => {
+                sync()?;
+                c.check(&base, &good, &format!("after {label}"))?;
+            }
+            Err(e) => c.verdict(format!("after {label}"), Some(e.to_string())),
+        }
+    }
+    store_barrier(
+        &**c.comm.store(),
+        "normchk/mismatch-done",
+        c.world,
+        Duration::from_secs(120),
+    )?;
+    std::mem::forget(comm);
+    Ok(())
+}
+
 fn real_main() -> Res<i32> {
     let args = flags(&["--quick"])?;
     let quick = args.iter().any(|a| a == "--quick");
     let cfg = Config::from_env()?;
-    let comm = comm_with("gpu_check_norm", cfg)?;
+    let comm = comm_with("gpu_check_norm", cfg.clone())?;
     let (rank, world) = (comm.rank(), comm.size());
     let Device::Cuda(dev) = comm.device() else {
         return Err("gpu_check_norm needs a GPU".into());
     };
     let cuda = cudarc::driver::CudaContext::new(dev as usize)?;
     cuda.bind_to_thread()?;
+    let fused = cfg.thresholds.rmsnorm_fused;
     if rank == 0 {
         println!(
-            "gpu_check_norm: {world} ranks, backend {}",
-            comm.backend_name()
+            "gpu_check_norm: {world} ranks, backend {}, one launch (FERROCOMM_RMSNORM_FUSED) {}, \
+             one-shot up to {} bytes (FERROCOMM_RMSNORM_FLAT_MAX_BYTES)",
+            comm.backend_name(),
+            if fused { "on" } else { "off" },
+            cfg.thresholds
+                .rmsnorm_flat_max
+                .map_or("the default".to_string(), |b| b.to_string())
         );
     }
     let mut c = Ctx {
@@ -452,6 +557,9 @@ fn real_main() -> Res<i32> {
         c.check(&case, &b, "eager")?;
     }
     graph(&mut c)?;
+    if fused {
+        mismatch(&mut c, &cfg)?;
+    }
     let failed = c.failures.len();
     println!(
         "gpu_check_norm rank {rank}: {} passed, {failed} failed",

@@ -696,6 +696,87 @@ pub fn cuda_all_reduce(
     Ok(a)
 }
 
+/// How the cuda backend runs one all_reduce_rmsnorm ([`cuda_rmsnorm`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormForm {
+    /// The backend's all-reduce (its own [`cuda_all_reduce`] plan, low precision included),
+    /// then the norm kernel: two launches.
+    TwoLaunch,
+    /// One launch, one-shot: every rank reduces every row, then adds and normalizes it.
+    FusedFlat,
+    /// One launch, two-shot: each rank reduces, adds and normalizes its stripe of rows, then
+    /// every rank gathers the others' normalized rows.
+    FusedTree,
+}
+
+impl fmt::Display for NormForm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NormForm::TwoLaunch => "all-reduce+norm",
+            NormForm::FusedFlat => "fused-flat",
+            NormForm::FusedTree => "fused-tree",
+        })
+    }
+}
+
+/// How the cuda backend runs an all_reduce_rmsnorm of `bytes` (x, per rank) of `dtype`: one
+/// launch where `FERROCOMM_RMSNORM_FUSED` is on, direct access takes the dtype, nothing goes
+/// low precision on the wire (`low_precision`: the call's all-reduce would) and the request
+/// is not push or NCCL: a per-call flat or tree asks for that form (two launches when the
+/// staging cannot hold it), auto takes the one-shot up to `FERROCOMM_RMSNORM_FLAT_MAX_BYTES` (default:
+/// the all-reduce's flat threshold) and the two-shot above while twice the message fits the
+/// staging (x's rows and the published residual rows). Everything else: the two launches.
+/// Every rank decides alike (the settings are shared, the sizes agreed).
+pub fn cuda_rmsnorm(
+    cuda: &CudaCaps<'_>,
+    cfg: &Config,
+    bytes: usize,
+    dtype: DataType,
+    requested: Algo,
+    low_precision: bool,
+) -> NormForm {
+    let t = &cfg.thresholds;
+    let requested = if requested == Algo::Auto {
+        cfg.algo
+    } else {
+        requested
+    };
+    let Some(dda) = cuda.dda.as_ref() else {
+        return NormForm::TwoLaunch;
+    };
+    if !t.rmsnorm_fused
+        || low_precision
+        || cuda.multi_host
+        || !cuda.kernels_take(dtype)
+        || !matches!(dtype, DataType::F32 | DataType::F16 | DataType::BF16)
+        || matches!(requested, Algo::Push | Algo::Nccl | Algo::Direct)
+    {
+        return NormForm::TwoLaunch;
+    }
+    let flat_fits = bytes <= dda.staging_bytes;
+    let tree_fits = bytes.checked_mul(2).is_some_and(|b| b <= dda.staging_bytes);
+    // A forced form the staging cannot hold takes the two launches, whose all-reduce honours
+    // the same request (or refuses it) as a plain all-reduce does.
+    match requested {
+        Algo::Flat if flat_fits => NormForm::FusedFlat,
+        Algo::Tree if tree_fits => NormForm::FusedTree,
+        Algo::Flat | Algo::Tree => NormForm::TwoLaunch,
+        _ => {
+            let flat_max = t
+                .rmsnorm_flat_max
+                .or(t.flat_max)
+                .unwrap_or(default_all_reduce_thresholds(cuda.world).1);
+            if bytes <= flat_max && flat_fits {
+                NormForm::FusedFlat
+            } else if tree_fits {
+                NormForm::FusedTree
+            } else {
+                NormForm::TwoLaunch
+            }
+        }
+    }
+}
+
 /// The plan of one all-reduce of `bytes` per rank on the cuda backend (pointers aligned to the
 /// element size, which the backend requires): low precision by direct access when
 /// [`low_precision`] says so (with the cuda size floor, [`CUDA_LP_MIN_BYTES`]) on the path of

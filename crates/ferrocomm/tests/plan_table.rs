@@ -9,8 +9,8 @@ use std::fmt::Write;
 
 use ferrocomm::config::Config;
 use ferrocomm::plan::{
-    cuda_all_reduce, cuda_collective, flat_form, low_precision, lp_all_reduce, part_form, select,
-    Caps, CudaCaps, DdaCaps, LowPrecisionChoice,
+    cuda_all_reduce, cuda_collective, cuda_rmsnorm, flat_form, low_precision, lp_all_reduce,
+    part_form, select, Caps, CudaCaps, DdaCaps, LowPrecisionChoice,
 };
 use ferrocomm::{Algo, Collective, DataType, Format, ReduceOp};
 
@@ -461,15 +461,73 @@ fn low_precision_table() -> String {
     t
 }
 
+/// The cuda backend's all_reduce_rmsnorm forms: one launch off (the default) and on, with the
+/// one-shot threshold set, a small staging, low precision on the wire, and without direct access.
+fn rmsnorm_table() -> String {
+    let sizes = sizes();
+    let mut t = String::new();
+    let kernels = [DataType::F32, DataType::F16, DataType::BF16, DataType::I32];
+    let sets: Vec<Vec<(&str, &str)>> = vec![
+        vec![],
+        vec![("FERROCOMM_RMSNORM_FUSED", "1")],
+        vec![
+            ("FERROCOMM_RMSNORM_FUSED", "1"),
+            ("FERROCOMM_RMSNORM_FLAT_MAX_BYTES", "64K"),
+        ],
+        vec![
+            ("FERROCOMM_RMSNORM_FUSED", "1"),
+            ("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES", "1M"),
+        ],
+    ];
+    let mut variants: Vec<(&str, Option<DdaCaps>)> =
+        dda_caps()[..2].iter().map(|&(n, d)| (n, Some(d))).collect();
+    variants.push(("no-dda", None));
+    for set in sets {
+        let cfg = Config::from_lookup(|k| {
+            set.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+        .expect("the table's settings parse");
+        let fname = format!("{set:?}");
+        for (name, dda) in &variants {
+            let cuda = |world| CudaCaps {
+                world,
+                dda: *dda,
+                no_dda: "off",
+                nccl: true,
+                no_nccl: "absent",
+                multi_host: false,
+                kernel_dtypes: &kernels,
+            };
+            for req in [Algo::Auto, Algo::Push, Algo::Flat, Algo::Tree, Algo::Nccl] {
+                for lp in [false, true] {
+                    let head = format!("{fname} {name} {req} lp={lp} all_reduce_rmsnorm");
+                    by_world(&mut t, &head, |world| {
+                        runs(&sizes, |bytes| {
+                            cuda_rmsnorm(&cuda(world), &cfg, bytes, DataType::BF16, req, lp)
+                                .to_string()
+                        })
+                    });
+                }
+            }
+        }
+    }
+    t
+}
+
 #[test]
 fn the_planner_decides_as_recorded() {
     let table = format!(
         "# algorithm: capabilities configuration request collective worlds: sizes answer\n{}\
          # low precision: settings choice collective floor dtype/op pairs: sizes answer\n{}\
-         # cuda: direct access request collective worlds: sizes answer\n{}",
+         # cuda: direct access request collective worlds: sizes answer\n{}\
+         # cuda all_reduce_rmsnorm: settings direct access request low precision worlds: sizes \
+         answer\n{}",
         algorithm_table(),
         low_precision_table(),
-        cuda_table()
+        cuda_table(),
+        rmsnorm_table()
     );
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/plan_table.golden");
     if std::env::var_os("FERROCOMM_BLESS").is_some() {
@@ -512,6 +570,17 @@ fn the_table_holds_the_decisions_it_names() {
     );
     assert!(t.contains("host default auto send w1-16: 0.. direct"));
     assert!(t.contains("cuda default auto send w3-16: 0.. nccl"));
+    let n = rmsnorm_table();
+    assert!(n.contains("[] dda auto lp=false all_reduce_rmsnorm w1-16: 0.. all-reduce+norm"));
+    assert!(n.contains(
+        "[(\"FERROCOMM_RMSNORM_FUSED\", \"1\")] dda auto lp=false all_reduce_rmsnorm w1-2: \
+         0..33554432 fused-flat, 33554433.. all-reduce+norm"
+    ));
+    assert!(n.contains(
+        "[(\"FERROCOMM_RMSNORM_FUSED\", \"1\"), (\"FERROCOMM_RMSNORM_FLAT_MAX_BYTES\", \"64K\")] \
+         dda auto lp=false all_reduce_rmsnorm w1-16: 0..65536 fused-flat, 65537..33554432 \
+         fused-tree, 33554433.. all-reduce+norm"
+    ));
     let lp = low_precision_table();
     assert!(lp.contains(
         "[(\"FERROCOMM_LOW_PRECISION\", \"1\")] default all_reduce floor=4194304 \

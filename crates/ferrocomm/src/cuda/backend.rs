@@ -711,6 +711,36 @@ impl Backend for CudaBackend {
         opts: &CallOpts,
     ) -> Result<()> {
         bind(&self.cuda)?;
+        if let Some(d) = &self.dda {
+            let bytes = shape
+                .rows
+                .saturating_mul(shape.hidden)
+                .saturating_mul(shape.dtype.size());
+            // Low precision on the wire is the all-reduce's own path (two launches).
+            let lp = plan::low_precision(
+                AR,
+                shape.dtype,
+                Some(ReduceOp::Sum),
+                bytes,
+                opts.low_precision,
+                &self.config,
+                plan::CUDA_LP_MIN_BYTES,
+            )?
+            .is_some();
+            let form = plan::cuda_rmsnorm(
+                &self.cuda_caps(),
+                &self.config,
+                bytes,
+                shape.dtype,
+                opts.algo.0,
+                lp,
+            );
+            if form != plan::NormForm::TwoLaunch {
+                let mut st = self.enter()?;
+                self.follow(&mut st, opts.stream)?;
+                return super::fused_norm::run_fused(d, self.device, form, call, shape, opts);
+            }
+        }
         // With direct access the kernel was loaded with the modules at start-up.
         let loaded = match &self.dda {
             Some(d) => Some((d.func(shape.dtype, "fc_rmsnorm")?, d.pdl)),

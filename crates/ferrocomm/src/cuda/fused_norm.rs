@@ -16,9 +16,10 @@ use crate::backend::CallOpts;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::nccl::check_views;
-use crate::rmsnorm::{AllReduceRmsNorm, Shape, NAME};
+use crate::plan::NormForm;
+use crate::rmsnorm::{AllReduceRmsNorm, Fp8Rows, Shape, NAME};
 use crate::types::{DataType, Device};
-use crate::view::{Input, ViewMut};
+use crate::view::{Input, View, ViewMut};
 
 /// Threads of one row's block: a quarter of the row (32 to 512, whole warps).
 fn threads_for(hidden: usize) -> u32 {
@@ -92,6 +93,55 @@ fn function(cfg: &Config, dtype: DataType) -> Result<sys::CUfunction> {
     Ok(f)
 }
 
+/// Checks that every buffer of a call is memory of `device`, holding its size.
+fn check_call_views(
+    device: u32,
+    x: &Input<'_>,
+    out: &ViewMut<'_>,
+    residual: &Input<'_>,
+    residual_out: &ViewMut<'_>,
+    weight: &View<'_>,
+    fp8: &Option<Fp8Rows<'_>>,
+) -> Result<()> {
+    let view = |what, p: u64, d: Device, b: usize| (what, p, d, b);
+    let mut views = vec![
+        view("out", out.ptr() as u64, out.device(), out.bytes_len()),
+        view(
+            "residual_out",
+            residual_out.ptr() as u64,
+            residual_out.device(),
+            residual_out.bytes_len(),
+        ),
+        view(
+            "weight",
+            weight.ptr() as u64,
+            weight.device(),
+            weight.bytes_len(),
+        ),
+    ];
+    for (what, i) in [("x", x), ("residual", residual)] {
+        if let Input::Buf(v) = i {
+            views.push(view(what, v.ptr() as u64, v.device(), v.bytes_len()));
+        }
+    }
+    if let Some(q) = fp8 {
+        views.push(view(
+            "fp8 codes",
+            q.codes.ptr() as u64,
+            q.codes.device(),
+            q.codes.bytes_len(),
+        ));
+        views.push(view(
+            "fp8 scales",
+            q.scales.ptr() as u64,
+            q.scales.device(),
+            q.scales.bytes_len(),
+        ));
+    }
+    check_views(NAME, device, &views)?;
+    Ok(())
+}
+
 /// Runs `call` on a backend serving `device`: every buffer checked to be memory of that
 /// device, the sum into `out` by `all_reduce` (the backend's own, with `opts`), then the norm
 /// on `opts.stream`. The backend's context must be current. `loaded` is `fc_rmsnorm` of the
@@ -116,42 +166,7 @@ pub(crate) fn run(
         eps,
         fp8,
     } = call;
-    let view = |what, p: u64, d: Device, b: usize| (what, p, d, b);
-    let mut views = vec![
-        view("out", out.ptr() as u64, out.device(), out.bytes_len()),
-        view(
-            "residual_out",
-            residual_out.ptr() as u64,
-            residual_out.device(),
-            residual_out.bytes_len(),
-        ),
-        view(
-            "weight",
-            weight.ptr() as u64,
-            weight.device(),
-            weight.bytes_len(),
-        ),
-    ];
-    for (what, i) in [("x", &x), ("residual", &residual)] {
-        if let Input::Buf(v) = i {
-            views.push(view(what, v.ptr() as u64, v.device(), v.bytes_len()));
-        }
-    }
-    if let Some(q) = &fp8 {
-        views.push(view(
-            "fp8 codes",
-            q.codes.ptr() as u64,
-            q.codes.device(),
-            q.codes.bytes_len(),
-        ));
-        views.push(view(
-            "fp8 scales",
-            q.scales.ptr() as u64,
-            q.scales.device(),
-            q.scales.bytes_len(),
-        ));
-    }
-    check_views(NAME, device, &views)?;
+    check_call_views(device, &x, &out, &residual, &residual_out, &weight, &fp8)?;
     let (f, pdl) = match loaded {
         Some(l) => l,
         None => (
@@ -205,6 +220,128 @@ pub(crate) fn run(
     })
 }
 
+/// Grid and block of a one-launch call: one block per row (one-shot) or per row of a stripe
+/// (two-shot), at most one per SM and [`MAX_BLOCKS`](super::dda::MAX_BLOCKS) (the flag slots),
+/// every block co-resident with its peers' (they wait for each other); a thread per 16-byte
+/// vector of a row, whole warps, 32 to 512. Every rank computes the same from the shape.
+fn fused_grid(form: NormForm, shape: Shape, world: usize, sm_count: u32) -> (u32, u32) {
+    let rows = match form {
+        NormForm::FusedTree => shape.rows.div_ceil(world.max(1)),
+        _ => shape.rows,
+    };
+    let max_blocks = (sm_count as usize).clamp(1, super::dda::MAX_BLOCKS);
+    let vectors = shape.hidden * shape.dtype.size() / 16;
+    (
+        rows.clamp(1, max_blocks) as u32,
+        vectors.next_multiple_of(32).clamp(32, 512) as u32,
+    )
+}
+
+/// Runs `call` in one launch of `fc_fused_flat` or `fc_fused_tree` (kernels/rmsnorm.cu) on the
+/// direct-access staging of `dda`, on `opts.stream`: `form` is [`NormForm::FusedFlat`] or
+/// [`NormForm::FusedTree`] as [`crate::plan::cuda_rmsnorm`] chose (the rows fit the staging).
+/// The backend's context must be current and the call ordered on the stream.
+pub(crate) fn run_fused(
+    dda: &super::dda::Dda,
+    device: u32,
+    form: NormForm,
+    call: AllReduceRmsNorm<'_>,
+    shape: Shape,
+    opts: &CallOpts,
+) -> Result<()> {
+    let name = match form {
+        NormForm::FusedFlat => "fc_fused_flat",
+        NormForm::FusedTree => "fc_fused_tree",
+        NormForm::TwoLaunch => {
+            return Err(Error::InvalidArgument(format!(
+                "{NAME}: {form} is not a one-launch form"
+            )))
+        }
+    };
+    let AllReduceRmsNorm {
+        x,
+        out,
+        residual,
+        residual_out,
+        weight,
+        eps,
+        fp8,
+    } = call;
+    check_call_views(device, &x, &out, &residual, &residual_out, &weight, &fp8)?;
+    dda.check_error(NAME)?;
+    let es = shape.dtype.size() as u64;
+    let x_ptr = match &x {
+        Input::InPlace => out.ptr() as u64,
+        Input::Buf(v) => v.ptr() as u64,
+    };
+    let residual_ptr = match &residual {
+        Input::InPlace => residual_out.ptr() as u64,
+        Input::Buf(v) => v.ptr() as u64,
+    };
+    let ptrs = [
+        x_ptr,
+        out.ptr() as u64,
+        residual_ptr,
+        residual_out.ptr() as u64,
+        weight.ptr() as u64,
+    ];
+    if ptrs.iter().any(|p| p % es != 0) {
+        return Err(Error::InvalidArgument(format!(
+            "{NAME}: pointers must be aligned to the element size ({es} bytes)"
+        )));
+    }
+    if shape.rows == 0 {
+        return Ok(());
+    }
+    let count = shape
+        .rows
+        .checked_mul(shape.hidden)
+        .ok_or_else(|| Error::InvalidArgument(format!("{NAME}: rows x hidden overflows")))?;
+    let mut n = NormArgs {
+        sum: x_ptr,
+        residual: residual_ptr,
+        weight: weight.ptr() as u64,
+        out: out.ptr() as u64,
+        residual_out: residual_out.ptr() as u64,
+        codes: fp8.as_ref().map_or(0, |q| q.codes.ptr() as u64),
+        scales: fp8.as_ref().map_or(0, |q| q.scales.ptr() as u64),
+        rows: shape.rows as u64,
+        hidden: shape.hidden as u64,
+        eps,
+        pad: 0,
+    };
+    let mut a = dda.base_args(x_ptr, out.ptr() as u64, count as u64);
+    // What every rank must agree on (the kernel compares it through the hello words, so ranks
+    // that disagree end with a mismatch error instead of a wrong result): the form, rows,
+    // hidden, dtype, eps and whether FP8 rows are asked for.
+    let what = format!("rmsnorm/{form}/{:?}", shape.words(eps, fp8.is_some()));
+    a.sig = super::collectives::signature(
+        crate::plan::Collective::AllReduce,
+        shape.dtype,
+        count,
+        0,
+        &what,
+    );
+    let f = dda.func(shape.dtype, name)?;
+    let (blocks, threads) = fused_grid(form, shape, dda.world, dda.sm_count);
+    let mut params: [*mut c_void; 2] = [
+        (&mut a as *mut super::dda::Args).cast(),
+        (&mut n as *mut NormArgs).cast(),
+    ];
+    // SAFETY: `f` is fc_fused_flat / fc_fused_tree of this dtype in the current context,
+    // taking one Args and one NormArgs by value (layouts checked against the source in the
+    // tests); every pointer in them is memory of this device (checked above) holding the sizes
+    // the call's check verified, the staging holds the rows (the planner's condition); the
+    // kernel starts with griddepcontrol.wait, and `dda.pdl` comes from the device.
+    let r = unsafe { super::launch::launch(f, blocks, threads, opts.stream, &mut params, dda.pdl) };
+    cu_lazy(r, || {
+        format!(
+            "launching {name} ({} rows of {} {})",
+            shape.rows, shape.hidden, shape.dtype
+        )
+    })
+}
+
 /// The residual add and norm alone, on `stream`: `call.out` already holds the all-reduced rows
 /// (an all-reduce run before it on the stream, NCCL's say), so `call.x` must be
 /// [`Input::InPlace`]. One launch of the kernel the fused call uses; the context of `device`
@@ -242,6 +379,27 @@ mod tests {
             std::mem::size_of::<NormArgs>(),
             kernels::c_struct_size(kernels::RMSNORM_SOURCE, "NormArgs")
         );
+    }
+
+    #[test]
+    fn a_fused_grid_takes_whole_rows() {
+        let shape = |rows, hidden, dtype| Shape {
+            rows,
+            hidden,
+            dtype,
+        };
+        // bf16 4096: 512 vectors of 16 bytes, one thread each.
+        let s = shape(3, 4096, DataType::BF16);
+        assert_eq!(fused_grid(NormForm::FusedFlat, s, 2, 132), (3, 512));
+        // Two-shot: blocks per stripe (129 rows over 3 ranks: 43).
+        let s = shape(129, 16384, DataType::F32);
+        assert_eq!(fused_grid(NormForm::FusedTree, s, 3, 132), (43, 512));
+        // At most one block per SM; a narrow row still gets a whole warp.
+        let s = shape(1000, 8, DataType::F16);
+        assert_eq!(fused_grid(NormForm::FusedFlat, s, 2, 132), (132, 32));
+        // One row over three ranks: ranks 1 and 2 own none but run the same grid.
+        let s = shape(1, 40, DataType::F32);
+        assert_eq!(fused_grid(NormForm::FusedTree, s, 3, 132), (1, 32));
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub const LOWP_ENTRIES: [&str; 4] = [
 /// appended after lowp.cu to the modules of the float types.
 pub const RMSNORM_SOURCE: &str = include_str!("../../kernels/rmsnorm.cu");
 /// Entry points of rmsnorm.cu (f32, f16 and bf16 modules only).
-pub const RMSNORM_ENTRIES: [&str; 1] = ["fc_rmsnorm"];
+pub const RMSNORM_ENTRIES: [&str; 3] = ["fc_rmsnorm", "fc_fused_flat", "fc_fused_tree"];
 
 /// Whether the module of `dtype` holds the low-precision kernels (and the RMSNorm).
 pub fn has_lowp(dtype: DataType) -> bool {

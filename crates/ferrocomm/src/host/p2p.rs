@@ -68,6 +68,8 @@ impl HostBackend {
         let mut backoff = Backoff::new(self.timeout());
         // Only the first unfinished message of each pair and direction may move.
         let mut claimed = vec![[false; 2]; self.world];
+        // Set once a wait has failed: the next pass is the last look before the error.
+        let mut last_look = false;
         loop {
             let mut moved = false;
             claimed.fill([false; 2]);
@@ -88,6 +90,7 @@ impl HostBackend {
             if moved {
                 // The timeout bounds each wait for a peer, as for a single message.
                 backoff = Backoff::new(self.timeout());
+                last_look = false;
                 continue;
             }
             let mut pending = moving
@@ -107,6 +110,12 @@ impl HostBackend {
                 dead.is_none()
             };
             if let Err(stop) = backoff.pause(alive) {
+                if !last_look {
+                    // The peer may have published its last chunk and exited between our pass
+                    // and the liveness check: what it published still counts, so one more pass.
+                    last_look = true;
+                    continue;
+                }
                 return Err(self.p2p_stop(stop, what, dead.unwrap_or(waiting.op.peer())));
             }
         }

@@ -1,0 +1,521 @@
+"""ferrocomm as a torch.distributed backend: ``"ferrocomm"``.
+
+    import ferrocomm.torch                      # optional: the package's entry point does it
+    dist.init_process_group("ferrocomm")        # was: "nccl"
+
+The backend is a Python ``torch.distributed.ProcessGroup`` subclass over ferrocomm's
+communicators: CUDA tensors go through a communicator on their GPU (created by the group's first
+CUDA call), CPU tensors through the host backend (or gloo, for ``"cpu:gloo,cuda:ferrocomm"``).
+CUDA calls are issued on the caller's current stream and never block the host, so they can be
+captured in CUDA graphs; functional collectives and ``torch.compile`` reach the same methods
+through the group's registered name. docs/torch.md describes it.
+"""
+
+import contextlib
+import datetime
+import sys
+import threading
+
+import torch
+import torch.distributed as dist
+
+from . import _comm
+from ._comm import _check_hints, new_comm
+from ._errors import FerrocommUnsupported, FerrocommValueError
+from ._ops import ReduceOp
+
+__all__ = ["Options", "ProcessGroupFerrocomm", "hints", "register"]
+
+NAME = "ferrocomm"
+
+
+class Options:
+    """``pg_options`` for ``init_process_group`` / ``new_group`` with the ``"ferrocomm"``
+    backend: default hints for every call of the group (``{"low_precision": "e4m3"}``, see
+    docs/python.md) and the group's timeout (torch's ``timeout=`` applies when it is None)."""
+
+    def __init__(self, hints=None, timeout=None):
+        self.hints = _check_hints(hints, "ferrocomm.torch.Options")
+        self.timeout = timeout
+
+    def __repr__(self):
+        return f"ferrocomm.torch.Options(hints={self.hints!r}, timeout={self.timeout!r})"
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def hints(**kw):
+    """Per-call hints for the ``"ferrocomm"`` collectives this thread issues inside the block
+    (``with ferrocomm.torch.hints(low_precision="e4m3"): dist.all_reduce(t)``). They apply
+    where the call runs: eagerly, while a CUDA graph is captured, or when a compiled function's
+    collective executes."""
+    new = _check_hints(kw, "ferrocomm.torch.hints")
+    old = getattr(_local, "hints", None)
+    _local.hints = {**(old or {}), **new}
+    try:
+        yield
+    finally:
+        _local.hints = old
+
+
+def _call_hints():
+    return getattr(_local, "hints", None)
+
+
+_OPS = {}
+
+
+def _op(opts):
+    """ferrocomm's ReduceOp for torch's options object."""
+    kind = opts.reduceOp.op
+    op = _OPS.get(kind)
+    if op is None:
+        try:
+            op = _OPS[kind] = ReduceOp.coerce(opts.reduceOp)
+        except ValueError as e:
+            raise FerrocommUnsupported(f"ferrocomm backend: {e}") from None
+    return op
+
+
+class _Work(dist.Work):
+    """torch's Work over ferrocomm's: ``wait()`` orders the current CUDA stream after the call
+    (no host block) or, for CPU tensors, blocks until done; ``is_completed()`` polls;
+    ``get_future()`` completes with the output tensors."""
+
+    def __init__(self, pg, inner, result, stream=None):
+        # stream: the CUDA stream the call was issued on; None for a CPU call; _WAITED for a
+        # call torch waits on at once (done, or ordered on the caller's stream already).
+        super().__init__()
+        self._pg = pg
+        self._inner = inner
+        self._result = result
+        self._stream = stream
+        self._event = None
+
+    def _cuda_event(self):
+        # Recorded on first use: an event recorded later on the same stream completes after
+        # the call, and a call nobody polls costs no event.
+        if self._event is None:
+            self._event = torch.cuda.Event()
+            self._event.record(self._stream)
+        return self._event
+
+    def wait(self, timeout=None):
+        self._pg._flush_p2p()
+        if self._stream is _WAITED:
+            return True
+        if self._stream is not None:
+            cur = torch.cuda.current_stream(self._stream.device)
+            if cur != self._stream:
+                cur.wait_event(self._cuda_event())
+            return True
+        for w in self._inner:
+            w.wait(None if not timeout else _seconds(timeout))
+        return True
+
+    def is_completed(self):
+        self._pg._flush_p2p()
+        if self._stream is _WAITED:
+            return True
+        if self._stream is not None:
+            return self._cuda_event().query()
+        return all(w.is_completed() for w in self._inner)
+
+    def is_success(self):
+        return self.is_completed()
+
+    def get_future(self):
+        self._pg._flush_p2p()
+        if self._stream is _WAITED:
+            fut = torch.futures.Future()
+            fut.set_result(self._result)
+            return fut
+        if self._stream is not None:
+            stream = self._stream
+            fut = torch.futures.Future(devices=[stream.device])
+            with torch.cuda.stream(stream):
+                fut.set_result(self._result)
+            return fut
+        fut = torch.futures.Future()
+        if self.is_completed():
+            self.wait()
+            fut.set_result(self._result)
+            return fut
+
+        def finish():
+            try:
+                self.wait()
+                fut.set_result(self._result)
+            except Exception as e:  # noqa: BLE001 (handed to the future)
+                fut.set_exception(e)
+
+        threading.Thread(target=finish, name="ferrocomm-future", daemon=True).start()
+        return fut
+
+
+_WAITED = object()
+
+
+def _seconds(t):
+    return t.total_seconds() if isinstance(t, datetime.timedelta) else float(t)
+
+
+class ProcessGroupFerrocomm(dist.ProcessGroup):
+    """The ``"ferrocomm"`` process group (created by torch.distributed, not by hand)."""
+
+    def __init__(self, store, rank, size, timeout, group_name, options=None, cpu_backend=None):
+        super().__init__(rank, size)
+        self._store = store
+        self._timeout = options.timeout if options and options.timeout else timeout
+        self._group_name = str(group_name)
+        self._group_desc = ""
+        self._hints = dict(options.hints) if options else {}
+        self._cuda = {}
+        self._p2p = []
+        self._p2p_works = []
+        self._cpu_gloo = cpu_backend
+        self._host = None
+        # What a call torch waits on at once returns (done, or ordered on the caller's stream
+        # already): one object, not one per call.
+        self._waited = _Work(self, (), [], _WAITED)
+        if cpu_backend is None:
+            self._host = self._new_comm("host", "cpu")
+
+    # -- what torch asks of a process group ------------------------------------------------
+
+    def getBackendName(self):  # noqa: N802 (torch's spelling)
+        return NAME
+
+    def name(self):
+        return NAME
+
+    def getGroupName(self):  # noqa: N802
+        return self._group_name
+
+    def setGroupName(self, name):  # noqa: N802
+        self._group_name = str(name)
+
+    def getGroupDesc(self):  # noqa: N802
+        return self._group_desc
+
+    def setGroupDesc(self, desc):  # noqa: N802
+        self._group_desc = str(desc)
+
+    @property
+    def group_name(self):
+        return self._group_name
+
+    @property
+    def group_desc(self):
+        return self._group_desc
+
+    def abort(self):
+        for c in self._comms():
+            c.abort()
+
+    def shutdown(self):
+        for c in self._comms():
+            c.finalize()
+
+    def comm(self, device):
+        """The ferrocomm communicator serving ``device`` (a torch.device or string)."""
+        d = torch.device(device)
+        if d.type == "cpu":
+            if self._host is None:
+                raise FerrocommValueError("this group's CPU tensors go through gloo")
+            return self._host
+        return self._cuda_comm(d.index if d.index is not None else torch.cuda.current_device())
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _new_comm(self, backend, device):
+        # The name is the same on every rank: the device type, not its index (ranks of one
+        # group usually hold different GPUs).
+        kind = torch.device(device).type
+        return new_comm(backend, device, f"torch/{self._group_name}/{kind}",
+                        timeout=self._timeout, store=self._store, hints=self._hints,
+                        rank=self.rank(), size=self.size())
+
+    def _comms(self):
+        return ([self._host] if self._host is not None else []) + list(self._cuda.values())
+
+    def _cuda_comm(self, index):
+        c = self._cuda.get(index)
+        if c is None:
+            if self._cuda:
+                raise FerrocommValueError(
+                    f"ferrocomm backend: this group serves cuda:{next(iter(self._cuda))}; a "
+                    f"tensor on cuda:{index} needs a group of its own")
+            # Every rank reaches its first CUDA call in the same order, so they meet here.
+            with torch.cuda.device(index):
+                c = self._new_comm("ferrocomm", f"cuda:{index}")
+            self._cuda[index] = c
+        return c
+
+    def _run(self, t, opts, call, result, gloo=None):
+        """Runs `call(comm, async_op, hints)` on the communicator serving tensor `t`."""
+        if self._p2p:
+            self._flush_p2p()
+        h = _call_hints()
+        dev = t.device
+        if dev.type == "cuda":
+            c = self._cuda.get(dev.index)
+            if c is None:
+                c = self._cuda_comm(dev.index)
+            # A call torch waits on at once needs no stream of its own: wait() is a no-op.
+            if opts is not None and not getattr(opts, "asyncOp", True):
+                call(c, False, h)
+                return self._waited
+            stream = torch.cuda.current_stream(dev)
+            call(c, False, h)
+            return _Work(self, (), result, stream)
+        if dev.type != "cpu":
+            raise FerrocommValueError(f"ferrocomm backend: tensors on {dev} are not supported")
+        if self._host is None:
+            return gloo()
+        # CPU: a call torch waits on at once runs here (no hop to the work thread).
+        if opts is not None and not getattr(opts, "asyncOp", True):
+            call(self._host, False, h)
+            return self._waited
+        return _Work(self, (call(self._host, True, h),), result)
+
+    # -- collectives (torch's ProcessGroup signatures) ---------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        op = _op(opts) if opts is not None else ReduceOp.SUM
+        t = _one(tensors, "allreduce")
+        return self._run(t, opts, lambda c, a, h: c.all_reduce(t, op, async_op=a, hints=h),
+                         tensors, lambda: self._cpu_gloo.allreduce(tensors, opts))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        op = _op(opts) if opts is not None else ReduceOp.SUM
+        works = [self._run(t, opts,
+                           lambda c, a, h, t=t: c.all_reduce(t, op, async_op=a, hints=h),
+                           [t], lambda t=t: self._cpu_gloo.allreduce_coalesced([t], opts))
+                 for t in tensors]
+        return _joined(self, works, tensors)
+
+    def reduce(self, tensors, opts):
+        op = _op(opts)
+        t = _one(tensors, "reduce")
+        root = opts.rootRank
+        return self._run(t, opts, lambda c, a, h: c.reduce(t, root, op, async_op=a, hints=h),
+                         tensors, lambda: self._cpu_gloo.reduce(tensors, opts))
+
+    def broadcast(self, tensors, opts):
+        t = _one(tensors, "broadcast")
+        root = opts.rootRank
+        return self._run(t, opts, lambda c, a, h: c.broadcast(t, root, async_op=a, hints=h),
+                         tensors, lambda: self._cpu_gloo.broadcast(tensors, opts))
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        t = _one(input_tensors, "allgather")
+        outs = _one(output_tensors, "allgather")
+        # Outputs of different sizes (as NCCL's group allows): the all-gather-v.
+        f = "all_gather" if len({o.numel() for o in outs}) <= 1 else "all_gather_v"
+        return self._run(t, opts, lambda c, a, h: getattr(c, f)(outs, t, async_op=a, hints=h),
+                         output_tensors,
+                         lambda: self._cpu_gloo.allgather(output_tensors, input_tensors, opts))
+
+    def _allgather_base(self, output, input, opts=None):  # noqa: A002
+        return self._run(input, opts,
+                         lambda c, a, h: c.all_gather_single(output, input, async_op=a, hints=h),
+                         [output], lambda: self._cpu_gloo._allgather_base(output, input, opts))
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _joined(self, works, outputs)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        op = _op(opts) if opts is not None else ReduceOp.SUM
+        t = _one(output_tensors, "reduce_scatter")
+        ins = _one(input_tensors, "reduce_scatter")
+        f = "reduce_scatter" if len({i.numel() for i in ins}) <= 1 else "reduce_scatter_v"
+        return self._run(t, opts, lambda c, a, h: getattr(c, f)(t, ins, op, async_op=a, hints=h),
+                         output_tensors,
+                         lambda: self._cpu_gloo.reduce_scatter(output_tensors, input_tensors,
+                                                               opts))
+
+    def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002
+        op = _op(opts) if opts is not None else ReduceOp.SUM
+        return self._run(output, opts,
+            lambda c, a, h: c.reduce_scatter_single(output, input, op, async_op=a, hints=h),
+            [output], lambda: self._cpu_gloo._reduce_scatter_base(output, input, opts))
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _joined(self, works, outputs)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
+                      opts=None):
+        osz = list(output_split_sizes) or None
+        isz = list(input_split_sizes) or None
+        return self._run(input, opts,
+            lambda c, a, h: c.all_to_all_single(output, input, osz, isz, async_op=a, hints=h),
+            [output], lambda: self._cpu_gloo.alltoall_base(output, input, output_split_sizes,
+                                                           input_split_sizes, opts))
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        return self._run(input_tensors[0], opts,
+            lambda c, a, h: c.all_to_all(output_tensors, input_tensors, async_op=a, hints=h),
+            output_tensors, lambda: self._cpu_gloo.alltoall(output_tensors, input_tensors, opts))
+
+    def gather(self, output_tensors, input_tensors, opts):
+        t = _one(input_tensors, "gather")
+        root = opts.rootRank
+        outs = output_tensors[0] if self.rank() == root else None
+        return self._run(t, opts, lambda c, a, h: c.gather(outs, t, root, async_op=a, hints=h),
+                         output_tensors,
+                         lambda: self._cpu_gloo.gather(output_tensors, input_tensors, opts))
+
+    def scatter(self, output_tensors, input_tensors, opts):
+        t = _one(output_tensors, "scatter")
+        root = opts.rootRank
+        ins = input_tensors[0] if self.rank() == root else None
+        return self._run(t, opts, lambda c, a, h: c.scatter(t, ins, root, async_op=a, hints=h),
+                         output_tensors,
+                         lambda: self._cpu_gloo.scatter(output_tensors, input_tensors, opts))
+
+    def barrier(self, opts=None):
+        self._flush_p2p()
+        # Like NCCL's barrier, it also waits for this rank's CUDA work of the group.
+        for index in self._cuda:
+            torch.cuda.current_stream(index).synchronize()
+        if self._host is None:
+            return self._cpu_gloo.barrier(opts) if opts is not None else self._cpu_gloo.barrier()
+        return _Work(self, (self._host.barrier(async_op=True),), [])
+
+    # -- point to point: deferred and issued together -------------------------------------------
+    # Sends and receives are queued and issued as one batch (ferrocomm's BatchSendRecv) when a
+    # work of theirs is waited on or polled, or before the group's next collective: so
+    # batch_isend_irecv's exchanges (every rank sending before receiving) cannot deadlock.
+
+    def send(self, tensors, dst, tag=0):
+        return self._p2p_op(True, _one(tensors, "send"), dst, tensors,
+                            lambda: self._cpu_gloo.send(tensors, dst, tag))
+
+    def recv(self, tensors, src, tag=0):
+        return self._p2p_op(False, _one(tensors, "recv"), src, tensors,
+                            lambda: self._cpu_gloo.recv(tensors, src, tag))
+
+    def recv_anysource(self, tensors, tag=0):
+        raise FerrocommUnsupported("ferrocomm backend: recv from any source is not supported")
+
+    def _p2p_op(self, is_send, t, peer, result, gloo):
+        if t.device.type == "cpu" and self._host is None:
+            return gloo()
+        if self._p2p and self._p2p[0][1].device != t.device:
+            self._flush_p2p()
+        if not 0 <= int(peer) < self.size():
+            raise FerrocommValueError(
+                f"ferrocomm backend: {'send' if is_send else 'recv'} peer {peer} out of range "
+                f"for {self.size()} ranks")
+        self._p2p.append((is_send, t, int(peer)))
+        w = _Work(self, [], result,
+                  torch.cuda.current_stream(t.device) if t.device.type == "cuda" else None)
+        self._p2p_works.append(w)
+        return w
+
+    def _flush_p2p(self):
+        if not self._p2p:
+            return
+        ops, works = self._p2p, self._p2p_works
+        self._p2p, self._p2p_works = [], []
+        dev = ops[0][1].device
+        c = self._cuda_comm(dev.index) if dev.type == "cuda" else self._host
+        batch = c.batch_op_create()
+        for is_send, t, peer in ops:
+            (batch.send if is_send else batch.recv)(t, peer)
+        inner = batch.issue(async_op=dev.type != "cuda", hints=_call_hints())
+        if dev.type != "cuda":
+            for w in works:
+                w._inner = (inner,)
+
+
+class _JoinedWork(_Work):
+    def __init__(self, pg, works, result):
+        stream = works[0]._stream if works and works[0]._stream is not None else None
+        super().__init__(pg, [], result, stream)
+        self._works = works
+
+    def wait(self, timeout=None):
+        for w in self._works:
+            w.wait(timeout)
+        return True
+
+    def is_completed(self):
+        return all(w.is_completed() for w in self._works)
+
+
+def _joined(pg, works, result):
+    if len(works) == 1:
+        return works[0]
+    return _JoinedWork(pg, works, result)
+
+
+def _one(lst, what):
+    if len(lst) != 1:
+        raise FerrocommValueError(
+            f"ferrocomm backend: {what} takes one tensor per process (got {len(lst)})")
+    return lst[0]
+
+
+def _cpu_backend_of_caller(store, rank, size, timeout):
+    """For ``backend="cpu:gloo,cuda:ferrocomm"``: a gloo backend for CPU tensors.
+
+    torch hands a Python process group the whole group (it replaces the ProcessGroup torch
+    built), so the gloo backend torch created for the CPU is dropped; the group's device map is
+    read from torch's group-creation frame and gloo is created again here on the same store.
+    """
+    frame = sys._getframe(2)
+    config = None
+    while frame is not None and config is None:
+        if frame.f_code.co_name == "_new_process_group_helper":
+            config = frame.f_locals.get("backend_config")
+        frame = frame.f_back
+    if config is None:
+        return None
+    mapping = config.get_device_backend_map()
+    cpu = mapping.get("cpu", NAME)
+    if mapping.get("cuda", NAME) != NAME:
+        raise FerrocommUnsupported(
+            f"ferrocomm backend: {config} puts CUDA tensors on {mapping['cuda']}; ferrocomm "
+            "serves CUDA (and optionally CPU) tensors: use 'cuda:ferrocomm' or 'ferrocomm'")
+    if cpu == NAME:
+        return None
+    if cpu != "gloo":
+        raise FerrocommUnsupported(
+            f"ferrocomm backend: CPU tensors can go through ferrocomm or gloo, not {cpu}")
+    return dist.ProcessGroupGloo(dist.PrefixStore("ferrocomm-gloo/", store), rank, size,
+                                 timeout)
+
+
+def _create(dist_opts, pg_options):
+    """torch's creator for the backend (extended API)."""
+    if pg_options is not None and not isinstance(pg_options, Options):
+        if isinstance(pg_options, dict):
+            pg_options = Options(**pg_options)
+        else:
+            raise FerrocommValueError(
+                "ferrocomm backend: pg_options must be ferrocomm.torch.Options or a dict, not "
+                f"{type(pg_options).__name__}")
+    store, rank, size = dist_opts.store, dist_opts.group_rank, dist_opts.group_size
+    timeout = dist_opts.timeout
+    gloo = _cpu_backend_of_caller(store, rank, size, timeout)
+    return ProcessGroupFerrocomm(store, rank, size, timeout, dist_opts.group_id, pg_options,
+                                 gloo)
+
+
+def register():
+    """Registers ``"ferrocomm"`` with torch.distributed for CPU and CUDA (idempotent)."""
+    if NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+register()
+
+# Reachable as ferrocomm.torch.Comm for users mixing the two APIs.
+Comm = _comm.Comm

@@ -1,0 +1,52 @@
+"""The "ferrocomm" torch.distributed backend on the host backend with real processes: every
+collective against gloo in the same processes, async work, groups, low precision, errors.
+
+torch is required: these tests fail (they are not skipped) when it is missing.
+"""
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_ranks
+
+if importlib.util.find_spec("torch") is None:
+    raise ImportError(
+        "the torch.distributed backend tests need torch: pip install torch==2.11.0 "
+        "(--index-url https://download.pytorch.org/whl/cpu for the CPU-only wheel)")
+
+NO_NCCL = {"FERROCOMM_NCCL_LIB": "/nonexistent"}
+
+
+def run(world, scenario, timeout=240):
+    outs = run_ranks(world, scenario, env=NO_NCCL, timeout=timeout, script="torch_ranks.py")
+    assert all(f"{scenario} ok" in o for o in outs), outs
+    return outs
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_collective_against_gloo(world):
+    run(world, "collectives")
+
+
+def test_async_work():
+    run(2, "async")
+
+
+def test_groups_mixed_backends_and_low_precision():
+    run(4, "groups")
+
+
+def test_errors():
+    run(2, "errors")
+
+
+def test_import_torch_registers_the_backend():
+    """The installed package's torch.backends entry point: no import of ferrocomm needed."""
+    code = ("import sys, torch.distributed as dist; "
+            "print('FERROCOMM' in dist.Backend._plugins, 'ferrocomm.torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr

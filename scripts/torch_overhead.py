@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Host time per call of a small all-reduce, one process (world size 1): a bare kernel launch,
+torch.distributed over NCCL, ferrocomm's direct API and the "ferrocomm" torch.distributed
+backend (sync, async, low-precision hints).
+
+    python3 scripts/torch_overhead.py OUTDIR [--calls 10000] [--bytes 1024] [--device cuda]
+
+Every row issues the call `--calls` times in a loop after a warm-up and divides the loop's
+wall time by the count; the GPU is synchronized before and after the loop, not inside it, so
+the figure is what the host spends per call (the kernels run behind it). `--device cpu` runs
+the same rows on CPU tensors (gloo instead of NCCL, ferrocomm's host backend), which is where
+the Python path can be profiled without a GPU (`--profile` writes a cProfile listing of the
+backend's all-reduce). Prints the table and writes overhead.md and overhead.json to OUTDIR.
+"""
+
+import argparse
+import cProfile
+import datetime
+import io
+import json
+import pstats
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import ferrocomm
+import ferrocomm.torch as fct
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def timed(fn, calls, cuda):
+    for _ in range(min(200, calls)):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    dt = time.perf_counter() - t0
+    if cuda:
+        torch.cuda.synchronize()
+    return dt / calls * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("outdir")
+    ap.add_argument("--calls", type=int, default=10000)
+    ap.add_argument("--bytes", type=int, default=1024)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--profile", action="store_true",
+                    help="cProfile the backend's dist.all_reduce into OUTDIR/profile.txt")
+    a = ap.parse_args()
+    if a.calls < 1 or a.bytes < 4 or a.bytes % 4:
+        sys.exit("--calls must be >= 1 and --bytes a positive multiple of 4")
+    out = Path(a.outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    cuda = a.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        sys.exit("no CUDA device: pass --device cpu")
+
+    dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+    ref = "nccl" if cuda else "gloo"
+    dist.init_process_group(ref, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1, timeout=datetime.timedelta(seconds=60))
+    fgroup = dist.new_group(backend="ferrocomm")
+    store = dist.distributed_c10d._get_default_store()
+    comm = ferrocomm.new_comm("ferrocomm" if cuda else "host", dev, "overhead", store=store,
+                              rank=0, size=1)
+    x = torch.ones(a.bytes // 4, dtype=torch.float32, device=dev)
+    lp = {"low_precision": "e4m3"}
+
+    def with_hints():
+        with fct.hints(**lp):
+            dist.all_reduce(x, group=fgroup)
+
+    rows = [
+        ("bare kernel launch x.add_(0)", lambda: x.add_(0)),
+        (f"dist.all_reduce ({ref} c10d)", lambda: dist.all_reduce(x)),
+        (f"dist.all_reduce ({ref} c10d), async_op=True",
+         lambda: dist.all_reduce(x, async_op=True)),
+        ("comm.all_reduce (direct API)", lambda: comm.all_reduce(x)),
+        ("comm.all_reduce, async_op=True", lambda: comm.all_reduce(x, async_op=True)),
+        ("comm.all_reduce, low-precision hint", lambda: comm.all_reduce(x, hints=lp)),
+        ("dist.all_reduce (\"ferrocomm\" backend)", lambda: dist.all_reduce(x, group=fgroup)),
+        ("dist.all_reduce (\"ferrocomm\"), async_op=True",
+         lambda: dist.all_reduce(x, group=fgroup, async_op=True)),
+        ("dist.all_reduce (\"ferrocomm\"), hints()", with_hints),
+    ]
+    results = []
+    for name, fn in rows:
+        us = timed(fn, a.calls, cuda)
+        results.append({"call": name, "host_us": round(us, 2)})
+    bare = results[0]["host_us"]
+    lines = [f"Host time per call, {a.bytes} B float32 on {dev}, world size 1, mean of "
+             f"{a.calls} calls (ferrocomm {ferrocomm.__version__}, torch {torch.__version__})",
+             "", "| call | host µs | x bare launch |", "|---|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r['call']} | {r['host_us']:.1f} | {r['host_us'] / bare:.2f} |")
+    table = "\n".join(lines)
+    print(table)
+    (out / "overhead.md").write_text(table + "\n")
+    (out / "overhead.json").write_text(json.dumps(
+        {"device": str(dev), "bytes": a.bytes, "calls": a.calls, "rows": results}, indent=2))
+    if a.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(a.calls):
+            dist.all_reduce(x, group=fgroup)
+        prof.disable()
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+        (out / "profile.txt").write_text(s.getvalue())
+        print(f"profile: {out / 'profile.txt'}")
+    if cuda:
+        torch.cuda.synchronize()
+    comm.finalize()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
