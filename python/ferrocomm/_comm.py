@@ -258,7 +258,8 @@ class Comm:
         self._hints = _check_hints(hints, "set_hints")
 
     def algo_for(self, collective, nbytes, dtype, hints=None):
-        """The algorithm a call would use (``push``, ``flat``, ``tree``, ``direct``, ``nccl``)."""
+        """How a call would run: its plan as the bench prints it (``push``, ``flat``, ``flat-ce``,
+        ``tree``, ``direct``, ``nccl``, ``lp-flat``, ...)."""
         h = {**self._hints, **_check_hints(hints, collective)}
         name = str(dtype).replace("torch.", "")
         if name in _MOVE_AS:

@@ -345,6 +345,77 @@ fn threshold(v: Option<usize>, default: usize, var: &str) -> String {
     }
 }
 
+/// The world size `info`'s plans are shown for.
+const PLAN_WORLD: usize = 2;
+/// The sizes (bytes per rank) `info`'s plans are shown for.
+const PLAN_SIZES: [usize; 5] = [1 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20];
+/// The collectives `info`'s plans are shown for.
+const PLAN_COLLECTIVES: [Collective; 7] = [
+    Collective::AllReduce,
+    Collective::AllGather,
+    Collective::ReduceScatter,
+    Collective::AllToAll,
+    Collective::Broadcast,
+    Collective::Reduce,
+    Collective::Send,
+];
+
+/// One line per collective: the [`ferrocomm::Plan`] this machine's backend gives each of
+/// [`PLAN_SIZES`] (`all_reduce: 1 KiB flat, 64 KiB flat, ...`), a refusal as `error: ...`:
+/// the host backend's without a GPU; with GPUs the cuda backend's, its direct access as the
+/// configuration lays it out (the copy engines where set, LL128 lines where the first two GPUs
+/// share NVLink or ranks share one GPU) and NCCL where the library was found.
+pub fn plans(cfg: &Config, sys: &SystemInfo) -> Vec<String> {
+    use ferrocomm::plan::{cuda_plan, host_plan, CudaCaps};
+    let (dt, sum, auto, lp) = (
+        ferrocomm::DataType::F32,
+        ferrocomm::ReduceOp::Sum,
+        ferrocomm::Algo::Auto,
+        ferrocomm::LowPrecisionChoice::Default,
+    );
+    let nvlink = sys.gpus.len() < 2
+        || sys
+            .links
+            .first()
+            .and_then(|r| r.get(1))
+            .is_some_and(|l| l.starts_with("NV"));
+    let no_nccl = sys.nccl.note.clone().unwrap_or_default();
+    let cuda = CudaCaps {
+        world: PLAN_WORLD,
+        dda: Some(ferrocomm::cuda::dda_caps(
+            cfg,
+            PLAN_WORLD,
+            cfg.thresholds.ce_min.filter(|&m| m > 0),
+            nvlink,
+        )),
+        no_dda: "",
+        nccl: sys.nccl.found,
+        no_nccl: &no_nccl,
+        multi_host: false,
+        kernel_dtypes: &ferrocomm::cuda::kernels::DTYPES,
+    };
+    PLAN_COLLECTIVES
+        .iter()
+        .map(|&coll| {
+            let cells: Vec<String> = PLAN_SIZES
+                .iter()
+                .map(|&bytes| {
+                    let plan = if sys.gpus.is_empty() {
+                        host_plan(coll, bytes, PLAN_WORLD, dt, auto, lp, cfg)
+                    } else {
+                        cuda_plan(&cuda, cfg, coll, bytes, dt, sum, auto, lp)
+                    };
+                    match plan {
+                        Ok(p) => format!("{} {p}", human(bytes)),
+                        Err(e) => format!("{} error: {e}", human(bytes)),
+                    }
+                })
+                .collect();
+            format!("{}: {}", coll.name(), cells.join(", "))
+        })
+        .collect()
+}
+
 /// What the host backend runs (every communicator on a machine without a GPU): all-reduce flat
 /// up to the flat threshold and tree above it (there is no NCCL to hand large ones to), every
 /// other collective by direct access to shared memory at every size.
@@ -521,6 +592,21 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
     );
     if cfg.algo != ferrocomm::Algo::Auto {
         let _ = writeln!(w, "forced algorithm: {} (FERROCOMM_ALGO)", cfg.algo);
+    }
+
+    let backend = if sys.gpus.is_empty() {
+        "host backend"
+    } else {
+        "cuda backend, planned from the configuration (direct access on, as its start-up checks \
+         find it)"
+    };
+    let _ = writeln!(
+        w,
+        "\n== Plans: {backend}, {PLAN_WORLD} ranks, float (bytes per rank: the path, as the \
+         bench's algo column and FERROCOMM_DEBUG print it)"
+    );
+    for line in plans(cfg, sys) {
+        let _ = writeln!(w, "{line}");
     }
 
     let lp = &cfg.low_precision;
@@ -731,5 +817,44 @@ mod tests {
         assert!(r
             .lines()
             .any(|l| l.starts_with("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES") && l.ends_with("env")));
+    }
+
+    #[test]
+    fn plans_are_the_backend_s_own() {
+        let cfg = Config::default();
+        let plan_line = |sys: &SystemInfo| {
+            plans(&cfg, sys)
+                .into_iter()
+                .find(|l| l.starts_with("all_reduce: "))
+                .unwrap()
+        };
+        let host = SystemInfo::default();
+        // 2 ranks, defaults: flat up to 32 MiB, tree above (no NCCL on the host backend).
+        assert_eq!(
+            plan_line(&host),
+            "all_reduce: 1 KiB flat, 64 KiB flat, 1 MiB flat, 16 MiB flat, 256 MiB tree"
+        );
+        let gpus = SystemInfo {
+            gpus: vec![Gpu {
+                index: 0,
+                name: "g".into(),
+                memory_bytes: 1 << 30,
+                compute_capability: Some((9, 0)),
+                pci_bus_id: None,
+            }],
+            nccl: Library {
+                found: true,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        // The cuda backend's: push to 64 KiB, flat to 32 MiB, NCCL above.
+        assert_eq!(
+            plan_line(&gpus),
+            "all_reduce: 1 KiB push, 64 KiB push, 1 MiB flat, 16 MiB flat, 256 MiB nccl"
+        );
+        let r = render(&cfg, &gpus);
+        assert!(r.contains("== Plans: cuda backend"), "{r}");
+        assert!(r.contains("\nsend: 1 KiB direct,"), "{r}");
     }
 }

@@ -417,3 +417,81 @@ fn info_reports_devices_libraries_thresholds_and_sources() {
         .iter()
         .any(|e| e["name"] == "FERROCOMM_TIMEOUT_S"));
 }
+
+/// The plans `ferrocomm info` prints (host backend, no GPU here) for `coll`: (size text, plan).
+fn info_plans(env: &[(&str, &str)], coll: &str) -> Vec<(String, String)> {
+    let o = Command::new(BIN)
+        .arg("info")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    let plans = out.split("\n== Plans").nth(1).expect("a plans section");
+    let line = plans
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{coll}: ")))
+        .unwrap_or_else(|| panic!("no {coll} line in\n{out}"));
+    line.split(", ")
+        .map(|cell| {
+            let (size, plan) = cell.rsplit_once(' ').expect("size and plan");
+            (size.to_string(), plan.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn bench_and_info_print_the_same_plan() {
+    // Flat up to 16 KiB, tree above; low precision on or off.
+    let flat = ("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES", "16K");
+    for (lp, want) in [("0", ["flat", "tree"]), ("1", ["lp-flat", "lp-tree"])] {
+        let env = [flat, ("FERROCOMM_LOW_PRECISION", lp)];
+        let o = bench_command(&[
+            "all_reduce",
+            "-g",
+            "2",
+            "-b",
+            "1K",
+            "-e",
+            "64K",
+            "-f",
+            "64",
+            "-n",
+            "2",
+            "-w",
+            "1",
+        ])
+        .envs(env)
+        .env("FERROCOMM_DEBUG", "1")
+        .output()
+        .unwrap();
+        // FERROCOMM_DEBUG prints each plan a communicator runs once, as the algo column.
+        let (_, err) = text(&o);
+        let debug: Vec<&str> = err.lines().filter(|l| l.contains(" runs ")).collect();
+        for (bytes, plan) in [(1024, want[0]), (65536, want[1])] {
+            let line = format!("'bench': all_reduce of {bytes} bytes per rank (float) runs {plan}");
+            let n = |rank| {
+                debug
+                    .iter()
+                    .filter(|l| {
+                        l.starts_with(&format!("ferrocomm: rank {rank} ")) && l.ends_with(&line)
+                    })
+                    .count()
+            };
+            assert_eq!((n(0), n(1)), (1, 1), "{line} in\n{err}");
+        }
+        let bench: Vec<String> = assert_clean(&o, &[1024, 65536])
+            .into_iter()
+            .map(|c| c[13].clone())
+            .collect();
+        assert_eq!(bench, want, "FERROCOMM_LOW_PRECISION={lp}");
+        let info = info_plans(&env, "all_reduce");
+        let at = |size: &str| {
+            info.iter()
+                .find(|(s, _)| s == size)
+                .map(|(_, p)| p.clone())
+                .unwrap_or_else(|| panic!("no {size} in {info:?}"))
+        };
+        assert_eq!([at("1 KiB"), at("64 KiB")], want, "{info:?}");
+    }
+}

@@ -637,7 +637,8 @@ impl PyComm {
         self.inner.config().timeout.as_secs_f64()
     }
 
-    /// The algorithm selection would pick for a call (for tests and debugging).
+    /// How a call would run: its plan, printed as the bench's algo column (for tests and
+    /// debugging).
     #[pyo3(signature = (collective, nbytes, dtype, algo=None, low_precision=None))]
     fn algo_for(
         &self,

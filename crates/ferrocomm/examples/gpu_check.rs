@@ -1002,9 +1002,10 @@ fn timing(c: &mut Ctx, quick: bool) -> Res<()> {
             }
             row.push(format!("{us:>9.2}"));
         }
-        let auto_algo =
-            c.comm
-                .algo_for(ferrocomm::Collective::AllReduce, b, d, &CallOpts::default())?;
+        let auto_algo = c
+            .comm
+            .algo_for(ferrocomm::Collective::AllReduce, b, d, &CallOpts::default())?
+            .algo;
         row.push(format!("{:>6}", auto_algo.name()));
         row.push(format!("{:>6}", best.1));
         row.push(format!("{:>6.2}x", nccl_us / best.0));
@@ -1244,12 +1245,14 @@ fn real_main() -> Res<i32> {
         o3.local_rank = Some(0);
         o3.device = Some(Device::Cuda(dev));
         let comm3 = Communicator::new(o3)?;
-        let a3 = comm3.algo_for(
-            ferrocomm::Collective::AllReduce,
-            1024,
-            DataType::BF16,
-            &CallOpts::default(),
-        )?;
+        let a3 = comm3
+            .algo_for(
+                ferrocomm::Collective::AllReduce,
+                1024,
+                DataType::BF16,
+                &CallOpts::default(),
+            )?
+            .algo;
         if a3 != Algo::Nccl {
             c.failures
                 .push(format!("two-host simulation chose {a3}, not nccl"));

@@ -11,8 +11,7 @@ use std::time::Duration;
 use crate::bootstrap::Store;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::plan::{Algo, Collective, Engine, FlatForm, LowPrecisionChoice, Plan};
-use crate::quant::Codec;
+use crate::plan::{Algo, Collective, LowPrecisionChoice, Plan};
 use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
@@ -262,6 +261,57 @@ impl CallKind<'_> {
     }
 }
 
+impl CallKind<'_> {
+    /// The size and element type the planner weighs for this call on `rank` of `world`, as
+    /// [`Backend::plan_for`]'s callers count it (the bench's bytes per rank): the output of an
+    /// all-reduce, reduce or broadcast, one rank's part of an all-gather or reduce-scatter, the
+    /// whole output of an all-to-all, `world` × the largest crossing part of an all-to-all-v
+    /// (the input of one with device counts), the largest message of a batch.
+    pub fn shape(&self, rank: usize, world: usize) -> (usize, DataType) {
+        let part = |out: &ViewMut<'_>| out.bytes_len() / world.max(1);
+        match self {
+            CallKind::AllReduce { output, .. }
+            | CallKind::Reduce { output, .. }
+            | CallKind::Broadcast { output, .. }
+            | CallKind::AllToAll { output, .. } => (output.bytes_len(), output.dtype()),
+            CallKind::AllGather { output, .. } => (part(output), output.dtype()),
+            CallKind::ReduceScatter { input, output, .. } => match input {
+                Input::InPlace => (part(output), output.dtype()),
+                Input::Buf(_) => (output.bytes_len(), output.dtype()),
+            },
+            CallKind::AllToAllV { output, splits, .. } => {
+                let crossing = (0..world)
+                    .filter(|&p| p != rank)
+                    .flat_map(|p| [splits.send_counts.get(p), splits.recv_counts.get(p)])
+                    .flatten()
+                    .max()
+                    .copied()
+                    .unwrap_or(0);
+                let es = output.dtype().size();
+                (
+                    crossing.saturating_mul(es).saturating_mul(world),
+                    output.dtype(),
+                )
+            }
+            CallKind::AllToAllVDynamic { input, output, .. }
+            | CallKind::AllToAllVDynamicPacked { input, output, .. } => {
+                (input.bytes_len(), output.dtype())
+            }
+            CallKind::Barrier => (0, DataType::U8),
+            CallKind::Send { data, .. } => (data.bytes_len(), data.dtype()),
+            CallKind::Recv { out, .. } => (out.bytes_len(), out.dtype()),
+            CallKind::BatchSendRecv { ops } => ops
+                .iter()
+                .map(|op| match op {
+                    P2pOp::Send { data, .. } => (data.bytes_len(), data.dtype()),
+                    P2pOp::Recv { out, .. } => (out.bytes_len(), out.dtype()),
+                })
+                .max_by_key(|&(bytes, _)| bytes)
+                .unwrap_or((0, DataType::U8)),
+        }
+    }
+}
+
 /// What every backend implements. Arguments have been validated by [`crate::comm::Communicator`].
 pub trait Backend: Send + Sync {
     /// The backend's name (`host`, `cuda`, `nccl`).
@@ -393,66 +443,16 @@ pub trait Backend: Send + Sync {
     fn batch_send_recv(&self, ops: Vec<P2pOp<'_>>, opts: &CallOpts) -> Result<()>;
     fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
     fn recv(&self, out: ViewMut<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
-    /// The algorithm [`crate::plan::select`] picks for this call on this backend (for the
-    /// bench and `FERROCOMM_DEBUG`).
-    fn algo_for(
-        &self,
-        coll: Collective,
-        bytes_per_rank: usize,
-        dtype: DataType,
-        opts: &CallOpts,
-    ) -> Result<Algo>;
-    /// When this call goes low precision, the path it takes (flat or tree all-reduce, direct
-    /// for the others) and its codec; `None` for full precision, where [`Backend::algo_for`]
-    /// says the path.
-    fn low_precision_plan(
-        &self,
-        _coll: Collective,
-        _bytes_per_rank: usize,
-        _dtype: DataType,
-        _opts: &CallOpts,
-    ) -> Result<Option<(Algo, Codec)>> {
-        Ok(None)
-    }
-    /// How a full-precision call that runs `algo` moves its data, where the backend has forms
-    /// (the cuda flat all-reduce: pulled, streamed, by the copy engines or in LL128 lines).
-    fn form_for(&self, _coll: Collective, _bytes_per_rank: usize, _algo: Algo) -> Option<FlatForm> {
-        None
-    }
-    /// The plan of this call: its low-precision path when it goes low precision, else its
-    /// algorithm and form.
+    /// The plan of a call of `coll` with `bytes_per_rank` (a Sum for the reductions, aligned
+    /// pointers) on this backend: what the call runs, decided by [`crate::plan`]. The bench's
+    /// path column, `algo_for`, `ferrocomm info` and `FERROCOMM_DEBUG` print it.
     fn plan_for(
         &self,
         coll: Collective,
         bytes_per_rank: usize,
         dtype: DataType,
         opts: &CallOpts,
-    ) -> Result<Plan> {
-        let on_host = self.name() == "host";
-        if let Some((algo, codec)) = self.low_precision_plan(coll, bytes_per_rank, dtype, opts)? {
-            return Ok(Plan {
-                engine: if on_host {
-                    Engine::Host
-                } else {
-                    Engine::Direct
-                },
-                algo,
-                form: None,
-                low_precision: Some(codec),
-            });
-        }
-        let algo = self.algo_for(coll, bytes_per_rank, dtype, opts)?;
-        Ok(Plan {
-            engine: match algo {
-                Algo::Nccl => Engine::Nccl,
-                _ if on_host => Engine::Host,
-                _ => Engine::Direct,
-            },
-            algo,
-            form: self.form_for(coll, bytes_per_rank, algo),
-            low_precision: None,
-        })
-    }
+    ) -> Result<Plan>;
 }
 
 /// What a backend without the device-count all-to-all-v calls answers.

@@ -4,7 +4,7 @@
 //! receives only calls that make sense locally. Checks that need the other ranks (different
 //! collectives or counts at the same step) are the backend's, because only it sees the peers.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use crate::bootstrap::{self, PrefixStore, Store};
 use crate::config::{BackendChoice, Config};
 use crate::error::{Error, Result};
 pub use crate::plan::LowPrecisionChoice;
-use crate::plan::{Algo, Collective, Plan};
+use crate::plan::{Collective, Plan};
 use crate::rmsnorm::AllReduceRmsNorm;
 use crate::types::{read_count, DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
@@ -76,6 +76,8 @@ pub struct Communicator {
     root_store: Arc<dyn Store>,
     backend: Box<dyn Backend>,
     finalized: std::sync::atomic::AtomicBool,
+    /// The plans `FERROCOMM_DEBUG` has printed (each once).
+    plans_seen: Mutex<HashSet<(Collective, Plan)>>,
 }
 
 /// Instances per communicator name and rank in this process, so that communicators created in
@@ -278,6 +280,7 @@ impl Communicator {
             root_store,
             backend,
             finalized: false.into(),
+            plans_seen: Mutex::default(),
         })
     }
 
@@ -303,19 +306,11 @@ impl Communicator {
         &self.ctx.store
     }
 
-    /// The algorithm a call with these parameters would use.
+    /// How a call with these parameters runs on this communicator: its [`Plan`] (engine,
+    /// algorithm, form, low-precision codec), printed as the bench's path column shows it
+    /// (`flat`, `flat-ce`, `nccl`, `lp-tree`, ...). Reductions are planned as a Sum, the
+    /// pointers as aligned; `bytes_per_rank` counts as [`CallKind::shape`] does.
     pub fn algo_for(
-        &self,
-        coll: Collective,
-        bytes_per_rank: usize,
-        dtype: DataType,
-        opts: &CallOpts,
-    ) -> Result<Algo> {
-        self.backend.algo_for(coll, bytes_per_rank, dtype, opts)
-    }
-
-    /// How a call with these parameters would run ([`Plan`]).
-    pub fn plan_for(
         &self,
         coll: Collective,
         bytes_per_rank: usize,
@@ -325,24 +320,33 @@ impl Communicator {
         self.backend.plan_for(coll, bytes_per_rank, dtype, opts)
     }
 
-    /// The path this call takes, as the bench shows it: its [`Plan`] printed (the algorithm's
-    /// name, `flat-ce` when the copy engines carry a flat all-reduce, `flat-ll128` when LL128
-    /// lines do, or `lp-` and the low-precision path's name when it goes low precision).
-    pub fn path_for(
-        &self,
-        coll: Collective,
-        bytes_per_rank: usize,
-        dtype: DataType,
-        opts: &CallOpts,
-    ) -> Result<String> {
-        Ok(self
-            .plan_for(coll, bytes_per_rank, dtype, opts)?
-            .to_string())
-    }
-
-    /// Hands one checked call to the backend.
+    /// Hands one checked call to the backend. With `FERROCOMM_DEBUG` the call's plan is
+    /// printed the first time it comes up (once per collective and plan).
     fn run(&self, kind: CallKind<'_>, opts: &CallOpts) -> Result<()> {
-        self.live()?.run(Call { kind, opts })
+        let backend = self.live()?;
+        if self.ctx.config.debug {
+            let coll = kind.collective();
+            let (bytes, dtype) = kind.shape(self.ctx.rank, self.ctx.size);
+            if let Ok(plan) = backend.plan_for(coll, bytes, dtype, opts) {
+                let first = self
+                    .plans_seen
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert((coll, plan));
+                if first {
+                    // One write of the whole line, so that ranks sharing a terminal or a pipe
+                    // do not interleave their lines.
+                    let line = format!(
+                        "ferrocomm: rank {} '{}': {} of {bytes} bytes per rank ({dtype}) runs {plan}\n",
+                        self.ctx.rank,
+                        self.ctx.name,
+                        coll.name()
+                    );
+                    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+                }
+            }
+        }
+        backend.run(Call { kind, opts })
     }
 
     fn live(&self) -> Result<&dyn Backend> {

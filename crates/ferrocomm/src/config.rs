@@ -67,7 +67,7 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_STORE_PORT", "MASTER_PORT (MASTER_PORT+1 under torchrun)", "Port of the bootstrap TCP store."),
     var("FERROCOMM_STORE_SECRET", "(derived)", "Secret the job's processes share to authenticate to the bootstrap store (at least 16 characters; never printed). ferrocomm launch sets a random one; unset, it is derived from torchrun's TORCHELASTIC_RUN_ID with MASTER_ADDR and MASTER_PORT, else from this user's key file $XDG_CONFIG_HOME/ferrocomm/store-key (see docs/security.md)."),
     var("FERROCOMM_STORE_EXTERNAL", "0", "1 when the store server runs outside the ranks (ferrocomm launch sets it); rank 0 then connects as a client."),
-    var("FERROCOMM_DEBUG", "0", "1 prints the configuration and every algorithm choice to stderr at start-up (like NCCL_DEBUG=INFO)."),
+    var("FERROCOMM_DEBUG", "0", "1 prints the configuration to stderr at start-up (like NCCL_DEBUG=INFO) and each plan a communicator runs, the first time it runs it."),
     var("RANK", "-", "Global rank (torchrun); OMPI_COMM_WORLD_RANK is read when RANK is absent."),
     var("WORLD_SIZE", "-", "Number of ranks (torchrun); OMPI_COMM_WORLD_SIZE otherwise."),
     var("LOCAL_RANK", "RANK", "Rank within this host; selects the GPU (OMPI_COMM_WORLD_LOCAL_RANK otherwise)."),

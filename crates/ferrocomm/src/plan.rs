@@ -24,7 +24,7 @@ pub enum LowPrecisionChoice {
 }
 
 /// Which engine carries a call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Engine {
     /// The host backend (shared memory between processes).
     Host,
@@ -36,7 +36,7 @@ pub enum Engine {
 
 /// How one call runs, as the planner decided it: the bench's path column, `algo_for`'s callers
 /// and `ferrocomm info` print it through its one [`fmt::Display`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Plan {
     pub engine: Engine,
     /// The algorithm; for a low-precision call, the low-precision path's (flat or tree
@@ -46,6 +46,17 @@ pub struct Plan {
     pub form: Option<FlatForm>,
     /// The codec of a low-precision call; `None` for full precision.
     pub low_precision: Option<Codec>,
+    /// How a full-precision staged collective of the cuda backend's direct access moves its
+    /// parts ([`part_form`]); `None` elsewhere (the all-to-all-v picks per piece).
+    pub parts: Option<PartForm>,
+}
+
+/// The kernel form of a staged collective's parts and its rounds ([`part_form`]): `ll` (LL
+/// lines), `st` (staged) or `rw` (pipelined staged, in `rounds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PartForm {
+    pub form: &'static str,
+    pub rounds: u32,
 }
 
 impl fmt::Display for Plan {
@@ -61,6 +72,24 @@ impl fmt::Display for Plan {
                 write!(f, "{}-{}", self.algo, form.kernel())
             }
             _ => write!(f, "{}", self.algo),
+        }
+    }
+}
+
+impl Plan {
+    /// A full-precision plan of the cuda backend: NCCL's engine for [`Algo::Nccl`], direct
+    /// access for every other algorithm.
+    pub fn on_gpu(algo: Algo, form: Option<FlatForm>) -> Plan {
+        Plan {
+            engine: if algo == Algo::Nccl {
+                Engine::Nccl
+            } else {
+                Engine::Direct
+            },
+            algo,
+            form,
+            low_precision: None,
+            parts: None,
         }
     }
 }
@@ -307,6 +336,107 @@ pub fn low_precision(
 }
 
 // ---------------------------------------------------------------------------------------------
+// The host backend: every call runs in shared memory.
+
+/// What the host backend has: no push kernel, no NCCL, no staging limit (it chunks).
+pub const HOST_CAPS: Caps = Caps {
+    push: false,
+    nccl: false,
+    staging_bytes: None,
+    multi_host: false,
+};
+
+/// The host backend's algorithm: the all-reduce flat or tree ([`select`]'s push is flat
+/// there), every other collective direct.
+pub fn host_algo(
+    coll: Collective,
+    bytes_per_rank: usize,
+    world: usize,
+    dtype: DataType,
+    requested: Algo,
+    cfg: &Config,
+) -> Result<Algo> {
+    let a = select(
+        coll,
+        bytes_per_rank,
+        world,
+        dtype,
+        requested,
+        &HOST_CAPS,
+        cfg,
+    )?;
+    Ok(match (coll, a) {
+        (Collective::AllReduce, Algo::Tree) => Algo::Tree,
+        (Collective::AllReduce, _) => Algo::Flat,
+        _ => Algo::Direct,
+    })
+}
+
+/// The host backend's codec for one call: [`low_precision`] with no size floor of its own
+/// (low precision whenever asked); `op` counts for the reducing collectives only.
+pub fn host_low_precision(
+    coll: Collective,
+    dtype: DataType,
+    op: ReduceOp,
+    bytes_per_rank: usize,
+    choice: LowPrecisionChoice,
+    cfg: &Config,
+) -> Result<Option<Codec>> {
+    let op = matches!(
+        coll,
+        Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+    )
+    .then_some(op);
+    low_precision(coll, dtype, op, bytes_per_rank, choice, cfg, 0)
+}
+
+/// The plan of one host-backend call of `bytes_per_rank` (a Sum for the reductions): what the
+/// host backend runs, what `ferrocomm info` prints on a machine without a GPU.
+pub fn host_plan(
+    coll: Collective,
+    bytes_per_rank: usize,
+    world: usize,
+    dtype: DataType,
+    requested: Algo,
+    choice: LowPrecisionChoice,
+    cfg: &Config,
+) -> Result<Plan> {
+    let codec = host_low_precision(coll, dtype, ReduceOp::Sum, bytes_per_rank, choice, cfg)?;
+    Ok(Plan {
+        engine: Engine::Host,
+        algo: host_algo(coll, bytes_per_rank, world, dtype, requested, cfg)?,
+        form: None,
+        low_precision: codec,
+        parts: None,
+    })
+}
+
+/// The plan of one call on the plain NCCL backend: NCCL for everything (an explicit request for
+/// another algorithm is refused by [`select`]), full precision.
+pub fn nccl_plan(
+    coll: Collective,
+    bytes_per_rank: usize,
+    world: usize,
+    dtype: DataType,
+    requested: Algo,
+    cfg: &Config,
+) -> Result<Plan> {
+    let caps = Caps {
+        push: false,
+        nccl: true,
+        staging_bytes: Some(0),
+        multi_host: true,
+    };
+    Ok(Plan {
+        engine: Engine::Nccl,
+        algo: select(coll, bytes_per_rank, world, dtype, requested, &caps, cfg)?,
+        form: None,
+        low_precision: None,
+        parts: None,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
 // The cuda backend: what direct access has, and how each call runs there.
 
 /// Rounds of a staged collective's pipeline (`FC_MAX_ROUNDS` of the kernels): barrier words per
@@ -333,6 +463,9 @@ pub struct DdaCaps {
     pub ll128_links: bool,
     /// Largest part the collectives send in LL lines (`FERROCOMM_LL_MAX_BYTES`).
     pub ll_max: usize,
+    /// The two-rank low-precision all-to-all-v fits the staging with the configured block (its
+    /// tiles: a capacity check of the executor; the format leaves the record sizes alike).
+    pub a2av_lp: bool,
 }
 
 /// What the cuda backend has for a call, as plain values.
@@ -370,7 +503,7 @@ impl CudaCaps<'_> {
 
 /// How a flat all-reduce moves its data ([`flat_form`]); `kernel` names its entry points
 /// (`fc_<kernel>_<op>`) and the bench's path detail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FlatForm {
     Pull,
     Stream,
@@ -644,6 +777,133 @@ pub fn cuda_rmsnorm(
     }
 }
 
+/// The plan of one all-reduce of `bytes` per rank on the cuda backend (pointers aligned to the
+/// element size, which the backend requires): low precision by direct access when
+/// [`low_precision`] says so (with the cuda size floor, [`CUDA_LP_MIN_BYTES`]) on the path of
+/// [`lp_all_reduce`]; else [`cuda_all_reduce`]'s algorithm, a flat one with its
+/// [`flat_form`]. The executor runs this plan as it is.
+pub fn cuda_all_reduce_plan(
+    cuda: &CudaCaps<'_>,
+    cfg: &Config,
+    bytes: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    requested: Algo,
+    choice: LowPrecisionChoice,
+) -> Result<Plan> {
+    if cuda.dda.is_some() {
+        let coll = Collective::AllReduce;
+        let lp = low_precision(coll, dtype, Some(op), bytes, choice, cfg, CUDA_LP_MIN_BYTES)?;
+        if let Some(codec) = lp {
+            return Ok(Plan {
+                engine: Engine::Direct,
+                algo: lp_all_reduce(requested, cfg.algo, cuda.world),
+                form: None,
+                low_precision: Some(codec),
+                parts: None,
+            });
+        }
+    }
+    let algo = cuda_all_reduce(cuda, cfg, bytes, dtype, op, requested)?;
+    let form = match (&cuda.dda, algo) {
+        (Some(d), Algo::Flat) => Some(flat_form(d, bytes)),
+        _ => None,
+    };
+    Ok(Plan::on_gpu(algo, form))
+}
+
+/// The plan of one call of `coll` with `bytes_per_rank` (as [`Plan`]'s callers count it: the
+/// output of an all-reduce, one rank's part of an all-gather or reduce-scatter, the whole
+/// output of an all-to-all, `world` × the largest crossing part of an all-to-all-v) on the
+/// cuda backend, a Sum for the reductions, pointers aligned: [`cuda_all_reduce_plan`] for the
+/// all-reduce; low precision by direct access where [`low_precision`] says so (the all-to-all-v
+/// at two ranks, where its tiles fit); else [`cuda_collective`]'s algorithm (the barrier a
+/// push by direct access, else NCCL's; point-to-point above two ranks NCCL's), a staged
+/// collective by direct access with its [`PartForm`]. `op` counts for the reductions.
+#[allow(clippy::too_many_arguments)]
+pub fn cuda_plan(
+    cuda: &CudaCaps<'_>,
+    cfg: &Config,
+    coll: Collective,
+    bytes_per_rank: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    requested: Algo,
+    choice: LowPrecisionChoice,
+) -> Result<Plan> {
+    let world = cuda.world;
+    if coll == Collective::AllReduce {
+        return cuda_all_reduce_plan(cuda, cfg, bytes_per_rank, dtype, op, requested, choice);
+    }
+    // The size low precision weighs: one rank's part.
+    let lp_shape = match coll {
+        Collective::ReduceScatter => Some((Some(op), bytes_per_rank)),
+        Collective::AllGather => Some((None, bytes_per_rank)),
+        Collective::AllToAll => Some((None, bytes_per_rank / world)),
+        Collective::AllToAllV if world == 2 => Some((None, bytes_per_rank / world)),
+        _ => None,
+    };
+    if let (Some(d), Some((op, bytes))) = (&cuda.dda, lp_shape) {
+        let lp = low_precision(coll, dtype, op, bytes, choice, cfg, CUDA_LP_MIN_BYTES)?;
+        if let Some(codec) = lp.filter(|_| coll != Collective::AllToAllV || d.a2av_lp) {
+            return Ok(Plan {
+                engine: Engine::Direct,
+                algo: Algo::Direct,
+                form: None,
+                low_precision: Some(codec),
+                parts: None,
+            });
+        }
+    }
+    if coll == Collective::Barrier && cuda.dda.is_some() {
+        // Direct access meets every rank in a one-word push all-reduce.
+        return Ok(Plan::on_gpu(Algo::Push, None));
+    }
+    let p2p = matches!(coll, Collective::Send | Collective::Recv);
+    if coll == Collective::Barrier || p2p && world != 2 {
+        if !cuda.nccl {
+            return Err(Error::Unsupported {
+                collective: coll.name(),
+                backend: "cuda",
+                what: format!("{} without NCCL ({})", coll.name(), cuda.no_nccl),
+            });
+        }
+        return Ok(Plan::on_gpu(Algo::Nccl, None));
+    }
+    // (Above two ranks the all-to-all-v's choice takes no size: select's own rule.)
+    let part = match coll {
+        Collective::AllToAll | Collective::AllToAllV => bytes_per_rank / world,
+        _ => bytes_per_rank,
+    };
+    let op = matches!(coll, Collective::Reduce | Collective::ReduceScatter).then_some(op);
+    let algo = cuda_collective(cuda, cfg, coll, bytes_per_rank, part, dtype, op, requested)?;
+    let parts = match (&cuda.dda, algo, staged_kernel(coll)) {
+        (Some(d), Algo::Direct, Some(kernel)) => {
+            let (form, rounds) = part_form(kernel, part, d.ll_max);
+            Some(PartForm { form, rounds })
+        }
+        _ => None,
+    };
+    Ok(Plan {
+        parts,
+        ..Plan::on_gpu(algo, None)
+    })
+}
+
+/// The staged kernel that carries `coll` by direct access (`fc_<kernel>_<form>`): a message
+/// between two ranks is a broadcast rooted at its sender; `None` for the all-reduce and the
+/// all-to-all-v, which have kernels of their own.
+pub fn staged_kernel(coll: Collective) -> Option<&'static str> {
+    match coll {
+        Collective::AllGather => Some("all_gather"),
+        Collective::ReduceScatter => Some("reduce_scatter"),
+        Collective::AllToAll => Some("all_to_all"),
+        Collective::Reduce => Some("reduce"),
+        Collective::Broadcast | Collective::Send | Collective::Recv => Some("broadcast"),
+        _ => None,
+    }
+}
+
 /// How one call of a collective other than all-reduce runs on the cuda backend.
 ///
 /// `part_bytes` is what the staging must hold per sender (see [`staged_need`]); `op` is set for
@@ -758,6 +1018,7 @@ mod tests {
             algo,
             form,
             low_precision: None,
+            parts: None,
         };
         assert_eq!(full(Algo::Flat, Some(FlatForm::Pull)).to_string(), "flat");
         assert_eq!(full(Algo::Flat, Some(FlatForm::Stream)).to_string(), "flat");
@@ -933,5 +1194,97 @@ mod tests {
             );
             cfg.thresholds.p2p_max = None;
         }
+    }
+
+    #[test]
+    fn a_cuda_plan_names_what_each_call_runs() {
+        let dda = DdaCaps {
+            staging_bytes: 64 << 20,
+            push_cap: 512 << 10,
+            ce_bytes: 0,
+            ce_min: None,
+            ll128_cap: 0,
+            ll128_links: false,
+            ll_max: 256 << 10,
+            a2av_lp: true,
+        };
+        let kernels = [DataType::F32, DataType::BF16];
+        let caps = |world, dda, nccl| CudaCaps {
+            world,
+            dda,
+            no_dda: "off",
+            nccl,
+            no_nccl: "absent",
+            multi_host: false,
+            kernel_dtypes: &kernels,
+        };
+        let mut cfg = Config::default();
+        let plan = |c: &CudaCaps<'_>, cfg: &Config, coll, bytes| {
+            let d = LowPrecisionChoice::Default;
+            let (dt, sum) = (DataType::BF16, ReduceOp::Sum);
+            cuda_plan(c, cfg, coll, bytes, dt, sum, Algo::Auto, d).map(|p| p.to_string())
+        };
+        let two = caps(2, Some(dda), true);
+        assert_eq!(
+            plan(&two, &cfg, Collective::AllReduce, 1024).unwrap(),
+            "push"
+        );
+        assert_eq!(
+            plan(&two, &cfg, Collective::AllReduce, 1 << 30).unwrap(),
+            "nccl"
+        );
+        // The barrier meets in a push kernel by direct access, else in NCCL, else nowhere.
+        assert_eq!(plan(&two, &cfg, Collective::Barrier, 0).unwrap(), "push");
+        let no_dda = caps(2, None, true);
+        assert_eq!(plan(&no_dda, &cfg, Collective::Barrier, 0).unwrap(), "nccl");
+        assert!(plan(&caps(2, None, false), &cfg, Collective::Barrier, 0).is_err());
+        // Point-to-point direct between two ranks only.
+        assert_eq!(plan(&two, &cfg, Collective::Send, 1024).unwrap(), "direct");
+        let four = caps(4, Some(dda), true);
+        assert_eq!(plan(&four, &cfg, Collective::Send, 1024).unwrap(), "nccl");
+        // A staged collective carries the form of its parts (the all-gather's kernel: LL lines
+        // to ll_max, staged, pipelined in rounds of 4 MiB from 8 MiB); NCCL's none.
+        let parts = |c: &CudaCaps<'_>, coll, bytes| {
+            let (dt, sum, d) = (DataType::BF16, ReduceOp::Sum, LowPrecisionChoice::Default);
+            cuda_plan(c, &cfg, coll, bytes, dt, sum, Algo::Auto, d)
+                .unwrap()
+                .parts
+        };
+        let form = |form, rounds| Some(PartForm { form, rounds });
+        assert_eq!(parts(&two, Collective::AllGather, 1024), form("ll", 1));
+        assert_eq!(parts(&two, Collective::AllGather, 1 << 20), form("st", 1));
+        assert_eq!(parts(&two, Collective::AllGather, 16 << 20), form("rw", 4));
+        assert_eq!(parts(&two, Collective::AllGather, 64 << 20), None);
+        // The all-to-all's part is its output over the world; a message is a broadcast.
+        assert_eq!(parts(&two, Collective::AllToAll, 32 << 20), form("rw", 4));
+        assert_eq!(parts(&two, Collective::Send, 1 << 20), form("st", 1));
+        assert_eq!(parts(&two, Collective::AllReduce, 1024), None);
+        // Low precision from the cuda floor (4 MiB of one rank's part) up.
+        cfg.low_precision.enabled = true;
+        let ag = |bytes| plan(&two, &cfg, Collective::AllGather, bytes).unwrap();
+        assert_eq!(
+            (ag(1 << 20), ag(4 << 20)),
+            ("direct".into(), "lp-direct".into())
+        );
+        // The all-to-all counts its whole output; the all-to-all-v goes low precision at two
+        // ranks where its tiles fit.
+        let a2a = plan(&two, &cfg, Collective::AllToAll, 8 << 20).unwrap();
+        assert_eq!(a2a, "lp-direct");
+        let a2av = |c: &CudaCaps<'_>| plan(c, &cfg, Collective::AllToAllV, 8 << 20).unwrap();
+        assert_eq!(a2av(&two), "lp-direct");
+        let tight = DdaCaps {
+            a2av_lp: false,
+            ..dda
+        };
+        assert_eq!(a2av(&caps(2, Some(tight), true)), "direct");
+        assert_eq!(a2av(&four), "nccl");
+        assert_eq!(
+            plan(&two, &cfg, Collective::AllReduce, 4 << 20).unwrap(),
+            "lp-flat"
+        );
+        assert_eq!(
+            plan(&four, &cfg, Collective::AllReduce, 4 << 20).unwrap(),
+            "lp-tree"
+        );
     }
 }

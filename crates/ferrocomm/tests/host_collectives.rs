@@ -137,11 +137,14 @@ fn all_reduce_algorithm_follows_selection() {
         let o = CallOpts::default();
         (
             comm.algo_for(Collective::AllReduce, 1000, DataType::F32, &o)
-                .unwrap(),
+                .unwrap()
+                .algo,
             comm.algo_for(Collective::AllReduce, 1001, DataType::F32, &o)
-                .unwrap(),
+                .unwrap()
+                .algo,
             comm.algo_for(Collective::AllGather, 1 << 30, DataType::F32, &o)
-                .unwrap(),
+                .unwrap()
+                .algo,
             comm.algo_for(
                 Collective::AllGather,
                 8,
@@ -152,6 +155,65 @@ fn all_reduce_algorithm_follows_selection() {
         )
     });
     assert_eq!(algos[0], (Algo::Flat, Algo::Tree, Algo::Direct, true));
+}
+
+#[test]
+fn algo_for_is_the_plan_info_prints() {
+    // `ferrocomm info` prints plan::host_plan on a machine without a GPU; a communicator's
+    // algo_for must give the same plan, printed the same, for every shape.
+    let mut c = cfg();
+    c.thresholds.flat_max = Some(1000);
+    c.low_precision.enabled = true;
+    let world = 2;
+    let colls = [
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::AllToAll,
+        Collective::Broadcast,
+        Collective::Send,
+    ];
+    let shapes: Vec<(Collective, usize, DataType)> = colls
+        .iter()
+        .flat_map(|&coll| {
+            [
+                (8, DataType::F32),
+                (4096, DataType::BF16),
+                (4096, DataType::I32),
+            ]
+            .map(|(bytes, d)| (coll, bytes, d))
+        })
+        .collect();
+    let got = run_ranks(world, &c, |comm| {
+        shapes
+            .iter()
+            .map(|&(coll, bytes, d)| {
+                comm.algo_for(coll, bytes, d, &CallOpts::default())
+                    .unwrap()
+                    .to_string()
+            })
+            .collect::<Vec<_>>()
+    });
+    let want: Vec<String> = shapes
+        .iter()
+        .map(|&(coll, bytes, d)| {
+            ferrocomm::plan::host_plan(
+                coll,
+                bytes,
+                world,
+                d,
+                Algo::Auto,
+                ferrocomm::LowPrecisionChoice::Default,
+                &c,
+            )
+            .unwrap()
+            .to_string()
+        })
+        .collect();
+    assert_eq!(got[0], want);
+    assert_eq!(got[1], want);
+    // The plans differ where they should: low precision for floats, tree above flat_max.
+    assert_eq!(&want[..3], ["lp-flat", "lp-tree", "tree"]);
 }
 
 #[test]

@@ -267,7 +267,8 @@ fn path_names_the_low_precision_path() {
     c.thresholds.flat_max = Some(1000);
     let paths = run_ranks(2, &c, |comm| {
         let on = lp(Format::E4M3);
-        let path = |coll, bytes, d, o: &CallOpts| comm.path_for(coll, bytes, d, o).unwrap();
+        let path =
+            |coll, bytes, d, o: &CallOpts| comm.algo_for(coll, bytes, d, o).unwrap().to_string();
         (
             path(Collective::AllReduce, 800, DataType::BF16, &on),
             path(Collective::AllReduce, 4096, DataType::F32, &on),

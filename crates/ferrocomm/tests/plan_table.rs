@@ -225,8 +225,8 @@ fn algorithm_table() -> String {
     t
 }
 
-/// The cuda backend's direct access as a two-rank communicator has it by default, and with the
-/// copy engines and LL128 lines on.
+/// The cuda backend's direct access as a two-rank communicator has it by default (but a push
+/// cap of 64 KiB), and with the copy engines and LL128 lines on.
 fn dda_caps() -> Vec<(&'static str, DdaCaps)> {
     let base = DdaCaps {
         staging_bytes: 64 << 20,
@@ -236,6 +236,7 @@ fn dda_caps() -> Vec<(&'static str, DdaCaps)> {
         ll128_cap: 0,
         ll128_links: false,
         ll_max: 256 << 10,
+        a2av_lp: true,
     };
     vec![
         ("dda", base),
@@ -585,4 +586,20 @@ fn the_table_holds_the_decisions_it_names() {
         "[(\"FERROCOMM_LOW_PRECISION\", \"1\")] default all_reduce floor=4194304 \
          float/-,float/sum,float/avg,bfloat16/-,bfloat16/sum,bfloat16/avg,half/-,half/sum,half/avg: 0..4194303 full, 4194304.. e4m3/128"
     ));
+}
+
+#[test]
+fn the_table_s_direct_access_is_the_default_configuration_s() {
+    // All but the push cap, which the table keeps at the default push threshold (64 KiB) so
+    // that a forced push meets its limit within the swept sizes.
+    let (_, base) = dda_caps()[0];
+    let default = ferrocomm::cuda::dda_caps(&Config::default(), 2, None, false);
+    assert_eq!(default.push_cap, 512 << 10);
+    assert_eq!(
+        base,
+        ferrocomm::plan::DdaCaps {
+            push_cap: 64 << 10,
+            ..default
+        }
+    );
 }

@@ -425,7 +425,7 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
                 for &size in &plan.sizes {
                     let shape = Shape::of_run(plan.coll, size, dtype, world, plan.hidden)?;
                     let call = comm
-                        .plan_for(
+                        .algo_for(
                             plan.coll.collective(),
                             shape.bytes_per_rank(),
                             dtype,

@@ -7,7 +7,7 @@ use cudarc::driver::{sys, CudaContext};
 
 use super::collectives;
 use super::dda::Dda;
-use super::lowp::{a2av_codec_fits, a2av_plan, LpKind};
+use super::lowp::{a2av_plan, LpKind};
 use super::{cu, kernels, open_context};
 use crate::backend::{Backend, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts, Splits};
 use crate::bootstrap::all_gather_bytes;
@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::driver::capturing;
 use crate::error::{Error, Result};
 use crate::nccl::{check_views, in_part_ptr, in_ptr, p2p_views, views_of, NcclOps};
-use crate::plan::{self, Algo, Collective, CudaCaps, FlatForm};
+use crate::plan::{self, Algo, Collective, CudaCaps, Engine, LowPrecisionChoice, PartForm, Plan};
 use crate::quant::Codec;
 use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
@@ -155,7 +155,7 @@ impl CudaBackend {
     fn cuda_caps(&self) -> CudaCaps<'_> {
         CudaCaps {
             world: self.size,
-            dda: self.dda.as_ref().map(Dda::caps),
+            dda: self.dda.as_ref().map(|d| d.caps(&self.config)),
             no_dda: &self.no_dda,
             nccl: self.nccl.is_some(),
             no_nccl: &self.no_nccl,
@@ -164,21 +164,32 @@ impl CudaBackend {
         }
     }
 
-    /// The all-reduce algorithm of a full-precision call ([`plan::cuda_all_reduce`]).
-    fn all_reduce_algo(
+    /// The plan this call runs ([`plan::cuda_plan`], what [`Backend::plan_for`] reports):
+    /// `op` for the reductions; `ptrs` the call's pointers, full precision when one is not
+    /// aligned to the element size (the low-precision kernels need it).
+    fn call_plan(
         &self,
-        bytes: usize,
+        coll: Collective,
+        bytes_per_rank: usize,
         dtype: DataType,
         op: ReduceOp,
+        ptrs: [u64; 2],
         opts: &CallOpts,
-    ) -> Result<Algo> {
-        plan::cuda_all_reduce(
+    ) -> Result<Plan> {
+        let aligned = ptrs.iter().all(|p| p % dtype.size() as u64 == 0);
+        plan::cuda_plan(
             &self.cuda_caps(),
             &self.config,
-            bytes,
+            coll,
+            bytes_per_rank,
             dtype,
             op,
             opts.algo.0,
+            if aligned {
+                opts.low_precision
+            } else {
+                LowPrecisionChoice::Off
+            },
         )
     }
 
@@ -302,6 +313,24 @@ impl CudaBackend {
         )
     }
 
+    /// Direct access and the codec when `plan` goes low precision.
+    fn low_precision(&self, plan: &Plan) -> Option<(&Dda, Codec)> {
+        self.dda.as_ref().zip(plan.low_precision)
+    }
+
+    /// Direct access and the form of the parts when `plan` runs a staged kernel, `None` for
+    /// NCCL; reports an error an earlier kernel recorded.
+    fn staged(&self, plan: &Plan, c: &'static str) -> Result<Option<(&Dda, PartForm)>> {
+        let Some(d) = &self.dda else { return Ok(None) };
+        d.check_error(c)?;
+        match (plan.algo, plan.parts) {
+            (Algo::Direct, None) => Err(Error::InvalidArgument(format!(
+                "{c}: a direct-access plan without the form of its parts"
+            ))),
+            (_, parts) => Ok(parts.map(|p| (d, p))),
+        }
+    }
+
     /// The direct-access state when this call runs by direct access, `None` for NCCL; reports
     /// an error an earlier kernel recorded.
     fn direct(
@@ -343,13 +372,14 @@ impl CudaBackend {
         bytes: usize,
         dtype: DataType,
         opts: &CallOpts,
-    ) -> Result<Option<&Dda>> {
+    ) -> Result<Option<(&Dda, PartForm)>> {
         let why_not = if self.size != 2 {
             "direct access for point-to-point between the two ranks of a two-rank communicator only"
         } else if peer == self.rank {
             "direct access for a message to the rank itself"
         } else {
-            return self.direct(coll, bytes, bytes, dtype, None, opts);
+            let plan = self.call_plan(coll, bytes, dtype, ReduceOp::Sum, [0, 0], opts)?;
+            return self.staged(&plan, coll.name());
         };
         if opts.algo.0 == Algo::Direct {
             return Err(Error::Unsupported {
@@ -363,20 +393,28 @@ impl CudaBackend {
 
     /// Direct access for a whole batch when every message in it can take it (two ranks, no
     /// message to the rank itself, each within the limit; every rank sees the same sizes);
-    /// `None`: the batch is one NCCL group.
-    fn direct_batch(&self, ops: &[P2pOp<'_>], opts: &CallOpts) -> Result<Option<&Dda>> {
+    /// `None`: the batch is one NCCL group. With the form of each message's parts.
+    fn direct_batch(
+        &self,
+        ops: &[P2pOp<'_>],
+        opts: &CallOpts,
+    ) -> Result<Option<(&Dda, Vec<PartForm>)>> {
         let mut dda = None;
+        let mut parts = Vec::with_capacity(ops.len());
         for op in ops {
             let (coll, bytes, dt) = match op {
                 P2pOp::Send { data, .. } => (Collective::Send, data.bytes_len(), data.dtype()),
                 P2pOp::Recv { out, .. } => (Collective::Recv, out.bytes_len(), out.dtype()),
             };
             match self.direct_p2p(coll, op.peer(), bytes, dt, opts)? {
-                Some(d) => dda = Some(d),
+                Some((d, p)) => {
+                    dda = Some(d);
+                    parts.push(p);
+                }
                 None => return Ok(None),
             }
         }
-        Ok(dda)
+        Ok(dda.map(|d| (d, parts)))
     }
 }
 
@@ -442,23 +480,28 @@ impl Backend for CudaBackend {
                 "all_reduce: pointers must be aligned to the element size ({es} bytes)"
             )));
         }
-        let lp = self.lp_codec(AR, dtype, Some(op), count * es as usize, [ip, op_ptr], opts)?;
-        if let Some((d, codec)) = lp {
-            let kind = LpKind::of_all_reduce(plan::lp_all_reduce(
-                opts.algo.0,
-                self.config.algo,
-                self.size,
-            ));
-            self.follow(&mut st, opts.stream)?;
-            let avg = op == ReduceOp::Avg;
-            return d.lp_collective(kind, &codec, dtype, ip, op_ptr, count, avg, opts.stream);
-        }
-        let algo = self.all_reduce_algo(count * dtype.size(), dtype, op, opts)?;
+        let plan = self.call_plan(AR, count * dtype.size(), dtype, op, [ip, op_ptr], opts)?;
         self.follow(&mut st, opts.stream)?;
-        match (algo, &self.dda) {
-            (Algo::Push | Algo::Flat | Algo::Tree, Some(d)) => {
-                d.all_reduce(algo, ip, op_ptr, count, dtype, op, opts.stream)
+        match (plan, &self.dda) {
+            (
+                Plan {
+                    low_precision: Some(codec),
+                    algo,
+                    ..
+                },
+                Some(d),
+            ) => {
+                let kind = LpKind::of_all_reduce(algo);
+                let avg = op == ReduceOp::Avg;
+                d.lp_collective(kind, &codec, dtype, ip, op_ptr, count, avg, opts.stream)
             }
+            (
+                Plan {
+                    engine: Engine::Direct,
+                    ..
+                },
+                Some(d),
+            ) => d.all_reduce(&plan, ip, op_ptr, count, dtype, op, opts.stream),
             _ => self.nccl("all_reduce")?.all_reduce(input, output, op, opts),
         }
     }
@@ -475,16 +518,10 @@ impl Backend for CudaBackend {
         check_views("reduce", self.device, &views_of(&input, &output))?;
         self.follow(&mut st, opts.stream)?;
         let (n, dt) = (output.count(), output.dtype());
-        if let Some(d) = self.direct(
-            Collective::Reduce,
-            n * dt.size(),
-            n * dt.size(),
-            dt,
-            Some(op),
-            opts,
-        )? {
-            let ip = in_ptr(&input, &output);
-            return d.coll_reduce(ip, output.ptr() as u64, n, dt, op, root, opts.stream);
+        let (ip, o) = (in_ptr(&input, &output), output.ptr() as u64);
+        let plan = self.call_plan(Collective::Reduce, n * dt.size(), dt, op, [ip, o], opts)?;
+        if let Some((d, parts)) = self.staged(&plan, "reduce")? {
+            return d.coll_reduce(ip, o, n, dt, op, root, parts, opts.stream);
         }
         self.nccl("reduce")?.reduce(input, output, op, root, opts)
     }
@@ -500,16 +537,11 @@ impl Backend for CudaBackend {
         check_views("broadcast", self.device, &views_of(&input, &output))?;
         self.follow(&mut st, opts.stream)?;
         let (n, dt) = (output.count(), output.dtype());
-        if let Some(d) = self.direct(
-            Collective::Broadcast,
-            n * dt.size(),
-            n * dt.size(),
-            dt,
-            None,
-            opts,
-        )? {
-            let ip = in_ptr(&input, &output);
-            return d.coll_broadcast(ip, output.ptr() as u64, n, dt, root, opts.stream);
+        let (ip, o) = (in_ptr(&input, &output), output.ptr() as u64);
+        let sum = ReduceOp::Sum;
+        let plan = self.call_plan(Collective::Broadcast, n * dt.size(), dt, sum, [ip, o], opts)?;
+        if let Some((d, parts)) = self.staged(&plan, "broadcast")? {
+            return d.coll_broadcast(ip, o, n, dt, root, parts, opts.stream);
         }
         self.nccl("broadcast")?.broadcast(input, output, root, opts)
     }
@@ -523,12 +555,12 @@ impl Backend for CudaBackend {
             in_part_ptr(&input, &output, part, self.rank),
             output.ptr() as u64,
         );
-        if let Some((d, c)) = self.lp_codec(AG, dt, None, part * dt.size(), [i, o], opts)? {
+        let plan = self.call_plan(AG, part * dt.size(), dt, ReduceOp::Sum, [i, o], opts)?;
+        if let Some((d, c)) = self.low_precision(&plan) {
             return d.lp_collective(LpKind::AllGather, &c, dt, i, o, part, false, opts.stream);
         }
-        let bytes = part * dt.size();
-        if let Some(d) = self.direct(Collective::AllGather, bytes, bytes, dt, None, opts)? {
-            return d.coll_all_gather(i, o, part, dt, opts.stream);
+        if let Some((d, parts)) = self.staged(&plan, "all_gather")? {
+            return d.coll_all_gather(i, o, part, dt, parts, opts.stream);
         }
         self.nccl("all_gather")?.all_gather(input, output, opts)
     }
@@ -553,13 +585,13 @@ impl Backend for CudaBackend {
             }
             Input::Buf(v) => (v.ptr() as u64, output.ptr() as u64, output.count()),
         };
-        if let Some((d, c)) = self.lp_codec(RS, dt, Some(op), part * dt.size(), [i, o], opts)? {
+        let plan = self.call_plan(RS, part * dt.size(), dt, op, [i, o], opts)?;
+        if let Some((d, c)) = self.low_precision(&plan) {
             let avg = op == ReduceOp::Avg;
             return d.lp_collective(LpKind::ReduceScatter, &c, dt, i, o, part, avg, opts.stream);
         }
-        let bytes = part * dt.size();
-        if let Some(d) = self.direct(Collective::ReduceScatter, bytes, bytes, dt, Some(op), opts)? {
-            return d.coll_reduce_scatter(i, o, part, dt, op, opts.stream);
+        if let Some((d, parts)) = self.staged(&plan, "reduce_scatter")? {
+            return d.coll_reduce_scatter(i, o, part, dt, op, parts, opts.stream);
         }
         self.nccl("reduce_scatter")?
             .reduce_scatter(input, output, op, opts)
@@ -571,12 +603,13 @@ impl Backend for CudaBackend {
         self.follow(&mut st, opts.stream)?;
         let (dt, part) = (output.dtype(), output.count() / self.size);
         let (i, o) = (in_ptr(&input, &output), output.ptr() as u64);
-        if let Some((d, c)) = self.lp_codec(A2A, dt, None, part * dt.size(), [i, o], opts)? {
+        let total = output.bytes_len();
+        let plan = self.call_plan(A2A, total, dt, ReduceOp::Sum, [i, o], opts)?;
+        if let Some((d, c)) = self.low_precision(&plan) {
             return d.lp_collective(LpKind::AllToAll, &c, dt, i, o, part, false, opts.stream);
         }
-        let (total, bytes) = (output.bytes_len(), part * dt.size());
-        if let Some(d) = self.direct(Collective::AllToAll, total, bytes, dt, None, opts)? {
-            return d.coll_all_to_all(i, o, part, dt, opts.stream);
+        if let Some((d, parts)) = self.staged(&plan, "all_to_all")? {
+            return d.coll_all_to_all(i, o, part, dt, parts, opts.stream);
         }
         self.nccl("all_to_all")?.all_to_all(input, output, opts)
     }
@@ -737,15 +770,8 @@ impl Backend for CudaBackend {
         // all-reduce with Max, which leaves the word as it was. A peer that never comes makes
         // the kernel give up after the timeout, and check_error names it.
         let w = d.barrier_word();
-        d.all_reduce(
-            Algo::Push,
-            w,
-            w,
-            1,
-            DataType::I32,
-            ReduceOp::Max,
-            opts.stream,
-        )?;
+        let push = Plan::on_gpu(Algo::Push, None);
+        d.all_reduce(&push, w, w, 1, DataType::I32, ReduceOp::Max, opts.stream)?;
         cu(
             // SAFETY: waits for the caller's stream; the kernel ends by the timeout at the latest.
             unsafe { sys::cuStreamSynchronize(opts.stream as sys::CUstream) },
@@ -763,8 +789,8 @@ impl Backend for CudaBackend {
         )?;
         self.follow(&mut st, opts.stream)?;
         let (n, dt) = (data.count(), data.dtype());
-        if let Some(d) = self.direct_p2p(Collective::Send, peer, n * dt.size(), dt, opts)? {
-            return d.coll_send_recv(data.ptr() as u64, n, dt, self.rank, opts.stream);
+        if let Some((d, p)) = self.direct_p2p(Collective::Send, peer, n * dt.size(), dt, opts)? {
+            return d.coll_send_recv(data.ptr() as u64, n, dt, self.rank, p, opts.stream);
         }
         self.nccl("send")?.send(data, peer, opts)
     }
@@ -778,8 +804,8 @@ impl Backend for CudaBackend {
         )?;
         self.follow(&mut st, opts.stream)?;
         let (n, dt) = (out.count(), out.dtype());
-        if let Some(d) = self.direct_p2p(Collective::Recv, peer, n * dt.size(), dt, opts)? {
-            return d.coll_send_recv(out.ptr() as u64, n, dt, peer, opts.stream);
+        if let Some((d, p)) = self.direct_p2p(Collective::Recv, peer, n * dt.size(), dt, opts)? {
+            return d.coll_send_recv(out.ptr() as u64, n, dt, peer, p, opts.stream);
         }
         self.nccl("recv")?.recv(out, peer, opts)
     }
@@ -788,95 +814,27 @@ impl Backend for CudaBackend {
         let mut st = self.enter()?;
         check_views("batch_send_recv", self.device, &p2p_views(&ops))?;
         self.follow(&mut st, opts.stream)?;
-        if let Some(d) = self.direct_batch(&ops, opts)? {
+        if let Some((d, parts)) = self.direct_batch(&ops, opts)? {
             let sends = ops.iter().map(|op| matches!(op, P2pOp::Send { .. }));
             for (k, sender) in collectives::two_rank_batch_order(self.rank, sends) {
                 let (ptr, n, dt) = match &ops[k] {
                     P2pOp::Send { data, .. } => (data.ptr() as u64, data.count(), data.dtype()),
                     P2pOp::Recv { out, .. } => (out.ptr() as u64, out.count(), out.dtype()),
                 };
-                d.coll_send_recv(ptr, n, dt, sender, opts.stream)?;
+                d.coll_send_recv(ptr, n, dt, sender, parts[k], opts.stream)?;
             }
             return Ok(());
         }
         self.nccl("batch_send_recv")?.batch_send_recv(&ops, opts)
     }
 
-    fn algo_for(
+    fn plan_for(
         &self,
         coll: Collective,
         bytes_per_rank: usize,
         dtype: DataType,
         opts: &CallOpts,
-    ) -> Result<Algo> {
-        if coll == Collective::AllReduce {
-            return self.all_reduce_algo(bytes_per_rank, dtype, ReduceOp::Sum, opts);
-        }
-        let p2p = matches!(coll, Collective::Send | Collective::Recv);
-        if !(coll == Collective::Barrier || p2p && self.size != 2) {
-            // (Above two ranks the all-to-all-v's choice takes no size: select's own rule.)
-            let part = match coll {
-                Collective::AllToAll | Collective::AllToAllV => bytes_per_rank / self.size,
-                _ => bytes_per_rank,
-            };
-            let op = matches!(coll, Collective::Reduce | Collective::ReduceScatter)
-                .then_some(ReduceOp::Sum);
-            return plan::cuda_collective(
-                &self.cuda_caps(),
-                &self.config,
-                coll,
-                bytes_per_rank,
-                part,
-                dtype,
-                op,
-                opts.algo.0,
-            );
-        }
-        if self.nccl.is_some() {
-            Ok(Algo::Nccl)
-        } else {
-            Err(Error::Unsupported {
-                collective: coll.name(),
-                backend: "cuda",
-                what: format!("{} without NCCL ({})", coll.name(), self.no_nccl),
-            })
-        }
-    }
-
-    fn form_for(&self, coll: Collective, bytes_per_rank: usize, algo: Algo) -> Option<FlatForm> {
-        let dda = self.dda.as_ref()?;
-        if coll != AR || algo != Algo::Flat {
-            return None;
-        }
-        Some(plan::flat_form(&dda.caps(), bytes_per_rank))
-    }
-
-    fn low_precision_plan(
-        &self,
-        coll: Collective,
-        bytes_per_rank: usize,
-        dtype: DataType,
-        opts: &CallOpts,
-    ) -> Result<Option<(Algo, Codec)>> {
-        // The same rule as the calls (aligned pointers assumed), on the part sizes algo_for uses.
-        let (op, bytes) = match coll {
-            AR | RS => (Some(ReduceOp::Sum), bytes_per_rank),
-            AG => (None, bytes_per_rank),
-            A2A => (None, bytes_per_rank / self.size),
-            // World x the largest crossing part (as Communicator::algo_for's callers count it).
-            A2AV if self.size == 2 => (None, bytes_per_rank / self.size),
-            _ => return Ok(None),
-        };
-        let Some((d, c)) = self.lp_codec(coll, dtype, op, bytes, [0, 0], opts)? else {
-            return Ok(None);
-        };
-        if coll == A2AV && !a2av_codec_fits(&c, d.layout().staging_bytes) {
-            return Ok(None);
-        }
-        let algo = match coll {
-            AR => plan::lp_all_reduce(opts.algo.0, self.config.algo, self.size),
-            _ => Algo::Direct,
-        };
-        Ok(Some((algo, c)))
+    ) -> Result<Plan> {
+        self.call_plan(coll, bytes_per_rank, dtype, ReduceOp::Sum, [0, 0], opts)
     }
 }

@@ -13,7 +13,7 @@ use super::cu_lazy;
 use super::dda::{kernel_name, Args, Dda, COLL_BAR_OFF, MAX_BLOCKS, MAX_RANKS};
 use crate::backend::Splits;
 use crate::error::{Error, Result};
-use crate::plan::{self, part_form, use_ll, Collective};
+use crate::plan::{self, use_ll, Collective, PartForm};
 use crate::types::{DataType, ReduceOp};
 
 /// Default largest part (bytes one sender puts in one receiver's row) sent as LL lines
@@ -389,6 +389,7 @@ impl Dda {
         dtype: DataType,
         root: usize,
         sig: u32,
+        parts: PartForm,
         stream: u64,
         what: impl FnOnce() -> String,
     ) -> Result<()> {
@@ -399,7 +400,7 @@ impl Dda {
         c.slot_bytes = round16(part) as u64;
         c.root = root as u32;
         c.sig = sig;
-        let (form, rounds) = part_form(kernel, part, self.layout().ll_max);
+        let PartForm { form, rounds } = parts;
         c.rounds = rounds;
         let grid = if form == "ll" {
             self.ll_grid(part)
@@ -428,6 +429,7 @@ impl Dda {
         output: u64,
         n: usize,
         dtype: DataType,
+        parts: PartForm,
         stream: u64,
     ) -> Result<()> {
         let a = self.base_args(input, output, n as u64);
@@ -441,6 +443,7 @@ impl Dda {
             dtype,
             0,
             sig,
+            parts,
             stream,
             || format!("all_gather ({dtype}, {n} elements per rank)"),
         )
@@ -453,6 +456,7 @@ impl Dda {
         output: u64,
         n: usize,
         dtype: DataType,
+        parts: PartForm,
         stream: u64,
     ) -> Result<()> {
         let a = self.base_args(input, output, n as u64);
@@ -466,6 +470,7 @@ impl Dda {
             dtype,
             0,
             sig,
+            parts,
             stream,
             || format!("all_to_all ({dtype}, {n} elements per part)"),
         )
@@ -480,6 +485,7 @@ impl Dda {
         n: usize,
         dtype: DataType,
         root: usize,
+        parts: PartForm,
         stream: u64,
     ) -> Result<()> {
         let a = self.base_args(input, output, n as u64);
@@ -493,6 +499,7 @@ impl Dda {
             dtype,
             root,
             sig,
+            parts,
             stream,
             || format!("broadcast ({dtype}, {n} elements, root {root})"),
         )
@@ -510,6 +517,7 @@ impl Dda {
         n: usize,
         dtype: DataType,
         sender: usize,
+        parts: PartForm,
         stream: u64,
     ) -> Result<()> {
         let a = self.base_args(buf, buf, n as u64);
@@ -524,6 +532,7 @@ impl Dda {
             dtype,
             sender,
             sig,
+            parts,
             stream,
             || format!("send ({dtype}, {n} elements, rank {sender} to rank {receiver})"),
         )
@@ -563,6 +572,7 @@ impl Dda {
         n: usize,
         dtype: DataType,
         op: ReduceOp,
+        parts: PartForm,
         stream: u64,
     ) -> Result<()> {
         let (a, opname) = self.reduction_args(input, output, n, op, "reduce_scatter")?;
@@ -576,6 +586,7 @@ impl Dda {
             dtype,
             0,
             sig,
+            parts,
             stream,
             || format!("reduce_scatter ({dtype} {op}, {n} elements per rank)"),
         )
@@ -591,6 +602,7 @@ impl Dda {
         dtype: DataType,
         op: ReduceOp,
         root: usize,
+        parts: PartForm,
         stream: u64,
     ) -> Result<()> {
         let (a, opname) = self.reduction_args(input, output, n, op, "reduce")?;
@@ -604,6 +616,7 @@ impl Dda {
             dtype,
             root,
             sig,
+            parts,
             stream,
             || format!("reduce ({dtype} {op}, {n} elements, root {root})"),
         )
@@ -814,7 +827,7 @@ impl Dda {
 mod tests {
     use super::*;
     use crate::cuda::kernels;
-    use crate::plan::{pipe_min_bytes, st_rounds, staged_need, COLL_MAX_ROUNDS};
+    use crate::plan::{part_form, pipe_min_bytes, st_rounds, staged_need, COLL_MAX_ROUNDS};
 
     /// Every rank's view of one all-to-all-v: its row (send) and column (receive) of `m`.
     fn views(m: &[Vec<usize>]) -> Vec<Splits> {

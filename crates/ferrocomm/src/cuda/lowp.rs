@@ -149,6 +149,12 @@ pub(super) fn a2av_codec_fits(codec: &Codec, staging: usize) -> bool {
     codec.block <= 128 && chunk_limit(staging, pull_parts, codec) > 0
 }
 
+/// Whether the two-rank low-precision all-to-all-v fits a staging of `staging` bytes with the
+/// configured block ([`a2av_codec_fits`]; every format's records have the same size).
+pub(super) fn a2av_lp_fits(cfg: &crate::config::Config, staging: usize) -> bool {
+    Codec::new(Format::E4M3, cfg.low_precision.block).is_ok_and(|c| a2av_codec_fits(&c, staging))
+}
+
 /// The signature of one piece of a low-precision all-to-all-v: both crossing counts of the
 /// whole call in rank order (collectives::a2av_pair_signature), the format, block size, dtype
 /// and the piece's place.

@@ -45,6 +45,29 @@ pub fn staging_memory_bytes(cfg: &Config, world: usize) -> usize {
     staging_layout(cfg, world).total
 }
 
+/// What direct access has for `world` ranks under `cfg`, for the planner: the staging
+/// layout's sizes, the copy engines' smallest all-reduce where they are set up (`ce_min`), the
+/// NVLink verdict that LL128 lines need. A communicator reports its own ([`Dda`]'s, after its
+/// start-up checks); `ferrocomm info` plans from the configuration with this.
+pub fn dda_caps(
+    cfg: &Config,
+    world: usize,
+    ce_min: Option<usize>,
+    ll128_links: bool,
+) -> crate::plan::DdaCaps {
+    let layout = staging_layout(cfg, world);
+    crate::plan::DdaCaps {
+        staging_bytes: layout.staging_bytes,
+        push_cap: layout.push_cap,
+        ce_bytes: layout.ce_bytes,
+        ce_min: ce_min.filter(|_| layout.ce_bytes > 0),
+        ll128_cap: layout.ll128_cap,
+        ll128_links,
+        ll_max: layout.ll_max,
+        a2av_lp: lowp::a2av_lp_fits(cfg, layout.staging_bytes),
+    }
+}
+
 /// This machine's host name (compared through the store to prove all ranks share one host).
 pub(crate) fn hostname() -> String {
     let mut buf = [0u8; 256];

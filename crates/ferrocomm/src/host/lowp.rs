@@ -110,14 +110,7 @@ impl HostBackend {
         bytes: usize,
         opts: &CallOpts,
     ) -> Result<Option<Codec>> {
-        // Ops other than Sum/Avg only reach here for reducing collectives.
-        let op = matches!(
-            coll,
-            Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
-        )
-        .then_some(op);
-        // The host backend has no size floor of its own: low precision whenever asked.
-        plan::low_precision(coll, dtype, op, bytes, opts.low_precision, &self.cfg, 0)
+        plan::host_low_precision(coll, dtype, op, bytes, opts.low_precision, &self.cfg)
     }
 
     /// Elements per chunk: whole blocks whose encoding fits `room` bytes.

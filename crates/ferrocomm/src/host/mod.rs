@@ -27,8 +27,7 @@ use std::time::Duration;
 use crate::backend::{Backend, CallOpts, CommContext, DeviceCounts, P2pOp, Splits};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::plan::{self, Algo, Caps, Collective};
-use crate::quant::Codec;
+use crate::plan::{self, Algo, Collective, Plan};
 use crate::types::{DataType, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
@@ -36,13 +35,6 @@ use shm::{Segment, SIG_WORDS};
 use sync::{process_alive, Backoff, Stop};
 
 /// What the host backend can do, for [`plan::select`].
-const CAPS: Caps = Caps {
-    push: false,
-    nccl: false,
-    staging_bytes: None,
-    multi_host: false,
-};
-
 /// Shared-memory backend of one communicator.
 pub struct HostBackend {
     seg: Segment,
@@ -292,20 +284,7 @@ impl HostBackend {
         dtype: DataType,
         opts: &CallOpts,
     ) -> Result<Algo> {
-        let a = plan::select(
-            coll,
-            bytes,
-            self.world,
-            dtype,
-            opts.algo.0,
-            &CAPS,
-            &self.cfg,
-        )?;
-        Ok(match (coll, a) {
-            (Collective::AllReduce, Algo::Tree) => Algo::Tree,
-            (Collective::AllReduce, _) => Algo::Flat,
-            _ => Algo::Direct,
-        })
+        plan::host_algo(coll, bytes, self.world, dtype, opts.algo.0, &self.cfg)
     }
 }
 
@@ -582,29 +561,21 @@ impl Backend for HostBackend {
         self.p2p_impl("batch_send_recv", &ops)
     }
 
-    fn algo_for(
+    fn plan_for(
         &self,
         coll: Collective,
         bytes_per_rank: usize,
         dtype: DataType,
         opts: &CallOpts,
-    ) -> Result<Algo> {
-        self.algo(coll, bytes_per_rank, dtype, opts)
-    }
-
-    fn low_precision_plan(
-        &self,
-        coll: Collective,
-        bytes_per_rank: usize,
-        dtype: DataType,
-        opts: &CallOpts,
-    ) -> Result<Option<(Algo, Codec)>> {
-        // plan::low_precision turns down the collectives that have no low-precision form.
-        let Some(codec) = self.low_precision(coll, dtype, ReduceOp::Sum, bytes_per_rank, opts)?
-        else {
-            return Ok(None);
-        };
-        self.algo(coll, bytes_per_rank, dtype, opts)
-            .map(|a| Some((a, codec)))
+    ) -> Result<Plan> {
+        plan::host_plan(
+            coll,
+            bytes_per_rank,
+            self.world,
+            dtype,
+            opts.algo.0,
+            opts.low_precision,
+            &self.cfg,
+        )
     }
 }

@@ -20,7 +20,7 @@ use crate::backend::{Backend, CallOpts, CommContext, P2pOp, Splits};
 use crate::config::Config;
 use crate::driver::{capturing_or_unknown as capturing, cu, DeviceContext, Event, PushedContext};
 use crate::error::{Error, Result};
-use crate::plan::{self, Algo, Caps, Collective};
+use crate::plan::{self, Collective, Plan};
 use crate::types::{DataType, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
@@ -1366,27 +1366,19 @@ impl Backend for NcclBackend {
         check_views("batch_send_recv", self.device, &p2p_views(&ops))?;
         self.ops.batch_send_recv(&ops, opts)
     }
-    fn algo_for(
+    fn plan_for(
         &self,
         coll: Collective,
         bytes_per_rank: usize,
         dtype: DataType,
         opts: &CallOpts,
-    ) -> Result<Algo> {
-        let caps = Caps {
-            push: false,
-            nccl: true,
-            staging_bytes: Some(0),
-            multi_host: true,
-        };
-        let _ = self.size;
-        plan::select(
+    ) -> Result<Plan> {
+        plan::nccl_plan(
             coll,
             bytes_per_rank,
             self.size,
             dtype,
             opts.algo.0,
-            &caps,
             &self.config,
         )
     }

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 pub const SCALE_BYTES: usize = 4;
 
 /// A block-scaled codec: one format and one block size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Codec {
     pub format: Format,
     pub block: usize,

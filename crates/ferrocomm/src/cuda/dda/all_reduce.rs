@@ -12,7 +12,7 @@ use super::{
 };
 use crate::cuda::{cu, cu_lazy, launch};
 use crate::error::{Error, Result};
-use crate::plan::{flat_form, Algo, FlatForm};
+use crate::plan::{Algo, FlatForm, Plan};
 use crate::types::{DataType, ReduceOp};
 
 /// What the copy-engine all-reduce needs besides the region: the smallest message it takes, and
@@ -121,11 +121,12 @@ pub fn ce_chunk(bytes: usize) -> usize {
 }
 
 impl Dda {
-    /// Launches one all-reduce kernel of `algo` on `stream`.
+    /// Launches one all-reduce kernel on `stream` as `plan` says (its algorithm and, for a flat
+    /// one, its form: [`crate::plan::cuda_all_reduce_plan`] decided them).
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce(
         &self,
-        algo: Algo,
+        plan: &Plan,
         input: u64,
         output: u64,
         count: usize,
@@ -135,6 +136,7 @@ impl Dda {
     ) -> Result<()> {
         // The op's kernel suffix and its PremulSum factor / Avg divisor in the arguments.
         let (mut a, opname) = self.reduction_args(input, output, count, op, "all_reduce")?;
+        let algo = plan.algo;
         let (aname, threads, units) = match algo {
             Algo::Push => ("push", 256u32, (count * dtype.size()).div_ceil(8)),
             Algo::Flat => ("flat", 512, (count * dtype.size()).div_ceil(16)),
@@ -150,7 +152,17 @@ impl Dda {
             }
         };
         let bytes = count * dtype.size();
-        let form = (algo == Algo::Flat).then(|| flat_form(&self.caps(), bytes));
+        let form = match (algo, plan.form) {
+            (Algo::Flat, None) => {
+                return Err(Error::InvalidArgument(
+                    "all_reduce: a flat plan without its form (pulled, streamed, copy engines \
+                     or LL128)"
+                        .into(),
+                ))
+            }
+            (Algo::Flat, form) => form,
+            _ => None,
+        };
         let aname = form.map_or(aname, FlatForm::kernel);
         // What every rank must agree on (the kernels compare it through their hello words):
         // count, dtype, the operator with its Avg divisor, the algorithm.

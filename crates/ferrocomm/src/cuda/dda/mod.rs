@@ -696,17 +696,10 @@ impl Dda {
         })
     }
 
-    /// What direct access has on this communicator, for the planner.
-    pub fn caps(&self) -> DdaCaps {
-        DdaCaps {
-            staging_bytes: self.layout.staging_bytes,
-            push_cap: self.layout.push_cap,
-            ce_bytes: self.layout.ce_bytes,
-            ce_min: self.ce.as_ref().map(|ce| ce.min_bytes),
-            ll128_cap: self.layout.ll128_cap,
-            ll128_links: self.ll128_on,
-            ll_max: self.layout.ll_max,
-        }
+    /// What direct access has on this communicator (set up under `cfg`), for the planner.
+    pub fn caps(&self, cfg: &Config) -> DdaCaps {
+        let ce_min = self.ce.as_ref().map(|ce| ce.min_bytes);
+        super::dda_caps(cfg, self.world, ce_min, self.ll128_on)
     }
 
     /// A device word of this rank's own (16-byte aligned) for the backend's barrier: a push
