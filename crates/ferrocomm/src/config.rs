@@ -47,7 +47,7 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-reduce that uses flat (one-shot pull); above it tree (two-shot)."),
     var("FERROCOMM_ALLREDUCE_CE_MIN_BYTES", "0 (off)", "CUDA backend, two ranks: flat all-reduces of at least this many bytes per rank (and at most the staging) move their data with the copy engines instead of the SMs (chunks into the peer's memory, the SMs only reduce); 0 keeps every one on the SMs. Adds one staging-sized region per rank when set."),
     var("FERROCOMM_ALLREDUCE_LL128_MAX_BYTES", "0 (off)", "CUDA backend: flat all-reduces of at most this many bytes per rank (and at most the staging) move in 128-byte lines with the flag inside (NCCL's LL128 form: no barrier, no fence; relies on a warp's 128-byte store reaching the peer whole, as over NVLink, so it runs only where NVML reports NVLink between every pair of ranks' GPUs) instead of the pull through the staging; 0 keeps the pull. Adds a region of 2 x (ranks - 1) x 16/15 of it per rank when set."),
-    var("FERROCOMM_RMSNORM_FUSED", "0", "CUDA backend with direct access: 1 runs all_reduce_rmsnorm in one launch (the all-reduce, residual add, RMSNorm and E4M3 rows in one kernel: one-shot up to FERROCOMM_RMSNORM_FLAT_MAX_BYTES, two-shot above it while twice the message fits the staging); 0 runs the all-reduce, then the norm kernel. Calls with low precision on the wire, or that go through NCCL or push, take the two launches either way."),
+    var("FERROCOMM_RMSNORM_FUSED", "1", "CUDA backend with direct access: 1 (the default) runs all_reduce_rmsnorm in one launch (the all-reduce, residual add, RMSNorm and E4M3 rows in one kernel: one-shot up to FERROCOMM_RMSNORM_FLAT_MAX_BYTES, two-shot above it while twice the message fits the staging); 0 runs the all-reduce, then the norm kernel. Calls with low precision on the wire, or that go through NCCL or push, take the two launches either way."),
     var("FERROCOMM_RMSNORM_FLAT_MAX_BYTES", "the all-reduce's flat threshold", "Largest one-launch all_reduce_rmsnorm (bytes of x per rank) that runs one-shot (every rank reduces every row); above it two-shot (each rank reduces and normalizes its stripe of rows, then every rank gathers them)."),
     var("FERROCOMM_ALLREDUCE_TREE_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-reduce that uses tree on the cuda backend; above it NCCL."),
     var("FERROCOMM_ALLGATHER_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-gather (input bytes per rank) done by direct access on cuda; above it NCCL."),
@@ -474,7 +474,7 @@ impl Config {
             broadcast_max: r.bytes("FERROCOMM_BROADCAST_MAX_BYTES", MAX_ENV_BYTES)?,
             p2p_max: r.bytes("FERROCOMM_P2P_MAX_BYTES", MAX_ENV_BYTES)?,
             ll_max: r.bytes("FERROCOMM_LL_MAX_BYTES", MAX_ENV_BYTES)?,
-            rmsnorm_fused: r.flag("FERROCOMM_RMSNORM_FUSED", false)?,
+            rmsnorm_fused: r.flag("FERROCOMM_RMSNORM_FUSED", true)?,
             rmsnorm_flat_max: r.bytes("FERROCOMM_RMSNORM_FLAT_MAX_BYTES", MAX_ENV_BYTES)?,
         };
         let host_slot_bytes = r

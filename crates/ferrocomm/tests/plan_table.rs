@@ -468,7 +468,7 @@ fn rmsnorm_table() -> String {
     let mut t = String::new();
     let kernels = [DataType::F32, DataType::F16, DataType::BF16, DataType::I32];
     let sets: Vec<Vec<(&str, &str)>> = vec![
-        vec![],
+        vec![("FERROCOMM_RMSNORM_FUSED", "0")],
         vec![("FERROCOMM_RMSNORM_FUSED", "1")],
         vec![
             ("FERROCOMM_RMSNORM_FUSED", "1"),
@@ -571,7 +571,9 @@ fn the_table_holds_the_decisions_it_names() {
     assert!(t.contains("host default auto send w1-16: 0.. direct"));
     assert!(t.contains("cuda default auto send w3-16: 0.. nccl"));
     let n = rmsnorm_table();
-    assert!(n.contains("[] dda auto lp=false all_reduce_rmsnorm w1-16: 0.. all-reduce+norm"));
+    assert!(n.contains(
+        "[(\"FERROCOMM_RMSNORM_FUSED\", \"0\")] dda auto lp=false all_reduce_rmsnorm w1-16: 0.. all-reduce+norm"
+    ));
     assert!(n.contains(
         "[(\"FERROCOMM_RMSNORM_FUSED\", \"1\")] dda auto lp=false all_reduce_rmsnorm w1-2: \
          0..33554432 fused-flat, 33554433.. all-reduce+norm"
