@@ -78,14 +78,33 @@ def scenario_collectives():
     print("collectives ok")
 
 
+def reduce_dtypes():
+    """The DTYPES this group reduces. On CUDA without NCCL underneath (ranks sharing one GPU)
+    direct access reduces 32-bit and narrower types: a float64 reduction is refused with an
+    error naming NCCL, which is checked here; data movement of float64 is still checked."""
+    if DEV.type != "cuda":
+        return list(DTYPES)
+    x = torch.ones(4, dtype=torch.float64, device=DEV)
+    try:
+        dist.all_reduce(x)
+    except ferrocomm.FerrocommUnsupported as e:
+        assert "NCCL" in str(e), f"float64 all_reduce refused without naming NCCL: {e}"
+        return [d for d in DTYPES if d != torch.float64]
+    assert torch.equal(x.cpu(), torch.full((4,), float(WORLD), dtype=torch.float64)), x
+    return list(DTYPES)
+
+
 def collectives():
     """The body of scenario_collectives, on the initialized default group (DEV's tensors)."""
     assert dist.get_backend() == "ferrocomm"
     assert isinstance(dist.group.WORLD, fct.ProcessGroupFerrocomm)
     n = 7
+    reduces = reduce_dtypes()
     for k, dt in enumerate(DTYPES):
         for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN,
                    dist.ReduceOp.PRODUCT):
+            if dt not in reduces:
+                break
             lo, hi = (1, 3) if op == dist.ReduceOp.PRODUCT else (-4, 5)
 
             def ar(g, x, op=op):
@@ -104,7 +123,8 @@ def collectives():
                 dist.reduce(y, dst=root, group=g)
                 # Off the root the tensor is unspecified (gloo writes partial sums into it).
                 return [y] if RANK == root else []
-            both(f"reduce {dt} root {root}", rd, x)
+            if dt in reduces:
+                both(f"reduce {dt} root {root}", rd, x)
 
             def ga(g, y, root=root):
                 out = [torch.empty_like(y) for _ in range(WORLD)] if RANK == root else None
@@ -135,7 +155,8 @@ def collectives():
             out = big.new_empty((3, 2))
             dist.reduce_scatter_tensor(out, big, group=g)
             return out
-        both(f"reduce_scatter_tensor {dt}", rst, data((WORLD * 3, 2), dt, 30 + k))
+        if dt in reduces:
+            both(f"reduce_scatter_tensor {dt}", rst, data((WORLD * 3, 2), dt, 30 + k))
 
         # Uneven parts: rank r sends j + r + 1 rows to rank j.
         send = [j + RANK + 1 for j in range(WORLD)]
@@ -163,7 +184,7 @@ def collectives():
         same(f"all_to_all {dt}", _cpu(out), list(flat.split(recv)))
 
         parts = [data((r + 2,), dt, 20 + k + r) for r in range(WORLD)]
-        for what, sizes in (("uneven", None), ("even", 3)):
+        for what, sizes in (("uneven", None), ("even", 3)) if dt in reduces else ():
             if sizes is not None:
                 parts = [data((sizes,), dt, 25 + k + r) for r in range(WORLD)]
             got = torch.empty_like(parts[RANK], device=DEV)

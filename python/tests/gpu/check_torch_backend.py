@@ -174,6 +174,8 @@ def llama_tp(gloo):
     with torch.no_grad():
         want = single(ids).logits.float()
     del single
+    # transformers sets the device from LOCAL_RANK: ranks sharing a GPU name the one they use.
+    os.environ["LOCAL_RANK"] = str(DEV.index)
     tp = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16, tp_plan="auto")
     out = {}
     for label, hints in (("full", {}), ("e4m3", {"low_precision": "e4m3"})):
