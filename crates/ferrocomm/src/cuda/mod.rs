@@ -47,7 +47,7 @@ pub fn staging_memory_bytes(cfg: &Config, world: usize) -> usize {
 
 /// What direct access has for `world` ranks under `cfg`, for the planner: the staging
 /// layout's sizes, the copy engines' smallest all-reduce where they are set up (`ce_min`), the
-/// NVLink verdict that LL128 lines need. A communicator reports its own ([`Dda`]'s, after its
+/// NVLink verdict that LL128 lines need. A communicator reports its own (`dda::Dda`'s, after its
 /// start-up checks); `ferrocomm info` plans from the configuration with this.
 pub fn dda_caps(
     cfg: &Config,
