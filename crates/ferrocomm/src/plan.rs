@@ -480,11 +480,11 @@ pub struct CudaCaps<'a> {
     pub world: usize,
     /// Direct access; `None` when it is off, `no_dda` says why.
     pub dda: Option<DdaCaps>,
-    /// Why direct access is off (empty when it is on).
+    /// Why direct access is off (read only when `dda` is `None`).
     pub no_dda: &'a str,
     /// NCCL underneath; `no_nccl` says why not where it is absent.
     pub nccl: bool,
-    /// Why NCCL is absent (empty when it is present).
+    /// Why NCCL is absent (read only when `nccl` is false).
     pub no_nccl: &'a str,
     /// Ranks span several hosts.
     pub multi_host: bool,
