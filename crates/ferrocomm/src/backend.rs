@@ -38,16 +38,19 @@ impl Default for AlgoChoice {
 }
 
 impl CallOpts {
+    /// Options for work enqueued on `stream`, everything else automatic.
     pub fn on_stream(stream: u64) -> Self {
         CallOpts {
             stream,
             ..Default::default()
         }
     }
+    /// Forces `algo` for this call.
     pub fn with_algo(mut self, algo: Algo) -> Self {
         self.algo = AlgoChoice(algo);
         self
     }
+    /// Sets this call's low precision, overriding the environment.
     pub fn with_low_precision(mut self, lp: LowPrecisionChoice) -> Self {
         self.low_precision = lp;
         self
@@ -57,9 +60,13 @@ impl CallOpts {
 /// Per-peer element counts and offsets of an all-to-all-v.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Splits {
+    /// Elements this rank sends to each rank.
     pub send_counts: Vec<usize>,
+    /// Where each rank's part starts in the input, in elements.
     pub send_displs: Vec<usize>,
+    /// Elements this rank receives from each rank.
     pub recv_counts: Vec<usize>,
+    /// Where each rank's part lands in the output, in elements.
     pub recv_displs: Vec<usize>,
 }
 
@@ -118,9 +125,19 @@ impl<'a> DeviceCounts<'a> {
 #[derive(Debug)]
 pub enum P2pOp<'a> {
     /// `data` to rank `peer`, which receives it with a receive of the same size and dtype.
-    Send { data: View<'a>, peer: usize },
+    Send {
+        /// The data sent.
+        data: View<'a>,
+        /// The receiving rank.
+        peer: usize,
+    },
     /// From rank `peer` into `out`.
-    Recv { out: ViewMut<'a>, peer: usize },
+    Recv {
+        /// Where the message lands.
+        out: ViewMut<'a>,
+        /// The sending rank.
+        peer: usize,
+    },
 }
 
 impl P2pOp<'_> {
@@ -152,19 +169,25 @@ pub struct CommContext {
     pub name: String,
     /// Unique key prefix of this communicator instance in the store.
     pub prefix: String,
+    /// This rank, in `0..size`.
     pub rank: usize,
+    /// The number of ranks.
     pub size: usize,
     /// Ranks of this communicator on this host, and this rank's index among them, as the
     /// launcher said; backends that care verify it through the store (hostnames).
     pub local_rank: usize,
+    /// The number of this communicator's ranks on this host.
     pub local_size: usize,
+    /// The device the communicator's buffers live on.
     pub device: Device,
     /// The communicator's own store (keys already prefixed).
     pub store: Arc<dyn Store>,
+    /// The configuration in effect.
     pub config: Arc<Config>,
 }
 
 impl CommContext {
+    /// How long a backend waits for a peer before failing ([`Config::timeout`]).
     pub fn timeout(&self) -> Duration {
         self.config.timeout
     }
@@ -175,7 +198,9 @@ impl CommContext {
 /// operator, root or peer, splits or counts, and the call's options.
 #[derive(Debug)]
 pub struct Call<'a> {
+    /// The collective and its operands.
     pub kind: CallKind<'a>,
+    /// The call's options.
     pub opts: &'a CallOpts,
 }
 
@@ -183,60 +208,104 @@ pub struct Call<'a> {
 /// followed by an RMSNorm, is one more variant, which backends without it refuse.)
 #[derive(Debug)]
 pub enum CallKind<'a> {
+    /// Sum (or another reduction) of every rank's input, in every rank's output.
     AllReduce {
+        /// Every rank's contribution, or the output itself.
         input: Input<'a>,
+        /// Where the reduction lands.
         output: ViewMut<'a>,
+        /// The reduction.
         op: ReduceOp,
     },
+    /// Reduction of every rank's input into the root's output.
     Reduce {
+        /// Every rank's contribution, or the output itself.
         input: Input<'a>,
+        /// Where the reduction lands (written on the root only).
         output: ViewMut<'a>,
+        /// The reduction.
         op: ReduceOp,
+        /// The rank that receives the result.
         root: usize,
     },
+    /// The root's input copied to every rank's output.
     Broadcast {
+        /// The root's data (read on the root only), or the output itself.
         input: Input<'a>,
+        /// Where the data lands.
         output: ViewMut<'a>,
+        /// The rank whose data is sent.
         root: usize,
     },
+    /// Every rank's input concatenated in rank order.
     AllGather {
+        /// This rank's part, or the output itself (its part already at its offset).
         input: Input<'a>,
+        /// `size` times the input, in rank order.
         output: ViewMut<'a>,
     },
+    /// Reduction of every rank's input, part `rank` left on rank `rank`.
     ReduceScatter {
+        /// `size` parts, or the output itself (then the whole `size`-part buffer).
         input: Input<'a>,
+        /// This rank's reduced part.
         output: ViewMut<'a>,
+        /// The reduction.
         op: ReduceOp,
     },
+    /// Part `j` of every rank's input sent to rank `j`.
     AllToAll {
+        /// `size` equal parts, or the output itself.
         input: Input<'a>,
+        /// `size` equal parts, part `i` from rank `i`.
         output: ViewMut<'a>,
     },
+    /// All-to-all with per-rank counts and displacements.
     AllToAllV {
+        /// The parts, or the output itself.
         input: Input<'a>,
+        /// The received parts, where the splits say.
         output: ViewMut<'a>,
+        /// The counts and displacements.
         splits: &'a Splits,
     },
+    /// All-to-all-v whose counts live in device memory.
     AllToAllVDynamic {
+        /// The parts, packed in rank order.
         input: View<'a>,
+        /// `size * capacity` units, part `s` at unit `s * capacity`.
         output: ViewMut<'a>,
+        /// The counts and the output's layout.
         counts: DeviceCounts<'a>,
     },
+    /// All-to-all-v with both sides' counts in device memory, the output packed.
     AllToAllVDynamicPacked {
+        /// The parts, packed in rank order.
         input: View<'a>,
+        /// The received parts, packed in rank order.
         output: ViewMut<'a>,
+        /// The counts of both sides.
         counts: PackedCounts<'a>,
     },
+    /// Returns once every rank has entered it.
     Barrier,
+    /// A message to one rank.
     Send {
+        /// The data sent.
         data: View<'a>,
+        /// The receiving rank.
         peer: usize,
     },
+    /// A message from one rank.
     Recv {
+        /// Where the message lands.
         out: ViewMut<'a>,
+        /// The sending rank.
         peer: usize,
     },
+    /// Sends and receives issued together.
     BatchSendRecv {
+        /// The operations; between two ranks they match in the order issued.
         ops: Vec<P2pOp<'a>>,
     },
 }
@@ -359,6 +428,7 @@ pub trait Backend: Send + Sync {
             CallKind::BatchSendRecv { ops } => self.batch_send_recv(ops, opts),
         }
     }
+    /// All-reduce; see [`crate::comm::Communicator::all_reduce`].
     fn all_reduce(
         &self,
         input: Input<'_>,
@@ -366,6 +436,7 @@ pub trait Backend: Send + Sync {
         op: ReduceOp,
         opts: &CallOpts,
     ) -> Result<()>;
+    /// Reduce to `root`; see [`crate::comm::Communicator::reduce`].
     fn reduce(
         &self,
         input: Input<'_>,
@@ -374,6 +445,7 @@ pub trait Backend: Send + Sync {
         root: usize,
         opts: &CallOpts,
     ) -> Result<()>;
+    /// Broadcast from `root`; see [`crate::comm::Communicator::broadcast`].
     fn broadcast(
         &self,
         input: Input<'_>,
@@ -381,7 +453,9 @@ pub trait Backend: Send + Sync {
         root: usize,
         opts: &CallOpts,
     ) -> Result<()>;
+    /// All-gather; see [`crate::comm::Communicator::all_gather`].
     fn all_gather(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()>;
+    /// Reduce-scatter; see [`crate::comm::Communicator::reduce_scatter`].
     fn reduce_scatter(
         &self,
         input: Input<'_>,
@@ -389,7 +463,9 @@ pub trait Backend: Send + Sync {
         op: ReduceOp,
         opts: &CallOpts,
     ) -> Result<()>;
+    /// All-to-all; see [`crate::comm::Communicator::all_to_all`].
     fn all_to_all(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()>;
+    /// All-to-all-v; see [`crate::comm::Communicator::all_to_all_v`].
     fn all_to_all_v(
         &self,
         input: Input<'_>,
@@ -422,6 +498,7 @@ pub trait Backend: Send + Sync {
         let _ = (input, output, counts, opts);
         Err(no_device_counts("all_to_all_v_dynamic_packed", self.name()))
     }
+    /// Barrier; see [`crate::comm::Communicator::barrier`].
     fn barrier(&self, opts: &CallOpts) -> Result<()>;
     /// The fused all-reduce + residual add + RMSNorm (see [`crate::rmsnorm`]), its arguments
     /// checked ([`crate::rmsnorm::AllReduceRmsNorm::check`] gave `shape`). Backends without it
@@ -441,7 +518,9 @@ pub trait Backend: Send + Sync {
     }
     /// Sends and receives issued together (see [`crate::comm::Communicator::batch_send_recv`]).
     fn batch_send_recv(&self, ops: Vec<P2pOp<'_>>, opts: &CallOpts) -> Result<()>;
+    /// Send to `peer`; see [`crate::comm::Communicator::send`].
     fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
+    /// Receive from `peer`; see [`crate::comm::Communicator::recv`].
     fn recv(&self, out: ViewMut<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
     /// The plan of a call of `coll` with `bytes_per_rank` (a Sum for the reductions, aligned
     /// pointers) on this backend: what the call runs, decided by [`crate::plan`]. The bench's

@@ -284,24 +284,31 @@ impl Communicator {
         })
     }
 
+    /// This rank, in `0..size`.
     pub fn rank(&self) -> usize {
         self.ctx.rank
     }
+    /// The number of ranks.
     pub fn size(&self) -> usize {
         self.ctx.size
     }
+    /// The name every rank created it with.
     pub fn name(&self) -> &str {
         &self.ctx.name
     }
+    /// The device its buffers live on.
     pub fn device(&self) -> Device {
         self.ctx.device
     }
+    /// The backend's name (`host`, `cuda`, `nccl`).
     pub fn backend_name(&self) -> &'static str {
         self.backend.name()
     }
+    /// The configuration it was created with.
     pub fn config(&self) -> &Config {
         &self.ctx.config
     }
+    /// The store its ranks met through (also usable by the caller for its own keys).
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.ctx.store
     }

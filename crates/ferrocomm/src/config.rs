@@ -16,8 +16,11 @@ use crate::types::Algo;
 /// One environment variable: its name, default (as text) and meaning.
 #[derive(Debug, Clone, Copy)]
 pub struct Var {
+    /// The variable's name.
     pub name: &'static str,
+    /// Its default, as `docs/config.md` and `ferrocomm info` show it.
     pub default: &'static str,
+    /// What it does, in one paragraph.
     pub meaning: &'static str,
 }
 
@@ -79,16 +82,22 @@ pub const VARS: &[Var] = &[
 /// Where a value in effect came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum Source {
+    /// The built-in default.
     Default,
+    /// An environment variable.
     Env,
 }
 
 /// Which backend a communicator uses when the caller does not say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum BackendChoice {
+    /// `host` for CPU buffers or without a GPU, `cuda` for GPU buffers when a GPU is present.
     Auto,
+    /// The shared-memory host backend.
     Host,
+    /// The CUDA backend: direct access over NVLink, NCCL for what it does not win.
     Cuda,
+    /// NCCL for every collective.
     Nccl,
 }
 
@@ -108,14 +117,21 @@ impl FromStr for BackendChoice {
 /// Low-precision settings.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct LowPrecisionConfig {
+    /// `FERROCOMM_LOW_PRECISION` (or `RCCL_LOW_PRECISION_ENABLE`): block-scaled codecs on.
     pub enabled: bool,
+    /// `FERROCOMM_LP_FORMAT`: the wire format.
     pub format: Format,
+    /// `FERROCOMM_LP_BLOCK`: elements per block that share one scale.
     pub block: usize,
     /// `None`: the backend's tuned default.
     pub min_bytes: Option<usize>,
+    /// `FERROCOMM_LP_ALL_REDUCE`: all_reduce may use low precision.
     pub all_reduce: bool,
+    /// `FERROCOMM_LP_ALL_GATHER`: all_gather may use low precision.
     pub all_gather: bool,
+    /// `FERROCOMM_LP_REDUCE_SCATTER`: reduce_scatter may use low precision.
     pub reduce_scatter: bool,
+    /// `FERROCOMM_LP_ALL_TO_ALL`: all_to_all and all_to_all_v may use low precision.
     pub all_to_all: bool,
 }
 
@@ -123,8 +139,11 @@ pub struct LowPrecisionConfig {
 /// (see [`crate::plan`]).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Thresholds {
+    /// `FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES`: the largest all-reduce that uses push.
     pub push_max: Option<usize>,
+    /// `FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES`: the largest all-reduce that uses flat.
     pub flat_max: Option<usize>,
+    /// `FERROCOMM_ALLREDUCE_TREE_MAX_BYTES`: the largest all-reduce that uses tree (cuda).
     pub tree_max: Option<usize>,
     /// `FERROCOMM_ALLREDUCE_CE_MIN_BYTES`: the smallest flat all-reduce whose data the copy
     /// engines move (two ranks; `None` or 0: off).
@@ -132,9 +151,13 @@ pub struct Thresholds {
     /// `FERROCOMM_ALLREDUCE_LL128_MAX_BYTES`: the largest flat all-reduce that moves in LL128
     /// lines (`None` or 0: off).
     pub ll128_max: Option<usize>,
+    /// `FERROCOMM_ALLGATHER_MAX_BYTES`: the largest all-gather done by direct access.
     pub all_gather_max: Option<usize>,
+    /// `FERROCOMM_REDUCESCATTER_MAX_BYTES`: the largest reduce-scatter done by direct access.
     pub reduce_scatter_max: Option<usize>,
+    /// `FERROCOMM_ALLTOALL_MAX_BYTES`: the largest all-to-all done by direct access.
     pub all_to_all_max: Option<usize>,
+    /// `FERROCOMM_BROADCAST_MAX_BYTES`: the largest broadcast or reduce done by direct access.
     pub broadcast_max: Option<usize>,
     /// `FERROCOMM_P2P_MAX_BYTES`: the largest send/recv done by direct access (two ranks).
     pub p2p_max: Option<usize>,
@@ -149,14 +172,23 @@ pub struct Thresholds {
 /// How this process was launched: torchrun's or Open MPI's variables.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct LaunchEnv {
+    /// `RANK` (or `OMPI_COMM_WORLD_RANK`).
     pub rank: Option<usize>,
+    /// `WORLD_SIZE` (or `OMPI_COMM_WORLD_SIZE`).
     pub world_size: Option<usize>,
+    /// `LOCAL_RANK` (or `OMPI_COMM_WORLD_LOCAL_RANK`).
     pub local_rank: Option<usize>,
+    /// `LOCAL_WORLD_SIZE` (or `OMPI_COMM_WORLD_LOCAL_SIZE`).
     pub local_world_size: Option<usize>,
+    /// `MASTER_ADDR`.
     pub master_addr: Option<String>,
+    /// `MASTER_PORT`.
     pub master_port: Option<u16>,
+    /// `FERROCOMM_STORE_ADDR`.
     pub store_addr: Option<String>,
+    /// `FERROCOMM_STORE_PORT`.
     pub store_port: Option<u16>,
+    /// `FERROCOMM_STORE_EXTERNAL`: the store server runs outside the ranks.
     pub store_external: bool,
     /// Set under torchrun, whose agent already listens on MASTER_PORT.
     pub under_torchelastic: bool,
@@ -180,29 +212,41 @@ impl std::fmt::Debug for Secret {
 /// The configuration in effect.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Config {
+    /// `FERROCOMM_TIMEOUT_S`: how long a collective or bootstrap step waits for a peer.
     pub timeout: Duration,
+    /// `FERROCOMM_BACKEND`.
     pub backend: BackendChoice,
+    /// `FERROCOMM_ALGO`.
     pub algo: Algo,
+    /// The low-precision settings.
     pub low_precision: LowPrecisionConfig,
+    /// The size thresholds of the planner.
     pub thresholds: Thresholds,
+    /// `FERROCOMM_HOST_SLOT_BYTES`: shared-memory staging per rank of the host backend.
     pub host_slot_bytes: usize,
+    /// `FERROCOMM_CUDA_STAGING_BYTES`: IPC staging per rank and buffer of the cuda backend.
     pub cuda_staging_bytes: usize,
     /// `FERROCOMM_PDL`: launch the cuda backend's kernels with programmatic dependent launch
     /// where the device and driver allow it (see docs/cuda-backend.md).
     pub pdl: bool,
     /// `FERROCOMM_NCCL_WATCHDOG`: abort NCCL communicators whose work hangs (nccl/watchdog.rs).
     pub nccl_watchdog: bool,
+    /// `FERROCOMM_NCCL_LIB`: the libnccl to load instead of searching.
     pub nccl_lib: Option<PathBuf>,
+    /// `FERROCOMM_NVRTC_LIB`: the NVRTC to load instead of searching.
     pub nvrtc_lib: Option<PathBuf>,
     /// Python installation prefixes whose site-packages may hold NVIDIA's library wheels
     /// (`VIRTUAL_ENV`, `CONDA_PREFIX`, `~/.local`, `/usr/local`, `/usr`), searched for libnccl and
     /// libnvrtc when the system path lacks them.
     pub python_prefixes: Vec<PathBuf>,
+    /// `FERROCOMM_KERNEL_CACHE`: the directory of compiled kernels.
     pub kernel_cache: PathBuf,
     /// This user's store key file (`$XDG_CONFIG_HOME/ferrocomm/store-key` or
     /// `~/.config/ferrocomm/store-key`; `None` without either variable).
     pub store_key_file: Option<PathBuf>,
+    /// `FERROCOMM_DEBUG`: print the configuration and each new plan to stderr.
     pub debug: bool,
+    /// How this process was launched.
     pub launch: LaunchEnv,
     /// Variable name -> (value text, source) for every variable in [`VARS`].
     #[serde(skip)]

@@ -33,7 +33,9 @@ const POLL: Duration = Duration::from_millis(20);
 pub struct LaunchSpec {
     /// Number of ranks (processes), at least 1.
     pub nprocs: usize,
+    /// The program every rank runs (a path, or a name looked up on `PATH`).
     pub program: String,
+    /// Its arguments.
     pub args: Vec<String>,
     /// Extra variables for every rank, applied after the launcher's own.
     pub env: Vec<(String, String)>,

@@ -66,6 +66,7 @@
 //!        ground: types · error · view · config (environment) · quant (block codecs) · reduce · bootstrap (Store, TCP)
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
 
 pub mod backend;
 pub mod bootstrap;

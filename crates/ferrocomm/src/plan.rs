@@ -38,6 +38,7 @@ pub enum Engine {
 /// and `ferrocomm info` print it through its one [`fmt::Display`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Plan {
+    /// Who carries the call: the host backend, direct access or NCCL.
     pub engine: Engine,
     /// The algorithm; for a low-precision call, the low-precision path's (flat or tree
     /// all-reduce, direct for the others).
@@ -55,7 +56,9 @@ pub struct Plan {
 /// lines), `st` (staged) or `rw` (pipelined staged, in `rounds`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PartForm {
+    /// `ll`, `st` or `rw`.
     pub form: &'static str,
+    /// Rounds of a pipelined (`rw`) part; 1 otherwise.
     pub rounds: u32,
 }
 
@@ -97,7 +100,9 @@ impl Plan {
 /// What a backend can do, so that selection never picks an algorithm it lacks.
 #[derive(Debug, Clone, Copy)]
 pub struct Caps {
+    /// The barrier-free push one-shot all-reduce is available.
     pub push: bool,
+    /// NCCL is available underneath.
     pub nccl: bool,
     /// Largest message (bytes per rank) that fits the direct-access staging in one piece;
     /// `None` when the backend chunks larger messages itself.
@@ -471,12 +476,15 @@ pub struct DdaCaps {
 /// What the cuda backend has for a call, as plain values.
 #[derive(Debug, Clone, Copy)]
 pub struct CudaCaps<'a> {
+    /// The number of ranks.
     pub world: usize,
     /// Direct access; `None` when it is off, `no_dda` says why.
     pub dda: Option<DdaCaps>,
+    /// Why direct access is off (read only when `dda` is `None`).
     pub no_dda: &'a str,
     /// NCCL underneath; `no_nccl` says why not where it is absent.
     pub nccl: bool,
+    /// Why NCCL is absent (read only when `nccl` is false).
     pub no_nccl: &'a str,
     /// Ranks span several hosts.
     pub multi_host: bool,
@@ -505,13 +513,18 @@ impl CudaCaps<'_> {
 /// (`fc_<kernel>_<op>`) and the bench's path detail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FlatForm {
+    /// Every rank pulls its peers' inputs from their staging (one-shot).
     Pull,
+    /// Streamed through chunk slots by push-write, for messages larger than the staging.
     Stream,
+    /// The copy engines move the data into the peer's memory; the SMs only reduce (two ranks).
     CopyEngine,
+    /// In 128-byte lines with the flag inside, no barrier (NCCL's LL128; NVLink between every pair).
     Ll128,
 }
 
 impl FlatForm {
+    /// The name in its kernels' entry points (`fc_<kernel>_<op>`) and the bench's path detail.
     pub fn kernel(self) -> &'static str {
         match self {
             FlatForm::Pull => "flat",

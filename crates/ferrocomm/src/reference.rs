@@ -14,7 +14,9 @@ use crate::types::{DataType, ReduceOp};
 /// One element's value: floats as f64 (exact for every float dtype), integers as i128.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Value {
+    /// A float element, exactly.
     Float(f64),
+    /// An integer element, exactly.
     Int(i128),
 }
 

@@ -63,8 +63,11 @@ pub struct AllReduceRmsNorm<'a> {
 /// The shape of a checked call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
+    /// Rows of the call (each rank holds all of them).
     pub rows: usize,
+    /// Elements per row.
     pub hidden: usize,
+    /// The element type of the rows, the residual and the weight.
     pub dtype: DataType,
 }
 
@@ -319,6 +322,7 @@ pub fn norm_rows(
 /// The exact result of a call (f64, nothing rounded): the reference results are compared with.
 #[derive(Debug, Clone)]
 pub struct Exact {
+    /// Elements per row.
     pub hidden: usize,
     /// The sum over ranks.
     pub sum: Vec<f64>,

@@ -22,17 +22,29 @@ type Result<T> = std::result::Result<T, ParseError>;
 /// The element type of a buffer, as NCCL and torch know them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum DataType {
+    /// 32-bit IEEE float (`float`).
     F32,
+    /// 64-bit IEEE float (`double`).
     F64,
+    /// 16-bit IEEE float (`half`).
     F16,
+    /// bfloat16: the exponent range of f32 with 8 bits of mantissa.
     BF16,
+    /// FP8 with 4 exponent and 3 mantissa bits (OCP E4M3, finite only, max 448).
     F8E4M3,
+    /// FP8 with 5 exponent and 2 mantissa bits (OCP E5M2, max 57344).
     F8E5M2,
+    /// Signed 8-bit integer.
     I8,
+    /// Unsigned 8-bit integer.
     U8,
+    /// Signed 32-bit integer.
     I32,
+    /// Unsigned 32-bit integer.
     U32,
+    /// Signed 64-bit integer.
     I64,
+    /// Unsigned 64-bit integer.
     U64,
 }
 
@@ -86,10 +98,12 @@ impl DataType {
         DataType::ALL.iter().position(|d| *d == self).unwrap_or(0) as u8
     }
 
+    /// The dtype of a [`DataType::code`], or `None` for a code no dtype has (from a peer or a kernel).
     pub fn from_code(code: u8) -> Option<DataType> {
         DataType::ALL.get(code as usize).copied()
     }
 
+    /// The floating-point types, FP8 included.
     pub const fn is_float(self) -> bool {
         matches!(
             self,
@@ -102,6 +116,7 @@ impl DataType {
         )
     }
 
+    /// The integer types: every type that is not a float.
     pub const fn is_integer(self) -> bool {
         !self.is_float()
     }
@@ -155,14 +170,23 @@ impl FromStr for DataType {
 /// A reduction operator. `PremulSum(s)` multiplies every input by `s` before summing.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum ReduceOp {
+    /// The sum.
     Sum,
+    /// The product.
     Prod,
+    /// The minimum.
     Min,
+    /// The maximum.
     Max,
+    /// The sum divided by the number of ranks (truncated for integers, as in NCCL).
     Avg,
+    /// The sum of every input multiplied by the factor first (floats only, finite factor).
     PremulSum(f64),
+    /// Bitwise and (integers only).
     BitAnd,
+    /// Bitwise or (integers only).
     BitOr,
+    /// Bitwise exclusive or (integers only).
     BitXor,
 }
 
@@ -292,6 +316,7 @@ pub enum Algo {
 }
 
 impl Algo {
+    /// The name used in settings, `FERROCOMM_ALGO` and the bench (`auto`, `push`, `flat`, ...).
     pub const fn name(self) -> &'static str {
         match self {
             Algo::Auto => "auto",
@@ -332,19 +357,30 @@ impl FromStr for Algo {
 /// The collectives, as the planner and signatures name them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Collective {
+    /// `all_reduce`.
     AllReduce,
+    /// `reduce` to one root.
     Reduce,
+    /// `broadcast` from one root.
     Broadcast,
+    /// `all_gather`.
     AllGather,
+    /// `reduce_scatter`.
     ReduceScatter,
+    /// `all_to_all` with equal parts.
     AllToAll,
+    /// `all_to_all_v`, with per-rank counts and displacements.
     AllToAllV,
+    /// `barrier`.
     Barrier,
+    /// Point-to-point `send`.
     Send,
+    /// Point-to-point `recv`.
     Recv,
 }
 
 impl Collective {
+    /// The snake-case name (`all_reduce`, ...), as in logs, signatures and the bench.
     pub const fn name(self) -> &'static str {
         match self {
             Collective::AllReduce => "all_reduce",
@@ -360,6 +396,7 @@ impl Collective {
         }
     }
 
+    /// A stable small code for signatures and kernels (the variant's index).
     pub const fn code(self) -> u8 {
         self as u8
     }
@@ -367,6 +404,7 @@ impl Collective {
 
 /// A Rust type that is one of the [`DataType`]s.
 pub trait Element: bytemuck::Pod + Send + Sync + 'static {
+    /// The dtype of this Rust type.
     const DTYPE: DataType;
 }
 

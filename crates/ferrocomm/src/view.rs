@@ -62,18 +62,23 @@ impl<'a> View<'a> {
         }
     }
 
+    /// The first byte (a host address, or a CUDA device address).
     pub fn ptr(&self) -> *const u8 {
         self.ptr
     }
+    /// The number of elements.
     pub fn count(&self) -> usize {
         self.count
     }
+    /// The element type.
     pub fn dtype(&self) -> DataType {
         self.dtype
     }
+    /// Where the memory lives.
     pub fn device(&self) -> Device {
         self.device
     }
+    /// The size in bytes: `count` times the element size.
     pub fn bytes_len(&self) -> usize {
         self.count * self.dtype.size()
     }
@@ -130,18 +135,23 @@ impl<'a> ViewMut<'a> {
         }
     }
 
+    /// The first byte (a host address, or a CUDA device address).
     pub fn ptr(&self) -> *mut u8 {
         self.ptr
     }
+    /// The number of elements.
     pub fn count(&self) -> usize {
         self.count
     }
+    /// The element type.
     pub fn dtype(&self) -> DataType {
         self.dtype
     }
+    /// Where the memory lives.
     pub fn device(&self) -> Device {
         self.device
     }
+    /// The size in bytes: `count` times the element size.
     pub fn bytes_len(&self) -> usize {
         self.count * self.dtype.size()
     }
@@ -188,7 +198,9 @@ impl<'a> ViewMut<'a> {
 /// the rank's part of it; for `all_to_all(_v)` the output holds the input and is overwritten.
 #[derive(Debug, Clone, Copy)]
 pub enum Input<'a> {
+    /// The output buffer is also the input.
     InPlace,
+    /// A separate input buffer.
     Buf(View<'a>),
 }
 

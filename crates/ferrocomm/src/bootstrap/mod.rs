@@ -50,6 +50,7 @@ pub struct PrefixStore {
 }
 
 impl PrefixStore {
+    /// A store whose keys are `inner`'s keys under `prefix`.
     pub fn new(prefix: impl Into<String>, inner: Arc<dyn Store>) -> Self {
         PrefixStore {
             prefix: prefix.into(),
@@ -87,6 +88,7 @@ pub struct MemStore {
 }
 
 impl MemStore {
+    /// An empty store, shared by cloning the `Arc`.
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
     }

@@ -9,6 +9,12 @@
 //! - `fused_norm`: the fused all-reduce + RMSNorm (the all-reduce, then one norm launch);
 //! - `backend`: the [`Backend`] that chooses between DDA and NCCL per call;
 //! - [`nvml`]: whether two GPUs are joined by NVLink (the LL128 all-reduce needs it).
+//!
+//! Beyond the backend, the items below are public for the programs that size and check the
+//! direct-access paths from outside the crate: the staging layout and its sizes
+//! ([`staging_layout`], [`push_capacity`], [`ll128_line_bytes`], [`flat_grid`], [`ce_chunk`]) for
+//! the integration tests, [`quantize_on_device`] for the low-precision GPU check program and
+//! [`residual_rmsnorm`] for `ferrocomm bench`.
 
 mod backend;
 pub mod collectives;
@@ -47,7 +53,7 @@ pub fn staging_memory_bytes(cfg: &Config, world: usize) -> usize {
 
 /// What direct access has for `world` ranks under `cfg`, for the planner: the staging
 /// layout's sizes, the copy engines' smallest all-reduce where they are set up (`ce_min`), the
-/// NVLink verdict that LL128 lines need. A communicator reports its own ([`Dda`]'s, after its
+/// NVLink verdict that LL128 lines need. A communicator reports its own (`dda::Dda`'s, after its
 /// start-up checks); `ferrocomm info` plans from the configuration with this.
 pub fn dda_caps(
     cfg: &Config,

@@ -186,6 +186,8 @@ pub(crate) struct Call<'a> {
 }
 
 impl HostBackend {
+    /// The host backend of `ctx`: maps the communicator's shared-memory segment (rank 0 creates it,
+    /// the others open it once the store says it exists).
     pub fn new(ctx: &CommContext) -> Result<HostBackend> {
         let seg = Segment::establish(
             &*ctx.store,

@@ -617,6 +617,7 @@ impl Nccl {
         s as sys::CuStream
     }
 
+    /// `ncclAllReduce` of `count` elements from `send` into `recv` (device addresses, equal when in place) on `stream`.
     pub fn all_reduce(
         &self,
         send: u64,
@@ -644,6 +645,7 @@ impl Nccl {
         })
     }
 
+    /// `ncclReduce` into `recv` on `root`; otherwise as [`Nccl::all_reduce`].
     #[allow(clippy::too_many_arguments)]
     pub fn reduce(
         &self,
@@ -674,6 +676,7 @@ impl Nccl {
         })
     }
 
+    /// `ncclBroadcast` of `root`'s `send` into every rank's `recv`.
     pub fn broadcast(
         &self,
         send: u64,
@@ -700,6 +703,7 @@ impl Nccl {
         })
     }
 
+    /// `ncclAllGather`: `count` elements from every rank, concatenated in rank order into `recv`.
     pub fn all_gather(
         &self,
         send: u64,
@@ -724,6 +728,7 @@ impl Nccl {
         })
     }
 
+    /// `ncclReduceScatter`: `count` reduced elements (part `rank` of `size * count`) into `recv`.
     pub fn reduce_scatter(
         &self,
         send: u64,

@@ -13,7 +13,9 @@ pub const SCALE_BYTES: usize = 4;
 /// A block-scaled codec: one format and one block size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Codec {
+    /// The code format.
     pub format: Format,
+    /// Elements per block that share one f32 scale.
     pub block: usize,
 }
 
@@ -70,7 +72,9 @@ fn absmax(x: &[f32]) -> f32 {
 }
 
 impl Codec {
+    /// The smallest block size.
     pub const MIN_BLOCK: usize = 16;
+    /// The largest block size.
     pub const MAX_BLOCK: usize = 4096;
 
     /// A codec for `format` with `block` elements per scale (a power of two, 16..=4096).

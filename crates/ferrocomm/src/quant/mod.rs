@@ -76,8 +76,10 @@ pub enum Format {
 }
 
 impl Format {
+    /// Every format, in a stable order.
     pub const ALL: [Format; 3] = [Format::E4M3, Format::E5M2, Format::Int8];
 
+    /// The name used in `FERROCOMM_LP_FORMAT` and the bench (`e4m3`, `e5m2`, `int8`).
     pub const fn name(self) -> &'static str {
         match self {
             Format::E4M3 => "e4m3",

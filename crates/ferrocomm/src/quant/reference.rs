@@ -135,8 +135,10 @@ pub enum Data {
 }
 
 impl Data {
+    /// Every distribution, in a stable order.
     pub const ALL: [Data; 4] = [Data::Normal, Data::StudentT3, Data::Laplace, Data::Outliers];
 
+    /// The distribution's name, as the accuracy tables (`examples/quant_accuracy.rs`) head it.
     pub const fn name(self) -> &'static str {
         match self {
             Data::Normal => "normal N(0,1)",

@@ -96,25 +96,32 @@ fn round_up(n: usize, a: usize) -> usize {
 /// Where everything sits in one rank's IPC allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StagingLayout {
+    /// Offset of the push region: two parities of a slot per sender, each `push_cap` of payload in
+    /// LL lines (twice its bytes).
     pub push_off: usize,
     /// Payload bytes per sender of one push parity.
     pub push_cap: usize,
     /// Largest part the collectives send in LL lines (`FERROCOMM_LL_MAX_BYTES`, at most
     /// `push_cap`).
     pub ll_max: usize,
+    /// Offset of the staging's two parities.
     pub staging_off: usize,
     /// Bytes of one staging parity (the largest flat/tree message per rank).
     pub staging_bytes: usize,
     /// The copy-engine all-reduce's receive region (`FERROCOMM_ALLREDUCE_CE_MIN_BYTES`; two
     /// ranks only): `ce_bytes` (0: off) after the staging's two parities.
     pub ce_off: usize,
+    /// Bytes of the copy-engine receive region (one staging parity when on, 0 when off).
     pub ce_bytes: usize,
     /// The LL128 all-reduce's lines (`FERROCOMM_ALLREDUCE_LL128_MAX_BYTES`): at `ll128_off`, two
     /// parities of `world - 1` rows (one per peer) of `ll128_row` bytes, the lines of
     /// `ll128_cap` payload bytes (0: off).
     pub ll128_off: usize,
+    /// Bytes of LL128 payload per row (0: off).
     pub ll128_cap: usize,
+    /// Bytes of one LL128 row: the lines of `ll128_cap`, flags included, rounded up to 4 KiB.
     pub ll128_row: usize,
+    /// Bytes of the whole allocation, from offset 0 to the end of the LL128 rows.
     pub total: usize,
 }
 
