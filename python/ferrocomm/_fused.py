@@ -10,6 +10,8 @@ with f32 accumulation, bit-identical on every rank; ``quant="e4m3"`` also return
 E4M3 codes with one f32 scale per row (shape ``(..., 1)``, ``y ~= codes * scale``).
 """
 
+import sys
+
 import numpy as np
 
 from . import _tensors as T
@@ -145,14 +147,30 @@ def run(comm, x, residual, weight, eps, out=None, residual_out=None, quant=None,
     return outputs
 
 
-def all_reduce_rmsnorm(x, residual, weight, eps, *, group, out=None, residual_out=None,
+def all_reduce_rmsnorm(x, residual, weight, eps, *, group=None, out=None, residual_out=None,
                        quant=None, async_op=False, hints=None):
     """The fused call as a function of its group (torch.distributed has no such call): ``group``
-    is a ``ferrocomm.Comm`` (from ``ferrocomm.new_comm``); see ``Comm.all_reduce_rmsnorm``."""
-    if not isinstance(group, Comm):
-        raise FerrocommValueError(
-            f"{_C}: group must be a ferrocomm communicator (ferrocomm.new_comm), not "
-            f"{type(group).__name__}"
-        )
-    return run(group, x, residual, weight, eps, out=out, residual_out=residual_out,
+    is a ``ferrocomm.Comm`` (from ``ferrocomm.new_comm``), or a torch.distributed process group
+    of the ``"ferrocomm"`` backend (``None``: the default group); see
+    ``Comm.all_reduce_rmsnorm``."""
+    return run(_comm_of(group, x), x, residual, weight, eps, out=out, residual_out=residual_out,
                quant=quant, async_op=async_op, hints=hints)
+
+
+def _comm_of(group, x):
+    """The communicator a group runs ``x`` on."""
+    if isinstance(group, Comm):
+        return group
+    # The torch backend is loaded whenever a "ferrocomm" process group exists.
+    fct = sys.modules.get("ferrocomm.torch")
+    if fct is not None:
+        if group is None:
+            import torch.distributed as dist
+
+            group = dist.group.WORLD if dist.is_initialized() else None
+        if isinstance(group, fct.ProcessGroupFerrocomm):
+            return group.comm_for(x)
+    raise FerrocommValueError(
+        f"{_C}: group must be a ferrocomm communicator (ferrocomm.new_comm) or a process group of "
+        f"the \"ferrocomm\" torch.distributed backend, not {type(group).__name__}"
+    )

@@ -228,6 +228,13 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
             return self._host
         return self._cuda_comm(d.index if d.index is not None else torch.cuda.current_device())
 
+    def comm_for(self, t):
+        """The communicator a call on tensor ``t`` runs on, after the pending sends and
+        receives (as before any collective of the group)."""
+        if self._p2p:
+            self._flush_p2p()
+        return self.comm(t.device)
+
     # -- plumbing --------------------------------------------------------------------------
 
     def _new_comm(self, backend, device):

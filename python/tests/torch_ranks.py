@@ -321,6 +321,26 @@ def scenario_groups():
     # torch orders a group's ranks (new_group sorts the list).
     assert [int(o[0]) for o in out] == members, out
 
+    # The fused all-reduce + residual + RMSNorm, ferrocomm's extension, on a process group:
+    # against gloo's all-reduce, the residual add and the norm in float64.
+    rows, hidden, eps = 3, 16, 1e-5
+    xs = data((rows, hidden), torch.float32, 90)
+    res = data((rows, hidden), torch.float32, 91) + 0.5
+    w = torch.linspace(0.5, 1.5, hidden)
+    want = xs.clone()
+    dist.all_reduce(want, group=GLOO)
+    r = want.double() + res.double()
+    y = r / torch.sqrt((r * r).mean(-1, keepdim=True) + eps) * w.double()
+    x_in, res_in = xs.clone(), res.clone()
+    got, got_res = ferrocomm.all_reduce_rmsnorm(x_in, res_in, w, eps, group=dist.group.WORLD)
+    assert got.data_ptr() == x_in.data_ptr() and got_res.data_ptr() == res_in.data_ptr()
+    assert torch.equal(got_res.double(), r.float().double()), (got_res, r)
+    assert torch.allclose(got.double(), y, rtol=1e-5, atol=1e-5), (got, y)
+    got2, _ = ferrocomm.all_reduce_rmsnorm(xs.clone(), res.clone(), w, eps)  # the default group
+    assert torch.equal(got2, got), (got2, got)
+    expect(ferrocomm.FerrocommValueError, "process group", ferrocomm.all_reduce_rmsnorm,
+           xs.clone(), res.clone(), w, eps, group=object())
+
     mixed = dist.new_group(backend="cpu:gloo,cuda:ferrocomm")
     assert mixed._cpu_gloo is not None, "CPU tensors of cpu:gloo,cuda:ferrocomm not on gloo"
     y = torch.full((4,), float(RANK + 1))
