@@ -593,8 +593,15 @@ pub fn staged_need(coll: Collective, part_bytes: usize, world: usize) -> Option<
 /// reductions since their LL kernels wait for the peer's lines only (as the push all-reduce).
 /// Earlier LL reductions, which waited for a hello with a system-scope release first, lost to
 /// the staged kernels at every size (bench/results/2026-11-30-h200x2-ll-staged) and were removed.
-pub fn use_ll(part_bytes: usize, ll_max: usize) -> bool {
+fn use_ll(part_bytes: usize, ll_max: usize) -> bool {
     part_bytes <= ll_max
+}
+
+/// Whether an all-to-all-v at two ranks moves its parts in one LL launch rather than in staged
+/// pieces: its largest crossing part (`largest_crossing_bytes`, the larger of the two counts
+/// the pair exchanges, which both ranks know) fits an LL part (`ll_max`, `use_ll`).
+pub fn a2av_takes_ll(largest_crossing_bytes: usize, ll_max: usize) -> bool {
+    use_ll(largest_crossing_bytes, ll_max)
 }
 
 /// The smallest part of `kernel` that takes the pipelined staged kernel (`fc_<kernel>_rw`, rounds
@@ -1016,8 +1023,22 @@ pub fn lp_all_reduce(requested: Algo, cfg_algo: Algo, world: usize) -> Algo {
 /// Whether a push (one-shot all-reduce, all-gather, all-to-all) leaves its odd groups in the
 /// sender's staging for the receivers to pull: half the records cross the link while the
 /// quantizer runs, the other half while the receivers decode the first (two ranks, groups).
-pub fn split_push(push: bool, codec: &Codec, world: usize) -> u32 {
+fn split_push(push: bool, codec: &Codec, world: usize) -> u32 {
     u32::from(push && codec.block <= 128 && world == 2)
+}
+
+/// The `split` argument of a low-precision one-shot kernel (all-reduce, all-gather,
+/// all-to-all) that pushes (`push`) or pulls: 1 where the push splits (`split_push`).
+pub fn lp_split(push: bool, codec: &Codec, world: usize) -> u32 {
+    split_push(push, codec, world)
+}
+
+/// Whether a low-precision one-shot all-reduce or all-gather (`splits_kind`; the other kinds
+/// never) pushes even where pull would need fewer chunks: the staging holds a region per
+/// sender for the push (`push_most`, its largest chunk, is not 0) and the push splits
+/// (`split_push`), which overlaps the link with the quantizer and the decode.
+pub fn lp_push_first(push_most: usize, codec: &Codec, world: usize, splits_kind: bool) -> bool {
+    push_most > 0 && split_push(true, codec, world) == 1 && splits_kind
 }
 
 #[cfg(test)]
@@ -1299,5 +1320,37 @@ mod tests {
             plan(&four, &cfg, Collective::AllReduce, 4 << 20).unwrap(),
             "lp-tree"
         );
+    }
+
+    #[test]
+    fn parts_take_ll_up_to_the_ll_limit_then_staged_or_rounds() {
+        // The all-to-all-v's choice at two ranks: its largest crossing part against ll_max.
+        assert!(a2av_takes_ll(0, 2048));
+        assert!(a2av_takes_ll(2048, 2048));
+        assert!(!a2av_takes_ll(2049, 2048));
+        assert!(!a2av_takes_ll(4096, 2048));
+        // The staged collectives take the same limit, then rounds from their pipeline floor.
+        assert_eq!(part_form("all_gather", 2048, 2048), ("ll", 1));
+        assert_eq!(part_form("all_gather", 2049, 2048), ("st", 1));
+        assert_eq!(part_form("all_gather", 8 << 20, 2048), ("rw", 2));
+        assert_eq!(part_form("broadcast", 64 << 20, 2048), ("st", 1));
+    }
+
+    #[test]
+    fn the_low_precision_push_splits_at_two_ranks_with_small_blocks() {
+        let small = Codec::new(Format::E4M3, 128).unwrap();
+        let large = Codec::new(Format::E4M3, 256).unwrap();
+        // Split: a push of blocks up to 128 at two ranks, nothing else.
+        assert_eq!(lp_split(true, &small, 2), 1);
+        assert_eq!(lp_split(false, &small, 2), 0);
+        assert_eq!(lp_split(true, &small, 3), 0);
+        assert_eq!(lp_split(true, &large, 2), 0);
+        // Push first: only where the staging holds the push, the push splits and the kind is
+        // an all-reduce or all-gather.
+        assert!(lp_push_first(1, &small, 2, true));
+        assert!(!lp_push_first(0, &small, 2, true));
+        assert!(!lp_push_first(1, &small, 2, false));
+        assert!(!lp_push_first(1, &small, 4, true));
+        assert!(!lp_push_first(1, &large, 2, true));
     }
 }
