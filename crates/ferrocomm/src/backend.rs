@@ -532,6 +532,17 @@ pub trait Backend: Send + Sync {
         dtype: DataType,
         opts: &CallOpts,
     ) -> Result<Plan>;
+    /// The plan of an all_reduce_rmsnorm of `shape` (pointers aligned), its
+    /// [`crate::plan::NormForm`] in `norm`: what [`Backend::all_reduce_rmsnorm`] runs. Backends
+    /// without the call refuse, as the call does.
+    fn rmsnorm_plan_for(&self, shape: crate::rmsnorm::Shape, opts: &CallOpts) -> Result<Plan> {
+        let _ = (shape, opts);
+        Err(Error::Unsupported {
+            collective: crate::rmsnorm::NAME,
+            backend: self.name(),
+            what: "the fused all-reduce + RMSNorm".into(),
+        })
+    }
 }
 
 /// What a backend without the device-count all-to-all-v calls answers.

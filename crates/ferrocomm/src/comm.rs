@@ -17,7 +17,7 @@ use crate::config::{BackendChoice, Config};
 use crate::error::{Error, Result};
 pub use crate::plan::LowPrecisionChoice;
 use crate::plan::{Collective, Plan};
-use crate::rmsnorm::AllReduceRmsNorm;
+use crate::rmsnorm::{AllReduceRmsNorm, Shape as RmsNormShape, NAME};
 use crate::types::{read_count, DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
@@ -335,25 +335,29 @@ impl Communicator {
             let coll = kind.collective();
             let (bytes, dtype) = kind.shape(self.ctx.rank, self.ctx.size);
             if let Ok(plan) = backend.plan_for(coll, bytes, dtype, opts) {
-                let first = self
-                    .plans_seen
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert((coll, plan));
-                if first {
-                    // One write of the whole line, so that ranks sharing a terminal or a pipe
-                    // do not interleave their lines.
-                    let line = format!(
-                        "ferrocomm: rank {} '{}': {} of {bytes} bytes per rank ({dtype}) runs {plan}\n",
-                        self.ctx.rank,
-                        self.ctx.name,
-                        coll.name()
-                    );
-                    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-                }
+                self.print_plan(coll, coll.name(), bytes, dtype, plan);
             }
         }
         backend.run(Call { kind, opts })
+    }
+
+    /// With `FERROCOMM_DEBUG`: prints the plan of a call named `name` (of `coll`, whose plans
+    /// it is counted with) the first time it comes up.
+    fn print_plan(&self, coll: Collective, name: &str, bytes: usize, dtype: DataType, plan: Plan) {
+        let first = self
+            .plans_seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((coll, plan));
+        if first {
+            // One write of the whole line, so that ranks sharing a terminal or a pipe do not
+            // interleave their lines.
+            let line = format!(
+                "ferrocomm: rank {} '{}': {name} of {bytes} bytes per rank ({dtype}) runs {plan}\n",
+                self.ctx.rank, self.ctx.name,
+            );
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        }
     }
 
     fn live(&self) -> Result<&dyn Backend> {
@@ -383,7 +387,22 @@ impl Communicator {
     /// cuda backend's all-reduce the total size.
     pub fn all_reduce_rmsnorm(&self, call: AllReduceRmsNorm<'_>, opts: &CallOpts) -> Result<()> {
         let shape = call.check()?;
-        self.live()?.all_reduce_rmsnorm(call, shape, opts)
+        let backend = self.live()?;
+        if self.ctx.config.debug {
+            if let Ok(plan) = backend.rmsnorm_plan_for(shape, opts) {
+                let bytes = shape.x_bytes();
+                // Counted with the all-reduces: its plans carry their norm form.
+                self.print_plan(Collective::AllReduce, NAME, bytes, shape.dtype, plan);
+            }
+        }
+        backend.all_reduce_rmsnorm(call, shape, opts)
+    }
+
+    /// How an all_reduce_rmsnorm of `shape` runs on this communicator: its [`Plan`], the
+    /// norm's form included (`fused-flat`, `fused-tree`, or the all-reduce's path and `+norm`).
+    /// Pointers are planned as aligned. Backends without the call refuse.
+    pub fn rmsnorm_algo_for(&self, shape: RmsNormShape, opts: &CallOpts) -> Result<Plan> {
+        self.live()?.rmsnorm_plan_for(shape, opts)
     }
 
     /// Reduces `input` over all ranks into `output` on `root` (other ranks' outputs are not

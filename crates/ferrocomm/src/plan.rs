@@ -50,6 +50,9 @@ pub struct Plan {
     /// How a full-precision staged collective of the cuda backend's direct access moves its
     /// parts ([`part_form`]); `None` elsewhere (the all-to-all-v picks per piece).
     pub parts: Option<PartForm>,
+    /// How an all_reduce_rmsnorm runs ([`cuda_rmsnorm`], [`rmsnorm_plan`]); `None` for every
+    /// other call.
+    pub norm: Option<NormForm>,
 }
 
 /// The kernel form of a staged collective's parts and its rounds ([`part_form`]): `ll` (LL
@@ -66,7 +69,20 @@ impl fmt::Display for Plan {
     /// `lp-` and the path for a low-precision call (`lp-flat`, `lp-tree`, `lp-direct`); else
     /// the algorithm, with the form where the name alone does not say it (`flat-ce`,
     /// `flat-ll128`).
+    /// An all_reduce_rmsnorm prints its form: `fused-flat` or `fused-tree` for one launch, the
+    /// all-reduce's own path and `+norm` for two (`flat+norm`, `lp-tree+norm`, `nccl+norm`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.norm {
+            Some(form @ (NormForm::FusedFlat | NormForm::FusedTree)) => return write!(f, "{form}"),
+            Some(NormForm::TwoLaunch) => {
+                let all_reduce = Plan {
+                    norm: None,
+                    ..*self
+                };
+                return write!(f, "{all_reduce}+norm");
+            }
+            None => {}
+        }
         if self.low_precision.is_some() {
             return write!(f, "lp-{}", self.algo);
         }
@@ -93,6 +109,7 @@ impl Plan {
             form,
             low_precision: None,
             parts: None,
+            norm: None,
         }
     }
 }
@@ -413,6 +430,7 @@ pub fn host_plan(
         form: None,
         low_precision: codec,
         parts: None,
+        norm: None,
     })
 }
 
@@ -438,6 +456,7 @@ pub fn nccl_plan(
         form: None,
         low_precision: None,
         parts: None,
+        norm: None,
     })
 }
 
@@ -593,8 +612,15 @@ pub fn staged_need(coll: Collective, part_bytes: usize, world: usize) -> Option<
 /// reductions since their LL kernels wait for the peer's lines only (as the push all-reduce).
 /// Earlier LL reductions, which waited for a hello with a system-scope release first, lost to
 /// the staged kernels at every size (bench/results/2026-11-30-h200x2-ll-staged) and were removed.
-pub fn use_ll(part_bytes: usize, ll_max: usize) -> bool {
+fn use_ll(part_bytes: usize, ll_max: usize) -> bool {
     part_bytes <= ll_max
+}
+
+/// Whether an all-to-all-v at two ranks moves its parts in one LL launch rather than in staged
+/// pieces: its largest crossing part (`largest_crossing_bytes`, the larger of the two counts
+/// the pair exchanges, which both ranks know) fits an LL part (`ll_max`, `use_ll`).
+pub fn a2av_takes_ll(largest_crossing_bytes: usize, ll_max: usize) -> bool {
+    use_ll(largest_crossing_bytes, ll_max)
 }
 
 /// The smallest part of `kernel` that takes the pipelined staged kernel (`fc_<kernel>_rw`, rounds
@@ -710,7 +736,7 @@ pub fn cuda_all_reduce(
 }
 
 /// How the cuda backend runs one all_reduce_rmsnorm ([`cuda_rmsnorm`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NormForm {
     /// The backend's all-reduce (its own [`cuda_all_reduce`] plan, low precision included),
     /// then the norm kernel: two launches.
@@ -790,6 +816,59 @@ pub fn cuda_rmsnorm(
     }
 }
 
+/// [`cuda_rmsnorm`]'s form for one all_reduce_rmsnorm of `bytes` (x, per rank) of `dtype`, low
+/// precision weighed as the call's all-reduce weighs it ([`low_precision`] with the cuda size
+/// floor, for `choice`); without direct access the two launches, whose all-reduce decides.
+pub fn cuda_rmsnorm_form(
+    cuda: &CudaCaps<'_>,
+    cfg: &Config,
+    bytes: usize,
+    dtype: DataType,
+    requested: Algo,
+    choice: LowPrecisionChoice,
+) -> Result<NormForm> {
+    if cuda.dda.is_none() {
+        return Ok(NormForm::TwoLaunch);
+    }
+    let lp = low_precision(
+        Collective::AllReduce,
+        dtype,
+        Some(ReduceOp::Sum),
+        bytes,
+        choice,
+        cfg,
+        CUDA_LP_MIN_BYTES,
+    )?
+    .is_some();
+    Ok(cuda_rmsnorm(cuda, cfg, bytes, dtype, requested, lp))
+}
+
+/// The plan of one all_reduce_rmsnorm of `bytes` (x, per rank) of `dtype` on the cuda
+/// backend, pointers aligned, with its [`NormForm`] in `norm`: one launch is the fused kernel
+/// by direct access (flat or tree); two launches carry the all-reduce's own
+/// [`cuda_all_reduce_plan`].
+pub fn cuda_rmsnorm_plan(
+    cuda: &CudaCaps<'_>,
+    cfg: &Config,
+    bytes: usize,
+    dtype: DataType,
+    requested: Algo,
+    choice: LowPrecisionChoice,
+) -> Result<Plan> {
+    let norm = cuda_rmsnorm_form(cuda, cfg, bytes, dtype, requested, choice)?;
+    let plan = match norm {
+        NormForm::FusedFlat => Plan::on_gpu(Algo::Flat, None),
+        NormForm::FusedTree => Plan::on_gpu(Algo::Tree, None),
+        NormForm::TwoLaunch => {
+            cuda_all_reduce_plan(cuda, cfg, bytes, dtype, ReduceOp::Sum, requested, choice)?
+        }
+    };
+    Ok(Plan {
+        norm: Some(norm),
+        ..plan
+    })
+}
+
 /// The plan of one all-reduce of `bytes` per rank on the cuda backend (pointers aligned to the
 /// element size, which the backend requires): low precision by direct access when
 /// [`low_precision`] says so (with the cuda size floor, [`CUDA_LP_MIN_BYTES`]) on the path of
@@ -814,6 +893,7 @@ pub fn cuda_all_reduce_plan(
                 form: None,
                 low_precision: Some(codec),
                 parts: None,
+                norm: None,
             });
         }
     }
@@ -865,6 +945,7 @@ pub fn cuda_plan(
                 form: None,
                 low_precision: Some(codec),
                 parts: None,
+                norm: None,
             });
         }
     }
@@ -1016,8 +1097,22 @@ pub fn lp_all_reduce(requested: Algo, cfg_algo: Algo, world: usize) -> Algo {
 /// Whether a push (one-shot all-reduce, all-gather, all-to-all) leaves its odd groups in the
 /// sender's staging for the receivers to pull: half the records cross the link while the
 /// quantizer runs, the other half while the receivers decode the first (two ranks, groups).
-pub fn split_push(push: bool, codec: &Codec, world: usize) -> u32 {
+fn split_push(push: bool, codec: &Codec, world: usize) -> u32 {
     u32::from(push && codec.block <= 128 && world == 2)
+}
+
+/// The `split` argument of a low-precision one-shot kernel (all-reduce, all-gather,
+/// all-to-all) that pushes (`push`) or pulls: 1 where the push splits (`split_push`).
+pub fn lp_split(push: bool, codec: &Codec, world: usize) -> u32 {
+    split_push(push, codec, world)
+}
+
+/// Whether a low-precision one-shot all-reduce or all-gather (`splits_kind`; the other kinds
+/// never) pushes even where pull would need fewer chunks: the staging holds a region per
+/// sender for the push (`push_most`, its largest chunk, is not 0) and the push splits
+/// (`split_push`), which overlaps the link with the quantizer and the decode.
+pub fn lp_push_first(push_most: usize, codec: &Codec, world: usize, splits_kind: bool) -> bool {
+    push_most > 0 && split_push(true, codec, world) == 1 && splits_kind
 }
 
 #[cfg(test)]
@@ -1032,6 +1127,7 @@ mod tests {
             form,
             low_precision: None,
             parts: None,
+            norm: None,
         };
         assert_eq!(full(Algo::Flat, Some(FlatForm::Pull)).to_string(), "flat");
         assert_eq!(full(Algo::Flat, Some(FlatForm::Stream)).to_string(), "flat");
@@ -1209,9 +1305,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_cuda_plan_names_what_each_call_runs() {
-        let dda = DdaCaps {
+    /// Direct access as on 2xH200: 64 MiB of staging, push to 512 KiB, LL to 256 KiB, no copy
+    /// engine or LL128 region.
+    fn two_h200_dda() -> DdaCaps {
+        DdaCaps {
             staging_bytes: 64 << 20,
             push_cap: 512 << 10,
             ce_bytes: 0,
@@ -1220,7 +1317,12 @@ mod tests {
             ll128_links: false,
             ll_max: 256 << 10,
             a2av_lp: true,
-        };
+        }
+    }
+
+    #[test]
+    fn a_cuda_plan_names_what_each_call_runs() {
+        let dda = two_h200_dda();
         let kernels = [DataType::F32, DataType::BF16];
         let caps = |world, dda, nccl| CudaCaps {
             world,
@@ -1299,5 +1401,99 @@ mod tests {
             plan(&four, &cfg, Collective::AllReduce, 4 << 20).unwrap(),
             "lp-tree"
         );
+    }
+
+    #[test]
+    fn parts_take_ll_up_to_the_ll_limit_then_staged_or_rounds() {
+        // The all-to-all-v's choice at two ranks: its largest crossing part against ll_max.
+        assert!(a2av_takes_ll(0, 2048));
+        assert!(a2av_takes_ll(2048, 2048));
+        assert!(!a2av_takes_ll(2049, 2048));
+        assert!(!a2av_takes_ll(4096, 2048));
+        // The staged collectives take the same limit, then rounds from their pipeline floor.
+        assert_eq!(part_form("all_gather", 2048, 2048), ("ll", 1));
+        assert_eq!(part_form("all_gather", 2049, 2048), ("st", 1));
+        assert_eq!(part_form("all_gather", 8 << 20, 2048), ("rw", 2));
+        assert_eq!(part_form("broadcast", 64 << 20, 2048), ("st", 1));
+    }
+
+    #[test]
+    fn the_low_precision_push_splits_at_two_ranks_with_small_blocks() {
+        let small = Codec::new(Format::E4M3, 128).unwrap();
+        let large = Codec::new(Format::E4M3, 256).unwrap();
+        // Split: a push of blocks up to 128 at two ranks, nothing else.
+        assert_eq!(lp_split(true, &small, 2), 1);
+        assert_eq!(lp_split(false, &small, 2), 0);
+        assert_eq!(lp_split(true, &small, 3), 0);
+        assert_eq!(lp_split(true, &large, 2), 0);
+        // Push first: only where the staging holds the push, the push splits and the kind is
+        // an all-reduce or all-gather.
+        assert!(lp_push_first(1, &small, 2, true));
+        assert!(!lp_push_first(0, &small, 2, true));
+        assert!(!lp_push_first(1, &small, 2, false));
+        assert!(!lp_push_first(1, &small, 4, true));
+        assert!(!lp_push_first(1, &large, 2, true));
+    }
+
+    #[test]
+    fn an_rmsnorm_plan_prints_its_norm_form() {
+        let dda = two_h200_dda();
+        let kernels = [DataType::F32, DataType::BF16];
+        let caps = |dda| CudaCaps {
+            world: 2,
+            dda,
+            no_dda: "off",
+            nccl: true,
+            no_nccl: "absent",
+            multi_host: false,
+            kernel_dtypes: &kernels,
+        };
+        let cfg = Config::from_lookup(|_| None).unwrap();
+        let (two, no_dda) = (caps(Some(dda)), caps(None));
+        let bf16 = DataType::BF16;
+        let default = LowPrecisionChoice::Default;
+        let fp8 = LowPrecisionChoice::On(Format::E4M3);
+        let text = |c: &CudaCaps<'_>, bytes, req, lp| {
+            cuda_rmsnorm_plan(c, &cfg, bytes, bf16, req, lp)
+                .unwrap()
+                .to_string()
+        };
+        // One launch by direct access: one-shot to the flat threshold (32 MiB at two ranks, or
+        // as set), two-shot above while twice the message fits the staging, or as requested.
+        assert_eq!(text(&two, 64 << 10, Algo::Auto, default), "fused-flat");
+        assert_eq!(text(&two, 24 << 20, Algo::Auto, default), "fused-flat");
+        let low = Config::from_lookup(|k| {
+            (k == "FERROCOMM_RMSNORM_FLAT_MAX_BYTES").then(|| "1048576".to_string())
+        })
+        .unwrap();
+        let tree = cuda_rmsnorm_plan(&two, &low, 2 << 20, bf16, Algo::Auto, default).unwrap();
+        assert_eq!(tree.to_string(), "fused-tree");
+        assert_eq!(text(&two, 1 << 20, Algo::Tree, default), "fused-tree");
+        let fused = cuda_rmsnorm_plan(&two, &cfg, 1 << 20, bf16, Algo::Auto, default).unwrap();
+        assert_eq!((fused.engine, fused.algo), (Engine::Direct, Algo::Flat));
+        assert_eq!(fused.norm, Some(NormForm::FusedFlat));
+        // Two launches carry the all-reduce's own path: beyond the staging, NCCL asked for,
+        // low precision on the wire, no direct access.
+        assert_eq!(text(&two, 48 << 20, Algo::Auto, default), "nccl+norm");
+        assert_eq!(text(&two, 1 << 20, Algo::Nccl, default), "nccl+norm");
+        assert_eq!(text(&two, 8 << 20, Algo::Auto, fp8), "lp-flat+norm");
+        assert_eq!(text(&no_dda, 1 << 20, Algo::Auto, default), "nccl+norm");
+        let lp = cuda_rmsnorm_plan(&two, &cfg, 8 << 20, bf16, Algo::Auto, fp8).unwrap();
+        assert_eq!(lp.norm, Some(NormForm::TwoLaunch));
+        assert!(lp.low_precision.is_some());
+        // The plan carries the form the executor runs, at every size and request.
+        for req in [Algo::Auto, Algo::Push, Algo::Flat, Algo::Tree, Algo::Nccl] {
+            for bytes in [0, 1 << 10, 4 << 20, 32 << 20, (32 << 20) + 2, 64 << 20] {
+                for choice in [default, fp8, LowPrecisionChoice::Off] {
+                    let form = cuda_rmsnorm_form(&two, &cfg, bytes, bf16, req, choice).unwrap();
+                    if let Ok(p) = cuda_rmsnorm_plan(&two, &cfg, bytes, bf16, req, choice) {
+                        assert_eq!(p.norm, Some(form), "{req} {bytes} {choice:?}");
+                    } else {
+                        // Only the all-reduce of two launches refuses (push above its cap).
+                        assert_eq!(form, NormForm::TwoLaunch, "{req} {bytes} {choice:?}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -72,6 +72,14 @@ pub struct Shape {
 }
 
 impl Shape {
+    /// The bytes of x per rank (rows × hidden elements of `dtype`; saturating, the shape was
+    /// checked against the buffers), as the plan weighs them.
+    pub fn x_bytes(&self) -> usize {
+        self.rows
+            .saturating_mul(self.hidden)
+            .saturating_mul(self.dtype.size())
+    }
+
     /// What every rank of a call must agree on, as words (for the host backend's exchange).
     pub fn words(&self, eps: f32, fp8: bool) -> [u64; 5] {
         [

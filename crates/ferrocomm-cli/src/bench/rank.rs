@@ -39,6 +39,34 @@ fn lp_format(call: &ferrocomm::Plan, shape: &Shape, op: ReduceOp) -> Option<Form
     call.low_precision.filter(|_| op_ok).map(|c| c.format)
 }
 
+/// The plan a row's call runs, as the path column prints it. all_reduce_rmsnorm prints its
+/// norm's form; on NCCL it runs NCCL's all-reduce, then the norm kernel (`nccl+norm`).
+fn call_plan(
+    comm: &Communicator,
+    plan: &Plan,
+    shape: &Shape,
+    dtype: DataType,
+    opts: &CallOpts,
+) -> ferrocomm::Result<ferrocomm::Plan> {
+    let bytes = shape.bytes_per_rank();
+    if plan.coll != Coll::AllReduceRmsNorm {
+        return comm.algo_for(plan.coll.collective(), bytes, dtype, opts);
+    }
+    if comm.backend_name() == "nccl" {
+        let all_reduce = comm.algo_for(plan.coll.collective(), bytes, dtype, opts)?;
+        return Ok(ferrocomm::Plan {
+            norm: Some(ferrocomm::plan::NormForm::TwoLaunch),
+            ..all_reduce
+        });
+    }
+    let norm = ferrocomm::rmsnorm::Shape {
+        rows: shape.count.checked_div(shape.hidden).unwrap_or(0),
+        hidden: shape.hidden,
+        dtype,
+    };
+    comm.rmsnorm_algo_for(norm, opts)
+}
+
 /// Everything one side (ours or NCCL's) of a row needs.
 struct Side<'a> {
     comm: &'a Communicator,
@@ -424,13 +452,7 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
             for &root in &roots {
                 for &size in &plan.sizes {
                     let shape = Shape::of_run(plan.coll, size, dtype, world, plan.hidden)?;
-                    let call = comm
-                        .algo_for(
-                            plan.coll.collective(),
-                            shape.bytes_per_rank(),
-                            dtype,
-                            &ours_opts,
-                        )
+                    let call = call_plan(&comm, plan, &shape, dtype, &ours_opts)
                         .with_context(|| format!("--algo {} for size {size}", plan.algo))?;
                     let checker = Checker::new(
                         shape,

@@ -712,29 +712,15 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         bind(&self.cuda)?;
         if let Some(d) = &self.dda {
-            let bytes = shape
-                .rows
-                .saturating_mul(shape.hidden)
-                .saturating_mul(shape.dtype.size());
             // Low precision on the wire is the all-reduce's own path (two launches).
-            let lp = plan::low_precision(
-                AR,
-                shape.dtype,
-                Some(ReduceOp::Sum),
-                bytes,
-                opts.low_precision,
-                &self.config,
-                plan::CUDA_LP_MIN_BYTES,
-            )?
-            .is_some();
-            let form = plan::cuda_rmsnorm(
+            let form = plan::cuda_rmsnorm_form(
                 &self.cuda_caps(),
                 &self.config,
-                bytes,
+                shape.x_bytes(),
                 shape.dtype,
                 opts.algo.0,
-                lp,
-            );
+                opts.low_precision,
+            )?;
             if form != plan::NormForm::TwoLaunch {
                 let mut st = self.enter()?;
                 self.follow(&mut st, opts.stream)?;
@@ -836,5 +822,16 @@ impl Backend for CudaBackend {
         opts: &CallOpts,
     ) -> Result<Plan> {
         self.call_plan(coll, bytes_per_rank, dtype, ReduceOp::Sum, [0, 0], opts)
+    }
+
+    fn rmsnorm_plan_for(&self, shape: crate::rmsnorm::Shape, opts: &CallOpts) -> Result<Plan> {
+        plan::cuda_rmsnorm_plan(
+            &self.cuda_caps(),
+            &self.config,
+            shape.x_bytes(),
+            shape.dtype,
+            opts.algo.0,
+            opts.low_precision,
+        )
     }
 }

@@ -4,7 +4,7 @@
 //! CUDA graphs capture them).
 //!
 //! Two protocols (see the head of collectives.cu): LL lines for parts up to [`LL_MAX_BYTES`] (no
-//! barrier), staged copies with a per-block barrier above ([`use_ll`]). The choice depends only
+//! barrier), staged copies with a per-block barrier above ([`plan::part_form`]). The choice depends only
 //! on values every rank shares (part size, LL limit), so all ranks run the same kernel.
 
 use std::ffi::c_void;
@@ -13,7 +13,7 @@ use super::cu_lazy;
 use super::dda::{kernel_name, Args, Dda, COLL_BAR_OFF, MAX_BLOCKS, MAX_RANKS};
 use crate::backend::Splits;
 use crate::error::{Error, Result};
-use crate::plan::{self, use_ll, Collective, PartForm};
+use crate::plan::{self, Collective, PartForm};
 use crate::types::{DataType, ReduceOp};
 
 /// Default largest part (bytes one sender puts in one receiver's row) sent as LL lines
@@ -650,7 +650,7 @@ impl Dda {
         }
         if self.world == 2 {
             let cross = a2av_largest_crossing(self.rank, splits) * es;
-            if use_ll(cross, self.layout().ll_max) {
+            if plan::a2av_takes_ll(cross, self.layout().ll_max) {
                 return self.ll_all_to_all_v(input, output, splits, dtype, stream);
             }
         }
@@ -1115,10 +1115,10 @@ mod tests {
         assert_eq!(staged_need(Collective::AllToAllV, 100, 2), None);
         assert_eq!(a2av_slot_bytes(64 << 20, 3), (64 << 20) / 3 / 16 * 16);
         assert_eq!(a2av_slot_bytes(1000, 2) % 16, 0);
-        assert!(use_ll(0, LL_MAX_BYTES));
-        assert!(use_ll(LL_MAX_BYTES, LL_MAX_BYTES));
-        assert!(!use_ll(LL_MAX_BYTES + 1, LL_MAX_BYTES));
-        assert!(!use_ll(4096, 2048));
+        assert!(plan::a2av_takes_ll(0, LL_MAX_BYTES));
+        assert!(plan::a2av_takes_ll(LL_MAX_BYTES, LL_MAX_BYTES));
+        assert!(!plan::a2av_takes_ll(LL_MAX_BYTES + 1, LL_MAX_BYTES));
+        assert!(!plan::a2av_takes_ll(4096, 2048));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use super::dda::{Args, Dda, COLL_BAR_OFF};
 use super::{cu, cu_lazy};
 use crate::backend::Splits;
 use crate::error::{Error, Result};
-use crate::plan::{split_push, Algo, Collective};
+use crate::plan::{lp_push_first, lp_split, Algo, Collective};
 use crate::quant::{Codec, Format};
 use crate::types::DataType;
 
@@ -332,10 +332,12 @@ impl Dda {
         };
         // At two ranks the split push overlaps the link with the quantizer and the decode: it
         // is taken even where it needs more chunks than pull.
-        let (push, chunk) = if push_most > 0
-            && split_push(true, codec, world) == 1
-            && matches!(kind, LpKind::Flat | LpKind::AllGather)
-        {
+        let (push, chunk) = if lp_push_first(
+            push_most,
+            codec,
+            world,
+            matches!(kind, LpKind::Flat | LpKind::AllGather),
+        ) {
             plan(kind, part, push_most, push_most, tile(codec))
         } else {
             plan(kind, part, pull_most, push_most, tile(codec))
@@ -376,12 +378,12 @@ impl Dda {
                 LpKind::Tree => ("fc_lp_tree", grid_for(tiles.div_ceil(world))),
                 LpKind::Flat => {
                     l.reduce = 1;
-                    l.split = split_push(push, codec, world);
+                    l.split = lp_split(push, codec, world);
                     (one_shot, grid_for(units))
                 }
                 LpKind::AllGather => {
                     l.out_stride = part as u64;
-                    l.split = split_push(push, codec, world);
+                    l.split = lp_split(push, codec, world);
                     (one_shot, grid_for(units))
                 }
                 LpKind::ReduceScatter => {
@@ -393,7 +395,7 @@ impl Dda {
                 LpKind::AllToAll => {
                     // The own part is copied, not encoded (kernels/lowp.cu).
                     l.nin = world as u32;
-                    l.split = split_push(push, codec, world);
+                    l.split = lp_split(push, codec, world);
                     l.in_stride = part as u64;
                     l.out_stride = part as u64;
                     (one_shot, grid_for(units))

@@ -580,4 +580,14 @@ impl Backend for HostBackend {
             &self.cfg,
         )
     }
+
+    fn rmsnorm_plan_for(&self, shape: crate::rmsnorm::Shape, opts: &CallOpts) -> Result<Plan> {
+        // The all-reduce (its own plan, low precision included), then the norm.
+        let all_reduce =
+            self.plan_for(Collective::AllReduce, shape.x_bytes(), shape.dtype, opts)?;
+        Ok(Plan {
+            norm: Some(plan::NormForm::TwoLaunch),
+            ..all_reduce
+        })
+    }
 }
