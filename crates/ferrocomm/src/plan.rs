@@ -50,7 +50,7 @@ pub struct Plan {
     /// How a full-precision staged collective of the cuda backend's direct access moves its
     /// parts ([`part_form`]); `None` elsewhere (the all-to-all-v picks per piece).
     pub parts: Option<PartForm>,
-    /// How an all_reduce_rmsnorm runs ([`cuda_rmsnorm`], [`rmsnorm_plan`]); `None` for every
+    /// How an all_reduce_rmsnorm runs ([`cuda_rmsnorm`], [`cuda_rmsnorm_plan`]); `None` for every
     /// other call.
     pub norm: Option<NormForm>,
 }
