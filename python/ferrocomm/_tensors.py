@@ -67,7 +67,6 @@ class Buf:
 
 
 _TORCH_DTYPES = {}
-_UNSEEN = object()
 
 
 def _torch_dtype_name(dtype):
@@ -78,24 +77,15 @@ def _torch_dtype_name(dtype):
 
 def describe(obj, what, coll, writable=False):
     """A `Buf` for a numpy array or torch tensor, or FerrocommValueError saying what is wrong."""
-    if isinstance(obj, np.ndarray):
-        if not obj.flags.c_contiguous:
-            raise FerrocommValueError(
-                f"{coll}: {what} is not contiguous (strides {obj.strides} for shape "
-                f"{obj.shape}); pass np.ascontiguousarray(...)"
-            )
-        if writable and not obj.flags.writeable:
-            raise FerrocommValueError(f"{coll}: {what} is read-only")
-        if not obj.dtype.isnative:
-            raise FerrocommValueError(f"{coll}: {what} has non-native byte order ({obj.dtype.str})")
-        ptr = obj.__array_interface__["data"][0]
-        return Buf(obj, ptr, obj.size, obj.dtype.name, HOST, obj.dtype.itemsize, obj.shape)
-    if is_tensor(obj):
-        # The element type's name, looked up once per dtype (None: refused); complex and
-        # quantized dtypes are refused by name, sparse layouts by is_sparse below.
-        dtype = _TORCH_DTYPES.get(obj.dtype, _UNSEEN)
-        if dtype is _UNSEEN:
-            dtype = _TORCH_DTYPES[obj.dtype] = _torch_dtype_name(obj.dtype)
+    # Tensors first: they are what the hot paths pass.
+    torch = _torch()
+    if torch is not None and isinstance(obj, torch.Tensor):
+        # The element type's name and size, looked up once per dtype (name None: refused);
+        # complex and quantized dtypes are refused by name, sparse layouts by is_sparse below.
+        seen = _TORCH_DTYPES.get(obj.dtype)
+        if seen is None:
+            seen = _TORCH_DTYPES[obj.dtype] = (_torch_dtype_name(obj.dtype), obj.element_size())
+        dtype, esize = seen
         if not obj.is_contiguous():
             raise FerrocommValueError(
                 f"{coll}: {what} is not contiguous (strides {tuple(obj.stride())} for shape "
@@ -112,8 +102,19 @@ def describe(obj, what, coll, writable=False):
             raise FerrocommValueError(
                 f"{coll}: {what} is on device {obj.device}, expected cuda or cpu")
         # torch.Size is a tuple already.
-        return Buf(obj, obj.data_ptr(), obj.numel(), dtype, device, obj.element_size(),
-                   obj.shape)
+        return Buf(obj, obj.data_ptr(), obj.numel(), dtype, device, esize, obj.shape)
+    if isinstance(obj, np.ndarray):
+        if not obj.flags.c_contiguous:
+            raise FerrocommValueError(
+                f"{coll}: {what} is not contiguous (strides {obj.strides} for shape "
+                f"{obj.shape}); pass np.ascontiguousarray(...)"
+            )
+        if writable and not obj.flags.writeable:
+            raise FerrocommValueError(f"{coll}: {what} is read-only")
+        if not obj.dtype.isnative:
+            raise FerrocommValueError(f"{coll}: {what} has non-native byte order ({obj.dtype.str})")
+        ptr = obj.__array_interface__["data"][0]
+        return Buf(obj, ptr, obj.size, obj.dtype.name, HOST, obj.dtype.itemsize, obj.shape)
     raise FerrocommValueError(
         f"{coll}: {what} must be a numpy array or a torch tensor, not {type(obj).__name__}"
     )
