@@ -11,7 +11,6 @@ captured in CUDA graphs; functional collectives and ``torch.compile`` reach the 
 through the group's registered name. docs/torch.md describes it.
 """
 
-import contextlib
 import datetime
 import sys
 import threading
@@ -45,19 +44,28 @@ class Options:
 _local = threading.local()
 
 
-@contextlib.contextmanager
-def hints(**kw):
+class hints:  # noqa: N801 (used as a function: ``with hints(...)``)
     """Per-call hints for the ``"ferrocomm"`` collectives this thread issues inside the block
     (``with ferrocomm.torch.hints(low_precision="e4m3"): dist.all_reduce(t)``). They apply
     where the call runs: eagerly, while a CUDA graph is captured, or when a compiled function's
-    collective executes."""
-    new = _check_hints(kw, "ferrocomm.torch.hints")
-    old = getattr(_local, "hints", None)
-    _local.hints = {**(old or {}), **new}
-    try:
-        yield
-    finally:
-        _local.hints = old
+    collective executes. Blocks nest (inner keys win); a plain class rather than a generator,
+    since it is entered around single calls."""
+
+    __slots__ = ("_new", "_old")
+
+    def __init__(self, **kw):
+        self._new = _check_hints(kw, "ferrocomm.torch.hints")
+        self._old = None
+
+    def __enter__(self):
+        old = self._old = getattr(_local, "hints", None)
+        # The dicts in _local are never changed in place, so the block's own can be shared.
+        _local.hints = {**old, **self._new} if old else self._new
+        return None
+
+    def __exit__(self, exc_type, exc, tb):
+        _local.hints = self._old
+        return False
 
 
 def _call_hints():
@@ -265,25 +273,28 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
         """Runs `call(comm, async_op, hints)` on the communicator serving tensor `t`."""
         if self._p2p:
             self._flush_p2p()
-        h = _call_hints()
-        dev = t.device
-        if dev.type == "cuda":
-            c = self._cuda.get(dev.index)
+        h = getattr(_local, "hints", None)
+        # A call torch waits on at once needs no stream or work of its own: wait() is a no-op.
+        waited = opts is not None and not getattr(opts, "asyncOp", True)
+        # is_cuda / get_device() build no torch.device object.
+        if t.is_cuda:
+            index = t.get_device()
+            c = self._cuda.get(index)
             if c is None:
-                c = self._cuda_comm(dev.index)
-            # A call torch waits on at once needs no stream of its own: wait() is a no-op.
-            if opts is not None and not getattr(opts, "asyncOp", True):
+                c = self._cuda_comm(index)
+            if waited:
                 call(c, False, h)
                 return self._waited
-            stream = torch.cuda.current_stream(dev)
+            stream = torch.cuda.current_stream(index)
             call(c, False, h)
             return _Work(self, (), result, stream)
-        if dev.type != "cpu":
-            raise FerrocommValueError(f"ferrocomm backend: tensors on {dev} are not supported")
+        if not t.is_cpu:
+            raise FerrocommValueError(
+                f"ferrocomm backend: tensors on {t.device} are not supported")
         if self._host is None:
             return gloo()
         # CPU: a call torch waits on at once runs here (no hop to the work thread).
-        if opts is not None and not getattr(opts, "asyncOp", True):
+        if waited:
             call(self._host, False, h)
             return self._waited
         return _Work(self, (call(self._host, True, h),), result)
