@@ -55,17 +55,22 @@ class hints:  # noqa: N801 (used as a function: ``with hints(...)``)
 
     def __init__(self, **kw):
         self._new = _check_hints(kw, "ferrocomm.torch.hints")
-        self._old = None
+        self._old = _OUTSIDE
 
     def __enter__(self):
+        if self._old is not _OUTSIDE:
+            raise RuntimeError("ferrocomm.torch.hints: this block is entered already")
         old = self._old = getattr(_local, "hints", None)
         # The dicts in _local are never changed in place, so the block's own can be shared.
         _local.hints = {**old, **self._new} if old else self._new
         return None
 
     def __exit__(self, exc_type, exc, tb):
-        _local.hints = self._old
+        _local.hints, self._old = self._old, _OUTSIDE
         return False
+
+
+_OUTSIDE = object()
 
 
 def _call_hints():

@@ -50,3 +50,32 @@ def test_import_torch_registers_the_backend():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr
+
+
+def test_hints_blocks_nest_and_restore():
+    """ferrocomm.torch.hints: inner keys win, the enclosing block's hints come back on exit
+    (an exception included), other backends' keys are dropped, and one block cannot be
+    entered twice at once."""
+    import ferrocomm.torch as fct
+
+    def current():
+        return fct._call_hints()
+
+    outer = fct.hints(low_precision="e4m3", unknown_key=1)
+    assert current() is None
+    with outer:
+        assert current() == {"low_precision": "e4m3"}
+        with fct.hints(low_precision="off", algo="flat"):
+            assert current() == {"low_precision": "off", "algo": "flat"}
+        assert current() == {"low_precision": "e4m3"}
+        with pytest.raises(RuntimeError, match="entered already"):
+            with outer:
+                pass
+        assert current() == {"low_precision": "e4m3"}
+    assert current() is None
+    with pytest.raises(KeyError):
+        with fct.hints(algo="tree"):
+            raise KeyError("inside")
+    assert current() is None
+    with outer:  # usable again once left
+        assert current() == {"low_precision": "e4m3"}
