@@ -46,6 +46,36 @@ struct NormArgs {
     pad: u32,
 }
 
+impl NormArgs {
+    /// The norm's arguments: the sum read from `sum`, the residual from `residual`, the rest
+    /// from the call's buffers.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        sum: u64,
+        residual: u64,
+        weight: &View<'_>,
+        out: &ViewMut<'_>,
+        residual_out: &ViewMut<'_>,
+        fp8: &Option<Fp8Rows<'_>>,
+        shape: &Shape,
+        eps: f32,
+    ) -> NormArgs {
+        NormArgs {
+            sum,
+            residual,
+            weight: weight.ptr() as u64,
+            out: out.ptr() as u64,
+            residual_out: residual_out.ptr() as u64,
+            codes: fp8.as_ref().map_or(0, |q| q.codes.ptr() as u64),
+            scales: fp8.as_ref().map_or(0, |q| q.scales.ptr() as u64),
+            rows: shape.rows as u64,
+            hidden: shape.hidden as u64,
+            eps,
+            pad: 0,
+        }
+    }
+}
+
 /// `fc_rmsnorm` of `dtype` in the current context, loaded once per context and dtype.
 fn function(cfg: &Config, dtype: DataType) -> Result<sys::CUfunction> {
     static FUNCS: Mutex<Option<HashMap<(usize, DataType), usize>>> = Mutex::new(None);
@@ -58,31 +88,8 @@ fn function(cfg: &Config, dtype: DataType) -> Result<sys::CUfunction> {
     if let Some(&f) = map.get(&key) {
         return Ok(f as sys::CUfunction);
     }
-    let mut dev: sys::CUdevice = 0;
-    // SAFETY: out-parameter; the caller made the backend's context current.
-    cu(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
-    let attr = |a| {
-        let mut v = 0i32;
-        // SAFETY: out-parameter for a valid device.
-        cu(
-            unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) },
-            "cuDeviceGetAttribute",
-        )
-        .map(|_| v)
-    };
-    use sys::CUdevice_attribute as A;
-    let arch = format!(
-        "sm_{}{}",
-        attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
-        attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?
-    );
-    let bin = kernels::cubin(dtype, &arch, cfg)?;
-    let mut module: sys::CUmodule = std::ptr::null_mut();
-    cu(
-        // SAFETY: a complete cubin for this device; kept loaded for the context's life.
-        unsafe { sys::cuModuleLoadData(&mut module, bin.as_ptr().cast()) },
-        "loading the rmsnorm kernel",
-    )?;
+    // The caller made the backend's context current.
+    let module = kernels::load_on_current_device(dtype, cfg, "loading the rmsnorm kernel")?;
     let mut f: sys::CUfunction = std::ptr::null_mut();
     cu(
         // SAFETY: live module, NUL-terminated name.
@@ -178,19 +185,16 @@ pub(crate) fn run(
         Input::InPlace => residual_out.ptr() as u64,
         Input::Buf(v) => v.ptr() as u64,
     };
-    let mut args = NormArgs {
-        sum: out.ptr() as u64,
-        residual: residual_ptr,
-        weight: weight.ptr() as u64,
-        out: out.ptr() as u64,
-        residual_out: residual_out.ptr() as u64,
-        codes: fp8.as_ref().map_or(0, |q| q.codes.ptr() as u64),
-        scales: fp8.as_ref().map_or(0, |q| q.scales.ptr() as u64),
-        rows: shape.rows as u64,
-        hidden: shape.hidden as u64,
+    let mut args = NormArgs::new(
+        out.ptr() as u64,
+        residual_ptr,
+        &weight,
+        &out,
+        &residual_out,
+        &fp8,
+        &shape,
         eps,
-        pad: 0,
-    };
+    );
     // The sum over ranks, in f32, rounded once into `out`.
     all_reduce(x, out.reborrow())?;
     if shape.rows == 0 {
@@ -297,19 +301,16 @@ pub(crate) fn run_fused(
         .rows
         .checked_mul(shape.hidden)
         .ok_or_else(|| Error::InvalidArgument(format!("{NAME}: rows x hidden overflows")))?;
-    let mut n = NormArgs {
-        sum: x_ptr,
-        residual: residual_ptr,
-        weight: weight.ptr() as u64,
-        out: out.ptr() as u64,
-        residual_out: residual_out.ptr() as u64,
-        codes: fp8.as_ref().map_or(0, |q| q.codes.ptr() as u64),
-        scales: fp8.as_ref().map_or(0, |q| q.scales.ptr() as u64),
-        rows: shape.rows as u64,
-        hidden: shape.hidden as u64,
+    let mut n = NormArgs::new(
+        x_ptr,
+        residual_ptr,
+        &weight,
+        &out,
+        &residual_out,
+        &fp8,
+        &shape,
         eps,
-        pad: 0,
-    };
+    );
     let mut a = dda.base_args(x_ptr, out.ptr() as u64, count as u64);
     // What every rank must agree on (the kernel compares it through the hello words, so ranks
     // that disagree end with a mismatch error instead of a wrong result): the form, rows,

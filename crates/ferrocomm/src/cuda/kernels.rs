@@ -327,3 +327,43 @@ pub(crate) fn c_struct_size(src: &str, name: &str) -> usize {
     }
     at.next_multiple_of(widest)
 }
+
+/// The module of `dtype`'s kernels for the device of the current context (its own `sm_XY`),
+/// from the disk cache or compiled now, loaded and kept for the process's life; `what` names the
+/// load in an error. For kernels a caller loads outside a communicator's start-up.
+pub fn load_on_current_device(
+    dtype: DataType,
+    cfg: &Config,
+    what: &'static str,
+) -> Result<cudarc::driver::sys::CUmodule> {
+    use cudarc::driver::sys;
+    use sys::CUdevice_attribute as A;
+    let arch = format!(
+        "sm_{}{}",
+        current_device_attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+        current_device_attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?
+    );
+    let bin = cubin(dtype, &arch, cfg)?;
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    super::cu(
+        // SAFETY: a complete cubin for this device; kept loaded for the process's life.
+        unsafe { sys::cuModuleLoadData(&mut module, bin.as_ptr().cast()) },
+        what,
+    )?;
+    Ok(module)
+}
+
+/// An attribute of the device of the current context (the caller made a context current).
+pub fn current_device_attribute(a: cudarc::driver::sys::CUdevice_attribute) -> Result<i32> {
+    use cudarc::driver::sys;
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: out-parameter; the caller made a context current.
+    super::cu(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
+    let mut v = 0i32;
+    super::cu(
+        // SAFETY: out-parameter for a valid device.
+        unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) },
+        "cuDeviceGetAttribute",
+    )?;
+    Ok(v)
+}

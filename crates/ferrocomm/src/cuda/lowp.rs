@@ -501,31 +501,9 @@ pub fn quantize_on_device(
         match map.get(&dtype) {
             Some(&(f, wave)) => (f as sys::CUfunction, wave),
             None => {
-                let mut dev: sys::CUdevice = 0;
-                // SAFETY: out-parameter; a context must be current (documented).
-                cu(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
-                let attr = |a| {
-                    let mut v = 0i32;
-                    // SAFETY: out-parameter for a valid device.
-                    cu(
-                        unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) },
-                        "cuDeviceGetAttribute",
-                    )
-                    .map(|_| v)
-                };
-                use sys::CUdevice_attribute as A;
-                let arch = format!(
-                    "sm_{}{}",
-                    attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
-                    attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?
-                );
-                let bin = super::kernels::cubin(dtype, &arch, cfg)?;
-                let mut module: sys::CUmodule = std::ptr::null_mut();
-                cu(
-                    // SAFETY: a complete cubin for this device; kept loaded for the process.
-                    unsafe { sys::cuModuleLoadData(&mut module, bin.as_ptr().cast()) },
-                    "loading the lowp kernels",
-                )?;
+                // A context must be current (documented).
+                let module =
+                    super::kernels::load_on_current_device(dtype, cfg, "loading the lowp kernels")?;
                 let mut f: sys::CUfunction = std::ptr::null_mut();
                 cu(
                     // SAFETY: live module, NUL-terminated name.
@@ -545,7 +523,9 @@ pub fn quantize_on_device(
                     },
                     "occupancy of fc_lp_encode",
                 )?;
-                let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+                let sms = super::kernels::current_device_attribute(
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                )?;
                 let wave = (per_sm.max(1) * sms.max(1)) as usize;
                 map.insert(dtype, (f as usize, wave));
                 (f, wave)
