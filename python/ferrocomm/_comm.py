@@ -14,6 +14,8 @@ from . import _tensors as T
 from ._errors import FerrocommError, FerrocommTimeout, FerrocommValueError
 from ._ops import ReduceOp
 
+_SUM = ReduceOp.SUM
+
 __all__ = ["BatchSendRecv", "Comm", "CommOptions", "Work", "new_comm"]
 
 _HINT_KEYS = ("low_precision", "algo")
@@ -119,34 +121,31 @@ class _HostWork(Work):
 
 
 class _CudaWork(Work):
-    """A CUDA collective: an event recorded on the stream right after it."""
+    """A CUDA collective: a completion (a pooled CUDA event of the native layer) recorded on
+    the issuing stream right after it."""
 
-    def __init__(self, event, device, keep, limit=None):
-        self._event = event
+    __slots__ = ("_done", "_device", "_stream", "_keep", "_limit")
+
+    def __init__(self, done, device, stream, keep, limit=None):
+        self._done = done
         self._device = device
+        self._stream = stream
         self._keep = keep
         self._limit = limit
 
     def wait(self, timeout=None):
         del timeout  # ordering the stream does not block the host
-        torch = T._torch()
-        torch.cuda.current_stream(self._device).wait_event(self._event)
+        cur = T.current_stream_handle(T._torch(), self._device)
+        # On the issuing stream the order holds already.
+        if cur != self._stream:
+            self._done.order(cur)
 
     def wait_blocking(self, timeout=None):
-        limit = self._limit if timeout is None else _timeout_seconds(timeout)
-        if limit is None:
-            self._event.synchronize()
-        else:
-            deadline = _monotonic() + limit
-            while not self._event.query():
-                if _monotonic() > deadline:
-                    raise FerrocommTimeout(
-                        f"CUDA work did not complete within {limit:g}s (work still pending)")
-                _sleep(0.0002)
+        self._done.wait(self._limit if timeout is None else _timeout_seconds(timeout))
         self._keep = ()
 
     def is_completed(self):
-        return self._event.query()
+        return self._done.is_completed()
 
     def __repr__(self):
         return f"Work(cuda:{self._device})"
@@ -318,50 +317,63 @@ class Comm:
         if self._aborted is not None:
             raise FerrocommError(
                 f"{coll}: communicator '{self.get_name()}' has been aborted ({self._aborted})")
-        h = {**self._hints, **_check_hints(hints, coll)}
-        opname, factor = ("sum", 1.0) if op is None else ReduceOp.coerce(op).native()
+        # The communicator's hints as they are unless the call brings its own (no copy per
+        # call; a dict changed below is a new one).
+        h = self._hints if hints is None else {**self._hints, **_check_hints(hints, coll)}
+        opname, factor = ("sum", 1.0) if op is None or op is _SUM else \
+            ReduceOp.coerce(op).native()
         cuda = self._cuda
         # A per-call (or set_timeout) bound: host calls then run on the work thread and the
         # caller waits that long at most. CUDA calls only enqueue; it bounds wait_blocking().
         limit = self._call_timeout if self._call_timeout is not None else self._timeout
         stream = 0
-        torch = None
         if cuda:
             torch = T._torch()
             if torch is None:
                 raise FerrocommValueError(f"{coll}: CUDA communicators need torch tensors")
             stream = T.current_stream_handle(torch, self._n.device_index)
-        raws = []
-        for b in (out, inp):
+        raws = [None, None]
+        for k, b in enumerate((out, inp)):
             if b is None:
-                raws.append(None)
                 continue
             name, opname = _alias(coll, b, opname)
             if name != b.dtype:
-                h["low_precision"] = "off"
-            raws.append((b.ptr, b.count, name, b.device))
-        native_batch = None
-        if batch is not None:
-            native_batch = []
-            for is_send, b, p in batch:
-                name, opname = _alias(coll, b, opname)
-                native_batch.append((is_send, (b.ptr, b.count, name, b.device), p))
-        native_work = self._n.run({
-            "coll": coll,
-            "out": raws[0],
-            "inp": raws[1],
-            "op": opname,
-            "factor": factor,
-            "peer": int(peer),
-            "splits": splits,
-            "stream": stream,
-            "algo": h.get("algo"),
-            "low_precision": h.get("low_precision"),
-            "async_op": (bool(async_op) or limit is not None) and not cuda,
-            "counts": counts,
-            "batch": native_batch,
-        })
+                h = {**h, "low_precision": "off"}
+            raws[k] = (b.ptr, b.count, name, b.device)
+        native_async = (bool(async_op) or limit is not None) and not cuda
+        # A CUDA async call's completion, recorded by the native call itself unless list
+        # outputs are copied out after it (then after the copies, below).
+        mark = cuda and bool(async_op) and not post
+        if splits is None and counts is None and batch is None:
+            native_work = self._n.run_one(coll, raws[0], raws[1], opname, factor, int(peer),
+                                          stream, h.get("algo"), h.get("low_precision"),
+                                          native_async, mark)
+        else:
+            native_batch = None
+            if batch is not None:
+                native_batch = []
+                for is_send, b, p in batch:
+                    name, opname = _alias(coll, b, opname)
+                    native_batch.append((is_send, (b.ptr, b.count, name, b.device), p))
+            native_work = self._n.run({
+                "coll": coll,
+                "out": raws[0],
+                "inp": raws[1],
+                "op": opname,
+                "factor": factor,
+                "peer": int(peer),
+                "splits": splits,
+                "stream": stream,
+                "algo": h.get("algo"),
+                "low_precision": h.get("low_precision"),
+                "async_op": native_async,
+                "mark": mark,
+                "counts": counts,
+                "batch": native_batch,
+            })
         if native_work is not None:
+            if cuda:
+                return _CudaWork(native_work, self._n.device_index, stream, keep, limit)
             work = _HostWork(native_work, keep, post, limit)
             if async_op:
                 return work
@@ -372,9 +384,7 @@ class Comm:
         for f in post:
             f()
         if cuda and async_op:
-            ev = torch.cuda.Event()
-            ev.record(torch.cuda.current_stream(self._n.device_index))
-            return _CudaWork(ev, self._n.device_index, keep, limit)
+            return _CudaWork(self._n.mark(stream), self._n.device_index, stream, keep, limit)
         return _DONE
 
     def _in_place_or(self, out, inp, offset_elems):
@@ -391,8 +401,12 @@ class Comm:
 
     # -- collectives -----------------------------------------------------------------------
 
-    def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False, hints=None):
+    def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False, hints=None, timeout=None):
         """Reduces ``tensor`` over all ranks, in place."""
+        # The per-call timeout handled here rather than by _parity's wrapper: this is the call
+        # on every token's path, and the wrapper's argument forwarding costs host time.
+        if timeout is not None:
+            return self._bounded(timeout, Comm.all_reduce, tensor, op, async_op, hints)
         c = "all_reduce"
         b = self._buf(tensor, "tensor", c, writable=True)
         return self._issue(c, out=b, op=op, async_op=async_op, hints=hints, keep=(tensor,))
@@ -457,7 +471,7 @@ class Comm:
         i = self._buf(input, "input", c)
         if self._in_place_or(o, i, -self.rank * o.count) is None:
             # In place: the native call writes part `rank` of the whole input buffer.
-            whole = T.Buf(input, i.ptr, i.count, i.dtype, i.device, i.esize, i.shape)
+            whole = T.Buf(input, i.ptr, i.count, i.dtype, i.device, i.esize)
             return self._issue("reduce_scatter", out=whole, op=op, async_op=async_op,
                                hints=hints, keep=(output, input))
         return self._issue("reduce_scatter", out=o, inp=i, op=op, async_op=async_op,
@@ -813,20 +827,13 @@ def _parity(cls):
         def call(self, *args, timeout=None, **kw):
             if timeout is None:
                 return f(self, *args, **kw)
-            t = _timeout_seconds(timeout)
-            if not t > 0:
-                raise FerrocommValueError(f"{f.__name__}: timeout must be positive, got {t}")
-            self._call_timeout = t
-            try:
-                return f(self, *args, **kw)
-            finally:
-                self._call_timeout = None
+            return self._bounded(timeout, f, *args, **kw)
         return call
 
     for name, member in vars(_ParityMixin).items():
         if not name.startswith("__"):
             setattr(cls, name, member)
-    for name in ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_single",
+    for name in ("reduce", "broadcast", "all_gather", "all_gather_single",
                  "all_gather_v", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_v",
                  "all_to_all", "all_to_all_single", "all_to_all_v_single",
                  "all_to_all_v_dynamic", "device_alltoallv_single", "gather", "gather_single",
@@ -838,6 +845,17 @@ def _parity(cls):
 
 class _ParityMixin:
     """The members `_parity` adds to Comm."""
+
+    def _bounded(self, timeout, f, *args, **kw):
+        """Runs collective method `f` with a per-call ``timeout=`` in force."""
+        t = _timeout_seconds(timeout)
+        if not t > 0:
+            raise FerrocommValueError(f"{f.__name__}: timeout must be positive, got {t}")
+        self._call_timeout = t
+        try:
+            return f(self, *args, **kw)
+        finally:
+            self._call_timeout = None
 
     def _bounded_wait(self, coll, work, limit):
         try:

@@ -119,7 +119,7 @@ def run(comm, x, residual, weight, eps, out=None, residual_out=None, quant=None,
         torch = T._torch()
         if torch is None:
             raise FerrocommValueError(f"{_C}: CUDA communicators need torch tensors")
-        stream = torch.cuda.current_stream(comm._n.device_index).cuda_stream
+        stream = T.current_stream_handle(torch, comm._n.device_index)
     outputs = (out if out is not None else x, residual_out if residual_out is not None else residual)
     fp8 = None
     if quant is not None:
@@ -140,9 +140,8 @@ def run(comm, x, residual, weight, eps, out=None, residual_out=None, quant=None,
         from ._comm import _CudaWork, _DoneWork
 
         if cuda:
-            ev = torch.cuda.Event()
-            ev.record(torch.cuda.current_stream(comm._n.device_index))
-            return _WithOutputs(_CudaWork(ev, comm._n.device_index, keep), outputs)
+            done = comm._n.mark(stream)
+            return _WithOutputs(_CudaWork(done, comm._n.device_index, stream, keep), outputs)
         return _WithOutputs(_DoneWork(), outputs)
     return outputs
 

@@ -24,10 +24,14 @@ def current_stream_handle(torch, device_index):
 
     torch's raw-stream accessor (what its compiled code calls) skips building a Stream object,
     a microsecond of the host time of every call; the public spelling is the fallback."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(device_index)
-    return torch.cuda.current_stream(device_index).cuda_stream
+    global _raw_stream
+    if _raw_stream is None:
+        _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+            lambda i: torch.cuda.current_stream(i).cuda_stream)
+    return _raw_stream(device_index)
+
+
+_raw_stream = None
 
 
 def is_tensor(obj):
@@ -42,16 +46,20 @@ def is_buffer(obj):
 class Buf:
     """One buffer: the object (kept alive while the collective may touch it) and its values."""
 
-    __slots__ = ("obj", "ptr", "count", "dtype", "device", "esize", "shape")
+    __slots__ = ("obj", "ptr", "count", "dtype", "device", "esize")
 
-    def __init__(self, obj, ptr, count, dtype, device, esize, shape):
+    def __init__(self, obj, ptr, count, dtype, device, esize):
         self.obj = obj
         self.ptr = ptr
         self.count = count
         self.dtype = dtype
         self.device = device
         self.esize = esize
-        self.shape = shape
+
+    @property
+    def shape(self):
+        # Read when an error message needs it, not on every call.
+        return self.obj.shape
 
     def raw(self):
         return (self.ptr, self.count, self.dtype, self.device)
@@ -69,6 +77,18 @@ class Buf:
 _TORCH_DTYPES = {}
 
 
+_Tensor = None
+
+
+def _tensor_type():
+    """torch.Tensor once the program has imported torch (None before)."""
+    global _Tensor
+    torch = _torch()
+    if torch is not None:
+        _Tensor = torch.Tensor
+    return _Tensor
+
+
 def _torch_dtype_name(dtype):
     if dtype.is_complex or str(dtype).replace("torch.", "").startswith(("qint", "quint")):
         return None
@@ -77,9 +97,10 @@ def _torch_dtype_name(dtype):
 
 def describe(obj, what, coll, writable=False):
     """A `Buf` for a numpy array or torch tensor, or FerrocommValueError saying what is wrong."""
-    # Tensors first: they are what the hot paths pass.
-    torch = _torch()
-    if torch is not None and isinstance(obj, torch.Tensor):
+    # Tensors first: they are what the hot paths pass (torch.Tensor looked up once torch is
+    # imported; a tensor cannot exist before).
+    tensor = _Tensor or _tensor_type()
+    if tensor is not None and isinstance(obj, tensor):
         # The element type's name and size, looked up once per dtype (name None: refused);
         # complex and quantized dtypes are refused by name, sparse layouts by is_sparse below.
         seen = _TORCH_DTYPES.get(obj.dtype)
@@ -102,7 +123,7 @@ def describe(obj, what, coll, writable=False):
             raise FerrocommValueError(
                 f"{coll}: {what} is on device {obj.device}, expected cuda or cpu")
         # torch.Size is a tuple already.
-        return Buf(obj, obj.data_ptr(), obj.numel(), dtype, device, esize, obj.shape)
+        return Buf(obj, obj.data_ptr(), obj.numel(), dtype, device, esize)
     if isinstance(obj, np.ndarray):
         if not obj.flags.c_contiguous:
             raise FerrocommValueError(
@@ -114,7 +135,7 @@ def describe(obj, what, coll, writable=False):
         if not obj.dtype.isnative:
             raise FerrocommValueError(f"{coll}: {what} has non-native byte order ({obj.dtype.str})")
         ptr = obj.__array_interface__["data"][0]
-        return Buf(obj, ptr, obj.size, obj.dtype.name, HOST, obj.dtype.itemsize, obj.shape)
+        return Buf(obj, ptr, obj.size, obj.dtype.name, HOST, obj.dtype.itemsize)
     raise FerrocommValueError(
         f"{coll}: {what} must be a numpy array or a torch tensor, not {type(obj).__name__}"
     )

@@ -41,7 +41,13 @@ class Options:
         return f"ferrocomm.torch.Options(hints={self.hints!r}, timeout={self.timeout!r})"
 
 
-_local = threading.local()
+class _Local(threading.local):
+    # A class default: reading a thread's hints outside any block is a plain attribute read,
+    # not a failed lookup (a microsecond on every call).
+    hints = None
+
+
+_local = _Local()
 
 
 class hints:  # noqa: N801 (used as a function: ``with hints(...)``)
@@ -60,7 +66,7 @@ class hints:  # noqa: N801 (used as a function: ``with hints(...)``)
     def __enter__(self):
         if self._old is not _OUTSIDE:
             raise RuntimeError("ferrocomm.torch.hints: this block is entered already")
-        old = self._old = getattr(_local, "hints", None)
+        old = self._old = _local.hints
         # The dicts in _local are never changed in place, so the block's own can be shared.
         _local.hints = {**old, **self._new} if old else self._new
         return None
@@ -74,7 +80,7 @@ _OUTSIDE = object()
 
 
 def _call_hints():
-    return getattr(_local, "hints", None)
+    return _local.hints
 
 
 _OPS = {}
@@ -82,11 +88,14 @@ _OPS = {}
 
 def _op(opts):
     """ferrocomm's ReduceOp for torch's options object."""
-    kind = opts.reduceOp.op
+    # Keyed by the operator's number: hashing torch's RedOpType enum object costs microseconds
+    # on every call. (PREMUL_SUM, whose factor torch keeps in C++, is refused, never cached.)
+    red = opts.reduceOp
+    kind = int(red.op)
     op = _OPS.get(kind)
     if op is None:
         try:
-            op = _OPS[kind] = ReduceOp.coerce(opts.reduceOp)
+            op = _OPS[kind] = ReduceOp.coerce(red)
         except ValueError as e:
             raise FerrocommUnsupported(f"ferrocomm backend: {e}") from None
     return op
@@ -97,32 +106,20 @@ class _Work(dist.Work):
     (no host block) or, for CPU tensors, blocks until done; ``is_completed()`` polls;
     ``get_future()`` completes with the output tensors."""
 
-    def __init__(self, pg, inner, result, stream=None):
-        # stream: the CUDA stream the call was issued on; None for a CPU call; _WAITED for a
-        # call torch waits on at once (done, or ordered on the caller's stream already).
+    def __init__(self, pg, inner, result, cuda=False):
+        # inner: ferrocomm's work objects of the call (empty for a call torch waits on at once:
+        # done, or ordered on the caller's stream already); cuda: whether they are CUDA work.
         super().__init__()
         self._pg = pg
         self._inner = inner
         self._result = result
-        self._stream = stream
-        self._event = None
-
-    def _cuda_event(self):
-        # Recorded on first use: an event recorded later on the same stream completes after
-        # the call, and a call nobody polls costs no event.
-        if self._event is None:
-            self._event = torch.cuda.Event()
-            self._event.record(self._stream)
-        return self._event
+        self._cuda = cuda
 
     def wait(self, timeout=None):
         self._pg._flush_p2p()
-        if self._stream is _WAITED:
-            return True
-        if self._stream is not None:
-            cur = torch.cuda.current_stream(self._stream.device)
-            if cur != self._stream:
-                cur.wait_event(self._cuda_event())
+        if self._cuda:
+            for w in self._inner:
+                w.wait()
             return True
         for w in self._inner:
             w.wait(None if not timeout else _seconds(timeout))
@@ -130,10 +127,6 @@ class _Work(dist.Work):
 
     def is_completed(self):
         self._pg._flush_p2p()
-        if self._stream is _WAITED:
-            return True
-        if self._stream is not None:
-            return self._cuda_event().query()
         return all(w.is_completed() for w in self._inner)
 
     def is_success(self):
@@ -141,15 +134,12 @@ class _Work(dist.Work):
 
     def get_future(self):
         self._pg._flush_p2p()
-        if self._stream is _WAITED:
-            fut = torch.futures.Future()
+        if self._cuda and self._inner:
+            # The current stream ordered after the call: the result is ready on it, where the
+            # future records its own event.
+            self.wait()
+            fut = torch.futures.Future(devices=[torch.device("cuda", self._inner[0]._device)])
             fut.set_result(self._result)
-            return fut
-        if self._stream is not None:
-            stream = self._stream
-            fut = torch.futures.Future(devices=[stream.device])
-            with torch.cuda.stream(stream):
-                fut.set_result(self._result)
             return fut
         fut = torch.futures.Future()
         if self.is_completed():
@@ -166,9 +156,6 @@ class _Work(dist.Work):
 
         threading.Thread(target=finish, name="ferrocomm-future", daemon=True).start()
         return fut
-
-
-_WAITED = object()
 
 
 def _seconds(t):
@@ -192,7 +179,7 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
         self._host = None
         # What a call torch waits on at once returns (done, or ordered on the caller's stream
         # already): one object, not one per call.
-        self._waited = _Work(self, (), [], _WAITED)
+        self._waited = _Work(self, (), [])
         if cpu_backend is None:
             self._host = self._new_comm("host", "cpu")
 
@@ -278,7 +265,7 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
         """Runs `call(comm, async_op, hints)` on the communicator serving tensor `t`."""
         if self._p2p:
             self._flush_p2p()
-        h = getattr(_local, "hints", None)
+        h = _local.hints
         # A call torch waits on at once needs no stream or work of its own: wait() is a no-op.
         waited = opts is not None and not getattr(opts, "asyncOp", True)
         # is_cuda / get_device() build no torch.device object.
@@ -290,9 +277,7 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
             if waited:
                 call(c, False, h)
                 return self._waited
-            stream = torch.cuda.current_stream(index)
-            call(c, False, h)
-            return _Work(self, (), result, stream)
+            return _Work(self, (call(c, True, h),), result, True)
         if not t.is_cpu:
             raise FerrocommValueError(
                 f"ferrocomm backend: tensors on {t.device} are not supported")
@@ -436,8 +421,8 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
                 f"ferrocomm backend: {'send' if is_send else 'recv'} peer {peer} out of range "
                 f"for {self.size()} ranks")
         self._p2p.append((is_send, t, int(peer)))
-        w = _Work(self, [], result,
-                  torch.cuda.current_stream(t.device) if t.device.type == "cuda" else None)
+        # Its ferrocomm work is the batch's, set when the batch is issued.
+        w = _Work(self, (), result, t.device.type == "cuda")
         self._p2p_works.append(w)
         return w
 
@@ -451,31 +436,17 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
         batch = c.batch_op_create()
         for is_send, t, peer in ops:
             (batch.send if is_send else batch.recv)(t, peer)
-        inner = batch.issue(async_op=dev.type != "cuda", hints=_call_hints())
-        if dev.type != "cuda":
-            for w in works:
-                w._inner = (inner,)
-
-
-class _JoinedWork(_Work):
-    def __init__(self, pg, works, result):
-        stream = works[0]._stream if works and works[0]._stream is not None else None
-        super().__init__(pg, [], result, stream)
-        self._works = works
-
-    def wait(self, timeout=None):
-        for w in self._works:
-            w.wait(timeout)
-        return True
-
-    def is_completed(self):
-        return all(w.is_completed() for w in self._works)
+        inner = batch.issue(async_op=True, hints=_call_hints())
+        for w in works:
+            w._inner = (inner,)
 
 
 def _joined(pg, works, result):
+    """One work for a coalesced call's works."""
     if len(works) == 1:
         return works[0]
-    return _JoinedWork(pg, works, result)
+    return _Work(pg, tuple(i for w in works for i in w._inner), result,
+                 any(w._cuda for w in works))
 
 
 def _one(lst, what):

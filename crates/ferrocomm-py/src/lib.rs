@@ -296,6 +296,62 @@ impl NativeWork {
     }
 }
 
+/// The point of a CUDA stream right after an async call ([`ferrocomm::Completion`]): the
+/// Python work object orders the caller's stream after it, polls it or waits for it.
+#[pyclass(frozen, module = "ferrocomm._native", name = "Completion")]
+struct NativeCompletion {
+    inner: ferrocomm::Completion,
+    collective: &'static str,
+}
+
+#[pymethods]
+impl NativeCompletion {
+    /// Whether the stream has passed the call.
+    fn is_completed(&self, py: Python<'_>) -> PyResult<bool> {
+        self.inner.is_done().map_err(|e| py_err(py, e))
+    }
+
+    /// Makes `stream`'s later work wait for the call (the host does not block).
+    fn order(&self, py: Python<'_>, stream: u64) -> PyResult<()> {
+        self.inner.order(stream).map_err(|e| py_err(py, e))
+    }
+
+    /// Blocks (GIL released) until the stream has passed the call; `timeout` in seconds (None:
+    /// as long as it takes) raises FerrocommTimeout when it passes first.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let limit = match timeout {
+            Some(t) => Some(
+                ferrocomm::config::timeout_from_secs(t)
+                    .map_err(|why| py_err(py, invalid(format!("wait: timeout {why}"))))?,
+            ),
+            None => None,
+        };
+        match py.detach(|| self.inner.wait(limit)) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(raise(
+                py,
+                (
+                    "FerrocommTimeout",
+                    format!(
+                        "{} (CUDA) did not complete within {:?} (work still pending)",
+                        self.collective,
+                        limit.unwrap_or_default()
+                    ),
+                ),
+            )),
+            Err(e) => Err(py_err(py, e)),
+        }
+    }
+}
+
+/// What `run` hands back for an async call: the host worker's work, or a CUDA completion.
+#[derive(IntoPyObject)]
+enum Issued {
+    Host(NativeWork),
+    Cuda(NativeCompletion),
+}
+
 // ---------------------------------------------------------------------------------------------
 // Buffers and per-call options
 
@@ -309,7 +365,8 @@ type RawBuf = (u64, usize, String, i64);
 /// `peer` the root or peer; `splits` an all-to-all-v's (send_counts, send_displs, recv_counts,
 /// recv_displs); `counts` the device-count all-to-all-v's (send, recv, capacity, unit); `batch`
 /// a batch_send_recv's (is_send, buffer, peer) operations; `stream` the CUDA stream; `algo` and
-/// `low_precision` the per-call hints; `async_op` whether a host call may be queued.
+/// `low_precision` the per-call hints; `async_op` whether a host call may be queued; `mark`
+/// whether a CUDA call records a completion for an async work object.
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
 struct CallDesc {
@@ -324,8 +381,22 @@ struct CallDesc {
     algo: Option<String>,
     low_precision: Option<String>,
     async_op: bool,
+    mark: bool,
     counts: Option<(RawBuf, RawBuf, usize, usize)>,
     batch: Option<Vec<(bool, RawBuf, usize)>>,
+}
+
+/// The fields every call has ([`CallDesc`]'s, borrowed), as `run` and `run_one` take them.
+struct CallParts<'a> {
+    coll: &'a str,
+    out: Option<&'a RawBuf>,
+    inp: Option<&'a RawBuf>,
+    op: &'a str,
+    factor: f64,
+    peer: usize,
+    stream: u64,
+    algo: Option<&'a str>,
+    low_precision: Option<&'a str>,
 }
 
 #[derive(Clone, Copy)]
@@ -676,9 +747,9 @@ impl PyComm {
     }
 
     /// Runs one collective, described by one dict ([`CallDesc`]). Returns a work object when
-    /// the call was queued on the worker thread (host backend, `async_op=True`), None when it
-    /// has been issued already.
-    fn run(&self, py: Python<'_>, desc: CallDesc) -> PyResult<Option<NativeWork>> {
+    /// the call was queued on the worker thread (host backend, `async_op=True`), a completion
+    /// when a CUDA call was asked to `mark` one, None when it has been issued already.
+    fn run(&self, py: Python<'_>, desc: CallDesc) -> PyResult<Option<Issued>> {
         let CallDesc {
             coll,
             out,
@@ -691,78 +762,74 @@ impl PyComm {
             algo,
             low_precision,
             async_op,
+            mark,
             counts,
             batch,
         } = desc;
-        let (coll, op, algo, low_precision) = (
-            coll.as_str(),
-            op.as_str(),
-            algo.as_deref(),
-            low_precision.as_deref(),
-        );
-        let call = (|| -> ferrocomm::Result<Call> {
-            let coll = match coll {
-                "all_reduce" => Coll::AllReduce(parse_op(op, factor)?),
-                "reduce" => Coll::Reduce(parse_op(op, factor)?, peer),
-                "broadcast" => Coll::Broadcast(peer),
-                "all_gather" => Coll::AllGather,
-                "reduce_scatter" => Coll::ReduceScatter(parse_op(op, factor)?),
-                "all_to_all" => Coll::AllToAll,
-                "all_to_all_v" => Coll::AllToAllV,
-                "all_to_all_v_dynamic" => Coll::AllToAllVDynamic,
-                "all_to_all_v_dynamic_packed" => Coll::AllToAllVDynamicPacked,
-                "barrier" => Coll::Barrier,
-                "send" => Coll::Send(peer),
-                "recv" => Coll::Recv(peer),
-                "batch_send_recv" => Coll::Batch,
-                other => return Err(invalid(format!("unknown collective '{other}'"))),
-            };
-            let splits =
-                splits.map(
-                    |[send_counts, send_displs, recv_counts, recv_displs]| Splits {
-                        send_counts,
-                        send_displs,
-                        recv_counts,
-                        recv_displs,
-                    },
-                );
-            Ok(Call {
-                coll,
-                out: out.as_ref().map(Buf::parse).transpose()?,
-                inp: inp.as_ref().map(Buf::parse).transpose()?,
-                splits,
-                counts: match &counts {
-                    Some((send, recv, capacity, unit)) => {
-                        Some((Buf::parse(send)?, Buf::parse(recv)?, *capacity, *unit))
-                    }
-                    None => None,
-                },
-                batch: batch
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|(send, raw, peer)| Ok((*send, Buf::parse(raw)?, *peer)))
-                    .collect::<ferrocomm::Result<_>>()?,
-                opts: self.opts(stream, algo, low_precision)?,
-            })
-        })()
-        .map_err(|e| py_err(py, e))?;
+        let parts = CallParts {
+            coll: &coll,
+            out: out.as_ref(),
+            inp: inp.as_ref(),
+            op: &op,
+            factor,
+            peer,
+            stream,
+            algo: algo.as_deref(),
+            low_precision: low_precision.as_deref(),
+        };
+        let call = self
+            .build_call(parts, splits, counts.as_ref(), batch.as_deref())
+            .map_err(|e| py_err(py, e))?;
+        self.issue(py, call, async_op, mark, stream)
+    }
 
-        let host = self.inner.device() == Device::Host;
-        if host && (async_op || self.has_worker()) {
-            // Once a worker exists every host call goes through it, so calls stay in order.
-            let work = self.submit(call).map_err(|e| py_err(py, e))?;
-            if async_op {
-                return Ok(Some(work));
-            }
-            work.wait(py, None)?;
-            return Ok(None);
-        }
-        let comm = self.inner.clone();
-        // SAFETY: the Python caller holds the buffers' objects for the whole call; CUDA calls
-        // only enqueue on `stream`, where torch's caching allocator keeps the memory until the
-        // stream has passed it (the usual contract of stream-ordered collectives).
-        let r = py.detach(move || unsafe { call.exec(&comm) });
-        r.map(|_| None).map_err(|e| py_err(py, e))
+    /// [`PyComm::run`] for a call without splits, counts or a batch (most calls), its fields as
+    /// positional arguments: no dict to build and take apart on the hot path.
+    #[allow(clippy::too_many_arguments)]
+    fn run_one(
+        &self,
+        py: Python<'_>,
+        coll: &str,
+        out: Option<RawBuf>,
+        inp: Option<RawBuf>,
+        op: &str,
+        factor: f64,
+        peer: usize,
+        stream: u64,
+        algo: Option<&str>,
+        low_precision: Option<&str>,
+        async_op: bool,
+        mark: bool,
+    ) -> PyResult<Option<Issued>> {
+        let parts = CallParts {
+            coll,
+            out: out.as_ref(),
+            inp: inp.as_ref(),
+            op,
+            factor,
+            peer,
+            stream,
+            algo,
+            low_precision,
+        };
+        let call = self
+            .build_call(parts, None, None, None)
+            .map_err(|e| py_err(py, e))?;
+        self.issue(py, call, async_op, mark, stream)
+    }
+
+    /// A completion recorded on `stream` after the calls issued on it so far (for an async
+    /// call whose list outputs were copied out after it); None on the host backend.
+    fn mark(&self, py: Python<'_>, stream: u64) -> PyResult<Option<NativeCompletion>> {
+        self.inner
+            .mark(stream)
+            .map(|c| {
+                c.map(|inner| NativeCompletion {
+                    inner,
+                    collective: "collective",
+                })
+            })
+            .map_err(|e| py_err(py, e))
     }
 
     /// The fused all-reduce + residual add + RMSNorm (`ferrocomm::rmsnorm`). `out` /
@@ -847,6 +914,99 @@ impl PyComm {
 }
 
 impl PyComm {
+    /// The checked [`Call`] of one description (the parts every call has, and the splits,
+    /// counts or batch of those that take them).
+    fn build_call(
+        &self,
+        p: CallParts<'_>,
+        splits: Option<[Vec<usize>; 4]>,
+        counts: Option<&(RawBuf, RawBuf, usize, usize)>,
+        batch: Option<&[(bool, RawBuf, usize)]>,
+    ) -> ferrocomm::Result<Call> {
+        let (op, factor, peer) = (p.op, p.factor, p.peer);
+        let coll = match p.coll {
+            "all_reduce" => Coll::AllReduce(parse_op(op, factor)?),
+            "reduce" => Coll::Reduce(parse_op(op, factor)?, peer),
+            "broadcast" => Coll::Broadcast(peer),
+            "all_gather" => Coll::AllGather,
+            "reduce_scatter" => Coll::ReduceScatter(parse_op(op, factor)?),
+            "all_to_all" => Coll::AllToAll,
+            "all_to_all_v" => Coll::AllToAllV,
+            "all_to_all_v_dynamic" => Coll::AllToAllVDynamic,
+            "all_to_all_v_dynamic_packed" => Coll::AllToAllVDynamicPacked,
+            "barrier" => Coll::Barrier,
+            "send" => Coll::Send(peer),
+            "recv" => Coll::Recv(peer),
+            "batch_send_recv" => Coll::Batch,
+            other => return Err(invalid(format!("unknown collective '{other}'"))),
+        };
+        let splits = splits.map(
+            |[send_counts, send_displs, recv_counts, recv_displs]| Splits {
+                send_counts,
+                send_displs,
+                recv_counts,
+                recv_displs,
+            },
+        );
+        Ok(Call {
+            coll,
+            out: p.out.map(Buf::parse).transpose()?,
+            inp: p.inp.map(Buf::parse).transpose()?,
+            splits,
+            counts: match counts {
+                Some((send, recv, capacity, unit)) => {
+                    Some((Buf::parse(send)?, Buf::parse(recv)?, *capacity, *unit))
+                }
+                None => None,
+            },
+            batch: batch
+                .unwrap_or_default()
+                .iter()
+                .map(|(send, raw, peer)| Ok((*send, Buf::parse(raw)?, *peer)))
+                .collect::<ferrocomm::Result<_>>()?,
+            opts: self.opts(p.stream, p.algo, p.low_precision)?,
+        })
+    }
+
+    /// Runs a built call: queued on the worker thread (host backend, `async_op`, or once a
+    /// worker exists), else issued here with the GIL released, followed by its completion when
+    /// `mark` asks for one (a CUDA call's async work object).
+    fn issue(
+        &self,
+        py: Python<'_>,
+        call: Call,
+        async_op: bool,
+        mark: bool,
+        stream: u64,
+    ) -> PyResult<Option<Issued>> {
+        let host = self.inner.device() == Device::Host;
+        if host && (async_op || self.has_worker()) {
+            // Once a worker exists every host call goes through it, so calls stay in order.
+            let work = self.submit(call).map_err(|e| py_err(py, e))?;
+            if async_op {
+                return Ok(Some(Issued::Host(work)));
+            }
+            work.wait(py, None)?;
+            return Ok(None);
+        }
+        let comm = self.inner.clone();
+        let collective = call.coll.name();
+        let r = py.detach(move || {
+            // SAFETY: the Python caller holds the buffers' objects for the whole call; CUDA
+            // calls only enqueue on `stream`, where torch's caching allocator keeps the memory
+            // until the stream has passed it (the usual contract of stream-ordered collectives).
+            unsafe { call.exec(&comm) }?;
+            // In the same release of the GIL: an async call's completion, right after it.
+            if mark {
+                comm.mark(stream)
+            } else {
+                Ok(None)
+            }
+        });
+        r.map(|c| c.map(|inner| Issued::Cuda(NativeCompletion { inner, collective })))
+            .map_err(|e| py_err(py, e))
+    }
+
     fn opts(
         &self,
         stream: u64,
@@ -934,6 +1094,7 @@ fn dtype_name(py: Python<'_>, name: &str) -> PyResult<&'static str> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyComm>()?;
     m.add_class::<NativeWork>()?;
+    m.add_class::<NativeCompletion>()?;
     m.add_function(wrap_pyfunction!(new_comm, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_name, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use crate::bootstrap::Store;
 use crate::config::Config;
+use crate::driver::Completion;
 use crate::error::{Error, Result};
 use crate::plan::{Algo, Collective, LowPrecisionChoice, Plan};
 use crate::types::{DataType, Device, ReduceOp};
@@ -385,6 +386,13 @@ impl CallKind<'_> {
 pub trait Backend: Send + Sync {
     /// The backend's name (`host`, `cuda`, `nccl`).
     fn name(&self) -> &'static str;
+    /// A [`Completion`] recorded on `stream` after the calls issued on it so far, for the work
+    /// object of an async call; `None` where calls have finished when they return (the host
+    /// backend).
+    fn mark(&self, stream: u64) -> Result<Option<Completion>> {
+        let _ = stream;
+        Ok(None)
+    }
     /// Runs one checked call: the one entry the communicator uses, which hands each
     /// collective to its method below.
     fn run(&self, call: Call<'_>) -> Result<()> {

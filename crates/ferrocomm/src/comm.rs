@@ -14,6 +14,7 @@ pub use crate::backend::{
 };
 use crate::bootstrap::{self, PrefixStore, Store};
 use crate::config::{BackendChoice, Config};
+use crate::driver::Completion;
 use crate::error::{Error, Result};
 pub use crate::plan::LowPrecisionChoice;
 use crate::plan::{Collective, Plan};
@@ -358,6 +359,13 @@ impl Communicator {
             );
             let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
+    }
+
+    /// A [`Completion`] recorded on `stream` (the calling thread's current context's) after
+    /// the calls issued on it so far: what an async call's work object holds. `None` on the
+    /// host backend, whose calls have finished when they return.
+    pub fn mark(&self, stream: u64) -> Result<Option<Completion>> {
+        self.live()?.mark(stream)
     }
 
     fn live(&self) -> Result<&dyn Backend> {

@@ -92,6 +92,7 @@ pub use backend::{
 };
 pub use comm::{CommOptions, Communicator};
 pub use config::Config;
+pub use driver::Completion;
 pub use error::{Error, Result};
 /// The planner's former name.
 #[doc(hidden)]

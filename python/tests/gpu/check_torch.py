@@ -400,6 +400,26 @@ def check_async_and_two_comms(comm, comm2, tag):
         return same(y, ref, torch.bfloat16)
     check(f"async on a side stream {tag}", side_stream)
 
+    def many_in_flight():
+        # More works alive at once than the native layer keeps events for, then waited in
+        # reverse order, blocking with a bound, and dropped and reused.
+        xs = [rand(4099, torch.float32, 900 + i) for i in range(150)]
+        works = [comm.all_reduce(x, ReduceOp.SUM, async_op=True) for x in xs]
+        for w in reversed(works):
+            w.wait_blocking(timeout=60)
+        done = all(w.is_completed() for w in works)
+        del works
+        ys = [rand(4099, torch.float32, 900 + i) for i in range(150)]
+        for y in ys:
+            comm.all_reduce(y, ReduceOp.SUM, async_op=True).wait()
+        refs = [rand(4099, torch.float32, 900 + i) for i in range(150)]
+        for r in refs:
+            dist.all_reduce(r)
+        oks = [same(x, r, torch.float32)[0] and same(y, r, torch.float32)[0]
+               for x, y, r in zip(xs, ys, refs)]
+        return all(oks) and done, f"{sum(oks)}/150 correct, all completed={done}"
+    check(f"150 async works in flight {tag}", many_in_flight)
+
 
 def check_hints(comm, tag):
     for fmt in ["e4m3", "e5m2", "int8"]:

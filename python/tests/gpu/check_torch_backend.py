@@ -6,7 +6,8 @@
 Runs on one GPU (the ranks share it; NCCL must be off, as it refuses two ranks on one GPU) or
 on one GPU per rank. Checks, each reported pass/fail with its numbers:
   1. every c10d collective, the object and functional collectives and torch.compile (inductor)
-     on CUDA tensors against gloo (the CI scenario of python/tests/torch_ranks.py);
+     on CUDA tensors against gloo (the CI scenario of python/tests/torch_ranks.py); async
+     work (futures, a side stream, 150 direct-API works in flight);
   2. CUDA graph capture of dist.all_reduce and 200 replays with fresh data;
   3. torch.compile(fullgraph=True) of a function with a functional all-reduce (inductor);
   4. a DTensor tensor-parallel MLP (ColwiseParallel / RowwiseParallel) equal to the
@@ -90,7 +91,39 @@ def async_work(gloo):
         assert (g - gloo_sum(c, gloo)).abs().max().item() < 1e-4
     assert all(w.is_completed() for w in works)
     assert torch.equal(fut.wait()[0].cpu(), got[0])
+    # Issued on a side stream, waited on the current one: wait() orders the current stream.
+    side = torch.cuda.Stream()
+    y = xs[1].clone()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        w = dist.all_reduce(y, async_op=True)
+    w.wait()
+    assert (y.cpu() - gloo_sum(got[1], gloo)).abs().max().item() < 1e-3
     return {}
+
+
+def many_in_flight(gloo):
+    """The group's communicator directly (torchcomms' API): more async works alive at once than
+    the native layer keeps events for, waited in reverse with a bounded blocking wait, polled,
+    dropped, and their events reused by the next calls."""
+    comm = dist.group.WORLD.comm(DEV)
+    cpu = [torch.randn(4099, generator=torch.Generator().manual_seed(100 + k + 7 * RANK))
+           for k in range(150)]
+    xs = [c.to(DEV) for c in cpu]
+    works = [comm.all_reduce(x, async_op=True) for x in xs]
+    for w in reversed(works):
+        w.wait_blocking(timeout=60)
+    assert all(w.is_completed() for w in works)
+    del works
+    ys = [c.to(DEV) for c in cpu]
+    for y in ys:
+        comm.all_reduce(y, async_op=True).wait()
+    err = 0.0
+    for c, x, y in zip(cpu, xs, ys):
+        ref = gloo_sum(c, gloo)
+        err = max(err, (x.cpu() - ref).abs().max().item(), (y.cpu() - ref).abs().max().item())
+    assert err < 1e-4, err
+    return {"works": 300, "max_abs_err": err}
 
 
 def graph_capture(gloo):
@@ -200,6 +233,7 @@ def main():
     gloo = init()
     check("collectives vs gloo (torch_ranks collectives on CUDA)", torch_ranks.collectives)
     check("async work on CUDA", lambda: async_work(gloo))
+    check("150 async works in flight (direct API)", lambda: many_in_flight(gloo))
     check("CUDA graph capture + 200 replays", lambda: graph_capture(gloo))
     check("torch.compile(fullgraph=True) functional all_reduce",
           lambda: compiled_functional(gloo))

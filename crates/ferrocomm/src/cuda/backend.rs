@@ -12,7 +12,7 @@ use super::{cu, kernels, open_context};
 use crate::backend::{Backend, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts, Splits};
 use crate::bootstrap::all_gather_bytes;
 use crate::config::Config;
-use crate::driver::capturing;
+use crate::driver::{capturing, Completion, EventPool};
 use crate::error::{Error, Result};
 use crate::nccl::{check_views, in_part_ptr, in_ptr, p2p_views, views_of, NcclOps};
 use crate::plan::{self, Algo, Collective, CudaCaps, Engine, LowPrecisionChoice, PartForm, Plan};
@@ -21,6 +21,9 @@ use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
 pub struct CudaBackend {
+    /// Events of async calls' work objects (declared before the context: dropped while the
+    /// context is still held).
+    events: Arc<EventPool>,
     cuda: Arc<CudaContext>,
     device: u32,
     rank: usize,
@@ -148,6 +151,7 @@ impl CudaBackend {
                 last_stream: None,
                 event,
             }),
+            events: Arc::default(),
         })
     }
 
@@ -454,6 +458,11 @@ impl Drop for CudaBackend {
 impl Backend for CudaBackend {
     fn name(&self) -> &'static str {
         "cuda"
+    }
+
+    fn mark(&self, stream: u64) -> Result<Option<Completion>> {
+        bind(&self.cuda)?;
+        self.events.record(stream).map(Some)
     }
 
     fn all_reduce(

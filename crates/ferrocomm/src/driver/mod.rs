@@ -6,7 +6,8 @@
 
 pub mod libs;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{sys, sys as drv, CudaContext};
 
@@ -217,5 +218,120 @@ impl Drop for Event {
     fn drop(&mut self) {
         // SAFETY: created in `new`, destroyed once (pending work keeps it valid until done).
         unsafe { drv::cuEventDestroy_v2(self.0) };
+    }
+}
+
+/// Events kept for [`Completion`]s: an event goes back here when its completion is dropped, so
+/// a run of async calls creates events only for the calls in flight at one time.
+#[derive(Default)]
+pub(crate) struct EventPool {
+    free: Mutex<Vec<Event>>,
+}
+
+/// Events a pool keeps for reuse; beyond that a returned event is destroyed.
+const POOL_KEEP: usize = 64;
+
+impl EventPool {
+    /// A completion recorded on `stream` (a stream of the calling thread's current context,
+    /// where the pool's events are created too).
+    pub(crate) fn record(self: &Arc<Self>, stream: u64) -> Result<Completion> {
+        let reused = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let event = match reused {
+            Some(e) => e,
+            None => Event::new("cuEventCreate (work completion)")?,
+        };
+        cu(
+            // SAFETY: a live event; the stream belongs to the current context (the caller's
+            // contract). Re-recording an event nobody refers to any more is allowed.
+            unsafe { drv::cuEventRecord(event.0, stream as drv::CUstream) },
+            "cuEventRecord (work completion)",
+        )?;
+        Ok(Completion {
+            event: Some(event),
+            pool: Arc::clone(self),
+        })
+    }
+}
+
+/// The point of a CUDA stream right after a call: what an async call's work object asks
+/// whether the call has finished, orders another stream after, or waits for.
+/// ([`crate::Communicator::mark`] records one.)
+pub struct Completion {
+    /// Some until dropped (then handed back to the pool).
+    event: Option<Event>,
+    pool: Arc<EventPool>,
+}
+
+// SAFETY: the event is only queried, waited on and made a dependency of other streams, which
+// the driver allows from any thread at once; it is re-recorded only after the drop.
+unsafe impl Sync for Completion {}
+
+impl Completion {
+    fn event(&self) -> drv::CUevent {
+        self.event.as_ref().expect("present until dropped").0
+    }
+
+    /// Whether the stream has passed the point ([cuEventQuery]). An error for a point recorded
+    /// while the stream was captured into a CUDA graph (it never runs as such).
+    ///
+    /// [cuEventQuery]: https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+    pub fn is_done(&self) -> Result<bool> {
+        // SAFETY: a live event.
+        match unsafe { drv::cuEventQuery(self.event()) } {
+            drv::CUresult::CUDA_SUCCESS => Ok(true),
+            drv::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(Error::Cuda(format!(
+                "cuEventQuery (work completion): {e:?}"
+            ))),
+        }
+    }
+
+    /// Makes `stream`'s later work wait for the point, without blocking the host
+    /// ([cuStreamWaitEvent]); also while `stream` is captured (a graph dependency).
+    ///
+    /// [cuStreamWaitEvent]: https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+    pub fn order(&self, stream: u64) -> Result<()> {
+        cu(
+            // SAFETY: a live event; the caller's stream on the same device.
+            unsafe { drv::cuStreamWaitEvent(stream as drv::CUstream, self.event(), 0) },
+            "cuStreamWaitEvent (work completion)",
+        )
+    }
+
+    /// Blocks until the stream has passed the point, or `limit` has passed (then `Ok(false)`);
+    /// `None` waits as long as it takes ([cuEventSynchronize]).
+    ///
+    /// [cuEventSynchronize]: https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+    pub fn wait(&self, limit: Option<Duration>) -> Result<bool> {
+        // A limit past the clock's range waits as long as it takes.
+        let deadline = limit.and_then(|l| Instant::now().checked_add(l));
+        let Some(deadline) = deadline else {
+            cu(
+                // SAFETY: a live event.
+                unsafe { drv::cuEventSynchronize(self.event()) },
+                "cuEventSynchronize (work completion)",
+            )?;
+            return Ok(true);
+        };
+        loop {
+            if self.is_done()? {
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if let Some(e) = self.event.take() {
+            let mut free = self.pool.free.lock().unwrap_or_else(|p| p.into_inner());
+            if free.len() < POOL_KEEP {
+                free.push(e);
+            }
+        }
     }
 }

@@ -18,7 +18,10 @@ use cudarc::driver::CudaContext;
 
 use crate::backend::{Backend, CallOpts, CommContext, P2pOp, Splits};
 use crate::config::Config;
-use crate::driver::{capturing_or_unknown as capturing, cu, DeviceContext, Event, PushedContext};
+use crate::driver::{
+    capturing_or_unknown as capturing, cu, Completion, DeviceContext, Event, EventPool,
+    PushedContext,
+};
 use crate::error::{Error, Result};
 use crate::plan::{self, Collective, Plan};
 use crate::types::{DataType, ReduceOp};
@@ -1176,6 +1179,8 @@ pub struct NcclBackend {
     /// Declared first so that it drops (frees its memory, closes the communicator) while the
     /// context below is still held.
     ops: NcclOps,
+    /// Events of async calls' work objects (dropped while the context is still held).
+    events: Arc<EventPool>,
     ctx: Arc<CudaContext>,
     device: u32,
     config: Arc<Config>,
@@ -1200,6 +1205,7 @@ pub fn new_backend(ctx: &CommContext) -> Result<Box<dyn Backend>> {
         config: ctx.config.clone(),
         size: ctx.size,
         lock: Mutex::new(()),
+        events: Arc::default(),
     }))
 }
 
@@ -1277,6 +1283,11 @@ impl NcclBackend {
 impl Backend for NcclBackend {
     fn name(&self) -> &'static str {
         "nccl"
+    }
+
+    fn mark(&self, stream: u64) -> Result<Option<Completion>> {
+        let _g = self.enter()?;
+        self.events.record(stream).map(Some)
     }
     fn all_reduce(
         &self,
