@@ -284,7 +284,7 @@ const WATCHDOG_TICK: Duration = Duration::from_millis(1);
 /// call can block past `config.timeout`: a call that returns `ncclInProgress` is polled with
 /// `ncclCommGetAsyncError` until it completes or the deadline passes, and the watchdog aborts the
 /// communicator when enqueued work stays incomplete past the timeout (see the `watchdog` module).
-pub struct Nccl {
+pub(crate) struct Nccl {
     sh: Arc<Shared>,
     /// Calls may return `ncclInProgress`.
     nonblocking: bool,
@@ -446,7 +446,7 @@ impl Nccl {
     /// Joins the NCCL communicator of `ctx` (rank 0 publishes the unique id through the store).
     /// The device's context must be current on this thread. Initialisation that has not
     /// completed within `ctx.timeout()` (a peer never joined) is aborted and reported.
-    pub fn new(ctx: &CommContext) -> Result<Nccl> {
+    pub(crate) fn new(ctx: &CommContext) -> Result<Nccl> {
         let l = lib(&ctx.config)?;
         crate::config::apply_nccl_env_defaults();
         let key = "nccl/unique_id";
@@ -559,7 +559,7 @@ impl Nccl {
     }
 
     /// Why the communicator failed (a timeout or an asynchronous error), once it has.
-    pub fn failure(&self) -> Option<String> {
+    pub(crate) fn failure(&self) -> Option<String> {
         self.sh.lock().failed.clone()
     }
 
@@ -621,7 +621,7 @@ impl Nccl {
     }
 
     /// `ncclAllReduce` of `count` elements from `send` into `recv` (device addresses, equal when in place) on `stream`.
-    pub fn all_reduce(
+    pub(crate) fn all_reduce(
         &self,
         send: u64,
         recv: u64,
@@ -650,7 +650,7 @@ impl Nccl {
 
     /// `ncclReduce` into `recv` on `root`; otherwise as [`Nccl::all_reduce`].
     #[allow(clippy::too_many_arguments)]
-    pub fn reduce(
+    pub(crate) fn reduce(
         &self,
         send: u64,
         recv: u64,
@@ -680,7 +680,7 @@ impl Nccl {
     }
 
     /// `ncclBroadcast` of `root`'s `send` into every rank's `recv`.
-    pub fn broadcast(
+    pub(crate) fn broadcast(
         &self,
         send: u64,
         recv: u64,
@@ -707,7 +707,7 @@ impl Nccl {
     }
 
     /// `ncclAllGather`: `count` elements from every rank, concatenated in rank order into `recv`.
-    pub fn all_gather(
+    pub(crate) fn all_gather(
         &self,
         send: u64,
         recv: u64,
@@ -732,7 +732,7 @@ impl Nccl {
     }
 
     /// `ncclReduceScatter`: `count` reduced elements (part `rank` of `size * count`) into `recv`.
-    pub fn reduce_scatter(
+    pub(crate) fn reduce_scatter(
         &self,
         send: u64,
         recv: u64,
@@ -766,7 +766,7 @@ impl Nccl {
     }
 
     /// Grouped point-to-point: `sends`/`recvs` are (peer, pointer, count) triples.
-    pub fn exchange(
+    pub(crate) fn exchange(
         &self,
         sends: &[(usize, u64, usize)],
         recvs: &[(usize, u64, usize)],
@@ -781,7 +781,7 @@ impl Nccl {
     }
 
     /// Grouped point-to-point in the order given: (send?, peer, pointer, count, dtype).
-    pub fn exchange_ops(
+    pub(crate) fn exchange_ops(
         &self,
         ops: &[(bool, usize, u64, usize, DataType)],
         stream: u64,
