@@ -5,10 +5,12 @@ backend (sync, async, low-precision hints).
 
     python3 scripts/torch_overhead.py OUTDIR [--calls 10000] [--bytes 1024] [--device cuda]
 
-Every row issues the call `--calls` times in a loop after a warm-up and divides the loop's
-wall time by the count; the GPU is synchronized before and after the loop, not inside it, so
-the figure is what the host spends per call (the kernels run behind it). `--device cpu` runs
-the same rows on CPU tensors (gloo instead of NCCL, ferrocomm's host backend), which is where
+Every row issues the call in a loop after a warm-up and divides the loop's wall time by the
+count; the GPU is synchronized before and after the loop, not inside it, so the figure is what
+the host spends per call (the kernels run behind it). The `--calls` are split into `--rounds`
+rounds with every row taking its turn in each round, and the table shows each row's median
+round (a slow spell of the machine then moves every row alike) and the rounds' range.
+`--device cpu` runs the same rows on CPU tensors (gloo instead of NCCL, ferrocomm's host backend), which is where
 the Python path can be profiled without a GPU (`--profile` writes a cProfile listing of the
 backend's all-reduce). Prints the table and writes overhead.md and overhead.json to OUTDIR.
 """
@@ -20,6 +22,7 @@ import io
 import json
 import pstats
 import socket
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -38,6 +41,7 @@ def free_port():
 
 
 def timed(fn, calls, cuda):
+    """Host µs per call of `calls` back-to-back calls (warmed up, the GPU idle before)."""
     for _ in range(min(200, calls)):
         fn()
     if cuda:
@@ -51,17 +55,31 @@ def timed(fn, calls, cuda):
     return dt / calls * 1e6
 
 
+def measure(rows, calls, rounds, cuda):
+    """Each row's median over `rounds` rounds of calls/rounds calls, the rows interleaved in
+    every round (a slow spell of the machine then hits every row alike), and the spread."""
+    per = max(1, calls // rounds)
+    seen = [[] for _ in rows]
+    for _ in range(rounds):
+        for k, (_, fn) in enumerate(rows):
+            seen[k].append(timed(fn, per, cuda))
+    return [(statistics.median(v), min(v), max(v)) for v in seen]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("outdir")
     ap.add_argument("--calls", type=int, default=10000)
+    ap.add_argument("--rounds", type=int, default=10,
+                    help="rounds the calls are split into, every row in each; the median is shown")
     ap.add_argument("--bytes", type=int, default=1024)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--profile", action="store_true",
-                    help="cProfile the backend's dist.all_reduce into OUTDIR/profile.txt")
+                    help="cProfile the backend's dist.all_reduce (sync and async) into "
+                         "OUTDIR/profile.txt")
     a = ap.parse_args()
-    if a.calls < 1 or a.bytes < 4 or a.bytes % 4:
-        sys.exit("--calls must be >= 1 and --bytes a positive multiple of 4")
+    if a.calls < 1 or a.rounds < 1 or a.bytes < 4 or a.bytes % 4:
+        sys.exit("--calls and --rounds must be >= 1 and --bytes a positive multiple of 4")
     out = Path(a.outdir)
     out.mkdir(parents=True, exist_ok=True)
     cuda = a.device == "cuda"
@@ -98,29 +116,33 @@ def main():
          lambda: dist.all_reduce(x, group=fgroup, async_op=True)),
         ("dist.all_reduce (\"ferrocomm\"), hints()", with_hints),
     ]
-    results = []
-    for name, fn in rows:
-        us = timed(fn, a.calls, cuda)
-        results.append({"call": name, "host_us": round(us, 2)})
+    results = [{"call": name, "host_us": round(med, 2), "min_us": round(lo, 2),
+                "max_us": round(hi, 2)}
+               for (name, _), (med, lo, hi) in zip(rows, measure(rows, a.calls, a.rounds, cuda))]
     bare = results[0]["host_us"]
-    lines = [f"Host time per call, {a.bytes} B float32 on {dev}, world size 1, mean of "
-             f"{a.calls} calls (ferrocomm {ferrocomm.__version__}, torch {torch.__version__})",
-             "", "| call | host µs | x bare launch |", "|---|---:|---:|"]
+    lines = [f"Host time per call, {a.bytes} B float32 on {dev}, world size 1: the median of "
+             f"{a.rounds} rounds of {max(1, a.calls // a.rounds)} calls, rows interleaved "
+             f"(ferrocomm {ferrocomm.__version__}, torch {torch.__version__})",
+             "", "| call | host µs | x bare launch | rounds' range µs |", "|---|---:|---:|---:|"]
     for r in results:
-        lines.append(f"| {r['call']} | {r['host_us']:.1f} | {r['host_us'] / bare:.2f} |")
+        lines.append(f"| {r['call']} | {r['host_us']:.1f} | {r['host_us'] / bare:.2f} | "
+                     f"{r['min_us']:.1f}-{r['max_us']:.1f} |")
     table = "\n".join(lines)
     print(table)
     (out / "overhead.md").write_text(table + "\n")
     (out / "overhead.json").write_text(json.dumps(
-        {"device": str(dev), "bytes": a.bytes, "calls": a.calls, "rows": results}, indent=2))
+        {"device": str(dev), "bytes": a.bytes, "calls": a.calls, "rounds": a.rounds,
+         "rows": results}, indent=2))
     if a.profile:
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(a.calls):
-            dist.all_reduce(x, group=fgroup)
-        prof.disable()
         s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+        for name, fn in [rows[6], rows[7]]:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(a.calls):
+                fn()
+            prof.disable()
+            s.write(f"## {name}\n")
+            pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
         (out / "profile.txt").write_text(s.getvalue())
         print(f"profile: {out / 'profile.txt'}")
     if cuda:

@@ -116,7 +116,8 @@ class _Work(dist.Work):
         self._cuda = cuda
 
     def wait(self, timeout=None):
-        self._pg._flush_p2p()
+        if self._pg._p2p:
+            self._pg._flush_p2p()
         if self._cuda:
             for w in self._inner:
                 w.wait()
@@ -293,7 +294,7 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         op = _op(opts) if opts is not None else ReduceOp.SUM
-        t = _one(tensors, "allreduce")
+        t = tensors[0] if len(tensors) == 1 else _one(tensors, "allreduce")
         return self._run(t, opts, lambda c, a, h: c.all_reduce(t, op, async_op=a, hints=h),
                          tensors, lambda: self._cpu_gloo.allreduce(tensors, opts))
 
