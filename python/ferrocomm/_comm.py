@@ -246,8 +246,6 @@ class Comm:
         return torch.device(name) if torch is not None else name
 
     def get_timeout(self):
-        if self._timeout is not None:
-            return datetime.timedelta(seconds=self._timeout)
         return datetime.timedelta(seconds=self._n.timeout_s)
 
     def get_hints(self):
@@ -323,9 +321,11 @@ class Comm:
         opname, factor = ("sum", 1.0) if op is None or op is _SUM else \
             ReduceOp.coerce(op).native()
         cuda = self._cuda
-        # A per-call (or set_timeout) bound: host calls then run on the work thread and the
-        # caller waits that long at most. CUDA calls only enqueue; it bounds wait_blocking().
-        limit = self._call_timeout if self._call_timeout is not None else self._timeout
+        # The call's own timeout bounds each of its waits for a peer (native: on the host, in
+        # the kernels, NCCL's watchdog; None: the communicator's). The returned work's blocking
+        # wait is bounded by it too, else by set_timeout's.
+        call_timeout = self._call_timeout
+        limit = call_timeout if call_timeout is not None else self._timeout
         stream = 0
         if cuda:
             torch = T._torch()
@@ -340,45 +340,28 @@ class Comm:
             if name != b.dtype:
                 h = {**h, "low_precision": "off"}
             raws[k] = (b.ptr, b.count, name, b.device)
-        native_async = (bool(async_op) or limit is not None) and not cuda
+        native_async = bool(async_op) and not cuda
         # A CUDA async call's completion, recorded by the native call itself unless list
         # outputs are copied out after it (then after the copies, below).
         mark = cuda and bool(async_op) and not post
-        if splits is None and counts is None and batch is None:
-            native_work = self._n.run_one(coll, raws[0], raws[1], opname, factor, int(peer),
-                                          stream, h.get("algo"), h.get("low_precision"),
-                                          native_async, mark)
-        else:
-            native_batch = None
-            if batch is not None:
-                native_batch = []
-                for is_send, b, p in batch:
-                    name, opname = _alias(coll, b, opname)
-                    native_batch.append((is_send, (b.ptr, b.count, name, b.device), p))
-            native_work = self._n.run({
-                "coll": coll,
-                "out": raws[0],
-                "inp": raws[1],
-                "op": opname,
-                "factor": factor,
-                "peer": int(peer),
-                "splits": splits,
-                "stream": stream,
-                "algo": h.get("algo"),
-                "low_precision": h.get("low_precision"),
-                "async_op": native_async,
-                "mark": mark,
-                "counts": counts,
-                "batch": native_batch,
-            })
+        try:
+            if splits is None and counts is None and batch is None:
+                native_work = self._n.run_one(coll, raws[0], raws[1], opname, factor,
+                                              int(peer), stream, h.get("algo"),
+                                              h.get("low_precision"), native_async, mark,
+                                              call_timeout)
+            else:
+                native_work = self._n.run(self._call_desc(
+                    coll, raws, opname, factor, peer, splits, counts, batch, stream, h,
+                    native_async, mark, call_timeout))
+        except FerrocommError as e:
+            self._failed(coll, e)
+            raise
         if native_work is not None:
             if cuda:
                 return _CudaWork(native_work, self._n.device_index, stream, keep, limit)
-            work = _HostWork(native_work, keep, post, limit)
-            if async_op:
-                return work
-            self._bounded_wait(coll, work, limit)
-            return _DONE
+            # Queued on the work thread: only async calls return before they finish.
+            return _HostWork(native_work, keep, post, limit)
         # Issued (CUDA: enqueued on the current stream; host: finished). Copies of list
         # variants go on the same stream, after the collective.
         for f in post:
@@ -386,6 +369,35 @@ class Comm:
         if cuda and async_op:
             return _CudaWork(self._n.mark(stream), self._n.device_index, stream, keep, limit)
         return _DONE
+
+    @staticmethod
+    def _call_desc(coll, raws, opname, factor, peer, splits, counts, batch, stream, h,
+                   native_async, mark, timeout):
+        """The native call description (PyComm.run's dict) of a call with splits, counts or a
+        batch."""
+        native_batch = None
+        if batch is not None:
+            native_batch = []
+            for is_send, b, p in batch:
+                name, opname = _alias(coll, b, opname)
+                native_batch.append((is_send, (b.ptr, b.count, name, b.device), p))
+        return {
+            "coll": coll,
+            "out": raws[0],
+            "inp": raws[1],
+            "op": opname,
+            "factor": factor,
+            "peer": int(peer),
+            "splits": splits,
+            "stream": stream,
+            "algo": h.get("algo"),
+            "low_precision": h.get("low_precision"),
+            "async_op": native_async,
+            "mark": mark,
+            "timeout": timeout,
+            "counts": counts,
+            "batch": native_batch,
+        }
 
     def _in_place_or(self, out, inp, offset_elems):
         """None (in place) when `inp` is `out` shifted by `offset_elems` elements (NCCL's in-place
@@ -817,10 +829,11 @@ class CommOptions:
 
 def _parity(cls):
     """Adds torchcomms' parity members to `cls` and a per-call ``timeout=`` keyword to every
-    collective (a timedelta or seconds): on the host backend the caller waits that long at most
-    (the call runs on the work thread), and a call that overruns it raises FerrocommTimeout and
-    aborts the communicator (the call is still pending); on CUDA calls only enqueue, so it
-    bounds the returned work's ``wait_blocking()``."""
+    collective (a timedelta or seconds; all_reduce takes it itself): each of the call's waits
+    for a peer is bounded by it instead of the communicator's timeout (on the host, in the
+    direct-access kernels, in NCCL's watchdog), and so is the returned work's blocking wait. A
+    call that times out raises FerrocommTimeout naming the peer it waited for (a CUDA kernel's
+    timeout surfaces at the communicator's next call) and aborts the communicator."""
 
     def timed(f):
         @functools.wraps(f)
@@ -857,17 +870,13 @@ class _ParityMixin:
         finally:
             self._call_timeout = None
 
-    def _bounded_wait(self, coll, work, limit):
-        try:
-            work.wait(limit)
-        except FerrocommTimeout as e:
-            if limit is not None:
-                self._aborted = f"{coll} timed out after {limit:g}s"
-            self._on_error(e)
-            raise
-        except FerrocommError as e:
-            self._on_error(e)
-            raise
+    def _failed(self, coll, e):
+        """A call failed: a timeout aborts the communicator (torchcomms' rule: a peer is
+        missing, later calls must not wait for it again); with
+        abort_process_on_timeout_or_error the process ends here."""
+        if isinstance(e, FerrocommTimeout) and self._aborted is None:
+            self._aborted = f"{coll} timed out"
+        self._on_error(e)
 
     def _on_error(self, e):
         if self._options.get("abort_process_on_timeout_or_error"):
@@ -884,11 +893,13 @@ class _ParityMixin:
         return self._aborted is not None
 
     def set_timeout(self, timeout):
-        """Bounds every later call as a per-call ``timeout=`` does (a timedelta or seconds).
-        A peer's absence is still detected after the creation timeout at the latest."""
+        """The timeout of every later call (a timedelta or seconds), longer or shorter than
+        the one the communicator was created with: each wait for a peer uses it, and it bounds
+        the blocking wait of the works those calls return."""
         t = _timeout_seconds(timeout)
         if t is None or not t > 0:
             raise FerrocommValueError(f"set_timeout: timeout must be positive, got {timeout!r}")
+        self._n.set_timeout(t)
         self._timeout = t
 
     def get_options(self):

@@ -74,6 +74,9 @@ def run(comm, x, residual, weight, eps, out=None, residual_out=None, quant=None,
     ``result()`` gives them."""
     if comm._finalized:
         raise FerrocommError(f"{_C}: communicator '{comm.get_name()}' has been finalized")
+    if comm._aborted is not None:
+        raise FerrocommError(
+            f"{_C}: communicator '{comm.get_name()}' has been aborted ({comm._aborted})")
     xb = comm._buf(x, "x", _C, writable=out is None)
     rb = comm._buf(residual, "residual", _C, writable=residual_out is None)
     wb = comm._buf(weight, "weight", _C)
@@ -125,12 +128,16 @@ def run(comm, x, residual, weight, eps, out=None, residual_out=None, quant=None,
     if quant is not None:
         codes, scales, fp8 = _fp8_outputs(xb, shape)
         outputs += (codes, scales)
-    native = comm._n.all_reduce_rmsnorm(
-        xb.raw(), rb.raw(), wb.raw(), eps,
-        ob.raw() if ob is not None else None,
-        rob.raw() if rob is not None else None,
-        fp8, stream, h.get("algo"), h.get("low_precision"), bool(async_op) and not cuda,
-    )
+    try:
+        native = comm._n.all_reduce_rmsnorm(
+            xb.raw(), rb.raw(), wb.raw(), eps,
+            ob.raw() if ob is not None else None,
+            rob.raw() if rob is not None else None,
+            fp8, stream, h.get("algo"), h.get("low_precision"), bool(async_op) and not cuda,
+        )
+    except FerrocommError as e:
+        comm._failed(_C, e)
+        raise
     keep = (x, residual, weight, out, residual_out) + outputs
     if native is not None:
         from ._comm import _HostWork

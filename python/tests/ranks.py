@@ -810,6 +810,11 @@ def scenario_parity(comm):
     assert (o.name, o.abort_process_on_timeout_or_error) == ("test", False), o
     comm.set_timeout(datetime.timedelta(seconds=20))
     assert comm.get_timeout() == datetime.timedelta(seconds=20)
+    # Longer than the creation timeout: the native communicator's own (the Rust test
+    # host_faults::set_timeout_lengthens_and_shortens_later_calls shows the waits follow it).
+    comm.set_timeout(3 * float(os.environ.get("FERROCOMM_TEST_TIMEOUT", "30")))
+    assert comm._n.timeout_s == 3 * float(os.environ.get("FERROCOMM_TEST_TIMEOUT", "30"))
+    comm.set_timeout(datetime.timedelta(seconds=20))
     expect(ferrocomm.FerrocommValueError, "positive", comm.set_timeout, 0)
     expect(ferrocomm.FerrocommValueError, "positive", comm.all_reduce,
            np.ones(4, np.float32), timeout=-1)
@@ -847,10 +852,11 @@ def scenario_parity(comm):
     assert c2.get_options().timeout == datetime.timedelta(seconds=3)
     assert c2.get_hints() == {"algo": "auto"}
     if RANK == 0:
-        # Alone: the per-call timeout ends the wait and aborts the communicator.
+        # Alone: the per-call timeout (shorter than the communicator's 3 s) ends the wait,
+        # names the missing rank, and aborts the communicator.
         t0 = time.monotonic()
-        expect(ferrocomm.FerrocommTimeout, "did not complete", c2.all_reduce,
-               np.ones(16, np.float32), timeout=0.5)
+        expect(ferrocomm.FerrocommTimeout, "timed out after 500ms on rank 0 waiting for rank 1",
+               c2.all_reduce, np.ones(16, np.float32), timeout=0.5)
         took = time.monotonic() - t0
         assert took < 2.5, f"per-call timeout of 0.5 s took {took:.1f}s"
         assert c2.is_aborted()

@@ -1,6 +1,7 @@
 """The Python API on the host backend with real processes (2 and 4 ranks)."""
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -109,3 +110,29 @@ def test_torchcomms_parity():
     """gather_single, per-call timeout, abort, set_timeout, get_options, get_backend_version,
     new_comm's torchcomms argument order, ReduceOp from torch.distributed."""
     run_ranks(2, "parity")
+
+
+def test_abort_process_on_timeout():
+    """abort_process_on_timeout_or_error=True: rank 0's call times out (rank 1 never makes it)
+    and the process aborts (SIGABRT) after saying why, naming the missing rank."""
+    port = free_port()
+    code = ("import sys, time, numpy as np, ferrocomm\n"
+            "c = ferrocomm.new_comm('host', 'cpu', 'abort', True, 30)\n"
+            "if c.rank == 0:\n"
+            "    c.all_reduce(np.ones(8, np.float32), timeout=0.5)\n"
+            "    print('RETURNED')\n"
+            "else:\n"
+            "    time.sleep(5)\n")
+
+    def start(rank):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        return subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    procs = [start(0), start(1)]
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert procs[0].returncode == -signal.SIGABRT, (procs[0].returncode, outs[0])
+    assert "aborting the process" in outs[0] and "waiting for rank 1" in outs[0], outs[0]
+    assert "RETURNED" not in outs[0]
+    assert procs[1].returncode == 0, outs[1]

@@ -366,7 +366,8 @@ type RawBuf = (u64, usize, String, i64);
 /// recv_displs); `counts` the device-count all-to-all-v's (send, recv, capacity, unit); `batch`
 /// a batch_send_recv's (is_send, buffer, peer) operations; `stream` the CUDA stream; `algo` and
 /// `low_precision` the per-call hints; `async_op` whether a host call may be queued; `mark`
-/// whether a CUDA call records a completion for an async work object.
+/// whether a CUDA call records a completion for an async work object; `timeout` the call's own
+/// timeout in seconds (None: the communicator's).
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
 struct CallDesc {
@@ -382,6 +383,7 @@ struct CallDesc {
     low_precision: Option<String>,
     async_op: bool,
     mark: bool,
+    timeout: Option<f64>,
     counts: Option<(RawBuf, RawBuf, usize, usize)>,
     batch: Option<Vec<(bool, RawBuf, usize)>>,
 }
@@ -397,6 +399,7 @@ struct CallParts<'a> {
     stream: u64,
     algo: Option<&'a str>,
     low_precision: Option<&'a str>,
+    timeout: Option<f64>,
 }
 
 #[derive(Clone, Copy)]
@@ -629,22 +632,34 @@ impl PyComm {
         }
     }
 
-    /// Bound on waiting for queued work: the collective's own timeout, plus slack.
-    fn work_limit(&self) -> Duration {
-        self.inner.config().timeout * 2 + Duration::from_secs(10)
+    /// Bound on waiting for queued work: the call's timeout (its own, else the
+    /// communicator's), twice, plus slack: beyond it the work is stuck.
+    fn work_limit(&self, opts: &CallOpts) -> Duration {
+        opts.timeout.unwrap_or_else(|| self.inner.timeout()) * 2 + Duration::from_secs(10)
     }
 
     /// Queues `call` on the worker thread (started on first use).
     fn submit(&self, call: Call) -> ferrocomm::Result<NativeWork> {
         let name = call.coll.name();
+        let limit = self.work_limit(&call.opts);
         // SAFETY: the Python layer keeps the buffers alive until the work object reports
         // completion (it holds them in the work object).
-        self.submit_exec(name, Box::new(move |comm| unsafe { call.exec(comm) }))
+        self.submit_exec(
+            name,
+            limit,
+            Box::new(move |comm| unsafe { call.exec(comm) }),
+        )
     }
 
     /// Queues `exec` (a call whose buffers the Python layer keeps alive until the work object
-    /// reports completion) on the worker thread, started on first use.
-    fn submit_exec(&self, collective: &str, exec: Exec) -> ferrocomm::Result<NativeWork> {
+    /// reports completion) on the worker thread, started on first use; `limit` bounds waiting
+    /// for it.
+    fn submit_exec(
+        &self,
+        collective: &str,
+        limit: Duration,
+        exec: Exec,
+    ) -> ferrocomm::Result<NativeWork> {
         let state = Arc::new(WorkState::default());
         let collective = collective.to_string();
         let comm = self.inner.clone();
@@ -667,7 +682,7 @@ impl PyComm {
             .map_err(|_| invalid("the communicator's work thread has stopped".into()))?;
         Ok(NativeWork {
             state,
-            limit: self.work_limit(),
+            limit,
             collective,
         })
     }
@@ -703,9 +718,19 @@ impl PyComm {
             Device::Cuda(i) => i as i64,
         }
     }
+    /// The timeout of later calls ([`Communicator::timeout`]), in seconds.
     #[getter]
     fn timeout_s(&self) -> f64 {
-        self.inner.config().timeout.as_secs_f64()
+        self.inner.timeout().as_secs_f64()
+    }
+
+    /// Sets the timeout of later calls, in seconds ([`Communicator::set_timeout`]): longer or
+    /// shorter than the creation timeout.
+    fn set_timeout(&self, py: Python<'_>, seconds: f64) -> PyResult<()> {
+        ferrocomm::config::timeout_from_secs(seconds)
+            .map_err(|why| invalid(format!("set_timeout: timeout {why}")))
+            .and_then(|t| self.inner.set_timeout(t))
+            .map_err(|e| py_err(py, e))
     }
 
     /// How a call would run: its plan, printed as the bench's algo column (for tests and
@@ -737,7 +762,7 @@ impl PyComm {
             .into_iter()
             .find(|c| c.name() == collective)
             .ok_or_else(|| invalid(format!("unknown collective '{collective}'")))?;
-            let opts = self.opts(0, algo, low_precision)?;
+            let opts = self.opts(0, algo, low_precision, None)?;
             Ok(self
                 .inner
                 .algo_for(coll, nbytes, dtype.parse()?, &opts)?
@@ -763,6 +788,7 @@ impl PyComm {
             low_precision,
             async_op,
             mark,
+            timeout,
             counts,
             batch,
         } = desc;
@@ -776,6 +802,7 @@ impl PyComm {
             stream,
             algo: algo.as_deref(),
             low_precision: low_precision.as_deref(),
+            timeout,
         };
         let call = self
             .build_call(parts, splits, counts.as_ref(), batch.as_deref())
@@ -800,6 +827,7 @@ impl PyComm {
         low_precision: Option<&str>,
         async_op: bool,
         mark: bool,
+        timeout: Option<f64>,
     ) -> PyResult<Option<Issued>> {
         let parts = CallParts {
             coll,
@@ -811,6 +839,7 @@ impl PyComm {
             stream,
             algo,
             low_precision,
+            timeout,
         };
         let call = self
             .build_call(parts, None, None, None)
@@ -836,7 +865,7 @@ impl PyComm {
     /// `residual_out` None: in place into `x` / `residual`; `fp8`: (E4M3 codes, f32 scales per
     /// row). Returns a work object as [`PyComm::run`] does.
     #[pyo3(signature = (x, residual, weight, eps, out=None, residual_out=None, fp8=None,
-                        stream=0, algo=None, low_precision=None, async_op=false))]
+                        stream=0, algo=None, low_precision=None, async_op=false, timeout=None))]
     #[allow(clippy::too_many_arguments)]
     fn all_reduce_rmsnorm(
         &self,
@@ -852,6 +881,7 @@ impl PyComm {
         algo: Option<&str>,
         low_precision: Option<&str>,
         async_op: bool,
+        timeout: Option<f64>,
     ) -> PyResult<Option<NativeWork>> {
         let call = (|| -> ferrocomm::Result<NormCall> {
             Ok(NormCall {
@@ -865,16 +895,17 @@ impl PyComm {
                     Some((c, s)) => Some((Buf::parse(c)?, Buf::parse(s)?)),
                     None => None,
                 },
-                opts: self.opts(stream, algo, low_precision)?,
+                opts: self.opts(stream, algo, low_precision, timeout)?,
             })
         })()
         .map_err(|e| py_err(py, e))?;
         let host = self.inner.device() == Device::Host;
         if host && (async_op || self.has_worker()) {
+            let limit = self.work_limit(&call.opts);
             // SAFETY: the Python layer holds the buffers in the work object until it completes.
             let exec = Box::new(move |c: &Communicator| unsafe { call.exec(c) });
             let work = self
-                .submit_exec(ferrocomm::rmsnorm::NAME, exec)
+                .submit_exec(ferrocomm::rmsnorm::NAME, limit, exec)
                 .map_err(|e| py_err(py, e))?;
             if async_op {
                 return Ok(Some(work));
@@ -964,7 +995,7 @@ impl PyComm {
                 .iter()
                 .map(|(send, raw, peer)| Ok((*send, Buf::parse(raw)?, *peer)))
                 .collect::<ferrocomm::Result<_>>()?,
-            opts: self.opts(p.stream, p.algo, p.low_precision)?,
+            opts: self.opts(p.stream, p.algo, p.low_precision, p.timeout)?,
         })
     }
 
@@ -1012,6 +1043,7 @@ impl PyComm {
         stream: u64,
         algo: Option<&str>,
         low_precision: Option<&str>,
+        timeout: Option<f64>,
     ) -> ferrocomm::Result<CallOpts> {
         let mut o = CallOpts::on_stream(stream);
         if let Some(a) = algo {
@@ -1019,6 +1051,11 @@ impl PyComm {
         }
         if let Some(lp) = low_precision {
             o = o.with_low_precision(parse_low_precision(lp, self.inner.config())?);
+        }
+        if let Some(t) = timeout {
+            let t = ferrocomm::config::timeout_from_secs(t)
+                .map_err(|why| invalid(format!("timeout {why}")))?;
+            o = o.with_timeout(t);
         }
         Ok(o)
     }

@@ -5,6 +5,7 @@
 //! calls that make sense locally; this module sits below it, so that backends never import the
 //! communicator that builds them.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +27,10 @@ pub struct CallOpts {
     pub algo: AlgoChoice,
     /// Low precision for this call, overriding the environment.
     pub low_precision: LowPrecisionChoice,
+    /// How long this call waits for a peer at each of its waits (`None`: the communicator's
+    /// timeout, [`crate::Communicator::set_timeout`]). A call that waits longer fails with
+    /// [`Error::Timeout`] naming the peer, as with the communicator's own timeout.
+    pub timeout: Option<Duration>,
 }
 
 /// Per-call algorithm request (a newtype so that `CallOpts::default()` means automatic).
@@ -55,6 +60,42 @@ impl CallOpts {
     pub fn with_low_precision(mut self, lp: LowPrecisionChoice) -> Self {
         self.low_precision = lp;
         self
+    }
+    /// Bounds each of this call's waits for a peer by `timeout` instead of the communicator's.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
+thread_local! {
+    /// The timeout of the call this thread is running, while it runs ([`CallTimeout`]).
+    static CALL_TIMEOUT: Cell<Option<Duration>> = const { Cell::new(None) };
+}
+
+/// How long the call this thread is running waits for a peer at each wait: the call's
+/// [`CallOpts::timeout`], else the communicator's timeout when the call started, as the
+/// communicator put in force for the call; `outside` when no call runs on this thread
+/// (creation, split, helper threads). The executors read it at every wait and put it in the
+/// arguments of every kernel that waits for peers, so the timeout needs no plumbing through
+/// each collective.
+pub(crate) fn call_timeout(outside: Duration) -> Duration {
+    CALL_TIMEOUT.get().unwrap_or(outside)
+}
+
+/// A call's timeout in force on this thread until the guard drops (then the one before it,
+/// for a call made from inside another, is back).
+pub(crate) struct CallTimeout(Option<Duration>);
+
+impl CallTimeout {
+    pub(crate) fn enter(timeout: Duration) -> CallTimeout {
+        CallTimeout(CALL_TIMEOUT.replace(Some(timeout)))
+    }
+}
+
+impl Drop for CallTimeout {
+    fn drop(&mut self) {
+        CALL_TIMEOUT.set(self.0);
     }
 }
 

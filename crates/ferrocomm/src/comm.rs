@@ -5,9 +5,11 @@
 //! collectives or counts at the same step) are the backend's, because only it sees the peers.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use crate::backend::CallTimeout;
 pub use crate::backend::{
     AlgoChoice, Backend, Call, CallKind, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts,
     Splits,
@@ -79,6 +81,9 @@ pub struct Communicator {
     finalized: std::sync::atomic::AtomicBool,
     /// The plans `FERROCOMM_DEBUG` has printed (each once).
     plans_seen: Mutex<HashSet<(Collective, Plan)>>,
+    /// The timeout of later calls, in nanoseconds ([`Communicator::set_timeout`]; at most
+    /// [`crate::config::MAX_TIMEOUT`], which fits).
+    timeout_ns: AtomicU64,
 }
 
 /// Instances per communicator name and rank in this process, so that communicators created in
@@ -93,6 +98,17 @@ fn next_instance(name: &str, rank: usize) -> u64 {
     let c = m.entry((name.to_string(), rank)).or_insert(0);
     *c += 1;
     *c - 1
+}
+
+/// `t` when it is a timeout we take: positive and at most [`crate::config::MAX_TIMEOUT`].
+fn check_timeout(t: Duration) -> Result<Duration> {
+    if t.is_zero() || t > crate::config::MAX_TIMEOUT {
+        return Err(Error::InvalidArgument(format!(
+            "timeout {t:?} must be positive and at most {:?}",
+            crate::config::MAX_TIMEOUT
+        )));
+    }
+    Ok(t)
 }
 
 /// Every rank must build the same kind of backend with the same shared settings
@@ -160,13 +176,7 @@ impl Communicator {
             None => Config::from_env()?,
         };
         if let Some(t) = opts.timeout {
-            if t.is_zero() || t > crate::config::MAX_TIMEOUT {
-                return Err(Error::InvalidArgument(format!(
-                    "timeout {t:?} must be positive and at most {:?}",
-                    crate::config::MAX_TIMEOUT
-                )));
-            }
-            config.timeout = t;
+            config.timeout = check_timeout(t)?;
         }
         let l = &config.launch;
         let rank = opts.rank.or(l.rank).ok_or(Error::MissingEnv {
@@ -276,12 +286,14 @@ impl Communicator {
                 device
             );
         }
+        let timeout_ns = AtomicU64::new(ctx.timeout().as_nanos() as u64);
         Ok(Communicator {
             ctx,
             root_store,
             backend,
             finalized: false.into(),
             plans_seen: Mutex::default(),
+            timeout_ns,
         })
     }
 
@@ -339,6 +351,7 @@ impl Communicator {
                 self.print_plan(coll, coll.name(), bytes, dtype, plan);
             }
         }
+        let _timeout = self.enter_call(opts)?;
         backend.run(Call { kind, opts })
     }
 
@@ -359,6 +372,31 @@ impl Communicator {
             );
             let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
+    }
+
+    /// How long later calls wait for a peer at each wait (the creation timeout until
+    /// [`Communicator::set_timeout`]; a call's [`CallOpts::timeout`] overrides it).
+    pub fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
+    }
+
+    /// Sets the timeout of later calls, longer or shorter than the creation timeout: every wait
+    /// for a peer (on the host, in the direct-access kernels, NCCL's watchdog) of a call that
+    /// starts afterwards uses it. Positive and at most [`crate::config::MAX_TIMEOUT`].
+    pub fn set_timeout(&self, timeout: Duration) -> Result<()> {
+        let t = check_timeout(timeout)?;
+        self.timeout_ns
+            .store(t.as_nanos() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The timeout in force for a call with `opts`, checked.
+    fn enter_call(&self, opts: &CallOpts) -> Result<CallTimeout> {
+        let t = match opts.timeout {
+            Some(t) => check_timeout(t)?,
+            None => self.timeout(),
+        };
+        Ok(CallTimeout::enter(t))
     }
 
     /// A [`Completion`] recorded on `stream` (the calling thread's current context's) after
@@ -403,6 +441,7 @@ impl Communicator {
                 self.print_plan(Collective::AllReduce, NAME, bytes, shape.dtype, plan);
             }
         }
+        let _timeout = self.enter_call(opts)?;
         backend.all_reduce_rmsnorm(call, shape, opts)
     }
 

@@ -114,6 +114,101 @@ fn a_rank_that_never_arrives_is_named_in_the_timeout() {
     }
 }
 
+/// A call's own timeout bounds its waits instead of the communicator's: a rank that never
+/// arrives is named after 300 ms although the communicator would wait a minute, and the error
+/// says 300 ms.
+#[test]
+fn a_call_timeout_shorter_than_the_communicators_is_the_one_that_counts() {
+    let call = Duration::from_millis(300);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(rx);
+    let results = run_ranks(2, &config(4096, Duration::from_secs(60)), |comm| {
+        if comm.rank() == 1 {
+            let _ = rx.lock().unwrap().recv_timeout(Duration::from_secs(20));
+            return None;
+        }
+        let t0 = Instant::now();
+        let x = vec![1.0f32; 100];
+        let mut y = vec![0.0f32; 100];
+        let e = comm
+            .all_reduce(
+                Input::Buf(View::host(&x)),
+                ViewMut::host(&mut y),
+                ReduceOp::Sum,
+                &CallOpts::default().with_timeout(call),
+            )
+            .unwrap_err();
+        let took = t0.elapsed();
+        tx.send(()).unwrap();
+        Some((e, took))
+    });
+    let (e, took) = results.into_iter().next().unwrap().unwrap();
+    assert!(
+        matches!(e, Error::Timeout { missing: 1, timeout, .. } if timeout == call),
+        "{e}"
+    );
+    assert!(
+        took >= call && took < Duration::from_secs(10),
+        "waited {took:?}"
+    );
+}
+
+/// `set_timeout` moves the timeout of later calls both ways: past the creation timeout (a peer
+/// arriving after it still meets this rank) and below it (a peer that never arrives is named
+/// sooner). Zero is refused.
+#[test]
+fn set_timeout_lengthens_and_shortens_later_calls() {
+    let created = Duration::from_millis(300);
+    let late = Duration::from_millis(1200);
+    let results = run_ranks(2, &config(4096, created), |comm| {
+        assert_eq!(comm.timeout(), created);
+        assert!(comm.set_timeout(Duration::ZERO).is_err());
+        comm.set_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!(comm.timeout(), Duration::from_secs(30));
+        let x = vec![comm.rank() as f32 + 1.0; 64];
+        let mut y = vec![0.0f32; 64];
+        if comm.rank() == 1 {
+            // Arrives four creation timeouts late.
+            std::thread::sleep(late);
+        }
+        comm.all_reduce(
+            Input::Buf(View::host(&x)),
+            ViewMut::host(&mut y),
+            ReduceOp::Sum,
+            &CallOpts::default(),
+        )
+        .map(|_| y[0])
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        assert_eq!(res.unwrap(), 3.0, "rank {r}");
+    }
+
+    let short = Duration::from_millis(200);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(rx);
+    let results = run_ranks(2, &config(4096, Duration::from_secs(60)), |comm| {
+        if comm.rank() == 1 {
+            let _ = rx.lock().unwrap().recv_timeout(Duration::from_secs(20));
+            return None;
+        }
+        comm.set_timeout(short).unwrap();
+        let t0 = Instant::now();
+        let e = comm.barrier(&CallOpts::default()).unwrap_err();
+        let took = t0.elapsed();
+        tx.send(()).unwrap();
+        Some((e, took))
+    });
+    let (e, took) = results.into_iter().next().unwrap().unwrap();
+    assert!(
+        matches!(e, Error::Timeout { missing: 1, timeout, .. } if timeout == short),
+        "{e}"
+    );
+    assert!(
+        took >= short && took < Duration::from_secs(10),
+        "waited {took:?}"
+    );
+}
+
 fn expect_mismatch_everywhere(results: Vec<ferrocomm::Result<()>>) {
     for (r, res) in results.into_iter().enumerate() {
         match res {

@@ -7,7 +7,8 @@ Runs on one GPU (the ranks share it; NCCL must be off, as it refuses two ranks o
 on one GPU per rank. Checks, each reported pass/fail with its numbers:
   1. every c10d collective, the object and functional collectives and torch.compile (inductor)
      on CUDA tensors against gloo (the CI scenario of python/tests/torch_ranks.py); async
-     work (futures, a side stream, 150 direct-API works in flight);
+     work (futures, a side stream, 150 direct-API works in flight); a call's own timeout
+     reaching the direct-access kernel;
   2. CUDA graph capture of dist.all_reduce and 200 replays with fresh data;
   3. torch.compile(fullgraph=True) of a function with a functional all-reduce (inductor);
   4. a DTensor tensor-parallel MLP (ColwiseParallel / RowwiseParallel) equal to the
@@ -23,6 +24,7 @@ import faulthandler
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -36,6 +38,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed._functional_collectives as fc  # noqa: E402
 
+import ferrocomm  # noqa: E402
 import ferrocomm.torch as fct  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -124,6 +127,35 @@ def many_in_flight(gloo):
         err = max(err, (x.cpu() - ref).abs().max().item(), (y.cpu() - ref).abs().max().item())
     assert err < 1e-4, err
     return {"works": 300, "max_abs_err": err}
+
+
+def kernel_call_timeout(gloo):
+    """A call's own timeout reaches the direct-access kernel: on a communicator whose timeout
+    is 120 s, rank 0 all-reduces alone with timeout=2; its kernel gives up after ~2 s (the GPU
+    is free again) and the next call reports the timeout, naming rank 1 and the 2 s. Rank 1
+    keeps its communicator (the memory rank 0's kernel reads) until rank 0 is done."""
+    store = dist.distributed_c10d._get_default_store()
+    comm = ferrocomm.new_comm("ferrocomm", DEV, "kernel-timeout", store=store, timeout=120,
+                              rank=RANK, size=WORLD)
+    detail = {}
+    if RANK == 0:
+        x = torch.ones(1024, device=DEV)
+        t0 = time.monotonic()
+        comm.all_reduce(x, timeout=2)
+        torch.cuda.synchronize()
+        took = time.monotonic() - t0
+        try:
+            comm.all_reduce(x)
+            msg = "no timeout reported"
+        except ferrocomm.FerrocommTimeout as e:
+            msg = str(e)
+        detail = {"kernel_gave_up_after_s": round(took, 2), "error": msg[:160]}
+        assert 1.5 < took < 30, detail
+        assert "waiting for rank 1" in msg and "2s" in msg, detail
+        assert comm.is_aborted()
+    dist.barrier(group=gloo)
+    comm.finalize()
+    return detail
 
 
 def graph_capture(gloo):
@@ -234,6 +266,7 @@ def main():
     check("collectives vs gloo (torch_ranks collectives on CUDA)", torch_ranks.collectives)
     check("async work on CUDA", lambda: async_work(gloo))
     check("150 async works in flight (direct API)", lambda: many_in_flight(gloo))
+    check("a call's timeout reaches the kernel", lambda: kernel_call_timeout(gloo))
     check("CUDA graph capture + 200 replays", lambda: graph_capture(gloo))
     check("torch.compile(fullgraph=True) functional all_reduce",
           lambda: compiled_functional(gloo))

@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::backend::{Backend, CallOpts, CommContext, DeviceCounts, P2pOp, Splits};
+use crate::backend::{call_timeout, Backend, CallOpts, CommContext, DeviceCounts, P2pOp, Splits};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::plan::{self, Algo, Collective, Plan};
@@ -207,8 +207,9 @@ impl HostBackend {
         })
     }
 
+    /// How long the running call waits for a peer ([`call_timeout`]).
     fn timeout(&self) -> Duration {
-        self.cfg.timeout
+        call_timeout(self.cfg.timeout)
     }
 
     /// Takes the call lock; fails fast when an earlier failure left the communicator unusable.

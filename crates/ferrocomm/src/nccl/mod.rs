@@ -1,8 +1,8 @@
 //! NCCL, loaded dynamically: the fallback for what direct access does not win, and the baseline.
 //!
-//! [`Nccl`] is one NCCL communicator with a method per collective on raw device pointers;
-//! [`new_backend`] wraps it as a [`Backend`] of its own (backend name `nccl`), and the cuda
-//! backend holds one underneath its direct-access paths.
+//! `Nccl` (crate-internal) is one NCCL communicator with a method per collective on raw
+//! device pointers; [`new_backend`] wraps it as a [`Backend`] of its own (backend name
+//! `nccl`), and the cuda backend holds one underneath its direct-access paths.
 
 mod sys;
 mod watchdog;
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys as drv;
 use cudarc::driver::CudaContext;
 
-use crate::backend::{Backend, CallOpts, CommContext, P2pOp, Splits};
+use crate::backend::{call_timeout, Backend, CallOpts, CommContext, P2pOp, Splits};
 use crate::config::Config;
 use crate::driver::{
     capturing_or_unknown as capturing, cu, Completion, DeviceContext, Event, EventPool,
@@ -547,7 +547,6 @@ impl Nccl {
             let dc = sh.dc.clone();
             let w = watchdog::Watchdog::start(
                 sh.describe.clone(),
-                timeout,
                 WATCHDOG_TICK,
                 move || dc.enter_helper_thread(),
                 NcclGuard(sh.clone()),
@@ -612,7 +611,7 @@ impl Nccl {
             "cuEventRecord (NCCL watchdog)",
         )?;
         drop(st);
-        w.watch(ev, what, seq);
+        w.watch(ev, what, seq, call_timeout(self.sh.timeout));
         Ok(())
     }
 

@@ -48,6 +48,8 @@ struct Watched<E> {
     what: &'static str,
     seq: u64,
     since: Instant,
+    /// How long the operation may stay incomplete (its call's timeout).
+    timeout: Duration,
 }
 
 struct Shared<E> {
@@ -69,7 +71,6 @@ impl<E: Pending> Watchdog<E> {
     /// `describe` names the communicator in failure messages ("rank 0 of 2").
     pub fn start<G: Guard>(
         describe: String,
-        timeout: Duration,
         tick: Duration,
         setup: impl FnOnce() -> Result<(), String> + Send + 'static,
         guard: G,
@@ -96,7 +97,6 @@ impl<E: Pending> Watchdog<E> {
                     shared: sh,
                     guard,
                     describe,
-                    timeout,
                     tick,
                     inflight: VecDeque::new(),
                 };
@@ -120,7 +120,7 @@ impl<E: Pending> Watchdog<E> {
 
     /// Hands the marker recorded after operation `seq` (`what`) to the thread. After a failure
     /// the marker is dropped: the owner refuses calls by then, nothing more is watched.
-    pub fn watch(&self, marker: E, what: &'static str, seq: u64) {
+    pub fn watch(&self, marker: E, what: &'static str, seq: u64, timeout: Duration) {
         if self.failure().is_some() {
             return;
         }
@@ -132,6 +132,7 @@ impl<E: Pending> Watchdog<E> {
                 what,
                 seq,
                 since: Instant::now(),
+                timeout,
             });
         }
     }
@@ -159,7 +160,6 @@ struct Run<E, G> {
     shared: Arc<Shared<E>>,
     guard: G,
     describe: String,
-    timeout: Duration,
     tick: Duration,
     inflight: VecDeque<Watched<E>>,
 }
@@ -213,7 +213,7 @@ impl<E: Pending, G: Guard> Run<E, G> {
     /// communicator must be aborted, if it must.
     fn poll(&mut self) -> Result<(), String> {
         let mut done = Vec::new();
-        let mut hung: Option<(&'static str, u64, Duration)> = None;
+        let mut hung: Option<(&'static str, u64, Duration, Duration)> = None;
         let mut broken: Option<String> = None;
         let mut keep = VecDeque::with_capacity(self.inflight.len());
         while let Some(mut w) = self.inflight.pop_front() {
@@ -221,8 +221,8 @@ impl<E: Pending, G: Guard> Run<E, G> {
                 Ok(true) => done.push(w.marker),
                 Ok(false) => {
                     let waited = w.since.elapsed();
-                    if waited > self.timeout && hung.is_none() {
-                        hung = Some((w.what, w.seq, waited));
+                    if waited > w.timeout && hung.is_none() {
+                        hung = Some((w.what, w.seq, waited, w.timeout));
                     }
                     keep.push_back(w);
                 }
@@ -248,13 +248,13 @@ impl<E: Pending, G: Guard> Run<E, G> {
             return Err(b);
         }
         let async_err = self.guard.async_error();
-        if let Some((what, seq, waited)) = hung {
+        if let Some((what, seq, waited, timeout)) = hung {
             let mut reason = format!(
                 "{what} (call #{seq}) on {} did not complete within the timeout of {:?} \
                  (waited {:.1} s): a peer died, hangs, or never made the matching call; \
                  communicator aborted",
                 self.describe,
-                self.timeout,
+                timeout,
                 waited.as_secs_f64()
             );
             if let Some(e) = async_err {
@@ -333,10 +333,9 @@ mod tests {
         )
     }
 
-    fn start<E: Pending>(timeout_ms: u64, g: &FakeGuard) -> Watchdog<E> {
+    fn start<E: Pending>(g: &FakeGuard) -> Watchdog<E> {
         Watchdog::start(
             "rank 0 of 2".into(),
-            Duration::from_millis(timeout_ms),
             Duration::from_millis(1),
             || Ok(()),
             g.clone(),
@@ -359,10 +358,10 @@ mod tests {
     #[test]
     fn a_never_completing_operation_fails_after_the_timeout_and_aborts_once() {
         let g = FakeGuard::default();
-        let w: Watchdog<Fake> = start(50, &g);
+        let w: Watchdog<Fake> = start(&g);
         let t = Instant::now();
         let (m, _never) = fake(1, false);
-        w.watch(m, "all_reduce", 7);
+        w.watch(m, "all_reduce", 7, Duration::from_millis(50));
         assert!(eventually(|| w.failure().is_some()));
         let waited = t.elapsed();
         assert!(
@@ -385,9 +384,9 @@ mod tests {
     #[test]
     fn an_asynchronous_error_fails_without_waiting_for_the_timeout() {
         let g = FakeGuard::default();
-        let w: Watchdog<Fake> = start(60_000, &g);
+        let w: Watchdog<Fake> = start(&g);
         let (m, _never) = fake(2, false);
-        w.watch(m, "all_gather", 1);
+        w.watch(m, "all_gather", 1, Duration::from_millis(60_000));
         std::thread::sleep(Duration::from_millis(10));
         assert!(w.failure().is_none());
         *g.async_error.lock().unwrap() =
@@ -406,7 +405,7 @@ mod tests {
     fn an_idle_watchdog_reports_an_asynchronous_error() {
         let g = FakeGuard::default();
         *g.async_error.lock().unwrap() = Some("unhandled system error".into());
-        let w: Watchdog<Fake> = start(10_000, &g);
+        let w: Watchdog<Fake> = start(&g);
         assert!(eventually(|| w.failure().is_some()));
         assert!(w.failure().unwrap().contains("unhandled system error"));
         assert_eq!(g.aborts.lock().unwrap().len(), 1);
@@ -415,13 +414,13 @@ mod tests {
     #[test]
     fn completed_markers_are_recycled_and_nothing_fails() {
         let g = FakeGuard::default();
-        let w: Watchdog<Fake> = start(50, &g);
+        let w: Watchdog<Fake> = start(&g);
         assert!(w.recycled().is_none());
         let mut flags = Vec::new();
         for i in 0..10 {
             let (m, f) = fake(i, false);
             flags.push(f);
-            w.watch(m, "all_reduce", i as u64);
+            w.watch(m, "all_reduce", i as u64, Duration::from_millis(50));
         }
         // Complete them late, but within the timeout.
         std::thread::sleep(Duration::from_millis(5));
@@ -446,9 +445,9 @@ mod tests {
     #[test]
     fn a_recycled_marker_is_watched_again() {
         let g = FakeGuard::default();
-        let w: Watchdog<Fake> = start(40, &g);
+        let w: Watchdog<Fake> = start(&g);
         let (m, _) = fake(5, true);
-        w.watch(m, "send", 1);
+        w.watch(m, "send", 1, Duration::from_millis(40));
         let mut again = None;
         assert!(eventually(|| {
             again = w.recycled();
@@ -458,7 +457,7 @@ mod tests {
         assert_eq!(m.id, 5);
         // Reused for work that hangs: the watchdog follows it like a new one.
         m.done.store(false, Ordering::Release);
-        w.watch(m, "recv", 2);
+        w.watch(m, "recv", 2, Duration::from_millis(40));
         assert!(eventually(|| w.failure().is_some()));
         assert!(w.failure().unwrap().contains("recv (call #2)"));
     }
@@ -466,13 +465,13 @@ mod tests {
     #[test]
     fn a_failed_watchdog_refuses_further_work() {
         let g = FakeGuard::default();
-        let w: Watchdog<Fake> = start(20, &g);
+        let w: Watchdog<Fake> = start(&g);
         let (m, _never) = fake(1, false);
-        w.watch(m, "all_reduce", 1);
+        w.watch(m, "all_reduce", 1, Duration::from_millis(20));
         assert!(eventually(|| w.failure().is_some()));
         let (m2, _) = fake(2, true);
         let queries = m2.queries.clone();
-        w.watch(m2, "all_reduce", 2);
+        w.watch(m2, "all_reduce", 2, Duration::from_millis(20));
         std::thread::sleep(Duration::from_millis(20));
         // Never queried, never recycled, no second abort.
         assert_eq!(queries.load(Ordering::Relaxed), 0);
@@ -483,8 +482,8 @@ mod tests {
     #[test]
     fn a_marker_that_cannot_be_queried_fails_the_communicator() {
         let g = FakeGuard::default();
-        let w: Watchdog<Broken> = start(10_000, &g);
-        w.watch(Broken, "reduce_scatter", 4);
+        let w: Watchdog<Broken> = start(&g);
+        w.watch(Broken, "reduce_scatter", 4, Duration::from_millis(10_000));
         assert!(eventually(|| w.failure().is_some()));
         let f = w.failure().unwrap();
         assert!(f.contains("reduce_scatter (call #4)"), "{f}");
@@ -497,7 +496,6 @@ mod tests {
         let g = FakeGuard::default();
         let w: Watchdog<Fake> = Watchdog::start(
             "rank 1 of 2".into(),
-            Duration::from_secs(10),
             Duration::from_millis(1),
             || Err("cuCtxSetCurrent: CUDA_ERROR_INVALID_CONTEXT".into()),
             g.clone(),
@@ -511,7 +509,7 @@ mod tests {
     #[test]
     fn drop_joins_promptly_idle_or_busy() {
         let g = FakeGuard::default();
-        let w: Watchdog<Fake> = start(60_000, &g);
+        let w: Watchdog<Fake> = start(&g);
         let t = Instant::now();
         drop(w);
         assert!(
@@ -520,10 +518,10 @@ mod tests {
             t.elapsed()
         );
 
-        let w: Watchdog<Fake> = start(60_000, &g);
+        let w: Watchdog<Fake> = start(&g);
         let (m, _never) = fake(1, false);
         let queries = m.queries.clone();
-        w.watch(m, "all_reduce", 1);
+        w.watch(m, "all_reduce", 1, Duration::from_millis(60_000));
         assert!(eventually(|| queries.load(Ordering::Relaxed) > 0));
         let t = Instant::now();
         drop(w);

@@ -9,7 +9,7 @@ use std::time::Duration;
 use cudarc::driver::sys;
 
 use super::{cu, kernels, launch};
-use crate::backend::CommContext;
+use crate::backend::{call_timeout, CommContext};
 use crate::bootstrap::{agree, store_barrier};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -281,6 +281,9 @@ pub struct Dda {
     modules: HashMap<DataType, Module>,
     pub(super) sm_count: u32,
     pub(super) timeout: Duration,
+    /// The timeout the latest kernel was launched with, in nanoseconds: what a timeout record
+    /// found by a later call reports (the record does not say).
+    kernel_timeout_ns: std::sync::atomic::AtomicU64,
     /// `FERROCOMM_DEBUG`: a kernel's timeout record is printed whole (peer, phase, block), once
     /// (the record is sticky: every later call finds it again).
     debug: bool,
@@ -392,6 +395,7 @@ impl Dda {
             modules,
             sm_count,
             timeout: ctx.timeout(),
+            kernel_timeout_ns: std::sync::atomic::AtomicU64::new(0),
             debug: ctx.config.debug,
             timeout_shown: std::sync::atomic::AtomicBool::new(false),
             ce: None,
@@ -633,6 +637,10 @@ impl Dda {
     }
 
     pub(super) fn base_args(&self, input: u64, output: u64, count: u64) -> Args {
+        // The running call's timeout: a kernel that waits longer for a peer gives up.
+        let timeout_ns = call_timeout(self.timeout).as_nanos().min(u64::MAX as u128) as u64;
+        self.kernel_timeout_ns
+            .store(timeout_ns, std::sync::atomic::Ordering::Relaxed);
         let mut a = Args {
             staging: [0; MAX_RANKS],
             push: [0; MAX_RANKS],
@@ -644,7 +652,7 @@ impl Dda {
             count,
             staging_bytes: self.layout.staging_bytes as u64,
             push_cap: self.layout.push_cap as u64,
-            timeout_ns: self.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            timeout_ns,
             int_div: 1,
             pre: 1.0,
             post_div: 1.0,
@@ -699,7 +707,13 @@ impl Dda {
             collective,
             rank: self.rank,
             missing: peer,
-            timeout: self.timeout,
+            timeout: match self
+                .kernel_timeout_ns
+                .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                0 => self.timeout,
+                ns => Duration::from_nanos(ns),
+            },
         })
     }
 
