@@ -5,8 +5,49 @@ mod host_support;
 
 use std::time::{Duration, Instant};
 
-use ferrocomm::{CallOpts, DataType, Error, Input, ReduceOp, Splits, View, ViewMut};
+use ferrocomm::{
+    CallOpts, Communicator, Config, DataType, Error, Input, ReduceOp, Splits, View, ViewMut,
+};
 use host_support::*;
+
+/// Runs `f` on every rank of `n` but `absent`, which stays alive without calling anything until
+/// the others have returned: the peer their timeouts name. `None` for the absent rank.
+fn with_rank_absent<R: Send>(
+    n: usize,
+    cfg: &Config,
+    absent: usize,
+    f: impl Fn(&Communicator) -> R + Sync,
+) -> Vec<Option<R>> {
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    let wait = std::sync::Mutex::new(wait);
+    run_ranks(n, cfg, |comm| {
+        if comm.rank() == absent {
+            for _ in 1..n {
+                let _ = wait.lock().unwrap().recv_timeout(Duration::from_secs(20));
+            }
+            return None;
+        }
+        let r = f(&comm);
+        done.send(()).unwrap();
+        Some(r)
+    })
+}
+
+/// An all-reduce of 100 floats with `opts`: how long it took and its error.
+fn lone_all_reduce(comm: &Communicator, opts: &CallOpts) -> (Error, Duration) {
+    let t0 = Instant::now();
+    let x = vec![1.0f32; 100];
+    let mut y = vec![0.0f32; 100];
+    let e = comm
+        .all_reduce(
+            Input::Buf(View::host(&x)),
+            ViewMut::host(&mut y),
+            ReduceOp::Sum,
+            opts,
+        )
+        .unwrap_err();
+    (e, t0.elapsed())
+}
 
 #[test]
 fn ranks_that_never_join_are_named_when_creation_times_out() {
@@ -63,32 +104,11 @@ fn ranks_that_never_join_are_named_when_creation_times_out() {
 #[test]
 fn a_rank_that_never_arrives_is_named_in_the_timeout() {
     let timeout = Duration::from_millis(300);
-    let (tx, rx) = std::sync::Mutex::new(std::sync::mpsc::channel::<()>())
-        .into_inner()
-        .unwrap();
-    let rx = std::sync::Mutex::new(rx);
-    let results = run_ranks(3, &config(4096, timeout), |comm| {
-        if comm.rank() == 2 {
-            // Alive, but never calls the collective (until the others have given up).
-            let _ = rx.lock().unwrap().recv_timeout(Duration::from_secs(20));
-            return None;
-        }
-        let t0 = Instant::now();
-        let x = vec![1.0f32; 100];
-        let mut y = vec![0.0f32; 100];
-        let e = comm
-            .all_reduce(
-                Input::Buf(View::host(&x)),
-                ViewMut::host(&mut y),
-                ReduceOp::Sum,
-                &CallOpts::default(),
-            )
-            .unwrap_err();
-        let took = t0.elapsed();
+    let results = with_rank_absent(3, &config(4096, timeout), 2, |comm| {
+        let (e, took) = lone_all_reduce(comm, &CallOpts::default());
         // A second call fails at once: the communicator is unusable after a timeout.
         let again = comm.barrier(&CallOpts::default()).unwrap_err();
-        tx.send(()).unwrap();
-        Some((e, took, again))
+        (e, took, again)
     });
     for (r, res) in results.into_iter().enumerate().take(2) {
         let (e, took, again) = res.unwrap();
@@ -120,27 +140,8 @@ fn a_rank_that_never_arrives_is_named_in_the_timeout() {
 #[test]
 fn a_call_timeout_shorter_than_the_communicators_is_the_one_that_counts() {
     let call = Duration::from_millis(300);
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let rx = std::sync::Mutex::new(rx);
-    let results = run_ranks(2, &config(4096, Duration::from_secs(60)), |comm| {
-        if comm.rank() == 1 {
-            let _ = rx.lock().unwrap().recv_timeout(Duration::from_secs(20));
-            return None;
-        }
-        let t0 = Instant::now();
-        let x = vec![1.0f32; 100];
-        let mut y = vec![0.0f32; 100];
-        let e = comm
-            .all_reduce(
-                Input::Buf(View::host(&x)),
-                ViewMut::host(&mut y),
-                ReduceOp::Sum,
-                &CallOpts::default().with_timeout(call),
-            )
-            .unwrap_err();
-        let took = t0.elapsed();
-        tx.send(()).unwrap();
-        Some((e, took))
+    let results = with_rank_absent(2, &config(4096, Duration::from_secs(60)), 1, |comm| {
+        lone_all_reduce(comm, &CallOpts::default().with_timeout(call))
     });
     let (e, took) = results.into_iter().next().unwrap().unwrap();
     assert!(
@@ -184,19 +185,9 @@ fn set_timeout_lengthens_and_shortens_later_calls() {
     }
 
     let short = Duration::from_millis(200);
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let rx = std::sync::Mutex::new(rx);
-    let results = run_ranks(2, &config(4096, Duration::from_secs(60)), |comm| {
-        if comm.rank() == 1 {
-            let _ = rx.lock().unwrap().recv_timeout(Duration::from_secs(20));
-            return None;
-        }
+    let results = with_rank_absent(2, &config(4096, Duration::from_secs(60)), 1, |comm| {
         comm.set_timeout(short).unwrap();
-        let t0 = Instant::now();
-        let e = comm.barrier(&CallOpts::default()).unwrap_err();
-        let took = t0.elapsed();
-        tx.send(()).unwrap();
-        Some((e, took))
+        lone_all_reduce(comm, &CallOpts::default())
     });
     let (e, took) = results.into_iter().next().unwrap().unwrap();
     assert!(
