@@ -287,14 +287,20 @@ class Comm:
 
     def split(self, ranks, name, hints=None, timeout=None):
         """A communicator of ``ranks`` (global ranks, new rank = position in the list), or None
-        on ranks not listed. Listed ranks must all call it with the same list and name."""
-        del timeout  # the parent's timeout applies
+        on ranks not listed. Listed ranks must all call it with the same list and name. It is
+        created with this communicator's current timeout and then has ``timeout`` when given."""
         ranks = [int(r) for r in ranks]
+        t = _timeout_seconds(timeout)
+        if t is not None and not t > 0:
+            raise FerrocommValueError(f"split: timeout must be positive, got {timeout!r}")
+        merged = {**self._hints, **_check_hints(hints, "split")}
         sub = self._n.split(ranks, str(name))
         if sub is None:
             return None
-        merged = {**self._hints, **_check_hints(hints, "split")}
-        return Comm(sub, self._requested, merged, {**self._options, "name": str(name)})
+        c = Comm(sub, self._requested, merged, {**self._options, "name": str(name)})
+        if t is not None:
+            c.set_timeout(t)
+        return c
 
     # -- plumbing --------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ against a numpy reference computed in float64 (or exact integer arithmetic). Out
 poisoned before every call.
 """
 
+import datetime
 import os
 import sys
 import time
@@ -621,8 +622,10 @@ def scenario_split(comm):
     t = xs[RANK].copy()
     mine.all_reduce(t, ReduceOp.SUM)
     check("split all_reduce", t, reduce_ref("sum", [xs[r] for r in group], "float32"), "float32")
-    rev = comm.split(list(reversed(range(WORLD))), "rev")
+    assert mine.get_timeout() == comm.get_timeout()  # the parent's timeout
+    rev = comm.split(list(reversed(range(WORLD))), "rev", timeout=datetime.timedelta(seconds=45))
     assert rev.rank == WORLD - 1 - RANK
+    assert rev.get_timeout() == datetime.timedelta(seconds=45), rev.get_timeout()
     out = np.empty(50 * WORLD, np.float32)
     rev.all_gather_single(out, xs[RANK])
     check("reversed all_gather", out,
@@ -801,8 +804,6 @@ def scenario_rmsnorm(comm):
 def scenario_parity(comm):
     """torchcomms' members: gather_single, per-call timeout, abort, set_timeout, get_options,
     get_backend_version, new_comm's positional order, ReduceOp from torch.distributed values."""
-    import datetime
-
     import torch.distributed as dist
 
     assert comm.get_backend_version() == ferrocomm.__version__

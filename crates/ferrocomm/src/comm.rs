@@ -756,7 +756,8 @@ impl Communicator {
     }
 
     /// A communicator of the ranks listed (in that order). Ranks not listed get `None` and need
-    /// not call; listed ranks must all call with the same list and name.
+    /// not call; listed ranks must all call with the same list and name. It starts with this
+    /// communicator's current [`Communicator::timeout`].
     pub fn split(&self, ranks: &[usize], name: &str) -> Result<Option<Communicator>> {
         self.live()?;
         let mut seen = vec![false; self.size()];
@@ -784,6 +785,10 @@ impl Communicator {
             "nccl" => BackendChoice::Nccl,
             _ => BackendChoice::Cuda,
         };
+        // The new communicator starts with this one's current timeout (set_timeout's, if any),
+        // also for its creation.
+        let mut config = (*self.ctx.config).clone();
+        config.timeout = self.timeout();
         Communicator::build(
             full,
             prefix,
@@ -794,7 +799,7 @@ impl Communicator {
             Some(self.ctx.device),
             choice,
             self.root_store.clone(),
-            self.ctx.config.clone(),
+            Arc::new(config),
         )
         .map(Some)
     }

@@ -166,6 +166,9 @@ fn set_timeout_lengthens_and_shortens_later_calls() {
         assert!(comm.set_timeout(Duration::ZERO).is_err());
         comm.set_timeout(Duration::from_secs(30)).unwrap();
         assert_eq!(comm.timeout(), Duration::from_secs(30));
+        // A split starts with the parent's current timeout.
+        let sub = comm.split(&[1, 0], "sub").unwrap().unwrap();
+        assert_eq!(sub.timeout(), Duration::from_secs(30));
         let x = vec![comm.rank() as f32 + 1.0; 64];
         let mut y = vec![0.0f32; 64];
         if comm.rank() == 1 {
