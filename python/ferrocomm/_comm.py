@@ -890,10 +890,14 @@ class _ParityMixin:
             os.abort()
 
     def abort(self):
-        """Abandons queued and running work; every later call raises at once. Resources are
-        released when the process exits (torchcomms' abort)."""
+        """Gives up on the communicator (torchcomms' abort): every later call raises at once;
+        peers waiting on this rank in a host collective fail at once naming it, an NCCL
+        communicator underneath is aborted (its kernels exit), direct-access kernels waiting
+        for this rank end at their timeout. Queued work is not waited for; the memory is
+        released when the communicator object is."""
         if self._aborted is None:
             self._aborted = "abort() was called"
+            self._n.abort()
 
     def is_aborted(self):
         return self._aborted is not None

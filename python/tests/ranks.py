@@ -862,12 +862,26 @@ def scenario_parity(comm):
         assert took < 2.5, f"per-call timeout of 0.5 s took {took:.1f}s"
         assert c2.is_aborted()
         expect(ferrocomm.FerrocommError, "aborted", c2.barrier)
-    else:
+    comm.barrier(timeout=10)  # rank 1 aborts only once rank 0 has timed out
+    if RANK == 1:
         c2.abort()
         assert c2.is_aborted()
         expect(ferrocomm.FerrocommError, "abort() was called", c2.all_reduce,
                np.ones(16, np.float32))
     c2.finalize()  # returns at once after an abort
+
+    # abort() tells a peer waiting on this rank at once, not after the 30 s timeout.
+    c4 = ferrocomm.new_comm("host", "cpu", "abort", timeout=30)
+    if RANK == 1:
+        time.sleep(0.3)
+        c4.abort()
+    else:
+        t0 = time.monotonic()
+        expect(ferrocomm.FerrocommError, "rank 1 failed or exited", c4.all_reduce,
+               np.ones(16, np.float32))
+        took = time.monotonic() - t0
+        assert took < 10, f"the abort reached rank 0 after {took:.1f}s"
+    c4.finalize()
     expect(ferrocomm.FerrocommValueError, "name is required", ferrocomm.new_comm, "host", "cpu")
     comm.barrier(timeout=10)
 

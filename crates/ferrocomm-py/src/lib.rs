@@ -724,6 +724,11 @@ impl PyComm {
         self.inner.timeout().as_secs_f64()
     }
 
+    /// Gives up on the communicator ([`Communicator::abort`]).
+    fn abort(&self) {
+        self.inner.abort();
+    }
+
     /// Sets the timeout of later calls, in seconds ([`Communicator::set_timeout`]): longer or
     /// shorter than the creation timeout.
     fn set_timeout(&self, py: Python<'_>, seconds: f64) -> PyResult<()> {

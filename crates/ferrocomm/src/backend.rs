@@ -434,6 +434,11 @@ pub trait Backend: Send + Sync {
         let _ = stream;
         Ok(None)
     }
+    /// Gives up on the communicator ([`crate::Communicator::abort`]): peers waiting on this
+    /// rank learn it where the backend can tell them (the host backend's failed flag), and an
+    /// NCCL communicator is aborted (its kernels exit). Direct-access kernels that wait for this
+    /// rank end at their timeout. Default: nothing to tell.
+    fn abort(&self) {}
     /// Runs one checked call: the one entry the communicator uses, which hands each
     /// collective to its method below.
     fn run(&self, call: Call<'_>) -> Result<()> {

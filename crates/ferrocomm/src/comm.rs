@@ -84,6 +84,8 @@ pub struct Communicator {
     /// The timeout of later calls, in nanoseconds ([`Communicator::set_timeout`]; at most
     /// [`crate::config::MAX_TIMEOUT`], which fits).
     timeout_ns: AtomicU64,
+    /// Set by [`Communicator::abort`].
+    aborted: std::sync::atomic::AtomicBool,
 }
 
 /// Instances per communicator name and rank in this process, so that communicators created in
@@ -294,6 +296,7 @@ impl Communicator {
             finalized: false.into(),
             plans_seen: Mutex::default(),
             timeout_ns,
+            aborted: false.into(),
         })
     }
 
@@ -410,7 +413,21 @@ impl Communicator {
         if self.finalized.load(std::sync::atomic::Ordering::Acquire) {
             return Err(Error::Finalized(self.ctx.name.clone()));
         }
+        if self.aborted.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Error::Aborted(self.ctx.name.clone()));
+        }
         Ok(&*self.backend)
+    }
+
+    /// Gives up on the communicator (torchcomms' abort): every later call fails with
+    /// [`Error::Aborted`] at once, peers waiting on this rank in a host collective fail at once
+    /// with [`Error::PeerFailed`] naming it, an NCCL communicator underneath is aborted (its
+    /// kernels exit); direct-access kernels waiting for this rank end at their timeout. May be
+    /// called from any thread, also while a call runs; the memory is released on drop.
+    pub fn abort(&self) {
+        if !self.aborted.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            self.backend.abort();
+        }
     }
 
     /// Sums (or otherwise reduces) `input` over all ranks into `output` on every rank.

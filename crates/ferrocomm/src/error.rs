@@ -201,6 +201,10 @@ pub enum Error {
     #[error("communicator '{0}' has been finalized")]
     Finalized(String),
 
+    /// A call on a communicator after `abort`; the text is its name.
+    #[error("communicator '{0}' has been aborted")]
+    Aborted(String),
+
     #[error("I/O: {context}: {source}")]
     /// An operating-system I/O error, with what was being done.
     Io {

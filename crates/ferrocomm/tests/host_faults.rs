@@ -203,6 +203,36 @@ fn set_timeout_lengthens_and_shortens_later_calls() {
     );
 }
 
+/// `abort` tells a peer waiting on this rank at once (not after its 60 s timeout), and every
+/// later call of the aborted communicator fails with `Aborted`.
+#[test]
+fn abort_fails_a_waiting_peer_at_once() {
+    let results = run_ranks(2, &config(4096, Duration::from_secs(60)), |comm| {
+        if comm.rank() == 0 {
+            std::thread::sleep(Duration::from_millis(300));
+            comm.abort();
+            let again = comm.barrier(&CallOpts::default()).unwrap_err();
+            return (again, Duration::ZERO);
+        }
+        lone_all_reduce(&comm, &CallOpts::default())
+    });
+    let (again, _) = &results[0];
+    assert!(matches!(again, Error::Aborted(_)), "{again}");
+    let (e, took) = &results[1];
+    assert!(
+        matches!(
+            e,
+            Error::PeerFailed {
+                peer: 0,
+                rank: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(*took < Duration::from_secs(10), "rank 1 waited {took:?}");
+}
+
 fn expect_mismatch_everywhere(results: Vec<ferrocomm::Result<()>>) {
     for (r, res) in results.into_iter().enumerate() {
         match res {

@@ -460,6 +460,14 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
+    fn abort(&self) {
+        // Not under the call lock: a call may be running on another thread. ncclCommAbort runs
+        // on a helper thread that makes the device's context current.
+        if let Some(n) = &self.nccl {
+            n.nccl.abort("abort() was called");
+        }
+    }
+
     fn mark(&self, stream: u64) -> Result<Option<Completion>> {
         bind(&self.cuda)?;
         self.events.record(stream).map(Some)

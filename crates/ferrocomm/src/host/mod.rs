@@ -428,6 +428,11 @@ impl Backend for HostBackend {
         "host"
     }
 
+    fn abort(&self) {
+        // The flag a failed call sets: peers waiting on this rank stop at once (PeerFailed).
+        self.seg.failed(self.rank).store(1, Ordering::Relaxed);
+    }
+
     fn all_reduce(
         &self,
         input: Input<'_>,

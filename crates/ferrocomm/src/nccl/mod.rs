@@ -558,6 +558,13 @@ impl Nccl {
     }
 
     /// Why the communicator failed (a timeout or an asynchronous error), once it has.
+    /// Aborts the communicator now (`ncclCommAbort`, bounded by the timeout): its kernels exit,
+    /// later calls fail with `reason`.
+    pub(crate) fn abort(&self, reason: &str) {
+        let mut st = self.sh.lock();
+        self.sh.fail(&mut st, reason.to_string());
+    }
+
     pub(crate) fn failure(&self) -> Option<String> {
         self.sh.lock().failed.clone()
     }
@@ -1282,6 +1289,12 @@ impl NcclBackend {
 impl Backend for NcclBackend {
     fn name(&self) -> &'static str {
         "nccl"
+    }
+
+    fn abort(&self) {
+        // Not under the call lock: a call may be running on another thread. ncclCommAbort runs
+        // on a helper thread that makes the device's context current.
+        self.ops.nccl.abort("abort() was called");
     }
 
     fn mark(&self, stream: u64) -> Result<Option<Completion>> {
