@@ -103,6 +103,12 @@ def main():
         with fct.hints(**lp):
             dist.all_reduce(x, group=fgroup)
 
+    # The backend's own rows, which --profile lists.
+    backend = [
+        ("dist.all_reduce (\"ferrocomm\" backend)", lambda: dist.all_reduce(x, group=fgroup)),
+        ("dist.all_reduce (\"ferrocomm\"), async_op=True",
+         lambda: dist.all_reduce(x, group=fgroup, async_op=True)),
+    ]
     rows = [
         ("bare kernel launch x.add_(0)", lambda: x.add_(0)),
         (f"dist.all_reduce ({ref} c10d)", lambda: dist.all_reduce(x)),
@@ -111,9 +117,7 @@ def main():
         ("comm.all_reduce (direct API)", lambda: comm.all_reduce(x)),
         ("comm.all_reduce, async_op=True", lambda: comm.all_reduce(x, async_op=True)),
         ("comm.all_reduce, low-precision hint", lambda: comm.all_reduce(x, hints=lp)),
-        ("dist.all_reduce (\"ferrocomm\" backend)", lambda: dist.all_reduce(x, group=fgroup)),
-        ("dist.all_reduce (\"ferrocomm\"), async_op=True",
-         lambda: dist.all_reduce(x, group=fgroup, async_op=True)),
+        *backend,
         ("dist.all_reduce (\"ferrocomm\"), hints()", with_hints),
     ]
     results = [{"call": name, "host_us": round(med, 2), "min_us": round(lo, 2),
@@ -135,7 +139,7 @@ def main():
          "rows": results}, indent=2))
     if a.profile:
         s = io.StringIO()
-        for name, fn in [rows[6], rows[7]]:
+        for name, fn in backend:
             prof = cProfile.Profile()
             prof.enable()
             for _ in range(a.calls):

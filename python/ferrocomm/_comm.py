@@ -6,12 +6,10 @@ import numbers
 import operator
 import os
 import sys
-from time import monotonic as _monotonic
-from time import sleep as _sleep
 
 from . import _native
 from . import _tensors as T
-from ._errors import FerrocommError, FerrocommTimeout, FerrocommValueError
+from ._errors import FerrocommError, FerrocommTimeout, FerrocommUnsupported, FerrocommValueError
 from ._ops import ReduceOp
 
 _SUM = ReduceOp.SUM
@@ -213,7 +211,7 @@ class Comm:
         # torchcomms parity: per-call timeouts, abort, options (see "-- torchcomms parity").
         self._options = options or {}
         self._call_timeout = None
-        self._timeout = None
+        # Why the communicator was given up on (abort(), a timeout); None while usable.
         self._aborted = None
 
     # -- information ---------------------------------------------------------------------
@@ -314,13 +312,18 @@ class Comm:
             )
         return b
 
-    def _issue(self, coll, *, out=None, inp=None, op=None, peer=0, splits=None, counts=None,
-               batch=None, async_op=False, hints=None, keep=(), post=()):
+    def _check_live(self, coll):
+        """Refuses a call on a finalized or aborted communicator."""
         if self._finalized:
             raise FerrocommError(f"{coll}: communicator '{self.get_name()}' has been finalized")
         if self._aborted is not None:
             raise FerrocommError(
                 f"{coll}: communicator '{self.get_name()}' has been aborted ({self._aborted})")
+
+    def _issue(self, coll, *, out=None, inp=None, op=None, peer=0, splits=None, counts=None,
+               batch=None, async_op=False, hints=None, keep=(), post=()):
+        if self._finalized or self._aborted is not None:
+            self._check_live(coll)
         # The communicator's hints as they are unless the call brings its own (no copy per
         # call; a dict changed below is a new one).
         h = self._hints if hints is None else {**self._hints, **_check_hints(hints, coll)}
@@ -328,10 +331,9 @@ class Comm:
             ReduceOp.coerce(op).native()
         cuda = self._cuda
         # The call's own timeout bounds each of its waits for a peer (native: on the host, in
-        # the kernels, NCCL's watchdog; None: the communicator's). The returned work's blocking
-        # wait is bounded by it too, else by set_timeout's.
-        call_timeout = self._call_timeout
-        limit = call_timeout if call_timeout is not None else self._timeout
+        # the kernels, NCCL's watchdog; None: the communicator's) and the returned work's
+        # blocking wait (None: the native bound, which follows the communicator's timeout).
+        call_timeout = limit = self._call_timeout
         stream = 0
         if cuda:
             torch = T._torch()
@@ -373,7 +375,8 @@ class Comm:
         for f in post:
             f()
         if cuda and async_op:
-            return _CudaWork(self._n.mark(stream), self._n.device_index, stream, keep, limit)
+            return _CudaWork(self._n.mark(stream, coll), self._n.device_index, stream, keep,
+                             limit)
         return _DONE
 
     @staticmethod
@@ -419,7 +422,7 @@ class Comm:
 
     # -- collectives -----------------------------------------------------------------------
 
-    def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False, hints=None, timeout=None):
+    def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False, hints=None, *, timeout=None):
         """Reduces ``tensor`` over all ranks, in place."""
         # The per-call timeout handled here rather than by _parity's wrapper: this is the call
         # on every token's path, and the wrapper's argument forwarding costs host time.
@@ -877,11 +880,16 @@ class _ParityMixin:
             self._call_timeout = None
 
     def _failed(self, coll, e):
-        """A call failed: a timeout aborts the communicator (torchcomms' rule: a peer is
-        missing, later calls must not wait for it again); with
-        abort_process_on_timeout_or_error the process ends here."""
+        """A call failed natively: a timeout aborts the communicator (torchcomms' rule: a peer
+        is missing, later calls must not wait for it again); with
+        abort_process_on_timeout_or_error a timeout or a failure of the communication ends the
+        process here. Argument errors (FerrocommValueError, FerrocommUnsupported) only raise,
+        wherever they are found."""
+        if isinstance(e, (FerrocommValueError, FerrocommUnsupported)):
+            return
         if isinstance(e, FerrocommTimeout) and self._aborted is None:
             self._aborted = f"{coll} timed out"
+            self._n.abort()
         self._on_error(e)
 
     def _on_error(self, e):
@@ -897,7 +905,8 @@ class _ParityMixin:
         released when the communicator object is."""
         if self._aborted is None:
             self._aborted = "abort() was called"
-            self._n.abort()
+        # Also after a timeout (natively idempotent): NCCL is aborted, peers are told.
+        self._n.abort()
 
     def is_aborted(self):
         return self._aborted is not None
@@ -910,7 +919,6 @@ class _ParityMixin:
         if t is None or not t > 0:
             raise FerrocommValueError(f"set_timeout: timeout must be positive, got {timeout!r}")
         self._n.set_timeout(t)
-        self._timeout = t
 
     def get_options(self):
         o = self._options

@@ -72,11 +72,7 @@ def run(comm, x, residual, weight, eps, out=None, residual_out=None, quant=None,
     """``Comm.all_reduce_rmsnorm`` (see the module doc); returns ``(out, residual_out)``, with
     ``quant`` ``(out, residual_out, codes, scales)``; with ``async_op=True`` a work object whose
     ``result()`` gives them."""
-    if comm._finalized:
-        raise FerrocommError(f"{_C}: communicator '{comm.get_name()}' has been finalized")
-    if comm._aborted is not None:
-        raise FerrocommError(
-            f"{_C}: communicator '{comm.get_name()}' has been aborted ({comm._aborted})")
+    comm._check_live(_C)
     xb = comm._buf(x, "x", _C, writable=out is None)
     rb = comm._buf(residual, "residual", _C, writable=residual_out is None)
     wb = comm._buf(weight, "weight", _C)
@@ -147,7 +143,7 @@ def run(comm, x, residual, weight, eps, out=None, residual_out=None, quant=None,
         from ._comm import _CudaWork, _DoneWork
 
         if cuda:
-            done = comm._n.mark(stream)
+            done = comm._n.mark(stream, _C)
             return _WithOutputs(_CudaWork(done, comm._n.device_index, stream, keep), outputs)
         return _WithOutputs(_DoneWork(), outputs)
     return outputs

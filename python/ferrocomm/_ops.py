@@ -112,7 +112,7 @@ class ReduceOp:
         if isinstance(op, ReduceOp):
             return op
         if isinstance(op, str):
-            return ReduceOp(op)
+            return _CONSTANTS.get(op) or ReduceOp(op)
         # torch.distributed.ReduceOp holds a RedOpType in `.op`; RedOpType has `.name`.
         inner = getattr(op, "op", None)
         if inner is not None and not callable(inner):
@@ -124,7 +124,8 @@ class ReduceOp:
             raise ValueError(
                 "torch.distributed's PREMUL_SUM keeps its factor out of reach of Python; "
                 "pass ferrocomm.ReduceOp.PREMUL_SUM(factor)")
-        return ReduceOp(name.lower())
+        # The class's own constant where there is one (callers short-cut `op is ReduceOp.SUM`).
+        return _CONSTANTS.get(name.lower()) or ReduceOp(name.lower())
 
 
 _NATIVE = {
@@ -149,3 +150,7 @@ ReduceOp.AVG = ReduceOp("avg")
 ReduceOp.BAND = ReduceOp("band")
 ReduceOp.BOR = ReduceOp("bor")
 ReduceOp.BXOR = ReduceOp("bxor")
+
+# The constants by name, for coerce.
+_CONSTANTS = {c.name: c for c in (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX,
+                                  ReduceOp.AVG, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)}

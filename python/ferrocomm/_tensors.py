@@ -35,8 +35,8 @@ _raw_stream = None
 
 
 def is_tensor(obj):
-    t = _torch()
-    return t is not None and isinstance(obj, t.Tensor)
+    tensor = _Tensor or _tensor_type()
+    return tensor is not None and isinstance(obj, tensor)
 
 
 def is_buffer(obj):
@@ -58,7 +58,8 @@ class Buf:
 
     @property
     def shape(self):
-        # Read when an error message needs it, not on every call.
+        # Read where a call needs it (error messages, the fused call's rows), not by every
+        # call's description.
         return self.obj.shape
 
     def raw(self):

@@ -442,12 +442,32 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
             w._inner = (inner,)
 
 
+class _TorchWork:
+    """A torch Work among a coalesced call's works (gloo's, for the CPU tensors of
+    "cpu:gloo,cuda:ferrocomm"), waited on as ferrocomm's are."""
+
+    __slots__ = ("_w",)
+
+    def __init__(self, w):
+        self._w = w
+
+    def wait(self, timeout=None):
+        if timeout is None:
+            self._w.wait()
+        else:
+            self._w.wait(datetime.timedelta(seconds=timeout))
+
+    def is_completed(self):
+        return self._w.is_completed()
+
+
 def _joined(pg, works, result):
     """One work for a coalesced call's works."""
     if len(works) == 1:
         return works[0]
-    return _Work(pg, tuple(i for w in works for i in w._inner), result,
-                 any(w._cuda for w in works))
+    inner = tuple(i for w in works
+                  for i in (w._inner if isinstance(w, _Work) else (_TorchWork(w),)))
+    return _Work(pg, inner, result, any(isinstance(w, _Work) and w._cuda for w in works))
 
 
 def _one(lst, what):

@@ -813,8 +813,9 @@ def scenario_parity(comm):
     assert comm.get_timeout() == datetime.timedelta(seconds=20)
     # Longer than the creation timeout: the native communicator's own (the Rust test
     # host_faults::set_timeout_lengthens_and_shortens_later_calls shows the waits follow it).
-    comm.set_timeout(3 * float(os.environ.get("FERROCOMM_TEST_TIMEOUT", "30")))
-    assert comm._n.timeout_s == 3 * float(os.environ.get("FERROCOMM_TEST_TIMEOUT", "30"))
+    longer = 3 * datetime.timedelta(seconds=int(os.environ.get("FERROCOMM_TEST_TIMEOUT", "30")))
+    comm.set_timeout(longer)
+    assert comm.get_timeout() == longer, comm.get_timeout()
     comm.set_timeout(datetime.timedelta(seconds=20))
     expect(ferrocomm.FerrocommValueError, "positive", comm.set_timeout, 0)
     expect(ferrocomm.FerrocommValueError, "positive", comm.all_reduce,

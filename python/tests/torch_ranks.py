@@ -11,6 +11,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -346,6 +347,13 @@ def scenario_groups():
     y = torch.full((4,), float(RANK + 1))
     dist.all_reduce(y, group=mixed)
     assert torch.equal(y, torch.full((4,), WORLD * (WORLD + 1) / 2)), y
+    # A coalesced call there joins gloo's works.
+    zs = [torch.full((3,), float(RANK + 1)), torch.full((5,), float(2 * RANK))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # all_reduce_coalesced is deprecated in torch
+        dist.all_reduce_coalesced(zs, group=mixed)
+    assert torch.equal(zs[0], torch.full((3,), WORLD * (WORLD + 1) / 2)), zs
+    assert torch.equal(zs[1], torch.full((5,), float(WORLD * (WORLD - 1)))), zs
 
     # Low precision: E4M3 blocks have a bounded relative error and every rank gets the same
     # result; the exact sum differs from it.

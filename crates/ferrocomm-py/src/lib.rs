@@ -7,6 +7,7 @@
 //! builds views, releases the GIL around every collective, and turns errors into the
 //! exception classes of `ferrocomm._errors`.
 
+use std::borrow::Cow;
 use std::str::FromStr;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
@@ -301,7 +302,8 @@ impl NativeWork {
 #[pyclass(frozen, module = "ferrocomm._native", name = "Completion")]
 struct NativeCompletion {
     inner: ferrocomm::Completion,
-    collective: &'static str,
+    /// The call's name, for a timeout's message (borrowed on the hot path).
+    collective: Cow<'static, str>,
 }
 
 #[pymethods]
@@ -321,6 +323,8 @@ impl NativeCompletion {
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         let limit = match timeout {
+            // 0: one look, as the host work's wait takes it.
+            Some(0.0) => Some(Duration::ZERO),
             Some(t) => Some(
                 ferrocomm::config::timeout_from_secs(t)
                     .map_err(|why| py_err(py, invalid(format!("wait: timeout {why}"))))?,
@@ -853,16 +857,17 @@ impl PyComm {
     }
 
     /// A completion recorded on `stream` after the calls issued on it so far (for an async
-    /// call whose list outputs were copied out after it); None on the host backend.
-    fn mark(&self, py: Python<'_>, stream: u64) -> PyResult<Option<NativeCompletion>> {
+    /// call of `collective` whose outputs were copied out after it); None on the host backend.
+    fn mark(
+        &self,
+        py: Python<'_>,
+        stream: u64,
+        collective: &str,
+    ) -> PyResult<Option<NativeCompletion>> {
+        let collective = Cow::Owned(collective.to_string());
         self.inner
             .mark(stream)
-            .map(|c| {
-                c.map(|inner| NativeCompletion {
-                    inner,
-                    collective: "collective",
-                })
-            })
+            .map(|c| c.map(|inner| NativeCompletion { inner, collective }))
             .map_err(|e| py_err(py, e))
     }
 
@@ -1039,8 +1044,15 @@ impl PyComm {
                 Ok(None)
             }
         });
-        r.map(|c| c.map(|inner| Issued::Cuda(NativeCompletion { inner, collective })))
-            .map_err(|e| py_err(py, e))
+        r.map(|c| {
+            c.map(|inner| {
+                Issued::Cuda(NativeCompletion {
+                    inner,
+                    collective: Cow::Borrowed(collective),
+                })
+            })
+        })
+        .map_err(|e| py_err(py, e))
     }
 
     fn opts(

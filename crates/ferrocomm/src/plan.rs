@@ -819,7 +819,7 @@ pub fn cuda_rmsnorm(
 /// [`cuda_rmsnorm`]'s form for one all_reduce_rmsnorm of `bytes` (x, per rank) of `dtype`, low
 /// precision weighed as the call's all-reduce weighs it ([`low_precision`] with the cuda size
 /// floor, for `choice`); without direct access the two launches, whose all-reduce decides.
-pub fn cuda_rmsnorm_form(
+pub(crate) fn cuda_rmsnorm_form(
     cuda: &CudaCaps<'_>,
     cfg: &Config,
     bytes: usize,
@@ -1094,25 +1094,20 @@ pub fn lp_all_reduce(requested: Algo, cfg_algo: Algo, world: usize) -> Algo {
     }
 }
 
-/// Whether a push (one-shot all-reduce, all-gather, all-to-all) leaves its odd groups in the
-/// sender's staging for the receivers to pull: half the records cross the link while the
-/// quantizer runs, the other half while the receivers decode the first (two ranks, groups).
-fn split_push(push: bool, codec: &Codec, world: usize) -> u32 {
-    u32::from(push && codec.block <= 128 && world == 2)
-}
-
 /// The `split` argument of a low-precision one-shot kernel (all-reduce, all-gather,
-/// all-to-all) that pushes (`push`) or pulls: 1 where the push splits (`split_push`).
+/// all-to-all) that pushes (`push`) or pulls: 1 where a push leaves its odd groups in the
+/// sender's staging for the receivers to pull, so that half the records cross the link while
+/// the quantizer runs, the other half while the receivers decode the first (two ranks, groups).
 pub fn lp_split(push: bool, codec: &Codec, world: usize) -> u32 {
-    split_push(push, codec, world)
+    u32::from(push && codec.block <= 128 && world == 2)
 }
 
 /// Whether a low-precision one-shot all-reduce or all-gather (`splits_kind`; the other kinds
 /// never) pushes even where pull would need fewer chunks: the staging holds a region per
 /// sender for the push (`push_most`, its largest chunk, is not 0) and the push splits
-/// (`split_push`), which overlaps the link with the quantizer and the decode.
+/// ([`lp_split`]), which overlaps the link with the quantizer and the decode.
 pub fn lp_push_first(push_most: usize, codec: &Codec, world: usize, splits_kind: bool) -> bool {
-    push_most > 0 && split_push(true, codec, world) == 1 && splits_kind
+    push_most > 0 && lp_split(true, codec, world) == 1 && splits_kind
 }
 
 #[cfg(test)]
@@ -1481,16 +1476,35 @@ mod tests {
         let lp = cuda_rmsnorm_plan(&two, &cfg, 8 << 20, bf16, Algo::Auto, fp8).unwrap();
         assert_eq!(lp.norm, Some(NormForm::TwoLaunch));
         assert!(lp.low_precision.is_some());
-        // The plan carries the form the executor runs, at every size and request.
+        // At every size and request the plan is what the executor runs: one launch by direct
+        // access in full precision, flat or tree as its form says; or the two launches, whose
+        // all-reduce is exactly the plain all-reduce's plan (and refuses where it refuses).
         for req in [Algo::Auto, Algo::Push, Algo::Flat, Algo::Tree, Algo::Nccl] {
             for bytes in [0, 1 << 10, 4 << 20, 32 << 20, (32 << 20) + 2, 64 << 20] {
                 for choice in [default, fp8, LowPrecisionChoice::Off] {
-                    let form = cuda_rmsnorm_form(&two, &cfg, bytes, bf16, req, choice).unwrap();
-                    if let Ok(p) = cuda_rmsnorm_plan(&two, &cfg, bytes, bf16, req, choice) {
-                        assert_eq!(p.norm, Some(form), "{req} {bytes} {choice:?}");
-                    } else {
+                    let case = format!("{req} {bytes} {choice:?}");
+                    let ar =
+                        cuda_all_reduce_plan(&two, &cfg, bytes, bf16, ReduceOp::Sum, req, choice);
+                    match cuda_rmsnorm_plan(&two, &cfg, bytes, bf16, req, choice) {
+                        Ok(p) => match p.norm {
+                            Some(NormForm::FusedFlat | NormForm::FusedTree) => {
+                                let algo = if p.norm == Some(NormForm::FusedFlat) {
+                                    Algo::Flat
+                                } else {
+                                    Algo::Tree
+                                };
+                                assert_eq!((p.engine, p.algo), (Engine::Direct, algo), "{case}");
+                                assert!(p.low_precision.is_none(), "{case}");
+                                assert!(bytes <= two.dda.as_ref().unwrap().staging_bytes, "{case}");
+                            }
+                            Some(NormForm::TwoLaunch) => {
+                                let ar = ar.unwrap();
+                                assert_eq!(Plan { norm: None, ..p }, ar, "{case}");
+                            }
+                            None => panic!("{case}: no norm form"),
+                        },
                         // Only the all-reduce of two launches refuses (push above its cap).
-                        assert_eq!(form, NormForm::TwoLaunch, "{req} {bytes} {choice:?}");
+                        Err(_) => assert!(ar.is_err(), "{case}"),
                     }
                 }
             }

@@ -33,6 +33,20 @@ fn with_rank_absent<R: Send>(
     })
 }
 
+/// Rank 0's result of [`with_rank_absent`] (rank 1 absent): a timeout after `after`, naming
+/// rank 1 and `after`, well before the communicator's own timeout.
+fn expect_timeout_naming_rank_1(results: Vec<Option<(Error, Duration)>>, after: Duration) {
+    let (e, took) = results.into_iter().next().unwrap().unwrap();
+    assert!(
+        matches!(e, Error::Timeout { missing: 1, timeout, .. } if timeout == after),
+        "{e}"
+    );
+    assert!(
+        took >= after && took < Duration::from_secs(10),
+        "waited {took:?}"
+    );
+}
+
 /// An all-reduce of 100 floats with `opts`: how long it took and its error.
 fn lone_all_reduce(comm: &Communicator, opts: &CallOpts) -> (Error, Duration) {
     let t0 = Instant::now();
@@ -143,15 +157,7 @@ fn a_call_timeout_shorter_than_the_communicators_is_the_one_that_counts() {
     let results = with_rank_absent(2, &config(4096, Duration::from_secs(60)), 1, |comm| {
         lone_all_reduce(comm, &CallOpts::default().with_timeout(call))
     });
-    let (e, took) = results.into_iter().next().unwrap().unwrap();
-    assert!(
-        matches!(e, Error::Timeout { missing: 1, timeout, .. } if timeout == call),
-        "{e}"
-    );
-    assert!(
-        took >= call && took < Duration::from_secs(10),
-        "waited {took:?}"
-    );
+    expect_timeout_naming_rank_1(results, call);
 }
 
 /// `set_timeout` moves the timeout of later calls both ways: past the creation timeout (a peer
@@ -192,15 +198,7 @@ fn set_timeout_lengthens_and_shortens_later_calls() {
         comm.set_timeout(short).unwrap();
         lone_all_reduce(comm, &CallOpts::default())
     });
-    let (e, took) = results.into_iter().next().unwrap().unwrap();
-    assert!(
-        matches!(e, Error::Timeout { missing: 1, timeout, .. } if timeout == short),
-        "{e}"
-    );
-    assert!(
-        took >= short && took < Duration::from_secs(10),
-        "waited {took:?}"
-    );
+    expect_timeout_naming_rank_1(results, short);
 }
 
 /// `abort` tells a peer waiting on this rank at once (not after its 60 s timeout), and every
@@ -231,6 +229,24 @@ fn abort_fails_a_waiting_peer_at_once() {
         "{e}"
     );
     assert!(*took < Duration::from_secs(10), "rank 1 waited {took:?}");
+}
+
+/// `abort` from another thread also ends this rank's own running call (waiting for a rank that
+/// never comes, on a 60 s communicator), with `Aborted`.
+#[test]
+fn abort_from_another_thread_ends_the_running_call() {
+    let results = with_rank_absent(2, &config(4096, Duration::from_secs(60)), 1, |comm| {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                comm.abort();
+            });
+            lone_all_reduce(comm, &CallOpts::default())
+        })
+    });
+    let (e, took) = results.into_iter().next().unwrap().unwrap();
+    assert!(matches!(e, Error::Aborted(_)), "{e}");
+    assert!(took < Duration::from_secs(10), "waited {took:?}");
 }
 
 fn expect_mismatch_everywhere(results: Vec<ferrocomm::Result<()>>) {

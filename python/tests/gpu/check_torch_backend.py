@@ -138,23 +138,26 @@ def kernel_call_timeout(gloo):
     comm = ferrocomm.new_comm("ferrocomm", DEV, "kernel-timeout", store=store, timeout=120,
                               rank=RANK, size=WORLD)
     detail = {}
-    if RANK == 0:
-        x = torch.ones(1024, device=DEV)
-        t0 = time.monotonic()
-        comm.all_reduce(x, timeout=2)
-        torch.cuda.synchronize()
-        took = time.monotonic() - t0
-        try:
-            comm.all_reduce(x)
-            msg = "no timeout reported"
-        except ferrocomm.FerrocommTimeout as e:
-            msg = str(e)
-        detail = {"kernel_gave_up_after_s": round(took, 2), "error": msg[:160]}
-        assert 1.5 < took < 30, detail
-        assert "waiting for rank 1" in msg and "2s" in msg, detail
-        assert comm.is_aborted()
-    dist.barrier(group=gloo)
-    comm.finalize()
+    try:
+        if RANK == 0:
+            x = torch.ones(1024, device=DEV)
+            t0 = time.monotonic()
+            comm.all_reduce(x, timeout=2)
+            torch.cuda.synchronize()
+            took = time.monotonic() - t0
+            try:
+                comm.all_reduce(x)
+                msg = "no timeout reported"
+            except ferrocomm.FerrocommTimeout as e:
+                msg = str(e)
+            detail = {"kernel_gave_up_after_s": round(took, 2), "error": msg[:160]}
+            assert 1.5 < took < 30, detail
+            assert "waiting for rank 1" in msg and "2s" in msg, detail
+            assert comm.is_aborted()
+    finally:
+        # Also when rank 0 fails: the ranks' gloo calls stay paired.
+        dist.barrier(group=gloo)
+        comm.finalize()
     return detail
 
 

@@ -21,10 +21,10 @@ use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
 pub struct CudaBackend {
-    /// Events of async calls' work objects (declared before the context: dropped while the
-    /// context is still held).
-    events: Arc<EventPool>,
     cuda: Arc<CudaContext>,
+    /// Events of async calls' work objects (the pool holds the context: work objects may
+    /// outlive the backend).
+    events: Arc<EventPool>,
     device: u32,
     rank: usize,
     size: usize,
@@ -137,6 +137,7 @@ impl CudaBackend {
             );
         }
         Ok(CudaBackend {
+            events: Arc::new(EventPool::new(cuda.clone())),
             cuda,
             device,
             rank: ctx.rank,
@@ -151,7 +152,6 @@ impl CudaBackend {
                 last_stream: None,
                 event,
             }),
-            events: Arc::default(),
         })
     }
 
@@ -461,8 +461,9 @@ impl Backend for CudaBackend {
     }
 
     fn abort(&self) {
-        // Not under the call lock: a call may be running on another thread. ncclCommAbort runs
-        // on a helper thread that makes the device's context current.
+        // Not under the call lock: a call may be running on another thread (one waiting for
+        // NCCL stops waiting, see Nccl::abort). ncclCommAbort runs on a helper thread that
+        // makes the device's context current.
         if let Some(n) = &self.nccl {
             n.nccl.abort("abort() was called");
         }
@@ -729,7 +730,9 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         bind(&self.cuda)?;
         if let Some(d) = &self.dda {
-            // Low precision on the wire is the all-reduce's own path (two launches).
+            // The form of the call's plan (rmsnorm_plan_for), without planning the two
+            // launches' all-reduce, which that path plans itself: low precision on the wire is
+            // the all-reduce's own path.
             let form = plan::cuda_rmsnorm_form(
                 &self.cuda_caps(),
                 &self.config,

@@ -99,7 +99,13 @@ pub(super) fn two_rank_batch_order(
 
 /// A 32-bit signature of a call that every rank must make alike (collective, dtype, count, root,
 /// op); kernels compare it across ranks and report a mismatch.
-pub fn signature(coll: Collective, dtype: DataType, count: usize, root: usize, op: &str) -> u32 {
+pub fn signature(
+    coll: Collective,
+    dtype: DataType,
+    count: usize,
+    root: usize,
+    op: impl AsRef<[u8]>,
+) -> u32 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |b: &[u8]| {
         for x in b {
@@ -110,7 +116,7 @@ pub fn signature(coll: Collective, dtype: DataType, count: usize, root: usize, o
     eat(&[coll.code(), dtype as u8]);
     eat(&(count as u64).to_le_bytes());
     eat(&(root as u64).to_le_bytes());
-    eat(op.as_bytes());
+    eat(op.as_ref());
     (h ^ (h >> 32)) as u32
 }
 
@@ -576,7 +582,7 @@ impl Dda {
         stream: u64,
     ) -> Result<()> {
         let (a, opname) = self.reduction_args(input, output, n, op, "reduce_scatter")?;
-        let sig = signature(Collective::ReduceScatter, dtype, n, 0, &op_name(op));
+        let sig = signature(Collective::ReduceScatter, dtype, n, 0, op_name(op));
         self.launch_part(
             dtype,
             "reduce_scatter",
@@ -606,7 +612,7 @@ impl Dda {
         stream: u64,
     ) -> Result<()> {
         let (a, opname) = self.reduction_args(input, output, n, op, "reduce")?;
-        let sig = signature(Collective::Reduce, dtype, n, root, &op_name(op));
+        let sig = signature(Collective::Reduce, dtype, n, root, op_name(op));
         self.launch_part(
             dtype,
             "reduce",

@@ -15,7 +15,7 @@ use super::{cu, cu_lazy, kernels};
 use crate::backend::CallOpts;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::nccl::check_views;
+use crate::nccl::{check_views, in_ptr};
 use crate::plan::NormForm;
 use crate::rmsnorm::{AllReduceRmsNorm, Fp8Rows, Shape, NAME};
 use crate::types::{DataType, Device};
@@ -181,10 +181,7 @@ pub(crate) fn run(
             super::launch::pdl_for_current_device(cfg)?,
         ),
     };
-    let residual_ptr = match residual {
-        Input::InPlace => residual_out.ptr() as u64,
-        Input::Buf(v) => v.ptr() as u64,
-    };
+    let residual_ptr = in_ptr(&residual, &residual_out);
     let mut args = NormArgs::new(
         out.ptr() as u64,
         residual_ptr,
@@ -241,6 +238,26 @@ fn fused_grid(form: NormForm, shape: Shape, world: usize, sm_count: u32) -> (u32
     )
 }
 
+/// What every rank of a one-launch call must agree on, as the kernel compares it through the
+/// hello words (ranks that disagree end with a mismatch error instead of a wrong result): the
+/// kernel (`name`, so the form), rows, hidden, dtype, eps and whether FP8 rows are asked for.
+/// Spelled on the stack, the name's and the words' bytes: no allocation per call.
+fn fused_signature(name: &str, shape: &Shape, count: usize, eps: f32, fp8: bool) -> u32 {
+    let mut key = [0u8; 64];
+    let n = name.len().min(64 - 40);
+    key[..n].copy_from_slice(&name.as_bytes()[..n]);
+    for (k, w) in shape.words(eps, fp8).iter().enumerate() {
+        key[n + 8 * k..n + 8 * (k + 1)].copy_from_slice(&w.to_le_bytes());
+    }
+    super::collectives::signature(
+        crate::plan::Collective::AllReduce,
+        shape.dtype,
+        count,
+        0,
+        &key[..n + 40],
+    )
+}
+
 /// Runs `call` in one launch of `fc_fused_flat` or `fc_fused_tree` (kernels/rmsnorm.cu) on the
 /// direct-access staging of `dda`, on `opts.stream`: `form` is [`NormForm::FusedFlat`] or
 /// [`NormForm::FusedTree`] as [`crate::plan::cuda_rmsnorm`] chose (the rows fit the staging).
@@ -274,14 +291,8 @@ pub(crate) fn run_fused(
     check_call_views(device, &x, &out, &residual, &residual_out, &weight, &fp8)?;
     dda.check_error(NAME)?;
     let es = shape.dtype.size() as u64;
-    let x_ptr = match &x {
-        Input::InPlace => out.ptr() as u64,
-        Input::Buf(v) => v.ptr() as u64,
-    };
-    let residual_ptr = match &residual {
-        Input::InPlace => residual_out.ptr() as u64,
-        Input::Buf(v) => v.ptr() as u64,
-    };
+    let x_ptr = in_ptr(&x, &out);
+    let residual_ptr = in_ptr(&residual, &residual_out);
     let ptrs = [
         x_ptr,
         out.ptr() as u64,
@@ -312,17 +323,7 @@ pub(crate) fn run_fused(
         eps,
     );
     let mut a = dda.base_args(x_ptr, out.ptr() as u64, count as u64);
-    // What every rank must agree on (the kernel compares it through the hello words, so ranks
-    // that disagree end with a mismatch error instead of a wrong result): the form, rows,
-    // hidden, dtype, eps and whether FP8 rows are asked for.
-    let what = format!("rmsnorm/{form}/{:?}", shape.words(eps, fp8.is_some()));
-    a.sig = super::collectives::signature(
-        crate::plan::Collective::AllReduce,
-        shape.dtype,
-        count,
-        0,
-        &what,
-    );
+    a.sig = fused_signature(name, &shape, count, eps, fp8.is_some());
     let f = dda.func(shape.dtype, name)?;
     let (blocks, threads) = fused_grid(form, shape, dda.world, dda.sm_count);
     let mut params: [*mut c_void; 2] = [
@@ -380,6 +381,35 @@ mod tests {
             std::mem::size_of::<NormArgs>(),
             kernels::c_struct_size(kernels::RMSNORM_SOURCE, "NormArgs")
         );
+    }
+
+    #[test]
+    fn the_fused_signature_tells_every_disagreement_apart() {
+        let shape = Shape {
+            rows: 16,
+            hidden: 4096,
+            dtype: DataType::BF16,
+        };
+        let sig = |name, shape: &Shape, eps, fp8| {
+            fused_signature(name, shape, shape.rows * shape.hidden, eps, fp8)
+        };
+        let base = sig("fc_fused_flat", &shape, 1e-5, false);
+        assert_eq!(base, sig("fc_fused_flat", &shape, 1e-5, false));
+        let rows = Shape { rows: 8, ..shape };
+        let f32_rows = Shape {
+            dtype: DataType::F32,
+            ..shape
+        };
+        let others = [
+            sig("fc_fused_tree", &shape, 1e-5, false),
+            sig("fc_fused_flat", &rows, 1e-5, false),
+            sig("fc_fused_flat", &f32_rows, 1e-5, false),
+            sig("fc_fused_flat", &shape, 1e-6, false),
+            sig("fc_fused_flat", &shape, 1e-5, true),
+        ];
+        for (k, o) in others.iter().enumerate() {
+            assert_ne!(*o, base, "case {k}");
+        }
     }
 
     #[test]

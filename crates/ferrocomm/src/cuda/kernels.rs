@@ -331,7 +331,7 @@ pub(crate) fn c_struct_size(src: &str, name: &str) -> usize {
 /// The module of `dtype`'s kernels for the device of the current context (its own `sm_XY`),
 /// from the disk cache or compiled now, loaded and kept for the process's life; `what` names the
 /// load in an error. For kernels a caller loads outside a communicator's start-up.
-pub fn load_on_current_device(
+pub(crate) fn load_on_current_device(
     dtype: DataType,
     cfg: &Config,
     what: &'static str,
@@ -354,7 +354,7 @@ pub fn load_on_current_device(
 }
 
 /// An attribute of the device of the current context (the caller made a context current).
-pub fn current_device_attribute(a: cudarc::driver::sys::CUdevice_attribute) -> Result<i32> {
+pub(crate) fn current_device_attribute(a: cudarc::driver::sys::CUdevice_attribute) -> Result<i32> {
     use cudarc::driver::sys;
     let mut dev: sys::CUdevice = 0;
     // SAFETY: out-parameter; the caller made a context current.

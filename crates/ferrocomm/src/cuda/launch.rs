@@ -33,20 +33,8 @@ pub(crate) fn pdl_for_current_device(cfg: &Config) -> Result<bool> {
     if !cfg.pdl {
         return Ok(false);
     }
-    let mut dev: sys::CUdevice = 0;
-    // SAFETY: out-parameter; the caller made a context current.
-    super::cu(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
-    let mut major = 0i32;
-    super::cu(
-        // SAFETY: out-parameter for a valid device.
-        unsafe {
-            sys::cuDeviceGetAttribute(
-                &mut major,
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                dev,
-            )
-        },
-        "cuDeviceGetAttribute (compute capability)",
+    let major = super::kernels::current_device_attribute(
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
     )?;
     Ok(use_pdl(cfg.pdl, major, launch_ex_present()))
 }

@@ -203,6 +203,18 @@ impl Event {
         Ok(Event(e))
     }
 
+    /// Records the event on `stream` (a stream of the current context, as the event's)
+    /// ([cuEventRecord]); `what` names it in an error. Re-recording replaces the last point.
+    ///
+    /// [cuEventRecord]: https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+    pub(crate) fn record(&self, stream: u64, what: &str) -> Result<()> {
+        cu(
+            // SAFETY: a live event; the caller's stream belongs to the current context.
+            unsafe { drv::cuEventRecord(self.0, stream as drv::CUstream) },
+            what,
+        )
+    }
+
     /// Whether the work before the event's record has finished.
     pub(crate) fn query(&self) -> std::result::Result<bool, String> {
         // SAFETY: a live event, recorded on a stream of this context.
@@ -223,15 +235,26 @@ impl Drop for Event {
 
 /// Events kept for [`Completion`]s: an event goes back here when its completion is dropped, so
 /// a run of async calls creates events only for the calls in flight at one time.
-#[derive(Default)]
 pub(crate) struct EventPool {
+    /// Declared first: the events are destroyed while the context below is still held.
     free: Mutex<Vec<Event>>,
+    /// The context the events belong to, held as long as a completion may use one (a work
+    /// object can outlive its communicator).
+    _ctx: Arc<CudaContext>,
 }
 
 /// Events a pool keeps for reuse; beyond that a returned event is destroyed.
 const POOL_KEEP: usize = 64;
 
 impl EventPool {
+    /// An empty pool of events of `ctx`.
+    pub(crate) fn new(ctx: Arc<CudaContext>) -> EventPool {
+        EventPool {
+            free: Mutex::default(),
+            _ctx: ctx,
+        }
+    }
+
     /// A completion recorded on `stream` (a stream of the calling thread's current context,
     /// where the pool's events are created too).
     pub(crate) fn record(self: &Arc<Self>, stream: u64) -> Result<Completion> {
@@ -240,12 +263,8 @@ impl EventPool {
             Some(e) => e,
             None => Event::new("cuEventCreate (work completion)")?,
         };
-        cu(
-            // SAFETY: a live event; the stream belongs to the current context (the caller's
-            // contract). Re-recording an event nobody refers to any more is allowed.
-            unsafe { drv::cuEventRecord(event.0, stream as drv::CUstream) },
-            "cuEventRecord (work completion)",
-        )?;
+        // Re-recording an event no completion refers to any more is allowed.
+        event.record(stream, "cuEventRecord (work completion)")?;
         Ok(Completion {
             event: Some(event),
             pool: Arc::clone(self),
@@ -276,14 +295,11 @@ impl Completion {
     ///
     /// [cuEventQuery]: https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
     pub fn is_done(&self) -> Result<bool> {
-        // SAFETY: a live event.
-        match unsafe { drv::cuEventQuery(self.event()) } {
-            drv::CUresult::CUDA_SUCCESS => Ok(true),
-            drv::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            e => Err(Error::Cuda(format!(
-                "cuEventQuery (work completion): {e:?}"
-            ))),
-        }
+        self.event
+            .as_ref()
+            .expect("present until dropped")
+            .query()
+            .map_err(|e| Error::Cuda(format!("{e} (work completion)")))
     }
 
     /// Makes `stream`'s later work wait for the point, without blocking the host

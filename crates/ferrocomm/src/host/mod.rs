@@ -47,6 +47,10 @@ pub struct HostBackend {
     state: Mutex<CallState>,
     /// Sends and receives are ordered per pair through the mailboxes; one at a time per rank.
     p2p: Mutex<()>,
+    /// The communicator's name, for [`Error::Aborted`].
+    name: String,
+    /// Set by `abort`: a wait of this rank's running call ends too.
+    aborted: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -204,6 +208,8 @@ impl HostBackend {
             store: ctx.store.clone(),
             state: Mutex::new(CallState::default()),
             p2p: Mutex::new(()),
+            name: ctx.name.clone(),
+            aborted: false.into(),
         })
     }
 
@@ -241,6 +247,9 @@ impl HostBackend {
             if self.seg.failed(peer).load(Ordering::Relaxed) != 0 {
                 return Err(Stop::PeerFailed);
             }
+            if self.aborted.load(Ordering::Relaxed) {
+                return Err(Stop::Aborted);
+            }
             if let Err(stop) =
                 backoff.pause(|| process_alive(self.seg.pid(peer).load(Ordering::Relaxed) as u32))
             {
@@ -261,22 +270,25 @@ impl HostBackend {
         let _ = self.store.set(&key, pid.to_string().as_bytes());
     }
 
-    fn stop_error(&self, stop: Stop, coll: Collective, peer: usize) -> Error {
-        if matches!(stop, Stop::Timeout) {
-            self.report_timeout(peer);
-        }
+    /// The error of a wait of `collective` (a collective's or point-to-point call's name) on
+    /// `peer` that ended with `stop`.
+    fn stop_error(&self, stop: Stop, collective: &'static str, peer: usize) -> Error {
         match stop {
-            Stop::Timeout => Error::Timeout {
-                collective: coll.name(),
-                rank: self.rank,
-                missing: peer,
-                timeout: self.timeout(),
-            },
+            Stop::Timeout => {
+                self.report_timeout(peer);
+                Error::Timeout {
+                    collective,
+                    rank: self.rank,
+                    missing: peer,
+                    timeout: self.timeout(),
+                }
+            }
             Stop::PeerFailed => Error::PeerFailed {
-                collective: coll.name(),
+                collective,
                 rank: self.rank,
                 peer,
             },
+            Stop::Aborted => Error::Aborted(self.name.clone()),
         }
     }
 
@@ -319,7 +331,7 @@ impl Call<'_> {
     fn fail(&mut self, stop: Stop, peer: usize) -> Error {
         self.st.broken = Some(peer);
         self.b.seg.failed(self.b.rank).store(1, Ordering::Relaxed);
-        self.b.stop_error(stop, self.coll, peer)
+        self.b.stop_error(stop, self.coll.name(), peer)
     }
 
     /// Publishes the signature, passes the start barrier and checks that every rank called the
@@ -429,7 +441,9 @@ impl Backend for HostBackend {
     }
 
     fn abort(&self) {
-        // The flag a failed call sets: peers waiting on this rank stop at once (PeerFailed).
+        // The flag a failed call sets: peers waiting on this rank stop at once (PeerFailed);
+        // this rank's own running call stops at its next look.
+        self.aborted.store(true, Ordering::Relaxed);
         self.seg.failed(self.rank).store(1, Ordering::Relaxed);
     }
 

@@ -101,7 +101,10 @@ impl HostBackend {
                 .clone()
                 .find(|&p| self.seg.failed(p).load(Ordering::Relaxed) != 0)
             {
-                return Err(self.p2p_stop(Stop::PeerFailed, what, p));
+                return Err(self.stop_error(Stop::PeerFailed, what, p));
+            }
+            if self.aborted.load(Ordering::Relaxed) {
+                return Err(self.stop_error(Stop::Aborted, what, waiting.op.peer()));
             }
             let mut dead = None;
             let alive = || {
@@ -116,31 +119,12 @@ impl HostBackend {
                     last_look = true;
                     continue;
                 }
-                return Err(self.p2p_stop(stop, what, dead.unwrap_or(waiting.op.peer())));
+                return Err(self.stop_error(stop, what, dead.unwrap_or(waiting.op.peer())));
             }
         }
         match moving.into_iter().find_map(|m| m.mismatch) {
             Some(e) => Err(e),
             None => Ok(()),
-        }
-    }
-
-    fn p2p_stop(&self, stop: Stop, what: &'static str, peer: usize) -> Error {
-        if matches!(stop, Stop::Timeout) {
-            self.report_timeout(peer);
-        }
-        match stop {
-            Stop::Timeout => Error::Timeout {
-                collective: what,
-                rank: self.rank,
-                missing: peer,
-                timeout: self.timeout(),
-            },
-            Stop::PeerFailed => Error::PeerFailed {
-                collective: what,
-                rank: self.rank,
-                peer,
-            },
         }
     }
 

@@ -11,6 +11,8 @@ pub(crate) enum Stop {
     Timeout,
     /// The peer's process is gone, or it gave up on the communicator.
     PeerFailed,
+    /// This rank gave up on the communicator (`abort`, from another thread).
+    Aborted,
 }
 
 /// Spins a little, then yields, then sleeps briefly: many ranks on few cores still progress

@@ -9,11 +9,10 @@ mod watchdog;
 
 use std::ffi::{c_int, c_void, CStr};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::sys as drv;
 use cudarc::driver::CudaContext;
 
 use crate::backend::{call_timeout, Backend, CallOpts, CommContext, P2pOp, Splits};
@@ -133,7 +132,13 @@ fn async_error(l: &sys::Lib, comm: sys::NcclComm) -> Option<sys::NcclResult> {
 
 /// Polls a nonblocking communicator until it leaves `ncclInProgress`, at most `timeout`.
 /// `Some(code)` is the outcome (`ncclSuccess` or the error), `None` the deadline.
-fn wait_ready(l: &sys::Lib, comm: sys::NcclComm, timeout: Duration) -> Option<sys::NcclResult> {
+/// `None` when the deadline passes, or as soon as `stop` is set (an abort from another thread).
+fn wait_ready(
+    l: &sys::Lib,
+    comm: sys::NcclComm,
+    timeout: Duration,
+    stop: Option<&AtomicBool>,
+) -> Option<sys::NcclResult> {
     let Some(get) = l.ncclCommGetAsyncError else {
         return Some(sys::IN_PROGRESS);
     };
@@ -149,7 +154,7 @@ fn wait_ready(l: &sys::Lib, comm: sys::NcclComm, timeout: Duration) -> Option<sy
         if a != sys::IN_PROGRESS {
             return Some(a);
         }
-        if Instant::now() >= deadline {
+        if Instant::now() >= deadline || stop.is_some_and(|s| s.load(Ordering::Acquire)) {
             return None;
         }
         // Connection set-up takes milliseconds: yield first, then sleep briefly.
@@ -221,6 +226,9 @@ struct Shared {
     timeout: Duration,
     /// "NCCL communicator of rank 0 of 2", for messages.
     describe: String,
+    /// Set by [`Nccl::abort`] before it takes the state lock: a call waiting for NCCL under
+    /// that lock stops waiting.
+    aborting: AtomicBool,
 }
 
 // SAFETY: the raw communicator is only touched under the mutex.
@@ -321,7 +329,9 @@ impl Live<'_> {
     /// asynchronously while waiting also fails the communicator.
     fn ok(&mut self, r: sys::NcclResult, what: &str) -> Result<()> {
         if r == sys::IN_PROGRESS && self.nonblocking && !self.st.comm.is_null() {
-            return match wait_ready(self.sh.lib, self.st.comm, self.sh.timeout) {
+            let timeout = call_timeout(self.sh.timeout);
+            let stop = Some(&self.sh.aborting);
+            return match wait_ready(self.sh.lib, self.st.comm, timeout, stop) {
                 Some(sys::SUCCESS) => Ok(()),
                 Some(code) => {
                     let reason = format!(
@@ -332,12 +342,17 @@ impl Live<'_> {
                     self.sh.fail(self.st, reason.clone());
                     Err(Error::Nccl(reason))
                 }
+                None if self.sh.aborting.load(Ordering::Acquire) => {
+                    let reason = format!("{what} on {}: abort() was called", self.sh.describe);
+                    self.sh.fail(self.st, reason.clone());
+                    Err(Error::Nccl(reason))
+                }
                 None => {
                     let reason = format!(
-                        "{what} on {} was not carried out within the timeout of {:?} (a peer \
-                         never made the matching call, died, or cannot be reached); \
+                        "{what} on {} was not carried out within the timeout of {timeout:?} (a \
+                         peer never made the matching call, died, or cannot be reached); \
                          communicator aborted",
-                        self.sh.describe, self.sh.timeout
+                        self.sh.describe
                     );
                     self.sh.fail(self.st, reason.clone());
                     Err(Error::Nccl(reason))
@@ -481,7 +496,7 @@ impl Nccl {
                 // SAFETY: out-parameter and an initialised config (NCCL copies it).
                 let r = unsafe { init(&mut comm, size, id, rank, &mut config) };
                 let r = if r == sys::IN_PROGRESS && !comm.is_null() {
-                    wait_ready(l, comm, timeout)
+                    wait_ready(l, comm, timeout, None)
                 } else {
                     Some(r)
                 };
@@ -531,6 +546,7 @@ impl Nccl {
             dc,
             timeout,
             describe,
+            aborting: AtomicBool::new(false),
         });
         let mut nccl = Nccl {
             sh: sh.clone(),
@@ -557,14 +573,16 @@ impl Nccl {
         Ok(nccl)
     }
 
-    /// Why the communicator failed (a timeout or an asynchronous error), once it has.
     /// Aborts the communicator now (`ncclCommAbort`, bounded by the timeout): its kernels exit,
-    /// later calls fail with `reason`.
+    /// later calls fail with `reason`. A call of another thread that waits for NCCL to carry
+    /// out its operation stops waiting first (it holds the state lock meanwhile).
     pub(crate) fn abort(&self, reason: &str) {
+        self.sh.aborting.store(true, Ordering::Release);
         let mut st = self.sh.lock();
         self.sh.fail(&mut st, reason.to_string());
     }
 
+    /// Why the communicator failed (a timeout or an asynchronous error), once it has.
     pub(crate) fn failure(&self) -> Option<String> {
         self.sh.lock().failed.clone()
     }
@@ -612,11 +630,7 @@ impl Nccl {
             Some(e) => e,
             None => Event::new("cuEventCreate (NCCL watchdog)")?,
         };
-        cu(
-            // SAFETY: a live event and a stream of the current context.
-            unsafe { drv::cuEventRecord(ev.0, stream as drv::CUstream) },
-            "cuEventRecord (NCCL watchdog)",
-        )?;
+        ev.record(stream, "cuEventRecord (NCCL watchdog)")?;
         drop(st);
         w.watch(ev, what, seq, call_timeout(self.sh.timeout));
         Ok(())
@@ -841,7 +855,7 @@ impl Nccl {
                 // SAFETY: a live communicator with no call of ours in progress.
                 let r = unsafe { finalize(comm) };
                 let r = if r == sys::IN_PROGRESS {
-                    wait_ready(l, comm, self.sh.timeout)
+                    wait_ready(l, comm, self.sh.timeout, None)
                 } else {
                     Some(r)
                 };
@@ -1185,7 +1199,8 @@ pub struct NcclBackend {
     /// Declared first so that it drops (frees its memory, closes the communicator) while the
     /// context below is still held.
     ops: NcclOps,
-    /// Events of async calls' work objects (dropped while the context is still held).
+    /// Events of async calls' work objects (the pool holds the context: work objects may
+    /// outlive the backend).
     events: Arc<EventPool>,
     ctx: Arc<CudaContext>,
     device: u32,
@@ -1205,13 +1220,13 @@ pub fn new_backend(ctx: &CommContext) -> Result<Box<dyn Backend>> {
         crate::types::Device::Host => 0,
     };
     Ok(Box::new(NcclBackend {
+        events: Arc::new(EventPool::new(cuda.clone())),
         ctx: cuda,
         ops,
         device,
         config: ctx.config.clone(),
         size: ctx.size,
         lock: Mutex::new(()),
-        events: Arc::default(),
     }))
 }
 
@@ -1292,8 +1307,9 @@ impl Backend for NcclBackend {
     }
 
     fn abort(&self) {
-        // Not under the call lock: a call may be running on another thread. ncclCommAbort runs
-        // on a helper thread that makes the device's context current.
+        // Not under the call lock: a call may be running on another thread (one waiting for
+        // NCCL stops waiting, see Nccl::abort). ncclCommAbort runs on a helper thread that
+        // makes the device's context current.
         self.ops.nccl.abort("abort() was called");
     }
 
