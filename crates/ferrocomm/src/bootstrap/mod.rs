@@ -1,6 +1,7 @@
 //! Bootstrap: the key-value store ranks meet through, and the helpers built on it.
 
 mod auth;
+mod channel;
 mod tcp;
 
 use std::collections::HashMap;
@@ -9,8 +10,8 @@ use std::time::{Duration, Instant};
 
 pub use auth::{new_secret, StoreKey};
 pub use tcp::{
-    connect_from_env, TcpStore, TcpStoreServer, HANDSHAKE_TIMEOUT, MAX_CONNECTIONS,
-    MAX_HANDSHAKING, MAX_KEY, MAX_TOTAL, MAX_VALUE, REQUEST_TIMEOUT,
+    connect_from_env, ServerLimits, TcpStore, TcpStoreServer, ENTRY_OVERHEAD, HANDSHAKE_TIMEOUT,
+    MAX_CONNECTIONS, MAX_HANDSHAKING, MAX_KEY, MAX_TOTAL, MAX_VALUE, REQUEST_TIMEOUT,
 };
 
 use crate::error::{Error, Result};
