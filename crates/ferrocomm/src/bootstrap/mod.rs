@@ -181,6 +181,12 @@ pub fn all_gather_bytes(
     data: &[u8],
     timeout: Duration,
 ) -> Result<Vec<Vec<u8>>> {
+    if world > crate::config::MAX_WORLD_SIZE || rank >= world {
+        return Err(Error::InvalidArgument(format!(
+            "store gather '{tag}': rank {rank} of {world} ranks (at most {} ranks)",
+            crate::config::MAX_WORLD_SIZE
+        )));
+    }
     store.set(&format!("{tag}/{rank}"), data)?;
     let deadline = Instant::now() + timeout;
     let mut all = Vec::with_capacity(world);
@@ -364,6 +370,16 @@ mod tests {
                 .contains("waiting for ranks 1, 3 and 5: 3 of 6 ranks never joined"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_gather_over_more_ranks_than_accepted_is_refused_before_any_allocation() {
+        let s = MemStore::new();
+        for (rank, world) in [(0, 1usize << 40), (0, usize::MAX), (3, 3)] {
+            let e = all_gather_bytes(&*s, "g", rank, world, b"x", Duration::from_millis(10))
+                .unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        }
     }
 
     #[test]
