@@ -39,6 +39,9 @@ fn error_class(e: &Error) -> &'static str {
         | Error::DtypeMismatch { .. }
         | Error::UnsupportedOp { .. }
         | Error::RankOutOfRange { .. }
+        // Ranks that called different collectives or shapes: a caller's error, as docs/python.md
+        // lists size and dtype mismatches.
+        | Error::Mismatch { .. }
         | Error::BadEnv { .. }
         | Error::MissingEnv { .. } => "FerrocommValueError",
         Error::Timeout { .. } | Error::StoreTimeout { .. } | Error::RendezvousTimeout { .. } => {
