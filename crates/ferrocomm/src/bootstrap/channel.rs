@@ -241,7 +241,7 @@ mod tests {
     }
 
     #[test]
-    fn a_deadline_holds_however_the_bytes_are_spaced() {
+    fn a_half_sent_frame_ends_at_its_deadline() {
         let (mut a, mut b) = pair();
         // Half a frame, then silence: the reader gives up at its deadline.
         a.write_all(&[40, 0]).unwrap();

@@ -466,8 +466,9 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         let spawned = thread::Builder::new()
             .name("ferrocomm-store-conn".into())
             .spawn(move || {
-                let _ = serve(stream, accepted, &sh);
-                sh.lock().conns.remove(&id);
+                let _listed = Listed(&sh, id);
+                let slot = HandshakeSlot(&sh);
+                let _ = serve(stream, accepted, slot, &sh);
             });
         if spawned.is_err() {
             let mut st = shared.lock();
@@ -508,14 +509,40 @@ fn greet(
     Ok(Some((Direction::new(&up), Direction::new(&down))))
 }
 
+/// A connection's place among those in their handshake, given back however the handshake
+/// ends, a panic included: places never given back would, `max_handshaking` times over, make
+/// the server close every new connection unanswered, legitimate clients' too.
+struct HandshakeSlot<'a>(&'a Shared);
+
+impl Drop for HandshakeSlot<'_> {
+    fn drop(&mut self) {
+        self.0.lock().handshaking -= 1;
+    }
+}
+
+/// A connection's entry in the server's list of open connections, removed however its thread
+/// ends (entries left behind would count against `max_connections` forever).
+struct Listed<'a>(&'a Shared, u64);
+
+impl Drop for Listed<'_> {
+    fn drop(&mut self) {
+        self.0.lock().conns.remove(&self.1);
+    }
+}
+
 /// Serves one client until it disconnects, breaks the protocol or the server stops.
-fn serve(mut s: TcpStream, accepted: Instant, sh: &Shared) -> io::Result<()> {
+fn serve(
+    mut s: TcpStream,
+    accepted: Instant,
+    slot: HandshakeSlot<'_>,
+    sh: &Shared,
+) -> io::Result<()> {
     let limits = &sh.limits;
     let greeted = match accepted.checked_add(limits.handshake) {
         Some(deadline) => greet(&mut s, &sh.key, deadline),
         None => Err(io::Error::other("handshake deadline out of range")),
     };
-    sh.lock().handshaking -= 1;
+    drop(slot);
     let Some((mut up, mut down)) = greeted? else {
         return Ok(());
     };
@@ -1109,6 +1136,49 @@ mod tests {
         // Nothing of it was stored, and the server serves others on.
         let s = TcpStore::connect("127.0.0.1", srv.port(), &key, Duration::from_secs(5)).unwrap();
         assert!(!s.check("slow key").unwrap());
+    }
+
+    #[test]
+    fn handshake_slots_come_back_however_handshakes_end() {
+        let key = StoreKey::from_secret("a secret of the store's unit tests");
+        let limits = ServerLimits {
+            handshake: Duration::from_millis(300),
+            max_handshaking: 2,
+            ..ServerLimits::default()
+        };
+        let srv = TcpStoreServer::bind_with("127.0.0.1", 0, &key, limits).unwrap();
+        let port = srv.port();
+        let other = StoreKey::from_secret("another job's secret");
+        // Ten times over the slots: hung up at once, half a hello, a wrong magic, silence until
+        // the deadline, the wrong secret.
+        for round in 0..10 {
+            let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            match round % 5 {
+                0 => drop(c),
+                1 => c.write_all(b"FCS3\x01").unwrap(),
+                2 => c.write_all(&[b'X'; 36]).unwrap(),
+                3 => {
+                    let mut b = [0u8; 1];
+                    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                    // Closed by the server at the deadline.
+                    assert!(matches!(c.read(&mut b), Ok(0) | Err(_)));
+                }
+                _ => assert!(
+                    TcpStore::connect("127.0.0.1", port, &other, Duration::from_secs(5)).is_err()
+                ),
+            }
+        }
+        // Every slot given back (the last threads may still be finishing).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while srv.shared.lock().handshaking != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "handshake slots were not given back"
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+        let s = TcpStore::connect("127.0.0.1", port, &key, Duration::from_secs(5)).unwrap();
+        s.set("k", b"v").unwrap();
     }
 
     #[test]
