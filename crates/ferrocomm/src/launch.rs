@@ -5,7 +5,7 @@
 //! started (a shell's children, a Python's workers). When one rank fails the others get
 //! SIGTERM, then SIGKILL after [`GRACE`]; SIGINT/SIGTERM sent to the launcher are forwarded.
 //! A launcher killed outright takes its ranks with it, whatever the command is: a watcher
-//! process forked before the ranks (see [`Watcher`]) kills every rank's process group when the
+//! process forked before the ranks (see `Watcher`) kills every rank's process group when the
 //! launcher goes, and each rank also has `PR_SET_PDEATHSIG`. The store is
 //! bound to loopback and needs the random secret the ranks get in `FERROCOMM_STORE_SECRET`.
 //! A rank that timed out waiting for another leaves a report in the store, so the launcher
