@@ -5,7 +5,8 @@
 # What the tests need goes into a virtual environment of the project's own, .venv (created on
 # the first run, brought up to date when the list below changes): NVRTC 13.0 (so that every
 # CUDA kernel is compile-checked on a machine without a GPU; newer NVRTC emits code that driver
-# 580 refuses), numpy, pytest, maturin and torch for the torch.distributed tests.
+# 580 refuses), numpy, pytest, maturin, and torch with expecttest and hypothesis for the
+# torch.distributed tests (torch's own backend test suite imports those two).
 # Nothing is installed outside .venv. uv installs them (fast, and from its cache on later runs).
 #
 # Compiled kernels are kept where the library keeps them (FERROCOMM_KERNEL_CACHE, by default
@@ -23,6 +24,8 @@ PY="$VENV/bin/python"
 REQUIREMENTS="nvidia-cuda-nvrtc==13.0.88
 numpy
 pytest
+expecttest
+hypothesis
 maturin>=1.5,<2
 torch==2.11.0"
 

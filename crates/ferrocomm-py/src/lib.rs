@@ -291,7 +291,7 @@ impl NativeWork {
                 (
                     "FerrocommTimeout",
                     format!(
-                        "{} did not complete within {:?} (work still pending)",
+                        "{}: Timed out after {:?} waiting for the work (still pending)",
                         self.collective, limit
                     ),
                 ),
@@ -341,7 +341,7 @@ impl NativeCompletion {
                 (
                     "FerrocommTimeout",
                     format!(
-                        "{} (CUDA) did not complete within {:?} (work still pending)",
+                        "{} (CUDA): Timed out after {:?} waiting for the work (still pending)",
                         self.collective,
                         limit.unwrap_or_default()
                     ),

@@ -339,7 +339,7 @@ mod tests {
         let e = agree(&*s, "t", 0, 2, Ok(vec![]), Duration::from_millis(50)).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "store: rank 0 timed out after 50ms at 't' waiting for rank 1: 1 of 2 ranks never \
+            "store: rank 0 at 't': Timed out after 50ms waiting for rank 1: 1 of 2 ranks never \
              joined (not started, crashed, or created a communicator under another name)"
         );
     }
