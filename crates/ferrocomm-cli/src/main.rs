@@ -1,4 +1,4 @@
-//! The `ferrocomm` command: `bench`, `launch`, `info`, `precompile`.
+//! The `ferrocomm` command: `bench`, `launch`, `info`, `precompile`, `trace`.
 
 mod bench;
 mod info;
@@ -30,6 +30,15 @@ enum Command {
     Info(info::InfoArgs),
     /// Compile every kernel for a GPU architecture into the kernel cache (needs NVRTC only).
     Precompile(precompile::PrecompileArgs),
+    /// Read every rank's flight-recorder dump in DIR: the first call where the ranks diverge,
+    /// and which rank is missing or stuck.
+    Trace(TraceArgs),
+}
+
+#[derive(clap::Args)]
+struct TraceArgs {
+    /// The directory of the dumps (FERROCOMM_TRACE_DIR, or the one a failure's message names).
+    dir: std::path::PathBuf,
 }
 
 fn main() {
@@ -39,6 +48,12 @@ fn main() {
         Command::Launch(a) => launch::run(a),
         Command::Info(a) => info::run(a),
         Command::Precompile(a) => precompile::run(a),
+        Command::Trace(a) => ferrocomm::trace::analyze(&a.dir)
+            .map(|report| {
+                print!("{report}");
+                0
+            })
+            .map_err(anyhow::Error::from),
     };
     match code {
         Ok(c) => std::process::exit(c),

@@ -204,6 +204,70 @@ pub struct PackedCounts<'a> {
     pub unit: usize,
 }
 
+/// What a communicator's watcher ([`crate::watch`]) knows of its peers, read by the backends'
+/// waits: the first peer that failed (died without closing the communicator, or aborted it),
+/// and every peer that is gone (failed, or left after closing it).
+#[derive(Debug)]
+pub struct PeerState {
+    /// 0: none; else (peer + 1) | why << 32 (1: died, 2: aborted).
+    failed: std::sync::atomic::AtomicU64,
+    gone: Vec<std::sync::atomic::AtomicBool>,
+}
+
+impl PeerState {
+    /// No peer failed or gone, for `world` ranks.
+    pub fn new(world: usize) -> PeerState {
+        PeerState {
+            failed: 0.into(),
+            gone: (0..world).map(|_| false.into()).collect(),
+        }
+    }
+
+    /// The first peer that failed, and how.
+    pub fn failure(&self) -> Option<(usize, crate::watch::Failure)> {
+        let w = self.failed.load(std::sync::atomic::Ordering::Acquire);
+        if w == 0 {
+            return None;
+        }
+        let why = if w >> 32 == 2 {
+            crate::watch::Failure::Aborted
+        } else {
+            crate::watch::Failure::Died
+        };
+        Some(((w & 0xffff_ffff) as usize - 1, why))
+    }
+
+    /// Whether peer `p` has failed or left.
+    pub fn gone(&self, p: usize) -> bool {
+        self.gone
+            .get(p)
+            .is_some_and(|g| g.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// Records that `p` failed; true when it is the communicator's first failure.
+    pub(crate) fn set_failed(&self, p: usize, why: crate::watch::Failure) -> bool {
+        let code = match why {
+            crate::watch::Failure::Died => 1u64,
+            crate::watch::Failure::Aborted => 2,
+        };
+        self.failed
+            .compare_exchange(
+                0,
+                (p as u64 + 1) | code << 32,
+                std::sync::atomic::Ordering::AcqRel,
+                std::sync::atomic::Ordering::Acquire,
+            )
+            .is_ok()
+    }
+
+    /// Records that `p` is gone.
+    pub(crate) fn set_gone(&self, p: usize) {
+        if let Some(g) = self.gone.get(p) {
+            g.store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+}
+
 /// What a backend is told when it is created.
 #[derive(Clone)]
 pub struct CommContext {
@@ -226,6 +290,8 @@ pub struct CommContext {
     pub store: Arc<dyn Store>,
     /// The configuration in effect.
     pub config: Arc<Config>,
+    /// What the communicator's watcher knows of the peers (never updated when it has none).
+    pub peers: Arc<PeerState>,
 }
 
 impl CommContext {
@@ -439,6 +505,17 @@ pub trait Backend: Send + Sync {
     /// NCCL communicator is aborted (its kernels exit). Direct-access kernels that wait for this
     /// rank end at their timeout. Default: nothing to tell.
     fn abort(&self) {}
+    /// A peer died or gave up on the communicator (its watcher saw it): whatever waits for
+    /// it must end now. Default: nothing (the host backend's waits read [`PeerState`]).
+    fn peer_failed(&self, peer: usize) {
+        let _ = peer;
+    }
+    /// Whether `stream` is being captured into a CUDA graph (the flight recorder records a
+    /// captured call as such). Default: never (no streams).
+    fn capturing(&self, stream: u64) -> bool {
+        let _ = stream;
+        false
+    }
     /// Runs one checked call: the one entry the communicator uses, which hands each
     /// collective to its method below.
     fn run(&self, call: Call<'_>) -> Result<()> {

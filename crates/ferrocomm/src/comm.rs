@@ -24,6 +24,8 @@ use crate::rmsnorm::{AllReduceRmsNorm, Shape as RmsNormShape, NAME};
 use crate::types::{read_count, DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
+mod failure;
+
 /// How to create a communicator ([`Communicator::new`]). Unset fields come from the
 /// environment, as torchrun and `ferrocomm launch` set it; every rank passes the same `name`.
 ///
@@ -75,9 +77,18 @@ impl CommOptions {
 
 /// A group of ranks that run collectives together.
 pub struct Communicator {
+    /// Dropped first: marks this rank closed for the peers' watchers and stops the thread
+    /// before the backend goes.
+    watch: Option<crate::watch::Watch>,
     ctx: CommContext,
     root_store: Arc<dyn Store>,
-    backend: Box<dyn Backend>,
+    backend: Arc<dyn Backend>,
+    /// The flight recorder of this communicator's calls.
+    flight: Arc<crate::flight::FlightRecorder>,
+    /// The hooks registered on it.
+    hooks: Arc<crate::hooks::Hooks>,
+    /// Calls compared across ranks so far (`FERROCOMM_CHECK_CALLS`).
+    checked: AtomicU64,
     finalized: std::sync::atomic::AtomicBool,
     /// The plans `FERROCOMM_DEBUG` has printed (each once).
     plans_seen: Mutex<HashSet<(Collective, Plan)>>,
@@ -216,6 +227,7 @@ impl Communicator {
         Self::build(
             name,
             prefix,
+            (0..size).collect(),
             rank,
             size,
             local_rank,
@@ -231,6 +243,7 @@ impl Communicator {
     fn build(
         name: String,
         prefix: String,
+        global_ranks: Vec<usize>,
         rank: usize,
         size: usize,
         local_rank: usize,
@@ -272,6 +285,7 @@ impl Communicator {
             device,
             store,
             config,
+            peers: Arc::new(crate::backend::PeerState::new(size)),
         };
         let kind = match (choice, device) {
             (BackendChoice::Nccl, _) => "nccl",
@@ -279,10 +293,13 @@ impl Communicator {
             (_, Device::Cuda(_)) => "cuda",
         };
         check_settings_agree(&ctx, kind)?;
-        let backend: Box<dyn Backend> = match (choice, device) {
-            (BackendChoice::Nccl, _) => crate::nccl::new_backend(&ctx)?,
-            (_, Device::Host) => Box::new(crate::host::HostBackend::new(&ctx)?),
-            (_, Device::Cuda(_)) => crate::cuda::new_backend(&ctx)?,
+        failure::agree_trace_job(&ctx)?;
+        // Before the backend: its waits read what the watcher sees.
+        let watch = crate::watch::Watch::start(&ctx)?;
+        let backend: Arc<dyn Backend> = match (choice, device) {
+            (BackendChoice::Nccl, _) => crate::nccl::new_backend(&ctx)?.into(),
+            (_, Device::Host) => Arc::new(crate::host::HostBackend::new(&ctx)?),
+            (_, Device::Cuda(_)) => crate::cuda::new_backend(&ctx)?.into(),
         };
         if ctx.config.debug {
             eprintln!(
@@ -295,15 +312,22 @@ impl Communicator {
             );
         }
         let timeout_ns = AtomicU64::new(ctx.timeout().as_nanos() as u64);
-        Ok(Communicator {
+        let flight = failure::recorder(&ctx, kind, global_ranks, &backend)?;
+        let comm = Communicator {
+            watch,
             ctx,
             root_store,
             backend,
+            flight,
+            hooks: Arc::default(),
+            checked: 0.into(),
             finalized: false.into(),
             plans_seen: Mutex::default(),
             timeout_ns,
             aborted: false.into(),
-        })
+        };
+        comm.arm_watch();
+        Ok(comm)
     }
 
     /// This rank, in `0..size`.
@@ -352,7 +376,8 @@ impl Communicator {
     /// Hands one checked call to the backend. With `FERROCOMM_DEBUG` the call's plan is
     /// printed the first time it comes up (once per collective and plan).
     fn run(&self, kind: CallKind<'_>, opts: &CallOpts) -> Result<()> {
-        let backend = self.live()?;
+        let name = failure::call_name(&kind);
+        let backend = self.live(name)?;
         if self.ctx.config.debug {
             let coll = kind.collective();
             let (bytes, dtype) = kind.shape(self.ctx.rank, self.ctx.size);
@@ -360,8 +385,26 @@ impl Communicator {
                 self.print_plan(coll, coll.name(), bytes, dtype, plan);
             }
         }
-        let _timeout = self.enter_call(opts)?;
-        backend.run(Call { kind, opts })
+        let timeout = self.call_timeout(opts)?;
+        let _timeout = CallTimeout::enter(timeout);
+        let op_id = crate::flight::next_op_id();
+        if self.hooks.any() {
+            self.hooks.pre(&crate::hooks::PreHookArgs {
+                op_id,
+                name,
+                call: Some(&kind),
+                opts,
+            });
+        }
+        let r = self.run_recorded(backend, kind, opts, timeout, op_id);
+        if self.hooks.any() {
+            self.hooks.post(&crate::hooks::PostHookArgs {
+                op_id,
+                name,
+                result: &r,
+            });
+        }
+        r
     }
 
     /// With `FERROCOMM_DEBUG`: prints the plan of a call named `name` (of `coll`, whose plans
@@ -400,24 +443,32 @@ impl Communicator {
     }
 
     /// The timeout in force for a call with `opts`, checked.
-    fn enter_call(&self, opts: &CallOpts) -> Result<CallTimeout> {
-        let t = match opts.timeout {
-            Some(t) => check_timeout(t)?,
-            None => self.timeout(),
-        };
-        Ok(CallTimeout::enter(t))
+    fn call_timeout(&self, opts: &CallOpts) -> Result<Duration> {
+        match opts.timeout {
+            Some(t) => check_timeout(t),
+            None => Ok(self.timeout()),
+        }
     }
 
     /// A [`Completion`] recorded on `stream` (the calling thread's current context's) after
     /// the calls issued on it so far: what an async call's work object holds. `None` on the
     /// host backend, whose calls have finished when they return.
     pub fn mark(&self, stream: u64) -> Result<Option<Completion>> {
-        self.live()?.mark(stream)
+        self.live("mark")?.mark(stream)
     }
 
-    fn live(&self) -> Result<&dyn Backend> {
+    /// The backend, unless the communicator was finalized, aborted, or lost a peer (then a
+    /// call of `collective` fails naming it).
+    fn live(&self, collective: &'static str) -> Result<&dyn Backend> {
         if self.finalized.load(std::sync::atomic::Ordering::Acquire) {
             return Err(Error::Finalized(self.ctx.name.clone()));
+        }
+        if let Some((peer, _)) = self.ctx.peers.failure() {
+            return Err(Error::PeerFailed {
+                collective,
+                rank: self.ctx.rank,
+                peer,
+            });
         }
         if self.aborted.load(std::sync::atomic::Ordering::Acquire) {
             return Err(Error::Aborted(self.ctx.name.clone()));
@@ -425,14 +476,20 @@ impl Communicator {
         Ok(&*self.backend)
     }
 
-    /// Gives up on the communicator (torchcomms' abort): every later call fails with
-    /// [`Error::Aborted`] at once, peers waiting on this rank in a host collective fail at once
-    /// with [`Error::PeerFailed`] naming it, an NCCL communicator underneath is aborted (its
-    /// kernels exit); direct-access kernels waiting for this rank end at their timeout. May be
+    /// Gives up on the communicator (torchcomms' abort): the abort hooks run, every later
+    /// call fails with [`Error::Aborted`] at once, the peers' watchers learn it within
+    /// milliseconds and fail their communicators naming this rank ([`Error::PeerFailed`]:
+    /// their waiting host collectives and direct-access kernels end), an NCCL communicator
+    /// underneath is aborted (its kernels exit), and the flight recorder is dumped. May be
     /// called from any thread, also while a call runs; the memory is released on drop.
     pub fn abort(&self) {
         if !self.aborted.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            self.hooks.abort();
+            if let Some(w) = &self.watch {
+                w.announce_abort();
+            }
             self.backend.abort();
+            self.dump_for_failure("abort() was called");
         }
     }
 
@@ -456,7 +513,7 @@ impl Communicator {
     /// cuda backend's all-reduce the total size.
     pub fn all_reduce_rmsnorm(&self, call: AllReduceRmsNorm<'_>, opts: &CallOpts) -> Result<()> {
         let shape = call.check()?;
-        let backend = self.live()?;
+        let backend = self.live(NAME)?;
         if self.ctx.config.debug {
             if let Ok(plan) = backend.rmsnorm_plan_for(shape, opts) {
                 let bytes = shape.x_bytes();
@@ -464,15 +521,16 @@ impl Communicator {
                 self.print_plan(Collective::AllReduce, NAME, bytes, shape.dtype, plan);
             }
         }
-        let _timeout = self.enter_call(opts)?;
-        backend.all_reduce_rmsnorm(call, shape, opts)
+        let timeout = self.call_timeout(opts)?;
+        let _timeout = CallTimeout::enter(timeout);
+        self.run_rmsnorm_recorded(backend, call, shape, opts, timeout)
     }
 
     /// How an all_reduce_rmsnorm of `shape` runs on this communicator: its [`Plan`], the
     /// norm's form included (`fused-flat`, `fused-tree`, or the all-reduce's path and `+norm`).
     /// Pointers are planned as aligned. Backends without the call refuse.
     pub fn rmsnorm_algo_for(&self, shape: RmsNormShape, opts: &CallOpts) -> Result<Plan> {
-        self.live()?.rmsnorm_plan_for(shape, opts)
+        self.live(NAME)?.rmsnorm_plan_for(shape, opts)
     }
 
     /// Reduces `input` over all ranks into `output` on `root` (other ranks' outputs are not
@@ -782,7 +840,7 @@ impl Communicator {
     /// not call; listed ranks must all call with the same list and name. It starts with this
     /// communicator's current [`Communicator::timeout`].
     pub fn split(&self, ranks: &[usize], name: &str) -> Result<Option<Communicator>> {
-        self.live()?;
+        self.live("split")?;
         let mut seen = vec![false; self.size()];
         for &r in ranks {
             self.check_rank("split", "listed", r)?;
@@ -812,9 +870,14 @@ impl Communicator {
         // also for its creation.
         let mut config = (*self.ctx.config).clone();
         config.timeout = self.timeout();
+        let global: Vec<usize> = ranks
+            .iter()
+            .map(|&r| self.flight.info().ranks.get(r).copied().unwrap_or(r))
+            .collect();
         Communicator::build(
             full,
             prefix,
+            global,
             new_rank,
             ranks.len(),
             0,

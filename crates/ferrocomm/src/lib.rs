@@ -75,6 +75,8 @@ pub mod config;
 pub mod cuda;
 pub mod driver;
 pub mod error;
+pub mod flight;
+pub mod hooks;
 pub mod host;
 pub mod launch;
 pub mod nccl;
@@ -83,8 +85,10 @@ pub mod quant;
 pub mod reduce;
 pub mod reference;
 pub mod rmsnorm;
+pub mod trace;
 pub mod types;
 pub mod view;
+pub mod watch;
 
 pub use backend::{
     AlgoChoice, Backend, Call, CallKind, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts,

@@ -469,6 +469,22 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn peer_failed(&self, peer: usize) {
+        // Kernels waiting for the peer end at their next look; NCCL is aborted (its kernels
+        // exit) from the same thread.
+        if let Some(d) = &self.dda {
+            d.raise_abort(peer);
+        }
+        if let Some(n) = &self.nccl {
+            n.nccl
+                .abort(&format!("rank {peer} died or gave up on the communicator"));
+        }
+    }
+
+    fn capturing(&self, stream: u64) -> bool {
+        crate::driver::capturing_or_unknown(stream)
+    }
+
     fn mark(&self, stream: u64) -> Result<Option<Completion>> {
         bind(&self.cuda)?;
         self.events.record(stream).map(Some)

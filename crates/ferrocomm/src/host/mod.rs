@@ -15,7 +15,7 @@ mod collectives;
 mod fused_norm;
 mod lowp;
 mod p2p;
-mod shm;
+pub(crate) mod shm;
 mod sync;
 
 pub use shm::remove_stale_segments;
@@ -32,7 +32,7 @@ use crate::types::{DataType, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
 use shm::{Segment, SIG_WORDS};
-use sync::{process_alive, Backoff, Stop};
+use sync::{Backoff, Stop};
 
 /// What the host backend can do, for [`plan::select`].
 /// Shared-memory backend of one communicator.
@@ -51,6 +51,8 @@ pub struct HostBackend {
     name: String,
     /// Set by `abort`: a wait of this rank's running call ends too.
     aborted: std::sync::atomic::AtomicBool,
+    /// The communicator's watcher's verdicts: a wait for a peer that died ends at once.
+    peers: Arc<crate::backend::PeerState>,
 }
 
 #[derive(Default)]
@@ -210,6 +212,7 @@ impl HostBackend {
             p2p: Mutex::new(()),
             name: ctx.name.clone(),
             aborted: false.into(),
+            peers: ctx.peers.clone(),
         })
     }
 
@@ -236,7 +239,8 @@ impl HostBackend {
         })
     }
 
-    /// Waits until `ready` holds, watching `peer`: its process, its failed flag, the deadline.
+    /// Waits until `ready` holds, watching `peer`: its failed flag, the watcher's verdict on
+    /// its process (in any PID namespace), the deadline.
     fn wait_on(
         &self,
         peer: usize,
@@ -250,9 +254,7 @@ impl HostBackend {
             if self.aborted.load(Ordering::Relaxed) {
                 return Err(Stop::Aborted);
             }
-            if let Err(stop) =
-                backoff.pause(|| process_alive(self.seg.pid(peer).load(Ordering::Relaxed) as u32))
-            {
+            if let Err(stop) = backoff.pause(|| !self.peers.gone(peer)) {
                 // The peer may have arrived and exited between the look and the liveness check
                 // (the last barrier of a run): what it published still counts.
                 return if ready() { Ok(()) } else { Err(stop) };
@@ -286,9 +288,21 @@ impl HostBackend {
             Stop::PeerFailed => Error::PeerFailed {
                 collective,
                 rank: self.rank,
-                peer,
+                peer: self.culprit(peer),
             },
             Stop::Aborted => Error::Aborted(self.name.clone()),
+        }
+    }
+
+    /// The rank to name for a failure seen on `peer`: the peer that died, when the watcher or
+    /// `peer`'s failed flag (which carries the rank whose death made it give up) says which.
+    fn culprit(&self, peer: usize) -> usize {
+        if let Some((dead, _)) = self.peers.failure() {
+            return dead;
+        }
+        match self.seg.failed(peer).load(Ordering::Relaxed) {
+            v if v >= 2 && ((v - 2) as usize) < self.world => (v - 2) as usize,
+            _ => peer,
         }
     }
 
@@ -329,9 +343,21 @@ impl Call<'_> {
 
     /// Records the failure so that peers and later calls stop waiting on this communicator.
     fn fail(&mut self, stop: Stop, peer: usize) -> Error {
-        self.st.broken = Some(peer);
-        self.b.seg.failed(self.b.rank).store(1, Ordering::Relaxed);
-        self.b.stop_error(stop, self.coll.name(), peer)
+        let e = self.b.stop_error(stop, self.coll.name(), peer);
+        // The flag carries the rank that died (+ 2), so that peers name it too.
+        let flag = match &e {
+            Error::PeerFailed { peer, .. } => *peer as u64 + 2,
+            _ => 1,
+        };
+        self.st.broken = Some(match &e {
+            Error::PeerFailed { peer, .. } => *peer,
+            _ => peer,
+        });
+        self.b
+            .seg
+            .failed(self.b.rank)
+            .store(flag, Ordering::Relaxed);
+        e
     }
 
     /// Publishes the signature, passes the start barrier and checks that every rank called the

@@ -12,7 +12,7 @@
 use std::sync::atomic::Ordering;
 
 use super::collectives::copy;
-use super::sync::{process_alive, Backoff, Stop};
+use super::sync::{Backoff, Stop};
 use super::HostBackend;
 use crate::backend::P2pOp;
 use crate::error::{Error, Result};
@@ -108,8 +108,7 @@ impl HostBackend {
             }
             let mut dead = None;
             let alive = || {
-                dead = pending
-                    .find(|&p| !process_alive(self.seg.pid(p).load(Ordering::Relaxed) as u32));
+                dead = pending.find(|&p| self.peers.gone(p));
                 dead.is_none()
             };
             if let Err(stop) = backoff.pause(alive) {

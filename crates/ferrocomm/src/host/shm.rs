@@ -309,7 +309,7 @@ impl Segment {
 /// `shm_open` does but never through a symbolic link: whoever can write `/dev/shm` could plant
 /// one at the name to steer a rank into another file (`O_NOFOLLOW` when opening; `O_EXCL`
 /// when creating, which also refuses any file already there).
-fn open_segment(name: &str, create: bool) -> rustix::io::Result<rustix::fd::OwnedFd> {
+pub(crate) fn open_segment(name: &str, create: bool) -> rustix::io::Result<rustix::fd::OwnedFd> {
     use rustix::fs::{Mode, OFlags};
     let path = format!("/dev/shm{name}");
     let mut flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
@@ -377,7 +377,7 @@ mod test_seam {
 }
 
 /// Whether `name` is one [`Segment::establish`] makes: `/ferrocomm-<pid>-<16 hex digits>`.
-fn is_segment_name(name: &str) -> bool {
+pub(crate) fn is_segment_name(name: &str) -> bool {
     segment_creator(name.strip_prefix('/').unwrap_or("")).is_some() && name.starts_with('/')
 }
 
@@ -395,7 +395,7 @@ fn segment_creator(file: &str) -> Option<u32> {
 
 /// A segment must belong to this user and be open to no one else (rank 0 creates it 0600):
 /// one made by anyone else could be read or written behind the job's back.
-fn check_owner(uid: u32, mode: u32, ctx: &dyn Fn(&str) -> String) -> Result<()> {
+pub(crate) fn check_owner(uid: u32, mode: u32, ctx: &dyn Fn(&str) -> String) -> Result<()> {
     let me = rustix::process::getuid().as_raw();
     if uid != me || mode & 0o777 != 0o600 {
         return Err(Error::InvalidArgument(ctx(&format!(
@@ -437,7 +437,7 @@ pub fn remove_stale_segments(dir: &std::path::Path) -> Vec<String> {
 }
 
 /// Unlinks a shared-memory name when dropped (after every rank mapped it, or on failure).
-struct UnlinkGuard(Option<String>);
+pub(crate) struct UnlinkGuard(pub(crate) Option<String>);
 
 impl Drop for UnlinkGuard {
     fn drop(&mut self) {

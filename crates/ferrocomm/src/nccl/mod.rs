@@ -1313,6 +1313,16 @@ impl Backend for NcclBackend {
         self.ops.nccl.abort("abort() was called");
     }
 
+    fn peer_failed(&self, peer: usize) {
+        self.ops
+            .nccl
+            .abort(&format!("rank {peer} died or gave up on the communicator"));
+    }
+
+    fn capturing(&self, stream: u64) -> bool {
+        crate::driver::capturing_or_unknown(stream)
+    }
+
     fn mark(&self, stream: u64) -> Result<Option<Completion>> {
         let _g = self.enter()?;
         self.events.record(stream).map(Some)

@@ -21,6 +21,10 @@ mod all_reduce;
 use all_reduce::CopyEngine;
 pub use all_reduce::{ce_chunk, flat_grid};
 
+/// The u32 word of the host-mapped error page that the watcher raises (to the failed peer + 1)
+/// when a peer died or gave up: every kernel's wait ends at its next look (`FC_ABORT_WORD`).
+const ABORT_WORD: usize = 16;
+
 /// Bytes of a rank's set-up message before its bus id: the 64-byte IPC handle of its
 /// allocation and the staging's offset in it.
 const IPC_MSG_BYTES: usize = 72;
@@ -293,6 +297,8 @@ pub struct Dda {
     /// The LL128 all-reduce runs: set (`FERROCOMM_ALLREDUCE_LL128_MAX_BYTES`) and every pair
     /// of ranks on one GPU or joined by NVLink (agreed by every rank at set-up).
     ll128_on: bool,
+    /// The peer whose failure raised the abort word, + 1 (0: none).
+    aborted_by: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: the raw pointers are device addresses and a pinned host page owned by this struct;
@@ -400,6 +406,7 @@ impl Dda {
             timeout_shown: std::sync::atomic::AtomicBool::new(false),
             ce: None,
             ll128_on: false,
+            aborted_by: std::sync::atomic::AtomicU64::new(0),
         };
         if layout.ce_bytes > 0 {
             let min = ctx.config.thresholds.ce_min.unwrap_or(0);
@@ -677,8 +684,37 @@ impl Dda {
         a
     }
 
-    /// The timeout a kernel recorded, if any (sticky: the communicator is unusable after one).
+    /// Ends every kernel's wait of this communicator, running or to come, because `peer`
+    /// died or gave up: raises the abort word the kernels poll beside their timeout. Called
+    /// by the watcher's thread, without the call lock.
+    pub fn raise_abort(&self, peer: usize) {
+        let _ = self.aborted_by.compare_exchange(
+            0,
+            peer as u64 + 1,
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        // SAFETY: the page stays mapped for our lifetime and holds 1024 words; kernels only read
+        // this one (a volatile store from the host reaches their uncached loads).
+        unsafe {
+            std::ptr::write_volatile(
+                self.error_host.add(ABORT_WORD),
+                (peer as u32).saturating_add(1),
+            )
+        };
+    }
+
+    /// The timeout a kernel recorded, if any (sticky: the communicator is unusable after one),
+    /// or the peer whose failure raised the abort word.
     pub fn check_error(&self, collective: &'static str) -> Result<()> {
+        let by = self.aborted_by.load(std::sync::atomic::Ordering::Acquire);
+        if by != 0 {
+            return Err(Error::PeerFailed {
+                collective,
+                rank: self.rank,
+                peer: by as usize - 1,
+            });
+        }
         // SAFETY: the host page stays mapped for our lifetime; the kernel writes word 0 last.
         let w = unsafe { std::ptr::read_volatile(self.error_host) };
         if w == 0 {
@@ -864,6 +900,7 @@ mod tests {
             format!("#define CE_SEQ {CE_SEQ_WORD} "),
             format!("#define CE_FLAGS {CE_FLAGS_WORD} "),
             format!("#define FC_CE_MAX_CHUNKS {CE_MAX_CHUNKS}\n"),
+            format!("#define FC_ABORT_WORD {ABORT_WORD}\n"),
             // The LL128 line: the host sizes rows and grids by its payload.
             format!("#define LL128_WORDS {}\n", LL128_PAYLOAD / 8),
             // Its grid: two blocks an SM only if the kernel is built to fit two.
