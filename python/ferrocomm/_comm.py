@@ -9,7 +9,8 @@ import sys
 
 from . import _native
 from . import _tensors as T
-from ._errors import FerrocommError, FerrocommTimeout, FerrocommUnsupported, FerrocommValueError
+from ._errors import (FerrocommError, FerrocommPeerFailed, FerrocommTimeout, FerrocommUnsupported,
+                      FerrocommValueError)
 from ._ops import ReduceOp
 
 _SUM = ReduceOp.SUM
@@ -122,17 +123,28 @@ class _CudaWork(Work):
     """A CUDA collective: a completion (a pooled CUDA event of the native layer) recorded on
     the issuing stream right after it."""
 
-    __slots__ = ("_done", "_device", "_stream", "_keep", "_limit")
+    __slots__ = ("_done", "_device", "_stream", "_keep", "_limit", "_comm")
 
-    def __init__(self, done, device, stream, keep, limit=None):
+    def __init__(self, done, device, stream, keep, limit=None, comm=None):
         self._done = done
         self._device = device
         self._stream = stream
         self._keep = keep
         self._limit = limit
+        self._comm = comm
+
+    def _check_peers(self):
+        """A peer that died or gave up ended the call's kernels early: its result is not one."""
+        if self._comm is not None:
+            peer = self._comm.failed_peer()
+            if peer is not None:
+                raise FerrocommPeerFailed(
+                    f"rank {peer} failed or exited while this call was running on rank "
+                    f"{self._comm.rank} (flight recorder dumps: {self._comm.trace_dir})")
 
     def wait(self, timeout=None):
         del timeout  # ordering the stream does not block the host
+        self._check_peers()
         cur = T.current_stream_handle(T._torch(), self._device)
         # On the issuing stream the order holds already.
         if cur != self._stream:
@@ -141,6 +153,7 @@ class _CudaWork(Work):
     def wait_blocking(self, timeout=None):
         self._done.wait(self._limit if timeout is None else _timeout_seconds(timeout))
         self._keep = ()
+        self._check_peers()
 
     def is_completed(self):
         return self._done.is_completed()
@@ -301,6 +314,9 @@ class Comm:
         c = Comm(sub, self._requested, merged, {**self._options, "name": str(name)})
         if t is not None:
             c.set_timeout(t)
+        # A FlightRecorderHook registered here records the split's calls too (torchcomms').
+        for fr in self.__dict__.get("_fr_hooks", ()):
+            fr.register_with_comm(c)
         return c
 
     # -- plumbing --------------------------------------------------------------------------
@@ -370,7 +386,7 @@ class Comm:
             raise
         if native_work is not None:
             if cuda:
-                return _CudaWork(native_work, self._n.device_index, stream, keep, limit)
+                return _CudaWork(native_work, self._n.device_index, stream, keep, limit, self._n)
             # Queued on the work thread: only async calls return before they finish.
             return _HostWork(native_work, keep, post, limit)
         # Issued (CUDA: enqueued on the current stream; host: finished). Copies of list
@@ -379,7 +395,7 @@ class Comm:
             f()
         if cuda and async_op:
             return _CudaWork(self._n.mark(stream, coll), self._n.device_index, stream, keep,
-                             limit)
+                             limit, self._n)
         return _DONE
 
     @staticmethod
@@ -890,29 +906,71 @@ class _ParityMixin:
         wherever they are found."""
         if isinstance(e, (FerrocommValueError, FerrocommUnsupported)):
             return
-        if isinstance(e, FerrocommTimeout) and self._aborted is None:
-            self._aborted = f"{coll} timed out"
-            self._n.abort()
+        if isinstance(e, (FerrocommTimeout, FerrocommPeerFailed)):
+            if self._aborted is None:
+                peer = self._n.failed_peer()
+                self._aborted = f"{coll} timed out" if isinstance(e, FerrocommTimeout) else \
+                    f"{coll}: rank {peer} failed or exited"
+                self._n.abort()
+            # Where the flight recorder's dumps are, in the message itself.
+            if e.args and "flight recorder" not in str(e.args[0]):
+                e.args = (f"{e.args[0]} (flight recorder dumps: {self._n.trace_dir}; analyze "
+                          f"with `ferrocomm trace {self._n.trace_dir}`)",) + e.args[1:]
         self._on_error(e)
 
     def _on_error(self, e):
         if self._options.get("abort_process_on_timeout_or_error"):
             print(f"ferrocomm: aborting the process: {e}", file=sys.stderr, flush=True)
+            # The abort hooks run (once) and the flight recorder is dumped first.
+            self._n.abort()
             os.abort()
 
+    # -- hooks and the flight recorder (ferrocomm.hooks) --------------------------------------
+
+    def register_pre_hook(self, hook):
+        """``hook(name: OpName, op_id: int, args)`` before every call; returns a handle whose
+        ``remove()`` unregisters it (see ferrocomm.hooks)."""
+        from . import hooks
+        return hooks.register(self, "pre", hook)
+
+    def register_post_hook(self, hook):
+        """``hook(op_id: int, args)`` after every call (``args.work``: its work)."""
+        from . import hooks
+        return hooks.register(self, "post", hook)
+
+    def register_abort_hook(self, hook):
+        """``hook()`` once when the communicator is aborted: abort(), a timeout, or a peer
+        that died or gave up (then on the watcher's thread)."""
+        from . import hooks
+        if not callable(hook):
+            raise TypeError(f"register_abort_hook: the hook must be callable, not {hook!r}")
+        return hooks.RemovableHandle(self._n.register_abort_hook(hook).remove)
+
+    def dump_flight_recorder(self, path=None):
+        """Dumps the flight recorder of this process's communicators (torch's format) to
+        ``path``, or to ``ferrocomm_trace_rank_<rank>`` in ``get_trace_dir()``; returns the
+        file's path."""
+        return self._n.dump_flight_recorder(None if path is None else os.fspath(path))
+
+    def get_trace_dir(self):
+        """Where the flight recorder's dumps go (``FERROCOMM_TRACE_DIR``, else a per-job
+        directory under the temporary directory)."""
+        return self._n.trace_dir
+
     def abort(self):
-        """Gives up on the communicator (torchcomms' abort): every later call raises at once;
-        peers waiting on this rank in a host collective fail at once naming it, an NCCL
-        communicator underneath is aborted (its kernels exit), direct-access kernels waiting
-        for this rank end at their timeout. Queued work is not waited for; the memory is
-        released when the communicator object is."""
+        """Gives up on the communicator (torchcomms' abort): the abort hooks run, every later
+        call raises at once; the peers' watchers learn it within milliseconds and fail their
+        communicators naming this rank (FerrocommPeerFailed: their host waits and
+        direct-access kernels end, NCCL is aborted), an NCCL communicator underneath is
+        aborted (its kernels exit), the flight recorder is dumped. Queued work is not waited
+        for; the memory is released when the communicator object is."""
         if self._aborted is None:
             self._aborted = "abort() was called"
         # Also after a timeout (natively idempotent): NCCL is aborted, peers are told.
         self._n.abort()
 
     def is_aborted(self):
-        return self._aborted is not None
+        return self._aborted is not None or self._n.failed_peer() is not None
 
     def set_timeout(self, timeout):
         """The timeout of every later call (a timedelta or seconds), longer or shorter than
@@ -1065,6 +1123,20 @@ def _packed(send, recv):
     return [list(send), _prefix(send), list(recv), _prefix(recv)]
 
 
+def _torch_distributed_store(rank, size):
+    """(store, rank, size) to meet through when torch.distributed is initialized: a prefix of
+    its default store (the job's one store: a second on MASTER_PORT would find the port taken
+    where no torchrun agent moved it), and its rank and size where not given."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None, rank, size
+    from torch.distributed import distributed_c10d as c10d
+    store = dist.PrefixStore("ferrocomm/", c10d._get_default_store())
+    return (store, dist.get_rank() if rank is None else rank,
+            dist.get_world_size() if size is None else size)
+
+
 def new_comm(backend, device, name=None, abort_process_on_timeout_or_error=None, timeout=None,
              high_priority_stream=None, store=None, hints=None, *, rank=None, size=None,
              local_rank=None, local_size=None):
@@ -1090,6 +1162,8 @@ def new_comm(backend, device, name=None, abort_process_on_timeout_or_error=None,
         None if v is None else _int_arg("new_comm", k, v, lo, _MAX_COUNT)
         for k, v, lo in (("rank", rank, 0), ("size", size, 1), ("local_rank", local_rank, 0),
                          ("local_size", local_size, 1)))
+    if store is None:
+        store, rank, size = _torch_distributed_store(rank, size)
     native = _native.new_comm(
         str(name),
         str(backend),

@@ -219,6 +219,12 @@ impl Communicator {
         }
     }
 
+    /// The peer whose failure (death, or its abort) the watcher saw, if any: every later
+    /// call fails naming it.
+    pub fn failed_peer(&self) -> Option<usize> {
+        self.ctx.peers.failure().map(|(p, _)| p)
+    }
+
     /// This communicator's flight recorder.
     pub fn flight_recorder(&self) -> &Arc<FlightRecorder> {
         &self.flight
