@@ -817,6 +817,15 @@ class Comm:
                     f"{coll}: {what}[{k}] has {n} elements, expected {like.count}")
 
     def _split_counts(self, coll, what, obj, sizes):
+        """Elements per part from ``sizes`` (rows); wrong sizes refuse the call for the peers
+        too (they fail it at once instead of waiting for this rank)."""
+        try:
+            return self._split_counts_checked(coll, what, obj, sizes)
+        except FerrocommValueError as e:
+            self._n.refuse(coll, str(e))
+            raise
+
+    def _split_counts_checked(self, coll, what, obj, sizes):
         rows, per_row = T.rows_of(obj, coll)
         if sizes is None:
             if rows % self.size != 0:

@@ -119,6 +119,31 @@ def scenario_check_calls(comm):
     print("check_calls ok", flush=True)
 
 
+def scenario_refuse(comm):
+    """A rank whose arguments are wrong there alone refuses the call: the others fail it at
+    once (not after the 30 s timeout), naming that rank and its error."""
+    n = comm.size
+    x = np.ones((2 * n, 3), dtype=np.float32)
+    out = np.zeros_like(x)
+    sizes = [2] * n
+    if comm.rank == 2:
+        sizes[0] = 3  # splits that run past its input's rows: refused on rank 2 alone
+    t0 = time.monotonic()
+    try:
+        comm.all_to_all_single(out, x, sizes, sizes)
+    except ferrocomm.FerrocommValueError as e:
+        took = time.monotonic() - t0
+        print("REFUSED", f"{took:.3f}", e, flush=True)
+        assert took < 5, took
+        if comm.rank == 2:
+            assert "do not add up to its" in str(e), e
+        else:
+            assert "rank 2 refused this call" in str(e) and "split_sizes" in str(e), e
+    else:
+        raise AssertionError("a call that rank 2 refused went through")
+    print("refuse ok", flush=True)
+
+
 def scenario_skip(comm):
     """Rank 1 skips the barrier the others make: every rank fails at that call (the host
     backend compares calls), each dumps its flight recorder."""

@@ -107,6 +107,11 @@ def test_checked_calls_raise_at_the_call_that_differs_on_every_rank():
     assert all("check_calls ok" in o for o in outs), outs
 
 
+def test_a_call_one_rank_refuses_fails_at_once_on_every_rank():
+    outs = run_ranks(3, "refuse", script="reliability_ranks.py")
+    assert all("refuse ok" in o for o in outs), outs
+
+
 def test_new_comm_after_init_process_group_started_by_hand_uses_torchs_store():
     pytest.importorskip("torch")
     outs = run_ranks(2, "torch_store", script="reliability_ranks.py", timeout=120)

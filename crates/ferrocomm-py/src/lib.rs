@@ -44,6 +44,8 @@ fn error_class(e: &Error) -> &'static str {
         | Error::Mismatch { .. }
         | Error::BadEnv { .. }
         | Error::MissingEnv { .. } => "FerrocommValueError",
+        // Another rank's arguments were wrong: the caller's error, on that rank.
+        Error::PeerRefused { .. } => "FerrocommValueError",
         Error::Timeout { .. } | Error::StoreTimeout { .. } | Error::RendezvousTimeout { .. } => {
             "FerrocommTimeout"
         }
@@ -537,6 +539,24 @@ impl Call {
     /// # Safety
     /// The buffers must satisfy [`Buf::view_mut`]'s contract for the duration of the call.
     unsafe fn exec(&self, comm: &Communicator) -> ferrocomm::Result<()> {
+        let before = comm.call_count();
+        // SAFETY: forwarded from this function's contract.
+        let r = unsafe { self.exec_unrefused(comm) };
+        // A collective this rank refused before it reached the communicator's call path (its
+        // arguments): the peers fail it at once instead of waiting for this rank.
+        if let Err(e) = &r {
+            if !matches!(self.coll, Coll::Send(_) | Coll::Recv(_) | Coll::Batch) {
+                comm.refused(before, self.coll.name(), e);
+            }
+        }
+        r
+    }
+
+    /// [`Call::exec`] without telling the peers of a refusal.
+    ///
+    /// # Safety
+    /// As for [`Call::exec`].
+    unsafe fn exec_unrefused(&self, comm: &Communicator) -> ferrocomm::Result<()> {
         let c = self.coll.name();
         // SAFETY: forwarded from this function's contract (the Python layer holds the objects).
         let input = self.inp.map(|b| unsafe { b.view() });
@@ -761,6 +781,12 @@ impl PyComm {
     /// Gives up on the communicator ([`Communicator::abort`]).
     fn abort(&self) {
         self.inner.abort();
+    }
+
+    /// Refuses the next collective call on this rank (`why`: an argument wrong here, found
+    /// by the Python layer): the peers fail it at once instead of waiting for this rank.
+    fn refuse(&self, collective: &str, why: &str) {
+        self.inner.refuse(collective, why);
     }
 
     /// The peer whose failure (death, or its abort) the watcher saw, if any.

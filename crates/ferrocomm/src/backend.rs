@@ -83,6 +83,32 @@ pub(crate) fn call_timeout(outside: Duration) -> Duration {
     CALL_TIMEOUT.get().unwrap_or(outside)
 }
 
+thread_local! {
+    /// The number of the collective call this thread is running on its communicator (0: none).
+    static CALL_NO: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The number of the collective call this thread is running (0 outside one): a wait for a
+/// peer that refused this very call ends ([`PeerState::refused`]).
+pub(crate) fn call_no() -> u64 {
+    CALL_NO.get()
+}
+
+/// A collective call's number in force on this thread until the guard drops.
+pub(crate) struct CallNo(u64);
+
+impl CallNo {
+    pub(crate) fn enter(n: u64) -> CallNo {
+        CallNo(CALL_NO.replace(n))
+    }
+}
+
+impl Drop for CallNo {
+    fn drop(&mut self) {
+        CALL_NO.set(self.0);
+    }
+}
+
 /// A call's timeout in force on this thread until the guard drops (then the one before it,
 /// for a call made from inside another, is back).
 pub(crate) struct CallTimeout(Option<Duration>);
@@ -212,6 +238,9 @@ pub struct PeerState {
     /// 0: none; else (peer + 1) | why << 32 (1: died, 2: aborted).
     failed: std::sync::atomic::AtomicU64,
     gone: Vec<std::sync::atomic::AtomicBool>,
+    /// Per peer: the number of the latest collective call it refused (0: none), and why.
+    refused: Vec<std::sync::atomic::AtomicU64>,
+    refused_why: std::sync::Mutex<Vec<String>>,
 }
 
 impl PeerState {
@@ -220,6 +249,46 @@ impl PeerState {
         PeerState {
             failed: 0.into(),
             gone: (0..world).map(|_| false.into()).collect(),
+            refused: (0..world).map(|_| 0.into()).collect(),
+            refused_why: std::sync::Mutex::new(vec![String::new(); world]),
+        }
+    }
+
+    /// The number of the latest collective call peer `p` refused (0: none).
+    pub fn refused(&self, p: usize) -> u64 {
+        self.refused
+            .get(p)
+            .map_or(0, |r| r.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// A peer that refused call `n`, and why.
+    pub fn refusal_of(&self, n: u64) -> Option<(usize, String)> {
+        if n == 0 {
+            return None;
+        }
+        let p = (0..self.refused.len()).find(|&p| self.refused(p) == n)?;
+        let why = self
+            .refused_why
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(p)
+            .cloned()
+            .unwrap_or_default();
+        Some((p, why))
+    }
+
+    /// Records that `p` refused call `n` because `why`.
+    pub(crate) fn set_refused(&self, p: usize, n: u64, why: String) {
+        if let Some(w) = self
+            .refused_why
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(p)
+        {
+            *w = why;
+        }
+        if let Some(r) = self.refused.get(p) {
+            r.store(n, std::sync::atomic::Ordering::SeqCst);
         }
     }
 
@@ -509,6 +578,12 @@ pub trait Backend: Send + Sync {
     /// it must end now. Default: nothing (the host backend's waits read [`PeerState`]).
     fn peer_failed(&self, peer: usize) {
         let _ = peer;
+    }
+    /// A peer refused a collective call this rank has issued (its arguments were wrong
+    /// there): whatever waits for it in that call must end. Default: as a failed peer (the
+    /// communicator's kernels and NCCL are ended; it is aborted).
+    fn peer_refused(&self, peer: usize) {
+        self.peer_failed(peer);
     }
     /// Whether `stream` is being captured into a CUDA graph (the flight recorder records a
     /// captured call as such). Default: never (no streams).

@@ -89,6 +89,9 @@ pub struct Communicator {
     hooks: Arc<crate::hooks::Hooks>,
     /// Calls compared across ranks so far (`FERROCOMM_CHECK_CALLS`).
     checked: AtomicU64,
+    /// Collective calls made or refused so far: the number of the latest (peers' refusals
+    /// name calls by it).
+    calls: Arc<AtomicU64>,
     finalized: std::sync::atomic::AtomicBool,
     /// The plans `FERROCOMM_DEBUG` has printed (each once).
     plans_seen: Mutex<HashSet<(Collective, Plan)>>,
@@ -321,6 +324,7 @@ impl Communicator {
             flight,
             hooks: Arc::default(),
             checked: 0.into(),
+            calls: Arc::default(),
             finalized: false.into(),
             plans_seen: Mutex::default(),
             timeout_ns,
@@ -502,8 +506,10 @@ impl Communicator {
         opts: &CallOpts,
     ) -> Result<()> {
         let c = "all_reduce";
-        op.check(output.dtype(), c)?;
-        check_input(c, &input, &output, output.count())?;
+        self.refusing(c, || {
+            op.check(output.dtype(), c)?;
+            check_input(c, &input, &output, output.count())
+        })?;
         self.run(CallKind::AllReduce { input, output, op }, opts)
     }
 
@@ -544,9 +550,11 @@ impl Communicator {
         opts: &CallOpts,
     ) -> Result<()> {
         let c = "reduce";
-        op.check(output.dtype(), c)?;
-        self.check_root(c, root)?;
-        check_input(c, &input, &output, output.count())?;
+        self.refusing(c, || {
+            op.check(output.dtype(), c)?;
+            self.check_root(c, root)?;
+            check_input(c, &input, &output, output.count())
+        })?;
         self.run(
             CallKind::Reduce {
                 input,
@@ -567,10 +575,13 @@ impl Communicator {
         opts: &CallOpts,
     ) -> Result<()> {
         let c = "broadcast";
-        self.check_root(c, root)?;
-        if self.rank() == root {
-            check_input(c, &input, &output, output.count())?;
-        }
+        self.refusing(c, || {
+            self.check_root(c, root)?;
+            if self.rank() == root {
+                check_input(c, &input, &output, output.count())?;
+            }
+            Ok(())
+        })?;
         self.run(
             CallKind::Broadcast {
                 input,
@@ -585,8 +596,10 @@ impl Communicator {
     /// `size * input.count()` elements.
     pub fn all_gather(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
         let c = "all_gather";
-        let n = self.part_count(c, "output", output.count())?;
-        check_input(c, &input, &output, n)?;
+        self.refusing(c, || {
+            let n = self.part_count(c, "output", output.count())?;
+            check_input(c, &input, &output, n)
+        })?;
         self.run(CallKind::AllGather { input, output }, opts)
     }
 
@@ -600,19 +613,23 @@ impl Communicator {
         opts: &CallOpts,
     ) -> Result<()> {
         let c = "reduce_scatter";
-        op.check(output.dtype(), c)?;
-        if let Input::InPlace = input {
-            self.part_count(c, "output", output.count())?;
-        }
-        check_input(c, &input, &output, output.count() * self.size())?;
+        self.refusing(c, || {
+            op.check(output.dtype(), c)?;
+            if let Input::InPlace = input {
+                self.part_count(c, "output", output.count())?;
+            }
+            check_input(c, &input, &output, output.count() * self.size())
+        })?;
         self.run(CallKind::ReduceScatter { input, output, op }, opts)
     }
 
     /// Every rank sends part `j` of its input to rank `j`; input and output hold `size * n`.
     pub fn all_to_all(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
         let c = "all_to_all";
-        self.part_count(c, "output", output.count())?;
-        check_input(c, &input, &output, output.count())?;
+        self.refusing(c, || {
+            self.part_count(c, "output", output.count())?;
+            check_input(c, &input, &output, output.count())
+        })?;
         self.run(CallKind::AllToAll { input, output }, opts)
     }
 

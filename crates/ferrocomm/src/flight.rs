@@ -971,11 +971,6 @@ pub(crate) fn set_job(job: &str) {
     let _ = JOB.set(job.to_string());
 }
 
-/// Whether the job's name is set.
-pub(crate) fn job_is_set() -> bool {
-    JOB.get().is_some()
-}
-
 /// The directory dumps go to: `configured`, else `ferrocomm-trace-<uid>-<job>` in the
 /// temporary directory.
 pub fn trace_dir(configured: Option<&Path>) -> PathBuf {

@@ -42,6 +42,8 @@ const LINE: usize = 128;
 const MAGIC: u64 = 0x6665_7272_6f77_6174; // "ferrowat"
 /// Where the lock bytes start (past the lines; a record lock may lie beyond the end of file).
 const LOCK_BASE: i64 = 1 << 20;
+/// Bytes of a rank's text (why it refused a call), after the lines.
+const TEXT: usize = 512;
 
 /// A rank's state word.
 const LIVE: u64 = 1;
@@ -59,6 +61,8 @@ pub enum Failure {
 
 /// The handler a watcher calls once, on its thread, when a peer fails.
 pub(crate) type OnFailure = Box<dyn Fn(usize, Failure) + Send + Sync>;
+/// The handler a watcher calls when a peer refused a collective call (peer, call number).
+pub(crate) type OnRefusal = Box<dyn Fn(usize, u64) + Send + Sync>;
 
 /// A token of this process: ranks with the same token are threads of one process.
 fn process_token() -> u64 {
@@ -97,7 +101,7 @@ unsafe impl Sync for Lines {}
 
 impl Lines {
     fn bytes(world: usize) -> usize {
-        LINE * (world + 1)
+        (LINE + TEXT) * world + LINE
     }
 
     /// Word `i` (0..16) of rank `r`'s line; `r == world` is the header.
@@ -122,6 +126,49 @@ impl Lines {
     }
     fn state(&self, r: usize) -> &AtomicU64 {
         self.word(r, 4)
+    }
+    /// The number of the latest collective call rank `r` refused (0: none).
+    fn refused(&self, r: usize) -> &AtomicU64 {
+        self.word(r, 5)
+    }
+
+    /// Rank `r`'s text area: words (accessed atomically) after every line.
+    fn text_word(&self, r: usize, i: usize) -> &AtomicU64 {
+        assert!(
+            r < self.world && i < TEXT / 8,
+            "watch segment text out of range"
+        );
+        let off = LINE * (self.world + 1) + TEXT * r + 8 * i;
+        // SAFETY: in bounds (the mapping is (LINE + TEXT) * world + LINE bytes), 8-aligned,
+        // only accessed atomically.
+        unsafe { &*(self.map.as_mut_ptr().add(off) as *const AtomicU64) }
+    }
+
+    fn write_text(&self, r: usize, text: &str) {
+        let b = text.as_bytes();
+        let n = b.len().min(TEXT - 8);
+        self.text_word(r, 0).store(n as u64, Ordering::Relaxed);
+        for (i, c) in b[..n].chunks(8).enumerate() {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            self.text_word(r, i + 1)
+                .store(u64::from_le_bytes(w), Ordering::Relaxed);
+        }
+    }
+
+    fn read_text(&self, r: usize) -> String {
+        let n = (self.text_word(r, 0).load(Ordering::Relaxed) as usize).min(TEXT - 8);
+        let mut b = Vec::with_capacity(n + 8);
+        for i in 0..n.div_ceil(8) {
+            b.extend_from_slice(
+                &self
+                    .text_word(r, i + 1)
+                    .load(Ordering::Relaxed)
+                    .to_le_bytes(),
+            );
+        }
+        b.truncate(n);
+        String::from_utf8_lossy(&b).into_owned()
     }
 
     /// Sets (`lock`) or tests (`!lock`, then: whether another process holds it) rank `r`'s
@@ -159,6 +206,7 @@ struct Shared {
     peers: Arc<PeerState>,
     stop: std::sync::atomic::AtomicBool,
     handler: OnceLock<OnFailure>,
+    refusal_handler: OnceLock<OnRefusal>,
 }
 
 /// A running watcher; dropping it marks this rank closed and stops the thread.
@@ -241,6 +289,7 @@ impl Watch {
             peers: ctx.peers.clone(),
             stop: false.into(),
             handler: OnceLock::new(),
+            refusal_handler: OnceLock::new(),
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -264,6 +313,21 @@ impl Watch {
                 }
             }
         }
+    }
+
+    /// Tells the peers that this rank refused collective call `n` (`why`): their waits in that
+    /// call end, and they fail it (a later announcement replaces an earlier one).
+    pub(crate) fn announce_refusal(&self, n: u64, why: &str) {
+        let s = &self.shared;
+        s.lines.write_text(s.rank, why);
+        // release: the text before the number that announces it.
+        s.lines.refused(s.rank).store(n, Ordering::Release);
+    }
+
+    /// Sets the handler of peers' refusals (called on the watcher's thread, after
+    /// [`PeerState`] records the refusal).
+    pub(crate) fn on_refusal(&self, f: OnRefusal) {
+        let _ = self.shared.refusal_handler.set(f);
     }
 
     /// Tells the peers that this rank gave up on the communicator: their watchers fail it.
@@ -391,6 +455,16 @@ fn run(s: &Shared, probes: &[Probe], wake: &OwnedFd) {
             .filter(|(_, f)| !f.revents().is_empty())
             .map(|(&p, _)| p)
             .collect();
+        // Threads of this process refuse calls too: every peer's word is read.
+        for p in (0..probes.len()).filter(|&p| p != s.rank) {
+            let n = s.lines.refused(p).load(Ordering::Acquire);
+            if n > s.peers.refused(p) {
+                s.peers.set_refused(p, n, s.lines.read_text(p));
+                if let Some(h) = s.refusal_handler.get() {
+                    h(p, n);
+                }
+            }
+        }
         let mut still = Vec::with_capacity(left.len());
         for &p in &left {
             let state = s.lines.state(p).load(Ordering::Acquire);

@@ -29,7 +29,9 @@ pub(super) fn call_name(kind: &CallKind<'_>) -> &'static str {
 /// Every rank of the job's first communicator takes rank 0's name for the default trace
 /// directory, so that all ranks dump into one directory.
 pub(super) fn agree_trace_job(ctx: &CommContext) -> Result<()> {
-    if ctx.config.trace_dir.is_some() || crate::flight::job_is_set() {
+    // Every rank of the communicator takes part whatever it knows already (another
+    // communicator of this process may have set the name on one rank and not yet on another).
+    if ctx.config.trace_dir.is_some() {
         return Ok(());
     }
     let job = if ctx.size == 1 {
@@ -86,6 +88,21 @@ impl Communicator {
         let hooks = self.hooks.clone();
         let (rank, name) = (self.ctx.rank, self.ctx.name.clone());
         let dir = self.trace_dir();
+        let (refused_backend, calls) = (Arc::downgrade(&self.backend), self.calls.clone());
+        let refusal_name = self.ctx.name.clone();
+        w.on_refusal(Box::new(move |peer, n| {
+            // A call this rank has issued waits for the peer: end it. (Not yet issued: the
+            // call fails at its start.)
+            if calls.load(Ordering::SeqCst) >= n {
+                eprintln!(
+                    "ferrocomm: rank {rank} '{refusal_name}': rank {peer} refused call #{n}; \
+                     it fails here too"
+                );
+                if let Some(b) = refused_backend.upgrade() {
+                    b.peer_refused(peer);
+                }
+            }
+        }));
         w.on_failure(Box::new(move |peer, why| {
             let what = match why {
                 crate::watch::Failure::Died => "died",
@@ -120,9 +137,33 @@ impl Communicator {
     ) -> Result<()> {
         let host = self.ctx.device == Device::Host;
         let token = self.flight.begin(&kind, opts, timeout, host, op_id);
-        let r = self
-            .checks(&kind)
-            .and_then(|()| backend.run(Call { kind, opts }));
+        let collective = !is_p2p(&kind);
+        // Collective calls are numbered; a call a peer refused fails here at once. (SeqCst
+        // with the watcher's handler: one of the two sees the other.)
+        let n = if collective {
+            self.calls.fetch_add(1, Ordering::SeqCst) + 1
+        } else {
+            0
+        };
+        let _no = crate::backend::CallNo::enter(n);
+        let name = call_name(&kind);
+        let r = match self.ctx.peers.refusal_of(n) {
+            Some((peer, why)) => Err(Error::PeerRefused {
+                collective: name,
+                call: n,
+                rank: self.ctx.rank,
+                peer,
+                why,
+            }),
+            None => self
+                .checks(&kind)
+                .and_then(|()| backend.run(Call { kind, opts })),
+        };
+        if let Err(e) = &r {
+            if collective && is_refusal(e) {
+                self.announce_refusal(n, name, e);
+            }
+        }
         if let Some(t) = token {
             let captured = !host && r.is_ok() && backend.capturing(opts.stream);
             self.flight.end(t, &r, host, captured);
@@ -170,6 +211,49 @@ impl Communicator {
             });
         }
         r
+    }
+
+    /// Tells the peers that this rank refused collective call `n`: they fail it at once
+    /// instead of waiting for this rank.
+    fn announce_refusal(&self, n: u64, collective: &str, e: &Error) {
+        if let Some(w) = &self.watch {
+            w.announce_refusal(n, &format!("{collective} on rank {}: {e}", self.ctx.rank));
+        }
+    }
+
+    /// Runs the argument checks `f` of collective `c`; a failure refuses the call for the
+    /// peers too ([`Communicator::refuse`]).
+    pub(super) fn refusing<R>(&self, c: &'static str, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        f().inspect_err(|e| {
+            if is_refusal(e) {
+                self.refuse(c, &e.to_string());
+            }
+        })
+    }
+
+    /// The number of collective calls made or refused so far on this communicator.
+    pub fn call_count(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Refuses the next collective call on this rank because `why` (an argument that is wrong
+    /// here, found before the call reached the communicator): the peers fail that call at
+    /// once instead of waiting for this rank. A layer above with checks of its own calls it
+    /// (or [`Communicator::refused`]).
+    pub fn refuse(&self, collective: &str, why: &str) {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(w) = &self.watch {
+            w.announce_refusal(n, &format!("{collective} on rank {}: {why}", self.ctx.rank));
+        }
+    }
+
+    /// For a caller whose collective call failed: when `e` is an argument error and the call
+    /// never reached the communicator's call path (the number of calls is still `before`),
+    /// the call is refused for the peers ([`Communicator::refuse`]).
+    pub fn refused(&self, before: u64, collective: &str, e: &Error) {
+        if is_refusal(e) && self.call_count() == before {
+            self.refuse(collective, &e.to_string());
+        }
     }
 
     /// A call that failed because of the peers (a timeout, a dead peer, ranks that disagree)
@@ -364,6 +448,18 @@ fn report_dump(rank: usize, r: Result<PathBuf>) {
         ),
         Err(e) => eprintln!("ferrocomm: rank {rank}: flight recorder dump failed: {e}"),
     }
+}
+
+/// Errors that refuse a call on this rank alone: its own arguments.
+fn is_refusal(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::InvalidArgument(_)
+            | Error::SizeMismatch { .. }
+            | Error::DtypeMismatch { .. }
+            | Error::UnsupportedOp { .. }
+            | Error::RankOutOfRange { .. }
+    )
 }
 
 fn is_p2p(kind: &CallKind<'_>) -> bool {

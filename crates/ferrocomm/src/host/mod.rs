@@ -47,6 +47,8 @@ pub struct HostBackend {
     state: Mutex<CallState>,
     /// Sends and receives are ordered per pair through the mailboxes; one at a time per rank.
     p2p: Mutex<()>,
+    /// Per peer: the latest refusal of a send of ours its receive reported (p2p.rs).
+    p2p_refused_seen: Mutex<Vec<u64>>,
     /// The communicator's name, for [`Error::Aborted`].
     name: String,
     /// Set by `abort`: a wait of this rank's running call ends too.
@@ -210,6 +212,7 @@ impl HostBackend {
             store: ctx.store.clone(),
             state: Mutex::new(CallState::default()),
             p2p: Mutex::new(()),
+            p2p_refused_seen: Mutex::new(vec![0; ctx.size]),
             name: ctx.name.clone(),
             aborted: false.into(),
             peers: ctx.peers.clone(),
@@ -254,6 +257,10 @@ impl HostBackend {
             if self.aborted.load(Ordering::Relaxed) {
                 return Err(Stop::Aborted);
             }
+            let n = crate::backend::call_no();
+            if n != 0 && self.peers.refused(peer) == n {
+                return Err(Stop::Refused);
+            }
             if let Err(stop) = backoff.pause(|| !self.peers.gone(peer)) {
                 // The peer may have arrived and exited between the look and the liveness check
                 // (the last barrier of a run): what it published still counts.
@@ -291,6 +298,21 @@ impl HostBackend {
                 peer: self.culprit(peer),
             },
             Stop::Aborted => Error::Aborted(self.name.clone()),
+            Stop::Refused => {
+                let call = crate::backend::call_no();
+                let why = self
+                    .peers
+                    .refusal_of(call)
+                    .map(|(_, w)| w)
+                    .unwrap_or_default();
+                Error::PeerRefused {
+                    collective,
+                    call,
+                    rank: self.rank,
+                    peer,
+                    why,
+                }
+            }
         }
     }
 
@@ -464,6 +486,11 @@ impl Bufs {
 impl Backend for HostBackend {
     fn name(&self) -> &'static str {
         "host"
+    }
+
+    fn peer_refused(&self, peer: usize) {
+        // The waits of the call see the refusal themselves (PeerState).
+        let _ = peer;
     }
 
     fn abort(&self) {

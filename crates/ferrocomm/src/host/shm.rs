@@ -121,6 +121,15 @@ pub(crate) struct PairCtl<'a> {
     /// Total bytes of the message in flight and its dtype code, for the receiver's check.
     pub msg_bytes: &'a AtomicU64,
     pub msg_dtype: &'a AtomicU64,
+    /// Written by the receiver: the message it waits for (its first chunk's number + 1), its
+    /// size and dtype code, so that a sender that comes later checks its own against them.
+    pub expect: &'a AtomicU64,
+    pub expect_bytes: &'a AtomicU64,
+    pub expect_dtype: &'a AtomicU64,
+    /// Written by the receiver: the latest message (first chunk's number + 1) it refused for
+    /// a size or dtype that differed, and the size it expected; the sender reports it.
+    pub refused: &'a AtomicU64,
+    pub refused_bytes: &'a AtomicU64,
 }
 
 impl Segment {
@@ -281,6 +290,11 @@ impl Segment {
             acked: self.word(base + 64),
             msg_bytes: self.word(base + 8),
             msg_dtype: self.word(base + 16),
+            expect: self.word(base + 72),
+            expect_bytes: self.word(base + 80),
+            expect_dtype: self.word(base + 88),
+            refused: self.word(base + 96),
+            refused_bytes: self.word(base + 104),
         }
     }
     /// Data area of the (src, dst) mailbox: `p2p_bytes` bytes.

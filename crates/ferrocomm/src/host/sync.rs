@@ -13,6 +13,8 @@ pub(crate) enum Stop {
     PeerFailed,
     /// This rank gave up on the communicator (`abort`, from another thread).
     Aborted,
+    /// The peer refused the call (its arguments were wrong there).
+    Refused,
 }
 
 /// Spins a little, then yields, then sleeps briefly: many ranks on few cores still progress
