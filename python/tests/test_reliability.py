@@ -26,7 +26,7 @@ def start(world, scenario, env):
         procs.append(subprocess.Popen(
             [sys.executable, str(HERE / "reliability_ranks.py"), scenario], env=e,
             cwd=str(HERE), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True))
+            stderr=subprocess.DEVNULL, text=True))
     return procs
 
 

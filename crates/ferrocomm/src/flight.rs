@@ -27,6 +27,16 @@ use crate::quant::Format;
 use crate::types::{DataType, ReduceOp};
 use crate::view::Input;
 
+/// One line on stderr, written whole (ranks and threads sharing a terminal or a pipe do not
+/// interleave their lines).
+macro_rules! say {
+    ($($t:tt)*) => {{
+        let line = format!("{}\n", format_args!($($t)*));
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    }};
+}
+pub(crate) use say;
+
 /// The version of torch's dump format these dumps follow (its analyzer checks it).
 pub const FORMAT_VERSION: &str = "2.10";
 /// The file name of rank `r`'s dump is this prefix and `r`.
@@ -1091,8 +1101,8 @@ pub(crate) fn dump_on_sigusr1(dir: PathBuf) -> Result<()> {
             for _ in signals.forever() {
                 for r in dump_all(&dir, "SIGUSR1") {
                     match r {
-                        Ok(p) => eprintln!("ferrocomm: flight recorder dumped to {}", p.display()),
-                        Err(e) => eprintln!("ferrocomm: flight recorder dump failed: {e}"),
+                        Ok(p) => say!("ferrocomm: flight recorder dumped to {}", p.display()),
+                        Err(e) => say!("ferrocomm: flight recorder dump failed: {e}"),
                     }
                 }
             }

@@ -94,7 +94,7 @@ impl Communicator {
             // A call this rank has issued waits for the peer: end it. (Not yet issued: the
             // call fails at its start.)
             if calls.load(Ordering::SeqCst) >= n {
-                eprintln!(
+                crate::flight::say!(
                     "ferrocomm: rank {rank} '{refusal_name}': rank {peer} refused call #{n}; \
                      it fails here too"
                 );
@@ -109,7 +109,7 @@ impl Communicator {
                 crate::watch::Failure::Aborted => "gave up on the communicator",
             };
             let reason = format!("rank {peer} {what}");
-            eprintln!(
+            crate::flight::say!(
                 "ferrocomm: rank {rank} '{name}': {reason}; the communicator is aborted \
                  (calls fail naming rank {peer})"
             );
@@ -440,13 +440,13 @@ impl Communicator {
 /// Says where a dump went (or why it could not be made), on stderr.
 fn report_dump(rank: usize, r: Result<PathBuf>) {
     match r {
-        Ok(p) => eprintln!(
+        Ok(p) => crate::flight::say!(
             "ferrocomm: rank {rank}: flight recorder dumped to {} (analyze every rank's with \
              `ferrocomm trace {}`)",
             p.display(),
             p.parent().unwrap_or(Path::new(".")).display()
         ),
-        Err(e) => eprintln!("ferrocomm: rank {rank}: flight recorder dump failed: {e}"),
+        Err(e) => crate::flight::say!("ferrocomm: rank {rank}: flight recorder dump failed: {e}"),
     }
 }
 
