@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Host time per call of a small all-reduce, one process (world size 1): a bare kernel launch,
 torch.distributed over NCCL, ferrocomm's direct API and the "ferrocomm" torch.distributed
-backend (sync, async, low-precision hints).
+backend (sync, async, low-precision hints); the direct API's row again on a communicator whose
+flight recorder is off (FERROCOMM_FLIGHT_RECORDER=0): the difference is the recorder's cost.
 
     python3 scripts/torch_overhead.py OUTDIR [--calls 10000] [--bytes 1024] [--device cuda]
 
@@ -20,6 +21,7 @@ import cProfile
 import datetime
 import io
 import json
+import os
 import pstats
 import socket
 import statistics
@@ -96,6 +98,18 @@ def main():
     store = dist.distributed_c10d._get_default_store()
     comm = ferrocomm.new_comm("ferrocomm" if cuda else "host", dev, "overhead", store=store,
                               rank=0, size=1)
+    # The same communicator without its flight recorder (the setting is read at creation):
+    # the recorder's host time per call is the difference of the two rows, interleaved.
+    saved = os.environ.get("FERROCOMM_FLIGHT_RECORDER")
+    os.environ["FERROCOMM_FLIGHT_RECORDER"] = "0"
+    try:
+        comm_off = ferrocomm.new_comm("ferrocomm" if cuda else "host", dev, "overhead_off",
+                                      store=store, rank=0, size=1)
+    finally:
+        if saved is None:
+            del os.environ["FERROCOMM_FLIGHT_RECORDER"]
+        else:
+            os.environ["FERROCOMM_FLIGHT_RECORDER"] = saved
     x = torch.ones(a.bytes // 4, dtype=torch.float32, device=dev)
     lp = {"low_precision": "e4m3"}
 
@@ -115,6 +129,7 @@ def main():
         (f"dist.all_reduce ({ref} c10d), async_op=True",
          lambda: dist.all_reduce(x, async_op=True)),
         ("comm.all_reduce (direct API)", lambda: comm.all_reduce(x)),
+        ("comm.all_reduce, flight recorder off", lambda: comm_off.all_reduce(x)),
         ("comm.all_reduce, async_op=True", lambda: comm.all_reduce(x, async_op=True)),
         ("comm.all_reduce, low-precision hint", lambda: comm.all_reduce(x, hints=lp)),
         *backend,
@@ -152,6 +167,7 @@ def main():
     if cuda:
         torch.cuda.synchronize()
     comm.finalize()
+    comm_off.finalize()
     dist.destroy_process_group()
 
 

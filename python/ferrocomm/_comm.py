@@ -1,11 +1,13 @@
 """The communicator object and its work objects (torchcomms' TorchComm and TorchWork)."""
 
+import atexit
 import datetime
 import functools
 import numbers
 import operator
 import os
 import sys
+import weakref
 
 from . import _native
 from . import _tensors as T
@@ -209,6 +211,16 @@ def _device_arg(device):
 # ---------------------------------------------------------------------------------------------
 # The communicator
 
+# Communicators of this process: at exit each tells its peers' watchers that this rank leaves,
+# so that the process's end is not taken for a failure where the peers still run.
+_LIVE = weakref.WeakSet()
+
+
+@atexit.register
+def _leave_all():
+    for c in list(_LIVE):
+        c._n.leave()
+
 
 class Comm:
     """A group of ranks running collectives together (torchcomms' TorchComm).
@@ -228,6 +240,7 @@ class Comm:
         self._call_timeout = None
         # Why the communicator was given up on (abort(), a timeout); None while usable.
         self._aborted = None
+        _LIVE.add(self)
 
     # -- information ---------------------------------------------------------------------
 

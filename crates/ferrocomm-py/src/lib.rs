@@ -783,6 +783,12 @@ impl PyComm {
         self.inner.abort();
     }
 
+    /// Tells the peers that this rank has left (the interpreter exits): its process ending is
+    /// no failure for them.
+    fn leave(&self) {
+        self.inner.leave();
+    }
+
     /// Refuses the next collective call on this rank (`why`: an argument wrong here, found
     /// by the Python layer): the peers fail it at once instead of waiting for this rank.
     fn refuse(&self, collective: &str, why: &str) {

@@ -911,6 +911,7 @@ impl Communicator {
     pub fn finalize(&self) -> Result<()> {
         self.finalized
             .store(true, std::sync::atomic::Ordering::Release);
+        self.leave();
         Ok(())
     }
 

@@ -330,6 +330,18 @@ impl Watch {
         let _ = self.shared.refusal_handler.set(f);
     }
 
+    /// Tells the peers that this rank has left (finalized or about to exit): its death later is
+    /// no failure for them.
+    pub(crate) fn announce_leave(&self) {
+        let s = &self.shared;
+        let _ = s.lines.state(s.rank).compare_exchange(
+            LIVE,
+            CLOSED,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+
     /// Tells the peers that this rank gave up on the communicator: their watchers fail it.
     pub(crate) fn announce_abort(&self) {
         let s = &self.shared;
@@ -339,14 +351,9 @@ impl Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        let s = &self.shared;
         // A rank that leaves is no failure (unless it aborted before).
-        let _ = s.lines.state(s.rank).compare_exchange(
-            LIVE,
-            CLOSED,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
+        self.announce_leave();
+        let s = &self.shared;
         s.stop.store(true, Ordering::Release);
         let _ = rustix::io::write(&self.wake, &[1]);
         if let Some(t) = self.thread.take() {

@@ -231,6 +231,14 @@ impl Communicator {
         })
     }
 
+    /// Tells the peers' watchers that this rank has left the communicator (`finalize`, and a
+    /// process about to exit): its process ending later is no failure for them.
+    pub fn leave(&self) {
+        if let Some(w) = &self.watch {
+            w.announce_leave();
+        }
+    }
+
     /// The number of collective calls made or refused so far on this communicator.
     pub fn call_count(&self) -> u64 {
         self.calls.load(Ordering::SeqCst)
