@@ -25,8 +25,11 @@ use ferrocomm::{
 };
 use support::{Buf, Res};
 
-/// Every family: its name, the environment it needs, and the collective's element count.
-const FAMILIES: &[(&str, &[(&str, &str)], usize)] = &[
+/// A family: its name, the environment it needs, and the collective's element count.
+type Family = (&'static str, &'static [(&'static str, &'static str)], usize);
+
+/// Every family.
+const FAMILIES: &[Family] = &[
     ("push", &[], 1024),
     ("flat", &[], 65536),
     ("tree", &[], 1 << 20),
@@ -71,7 +74,7 @@ fn main() {
 fn parent() -> Res<i32> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let named: Vec<&String> = args.iter().filter(|a| *a != "--host").collect();
-    let wanted: Vec<&(&str, &[(&str, &str)], usize)> = FAMILIES
+    let wanted: Vec<&Family> = FAMILIES
         .iter()
         .filter(|f| named.is_empty() || named.iter().any(|a| *a == f.0))
         .collect();
