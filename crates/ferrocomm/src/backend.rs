@@ -230,6 +230,15 @@ pub struct PackedCounts<'a> {
     pub unit: usize,
 }
 
+/// Why a peer failed, as the communicator's watcher saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Its process ended without closing the communicator.
+    Died,
+    /// It called `abort()` (or gave up after a timeout or a failure of its own).
+    Aborted,
+}
+
 /// What a communicator's watcher ([`crate::watch`]) knows of its peers, read by the backends'
 /// waits: the first peer that failed (died without closing the communicator, or aborted it),
 /// and every peer that is gone (failed, or left after closing it).
@@ -293,15 +302,15 @@ impl PeerState {
     }
 
     /// The first peer that failed, and how.
-    pub fn failure(&self) -> Option<(usize, crate::watch::Failure)> {
+    pub fn failure(&self) -> Option<(usize, Failure)> {
         let w = self.failed.load(std::sync::atomic::Ordering::Acquire);
         if w == 0 {
             return None;
         }
         let why = if w >> 32 == 2 {
-            crate::watch::Failure::Aborted
+            Failure::Aborted
         } else {
-            crate::watch::Failure::Died
+            Failure::Died
         };
         Some(((w & 0xffff_ffff) as usize - 1, why))
     }
@@ -314,10 +323,10 @@ impl PeerState {
     }
 
     /// Records that `p` failed; true when it is the communicator's first failure.
-    pub(crate) fn set_failed(&self, p: usize, why: crate::watch::Failure) -> bool {
+    pub(crate) fn set_failed(&self, p: usize, why: Failure) -> bool {
         let code = match why {
-            crate::watch::Failure::Died => 1u64,
-            crate::watch::Failure::Aborted => 2,
+            Failure::Died => 1u64,
+            Failure::Aborted => 2,
         };
         self.failed
             .compare_exchange(

@@ -50,14 +50,7 @@ const LIVE: u64 = 1;
 const CLOSED: u64 = 2;
 const ABORTED: u64 = 3;
 
-/// Why a peer failed, as the watcher saw it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
-    /// Its process ended without closing the communicator.
-    Died,
-    /// It called `abort()` (or gave up after a timeout or a failure of its own).
-    Aborted,
-}
+pub use crate::backend::Failure;
 
 /// The handler a watcher calls once, on its thread, when a peer fails.
 pub(crate) type OnFailure = Box<dyn Fn(usize, Failure) + Send + Sync>;
