@@ -12,7 +12,7 @@
 //! A size or dtype that differs between a send and its receive fails both: the receiver posts
 //! what it expects when it starts waiting, and a sender that comes later compares; a sender
 //! that came first (its message buffered, its send returned) learns it from the receiver's
-//! refusal at its next send or receive with that peer.
+//! refusal at its next send or receive with that peer (which moves its own messages first).
 
 use std::sync::atomic::Ordering;
 
@@ -58,9 +58,6 @@ impl HostBackend {
             }
         }
         let _one_at_a_time = self.p2p.lock().unwrap_or_else(|e| e.into_inner());
-        for op in ops {
-            self.check_refused(what, op.peer())?;
-        }
         let cap = self.seg.layout.p2p_bytes;
         let mut moving: Vec<Moving<'_, '_>> = ops
             .iter()
@@ -159,10 +156,15 @@ impl HostBackend {
                 }
             }
         }
-        match moving.into_iter().find_map(|m| m.mismatch) {
-            Some(e) => Err(e),
-            None => Ok(()),
+        if let Some(e) = moving.into_iter().find_map(|m| m.mismatch) {
+            return Err(e);
         }
+        // An earlier send, buffered before its receive existed, that the receive refused: this
+        // call's messages have moved (the peers are not left waiting), and it reports that one.
+        for op in ops {
+            self.check_refused(what, op.peer())?;
+        }
+        Ok(())
     }
 
     /// An earlier send of this rank to `peer` that the receiver refused (its size or dtype
