@@ -105,7 +105,7 @@ fn ranks_that_agree_have_no_divergence() {
     });
     let report = trace(&dir);
     assert!(
-        report.contains("no divergence: every rank made and finished calls #1 to #2"),
+        report.contains("no divergence: every rank made calls #1 to #2 and finished them"),
         "{report}"
     );
     std::fs::remove_dir_all(&dir).unwrap();

@@ -175,7 +175,7 @@ fn report_group(out: &mut String, dumps: &[Dump], uid: &str, name: &str, members
         }
         let unfinished: Vec<usize> = at
             .iter()
-            .filter(|(_, e)| state(e) != "completed")
+            .filter(|(_, e)| !settled(&state(e)))
             .map(|(r, _)| *r)
             .collect();
         if absent.is_empty() && by_call.len() <= 1 && unfinished.is_empty() {
@@ -244,9 +244,126 @@ fn report_group(out: &mut String, dumps: &[Dump], uid: &str, name: &str, members
             ranks(&missing_dumps)
         );
     } else {
+        let enqueued = calls
+            .values()
+            .flat_map(|m| m.values())
+            .any(|e| state(e) == "scheduled");
         let _ = writeln!(
             out,
-            "  no divergence: every rank made and finished calls #{first} to #{last}"
+            "  no divergence: every rank made calls #{first} to #{last}{}",
+            if enqueued {
+                " (finished, or enqueued on a CUDA stream: an enqueued call's end is not recorded)"
+            } else {
+                " and finished them"
+            }
         );
+    }
+}
+
+/// Whether a call in `state` is no sign of a hang by itself: it finished; or it was enqueued
+/// on a CUDA stream (`scheduled`: the host does not see its end) or captured into a CUDA graph
+/// (recorded once, at capture; its replays are not calls). A rank that stopped in a CUDA call
+/// shows as the ranks that never made the next one, or as a timeout or failure.
+fn settled(state: &str) -> bool {
+    matches!(state, "completed" | "scheduled" | "captured")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Writes rank `rank`'s dump of communicator "g" (ranks 0 and 1) with `calls`: (sequence
+    /// number, call, state).
+    fn dump(dir: &Path, rank: usize, calls: &[(u64, &str, &str)]) {
+        let entries: Vec<Value> = calls
+            .iter()
+            .map(|(seq, call, st)| {
+                json!({
+                    "process_group": ["g", "cuda"], "collective_seq_id": seq, "is_p2p": false,
+                    "profiling_name": "nccl:all_reduce", "state": "scheduled",
+                    "ferrocomm_call": call, "ferrocomm_state": st,
+                })
+            })
+            .collect();
+        let v = json!({
+            "pg_config": {"g": {"ranks": "[0, 1]", "ferrocomm_name": "g"}},
+            "entries": entries,
+            "ferrocomm": {"rank": rank, "failures": {}},
+        });
+        let bytes = serde_pickle::to_vec(&v, serde_pickle::SerOptions::new()).unwrap();
+        std::fs::write(
+            dir.join(format!("{}{rank}", crate::flight::FILE_PREFIX)),
+            bytes,
+        )
+        .unwrap();
+    }
+
+    fn fresh(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "ferrocomm-trace-{tag}-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir(&d).unwrap();
+        d
+    }
+
+    const AR: &str = "all_reduce(count=8, dtype=float, op=sum)";
+
+    #[test]
+    fn enqueued_and_captured_cuda_calls_are_no_hang() {
+        let d = fresh("cuda");
+        let calls = [
+            (1, AR, "scheduled"),
+            (2, AR, "captured"),
+            (3, AR, "scheduled"),
+        ];
+        dump(&d, 0, &calls);
+        dump(&d, 1, &calls);
+        let r = analyze(&d).unwrap();
+        assert!(
+            r.contains("no divergence: every rank made calls #1 to #3 (finished, or enqueued"),
+            "{r}"
+        );
+        assert!(!r.contains("did not finish"), "{r}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_rank_missing_after_enqueued_calls_is_named_at_that_call() {
+        let d = fresh("missing");
+        dump(
+            &d,
+            0,
+            &[
+                (1, AR, "scheduled"),
+                (2, AR, "captured"),
+                (3, AR, "scheduled"),
+            ],
+        );
+        dump(&d, 1, &[(1, AR, "scheduled"), (2, AR, "captured")]);
+        let r = analyze(&d).unwrap();
+        assert!(r.contains("first divergence at call #3"), "{r}");
+        assert!(
+            r.contains("rank 1 never called it: its last call is #2"),
+            "{r}"
+        );
+        assert!(r.contains("=> rank 1 is missing from call #3"), "{r}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_call_still_running_or_timed_out_on_one_rank_is_named() {
+        let d = fresh("stuck");
+        dump(&d, 0, &[(1, AR, "scheduled"), (2, AR, "completed")]);
+        dump(&d, 1, &[(1, AR, "scheduled"), (2, AR, "timed out")]);
+        let r = analyze(&d).unwrap();
+        assert!(r.contains("first divergence at call #2"), "{r}");
+        assert!(
+            r.contains("=> rank 1 did not finish it (stuck or failed)"),
+            "{r}"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }
