@@ -161,6 +161,32 @@ def scenario_skip(comm):
     print("skip ok", flush=True)
 
 
+def scenario_sigusr1(comm):
+    """FERROCOMM_TRACE_ON_SIGUSR1=1: after a call, the rank says its pid and waits for the
+    parent (which may signal it meanwhile), then leaves."""
+    x = np.ones(64, dtype=np.float32)
+    comm.all_reduce(x)
+    assert x[0] == comm.size, x[0]
+    print("READY", os.getpid(), flush=True)
+    sys.stdin.readline()
+    comm.finalize()
+    print("sigusr1 ok", flush=True)
+
+
+def scenario_port_taken(comm_unused):
+    """No torch.distributed, MASTER_PORT held by another listener: rank 0 cannot start the
+    store and the error names the variable to set."""
+    try:
+        ferrocomm.new_comm("host", "cpu", "port_taken")
+    except ferrocomm.FerrocommError as e:
+        print("REFUSED", type(e).__name__, e, flush=True)
+        assert "MASTER_PORT" in str(e) and "FERROCOMM_STORE_PORT" in str(e), e
+        assert "init_process_group" in str(e), e
+    else:
+        raise AssertionError("a store started on a port that is taken")
+    print("port_taken ok", flush=True)
+
+
 def scenario_torch_store(comm_unused):
     """init_process_group("gloo") with MASTER_ADDR/PORT set by hand (no torchrun), then
     new_comm: it meets through torch's store, MASTER_PORT being taken by it."""
@@ -180,7 +206,7 @@ def scenario_torch_store(comm_unused):
 def main():
     scenario = sys.argv[1]
     f = globals()[f"scenario_{scenario}"]
-    if scenario == "torch_store":
+    if scenario in ("torch_store", "port_taken"):
         f(None)
         return
     comm = ferrocomm.new_comm("host", "cpu", "reliability", timeout=30)

@@ -1,8 +1,12 @@
 """When something goes wrong (docs/reliability.md), on the host backend with real processes:
-a rank killed mid-call, the dumps torch's flight-recorder analyzer reads, hooks, checked
-calls, and torch.distributed's store reused by new_comm."""
+a rank killed mid-call, the dumps torch's flight-recorder analyzer reads, the dump on SIGUSR1,
+hooks, checked calls, torch.distributed's store reused by new_comm and the error when the
+store's port is taken."""
 
 import os
+import pickle
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -116,6 +120,58 @@ def test_new_comm_after_init_process_group_started_by_hand_uses_torchs_store():
     pytest.importorskip("torch")
     outs = run_ranks(2, "torch_store", script="reliability_ranks.py", timeout=120)
     assert all("torch_store ok" in o for o in outs), outs
+
+
+def test_sigusr1_dumps_the_flight_recorder_of_the_signalled_rank(tmp_path):
+    trace = tmp_path / "trace"
+    procs = start(2, "sigusr1", {"FERROCOMM_TRACE_DIR": str(trace),
+                                 "FERROCOMM_TRACE_ON_SIGUSR1": "1"})
+    deadline = time.monotonic() + 120
+    seen = [[], []]
+    try:
+        pids = [int(line_with(p, "READY", deadline, s)) for p, s in zip(procs, seen)]
+        os.kill(pids[1], signal.SIGUSR1)
+        dump = trace / "ferrocomm_trace_rank_1"
+        # The dump is written by the rank's signal thread: waited for, with a deadline.
+        while not dump.exists():
+            assert time.monotonic() < deadline, "no dump after SIGUSR1"
+            assert procs[1].poll() is None, f"SIGUSR1 ended rank 1 ({procs[1].returncode})"
+            time.sleep(0.02)
+        with open(dump, "rb") as f:
+            d = pickle.load(f)
+        assert d["ferrocomm"]["reason"] == "SIGUSR1", d["ferrocomm"]
+        calls = [(e["ferrocomm_call"], e["ferrocomm_state"]) for e in d["entries"]]
+        assert calls == [("all_reduce(count=64, dtype=float, op=sum)", "completed")], calls
+        # Only the signalled rank dumped.
+        assert sorted(os.listdir(trace)) == ["ferrocomm_trace_rank_1"], os.listdir(trace)
+        for p, s in zip(procs, seen):
+            p.stdin.write("\n")
+            p.stdin.flush()
+            line_with(p, "sigusr1 ok", deadline, s)
+            p.wait(timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert [p.returncode for p in procs] == [0, 0]
+
+
+def test_a_taken_store_port_is_named_with_the_variable_to_set():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        e = dict(os.environ)
+        e.update(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2",
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                 PYTHONPATH=str(HERE) + os.pathsep + e.get("PYTHONPATH", ""))
+        for k in ("FERROCOMM_STORE_PORT", "FERROCOMM_STORE_ADDR", "FERROCOMM_STORE_EXTERNAL",
+                  "TORCHELASTIC_RUN_ID"):
+            e.pop(k, None)
+        out = subprocess.run([sys.executable, str(HERE / "reliability_ranks.py"), "port_taken"],
+                             env=e, cwd=str(HERE), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "port_taken ok" in out.stdout, out.stdout + out.stderr
 
 
 def test_flight_recorder_hook_and_on_demand_dump(tmp_path):
