@@ -585,7 +585,10 @@ fn batched_sends_and_receives() {
             let r = comm.batch_send_recv(ring(d, &short, fine.bytes_mut(), next, prev), &o);
             if sender_learned_later {
                 let e = r.unwrap_err().to_string();
-                assert!(e.contains("refused by its receive, which expected 44 bytes"), "{e}");
+                assert!(
+                    e.contains("refused by its receive, which expected 44 bytes"),
+                    "{e}"
+                );
             } else {
                 r.unwrap();
             }
