@@ -5,8 +5,9 @@
 # What the tests need goes into a virtual environment of the project's own, .venv (created on
 # the first run, brought up to date when the list below changes): NVRTC 13.0 (so that every
 # CUDA kernel is compile-checked on a machine without a GPU; newer NVRTC emits code that driver
-# 580 refuses), numpy, pytest, maturin and torch for the torch.distributed tests.
-# Nothing is installed outside .venv. uv installs them (fast, and from its cache on later runs).
+# 580 refuses), numpy, ml_dtypes (numpy's bf16 and fp8, which the Python tests cover), pytest,
+# maturin and torch for the torch.distributed tests. A test that needs one of them fails without
+# it; none is skipped. Nothing is installed outside .venv. uv installs them (fast, and from its cache on later runs).
 #
 # Compiled kernels are kept where the library keeps them (FERROCOMM_KERNEL_CACHE, by default
 # ~/.cache/ferrocomm), keyed by source hash, options, arch and NVRTC version: the NVRTC check
@@ -22,6 +23,7 @@ PY="$VENV/bin/python"
 # The list the environment is built from; a change here rebuilds it.
 REQUIREMENTS="nvidia-cuda-nvrtc==13.0.88
 numpy
+ml_dtypes
 pytest
 maturin>=1.5,<2
 torch==2.11.0"
