@@ -17,6 +17,15 @@ def path(name):
                         f"ferrocomm-test-{os.environ['MASTER_PORT']}-{name}")
 
 
+def clear(name):
+    """Removes the file `name` if an earlier run left it (before the ranks meet, so that none
+    can take it for this run's)."""
+    try:
+        os.unlink(path(name))
+    except FileNotFoundError:
+        pass
+
+
 def arrive(name):
     """Creates the file `name` that another rank waits for."""
     with open(path(name), "w"):
