@@ -18,12 +18,14 @@
 //! - The NCCL watchdog's timeout path. On one rank NCCL never waits for a peer: it refuses a
 //!   send to itself without the matching receive (`ncclInvalidUsage`), and runs a one-rank
 //!   collective as a copy (or nothing, in place) on the caller's stream. So the call is made to
-//!   wait on its stream: the stream first waits for a device word that nobody sets
-//!   (`cuStreamWaitValue32`), then the all-reduce is enqueued on it with a communicator timeout
-//!   of 3 s. The watchdog's completion marker (an event after the call) stays pending; after the
-//!   timeout, never before, the watchdog must abort the communicator, and every later call
-//!   must be refused naming the call and the timeout. Then the word is set, the stream must
-//!   drain, dropping the communicator must be bounded, and a fresh communicator must work.
+//!   wait on its stream: the stream first waits for a word that nobody sets
+//!   (`cuStreamWaitValue32` on pinned host memory mapped for the device), then the all-reduce is
+//!   enqueued on it with a communicator timeout of 3 s. The watchdog's completion marker (an
+//!   event after the call) stays pending; after the timeout, never before, the watchdog must
+//!   abort the communicator, and every later call must be refused naming the call and the
+//!   timeout. Then the host sets the word (a plain store: no stream operation that the device
+//!   could queue behind the waiting one), the stream must drain, dropping the communicator must
+//!   be bounded, and a fresh communicator must work.
 //!
 //! Prints one line per group and a summary; exits 1 on any failure.
 
@@ -337,33 +339,29 @@ fn watchdog(c: &mut Ctx, cfg: &Config) -> Res<()> {
     o.backend = Some(BackendChoice::Nccl);
     let comm = Communicator::new(o)?;
     let dev = Device::Cuda(c.dev);
-    let word = Buf::new(4)?;
-    cu(
-        // SAFETY: one 32-bit word of this buffer.
-        unsafe { sys::cuMemsetD32_v2(word.ptr, 0, 1) },
-        "cuMemsetD32",
-    )?;
-    sync()?;
+    let word = MappedWord::new()?;
     let blocked = new_stream()?;
     let free = new_stream()?;
+    let n = 1024usize;
+    let b = Buf::new(n * 4)?;
+    b.poison()?;
+    b.upload(0, &gen(DataType::F32, n, 99))?;
+    let probe = Buf::new(4)?;
+    // From here on nothing may wait for the whole device (a synchronising copy or memset, a
+    // context synchronisation) until the word is set: it would wait for the blocked stream.
     cu(
-        // SAFETY: a live stream of this context and a device word that outlives it (the stream
-        // is synchronised below, after the word is set).
+        // SAFETY: a live stream of this context and the device address of a mapped word that
+        // outlives it (the stream is synchronised below, after the word is set).
         unsafe {
             sys::cuStreamWaitValue32_v2(
                 blocked as sys::CUstream,
-                word.ptr,
+                word.device,
                 1,
                 sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
             )
         },
         "cuStreamWaitValue32",
     )?;
-    let n = 1024usize;
-    let b = Buf::new(n * 4)?;
-    b.poison()?;
-    b.upload(0, &gen(DataType::F32, n, 99))?;
-    let probe = Buf::new(4)?;
     // Before the call: the watchdog's clock for it starts inside it.
     let t0 = Instant::now();
     // SAFETY: `n` f32 of this device, alive until the blocked stream is synchronised below.
@@ -380,9 +378,11 @@ fn watchdog(c: &mut Ctx, cfg: &Config) -> Res<()> {
         first.is_ok(),
     );
     // Calls on the free stream go through until the watchdog gives up on the communicator;
-    // the first refused one says why.
+    // the first refused one says why. (In place on one rank NCCL enqueues nothing for them;
+    // nothing here waits for a stream, which the device might serialise behind the waiting
+    // one.)
     let refused = loop {
-        // SAFETY: one f32 of this device, synchronised right after.
+        // SAFETY: one f32 of this device, alive until the end of this function.
         let r = unsafe {
             comm.all_reduce(
                 Input::InPlace,
@@ -391,11 +391,6 @@ fn watchdog(c: &mut Ctx, cfg: &Config) -> Res<()> {
                 &CallOpts::on_stream(free),
             )
         };
-        cu(
-            // SAFETY: a live stream of this context.
-            unsafe { sys::cuStreamSynchronize(free as sys::CUstream) },
-            "cuStreamSynchronize",
-        )?;
         match r {
             Err(e) => break Some((e.to_string(), t0.elapsed())),
             Ok(()) if t0.elapsed() > limit => break None,
@@ -440,13 +435,9 @@ fn watchdog(c: &mut Ctx, cfg: &Config) -> Res<()> {
         format!("watchdog: a later call is refused too: {again:?}"),
         again.is_err(),
     );
-    // Set the word: the blocked stream drains (what was queued behind the wait is a copy that
-    // needs nothing of the aborted communicator).
-    cu(
-        // SAFETY: the word allocated above.
-        unsafe { sys::cuMemsetD32_v2(word.ptr, 1, 1) },
-        "cuMemsetD32",
-    )?;
+    // Set the word: the blocked stream drains (queued behind the wait is the watchdog's event;
+    // in place on one rank NCCL enqueued nothing).
+    word.set(1);
     // SAFETY: a live stream of this context.
     let drained = unsafe { sys::cuStreamSynchronize(blocked as sys::CUstream) }.result();
     c.verdict(
@@ -481,6 +472,53 @@ fn watchdog(c: &mut Ctx, cfg: &Config) -> Res<()> {
         0,
         7,
     )
+}
+
+/// A 32-bit word of pinned host memory mapped for the device: the host sets it with a plain
+/// store, a stream waits for it with `cuStreamWaitValue32`.
+struct MappedWord {
+    host: *mut u32,
+    device: u64,
+}
+
+impl MappedWord {
+    fn new() -> Res<MappedWord> {
+        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+        cu(
+            // SAFETY: out-parameter; the context is current.
+            unsafe {
+                sys::cuMemHostAlloc(
+                    &mut p,
+                    4,
+                    sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
+                )
+            },
+            "cuMemHostAlloc",
+        )?;
+        let mut w = MappedWord {
+            host: p.cast(),
+            device: 0,
+        };
+        w.set(0);
+        cu(
+            // SAFETY: `p` was allocated with DEVICEMAP just above.
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut w.device, p, 0) },
+            "cuMemHostGetDevicePointer",
+        )?;
+        Ok(w)
+    }
+
+    fn set(&self, v: u32) {
+        // SAFETY: a live, aligned allocation of 4 bytes; volatile, since the device reads it.
+        unsafe { std::ptr::write_volatile(self.host, v) };
+    }
+}
+
+impl Drop for MappedWord {
+    fn drop(&mut self) {
+        // SAFETY: allocated once by cuMemHostAlloc; the stream waiting on it has drained.
+        unsafe { sys::cuMemFreeHost(self.host.cast()) };
+    }
 }
 
 fn main() {
