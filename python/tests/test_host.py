@@ -13,7 +13,7 @@ from conftest import free_port, run_ranks
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_method_dtype_and_op(world):
-    outs = run_ranks(world, "collectives", timeout=120)
+    outs = run_ranks(world, "collectives", timeout=600)
     assert all("collectives ok" in o for o in outs)
 
 
@@ -69,14 +69,14 @@ def test_a_rank_with_another_store_secret_is_refused():
     r1 = start(1, "a stranger's guess 0123456789", 60)
     with selectors.DefaultSelector() as sel:
         sel.register(r1.stdout, selectors.EVENT_READ)
-        if not sel.select(timeout=60):
+        if not sel.select(timeout=300):
             r1.kill()
-            pytest.fail("rank 1 did not start within 60 s: " + r1.communicate()[0])
+            pytest.fail("rank 1 did not start within 300 s: " + r1.communicate()[0])
     first = r1.stdout.readline()
     assert first == "CONNECTING\n", first + r1.communicate(timeout=30)[0]
     r0 = start(0, "the job's own secret 0123456789", 3)
-    out1 = first + r1.communicate(timeout=90)[0]
-    out0 = r0.communicate(timeout=90)[0]
+    out1 = first + r1.communicate(timeout=300)[0]
+    out0 = r0.communicate(timeout=300)[0]
     assert "REFUSED" in out1 and "secret" in out1, out1
     assert "REFUSED FerrocommTimeout" in out0, out0
 
@@ -102,7 +102,7 @@ def test_python_store(tmp_path):
 
 
 def test_timeout():
-    outs = run_ranks(2, "timeout", env={"FERROCOMM_TEST_TIMEOUT": "1"}, timeout=30)
+    outs = run_ranks(2, "timeout", env={"FERROCOMM_TEST_TIMEOUT": "1"})
     assert "timeout after" in outs[0]
 
 
@@ -114,7 +114,7 @@ def test_torch_cpu_tensors(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_all_reduce_rmsnorm(world):
     """The fused all-reduce + residual add + RMSNorm against a float64 numpy reference."""
-    outs = run_ranks(world, "rmsnorm", timeout=240)
+    outs = run_ranks(world, "rmsnorm", timeout=900)
     assert all("rmsnorm ok" in o for o in outs)
 
 
@@ -147,13 +147,13 @@ def test_abort_process_on_timeout():
 
     procs = [start(0), start(1)]
     try:
-        out0 = procs[0].communicate(timeout=60)[0]
+        out0 = procs[0].communicate(timeout=300)[0]
     except subprocess.TimeoutExpired:
         for p in procs:
             p.kill()
         raise
     # communicate closes rank 1's stdin first: it ends.
-    outs = [out0, procs[1].communicate(timeout=60)[0]]
+    outs = [out0, procs[1].communicate(timeout=300)[0]]
     assert procs[0].returncode == -signal.SIGABRT, (procs[0].returncode, outs[0])
     assert "aborting the process" in outs[0] and "waiting for rank 1" in outs[0], outs[0]
     assert "RETURNED" not in outs[0]

@@ -61,7 +61,8 @@ def _waited(t):
 
 
 def init(backend="ferrocomm", **kw):
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60), **kw)
+    # A deadline only a hang reaches, also on busy cores.
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=300), **kw)
     global GLOO
     GLOO = dist.new_group(backend="gloo")
 
