@@ -5,7 +5,8 @@
 # Rust and no network: copy BUILD_DIR and this checkout there.
 #
 #   scripts/gpu_prepare.sh BUILD_DIR [ARCH]        (ARCH defaults to sm_90: H100/H200)
-#     BUILD_DIR/bin: ferrocomm, gpu_check, gpu_check_coll, gpu_check_lowp, gpu_check_norm;
+#     BUILD_DIR/bin: ferrocomm, gpu_check, gpu_check_coll, gpu_check_lowp, gpu_check_norm,
+#     gpu_check_nccl;
 #     BUILD_DIR/kc: a fresh kernel cache; BUILD_DIR/dist: the wheel. Then, on the GPU machine:
 #     scripts/gpu_session.sh BUILD_DIR OUT_DIR [PARTS]   (or gpu_check.sh, gpu_sanitize.sh, ...)
 #   scripts/gpu_prepare.sh BUILD_DIR --variant NAME [ARCH]
@@ -75,7 +76,7 @@ rm -rf "$out"
 mkdir -p "$out"
 cp "$target"/release/ferrocomm "$target"/release/examples/gpu_check \
   "$target"/release/examples/gpu_check_coll "$target"/release/examples/gpu_check_lowp \
-  "$target"/release/examples/gpu_check_norm "$out/"
+  "$target"/release/examples/gpu_check_norm "$target"/release/examples/gpu_check_nccl "$out/"
 [ -n "$variant" ] || rm -rf "$build/kc"
 "$out/ferrocomm" precompile --arch "$arch" --cache "$build/kc"
 if [ -z "$variant" ]; then

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The whole test suite: Rust (format, lint, unit, multi-process, doc tests, API docs) and Python.
+# The whole test suite: Rust (format, lint, unit, multi-process, a machine without the NVIDIA
+# driver, doc tests, API docs) and Python.
 # CI runs exactly this.
 #
 # What the tests need goes into a virtual environment of the project's own, .venv (created on
 # the first run, brought up to date when the list below changes): NVRTC 13.0 (so that every
 # CUDA kernel is compile-checked on a machine without a GPU; newer NVRTC emits code that driver
-# 580 refuses), numpy, pytest, maturin, and torch with expecttest and hypothesis for the
-# torch.distributed tests (torch's own backend test suite imports those two).
-# Nothing is installed outside .venv. uv installs them (fast, and from its cache on later runs).
+# 580 refuses), numpy, ml_dtypes (numpy's bf16 and fp8, which the Python tests cover), pytest,
+# maturin, and torch with expecttest and hypothesis for the torch.distributed tests (torch's own
+# backend test suite imports those two). A test that needs one of them fails without it; none is
+# skipped. Nothing is installed outside .venv. uv installs them (fast, and from its cache on
+# later runs).
 #
 # Compiled kernels are kept where the library keeps them (FERROCOMM_KERNEL_CACHE, by default
 # ~/.cache/ferrocomm), keyed by source hash, options, arch and NVRTC version: the NVRTC check
@@ -23,6 +26,7 @@ PY="$VENV/bin/python"
 # The list the environment is built from; a change here rebuilds it.
 REQUIREMENTS="nvidia-cuda-nvrtc==13.0.88
 numpy
+ml_dtypes
 pytest
 expecttest
 hypothesis
@@ -96,6 +100,17 @@ rust_tests() {
   fi
 }
 
+# What a machine without libcuda gets (a clear error, no GPU): tests that a plain `cargo test`
+# leaves out as ignored, since on a machine with a driver they cannot run; here (CI has no GPU)
+# they run and must pass.
+no_driver_tests() {
+  if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run -p ferrocomm --test cuda_backend --locked --run-ignored only
+  else
+    cargo test -p ferrocomm --test cuda_backend --locked -- --ignored
+  fi
+}
+
 # The Python package built as users build it (maturin through pip, without build isolation so
 # that the environment's maturin is used), in the dev profile (not a release build of
 # everything) and in a target directory of its own: maturin configures pyo3 for the
@@ -117,6 +132,7 @@ echo "NVRTC for kernel compile checks: ${FERROCOMM_NVRTC_LIB:-(none found)}"
 stage fmt cargo fmt --all -- --check
 stage clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 stage rust-tests rust_tests
+stage no-driver no_driver_tests
 stage doc-tests cargo test --workspace --doc --locked
 # The library's API docs build without warnings (broken or private links).
 stage api-docs env RUSTDOCFLAGS="-D warnings" cargo doc -p ferrocomm --no-deps --locked
