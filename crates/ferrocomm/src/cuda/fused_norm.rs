@@ -89,7 +89,12 @@ fn function(cfg: &Config, dtype: DataType) -> Result<sys::CUfunction> {
         return Ok(f as sys::CUfunction);
     }
     // The caller made the backend's context current.
-    let module = kernels::load_on_current_device(dtype, cfg, "loading the rmsnorm kernel")?;
+    let module = kernels::load_on_current_device(
+        dtype,
+        kernels::Group::RmsNorm,
+        cfg,
+        "loading the rmsnorm kernel",
+    )?;
     let mut f: sys::CUfunction = std::ptr::null_mut();
     cu(
         // SAFETY: live module, NUL-terminated name.
