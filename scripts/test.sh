@@ -3,14 +3,15 @@
 # CI runs exactly this.
 #
 # What the tests need goes into a virtual environment of the project's own, .venv (created on
-# the first run, brought up to date when the list below changes): NVRTC 13.0 (so that every
-# CUDA kernel is compile-checked on a machine without a GPU; newer NVRTC emits code that driver
-# 580 refuses), numpy, pytest, maturin and torch for the torch.distributed tests.
-# Nothing is installed outside .venv. uv installs them (fast, and from its cache on later runs).
+# the first run, brought up to date when the list below changes): NVRTC 13.0 (the library's
+# build compiles every CUDA kernel with it, on a machine without a GPU; newer NVRTC emits code
+# that driver 580 refuses), numpy, pytest, maturin, torch for the torch.distributed tests and
+# matplotlib for the model bench's plot. Nothing is installed outside .venv. uv installs them
+# (fast, and from its cache on later runs).
 #
 # Compiled kernels are kept where the library keeps them (FERROCOMM_KERNEL_CACHE, by default
-# ~/.cache/ferrocomm), keyed by source hash, options, arch and NVRTC version: the NVRTC check
-# compiles only kernels whose source changed since any checkout on this machine compiled them.
+# ~/.cache/ferrocomm), keyed by source hash, options, arch and NVRTC version: the build compiles
+# only kernel units whose source changed since any checkout on this machine compiled them.
 #
 # Every stage runs even when an earlier one fails; a summary of the stages (pass/fail, seconds)
 # ends the run, and the exit status is non-zero when any failed.
@@ -24,7 +25,8 @@ REQUIREMENTS="nvidia-cuda-nvrtc==13.0.88
 numpy
 pytest
 maturin>=1.5,<2
-torch==2.11.0"
+torch==2.11.0
+matplotlib"
 
 names=()
 codes=()
@@ -94,14 +96,18 @@ rust_tests() {
 }
 
 # The Python package built as users build it (maturin through pip, without build isolation so
-# that the environment's maturin is used), in the dev profile (not a release build of
-# everything) and in a target directory of its own: maturin configures pyo3 for the
+# that the environment's maturin and NVRTC are used), in the dev profile (not a release build
+# of everything) and in a target directory of its own: maturin configures pyo3 for the
 # environment's Python, which would otherwise rebuild pyo3 and its dependents in target/debug
-# back and forth between this stage and the cargo stages of the next run.
+# back and forth between this stage and the cargo stages of the next run. The wheel is kept in
+# target/wheels-test: the Python tests check the kernels inside it.
 python_package() {
+  rm -rf target/wheels-test
   CARGO_TARGET_DIR="$PWD/target/python" MATURIN_PEP517_ARGS="--profile dev" \
-    "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation --force-reinstall \
-    --no-deps ./
+    "$PY" -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps \
+    -w target/wheels-test ./ || return
+  "$PY" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
+    target/wheels-test/ferrocomm-*.whl
 }
 
 stage python-env python_env
@@ -109,9 +115,16 @@ if [ -z "${FERROCOMM_NVRTC_LIB:-}" ] && passed python-env; then
   FERROCOMM_NVRTC_LIB="$(nvrtc_dir)"
   export FERROCOMM_NVRTC_LIB
 fi
-echo "NVRTC for kernel compile checks: ${FERROCOMM_NVRTC_LIB:-(none found)}"
+echo "NVRTC for the built-in kernels: ${FERROCOMM_NVRTC_LIB:-(none found)}"
 
 stage fmt cargo fmt --all -- --check
+# The library's build compiles every CUDA kernel unit it builds in (crates/ferrocomm/build.rs:
+# sm_80, sm_90, sm_100 cubins and sm_90 PTX) with NVRTC, through the kernel cache.
+echo
+echo "=== kernels: the library's build compiles the CUDA kernels built into it with NVRTC where"
+echo "    their source changed since any build on this machine (cold: about 19 CPU minutes, up to"
+echo "    an hour on 2 busy cores; warm: seconds); cached in ${FERROCOMM_KERNEL_CACHE:-~/.cache/ferrocomm}"
+stage kernels cargo build -p ferrocomm --locked
 stage clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 stage rust-tests rust_tests
 stage doc-tests cargo test --workspace --doc --locked
