@@ -38,6 +38,8 @@ def _alias(coll, buf, opname):
     """(dtype name to pass, op name to pass) for a buffer's element type (see _MOVE_AS)."""
     as_type = _MOVE_AS.get(buf.dtype)
     if as_type is None:
+        if not T.native_dtype(buf.dtype):
+            raise T.unsupported_dtype(buf.dtype, coll)
         return buf.dtype, opname
     if coll in _REDUCTIONS:
         if buf.dtype == "bool" and opname in _BOOL_OPS:

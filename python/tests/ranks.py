@@ -477,7 +477,8 @@ def scenario_errors(comm):
     check("broadcast from a numpy root", b, data("float32", 8, WORLD - 1, 97), "float32")
     expect(V, "bxor", comm.all_reduce, f32, ReduceOp.BXOR)
     expect(V, "premulsum", comm.all_reduce, np.ones(4, np.int32), ReduceOp.PREMUL_SUM(2.0))
-    expect(V, "unknown dtype", comm.all_reduce, np.ones(4, np.complex64))
+    expect(V, "unsupported dtype complex64 for all_reduce", comm.all_reduce,
+           np.ones(4, np.complex64))
     expect(V, "numpy array or a torch tensor", comm.all_reduce, [1.0, 2.0])
     expect(V, "entries", comm.all_gather, [np.empty(4, np.float32)], np.ones(4, np.float32))
     expect(V, "dtype mismatch", comm.all_gather,

@@ -72,8 +72,8 @@ def test_tensor_parallel_equals_unsharded(tmp_path, size):
     # must fail the check, and then the run exits with 1.
     extra = ["--vocab", "251", "--paths", "gloo,ferrocomm,ferrocomm-lp,none"] \
         if size == "tiny" else ["--paths", "gloo,ferrocomm,ferrocomm-lp"]
-    doc, _ = bench(["--check", "--model", size, "--lp-format", "int8", *extra], tmp_path,
-                   code=1 if size == "tiny" else 0)
+    doc, text = bench(["--check", "--model", size, "--lp-format", "int8", *extra], tmp_path,
+                      code=1 if size == "tiny" else 0)
     rows = {r["path"]: r for r in doc["check"]["rows"]}
     assert doc["check"]["passed"] == (size != "tiny")
     if size == "tiny":
@@ -86,6 +86,11 @@ def test_tensor_parallel_equals_unsharded(tmp_path, size):
     assert rows["ferrocomm"]["vs_gloo"] < 1e-5
     # int8 on the wire: quantized (not exact), but close (not garbage).
     lp = rows["ferrocomm-lp"]
+    # Reported, not judged: neither passed nor failed, and the table says so.
+    assert lp["passed"] is None and lp["verdict"] == "reported, not judged", lp
+    lp_line = next(line for line in text.splitlines() if line.startswith("ferrocomm-lp "))
+    assert lp_line.rstrip().endswith("reported, not judged"), text
+    assert rows["ferrocomm"]["verdict"] == "passed"
     assert 0 < lp["max_abs_diff"] < 0.1 * lp["ref_max_abs"], lp
     assert lp["top1_agreement"] >= 0.8
     assert lp["kl_mean"] > 0

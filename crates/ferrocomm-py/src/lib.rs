@@ -1147,6 +1147,33 @@ fn dtype_name(py: Python<'_>, name: &str) -> PyResult<&'static str> {
         .map_err(|e| py_err(py, e.into()))
 }
 
+/// The CUDA kernels built into this library, read back and checked without a GPU
+/// (`kernels::check_builtin`): `{"targets": [...], "nvrtc": (major, minor) or None, "notes":
+/// [...], "checked": [{"target", "units", "symbols", "bytes", "compressed_bytes"}, ...]}`.
+#[pyfunction]
+fn builtin_kernels(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    use ferrocomm::cuda::kernels;
+    let checked = py
+        .detach(kernels::check_builtin)
+        .map_err(|e| py_err(py, e))?;
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item("targets", kernels::builtin_targets())?;
+    d.set_item("nvrtc", kernels::builtin_nvrtc())?;
+    d.set_item("notes", kernels::builtin_notes().to_vec())?;
+    let rows = pyo3::types::PyList::empty(py);
+    for c in checked {
+        let r = pyo3::types::PyDict::new(py);
+        r.set_item("target", c.target)?;
+        r.set_item("units", c.units)?;
+        r.set_item("symbols", c.symbols)?;
+        r.set_item("bytes", c.bytes)?;
+        r.set_item("compressed_bytes", c.compressed_bytes)?;
+        rows.append(r)?;
+    }
+    d.set_item("checked", rows)?;
+    Ok(d)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyComm>()?;
@@ -1154,6 +1181,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeCompletion>()?;
     m.add_function(wrap_pyfunction!(new_comm, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_name, m)?)?;
+    m.add_function(wrap_pyfunction!(builtin_kernels, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -62,6 +62,7 @@ __device__ __forceinline__ u8 norm_e4m3(float q) {
     return (u8)(h & 0xff);
 }
 
+#ifdef FC_GROUP_RMSNORM
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_rmsnorm(NormArgs n) {
     pdl_wait();
     pdl_launch_dependents();
@@ -102,6 +103,7 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_rmsnorm(NormArgs n
         if (threadIdx.x == 0) ((float*)n.scales)[row] = scale;
     }
 }
+#endif
 
 // ---------------------------------------------------------------- one launch: the fused forms
 //
@@ -249,6 +251,7 @@ __device__ void fused_gather_row(const Args& a, const NormArgs& n, u64 par, u32 
     if (n.codes != 0) fused_fp8_row(n, row, amax, red_u);
 }
 
+#ifdef FC_GROUP_RMSNORM
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_flat(Args a, NormArgs n) {
     pdl_wait();
     pdl_launch_dependents();
@@ -269,7 +272,9 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_flat(Args a,
     }
     end_call(a, e);
 }
+#endif
 
+#ifdef FC_GROUP_RMSNORM
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_tree(Args a, NormArgs n) {
     pdl_wait();
     pdl_launch_dependents();
@@ -304,3 +309,4 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_tree(Args a,
     if (hello) hello_check(a, a.sig, e, t0, 0, 9);
     end_call(a, e);
 }
+#endif

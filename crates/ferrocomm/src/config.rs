@@ -66,6 +66,7 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_NCCL_LIB", "(search)", "Path of libnccl.so to load; otherwise the system path, then torch's nvidia/nccl/lib."),
     var("FERROCOMM_NVRTC_LIB", "(search)", "Path of libnvrtc.so.13 (or its directory); when set it is the only NVRTC loaded (a wrong path is an error). Unset: the library path, /usr/local/cuda, then python's nvidia/cu13/lib or nvidia/cuda_nvrtc/lib."),
     var("FERROCOMM_KERNEL_CACHE", "$XDG_CACHE_HOME/ferrocomm or ~/.cache/ferrocomm", "Directory of compiled kernels (cubins keyed by source hash, arch and NVRTC version)."),
+    var("FERROCOMM_BUILTIN_KERNELS", "1", "0: ignore the kernels built into the library and compile every unit a GPU needs with NVRTC (through the kernel cache), as for a GPU they were not built for."),
     var("FERROCOMM_STORE_ADDR", "MASTER_ADDR", "Host of the bootstrap TCP store: rank 0 listens on every address it resolves to (or fails naming the one it cannot take); a name of every interface (0, 0.0.0.0, ::) is refused."),
     var("FERROCOMM_STORE_PORT", "MASTER_PORT (MASTER_PORT+1 under torchrun)", "Port of the bootstrap TCP store."),
     var("FERROCOMM_STORE_SECRET", "(derived)", "Secret the job's processes share to authenticate to the bootstrap store (at least 16 characters, UTF-8; never printed). ferrocomm launch sets a random one; unset, it is derived from torchrun's TORCHELASTIC_RUN_ID with MASTER_ADDR and MASTER_PORT, else from this user's key file $XDG_CONFIG_HOME/ferrocomm/store-key (see docs/security.md)."),
@@ -255,6 +256,8 @@ pub struct Config {
     pub python_prefixes: Vec<PathBuf>,
     /// `FERROCOMM_KERNEL_CACHE`: the directory of compiled kernels.
     pub kernel_cache: PathBuf,
+    /// `FERROCOMM_BUILTIN_KERNELS`: use the kernels built into the library (off: compile them).
+    pub builtin_kernels: bool,
     /// This user's store key file (`$XDG_CONFIG_HOME/ferrocomm/store-key` or
     /// `~/.config/ferrocomm/store-key`; `None` without either variable).
     pub store_key_file: Option<PathBuf>,
@@ -613,6 +616,7 @@ impl Config {
                 base.join("ferrocomm")
             }
         };
+        let builtin_kernels = r.flag("FERROCOMM_BUILTIN_KERNELS", true)?;
         let store_key_file = lookup("XDG_CONFIG_HOME")
             .filter(|s| !s.is_empty())
             .map(PathBuf::from)
@@ -638,6 +642,7 @@ impl Config {
             nvrtc_lib,
             python_prefixes,
             kernel_cache,
+            builtin_kernels,
             store_key_file,
             debug,
             launch,

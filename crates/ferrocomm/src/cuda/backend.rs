@@ -747,7 +747,8 @@ impl Backend for CudaBackend {
                 return super::fused_norm::run_fused(d, self.device, form, call, shape, opts);
             }
         }
-        // With direct access the kernel was loaded with the modules at start-up.
+        // With direct access the kernel comes from its rmsnorm unit (loaded at start-up where
+        // built in or cached, else compiled now).
         let loaded = match &self.dda {
             Some(d) => Some((d.func(shape.dtype, "fc_rmsnorm")?, d.pdl)),
             None => None,

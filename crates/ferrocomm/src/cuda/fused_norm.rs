@@ -89,7 +89,12 @@ fn function(cfg: &Config, dtype: DataType) -> Result<sys::CUfunction> {
         return Ok(f as sys::CUfunction);
     }
     // The caller made the backend's context current.
-    let module = kernels::load_on_current_device(dtype, cfg, "loading the rmsnorm kernel")?;
+    let module = kernels::load_on_current_device(
+        dtype,
+        kernels::Group::RmsNorm,
+        cfg,
+        "loading the rmsnorm kernel",
+    )?;
     let mut f: sys::CUfunction = std::ptr::null_mut();
     cu(
         // SAFETY: live module, NUL-terminated name.
@@ -152,8 +157,8 @@ fn check_call_views(
 /// Runs `call` on a backend serving `device`: every buffer checked to be memory of that
 /// device, the sum into `out` by `all_reduce` (the backend's own, with `opts`), then the norm
 /// on `opts.stream`. The backend's context must be current. `loaded` is `fc_rmsnorm` of the
-/// call's dtype and whether launches use PDL, where the backend loaded its modules at start-up
-/// (direct access); otherwise the module is loaded at the first call (not inside a graph
+/// call's dtype and whether launches use PDL, where the backend has direct access (from its
+/// rmsnorm unit); otherwise the module is loaded at the first call (not inside a graph
 /// capture: the first call must run eagerly).
 pub(crate) fn run(
     cfg: &Config,
