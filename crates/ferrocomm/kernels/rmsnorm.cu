@@ -15,12 +15,14 @@
 // norm. The geometry below depends on the shape alone, so every rank computes every row alike:
 // bit-identical results everywhere.
 //
-// Geometry (NormArgs.tpr, chosen by the host, cuda/fused_norm.rs `geometry`): a row is handled
-// by `tpr` threads (whole warps, at most the block), blockDim / tpr rows at a time per block.
-// Thread t of a row holds the row's 16-byte vectors t, t + tpr, ..., V of them per chunk
-// (V = NORM_V for fc_rmsnorm, NORM_V_STAGED for the fused forms, whose sums come from every
-// rank's staging); a row of at most V * tpr vectors is one chunk and stays in registers from
-// its loads to its last store: one read of each input and one write of each output. A longer
+// Geometry (NormArgs.tpr and, for fc_rmsnorm, NormArgs.v, chosen by the host from the shape,
+// cuda/fused_norm.rs): a row is handled by `tpr` threads (whole warps, at most the block),
+// blockDim / tpr rows at a time per block. Thread t of a row holds the row's 16-byte vectors
+// t, t + tpr, ..., V of them per chunk (fc_rmsnorm: the fewest of 1, 2, 4 that hold a row in
+// 512 threads, so that a thread's chain of dependent work stays short; the fused forms
+// NORM_V_STAGED, their sums coming from every rank's staging); a row of at most V * tpr vectors
+// is one chunk and stays in registers from its loads to its last store: one read of each input
+// and one write of each output. A longer
 // row takes chunks and reads its own residual_out (and out, for per-row FP8 scales) back.
 // Every thread of a block runs the same row loop (the reductions synchronize the block); a
 // row slot past the last row loads and stores nothing.
@@ -43,6 +45,8 @@ struct NormArgs {
     u32 lp_block;      // the fused forms: 0 full precision; else B of the block-scaled records
                        // the rows cross in (hidden a multiple of B, B / VEC_ELEMS <= 32)
     u32 lp_format;     // LP_E4M3 / LP_E5M2 / LP_INT8
+    u32 v;             // fc_rmsnorm: vectors a thread holds per chunk (1, 2 or 4; unaligned: 4)
+    u32 pad_;
 };
 
 #define NORM_THREADS 512
@@ -391,21 +395,39 @@ __device__ __forceinline__ bool norm_one_chunk(const NormArgs& n) {
     return n.hidden / VEC_ELEMS <= (u64)V * n.tpr;
 }
 
+// How norm_row knows the alignment of the user's buffers and the FP8 output: fixed at compile
+// time (fc_rmsnorm, whose one-rank launches are short enough for the instruction fetch of the
+// paths it does not take to show) or read at run time (the fused forms).
+#define NORM_AL_RUNTIME 2
+#define NORM_FP8_OFF 0
+#define NORM_FP8_ROW 1
+#define NORM_FP8_GIVEN 2
+#define NORM_FP8_RUNTIME 3
+
 // Row `row` of the calling thread's row slot (`live`: the slot has a row): sums from `src`, the
 // residual added, normalized, outputs written (and published). `wpre`: the weight's vectors
-// (norm_load_weight) when the row is one chunk. Every thread of the block calls it, live or not.
-template <int V, typename Src>
+// (norm_load_weight), used when `pre` (the row is one chunk; an array in registers, never a
+// pointer, which would put it on the stack). AL: 0 or 1 (the buffers' alignment), or
+// NORM_AL_RUNTIME (`aligned_rt` says); FP8: one of NORM_FP8_*. Every thread of the block calls
+// it, live or not.
+template <int V, int AL, int FP8, typename Src>
 __device__ void norm_row(const NormArgs& n, const Src& src, const Publish& pub, u64 row,
-                         bool live, bool aligned, const Vec* wpre, float* red_f, u32* red_u) {
+                         bool live, bool aligned_rt, const Vec (&wpre)[V], bool pre, float* red_f,
+                         u32* red_u) {
+    const bool aligned = AL == NORM_AL_RUNTIME ? aligned_rt : AL == 1;
+    const int fp8 = FP8 != NORM_FP8_RUNTIME
+                        ? FP8
+                        : (n.codes == 0 ? NORM_FP8_OFF : n.fp8_given ? NORM_FP8_GIVEN : NORM_FP8_ROW);
     const u32 tpr = n.tpr, lt = threadIdx.x % tpr;
     const u64 h = n.hidden, nv = h / VEC_ELEMS, base = row * h;
     const u64 chunk = (u64)V * tpr;
-    const u64 chunks = (nv + chunk - 1) / chunk;  // the same on every thread: h is the call's
+    // The same on every thread (h is the call's); one chunk without a division.
+    const u64 chunks = nv <= chunk ? 1 : (nv + chunk - 1) / chunk;
     const T* res = (const T*)n.residual;
     const T* w = (const T*)n.weight;
     T* out = (T*)n.out;
     T* rout = (T*)n.residual_out;
-    const float given = norm_given_scale(n);
+    const float given = fp8 == NORM_FP8_GIVEN ? *(const float*)n.scales : 0.0f;
     Vec r[V];
     u64 idx[V];
     bool on[V];
@@ -439,7 +461,7 @@ __device__ void norm_row(const NormArgs& n, const Src& src, const Publish& pub, 
     }
     const float total = norm_row_sum(sq, red_f, tpr);
     const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)h), n.eps)));
-    const bool row_scales = n.codes != 0 && !n.fp8_given;
+    const bool row_scales = fp8 == NORM_FP8_ROW;
     u32 amax = 0;
     for (u64 c = 0; c < chunks; c++) {
         Vec wv[V];
@@ -450,7 +472,7 @@ __device__ void norm_row(const NormArgs& n, const Src& src, const Publish& pub, 
             idx[k] = base + v * VEC_ELEMS;
             if (!on[k]) continue;
             if (chunks > 1) fused_ld(rout, idx[k], aligned, r[k]);  // this thread's own stores
-            if (chunks > 1 || !wpre)
+            if (chunks > 1 || !pre)
                 fused_ld(w, v * VEC_ELEMS, aligned, wv[k]);
             else
                 wv[k] = wpre[k];
@@ -467,7 +489,7 @@ __device__ void norm_row(const NormArgs& n, const Src& src, const Publish& pub, 
             // Over this rank's own staged copy of the row: no peer reads it (two-shot).
             if (pub.stage) *(uint4*)(pub.stage + idx[k] * sizeof(T)) = y.u;
             if (row_scales) amax = norm_amax(amax, y);
-            if (n.codes != 0 && n.fp8_given) norm_store_codes(n, idx[k], aligned, y, given, norm_usable(given));
+            if (fp8 == NORM_FP8_GIVEN) norm_store_codes(n, idx[k], aligned, y, given, norm_usable(given));
             r[k] = y;  // a one-chunk row keeps y for its codes
         }
     }
@@ -498,6 +520,33 @@ __device__ __forceinline__ u64 norm_steps(const NormArgs& n, u64 count) {
     return (count + per_step - 1) / per_step;
 }
 
+// fc_rmsnorm's rows: V vectors a thread, the alignment (AL) and the FP8 output fixed at compile
+// time.
+template <int V, int AL, int FP8>
+__device__ __forceinline__ void norm_rows_local(const NormArgs& n, float* red_f, u32* red_u) {
+    const bool aligned = AL == 1;
+    const SumFromBuffer src{(const T*)n.sum, aligned};
+    const Publish none{nullptr, 0};
+    Vec wv[V];
+    const bool pre = norm_one_chunk<V>(n);
+    if (pre) norm_load_weight<V>(n, aligned, wv);
+    const u64 per_step = (u64)gridDim.x * (blockDim.x / n.tpr);
+    const u64 steps = n.rows <= per_step ? 1 : (n.rows + per_step - 1) / per_step;
+    for (u64 s = 0; s < steps; s++) {
+        const u64 row = norm_slot_row(n, s);
+        norm_row<V, AL, FP8>(n, src, none, row, row < n.rows, aligned, wv, pre, red_f, red_u);
+    }
+}
+
+// The aligned rows with V vectors a thread: FP8 off fixed, FP8 rows read at run time.
+template <int V>
+__device__ __forceinline__ void norm_rows_aligned(const NormArgs& n, float* red_f, u32* red_u) {
+    if (n.codes == 0)
+        norm_rows_local<V, 1, NORM_FP8_OFF>(n, red_f, red_u);
+    else
+        norm_rows_local<V, 1, NORM_FP8_RUNTIME>(n, red_f, red_u);
+}
+
 // The residual add and norm of every row, the sums in n.sum (the all-reduce ran before it, or
 // a one-rank communicator's x itself). Reads and writes of an element by the same thread, so
 // out may be the sum (in place) and residual_out the residual.
@@ -506,17 +555,19 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_rmsnorm(NormArgs n
     pdl_launch_dependents();
     __shared__ float red_f[NORM_WARPS];
     __shared__ u32 red_u[NORM_WARPS];
+    // Vectors a thread (n.v: 1, 2 or 4, the host's choice with tpr, which fixes the order of a
+    // row's sum of squares, so unaligned buffers keep it too) and the common cases fixed at
+    // compile time.
     const bool aligned = fused_aligned(n);
-    const SumFromBuffer src{(const T*)n.sum, aligned};
-    const Publish none{nullptr, 0};
-    Vec wv[NORM_V];
-    const bool pre = norm_one_chunk<NORM_V>(n);
-    if (pre) norm_load_weight<NORM_V>(n, aligned, wv);
-    const u64 steps = norm_steps(n, n.rows);
-    for (u64 s = 0; s < steps; s++) {
-        const u64 row = norm_slot_row(n, s);
-        norm_row<NORM_V>(n, src, none, row, row < n.rows, aligned, pre ? wv : nullptr, red_f,
-                         red_u);
+    if (n.v == 1) {
+        if (aligned) norm_rows_aligned<1>(n, red_f, red_u);
+        else norm_rows_local<1, 0, NORM_FP8_RUNTIME>(n, red_f, red_u);
+    } else if (n.v == 2) {
+        if (aligned) norm_rows_aligned<2>(n, red_f, red_u);
+        else norm_rows_local<2, 0, NORM_FP8_RUNTIME>(n, red_f, red_u);
+    } else {
+        if (aligned) norm_rows_aligned<NORM_V>(n, red_f, red_u);
+        else norm_rows_local<NORM_V, 0, NORM_FP8_RUNTIME>(n, red_f, red_u);
     }
 }
 
@@ -625,8 +676,8 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_flat(Args a,
     const u64 steps = norm_steps(n, n.rows);
     u8* own = (u8*)(a.staging[a.rank] + par);
     Vec wv[NORM_V_STAGED];
-    const Vec* wp = norm_one_chunk<NORM_V_STAGED>(n) ? wv : nullptr;
-    if (wp) norm_load_weight<NORM_V_STAGED>(n, aligned, wv);
+    const bool pre = norm_one_chunk<NORM_V_STAGED>(n);
+    if (pre) norm_load_weight<NORM_V_STAGED>(n, aligned, wv);
     for (u64 s = 0; s < steps; s++) {
         const u64 row = norm_slot_row(n, s);
         if (n.lp_block)
@@ -642,12 +693,12 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_flat(Args a,
             const u64 row = norm_slot_row(n, s);
             if (n.lp_block) {
                 const SumFromRecords<NORM_V_STAGED> src{&n, a.staging, a.world, par};
-                norm_row<NORM_V_STAGED>(n, src, none, row, row < n.rows, aligned, wp, red_f,
-                                        red_u);
+                norm_row<NORM_V_STAGED, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(
+                    n, src, none, row, row < n.rows, aligned, wv, pre, red_f, red_u);
             } else {
                 const SumFromStaging<NORM_V_STAGED> src{&a, par};
-                norm_row<NORM_V_STAGED>(n, src, none, row, row < n.rows, aligned, wp, red_f,
-                                        red_u);
+                norm_row<NORM_V_STAGED, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(
+                    n, src, none, row, row < n.rows, aligned, wv, pre, red_f, red_u);
             }
         }
         if (!n.loopback) hello_check(a, a.sig, e, t0, 0, 9);
@@ -666,8 +717,8 @@ __device__ void fused_tree_lp(const Args& a, const NormArgs& n, u32 e, u64 t0, u
     const u64 steps = norm_steps(n, srows);
     u8* own = (u8*)(a.staging[a.rank] + par);
     Vec wv[NORM_V_STAGED];
-    const Vec* wp = norm_one_chunk<NORM_V_STAGED>(n) ? wv : nullptr;
-    if (wp) norm_load_weight<NORM_V_STAGED>(n, aligned, wv);
+    const bool pre = norm_one_chunk<NORM_V_STAGED>(n);
+    if (pre) norm_load_weight<NORM_V_STAGED>(n, aligned, wv);
     for (u32 k = 0; k < a.world; k++)
         for (u64 s = 0; s < steps; s++) {
             const u64 o = norm_slot_row(n, s);
@@ -694,8 +745,8 @@ __device__ void fused_tree_lp(const Args& a, const NormArgs& n, u32 e, u64 t0, u
             for (u64 s = 0; s < steps; s++) {
                 const u64 o = norm_slot_row(n, s);
                 const u64 row = k * srows + o;
-                norm_row<NORM_V_STAGED>(n, src, none, row, o < srows && row < n.rows, aligned,
-                                        wp, red_f, red_u);
+                norm_row<NORM_V_STAGED, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(
+                    n, src, none, row, o < srows && row < n.rows, aligned, wv, pre, red_f, red_u);
             }
         }
     }
@@ -720,8 +771,8 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_tree(Args a,
     const u64 steps = norm_steps(n, srows);
     u8* own = (u8*)(a.staging[a.rank] + par);
     Vec wv[NORM_V_STAGED];
-    const Vec* wp = norm_one_chunk<NORM_V_STAGED>(n) ? wv : nullptr;
-    if (wp) norm_load_weight<NORM_V_STAGED>(n, aligned, wv);
+    const bool pre = norm_one_chunk<NORM_V_STAGED>(n);
+    if (pre) norm_load_weight<NORM_V_STAGED>(n, aligned, wv);
     // Slot o of every stripe: the rows the peers' same block reduces.
     for (u32 k = 0; k < a.world; k++)
         for (u64 s = 0; s < steps; s++) {
@@ -738,8 +789,8 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_tree(Args a,
         for (u64 s = 0; s < steps; s++) {
             const u64 o = norm_slot_row(n, s);
             const u64 row = a.rank * srows + o;
-            norm_row<NORM_V_STAGED>(n, src, pub, row, o < srows && row < n.rows, aligned, wp,
-                                    red_f, red_u);
+            norm_row<NORM_V_STAGED, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(
+                    n, src, pub, row, o < srows && row < n.rows, aligned, wv, pre, red_f, red_u);
         }
         // release: the peers copy the y and r rows published above after seeing this flag.
         ok = n.loopback ? (__syncthreads(), true) : block_barrier(a, 1, e, t0);

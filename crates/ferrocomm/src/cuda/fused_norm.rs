@@ -25,7 +25,7 @@ use crate::view::{Input, View, ViewMut};
 
 /// Threads of a norm block (`NORM_THREADS` in kernels/rmsnorm.cu).
 const NORM_THREADS: usize = 512;
-/// 16-byte vectors a thread of `fc_rmsnorm` holds per chunk of a row (`NORM_V`).
+/// Most 16-byte vectors a thread of `fc_rmsnorm` holds per chunk of a row (`NORM_V`).
 const NORM_V: usize = 4;
 /// The same for the fused forms, whose sums are reduced from every rank's staging
 /// (`NORM_V_STAGED`).
@@ -43,6 +43,17 @@ fn threads_per_row(shape: &Shape, v: usize) -> usize {
         .div_ceil(v)
         .next_multiple_of(32)
         .clamp(32, NORM_THREADS)
+}
+
+/// Vectors a thread of `fc_rmsnorm` holds: the fewest of 1, 2 and 4 that hold a row in 512
+/// threads (a thread's chain of dependent loads and arithmetic is what a short call waits for),
+/// 4 for longer rows (chunks). From the shape alone, like the order of the sum it fixes.
+fn vectors_per_thread(shape: &Shape) -> usize {
+    let vectors = shape.hidden * shape.dtype.size() / 16;
+    [1, 2, NORM_V]
+        .into_iter()
+        .find(|v| vectors <= v * NORM_THREADS)
+        .unwrap_or(NORM_V)
 }
 
 /// Rows per block (and threads per block) for `rows` rows of `tpr` threads spread over at most
@@ -73,6 +84,8 @@ struct NormArgs {
     loopback: u32,
     lp_block: u32,
     lp_format: u32,
+    v: u32,
+    pad: u32,
 }
 
 impl NormArgs {
@@ -111,6 +124,8 @@ impl NormArgs {
             loopback: 0,
             lp_block: 0,
             lp_format: 0,
+            v: NORM_V as u32,
+            pad: 0,
         }
     }
 }
@@ -205,8 +220,10 @@ pub(crate) struct NormKernel {
 /// Launches `fc_rmsnorm` on `stream` over the rows of `args`: [`threads_per_row`] threads a
 /// row, the rows spread over the SMs ([`slots`]).
 fn launch_norm(k: NormKernel, mut args: NormArgs, shape: &Shape, stream: u64) -> Result<()> {
-    let tpr = threads_per_row(shape, NORM_V);
+    let v = vectors_per_thread(shape);
+    let tpr = threads_per_row(shape, v);
     args.tpr = tpr as u32;
+    args.v = v as u32;
     let (slots, threads) = slots(shape.rows, tpr, k.sm_count as usize);
     let blocks = shape.rows.div_ceil(slots).clamp(1, MAX_NORM_BLOCKS) as u32;
     let (f, pdl) = (k.f, k.pdl);
@@ -629,6 +646,20 @@ mod tests {
         assert_eq!(tpr(1, 3072, DataType::BF16, NORM_V), 96);
         // Longer rows than 512 threads hold take chunks: 512 threads.
         assert_eq!(tpr(1, 65536, DataType::F32, NORM_V), 512);
+    }
+
+    #[test]
+    fn a_thread_holds_the_fewest_vectors_that_fit_a_row_in_512_threads() {
+        let v = |hidden, dtype| vectors_per_thread(&shape(1, hidden, dtype));
+        // bf16 4096: 512 vectors, one a thread; 8192: two; f32 8192: four; longer: four, in
+        // chunks.
+        assert_eq!(v(4096, DataType::BF16), 1);
+        assert_eq!(v(8192, DataType::BF16), 2);
+        assert_eq!(v(8192, DataType::F32), 4);
+        assert_eq!(v(65536, DataType::BF16), 4);
+        assert_eq!(v(8, DataType::F16), 1);
+        let s = shape(1, 4096, DataType::BF16);
+        assert_eq!(threads_per_row(&s, vectors_per_thread(&s)), 512);
     }
 
     #[test]
