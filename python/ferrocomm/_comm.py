@@ -440,14 +440,15 @@ class Comm:
     allreduce = all_reduce
 
     def all_reduce_rmsnorm(self, x, residual, weight, eps, *, out=None, residual_out=None,
-                           quant=None, async_op=False, hints=None):
+                           quant=None, scale=None, async_op=False, hints=None):
         """All-reduce of ``x``, residual add and RMSNorm in one call (see ferrocomm._fused):
         returns ``(out, residual_out)`` (``x`` and ``residual`` in place by default), with
-        ``quant="e4m3"`` ``(out, residual_out, codes, scales)``."""
+        ``quant="e4m3"`` ``(out, residual_out, codes, scales)`` (a scale per row, or with
+        ``scale=`` the one given scale)."""
         from . import _fused
 
         return _fused.run(self, x, residual, weight, eps, out=out, residual_out=residual_out,
-                          quant=quant, async_op=async_op, hints=hints)
+                          quant=quant, scale=scale, async_op=async_op, hints=hints)
 
     def reduce(self, tensor, root, op=ReduceOp.SUM, async_op=False, hints=None):
         """Reduces ``tensor`` over all ranks into ``tensor`` on ``root`` (others unchanged)."""

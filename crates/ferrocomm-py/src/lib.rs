@@ -876,9 +876,11 @@ impl PyComm {
 
     /// The fused all-reduce + residual add + RMSNorm (`ferrocomm::rmsnorm`). `out` /
     /// `residual_out` None: in place into `x` / `residual`; `fp8`: (E4M3 codes, f32 scales per
-    /// row). Returns a work object as [`PyComm::run`] does.
+    /// row written, or with `fp8_given` one f32 scale read). Returns a work object as
+    /// [`PyComm::run`] does.
     #[pyo3(signature = (x, residual, weight, eps, out=None, residual_out=None, fp8=None,
-                        stream=0, algo=None, low_precision=None, async_op=false, timeout=None))]
+                        stream=0, algo=None, low_precision=None, async_op=false, timeout=None,
+                        fp8_given=false))]
     #[allow(clippy::too_many_arguments)]
     fn all_reduce_rmsnorm(
         &self,
@@ -895,6 +897,7 @@ impl PyComm {
         low_precision: Option<&str>,
         async_op: bool,
         timeout: Option<f64>,
+        fp8_given: bool,
     ) -> PyResult<Option<NativeWork>> {
         let call = (|| -> ferrocomm::Result<NormCall> {
             Ok(NormCall {
@@ -905,7 +908,7 @@ impl PyComm {
                 weight: Buf::parse(&weight)?,
                 eps,
                 fp8: match &fp8 {
-                    Some((c, s)) => Some((Buf::parse(c)?, Buf::parse(s)?)),
+                    Some((c, s)) => Some((Buf::parse(c)?, Buf::parse(s)?, fp8_given)),
                     None => None,
                 },
                 opts: self.opts(stream, algo, low_precision, timeout)?,

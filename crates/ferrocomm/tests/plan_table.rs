@@ -506,7 +506,7 @@ fn rmsnorm_table() -> String {
                     let head = format!("{fname} {name} {req} lp={lp} all_reduce_rmsnorm");
                     by_world(&mut t, &head, |world| {
                         runs(&sizes, |bytes| {
-                            cuda_rmsnorm(&cuda(world), &cfg, bytes, DataType::BF16, req, lp)
+                            cuda_rmsnorm(&cuda(world), &cfg, bytes, DataType::BF16, req, lp, lp)
                                 .to_string()
                         })
                     });
@@ -654,13 +654,21 @@ fn the_table_holds_the_decisions_it_names() {
         "[(\"FERROCOMM_RMSNORM_FUSED\", \"0\")] dda auto lp=false all_reduce_rmsnorm w1-16: 0.. all-reduce+norm"
     ));
     assert!(n.contains(
-        "[(\"FERROCOMM_RMSNORM_FUSED\", \"1\")] dda auto lp=false all_reduce_rmsnorm w1-2: \
+        "[(\"FERROCOMM_RMSNORM_FUSED\", \"1\")] dda auto lp=false all_reduce_rmsnorm w1-1: 0.. local"
+    ));
+    assert!(n.contains(
+        "[(\"FERROCOMM_RMSNORM_FUSED\", \"1\")] dda auto lp=false all_reduce_rmsnorm w2-2: \
          0..33554432 fused-flat, 33554433.. all-reduce+norm"
     ));
     assert!(n.contains(
         "[(\"FERROCOMM_RMSNORM_FUSED\", \"1\"), (\"FERROCOMM_RMSNORM_FLAT_MAX_BYTES\", \"64K\")] \
-         dda auto lp=false all_reduce_rmsnorm w1-16: 0..65536 fused-flat, 65537..33554432 \
+         dda auto lp=false all_reduce_rmsnorm w2-16: 0..65536 fused-flat, 65537..33554432 \
          fused-tree, 33554433.. all-reduce+norm"
+    ));
+    // Low precision in one launch: the records of a call to the staging's size fit once.
+    assert!(n.contains(
+        "[(\"FERROCOMM_RMSNORM_FUSED\", \"1\")] dda auto lp=true all_reduce_rmsnorm w1-2: \
+         0..33554432 fused-flat, 33554433..67108864 fused-tree, 67108865.. all-reduce+norm"
     ));
     let lp = low_precision_table();
     assert!(lp.contains(

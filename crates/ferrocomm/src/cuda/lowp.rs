@@ -54,7 +54,7 @@ struct Lp {
     rdispl: [u64; 2],
 }
 
-fn format_code(f: Format) -> u32 {
+pub(super) fn format_code(f: Format) -> u32 {
     match f {
         Format::E4M3 => 0,
         Format::E5M2 => 1,

@@ -214,6 +214,18 @@ pub(super) struct Args {
 }
 
 impl Args {
+    /// Runs a one-rank communicator's kernel as one of `world` ranks whose every peer is this
+    /// rank itself (its staging read as each peer's): the local traffic of a `world`-rank
+    /// kernel on one GPU, for measurement only (the kernels that take it skip their barriers;
+    /// results are not the call's).
+    pub(super) fn loopback(&mut self, world: u32) {
+        let own = self.staging[self.rank as usize];
+        self.world = world;
+        for s in self.staging.iter_mut().take(world as usize) {
+            *s = own;
+        }
+    }
+
     /// Arguments for a kernel that uses no staging or flags (the standalone encoder).
     pub(super) fn standalone(input: u64, output: u64, count: u64) -> Args {
         Args {
