@@ -77,7 +77,7 @@ def test_a_rank_killed_mid_call_is_named_within_a_second_and_the_dumps_are_read(
     # torch's analyzer reads them (rank 1 left none: it died), naming the rank it lacks.
     fr = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
                          str(trace), "--allow-incomplete-ranks"], capture_output=True,
-                        text=True, timeout=120)
+                        text=True, timeout=300)
     assert fr.returncode == 0, fr.stdout + fr.stderr
     assert "missed FR dumps from ranks ({1})" in fr.stderr, fr.stderr
     # And so does ferrocomm's (`ferrocomm trace DIR`).
@@ -95,7 +95,7 @@ def test_a_rank_that_makes_another_call_is_named_by_both_analyzers(tmp_path):
     assert "first divergence at call #2" in report, report
     assert "rank 1 made a different call" in report, report
     fr = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
-                         str(trace)], capture_output=True, text=True, timeout=120)
+                         str(trace)], capture_output=True, text=True, timeout=300)
     assert fr.returncode == 0, fr.stdout + fr.stderr
     assert "COLLECTIVE_TYPE_MISMATCH" in fr.stderr and "Culprit rank 1" in fr.stderr, fr.stderr
 
@@ -117,8 +117,7 @@ def test_a_call_one_rank_refuses_fails_at_once_on_every_rank():
 
 
 def test_new_comm_after_init_process_group_started_by_hand_uses_torchs_store():
-    pytest.importorskip("torch")
-    outs = run_ranks(2, "torch_store", script="reliability_ranks.py", timeout=120)
+    outs = run_ranks(2, "torch_store", script="reliability_ranks.py")
     assert all("torch_store ok" in o for o in outs), outs
 
 
@@ -170,7 +169,7 @@ def test_a_taken_store_port_is_named_with_the_variable_to_set():
                   "TORCHELASTIC_RUN_ID"):
             e.pop(k, None)
         out = subprocess.run([sys.executable, str(HERE / "reliability_ranks.py"), "port_taken"],
-                             env=e, cwd=str(HERE), capture_output=True, text=True, timeout=120)
+                             env=e, cwd=str(HERE), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "port_taken ok" in out.stdout, out.stdout + out.stderr
 
 
