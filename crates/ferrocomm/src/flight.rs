@@ -330,7 +330,7 @@ pub struct FlightRecorder {
     dumped: AtomicBool,
 }
 
-/// What [`FlightRecorder::begin`] hands to [`FlightRecorder::end`].
+/// What `FlightRecorder::begin` hands to `FlightRecorder::end` (both crate-private).
 #[derive(Debug, Clone, Copy)]
 pub struct Token {
     slot: usize,
