@@ -85,6 +85,7 @@ pub mod reference;
 pub mod rmsnorm;
 pub mod types;
 pub mod view;
+pub mod window;
 
 pub use backend::{
     AlgoChoice, Backend, Call, CallKind, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts,
@@ -102,3 +103,4 @@ pub use quant::Format;
 pub use rmsnorm::{AllReduceRmsNorm, Fp8Rows};
 pub use types::{Algo, Collective, DataType, Device, Element, ReduceOp, F8E4M3, F8E5M2};
 pub use view::{Input, View, ViewMut};
+pub use window::{AccessType, AllGatherP, SharedMem, Window};
