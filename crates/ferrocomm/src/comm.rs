@@ -724,8 +724,13 @@ impl Communicator {
     /// A persistent all-gather into `output` ([`AllGatherP`]): collective, `output` (every
     /// rank's part of `output.count() / size` elements, in rank order) is registered once and
     /// each [`AllGatherP::exec`] writes every rank's input straight into every peer's output.
-    pub fn all_gather_p_init<'b>(&self, output: ViewMut<'b>) -> Result<AllGatherP<'b>> {
-        AllGatherP::init(self.window_with_slots(AllGatherP::SLOTS)?, output)
+    /// The registration's waits for the peers are bounded by the timeout of `opts`.
+    pub fn all_gather_p_init<'b>(
+        &self,
+        output: ViewMut<'b>,
+        opts: &CallOpts,
+    ) -> Result<AllGatherP<'b>> {
+        AllGatherP::init(self.window_with_slots(AllGatherP::SLOTS)?, output, opts)
     }
 
     fn window_with_slots<'b>(&self, slots: usize) -> Result<Window<'b>> {

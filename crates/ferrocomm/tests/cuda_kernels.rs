@@ -9,7 +9,7 @@
 
 use ferrocomm::cuda::kernels::{
     self, ALGOS, ALL_REDUCE_SOURCE, COLLECTIVES_SOURCE, COLL_ENTRIES, COLL_OP_ENTRIES,
-    EXTRA_ENTRIES, OPS, VARIANTS,
+    EXTRA_ENTRIES, OPS, VARIANTS, WINDOW_ENTRIES, WINDOW_SOURCE,
 };
 use ferrocomm::{Config, DataType};
 
@@ -84,19 +84,31 @@ fn variant_table_matches_the_source() {
             "FC_COLL_ENTRY does not define {p}_*"
         );
     }
-    // Both sources are in every module, all-reduce first (collectives.cu uses its helpers).
-    let src = kernels::module_source(DataType::BF16).unwrap();
-    let (ar, co) = (
-        src.find("struct Args {").unwrap(),
-        src.find("struct CArgs {").unwrap(),
-    );
-    assert!(ar < co);
+    // window.cu: every entry listed, and every kernel it defines.
+    let defined: Vec<&str> = WINDOW_SOURCE
+        .split("extern \"C\" __global__ void ")
+        .skip(1)
+        .map(|d| d.trim_start_matches("__launch_bounds__(512) "))
+        .map(|d| &d[..d.find('(').unwrap()])
+        .collect();
+    assert_eq!(defined, WINDOW_ENTRIES);
+    // Every source is in every module, all-reduce first (the others use its helpers).
+    for (d, _) in VARIANTS {
+        let src = kernels::module_source(d).unwrap();
+        let (ar, co, win) = (
+            src.find("struct Args {").unwrap(),
+            src.find("struct CArgs {").unwrap(),
+            src.find("struct WinArgs {").unwrap(),
+        );
+        assert!(ar < co && co < win, "{d}");
+    }
     let names = kernels::entry_names();
     assert_eq!(
         names.len(),
         ALGOS.len() * OPS.len()
             + EXTRA_ENTRIES.len()
             + COLL_ENTRIES.len()
+            + WINDOW_ENTRIES.len()
             + COLL_OP_ENTRIES.len() * OPS.len()
     );
     let unique: std::collections::HashSet<_> = names.iter().collect();
@@ -169,6 +181,7 @@ fn every_kernel_waits_for_the_previous_grid_first() {
         ("collectives.cu", COLLECTIVES_SOURCE),
         ("lowp.cu", kernels::LOWP_SOURCE),
         ("rmsnorm.cu", kernels::RMSNORM_SOURCE),
+        ("window.cu", WINDOW_SOURCE),
     ] {
         for (name, body) in kernel_bodies(src) {
             let body = body.trim_start();
@@ -200,6 +213,7 @@ fn every_kernel_waits_for_the_previous_grid_first() {
             + COLL_OP_ENTRIES.len()
             + kernels::LOWP_ENTRIES.len()
             + kernels::RMSNORM_ENTRIES.len()
+            + WINDOW_ENTRIES.len()
     );
 }
 

@@ -414,7 +414,7 @@ fn persistent_all_gather_over_a_thousand_executions() {
             let (rank, size) = (comm.rank(), comm.size());
             let part = 33;
             let out = Buf::new(part * size);
-            let ag = comm.all_gather_p_init(out.view_mut()).unwrap();
+            let ag = comm.all_gather_p_init(out.view_mut(), &o()).unwrap();
             for it in 0..1000usize {
                 let input: Vec<f32> = (0..part)
                     .map(|i| (it * 10_000 + rank * 100 + i) as f32)

@@ -66,6 +66,11 @@ pub const COLL_OP_ENTRIES: [&str; 5] = [
     "fc_reduce_st",
 ];
 
+/// The window kernels (put, signal, wait; cuda/window.rs), appended last to every module.
+pub const WINDOW_SOURCE: &str = include_str!("../../kernels/window.cu");
+/// Entry points of window.cu (byte kernels, `(WinArgs)`).
+pub const WINDOW_ENTRIES: [&str; 3] = ["fc_win_put", "fc_win_signal", "fc_win_wait"];
+
 /// Algorithms with an entry point per operator: `fc_<algo>_<op>`.
 pub const ALGOS: [&str; 6] = ["push", "flat", "tree", "stream", "ce", "ll128"];
 /// Operators compiled into every module (Avg and PremulSum run on `sum` with scale factors).
@@ -108,6 +113,7 @@ pub fn entry_names() -> Vec<String> {
         .collect();
     v.extend(EXTRA_ENTRIES.iter().map(|s| s.to_string()));
     v.extend(COLL_ENTRIES.iter().map(|s| s.to_string()));
+    v.extend(WINDOW_ENTRIES.iter().map(|s| s.to_string()));
     v.extend(
         COLL_OP_ENTRIES
             .iter()
@@ -127,7 +133,7 @@ pub fn entry_names_for(dtype: DataType) -> Vec<String> {
 }
 
 /// The full source of the module for `dtype` (define line + shared source, + lowp.cu and
-/// rmsnorm.cu for the float types).
+/// rmsnorm.cu for the float types, + window.cu).
 pub fn module_source(dtype: DataType) -> Option<String> {
     VARIANTS.iter().find(|(d, _)| *d == dtype).map(|(_, def)| {
         let (lowp, norm) = if has_lowp(dtype) {
@@ -135,7 +141,10 @@ pub fn module_source(dtype: DataType) -> Option<String> {
         } else {
             ("", "")
         };
-        format!("#define {def} 1\n{ALL_REDUCE_SOURCE}\n{COLLECTIVES_SOURCE}\n{lowp}\n{norm}")
+        format!(
+            "#define {def} 1\n{ALL_REDUCE_SOURCE}\n{COLLECTIVES_SOURCE}\n{lowp}\n{norm}\n\
+             {WINDOW_SOURCE}"
+        )
     })
 }
 

@@ -41,13 +41,19 @@ impl<'b> AllGatherP<'b> {
     /// Signal slots per peer the window needs.
     pub(crate) const SLOTS: usize = 2;
 
-    /// Registers `output` in `win` (collective). Its count must divide by the number of
+    /// Registers `output` in `win` (collective; each wait for the peers bounded by the
+    /// timeout of `opts`, else the communicator's). Its count must divide by the number of
     /// ranks and be the same on every rank; refused on every rank otherwise.
-    pub(crate) fn init(mut win: Window<'b>, output: ViewMut<'b>) -> Result<AllGatherP<'b>> {
+    pub(crate) fn init(
+        mut win: Window<'b>,
+        output: ViewMut<'b>,
+        opts: &CallOpts,
+    ) -> Result<AllGatherP<'b>> {
         let (_, size) = win.rank_size();
         let count = output.count();
         let addr = output.ptr() as u64;
-        win.register_checked(output, |o| {
+        let timeout = win.timeout_for(opts)?;
+        win.register_checked(output, timeout, |o| {
             if o.count() % size != 0 {
                 return Err(Error::InvalidArgument(format!(
                     "all_gather_p_init: the output's {} elements do not divide into {size} \

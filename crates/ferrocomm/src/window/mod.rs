@@ -119,21 +119,23 @@ impl<'b> Window<'b> {
     /// or ranks that register different dtypes or counts: refused on every rank, nothing
     /// registered and nothing written.
     pub fn register(&mut self, buf: ViewMut<'b>) -> Result<()> {
-        self.register_checked(buf, |_| Ok(()))
+        let timeout = self.live.timeout();
+        self.register_checked(buf, timeout, |_| Ok(()))
     }
 
-    /// [`Window::register`] with `check` run on this rank's buffer first: its error is
-    /// reported to every rank as a bad registration is.
+    /// [`Window::register`] with `check` run on this rank's buffer first (its error is
+    /// reported to every rank as a bad registration is), each wait for the peers bounded by
+    /// `timeout`.
     pub(crate) fn register_checked(
         &mut self,
         buf: ViewMut<'b>,
+        timeout: std::time::Duration,
         check: impl FnOnce(&ViewMut<'b>) -> Result<()>,
     ) -> Result<()> {
         let c = "tensor_register";
         self.live.check()?;
         self.generation += 1;
         let tag = format!("{}/{}", self.key, self.generation);
-        let timeout = self.live.timeout();
         let already = self.reg.is_some();
         // This rank's checks and its message for the peers. A failure is reported to every
         // rank through the agreement below, so no rank waits for one that gave up.
@@ -387,6 +389,11 @@ impl<'b> Window<'b> {
     /// This rank and the number of ranks.
     pub(crate) fn rank_size(&self) -> (usize, usize) {
         (self.rank, self.size)
+    }
+
+    /// The timeout of a call with `opts` (its own, else the communicator's), checked.
+    pub(crate) fn timeout_for(&self, opts: &CallOpts) -> Result<std::time::Duration> {
+        self.live.timeout_for(opts)
     }
 }
 
