@@ -15,7 +15,8 @@
 #   shared    the check programs at more ranks than GPUs (`--share-gpus`: correctness of the
 #             n-rank kernels only); SHARED_WORLDS, SHARED_CHECKS, SHARED_FLAGS (--quick)
 #   sanitize  compute-sanitizer memcheck and racecheck over the three programs (scripts/gpu_sanitize.sh)
-#   python    the Python package's GPU checks (python/tests/gpu), the wheel from BUILD_DIR/dist
+#   python    the Python package's GPU checks (python/tests/gpu; check_windows.py also at three
+#             ranks sharing the GPUs), the wheel from BUILD_DIR/dist
 #   torch     the "ferrocomm" torch.distributed backend against gloo (collectives, CUDA graphs,
 #             torch.compile, DTensor, transformers tp_plan="auto"; needs transformers, and
 #             accelerate installed or carried in BUILD_DIR/dist/extra), and
@@ -122,6 +123,12 @@ if want python; then
   # shellcheck disable=SC2086
   PYTHONPATH="$site" \
     step python_lists 90 torchrun --nproc_per_node 2 python/tests/gpu/check_lists.py $share
+  # Windows and the persistent all-gather: two ranks, then three sharing the GPUs.
+  # shellcheck disable=SC2086
+  PYTHONPATH="$site" \
+    step python_windows 240 torchrun --nproc_per_node 2 python/tests/gpu/check_windows.py $share
+  PYTHONPATH="$site" step python_windows_w3 300 \
+    torchrun --nproc_per_node 3 python/tests/gpu/check_windows.py --share-gpus
 fi
 if want torch; then
   if [ -z "${site:-}" ]; then  # the python part's install, else one of its own
