@@ -405,7 +405,7 @@ pub fn parse_size(s: &str) -> std::result::Result<usize, String> {
 
 /// [`Config::shared_settings`]: each setting (its path in the serialized configuration) and the
 /// variable that sets it.
-const SHARED_SETTINGS: [(&str, &str); 24] = [
+const SHARED_SETTINGS: [(&str, &str); 25] = [
     ("algo", "FERROCOMM_ALGO"),
     ("low_precision.enabled", "FERROCOMM_LOW_PRECISION"),
     ("low_precision.format", "FERROCOMM_LP_FORMAT"),
@@ -434,6 +434,7 @@ const SHARED_SETTINGS: [(&str, &str); 24] = [
     ("thresholds.all_to_all_max", "FERROCOMM_ALLTOALL_MAX_BYTES"),
     ("thresholds.broadcast_max", "FERROCOMM_BROADCAST_MAX_BYTES"),
     ("thresholds.p2p_max", "FERROCOMM_P2P_MAX_BYTES"),
+    ("thresholds.put_ce_min", "FERROCOMM_PUT_CE_MIN_BYTES"),
     ("thresholds.ll_max", "FERROCOMM_LL_MAX_BYTES"),
     ("thresholds.rmsnorm_fused", "FERROCOMM_RMSNORM_FUSED"),
     (

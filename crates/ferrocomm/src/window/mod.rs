@@ -139,7 +139,6 @@ impl<'b> Window<'b> {
         let already = self.reg.is_some();
         // This rank's checks and its message for the peers. A failure is reported to every
         // rank through the agreement below, so no rank waits for one that gave up.
-        let mut exported = false;
         let local = (|| -> Result<Vec<u8>> {
             if already {
                 return Err(Error::InvalidArgument(format!(
@@ -163,13 +162,13 @@ impl<'b> Window<'b> {
             msg.push(buf.dtype().code());
             msg.extend_from_slice(&(buf.count() as u64).to_le_bytes());
             msg.extend(self.engine.export(buf.ptr() as u64, buf.bytes_len())?);
-            exported = true;
             Ok(msg)
         })();
         let (reported, own_error) = split_outcome(local);
         let fail = |w: &mut Self, e: Error| -> Result<()> {
-            // `already`: the registered buffer stays; anything else exported is released.
-            if exported {
+            // `already`: the registered buffer stays; otherwise whatever the executor set up
+            // (all of an export, or part of one that failed) is released.
+            if !already {
                 w.engine.release();
             }
             Err(e)
