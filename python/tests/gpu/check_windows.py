@@ -20,7 +20,8 @@ its own tensor against a reference on the device:
 - a KV-cache-shaped transfer (many blocks, one signal) and a MoE-style dispatch by puts;
 - a wait ended by ``abort()`` and one by its timeout (reported by the next call).
 
-Prints a summary; exits 1 on any mismatch.
+Prints `[rank R] ok NAME` for each check that passed, `[rank R] FAIL NAME ...` for each that
+failed, and a summary per rank; exits 1 on any mismatch.
 """
 
 import time
@@ -28,9 +29,18 @@ import time
 import torch
 
 import ferrocomm
-from shared_check import DEV, RANK, WORLD, captured, finish, record
+import shared_check
+from shared_check import DEV, RANK, WORLD, captured, finish
 
 NEXT, PREV = (RANK + 1) % WORLD, (RANK - 1) % WORLD
+
+
+def record(name, ok, detail=""):
+    """The tally's record, and a line per passed check too (`[rank R] ok NAME`): the output
+    shows what ran, not only what failed."""
+    if ok:
+        print(f"[rank {RANK}] ok {name}", flush=True)
+    shared_check.record(name, ok, detail)
 
 
 def data(seed, n, dtype=torch.float32):
