@@ -41,6 +41,8 @@ def _alias(coll, buf, opname):
     """(dtype name to pass, op name to pass) for a buffer's element type (see _MOVE_AS)."""
     as_type = _MOVE_AS.get(buf.dtype)
     if as_type is None:
+        if not T.native_dtype(buf.dtype):
+            raise T.unsupported_dtype(buf.dtype, coll)
         return buf.dtype, opname
     if coll in _REDUCTIONS:
         if buf.dtype == "bool" and opname in _BOOL_OPS:
@@ -443,14 +445,15 @@ class Comm:
     allreduce = all_reduce
 
     def all_reduce_rmsnorm(self, x, residual, weight, eps, *, out=None, residual_out=None,
-                           quant=None, async_op=False, hints=None):
+                           quant=None, scale=None, async_op=False, hints=None):
         """All-reduce of ``x``, residual add and RMSNorm in one call (see ferrocomm._fused):
         returns ``(out, residual_out)`` (``x`` and ``residual`` in place by default), with
-        ``quant="e4m3"`` ``(out, residual_out, codes, scales)``."""
+        ``quant="e4m3"`` ``(out, residual_out, codes, scales)`` (a scale per row, or with
+        ``scale=`` the one given scale)."""
         from . import _fused
 
         return _fused.run(self, x, residual, weight, eps, out=out, residual_out=residual_out,
-                          quant=quant, async_op=async_op, hints=hints)
+                          quant=quant, scale=scale, async_op=async_op, hints=hints)
 
     def reduce(self, tensor, root, op=ReduceOp.SUM, async_op=False, hints=None):
         """Reduces ``tensor`` over all ranks into ``tensor`` on ``root`` (others unchanged)."""

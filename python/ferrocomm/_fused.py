@@ -7,7 +7,11 @@ For ``x`` and ``residual`` of shape ``(..., hidden)`` and ``weight`` of ``(hidde
     y = r / sqrt(mean(r ** 2, last dim) + eps) * weight        -> out (default: x)
 
 with f32 accumulation, bit-identical on every rank; ``quant="e4m3"`` also returns ``y`` as FP8
-E4M3 codes with one f32 scale per row (shape ``(..., 1)``, ``y ~= codes * scale``).
+E4M3 codes with one f32 scale per row (shape ``(..., 1)``, ``y ~= codes * scale``), or with
+``scale=s`` (one f32 scale for the whole tensor, as FP8 GEMMs with static activation scales take
+it: a one-element float32 tensor on x's device, read when the call runs so that a CUDA graph
+replay sees its current value, or a number) codes ``e4m3(y / s)`` saturated at +-448, returned
+with ``s`` as a one-element tensor.
 """
 
 import sys
@@ -67,11 +71,34 @@ def _fp8_outputs(xb, shape):
     )
 
 
-def run(comm, x, residual, weight, eps, out=None, residual_out=None, quant=None,
+def _given_scale(comm, xb, scale):
+    """The one-element float32 buffer of a given FP8 scale on x's device (made from a number),
+    and its raw form."""
+    obj = xb.obj
+    if isinstance(scale, bool) or not (isinstance(scale, (int, float)) or hasattr(scale, "dtype")):
+        raise FerrocommValueError(
+            f"{_C}: scale must be a number or a one-element float32 tensor, not "
+            f"{type(scale).__name__}"
+        )
+    if isinstance(scale, (int, float)):
+        if isinstance(obj, np.ndarray):
+            scale = np.array([scale], dtype=np.float32)
+        else:
+            torch = T._torch()
+            scale = torch.tensor([float(scale)], dtype=torch.float32, device=obj.device)
+    sb = comm._buf(scale, "scale", _C)
+    if sb.dtype != "float32" or sb.count != 1:
+        raise FerrocommValueError(
+            f"{_C}: scale must hold one float32 value, not {sb.count} of {sb.dtype}"
+        )
+    return scale, sb
+
+
+def run(comm, x, residual, weight, eps, out=None, residual_out=None, quant=None, scale=None,
         async_op=False, hints=None):
     """``Comm.all_reduce_rmsnorm`` (see the module doc); returns ``(out, residual_out)``, with
-    ``quant`` ``(out, residual_out, codes, scales)``; with ``async_op=True`` a work object whose
-    ``result()`` gives them."""
+    ``quant`` ``(out, residual_out, codes, scales)`` (``scales`` the given scale with
+    ``scale=``); with ``async_op=True`` a work object whose ``result()`` gives them."""
     comm._check_live(_C)
     xb = comm._buf(x, "x", _C, writable=out is None)
     rb = comm._buf(residual, "residual", _C, writable=residual_out is None)
@@ -105,6 +132,8 @@ def run(comm, x, residual, weight, eps, out=None, residual_out=None, quant=None,
             rob = b
     if quant is not None and str(quant).lower() not in _QUANT:
         raise FerrocommValueError(f"{_C}: quant must be None or 'e4m3', not {quant!r}")
+    if scale is not None and quant is None:
+        raise FerrocommValueError(f"{_C}: scale= is the FP8 rows' given scale: pass quant='e4m3'")
     try:
         eps = float(eps)
     except (TypeError, ValueError):
@@ -121,8 +150,12 @@ def run(comm, x, residual, weight, eps, out=None, residual_out=None, quant=None,
         stream = T.current_stream_handle(torch, comm._n.device_index)
     outputs = (out if out is not None else x, residual_out if residual_out is not None else residual)
     fp8 = None
+    given = scale is not None
     if quant is not None:
         codes, scales, fp8 = _fp8_outputs(xb, shape)
+        if given:
+            scales, sb = _given_scale(comm, xb, scale)
+            fp8 = (fp8[0], sb.raw())
         outputs += (codes, scales)
     try:
         native = comm._n.all_reduce_rmsnorm(
@@ -130,6 +163,7 @@ def run(comm, x, residual, weight, eps, out=None, residual_out=None, quant=None,
             ob.raw() if ob is not None else None,
             rob.raw() if rob is not None else None,
             fp8, stream, h.get("algo"), h.get("low_precision"), bool(async_op) and not cuda,
+            fp8_given=given,
         )
     except FerrocommError as e:
         comm._failed(_C, e)
@@ -150,13 +184,13 @@ def run(comm, x, residual, weight, eps, out=None, residual_out=None, quant=None,
 
 
 def all_reduce_rmsnorm(x, residual, weight, eps, *, group=None, out=None, residual_out=None,
-                       quant=None, async_op=False, hints=None):
+                       quant=None, scale=None, async_op=False, hints=None):
     """The fused call as a function of its group (torch.distributed has no such call): ``group``
     is a ``ferrocomm.Comm`` (from ``ferrocomm.new_comm``), or a torch.distributed process group
     of the ``"ferrocomm"`` backend (``None``: the default group); see
     ``Comm.all_reduce_rmsnorm``."""
     return run(_comm_of(group, x), x, residual, weight, eps, out=out, residual_out=residual_out,
-               quant=quant, async_op=async_op, hints=hints)
+               quant=quant, scale=scale, async_op=async_op, hints=hints)
 
 
 def _comm_of(group, x):

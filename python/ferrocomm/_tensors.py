@@ -96,6 +96,33 @@ def _torch_dtype_name(dtype):
     return str(dtype).replace("torch.", "")
 
 
+# dtype name -> whether the native layer takes it (asked of its parser once per name).
+_NATIVE_DTYPES = {}
+
+
+def native_dtype(name):
+    """Whether the native layer takes element type `name` (numpy's and torch's names)."""
+    ok = _NATIVE_DTYPES.get(name)
+    if ok is None:
+        from . import _native
+
+        try:
+            _native.dtype_name(name)
+            ok = True
+        except ValueError:
+            ok = False
+        _NATIVE_DTYPES[name] = ok
+    return ok
+
+
+def unsupported_dtype(name, coll):
+    return FerrocommValueError(
+        f"unsupported dtype {name} for {coll} (ferrocomm takes float32, float64, float16, "
+        "bfloat16, float8_e4m3fn, float8_e5m2, int8, uint8, int32, uint32, int64, uint64; "
+        "bool, int16 and uint16 are moved, bool reduced too)"
+    )
+
+
 def describe(obj, what, coll, writable=False):
     """A `Buf` for a numpy array or torch tensor, or FerrocommValueError saying what is wrong."""
     # Tensors first: they are what the hot paths pass (torch.Tensor looked up once torch is
@@ -121,8 +148,10 @@ def describe(obj, what, coll, writable=False):
                 f"{coll}: {what} is not contiguous (strides {tuple(obj.stride())} for shape "
                 f"{tuple(obj.shape)}); pass tensor.contiguous()"
             )
-        if dtype is None or obj.is_sparse:
-            raise FerrocommValueError(f"{coll}: {what} has unsupported layout or dtype {obj.dtype}")
+        if dtype is None:
+            raise unsupported_dtype(str(obj.dtype).replace("torch.", ""), coll)
+        if obj.is_sparse:
+            raise FerrocommValueError(f"{coll}: {what} has unsupported layout {obj.layout}")
         # is_cuda / is_cpu and get_device() build no torch.device object.
         if obj.is_cuda:
             device = obj.get_device()

@@ -1,7 +1,7 @@
 //! The fused all-reduce + residual add + RMSNorm call as plain values (see
 //! `ferrocomm::rmsnorm`), for `Comm.all_reduce_rmsnorm`.
 
-use ferrocomm::{AllReduceRmsNorm, CallOpts, Communicator, Fp8Rows, Input, ViewMut};
+use ferrocomm::{AllReduceRmsNorm, CallOpts, Communicator, Fp8Rows, Fp8Scale, Input, ViewMut};
 
 use crate::Buf;
 
@@ -15,8 +15,8 @@ pub(crate) struct NormCall {
     pub residual_out: Option<Buf>,
     pub weight: Buf,
     pub eps: f32,
-    /// FP8 codes and per-row scales.
-    pub fp8: Option<(Buf, Buf)>,
+    /// FP8 codes and scales: per row (written), or one given (read) when the flag is set.
+    pub fp8: Option<(Buf, Buf, bool)>,
     pub opts: CallOpts,
 }
 
@@ -52,9 +52,13 @@ impl NormCall {
                 residual_out,
                 weight: self.weight.view(),
                 eps: self.eps,
-                fp8: self.fp8.map(|(c, s)| Fp8Rows {
+                fp8: self.fp8.map(|(c, s, given)| Fp8Rows {
                     codes: c.view_mut(),
-                    scales: s.view_mut(),
+                    scale: if given {
+                        Fp8Scale::Given(s.view())
+                    } else {
+                        Fp8Scale::PerRow(s.view_mut())
+                    },
                 }),
             }
         };

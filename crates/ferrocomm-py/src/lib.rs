@@ -864,9 +864,11 @@ impl PyComm {
 
     /// The fused all-reduce + residual add + RMSNorm (`ferrocomm::rmsnorm`). `out` /
     /// `residual_out` None: in place into `x` / `residual`; `fp8`: (E4M3 codes, f32 scales per
-    /// row). Returns a work object as [`PyComm::run`] does.
+    /// row written, or with `fp8_given` one f32 scale read). Returns a work object as
+    /// [`PyComm::run`] does.
     #[pyo3(signature = (x, residual, weight, eps, out=None, residual_out=None, fp8=None,
-                        stream=0, algo=None, low_precision=None, async_op=false, timeout=None))]
+                        stream=0, algo=None, low_precision=None, async_op=false, timeout=None,
+                        fp8_given=false))]
     #[allow(clippy::too_many_arguments)]
     fn all_reduce_rmsnorm(
         &self,
@@ -883,6 +885,7 @@ impl PyComm {
         low_precision: Option<&str>,
         async_op: bool,
         timeout: Option<f64>,
+        fp8_given: bool,
     ) -> PyResult<Option<NativeWork>> {
         let call = (|| -> ferrocomm::Result<NormCall> {
             Ok(NormCall {
@@ -893,7 +896,7 @@ impl PyComm {
                 weight: Buf::parse(&weight)?,
                 eps,
                 fp8: match &fp8 {
-                    Some((c, s)) => Some((Buf::parse(c)?, Buf::parse(s)?)),
+                    Some((c, s)) => Some((Buf::parse(c)?, Buf::parse(s)?, fp8_given)),
                     None => None,
                 },
                 opts: self.opts(stream, algo, low_precision, timeout)?,
@@ -1170,6 +1173,33 @@ fn dtype_name(py: Python<'_>, name: &str) -> PyResult<&'static str> {
         .map_err(|e| py_err(py, e.into()))
 }
 
+/// The CUDA kernels built into this library, read back and checked without a GPU
+/// (`kernels::check_builtin`): `{"targets": [...], "nvrtc": (major, minor) or None, "notes":
+/// [...], "checked": [{"target", "units", "symbols", "bytes", "compressed_bytes"}, ...]}`.
+#[pyfunction]
+fn builtin_kernels(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    use ferrocomm::cuda::kernels;
+    let checked = py
+        .detach(kernels::check_builtin)
+        .map_err(|e| py_err(py, e))?;
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item("targets", kernels::builtin_targets())?;
+    d.set_item("nvrtc", kernels::builtin_nvrtc())?;
+    d.set_item("notes", kernels::builtin_notes().to_vec())?;
+    let rows = pyo3::types::PyList::empty(py);
+    for c in checked {
+        let r = pyo3::types::PyDict::new(py);
+        r.set_item("target", c.target)?;
+        r.set_item("units", c.units)?;
+        r.set_item("symbols", c.symbols)?;
+        r.set_item("bytes", c.bytes)?;
+        r.set_item("compressed_bytes", c.compressed_bytes)?;
+        rows.append(r)?;
+    }
+    d.set_item("checked", rows)?;
+    Ok(d)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyComm>()?;
@@ -1181,6 +1211,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(window::shared_alloc, m)?)?;
     m.add_function(wrap_pyfunction!(new_comm, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_name, m)?)?;
+    m.add_function(wrap_pyfunction!(builtin_kernels, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

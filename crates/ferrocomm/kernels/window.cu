@@ -1,6 +1,7 @@
 // ferrocomm window kernels (one-sided communication, cuda/window.rs): a put by the SMs, a
-// signal and a wait. Appended to every module after all_reduce.cu, whose typedefs and
-// memory-model helpers they use; they move bytes, so every module's copies are the same.
+// signal and a wait. The window unit (f32 only: they move bytes) is all_reduce.cu, whose
+// typedefs and memory-model helpers they use, then this file; the kernels are emitted under
+// FC_GROUP_WINDOW only.
 //
 // A rank's signal counters (cuMemAlloc, shared over CUDA IPC):
 //   incoming : u64 [world senders][slots]   (added to by the senders, over the peer mapping)
@@ -27,6 +28,8 @@ struct WinArgs {
 
 // The phase a wait's timeout record carries (all_reduce.cu's phases are below 64).
 #define WIN_WAIT_PHASE 90
+
+#ifdef FC_GROUP_WINDOW
 
 // Copies `bytes` from `src` to `dst`: 16-byte vectors where both are 16-byte aligned, the
 // rest (and anything unaligned) byte by byte. Grid-stride; every thread fences at system
@@ -92,3 +95,5 @@ extern "C" __global__ void fc_win_wait(WinArgs a) {
     }
     *taken = want;
 }
+
+#endif  // FC_GROUP_WINDOW

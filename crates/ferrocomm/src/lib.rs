@@ -102,7 +102,7 @@ pub use error::{Error, Result};
 pub use plan as select;
 pub use plan::{LowPrecisionChoice, Plan};
 pub use quant::Format;
-pub use rmsnorm::{AllReduceRmsNorm, Fp8Rows};
+pub use rmsnorm::{AllReduceRmsNorm, Fp8Rows, Fp8Scale};
 pub use types::{Algo, Collective, DataType, Device, Element, ReduceOp, F8E4M3, F8E5M2};
 pub use view::{Input, View, ViewMut};
 pub use window::{AccessType, AllGatherP, SharedMem, Window};

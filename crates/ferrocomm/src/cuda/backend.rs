@@ -757,29 +757,64 @@ impl Backend for CudaBackend {
         opts: &CallOpts,
     ) -> Result<()> {
         bind(&self.cuda)?;
-        if let Some(d) = self.dda.as_deref() {
-            // The form of the call's plan (rmsnorm_plan_for), without planning the two
-            // launches' all-reduce, which that path plans itself: low precision on the wire is
-            // the all-reduce's own path.
-            let form = plan::cuda_rmsnorm_form(
-                &self.cuda_caps(),
-                &self.config,
-                shape.x_bytes(),
-                shape.dtype,
-                opts.algo.0,
-                opts.low_precision,
-            )?;
-            if form != plan::NormForm::TwoLaunch {
-                let mut st = self.enter()?;
-                self.follow(&mut st, opts.stream)?;
-                return super::fused_norm::run_fused(d, self.device, form, call, shape, opts);
-            }
+        // The call's plan (rmsnorm_plan_for's): its form, and the codec of one launch's records.
+        let p = plan::cuda_rmsnorm_plan(
+            &self.cuda_caps(),
+            &self.config,
+            &shape,
+            opts.algo.0,
+            opts.low_precision,
+        )?;
+        let mut form = p.norm.unwrap_or(plan::NormForm::TwoLaunch);
+        let loopback = self
+            .config
+            .rmsnorm_loopback
+            .filter(|_| form == plan::NormForm::Local);
+        if loopback.is_some() && self.dda.is_some() {
+            // Measurement only: the one-launch kernel of that many ranks on this rank's staging.
+            form = if opts.algo.0 == plan::Algo::Tree {
+                plan::NormForm::FusedTree
+            } else {
+                plan::NormForm::FusedFlat
+            };
         }
-        // With direct access the kernel was loaded with the modules at start-up.
-        let loaded = match self.dda.as_deref() {
-            Some(d) => Some((d.func(shape.dtype, "fc_rmsnorm")?, d.pdl)),
+        // With direct access the kernel comes from its rmsnorm unit (loaded at start-up where
+        // built in or cached, else compiled now).
+        let loaded = match &self.dda {
+            Some(d) => Some(super::fused_norm::NormKernel {
+                f: d.func(shape.dtype, "fc_rmsnorm")?,
+                pdl: d.pdl,
+                sm_count: d.sm_count,
+            }),
             None => None,
         };
+        match (form, &self.dda) {
+            (plan::NormForm::FusedFlat | plan::NormForm::FusedTree, Some(d)) => {
+                let mut st = self.enter()?;
+                self.follow(&mut st, opts.stream)?;
+                return super::fused_norm::run_fused(
+                    d,
+                    self.device,
+                    form,
+                    p.low_precision.as_ref(),
+                    call,
+                    shape,
+                    opts,
+                    loopback,
+                );
+            }
+            (plan::NormForm::Local, _) => {
+                return super::fused_norm::run_local(
+                    &self.config,
+                    self.device,
+                    call,
+                    shape,
+                    opts,
+                    loaded,
+                );
+            }
+            _ => {}
+        }
         super::fused_norm::run(
             &self.config,
             self.device,
@@ -876,8 +911,7 @@ impl Backend for CudaBackend {
         plan::cuda_rmsnorm_plan(
             &self.cuda_caps(),
             &self.config,
-            shape.x_bytes(),
-            shape.dtype,
+            &shape,
             opts.algo.0,
             opts.low_precision,
         )

@@ -54,7 +54,7 @@ struct Lp {
     rdispl: [u64; 2],
 }
 
-fn format_code(f: Format) -> u32 {
+pub(super) fn format_code(f: Format) -> u32 {
     match f {
         Format::E4M3 => 0,
         Format::E5M2 => 1,
@@ -502,8 +502,12 @@ pub fn quantize_on_device(
             Some(&(f, wave)) => (f as sys::CUfunction, wave),
             None => {
                 // A context must be current (documented).
-                let module =
-                    super::kernels::load_on_current_device(dtype, cfg, "loading the lowp kernels")?;
+                let module = super::kernels::load_on_current_device(
+                    dtype,
+                    super::kernels::Group::LowPrecision,
+                    cfg,
+                    "loading the lowp kernels",
+                )?;
                 let mut f: sys::CUfunction = std::ptr::null_mut();
                 cu(
                     // SAFETY: live module, NUL-terminated name.

@@ -1,7 +1,9 @@
 //! The CUDA backend: direct data access (DDA) over NVLink through IPC-mapped staging buffers,
 //! with NCCL underneath for what DDA does not cover or does not win.
 //!
-//! - [`kernels`]: the NVRTC kernel registry and its disk cache;
+//! - [`kernels`]: the kernel registry: each unit's code (built in, cached, or compiled with
+//!   NVRTC at first use) and its module; `kernel_units` (which kernels compile together),
+//!   `nvrtc` and `kernel_cache` (the disk cache and its lock) are shared with the build script;
 //! - `launch`: the one kernel launch (programmatic dependent launch on sm_90 when enabled);
 //! - `dda`: IPC staging, peer mapping and checks; `dda::all_reduce`: the push / flat / tree
 //!   all-reduce launches;
@@ -21,10 +23,13 @@ mod backend;
 pub mod collectives;
 mod dda;
 mod fused_norm;
+pub mod kernel_cache;
+mod kernel_units;
 pub mod kernels;
 mod launch;
 mod lowp;
 pub mod nvml;
+mod nvrtc;
 mod window;
 
 use crate::backend::{Backend, CommContext};

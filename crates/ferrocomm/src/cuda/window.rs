@@ -135,7 +135,8 @@ impl CudaWindow {
         mut a: WinArgs,
         stream: u64,
     ) -> Result<()> {
-        // Every module holds the window kernels; f32's is always loaded.
+        // The window unit is f32's (the kernels move bytes), loaded at start-up where built in
+        // or cached.
         let f = self.dda.func(DataType::F32, name)?;
         let mut params: [*mut c_void; 1] = [(&mut a as *mut WinArgs).cast()];
         cu(
