@@ -15,7 +15,7 @@ def run(world, scenario, **kw):
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_a_ring_of_puts_and_signals(world):
-    run(world, "ring", timeout=120)
+    run(world, "ring")
 
 
 def test_the_ring_with_async_calls():
@@ -49,7 +49,8 @@ def test_refusals_write_nothing(world):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_persistent_all_gather(world):
-    run(world, "all_gather_p", timeout=180)
+    # 1,000 executions: 64 s at 4 ranks on two loaded cores; the deadline only a hang reaches.
+    run(world, "all_gather_p", timeout=900)
 
 
 def test_kv_cache_handoff():
@@ -61,5 +62,5 @@ def test_a_wait_times_out_or_is_aborted():
 
 
 def test_a_wait_for_a_rank_that_exited_fails_at_once():
-    outs = run_ranks(3, "peer_exits", script="window_ranks.py", timeout=60)
+    outs = run_ranks(3, "peer_exits", script="window_ranks.py")
     assert len(outs) == 3

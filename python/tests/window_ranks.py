@@ -269,7 +269,7 @@ def scenario_all_gather_p(comm):
            False)
     # Torch CPU tensors (bf16), the output 2-d.
     t = ferrocomm.shared_empty((WORLD, 8), torch.bfloat16)
-    h = comm.all_gather_p_init(t, timeout=20)
+    h = comm.all_gather_p_init(t, timeout=60)
     for it in range(50):
         comm.all_gather_p_exec(h, torch.full((8,), float(it + RANK), dtype=torch.bfloat16), False)
         for r in range(WORLD):
