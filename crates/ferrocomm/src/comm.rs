@@ -271,14 +271,17 @@ impl Communicator {
             (_, Device::Cuda(_)) => crate::cuda::new_backend(&ctx)?,
         };
         if ctx.config.debug {
-            eprintln!(
-                "ferrocomm: communicator '{}' rank {}/{} backend {} device {}",
+            // One write of the whole line (eprintln! writes it in pieces, which another rank's
+            // line on the same pipe can split), as print_plan does.
+            let line = format!(
+                "ferrocomm: communicator '{}' rank {}/{} backend {} device {}\n",
                 ctx.name,
                 rank,
                 size,
                 backend.name(),
                 device
             );
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
         let live = Arc::new(CommLive::new(&ctx.name, ctx.timeout()));
         Ok(Communicator {

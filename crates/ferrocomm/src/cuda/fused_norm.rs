@@ -652,7 +652,11 @@ mod tests {
 
     #[test]
     fn a_thread_holds_four_vectors() {
-        for (hidden, dtype) in [(4096, DataType::BF16), (8192, DataType::BF16), (8, DataType::F16)] {
+        for (hidden, dtype) in [
+            (4096, DataType::BF16),
+            (8192, DataType::BF16),
+            (8, DataType::F16),
+        ] {
             assert_eq!(vectors_per_thread(&shape(1, hidden, dtype)), NORM_V);
         }
         let s = shape(1, 4096, DataType::BF16);
