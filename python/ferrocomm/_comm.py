@@ -3,11 +3,14 @@
 import atexit
 import datetime
 import functools
+import inspect
 import numbers
 import operator
 import os
 import sys
 import weakref
+
+import numpy as np
 
 from . import _native
 from . import _tensors as T
@@ -358,6 +361,8 @@ class Comm:
                batch=None, async_op=False, hints=None, keep=(), post=()):
         if self._finalized or self._aborted is not None:
             self._check_live(coll)
+        if async_op is not False and async_op is not True:
+            async_op = _bool_arg(coll, "async_op", async_op)
         # The communicator's hints as they are unless the call brings its own (no copy per
         # call; a dict changed below is a new one).
         h = self._hints if hints is None else {**self._hints, **_check_hints(hints, coll)}
@@ -456,7 +461,7 @@ class Comm:
 
     # -- collectives -----------------------------------------------------------------------
 
-    def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False, hints=None, *, timeout=None):
+    def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False, hints=None, timeout=None):
         """Reduces ``tensor`` over all ranks, in place."""
         # The per-call timeout handled here rather than by _parity's wrapper: this is the call
         # on every token's path, and the wrapper's argument forwarding costs host time.
@@ -543,17 +548,39 @@ class Comm:
         return self._issue("reduce_scatter", out=o, inp=i, op=op, async_op=async_op,
                            hints=hints, keep=(output, staging))
 
-    def all_to_all_single(self, output, input, output_split_sizes=None,  # noqa: A002
-                          input_split_sizes=None, async_op=False, hints=None):
-        """Part j of ``input`` goes to rank j; part i of ``output`` comes from rank i. Split
-        sizes count rows (the first dimension), as in torch; None means equal parts."""
+    def all_to_all_single(self, output, input, async_op=False, hints=None,  # noqa: A002
+                          *, output_split_sizes=None, input_split_sizes=None):
+        """Part j of ``input`` goes to rank j; part i of ``output`` comes from rank i, in equal
+        parts (torchcomms' form). ``output_split_sizes`` / ``input_split_sizes`` (keywords,
+        rows of dim 0 as in torch) make the parts uneven, as ``all_to_all_v_single`` does."""
         c = "all_to_all_single"
+        if not isinstance(async_op, (bool, np.bool_)):
+            raise FerrocommValueError(
+                f"{c}: async_op must be a bool, not {type(async_op).__name__} ({async_op!r}); "
+                "split sizes go to all_to_all_v_single(output, input, output_split_sizes, "
+                "input_split_sizes, async_op), torchcomms' order, or to the keywords "
+                "output_split_sizes= and input_split_sizes=")
+        if output_split_sizes is not None or input_split_sizes is not None:
+            return self._all_to_all_split(c, output, input, output_split_sizes,
+                                          input_split_sizes, async_op, hints)
         o = self._buf(output, "output", c, writable=True)
         i = self._buf(input, "input", c)
-        if output_split_sizes is None and input_split_sizes is None:
-            inp = self._in_place_or(o, i, 0)
-            return self._issue("all_to_all", out=o, inp=inp, async_op=async_op, hints=hints,
-                               keep=(output, input))
+        inp = self._in_place_or(o, i, 0)
+        return self._issue("all_to_all", out=o, inp=inp, async_op=async_op, hints=hints,
+                           keep=(output, input))
+
+    def all_to_all_v_single(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
+                            async_op=False, hints=None):
+        """``input_split_sizes[j]`` rows of ``input`` (dim 0, as in torch; back to back) go to
+        rank j; ``output_split_sizes[i]`` rows from rank i land in ``output`` in rank order."""
+        return self._all_to_all_split("all_to_all_v_single", output, input, output_split_sizes,
+                                      input_split_sizes, async_op, hints)
+
+    def _all_to_all_split(self, c, output, input, output_split_sizes,  # noqa: A002
+                          input_split_sizes, async_op, hints):
+        """An all-to-all-v by split sizes (None on one side: equal parts there)."""
+        o = self._buf(output, "output", c, writable=True)
+        i = self._buf(input, "input", c)
         send = self._split_counts(c, "input", input, input_split_sizes)
         recv = self._split_counts(c, "output", output, output_split_sizes)
         splits = _packed(send, recv)
@@ -562,12 +589,6 @@ class Comm:
             raise FerrocommValueError(f"{c}: in place needs equal input and output split sizes")
         return self._issue("all_to_all_v", out=o, inp=inp, splits=splits, async_op=async_op,
                            hints=hints, keep=(output, input))
-
-    def all_to_all_v_single(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
-                            async_op=False, hints=None):
-        """``all_to_all_single`` with explicit split sizes (torchcomms' name)."""
-        return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
-                                      async_op=async_op, hints=hints)
 
     def all_to_all_v_dynamic(self, output, input, send_counts, recv_counts,  # noqa: A002
                              async_op=False, hints=None):
@@ -695,31 +716,31 @@ class Comm:
         splits = [[n] * self.size, [0] * self.size, outs, _prefix(outs)]
         return self._gathered(c, tensor_list, i, tensor, splits, async_op, hints)
 
-    def gather(self, output_list, input, root, async_op=False, hints=None):  # noqa: A002
-        """On ``root``, ``output_list[r]`` receives rank r's ``input``; other ranks pass any
-        list (it is not touched) or None."""
+    def gather(self, output_tensor_list, input_tensor, root, async_op=False, hints=None):
+        """On ``root``, ``output_tensor_list[r]`` receives rank r's ``input_tensor``; other
+        ranks pass any list (it is not touched) or None."""
         c = "gather"
         root = self._root(c, root)
-        i = self._buf(input, "input", c)
+        i = self._buf(input_tensor, "input_tensor", c)
         send = [0] * self.size
         send[root] = i.count
         if self.rank == root:
-            outs = self._list_like(c, "output_list", output_list, i)
+            outs = self._list_like(c, "output_tensor_list", output_tensor_list, i)
         else:
             outs = [0] * self.size
         splits = [send, [0] * self.size, outs, _prefix(outs)]
-        lst = output_list if self.rank == root else []
-        return self._gathered(c, lst, i, input, splits, async_op, hints)
+        lst = output_tensor_list if self.rank == root else []
+        return self._gathered(c, lst, i, input_tensor, splits, async_op, hints)
 
-    def scatter(self, output, input_list, root, async_op=False, hints=None):
-        """``output`` receives ``input_list[rank]`` of ``root``; other ranks pass any list (it
-        is not read) or None."""
+    def scatter(self, output_tensor, input_tensor_list, root, async_op=False, hints=None):
+        """``output_tensor`` receives ``input_tensor_list[rank]`` of ``root``; other ranks pass
+        any list (it is not read) or None."""
         c = "scatter"
         root = self._root(c, root)
-        o = self._buf(output, "output", c, writable=True)
+        o = self._buf(output_tensor, "output_tensor", c, writable=True)
         if self.rank == root:
-            sizes = self._list_like(c, "input_list", input_list, o)
-            staging = T.concat_flat(list(input_list), output)
+            sizes = self._list_like(c, "input_tensor_list", input_tensor_list, o)
+            staging = T.concat_flat(list(input_tensor_list), output_tensor)
         else:
             sizes = [0] * self.size
             staging = T.empty_like_flat(o, 0)
@@ -728,7 +749,7 @@ class Comm:
         recv[root] = o.count
         splits = [sizes, _prefix(sizes), recv, [0] * self.size]
         return self._issue("all_to_all_v", out=o, inp=i, splits=splits, async_op=async_op,
-                           hints=hints, keep=(output, staging))
+                           hints=hints, keep=(output_tensor, staging))
 
     def reduce_scatter_v(self, output, input_list, op=ReduceOp.SUM, async_op=False,
                          hints=None):
@@ -789,6 +810,44 @@ class Comm:
     def barrier(self, async_op=False, hints=None):
         """Returns (or its work completes) once every rank has called it."""
         return self._issue("barrier", async_op=async_op, hints=hints)
+
+    # -- one-sided communication (ferrocomm._window) ------------------------------------------
+
+    def new_window(self, tensor=None):
+        """A window for one-sided communication (torchcomms' TorchCommWindow); with ``tensor``
+        it is registered at once (collective, see ``Window.tensor_register``)."""
+        from ._window import Window
+
+        self._check_live("new_window")
+        try:
+            w = Window(self, self._n.new_window())
+        except FerrocommError as e:
+            self._failed("new_window", e)
+            raise
+        if tensor is not None:
+            w.tensor_register(tensor)
+        return w
+
+    def all_gather_p_init(self, output, hints=None, timeout=None):
+        """A persistent all-gather into ``output`` (registered once: peers write straight into
+        it; collective): returns the handle ``all_gather_p_exec`` and ``all_gather_p_free``
+        take."""
+        from ._window import AllGatherPHandle
+
+        return AllGatherPHandle.init(self, output, hints, timeout)
+
+    def all_gather_p_exec(self, handle, input, async_op=False, hints=None):  # noqa: A002
+        """Gathers every rank's ``input`` into every rank's registered output, part r from
+        rank r (collective); ``input`` may be this rank's part of the output."""
+        from ._window import AllGatherPHandle
+
+        return AllGatherPHandle.of(handle).exec(self, input, async_op, hints)
+
+    def all_gather_p_free(self, handle):
+        """Releases a persistent all-gather's output (collective)."""
+        from ._window import AllGatherPHandle
+
+        AllGatherPHandle.of(handle).free(self)
 
     def batch_op_create(self):
         """A batch of sends and receives issued together (torchcomms' BatchSendRecv)."""
@@ -889,11 +948,25 @@ def _parity(cls):
     timeout surfaces at the communicator's next call) and aborts the communicator."""
 
     def timed(f):
+        # torchcomms' signatures put ``timeout`` right after ``hints``, positional or keyword:
+        # the wrapper takes it either way and says so in its signature.
+        sig = inspect.signature(f)
+        params = list(sig.parameters.values())
+        at = next((k for k, p in enumerate(params) if p.kind is p.KEYWORD_ONLY), len(params))
+        params.insert(at, inspect.Parameter("timeout", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                            default=None))
+        positional = at  # self included: one more positional argument is the timeout
+
         @functools.wraps(f)
-        def call(self, *args, timeout=None, **kw):
+        def call(self, *args, **kw):
+            timeout = kw.pop("timeout", None)
+            if len(args) == positional:
+                *args, timeout = args
             if timeout is None:
                 return f(self, *args, **kw)
             return self._bounded(timeout, f, *args, **kw)
+
+        call.__signature__ = sig.replace(parameters=params)
         return call
 
     for name, member in vars(_ParityMixin).items():
@@ -903,7 +976,7 @@ def _parity(cls):
                  "all_gather_v", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_v",
                  "all_to_all", "all_to_all_single", "all_to_all_v_single",
                  "all_to_all_v_dynamic", "device_alltoallv_single", "gather", "gather_single",
-                 "scatter", "barrier", "send", "recv"):
+                 "scatter", "barrier", "send", "recv", "all_gather_p_exec"):
         setattr(cls, name, timed(getattr(cls, name)))
     cls.allreduce = cls.all_reduce
     return cls
@@ -997,6 +1070,10 @@ class _ParityMixin:
     def is_aborted(self):
         return self._aborted is not None or self._n.failed_peer() is not None
 
+    def is_abort_supported(self):
+        """True: every backend of ferrocomm's serves ``abort()``."""
+        return True
+
     def set_timeout(self, timeout):
         """The timeout of every later call (a timedelta or seconds), longer or shorter than
         the one the communicator was created with: each wait for a peer uses it, and it bounds
@@ -1068,7 +1145,7 @@ class BatchSendRecv:
     def recv(self, tensor, src):
         self._ops.append((False, tensor, src))
 
-    def issue(self, async_op=False, options=None, hints=None):
+    def issue(self, async_op=False, options=None, *, hints=None):
         del options  # torchcomms' batch options; none applies here
         return self._comm._batch(list(self._ops), async_op, hints)
 
@@ -1101,6 +1178,14 @@ def _int_list(coll, name, values, lo, hi):
         raise FerrocommValueError(
             f"{coll}: {name} must be a list of ints, not {type(values).__name__} ({values!r})")
     return [_int_arg(coll, f"{name}[{k}]", v, lo, hi) for k, v in enumerate(values)]
+
+
+def _bool_arg(coll, name, value):
+    """A flag argument: bool or numpy bool; anything else is refused, not taken for its truth."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise FerrocommValueError(f"{coll}: {name} must be a bool, not {type(value).__name__} "
+                              f"({value!r})")
 
 
 def _rank_arg(coll, name, value, size):
@@ -1163,8 +1248,8 @@ def _torch_distributed_store(rank, size):
 
 
 def new_comm(backend, device, name=None, abort_process_on_timeout_or_error=None, timeout=None,
-             high_priority_stream=None, store=None, hints=None, *, rank=None, size=None,
-             local_rank=None, local_size=None):
+             is_high_priority_stream=None, store=None, enable_reconfigure=False, hints=None, *,
+             rank=None, size=None, local_rank=None, local_size=None, high_priority_stream=None):
     """Creates a communicator; every rank of the group calls it with the same arguments.
 
     The arguments are torchcomms' (positional order and keywords). ``backend``:
@@ -1176,12 +1261,18 @@ def new_comm(backend, device, name=None, abort_process_on_timeout_or_error=None,
     the TCP store at MASTER_ADDR/MASTER_PORT. ``timeout`` (timedelta or seconds) bounds every
     wait. ``hints`` sets defaults for every call (``{"low_precision": "e4m3", "algo":
     "flat"}``). ``abort_process_on_timeout_or_error=True`` aborts the process when a call
-    fails or times out (default: it raises). ``high_priority_stream`` is accepted and ignored
-    (calls run on the caller's stream).
+    fails or times out (default: it raises). ``is_high_priority_stream`` is accepted and
+    ignored (calls run on the caller's stream; ``high_priority_stream`` is its former name).
+    ``enable_reconfigure=True`` (torchcomms' fault tolerance) is refused: ferrocomm has no
+    ``reconfigure``.
     """
-    del high_priority_stream
+    del is_high_priority_stream, high_priority_stream
     if name is None or str(name) == "":
         raise FerrocommValueError("new_comm: name is required (the same on every rank)")
+    if enable_reconfigure:
+        raise FerrocommUnsupported(
+            "new_comm: enable_reconfigure=True needs reconfigure(), which ferrocomm does not "
+            "have (docs/python.md lists what torchcomms has that ferrocomm lacks)")
     # The native layer bounds them further (a size of at most 65536 ranks, a rank below it).
     rank, size, local_rank, local_size = (
         None if v is None else _int_arg("new_comm", k, v, lo, _MAX_COUNT)

@@ -26,6 +26,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyType};
 
 mod fused_norm;
+mod window;
 use fused_norm::NormCall;
 
 // ---------------------------------------------------------------------------------------------
@@ -692,19 +693,6 @@ impl PyComm {
         opts.timeout.unwrap_or_else(|| self.inner.timeout()) * 2 + Duration::from_secs(10)
     }
 
-    /// Queues `call` on the worker thread (started on first use).
-    fn submit(&self, call: Call) -> ferrocomm::Result<NativeWork> {
-        let name = call.coll.name();
-        let limit = self.work_limit(&call.opts);
-        // SAFETY: the Python layer keeps the buffers alive until the work object reports
-        // completion (it holds them in the work object).
-        self.submit_exec(
-            name,
-            limit,
-            Box::new(move |comm| unsafe { call.exec(comm) }),
-        )
-    }
-
     /// Queues `exec` (a call whose buffers the Python layer keeps alive until the work object
     /// reports completion) on the worker thread, started on first use; `limit` bounds waiting
     /// for it.
@@ -1055,6 +1043,23 @@ impl PyComm {
         r.map(|_| None).map_err(|e| py_err(py, e))
     }
 
+    /// A new window of this communicator (one-sided communication, `ferrocomm._window`).
+    fn new_window(slf: Py<Self>, py: Python<'_>) -> PyResult<window::PyWindow> {
+        window::new_window(py, slf)
+    }
+
+    /// A persistent all-gather into `output` (collective; `ferrocomm._window`), registered
+    /// within `timeout` seconds (None: the communicator's timeout).
+    #[pyo3(signature = (output, timeout=None))]
+    fn all_gather_p_init(
+        slf: Py<Self>,
+        py: Python<'_>,
+        output: RawBuf,
+        timeout: Option<f64>,
+    ) -> PyResult<window::PyAllGatherP> {
+        window::all_gather_p_init(py, slf, output, timeout)
+    }
+
     /// A communicator of `ranks` (in that order), or None on ranks not listed.
     fn split(&self, py: Python<'_>, ranks: Vec<usize>, name: &str) -> PyResult<Option<PyComm>> {
         let comm = self.inner.clone();
@@ -1145,10 +1150,32 @@ impl PyComm {
         mark: bool,
         stream: u64,
     ) -> PyResult<Option<Issued>> {
+        let limit = self.work_limit(&call.opts);
+        let collective = call.coll.name();
+        // SAFETY: the Python caller holds the buffers' objects for the whole call (and, when it
+        // is queued, in the work object until it reports completion); CUDA calls only enqueue
+        // on `stream`, where torch's caching allocator keeps the memory until the stream has
+        // passed it (the usual contract of stream-ordered collectives).
+        let exec: Exec = Box::new(move |comm| unsafe { call.exec(comm) });
+        self.issue_exec(py, collective, limit, exec, (async_op, mark, stream))
+    }
+
+    /// Runs `exec` as [`PyComm::issue`] runs a call (`limit` bounds waiting for it when
+    /// queued): for the calls that are not collectives of [`Call`] (the windows').
+    fn issue_exec(
+        &self,
+        py: Python<'_>,
+        collective: &'static str,
+        limit: Duration,
+        exec: Exec,
+        (async_op, mark, stream): (bool, bool, u64),
+    ) -> PyResult<Option<Issued>> {
         let host = self.inner.device() == Device::Host;
         if host && (async_op || self.has_worker()) {
             // Once a worker exists every host call goes through it, so calls stay in order.
-            let work = self.submit(call).map_err(|e| py_err(py, e))?;
+            let work = self
+                .submit_exec(collective, limit, exec)
+                .map_err(|e| py_err(py, e))?;
             if async_op {
                 return Ok(Some(Issued::Host(work)));
             }
@@ -1156,12 +1183,8 @@ impl PyComm {
             return Ok(None);
         }
         let comm = self.inner.clone();
-        let collective = call.coll.name();
         let r = py.detach(move || {
-            // SAFETY: the Python caller holds the buffers' objects for the whole call; CUDA
-            // calls only enqueue on `stream`, where torch's caching allocator keeps the memory
-            // until the stream has passed it (the usual contract of stream-ordered collectives).
-            unsafe { call.exec(&comm) }?;
+            exec(&comm)?;
             // In the same release of the GIL: an async call's completion, right after it.
             if mark {
                 comm.mark(stream)
@@ -1304,6 +1327,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeHookHandle>()?;
     m.add_function(wrap_pyfunction!(analyze_traces, m)?)?;
     m.add_function(wrap_pyfunction!(next_op_id, m)?)?;
+    m.add_class::<window::PyWindow>()?;
+    m.add_class::<window::PyAllGatherP>()?;
+    m.add_class::<window::PySharedMem>()?;
+    m.add_function(wrap_pyfunction!(window::shared_alloc, m)?)?;
     m.add_function(wrap_pyfunction!(new_comm, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_name, m)?)?;
     m.add_function(wrap_pyfunction!(builtin_kernels, m)?)?;

@@ -5,11 +5,11 @@
 //! collectives or counts at the same step) are the backend's, because only it sees the peers.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use crate::backend::CallTimeout;
+use crate::backend::{check_timeout, CallTimeout, CommLive};
 pub use crate::backend::{
     AlgoChoice, Backend, Call, CallKind, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts,
     Splits,
@@ -23,6 +23,7 @@ use crate::plan::{Collective, Plan};
 use crate::rmsnorm::{AllReduceRmsNorm, Shape as RmsNormShape, NAME};
 use crate::types::{read_count, DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
+use crate::window::{AllGatherP, Window, WindowParts};
 
 mod failure;
 
@@ -92,14 +93,11 @@ pub struct Communicator {
     /// Collective calls made or refused so far: the number of the latest (peers' refusals
     /// name calls by it).
     calls: Arc<AtomicU64>,
-    finalized: std::sync::atomic::AtomicBool,
     /// The plans `FERROCOMM_DEBUG` has printed (each once).
     plans_seen: Mutex<HashSet<(Collective, Plan)>>,
-    /// The timeout of later calls, in nanoseconds ([`Communicator::set_timeout`]; at most
-    /// [`crate::config::MAX_TIMEOUT`], which fits).
-    timeout_ns: AtomicU64,
-    /// Set by [`Communicator::abort`].
-    aborted: std::sync::atomic::AtomicBool,
+    /// Finalized, aborted ([`Communicator::abort`]) and the timeout of later calls
+    /// ([`Communicator::set_timeout`]), shared with the communicator's windows.
+    live: Arc<CommLive>,
 }
 
 /// Instances per communicator name and rank in this process, so that communicators created in
@@ -114,17 +112,6 @@ fn next_instance(name: &str, rank: usize) -> u64 {
     let c = m.entry((name.to_string(), rank)).or_insert(0);
     *c += 1;
     *c - 1
-}
-
-/// `t` when it is a timeout we take: positive and at most [`crate::config::MAX_TIMEOUT`].
-fn check_timeout(t: Duration) -> Result<Duration> {
-    if t.is_zero() || t > crate::config::MAX_TIMEOUT {
-        return Err(Error::InvalidArgument(format!(
-            "timeout {t:?} must be positive and at most {:?}",
-            crate::config::MAX_TIMEOUT
-        )));
-    }
-    Ok(t)
 }
 
 /// Every rank must build the same kind of backend with the same shared settings
@@ -305,17 +292,20 @@ impl Communicator {
             (_, Device::Cuda(_)) => crate::cuda::new_backend(&ctx)?.into(),
         };
         if ctx.config.debug {
-            eprintln!(
-                "ferrocomm: communicator '{}' rank {}/{} backend {} device {}",
+            // One write of the whole line (eprintln! writes it in pieces, which another rank's
+            // line on the same pipe can split), as print_plan does.
+            let line = format!(
+                "ferrocomm: communicator '{}' rank {}/{} backend {} device {}\n",
                 ctx.name,
                 rank,
                 size,
                 backend.name(),
                 device
             );
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
-        let timeout_ns = AtomicU64::new(ctx.timeout().as_nanos() as u64);
         let flight = failure::recorder(&ctx, kind, global_ranks, &backend)?;
+        let live = Arc::new(CommLive::new(&ctx.name, ctx.timeout()));
         let comm = Communicator {
             watch,
             ctx,
@@ -325,10 +315,8 @@ impl Communicator {
             hooks: Arc::default(),
             checked: 0.into(),
             calls: Arc::default(),
-            finalized: false.into(),
             plans_seen: Mutex::default(),
-            timeout_ns,
-            aborted: false.into(),
+            live,
         };
         comm.arm_watch();
         Ok(comm)
@@ -433,25 +421,19 @@ impl Communicator {
     /// How long later calls wait for a peer at each wait (the creation timeout until
     /// [`Communicator::set_timeout`]; a call's [`CallOpts::timeout`] overrides it).
     pub fn timeout(&self) -> Duration {
-        Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
+        self.live.timeout()
     }
 
     /// Sets the timeout of later calls, longer or shorter than the creation timeout: every wait
     /// for a peer (on the host, in the direct-access kernels, NCCL's watchdog) of a call that
     /// starts afterwards uses it. Positive and at most [`crate::config::MAX_TIMEOUT`].
     pub fn set_timeout(&self, timeout: Duration) -> Result<()> {
-        let t = check_timeout(timeout)?;
-        self.timeout_ns
-            .store(t.as_nanos() as u64, Ordering::Relaxed);
-        Ok(())
+        self.live.set_timeout(timeout)
     }
 
     /// The timeout in force for a call with `opts`, checked.
     fn call_timeout(&self, opts: &CallOpts) -> Result<Duration> {
-        match opts.timeout {
-            Some(t) => check_timeout(t),
-            None => Ok(self.timeout()),
-        }
+        self.live.timeout_for(opts)
     }
 
     /// A [`Completion`] recorded on `stream` (the calling thread's current context's) after
@@ -461,10 +443,10 @@ impl Communicator {
         self.live("mark")?.mark(stream)
     }
 
-    /// The backend, unless the communicator was finalized, aborted, or lost a peer (then a
-    /// call of `collective` fails naming it).
+    /// The backend, unless the communicator was finalized, lost a peer (then a call of
+    /// `collective` fails naming it) or was aborted.
     fn live(&self, collective: &'static str) -> Result<&dyn Backend> {
-        if self.finalized.load(std::sync::atomic::Ordering::Acquire) {
+        if self.live.is_finalized() {
             return Err(Error::Finalized(self.ctx.name.clone()));
         }
         if let Some((peer, _)) = self.ctx.peers.failure() {
@@ -474,9 +456,7 @@ impl Communicator {
                 peer,
             });
         }
-        if self.aborted.load(std::sync::atomic::Ordering::Acquire) {
-            return Err(Error::Aborted(self.ctx.name.clone()));
-        }
+        self.live.check()?;
         Ok(&*self.backend)
     }
 
@@ -487,7 +467,7 @@ impl Communicator {
     /// underneath is aborted (its kernels exit), and the flight recorder is dumped. May be
     /// called from any thread, also while a call runs; the memory is released on drop.
     pub fn abort(&self) {
-        if !self.aborted.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        if self.live.abort() {
             self.hooks.abort();
             if let Some(w) = &self.watch {
                 w.announce_abort();
@@ -818,6 +798,37 @@ impl Communicator {
         )
     }
 
+    /// A new window for one-sided communication ([`crate::window`]): every rank makes its
+    /// windows in the same order, then registers a buffer in it ([`Window::register`]).
+    pub fn new_window<'b>(&self) -> Result<Window<'b>> {
+        self.window_with_slots(1)
+    }
+
+    /// A persistent all-gather into `output` ([`AllGatherP`]): collective, `output` (every
+    /// rank's part of `output.count() / size` elements, in rank order) is registered once and
+    /// each [`AllGatherP::exec`] writes every rank's input straight into every peer's output.
+    /// The registration's waits for the peers are bounded by the timeout of `opts`.
+    pub fn all_gather_p_init<'b>(
+        &self,
+        output: ViewMut<'b>,
+        opts: &CallOpts,
+    ) -> Result<AllGatherP<'b>> {
+        AllGatherP::init(self.window_with_slots(AllGatherP::SLOTS)?, output, opts)
+    }
+
+    fn window_with_slots<'b>(&self, slots: usize) -> Result<Window<'b>> {
+        let engine = self.live("new_window")?.new_window(slots)?;
+        Window::new(WindowParts {
+            live: self.live.clone(),
+            store: self.ctx.store.clone(),
+            rank: self.ctx.rank,
+            size: self.ctx.size,
+            device: self.ctx.device,
+            engine,
+            slots,
+        })
+    }
+
     /// Returns once every rank has called it.
     pub fn barrier(&self, opts: &CallOpts) -> Result<()> {
         self.run(CallKind::Barrier, opts)
@@ -909,8 +920,7 @@ impl Communicator {
 
     /// Releases the backend's resources now; later calls fail with [`Error::Finalized`].
     pub fn finalize(&self) -> Result<()> {
-        self.finalized
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.live.finalize();
         self.leave();
         Ok(())
     }

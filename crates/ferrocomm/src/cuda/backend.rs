@@ -9,7 +9,9 @@ use super::collectives;
 use super::dda::Dda;
 use super::lowp::{a2av_plan, LpKind};
 use super::{cu, kernels, open_context};
-use crate::backend::{Backend, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts, Splits};
+use crate::backend::{
+    Backend, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts, Splits, WindowBackend,
+};
 use crate::bootstrap::all_gather_bytes;
 use crate::config::Config;
 use crate::driver::{capturing, Completion, EventPool};
@@ -29,7 +31,8 @@ pub struct CudaBackend {
     rank: usize,
     size: usize,
     config: Arc<Config>,
-    dda: Option<Dda>,
+    /// Shared with the communicator's windows (their kernels, error record and abort flag).
+    dda: Option<Arc<Dda>>,
     /// Why direct access is off (for errors when a call asks for it).
     no_dda: String,
     nccl: Option<NcclOps>,
@@ -84,7 +87,7 @@ impl CudaBackend {
             )
         } else {
             match setup_dda(ctx, &cuda) {
-                Ok(d) => (Some(d), String::new()),
+                Ok(d) => (Some(Arc::new(d)), String::new()),
                 Err(e) => {
                     if nccl.is_none() {
                         return Err(e);
@@ -159,7 +162,7 @@ impl CudaBackend {
     fn cuda_caps(&self) -> CudaCaps<'_> {
         CudaCaps {
             world: self.size,
-            dda: self.dda.as_ref().map(|d| d.caps(&self.config)),
+            dda: self.dda.as_deref().map(|d| d.caps(&self.config)),
             no_dda: &self.no_dda,
             nccl: self.nccl.is_some(),
             no_nccl: &self.no_nccl,
@@ -244,7 +247,9 @@ impl CudaBackend {
         ptrs: [u64; 2],
         opts: &CallOpts,
     ) -> Result<Option<(&Dda, Codec)>> {
-        let Some(d) = &self.dda else { return Ok(None) };
+        let Some(d) = self.dda.as_deref() else {
+            return Ok(None);
+        };
         if ptrs.iter().any(|p| p % dtype.size() as u64 != 0) {
             return Ok(None);
         }
@@ -293,7 +298,7 @@ impl CudaBackend {
         ));
         views.push(("recv_counts", recv.0, recv.1, recv.2));
         check_views(c, self.device, &views)?;
-        let Some(d) = &self.dda else {
+        let Some(d) = self.dda.as_deref() else {
             return Err(Error::Unsupported {
                 collective: c,
                 backend: "cuda",
@@ -319,13 +324,15 @@ impl CudaBackend {
 
     /// Direct access and the codec when `plan` goes low precision.
     fn low_precision(&self, plan: &Plan) -> Option<(&Dda, Codec)> {
-        self.dda.as_ref().zip(plan.low_precision)
+        self.dda.as_deref().zip(plan.low_precision)
     }
 
     /// Direct access and the form of the parts when `plan` runs a staged kernel, `None` for
     /// NCCL; reports an error an earlier kernel recorded.
     fn staged(&self, plan: &Plan, c: &'static str) -> Result<Option<(&Dda, PartForm)>> {
-        let Some(d) = &self.dda else { return Ok(None) };
+        let Some(d) = self.dda.as_deref() else {
+            return Ok(None);
+        };
         d.check_error(c)?;
         match (plan.algo, plan.parts) {
             (Algo::Direct, None) => Err(Error::InvalidArgument(format!(
@@ -346,7 +353,7 @@ impl CudaBackend {
         op: Option<ReduceOp>,
         opts: &CallOpts,
     ) -> Result<Option<&Dda>> {
-        if let Some(d) = &self.dda {
+        if let Some(d) = self.dda.as_deref() {
             d.check_error(coll.name())?;
         }
         let a = plan::cuda_collective(
@@ -360,7 +367,7 @@ impl CudaBackend {
             opts.algo.0,
         )?;
         Ok(if a == Algo::Direct {
-            self.dda.as_ref()
+            self.dda.as_deref()
         } else {
             None
         })
@@ -467,6 +474,27 @@ impl Backend for CudaBackend {
         if let Some(n) = &self.nccl {
             n.nccl.abort("abort() was called");
         }
+        // A window's wait polls this flag.
+        if let Some(d) = self.dda.as_deref() {
+            d.set_aborted();
+        }
+    }
+
+    fn new_window(&self, slots: usize) -> Result<Box<dyn WindowBackend>> {
+        let Some(d) = &self.dda else {
+            return Err(Error::Unsupported {
+                collective: "new_window",
+                backend: "cuda",
+                what: format!("windows without direct access ({})", self.no_dda),
+            });
+        };
+        Ok(Box::new(super::window::CudaWindow::new(
+            self.cuda.clone(),
+            d.clone(),
+            self.config.clone(),
+            self.device,
+            slots,
+        )))
     }
 
     fn peer_failed(&self, peer: usize) {
@@ -499,7 +527,7 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         let mut st = self.enter()?;
         check_views("all_reduce", self.device, &views_of(&input, &output))?;
-        if let Some(d) = &self.dda {
+        if let Some(d) = self.dda.as_deref() {
             d.check_error("all_reduce")?;
         }
         let dtype = output.dtype();
@@ -516,7 +544,7 @@ impl Backend for CudaBackend {
         }
         let plan = self.call_plan(AR, count * dtype.size(), dtype, op, [ip, op_ptr], opts)?;
         self.follow(&mut st, opts.stream)?;
-        match (plan, &self.dda) {
+        match (plan, self.dda.as_deref()) {
             (
                 Plan {
                     low_precision: Some(codec),
@@ -816,11 +844,11 @@ impl Backend for CudaBackend {
 
     fn barrier(&self, opts: &CallOpts) -> Result<()> {
         let mut st = self.enter()?;
-        if let Some(d) = &self.dda {
+        if let Some(d) = self.dda.as_deref() {
             d.check_error("barrier")?;
         }
         self.follow(&mut st, opts.stream)?;
-        let Some(d) = &self.dda else {
+        let Some(d) = self.dda.as_deref() else {
             return self.nccl("barrier")?.barrier(opts);
         };
         // Direct access meets every rank in one push kernel (no NCCL needed): a one-word

@@ -46,9 +46,10 @@ fn threads_per_row(shape: &Shape, v: usize) -> usize {
 }
 
 /// Vectors a thread of `fc_rmsnorm` holds: 4, from the shape alone like the order of the sum
-/// it fixes. Measured on one H200 (bench/results/2026-12-03-h200-norm): the fewest that hold
-/// a row in 512 threads (one a thread for bf16 4096) ran the one-rank call at 1.7 TB/s at 4,096
-/// rows, four at 3.1, while a single row took 3.0 µs either way (the kernel accepts 1, 2 or 4).
+/// it fixes. Measured on one H200: the fewest that hold a row in 512 threads (one a thread for
+/// bf16 4096) ran the one-rank call at 1.7 TB/s at 4,096 rows (bench/results/
+/// 2026-12-03-h200-norm-fewest), four at 3.1 TB/s (2026-12-03-h200-norm), while a single row
+/// took 3.0 µs either way (the kernel accepts 1, 2 or 4).
 fn vectors_per_thread(_shape: &Shape) -> usize {
     NORM_V
 }

@@ -10,7 +10,8 @@
 //! - [`collectives`]: direct-access all-gather, reduce-scatter, all-to-all(v), broadcast, reduce;
 //! - `fused_norm`: the fused all-reduce + RMSNorm (the all-reduce, then one norm launch);
 //! - `backend`: the [`Backend`] that chooses between DDA and NCCL per call;
-//! - [`nvml`]: whether two GPUs are joined by NVLink (the LL128 all-reduce needs it).
+//! - [`nvml`]: whether two GPUs are joined by NVLink (the LL128 all-reduce needs it);
+//! - `window`: one-sided communication (puts, signals, waits on IPC-mapped buffers).
 //!
 //! Beyond the backend, the items below are public for the programs that size and check the
 //! direct-access paths from outside the crate: the staging layout and its sizes
@@ -29,6 +30,7 @@ mod launch;
 mod lowp;
 pub mod nvml;
 mod nvrtc;
+mod window;
 
 use crate::backend::{Backend, CommContext};
 use crate::config::Config;

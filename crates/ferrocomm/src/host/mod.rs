@@ -17,14 +17,18 @@ mod lowp;
 mod p2p;
 pub(crate) mod shm;
 mod sync;
+mod window;
 
 pub use shm::remove_stale_segments;
+pub use window::SharedMem;
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::backend::{call_timeout, Backend, CallOpts, CommContext, DeviceCounts, P2pOp, Splits};
+use crate::backend::{
+    call_timeout, Backend, CallOpts, CommContext, DeviceCounts, P2pOp, Splits, WindowBackend,
+};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::plan::{self, Algo, Collective, Plan};
@@ -37,7 +41,8 @@ use sync::{Backoff, Stop};
 /// What the host backend can do, for [`plan::select`].
 /// Shared-memory backend of one communicator.
 pub struct HostBackend {
-    seg: Segment,
+    /// Shared with the communicator's windows (peers' pids and failed flags).
+    seg: Arc<Segment>,
     rank: usize,
     world: usize,
     cfg: Arc<Config>,
@@ -51,8 +56,8 @@ pub struct HostBackend {
     p2p_refused_seen: Mutex<Vec<u64>>,
     /// The communicator's name, for [`Error::Aborted`].
     name: String,
-    /// Set by `abort`: a wait of this rank's running call ends too.
-    aborted: std::sync::atomic::AtomicBool,
+    /// Set by `abort`: a wait of this rank's running call ends too (a window's as well).
+    aborted: Arc<AtomicBool>,
     /// The communicator's watcher's verdicts: a wait for a peer that died ends at once.
     peers: Arc<crate::backend::PeerState>,
 }
@@ -205,7 +210,7 @@ impl HostBackend {
             ctx.timeout(),
         )?;
         Ok(HostBackend {
-            seg,
+            seg: Arc::new(seg),
             rank: ctx.rank,
             world: ctx.size,
             cfg: ctx.config.clone(),
@@ -214,7 +219,7 @@ impl HostBackend {
             p2p: Mutex::new(()),
             p2p_refused_seen: Mutex::new(vec![0; ctx.size]),
             name: ctx.name.clone(),
-            aborted: false.into(),
+            aborted: Arc::new(AtomicBool::new(false)),
             peers: ctx.peers.clone(),
         })
     }
@@ -244,30 +249,15 @@ impl HostBackend {
 
     /// Waits until `ready` holds, watching `peer`: its failed flag, the watcher's verdict on
     /// its process (in any PID namespace), the deadline.
-    fn wait_on(
-        &self,
-        peer: usize,
-        mut ready: impl FnMut() -> bool,
-    ) -> std::result::Result<(), Stop> {
-        let mut backoff = Backoff::new(self.timeout());
-        while !ready() {
-            if self.seg.failed(peer).load(Ordering::Relaxed) != 0 {
-                return Err(Stop::PeerFailed);
-            }
-            if self.aborted.load(Ordering::Relaxed) {
-                return Err(Stop::Aborted);
-            }
-            let n = crate::backend::call_no();
-            if n != 0 && self.peers.refused(peer) == n {
-                return Err(Stop::Refused);
-            }
-            if let Err(stop) = backoff.pause(|| !self.peers.gone(peer)) {
-                // The peer may have arrived and exited between the look and the liveness check
-                // (the last barrier of a run): what it published still counts.
-                return if ready() { Ok(()) } else { Err(stop) };
-            }
-        }
-        Ok(())
+    fn wait_on(&self, peer: usize, ready: impl FnMut() -> bool) -> std::result::Result<(), Stop> {
+        wait_for_peer(
+            &self.seg,
+            &self.aborted,
+            &self.peers,
+            peer,
+            self.timeout(),
+            ready,
+        )
     }
 
     /// Leaves `timed_out/<our pid>` = the pid of `peer` in the store, so that a launcher
@@ -337,6 +327,40 @@ impl HostBackend {
     ) -> Result<Algo> {
         plan::host_algo(coll, bytes, self.world, dtype, opts.algo.0, &self.cfg)
     }
+}
+
+/// Waits until `ready` holds, at most `timeout`, watching `peer` of the communicator whose
+/// segment is `seg`: its process, its failed flag, and this rank's `aborted`.
+pub(crate) fn wait_for_peer(
+    seg: &Segment,
+    aborted: &AtomicBool,
+    peers: &crate::backend::PeerState,
+    peer: usize,
+    timeout: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> std::result::Result<(), Stop> {
+    let mut backoff = Backoff::new(timeout);
+    while !ready() {
+        // This rank's abort first: it also sets this rank's failed flag, which a wait for a
+        // signal from itself watches.
+        if aborted.load(Ordering::Relaxed) {
+            return Err(Stop::Aborted);
+        }
+        if seg.failed(peer).load(Ordering::Relaxed) != 0 {
+            return Err(Stop::PeerFailed);
+        }
+        let n = crate::backend::call_no();
+        if n != 0 && peers.refused(peer) == n {
+            return Err(Stop::Refused);
+        }
+        // The watcher's verdict on the peer's process (in any PID namespace).
+        if let Err(stop) = backoff.pause(|| !peers.gone(peer)) {
+            // The peer may have arrived and exited between the look and the liveness check
+            // (the last barrier of a run): what it published still counts.
+            return if ready() { Ok(()) } else { Err(stop) };
+        }
+    }
+    Ok(())
 }
 
 impl Call<'_> {
@@ -616,6 +640,18 @@ impl Backend for HostBackend {
         opts: &CallOpts,
     ) -> Result<()> {
         self.all_reduce_rmsnorm_impl(call, shape, opts)
+    }
+
+    fn new_window(&self, slots: usize) -> Result<Box<dyn WindowBackend>> {
+        Ok(Box::new(window::HostWindow::new(
+            self.seg.clone(),
+            self.aborted.clone(),
+            self.peers.clone(),
+            self.rank,
+            self.world,
+            slots,
+            self.name.clone(),
+        )))
     }
 
     fn barrier(&self, _opts: &CallOpts) -> Result<()> {

@@ -17,6 +17,7 @@ use crate::plan::DdaCaps;
 use crate::types::DataType;
 
 mod all_reduce;
+pub(super) mod ipc;
 
 use all_reduce::CopyEngine;
 pub use all_reduce::{ce_chunk, flat_grid};
@@ -25,9 +26,8 @@ pub use all_reduce::{ce_chunk, flat_grid};
 /// when a peer died or gave up: every kernel's wait ends at its next look (`FC_ABORT_WORD`).
 const ABORT_WORD: usize = 16;
 
-/// Bytes of a rank's set-up message before its bus id: the 64-byte IPC handle of its
-/// allocation and the staging's offset in it.
-const IPC_MSG_BYTES: usize = 72;
+/// Bytes of a rank's set-up message before its bus id: the IPC message of its staging.
+use ipc::IPC_MSG_BYTES;
 /// Most ranks the kernels handle (`FC_MAX_RANKS` in all_reduce.cu).
 pub const MAX_RANKS: usize = 16;
 /// Flag slots per barrier and parity (`FC_MAX_BLOCKS`): the largest grid of flat and tree.
@@ -363,7 +363,7 @@ pub struct Dda {
     own: sys::CUdeviceptr,
     /// Every rank's allocation base as mapped here (own included).
     bases: Vec<sys::CUdeviceptr>,
-    opened: Vec<sys::CUdeviceptr>,
+    opened: Vec<ipc::Opened>,
     /// Kernels are launched with programmatic dependent launch (`FERROCOMM_PDL`, sm_90).
     pub(super) pdl: bool,
     pub(super) error_host: *mut u32,
@@ -536,27 +536,8 @@ impl Dda {
         cu(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")?;
 
         // Rule 7: share the allocation base plus the offset of our buffer inside it.
-        let mut base: sys::CUdeviceptr = 0;
-        let mut size = 0usize;
-        cu(
-            // SAFETY: out-parameters for an address we allocated.
-            unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, me.own) },
-            "cuMemGetAddressRange",
-        )?;
-        let mut handle = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
-        cu(
-            // SAFETY: out-parameter; `base` is the start of a cuMemAlloc allocation.
-            unsafe { sys::cuIpcGetMemHandle(handle.as_mut_ptr(), base) },
-            "cuIpcGetMemHandle",
-        )?;
-        // SAFETY: initialised by the call above.
-        let handle = unsafe { handle.assume_init() };
-        let mut msg = Vec::with_capacity(IPC_MSG_BYTES);
-        // SAFETY: the handle is 64 plain bytes.
-        msg.extend_from_slice(unsafe {
-            std::slice::from_raw_parts((&handle as *const sys::CUipcMemHandle).cast::<u8>(), 64)
-        });
-        msg.extend_from_slice(&(me.own - base).to_le_bytes());
+        let mut msg = Vec::with_capacity(IPC_MSG_BYTES + 16);
+        msg.extend_from_slice(&ipc::export(me.own, "the DDA staging")?);
         if layout.ll128_cap > 0 {
             // The LL128 all-reduce's link check needs every GPU's bus id, after the handle (an
             // unknown one is empty: no link can be shown, so it stays off).
@@ -597,47 +578,10 @@ impl Dda {
             if peer == self.rank {
                 continue;
             }
-            if m.len() < IPC_MSG_BYTES {
-                return Err(Error::Cuda(format!(
-                    "rank {peer} sent a malformed IPC handle ({} bytes)",
-                    m.len()
-                )));
-            }
-            let mut h = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
-            // SAFETY: copying 64 bytes into the 64-byte handle.
-            unsafe { std::ptr::copy_nonoverlapping(m.as_ptr(), h.as_mut_ptr().cast::<u8>(), 64) };
-            let off = u64::from_le_bytes(m[64..IPC_MSG_BYTES].try_into().expect("8 bytes"));
-            let mut p: sys::CUdeviceptr = 0;
-            // SAFETY: a handle exported by a peer process; opened once per peer and closed in
-            // Drop. LAZY_ENABLE_PEER_ACCESS turns on peer access for this mapping.
-            let r = unsafe {
-                sys::cuIpcOpenMemHandle_v2(
-                    &mut p,
-                    h.assume_init(),
-                    sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
-                )
-            };
-            cu(r, &format!("cuIpcOpenMemHandle of rank {peer}'s staging")).map_err(|e| {
-                Error::Cuda(format!(
-                    "{e} (ranks must be separate processes on one host with peer access)"
-                ))
-            })?;
-            self.opened.push(p);
-            let mut start: sys::CUdeviceptr = 0;
-            let mut size = 0usize;
-            cu(
-                // SAFETY: out-parameters for an address inside the mapping just opened.
-                unsafe { sys::cuMemGetAddressRange_v2(&mut start, &mut size, p) },
-                &format!("cuMemGetAddressRange of rank {peer}'s staging"),
-            )?;
-            let total = self.layout.total as u64;
-            let mapped_size = (size as u64).saturating_sub(p - start.min(p));
-            self.bases[peer] = peer_staging(p, mapped_size, off, total).ok_or_else(|| {
-                Error::Cuda(format!(
-                    "rank {peer} sent a staging offset of {off} bytes into an allocation of \
-                     {mapped_size} bytes, which cannot hold a staging of {total} bytes there"
-                ))
-            })?;
+            let who = format!("rank {peer}'s staging");
+            let opened = ipc::open(m, self.layout.total as u64, &who)?;
+            self.bases[peer] = opened.ptr;
+            self.opened.push(opened);
         }
         Ok(())
     }
@@ -844,6 +788,39 @@ impl Dda {
         })
     }
 
+    /// Tells this rank's kernels (every wait, the windows' `fc_win_wait` too) that the
+    /// communicator was aborted: they end at their next look. The abort word then names this
+    /// rank (a peer's failure, [`Dda::raise_abort`], names the peer, and is kept).
+    pub fn set_aborted(&self) {
+        // SAFETY: the host page stays mapped for our lifetime; word ABORT_WORD is this flag's
+        // (read by the kernels only).
+        unsafe {
+            let w = self.error_host.add(ABORT_WORD);
+            if std::ptr::read_volatile(w) == 0 {
+                std::ptr::write_volatile(w, (self.rank as u32).saturating_add(1));
+            }
+        }
+    }
+
+    /// The device address of the abort word ([`Dda::set_aborted`], [`Dda::raise_abort`]).
+    pub(super) fn abort_flag(&self) -> u64 {
+        self.error_dev + 4 * ABORT_WORD as u64
+    }
+
+    /// The device address of the error record the kernels fill ([`Dda::check_error`] reads it).
+    pub(super) fn error_record(&self) -> u64 {
+        self.error_dev
+    }
+
+    /// `t` in nanoseconds for a kernel that waits for a peer, noted for the report of its
+    /// timeout (as [`Dda::base_args`] does for the collectives).
+    pub(super) fn arm_timeout(&self, t: Duration) -> u64 {
+        let ns = t.as_nanos().min(u64::MAX as u128) as u64;
+        self.kernel_timeout_ns
+            .store(ns, std::sync::atomic::Ordering::Relaxed);
+        ns
+    }
+
     /// What direct access has on this communicator (set up under `cfg`), for the planner.
     pub fn caps(&self, cfg: &Config) -> DdaCaps {
         let ce_min = self.ce.as_ref().map(|ce| ce.min_bytes);
@@ -866,9 +843,10 @@ impl Drop for Dda {
             if let Some(ce) = &self.ce {
                 let _ = sys::cuStreamSynchronize(ce.stream);
             }
-            for p in self.opened.drain(..) {
-                let _ = sys::cuIpcCloseMemHandle(p);
-            }
+        }
+        self.opened.clear();
+        // SAFETY: as above.
+        unsafe {
             for m in self.units.loaded() {
                 let _ = sys::cuModuleUnload(m.module);
             }
