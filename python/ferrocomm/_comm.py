@@ -1025,24 +1025,24 @@ class _ParityMixin:
 
     # -- hooks and the flight recorder (ferrocomm.hooks) --------------------------------------
 
-    def register_pre_hook(self, hook):
-        """``hook(name: OpName, op_id: int, args)`` before every call; returns a handle whose
-        ``remove()`` unregisters it (see ferrocomm.hooks)."""
+    def register_pre_hook(self, callback):
+        """``callback(name: OpName, op_id: int, args)`` before every call; returns a handle
+        whose ``remove()`` unregisters it (see ferrocomm.hooks)."""
         from . import hooks
-        return hooks.register(self, "pre", hook)
+        return hooks.register(self, "pre", callback)
 
-    def register_post_hook(self, hook):
-        """``hook(op_id: int, args)`` after every call (``args.work``: its work)."""
+    def register_post_hook(self, callback):
+        """``callback(op_id: int, args)`` after every call (``args.work``: its work)."""
         from . import hooks
-        return hooks.register(self, "post", hook)
+        return hooks.register(self, "post", callback)
 
-    def register_abort_hook(self, hook):
-        """``hook()`` once when the communicator is aborted: abort(), a timeout, or a peer
-        that died or gave up (then on the watcher's thread)."""
+    def register_abort_hook(self, callback):
+        """``callback()`` once when the communicator is aborted: abort(), a timeout, or a
+        peer that died or gave up (then on the watcher's thread)."""
         from . import hooks
-        if not callable(hook):
-            raise TypeError(f"register_abort_hook: the hook must be callable, not {hook!r}")
-        return hooks.RemovableHandle(self._n.register_abort_hook(hook).remove)
+        if not callable(callback):
+            raise TypeError(f"register_abort_hook: the hook must be callable, not {callback!r}")
+        return hooks.RemovableHandle(self._n.register_abort_hook(callback).remove)
 
     def dump_flight_recorder(self, path=None):
         """Dumps the flight recorder of this process's communicators (torch's format) to

@@ -130,7 +130,7 @@ def scenario_refuse(comm):
         sizes[0] = 3  # splits that run past its input's rows: refused on rank 2 alone
     t0 = time.monotonic()
     try:
-        comm.all_to_all_single(out, x, sizes, sizes)
+        comm.all_to_all_v_single(out, x, sizes, sizes)
     except ferrocomm.FerrocommValueError as e:
         took = time.monotonic() - t0
         print("REFUSED", f"{took:.3f}", e, flush=True)
