@@ -1,5 +1,5 @@
 //! The crate's layering, held by `cargo test`: no import cycle between the top-level modules of
-//! `crates/ferrocomm/src`, and none of the arrows DESIGN.md forbids.
+//! `crates/ferrocomm/src`, and none of the arrows docs/design.md forbids.
 //!
 //! A module is a file at `src/` or a folder under it; it imports another when its source names
 //! `crate::other` (in a `use` or a path, `use crate::{a, b}` groups included). Comments are not
@@ -195,7 +195,7 @@ fn the_crate_has_no_import_cycle() {
     }
 }
 
-/// The arrows DESIGN.md forbids: (importer, imported, why).
+/// The arrows docs/design.md forbids: (importer, imported, why).
 const FORBIDDEN: &[(&str, &str, &str)] = &[
     ("host", "comm", "an executor never imports the communicator"),
     ("cuda", "comm", "an executor never imports the communicator"),
@@ -274,4 +274,59 @@ fn a_cycle_is_found_and_named() {
 fn strings_and_identifiers_are_not_imports() {
     let text = "let s = \"// not a comment\"; use crate::x; let y = mycrate::z; // crate::w\n";
     assert_eq!(imports(text), ["x"].map(String::from).into());
+}
+
+/// Every "docs/design.md, rule N" (or "rules N-M") in the crate's sources and kernels names a
+/// protocol rule that docs/design.md lists: the rules the code cites are in the repository.
+#[test]
+fn cited_design_rules_exist() {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let design = std::fs::read_to_string(crate_dir.join("../../docs/design.md"))
+        .expect("docs/design.md holds the rules the code cites");
+    let protocol = design
+        .split("## Protocol rules")
+        .nth(1)
+        .expect("docs/design.md has a section of protocol rules");
+    let listed = protocol
+        .lines()
+        .filter_map(|l| l.split_once(". ").and_then(|(n, _)| n.parse::<u32>().ok()))
+        .max()
+        .unwrap_or(0);
+    assert!(listed >= 9, "docs/design.md lists {listed} protocol rules");
+    let mut files = Vec::new();
+    let mut dirs = vec![crate_dir.join("src"), crate_dir.join("kernels")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                files.push(p);
+            }
+        }
+    }
+    let mut cited = 0;
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        for (i, _) in text.match_indices("docs/design.md, rule") {
+            let rest = &text[i + "docs/design.md, rule".len()..];
+            let rest = rest.trim_start_matches('s').trim_start();
+            for n in rest
+                .split(|c: char| !c.is_ascii_digit())
+                .take_while(|s| !s.is_empty())
+            {
+                let n: u32 = n.parse().unwrap();
+                assert!(
+                    (1..=listed).contains(&n),
+                    "{}: cites rule {n}, docs/design.md lists 1-{listed}",
+                    f.display()
+                );
+                cited += 1;
+            }
+        }
+    }
+    assert!(
+        cited > 0,
+        "no citation of docs/design.md found: the scan is broken"
+    );
 }
