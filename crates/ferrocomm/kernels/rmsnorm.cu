@@ -592,43 +592,43 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_rmsnorm(NormArgs n
 // for them: four vectors a thread (32 squares summed one after another), integer divisions and
 // a chunk loop around every row, and the register budget and stack of every path it carries
 // (one 512-thread block an SM). The wide geometry (NormArgs.v, the fewest vectors a thread that
-// hold the row in 512 threads, and tpr, cuda/fused_norm.rs, for calls of at most a few thousand
-// rows) spreads the row over as many threads as hold it; these entry points run it with nothing
+// hold the row in 512 threads, and tpr, cuda/fused_norm.rs, for calls of up to
+// FERROCOMM_RMSNORM_WIDE_MAX_ROWS rows) spreads the row over as many threads as hold it; these entry points run it with nothing
 // else on the way: one chunk (the row in registers from its loads to its last store), no
 // division where a block is one row, the weight's and the row's loads issued together, the
 // row's warps' partial sums read in one step, and an entry per vector count whose launch bounds
 // keep the registers low enough for several blocks an SM.
 //
-// The order of a row's sum of squares is norm_row's for the same V and tpr (a thread's vectors
-// and elements in order, the warp's xor shuffles, the row's warps in order), so the two kernels
-// give the same bits for the same geometry; which one runs depends on the shape alone.
+// The order of a row's sum of squares: a thread's vectors and elements in order, the warp's
+// xor shuffles, then a tree of the row's warp sums (fc_rmsnorm adds those in order instead),
+// fixed by the shape and FERROCOMM_RMSNORM_WIDE_MAX_ROWS, which every rank shares.
 
 // The sum over the row slot `slot` (`wpr` warps) of one value per thread, on every thread of
-// the slot: each warp's xor shuffles, then the slot's warp sums in a second xor-shuffle tree
-// (lane w holds warp w's, 0 past the slot's warps, which leaves a sum of squares, never -0, as
-// it is): one shared-memory step and no chain of loads and adds. The xor trees give every lane
-// the same bits (IEEE addition commutes). Every warp of the block calls it.
+// the slot: each warp's xor shuffles, then the slot's warp sums in a second xor tree over the
+// whole warp (lane w holds warp w's; the lanes past the slot's warps hold 0, which leaves a sum
+// of squares, never -0, as it is, and the step across 16 lanes brings the total to every
+// lane): one shared-memory step instead of a chain of loads and adds. The xor trees give every
+// lane the same bits (IEEE addition commutes). Every warp of the block calls it, once per
+// kernel: `red` holds nothing before (no barrier ahead of the writes).
 __device__ __forceinline__ float norm_wide_sum(float v, float* red, u32 slot, u32 wpr) {
     for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
     const u32 lane = threadIdx.x & 31;
-    __syncthreads();  // red is reused row after row
     if (lane == 0) red[threadIdx.x >> 5] = v;
     __syncthreads();
     float s = lane < wpr ? red[slot * wpr + lane] : 0.0f;
-    for (int o = NORM_WARPS / 2; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
+    for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
     return s;
 }
 
 // The largest of one value per thread over the row slot, on every thread of the slot (the
-// same two steps).
+// same two steps, once per kernel, on a `red` of its own).
 __device__ __forceinline__ u32 norm_wide_max(u32 v, u32* red, u32 slot, u32 wpr) {
     for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
     const u32 lane = threadIdx.x & 31;
-    __syncthreads();
     if (lane == 0) red[threadIdx.x >> 5] = v;
     __syncthreads();
     u32 m = lane < wpr ? red[slot * wpr + lane] : 0u;
-    for (int o = NORM_WARPS / 2; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
     return m;
 }
 
