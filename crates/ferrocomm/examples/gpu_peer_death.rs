@@ -263,14 +263,21 @@ fn rank(family: &str) -> Res<i32> {
         // A call that waits on the host ends with the error itself.
         Err(e) => Err(e.to_string()),
         Ok(_) => {
-            // The kernel's wait ends (the abort word); the next call reports the peer.
+            // The kernel's wait ends (the abort word); waiting for the call's point says why,
+            // and so does the next call.
+            let point = comm.mark(stream);
             if !host {
                 let synced = support::sync();
                 println!("SYNCED {}", mono_ns());
                 synced?;
             }
-            comm.barrier(&CallOpts::on_stream(stream))
-                .map_err(|e| e.to_string())
+            match point {
+                Ok(Some(p)) => comm.wait(&p, None).map(|_| ()),
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            }
+            .and_then(|()| comm.barrier(&CallOpts::on_stream(stream)))
+            .map_err(|e| e.to_string())
         }
     };
     let t = mono_ns();

@@ -448,6 +448,21 @@ impl Communicator {
         self.live("mark")?.mark(stream)
     }
 
+    /// Waits for `c` (a point [`Communicator::mark`] recorded after some calls) as
+    /// [`Completion::wait`] does, then fails naming the peer when one died or gave up: its
+    /// death ended those calls' kernels early, so what they wrote is no result.
+    pub fn wait(&self, c: &Completion, limit: Option<Duration>) -> Result<bool> {
+        let done = c.wait(limit)?;
+        if let Some((peer, _)) = self.ctx.peers.failure() {
+            return Err(Error::PeerFailed {
+                collective: "wait",
+                rank: self.ctx.rank,
+                peer,
+            });
+        }
+        Ok(done)
+    }
+
     /// The backend, unless the communicator was finalized, lost a peer (then a call of
     /// `collective` fails naming it) or was aborted.
     fn live(&self, collective: &'static str) -> Result<&dyn Backend> {
