@@ -176,13 +176,31 @@ impl Communicator {
             }
         };
         if let Some(t) = token {
-            let captured = !host && r.is_ok() && backend.capturing(opts.stream);
-            self.flight.end(t, &r, host, captured);
+            self.end_recorded(backend, t, &r, opts.stream);
         }
         if let Err(e) = &r {
             self.after_error(e);
         }
         r
+    }
+
+    /// Records how a call returned; a CUDA call enqueued eagerly gets a point on its stream,
+    /// from which a dump tells whether it completed.
+    fn end_recorded(
+        &self,
+        backend: &dyn Backend,
+        t: crate::flight::Token,
+        r: &Result<()>,
+        stream: u64,
+    ) {
+        let host = self.ctx.device == Device::Host;
+        let captured = !host && r.is_ok() && backend.capturing(stream);
+        if !host && r.is_ok() && !captured {
+            if let Ok(Some(point)) = backend.mark(stream) {
+                self.flight.attach(&t, point);
+            }
+        }
+        self.flight.end(t, r, host, captured);
     }
 
     /// [`Communicator::run_recorded`] for the fused all-reduce + RMSNorm.
@@ -208,8 +226,7 @@ impl Communicator {
         let token = self.flight.begin_rmsnorm(shape, opts, timeout, host, op_id);
         let r = backend.all_reduce_rmsnorm(call, shape, opts);
         if let Some(t) = token {
-            let captured = !host && r.is_ok() && backend.capturing(opts.stream);
-            self.flight.end(t, &r, host, captured);
+            self.end_recorded(backend, t, &r, opts.stream);
         }
         if let Err(e) = &r {
             self.after_error(e);
