@@ -518,6 +518,11 @@ impl Backend for CudaBackend {
         self.events.record(stream).map(Some)
     }
 
+    fn passed(&self, point: &Completion) -> Option<bool> {
+        bind(&self.cuda).ok()?;
+        point.is_done().ok()
+    }
+
     fn all_reduce(
         &self,
         input: Input<'_>,

@@ -1395,6 +1395,12 @@ impl Backend for NcclBackend {
         let _g = self.enter()?;
         self.events.record(stream).map(Some)
     }
+
+    fn passed(&self, point: &Completion) -> Option<bool> {
+        // Not under the call lock: a dump may run while a call waits.
+        self.ctx.bind_to_thread().ok()?;
+        point.is_done().ok()
+    }
     fn all_reduce(
         &self,
         input: Input<'_>,
