@@ -9,7 +9,8 @@
 # Rust):
 #   scripts/gpu_prepare.sh BUILD_DIR --variant A --from main     (the reference)
 #   scripts/gpu_prepare.sh BUILD_DIR --variant B                 (this checkout)
-# that is bin-A, dist-A, bin-B, dist-B and the kernel cache kc. AB_A and AB_B name others.
+# of which the parts use dist-A and dist-B (the wheels) and bin-B (ferrocomm and gpu_check_norm,
+# for the check), and kc where it is there. AB_A and AB_B name other variants.
 # PARTS (a quoted list) defaults to "check bench ncu":
 #   check  scripts/gpu_check_norm.sh of B (every form at 1, 2 and 3 ranks, the ranks sharing the
 #          GPUs where there are fewer; CHECK_FLAGS, default --quick), OUT_DIR/check/
@@ -20,9 +21,9 @@
 #   ncu    when ncu is on PATH: one row of bf16 4096, each build's norm kernel and
 #          torch.compile's, OUT_DIR/ncu-A.txt and ncu-B.txt
 # Each step ends within 590 s (ncu 290 s a build), so a part fits a 10-minute command; run the
-# parts one command each where that is the limit. OUT_DIR/summary.txt lists each step's exit
-# code and time (and the check's verdicts, the bench's table); the script exits 1 when a step
-# failed, 2 on bad arguments.
+# parts one command each where that is the limit, into the same OUT_DIR. OUT_DIR/summary.txt
+# gets each step's exit code and time (and the check's verdicts, the bench's table) appended;
+# the script exits 1 when a step failed, 2 on bad arguments.
 set -uo pipefail
 [ $# -ge 2 ] || { echo "usage: scripts/gpu_norm_ab.sh BUILD_DIR OUT_DIR [PARTS]" >&2; exit 2; }
 build="$(cd "$1" && pwd)" || exit 2
@@ -39,8 +40,8 @@ done
 here="$(cd "$(dirname "$0")" && pwd)"
 export NCCL_NVLS_ENABLE=0 FERROCOMM_TIMEOUT_S=30 PYTHONUNBUFFERED=1
 [ -d "$build/kc" ] && export FERROCOMM_KERNEL_CACHE="$build/kc"
-summary="$res/summary.txt"
-: > "$summary"
+summary="$res/summary.txt"  # appended to: the parts may run one command each
+echo "== $(date -u +%FT%TZ) parts:$parts(A: $a, B: $b)" >> "$summary"
 { date; nvidia-smi -L; nvidia-smi --query-gpu=driver_version,clocks.max.sm --format=csv; } > "$res/machine.txt" 2>&1
 failed=0
 step() { # name, limit in seconds, command...
