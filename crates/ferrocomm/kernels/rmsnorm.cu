@@ -701,7 +701,10 @@ __device__ __forceinline__ void norm_wide(const NormArgs& n, float* red_f, u32* 
 // An entry point per vector count for the common call (every pointer aligned, no FP8 rows: the
 // host's choice, cuda/fused_norm.rs), whose launch bounds (512 threads, and the blocks an SM
 // that the registers of V vectors a thread allow) apply to that path alone; fc_rmsnorm_wide
-// runs every other call of the wide geometry (FP8 rows, unaligned buffers) with the same order.
+// runs every other call of the wide geometry (FP8 rows, unaligned buffers) with the same order,
+// two blocks an SM: 64 registers hold its one- and two-vector paths (sm_90), where the
+// four-vector one (rows of more than 1,024 vectors) spills some; without the bound all three
+// took 99 and one block an SM, a wave of 132 rows at a time.
 #ifdef FC_GROUP_RMSNORM
 extern "C" __global__ void __launch_bounds__(NORM_THREADS, 4) fc_rmsnorm_wide1(NormArgs n) {
     pdl_wait();
@@ -721,7 +724,7 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_rmsnorm_wide4(Norm
     __shared__ float red_f[NORM_WARPS];
     norm_wide<4, 1, NORM_FP8_OFF>(n, red_f, nullptr);
 }
-extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_rmsnorm_wide(NormArgs n) {
+extern "C" __global__ void __launch_bounds__(NORM_THREADS, 2) fc_rmsnorm_wide(NormArgs n) {
     pdl_wait();
     pdl_launch_dependents();
     __shared__ float red_f[NORM_WARPS];
