@@ -206,13 +206,10 @@ class Comm:
         self._n = native
         self._requested = requested_backend
         self._hints = dict(hints or {})
-        self._finalized = False
         self._cuda = native.device_index != T.HOST
         # torchcomms parity: per-call timeouts, abort, options (see "-- torchcomms parity").
         self._options = options or {}
         self._call_timeout = None
-        # Why the communicator was given up on (abort(), a timeout); None while usable.
-        self._aborted = None
 
     # -- information ---------------------------------------------------------------------
 
@@ -271,10 +268,8 @@ class Comm:
     def finalize(self):
         """Waits for queued work and releases the communicator; later calls raise. After
         ``abort()`` it returns at once (the abandoned work is not waited for)."""
-        if not self._finalized:
-            self._finalized = True
-            if self._aborted is None:
-                self._n.finalize()
+        if not self._n.is_aborted:
+            self._n.finalize()
 
     def __enter__(self):
         return self
@@ -312,18 +307,10 @@ class Comm:
             )
         return b
 
-    def _check_live(self, coll):
-        """Refuses a call on a finalized or aborted communicator."""
-        if self._finalized:
-            raise FerrocommError(f"{coll}: communicator '{self.get_name()}' has been finalized")
-        if self._aborted is not None:
-            raise FerrocommError(
-                f"{coll}: communicator '{self.get_name()}' has been aborted ({self._aborted})")
-
     def _issue(self, coll, *, out=None, inp=None, op=None, peer=0, splits=None, counts=None,
-               batch=None, async_op=False, hints=None, keep=(), post=()):
-        if self._finalized or self._aborted is not None:
-            self._check_live(coll)
+               batch=None, norm=None, async_op=False, hints=None, keep=(), post=()):
+        """Describes the call once, as the tuple the native layer reads into ferrocomm's
+        CallDesc (crates/ferrocomm-py: PyCall), and runs it; returns its work object."""
         # The communicator's hints as they are unless the call brings its own (no copy per
         # call; a dict changed below is a new one).
         h = self._hints if hints is None else {**self._hints, **_check_hints(hints, coll)}
@@ -348,20 +335,20 @@ class Comm:
             if name != b.dtype:
                 h = {**h, "low_precision": "off"}
             raws[k] = (b.ptr, b.count, name, b.device)
-        native_async = bool(async_op) and not cuda
-        # A CUDA async call's completion, recorded by the native call itself unless list
-        # outputs are copied out after it (then after the copies, below).
+        native_batch = None
+        if batch is not None:
+            native_batch = []
+            for is_send, b, p in batch:
+                name, opname = _alias(coll, b, opname)
+                native_batch.append((is_send, (b.ptr, b.count, name, b.device), p))
+        call = (coll, raws[0], raws[1], (opname, factor), int(peer),
+                (stream, h.get("algo"), h.get("low_precision"), call_timeout),
+                splits, counts, native_batch, norm)
+        # Only host calls are queued; a CUDA async call's completion is recorded by the native
+        # call itself unless list outputs are copied out after it (then after the copies, below).
         mark = cuda and bool(async_op) and not post
         try:
-            if splits is None and counts is None and batch is None:
-                native_work = self._n.run_one(coll, raws[0], raws[1], opname, factor,
-                                              int(peer), stream, h.get("algo"),
-                                              h.get("low_precision"), native_async, mark,
-                                              call_timeout)
-            else:
-                native_work = self._n.run(self._call_desc(
-                    coll, raws, opname, factor, peer, splits, counts, batch, stream, h,
-                    native_async, mark, call_timeout))
+            native_work = self._n.run(call, bool(async_op) and not cuda, mark)
         except FerrocommError as e:
             self._failed(coll, e)
             raise
@@ -378,35 +365,6 @@ class Comm:
             return _CudaWork(self._n.mark(stream, coll), self._n.device_index, stream, keep,
                              limit)
         return _DONE
-
-    @staticmethod
-    def _call_desc(coll, raws, opname, factor, peer, splits, counts, batch, stream, h,
-                   native_async, mark, timeout):
-        """The native call description (PyComm.run's dict) of a call with splits, counts or a
-        batch."""
-        native_batch = None
-        if batch is not None:
-            native_batch = []
-            for is_send, b, p in batch:
-                name, opname = _alias(coll, b, opname)
-                native_batch.append((is_send, (b.ptr, b.count, name, b.device), p))
-        return {
-            "coll": coll,
-            "out": raws[0],
-            "inp": raws[1],
-            "op": opname,
-            "factor": factor,
-            "peer": int(peer),
-            "splits": splits,
-            "stream": stream,
-            "algo": h.get("algo"),
-            "low_precision": h.get("low_precision"),
-            "async_op": native_async,
-            "mark": mark,
-            "timeout": timeout,
-            "counts": counts,
-            "batch": native_batch,
-        }
 
     def _in_place_or(self, out, inp, offset_elems):
         """None (in place) when `inp` is `out` shifted by `offset_elems` elements (NCCL's in-place
@@ -887,9 +845,8 @@ class _ParityMixin:
         wherever they are found."""
         if isinstance(e, (FerrocommValueError, FerrocommUnsupported)):
             return
-        if isinstance(e, FerrocommTimeout) and self._aborted is None:
-            self._aborted = f"{coll} timed out"
-            self._n.abort()
+        if isinstance(e, FerrocommTimeout) and not self._n.is_aborted:
+            self._n.abort(f"{coll} timed out")
         self._on_error(e)
 
     def _on_error(self, e):
@@ -903,13 +860,10 @@ class _ParityMixin:
         communicator underneath is aborted (its kernels exit), direct-access kernels waiting
         for this rank end at their timeout. Queued work is not waited for; the memory is
         released when the communicator object is."""
-        if self._aborted is None:
-            self._aborted = "abort() was called"
-        # Also after a timeout (natively idempotent): NCCL is aborted, peers are told.
         self._n.abort()
 
     def is_aborted(self):
-        return self._aborted is not None
+        return self._n.is_aborted
 
     def set_timeout(self, timeout):
         """The timeout of every later call (a timedelta or seconds), longer or shorter than

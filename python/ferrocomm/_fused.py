@@ -15,8 +15,8 @@ import sys
 import numpy as np
 
 from . import _tensors as T
-from ._comm import Comm, Work, _check_hints
-from ._errors import FerrocommError, FerrocommValueError
+from ._comm import Comm, Work
+from ._errors import FerrocommValueError
 
 __all__ = ["all_reduce_rmsnorm"]
 
@@ -49,22 +49,14 @@ class _WithOutputs(Work):
 
 
 def _fp8_outputs(xb, shape):
-    """New (codes, scales) buffers for rows of `shape` on x's device, and their raw forms."""
+    """New (codes, scales) buffers for rows of `shape` on x's device."""
     rows_shape = tuple(shape[:-1]) + (1,)
     obj = xb.obj
     if isinstance(obj, np.ndarray):
-        codes = np.empty(shape, dtype=np.uint8)
-        scales = np.empty(rows_shape, dtype=np.float32)
-        craw = (codes.__array_interface__["data"][0], codes.size, "f8e4m3", T.HOST)
-        sraw = (scales.__array_interface__["data"][0], scales.size, "float32", T.HOST)
-        return codes, scales, (craw, sraw)
+        return np.empty(shape, dtype=np.uint8), np.empty(rows_shape, dtype=np.float32)
     torch = T._torch()
-    codes = torch.empty(shape, dtype=torch.float8_e4m3fn, device=obj.device)
-    scales = torch.empty(rows_shape, dtype=torch.float32, device=obj.device)
-    return codes, scales, (
-        (codes.data_ptr(), codes.numel(), "float8_e4m3fn", xb.device),
-        (scales.data_ptr(), scales.numel(), "float32", xb.device),
-    )
+    return (torch.empty(shape, dtype=torch.float8_e4m3fn, device=obj.device),
+            torch.empty(rows_shape, dtype=torch.float32, device=obj.device))
 
 
 def run(comm, x, residual, weight, eps, out=None, residual_out=None, quant=None,
@@ -72,7 +64,6 @@ def run(comm, x, residual, weight, eps, out=None, residual_out=None, quant=None,
     """``Comm.all_reduce_rmsnorm`` (see the module doc); returns ``(out, residual_out)``, with
     ``quant`` ``(out, residual_out, codes, scales)``; with ``async_op=True`` a work object whose
     ``result()`` gives them."""
-    comm._check_live(_C)
     xb = comm._buf(x, "x", _C, writable=out is None)
     rb = comm._buf(residual, "residual", _C, writable=residual_out is None)
     wb = comm._buf(weight, "weight", _C)
@@ -110,42 +101,23 @@ def run(comm, x, residual, weight, eps, out=None, residual_out=None, quant=None,
     except (TypeError, ValueError):
         raise FerrocommValueError(f"{_C}: eps must be a number, not {eps!r}") from None
 
-    h = {**comm._hints, **_check_hints(hints, _C)}
-    cuda = comm._n.device_index != T.HOST
-    stream = 0
-    torch = None
-    if cuda:
-        torch = T._torch()
-        if torch is None:
-            raise FerrocommValueError(f"{_C}: CUDA communicators need torch tensors")
-        stream = T.current_stream_handle(torch, comm._n.device_index)
     outputs = (out if out is not None else x, residual_out if residual_out is not None else residual)
     fp8 = None
     if quant is not None:
-        codes, scales, fp8 = _fp8_outputs(xb, shape)
+        codes, scales = _fp8_outputs(xb, shape)
         outputs += (codes, scales)
-    try:
-        native = comm._n.all_reduce_rmsnorm(
-            xb.raw(), rb.raw(), wb.raw(), eps,
-            ob.raw() if ob is not None else None,
-            rob.raw() if rob is not None else None,
-            fp8, stream, h.get("algo"), h.get("low_precision"), bool(async_op) and not cuda,
-        )
-    except FerrocommError as e:
-        comm._failed(_C, e)
-        raise
+        cb = comm._buf(codes, "codes", _C, writable=True)
+        sb = comm._buf(scales, "scales", _C, writable=True)
+        # numpy has no FP8 type: the codes travel as the E4M3 bytes they are.
+        fp8 = ((cb.ptr, cb.count, "f8e4m3", cb.device), sb.raw())
+    # In place unless separate outputs are given: the written buffer and, apart, the input.
+    written, res_written = ob or xb, rob or rb
+    norm = (rb.raw() if rob is not None else None, res_written.raw(), wb.raw(), eps, fp8)
     keep = (x, residual, weight, out, residual_out) + outputs
-    if native is not None:
-        from ._comm import _HostWork
-
-        return _WithOutputs(_HostWork(native, keep, ()), outputs)
+    work = comm._issue(_C, out=written, inp=xb if ob is not None else None, norm=norm,
+                       async_op=async_op, hints=hints, keep=keep)
     if async_op:
-        from ._comm import _CudaWork, _DoneWork
-
-        if cuda:
-            done = comm._n.mark(stream, _C)
-            return _WithOutputs(_CudaWork(done, comm._n.device_index, stream, keep), outputs)
-        return _WithOutputs(_DoneWork(), outputs)
+        return _WithOutputs(work, outputs)
     return outputs
 
 

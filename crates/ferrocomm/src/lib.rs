@@ -87,8 +87,8 @@ pub mod types;
 pub mod view;
 
 pub use backend::{
-    AlgoChoice, Backend, Call, CallKind, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts,
-    Splits,
+    AlgoChoice, Backend, Call, CallDesc, CallKind, CallName, CallOpts, CommContext, CountsDesc,
+    DeviceCounts, NormDesc, P2pOp, PackedCounts, RawBuf, Splits,
 };
 pub use comm::{CommOptions, Communicator};
 pub use config::Config;

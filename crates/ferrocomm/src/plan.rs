@@ -23,6 +23,20 @@ pub enum LowPrecisionChoice {
     On(Format),
 }
 
+impl LowPrecisionChoice {
+    /// A per-call hint as users spell it: `default`/`auto`/`env` (or empty), `off` (`0`,
+    /// `false`, `no`, `none`), `on` (`1`, `true`, `yes`: the configured `format`), or a format
+    /// name (`e4m3`, `e5m2`, `int8`).
+    pub fn from_hint(hint: &str, format: Format) -> crate::error::Result<Self> {
+        Ok(match hint.trim().to_ascii_lowercase().as_str() {
+            "" | "default" | "auto" | "env" => LowPrecisionChoice::Default,
+            "off" | "0" | "false" | "no" | "none" => LowPrecisionChoice::Off,
+            "on" | "1" | "true" | "yes" => LowPrecisionChoice::On(format),
+            f => LowPrecisionChoice::On(f.parse()?),
+        })
+    }
+}
+
 /// Which engine carries a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Engine {

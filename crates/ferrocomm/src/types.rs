@@ -255,6 +255,16 @@ impl FromStr for ReduceOp {
     }
 }
 
+impl ReduceOp {
+    /// The operator named `name` (as [`FromStr`] reads it), a PremulSum with its `factor`.
+    pub fn named(name: &str, factor: f64) -> Result<ReduceOp> {
+        Ok(match name.parse()? {
+            ReduceOp::PremulSum(_) => ReduceOp::PremulSum(factor),
+            other => other,
+        })
+    }
+}
+
 /// Where a buffer lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Device {
@@ -380,6 +390,20 @@ pub enum Collective {
 }
 
 impl Collective {
+    /// Every collective, in declaration order (their codes).
+    pub const ALL: [Collective; 10] = [
+        Collective::AllReduce,
+        Collective::Reduce,
+        Collective::Broadcast,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::AllToAll,
+        Collective::AllToAllV,
+        Collective::Barrier,
+        Collective::Send,
+        Collective::Recv,
+    ];
+
     /// The snake-case name (`all_reduce`, ...), as in logs, signatures and the bench.
     pub const fn name(self) -> &'static str {
         match self {
@@ -399,6 +423,18 @@ impl Collective {
     /// A stable small code for signatures and kernels (the variant's index).
     pub const fn code(self) -> u8 {
         self as u8
+    }
+}
+
+impl FromStr for Collective {
+    type Err = ParseError;
+
+    /// The snake-case name [`Collective::name`] gives.
+    fn from_str(s: &str) -> Result<Self> {
+        Collective::ALL
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| ParseError(format!("unknown collective '{s}'")))
     }
 }
 

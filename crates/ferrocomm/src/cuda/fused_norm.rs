@@ -12,10 +12,9 @@ use std::sync::Mutex;
 use cudarc::driver::sys;
 
 use super::{cu, cu_lazy, kernels};
-use crate::backend::CallOpts;
+use crate::backend::{check_buffers, CallKind, CallOpts};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::nccl::{check_views, in_ptr};
 use crate::plan::NormForm;
 use crate::rmsnorm::{AllReduceRmsNorm, Fp8Rows, Shape, NAME};
 use crate::types::{DataType, Device};
@@ -100,64 +99,14 @@ fn function(cfg: &Config, dtype: DataType) -> Result<sys::CUfunction> {
     Ok(f)
 }
 
-/// Checks that every buffer of a call is memory of `device`, holding its size.
-fn check_call_views(
-    device: u32,
-    x: &Input<'_>,
-    out: &ViewMut<'_>,
-    residual: &Input<'_>,
-    residual_out: &ViewMut<'_>,
-    weight: &View<'_>,
-    fp8: &Option<Fp8Rows<'_>>,
-) -> Result<()> {
-    let view = |what, p: u64, d: Device, b: usize| (what, p, d, b);
-    let mut views = vec![
-        view("out", out.ptr() as u64, out.device(), out.bytes_len()),
-        view(
-            "residual_out",
-            residual_out.ptr() as u64,
-            residual_out.device(),
-            residual_out.bytes_len(),
-        ),
-        view(
-            "weight",
-            weight.ptr() as u64,
-            weight.device(),
-            weight.bytes_len(),
-        ),
-    ];
-    for (what, i) in [("x", x), ("residual", residual)] {
-        if let Input::Buf(v) = i {
-            views.push(view(what, v.ptr() as u64, v.device(), v.bytes_len()));
-        }
-    }
-    if let Some(q) = fp8 {
-        views.push(view(
-            "fp8 codes",
-            q.codes.ptr() as u64,
-            q.codes.device(),
-            q.codes.bytes_len(),
-        ));
-        views.push(view(
-            "fp8 scales",
-            q.scales.ptr() as u64,
-            q.scales.device(),
-            q.scales.bytes_len(),
-        ));
-    }
-    check_views(NAME, device, &views)?;
-    Ok(())
-}
-
-/// Runs `call` on a backend serving `device`: every buffer checked to be memory of that
-/// device, the sum into `out` by `all_reduce` (the backend's own, with `opts`), then the norm
-/// on `opts.stream`. The backend's context must be current. `loaded` is `fc_rmsnorm` of the
+/// Runs `call` (its buffers checked, [`check_buffers`]) on a backend: the sum into `out` by
+/// `all_reduce` (the backend's own, with `opts`), then the norm on `opts.stream`. The
+/// backend's context must be current. `loaded` is `fc_rmsnorm` of the
 /// call's dtype and whether launches use PDL, where the backend loaded its modules at start-up
 /// (direct access); otherwise the module is loaded at the first call (not inside a graph
 /// capture: the first call must run eagerly).
 pub(crate) fn run(
     cfg: &Config,
-    device: u32,
     call: AllReduceRmsNorm<'_>,
     shape: Shape,
     opts: &CallOpts,
@@ -173,7 +122,6 @@ pub(crate) fn run(
         eps,
         fp8,
     } = call;
-    check_call_views(device, &x, &out, &residual, &residual_out, &weight, &fp8)?;
     let (f, pdl) = match loaded {
         Some(l) => l,
         None => (
@@ -181,7 +129,7 @@ pub(crate) fn run(
             super::launch::pdl_for_current_device(cfg)?,
         ),
     };
-    let residual_ptr = in_ptr(&residual, &residual_out);
+    let residual_ptr = residual.address(&residual_out);
     let mut args = NormArgs::new(
         out.ptr() as u64,
         residual_ptr,
@@ -201,7 +149,7 @@ pub(crate) fn run(
     let mut params = [(&mut args as *mut NormArgs).cast::<c_void>()];
     // SAFETY: `f` is fc_rmsnorm of this dtype in the current context, taking one NormArgs by
     // value (layout checked against the source in the tests); every pointer in it is memory of
-    // this device (checked above) holding the sizes the call's check verified; the kernel starts
+    // this device (check_buffers) holding the sizes the call's check verified; the kernel starts
     // with griddepcontrol.wait, and `pdl` comes from pdl_for_current_device.
     let r = unsafe {
         super::launch::launch(
@@ -261,13 +209,14 @@ fn fused_signature(name: &str, shape: &Shape, count: usize, eps: f32, fp8: bool)
 /// Runs `call` in one launch of `fc_fused_flat` or `fc_fused_tree` (kernels/rmsnorm.cu) on the
 /// direct-access staging of `dda`, on `opts.stream`: `form` is [`NormForm::FusedFlat`] or
 /// [`NormForm::FusedTree`] as [`crate::plan::cuda_rmsnorm`] chose (the rows fit the staging).
-/// The backend's context must be current and the call ordered on the stream.
+/// The backend's context must be current, the buffers checked ([`check_buffers`], `aligned`
+/// from [`crate::backend::CallKind::aligned`]) and the call ordered on the stream.
 pub(crate) fn run_fused(
     dda: &super::dda::Dda,
-    device: u32,
     form: NormForm,
     call: AllReduceRmsNorm<'_>,
     shape: Shape,
+    aligned: bool,
     opts: &CallOpts,
 ) -> Result<()> {
     let name = match form {
@@ -288,23 +237,15 @@ pub(crate) fn run_fused(
         eps,
         fp8,
     } = call;
-    check_call_views(device, &x, &out, &residual, &residual_out, &weight, &fp8)?;
     dda.check_error(NAME)?;
-    let es = shape.dtype.size() as u64;
-    let x_ptr = in_ptr(&x, &out);
-    let residual_ptr = in_ptr(&residual, &residual_out);
-    let ptrs = [
-        x_ptr,
-        out.ptr() as u64,
-        residual_ptr,
-        residual_out.ptr() as u64,
-        weight.ptr() as u64,
-    ];
-    if ptrs.iter().any(|p| p % es != 0) {
+    if !aligned {
         return Err(Error::InvalidArgument(format!(
-            "{NAME}: pointers must be aligned to the element size ({es} bytes)"
+            "{NAME}: pointers must be aligned to the element size ({} bytes)",
+            shape.dtype.size()
         )));
     }
+    let x_ptr = x.address(&out);
+    let residual_ptr = residual.address(&residual_out);
     if shape.rows == 0 {
         return Ok(());
     }
@@ -332,7 +273,7 @@ pub(crate) fn run_fused(
     ];
     // SAFETY: `f` is fc_fused_flat / fc_fused_tree of this dtype in the current context,
     // taking one Args and one NormArgs by value (layouts checked against the source in the
-    // tests); every pointer in them is memory of this device (checked above) holding the sizes
+    // tests); every pointer in them is memory of this device (check_buffers) holding the sizes
     // the call's check verified, the staging holds the rows (the planner's condition); the
     // kernel starts with griddepcontrol.wait, and `dda.pdl` comes from the device.
     let r = unsafe { super::launch::launch(f, blocks, threads, opts.stream, &mut params, dda.pdl) };
@@ -360,9 +301,14 @@ pub fn residual_rmsnorm(
         )));
     }
     let shape = call.check()?;
+    // Its buffers checked as a backend checks a call's.
+    let kind = CallKind::AllReduceRmsNorm(call);
+    check_buffers(&kind, Device::Cuda(device))?;
+    let CallKind::AllReduceRmsNorm(call) = kind else {
+        unreachable!("built above")
+    };
     run(
         cfg,
-        device,
         call,
         shape,
         &CallOpts::on_stream(stream),
