@@ -3,18 +3,19 @@
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{sys, CudaContext};
+use cudarc::driver::CudaContext;
 
-use super::collectives;
-use super::dda::Dda;
-use super::lowp::{a2av_plan, LpKind};
-use super::{cu, kernels, open_context};
+use super::dda::lowp::{a2av_plan, LpKind};
+use super::dda::{collectives, fused_norm, Dda};
+use super::kernels;
 use crate::backend::{
     check_buffers, Backend, Call, CallKind, CallOpts, CommContext, P2pOp, Splits,
 };
 use crate::bootstrap::all_gather_bytes;
 use crate::config::Config;
-use crate::driver::{capturing, Completion, EventPool};
+use crate::driver::{
+    bind, capturing, open_context, result, Completion, DeviceAttribute, Event, EventPool,
+};
 use crate::error::{Error, Result};
 use crate::nccl::NcclBackend;
 use crate::plan::{self, Algo, Collective, CudaCaps, Engine, LowPrecisionChoice, PartForm, Plan};
@@ -44,11 +45,8 @@ pub struct CudaBackend {
 /// streams still run one after the other (the protocol needs calls in order on every rank).
 struct CallState {
     last_stream: Option<u64>,
-    event: sys::CUevent,
+    event: Event,
 }
-
-// SAFETY: the event is a driver handle used only under the mutex.
-unsafe impl Send for CallState {}
 
 impl CudaBackend {
     pub fn new(ctx: &CommContext) -> Result<CudaBackend> {
@@ -58,7 +56,7 @@ impl CudaBackend {
             unreachable!("open_context accepts only CUDA devices")
         };
         // DDA needs every rank on this host: the launcher's word, confirmed by host names.
-        let host = super::hostname();
+        let host = hostname();
         let hosts = all_gather_bytes(
             &*ctx.store,
             "cuda/hosts",
@@ -107,24 +105,15 @@ impl CudaBackend {
                 why: format!("ranks span several hosts and NCCL is missing: {no_nccl}"),
             });
         }
-        let mut event: sys::CUevent = std::ptr::null_mut();
-        cu(
-            // SAFETY: out-parameter; timing off makes record/wait cheap.
-            unsafe {
-                sys::cuEventCreate(
-                    &mut event,
-                    sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-                )
-            },
-            "cuEventCreate",
-        )?;
+        // Timing off makes record and wait cheap.
+        let event = Event::new("cuEventCreate")?;
         if ctx.config.debug {
             eprintln!(
                 "ferrocomm: rank {} cuda:{device}: dda {} ({} MiB staging, programmatic \
                  dependent launch {}, copy-engine all-reduce {}), nccl {}",
                 ctx.rank,
                 if dda.is_some() { "on" } else { "off" },
-                super::staging_memory_bytes(&ctx.config, ctx.size) >> 20,
+                super::dda::staging_layout(&ctx.config, ctx.size).total >> 20,
                 if dda.as_ref().is_some_and(|d| d.pdl) {
                     "on"
                 } else {
@@ -216,17 +205,8 @@ impl CudaBackend {
     fn follow(&self, st: &mut CallState, stream: u64) -> Result<()> {
         if let Some(prev) = st.last_stream {
             if prev != stream && !capturing(stream)? && !capturing(prev)? {
-                // SAFETY: valid event and streams of this context.
-                unsafe {
-                    cu(
-                        sys::cuEventRecord(st.event, prev as sys::CUstream),
-                        "cuEventRecord",
-                    )?;
-                    cu(
-                        sys::cuStreamWaitEvent(stream as sys::CUstream, st.event, 0),
-                        "cuStreamWaitEvent",
-                    )?;
-                }
+                st.event.record(prev, "cuEventRecord")?;
+                st.event.wait_in(stream, "cuStreamWaitEvent")?;
             }
         }
         st.last_stream = Some(stream);
@@ -414,9 +394,16 @@ impl CudaBackend {
     }
 }
 
-fn bind(c: &CudaContext) -> Result<()> {
-    c.bind_to_thread()
-        .map_err(|e| Error::Cuda(format!("binding the context: {e:?}")))
+/// This machine's host name (compared through the store to prove all ranks share one host).
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `len` bytes into the buffer.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) };
+    if rc != 0 {
+        return String::from("unknown-host");
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 fn setup_dda(ctx: &CommContext, cuda: &CudaContext) -> Result<Dda> {
@@ -431,7 +418,7 @@ fn setup_dda(ctx: &CommContext, cuda: &CudaContext) -> Result<Dda> {
         });
     }
     let sms = cuda
-        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .attribute(DeviceAttribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_err(|e| Error::Cuda(format!("SM count: {e:?}")))?;
     let arch = format!("sm_{major}{minor}");
     let arch: &'static str = Box::leak(arch.into_boxed_str());
@@ -440,10 +427,8 @@ fn setup_dda(ctx: &CommContext, cuda: &CudaContext) -> Result<Dda> {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
+        // What the backend holds (events, staging, NCCL) is released in its context.
         let _ = bind(&self.cuda);
-        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: the event was created in `new`.
-        unsafe { sys::cuEventDestroy_v2(st.event) };
     }
 }
 
@@ -840,7 +825,7 @@ impl CudaBackend {
             if form != plan::NormForm::TwoLaunch {
                 let mut st = self.enter()?;
                 self.follow(&mut st, opts.stream)?;
-                return super::fused_norm::run_fused(d, form, call, shape, aligned, opts);
+                return fused_norm::run_fused(d, form, call, shape, aligned, opts);
             }
         }
         // With direct access the kernel was loaded with the modules at start-up.
@@ -848,7 +833,7 @@ impl CudaBackend {
             Some(d) => Some((d.func(shape.dtype, "fc_rmsnorm")?, d.pdl)),
             None => None,
         };
-        super::fused_norm::run(&self.config, call, shape, opts, loaded, |x, out| {
+        fused_norm::run(&self.config, call, shape, opts, loaded, |x, out| {
             let mut st = self.enter()?;
             self.all_reduce(&mut st, x, out, ReduceOp::Sum, aligned, opts)
         })
@@ -868,11 +853,9 @@ impl CudaBackend {
         let w = d.barrier_word();
         let push = Plan::on_gpu(Algo::Push, None);
         d.all_reduce(&push, w, w, 1, DataType::I32, ReduceOp::Max, opts.stream)?;
-        cu(
-            // SAFETY: waits for the caller's stream; the kernel ends by the timeout at the latest.
-            unsafe { sys::cuStreamSynchronize(opts.stream as sys::CUstream) },
-            "barrier: cuStreamSynchronize",
-        )?;
+        // SAFETY: waits for the caller's stream (a live stream of this context); the kernel ends
+        // by the timeout at the latest.
+        unsafe { result::stream_synchronize(opts.stream, "barrier: cuStreamSynchronize") }?;
         d.check_error("barrier")
     }
 

@@ -147,10 +147,10 @@ fn options(arch: &str) -> Vec<String> {
     ]
 }
 
-/// The NVRTC version (major, minor). NVRTC must be loadable ([`super::libs::ensure_nvrtc`]).
+/// The NVRTC version (major, minor). NVRTC must be loadable ([`crate::driver::libs::ensure_nvrtc`]).
 pub fn nvrtc_version() -> Result<(i32, i32)> {
     // cudarc panics on a call into a library it cannot load: ask first.
-    if !super::libs::nvrtc_present() {
+    if !crate::driver::libs::nvrtc_present() {
         return Err(Error::LibraryMissing {
             library: "libnvrtc",
             why: "not loaded (see `ferrocomm info`)".into(),
@@ -174,7 +174,7 @@ fn check(r: nvrtc::nvrtcResult, what: &str) -> Result<()> {
 /// Compiles the module for `dtype` to a cubin for `arch` (`sm_90`). A compile error carries
 /// NVRTC's log.
 pub fn compile(dtype: DataType, arch: &str, cfg: &Config) -> Result<Vec<u8>> {
-    super::libs::ensure_nvrtc(cfg)?;
+    crate::driver::libs::ensure_nvrtc(cfg)?;
     let src = module_source(dtype).ok_or_else(|| Error::Unsupported {
         collective: "all_reduce",
         backend: "cuda",
@@ -184,7 +184,7 @@ pub fn compile(dtype: DataType, arch: &str, cfg: &Config) -> Result<Vec<u8>> {
 }
 
 /// Compiles one CUDA C++ source to a cubin for `arch`. NVRTC must be loadable
-/// ([`super::libs::ensure_nvrtc`]); a compile error is [`Error::KernelCompile`] with the log.
+/// ([`crate::driver::libs::ensure_nvrtc`]); a compile error is [`Error::KernelCompile`] with the log.
 pub fn compile_source(source_name: &str, src: &str, arch: &str) -> Result<Vec<u8>> {
     let source_name = source_name.to_string();
     let csrc = CString::new(src).map_err(|e| Error::Cuda(e.to_string()))?;
@@ -273,7 +273,7 @@ pub fn cache_path(cache: &Path, dtype: DataType, arch: &str, ver: (i32, i32)) ->
 
 /// The cubin for `dtype`: from the disk cache, or compiled now and stored there.
 pub fn cubin(dtype: DataType, arch: &str, cfg: &Config) -> Result<Vec<u8>> {
-    super::libs::ensure_nvrtc(cfg)?;
+    crate::driver::libs::ensure_nvrtc(cfg)?;
     let ver = nvrtc_version()?;
     let path = cache_path(&cfg.kernel_cache, dtype, arch, ver);
     if let Ok(b) = std::fs::read(&path) {
@@ -292,78 +292,20 @@ pub fn cubin(dtype: DataType, arch: &str, cfg: &Config) -> Result<Vec<u8>> {
     Ok(bin)
 }
 
-/// The size in bytes of `struct name` in a kernel source, from its fields (`u64`, `i64`, `u32`,
-/// `i32`, `float`, arrays of a number or `FC_MAX_RANKS`), laid out as C does: every field at a
-/// multiple of its size, the whole padded to its widest. The Rust mirrors of the kernels'
-/// argument structs are passed by value into the launch: their tests compare `size_of` with this,
-/// so a field added on one side only fails a test instead of shifting every later argument.
-#[cfg(test)]
-pub(crate) fn c_struct_size(src: &str, name: &str) -> usize {
-    let head = format!("struct {name} {{");
-    let body = &src[src.find(&head).expect("struct in source") + head.len()..];
-    let body = &body[..body.find("};").expect("end of struct")];
-    let (mut at, mut widest) = (0usize, 1usize);
-    for line in body.lines() {
-        let decl = line.split("//").next().unwrap().trim();
-        if decl.is_empty() {
-            continue;
-        }
-        let decl = decl.strip_suffix(';').expect("one field per line");
-        let (ty, field) = decl.split_once(' ').expect("type and name");
-        let size = match ty {
-            "u64" | "i64" => 8,
-            "u32" | "i32" | "float" => 4,
-            other => panic!("field type {other} in struct {name}"),
-        };
-        let count = match field.trim().split_once('[') {
-            None => 1,
-            Some((_, n)) => match n.trim_end_matches(']') {
-                "FC_MAX_RANKS" => super::dda::MAX_RANKS,
-                n => n.parse().expect("array length"),
-            },
-        };
-        at = at.next_multiple_of(size) + size * count;
-        widest = widest.max(size);
-    }
-    at.next_multiple_of(widest)
-}
-
 /// The module of `dtype`'s kernels for the device of the current context (its own `sm_XY`),
-/// from the disk cache or compiled now, loaded and kept for the process's life; `what` names the
-/// load in an error. For kernels a caller loads outside a communicator's start-up.
+/// from the disk cache or compiled now, loaded; `what` names the load in an error. For kernels a
+/// caller loads outside a communicator's start-up (it keeps the module for the process's life).
 pub(crate) fn load_on_current_device(
     dtype: DataType,
     cfg: &Config,
     what: &'static str,
-) -> Result<cudarc::driver::sys::CUmodule> {
-    use cudarc::driver::sys;
-    use sys::CUdevice_attribute as A;
+) -> Result<crate::driver::Module> {
+    use crate::driver::{current_device_attribute, DeviceAttribute as A};
     let arch = format!(
         "sm_{}{}",
         current_device_attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
         current_device_attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?
     );
     let bin = cubin(dtype, &arch, cfg)?;
-    let mut module: sys::CUmodule = std::ptr::null_mut();
-    super::cu(
-        // SAFETY: a complete cubin for this device; kept loaded for the process's life.
-        unsafe { sys::cuModuleLoadData(&mut module, bin.as_ptr().cast()) },
-        what,
-    )?;
-    Ok(module)
-}
-
-/// An attribute of the device of the current context (the caller made a context current).
-pub(crate) fn current_device_attribute(a: cudarc::driver::sys::CUdevice_attribute) -> Result<i32> {
-    use cudarc::driver::sys;
-    let mut dev: sys::CUdevice = 0;
-    // SAFETY: out-parameter; the caller made a context current.
-    super::cu(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
-    let mut v = 0i32;
-    super::cu(
-        // SAFETY: out-parameter for a valid device.
-        unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) },
-        "cuDeviceGetAttribute",
-    )?;
-    Ok(v)
+    crate::driver::Module::load(&bin, what)
 }

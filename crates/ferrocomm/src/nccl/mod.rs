@@ -22,7 +22,7 @@ use crate::backend::{
 };
 use crate::config::Config;
 use crate::driver::{
-    capturing_or_unknown as capturing, cu, Completion, DeviceContext, Event, EventPool,
+    bind, capturing_or_unknown as capturing, result, Completion, DeviceContext, Event, EventPool,
     PushedContext,
 };
 use crate::error::{Error, Result};
@@ -937,8 +937,7 @@ pub struct NcclBackend {
 /// NCCL alone as the backend of `ctx`.
 pub fn new_backend(ctx: &CommContext) -> Result<Box<dyn Backend>> {
     let cuda = crate::driver::open_context(ctx.device)?;
-    cuda.bind_to_thread()
-        .map_err(|e| Error::Cuda(format!("binding the context: {e:?}")))?;
+    bind(&cuda)?;
     Ok(Box::new(NcclBackend::new(ctx, cuda)?))
 }
 
@@ -947,12 +946,8 @@ impl NcclBackend {
     /// current on this thread.
     pub(crate) fn new(ctx: &CommContext, cuda: Arc<CudaContext>) -> Result<NcclBackend> {
         let nccl = Nccl::new(ctx)?;
-        let mut barrier_word: u64 = 0;
-        cu(
-            // SAFETY: out-parameter; the context is current.
-            unsafe { cudarc::driver::sys::cuMemAlloc_v2(&mut barrier_word, 64) },
-            "cuMemAlloc (barrier)",
-        )?;
+        // The context is current (the caller's contract).
+        let barrier_word = result::mem_alloc(64, "cuMemAlloc (barrier)")?;
         let device = match ctx.device {
             Device::Cuda(d) => d,
             Device::Host => 0,
@@ -979,9 +974,7 @@ impl NcclBackend {
 
     fn enter(&self) -> Result<std::sync::MutexGuard<'_, ()>> {
         let g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| Error::Cuda(format!("binding the context: {e:?}")))?;
+        bind(&self.ctx)?;
         Ok(g)
     }
 
@@ -1135,14 +1128,9 @@ impl NcclBackend {
         let w = self.barrier_word;
         self.nccl
             .all_reduce(w, w, 1, DataType::I32, ReduceOp::Sum, stream)?;
-        cu(
-            // SAFETY: waits for the caller's stream (the watchdog aborts the communicator if
-            // the all-reduce hangs, so this returns).
-            unsafe {
-                cudarc::driver::sys::cuStreamSynchronize(stream as cudarc::driver::sys::CUstream)
-            },
-            "barrier: cuStreamSynchronize",
-        )?;
+        // SAFETY: waits for the caller's stream, a live stream of this context (the watchdog
+        // aborts the communicator if the all-reduce hangs, so this returns).
+        unsafe { result::stream_synchronize(stream, "barrier: cuStreamSynchronize") }?;
         match self.nccl.failure() {
             Some(why) => Err(Error::Nccl(format!("barrier: {why}"))),
             None => Ok(()),
@@ -1152,37 +1140,34 @@ impl NcclBackend {
 
 impl Drop for NcclBackend {
     fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
+        let _ = bind(&self.ctx);
         // SAFETY: allocated once in `new`, freed once here; nothing uses it after the backend.
-        unsafe { cudarc::driver::sys::cuMemFree_v2(self.barrier_word) };
+        // An error at teardown is ignored: nothing can act on it.
+        let _ = unsafe { result::mem_free(self.barrier_word) };
     }
 }
 
 /// A stream-ordered copy of an in-place buffer, so sends read the original data.
 fn scratch_copy(src: u64, bytes: usize, stream: u64) -> Result<u64> {
-    let mut p: u64 = 0;
-    let st = stream as cudarc::driver::sys::CUstream;
-    // SAFETY: stream-ordered allocation and copy on the caller's stream (capturable).
+    // SAFETY: stream-ordered allocation and copy on the caller's stream (a live stream of this
+    // context; capturable): `src` holds `bytes` (the call's checked output).
     unsafe {
-        cu(
-            cudarc::driver::sys::cuMemAllocAsync(&mut p, bytes.max(1), st),
-            "cuMemAllocAsync (all_to_all scratch)",
-        )?;
-        cu(
-            cudarc::driver::sys::cuMemcpyDtoDAsync_v2(p, src, bytes, st),
+        let p = result::mem_alloc_async(bytes, stream, "cuMemAllocAsync (all_to_all scratch)")?;
+        result::memcpy_dtod_async(
+            p,
+            src,
+            bytes,
+            stream,
             "cuMemcpyDtoDAsync (all_to_all scratch)",
         )?;
+        Ok(p)
     }
-    Ok(p)
 }
 
 /// Frees the allocation made by [`scratch_copy`] after the sends on `stream`.
 fn free_scratch(p: u64, stream: u64) -> Result<()> {
-    cu(
-        // SAFETY: the allocation of scratch_copy, freed once, stream-ordered after its users.
-        unsafe { cudarc::driver::sys::cuMemFreeAsync(p, stream as cudarc::driver::sys::CUstream) },
-        "cuMemFreeAsync",
-    )
+    // SAFETY: the allocation of scratch_copy, freed once, stream-ordered after its users.
+    unsafe { result::mem_free_async(p, stream) }
 }
 
 impl Backend for NcclBackend {

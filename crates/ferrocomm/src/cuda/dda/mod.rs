@@ -1,25 +1,39 @@
-//! Direct data access: IPC staging shared by the ranks of one host, and the all-reduce kernels
-//! that use it (push, flat, tree, and stream: flat beyond the staging), each one launch on the
-//! caller's stream.
+//! Direct data access: IPC staging shared by the ranks of one host, mapped by every peer, and
+//! everything that runs on it ([`Dda`] and its executors), each call one launch on the caller's
+//! stream:
+//!
+//! - this module: the staging layout, its set-up (allocation, IPC exchange, the peer-write
+//!   check), the kernel modules and the arguments every kernel starts from;
+//! - `all_reduce`: the push / flat (pulled, streamed, copy engines, LL128) / tree all-reduce;
+//! - [`collectives`]: all-gather, reduce-scatter, all-to-all(v), broadcast, reduce, send/recv;
+//! - [`lowp`]: their block-scaled low-precision forms;
+//! - [`fused_norm`]: the fused all-reduce + residual add + RMSNorm.
+//!
+//! It imports nothing of the cuda backend above it but the kernel registry and NVML.
 
 use std::collections::HashMap;
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
 use std::time::Duration;
 
-use cudarc::driver::sys;
-
-use super::{cu, kernels, launch};
+use super::kernels;
 use crate::backend::{call_timeout, CommContext};
 use crate::bootstrap::{agree, store_barrier};
 use crate::config::Config;
+use crate::driver::result::{self, IPC_HANDLE_BYTES};
+use crate::driver::{self, Function};
 use crate::error::{Error, Result};
 use crate::plan::DdaCaps;
 use crate::types::DataType;
 
 mod all_reduce;
+pub mod collectives;
+pub(crate) mod fused_norm;
+pub(crate) mod lowp;
 
 use all_reduce::CopyEngine;
 pub use all_reduce::{ce_chunk, flat_grid};
+pub use fused_norm::residual_rmsnorm;
+pub use lowp::quantize_on_device;
 
 /// Bytes of a rank's set-up message before its bus id: the 64-byte IPC handle of its
 /// allocation and the staging's offset in it.
@@ -168,7 +182,7 @@ pub fn staging_layout(cfg: &Config, world: usize) -> StagingLayout {
         ll_max: cfg
             .thresholds
             .ll_max
-            .unwrap_or(super::collectives::LL_MAX_BYTES)
+            .unwrap_or(collectives::LL_MAX_BYTES)
             .min(push_cap),
         staging_off,
         staging_bytes,
@@ -178,6 +192,24 @@ pub fn staging_layout(cfg: &Config, world: usize) -> StagingLayout {
         ll128_cap,
         ll128_row,
         total: ll128_off + 2 * (world.max(1) - 1) * ll128_row,
+    }
+}
+
+/// What direct access has for `world` ranks under `cfg`, for the planner: the staging
+/// layout's sizes, the copy engines' smallest all-reduce where they are set up (`ce_min`), the
+/// NVLink verdict that LL128 lines need. A communicator reports its own (`Dda::caps`, after its
+/// start-up checks); `ferrocomm info` plans from the configuration with this.
+pub fn dda_caps(cfg: &Config, world: usize, ce_min: Option<usize>, ll128_links: bool) -> DdaCaps {
+    let layout = staging_layout(cfg, world);
+    DdaCaps {
+        staging_bytes: layout.staging_bytes,
+        push_cap: layout.push_cap,
+        ce_bytes: layout.ce_bytes,
+        ce_min: ce_min.filter(|_| layout.ce_bytes > 0),
+        ll128_cap: layout.ll128_cap,
+        ll128_links,
+        ll_max: layout.ll_max,
+        a2av_lp: lowp::a2av_lp_fits(cfg, layout.staging_bytes),
     }
 }
 
@@ -248,8 +280,9 @@ impl Args {
 }
 
 struct Module {
-    module: sys::CUmodule,
-    funcs: HashMap<String, sys::CUfunction>,
+    /// Held so that its functions stay valid (unloaded when the `Dda` goes).
+    _module: driver::Module,
+    funcs: HashMap<String, Function>,
     /// CTAs of 512 threads per SM of each low-precision kernel (their grids are one wave).
     lp_per_sm: HashMap<&'static str, u32>,
 }
@@ -270,14 +303,14 @@ pub struct Dda {
     pub(super) rank: usize,
     pub(super) world: usize,
     layout: StagingLayout,
-    own: sys::CUdeviceptr,
+    own: u64,
     /// Every rank's allocation base as mapped here (own included).
-    bases: Vec<sys::CUdeviceptr>,
-    opened: Vec<sys::CUdeviceptr>,
+    bases: Vec<u64>,
+    opened: Vec<u64>,
     /// Kernels are launched with programmatic dependent launch (`FERROCOMM_PDL`, sm_90).
     pub(super) pdl: bool,
     pub(super) error_host: *mut u32,
-    error_dev: sys::CUdeviceptr,
+    error_dev: u64,
     modules: HashMap<DataType, Module>,
     pub(super) sm_count: u32,
     pub(super) timeout: Duration,
@@ -378,7 +411,7 @@ impl Dda {
 
         // Kernels first: compiling (or reading the cache) needs no peer.
         let modules = load_modules(&ctx.config, arch)?;
-        let pdl = launch::pdl_for_current_device(&ctx.config)?;
+        let pdl = driver::pdl_for_current_device(&ctx.config)?;
 
         // Owned by `me` from here on, so that Drop frees whatever was allocated when a later
         // step fails (and skips what was not).
@@ -406,70 +439,32 @@ impl Dda {
             me.ce = Some(CopyEngine::new(min)?);
         }
         // NOT the async pool (stream.alloc): legacy IPC cannot share pool memory.
-        cu(
-            // SAFETY: out-parameter; the context is current.
-            unsafe { sys::cuMemAlloc_v2(&mut me.own, layout.total) },
-            "cuMemAlloc (DDA staging)",
-        )?;
+        me.own = result::mem_alloc(layout.total, "cuMemAlloc (DDA staging)")?;
         // Flags, epochs and LL lines start at zero: epoch 1 is the first call (rule 5: sentinel
         // state initialised before first use; the store exchange below orders it).
-        cu(
-            // SAFETY: `own` holds `layout.total` bytes.
-            unsafe { sys::cuMemsetD8_v2(me.own, 0, layout.total) },
-            "cuMemsetD8",
-        )?;
-        let mut error_host: *mut c_void = std::ptr::null_mut();
-        cu(
-            // SAFETY: out-parameter; 4 KiB of pinned, device-mapped host memory.
-            unsafe {
-                sys::cuMemHostAlloc(
-                    &mut error_host,
-                    4096,
-                    sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
-                )
-            },
-            "cuMemHostAlloc (error record)",
-        )?;
+        // SAFETY: `own` holds `layout.total` bytes.
+        unsafe { result::memset_d8(me.own, 0, layout.total) }?;
+        // 4 KiB of pinned, device-mapped host memory.
+        let error_host = result::mem_host_alloc_mapped(4096, "cuMemHostAlloc (error record)")?;
         me.error_host = error_host.cast();
         // SAFETY: the page was just allocated with 4096 bytes.
         unsafe { std::ptr::write_bytes(error_host.cast::<u8>(), 0, 4096) };
-        cu(
-            // SAFETY: `error_host` is a mapped pinned allocation.
-            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut me.error_dev, error_host, 0) },
-            "cuMemHostGetDevicePointer",
-        )?;
+        // SAFETY: `error_host` is a mapped pinned allocation.
+        me.error_dev = unsafe { result::mem_host_get_device_pointer(error_host) }?;
         me.bases[rank] = me.own;
-        // SAFETY: synchronous context-wide wait so the memset is done before peers write.
-        cu(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")?;
+        // Synchronous context-wide wait so the memset is done before peers write.
+        result::ctx_synchronize("cuCtxSynchronize")?;
 
         // Rule 7: share the allocation base plus the offset of our buffer inside it.
-        let mut base: sys::CUdeviceptr = 0;
-        let mut size = 0usize;
-        cu(
-            // SAFETY: out-parameters for an address we allocated.
-            unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, me.own) },
-            "cuMemGetAddressRange",
-        )?;
-        let mut handle = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
-        cu(
-            // SAFETY: out-parameter; `base` is the start of a cuMemAlloc allocation.
-            unsafe { sys::cuIpcGetMemHandle(handle.as_mut_ptr(), base) },
-            "cuIpcGetMemHandle",
-        )?;
-        // SAFETY: initialised by the call above.
-        let handle = unsafe { handle.assume_init() };
+        let (base, _) = result::mem_get_address_range(me.own, "cuMemGetAddressRange")?;
+        let handle = result::ipc_get_mem_handle(base)?;
         let mut msg = Vec::with_capacity(IPC_MSG_BYTES);
-        // SAFETY: the handle is 64 plain bytes.
-        msg.extend_from_slice(unsafe {
-            std::slice::from_raw_parts((&handle as *const sys::CUipcMemHandle).cast::<u8>(), 64)
-        });
+        msg.extend_from_slice(&handle);
         msg.extend_from_slice(&(me.own - base).to_le_bytes());
         if layout.ll128_cap > 0 {
             // The LL128 all-reduce's link check needs every GPU's bus id, after the handle (an
             // unknown one is empty: no link can be shown, so it stays off).
-            let mut dev: sys::CUdevice = 0;
-            // SAFETY: out-parameter; the context is current.
-            if unsafe { sys::cuCtxGetDevice(&mut dev) } == sys::CUresult::CUDA_SUCCESS {
+            if let Ok(dev) = result::ctx_get_device() {
                 msg.extend_from_slice(super::nvml::pci_bus_id(dev).unwrap_or_default().as_bytes());
             }
         }
@@ -510,33 +505,21 @@ impl Dda {
                     m.len()
                 )));
             }
-            let mut h = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
-            // SAFETY: copying 64 bytes into the 64-byte handle.
-            unsafe { std::ptr::copy_nonoverlapping(m.as_ptr(), h.as_mut_ptr().cast::<u8>(), 64) };
+            let handle: &[u8; IPC_HANDLE_BYTES] = m[..IPC_HANDLE_BYTES]
+                .try_into()
+                .expect("the message is longer than a handle");
             let off = u64::from_le_bytes(m[64..IPC_MSG_BYTES].try_into().expect("8 bytes"));
-            let mut p: sys::CUdeviceptr = 0;
+            let what = format!("cuIpcOpenMemHandle of rank {peer}'s staging");
             // SAFETY: a handle exported by a peer process; opened once per peer and closed in
-            // Drop. LAZY_ENABLE_PEER_ACCESS turns on peer access for this mapping.
-            let r = unsafe {
-                sys::cuIpcOpenMemHandle_v2(
-                    &mut p,
-                    h.assume_init(),
-                    sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
-                )
-            };
-            cu(r, &format!("cuIpcOpenMemHandle of rank {peer}'s staging")).map_err(|e| {
+            // Drop.
+            let p = unsafe { result::ipc_open_mem_handle(handle, &what) }.map_err(|e| {
                 Error::Cuda(format!(
                     "{e} (ranks must be separate processes on one host with peer access)"
                 ))
             })?;
             self.opened.push(p);
-            let mut start: sys::CUdeviceptr = 0;
-            let mut size = 0usize;
-            cu(
-                // SAFETY: out-parameters for an address inside the mapping just opened.
-                unsafe { sys::cuMemGetAddressRange_v2(&mut start, &mut size, p) },
-                &format!("cuMemGetAddressRange of rank {peer}'s staging"),
-            )?;
+            let what = format!("cuMemGetAddressRange of rank {peer}'s staging");
+            let (start, size) = result::mem_get_address_range(p, &what)?;
             let total = self.layout.total as u64;
             let mapped_size = (size as u64).saturating_sub(p - start.min(p));
             self.bases[peer] = peer_staging(p, mapped_size, off, total).ok_or_else(|| {
@@ -561,31 +544,29 @@ impl Dda {
             (&mut m as *mut u32).cast(),
             (&mut off as *mut u64).cast(),
         ];
-        cu(
-            // SAFETY: the parameters match fc_verify_write(Args, u32, u64); stream 0 is legacy.
-            // A plain launch: a synchronize follows, so there is nothing to overlap, and start-up
-            // never depends on programmatic launch.
-            unsafe { launch::launch(f, 1, 32, 0, &mut params, false) },
-            "launching the peer-write check",
-        )?;
-        // SAFETY: plain context synchronisation.
-        cu(unsafe { sys::cuCtxSynchronize() }, "peer-write check")
+        // SAFETY: the parameters match fc_verify_write(Args, u32, u64); stream 0 is legacy.
+        // A plain launch: a synchronize follows, so there is nothing to overlap, and start-up
+        // never depends on programmatic launch.
+        unsafe {
+            driver::launch(f, 1, 32, 0, &mut params, false, || {
+                "launching the peer-write check".into()
+            })
+        }?;
+        result::ctx_synchronize("peer-write check")
     }
 
     /// The second half, after every rank wrote: each peer's word arrived in this GPU's memory.
     fn check_peer_writes(&self) -> Result<()> {
         let mut got = [0u32; MAX_RANKS];
-        cu(
-            // SAFETY: reads `world` u32 of our own allocation into a large enough buffer.
-            unsafe {
-                sys::cuMemcpyDtoH_v2(
-                    got.as_mut_ptr().cast(),
-                    self.own + VERIFY_OFF as u64,
-                    4 * self.world,
-                )
-            },
-            "reading the peer-write check",
-        )?;
+        // SAFETY: reads `world` u32 of our own allocation into a large enough buffer.
+        unsafe {
+            result::memcpy_dtoh(
+                got.as_mut_ptr().cast(),
+                self.own + VERIFY_OFF as u64,
+                4 * self.world,
+                "reading the peer-write check",
+            )
+        }?;
         for (peer, v) in got.iter().take(self.world).enumerate() {
             let want = VERIFY_MAGIC + peer as u32;
             if *v != want {
@@ -621,7 +602,7 @@ impl Dda {
             })
     }
 
-    pub(super) fn func(&self, dtype: DataType, name: &str) -> Result<sys::CUfunction> {
+    pub(super) fn func(&self, dtype: DataType, name: &str) -> Result<Function> {
         self.kernel_entry(dtype, name, "direct access", |m| m.funcs.get(name).copied())
     }
 
@@ -720,7 +701,7 @@ impl Dda {
     /// What direct access has on this communicator (set up under `cfg`), for the planner.
     pub fn caps(&self, cfg: &Config) -> DdaCaps {
         let ce_min = self.ce.as_ref().map(|ce| ce.min_bytes);
-        super::dda_caps(cfg, self.world, ce_min, self.ll128_on)
+        dda_caps(cfg, self.world, ce_min, self.ll128_on)
     }
 
     /// A device word of this rank's own (16-byte aligned) for the backend's barrier: a push
@@ -732,28 +713,61 @@ impl Dda {
 
 impl Drop for Dda {
     fn drop(&mut self) {
-        // SAFETY: each pointer was opened/allocated exactly once by `new`; errors at teardown
-        // are ignored because nothing can act on them. The copy stream drains first: its copies
-        // write into the peers' memory, whose mappings close next.
+        // The copy stream drains first: its copies write into the peers' memory, whose mappings
+        // close next. Errors at teardown are ignored because nothing can act on them.
+        if let Some(ce) = &self.ce {
+            let _ = ce.stream.synchronize("copy stream at teardown");
+        }
+        // SAFETY: each pointer was opened/allocated exactly once by `new` (null when set-up
+        // failed before allocating it) and nothing uses it after the communicator.
         unsafe {
-            if let Some(ce) = &self.ce {
-                let _ = sys::cuStreamSynchronize(ce.stream);
-            }
             for p in self.opened.drain(..) {
-                let _ = sys::cuIpcCloseMemHandle(p);
+                let _ = result::ipc_close_mem_handle(p);
             }
-            for m in self.modules.values() {
-                let _ = sys::cuModuleUnload(m.module);
-            }
-            // Null when set-up failed before allocating them.
             if self.own != 0 {
-                let _ = sys::cuMemFree_v2(self.own);
+                let _ = result::mem_free(self.own);
             }
             if !self.error_host.is_null() {
-                let _ = sys::cuMemFreeHost(self.error_host.cast());
+                let _ = result::mem_free_host(self.error_host.cast());
             }
         }
     }
+}
+
+/// The size in bytes of `struct name` in a kernel source, from its fields (`u64`, `i64`, `u32`,
+/// `i32`, `float`, arrays of a number or `FC_MAX_RANKS`), laid out as C does: every field at a
+/// multiple of its size, the whole padded to its widest. The Rust mirrors of the kernels'
+/// argument structs are passed by value into the launch: their tests compare `size_of` with this,
+/// so a field added on one side only fails a test instead of shifting every later argument.
+#[cfg(test)]
+pub(super) fn c_struct_size(src: &str, name: &str) -> usize {
+    let head = format!("struct {name} {{");
+    let body = &src[src.find(&head).expect("struct in source") + head.len()..];
+    let body = &body[..body.find("};").expect("end of struct")];
+    let (mut at, mut widest) = (0usize, 1usize);
+    for line in body.lines() {
+        let decl = line.split("//").next().unwrap().trim();
+        if decl.is_empty() {
+            continue;
+        }
+        let decl = decl.strip_suffix(';').expect("one field per line");
+        let (ty, field) = decl.split_once(' ').expect("type and name");
+        let size = match ty {
+            "u64" | "i64" => 8,
+            "u32" | "i32" | "float" => 4,
+            other => panic!("field type {other} in struct {name}"),
+        };
+        let count = match field.trim().split_once('[') {
+            None => 1,
+            Some((_, n)) => match n.trim_end_matches(']') {
+                "FC_MAX_RANKS" => MAX_RANKS,
+                n => n.parse().expect("array length"),
+            },
+        };
+        at = at.next_multiple_of(size) + size * count;
+        widest = widest.max(size);
+    }
+    at.next_multiple_of(widest)
 }
 
 /// The error every rank returns when direct access failed on some rank: each failing rank and
@@ -789,47 +803,27 @@ fn load_modules(cfg: &Config, arch: &str) -> Result<HashMap<DataType, Module>> {
     let mut out = HashMap::new();
     for (d, bin) in bins {
         let bin = bin?;
-        let mut module: sys::CUmodule = std::ptr::null_mut();
-        cu(
-            // SAFETY: `bin` is a complete cubin for this device's arch; the context is current.
-            unsafe { sys::cuModuleLoadData(&mut module, bin.as_ptr().cast()) },
-            &format!("loading the {d} all-reduce kernels"),
-        )?;
+        let module = driver::Module::load(&bin, &format!("loading the {d} all-reduce kernels"))?;
         let mut funcs = HashMap::new();
         for name in kernels::entry_names_for(d) {
-            let c = CString::new(name.clone()).expect("no NUL");
-            let mut f: sys::CUfunction = std::ptr::null_mut();
-            cu(
-                // SAFETY: live module, C string name.
-                unsafe { sys::cuModuleGetFunction(&mut f, module, c.as_ptr()) },
-                &format!("kernel {name} ({d})"),
-            )?;
+            let f = module
+                .function(&name)
+                .map_err(|e| Error::Cuda(format!("{e} ({d})")))?;
             funcs.insert(name, f);
         }
         let mut lp_per_sm = HashMap::new();
         if kernels::has_lowp(d) {
             for name in kernels::LOWP_ENTRIES {
-                let mut n: std::ffi::c_int = 0;
-                cu(
-                    // SAFETY: out-parameter; a kernel of this module, 512-thread CTAs, static
-                    // shared memory only.
-                    unsafe {
-                        sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                            &mut n,
-                            funcs[name],
-                            512,
-                            0,
-                        )
-                    },
-                    &format!("occupancy of {name} ({d})"),
-                )?;
+                // 512-thread CTAs, static shared memory only.
+                let what = format!("occupancy of {name} ({d})");
+                let n = result::occupancy_max_active_blocks(funcs[name], 512, 0, &what)?;
                 lp_per_sm.insert(name, n.max(1) as u32);
             }
         }
         out.insert(
             d,
             Module {
-                module,
+                _module: module,
                 funcs,
                 lp_per_sm,
             },
@@ -859,7 +853,7 @@ mod tests {
 
     #[test]
     fn kernel_constants_match_the_host_and_fit_the_free_state() {
-        let src = super::super::kernels::ALL_REDUCE_SOURCE;
+        let src = kernels::ALL_REDUCE_SOURCE;
         for def in [
             format!("#define CE_SEQ {CE_SEQ_WORD} "),
             format!("#define CE_FLAGS {CE_FLAGS_WORD} "),
@@ -879,11 +873,8 @@ mod tests {
 
     #[test]
     fn args_layout_matches_the_kernel() {
-        let src = super::super::kernels::ALL_REDUCE_SOURCE;
-        assert_eq!(
-            std::mem::size_of::<Args>(),
-            super::super::kernels::c_struct_size(src, "Args")
-        );
+        let src = kernels::ALL_REDUCE_SOURCE;
+        assert_eq!(std::mem::size_of::<Args>(), c_struct_size(src, "Args"));
         assert_eq!(std::mem::align_of::<Args>(), 8);
     }
 }

@@ -9,11 +9,10 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-use cudarc::driver::sys;
-
-use super::{cu, cu_lazy, kernels};
 use crate::backend::{check_buffers, CallKind, CallOpts};
 use crate::config::Config;
+use crate::cuda::kernels;
+use crate::driver::{self, launch, result, Function};
 use crate::error::{Error, Result};
 use crate::plan::NormForm;
 use crate::rmsnorm::{AllReduceRmsNorm, Fp8Rows, Shape, NAME};
@@ -76,26 +75,20 @@ impl NormArgs {
 }
 
 /// `fc_rmsnorm` of `dtype` in the current context, loaded once per context and dtype.
-fn function(cfg: &Config, dtype: DataType) -> Result<sys::CUfunction> {
-    static FUNCS: Mutex<Option<HashMap<(usize, DataType), usize>>> = Mutex::new(None);
-    let mut ctx: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: out-parameter.
-    cu(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
-    let key = (ctx as usize, dtype);
+fn function(cfg: &Config, dtype: DataType) -> Result<Function> {
+    static FUNCS: Mutex<Option<HashMap<(usize, DataType), Function>>> = Mutex::new(None);
+    let key = (result::ctx_get_current()?, dtype);
     let mut g = FUNCS.lock().unwrap_or_else(|e| e.into_inner());
     let map = g.get_or_insert_with(HashMap::new);
     if let Some(&f) = map.get(&key) {
-        return Ok(f as sys::CUfunction);
+        return Ok(f);
     }
     // The caller made the backend's context current.
     let module = kernels::load_on_current_device(dtype, cfg, "loading the rmsnorm kernel")?;
-    let mut f: sys::CUfunction = std::ptr::null_mut();
-    cu(
-        // SAFETY: live module, NUL-terminated name.
-        unsafe { sys::cuModuleGetFunction(&mut f, module, c"fc_rmsnorm".as_ptr()) },
-        "fc_rmsnorm",
-    )?;
-    map.insert(key, f as usize);
+    let f = module.function("fc_rmsnorm")?;
+    // Kept loaded: its function is cached for the context.
+    module.keep_loaded();
+    map.insert(key, f);
     Ok(f)
 }
 
@@ -110,7 +103,7 @@ pub(crate) fn run(
     call: AllReduceRmsNorm<'_>,
     shape: Shape,
     opts: &CallOpts,
-    loaded: Option<(sys::CUfunction, bool)>,
+    loaded: Option<(Function, bool)>,
     all_reduce: impl FnOnce(Input<'_>, ViewMut<'_>) -> Result<()>,
 ) -> Result<()> {
     let AllReduceRmsNorm {
@@ -126,7 +119,7 @@ pub(crate) fn run(
         Some(l) => l,
         None => (
             function(cfg, shape.dtype)?,
-            super::launch::pdl_for_current_device(cfg)?,
+            driver::pdl_for_current_device(cfg)?,
         ),
     };
     let residual_ptr = residual.address(&residual_out);
@@ -147,30 +140,23 @@ pub(crate) fn run(
     }
     let blocks = shape.rows.min(MAX_BLOCKS) as u32;
     let mut params = [(&mut args as *mut NormArgs).cast::<c_void>()];
+    let threads = threads_for(shape.hidden);
     // SAFETY: `f` is fc_rmsnorm of this dtype in the current context, taking one NormArgs by
     // value (layout checked against the source in the tests); every pointer in it is memory of
     // this device (check_buffers) holding the sizes the call's check verified; the kernel starts
     // with griddepcontrol.wait, and `pdl` comes from pdl_for_current_device.
-    let r = unsafe {
-        super::launch::launch(
-            f,
-            blocks,
-            threads_for(shape.hidden),
-            opts.stream,
-            &mut params,
-            pdl,
-        )
-    };
-    cu_lazy(r, || {
-        format!(
-            "launching fc_rmsnorm ({} rows of {} {})",
-            shape.rows, shape.hidden, shape.dtype
-        )
-    })
+    unsafe {
+        launch(f, blocks, threads, opts.stream, &mut params, pdl, || {
+            format!(
+                "launching fc_rmsnorm ({} rows of {} {})",
+                shape.rows, shape.hidden, shape.dtype
+            )
+        })
+    }
 }
 
 /// Grid and block of a one-launch call: one block per row (one-shot) or per row of a stripe
-/// (two-shot), at most one per SM and [`MAX_BLOCKS`](super::dda::MAX_BLOCKS) (the flag slots),
+/// (two-shot), at most one per SM and [`MAX_BLOCKS`](super::MAX_BLOCKS) (the flag slots),
 /// every block co-resident with its peers' (they wait for each other); a thread per 16-byte
 /// vector of a row, whole warps, 32 to 512. Every rank computes the same from the shape.
 fn fused_grid(form: NormForm, shape: Shape, world: usize, sm_count: u32) -> (u32, u32) {
@@ -178,7 +164,7 @@ fn fused_grid(form: NormForm, shape: Shape, world: usize, sm_count: u32) -> (u32
         NormForm::FusedTree => shape.rows.div_ceil(world.max(1)),
         _ => shape.rows,
     };
-    let max_blocks = (sm_count as usize).clamp(1, super::dda::MAX_BLOCKS);
+    let max_blocks = (sm_count as usize).clamp(1, super::MAX_BLOCKS);
     let vectors = shape.hidden * shape.dtype.size() / 16;
     (
         rows.clamp(1, max_blocks) as u32,
@@ -212,7 +198,7 @@ fn fused_signature(name: &str, shape: &Shape, count: usize, eps: f32, fp8: bool)
 /// The backend's context must be current, the buffers checked ([`check_buffers`], `aligned`
 /// from [`crate::backend::CallKind::aligned`]) and the call ordered on the stream.
 pub(crate) fn run_fused(
-    dda: &super::dda::Dda,
+    dda: &super::Dda,
     form: NormForm,
     call: AllReduceRmsNorm<'_>,
     shape: Shape,
@@ -268,7 +254,7 @@ pub(crate) fn run_fused(
     let f = dda.func(shape.dtype, name)?;
     let (blocks, threads) = fused_grid(form, shape, dda.world, dda.sm_count);
     let mut params: [*mut c_void; 2] = [
-        (&mut a as *mut super::dda::Args).cast(),
+        (&mut a as *mut super::Args).cast(),
         (&mut n as *mut NormArgs).cast(),
     ];
     // SAFETY: `f` is fc_fused_flat / fc_fused_tree of this dtype in the current context,
@@ -276,13 +262,22 @@ pub(crate) fn run_fused(
     // tests); every pointer in them is memory of this device (check_buffers) holding the sizes
     // the call's check verified, the staging holds the rows (the planner's condition); the
     // kernel starts with griddepcontrol.wait, and `dda.pdl` comes from the device.
-    let r = unsafe { super::launch::launch(f, blocks, threads, opts.stream, &mut params, dda.pdl) };
-    cu_lazy(r, || {
-        format!(
-            "launching {name} ({} rows of {} {})",
-            shape.rows, shape.hidden, shape.dtype
+    unsafe {
+        launch(
+            f,
+            blocks,
+            threads,
+            opts.stream,
+            &mut params,
+            dda.pdl,
+            || {
+                format!(
+                    "launching {name} ({} rows of {} {})",
+                    shape.rows, shape.hidden, shape.dtype
+                )
+            },
         )
-    })
+    }
 }
 
 /// The residual add and norm alone, on `stream`: `call.out` already holds the all-reduced rows
@@ -325,7 +320,7 @@ mod tests {
     fn args_have_the_kernel_layout() {
         assert_eq!(
             std::mem::size_of::<NormArgs>(),
-            kernels::c_struct_size(kernels::RMSNORM_SOURCE, "NormArgs")
+            super::super::c_struct_size(kernels::RMSNORM_SOURCE, "NormArgs")
         );
     }
 

@@ -9,9 +9,9 @@
 
 use std::ffi::c_void;
 
-use super::cu_lazy;
-use super::dda::{kernel_name, Args, Dda, COLL_BAR_OFF, MAX_BLOCKS, MAX_RANKS};
+use super::{kernel_name, Args, Dda, COLL_BAR_OFF, MAX_BLOCKS, MAX_RANKS};
 use crate::backend::Splits;
+use crate::driver::launch;
 use crate::error::{Error, Result};
 use crate::plan::{self, Collective, PartForm};
 use crate::types::{DataType, ReduceOp};
@@ -82,7 +82,7 @@ pub fn a2av_slot_bytes(staging_bytes: usize, world: usize) -> usize {
 /// rank 0's messages first, then rank 1's, each side's in the order issued. `sends` tells, op by
 /// op, a send from a receive. The other rank, batched or one call at a time, meets them in that
 /// order whenever it too takes rank 0's messages first (as its batch does).
-pub(super) fn two_rank_batch_order(
+pub(in crate::cuda) fn two_rank_batch_order(
     rank: usize,
     sends: impl Iterator<Item = bool> + Clone,
 ) -> Vec<(usize, usize)> {
@@ -155,7 +155,11 @@ fn op_name(op: ReduceOp) -> String {
 /// and none is needed: the call runs pair by pair in pieces of a slot (`fc_all_to_all_v_pc`),
 /// whatever the counts, so the sizes are `(0, 0)` there and the choice depends on none (a size
 /// limit, `FERROCOMM_ALLTOALL_MAX_BYTES`, applies at two ranks only).
-pub(super) fn a2av_agreed_sizes(rank: usize, splits: &Splits, es: usize) -> (usize, usize) {
+pub(in crate::cuda) fn a2av_agreed_sizes(
+    rank: usize,
+    splits: &Splits,
+    es: usize,
+) -> (usize, usize) {
     if a2av_by_pairs(splits.send_counts.len()) {
         return (0, 0);
     }
@@ -166,7 +170,7 @@ pub(super) fn a2av_agreed_sizes(rank: usize, splits: &Splits, es: usize) -> (usi
 
 /// Whether an all-to-all-v of `world` ranks runs pair by pair (`fc_all_to_all_v_pc`): where no
 /// count is seen by every rank ([`plan::a2av_without_agreed_size`]).
-pub(super) fn a2av_by_pairs(world: usize) -> bool {
+pub(in crate::cuda) fn a2av_by_pairs(world: usize) -> bool {
     plan::a2av_without_agreed_size(world)
 }
 
@@ -174,13 +178,13 @@ pub(super) fn a2av_by_pairs(world: usize) -> bool {
 /// ranks): half a sender slot of `slot_bytes`, at most 1 GiB, in whole 16-byte vectors (so every
 /// piece starts on one); so below 2^31 elements (bit 31 of the kernel's data word marks a pair's
 /// last piece).
-pub(super) fn a2av_pc_piece(slot_bytes: usize, es: usize) -> usize {
+pub(in crate::cuda) fn a2av_pc_piece(slot_bytes: usize, es: usize) -> usize {
     ((slot_bytes / 2).min(1 << 30) / 16 * 16 / es).max(16 / es)
 }
 
 /// The largest count `rank` sends to or receives from another rank (its own part is copied
 /// locally and never goes through the staging).
-pub(super) fn a2av_largest_crossing(rank: usize, splits: &Splits) -> usize {
+pub(in crate::cuda) fn a2av_largest_crossing(rank: usize, splits: &Splits) -> usize {
     (0..splits.send_counts.len())
         .filter(|&p| p != rank)
         .map(|p| splits.send_counts[p].max(splits.recv_counts[p]))
@@ -192,7 +196,7 @@ pub(super) fn a2av_largest_crossing(rank: usize, splits: &Splits) -> usize {
 /// rank 1 -> 0), each taken from the rank's own view (what it sends, what it expects), so ranks
 /// whose counts do not match get different ones; `what` names the form and anything else the
 /// ranks must agree on.
-pub(super) fn a2av_pair_signature(
+pub(in crate::cuda) fn a2av_pair_signature(
     rank: usize,
     splits: &Splits,
     dtype: DataType,
@@ -208,7 +212,7 @@ pub(super) fn a2av_pair_signature(
 /// `chunk` elements of every crossing part, as many as the largest crossing part needs (at least
 /// one). The crossing counts are in both ranks' views, so both cut the call alike (more ranks
 /// cut it pair by pair inside one kernel, [`a2av_pc_piece`]).
-pub(super) fn a2av_pieces(rank: usize, splits: &Splits, chunk: usize) -> usize {
+pub(in crate::cuda) fn a2av_pieces(rank: usize, splits: &Splits, chunk: usize) -> usize {
     a2av_largest_crossing(rank, splits)
         .div_ceil(chunk.max(1))
         .max(1)
@@ -218,7 +222,7 @@ pub(super) fn a2av_pieces(rank: usize, splits: &Splits, chunk: usize) -> usize {
 /// `i * chunk ..` of every crossing part, up to `chunk` of them. The own part never goes through
 /// the staging (it is copied locally), so it goes whole with piece 0 and empty with the others:
 /// the number of pieces depends only on the crossing counts.
-pub(super) fn a2av_piece(rank: usize, splits: &Splits, i: usize, chunk: usize) -> Splits {
+pub(in crate::cuda) fn a2av_piece(rank: usize, splits: &Splits, i: usize, chunk: usize) -> Splits {
     let off = i * chunk;
     let cut = |counts: &[usize], displs: &[usize]| -> (Vec<usize>, Vec<usize>) {
         (0..counts.len())
@@ -244,7 +248,11 @@ pub(super) fn a2av_piece(rank: usize, splits: &Splits, i: usize, chunk: usize) -
 
 impl Dda {
     /// Decodes and clears a bad-input record written by collectives.cu (codes 2..5).
-    pub(super) fn take_input_error(&self, collective: &'static str, code: u32) -> Result<()> {
+    pub(in crate::cuda) fn take_input_error(
+        &self,
+        collective: &'static str,
+        code: u32,
+    ) -> Result<()> {
         // SAFETY: the host page stays mapped for our lifetime; words 1..3 were written before
         // word 0 (the kernel fences between them).
         let (peer, detail) = unsafe {
@@ -370,14 +378,15 @@ impl Dda {
         let f = self.func(dtype, name)?;
         let mut params: [*mut c_void; 2] =
             [(&mut a as *mut Args).cast(), (&mut c as *mut CArgs).cast()];
-        cu_lazy(
-            // SAFETY: `f` takes (Args, CArgs) by value, laid out as in the kernel source, and
-            // starts with pdl_wait(); the user pointers were validated by the communicator and the
-            // backend (device memory of this GPU, sizes checked), the staging offsets come from
-            // our own layout.
-            unsafe { super::launch::launch(f, grid.0, grid.1, stream, &mut params, self.pdl) },
-            || format!("launching {}", what()),
-        )
+        // SAFETY: `f` takes (Args, CArgs) by value, laid out as in the kernel source, and starts
+        // with pdl_wait(); the user pointers were validated by the communicator and the backend
+        // (device memory of this GPU, sizes checked), the staging offsets come from our own
+        // layout.
+        unsafe {
+            launch(f, grid.0, grid.1, stream, &mut params, self.pdl, || {
+                format!("launching {}", what())
+            })
+        }
     }
 
     /// Launches `fc_<kernel>_ll[_<op>]` (NCCL-LL lines, no barrier) when a part of `n`
@@ -546,7 +555,7 @@ impl Dda {
 
     /// The arguments of a reducing kernel (PremulSum factor, Avg divisor) and the op's kernel
     /// suffix; ops the kernels lack are refused naming `coll`.
-    pub(super) fn reduction_args(
+    pub(in crate::cuda) fn reduction_args(
         &self,
         input: u64,
         output: u64,
@@ -1046,7 +1055,7 @@ mod tests {
         assert_eq!(st_rounds(100, 0), COLL_MAX_ROUNDS as u32);
         // The kernels index their barrier words with the same bound.
         let def = format!("#define FC_MAX_ROUNDS {COLL_MAX_ROUNDS} ");
-        assert!(super::super::kernels::COLLECTIVES_SOURCE.contains(&def));
+        assert!(crate::cuda::kernels::COLLECTIVES_SOURCE.contains(&def));
     }
 
     #[test]
@@ -1054,10 +1063,10 @@ mod tests {
         // 4 arrays of 16 u64, 8 u64, 5 u32 (padded to 8 bytes).
         assert_eq!(std::mem::size_of::<CArgs>(), 4 * 16 * 8 + 8 * 8 + 6 * 4);
         assert_eq!(std::mem::align_of::<CArgs>(), 8);
-        let src = super::super::kernels::COLLECTIVES_SOURCE;
+        let src = crate::cuda::kernels::COLLECTIVES_SOURCE;
         assert_eq!(
             std::mem::size_of::<CArgs>(),
-            super::super::kernels::c_struct_size(src, "CArgs")
+            crate::cuda::dda::c_struct_size(src, "CArgs")
         );
     }
 
