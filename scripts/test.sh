@@ -5,7 +5,8 @@
 # What the tests need goes into a virtual environment of the project's own, .venv (created on
 # the first run, brought up to date when the list below changes): NVRTC 13.0 (so that every
 # CUDA kernel is compile-checked on a machine without a GPU; newer NVRTC emits code that driver
-# 580 refuses), numpy, pytest, maturin and torch for the torch.distributed tests.
+# 580 refuses), numpy, pytest, maturin, torch for the torch.distributed tests and mypy for the
+# package's types.
 # Nothing is installed outside .venv. uv installs them (fast, and from its cache on later runs).
 #
 # Compiled kernels are kept where the library keeps them (FERROCOMM_KERNEL_CACHE, by default
@@ -24,7 +25,8 @@ REQUIREMENTS="nvidia-cuda-nvrtc==13.0.88
 numpy
 pytest
 maturin>=1.5,<2
-torch==2.11.0"
+torch==2.11.0
+mypy==2.4.1"
 
 names=()
 codes=()
@@ -120,10 +122,12 @@ stage api-docs env RUSTDOCFLAGS="-D warnings" cargo doc -p ferrocomm --no-deps -
 if passed python-env; then
   stage python-package python_package
   stage python-tests "$PY" -m pytest -q --durations=5 python/tests
+  # The package's types, strictly (pyproject.toml's [tool.mypy]).
+  stage python-types "$PY" -m mypy
 else
-  names+=("python-package" "python-tests")
-  codes+=(1 1)
-  secs+=(0 0)
+  names+=("python-package" "python-tests" "python-types")
+  codes+=(1 1 1)
+  secs+=(0 0 0)
   echo "=== python stages not run: the environment could not be built"
 fi
 
