@@ -148,11 +148,9 @@ pub struct Caps {
 /// them down because flat moves O(N²) bytes and push's payload grows with N.
 pub fn default_all_reduce_thresholds(world: usize) -> (usize, usize, usize) {
     match world {
-        // 2 ranks: push wins to 64 KiB (4.7 us against flat's 5.1), flat from 256 KiB; tree
-        // never beats flat (both move S bytes each way); NCCL wins from 64 MiB (docs/tuning.md).
+        // 2 ranks: push to 64 KiB, flat above; tree never beats flat (both move S bytes each
+        // way); NCCL from 64 MiB. 3-4 ranks: measured on 4×H200. (The figures: docs/tuning.md, "Where the built-in limits come from".)
         0..=2 => (64 << 10, 32 << 20, 32 << 20),
-        // 3-4 ranks (4×H200, bench/results/2026-11-30-h200x4-first): push 0.34-0.40 of NCCL to
-        // 16 KiB, flat 0.50-0.64 at 64-256 KiB, tree 0.75-0.81 at 1-4 MiB and 1.01 at 16 MiB.
         3..=4 => (32 << 10, 512 << 10, 8 << 20),
         _ => (16 << 10, 256 << 10, 64 << 20),
     }
@@ -194,15 +192,11 @@ fn p2p(coll: Collective) -> bool {
 /// Default direct-access limits for the data-movement collectives (bytes per rank); `None`: no
 /// limit of its own (the staging still decides).
 pub fn default_direct_max(coll: Collective, world: usize) -> Option<usize> {
-    // 2×H200 sweeps (docs/tuning.md, direct-access collectives): direct access beats NCCL up to
-    // the largest size measured, the equal-part all-to-all since it runs in rounds from 8 MiB
-    // parts (64 MiB per rank 0.81×). The staging (64 MiB by default) caps the rest: world × part
-    // bytes per call. The all-to-all-v runs in pieces at any size (launches of a staging slot
-    // at two ranks, pair by pair in one launch above), and NCCL's all-to-all-v (grouped sends
-    // and receives) is far slower than its all-to-all: 0.44-0.66× at 1-32 MiB of uneven parts,
-    // bench/results/2026-11-30-h200x2-lp-a2av. So it has no limit of its own at two ranks;
-    // above two, where its choice can take no size, `select` gives it to NCCL by a rule of its
-    // own.
+    // Direct access beats NCCL up to the largest size measured (docs/tuning.md, "How the
+    // choice is made"); the staging (64 MiB by default) caps the rest: world × part bytes per
+    // call. The all-to-all-v runs in pieces at any size and NCCL's grouped sends are far slower
+    // than its all-to-all, so it has no limit of its own at two ranks; above two, where its
+    // choice can take no size, `select` gives it to NCCL by a rule of its own (docs/tuning.md, "Where the built-in limits come from").
     let base: usize = match coll {
         Collective::AllToAllV => return None,
         Collective::AllGather => 32 << 20,
@@ -294,10 +288,9 @@ pub fn select(
             Ok(if caps.nccl { Algo::Nccl } else { Algo::Direct })
         }
         // Above two ranks the all-to-all-v runs pair by pair and its choice can take no size (no
-        // count is seen by every rank). On 4×H200 the pair-by-pair kernel lost to NCCL's
-        // all-to-all-v up to 1 MB (1 KB 14.4 against 8.6 us, 256 KB 16.6 against 10.0) and won
-        // from 4 MB (0.76-0.78): without a size to go by, NCCL (never slower than NCCL), direct
-        // access when forced or without NCCL (bench/results/2026-11-30-h200x4-first).
+        // count is seen by every rank); the pair-by-pair kernel lost to NCCL's below 4 MB and
+        // won above (docs/tuning.md, "Where the built-in limits come from"): without a size to go by, NCCL (never slower than NCCL), direct
+        // access when forced or without NCCL.
         Collective::AllToAllV if a2av_without_agreed_size(world) => {
             Ok(if caps.nccl { Algo::Nccl } else { Algo::Direct })
         }
@@ -624,8 +617,7 @@ pub fn staged_need(coll: Collective, part_bytes: usize, world: usize) -> Option<
 /// Whether a call with parts of `part_bytes` uses LL lines (`ll_max`: the largest LL part,
 /// `StagingLayout::ll_max`), for every collective with LL kernels: the data movers, and the
 /// reductions since their LL kernels wait for the peer's lines only (as the push all-reduce).
-/// Earlier LL reductions, which waited for a hello with a system-scope release first, lost to
-/// the staged kernels at every size (bench/results/2026-11-30-h200x2-ll-staged) and were removed.
+/// (Earlier LL reductions that waited for a hello first lost at every size: docs/tuning.md, "Where the built-in limits come from".)
 fn use_ll(part_bytes: usize, ll_max: usize) -> bool {
     part_bytes <= ll_max
 }
@@ -638,13 +630,8 @@ pub fn a2av_takes_ll(largest_crossing_bytes: usize, ll_max: usize) -> bool {
 }
 
 /// The smallest part of `kernel` that takes the pipelined staged kernel (`fc_<kernel>_rw`, rounds
-/// of `PIPE_ROUND_BYTES`, at most `COLL_MAX_ROUNDS`); None where rounds never pay. Measured on
-/// 2xH200 (bench/results/2026-11-30-h200x2-pipeline, -coll-rounds, -a2a-rw): all-gather 64 MB
-/// 141 -> 106 us, 32 MB 68.6 -> 57.2, 16 MB (8 MiB parts, 2 rounds) 33.5 -> 32.0; all-to-all
-/// 16 MB 36.4 -> 33.5, 32 MB 73.5 -> 61.5, 64 MB 141.0 -> 113.4; reduce-scatter 64 MB 141 -> 118,
-/// 32 MB 72 -> 67, but 16 MB 36.4 -> 37.1 in 4 rounds of 2 MiB (36.5 -> 37.6 in 2); broadcast and
-/// reduce lost at every size (each extra round costs 1.5-3 us; broadcast 16 MB 49.1 -> 52.5), and
-/// rounds of 2 or 1 MiB lost to 4 MiB for every kernel.
+/// of `PIPE_ROUND_BYTES`, at most `COLL_MAX_ROUNDS`); None where rounds never pay (broadcast and
+/// reduce lost at every size, rounds under 4 MiB for every kernel). The figures: docs/tuning.md, "Where the built-in limits come from".
 pub fn pipe_min_bytes(kernel: &str) -> Option<usize> {
     match kernel {
         "all_gather" | "all_to_all" => Some(8 << 20),

@@ -121,7 +121,7 @@ impl DataType {
         !self.is_float()
     }
 
-    /// Narrow float types that are reduced in f32 (DESIGN rule 6).
+    /// Narrow float types that are reduced in f32 (docs/design.md, rule 6).
     pub const fn accumulates_in_f32(self) -> bool {
         matches!(
             self,

@@ -431,7 +431,7 @@ def check_hints(comm, tag):
             ref = x.double()
             dist.all_reduce(ref)
             rel = ((a.double() - ref).norm() / ref.norm()).item()
-            # Bit-identical on every rank (DESIGN rule 5).
+            # Bit-identical on every rank (docs/design.md, rule 5).
             g = torch.empty(n * WORLD, dtype=torch.bfloat16, device=DEV)
             dist.all_gather_into_tensor(g, a)
             identical = all(torch.equal(c, g[:n]) for c in g.chunk(WORLD))

@@ -150,7 +150,7 @@ impl CudaBackend {
     fn cuda_caps(&self) -> CudaCaps<'_> {
         CudaCaps {
             world: self.size,
-            dda: self.dda.as_ref().map(|d| d.caps(&self.config)),
+            dda: self.dda.as_ref().map(Dda::caps),
             no_dda: &self.no_dda,
             nccl: self.nccl.is_some(),
             no_nccl: &self.no_nccl,

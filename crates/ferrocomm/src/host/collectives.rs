@@ -198,7 +198,7 @@ impl HostBackend {
                     }?;
                     call.barrier()?;
                     // All-gather: every rank, the owners included, copies the same reduced
-                    // stripes, so results agree bit for bit (DESIGN rule 5).
+                    // stripes, so results agree bit for bit (docs/design.md, rule 5).
                     // SAFETY: `reduced` is complete and unchanged until the end barrier; the
                     // output chunk is this call's own.
                     unsafe { copy(seg.reduced(), bufs.output.add(off * es), len * es) };

@@ -3,7 +3,7 @@
 //! Inputs are widened to f32 and encoded once; sums are taken in f32 in rank order, starting
 //! from rank 0's decoded values (as [`crate::quant::reference::one_shot`] does). Tree all-reduce:
 //! the owner of a stripe sums it, quantizes once into `reduced`, and every rank, the owner
-//! included, decodes that same stripe (DESIGN rule 5). Chunks and stripes are whole blocks, so a
+//! included, decodes that same stripe (docs/design.md, rule 5). Chunks and stripes are whole blocks, so a
 //! block-aligned part of an encoding is a contiguous slice of it (`Codec::encoded_offset`).
 
 use super::collectives::{exclusive, region_bytes, shared, stripe};

@@ -9,7 +9,7 @@
 //! A collective call runs as: stage the first chunk into this rank's slot, write the call's
 //! signature, start barrier, compare every rank's signature, then per chunk: (stage, barrier)
 //! consume, barrier. The last barrier of a call is an end barrier: nobody reuses a slot or a
-//! signature record before every rank has finished reading it (DESIGN rule 3).
+//! signature record before every rank has finished reading it (docs/design.md, rule 3).
 
 mod collectives;
 mod fused_norm;
@@ -303,7 +303,7 @@ impl Running<'_> {
     /// Barrier over all ranks with a fresh epoch.
     ///
     /// Each rank publishes its epoch with release (its staging writes happen before) and reads
-    /// the others' with acquire (their staging writes become visible): DESIGN rules 1-2. Epochs
+    /// the others' with acquire (their staging writes become visible): docs/design.md, rules 1-2. Epochs
     /// only grow and the comparison is `>=`: a peer already at the next barrier has certainly
     /// passed this one, and a value can never come back (no ABA).
     pub fn barrier(&mut self) -> Result<()> {

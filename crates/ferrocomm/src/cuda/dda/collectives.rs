@@ -18,11 +18,8 @@ use crate::types::{DataType, ReduceOp};
 
 /// Default largest part (bytes one sender puts in one receiver's row) sent as LL lines
 /// (`FERROCOMM_LL_MAX_BYTES` moves it); above it the staged protocol. LL halves the link
-/// bandwidth, staged pays a barrier round trip. Measured on 2xH200 with the LL kernels' hellos
-/// off the data's path (bench/results/2026-11-30-h200x2-push-own), bf16, us, 32 KiB -> 512 KiB
-/// limit: all-gather of 128 KiB parts 4.96 -> 3.67, 256 KiB 5.21 -> 4.41, 512 KiB 5.94 -> 6.35;
-/// all-to-all the same parts 5.07 -> 3.79, 5.25 -> 4.54, 5.98 -> 6.46; broadcast 256 KiB 4.46 ->
-/// 3.26. So LL up to 256 KiB parts.
+/// bandwidth, staged pays a barrier round trip: LL won up to 256 KiB parts and lost at 512 KiB
+/// (docs/tuning.md, "Where the built-in limits come from").
 pub const LL_MAX_BYTES: usize = 256 << 10;
 
 const ERR_MISMATCH: u32 = 2;

@@ -66,8 +66,8 @@ fn tile(codec: &Codec) -> usize {
 }
 
 /// Chunks of at least this many input bytes per part run the one-shot family as
-/// `fc_lp_move_wide` (two CTAs per SM, registers capped, some spilled): measured on 2xH200 it
-/// is 9-14% faster from 32 MiB parts up and slower below (kernels/lowp.cu).
+/// `fc_lp_move_wide` (two CTAs per SM, registers capped, some spilled): faster from 32 MiB parts
+/// up and slower below (docs/tuning.md, "Where the built-in limits come from").
 const LP_WIDE_MIN_BYTES: usize = 32 << 20;
 
 /// How a one-shot collective of `part` elements per part is cut: whether it pushes (records
@@ -75,12 +75,8 @@ const LP_WIDE_MIN_BYTES: usize = 32 << 20;
 /// chunk; 0 where push cannot run) or pulls (records in the sender's staging, at most
 /// `pull_most`, at least one tile), and the elements per chunk (equal chunks of whole tiles,
 /// not full ones and a small remainder). Push wherever it needs no more chunks (kernel
-/// launches) than pull. Measured on 2xH200: push is 7-11% faster at 16 MB
-/// (bench/results/2026-11-30-h200x2-lp-push); where it needs more chunks it loses (a 64 MB bf16
-/// all-reduce in one pull chunk: 169 us, in two push chunks: 185); with as many chunks, from
-/// 32 MiB parts up (the reduce-scatter and the all-to-all, a region per part either way), it
-/// wins 5-6% on a 256 MB bf16 reduce-scatter and 2% (out of place) to 14% (in place) on the
-/// all-to-all (bench/results/2026-11-30-h200x2-lp-a2av, run 3).
+/// launches) than pull: push wins with as many chunks and loses where it needs more
+/// (docs/tuning.md, "Where the built-in limits come from").
 fn plan(
     kind: LpKind,
     part: usize,

@@ -85,8 +85,8 @@ const _: () = assert!(
 );
 /// Threads per block of the copy-engine reduction (one block per SM): its blocks spin until
 /// their chunks land, and a copy between two buffers of one GPU (ranks sharing a GPU) runs as a
-/// kernel that needs room beside them; on 1xH200 a 4-byte copy waited behind spinning blocks that
-/// filled every SM's threads (bench/results/2026-12-01-h200-ce, spin_copy).
+/// kernel that needs room beside them, which blocks of more threads left none of
+/// (docs/tuning.md, "Where the built-in limits come from").
 const CE_THREADS: u32 = 256;
 /// Largest push payload per rank (LL lines double it, and every rank holds every sender's).
 const PUSH_CAP_MAX: usize = 512 << 10;
@@ -143,8 +143,7 @@ pub struct StagingLayout {
 pub const LL128_PAYLOAD: usize = 15 * 8;
 /// Threads per block of the LL128 kernel, and blocks per SM (its `__launch_bounds__(512, 2)`
 /// keeps it within 64 registers, so two are resident): 1024 threads an SM, as in the SM copy
-/// kernel that carried ~366 GB/s each way with both directions busy
-/// (bench/results/2026-11-30-h200x2-ce-probe).
+/// kernel that carried the link's bandwidth each way (docs/tuning.md, "Where the built-in limits come from").
 const LL128_THREADS: u32 = 512;
 const LL128_BLOCKS_PER_SM: usize = 2;
 
@@ -326,6 +325,9 @@ pub struct Dda {
     /// The LL128 all-reduce runs: set (`FERROCOMM_ALLREDUCE_LL128_MAX_BYTES`) and every pair
     /// of ranks on one GPU or joined by NVLink (agreed by every rank at set-up).
     ll128_on: bool,
+    /// What the planner is told ([`Dda::caps`]), from the layout, the copy engine and the LL128
+    /// verdict.
+    caps: DdaCaps,
 }
 
 // SAFETY: the raw pointers are device addresses and a pinned host page owned by this struct;
@@ -390,6 +392,8 @@ impl Dda {
                          the LL128 all-reduce stays off ({why}); flat all-reduces pull"
                     );
                 }
+                let ce_min = me.ce.as_ref().map(|ce| ce.min_bytes);
+                me.caps = dda_caps(&ctx.config, world, ce_min, me.ll128_on);
                 Ok(me)
             }
             Err(failed) => Err(peers_failed(&failed)),
@@ -433,6 +437,7 @@ impl Dda {
             timeout_shown: std::sync::atomic::AtomicBool::new(false),
             ce: None,
             ll128_on: false,
+            caps: dda_caps(&ctx.config, world, None, false),
         };
         if layout.ce_bytes > 0 {
             let min = ctx.config.thresholds.ce_min.unwrap_or(0);
@@ -440,7 +445,7 @@ impl Dda {
         }
         // NOT the async pool (stream.alloc): legacy IPC cannot share pool memory.
         me.own = result::mem_alloc(layout.total, "cuMemAlloc (DDA staging)")?;
-        // Flags, epochs and LL lines start at zero: epoch 1 is the first call (rule 5: sentinel
+        // Flags, epochs and LL lines start at zero: epoch 1 is the first call (docs/design.md, rule 5: sentinel
         // state initialised before first use; the store exchange below orders it).
         // SAFETY: `own` holds `layout.total` bytes.
         unsafe { result::memset_d8(me.own, 0, layout.total) }?;
@@ -455,7 +460,7 @@ impl Dda {
         // Synchronous context-wide wait so the memset is done before peers write.
         result::ctx_synchronize("cuCtxSynchronize")?;
 
-        // Rule 7: share the allocation base plus the offset of our buffer inside it.
+        // docs/design.md, rule 7: share the allocation base plus the offset of our buffer inside it.
         let (base, _) = result::mem_get_address_range(me.own, "cuMemGetAddressRange")?;
         let handle = result::ipc_get_mem_handle(base)?;
         let mut msg = Vec::with_capacity(IPC_MSG_BYTES);
@@ -533,7 +538,7 @@ impl Dda {
     }
 
     /// The peer-write check, first half: a kernel writes this rank's word into every peer's
-    /// memory through the mappings (drivers can claim P2P falsely, rule 7).
+    /// memory through the mappings (drivers can claim P2P falsely, docs/design.md rule 7).
     fn write_to_peers(&self) -> Result<()> {
         let f = self.func(DataType::F32, "fc_verify_write")?;
         let mut a = self.base_args(0, 0, 0);
@@ -698,10 +703,10 @@ impl Dda {
         })
     }
 
-    /// What direct access has on this communicator (set up under `cfg`), for the planner.
-    pub fn caps(&self, cfg: &Config) -> DdaCaps {
-        let ce_min = self.ce.as_ref().map(|ce| ce.min_bytes);
-        dda_caps(cfg, self.world, ce_min, self.ll128_on)
+    /// What direct access has on this communicator, for the planner: computed once, when the
+    /// set-up checks have decided it.
+    pub fn caps(&self) -> DdaCaps {
+        self.caps
     }
 
     /// A device word of this rank's own (16-byte aligned) for the backend's barrier: a push
