@@ -5,7 +5,8 @@
 # What the tests need goes into a virtual environment of the project's own, .venv (created on
 # the first run, brought up to date when the list below changes): NVRTC 13.0 (so that every
 # CUDA kernel is compile-checked on a machine without a GPU; newer NVRTC emits code that driver
-# 580 refuses), numpy, pytest, maturin, torch for the torch.distributed tests and mypy for the
+# 580 refuses), numpy, pytest, maturin, torch with expecttest and hypothesis for the
+# torch.distributed tests (torch's own backend test suite imports those two), and mypy for the
 # package's types.
 # Nothing is installed outside .venv. uv installs them (fast, and from its cache on later runs).
 #
@@ -24,6 +25,8 @@ PY="$VENV/bin/python"
 REQUIREMENTS="nvidia-cuda-nvrtc==13.0.88
 numpy
 pytest
+expecttest
+hypothesis
 maturin>=1.5,<2
 torch==2.11.0
 mypy==2.4.1"

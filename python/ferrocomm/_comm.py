@@ -6,7 +6,7 @@ import datetime
 import operator
 import os
 import sys
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from . import _native
 from . import _tensors as T
@@ -168,6 +168,7 @@ class Comm:
         if name in _MOVE_AS:
             name = _MOVE_AS[name]
             h["low_precision"] = "off"
+        nbytes = _int_arg("algo_for", "nbytes", nbytes, 0, _MAX_COUNT)
         return self._n.algo_for(collective, nbytes, name, h.get("algo"), h.get("low_precision"))
 
     def __repr__(self) -> str:
@@ -193,7 +194,7 @@ class Comm:
         """A communicator of ``ranks`` (global ranks, new rank = position in the list), or None
         on ranks not listed. Listed ranks must all call it with the same list and name. It is
         created with this communicator's current timeout and then has ``timeout`` when given."""
-        ranks = [int(r) for r in ranks]
+        ranks = _int_list("split", "ranks", ranks, 0, self.size - 1)
         t = timeout_seconds(timeout)
         if t is not None and not t > 0:
             raise FerrocommValueError(f"split: timeout must be positive, got {timeout!r}")
@@ -790,7 +791,7 @@ class Comm:
                     f"{coll}: {what} has {rows} rows, which do not split into {self.size} "
                     "equal parts")
             return [rows // self.size * per_row] * self.size
-        sizes = [int(s) for s in sizes]
+        sizes = _int_list(coll, f"{what}_split_sizes", sizes, 0, _MAX_COUNT)
         if len(sizes) != self.size:
             raise FerrocommValueError(
                 f"{coll}: {what}_split_sizes has {len(sizes)} entries, expected {self.size}")
@@ -928,23 +929,44 @@ class BatchSendRecv:
         return self._comm._batch(list(self._ops), async_op, hints, timeout)
 
 
-def _rank_arg(coll: str, name: str, value: object, size: int) -> int:
-    """A rank argument (``root``, ``dst``, ``src``) as an int in ``0..size``: Python and numpy
-    integers are accepted; bool, float, str and anything else are refused, not rounded."""
+# Largest count or size a Python argument may give (what the native layer's u64/i64 hold).
+_MAX_COUNT = 2**63 - 1
+
+
+def _int_arg(coll: str, name: str, value: object, lo: int, hi: int, what: str = "an int",
+             span: Optional[str] = None) -> int:
+    """An integer argument in ``lo..=hi``: Python, numpy and torch integers are accepted; bool,
+    float, str, None and anything else are refused with FerrocommValueError, not rounded or
+    left to the native layer's TypeError or OverflowError."""
     dtype = getattr(value, "dtype", None)
     if isinstance(value, bool) or dtype is not None and \
             str(dtype).replace("torch.", "") == "bool":
-        raise FerrocommValueError(f"{coll}: {name} must be an int rank, not a bool ({value!r})")
+        raise FerrocommValueError(f"{coll}: {name} must be {what}, not a bool ({value!r})")
     try:
-        r = operator.index(value)  # type: ignore[arg-type]  # anything may come in
+        v = operator.index(value)  # type: ignore[arg-type]  # anything may come in
     except TypeError:
         raise FerrocommValueError(
-            f"{coll}: {name} must be an int rank, not {type(value).__name__} ({value!r})"
+            f"{coll}: {name} must be {what}, not {type(value).__name__} ({value!r})"
         ) from None
-    if not 0 <= r < size:
+    if not lo <= v <= hi:
+        raise FerrocommValueError(f"{coll}: {name} {v} is out of range {span or f'({lo}..{hi})'}")
+    return v
+
+
+def _int_list(coll: str, name: str, values: object, lo: int, hi: int) -> list[int]:
+    """A list of integer arguments (split sizes, ranks), each checked as `_int_arg`."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise FerrocommValueError(
-            f"{coll}: {name} {r} is out of range for {size} ranks (0..{size - 1})")
-    return r
+            f"{coll}: {name} must be a list of ints, not {type(values).__name__} ({values!r})")
+    if not isinstance(values, Iterable):
+        raise FerrocommValueError(f"{coll}: {name} must be a list of ints, not {values!r}")
+    return [_int_arg(coll, f"{name}[{k}]", v, lo, hi) for k, v in enumerate(values)]
+
+
+def _rank_arg(coll: str, name: str, value: object, size: int) -> int:
+    """A rank argument (``root``, ``dst``, ``src``) as an int in ``0..size``."""
+    return _int_arg(coll, name, value, 0, size - 1, "an int rank",
+                    f"for {size} ranks (0..{size - 1})")
 
 
 def _numel(t: Buffer) -> int:
@@ -1006,6 +1028,11 @@ def new_comm(backend: str, device: Any, name: Optional[str] = None,
     del high_priority_stream
     if name is None or str(name) == "":
         raise FerrocommValueError("new_comm: name is required (the same on every rank)")
+    # The native layer bounds them further (a size of at most 65536 ranks, a rank below it).
+    rank, size, local_rank, local_size = (
+        None if v is None else _int_arg("new_comm", k, v, lo, _MAX_COUNT)
+        for k, v, lo in (("rank", rank, 0), ("size", size, 1), ("local_rank", local_rank, 0),
+                         ("local_size", local_size, 1)))
     native = _native.new_comm(
         str(name),
         str(backend),

@@ -115,7 +115,15 @@ def describe(obj: Any, what: str, coll: str, writable: bool = False) -> Buf:
         if seen is None:
             seen = _TORCH_DTYPES[obj.dtype] = (_torch_dtype_name(obj.dtype), obj.element_size())
         dtype, esize = seen
-        if not obj.is_contiguous():
+        try:
+            contiguous = obj.is_contiguous()
+        except RuntimeError:  # sparse compressed layouts have no strides to ask about
+            contiguous = False
+        if not contiguous:
+            if obj.layout is not _torch().strided:
+                raise FerrocommValueError(
+                    f"{coll}: {what} is a {obj.layout} tensor; ferrocomm's collectives take "
+                    "dense tensors (the torch backend's all_reduce sums sparse COO tensors)")
             raise FerrocommValueError(
                 f"{coll}: {what} is not contiguous (strides {tuple(obj.stride())} for shape "
                 f"{tuple(obj.shape)}); pass tensor.contiguous()"

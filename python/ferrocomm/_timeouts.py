@@ -16,6 +16,8 @@ def timeout_seconds(timeout: TimeoutLike) -> Optional[float]:
     """Seconds of `timeout` (None stays None), or FerrocommValueError for anything else."""
     if timeout is None:
         return None
+    if isinstance(timeout, bool):
+        raise FerrocommValueError(f"timeout must be a timedelta or seconds, not a bool ({timeout})")
     if isinstance(timeout, datetime.timedelta):
         return timeout.total_seconds()
     if isinstance(timeout, numbers.Real):

@@ -12,8 +12,10 @@ through the group's registered name. docs/torch.md describes it.
 """
 
 import datetime
+import math
 import sys
 import threading
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -216,6 +218,58 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
         for c in self._comms():
             c.abort()
 
+    def set_timeout(self, timeout):
+        """The timeout of the group's later calls (its communicators', and those it creates
+        later)."""
+        if not isinstance(timeout, datetime.timedelta) or not timeout.total_seconds() > 0:
+            raise FerrocommValueError(
+                f"ferrocomm backend: set_timeout takes a positive timedelta, not {timeout!r}")
+        self._timeout = timeout
+        for c in self._comms():
+            c.set_timeout(timeout)
+
+    def get_group_store(self):
+        return self._store
+
+    # torch asks a group for its c10d backend per device and for the backend's features. The
+    # ferrocomm group is its own backend (for CPU tensors gloo's, with "cpu:gloo,..."); it
+    # splits, coalesces and estimates through none of c10d's backend hooks.
+    supports_splitting = False
+    supports_coalescing = False
+    supports_time_estimate = False
+    supports_tensor_alloc = False
+    supports_shrinking = False
+
+    def _get_backend(self, device):
+        kind = torch.device(device).type
+        if kind == "cpu" and self._host is None:
+            return self._cpu_gloo
+        if kind not in ("cpu", "cuda"):
+            raise FerrocommValueError(f"ferrocomm backend: no backend for device type {kind}")
+        return self
+
+    @property
+    def options(self):
+        return Options(self._hints, self._timeout)
+
+    def eager_connect_single_device(self, device):
+        """Creates the group's communicator for ``device`` now (collective: every rank calls
+        it), rather than at its first call."""
+        self.comm(device)
+
+    def _start_coalescing(self, device):
+        # Sends and receives are queued until the block ends (as always); collectives in the
+        # block run as they are called.
+        self._flush_p2p()
+
+    def _end_coalescing(self, device):
+        """The block's sends and receives issued as one batch; its work."""
+        works = self._p2p_works
+        self._flush_p2p()
+        if not works:
+            return _Work(self, (), [])
+        return _Work(self, works[0]._inner, [], works[0]._cuda)
+
     def shutdown(self):
         for c in self._comms():
             c.finalize()
@@ -295,8 +349,63 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         op = _op(opts) if opts is not None else ReduceOp.SUM
         t = tensors[0] if len(tensors) == 1 else _one(tensors, "allreduce")
-        return self._run(t, opts, lambda c, a, h: c.all_reduce(t, op, async_op=a, hints=h),
-                         tensors, lambda: self._cpu_gloo.allreduce(tensors, opts))
+        try:
+            return self._run(t, opts, lambda c, a, h: c.all_reduce(t, op, async_op=a, hints=h),
+                             tensors, lambda: self._cpu_gloo.allreduce(tensors, opts))
+        except FerrocommValueError:
+            # Sparse tensors are refused as arguments natively; asked for here, not before,
+            # so that dense calls pay nothing for it.
+            if t.layout is torch.strided:
+                raise
+        return self._sparse_allreduce(t, op, tensors)
+
+    def _sparse_allreduce(self, t, op, result):
+        """A sparse COO all-reduce as gloo does it: every rank's indices and values gathered,
+        the same concatenation summed by index on every rank (so every rank gets the same
+        bits), the sum copied into ``t``."""
+        if t.layout is not torch.sparse_coo:
+            raise FerrocommUnsupported(
+                f"ferrocomm backend: all_reduce of a {t.layout} tensor is not supported (sparse "
+                "COO tensors are summed)")
+        if op is not ReduceOp.SUM:
+            raise FerrocommUnsupported(
+                f"ferrocomm backend: all_reduce of a sparse tensor sums (ReduceOp.SUM); {op} is "
+                "not supported")
+        c = self.comm_for(t)
+        s = t.coalesce()
+        idx, vals = s.indices(), s.values()
+        # What every rank's tensor must share, with its number of entries.
+        shape_key = zlib.crc32(repr((tuple(t.shape), str(t.dtype), s.sparse_dim())).encode())
+        mine = torch.tensor([s._nnz(), shape_key], dtype=torch.int64, device=t.device)
+        heads = torch.empty(2 * self.size(), dtype=torch.int64, device=t.device)
+        c.all_gather_single(heads, mine)
+        heads = heads.view(self.size(), 2).tolist()
+        for r, (_, key) in enumerate(heads):
+            if key != shape_key:
+                raise FerrocommValueError(
+                    f"ferrocomm backend: all_reduce of a sparse tensor: rank {r}'s tensor differs "
+                    f"from this rank's {tuple(t.shape)} {t.dtype} with {s.sparse_dim()} sparse "
+                    "dimensions in shape, dtype or sparse dimensions")
+        # A peer's count sizes this rank's buffers: at most one entry per sparse index.
+        most = math.prod(t.shape[:s.sparse_dim()])
+        nnz = [n for n, _ in heads]
+        for r, n in enumerate(nnz):
+            if not 0 <= n <= most:
+                raise FerrocommValueError(
+                    f"ferrocomm backend: all_reduce of a sparse tensor: rank {r} reports {n} "
+                    f"entries; a coalesced {tuple(t.shape)} tensor has 0 to {most}")
+        per_value = math.prod(vals.shape[1:])
+        idx_parts = [idx.new_empty(s.sparse_dim() * n) for n in nnz]
+        val_parts = [vals.new_empty(per_value * n) for n in nnz]
+        c.all_gather_v(idx_parts, idx.contiguous().view(-1))
+        c.all_gather_v(val_parts, vals.contiguous().view(-1))
+        indices = torch.cat([p.view(s.sparse_dim(), n) for p, n in zip(idx_parts, nnz)], 1)
+        values = torch.cat([p.view((n,) + tuple(vals.shape[1:]))
+                            for p, n in zip(val_parts, nnz)])
+        # check_invariants: indices from peers are checked against the shape before use.
+        total = torch.sparse_coo_tensor(indices, values, t.shape, check_invariants=True)
+        t.copy_(total.coalesce())
+        return _Work(self, (), result)
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = _op(opts) if opts is not None else ReduceOp.SUM
@@ -336,6 +445,54 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]
         return _joined(self, works, outputs)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        """``output_lists[r][i]`` receives rank r's ``input_list[i]``: one all-gather of the
+        inputs flattened into one buffer, copied out part by part."""
+        what = "all_gather_coalesced"
+        n = self.size()
+        if len(output_lists) != n:
+            raise FerrocommValueError(
+                f"ferrocomm backend: {what}: output_tensor_lists has {len(output_lists)} lists "
+                f"for {n} ranks")
+        if not input_list:
+            raise FerrocommValueError(f"ferrocomm backend: {what}: input_tensor_list is empty")
+        first = input_list[0]
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(input_list):
+                raise FerrocommValueError(
+                    f"ferrocomm backend: {what}: output_tensor_lists[{r}] has {len(outs)} "
+                    f"tensors for {len(input_list)} inputs")
+            for i, (o, x) in enumerate(zip(outs, input_list)):
+                if o.numel() != x.numel() or o.dtype != first.dtype or o.device != first.device:
+                    raise FerrocommValueError(
+                        f"ferrocomm backend: {what}: output_tensor_lists[{r}][{i}] is "
+                        f"{o.numel()} elements of {o.dtype} on {o.device}; input_tensor_list"
+                        f"[{i}] is {x.numel()} elements of {first.dtype} on {first.device}")
+        flat_in = torch.cat([x.reshape(-1) for x in input_list])
+        count = flat_in.numel()
+        flat_out = flat_in.new_empty(n * count)
+
+        def copy_out():
+            for r, outs in enumerate(output_lists):
+                at = r * count
+                for o in outs:
+                    o.copy_(flat_out[at:at + o.numel()].view(o.shape))
+                    at += o.numel()
+
+        w = self._run(flat_in, opts,
+                      lambda c, a, h: c.all_gather_single(flat_out, flat_in, async_op=a, hints=h),
+                      output_lists,
+                      lambda: self._cpu_gloo.allgather_coalesced(output_lists, input_list, opts))
+        if not isinstance(w, _Work):
+            return w  # gloo's
+        if w is self._waited or w._cuda:
+            # Done, or enqueued on the current stream: the copies go after it there.
+            copy_out()
+            if w is self._waited:
+                return w
+            return _Work(self, (_StreamPoint(flat_in.get_device()),), output_lists, True)
+        return _Work(self, (_Then(w._inner[0], copy_out),), output_lists)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         op = _op(opts) if opts is not None else ReduceOp.SUM
@@ -412,6 +569,38 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
     def recv_anysource(self, tensors, tag=0):
         raise FerrocommUnsupported("ferrocomm backend: recv from any source is not supported")
 
+    # What torch's ProcessGroup offers and ferrocomm does not: each raises FerrocommUnsupported
+    # naming the call, instead of reaching torch's base class (which fails for a group without
+    # c10d backends, or crashes: split_group).
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        _unsupported("monitored_barrier", "torch runs it on gloo only; barrier() reports the "
+                     "rank it waited for when it times out")
+
+    def split_group(self, *args, **kwargs):
+        _unsupported("split_group", "use new_group(ranks, backend=\"ferrocomm\")")
+
+    def merge_remote_group(self, *args, **kwargs):
+        _unsupported("merge_remote_group")
+
+    def _register_on_completion_hook(self, hook):
+        _unsupported("_register_on_completion_hook", "completion hooks are NCCL's")
+
+    def _wait_for_pending_works(self):
+        _unsupported("_wait_for_pending_works", "it waits for completion hooks, which are "
+                     "NCCL's")
+
+    def _enable_collectives_timing(self):
+        _unsupported("_enable_collectives_timing", "collective timing is NCCL's")
+
+    def _set_sequence_number_for_group(self):
+        _unsupported("_set_sequence_number_for_group", "sequence numbers are gloo's and NCCL's")
+
+    def _get_sequence_number_for_group(self):
+        _unsupported("_get_sequence_number_for_group", "sequence numbers are gloo's and NCCL's")
+
+    def _backend_id(self, backend_type):
+        _unsupported("_backend_id", "the group has no c10d backends")
+
     def _p2p_op(self, is_send, t, peer, result, gloo):
         if t.device.type == "cpu" and self._host is None:
             return gloo()
@@ -442,6 +631,43 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
             w._inner = (inner,)
 
 
+class _Then:
+    """A host work followed by a step run once, in the first wait that sees it done."""
+
+    __slots__ = ("_w", "_after")
+
+    def __init__(self, w, after):
+        self._w = w
+        self._after = after
+
+    def wait(self, timeout=None):
+        self._w.wait(timeout)
+        after, self._after = self._after, None
+        if after is not None:
+            after()
+
+    def is_completed(self):
+        return self._w.is_completed()
+
+
+class _StreamPoint:
+    """The current CUDA stream's point after the last work enqueued on it (a torch event):
+    waiting orders the waiter's current stream after it."""
+
+    __slots__ = ("_event", "_device")
+
+    def __init__(self, device):
+        self._device = device
+        self._event = torch.cuda.Event()
+        self._event.record(torch.cuda.current_stream(device))
+
+    def wait(self, timeout=None):
+        torch.cuda.current_stream(self._device).wait_event(self._event)
+
+    def is_completed(self):
+        return self._event.query()
+
+
 class _TorchWork:
     """A torch Work among a coalesced call's works (gloo's, for the CPU tensors of
     "cpu:gloo,cuda:ferrocomm"), waited on as ferrocomm's are."""
@@ -468,6 +694,11 @@ def _joined(pg, works, result):
     inner = tuple(i for w in works
                   for i in (w._inner if isinstance(w, _Work) else (_TorchWork(w),)))
     return _Work(pg, inner, result, any(isinstance(w, _Work) and w._cuda for w in works))
+
+
+def _unsupported(call, hint=""):
+    raise FerrocommUnsupported(f"ferrocomm backend: {call} is not supported"
+                               + (f" ({hint})" if hint else ""))
 
 
 def _one(lst, what):

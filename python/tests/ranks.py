@@ -572,6 +572,32 @@ def scenario_hostile(comm):
     for w in (1e30, float("inf"), float("nan"), -1.0):
         expect(ferrocomm.FerrocommError, "timeout", work.wait, w)
     work.wait()
+    # Arguments of the wrong type or past what the native layer holds: FerrocommValueError
+    # naming them, never a plain TypeError, ValueError or OverflowError (or a silent int()).
+    a2a = comm.all_to_all_single
+    out, inp = np.empty(WORLD, np.float32), np.ones(WORLD, np.float32)
+    ones = [1] * (WORLD - 1)
+    for bad, says in [("x", "not str"), (None, "not NoneType"), (-1, "-1 is out of range"),
+                      (2**64, "out of range"), ("2", "not str"), (1.0, "not float"),
+                      (True, "not a bool")]:
+        expect(V, says, a2a, out, inp, ones + [bad], [1] * WORLD)
+        expect(V, says, a2a, out, inp, [1] * WORLD, [bad] + ones)
+        expect(V, says, comm.split, [0, bad], "hostile-split")
+    expect(V, "list of ints", a2a, out, inp, "11", [1] * WORLD)
+    expect(V, "list of ints", comm.split, 3, "hostile-split")
+    expect(V, "out of range", comm.split, [0, WORLD], "hostile-split")
+    for call in (lambda: ferrocomm.new_comm("host", "cpu", "h", timeout=True),
+                 lambda: comm.set_timeout(True), lambda: comm.barrier(timeout=True),
+                 lambda: comm.all_reduce(t, timeout=False)):
+        expect(V, "not a bool", call)
+    for kw, says in [(dict(size="2"), "not str"), (dict(size=0), "out of range"),
+                     (dict(rank=-1), "out of range"), (dict(local_size=2**64), "out of range"),
+                     (dict(rank=0, size=2**40), "larger than the largest")]:
+        expect(V, says, ferrocomm.new_comm, "host", "cpu", "h", **kw)
+    expect(V, "nbytes", comm.algo_for, "all_reduce", -1, "float32")
+    # Ranks that call with different counts: the documented class of a mismatch, and the
+    # communicator goes on.
+    expect(V, "collective mismatch", comm.all_reduce, np.ones(16 + RANK, np.float32))
     check("all_reduce after hostile values", t,
           reduce_ref("sum", [data("float32", 16, r, 97) for r in range(WORLD)], "float32"),
           "float32")
@@ -581,7 +607,7 @@ def scenario_timeout(comm):
     """Rank 0 calls all_reduce alone and gets FerrocommTimeout naming the wait."""
     if RANK == 0:
         t0 = time.monotonic()
-        e = expect(ferrocomm.FerrocommTimeout, "timed out", comm.all_reduce,
+        e = expect(ferrocomm.FerrocommTimeout, "Timed out", comm.all_reduce,
                    np.ones(64, np.float32))
         assert isinstance(e, TimeoutError)
         took = time.monotonic() - t0
@@ -857,7 +883,7 @@ def scenario_parity(comm):
         # Alone: the per-call timeout (shorter than the communicator's 3 s) ends the wait,
         # names the missing rank, and aborts the communicator.
         t0 = time.monotonic()
-        expect(ferrocomm.FerrocommTimeout, "timed out after 500ms on rank 0 waiting for rank 1",
+        expect(ferrocomm.FerrocommTimeout, "on rank 0: Timed out after 500ms waiting for rank 1",
                c2.all_reduce, np.ones(16, np.float32), timeout=0.5)
         took = time.monotonic() - t0
         assert took < 2.5, f"per-call timeout of 0.5 s took {took:.1f}s"

@@ -5,8 +5,10 @@ torch is required: these tests fail (they are not skipped) when it is missing.
 """
 
 import importlib.util
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +43,26 @@ def test_groups_mixed_backends_and_low_precision():
 
 def test_errors():
     run(2, "errors")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_gaps_found_by_torchs_suite(world):
+    """all_gather_coalesced, sparse all_reduce, every c10d ProcessGroup member accounted for,
+    coalescing blocks, a barrier's timeout in torch's words."""
+    run(world, "gaps")
+
+
+def test_docs_list_every_unsupported_process_group_call():
+    """docs/torch.md's "Not supported" table names every c10d call ferrocomm's group refuses."""
+    import ferrocomm.torch as fct
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "torch.md").read_text()
+    section = docs.split("## Not supported", 1)[1].split("\n## ", 1)[0]
+    src = Path(fct.__file__).read_text()
+    refused = set(re.findall(r'_unsupported\("(\w+)"', src))
+    assert len(refused) >= 9, refused
+    missing = sorted(n for n in refused if f"`{n}`" not in section and f".{n}(" not in section)
+    assert not missing, f"docs/torch.md's Not supported list lacks {missing}"
 
 
 def test_import_torch_registers_the_backend():

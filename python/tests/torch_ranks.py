@@ -8,6 +8,7 @@ products are exact in every dtype used). Launched by test_torch.py through conft
 import datetime
 import faulthandler
 import os
+import re
 import sys
 import time
 import traceback
@@ -413,6 +414,129 @@ def scenario_errors():
     assert torch.equal(y, torch.full((6,), float(WORLD))), y
     dist.destroy_process_group()
     print("errors ok")
+
+
+# Members of torch's ProcessGroup that ferrocomm's group leaves to torch's base class, which
+# serves them for a Python process group: enum values, identity and naming, registration.
+TORCH_OWN = {"BackendType", "CUSTOM", "GLOO", "MPI", "NCCL", "UCC", "UNDEFINED", "XCCL",
+             "_device_types", "_get_backend_name", "_has_hooks", "_id", "_pybind11_conduit_v1_",
+             "_register_backend", "_set_default_backend", "_set_group_desc", "_set_group_name",
+             "bound_device_id", "boxed", "unbox", "rank", "size"}
+
+
+def coalesced_all_gather():
+    """dist.all_gather_coalesced on DEV's tensors, sync and async, against gloo."""
+    for k, dt in enumerate((torch.float32, torch.int64)):
+        ins = [data((3,), dt, 20 + k), data((2, 2), dt, 30 + k), data((0,), dt, 40 + k),
+               data((1,), dt, 50 + k)]
+        for async_op in (False, True):
+            def agc(g, *xs, async_op=async_op):
+                outs = [[torch.full_like(x, -7) for x in xs] for _ in range(WORLD)]
+                fut = dist.all_gather_coalesced(outs, list(xs), group=g, async_op=async_op)
+                if async_op:
+                    fut.wait()
+                return outs
+            both(f"all_gather_coalesced {dt} async={async_op}", agc, *ins)
+    expect(ValueError, "output_tensor_lists[0] has 1 tensors for 2 inputs",
+           dist.all_gather_coalesced, [[torch.empty(2, device=DEV)]] * WORLD,
+           [torch.ones(2, device=DEV), torch.ones(2, device=DEV)])
+
+
+def sparse_all_reduce():
+    """Sparse COO all_reduce on DEV's tensors against gloo (sum by index), and clear errors
+    for what is not summed."""
+    # Index 0 on every rank (summed), one index of each rank's own, values with a dense
+    # dimension; the same on gloo.
+    def sparse(shape_extra=0, dense=2):
+        idx = torch.tensor([[0, RANK + 1], [1, 0]])
+        val = torch.arange(2 * dense, dtype=torch.float32).view(2, dense) + RANK
+        return torch.sparse_coo_tensor(idx, val, (WORLD + 1 + shape_extra, 2, dense)).to(DEV)
+
+    mine, ref = sparse(), sparse().cpu()
+    work = dist.all_reduce(mine, async_op=True)
+    work.wait()
+    dist.all_reduce(ref, group=GLOO)
+    same("sparse all_reduce", mine.to_dense().cpu(), ref.to_dense())
+    assert mine.is_sparse
+    empty = torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0, 2),
+                                    (WORLD + 1, 2, 2)).to(DEV)
+    part = sparse() if RANK == 0 else empty
+    ref = part.cpu()
+    dist.all_reduce(part)
+    dist.all_reduce(ref, group=GLOO)
+    same("sparse all_reduce, empty on some ranks", part.to_dense().cpu(), ref.to_dense())
+    expect(ferrocomm.FerrocommUnsupported, "sums (ReduceOp.SUM)", dist.all_reduce, sparse(),
+           op=dist.ReduceOp.MAX)
+    expect(ValueError, "differs", dist.all_reduce, sparse(shape_extra=RANK))
+    expect(ValueError, "torch.sparse_coo tensor", dist.broadcast, sparse(), 0)
+    expect(ValueError, "torch.sparse_coo tensor", dist.all_gather,
+           [torch.empty(2, device=DEV) for _ in range(WORLD)], sparse())
+    expect(ferrocomm.FerrocommUnsupported, "torch.sparse_csr", dist.all_reduce,
+           torch.eye(3, device=DEV).to_sparse_csr())
+
+
+def scenario_gaps():
+    """What torch's own suite found missing: all_gather_coalesced (sync and async, against
+    gloo), sparse all_reduce (against gloo) and clear errors for other sparse calls, every
+    member of torch's ProcessGroup either ferrocomm's, torch's own, or FerrocommUnsupported
+    naming the call, coalescing blocks, and a barrier's timeout in torch's words."""
+    init()
+    pg = dist.group.WORLD
+    coalesced_all_gather()
+    sparse_all_reduce()
+
+    # Every member of torch's ProcessGroup is accounted for.
+    own = set(vars(fct.ProcessGroupFerrocomm))
+    members = {m for m in dir(dist.ProcessGroup) if not m.startswith("__")}
+    unknown = sorted(members - own - TORCH_OWN)
+    assert not unknown, f"torch's ProcessGroup members ferrocomm does not handle: {unknown}"
+    t = torch.ones(2)
+    unsupported = {
+        "monitored_barrier": (), "split_group": ([0],),
+        "merge_remote_group": (pg.get_group_store(), 1, datetime.timedelta(seconds=1)),
+        "_register_on_completion_hook": (print,), "_wait_for_pending_works": (),
+        "_enable_collectives_timing": (), "_set_sequence_number_for_group": (),
+        "_get_sequence_number_for_group": (),
+        "_backend_id": (dist.ProcessGroup.BackendType.CUSTOM,), "recv_anysource": ([t], 0)}
+    for name, args in unsupported.items():
+        assert name in own, name
+        needle = "recv from any source" if name == "recv_anysource" else name
+        expect(ferrocomm.FerrocommUnsupported, needle, getattr(pg, name), *args)
+    for name in ("boxed", "rank", "size", "_get_backend_name", "_has_hooks", "_id"):
+        getattr(pg, name)()
+    assert pg._get_backend_name() == "ferrocomm"
+    # What ferrocomm's group serves itself.
+    store = pg.get_group_store()
+    store.set(f"gaps/{RANK}", "x")
+    assert store.get(f"gaps/{(RANK + 1) % WORLD}") == b"x"
+    assert pg._get_backend(torch.device("cpu")) is pg and not pg.supports_splitting
+    expect(ValueError, "no backend for device type meta", pg._get_backend, torch.device("meta"))
+    pg.eager_connect_single_device(torch.device("cpu"))
+    pg.set_timeout(datetime.timedelta(seconds=45))
+    assert pg.comm("cpu").get_timeout() == datetime.timedelta(seconds=45)
+    expect(ValueError, "positive timedelta", pg.set_timeout, 3)
+    # A coalescing block of sends and receives (a ring), issued together at its end.
+    got = torch.zeros(3)
+    with dist._coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:
+        dist.isend(torch.full((3,), float(RANK)), (RANK + 1) % WORLD)
+        dist.irecv(got, (RANK - 1) % WORLD)
+    cm.wait()
+    same("coalesced ring", got, torch.full((3,), float((RANK - 1) % WORLD)))
+
+    # A barrier that times out says so as torch's tooling reads it; the others wait on gloo
+    # until rank 0 has seen it.
+    short = dist.new_group(backend="ferrocomm", timeout=datetime.timedelta(seconds=1))
+    if RANK == 0:
+        t0 = time.monotonic()
+        e = expect(ferrocomm.FerrocommTimeout, "Timed out", dist.barrier, group=short)
+        assert re.search(" (Timed out|closed|timeout) ", str(e)), e
+        assert time.monotonic() - t0 >= 0.9, time.monotonic() - t0
+    dist.barrier(group=GLOO)
+    y = torch.ones(4)
+    dist.all_reduce(y)
+    assert torch.equal(y, torch.full((4,), float(WORLD))), y
+    dist.destroy_process_group()
+    print("gaps ok")
 
 
 def main():

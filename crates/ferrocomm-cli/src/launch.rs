@@ -40,8 +40,12 @@ pub struct LaunchArgs {
 }
 
 pub fn run(args: LaunchArgs) -> anyhow::Result<i32> {
-    if args.nprocs == 0 {
-        bail!("launch: -n must be at least 1 (the number of ranks to start)");
+    if args.nprocs == 0 || args.nprocs > ferrocomm::config::MAX_WORLD_SIZE {
+        bail!(
+            "launch: -n must be at least 1 and at most {} (the number of ranks to start), got {}",
+            ferrocomm::config::MAX_WORLD_SIZE,
+            args.nprocs
+        );
     }
     let timeout = match args.timeout {
         Some(s) => match ferrocomm::config::timeout_from_secs(s) {

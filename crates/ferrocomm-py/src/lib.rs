@@ -39,6 +39,9 @@ fn error_class(e: &Error) -> &'static str {
         | Error::DtypeMismatch { .. }
         | Error::UnsupportedOp { .. }
         | Error::RankOutOfRange { .. }
+        // Ranks that called different collectives or shapes: a caller's error, as docs/python.md
+        // lists size and dtype mismatches.
+        | Error::Mismatch { .. }
         | Error::BadEnv { .. }
         | Error::MissingEnv { .. } => "FerrocommValueError",
         Error::Timeout { .. } | Error::StoreTimeout { .. } | Error::RendezvousTimeout { .. } => {
@@ -285,7 +288,7 @@ impl NativeWork {
                 (
                     "FerrocommTimeout",
                     format!(
-                        "{} did not complete within {:?} (work still pending)",
+                        "{}: Timed out after {:?} waiting for the work (still pending)",
                         self.collective, limit
                     ),
                 ),
@@ -335,7 +338,7 @@ impl NativeCompletion {
                 (
                     "FerrocommTimeout",
                     format!(
-                        "{} (CUDA) did not complete within {:?} (work still pending)",
+                        "{} (CUDA): Timed out after {:?} waiting for the work (still pending)",
                         self.collective,
                         limit.unwrap_or_default()
                     ),

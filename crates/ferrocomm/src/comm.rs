@@ -201,6 +201,12 @@ impl Communicator {
                 "rank {rank} is not below size {size}"
             )));
         }
+        if size > crate::config::MAX_WORLD_SIZE {
+            return Err(Error::InvalidArgument(format!(
+                "a communicator of {size} ranks is larger than the largest accepted ({})",
+                crate::config::MAX_WORLD_SIZE
+            )));
+        }
         let local_rank = opts.local_rank.or(l.local_rank).unwrap_or(rank);
         let local_size = opts.local_size.or(l.local_world_size).unwrap_or(size);
         let root_store: Arc<dyn Store> = match opts.store {

@@ -34,7 +34,7 @@ const fn var(name: &'static str, default: &'static str, meaning: &'static str) -
 
 /// Every variable ferrocomm reads.
 pub const VARS: &[Var] = &[
-    var("FERROCOMM_TIMEOUT_S", "300", "Seconds a collective or bootstrap step waits for a peer before failing with a timeout (naming the missing rank where it can be known; NCCL work is aborted by the watchdog). Positive, at most 1e9."),
+    var("FERROCOMM_TIMEOUT_S", "300", "Seconds a collective or bootstrap step waits for a peer before failing with a timeout (naming the missing rank where it can be known; NCCL work is aborted by the watchdog). Positive, at least 1 ns, at most 1e9."),
     var("FERROCOMM_BACKEND", "auto", "Backend when none is asked for: auto (cuda for GPU buffers when a GPU is present, host otherwise), host, cuda, nccl."),
     var("FERROCOMM_ALGO", "auto", "Force one algorithm for every collective that has it: auto, push, flat, tree, direct, nccl."),
     var("FERROCOMM_LOW_PRECISION", "0", "1 turns on block-scaled low-precision collectives (Sum/Avg on f32/f16/bf16 only)."),
@@ -66,17 +66,31 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_NCCL_LIB", "(search)", "Path of libnccl.so to load; otherwise the system path, then torch's nvidia/nccl/lib."),
     var("FERROCOMM_NVRTC_LIB", "(search)", "Path of libnvrtc.so.13 (or its directory); when set it is the only NVRTC loaded (a wrong path is an error). Unset: the library path, /usr/local/cuda, then python's nvidia/cu13/lib or nvidia/cuda_nvrtc/lib."),
     var("FERROCOMM_KERNEL_CACHE", "$XDG_CACHE_HOME/ferrocomm or ~/.cache/ferrocomm", "Directory of compiled kernels (cubins keyed by source hash, arch and NVRTC version)."),
-    var("FERROCOMM_STORE_ADDR", "MASTER_ADDR", "Host of the bootstrap TCP store."),
+    var("FERROCOMM_STORE_ADDR", "MASTER_ADDR", "Host of the bootstrap TCP store: rank 0 listens on every address it resolves to (or fails naming the one it cannot take); a name of every interface (0, 0.0.0.0, ::) is refused."),
     var("FERROCOMM_STORE_PORT", "MASTER_PORT (MASTER_PORT+1 under torchrun)", "Port of the bootstrap TCP store."),
-    var("FERROCOMM_STORE_SECRET", "(derived)", "Secret the job's processes share to authenticate to the bootstrap store (at least 16 characters; never printed). ferrocomm launch sets a random one; unset, it is derived from torchrun's TORCHELASTIC_RUN_ID with MASTER_ADDR and MASTER_PORT, else from this user's key file $XDG_CONFIG_HOME/ferrocomm/store-key (see docs/security.md)."),
+    var("FERROCOMM_STORE_SECRET", "(derived)", "Secret the job's processes share to authenticate to the bootstrap store (at least 16 characters, UTF-8; never printed). ferrocomm launch sets a random one; unset, it is derived from torchrun's TORCHELASTIC_RUN_ID with MASTER_ADDR and MASTER_PORT, else from this user's key file $XDG_CONFIG_HOME/ferrocomm/store-key (see docs/security.md)."),
     var("FERROCOMM_STORE_EXTERNAL", "0", "1 when the store server runs outside the ranks (ferrocomm launch sets it); rank 0 then connects as a client."),
     var("FERROCOMM_DEBUG", "0", "1 prints the configuration to stderr at start-up (like NCCL_DEBUG=INFO) and each plan a communicator runs, the first time it runs it."),
-    var("RANK", "-", "Global rank (torchrun); OMPI_COMM_WORLD_RANK is read when RANK is absent."),
-    var("WORLD_SIZE", "-", "Number of ranks (torchrun); OMPI_COMM_WORLD_SIZE otherwise."),
-    var("LOCAL_RANK", "RANK", "Rank within this host; selects the GPU (OMPI_COMM_WORLD_LOCAL_RANK otherwise)."),
-    var("LOCAL_WORLD_SIZE", "WORLD_SIZE", "Ranks on this host (OMPI_COMM_WORLD_LOCAL_SIZE otherwise); below WORLD_SIZE means several hosts."),
-    var("MASTER_ADDR", "127.0.0.1", "Host of rank 0 (torchrun)."),
+    var("RANK", "-", "Global rank (torchrun), below WORLD_SIZE; OMPI_COMM_WORLD_RANK is read when RANK is absent."),
+    var("WORLD_SIZE", "-", "Number of ranks (torchrun), 1 to 65536; OMPI_COMM_WORLD_SIZE otherwise."),
+    var("LOCAL_RANK", "RANK", "Rank within this host, below LOCAL_WORLD_SIZE; selects the GPU (OMPI_COMM_WORLD_LOCAL_RANK otherwise)."),
+    var("LOCAL_WORLD_SIZE", "WORLD_SIZE", "Ranks on this host, 1 to 65536 (OMPI_COMM_WORLD_LOCAL_SIZE otherwise); below WORLD_SIZE means several hosts."),
+    var("MASTER_ADDR", "127.0.0.1", "Host of rank 0 (torchrun); rank 0 hosts the store there unless FERROCOMM_STORE_ADDR says otherwise."),
     var("MASTER_PORT", "-", "Port of rank 0 (torchrun)."),
+];
+
+/// Variables ferrocomm reads beside [`VARS`]: other programs' settings it follows.
+const OTHER_VARS: &[&str] = &[
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "TORCHELASTIC_RUN_ID",
+    "HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_CACHE_HOME",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
 ];
 
 /// Where a value in effect came from.
@@ -344,13 +358,24 @@ pub const MAX_CUDA_STAGING_BYTES: usize = 1 << 34;
 /// deadline computed from it (`Instant::now()` plus a few of it) is a valid instant.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(1_000_000_000);
 
+/// Most ranks a communicator may have (`WORLD_SIZE`, `LOCAL_WORLD_SIZE`, a communicator's
+/// size, `launch -n`): far beyond any job of GPUs ferrocomm serves, and small enough that
+/// whatever is kept per rank (a store entry each at set-up, a pid each in `launch`) stays
+/// small.
+pub const MAX_WORLD_SIZE: usize = 1 << 16;
+
 /// A timeout given in seconds (an environment variable, a command-line option, a Python
-/// argument): positive, finite and at most [`MAX_TIMEOUT`]; otherwise why not.
+/// argument): positive, finite, at least a nanosecond and at most [`MAX_TIMEOUT`]; otherwise
+/// why not.
 pub fn timeout_from_secs(secs: f64) -> std::result::Result<Duration, String> {
     if secs.is_nan() || secs <= 0.0 {
         return Err(format!("must be a positive number of seconds, got {secs}"));
     }
     match Duration::try_from_secs_f64(secs) {
+        // A tiny positive number such as 1e-320 would otherwise become no time at all.
+        Ok(d) if d.is_zero() => Err(format!(
+            "{secs} seconds is shorter than a nanosecond, the shortest timeout accepted"
+        )),
         Ok(d) if d <= MAX_TIMEOUT => Ok(d),
         _ => Err(format!(
             "{secs} seconds is longer than the longest timeout accepted ({} s)",
@@ -436,9 +461,40 @@ impl Config {
             .collect()
     }
 
-    /// Reads the process environment.
+    /// Reads the process environment. A variable ferrocomm reads whose value is not UTF-8 is
+    /// a [`Error::BadEnv`], never taken as unset.
     pub fn from_env() -> Result<Self> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+        let not_utf8 = std::cell::Cell::new(None);
+        let c = Self::from_lookup(|k| match std::env::var(k) {
+            Ok(v) => Some(v),
+            Err(std::env::VarError::NotPresent) => None,
+            Err(std::env::VarError::NotUnicode(v)) => {
+                let shown = if k == "FERROCOMM_STORE_SECRET" {
+                    "(hidden)".to_string()
+                } else {
+                    v.to_string_lossy().into_owned()
+                };
+                // The first one found is reported.
+                let first = not_utf8.take().or(Some((k.to_string(), shown)));
+                not_utf8.set(first);
+                None
+            }
+        });
+        if let Some((name, value)) = not_utf8.take() {
+            // Named after the table entry, whose name is 'static.
+            let var = VARS
+                .iter()
+                .map(|v| v.name)
+                .chain(OTHER_VARS.iter().copied())
+                .find(|n| *n == name)
+                .unwrap_or("(a variable ferrocomm reads)");
+            return Err(Error::BadEnv {
+                var,
+                value,
+                why: "is not valid UTF-8".into(),
+            });
+        }
+        c
     }
 
     /// Reads variables through `lookup` (tests pass a map).
@@ -614,12 +670,26 @@ pub fn apply_nccl_env_defaults() {
 }
 
 fn read_launch(r: &mut Reader<'_>) -> Result<LaunchEnv> {
+    // Ranks are below MAX_WORLD_SIZE, sizes at least 1 and at most it.
     let (lookup, parse_idx) = (r.lookup, |name: &'static str, s: String| {
-        s.trim().parse::<usize>().map_err(|_| Error::BadEnv {
-            var: name,
-            value: s,
-            why: "expected a non-negative integer".into(),
-        })
+        let size = name.ends_with("SIZE");
+        let (lo, hi) = if size {
+            (1, MAX_WORLD_SIZE)
+        } else {
+            (0, MAX_WORLD_SIZE - 1)
+        };
+        match s.trim().parse::<usize>() {
+            Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+            Ok(_) | Err(_) => Err(Error::BadEnv {
+                var: name,
+                value: s,
+                why: format!(
+                    "expected {} from {lo} to {hi} (ferrocomm's largest world is \
+                     {MAX_WORLD_SIZE} ranks)",
+                    if size { "a number of ranks" } else { "a rank" }
+                ),
+            }),
+        }
     });
     // torchrun first, then Open MPI's names for the same facts.
     let mut pick = |torch: &'static str, ompi: &'static str| -> Result<Option<usize>> {
@@ -650,13 +720,23 @@ fn read_launch(r: &mut Reader<'_>) -> Result<LaunchEnv> {
             ("(set, hidden)".into(), Source::Env),
         );
     }
-    if let (Some(rk), Some(ws)) = (rank, world_size) {
-        if rk >= ws {
-            return Err(Error::BadEnv {
-                var: "RANK",
-                value: rk.to_string(),
-                why: format!("must be below WORLD_SIZE={ws}"),
-            });
+    for (var, rk, size, ws) in [
+        ("RANK", rank, "WORLD_SIZE", world_size),
+        (
+            "LOCAL_RANK",
+            local_rank,
+            "LOCAL_WORLD_SIZE",
+            local_world_size,
+        ),
+    ] {
+        if let (Some(rk), Some(ws)) = (rk, ws) {
+            if rk >= ws {
+                return Err(Error::BadEnv {
+                    var,
+                    value: rk.to_string(),
+                    why: format!("must be below {size}={ws}"),
+                });
+            }
         }
     }
     Ok(LaunchEnv {
@@ -786,6 +866,39 @@ mod tests {
         );
         assert_eq!(parse_size("1G").unwrap(), 1 << 30);
         assert!(parse_size("12Q").is_err());
+    }
+
+    #[test]
+    fn hostile_numbers_are_bad_env_errors() {
+        for (var, value) in [
+            ("WORLD_SIZE", "1099511627776"),
+            ("WORLD_SIZE", "4611686018427387904"),
+            ("WORLD_SIZE", "18446744073709551616"),
+            ("WORLD_SIZE", "0"),
+            ("WORLD_SIZE", "-1"),
+            ("RANK", "65536"),
+            ("LOCAL_WORLD_SIZE", "65537"),
+            ("LOCAL_RANK", "99999999999999999999"),
+            ("OMPI_COMM_WORLD_SIZE", "1099511627776"),
+            ("FERROCOMM_TIMEOUT_S", "1e-320"),
+            ("FERROCOMM_TIMEOUT_S", "1e-10"),
+            ("FERROCOMM_TIMEOUT_S", "5e-324"),
+            ("FERROCOMM_TIMEOUT_S", "1e30"),
+            ("FERROCOMM_HOST_SLOT_BYTES", "18446744073709551615"),
+            ("FERROCOMM_LP_MIN_BYTES", "99999999999999999999999"),
+        ] {
+            let e = cfg(&[(var, value)]).unwrap_err();
+            let want = var.replace("OMPI_COMM_WORLD_SIZE", "WORLD_SIZE");
+            assert!(
+                matches!(&e, Error::BadEnv { var: v, .. } if *v == want),
+                "{var}={value}: {e}"
+            );
+        }
+        let e = cfg(&[("LOCAL_RANK", "2"), ("LOCAL_WORLD_SIZE", "2")]).unwrap_err();
+        assert!(e.to_string().contains("LOCAL_WORLD_SIZE=2"), "{e}");
+        let c = cfg(&[("WORLD_SIZE", "65536"), ("RANK", "65535")]).unwrap();
+        assert_eq!(c.launch.world_size, Some(MAX_WORLD_SIZE));
+        assert_eq!(timeout_from_secs(1e-9), Ok(Duration::from_nanos(1)));
     }
 
     #[test]

@@ -76,7 +76,7 @@ pub enum Error {
     },
 
     #[error(
-        "{collective} timed out after {timeout:?} on rank {rank} waiting for rank {missing} \
+        "{collective} on rank {rank}: Timed out after {timeout:?} waiting for rank {missing} \
          (it died, hangs, or never called {collective})"
     )]
     /// A collective that waited past its timeout for a peer.
@@ -144,7 +144,7 @@ pub enum Error {
     Store(String),
 
     /// A store key that no rank set within the timeout.
-    #[error("store: timed out after {timeout:?} waiting for key '{key}'")]
+    #[error("store: Timed out after {timeout:?} waiting for key '{key}'")]
     StoreTimeout {
         /// The key waited for.
         key: String,
@@ -154,7 +154,7 @@ pub enum Error {
 
     /// A joint step through the store (`tag`, such as `settings`) that some ranks never joined.
     #[error(
-        "store: rank {rank} timed out after {timeout:?} at '{tag}' waiting for {}: {} of {world} \
+        "store: rank {rank} at '{tag}': Timed out after {timeout:?} waiting for {}: {} of {world} \
          ranks never joined (not started, crashed, or created a communicator under another name)",
         rank_list(missing), missing.len()
     )]

@@ -3,8 +3,10 @@
 //!
 //! Each child gets its own process group, so that stopping a rank also stops whatever it
 //! started (a shell's children, a Python's workers). When one rank fails the others get
-//! SIGTERM, then SIGKILL after [`GRACE`]; SIGINT/SIGTERM sent to the launcher are forwarded,
-//! and a launcher killed outright takes its ranks with it (`PR_SET_PDEATHSIG`). The store is
+//! SIGTERM, then SIGKILL after [`GRACE`]; SIGINT/SIGTERM sent to the launcher are forwarded.
+//! A launcher killed outright takes its ranks with it, whatever the command is: a watcher
+//! process forked before the ranks (see `Watcher`) kills every rank's process group when the
+//! launcher goes, and each rank also has `PR_SET_PDEATHSIG`. The store is
 //! bound to loopback and needs the random secret the ranks get in `FERROCOMM_STORE_SECRET`.
 //! A rank that timed out waiting for another leaves a report in the store, so the launcher
 //! names the rank that stalled. At start-up it removes shared-memory segments left in
@@ -48,10 +50,12 @@ pub struct LaunchSpec {
 /// Runs the job; returns the first non-zero exit code of a rank (128 + signal for a rank killed
 /// by a signal), or 0 when every rank succeeds.
 pub fn launch(spec: &LaunchSpec) -> Result<i32> {
-    if spec.nprocs == 0 {
-        return Err(Error::InvalidArgument(
-            "launch: the number of ranks must be at least 1".into(),
-        ));
+    if spec.nprocs == 0 || spec.nprocs > crate::config::MAX_WORLD_SIZE {
+        return Err(Error::InvalidArgument(format!(
+            "launch: the number of ranks must be at least 1 and at most {}, got {}",
+            crate::config::MAX_WORLD_SIZE,
+            spec.nprocs
+        )));
     }
     for name in crate::host::remove_stale_segments(std::path::Path::new("/dev/shm")) {
         eprintln!("ferrocomm launch: removed /dev/shm/{name}, left by a job whose rank 0 died");
@@ -61,6 +65,8 @@ pub fn launch(spec: &LaunchSpec) -> Result<i32> {
     let master_port = free_port()?;
     let launcher = std::process::id();
     let _signals = ForwardSignals::install();
+    let watcher = Watcher::start(spec.nprocs)?;
+    let register = watcher.register_fd();
 
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let mut readers = 0usize;
@@ -80,10 +86,15 @@ pub fn launch(spec: &LaunchSpec) -> Result<i32> {
             .env("FERROCOMM_STORE_SECRET", &secret)
             // Its own group: a signal to -pid reaches everything the rank started.
             .process_group(0);
-        // SAFETY: the closure runs in the child between fork and exec and only makes two
-        // async-signal-safe system calls (prctl, getppid), allocating nothing.
+        // SAFETY: the closure runs in the child between fork and exec and only makes
+        // async-signal-safe system calls (getpid, write, prctl, getppid), allocating nothing.
         unsafe {
-            cmd.pre_exec(move || die_with_parent(launcher));
+            cmd.pre_exec(move || {
+                // Registered before the rank runs anything: no moment where it could outlive
+                // the launcher unknown to the watcher.
+                Watcher::register(register)?;
+                die_with_parent(launcher)
+            });
         }
         for (k, v) in &spec.env {
             cmd.env(k, v);
@@ -192,7 +203,200 @@ pub fn launch(spec: &LaunchSpec) -> Result<i32> {
         }
     }
     drop(store);
+    // Every rank was waited for: the watcher has nothing left to do.
+    watcher.finish();
     Ok(first_failure.unwrap_or(0))
+}
+
+/// A small process that outlives a launcher killed outright (SIGKILL, the OOM killer) just
+/// long enough to kill every rank's process group.
+///
+/// `PR_SET_PDEATHSIG` reaches only the process the launcher started: a rank that is a wrapper
+/// (`ferrocomm launch -- bash train.sh`) dies, and what it started (the Python rank) is
+/// reparented and runs on. The watcher is forked before any rank and holds the read end of a
+/// pipe whose write end only the launcher holds (close-on-exec, so no rank inherits it past
+/// its exec). Each rank writes its pid there between fork and exec, before it runs anything;
+/// when the pipe reports end of file the launcher is gone, however it died, and the watcher
+/// sends SIGKILL to each rank's process group (the rank's pid: each rank leads its own), which
+/// holds everything the rank started unless that moved itself out of the group (`setsid`) on
+/// purpose. When the job ends normally the launcher writes 0 and the watcher exits without
+/// a signal. It runs in a session of its own, so a terminal's SIGINT or SIGHUP for the
+/// launcher's group does not take it away first.
+///
+/// A cgroup would also hold processes that leave their group, but it needs a writable cgroup
+/// subtree (a systemd delegation, root), which containers and CI machines often lack; the
+/// watcher needs nothing. The watcher is a fork without exec of a multi-threaded process, so
+/// between fork and exit it makes only async-signal-safe system calls and allocates nothing.
+struct Watcher {
+    pid: libc::pid_t,
+    /// The launcher's write end of the pipe.
+    tx: libc::c_int,
+}
+
+impl Watcher {
+    /// Forks the watcher for a job of `nprocs` ranks.
+    fn start(nprocs: usize) -> Result<Watcher> {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: pipe2 writes two descriptors into the array it is given, which has room.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(Error::io(
+                "launch: a pipe for the watcher",
+                io::Error::last_os_error(),
+            ));
+        }
+        let (rx, tx) = (fds[0], fds[1]);
+        // Where the watcher keeps the pids: allocated here, since the forked child may not
+        // allocate (another thread may have held the allocator's lock at the fork).
+        let mut pids = vec![0 as libc::pid_t; nprocs];
+        // SAFETY: fork has no memory-safety preconditions; the child only runs `watch`, which
+        // is async-signal-safe, and never returns.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: in the child, `rx` is the pipe's read end and `pids` a buffer of
+            // `nprocs` pids of this process's own (copy-on-write) memory.
+            unsafe { watch(rx, pids.as_mut_ptr(), pids.len()) }
+        }
+        // SAFETY: `rx` is this process's descriptor, unused from here on.
+        unsafe { libc::close(rx) };
+        if pid < 0 {
+            let e = io::Error::last_os_error();
+            // SAFETY: as above, for `tx`.
+            unsafe { libc::close(tx) };
+            return Err(Error::io("launch: starting the watcher process", e));
+        }
+        Ok(Watcher { pid, tx })
+    }
+
+    /// The descriptor a rank registers itself on (between fork and exec).
+    fn register_fd(&self) -> libc::c_int {
+        self.tx
+    }
+
+    /// Run in a rank between fork and exec: tells the watcher this rank's pid.
+    fn register(fd: libc::c_int) -> io::Result<()> {
+        // SAFETY: getpid has no preconditions.
+        let me = unsafe { libc::getpid() }.to_le_bytes();
+        // SAFETY: writes 4 bytes from a live local array; a write of at most PIPE_BUF bytes to
+        // a pipe is atomic, so messages of several ranks never interleave.
+        let n = unsafe { libc::write(fd, me.as_ptr().cast(), me.len()) };
+        if n != me.len() as isize {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// The job is over, every rank waited for: the watcher exits without a signal, and is
+    /// reaped.
+    fn finish(mut self) {
+        let done = 0 as libc::pid_t;
+        // SAFETY: writes 4 bytes from a live local to the launcher's own descriptor.
+        unsafe { libc::write(self.tx, done.to_le_bytes().as_ptr().cast(), 4) };
+        self.close_and_reap();
+    }
+
+    fn close_and_reap(&mut self) {
+        if self.tx >= 0 {
+            // SAFETY: closes the launcher's own descriptor, then waits for its own child.
+            unsafe {
+                libc::close(self.tx);
+                libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+            }
+            self.tx = -1;
+        }
+    }
+}
+
+impl Drop for Watcher {
+    /// `launch` returning early (a rank that could not start, a failed wait): the pipe closes
+    /// without the word that the job is over, as if the launcher had died, and the watcher
+    /// kills whatever registered.
+    fn drop(&mut self) {
+        self.close_and_reap();
+    }
+}
+
+/// The watcher's life: records the pids ranks send on `rx` (at most `cap`, into `pids`) until
+/// the launcher says the job is over (a 0) or is gone (end of file), then kills every rank's
+/// process group in the second case and exits.
+///
+/// # Safety
+/// To be called only in a child just forked: it uses async-signal-safe system calls alone,
+/// writes only within `pids[..cap]`, and never returns.
+unsafe fn watch(rx: libc::c_int, pids: *mut libc::pid_t, cap: usize) -> ! {
+    // SAFETY: plain system calls on this process's own descriptors and signal dispositions,
+    // and writes within the `cap` pids the caller provided.
+    unsafe {
+        libc::setsid();
+        for sig in [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGPIPE,
+        ] {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        // Keep no descriptor of the launcher but the pipe: not the store's socket, not the
+        // write end of the pipe (or no end of file would ever come), not the launcher's
+        // output (whoever reads it waits for every writer).
+        close_all_but(rx);
+        let mut n = 0usize;
+        let mut done = false;
+        loop {
+            let mut msg = [0u8; 4];
+            let mut got = 0usize;
+            while got < 4 {
+                let r = libc::read(rx, msg.as_mut_ptr().add(got).cast(), 4 - got);
+                if r > 0 {
+                    got += r as usize;
+                } else if r < 0 && *libc::__errno_location() == libc::EINTR {
+                    continue;
+                } else {
+                    break;
+                }
+            }
+            if got < 4 {
+                break; // end of file: the launcher is gone
+            }
+            let pid = libc::pid_t::from_le_bytes(msg);
+            if pid == 0 {
+                done = true;
+                break;
+            }
+            if n < cap {
+                *pids.add(n) = pid;
+                n += 1;
+            }
+        }
+        if !done {
+            for i in 0..n {
+                libc::kill(-*pids.add(i), libc::SIGKILL);
+            }
+        }
+        libc::_exit(0)
+    }
+}
+
+/// Closes every descriptor of this process except `keep` (async-signal-safe).
+///
+/// # Safety
+/// Only for a process that uses none of the descriptors it closes (a freshly forked watcher).
+unsafe fn close_all_but(keep: libc::c_int) {
+    let keep = keep as libc::c_uint;
+    // SAFETY: close_range and close on this process's own descriptors.
+    unsafe {
+        let below = keep == 0 || libc::syscall(libc::SYS_close_range, 0u32, keep - 1, 0u32) == 0;
+        let above = libc::syscall(libc::SYS_close_range, keep + 1, libc::c_uint::MAX, 0u32) == 0;
+        if !(below && above) {
+            // No close_range (kernels before 5.9): one by one, up to a bound far past any
+            // descriptor a launcher holds.
+            for fd in 0..65536 {
+                if fd != keep {
+                    libc::close(fd as libc::c_int);
+                }
+            }
+        }
+    }
 }
 
 struct Rank {

@@ -402,17 +402,42 @@ fn connect_from_env_rank0_hosts_one_server_per_process() {
     assert_eq!(again.get("env/2", T).unwrap(), vec![102]);
 }
 
+/// A port held by a listener (the torchrun agent's store) whose next port was free a moment
+/// ago. Other processes on the machine take ports too: a pair found free can lose its second
+/// port before the store binds it, so the caller retries on another pair.
+fn agent_port_with_a_free_next() -> (TcpListener, u16) {
+    for _ in 0..1000 {
+        let agent = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = agent.local_addr().unwrap().port();
+        if port < u16::MAX && TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return (agent, port);
+        }
+    }
+    panic!("no free port with a free next port in 1000 tries");
+}
+
 #[test]
 fn connect_from_env_uses_the_next_port_under_torchrun_and_names_missing_port() {
-    let port = free_port();
     // The torchrun agent's store holds MASTER_PORT; ours must not touch it.
-    let agent = TcpListener::bind(("127.0.0.1", port)).unwrap();
-    let c = cfg(&[
-        ("MASTER_PORT", port.to_string()),
-        ("TORCHELASTIC_RUN_ID", "job".into()),
-        ("FERROCOMM_TIMEOUT_S", "5".into()),
-    ]);
-    let s = connect_from_env(&c, 0, 1).unwrap();
+    let mut tries = 0;
+    let (agent, port, s) = loop {
+        let (agent, port) = agent_port_with_a_free_next();
+        let c = cfg(&[
+            ("MASTER_PORT", port.to_string()),
+            ("TORCHELASTIC_RUN_ID", "job".into()),
+            ("FERROCOMM_TIMEOUT_S", "5".into()),
+        ]);
+        match connect_from_env(&c, 0, 1) {
+            Ok(s) => break (agent, port, s),
+            // Taken by another process between the check and the bind: another pair.
+            Err(Error::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::AddrInUse && tries < 20 =>
+            {
+                tries += 1
+            }
+            Err(e) => panic!("store on the port after MASTER_PORT: {e}"),
+        }
+    };
     s.set("k", b"v").unwrap();
     let direct = TcpStore::connect("127.0.0.1", port + 1, &key(), T).unwrap();
     assert_eq!(direct.get("k", T).unwrap(), b"v");

@@ -6,7 +6,8 @@
 Runs on one GPU (the ranks share it; NCCL must be off, as it refuses two ranks on one GPU) or
 on one GPU per rank. Checks, each reported pass/fail with its numbers:
   1. every c10d collective, the object and functional collectives and torch.compile (inductor)
-     on CUDA tensors against gloo (the CI scenario of python/tests/torch_ranks.py); async
+     on CUDA tensors against gloo (the CI scenario of python/tests/torch_ranks.py), and
+     all_gather_coalesced (sync and async) and sparse all_reduce (its gaps scenario); async
      work (futures, a side stream, 150 direct-API works in flight); a call's own timeout
      reaching the direct-access kernel;
   2. CUDA graph capture of dist.all_reduce and 200 replays with fresh data;
@@ -267,6 +268,9 @@ def main():
     log(f"{WORLD} ranks on {torch.cuda.device_count()} GPU(s), torch {torch.__version__}")
     gloo = init()
     check("collectives vs gloo (torch_ranks collectives on CUDA)", torch_ranks.collectives)
+    check("all_gather_coalesced (sync, async) vs gloo on CUDA",
+          torch_ranks.coalesced_all_gather)
+    check("sparse all_reduce vs gloo on CUDA", torch_ranks.sparse_all_reduce)
     check("async work on CUDA", lambda: async_work(gloo))
     check("150 async works in flight (direct API)", lambda: many_in_flight(gloo))
     check("a call's timeout reaches the kernel", lambda: kernel_call_timeout(gloo))

@@ -1,15 +1,19 @@
-//! The job's store key: where it comes from, and the handshake that proves it.
+//! The job's store key: where it comes from, the handshake that proves it, and the session
+//! keys it yields.
 //!
 //! Every process of a job derives the same 32-byte key (see [`StoreKey::from_config`]); the
 //! store server and its clients prove to each other that they hold it before any request, by
 //! HMAC-SHA-256 over fresh random nonces, so that the key itself never travels and an
-//! overheard handshake cannot be replayed. Tags are checked in constant time.
+//! overheard handshake cannot be replayed. Tags are checked in constant time. Each connection
+//! then gets keys of its own, derived from the job's key and both nonces (HKDF-SHA-256), which
+//! seal everything that follows (`channel.rs`).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
+use hkdf::Hkdf;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
 
@@ -120,6 +124,27 @@ impl StoreKey {
     pub(super) fn verify(&self, label: &[u8], mine: &[u8], theirs: &[u8], tag: &[u8]) -> bool {
         self.mac(label, mine, theirs).verify_slice(tag).is_ok()
     }
+
+    /// The keys of one connection, (client to server, server to client), from the job's key
+    /// and the handshake's nonces: fresh for every connection (both sides' nonces are random),
+    /// and one per direction so that a frame reflected back to its sender never opens.
+    pub(super) fn session_keys(
+        &self,
+        client_nonce: &[u8],
+        server_nonce: &[u8],
+    ) -> ([u8; 32], [u8; 32]) {
+        let mut salt = Vec::with_capacity(client_nonce.len() + server_nonce.len());
+        salt.extend_from_slice(client_nonce);
+        salt.extend_from_slice(server_nonce);
+        let kdf = Hkdf::<Sha256>::new(Some(&salt), &self.0);
+        let (mut up, mut down) = ([0u8; 32], [0u8; 32]);
+        // 32 bytes are far below HKDF-SHA-256's limit of 255 * 32.
+        kdf.expand(b"ferrocomm store v3 client to server", &mut up)
+            .expect("32 bytes of HKDF output");
+        kdf.expand(b"ferrocomm store v3 server to client", &mut down)
+            .expect("32 bytes of HKDF output");
+        (up, down)
+    }
 }
 
 /// Reads (creating it on first use) this user's key file: 32 bytes, owned by this user, mode
@@ -199,6 +224,19 @@ mod tests {
         assert!(!k.verify(b"client", &a, &b, &t[..31]));
         assert_ne!(new_secret(), new_secret());
         assert_eq!(new_secret().len(), 64);
+    }
+
+    #[test]
+    fn session_keys_differ_by_direction_nonce_and_job() {
+        let k = StoreKey::from_secret("a secret of this job");
+        let (a, b) = ([1u8; NONCE], [2u8; NONCE]);
+        let (up, down) = k.session_keys(&a, &b);
+        assert_ne!(up, down);
+        assert_eq!(k.session_keys(&a, &b), (up, down));
+        assert_ne!(k.session_keys(&b, &a).0, up);
+        assert_ne!(k.session_keys(&a, &[3u8; NONCE]).0, up);
+        let other = StoreKey::from_secret("a secret of another job");
+        assert_ne!(other.session_keys(&a, &b).0, up);
     }
 
     fn config(pairs: &[(&str, &str)]) -> Result<StoreKey> {

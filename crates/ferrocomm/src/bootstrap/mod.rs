@@ -1,6 +1,7 @@
 //! Bootstrap: the key-value store ranks meet through, and the helpers built on it.
 
 mod auth;
+mod channel;
 mod tcp;
 
 use std::collections::HashMap;
@@ -9,8 +10,8 @@ use std::time::{Duration, Instant};
 
 pub use auth::{new_secret, StoreKey};
 pub use tcp::{
-    connect_from_env, TcpStore, TcpStoreServer, HANDSHAKE_TIMEOUT, MAX_CONNECTIONS,
-    MAX_HANDSHAKING, MAX_KEY, MAX_TOTAL, MAX_VALUE, REQUEST_TIMEOUT,
+    connect_from_env, ServerLimits, TcpStore, TcpStoreServer, ENTRY_OVERHEAD, HANDSHAKE_TIMEOUT,
+    MAX_CONNECTIONS, MAX_HANDSHAKING, MAX_KEY, MAX_TOTAL, MAX_VALUE, REQUEST_TIMEOUT,
 };
 
 use crate::error::{Error, Result};
@@ -180,6 +181,12 @@ pub fn all_gather_bytes(
     data: &[u8],
     timeout: Duration,
 ) -> Result<Vec<Vec<u8>>> {
+    if world > crate::config::MAX_WORLD_SIZE || rank >= world {
+        return Err(Error::InvalidArgument(format!(
+            "store gather '{tag}': rank {rank} of {world} ranks (at most {} ranks)",
+            crate::config::MAX_WORLD_SIZE
+        )));
+    }
     store.set(&format!("{tag}/{rank}"), data)?;
     let deadline = Instant::now() + timeout;
     let mut all = Vec::with_capacity(world);
@@ -332,7 +339,7 @@ mod tests {
         let e = agree(&*s, "t", 0, 2, Ok(vec![]), Duration::from_millis(50)).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "store: rank 0 timed out after 50ms at 't' waiting for rank 1: 1 of 2 ranks never \
+            "store: rank 0 at 't': Timed out after 50ms waiting for rank 1: 1 of 2 ranks never \
              joined (not started, crashed, or created a communicator under another name)"
         );
     }
@@ -363,6 +370,16 @@ mod tests {
                 .contains("waiting for ranks 1, 3 and 5: 3 of 6 ranks never joined"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_gather_over_more_ranks_than_accepted_is_refused_before_any_allocation() {
+        let s = MemStore::new();
+        for (rank, world) in [(0, 1usize << 40), (0, usize::MAX), (3, 3)] {
+            let e = all_gather_bytes(&*s, "g", rank, world, b"x", Duration::from_millis(10))
+                .unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        }
     }
 
     #[test]

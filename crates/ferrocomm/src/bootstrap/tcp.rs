@@ -12,30 +12,34 @@
 //! server: OK | ERROR msg (and hangs up)
 //! ```
 //!
-//! Then each request is one op byte and its fields, answered by one status byte and its fields:
+//! Everything after it travels in sealed frames (`channel.rs`: ChaCha20-Poly1305 under keys of
+//! this connection alone, derived from the job's key and both nonces, a frame counter per
+//! direction as the nonce), so that whoever relays the connection reads nothing and can change,
+//! replay or add nothing. Each request is one frame, an op byte and its fields, answered by one
+//! frame, a status byte and its fields:
 //!
 //! ```text
 //! SET    key value             -> OK | ERROR msg
-//! GET    key timeout_ms: u64   -> OK value | TIMEOUT
-//! CHECK  key                   -> OK u8
+//! GET    key timeout_ms: u64   -> OK value | TIMEOUT | ERROR msg
+//! CHECK  key                   -> OK u8 | ERROR msg
 //! ADD    key delta: i64        -> OK i64 | ERROR msg
-//! DELETE key                   -> OK u8
+//! DELETE key                   -> OK u8 | ERROR msg
+//! (a frame that does not open) -> FORGED msg (and hangs up)
 //! ```
 //!
 //! A connection serves one request at a time; a client keeps a pool of connections so that a
 //! thread blocked in `get` never holds up another thread's `set`.
 //!
-//! The server bounds what anyone reaching its port can take: [`MAX_HANDSHAKING`] connections
-//! still in their handshake (each given [`HANDSHAKE_TIMEOUT`]), [`MAX_CONNECTIONS`] in all,
-//! keys of [`MAX_KEY`] bytes, values of [`MAX_VALUE`], [`MAX_TOTAL`] bytes stored, a request
-//! begun must arrive within [`REQUEST_TIMEOUT`], and failing `accept`s (out of descriptors) back
-//! off instead of spinning.
+//! The server bounds what anyone reaching its port can take ([`ServerLimits`]): connections
+//! still in their handshake, each with a deadline for the whole handshake; connections in all;
+//! keys of [`MAX_KEY`] bytes, values of [`MAX_VALUE`]; the memory its entries take, each
+//! charged [`ENTRY_OVERHEAD`] beyond its key and value; a deadline for the rest of a request
+//! once its first byte has arrived; and failing `accept`s (out of descriptors) back off
+//! instead of spinning.
 
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
-use std::net::{
-    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
-};
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -44,9 +48,12 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 
 use super::auth::{NONCE, TAG};
+use super::channel::{read_by, write_by, Direction, FrameError};
 use super::{decode_i64, Store, StoreKey};
 
-const MAGIC: [u8; 4] = *b"FCS2";
+/// Opens every connection; a new value for every change of the protocol, so that processes of
+/// another version are told at once instead of misreading each other.
+const MAGIC: [u8; 4] = *b"FCS3";
 
 const OP_SET: u8 = 1;
 const OP_GET: u8 = 2;
@@ -57,22 +64,65 @@ const OP_DELETE: u8 = 5;
 const ST_OK: u8 = 0;
 const ST_TIMEOUT: u8 = 1;
 const ST_ERROR: u8 = 2;
+/// A request frame did not open at the server: something on the way altered or forged it.
+const ST_FORGED: u8 = 3;
 
 /// Largest key accepted, in bytes.
 pub const MAX_KEY: usize = 4 << 10;
 /// Largest value accepted, in bytes: ferrocomm stores names, handles and short reports of a
 /// few hundred bytes per rank.
 pub const MAX_VALUE: usize = 256 << 10;
-/// Most bytes (keys and values) one server holds.
+/// Most memory one server's entries may take by default: their keys and values, and
+/// [`ENTRY_OVERHEAD`] for each.
 pub const MAX_TOTAL: usize = 64 << 20;
-/// Most connections one server serves at once.
+/// What one entry costs beyond its key and value bytes, charged against the server's total:
+/// the map's slot (a `String` and a `Vec`, 48 bytes, with its control byte and the table's
+/// spare capacity) and the allocator's headers and rounding of the two heap blocks. Without
+/// it, millions of tiny entries would take many times the memory the total allows.
+pub const ENTRY_OVERHEAD: usize = 128;
+/// Most connections one server serves at once by default.
 pub const MAX_CONNECTIONS: usize = 1024;
-/// Most connections still in their handshake at once; more are closed at once.
+/// Most connections still in their handshake at once by default; more are closed at once.
 pub const MAX_HANDSHAKING: usize = 64;
-/// How long a new connection has to complete its handshake.
+/// How long a new connection has for its whole handshake by default, however its bytes are
+/// spaced.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long the rest of a request may take to arrive once its first byte has.
+/// How long a request (or the server's answer to it) may take to cross once its first byte
+/// has, by default.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Largest request frame: an op, a key, a value (or a timeout or a delta).
+const MAX_REQUEST: usize = 1 + 4 + MAX_KEY + 4 + MAX_VALUE;
+/// Largest answer frame: a status and a value, or a message that may quote a key.
+const MAX_REPLY: usize = 1 + 4 + MAX_VALUE + MAX_KEY;
+
+/// What one store server lets its clients take. [`Default`] holds the values of the
+/// constants above, which every server of ferrocomm uses; tests shorten them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// The whole handshake of a new connection, from its accept.
+    pub handshake: Duration,
+    /// The rest of a request once its first byte has arrived, and the writing of its answer.
+    pub request: Duration,
+    /// Connections in their handshake at once; more are closed unanswered.
+    pub max_handshaking: usize,
+    /// Connections at once; more are closed unanswered.
+    pub max_connections: usize,
+    /// Bytes of keys and values plus [`ENTRY_OVERHEAD`] per entry.
+    pub max_stored: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            handshake: HANDSHAKE_TIMEOUT,
+            request: REQUEST_TIMEOUT,
+            max_handshaking: MAX_HANDSHAKING,
+            max_connections: MAX_CONNECTIONS,
+            max_stored: MAX_TOTAL,
+        }
+    }
+}
 
 const LABEL_SERVER: &[u8] = b"ferrocomm store server\0";
 const LABEL_CLIENT: &[u8] = b"ferrocomm store client\0";
@@ -83,34 +133,53 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Extra time a client gives the server to answer a `get` beyond the `get`'s own timeout.
 const GET_SLACK: Duration = Duration::from_secs(10);
 
+/// How long a client gives the server for the whole handshake.
+const CLIENT_HANDSHAKE: Duration = Duration::from_secs(10);
+
 fn write_bytes(buf: &mut Vec<u8>, b: &[u8]) {
     buf.extend_from_slice(&(b.len() as u32).to_le_bytes());
     buf.extend_from_slice(b);
 }
 
-fn read_array<const N: usize>(r: &mut impl Read) -> io::Result<[u8; N]> {
-    let mut a = [0u8; N];
-    r.read_exact(&mut a)?;
-    Ok(a)
-}
+/// The fields of a decrypted frame, read front to back.
+struct Fields<'a>(&'a [u8]);
 
-/// A length-prefixed field of at most `max` bytes (`what` names it in the error).
-fn read_bytes(r: &mut impl Read, what: &str, max: usize) -> io::Result<Vec<u8>> {
-    let n = u32::from_le_bytes(read_array(r)?) as usize;
-    if n > max {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("a {what} of {n} bytes exceeds the limit of {max}"),
-        ));
+impl<'a> Fields<'a> {
+    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
+        if n > self.0.len() {
+            return Err("a message shorter than its fields".into());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
     }
-    let mut v = vec![0u8; n];
-    r.read_exact(&mut v)?;
-    Ok(v)
-}
 
-fn read_key(r: &mut impl Read) -> io::Result<String> {
-    String::from_utf8(read_bytes(r, "key", MAX_KEY)?)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "key is not UTF-8"))
+    fn array<const N: usize>(&mut self) -> std::result::Result<[u8; N], String> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+
+    /// A length-prefixed field of at most `max` bytes (`what` names it in the error).
+    fn bytes(&mut self, what: &str, max: usize) -> std::result::Result<&'a [u8], String> {
+        let n = u32::from_le_bytes(self.array()?) as usize;
+        if n > max {
+            return Err(format!("a {what} of {n} bytes exceeds the limit of {max}"));
+        }
+        self.take(n)
+    }
+
+    fn key(&mut self) -> std::result::Result<String, String> {
+        std::str::from_utf8(self.bytes("key", MAX_KEY)?)
+            .map(str::to_string)
+            .map_err(|_| "key is not UTF-8".to_string())
+    }
+
+    fn message(&mut self) -> String {
+        self.bytes("message", MAX_REPLY)
+            .map(|m| String::from_utf8_lossy(m).into_owned())
+            .unwrap_or_else(|e| e)
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -118,7 +187,7 @@ fn read_key(r: &mut impl Read) -> io::Result<String> {
 
 struct ServerState {
     map: HashMap<String, Vec<u8>>,
-    /// Bytes of every key and value in `map`.
+    /// What `map` costs: every key and value, and [`ENTRY_OVERHEAD`] per entry.
     stored: usize,
     /// Connections in their handshake.
     handshaking: usize,
@@ -128,10 +197,22 @@ struct ServerState {
     next_conn: u64,
 }
 
+impl ServerState {
+    /// What the map would cost with the value of `key` replaced by (or set to) `len` bytes.
+    fn cost_with(&self, key: &str, len: usize) -> usize {
+        let old = self
+            .map
+            .get(key)
+            .map_or(0, |v| entry_cost(key.len(), v.len()));
+        self.stored - old + entry_cost(key.len(), len)
+    }
+}
+
 struct Shared {
     state: Mutex<ServerState>,
     changed: Condvar,
     key: StoreKey,
+    limits: ServerLimits,
 }
 
 impl Shared {
@@ -141,23 +222,63 @@ impl Shared {
     }
 }
 
-/// The store server: a map and a condition variable, one thread per client connection.
-/// It stops (and every client's next or pending call fails) when dropped.
+/// What an entry of `key_len` and `value_len` bytes is charged.
+fn entry_cost(key_len: usize, value_len: usize) -> usize {
+    key_len + value_len + ENTRY_OVERHEAD
+}
+
+/// The store server: a map and a condition variable, one accept thread per address it listens
+/// on and one thread per client connection. It stops (and every client's next or pending call
+/// fails) when dropped.
 pub struct TcpStoreServer {
     shared: Arc<Shared>,
-    local: SocketAddr,
-    accept: Option<JoinHandle<()>>,
+    /// Every address listened on (one port), with its accept thread.
+    listeners: Vec<(SocketAddr, Option<JoinHandle<()>>)>,
 }
 
 impl TcpStoreServer {
-    /// Listens on `host:port`; port 0 picks a free port (see [`TcpStoreServer::port`]). Only
-    /// clients holding `key` are served.
+    /// Listens on every address `host` resolves to, on `port` (0 picks a free port, the same
+    /// on every address; see [`TcpStoreServer::port`]), with the default [`ServerLimits`].
+    /// Only clients holding `key` are served.
+    ///
+    /// A client tries each address `host` resolves to, so the server listens on all of them or
+    /// fails: an address another process holds (someone waiting for the ranks there) is an
+    /// error naming it, never skipped. An address that is not this machine's is skipped (no
+    /// process here can listen on it, so no one here can answer a client there). A host that
+    /// names every interface (`0.0.0.0`, `::`) is refused: the store listens where the ranks
+    /// were told to meet, nowhere else.
     pub fn bind(host: &str, port: u16, key: &StoreKey) -> Result<Self> {
-        let listener = TcpListener::bind((host, port))
-            .map_err(|e| Error::io(format!("store server: cannot listen on {host}:{port}"), e))?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| Error::io("store server: local address", e))?;
+        Self::bind_with(host, port, key, ServerLimits::default())
+    }
+
+    /// [`TcpStoreServer::bind`] with other limits.
+    pub fn bind_with(host: &str, port: u16, key: &StoreKey, limits: ServerLimits) -> Result<Self> {
+        let addrs = listen_addrs(host, port)?;
+        Self::bind_addrs(host, &addrs, key, limits)
+    }
+
+    /// Listens on each of `addrs` (resolved from `host`, which messages name), all on the
+    /// port of the first (0: a free one).
+    pub fn bind_addrs(
+        host: &str,
+        addrs: &[SocketAddr],
+        key: &StoreKey,
+        limits: ServerLimits,
+    ) -> Result<Self> {
+        if let Some(a) = addrs.iter().find(|a| a.ip().is_unspecified()) {
+            return Err(every_interface(host, a));
+        }
+        let requested = addrs.first().map_or(0, SocketAddr::port);
+        // A free port picked on the first address may be taken on another: pick again.
+        let mut tries = if requested == 0 { 8 } else { 1 };
+        let listeners = loop {
+            tries -= 1;
+            match listen_on_all(host, addrs) {
+                Err((e, true)) if tries > 0 && requested == 0 => drop(e),
+                Err((e, _)) => return Err(e),
+                Ok(l) => break l,
+            }
+        };
         let shared = Arc::new(Shared {
             state: Mutex::new(ServerState {
                 map: HashMap::new(),
@@ -169,27 +290,37 @@ impl TcpStoreServer {
             }),
             changed: Condvar::new(),
             key: key.clone(),
+            limits,
         });
-        let sh = shared.clone();
-        let accept = thread::Builder::new()
-            .name(format!("ferrocomm-store-{}", local.port()))
-            .spawn(move || accept_loop(listener, sh))
-            .map_err(|e| Error::io("store server: spawning the accept thread", e))?;
-        Ok(TcpStoreServer {
+        let mut server = TcpStoreServer {
             shared,
-            local,
-            accept: Some(accept),
-        })
+            listeners: Vec::new(),
+        };
+        for (local, listener) in listeners {
+            let sh = server.shared.clone();
+            let accept = thread::Builder::new()
+                .name(format!("ferrocomm-store-{}", local.port()))
+                .spawn(move || accept_loop(listener, sh))
+                // Dropping `server` stops the accept threads already started.
+                .map_err(|e| Error::io("store server: spawning an accept thread", e))?;
+            server.listeners.push((local, Some(accept)));
+        }
+        Ok(server)
     }
 
     /// The port actually bound.
     pub fn port(&self) -> u16 {
-        self.local.port()
+        self.local_addr().port()
     }
 
-    /// The address actually bound.
+    /// The first address listened on.
     pub fn local_addr(&self) -> SocketAddr {
-        self.local
+        self.listeners[0].0
+    }
+
+    /// Every address listened on.
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners.iter().map(|(a, _)| *a).collect()
     }
 
     /// The entries whose key contains `part` (read in process, by the launcher hosting it).
@@ -206,6 +337,73 @@ impl TcpStoreServer {
     }
 }
 
+/// The addresses to listen on for `host:port`, or why none.
+fn listen_addrs(host: &str, port: u16) -> Result<Vec<SocketAddr>> {
+    let mut addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| Error::io(format!("store server: cannot resolve {host}"), e))?
+        .collect();
+    addrs.dedup();
+    if addrs.is_empty() {
+        return Err(Error::Store(format!(
+            "store server: {host} resolves to no address"
+        )));
+    }
+    Ok(addrs)
+}
+
+fn every_interface(host: &str, a: &SocketAddr) -> Error {
+    Error::InvalidArgument(format!(
+        "store server: {host} names every interface ({}), and the store listens on the \
+         address the ranks reach rank 0 at alone: set MASTER_ADDR (or FERROCOMM_STORE_ADDR) \
+         to that address (127.0.0.1 when every rank runs on this machine)",
+        a.ip()
+    ))
+}
+
+/// Binds every address of `addrs` on one port; on failure the error and whether it was a
+/// port picked on an earlier address that is in use on a later one.
+fn listen_on_all(
+    host: &str,
+    addrs: &[SocketAddr],
+) -> std::result::Result<Vec<(SocketAddr, TcpListener)>, (Error, bool)> {
+    let mut port = addrs.first().map_or(0, SocketAddr::port);
+    let mut bound = Vec::new();
+    let mut absent = Vec::new();
+    for a in addrs {
+        let mut a = *a;
+        a.set_port(port);
+        match TcpListener::bind(a).and_then(|l| Ok((l.local_addr()?, l))) {
+            Ok((local, l)) => {
+                port = local.port();
+                bound.push((local, l));
+            }
+            // Not an address of this machine: no process here can listen there either.
+            Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => absent.push((a, e)),
+            Err(e) => {
+                let picked = !bound.is_empty() && e.kind() == io::ErrorKind::AddrInUse;
+                let why = format!(
+                    "store server: cannot listen on {a}, one of the addresses {host} resolves \
+                     to (a client may try any of them, so the store listens on all of them; \
+                     another process holding one is an error, never skipped)"
+                );
+                return Err((Error::io(why, e), picked));
+            }
+        }
+    }
+    if bound.is_empty() {
+        let (a, e) = absent.remove(0);
+        return Err((
+            Error::io(format!("store server: cannot listen on {a} ({host})"), e),
+            false,
+        ));
+    }
+    for (a, e) in absent {
+        tracing::info!("store server: {a} ({host}) is not an address of this machine: {e}");
+    }
+    Ok(bound)
+}
+
 impl Drop for TcpStoreServer {
     fn drop(&mut self) {
         {
@@ -217,17 +415,12 @@ impl Drop for TcpStoreServer {
             st.conns.clear();
         }
         self.shared.changed.notify_all();
-        // Wake the accept thread, which is blocked in accept(), by connecting once.
-        let mut wake = self.local;
-        if wake.ip().is_unspecified() {
-            wake.set_ip(match wake.ip() {
-                IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
-                IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
-            });
-        }
-        if TcpStream::connect_timeout(&wake, Duration::from_secs(1)).is_ok() {
-            if let Some(h) = self.accept.take() {
-                let _ = h.join();
+        // Wake each accept thread, blocked in accept(), by connecting once.
+        for (addr, accept) in &mut self.listeners {
+            if TcpStream::connect_timeout(addr, Duration::from_secs(1)).is_ok() {
+                if let Some(h) = accept.take() {
+                    let _ = h.join();
+                }
             }
         }
     }
@@ -239,6 +432,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         if shared.lock().stopping {
             return;
         }
+        let accepted = Instant::now();
         let stream = match stream {
             Ok(s) => {
                 pause = Duration::from_millis(10);
@@ -255,7 +449,8 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         let _ = stream.set_nodelay(true);
         let id = {
             let mut st = shared.lock();
-            if st.handshaking >= MAX_HANDSHAKING || st.conns.len() >= MAX_CONNECTIONS {
+            let l = &shared.limits;
+            if st.handshaking >= l.max_handshaking || st.conns.len() >= l.max_connections {
                 // Closed unanswered: the client reports that the store gave no handshake reply.
                 continue;
             }
@@ -271,8 +466,9 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         let spawned = thread::Builder::new()
             .name("ferrocomm-store-conn".into())
             .spawn(move || {
-                let _ = serve(stream, &sh);
-                sh.lock().conns.remove(&id);
+                let _listed = Listed(&sh, id);
+                let slot = HandshakeSlot(&sh);
+                let _ = serve(stream, accepted, slot, &sh);
             });
         if spawned.is_err() {
             let mut st = shared.lock();
@@ -282,171 +478,235 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-/// The server's side of the handshake: whether the client proved it holds the key.
-fn greet(s: &mut TcpStream, key: &StoreKey) -> io::Result<bool> {
-    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    let hello = read_array::<{ 4 + NONCE }>(s)?;
+/// The server's side of the handshake, all of it by `deadline`: the connection's two
+/// directions when the client proved it holds the key.
+fn greet(
+    s: &mut TcpStream,
+    key: &StoreKey,
+    deadline: Instant,
+) -> io::Result<Option<(Direction, Direction)>> {
+    let mut hello = [0u8; 4 + NONCE];
+    read_by(s, &mut hello, Some(deadline))?;
     if hello[..4] != MAGIC {
-        return Ok(false); // not one of ours: hang up
+        return Ok(None); // not one of ours: hang up
     }
     let theirs = &hello[4..];
     let mine = rand::random::<[u8; NONCE]>();
     let mut out = MAGIC.to_vec();
     out.extend_from_slice(&mine);
     out.extend_from_slice(&key.tag(LABEL_SERVER, theirs, &mine));
-    s.write_all(&out)?;
-    let tag = read_array::<TAG>(s)?;
+    write_by(s, &out, deadline)?;
+    let mut tag = [0u8; TAG];
+    read_by(s, &mut tag, Some(deadline))?;
     if !key.verify(LABEL_CLIENT, &mine, theirs, &tag) {
         let mut out = vec![ST_ERROR];
         write_bytes(&mut out, b"wrong store secret");
-        s.write_all(&out)?;
-        return Ok(false);
+        write_by(s, &out, deadline)?;
+        return Ok(None);
     }
-    s.write_all(&[ST_OK])?;
-    s.set_read_timeout(None)?;
-    Ok(true)
+    write_by(s, &[ST_OK], deadline)?;
+    let (up, down) = key.session_keys(theirs, &mine);
+    Ok(Some((Direction::new(&up), Direction::new(&down))))
 }
 
-/// Serves one client until it disconnects or the server stops.
-fn serve(mut s: TcpStream, sh: &Shared) -> io::Result<()> {
-    let greeted = greet(&mut s, &sh.key);
-    sh.lock().handshaking -= 1;
-    if !greeted? {
-        return Ok(());
+/// A connection's place among those in their handshake, given back however the handshake
+/// ends, a panic included: places never given back would, `max_handshaking` times over, make
+/// the server close every new connection unanswered, legitimate clients' too.
+struct HandshakeSlot<'a>(&'a Shared);
+
+impl Drop for HandshakeSlot<'_> {
+    fn drop(&mut self) {
+        self.0.lock().handshaking -= 1;
     }
-    let mut out = Vec::new();
+}
+
+/// A connection's entry in the server's list of open connections, removed however its thread
+/// ends (entries left behind would count against `max_connections` forever).
+struct Listed<'a>(&'a Shared, u64);
+
+impl Drop for Listed<'_> {
+    fn drop(&mut self) {
+        self.0.lock().conns.remove(&self.1);
+    }
+}
+
+/// Serves one client until it disconnects, breaks the protocol or the server stops.
+fn serve(
+    mut s: TcpStream,
+    accepted: Instant,
+    slot: HandshakeSlot<'_>,
+    sh: &Shared,
+) -> io::Result<()> {
+    let limits = &sh.limits;
+    let greeted = match accepted.checked_add(limits.handshake) {
+        Some(deadline) => greet(&mut s, &sh.key, deadline),
+        None => Err(io::Error::other("handshake deadline out of range")),
+    };
+    drop(slot);
+    let Some((mut up, mut down)) = greeted? else {
+        return Ok(());
+    };
     loop {
         // An idle connection waits for its next request as long as it likes; once a request
-        // has begun, the rest must follow promptly.
-        let op = match read_array::<1>(&mut s) {
-            Ok([op]) => op,
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e),
+        // has begun, the rest must follow by the deadline.
+        let (reply, go_on) = match up.read(&mut s, MAX_REQUEST, None, Some(limits.request)) {
+            Ok(req) => match execute(&req, sh) {
+                Some(reply) => (reply, true),
+                None => return Ok(()), // stopping
+            },
+            Err(FrameError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(FrameError::Io(e)) => return Err(e),
+            Err(FrameError::TooLong(n)) => (
+                refusal(
+                    ST_ERROR,
+                    &format!("a request of {n} bytes is longer than any the store takes"),
+                ),
+                false,
+            ),
+            Err(FrameError::Forged) => (
+                refusal(
+                    ST_FORGED,
+                    "a request from this process failed authentication at the store",
+                ),
+                false,
+            ),
         };
-        s.set_read_timeout(Some(REQUEST_TIMEOUT))?;
-        let key = read_key(&mut s)?;
-        out.clear();
-        match op {
-            OP_SET => {
-                let value = match read_bytes(&mut s, "value", MAX_VALUE) {
-                    Ok(v) => v,
-                    Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                        // Answered, then hung up: the rest of the value is not read.
-                        out.push(ST_ERROR);
-                        write_bytes(&mut out, format!("set '{key}': {e}").as_bytes());
-                        s.write_all(&out)?;
-                        return Ok(());
-                    }
-                    Err(e) => return Err(e),
-                };
-                let mut st = sh.lock();
-                let old = st.map.get(&key).map_or(0, |v| key.len() + v.len());
-                let total = st.stored - old + key.len() + value.len();
-                if total > MAX_TOTAL {
-                    drop(st);
-                    out.push(ST_ERROR);
-                    write_bytes(
-                        &mut out,
-                        format!(
-                            "set '{key}': the store holds {MAX_TOTAL} bytes at most, and this \
-                             value of {} bytes would pass it",
-                            value.len()
-                        )
-                        .as_bytes(),
-                    );
-                } else {
-                    st.stored = total;
-                    st.map.insert(key, value);
-                    drop(st);
-                    sh.changed.notify_all();
-                    out.push(ST_OK);
-                }
-            }
-            OP_GET => {
-                let ms = u64::from_le_bytes(read_array(&mut s)?);
-                let deadline = Instant::now().checked_add(Duration::from_millis(ms));
-                let mut st = sh.lock();
-                loop {
-                    if st.stopping {
-                        return Ok(());
-                    }
-                    if let Some(v) = st.map.get(&key) {
-                        out.push(ST_OK);
-                        write_bytes(&mut out, v);
-                        break;
-                    }
-                    let left = match deadline {
-                        Some(d) => d.saturating_duration_since(Instant::now()),
-                        None => Duration::from_secs(3600),
-                    };
-                    if left.is_zero() {
-                        out.push(ST_TIMEOUT);
-                        break;
-                    }
-                    st = sh
-                        .changed
-                        .wait_timeout(st, left)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
-                }
-            }
-            OP_CHECK => {
-                let has = sh.lock().map.contains_key(&key);
-                out.extend_from_slice(&[ST_OK, has as u8]);
-            }
-            OP_ADD => {
-                let delta = i64::from_le_bytes(read_array(&mut s)?);
-                let mut st = sh.lock();
-                let cur = st.map.get(&key).map(|v| decode_i64(&key, v)).transpose();
-                match cur.map(|c| c.unwrap_or(0).checked_add(delta)) {
-                    Ok(Some(_)) if st.stored + key.len() + 20 > MAX_TOTAL => {
-                        out.push(ST_ERROR);
-                        write_bytes(
-                            &mut out,
-                            format!("add to '{key}': the store is full ({MAX_TOTAL} bytes)")
-                                .as_bytes(),
-                        );
-                    }
-                    Ok(Some(new)) => {
-                        let text = new.to_string().into_bytes();
-                        let old = st.map.get(&key).map_or(0, |v| key.len() + v.len());
-                        st.stored = st.stored - old + key.len() + text.len();
-                        st.map.insert(key, text);
-                        drop(st);
-                        sh.changed.notify_all();
-                        out.push(ST_OK);
-                        out.extend_from_slice(&new.to_le_bytes());
-                    }
-                    Ok(None) => {
-                        out.push(ST_ERROR);
-                        write_bytes(&mut out, format!("add to '{key}' overflows i64").as_bytes());
-                    }
-                    Err(e) => {
-                        out.push(ST_ERROR);
-                        write_bytes(&mut out, e.to_string().as_bytes());
-                    }
-                }
-            }
-            OP_DELETE => {
-                let mut st = sh.lock();
-                let had = match st.map.remove(&key) {
-                    Some(v) => {
-                        st.stored -= key.len() + v.len();
-                        true
-                    }
-                    None => false,
-                };
-                out.extend_from_slice(&[ST_OK, had as u8]);
-            }
-            _ => return Ok(()), // protocol violation: hang up
+        let frame = down.seal(&reply)?;
+        let deadline = Instant::now()
+            .checked_add(limits.request)
+            .ok_or_else(|| io::Error::other("request deadline out of range"))?;
+        write_by(&mut s, &frame, deadline)?;
+        if !go_on {
+            return Ok(());
         }
-        s.set_read_timeout(None)?;
-        s.write_all(&out)?;
     }
+}
+
+fn refusal(status: u8, msg: &str) -> Vec<u8> {
+    let mut out = vec![status];
+    write_bytes(&mut out, msg.as_bytes());
+    out
+}
+
+/// Carries out one request: the answer, or `None` when the server is stopping.
+fn execute(req: &[u8], sh: &Shared) -> Option<Vec<u8>> {
+    let mut f = Fields(req);
+    let parsed = f.array::<1>().and_then(|[op]| Ok((op, f.key()?)));
+    let (op, key) = match parsed {
+        Ok(p) => p,
+        Err(e) => return Some(refusal(ST_ERROR, &e)),
+    };
+    let max_stored = sh.limits.max_stored;
+    let mut out = vec![ST_OK];
+    match op {
+        OP_SET => {
+            let value = match f.bytes("value", MAX_VALUE) {
+                Ok(v) => v,
+                Err(e) => return Some(refusal(ST_ERROR, &format!("set '{key}': {e}"))),
+            };
+            let mut st = sh.lock();
+            let total = st.cost_with(&key, value.len());
+            if total > max_stored {
+                return Some(refusal(
+                    ST_ERROR,
+                    &format!(
+                        "set '{key}': the store holds {max_stored} bytes at most (keys, values \
+                         and {ENTRY_OVERHEAD} per entry), and this value of {} bytes would \
+                         pass it",
+                        value.len()
+                    ),
+                ));
+            }
+            st.stored = total;
+            st.map.insert(key, value.to_vec());
+            drop(st);
+            sh.changed.notify_all();
+        }
+        OP_GET => {
+            let ms = match f.array::<8>() {
+                Ok(a) => u64::from_le_bytes(a),
+                Err(e) => return Some(refusal(ST_ERROR, &e)),
+            };
+            let deadline = Instant::now().checked_add(Duration::from_millis(ms));
+            let mut st = sh.lock();
+            loop {
+                if st.stopping {
+                    return None;
+                }
+                if let Some(v) = st.map.get(&key) {
+                    write_bytes(&mut out, v);
+                    break;
+                }
+                let left = match deadline {
+                    Some(d) => d.saturating_duration_since(Instant::now()),
+                    None => Duration::from_secs(3600),
+                };
+                if left.is_zero() {
+                    out[0] = ST_TIMEOUT;
+                    break;
+                }
+                st = sh
+                    .changed
+                    .wait_timeout(st, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+        }
+        OP_CHECK => out.push(sh.lock().map.contains_key(&key) as u8),
+        OP_ADD => {
+            let delta = match f.array::<8>() {
+                Ok(a) => i64::from_le_bytes(a),
+                Err(e) => return Some(refusal(ST_ERROR, &e)),
+            };
+            let mut st = sh.lock();
+            let cur = match st.map.get(&key).map(|v| decode_i64(&key, v)).transpose() {
+                Ok(c) => c.unwrap_or(0),
+                Err(e) => return Some(refusal(ST_ERROR, &e.to_string())),
+            };
+            let Some(new) = cur.checked_add(delta) else {
+                return Some(refusal(ST_ERROR, &format!("add to '{key}' overflows i64")));
+            };
+            let text = new.to_string().into_bytes();
+            let total = st.cost_with(&key, text.len());
+            if total > max_stored {
+                return Some(refusal(
+                    ST_ERROR,
+                    &format!("add to '{key}': the store is full ({max_stored} bytes)"),
+                ));
+            }
+            st.stored = total;
+            st.map.insert(key, text);
+            drop(st);
+            sh.changed.notify_all();
+            out.extend_from_slice(&new.to_le_bytes());
+        }
+        OP_DELETE => {
+            let mut st = sh.lock();
+            let had = match st.map.remove(&key) {
+                Some(v) => {
+                    st.stored -= entry_cost(key.len(), v.len());
+                    true
+                }
+                None => false,
+            };
+            out.push(had as u8);
+        }
+        other => return Some(refusal(ST_ERROR, &format!("unknown request {other}"))),
+    }
+    Some(out)
 }
 
 // ---------------------------------------------------------------------------------------------
 // Client
+
+/// One connection of a client, past its handshake.
+struct Channel {
+    s: TcpStream,
+    /// Requests (client to server).
+    up: Direction,
+    /// Answers (server to client).
+    down: Direction,
+}
 
 /// A client of a [`TcpStoreServer`].
 pub struct TcpStore {
@@ -454,7 +714,10 @@ pub struct TcpStore {
     name: String,
     addrs: Vec<SocketAddr>,
     key: StoreKey,
-    idle: Mutex<Vec<TcpStream>>,
+    idle: Mutex<Vec<Channel>>,
+    /// Set once a frame on one of its connections failed authentication: every later call
+    /// fails with this message, since something on the way is tampering with the traffic.
+    tampered: Mutex<Option<String>>,
 }
 
 impl TcpStore {
@@ -471,12 +734,13 @@ impl TcpStore {
                 Ok(addrs) => {
                     let addrs: Vec<SocketAddr> = addrs.collect();
                     match open(&name, &addrs, key, Duration::from_secs(2)) {
-                        Ok(s) => {
+                        Ok(ch) => {
                             return Ok(TcpStore {
                                 name,
                                 addrs,
                                 key: key.clone(),
-                                idle: Mutex::new(vec![s]),
+                                idle: Mutex::new(vec![ch]),
+                                tampered: Mutex::new(None),
                             })
                         }
                         Err(Attempt::Fatal(e)) => return Err(e),
@@ -511,17 +775,33 @@ impl TcpStore {
         ))
     }
 
-    /// Sends `req` and hands the connection to `reply` to read the answer.
-    fn call<T>(
-        &self,
-        req: &[u8],
-        wait: Duration,
-        reply: impl FnOnce(&mut TcpStream) -> io::Result<T>,
-    ) -> Result<T> {
+    /// Records that the traffic was tampered with and returns the error every call gets now.
+    fn tampered(&self, what: &str) -> Error {
+        let msg = format!(
+            "{what} the store at {}: it was altered, replayed or injected on the way, so \
+             something between this process and the store is tampering with the connection; \
+             every later call of this process to the store fails",
+            self.name
+        );
+        let mut t = self.tampered.lock().unwrap_or_else(|p| p.into_inner());
+        Error::Store(t.get_or_insert(msg).clone())
+    }
+
+    /// Sends the request `req` and returns the answer's fields after its status, the status
+    /// (`ST_OK` or `ST_TIMEOUT`), or the store's refusal as an error.
+    fn call(&self, req: &[u8], wait: Duration) -> Result<(u8, Vec<u8>)> {
+        if let Some(t) = self
+            .tampered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            return Err(Error::Store(t));
+        }
         let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let mut s =
+        let mut ch =
             match pooled {
-                Some(s) => s,
+                Some(ch) => ch,
                 // One attempt only: the server was up once, so a refusal now means it is gone.
                 None => open(&self.name, &self.addrs, &self.key, Duration::from_secs(5)).map_err(
                     |a| match a {
@@ -530,27 +810,57 @@ impl TcpStore {
                     },
                 )?,
             };
-        let r = s
-            .set_read_timeout(Some(wait))
-            .and_then(|_| s.write_all(req))
-            .and_then(|_| reply(&mut s));
-        match r {
-            Ok(v) => {
-                self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(s);
-                Ok(v)
+        let deadline = Instant::now().checked_add(wait);
+        let sent = ch.up.seal(req).and_then(|frame| match deadline {
+            Some(d) => write_by(&mut ch.s, &frame, d),
+            None => std::io::Write::write_all(&mut ch.s, &frame),
+        });
+        let reply = match sent {
+            Ok(()) => ch.down.read(&mut ch.s, MAX_REPLY, deadline, None),
+            Err(e) => Err(FrameError::Io(e)),
+        };
+        let reply = match reply {
+            Ok(r) => r,
+            Err(FrameError::Forged) => {
+                return Err(self.tampered("an answer failed authentication from"))
             }
-            Err(e)
+            Err(FrameError::TooLong(n)) => {
+                return Err(self.gone(&io::Error::other(format!(
+                    "an answer of {n} bytes, longer than any the store sends"
+                ))))
+            }
+            Err(FrameError::Io(e))
                 if matches!(
                     e.kind(),
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                Err(Error::Store(format!(
+                return Err(Error::Store(format!(
                     "the store at {} did not answer within {wait:.1?}",
                     self.name
                 )))
             }
-            Err(e) => Err(self.gone(&e)),
+            Err(FrameError::Io(e)) => return Err(self.gone(&e)),
+        };
+        let mut f = Fields(&reply);
+        let status = f
+            .array::<1>()
+            .map_err(|e| self.gone(&io::Error::other(e)))?[0];
+        match status {
+            ST_OK | ST_TIMEOUT => {
+                self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(ch);
+                Ok((status, f.0.to_vec()))
+            }
+            ST_FORGED => Err(self.tampered("a request failed authentication at")),
+            _ => {
+                // The server answered a refusal on a connection that stays in step.
+                self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(ch);
+                Err(Error::Store(format!(
+                    "the store at {} refused: {}",
+                    self.name,
+                    f.message()
+                )))
+            }
         }
     }
 
@@ -567,14 +877,6 @@ impl TcpStore {
     }
 }
 
-/// Reads an `OK` or an `ERROR msg` answer.
-fn read_status(s: &mut TcpStream) -> io::Result<std::result::Result<(), String>> {
-    Ok(match read_array::<1>(s)?[0] {
-        ST_OK => Ok(()),
-        _ => Err(String::from_utf8_lossy(&read_bytes(s, "message", MAX_VALUE)?).into_owned()),
-    })
-}
-
 enum Attempt {
     /// Worth another try (nobody listening yet, or the server too busy to answer): why not.
     Retry(String),
@@ -587,13 +889,14 @@ fn open(
     addrs: &[SocketAddr],
     key: &StoreKey,
     connect_timeout: Duration,
-) -> Result<TcpStream, Attempt> {
+) -> Result<Channel, Attempt> {
     let mut last = io::Error::new(io::ErrorKind::NotFound, "no addresses");
     for a in addrs {
         match TcpStream::connect_timeout(a, connect_timeout) {
             Ok(mut s) => {
                 let _ = s.set_nodelay(true);
-                return handshake(name, &mut s, key).map(|_| s);
+                let (up, down) = handshake(name, &mut s, key)?;
+                return Ok(Channel { s, up, down });
             }
             Err(e) => last = e,
         }
@@ -601,14 +904,17 @@ fn open(
     Err(Attempt::Retry(last.to_string()))
 }
 
-fn handshake(name: &str, s: &mut TcpStream, key: &StoreKey) -> Result<(), Attempt> {
+fn handshake(
+    name: &str,
+    s: &mut TcpStream,
+    key: &StoreKey,
+) -> Result<(Direction, Direction), Attempt> {
+    let deadline = Instant::now() + CLIENT_HANDSHAKE;
     let mine = rand::random::<[u8; NONCE]>();
     let mut hello = MAGIC.to_vec();
     hello.extend_from_slice(&mine);
-    let magic = s
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .and_then(|_| s.write_all(&hello))
-        .and_then(|_| read_array::<4>(s));
+    let mut magic = [0u8; 4];
+    let sent = write_by(s, &hello, deadline).and_then(|_| read_by(s, &mut magic, Some(deadline)));
     let no_reply = |e: io::Error| {
         // Closed or silent: a server at its connection limit closes new connections unanswered.
         Attempt::Retry(format!(
@@ -616,13 +922,15 @@ fn handshake(name: &str, s: &mut TcpStream, key: &StoreKey) -> Result<(), Attemp
              be overwhelmed by connections"
         ))
     };
-    if magic.map_err(no_reply)? != MAGIC {
+    sent.map_err(no_reply)?;
+    if magic != MAGIC {
         return Err(Attempt::Fatal(Error::Store(format!(
-            "{name} accepted a connection but is not a ferrocomm store (another service on \
-             that port? under torchrun the store uses MASTER_PORT+1)"
+            "{name} accepted a connection but is not a ferrocomm store of this version \
+             (another service on that port? under torchrun the store uses MASTER_PORT+1)"
         ))));
     }
-    let reply = read_array::<{ NONCE + TAG }>(s).map_err(no_reply)?;
+    let mut reply = [0u8; NONCE + TAG];
+    read_by(s, &mut reply, Some(deadline)).map_err(no_reply)?;
     let (theirs, tag) = reply.split_at(NONCE);
     let refused = |why: &str| {
         Attempt::Fatal(Error::Store(format!(
@@ -634,9 +942,14 @@ fn handshake(name: &str, s: &mut TcpStream, key: &StoreKey) -> Result<(), Attemp
         return Err(refused("does not hold this job's secret"));
     }
     let proof = key.tag(LABEL_CLIENT, theirs, &mine);
-    match s.write_all(&proof).and_then(|_| read_status(s)) {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(_)) => Err(refused("refused this process's secret")),
+    let mut status = [0u8; 1];
+    match write_by(s, &proof, deadline).and_then(|_| read_by(s, &mut status, Some(deadline))) {
+        Ok(()) if status[0] == ST_OK => {
+            let (up, down) = key.session_keys(&mine, theirs);
+            Ok((Direction::new(&up), Direction::new(&down)))
+        }
+        // The reason that follows adds nothing the client does not know.
+        Ok(()) => Err(refused("refused this process's secret")),
         Err(e) => Err(Attempt::Retry(format!(
             "{name} closed the connection during the handshake ({e})"
         ))),
@@ -654,49 +967,45 @@ impl Store for TcpStore {
         }
         let mut req = Self::request(OP_SET, key)?;
         write_bytes(&mut req, value);
-        self.call(&req, REPLY_TIMEOUT, read_status)?
-            .map_err(|e| Error::Store(format!("the store at {} refused: {e}", self.name)))
+        self.call(&req, REPLY_TIMEOUT).map(|_| ())
     }
 
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         let mut req = Self::request(OP_GET, key)?;
         let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         req.extend_from_slice(&ms.to_le_bytes());
-        let found = self.call(
-            &req,
-            timeout.saturating_add(GET_SLACK),
-            |s| match read_array::<1>(s)?[0] {
-                ST_OK => read_bytes(s, "value", MAX_VALUE).map(Some),
-                _ => Ok(None),
-            },
-        )?;
-        found.ok_or_else(|| Error::StoreTimeout {
-            key: key.to_string(),
-            timeout,
-        })
+        match self.call(&req, timeout.saturating_add(GET_SLACK))? {
+            (ST_OK, fields) => Fields(&fields)
+                .bytes("value", MAX_VALUE)
+                .map(<[u8]>::to_vec)
+                .map_err(|e| self.gone(&io::Error::other(e))),
+            _ => Err(Error::StoreTimeout {
+                key: key.to_string(),
+                timeout,
+            }),
+        }
     }
 
     fn check(&self, key: &str) -> Result<bool> {
         let req = Self::request(OP_CHECK, key)?;
-        self.call(&req, REPLY_TIMEOUT, |s| Ok(read_array::<2>(s)?[1] != 0))
+        let (_, fields) = self.call(&req, REPLY_TIMEOUT)?;
+        Ok(fields.first().is_some_and(|&b| b != 0))
     }
 
     fn add(&self, key: &str, delta: i64) -> Result<i64> {
         let mut req = Self::request(OP_ADD, key)?;
         req.extend_from_slice(&delta.to_le_bytes());
-        let r = self.call(&req, REPLY_TIMEOUT, |s| match read_array::<1>(s)?[0] {
-            ST_OK => Ok(Ok(i64::from_le_bytes(read_array(s)?))),
-            _ => Ok(Err(String::from_utf8_lossy(&read_bytes(
-                s, "message", MAX_VALUE,
-            )?)
-            .into_owned())),
-        })?;
-        r.map_err(Error::Store)
+        let (_, fields) = self.call(&req, REPLY_TIMEOUT)?;
+        Fields(&fields)
+            .array::<8>()
+            .map(i64::from_le_bytes)
+            .map_err(|e| self.gone(&io::Error::other(e)))
     }
 
     fn delete(&self, key: &str) -> Result<bool> {
         let req = Self::request(OP_DELETE, key)?;
-        self.call(&req, REPLY_TIMEOUT, |s| Ok(read_array::<2>(s)?[1] != 0))
+        let (_, fields) = self.call(&req, REPLY_TIMEOUT)?;
+        Ok(fields.first().is_some_and(|&b| b != 0))
     }
 }
 
@@ -716,8 +1025,9 @@ fn ensure_server(host: &str, port: u16, key: &StoreKey) -> Result<u16> {
     if let Some(s) = servers.get(&(host.to_string(), port)) {
         return Ok(s.port());
     }
-    // Listen on the interface the ranks were told to meet at (`host` names this machine as
-    // the others see it): loopback stays loopback, an address is that interface alone.
+    // Listen on the interfaces the ranks were told to meet at (`host` names this machine as
+    // the others see it): loopback stays loopback, an address is that interface alone, and a
+    // name is every address it resolves to, since a client may try any of them.
     let server = TcpStoreServer::bind(host, port, key)?;
     let bound = server.port();
     servers.insert((host.to_string(), port), server);
@@ -732,11 +1042,11 @@ fn ensure_server(host: &str, port: u16, key: &StoreKey) -> Result<u16> {
 /// says the launcher does; every rank, rank 0 too, is a client.
 pub fn connect_from_env(cfg: &Config, rank: usize, world: usize) -> Result<Arc<dyn Store>> {
     let l = &cfg.launch;
-    let host = l
-        .store_addr
-        .clone()
-        .or_else(|| l.master_addr.clone())
-        .unwrap_or_else(|| "127.0.0.1".to_string());
+    let (var, host) = match (&l.store_addr, &l.master_addr) {
+        (Some(a), _) => ("FERROCOMM_STORE_ADDR", a.clone()),
+        (None, Some(a)) => ("MASTER_ADDR", a.clone()),
+        (None, None) => ("MASTER_ADDR", "127.0.0.1".to_string()),
+    };
     let mut port = match (l.store_port, l.master_port) {
         (Some(p), _) => p,
         (None, Some(p)) if l.under_torchelastic => p.checked_add(1).ok_or(Error::BadEnv {
@@ -756,9 +1066,131 @@ pub fn connect_from_env(cfg: &Config, rank: usize, world: usize) -> Result<Arc<d
             })
         }
     };
+    // Every rank refuses a name of every interface (0, 0.0.0.0, ::), not rank 0 alone: the
+    // store never listens on all of them.
+    if let Some(a) = (host.as_str(), port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut it| it.find(|a| a.ip().is_unspecified()))
+    {
+        return Err(Error::BadEnv {
+            var,
+            value: host.clone(),
+            why: format!(
+                "names every interface ({}); the store listens on the address the ranks reach \
+                 rank 0 at alone: set it to that address (127.0.0.1 when every rank runs on \
+                 this machine)",
+                a.ip()
+            ),
+        });
+    }
     let key = StoreKey::from_config(cfg)?;
     if rank == 0 && !l.store_external {
         port = ensure_server(&host, port, &key)?;
     }
     Ok(Arc::new(TcpStore::connect(&host, port, &key, cfg.timeout)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    #[test]
+    fn a_request_sent_byte_by_byte_is_cut_at_its_deadline() {
+        let key = StoreKey::from_secret("a secret of the store's unit tests");
+        let limits = ServerLimits {
+            request: Duration::from_millis(600),
+            ..ServerLimits::default()
+        };
+        let srv = TcpStoreServer::bind_with("127.0.0.1", 0, &key, limits).unwrap();
+        let addrs = srv.local_addrs();
+        let Ok(mut ch) = open("test", &addrs, &key, Duration::from_secs(5)) else {
+            panic!("no connection to the store");
+        };
+        // An authenticated client (the job's own user) sends a SET a byte every 100 ms: 94
+        // bytes would take 9.4 s, each read well within any per-read timeout.
+        let mut req = vec![OP_SET];
+        write_bytes(&mut req, b"slow key");
+        write_bytes(&mut req, &[0u8; 56]);
+        let frame = ch.up.seal(&req).unwrap();
+        ch.s.set_nonblocking(true).unwrap();
+        let t0 = Instant::now();
+        let mut closed = None;
+        for b in &frame {
+            let mut buf = [0u8; 64];
+            let gone = match ch.s.read(&mut buf) {
+                Ok(0) => true,
+                Ok(_) => false,
+                Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+            };
+            if gone || ch.s.write_all(&[*b]).is_err() {
+                closed = Some(t0.elapsed());
+                break;
+            }
+            // The slow client's pace.
+            thread::sleep(Duration::from_millis(100));
+        }
+        let closed = closed.expect("the server read the whole slow request");
+        assert!(closed < Duration::from_secs(5), "closed after {closed:?}");
+        // Nothing of it was stored, and the server serves others on.
+        let s = TcpStore::connect("127.0.0.1", srv.port(), &key, Duration::from_secs(5)).unwrap();
+        assert!(!s.check("slow key").unwrap());
+    }
+
+    #[test]
+    fn handshake_slots_come_back_however_handshakes_end() {
+        let key = StoreKey::from_secret("a secret of the store's unit tests");
+        let limits = ServerLimits {
+            handshake: Duration::from_millis(300),
+            max_handshaking: 2,
+            ..ServerLimits::default()
+        };
+        let srv = TcpStoreServer::bind_with("127.0.0.1", 0, &key, limits).unwrap();
+        let port = srv.port();
+        let other = StoreKey::from_secret("another job's secret");
+        // Ten times over the slots: hung up at once, half a hello, a wrong magic, silence until
+        // the deadline, the wrong secret.
+        for round in 0..10 {
+            let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            match round % 5 {
+                0 => drop(c),
+                1 => c.write_all(b"FCS3\x01").unwrap(),
+                2 => c.write_all(&[b'X'; 36]).unwrap(),
+                3 => {
+                    let mut b = [0u8; 1];
+                    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                    // Closed by the server at the deadline.
+                    assert!(matches!(c.read(&mut b), Ok(0) | Err(_)));
+                }
+                _ => assert!(
+                    TcpStore::connect("127.0.0.1", port, &other, Duration::from_secs(5)).is_err()
+                ),
+            }
+        }
+        // Every slot given back (the last threads may still be finishing).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while srv.shared.lock().handshaking != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "handshake slots were not given back"
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+        let s = TcpStore::connect("127.0.0.1", port, &key, Duration::from_secs(5)).unwrap();
+        s.set("k", b"v").unwrap();
+    }
+
+    #[test]
+    fn an_entry_is_charged_at_least_what_it_takes() {
+        // The map's slot, two heap blocks of the smallest size the allocator hands out (16
+        // bytes with an 8-byte header, rounded to 32) and the table's control byte.
+        let slot = std::mem::size_of::<(String, Vec<u8>)>() + 1;
+        assert!(
+            ENTRY_OVERHEAD >= slot + 2 * 32,
+            "{ENTRY_OVERHEAD} < {}",
+            slot + 64
+        );
+        assert_eq!(entry_cost(3, 5), 8 + ENTRY_OVERHEAD);
+    }
 }

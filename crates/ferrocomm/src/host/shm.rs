@@ -141,12 +141,8 @@ impl Segment {
                 std::process::id(),
                 rand::random::<u64>()
             );
-            let fd = rustix::shm::open(
-                name.as_str(),
-                rustix::shm::OFlags::CREATE | rustix::shm::OFlags::EXCL | rustix::shm::OFlags::RDWR,
-                rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
-            )
-            .map_err(|e| Error::io(ctx(&format!("shm_open {name}")), e.into()))?;
+            let fd = open_segment(&name, true)
+                .map_err(|e| Error::io(ctx(&format!("creating {name}")), e.into()))?;
             // From here on the name must go away whatever happens.
             let unlink = UnlinkGuard(Some(name.clone()));
             rustix::fs::ftruncate(&fd, layout.total as u64).map_err(|e| {
@@ -155,6 +151,7 @@ impl Segment {
                     e.into(),
                 )
             })?;
+            reserve(&fd, &layout, &name, &ctx)?;
             let seg = Segment::map(File::from(fd), layout, &|w| ctx(&format!("{name}: {w}")))?;
             seg.write_header();
             store.set("host/shm_name", name.as_bytes())?;
@@ -171,19 +168,19 @@ impl Segment {
                      makes (/ferrocomm-<pid>-<16 hex digits>)"
                 ))));
             }
-            let fd = rustix::shm::open(
-                name.as_str(),
-                rustix::shm::OFlags::RDWR,
-                rustix::fs::Mode::empty(),
-            )
-            .map_err(|e| {
-                Error::io(
-                    ctx(&format!(
-                        "shm_open {name} (created by rank 0; all ranks of a host communicator \
+            let fd = open_segment(&name, false).map_err(|e| {
+                let what = if e == rustix::io::Errno::LOOP {
+                    format!(
+                        "{name} is a symbolic link, not the segment rank 0 made; refusing to \
+                         follow it"
+                    )
+                } else {
+                    format!(
+                        "opening {name} (created by rank 0; all ranks of a host communicator \
                          must run on one machine)"
-                    )),
-                    e.into(),
-                )
+                    )
+                };
+                Error::io(ctx(&what), e.into())
             })?;
             let seg = Segment::map(File::from(fd), layout, &|w| ctx(&format!("{name}: {w}")))?;
             seg.check_header(rank)?;
@@ -305,6 +302,77 @@ impl Segment {
     pub fn reduced(&self) -> *mut u8 {
         // SAFETY: in bounds of the mapping by construction of the layout.
         unsafe { self.map.as_mut_ptr().add(self.layout.reduced) }
+    }
+}
+
+/// Opens the segment `name` (`/ferrocomm-...`), creating it (mode 0600) when `create`, the way
+/// `shm_open` does but never through a symbolic link: whoever can write `/dev/shm` could plant
+/// one at the name to steer a rank into another file (`O_NOFOLLOW` when opening; `O_EXCL`
+/// when creating, which also refuses any file already there).
+fn open_segment(name: &str, create: bool) -> rustix::io::Result<rustix::fd::OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    let path = format!("/dev/shm{name}");
+    let mut flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    if create {
+        flags |= OFlags::CREATE | OFlags::EXCL;
+    }
+    rustix::fs::open(path.as_str(), flags, Mode::RUSR | Mode::WUSR)
+}
+
+/// Reserves the memory of a segment just sized to `layout.total` bytes, so that a full
+/// `/dev/shm` is this error (naming the size needed and the space left) instead of a SIGBUS
+/// at the first touch of a page that tmpfs cannot back.
+fn reserve(
+    fd: &rustix::fd::OwnedFd,
+    layout: &Layout,
+    name: &str,
+    ctx: &dyn Fn(&str) -> String,
+) -> Result<()> {
+    let r = match test_seam::reserve_failure() {
+        Some(e) => Err(e),
+        None => rustix::fs::fallocate(
+            fd,
+            rustix::fs::FallocateFlags::empty(),
+            0,
+            layout.total as u64,
+        ),
+    };
+    r.map_err(|e| {
+        let left = rustix::fs::fstatvfs(fd)
+            .map(|v| format!("{} bytes", v.f_bavail.saturating_mul(v.f_frsize)))
+            .unwrap_or_else(|_| "an unknown number of bytes".into());
+        let what = format!(
+            "reserving the shared segment {name}: {} ranks with FERROCOMM_HOST_SLOT_BYTES={} \
+             need {} bytes of /dev/shm, which has {left} left (free space there, enlarge it or \
+             lower FERROCOMM_HOST_SLOT_BYTES)",
+            layout.world, layout.slot_bytes, layout.total
+        );
+        Error::io(ctx(&what), e.into())
+    })
+}
+
+/// A failure of the reservation made to order, for the unit tests of a full `/dev/shm`: in
+/// test builds of this crate only (never an environment variable or anything a user could set).
+mod test_seam {
+    #[cfg(test)]
+    thread_local! {
+        static FAIL: std::cell::Cell<Option<rustix::io::Errno>> = const { std::cell::Cell::new(None) };
+    }
+
+    /// The failure the next reservation on this thread reports instead of reserving.
+    #[cfg(test)]
+    pub(super) fn fail_next_reserve(e: rustix::io::Errno) {
+        FAIL.with(|f| f.set(Some(e)));
+    }
+
+    #[cfg(test)]
+    pub(super) fn reserve_failure() -> Option<rustix::io::Errno> {
+        FAIL.with(|f| f.take())
+    }
+
+    #[cfg(not(test))]
+    pub(super) fn reserve_failure() -> Option<rustix::io::Errno> {
+        None
     }
 }
 
@@ -452,6 +520,113 @@ mod tests {
                 .to_string();
             assert!(e.contains("not a name rank 0"), "{name}: {e}");
         }
+    }
+
+    #[test]
+    fn a_symlink_at_a_segment_name_is_refused() {
+        // A file that passes every other check (this user's, mode 600, the size and header rank
+        // 1 expects), and a link to it at a name of the form rank 0 makes: with
+        // fs.protected_symlinks=0 (or a link planted by the job's own user), following it
+        // would map whatever the link points to.
+        let target = format!("/ferrocomm-{}-{:016x}", std::process::id(), 0x5a5a01u64);
+        let link = format!("/ferrocomm-{}-{:016x}", std::process::id(), 0x5a5a02u64);
+        forged(0o600, &target);
+        let link_path = format!("/dev/shm{link}");
+        std::os::unix::fs::symlink(format!("/dev/shm{target}"), &link_path).unwrap();
+        let store = MemStore::new();
+        store.set("host/shm_name", link.as_bytes()).unwrap();
+        let opened = Segment::establish(&*store, 1, 2, 8192, Duration::from_millis(200));
+        let created = open_segment(&link, true).map(drop);
+        let _ = std::fs::remove_file(&link_path);
+        let _ = rustix::shm::unlink(target.as_str());
+        let e = opened.err().expect("followed a symlink").to_string();
+        assert!(e.contains("symbolic link") && e.contains(&link), "{e}");
+        // Creating at a planted name fails too (O_EXCL), rather than writing through it.
+        assert_eq!(created, Err(rustix::io::Errno::EXIST));
+    }
+
+    /// The segment rank 0 of a one-rank communicator makes, every byte of it written: a full
+    /// /dev/shm either refuses it at creation or kills the process with SIGBUS here.
+    fn establish_and_touch(slot: usize) -> Result<()> {
+        let store = MemStore::new();
+        let seg = Segment::establish(&*store, 0, 1, slot, Duration::from_secs(5))?;
+        // SAFETY: the slot lies inside the mapping (the layout's), which `seg` keeps alive.
+        unsafe { std::ptr::write_bytes(seg.slot(0), 0x5a, seg.layout.slot_bytes) };
+        Ok(())
+    }
+
+    #[test]
+    fn a_full_dev_shm_is_a_clear_error_naming_the_sizes() {
+        test_seam::fail_next_reserve(rustix::io::Errno::NOSPC);
+        let e = establish_and_touch(8192).unwrap_err().to_string();
+        let total = Layout::new(1, 8192).unwrap().total;
+        assert!(
+            e.contains("No space left")
+                && e.contains(&format!("need {total} bytes"))
+                && e.contains("left")
+                && e.contains("FERROCOMM_HOST_SLOT_BYTES=8192"),
+            "{e}"
+        );
+        // The segment's name went away with the failure.
+        let name = e
+            .split_whitespace()
+            .find(|w| w.starts_with("/ferrocomm-"))
+            .unwrap();
+        assert!(
+            !std::path::Path::new(&format!("/dev/shm{name}")).exists(),
+            "{e}"
+        );
+    }
+
+    #[test]
+    #[ignore = "entry point of the child that a_full_tmpfs_is_refused_at_creation starts"]
+    fn full_tmpfs_child() {
+        match establish_and_touch(4 << 20) {
+            Ok(()) => println!("SEGMENT MADE AND TOUCHED"),
+            Err(e) => println!("SEGMENT REFUSED: {e}"),
+        }
+    }
+
+    #[test]
+    fn a_full_tmpfs_is_refused_at_creation_not_with_sigbus() {
+        // A 1 MiB tmpfs on /dev/shm in a private mount namespace (as root, or in a user
+        // namespace that maps this user to root), and a segment of 8 MiB. Where `unshare` can
+        // make no such namespace, a_full_dev_shm_is_a_clear_error_naming_the_sizes (the
+        // reservation failing to order) is the test of this path.
+        let root = rustix::process::getuid().is_root();
+        let mut cmd = std::process::Command::new("unshare");
+        cmd.arg("--mount");
+        if !root {
+            cmd.arg("--map-root-user");
+        }
+        let out = cmd
+            .args([
+                "sh",
+                "-c",
+                "mount -t tmpfs -o size=1m tmpfs /dev/shm && echo MOUNTED && exec \"$1\" \
+                 --exact host::shm::tests::full_tmpfs_child --ignored --nocapture",
+                "sh",
+            ])
+            .arg(std::env::current_exe().unwrap())
+            .output();
+        let Ok(out) = out else {
+            eprintln!("no unshare here: the injected failure is the test");
+            return;
+        };
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !text.contains("MOUNTED") {
+            eprintln!("no private mount namespace here: the injected failure is the test");
+            return;
+        }
+        // Killed by SIGBUS, the child prints nothing after MOUNTED and has no exit code.
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        let total = Layout::new(1, 4 << 20).unwrap().total;
+        assert!(
+            text.contains("SEGMENT REFUSED")
+                && text.contains(&format!("need {total} bytes"))
+                && text.contains("which has"),
+            "{text}"
+        );
     }
 
     #[test]

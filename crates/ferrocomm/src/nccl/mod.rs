@@ -353,7 +353,7 @@ impl Live<'_> {
                 }
                 None => {
                     let reason = format!(
-                        "{what} on {} was not carried out within the timeout of {timeout:?} (a \
+                        "{what} on {}: Timed out after {timeout:?} without being carried out (a \
                          peer never made the matching call, died, or cannot be reached); \
                          communicator aborted",
                         self.sh.describe
@@ -510,7 +510,7 @@ impl Nccl {
                         let why = match outcome {
                             Some(code) => describe_error(l, code, Some(comm)),
                             None => format!(
-                                "did not complete within the timeout of {timeout:?} (a peer \
+                                "Timed out after {timeout:?} without completing (a peer \
                                  never joined, died, or cannot be reached)"
                             ),
                         };

@@ -250,7 +250,7 @@ impl<E: Pending, G: Guard> Run<E, G> {
         let async_err = self.guard.async_error();
         if let Some((what, seq, waited, timeout)) = hung {
             let mut reason = format!(
-                "{what} (call #{seq}) on {} did not complete within the timeout of {:?} \
+                "{what} (call #{seq}) on {}: Timed out after {:?} without completing \
                  (waited {:.1} s): a peer died, hangs, or never made the matching call; \
                  communicator aborted",
                 self.describe,
@@ -371,7 +371,7 @@ mod tests {
         let f = w.failure().unwrap().to_string();
         assert!(f.contains("all_reduce (call #7) on rank 0 of 2"), "{f}");
         assert!(
-            f.contains("did not complete within the timeout of 50ms"),
+            f.contains(": Timed out after 50ms without completing"),
             "{f}"
         );
         assert!(f.contains("aborted"), "{f}");

@@ -683,7 +683,7 @@ impl Dda {
                 .swap(true, std::sync::atomic::Ordering::Relaxed)
         {
             eprintln!(
-                "ferrocomm: rank {} {collective}: a kernel's wait for rank {peer} timed out \
+                "ferrocomm: rank {} {collective}: a kernel's wait for rank {peer}: Timed out \
                  (phase {phase}, block {block})",
                 self.rank
             );
