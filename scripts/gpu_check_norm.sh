@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fused all-reduce + residual add + RMSNorm device check
-# (crates/ferrocomm/examples/gpu_check_norm.rs) at 2 and 3 ranks, through `ferrocomm launch`.
+# (crates/ferrocomm/examples/gpu_check_norm.rs) at 1, 2 and 3 ranks, through `ferrocomm launch`.
 #
 #   scripts/gpu_check_norm.sh BUILD_DIR OUT_DIR [gpu_check_norm flags...]
 #
@@ -33,7 +33,11 @@ status=0
 for m in "two-launch 0 -" "fused 1 -" "fused-tree 1 65536"; do
   read -r name fused flat <<< "$m"
   flat="${flat#-}"
-  for n in 2 3; do
+  # One rank: the local form (the norm kernel on x itself) with one launch on, the two
+  # launches' (an all-reduce of one rank, then the norm) with it off.
+  ranks="2 3"
+  [ "$name" = fused-tree ] || ranks="1 2 3"
+  for n in $ranks; do
     share=()
     [ "$ngpu" -ge "$n" ] || share=(--share-gpus)
     FERROCOMM_RMSNORM_FUSED="$fused" FERROCOMM_RMSNORM_FLAT_MAX_BYTES="$flat" \

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Builds everything a GPU machine needs, on a machine with Rust (no GPU needed): release builds of
-# `ferrocomm` and the check programs, every kernel compiled for the GPUs' architecture (so the
-# first run does not spend ~45 s compiling), and the Python wheel. The GPU machine then needs no
-# Rust and no network: copy BUILD_DIR and this checkout there.
+# `ferrocomm` and the check programs and the Python wheel, all with the CUDA kernels built in
+# (sm_80, sm_90, sm_100 cubins, sm_90 PTX; NVRTC from .venv, which scripts/test.sh makes), and
+# a kernel cache for ARCH when it is not built in. The GPU machine then needs no Rust, no
+# network and no compile: copy BUILD_DIR and this checkout there.
 #
 #   scripts/gpu_prepare.sh BUILD_DIR [ARCH]        (ARCH defaults to sm_90: H100/H200)
-#     BUILD_DIR/bin: ferrocomm, gpu_check, gpu_check_coll, gpu_check_lowp, gpu_check_norm;
-#     BUILD_DIR/kc: a fresh kernel cache; BUILD_DIR/dist: the wheel. Then, on the GPU machine:
+#     BUILD_DIR/bin: ferrocomm, gpu_check, gpu_check_coll, gpu_check_lowp, gpu_check_norm,
+#     gpu_check_nccl;
+#     BUILD_DIR/kc: a fresh kernel cache (empty when ARCH is built in); BUILD_DIR/dist: the
+#     wheel. Then, on the GPU machine:
 #     scripts/gpu_session.sh BUILD_DIR OUT_DIR [PARTS]   (or gpu_check.sh, gpu_sanitize.sh, ...)
+#   FERROCOMM_BUILD_ARCHS=sm_90 limits the built-in kernels to H100/H200's (a build whose kernel
+#   sources changed then compiles those alone).
 #   scripts/gpu_prepare.sh BUILD_DIR --variant NAME [ARCH]
 #     the working tree as variant NAME for an A/B: binaries into BUILD_DIR/bin-NAME, its kernels
 #     added to BUILD_DIR/kc beside the other variants' (the cache key is the source hash), no
@@ -43,10 +48,17 @@ fi
 arch="${1:-sm_90}"
 [ -z "$from" ] || [ -n "$variant" ] || { echo "--from needs --variant NAME" >&2; exit 2; }
 if [ -z "${FERROCOMM_NVRTC_LIB:-}" ]; then
-  # The NVRTC wheel scripts/test.sh installs.
-  lib="$(python3 -c 'import nvidia.cu13, os; print(os.path.join(list(nvidia.cu13.__path__)[0], "lib"))' 2>/dev/null || true)"
-  [ -n "$lib" ] && export FERROCOMM_NVRTC_LIB="$lib"
+  # The NVRTC wheel scripts/test.sh installs into .venv (or one the python3 on PATH has): the
+  # builds below compile the kernels built into the binaries and the wheel with it.
+  for py in .venv/bin/python python3; do
+    lib="$("$py" -c 'import nvidia.cu13, os; print(os.path.join(list(nvidia.cu13.__path__)[0], "lib"))' 2>/dev/null || true)"
+    if [ -n "$lib" ]; then
+      export FERROCOMM_NVRTC_LIB="$(realpath "$lib")"
+      break
+    fi
+  done
 fi
+echo "NVRTC for the built-in kernels: ${FERROCOMM_NVRTC_LIB:-none found (the kernels compile at first use on the GPU)}"
 target="$PWD/target"
 src="$PWD"
 if [ -n "$from" ]; then
@@ -75,11 +87,13 @@ rm -rf "$out"
 mkdir -p "$out"
 cp "$target"/release/ferrocomm "$target"/release/examples/gpu_check \
   "$target"/release/examples/gpu_check_coll "$target"/release/examples/gpu_check_lowp \
-  "$target"/release/examples/gpu_check_norm "$out/"
+  "$target"/release/examples/gpu_check_norm "$target"/release/examples/gpu_check_nccl "$out/"
 [ -n "$variant" ] || rm -rf "$build/kc"
 "$out/ferrocomm" precompile --arch "$arch" --cache "$build/kc"
 if [ -z "$variant" ]; then
   rm -rf "$build/dist"
   python3 -m pip wheel --no-deps . -w "$build/dist"
+  # The kernels the binaries and the wheel carry, as the GPU will find them.
+  "$out/ferrocomm" info --arch "$arch" | sed -n '/^== Kernels/,/^$/p'
 fi
 du -sh "$build" "$out" "$build/kc"

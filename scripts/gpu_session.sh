@@ -7,11 +7,15 @@
 # check programs; kc/: the kernel cache; dist/: the wheel); the GPU machine needs neither Rust
 # nor network. Every step writes OUT_DIR/<step>.txt (and its JSON/PNG), OUT_DIR/machine.txt and
 # info.txt describe the machine, and OUT_DIR/summary.txt lists each step's exit code, time and
-# verdict. PARTS (a quoted list) defaults to "checks sanitize python bench":
+# verdict, every step or part left out and why, and ends with the steps that failed. The script
+# exits 1 when a step failed (a non-zero exit, a time limit), 2 on bad arguments, else 0.
+# PARTS (a quoted list) defaults to "checks sanitize python bench":
 #   checks    the Rust correctness checks: gpu_check (10,000 race calls, 1,000 graph replays),
-#             gpu_check_coll (the direct-access collectives), gpu_check_lowp (low precision);
-#             CHECKS picks some of them, CHECK_FLAGS adds flags (default --quick on one GPU;
-#             gpu_check alone takes ~125 s on two)
+#             gpu_check_coll (the direct-access collectives), gpu_check_lowp (low precision),
+#             gpu_check_nccl (one rank on one GPU: every collective NCCL carries against the
+#             reference, and the NCCL watchdog's timeout path); CHECKS picks some of them,
+#             CHECK_FLAGS adds flags to the first three (default --quick on one GPU; gpu_check
+#             alone takes ~125 s on two)
 #   shared    the check programs at more ranks than GPUs (`--share-gpus`: correctness of the
 #             n-rank kernels only); SHARED_WORLDS, SHARED_CHECKS, SHARED_FLAGS (--quick)
 #   sanitize  compute-sanitizer memcheck and racecheck over the three programs (scripts/gpu_sanitize.sh)
@@ -29,8 +33,9 @@
 #   ll128     the LL128 all-reduce checked in full (10,000 back-to-back calls: a line torn on the
 #             way would show as a wrong sum), timed against flat from 64 KB to 32 MB (~5 min)
 # On a machine with one GPU, the checks run two ranks sharing it (`--share-gpus`: NCCL left out,
-# as it refuses two ranks on one GPU; correctness only), `shared` runs three, the Python checks
-# that compare with torch's NCCL are left out, and the timing parts refuse to run. Times above
+# as it refuses two ranks on one GPU, but gpu_check_nccl runs it on one rank; correctness only),
+# `shared` runs three, the Python checks that compare with torch's NCCL are left out, and the
+# timing parts are left out; the summary names each. Times above
 # are for 2xH200. The bench steps' limits (BENCH_AR_LIMIT_S=40, BENCH_LP_LIMIT_S=30) end the
 # sweeps after 64 MB; raise them to reach 256 MB.
 set -uo pipefail
@@ -44,6 +49,15 @@ here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here/.."  # python/tests/gpu
 listed() { [[ "$1" == *" $2 "* ]]; }  # a space-padded list, a name
 want() { listed "$parts" "$1"; }
+all_parts=" checks shared sanitize python torch bench coll p2p pdl ce push ll128 "
+for p in $parts; do
+  listed "$all_parts" "$p" || { echo "gpu_session.sh: unknown part '$p' (parts:$all_parts)" >&2; exit 2; }
+done
+all_checks="gpu_check gpu_check_coll gpu_check_lowp gpu_check_nccl"
+checks=" ${CHECKS:-$all_checks} "
+for p in $checks; do
+  listed " $all_checks " "$p" || { echo "gpu_session.sh: unknown check '$p' in CHECKS ($all_checks)" >&2; exit 2; }
+done
 export FERROCOMM_KERNEL_CACHE="$build/kc"
 export NCCL_NVLS_ENABLE=0 FERROCOMM_TIMEOUT_S=30 PYTHONUNBUFFERED=1
 summary="$res/summary.txt"
@@ -52,18 +66,26 @@ fc="$bin/ferrocomm"
 ngpu="$(nvidia-smi -L 2>/dev/null | wc -l)"
 share=""  # one GPU: two ranks share it
 [ "$ngpu" -ge 2 ] || share="--share-gpus"
+failed=()  # steps that failed
+left=()    # steps and parts left out
 step() { # name, limit in seconds, command...
   local name="$1" limit="$2"; shift 2
   local t0=$SECONDS
   timeout "$limit" "$@" > "$res/$name.txt" 2>&1
   local rc=$?
+  [ "$rc" -eq 0 ] || failed+=("$name")
   printf '%-26s rc=%-3s %4ss %s\n' "$name" "$rc" "$((SECONDS - t0))" \
     "$(grep -E 'Out of bounds|all results|passed|FAILED|summary:|ERROR SUMMARY|exit [0-9]' "$res/$name.txt" | tail -2 | tr '\n' ' ')" \
     | tee -a "$summary"
+  return "$rc"
 }
-timing() { # part name: refused on one GPU, where ranks take turns and nothing is timed
+leave_out() { # name, why
+  left+=("$1")
+  printf '%-26s left out: %s\n' "$1" "$2" | tee -a "$summary"
+}
+timing() { # part name: left out on one GPU, where ranks take turns and nothing is timed
   [ -z "$share" ] && return 0
-  echo "part $1: needs two GPUs (this machine has $ngpu), left out" | tee -a "$summary"
+  leave_out "part $1" "needs two GPUs to time anything (this machine has $ngpu)"
   return 1
 }
 ab() { # step name, step limit, seconds per bench, bench flags, "COLL DTYPE;..." pairs, builds...
@@ -75,24 +97,39 @@ ab() { # step name, step limit, seconds per bench, bench flags, "COLL DTYPE;..."
     step "$name" "$limit" bash "$here/gpu_ab.sh" "$res/$name" "$FERROCOMM_KERNEL_CACHE" "$@"
 }
 { date -u; nvidia-smi -L; nvidia-smi topo -m; } > "$res/machine.txt" 2>&1
-"$fc" info > "$res/info.txt" 2>&1
-checks=" ${CHECKS:-gpu_check gpu_check_coll gpu_check_lowp} "
+step info 60 "$fc" info
+not_asked=""
+for p in $all_parts; do want "$p" || not_asked+=" $p"; done
+[ -z "$not_asked" ] || leave_out "parts$not_asked" "not asked for (PARTS)"
 # shellcheck disable=SC2206  # flags, split on spaces
 cflags=(${CHECK_FLAGS-${share:+--quick}} $share)  # ranks sharing a GPU: the quick matrix
 if want checks; then
+  for p in $all_checks; do
+    listed "$checks" "$p" || leave_out "$p" "not in CHECKS"
+  done
+  if [ -n "$share" ]; then
+    listed "$checks" gpu_check &&
+      leave_out "gpu_check NCCL cases" "two ranks share one GPU, which NCCL refuses: its NCCL cases, two-host simulation, NCCL timeout check and timing (gpu_check_nccl runs NCCL on one rank)"
+  fi
   listed "$checks" gpu_check &&
     step gpu_check 240 "$fc" launch -n 2 --timeout 238 -- "$bin/gpu_check" --no-timing "${cflags[@]}"
   listed "$checks" gpu_check_coll &&
     step gpu_check_coll 150 "$fc" launch -n 2 --timeout 148 -- "$bin/gpu_check_coll" "${cflags[@]}"
   listed "$checks" gpu_check_lowp &&
     step gpu_check_lowp 150 "$fc" launch -n 2 --timeout 148 -- "$bin/gpu_check_lowp" "${cflags[@]}"
+  # One rank on one GPU, whatever the machine has: NCCL never refuses that.
+  listed "$checks" gpu_check_nccl &&
+    step gpu_check_nccl 180 "$fc" launch -n 1 --timeout 178 -- "$bin/gpu_check_nccl"
 fi
 if want shared; then
   # More ranks than GPUs (`--share-gpus`: local rank r on GPU r mod GPUs, NCCL off, processes
   # taking turns on a GPU): the n-rank kernels' correctness, no timing. SHARED_WORLDS (default
   # "3 4", "3" on one GPU) and SHARED_CHECKS (default: the three programs, --quick) choose the runs.
   worlds="3 4"
-  [ -z "$share" ] || worlds="3"
+  if [ -n "$share" ]; then
+    worlds="3"
+    [ -n "${SHARED_WORLDS:-}" ] || leave_out "shared at 4 ranks" "one GPU (SHARED_WORLDS=\"3 4\" runs it)"
+  fi
   for w in ${SHARED_WORLDS:-$worlds}; do
     for p in ${SHARED_CHECKS:-gpu_check gpu_check_coll gpu_check_lowp}; do
       step "$p-w$w-shared" "${SHARED_LIMIT_S:-150}" "$fc" launch -n "$w" --timeout "$((${SHARED_LIMIT_S:-150} - 2))" -- \
@@ -107,9 +144,11 @@ fi
 if want python; then
   site="$(mktemp -d /tmp/ferrocomm-site-XXXXXX)"
   trap 'rm -rf "$site"' EXIT
-  python3 -m pip install -q --no-deps --no-index --target "$site" "$build"/dist/ferrocomm-*.whl \
-    > "$res/pip.txt" 2>&1
-  if [ -z "$share" ]; then
+  step pip 300 python3 -m pip install -q --no-deps --no-index --target "$site" "$build"/dist/ferrocomm-*.whl
+  if [ -n "$share" ]; then
+    leave_out python_check "one GPU: it compares with torch.distributed's NCCL, which refuses two ranks on one GPU"
+    leave_out setup_fault "one GPU: two ranks of NCCL on one GPU are refused"
+  else
     # Against torch.distributed's NCCL on the same inputs, and a set-up fault on one rank.
     CHECK_WATCHDOG_S=170 PYTHONPATH="$site" \
       step python_check 180 torchrun --nproc_per_node 2 python/tests/gpu/check_torch.py
@@ -127,15 +166,13 @@ if want torch; then
   if [ -z "${site:-}" ]; then  # the python part's install, else one of its own
     site="$(mktemp -d /tmp/ferrocomm-site-XXXXXX)"
     trap 'rm -rf "$site"' EXIT
-    python3 -m pip install -q --no-deps --no-index --target "$site" "$build"/dist/ferrocomm-*.whl \
-      > "$res/pip.txt" 2>&1
+    step pip 300 python3 -m pip install -q --no-deps --no-index --target "$site" "$build"/dist/ferrocomm-*.whl
   fi
   # transformers' tp_plan needs accelerate: wheels carried in BUILD_DIR/dist/extra (pip download
   # accelerate psutil --no-deps --python-version 3.12 --only-binary=:all: -d BUILD_DIR/dist/extra)
   # are installed beside the package when the machine lacks them.
   if ! python3 -c "import accelerate" 2> /dev/null && ls "$build"/dist/extra/*.whl > /dev/null 2>&1; then
-    python3 -m pip install -q --no-deps --no-index --target "$site" "$build"/dist/extra/*.whl \
-      >> "$res/pip.txt" 2>&1
+    step pip-extra 300 python3 -m pip install -q --no-deps --no-index --target "$site" "$build"/dist/extra/*.whl
   fi
   # gloo on CPU copies is the reference, so NCCL stays off and the ranks may share one GPU.
   FERROCOMM_NCCL_LIB=/nonexistent CHECK_WATCHDOG_S=530 PYTHONPATH="$site" \
@@ -206,4 +243,19 @@ if want bench && timing bench; then
       --low-precision e4m3 --vs nccl --json "$res/lp-$1-$2.json" --plot "$res/lp-$1-$2.png"
   done
 fi
+{
+  echo
+  if [ "${#left[@]}" -gt 0 ]; then
+    printf 'left out (%s, each with its reason above):' "${#left[@]}"
+    printf ' %s;' "${left[@]}"
+    echo
+  fi
+  if [ "${#failed[@]}" -eq 0 ]; then
+    echo "every step run passed"
+  else
+    echo "FAILED (${#failed[@]} steps): ${failed[*]}"
+  fi
+} >> "$summary"
+echo
 cat "$summary"
+[ "${#failed[@]}" -eq 0 ] || exit 1

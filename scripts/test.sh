@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# The whole test suite: Rust (format, lint, unit, multi-process, doc tests, API docs) and Python.
+# The whole test suite: Rust (format, lint, unit, multi-process, a machine without the NVIDIA
+# driver, doc tests, API docs) and Python.
 # CI runs exactly this.
 #
 # What the tests need goes into a virtual environment of the project's own, .venv (created on
-# the first run, brought up to date when the list below changes): NVRTC 13.0 (so that every
-# CUDA kernel is compile-checked on a machine without a GPU; newer NVRTC emits code that driver
-# 580 refuses), numpy, pytest, maturin, torch with expecttest and hypothesis for the
-# torch.distributed tests (torch's own backend test suite imports those two), and mypy for the
-# package's types.
-# Nothing is installed outside .venv. uv installs them (fast, and from its cache on later runs).
+# the first run, brought up to date when the list below changes): NVRTC 13.0 (the library's
+# build compiles every CUDA kernel with it, on a machine without a GPU; newer NVRTC emits code
+# that driver 580 refuses), numpy, ml_dtypes (numpy's bf16 and fp8, which the Python tests
+# cover), pytest, maturin, torch with expecttest and hypothesis for the torch.distributed tests
+# (torch's own backend test suite imports those two), matplotlib for the model bench's plot,
+# and mypy for the package's types. A test that needs one of them fails without it; none is
+# skipped. Nothing is installed outside .venv. uv installs them (fast, and from its cache on
+# later runs).
 #
 # Compiled kernels are kept where the library keeps them (FERROCOMM_KERNEL_CACHE, by default
-# ~/.cache/ferrocomm), keyed by source hash, options, arch and NVRTC version: the NVRTC check
-# compiles only kernels whose source changed since any checkout on this machine compiled them.
+# ~/.cache/ferrocomm), keyed by source hash, options, arch and NVRTC version: the build compiles
+# only kernel units whose source changed since any checkout on this machine compiled them.
 #
 # Every stage runs even when an earlier one fails; a summary of the stages (pass/fail, seconds)
 # ends the run, and the exit status is non-zero when any failed.
@@ -24,11 +27,13 @@ PY="$VENV/bin/python"
 # The list the environment is built from; a change here rebuilds it.
 REQUIREMENTS="nvidia-cuda-nvrtc==13.0.88
 numpy
+ml_dtypes
 pytest
 expecttest
 hypothesis
 maturin>=1.5,<2
 torch==2.11.0
+matplotlib
 mypy==2.4.1"
 
 names=()
@@ -98,15 +103,30 @@ rust_tests() {
   fi
 }
 
+# What a machine without libcuda gets (a clear error, no GPU): tests that a plain `cargo test`
+# leaves out as ignored, since on a machine with a driver they cannot run; here (CI has no GPU)
+# they run and must pass.
+no_driver_tests() {
+  if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run -p ferrocomm --test cuda_backend --locked --run-ignored only
+  else
+    cargo test -p ferrocomm --test cuda_backend --locked -- --ignored
+  fi
+}
+
 # The Python package built as users build it (maturin through pip, without build isolation so
-# that the environment's maturin is used), in the dev profile (not a release build of
-# everything) and in a target directory of its own: maturin configures pyo3 for the
+# that the environment's maturin and NVRTC are used), in the dev profile (not a release build
+# of everything) and in a target directory of its own: maturin configures pyo3 for the
 # environment's Python, which would otherwise rebuild pyo3 and its dependents in target/debug
-# back and forth between this stage and the cargo stages of the next run.
+# back and forth between this stage and the cargo stages of the next run. The wheel is kept in
+# target/wheels-test: the Python tests check the kernels inside it.
 python_package() {
+  rm -rf target/wheels-test
   CARGO_TARGET_DIR="$PWD/target/python" MATURIN_PEP517_ARGS="--profile dev" \
-    "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation --force-reinstall \
-    --no-deps ./
+    "$PY" -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps \
+    -w target/wheels-test ./ || return
+  "$PY" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
+    target/wheels-test/ferrocomm-*.whl
 }
 
 stage python-env python_env
@@ -114,11 +134,19 @@ if [ -z "${FERROCOMM_NVRTC_LIB:-}" ] && passed python-env; then
   FERROCOMM_NVRTC_LIB="$(nvrtc_dir)"
   export FERROCOMM_NVRTC_LIB
 fi
-echo "NVRTC for kernel compile checks: ${FERROCOMM_NVRTC_LIB:-(none found)}"
+echo "NVRTC for the built-in kernels: ${FERROCOMM_NVRTC_LIB:-(none found)}"
 
 stage fmt cargo fmt --all -- --check
+# The library's build compiles every CUDA kernel unit it builds in (crates/ferrocomm/build.rs:
+# sm_80, sm_90, sm_100 cubins and sm_90 PTX) with NVRTC, through the kernel cache.
+echo
+echo "=== kernels: the library's build compiles the CUDA kernels built into it with NVRTC where"
+echo "    their source changed since any build on this machine (cold: about 19 CPU minutes, up to"
+echo "    an hour on 2 busy cores; warm: seconds); cached in ${FERROCOMM_KERNEL_CACHE:-~/.cache/ferrocomm}"
+stage kernels cargo build -p ferrocomm --locked
 stage clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 stage rust-tests rust_tests
+stage no-driver no_driver_tests
 stage doc-tests cargo test --workspace --doc --locked
 # The library's API docs build without warnings (broken or private links).
 stage api-docs env RUSTDOCFLAGS="-D warnings" cargo doc -p ferrocomm --no-deps --locked

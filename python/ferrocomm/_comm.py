@@ -53,6 +53,8 @@ def _alias(coll: str, buf: T.Buf, opname: str) -> tuple[str, str]:
     """(dtype name to pass, op name to pass) for a buffer's element type (see _MOVE_AS)."""
     as_type = _MOVE_AS.get(buf.dtype)
     if as_type is None:
+        if not T.native_dtype(buf.dtype):
+            raise T.unsupported_dtype(buf.dtype, coll)
         return buf.dtype, opname
     if coll in _REDUCTIONS:
         if buf.dtype == "bool" and opname in _BOOL_OPS:
@@ -309,8 +311,9 @@ class Comm:
 
     def all_reduce_rmsnorm(self, x: Buffer, residual: Buffer, weight: Buffer, eps: float, *,
                            out: Optional[Buffer] = None, residual_out: Optional[Buffer] = None,
-                           quant: Optional[str] = None, async_op: bool = False,
-                           hints: Hints = None, timeout: TimeoutLike = None) -> Any:
+                           quant: Optional[str] = None, scale: Any = None,
+                           async_op: bool = False, hints: Hints = None,
+                           timeout: TimeoutLike = None) -> Any:
         """All-reduce of ``x`` over all ranks, residual add and RMSNorm of every row, in one
         call. For ``x`` and ``residual`` of shape ``(..., hidden)`` and ``weight`` of
         ``(hidden,)``::
@@ -321,6 +324,10 @@ class Comm:
         with f32 accumulation, bit-identical on every rank. Returns ``(out, residual_out)``;
         ``quant="e4m3"`` also returns ``y`` as FP8 E4M3 codes with one f32 scale per row (shape
         ``(..., 1)``, ``y ~= codes * scale``): ``(out, residual_out, codes, scales)``. With
+        ``scale=s`` as well (one f32 scale for the whole tensor, as FP8 GEMMs with static
+        activation scales take it: a one-element float32 tensor on x's device, read when the call
+        runs so that a CUDA graph replay sees its current value, or a number) the codes are
+        ``e4m3(y / s)`` saturated at +-448, and ``scales`` is ``s`` as a one-element tensor. With
         ``async_op=True``, a work object whose ``result()`` gives them."""
         c = _NORM
         xb = self._buf(x, "x", c, writable=out is None)
@@ -353,6 +360,8 @@ class Comm:
                 rob = b
         if quant is not None and str(quant).lower() not in _QUANT:
             raise FerrocommValueError(f"{c}: quant must be None or 'e4m3', not {quant!r}")
+        if scale is not None and quant is None:
+            raise FerrocommValueError(f"{c}: scale= is the FP8 rows' given scale: pass quant='e4m3'")
         try:
             eps = float(eps)
         except (TypeError, ValueError):
@@ -363,11 +372,17 @@ class Comm:
         fp8 = None
         if quant is not None:
             codes, scales = T.fp8_rows_like(xb.obj, shape)
+            given = scale is not None
+            if given:
+                scales = T.given_scale_like(xb.obj, scale, c)
             outputs += (codes, scales)
             cb = self._buf(codes, "codes", c, writable=True)
-            sb = self._buf(scales, "scales", c, writable=True)
+            sb = self._buf(scales, "scale" if given else "scales", c, writable=not given)
+            if given and (sb.dtype != "float32" or sb.count != 1):
+                raise FerrocommValueError(
+                    f"{c}: scale must hold one float32 value, not {sb.count} of {sb.dtype}")
             # numpy has no FP8 type: the codes travel as the E4M3 bytes they are.
-            fp8 = ((cb.ptr, cb.count, "f8e4m3", cb.device), sb.raw())
+            fp8 = ((cb.ptr, cb.count, "f8e4m3", cb.device), sb.raw(), given)
         # In place unless separate outputs are given: the written buffer and, apart, the input.
         written, res_written = ob or xb, rob or rb
         norm = (rb.raw() if rob is not None else None, res_written.raw(), wb.raw(), eps, fp8)

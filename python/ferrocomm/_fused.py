@@ -20,14 +20,14 @@ _C = "all_reduce_rmsnorm"
 def all_reduce_rmsnorm(x: Buffer, residual: Buffer, weight: Buffer, eps: float, *,
                        group: Any = None, out: Optional[Buffer] = None,
                        residual_out: Optional[Buffer] = None, quant: Optional[str] = None,
-                       async_op: bool = False, hints: Hints = None,
+                       scale: Any = None, async_op: bool = False, hints: Hints = None,
                        timeout: TimeoutLike = None) -> Any:
     """The fused call as a function of its group (torch.distributed has no such call): ``group``
     is a ``ferrocomm.Comm`` (from ``ferrocomm.new_comm``), or a torch.distributed process group
     of the ``"ferrocomm"`` backend (``None``: the default group); see
     ``Comm.all_reduce_rmsnorm``."""
     return _comm_of(group, x).all_reduce_rmsnorm(
-        x, residual, weight, eps, out=out, residual_out=residual_out, quant=quant,
+        x, residual, weight, eps, out=out, residual_out=residual_out, quant=quant, scale=scale,
         async_op=async_op, hints=hints, timeout=timeout)
 
 

@@ -102,6 +102,34 @@ def _torch_dtype_name(dtype: Any) -> Optional[str]:
     return str(dtype).replace("torch.", "")
 
 
+# dtype name -> whether the native layer takes it (asked of its parser once per name).
+_NATIVE_DTYPES: dict[str, bool] = {}
+
+
+def native_dtype(name: str) -> bool:
+    """Whether the native layer takes element type `name` (numpy's and torch's names)."""
+    ok = _NATIVE_DTYPES.get(name)
+    if ok is None:
+        from . import _native
+
+        try:
+            _native.dtype_name(name)
+            ok = True
+        except ValueError:
+            ok = False
+        _NATIVE_DTYPES[name] = ok
+    return ok
+
+
+def unsupported_dtype(name: str, coll: str) -> FerrocommValueError:
+    """The error for an element type the native layer does not take."""
+    return FerrocommValueError(
+        f"unsupported dtype {name} for {coll} (ferrocomm takes float32, float64, float16, "
+        "bfloat16, float8_e4m3fn, float8_e5m2, int8, uint8, int32, uint32, int64, uint64; "
+        "bool, int16 and uint16 are moved, bool reduced too)"
+    )
+
+
 def describe(obj: Any, what: str, coll: str, writable: bool = False) -> Buf:
     """A `Buf` for a numpy array or torch tensor, or FerrocommValueError saying what is wrong."""
     # Tensors first: they are what the hot paths pass (torch.Tensor looked up once torch is
@@ -128,8 +156,10 @@ def describe(obj: Any, what: str, coll: str, writable: bool = False) -> Buf:
                 f"{coll}: {what} is not contiguous (strides {tuple(obj.stride())} for shape "
                 f"{tuple(obj.shape)}); pass tensor.contiguous()"
             )
-        if dtype is None or obj.is_sparse:
-            raise FerrocommValueError(f"{coll}: {what} has unsupported layout or dtype {obj.dtype}")
+        if dtype is None:
+            raise unsupported_dtype(str(obj.dtype).replace("torch.", ""), coll)
+        if obj.is_sparse:
+            raise FerrocommValueError(f"{coll}: {what} has unsupported layout {obj.layout}")
         # is_cuda / is_cpu and get_device() build no torch.device object.
         if obj.is_cuda:
             device = obj.get_device()
@@ -220,6 +250,21 @@ def fp8_rows_like(obj: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
     torch = _torch()
     return (torch.empty(shape, dtype=torch.float8_e4m3fn, device=obj.device),
             torch.empty(rows_shape, dtype=torch.float32, device=obj.device))
+
+
+def given_scale_like(obj: Any, scale: Any, coll: str) -> Any:
+    """A given FP8 scale as a buffer on `obj`'s device: a number becomes a one-element float32
+    array or tensor there; an array or tensor is taken as it is (checked by the caller)."""
+    if isinstance(scale, bool) or not (isinstance(scale, (int, float)) or hasattr(scale, "dtype")):
+        raise FerrocommValueError(
+            f"{coll}: scale must be a number or a one-element float32 tensor, not "
+            f"{type(scale).__name__}")
+    if not isinstance(scale, (int, float)):
+        return scale
+    if isinstance(obj, np.ndarray):
+        return np.array([scale], dtype=np.float32)
+    torch = _torch()
+    return torch.tensor([float(scale)], dtype=torch.float32, device=obj.device)
 
 
 def rows_of(obj: Any, coll: str) -> tuple[int, int]:

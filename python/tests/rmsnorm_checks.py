@@ -1,8 +1,7 @@
 """all_reduce_rmsnorm on the host backend, one rank of a multi-process run (ranks.py's
 ``rmsnorm`` scenario): results against a float64 numpy reference, bit-identical rows on every
-rank (compared through an all_gather), FP8 rows within E4M3's error, bad inputs refused."""
-
-import importlib.util
+rank (compared through an all_gather), FP8 rows within E4M3's error (a scale per row, or one
+given scale, saturating), bad inputs refused."""
 
 import numpy as np
 
@@ -54,7 +53,7 @@ def e4m3_values(codes):
     return sign * v
 
 
-def check_case(comm, rank, world, dtype, rows, hidden, eps, in_place, quant, seed):
+def check_case(comm, rank, world, dtype, rows, hidden, eps, in_place, quant, seed, scale=None):
     xs = [inputs(dtype, rows, hidden, r, seed)[0] for r in range(world)]
     _, res64, w64 = inputs(dtype, rows, hidden, 0, seed)
     xq = [as_dtype(x, dtype) for x in xs]
@@ -69,6 +68,8 @@ def check_case(comm, rank, world, dtype, rows, hidden, eps, in_place, quant, see
     if not in_place:
         kw = dict(out=_empty_like(x), residual_out=_empty_like(res))
     x_before, res_before = values(x).copy(), values(res).copy()
+    if scale is not None:
+        kw["scale"] = scale
     got = comm.all_reduce_rmsnorm(x, res, w, eps, quant="e4m3" if quant else None, **kw)
     out, res_out = got[0], got[1]
     if in_place:
@@ -76,7 +77,7 @@ def check_case(comm, rank, world, dtype, rows, hidden, eps, in_place, quant, see
     else:
         assert np.array_equal(values(x), x_before) and np.array_equal(values(res), res_before)
     u = U[dtype]
-    label = f"{dtype} {rows}x{hidden} eps={eps} in_place={in_place} quant={quant}"
+    label = f"{dtype} {rows}x{hidden} eps={eps} in_place={in_place} quant={quant} scale={scale}"
     # Bounds: the sum and r rounded once each (f32 noise aside); y feels that through r and
     # through the row's norm, and is rounded itself.
     smax = np.abs(s_ref).max(-1, keepdims=True)
@@ -93,15 +94,23 @@ def check_case(comm, rank, world, dtype, rows, hidden, eps, in_place, quant, see
     rows_of = [values(out), values(res_out)]
     if quant:
         codes, scales = got[2], got[3]
-        assert tuple(codes.shape) == (rows, hidden) and tuple(scales.shape) == (rows, 1)
-        s = values(scales)
         ytol = tol_y.max(-1, keepdims=True)
-        assert (np.abs(s - ymax / E4M3_MAX) <= ytol / E4M3_MAX + 2 * u * ymax / E4M3_MAX).all(), \
-            f"{label}: scales"
+        if scale is None:
+            assert tuple(codes.shape) == (rows, hidden) and tuple(scales.shape) == (rows, 1)
+            s = values(scales)
+            assert (np.abs(s - ymax / E4M3_MAX) <= ytol / E4M3_MAX
+                    + 2 * u * ymax / E4M3_MAX).all(), f"{label}: scales"
+            want = y_ref
+        else:
+            # The given scale, returned as it was; codes saturate at 448 steps of it.
+            assert tuple(codes.shape) == (rows, hidden) and values(scales).size == 1
+            s = float(values(scales).ravel()[0])
+            assert s == np.float32(scale), f"{label}: the given scale came back as {s}"
+            want = np.clip(y_ref, -E4M3_MAX * s, E4M3_MAX * s)
         deq = e4m3_values(codes) * s
-        bound = (np.abs(y_ref) + ytol) * 2.0 ** -4 + s * 2.0 ** -10 + ytol
-        assert (np.abs(deq - y_ref) <= bound).all(), f"{label}: FP8 rows past E4M3's error"
-        rows_of += [e4m3_values(codes), s]
+        bound = (np.abs(want) + ytol) * 2.0 ** -4 + s * 2.0 ** -10 + ytol
+        assert (np.abs(deq - want) <= bound).all(), f"{label}: FP8 rows past E4M3's error"
+        rows_of += [e4m3_values(codes), np.ravel(s)]
     # Bit-identical on every rank: gather every rank's results and compare with rank 0's.
     mine = np.concatenate([np.ravel(a) for a in rows_of])
     every = np.empty(world * mine.size)
@@ -128,6 +137,10 @@ def check_refusals(comm, rank):
         (dict(residual=np.ones((2, 16), np.float32)), "residual has shape (2, 16)"),
         (dict(residual=np.ones((3, 16), np.float16)), "residual is float16, x is float32"),
         (dict(quant="int4"), "quant must be None or 'e4m3'"),
+        (dict(scale=0.5), "pass quant='e4m3'"),
+        (dict(quant="e4m3", scale="0.5"), "scale must be a number or a one-element"),
+        (dict(quant="e4m3", scale=np.ones(2, np.float32)), "one float32 value, not 2"),
+        (dict(quant="e4m3", scale=np.ones(1, np.float64)), "one float32 value, not 1 of float64"),
         (dict(x=np.ones((3, 16), np.int32), residual=np.ones((3, 16), np.int32),
               weight=np.ones(16, np.int32)), "are not supported"),
     ]
@@ -136,9 +149,10 @@ def check_refusals(comm, rank):
         args.update(change)
         before = [a.copy() for a in (args["x"], args["residual"])]
         quant = args.pop("quant", None)
+        extra = {"scale": args.pop("scale")} if "scale" in args else {}
         try:
             comm.all_reduce_rmsnorm(args["x"], args["residual"], args["weight"], 1e-6,
-                                    quant=quant)
+                                    quant=quant, **extra)
         except FerrocommValueError as e:
             assert needle in str(e), f"{needle!r} not in {e}"
         else:
@@ -157,9 +171,9 @@ def check_refusals(comm, rank):
 
 
 def run(comm, rank, world):
-    dtypes = ["float32", "float16"]
-    if importlib.util.find_spec("torch") is not None:
-        dtypes.append("bfloat16")
+    # bfloat16 goes through torch tensors, which the test environment has (scripts/test.sh):
+    # a missing torch fails here instead of leaving bf16 out.
+    dtypes = ["float32", "float16", "bfloat16"]
     seed = 0
     for dtype in dtypes:
         for rows, hidden in [(1, 8), (3, 4096), (1, 5120), (5, 8192), (3, 16384)]:
@@ -171,6 +185,11 @@ def run(comm, rank, world):
                 for quant in (False, True):
                     seed += 1
                     check_case(comm, rank, world, dtype, 7, 40, eps, in_place, quant, seed)
+        # One given scale: a number, and a one-element float32 array (saturating at 0.002).
+        for scale in (0.02, np.full(1, 0.002, np.float32)):
+            seed += 1
+            check_case(comm, rank, world, dtype, 5, 64, 1e-6, seed % 2 == 0, True, seed,
+                       scale=scale)
     # async_op: the outputs come from result() once waited.
     x, res, w = (np.ones((2, 8), np.float32) * (rank + 1), np.ones((2, 8), np.float32),
                  np.ones(8, np.float32))

@@ -1,10 +1,10 @@
 """The Python API on the host backend with real processes (2 and 4 ranks)."""
 
 import os
+import selectors
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -13,7 +13,7 @@ from conftest import free_port, run_ranks
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_method_dtype_and_op(world):
-    outs = run_ranks(world, "collectives", timeout=120)
+    outs = run_ranks(world, "collectives", timeout=600)
     assert all("collectives ok" in o for o in outs)
 
 
@@ -44,27 +44,39 @@ def test_hostile_values():
 
 def test_a_rank_with_another_store_secret_is_refused():
     """Rank 1 holds another FERROCOMM_STORE_SECRET than rank 0, whose store it reaches: it is
-    refused at once, naming the secret; rank 0 times out waiting for it."""
+    refused at once, naming the secret; rank 0 times out (3 s) waiting for it.
+
+    Rank 1 starts first and says when it is about to connect (it then retries until rank 0's
+    server is up, for up to 60 s): it reaches the server within rank 0's 3 s however slowly
+    the processes start."""
     port = free_port()
-    code = ("import ferrocomm\n"
+    code = ("import sys, ferrocomm\n"
+            "timeout = int(sys.argv[1])\n"
+            "print('CONNECTING', flush=True)\n"
             "try:\n"
-            "    ferrocomm.new_comm('host', 'cpu', 'secret', timeout=3)\n"
+            "    ferrocomm.new_comm('host', 'cpu', 'secret', timeout=timeout)\n"
             "    print('JOINED')\n"
             "except ferrocomm.FerrocommError as e:\n"
             "    print('REFUSED', type(e).__name__, e)\n")
 
-    def start(rank, secret):
+    def start(rank, secret, timeout):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
                    LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    FERROCOMM_STORE_SECRET=secret)
-        return subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
+        return subprocess.Popen([sys.executable, "-c", code, str(timeout)], env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
-    r0 = start(0, "the job's own secret 0123456789")
-    time.sleep(0.5)
-    r1 = start(1, "a stranger's guess 0123456789")
-    out1 = r1.communicate(timeout=30)[0]
-    out0 = r0.communicate(timeout=30)[0]
+    r1 = start(1, "a stranger's guess 0123456789", 60)
+    with selectors.DefaultSelector() as sel:
+        sel.register(r1.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout=300):
+            r1.kill()
+            pytest.fail("rank 1 did not start within 300 s: " + r1.communicate()[0])
+    first = r1.stdout.readline()
+    assert first == "CONNECTING\n", first + r1.communicate(timeout=30)[0]
+    r0 = start(0, "the job's own secret 0123456789", 3)
+    out1 = first + r1.communicate(timeout=300)[0]
+    out0 = r0.communicate(timeout=300)[0]
     assert "REFUSED" in out1 and "secret" in out1, out1
     assert "REFUSED FerrocommTimeout" in out0, out0
 
@@ -90,7 +102,7 @@ def test_python_store(tmp_path):
 
 
 def test_timeout():
-    outs = run_ranks(2, "timeout", env={"FERROCOMM_TEST_TIMEOUT": "1"}, timeout=30)
+    outs = run_ranks(2, "timeout", env={"FERROCOMM_TEST_TIMEOUT": "1"})
     assert "timeout after" in outs[0]
 
 
@@ -102,7 +114,7 @@ def test_torch_cpu_tensors(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_all_reduce_rmsnorm(world):
     """The fused all-reduce + residual add + RMSNorm against a float64 numpy reference."""
-    outs = run_ranks(world, "rmsnorm", timeout=240)
+    outs = run_ranks(world, "rmsnorm", timeout=900)
     assert all("rmsnorm ok" in o for o in outs)
 
 
@@ -116,22 +128,32 @@ def test_abort_process_on_timeout():
     """abort_process_on_timeout_or_error=True: rank 0's call times out (rank 1 never makes it)
     and the process aborts (SIGABRT) after saying why, naming the missing rank."""
     port = free_port()
-    code = ("import sys, time, numpy as np, ferrocomm\n"
+    # Rank 1 stays, alive and never calling, until the test closes its stdin after rank 0 has
+    # ended.
+    code = ("import sys, numpy as np, ferrocomm\n"
             "c = ferrocomm.new_comm('host', 'cpu', 'abort', True, 30)\n"
             "if c.rank == 0:\n"
             "    c.all_reduce(np.ones(8, np.float32), timeout=0.5)\n"
             "    print('RETURNED')\n"
             "else:\n"
-            "    time.sleep(5)\n")
+            "    sys.stdin.read()\n")
 
     def start(rank):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
                    LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         return subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
 
     procs = [start(0), start(1)]
-    outs = [p.communicate(timeout=60)[0] for p in procs]
+    try:
+        out0 = procs[0].communicate(timeout=300)[0]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        raise
+    # communicate closes rank 1's stdin first: it ends.
+    outs = [out0, procs[1].communicate(timeout=300)[0]]
     assert procs[0].returncode == -signal.SIGABRT, (procs[0].returncode, outs[0])
     assert "aborting the process" in outs[0] and "waiting for rank 1" in outs[0], outs[0]
     assert "RETURNED" not in outs[0]

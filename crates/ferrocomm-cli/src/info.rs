@@ -17,6 +17,9 @@ pub struct InfoArgs {
     /// Print the same facts as JSON.
     #[arg(long)]
     pub json: bool,
+    /// The GPU architecture whose kernels to report (default: each GPU's here, sm_90 without one)
+    #[arg(long)]
+    pub arch: Option<String>,
 }
 
 /// One GPU.
@@ -443,8 +446,152 @@ fn host_choices(w: &mut String, cfg: &Config) {
     );
 }
 
-/// The report as text.
+/// How a GPU of one architecture gets one dtype's kernel units.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct KernelModule {
+    pub dtype: String,
+    pub units: usize,
+    /// Units per way (`built-in`, `cached`, `to be compiled`, ...).
+    pub ways: Vec<(String, usize)>,
+    /// About how many seconds of one core the units to be compiled take.
+    pub compile_seconds: u32,
+}
+
+/// The kernels for one architecture.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct KernelReport {
+    pub arch: String,
+    /// Why this architecture (a GPU here, `--arch`, or the default).
+    pub why: String,
+    pub modules: Vec<KernelModule>,
+}
+
+/// The architectures `info` reports kernels for: `--arch`, else each distinct one of this
+/// machine's GPUs, else sm_90.
+pub fn kernel_archs(sys: &SystemInfo, arch: Option<&str>) -> Vec<(String, String)> {
+    if let Some(a) = arch {
+        return vec![(a.trim().to_ascii_lowercase(), "--arch".into())];
+    }
+    let mut out: Vec<(String, String)> = Vec::new();
+    for g in &sys.gpus {
+        if let Some((a, b)) = g.compute_capability {
+            let arch = format!("sm_{a}{b}");
+            if !out.iter().any(|(x, _)| *x == arch) {
+                out.push((arch, format!("GPU {}", g.index)));
+            }
+        }
+    }
+    if out.is_empty() {
+        out.push(("sm_90".into(), "no GPU here; `--arch` picks another".into()));
+    }
+    out
+}
+
+/// Per dtype, how a GPU of `arch` gets its kernel units now (nothing is compiled here).
+pub fn kernel_report(cfg: &Config, arch: &str, why: &str) -> KernelReport {
+    use ferrocomm::cuda::kernels;
+    let mut modules: Vec<KernelModule> = Vec::new();
+    for (d, _) in kernels::VARIANTS {
+        let mut m = KernelModule {
+            dtype: d.name().to_string(),
+            units: 0,
+            ways: Vec::new(),
+            compile_seconds: 0,
+        };
+        let mut add = |way: String| match m.ways.iter_mut().find(|(w, _)| *w == way) {
+            Some((_, n)) => *n += 1,
+            None => m.ways.push((way, 1)),
+        };
+        for g in kernels::Group::ALL {
+            if kernels::unit_source(d, g).is_none() {
+                continue;
+            }
+            m.units += 1;
+            if !kernels::group_runs_on(g, arch) {
+                add(format!("not on {arch} (need sm_{})", g.min_arch()));
+                continue;
+            }
+            match kernels::code_source(d, g, arch, cfg) {
+                Ok(Some(src)) => add(src.to_string()),
+                Ok(None) => {
+                    add("to be compiled".into());
+                    m.compile_seconds += g.about_seconds();
+                }
+                Err(e) => add(format!("refused: {e}")),
+            }
+        }
+        modules.push(m);
+    }
+    KernelReport {
+        arch: arch.to_string(),
+        why: why.to_string(),
+        modules,
+    }
+}
+
+fn kernels_section(w: &mut String, cfg: &Config, reports: &[KernelReport]) {
+    use ferrocomm::cuda::kernels;
+    use std::fmt::Write as _;
+    let targets = kernels::builtin_targets();
+    let _ = writeln!(w, "\n== Kernels");
+    if targets.is_empty() {
+        let _ = writeln!(
+            w,
+            "built in: none ({}); a GPU compiles each unit it needs at first use",
+            kernels::builtin_notes().join("; ")
+        );
+    } else {
+        let (a, b) = kernels::builtin_nvrtc().unwrap_or_default();
+        let _ = writeln!(
+            w,
+            "built in: {} (NVRTC {a}.{b}, {} compressed){}",
+            targets.join(" "),
+            human(kernels::builtin_compressed_bytes()),
+            if cfg.builtin_kernels {
+                ""
+            } else {
+                "; ignored: FERROCOMM_BUILTIN_KERNELS=0"
+            }
+        );
+    }
+    for r in reports {
+        let _ = writeln!(w, "for {} ({}):", r.arch, r.why);
+        for m in &r.modules {
+            let ways: Vec<String> = m
+                .ways
+                .iter()
+                .map(|(way, n)| {
+                    if *n == m.units {
+                        way.clone()
+                    } else {
+                        format!("{n} {way}")
+                    }
+                })
+                .collect();
+            let about = if m.compile_seconds > 0 {
+                format!(" (about {} s of one core)", m.compile_seconds)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                w,
+                "  {:<9} {:>2} units: {}{about}",
+                m.dtype,
+                m.units,
+                ways.join(", ")
+            );
+        }
+    }
+}
+
+/// The report as text, without the kernels.
+#[cfg(test)]
 pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
+    render_with(cfg, sys, &[])
+}
+
+/// The report as text, with the kernels of `reports`.
+pub fn render_with(cfg: &Config, sys: &SystemInfo, reports: &[KernelReport]) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
     let w = &mut s;
@@ -525,6 +672,9 @@ pub fn render(cfg: &Config, sys: &SystemInfo) -> String {
             "not created yet"
         }
     );
+    if !reports.is_empty() {
+        kernels_section(w, cfg, reports);
+    }
 
     let t = &cfg.thresholds;
     if sys.gpus.is_empty() {
@@ -666,6 +816,8 @@ struct InfoJson<'a> {
     config: &'a Config,
     env: Vec<EnvEntry>,
     kernel_cache: PathBuf,
+    builtin_kernels: Vec<&'static str>,
+    kernels: Vec<KernelReport>,
 }
 
 /// One environment variable in effect (for JSON reports).
@@ -699,16 +851,27 @@ fn emit(text: &str) -> anyhow::Result<()> {
 pub fn run(args: InfoArgs) -> anyhow::Result<i32> {
     let cfg = Config::from_env()?;
     let sys = probe_system(&cfg);
+    if let Some(a) = &args.arch {
+        if ferrocomm::cuda::kernels::target_number(a.trim()).is_none() || a.starts_with("compute") {
+            anyhow::bail!("--arch {a:?} is not a CUDA architecture such as sm_90");
+        }
+    }
+    let reports: Vec<KernelReport> = kernel_archs(&sys, args.arch.as_deref())
+        .iter()
+        .map(|(arch, why)| kernel_report(&cfg, arch, why))
+        .collect();
     if args.json {
         let j = InfoJson {
             system: &sys,
             config: &cfg,
             env: env_entries(&cfg),
             kernel_cache: cfg.kernel_cache.clone(),
+            builtin_kernels: ferrocomm::cuda::kernels::builtin_targets(),
+            kernels: reports,
         };
         emit(&(serde_json::to_string_pretty(&j)? + "\n"))?;
     } else {
-        emit(&render(&cfg, &sys))?;
+        emit(&render_with(&cfg, &sys, &reports))?;
     }
     Ok(0)
 }
@@ -817,6 +980,48 @@ mod tests {
         assert!(r
             .lines()
             .any(|l| l.starts_with("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES") && l.ends_with("env")));
+    }
+
+    #[test]
+    fn kernels_per_module_built_in_cached_or_to_compile() {
+        let mut cfg = Config::default();
+        let sys = SystemInfo::default();
+        assert_eq!(
+            kernel_archs(&sys, None),
+            vec![(
+                "sm_90".to_string(),
+                "no GPU here; `--arch` picks another".to_string()
+            )]
+        );
+        let r = kernel_report(&cfg, "sm_90", "test");
+        let bf16 = r.modules.iter().find(|m| m.dtype == "bfloat16").unwrap();
+        assert_eq!(
+            (bf16.units, bf16.ways.clone()),
+            (10, vec![("built-in".to_string(), 10)])
+        );
+        let text = render_with(&cfg, &sys, &[r]);
+        assert!(
+            text.contains("== Kernels\nbuilt in: sm_80 sm_90 sm_100 compute_90"),
+            "{text}"
+        );
+        assert!(text.contains("  bfloat16  10 units: built-in\n"), "{text}");
+        // sm_86 runs sm_80's cubins; its FP8 units (low precision, norm) are not among them.
+        cfg.kernel_cache = std::env::temp_dir().join("fc-info-no-cache");
+        let r = kernel_report(&cfg, "sm_86", "test");
+        let bf16 = r.modules.iter().find(|m| m.dtype == "bfloat16").unwrap();
+        assert_eq!(bf16.ways[0], ("built-in (sm_80 cubin)".to_string(), 8));
+        assert_eq!(bf16.ways[1], ("not on sm_86 (need sm_89)".to_string(), 2));
+        // Built-in kernels off: everything is to be compiled, with an estimate.
+        cfg.builtin_kernels = false;
+        let r = kernel_report(&cfg, "sm_90", "test");
+        let i32m = r.modules.iter().find(|m| m.dtype == "int32").unwrap();
+        assert_eq!(i32m.ways, vec![("to be compiled".to_string(), 8)]);
+        assert!(i32m.compile_seconds > 0);
+        let text = render_with(&cfg, &sys, &[r]);
+        assert!(
+            text.contains("ignored: FERROCOMM_BUILTIN_KERNELS=0"),
+            "{text}"
+        );
     }
 
     #[test]

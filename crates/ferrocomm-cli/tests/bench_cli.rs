@@ -495,3 +495,26 @@ fn bench_and_info_print_the_same_plan() {
         assert_eq!([at("1 KiB"), at("64 KiB")], want, "{info:?}");
     }
 }
+
+#[test]
+fn help_lists_every_collective() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrocomm"))
+        .args(["bench", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for c in [
+        "all_reduce,",
+        "all_reduce_rmsnorm",
+        "all_gather",
+        "reduce_scatter",
+        "all_to_all,",
+        "all_to_all_v",
+        "device_alltoallv",
+        "broadcast",
+        "reduce ",
+        "sendrecv",
+    ] {
+        assert!(help.contains(c), "bench --help lacks {c}:\n{help}");
+    }
+}

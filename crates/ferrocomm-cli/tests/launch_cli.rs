@@ -52,7 +52,9 @@ fn pids_in(dir: &Path) -> Vec<u32> {
 }
 
 fn assert_all_gone(pids: &[u32]) {
-    let deadline = Instant::now() + Duration::from_secs(3);
+    // The launcher has killed them by the time it returns; 10 s leaves room for two loaded
+    // cores to deliver that.
+    let deadline = Instant::now() + Duration::from_secs(10);
     while !pids.iter().all(|&p| gone(p)) {
         assert!(
             Instant::now() < deadline,
@@ -147,15 +149,39 @@ fn launch_environment_is_set() {
 #[test]
 fn a_failing_rank_stops_the_others() {
     let dir = scratch("fail");
+    // Ranks 0 and 2 start a long sleeper, note its pid and their shell's, then say so through
+    // a FIFO; rank 1 fails once it has heard from both (opened read-write, the FIFO never
+    // reads an end of file between the two). --timeout ends the job if one never says it.
+    let ready = dir.with_extension("ready");
+    let _ = std::fs::remove_file(&ready);
+    assert!(Command::new("mkfifo")
+        .arg(&ready)
+        .status()
+        .unwrap()
+        .success());
     let script = format!(
-        "if [ $RANK = 1 ]; then sleep 0.3; exit 3; fi; \
-         sleep 60 & echo $! > {d}/sleep.$RANK; echo $$ > {d}/sh.$RANK; wait",
-        d = dir.display()
+        "if [ $RANK = 1 ]; then exec 3<>{r}; read a <&3; read b <&3; exit 3; fi; \
+         sleep 60 & echo $! > {d}/sleep.$RANK; echo $$ > {d}/sh.$RANK; echo up > {r}; wait",
+        d = dir.display(),
+        r = ready.display()
     );
     let t0 = Instant::now();
-    let o = run(&["launch", "-n", "3", "--", "sh", "-c", &script]);
+    let o = run(&[
+        "launch",
+        "-n",
+        "3",
+        "--timeout",
+        "60",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
     let took = t0.elapsed();
+    let _ = std::fs::remove_file(&ready);
     assert_eq!(o.status.code(), Some(3), "{o:?}");
+    // The bound is the behaviour under test: the others are stopped, not waited for (their
+    // sleepers would take 60 s); 15 s leaves room for two loaded cores.
     assert!(took < Duration::from_secs(15), "took {took:?}");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("rank 1 exited with code 3"), "{err}");
@@ -191,7 +217,9 @@ fn sigterm_to_the_launcher_reaches_the_ranks() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // The ranks' pid files are the handshake: waited for, with a deadline only a rank that
+    // never starts reaches.
+    let deadline = Instant::now() + Duration::from_secs(60);
     while pids_in(&dir).len() < 2 {
         assert!(Instant::now() < deadline, "ranks did not start");
         thread::sleep(Duration::from_millis(20));
@@ -207,10 +235,14 @@ fn sigterm_to_the_launcher_reaches_the_ranks() {
         if let Some(s) = child.try_wait().unwrap() {
             break s.code();
         }
+        // The bound is the behaviour under test: the launcher stops at the signal, not when
+        // its ranks' 60 s sleepers end (10 s leaves room for two loaded cores).
         assert!(
             t0.elapsed() < Duration::from_secs(10),
             "launcher did not stop"
         );
+        // The pause between two looks at the launcher (a wait for its exit, with the deadline
+        // above).
         thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(code, Some(128 + 15));
@@ -291,6 +323,8 @@ fn timeout_stops_the_job() {
     let t0 = Instant::now();
     let o = run(&["launch", "-n", "2", "--timeout", "0.5", "--", "sleep", "60"]);
     assert_eq!(o.status.code(), Some(124));
+    // The bound is the behaviour under test: the job is stopped at its timeout, long before
+    // its ranks' 60 s sleep ends (10 s leaves room for two loaded cores).
     assert!(t0.elapsed() < Duration::from_secs(10));
 }
 
@@ -351,7 +385,9 @@ fn sigkill_to_the_launcher_takes_the_ranks_with_it() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // The ranks' pid files are the handshake: waited for, with a deadline only a rank that
+    // never starts reaches.
+    let deadline = Instant::now() + Duration::from_secs(60);
     while pids_in(&dir).len() < 3 {
         assert!(Instant::now() < deadline, "ranks did not start");
         thread::sleep(Duration::from_millis(20));

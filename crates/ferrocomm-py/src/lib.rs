@@ -20,7 +20,7 @@ use ferrocomm::bootstrap::Store;
 use ferrocomm::config::BackendChoice;
 use ferrocomm::{
     CallDesc, CallOpts, Collective, CommOptions, Communicator, Config, CountsDesc, DataType,
-    Device, Error, NormDesc, RawBuf, ReduceOp, Splits,
+    Device, Error, Fp8Desc, NormDesc, RawBuf, ReduceOp, Splits,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError};
 use pyo3::prelude::*;
@@ -367,8 +367,8 @@ type PyBuf = (u64, usize, PyBackedStr, i64);
 /// ferrocomm's [`CallDesc`]: name, output, input (None: in place), (op name, PreMulSum factor),
 /// root or peer, (CUDA stream, algo hint, low-precision hint, timeout in seconds), then the
 /// splits, counts (send, recv, capacity, unit), batch ((is_send, buffer, peer), ...) and norm
-/// operands (residual or None, residual_out, weight, eps, (codes, scales) or None) of the calls
-/// that have them, None elsewhere.
+/// operands (residual or None, residual_out, weight, eps, (codes, scales, given) or None: per-row
+/// scales written, or with `given` one scale read) of the calls that have them, None elsewhere.
 #[derive(FromPyObject)]
 struct PyCall(
     PyBackedStr,
@@ -387,7 +387,13 @@ struct PyCall(
 type PyOpts = (u64, Option<PyBackedStr>, Option<PyBackedStr>, Option<f64>);
 
 /// The norm operands of [`PyCall`].
-type NormOperands = (Option<PyBuf>, PyBuf, PyBuf, f32, Option<(PyBuf, PyBuf)>);
+type NormOperands = (
+    Option<PyBuf>,
+    PyBuf,
+    PyBuf,
+    f32,
+    Option<(PyBuf, PyBuf, bool)>,
+);
 
 fn raw(b: &PyBuf) -> ferrocomm::Result<RawBuf> {
     let (ptr, count, dtype, dev) = b;
@@ -444,7 +450,11 @@ impl PyCall {
                 weight: raw(weight)?,
                 eps: *eps,
                 fp8: match fp8 {
-                    Some((codes, scales)) => Some((raw(codes)?, raw(scales)?)),
+                    Some((codes, scale, given)) => Some(Fp8Desc {
+                        codes: raw(codes)?,
+                        scale: raw(scale)?,
+                        given: *given,
+                    }),
                     None => None,
                 },
             });
@@ -758,6 +768,33 @@ fn dtype_name(py: Python<'_>, name: &str) -> PyResult<&'static str> {
         .map_err(|e| py_err(py, e.into()))
 }
 
+/// The CUDA kernels built into this library, read back and checked without a GPU
+/// (`kernels::check_builtin`): `{"targets": [...], "nvrtc": (major, minor) or None, "notes":
+/// [...], "checked": [{"target", "units", "symbols", "bytes", "compressed_bytes"}, ...]}`.
+#[pyfunction]
+fn builtin_kernels(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    use ferrocomm::cuda::kernels;
+    let checked = py
+        .detach(kernels::check_builtin)
+        .map_err(|e| py_err(py, e))?;
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item("targets", kernels::builtin_targets())?;
+    d.set_item("nvrtc", kernels::builtin_nvrtc())?;
+    d.set_item("notes", kernels::builtin_notes().to_vec())?;
+    let rows = pyo3::types::PyList::empty(py);
+    for c in checked {
+        let r = pyo3::types::PyDict::new(py);
+        r.set_item("target", c.target)?;
+        r.set_item("units", c.units)?;
+        r.set_item("symbols", c.symbols)?;
+        r.set_item("bytes", c.bytes)?;
+        r.set_item("compressed_bytes", c.compressed_bytes)?;
+        rows.append(r)?;
+    }
+    d.set_item("checked", rows)?;
+    Ok(d)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyComm>()?;
@@ -765,6 +802,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeCompletion>()?;
     m.add_function(wrap_pyfunction!(new_comm, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_name, m)?)?;
+    m.add_function(wrap_pyfunction!(builtin_kernels, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -5,8 +5,10 @@
 //! ```
 //!
 //! Every all-reduce result is compared element by element with an f64 / exact-integer host
-//! reference on random data (never zeros), outputs poisoned before each call, and its hash is
-//! compared across ranks (bit-identical results). Exits 1 on any wrong element.
+//! reference on random data (never zeros), outputs poisoned before each call and read back
+//! around the result (a byte changed before it, after it or in the guard band past the buffer
+//! is a write out of bounds), and its hash is compared across ranks (bit-identical results).
+//! Exits 1 on any wrong element or guard byte.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -88,6 +90,8 @@ fn check(dtype: DataType, op: OpK, inputs: &[Vec<u8>], got: &[u8]) -> (usize, St
 struct Tally {
     cases: usize,
     wrong_elems: usize,
+    /// Bytes written outside an output (before it, after it, in the guard band).
+    guard_hits: usize,
     hash_mismatch: usize,
     errors: usize,
     expected_refusals: usize,
@@ -214,8 +218,11 @@ fn run_case(
     let t = c.tally.entry(key).or_default();
     t.cases += 1;
     if let Err(e) = res {
-        // Push above its capacity is refused by design.
-        if cs.algo == Algo::Push && matches!(e, ferrocomm::Error::InvalidArgument(_)) {
+        // Push above its capacity is refused by design: expected only when the size is above
+        // this communicator's push capacity.
+        let cap = ferrocomm::cuda::push_capacity(comm.config());
+        if cs.algo == Algo::Push && bytes > cap && matches!(e, ferrocomm::Error::InvalidArgument(_))
+        {
             t.expected_refusals += 1;
             t.cases -= 1;
             return Ok(());
@@ -230,15 +237,18 @@ fn run_case(
     let mut got = vec![0u8; bytes];
     outb.download_into(off, &mut got)?;
     let (wrong, first) = check(cs.dtype, cs.op, &inputs, &got);
+    let guard = outb.guard_hits(off, bytes)?;
     let same = c.store_hashes("case", fnv(&got))?;
     let t = c.tally.get_mut(&format!("{:<5}", cs.algo.name())).unwrap();
     t.wrong_elems += wrong;
+    t.guard_hits += guard;
     if !same {
         t.hash_mismatch += 1;
     }
-    if wrong > 0 || !same {
+    if wrong > 0 || guard > 0 || !same {
         c.failures.push(format!(
-            "{:?} {} n={} {} inplace={} misalign={}: {wrong} wrong ({first}), identical across ranks: {same}",
+            "{:?} {} n={} {} inplace={} misalign={}: {wrong} wrong ({first}), {guard} bytes \
+             written outside the output, identical across ranks: {same}",
             cs.op, cs.dtype, cs.count, cs.algo, cs.in_place, cs.misalign
         ));
     }
@@ -392,21 +402,11 @@ fn race(c: &mut Ctx, calls: usize) -> Res<()> {
     sync()?;
     let el = t0.elapsed();
     let key = "race ".to_string();
-    let mut wrong_total = 0;
-    for (k, (n, a)) in plan.iter().enumerate() {
-        let mut got = vec![0u8; n * es];
-        outs[k].download_into(0, &mut got)?;
-        let ins: Vec<Vec<u8>> = inputs.iter().map(|v| v[..n * es].to_vec()).collect();
-        let (w, first) = check(d, OpK::Sum, &ins, &got);
-        if w > 0 {
-            c.failures
-                .push(format!("race call {k} ({a}, n={n}): {w} wrong ({first})"));
-        }
-        wrong_total += w;
-    }
+    let (wrong_total, guard_total) = check_outputs(c, "race call", &plan, &outs, &inputs)?;
     let t = c.tally.entry(key).or_default();
     t.cases += calls;
     t.wrong_elems += wrong_total;
+    t.guard_hits += guard_total;
     if c.rank == 0 {
         println!(
             "race: {calls} back-to-back calls in {:.1} ms",
@@ -495,22 +495,43 @@ fn graph(c: &mut Ctx, replays: usize) -> Res<()> {
         sys::cuGraphExecDestroy(ge);
         sys::cuGraphDestroy(g);
     }
-    let mut wrong_total = 0;
+    let (wrong_total, guard_total) = check_outputs(c, "graph op", &plan, &outs, &inputs)?;
+    let t = c.tally.entry("graph".into()).or_default();
+    t.cases += plan.len() * replays;
+    t.wrong_elems += wrong_total;
+    t.guard_hits += guard_total;
+    Ok(())
+}
+
+/// Checks the bf16 sums `outs[k]` of calls `plan[k]` (count, algorithm) against the inputs'
+/// first elements, and the bytes around them (poisoned before): failures named `what k`;
+/// returns (wrong elements, bytes written outside the outputs).
+fn check_outputs(
+    c: &mut Ctx,
+    what: &str,
+    plan: &[(usize, Algo)],
+    outs: &[Buf],
+    inputs: &[Vec<u8>],
+) -> Res<(usize, usize)> {
+    let d = DataType::BF16;
+    let es = d.size();
+    let (mut wrong_total, mut guard_total) = (0, 0);
     for (k, (n, a)) in plan.iter().enumerate() {
         let mut got = vec![0u8; n * es];
         outs[k].download_into(0, &mut got)?;
         let ins: Vec<Vec<u8>> = inputs.iter().map(|v| v[..n * es].to_vec()).collect();
         let (w, first) = check(d, OpK::Sum, &ins, &got);
-        if w > 0 {
-            c.failures
-                .push(format!("graph op {k} ({a}, n={n}): {w} wrong ({first})"));
+        let g = outs[k].guard_hits(0, n * es)?;
+        if w > 0 || g > 0 {
+            c.failures.push(format!(
+                "{what} {k} ({a}, n={n}): {w} wrong ({first}), {g} bytes written outside the \
+                 output"
+            ));
         }
         wrong_total += w;
+        guard_total += g;
     }
-    let t = c.tally.entry("graph".into()).or_default();
-    t.cases += plan.len() * replays;
-    t.wrong_elems += wrong_total;
-    Ok(())
+    Ok((wrong_total, guard_total))
 }
 
 /// NCCL-carried collectives other than all-reduce, f32.
@@ -633,6 +654,15 @@ fn others(c: &mut Ctx) -> Res<()> {
                 failures += 1;
             }
         }
+        // Also where the output has no value to check (reduce off the root), nothing is
+        // written past it.
+        let guard = outb.guard_hits(0, outl * 4)?;
+        if guard > 0 {
+            t.guard_hits += guard;
+            c.failures
+                .push(format!("{name}: {guard} bytes written past the output"));
+            failures += 1;
+        }
         Ok(())
     };
     let o = CallOpts::default();
@@ -709,6 +739,7 @@ fn mismatch_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
     cfg_m.cuda_staging_bytes = 1 << 20;
     let comm = Communicator::new(options("gpu_check_mismatch", cfg_m))?;
     let b = Buf::new(4 << 20)?;
+    b.poison()?;
     b.upload(0, &gen(DataType::F32, OpK::Sum, 1 << 20, 77, rank))?;
     let r = rank;
     // (what, count, operator, algorithm) on this rank
@@ -788,7 +819,20 @@ fn mismatch_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
                 .push(format!("all_reduce after mismatch {k} ({what}): {e}"));
         }
     }
+    check_band(c, "mismatch", &b)?;
     retire(c, "mismatch-done", comm)
+}
+
+/// Records a failure when anything was written past the end of `b` (its guard band, poisoned
+/// before `b` was filled): the buffer of fault cases, whose contents are not checked.
+fn check_band(c: &mut Ctx, what: &str, b: &Buf) -> Res<()> {
+    let hits = b.guard_hits(0, b.bytes)?;
+    if hits > 0 {
+        c.tally.entry(what.into()).or_default().guard_hits += hits;
+        c.failures
+            .push(format!("{what}: {hits} bytes written past the buffer"));
+    }
+    Ok(())
 }
 
 /// Ends a group of cases on a communicator of their own: every rank waits for the others, then
@@ -864,6 +908,7 @@ fn barrier_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
     if rank == last {
         let n = 1 << 20;
         let b = Buf::new(4 * n)?;
+        b.poison()?;
         b.upload(0, &gen(DataType::F32, OpK::Sum, n, 78, rank))?;
         let t = Instant::now();
         let first = sum_in_place(&comm, &b, n, c.dev, &o.clone().with_algo(Algo::Flat));
@@ -885,6 +930,7 @@ fn barrier_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
                 ));
             }
         }
+        check_band(c, "flat-timeout", &b)?;
     }
     retire(c, "flat-timeout-done", comm)
 }
@@ -914,6 +960,7 @@ fn timing(c: &mut Ctx, quick: bool) -> Res<()> {
     let replays = 20;
     let stream = new_stream()?;
     let buf = Buf::new(256 << 20)?;
+    buf.poison()?;
     let init = gen(d, OpK::Sum, 1 << 20, 5, c.rank);
     for k in 0..128 {
         buf.upload(k * init.len(), &init)?;
@@ -1011,6 +1058,8 @@ fn timing(c: &mut Ctx, quick: bool) -> Res<()> {
         row.push(format!("{:>6.2}x", nccl_us / best.0));
         rows.push(row.join(" "));
     }
+    // The timed calls' values are not checked, but none may write past the buffer.
+    check_band(c, "timing", &buf)?;
     if c.rank == 0 {
         println!("\nall_reduce bf16 (max), {per_graph} ops per CUDA graph x {replays} replays, us per op (rank 0)");
         println!(
@@ -1068,6 +1117,7 @@ fn nccl_timeout(c: &mut Ctx, cfg: &Config) -> Res<()> {
     if rank == 0 {
         // Rank 1 skips this call: it never enqueues its part.
         let b = Buf::new(n6 * 4)?;
+        b.poison()?;
         b.upload(0, &gen(DataType::F32, OpK::Sum, n6, 40_001, 0))?;
         let nccl_opts = CallOpts::default().with_algo(Algo::Nccl);
         let call = || sum_in_place(&comm6, &b, n6, dev, &nccl_opts);
@@ -1095,6 +1145,7 @@ fn nccl_timeout(c: &mut Ctx, cfg: &Config) -> Res<()> {
                 limit.as_secs()
             ));
         }
+        check_band(c, "nccl-timeout", &b)?;
     }
     // Rank 1 keeps its communicator until rank 0 is done: dropping it earlier could give rank 0
     // a remote error instead of the timeout being tested.
@@ -1166,6 +1217,8 @@ fn real_main() -> Res<i32> {
     // Our own context handle for buffers (the primary context the communicator uses).
     let cuda = cudarc::driver::CudaContext::new(dev as usize)?;
     cuda.bind_to_thread()?;
+    // The guard bands are read back after every call: first, that the read-back sees writes.
+    Buf::guard_self_check()?;
     let mut c = Ctx {
         comm,
         rank,
@@ -1312,18 +1365,24 @@ fn real_main() -> Res<i32> {
     let total_wrong: usize = c
         .tally
         .values()
-        .map(|t| t.wrong_elems + t.hash_mismatch + t.errors)
+        .map(|t| t.wrong_elems + t.guard_hits + t.hash_mismatch + t.errors)
         .sum();
     let bad = total_wrong > 0 || !c.failures.is_empty();
     if rank == 0 {
         println!(
-            "\ncorrectness (rank 0):\n{:<11} {:>7} {:>11} {:>14} {:>7} {:>9}",
-            "what", "cases", "wrong elems", "rank mismatch", "errors", "refusals"
+            "\ncorrectness (rank 0):\n{:<11} {:>7} {:>11} {:>10} {:>14} {:>7} {:>9}",
+            "what", "cases", "wrong elems", "guard hits", "rank mismatch", "errors", "refusals"
         );
         for (k, t) in &c.tally {
             println!(
-                "{:<11} {:>7} {:>11} {:>14} {:>7} {:>9}",
-                k, t.cases, t.wrong_elems, t.hash_mismatch, t.errors, t.expected_refusals
+                "{:<11} {:>7} {:>11} {:>10} {:>14} {:>7} {:>9}",
+                k,
+                t.cases,
+                t.wrong_elems,
+                t.guard_hits,
+                t.hash_mismatch,
+                t.errors,
+                t.expected_refusals
             );
         }
     }

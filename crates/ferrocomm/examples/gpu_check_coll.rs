@@ -156,11 +156,6 @@ impl Ctx {
     }
 }
 
-fn guard_hits(b: &Buf, off: usize, len: usize) -> Res<usize> {
-    let g = b.download(off + len, GUARD)?;
-    Ok(g.iter().filter(|x| **x != POISON).count())
-}
-
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Coll {
     AllGather,
@@ -299,9 +294,9 @@ fn run_one(
     let got = outb.download(got_off, got_len)?;
     let mut wrong = 0;
     let guard = if in_place && matches!(coll, Coll::ReduceScatter(_)) {
-        guard_hits(&outb, off, n * w * es)?
+        outb.guard_hits(off, n * w * es)?
     } else {
-        guard_hits(&outb, off, out_n * es)?
+        outb.guard_hits(off, out_n * es)?
     };
     match coll {
         Coll::AllGather => {
@@ -939,7 +934,7 @@ fn a2av_call(
         let want = part_of(s, me);
         wrong += diff_bytes(&want, &got[d..d + want.len()], es);
     }
-    let guard = guard_hits(&outb, 0, out_n * es)?;
+    let guard = outb.guard_hits(0, out_n * es)?;
     c.record(
         "all_to_all_v",
         format!("a2av {label} {dtype} {algo} counts {m:?} gap {gap} in_place={in_place}"),
@@ -1047,7 +1042,7 @@ fn run_packed(
     };
     sync()?;
     let got = outb.download(0, out_units * es)?;
-    let guard = guard_hits(&outb, 0, out_units * es)?;
+    let guard = outb.guard_hits(0, out_units * es)?;
     Ok((r, got, guard))
 }
 
@@ -1269,7 +1264,7 @@ fn run_dynamic(
             }
         })
         .collect();
-    let guard = guard_hits(&outb, 0, w * cap * es)?;
+    let guard = outb.guard_hits(0, w * cap * es)?;
     Ok(DynOut {
         r,
         got,
@@ -1573,13 +1568,13 @@ fn graph_and_race(c: &mut Ctx, replays: usize) -> Res<()> {
                     (diff_bytes(&inputs[s][..n * es], &got, es), n)
                 }
             };
-            let _ = len;
+            let guard = outs[k].guard_hits(0, len * es)?;
             c.record(
                 key,
                 format!("{key} op {k} {coll:?} n={n}"),
                 Ok(()),
                 wrong,
-                0,
+                guard,
             );
         }
         Ok(())
@@ -1694,7 +1689,7 @@ fn batches(c: &mut Ctx) -> Res<()> {
             let from = (me + w - hop(j)) % w;
             let got = outs[j].download(0, len(from, j) * 2)?;
             wrong += diff_bytes(&data(from, j), &got, 2);
-            guard += guard_hits(&outs[j], 0, len(from, j) * 2)?;
+            guard += outs[j].guard_hits(0, len(from, j) * 2)?;
             wrong += diff_bytes(&data(me, j), &ins[j].download(0, len(me, j) * 2)?, 2);
         }
         c.record("batch", format!("batch n={n}"), r, wrong, guard);
@@ -1904,6 +1899,8 @@ fn real_main() -> Res<i32> {
     }
     let cuda = cudarc::driver::CudaContext::new(ord as usize)?;
     cuda.bind_to_thread()?;
+    // The guard bands are read back after every call: first, that the read-back sees writes.
+    Buf::guard_self_check()?;
     let mut c = Ctx {
         comm,
         rank,

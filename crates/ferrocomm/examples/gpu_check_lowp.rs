@@ -17,9 +17,11 @@
 //!   256 MB, odd counts, Avg, in place;
 //! - all-gather, reduce-scatter, all-to-all == the codec's prediction, bit for bit;
 //! - accuracy against an f64 sum (N(0,1)), no NaN/Inf, identical results on every rank;
-//! - time of quantization alone.
+//! - time of quantization alone;
+//! - nothing written outside any output: every output is poisoned before the call and read
+//!   back around the result, up to its guard band.
 //!
-//! Exits 1 on any mismatch.
+//! Exits 1 on any mismatch or byte written outside an output.
 
 use std::time::{Duration, Instant};
 
@@ -152,10 +154,14 @@ fn codec_check(c: &mut Ctx, counts: &[usize]) -> Res<()> {
                     )?;
                     let got = outb.download(0, want.len())?;
                     let diff = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+                    let guard = outb.guard_hits(0, want.len())?;
                     cases += 1;
                     c.verdict(
-                        format!("codec {fmt} B={block} {dtype} n={n}: {diff} bytes differ"),
-                        diff == 0,
+                        format!(
+                            "codec {fmt} B={block} {dtype} n={n}: {diff} bytes differ, {guard} \
+                             written past the output"
+                        ),
+                        diff == 0 && guard == 0,
                     );
                 }
             }
@@ -214,6 +220,7 @@ fn all_reduce_case(
         return Ok(None);
     }
     let got = outb.download(0, bytes.len())?;
+    let guard = outb.guard_hits(0, bytes.len())?;
     let mut want = if algo == Algo::Tree {
         if op == ReduceOp::Avg {
             // The owner divides before quantizing.
@@ -241,9 +248,10 @@ fn all_reduce_case(
     let same = c.same_everywhere(comm, &got)?;
     c.verdict(
         format!(
-            "{what}: {wrong} elements differ from the reference, identical on all ranks: {same}"
+            "{what}: {wrong} elements differ from the reference, {guard} bytes written past \
+             the output, identical on all ranks: {same}"
         ),
-        wrong == 0 && same,
+        wrong == 0 && guard == 0 && same,
     );
     Ok((dtype == DataType::F32).then(|| {
         got.chunks(4)
@@ -362,6 +370,7 @@ fn accuracy(c: &mut Ctx, comm: &Communicator, codec: &Codec, label: &str) -> Res
             .chunks(4)
             .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
             .collect();
+        let guard = outb.guard_hits(0, n * 4)?;
         let st = reference::error_stats(&got, &exact, None);
         let finite = got.iter().all(|x| x.is_finite());
         let same = c.same_everywhere(comm, &to_dtype(DataType::F32, &got).0)?;
@@ -377,10 +386,11 @@ fn accuracy(c: &mut Ctx, comm: &Communicator, codec: &Codec, label: &str) -> Res
         };
         c.verdict(
             format!(
-                "accuracy {label} {algo}: rel L2 {} finite {finite} same {same}",
+                "accuracy {label} {algo}: rel L2 {} finite {finite} same {same}, {guard} bytes \
+                 written past the output",
                 st.rel_l2
             ),
-            finite && same && limit.is_none_or(|l| st.rel_l2 <= l),
+            finite && same && guard == 0 && limit.is_none_or(|l| st.rel_l2 <= l),
         );
     }
     if c.rank == 0 {
@@ -427,9 +437,10 @@ fn movers(c: &mut Ctx, comm: &Communicator, parts: &[usize], dtypes: &[DataType]
             let want: Vec<f32> = (0..w).flat_map(|r| qd(slice(r, r))).collect();
             let got = outb.download(0, w * part * es)?;
             let same = c.same_everywhere(comm, &got)?;
+            let guard = outb.guard_hits(0, w * part * es)?;
             c.verdict(
-                format!("all_gather {dtype} part={part} same={same}"),
-                got == round_bytes(dtype, &want) && same,
+                format!("all_gather {dtype} part={part} same={same} guard hits {guard}"),
+                got == round_bytes(dtype, &want) && same && guard == 0,
             );
             // reduce_scatter: one-shot sum of part `rank` over ranks.
             outb.poison()?;
@@ -443,9 +454,10 @@ fn movers(c: &mut Ctx, comm: &Communicator, parts: &[usize], dtypes: &[DataType]
             let parts: Vec<&[f32]> = (0..w).map(|r| slice(r, c.rank)).collect();
             let want = reference::one_shot(&codec, &parts);
             let got = outb.download(0, part * es)?;
+            let guard = outb.guard_hits(0, part * es)?;
             c.verdict(
-                format!("reduce_scatter {dtype} part={part}"),
-                got == round_bytes(dtype, &want),
+                format!("reduce_scatter {dtype} part={part} guard hits {guard}"),
+                got == round_bytes(dtype, &want) && guard == 0,
             );
             // all_to_all: part r of the output = Q(rank r's part `rank`), our own part as it is.
             outb.poison()?;
@@ -463,11 +475,13 @@ fn movers(c: &mut Ctx, comm: &Communicator, parts: &[usize], dtypes: &[DataType]
                 })
                 .collect();
             let got = outb.download(0, w * part * es)?;
+            let guard = outb.guard_hits(0, w * part * es)?;
             c.verdict(
-                format!("all_to_all {dtype} part={part}"),
-                got == round_bytes(dtype, &want),
+                format!("all_to_all {dtype} part={part} guard hits {guard}"),
+                got == round_bytes(dtype, &want) && guard == 0,
             );
-            // The same in place (the input uploaded into the output buffer).
+            // The same in place (the input uploaded into the poisoned output buffer).
+            outb.poison()?;
             outb.upload(0, &mine)?;
             // SAFETY: as above.
             unsafe {
@@ -476,9 +490,10 @@ fn movers(c: &mut Ctx, comm: &Communicator, parts: &[usize], dtypes: &[DataType]
             }
             sync()?;
             let got = outb.download(0, w * part * es)?;
+            let guard = outb.guard_hits(0, w * part * es)?;
             c.verdict(
-                format!("all_to_all in place {dtype} part={part}"),
-                got == round_bytes(dtype, &want),
+                format!("all_to_all in place {dtype} part={part} guard hits {guard}"),
+                got == round_bytes(dtype, &want) && guard == 0,
             );
         }
     }
@@ -549,11 +564,11 @@ fn all_to_all_v_cases(
                 }
                 let inb = Buf::new(mine.len().max(es))?;
                 let outb = Buf::new(out_n.max(1) * es)?;
+                outb.poison()?;
                 if in_place {
                     outb.upload(0, &mine)?;
                 } else {
                     inb.upload(0, &mine)?;
-                    outb.poison()?;
                 }
                 // SAFETY: sizes as the splits say; synchronised before reading.
                 unsafe {
@@ -568,9 +583,13 @@ fn all_to_all_v_cases(
                 }
                 sync()?;
                 let got = outb.download(0, out_n * es)?;
+                let guard = outb.guard_hits(0, out_n * es)?;
                 c.verdict(
-                    format!("all_to_all_v{what} {dtype} counts {m:?} in_place={in_place}"),
-                    got == round_bytes(dtype, &want),
+                    format!(
+                        "all_to_all_v{what} {dtype} counts {m:?} in_place={in_place} guard hits \
+                         {guard}"
+                    ),
+                    got == round_bytes(dtype, &want) && guard == 0,
                 );
             }
         }
@@ -639,12 +658,21 @@ fn quant_cost(c: &mut Ctx) -> Res<()> {
             inb.upload(off, &chunk[..chunk.len().min(bytes - off)])?;
         }
         let outb = Buf::new(codec.encoded_bytes(n))?;
+        outb.poison()?;
         ferrocomm::cuda::quantize_on_device(&c.cfg, &codec, dtype, inb.ptr, outb.ptr, n, 0, 1)?;
         // Launches back to back and one wait: the time per launch is the kernel's.
         let reps = 50;
         let t = Instant::now();
         ferrocomm::cuda::quantize_on_device(&c.cfg, &codec, dtype, inb.ptr, outb.ptr, n, 0, reps)?;
         let us = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
+        let guard = outb.guard_hits(0, codec.encoded_bytes(n))?;
+        c.verdict(
+            format!(
+                "quantize {dtype} {} MB: {guard} bytes written past the codes",
+                bytes >> 20
+            ),
+            guard == 0,
+        );
         line += &format!(
             " {dtype} {} MB {us:.1} us ({:.0} GB/s read);",
             bytes >> 20,
@@ -675,6 +703,8 @@ fn real_main() -> Res<i32> {
     };
     let cuda = cudarc::driver::CudaContext::new(dev as usize)?;
     cuda.bind_to_thread()?;
+    // The guard bands are read back after every call: first, that the read-back sees writes.
+    Buf::guard_self_check()?;
     let mut c = Ctx {
         rank,
         world,
@@ -768,6 +798,7 @@ fn disagreeing_calls(c: &mut Ctx, cfg: &Config) -> Res<()> {
     let me = c.rank;
     let w = c.world;
     let b = Buf::new(64 << 20)?;
+    b.poison()?;
     b.upload(0, &to_dtype(DataType::BF16, &random(1 << 20, 7)).0)?;
     // (what, elements on rank 0, all-reduce algorithm, all-gather instead, staging bytes)
     for (k, (what, n, algo, gather, staging)) in [
@@ -825,5 +856,11 @@ fn disagreeing_calls(c: &mut Ctx, cfg: &Config) -> Res<()> {
         // After a timeout the communicator is unusable; a mismatch leaves it usable.
         std::mem::forget(comm);
     }
+    // The calls' values are not checked, but none may write past the buffer.
+    let guard = b.guard_hits(0, b.bytes)?;
+    c.verdict(
+        format!("disagreeing calls: {guard} bytes written past the buffer"),
+        guard == 0,
+    );
     Ok(())
 }

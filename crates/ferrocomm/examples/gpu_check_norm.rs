@@ -6,12 +6,16 @@
 //! ```
 //!
 //! - every dtype (f32, f16, bf16), the model hidden sizes 8 / 4096 / 5120 / 8192 / 16384 and
-//!   odd row counts, in and out of place, FP8 rows on and off, each all-reduce algorithm (push,
-//!   flat, tree, auto); inputs regenerated from seeds on every rank;
+//!   odd row counts, in and out of place, FP8 rows off, with a scale per row or with one given
+//!   scale (saturating), each all-reduce algorithm (push, flat, tree, auto), full precision and
+//!   E4M3 / INT8 on the wire (one launch: the rows cross as block-scaled records); inputs
+//!   regenerated from seeds on every rank; at one rank the local form (the norm kernel on x
+//!   itself);
 //! - against the host reference on the same inputs: the residual bit for bit (the sum is the
-//!   all-reduce's, in rank order, so it equals the host's), `out` and the FP8 rows within the
-//!   bounds of `rmsnorm::compare` against the exact f64 result (the FP8 rows dequantized
-//!   within half an E4M3 step);
+//!   all-reduce's, in rank order, so it equals the host's; with low precision the low-precision
+//!   all-reduce's, `quant::reference::one_shot` or `two_shot` as the plan's algorithm says),
+//!   `out` and the FP8 rows within the bounds of `rmsnorm::compare` against the exact f64
+//!   result on that sum (the FP8 rows dequantized within half an E4M3 step);
 //! - identical results on every rank; nothing written past any output (guard bands);
 //! - a CUDA graph of several calls captured once and replayed, outputs poisoned between
 //!   replays, every replay checked;
@@ -27,11 +31,13 @@ use std::time::Duration;
 
 use cudarc::driver::sys;
 use ferrocomm::bootstrap::{all_gather_bytes, store_barrier};
+use ferrocomm::plan::LowPrecisionChoice;
+use ferrocomm::quant::{reference, Format};
 use ferrocomm::reduce::{reduce_bytes, to_f32};
-use ferrocomm::rmsnorm::{compare, exact_rows, norm_rows};
+use ferrocomm::rmsnorm::{compare, exact_rows, norm_rows, Fp8Ref, Shape};
 use ferrocomm::{
-    Algo, AllReduceRmsNorm, CallOpts, Communicator, Config, DataType, Device, Fp8Rows, Input,
-    ReduceOp, View, ViewMut,
+    Algo, AllReduceRmsNorm, CallOpts, Communicator, Config, DataType, Device, Fp8Rows, Fp8Scale,
+    Input, ReduceOp, View, ViewMut,
 };
 use rand::{Rng, SeedableRng};
 
@@ -47,6 +53,10 @@ struct Case {
     eps: f32,
     in_place: bool,
     fp8: bool,
+    /// With FP8 rows: one scale given for the tensor instead of a scale per row.
+    given: Option<f32>,
+    /// Low precision on the wire, asked for per call.
+    lp: Option<Format>,
     algo: Algo,
     seed: u64,
 }
@@ -73,6 +83,34 @@ impl Case {
     fn x(&self, rank: usize) -> Vec<u8> {
         gen(self.d, self.n(), self.seed * 131 + rank as u64)
     }
+    /// The call's options on `stream`.
+    fn opts(&self, stream: u64) -> CallOpts {
+        let opts = CallOpts::on_stream(stream).with_algo(self.algo);
+        match self.lp {
+            Some(f) => opts.with_low_precision(LowPrecisionChoice::On(f)),
+            None => opts,
+        }
+    }
+    fn shape(&self) -> Shape {
+        Shape {
+            rows: self.rows,
+            hidden: self.hidden,
+            dtype: self.d,
+        }
+    }
+    /// Bytes of the scales buffer: one per row, or the one given.
+    fn scale_bytes(&self) -> usize {
+        if self.given.is_some() {
+            4
+        } else {
+            self.rows * 4
+        }
+    }
+    /// The FP8 output the host reference computes.
+    fn fp8_ref(&self) -> Option<Fp8Ref> {
+        self.fp8
+            .then(|| self.given.map_or(Fp8Ref::PerRow, Fp8Ref::Given))
+    }
     fn residual(&self) -> Vec<u8> {
         gen(self.d, self.n(), self.seed * 131 + 97)
     }
@@ -81,7 +119,7 @@ impl Case {
     }
     fn label(&self, world: usize) -> String {
         format!(
-            "{world} ranks {} {}x{} eps {} {} fp8 {} algo {}",
+            "{world} ranks {} {}x{} eps {} {} fp8 {}{} algo {}{}",
             self.d,
             self.rows,
             self.hidden,
@@ -92,7 +130,9 @@ impl Case {
                 "out of place"
             },
             self.fp8,
-            self.algo
+            self.given.map_or(String::new(), |s| format!(" scale {s}")),
+            self.algo,
+            self.lp.map_or(String::new(), |f| format!(" wire {f:?}"))
         )
     }
 }
@@ -119,7 +159,7 @@ impl Bufs {
             res_out: Buf::new(b)?,
             w: Buf::new(c.hidden * c.d.size())?,
             codes: Buf::new(c.n())?,
-            scales: Buf::new(c.rows * 4)?,
+            scales: Buf::new(c.scale_bytes())?,
         };
         Ok(bufs)
     }
@@ -144,6 +184,9 @@ impl Bufs {
         };
         xb.upload(0, &c.x(rank))?;
         rb.upload(0, &c.residual())?;
+        if let (true, Some(s)) = (c.fp8, c.given) {
+            self.scales.upload(0, &s.to_le_bytes())?;
+        }
         self.w.upload(0, &c.weight())
     }
 
@@ -171,17 +214,24 @@ impl Bufs {
                 eps: c.eps,
                 fp8: c.fp8.then(|| Fp8Rows {
                     codes: ViewMut::from_raw(self.codes.ptr as *mut u8, n, DataType::F8E4M3, dv),
-                    scales: ViewMut::from_raw(
-                        self.scales.ptr as *mut u8,
-                        c.rows,
-                        DataType::F32,
-                        dv,
-                    ),
+                    scale: match c.given {
+                        Some(_) => Fp8Scale::Given(View::from_raw(
+                            self.scales.ptr as *const u8,
+                            1,
+                            DataType::F32,
+                            dv,
+                        )),
+                        None => Fp8Scale::PerRow(ViewMut::from_raw(
+                            self.scales.ptr as *mut u8,
+                            c.rows,
+                            DataType::F32,
+                            dv,
+                        )),
+                    },
                 }),
             }
         };
-        let opts = CallOpts::on_stream(stream).with_algo(c.algo);
-        comm.all_reduce_rmsnorm(call, &opts)?;
+        comm.all_reduce_rmsnorm(call, &c.opts(stream))?;
         Ok(())
     }
 }
@@ -226,14 +276,12 @@ impl Ctx {
         let (n, d) = (c.n(), c.d);
         let label = format!("{} {what}", c.label(self.world));
         let read = |buf: &Buf, bytes: usize| -> Res<(Vec<u8>, bool)> {
-            let all = buf.download(0, bytes + GUARD)?;
-            let guard_ok = all[bytes..].iter().all(|&g| g == POISON);
-            Ok((all[..bytes].to_vec(), guard_ok))
+            Ok((buf.download(0, bytes)?, buf.guard_hits(0, bytes)? == 0))
         };
         let (y, g1) = read(&b.out, n * d.size())?;
         let (r, g2) = read(&b.res_out, n * d.size())?;
         let (codes, g3) = read(&b.codes, n)?;
-        let (scales, g4) = read(&b.scales, c.rows * 4)?;
+        let (scales, g4) = read(&b.scales, c.scale_bytes())?;
         let mut problem = None;
         let fp8_written = !c.fp8 || (g3 && g4);
         if !(g1 && g2 && fp8_written)
@@ -241,18 +289,43 @@ impl Ctx {
         {
             problem = Some("written past an output, or FP8 rows written without FP8".to_string());
         }
-        // The host reference on the same inputs: the all-reduce's sum, then norm_rows.
+        if let Some(s) = c.given {
+            if scales != s.to_le_bytes() {
+                problem = Some(format!("the given scale was overwritten: {scales:?}"));
+            }
+        }
+        // The host reference on the same inputs: the all-reduce's sum (with low precision the
+        // low-precision all-reduce's, one-shot or two-shot as the plan runs it, rounded to the
+        // rows' type as it stores it), then norm_rows.
         let inputs: Vec<Vec<u8>> = (0..self.world).map(|r| c.x(r)).collect();
         let refs: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
         let mut sum = vec![0u8; n * d.size()];
-        reduce_bytes(d, ReduceOp::Sum, &refs, &mut sum)?;
+        let lp_plan = match c.lp {
+            Some(_) => Some(self.comm.rmsnorm_algo_for(c.shape(), &c.opts(0))?),
+            None => None,
+        };
+        match lp_plan
+            .as_ref()
+            .and_then(|p| p.low_precision.map(|codec| (p, codec)))
+        {
+            Some((p, codec)) => {
+                let xs: Vec<Vec<f32>> = inputs.iter().map(|x| widen(d, x)).collect();
+                let lp_sum = if p.algo == Algo::Tree {
+                    reference::two_shot(&codec, &xs)
+                } else {
+                    reference::one_shot(&codec, &xs)
+                };
+                ferrocomm::reduce::from_f32(d, &lp_sum, &mut sum)?;
+            }
+            None => reduce_bytes(d, ReduceOp::Sum, &refs, &mut sum)?,
+        }
         let host = norm_rows(
             &widen(d, &sum),
             &widen(d, &c.residual()),
             &widen(d, &c.weight()),
             c.eps,
             d,
-            c.fp8,
+            c.fp8_ref(),
         );
         let got_r = widen(d, &r);
         if problem.is_none() && got_r != host.residual {
@@ -268,10 +341,17 @@ impl Ctx {
         }
         if problem.is_none() {
             let f64s = |b: &[u8]| -> Vec<f64> { widen(d, b).into_iter().map(f64::from).collect() };
-            let xs: Vec<Vec<f64>> = inputs.iter().map(|x| f64s(x)).collect();
+            // The exact rows of that sum: with low precision, the low-precision sum as the one
+            // input (its rounding is the wire's, judged by the low-precision checks).
+            let xs: Vec<Vec<f64>> = if c.lp.is_some() {
+                vec![f64s(&sum)]
+            } else {
+                inputs.iter().map(|x| f64s(x)).collect()
+            };
             let exact = exact_rows(&xs, &f64s(&c.residual()), &f64s(&c.weight()), c.eps as f64);
             let sc = widen(DataType::F32, &scales);
-            let q = c.fp8.then_some((codes.as_slice(), sc.as_slice()));
+            let given = c.given.is_some();
+            let q = c.fp8.then_some((codes.as_slice(), sc.as_slice(), given));
             problem = compare(d, &exact, &got_r, &widen(d, &y), q).err();
             // The host's own rows pass the same bounds (the reference is sound).
             if let Err(e) = compare(
@@ -280,7 +360,7 @@ impl Ctx {
                 &host.residual,
                 &host.y,
                 c.fp8
-                    .then_some((host.codes.as_slice(), host.scales.as_slice())),
+                    .then_some((host.codes.as_slice(), host.scales.as_slice(), given)),
             ) {
                 problem = Some(format!("the host reference itself: {e}"));
             }
@@ -315,6 +395,39 @@ fn cases(quick: bool) -> Vec<Case> {
             (4096, 129),
         ]
     };
+    // Low precision on the wire: whole blocks of 128 per row take one launch (auto, flat,
+    // tree), other rows (40) and push the two launches; E4M3 and INT8.
+    let lp_shapes: &[(usize, usize)] = if quick {
+        &[(4096, 3), (40, 7)]
+    } else {
+        &[(4096, 3), (8192, 5), (5120, 1), (40, 7), (4096, 129)]
+    };
+    for d in [DataType::BF16, DataType::F32] {
+        for &(hidden, rows) in lp_shapes {
+            for algo in [Algo::Auto, Algo::Flat, Algo::Tree, Algo::Push] {
+                seed += 1;
+                if algo == Algo::Push && rows * hidden * d.size() > 64 << 10 {
+                    continue;
+                }
+                v.push(Case {
+                    d,
+                    rows,
+                    hidden,
+                    eps: 1e-6,
+                    in_place: seed % 2 == 0,
+                    fp8: seed % 3 != 0,
+                    given: (seed % 3 != 0 && seed % 5 == 0).then_some(0.02),
+                    lp: Some(if seed % 4 == 0 {
+                        Format::Int8
+                    } else {
+                        Format::E4M3
+                    }),
+                    algo,
+                    seed,
+                });
+            }
+        }
+    }
     for d in [DataType::BF16, DataType::F16, DataType::F32] {
         for &(hidden, rows) in shapes {
             for algo in [Algo::Auto, Algo::Push, Algo::Flat, Algo::Tree] {
@@ -330,6 +443,8 @@ fn cases(quick: bool) -> Vec<Case> {
                     eps: if seed % 2 == 0 { 1e-6 } else { 1e-5 },
                     in_place: seed % 2 == 0,
                     fp8: seed % 3 != 0,
+                    given: (seed % 3 != 0 && seed % 5 == 0).then_some(0.02),
+                    lp: None,
                     algo,
                     seed,
                 });
@@ -358,6 +473,10 @@ fn graph(c: &mut Ctx) -> Res<()> {
             eps: 1e-6,
             in_place,
             fp8,
+            // The tree case takes one given scale (read again at every replay), the flat one
+            // E4M3 on the wire.
+            given: (algo == Algo::Tree).then_some(0.05),
+            lp: (algo == Algo::Flat).then_some(Format::E4M3),
             algo,
             seed: 1000 + k as u64,
         })
@@ -437,6 +556,8 @@ fn mismatch(c: &mut Ctx, cfg: &Config) -> Res<()> {
         eps: 1e-6,
         in_place: false,
         fp8: false,
+        given: None,
+        lp: None,
         algo: Algo::Flat,
         seed: 5000,
     };
@@ -452,6 +573,21 @@ fn mismatch(c: &mut Ctx, cfg: &Config) -> Res<()> {
             "FP8 rows on rank 0 only",
             Case {
                 fp8: r == 0,
+                ..base
+            },
+        ),
+        (
+            "a given FP8 scale on rank 0, a scale per row elsewhere",
+            Case {
+                fp8: true,
+                given: (r == 0).then_some(0.02),
+                ..base
+            },
+        ),
+        (
+            "E4M3 on the wire on rank 0 only",
+            Case {
+                lp: (r == 0).then_some(Format::E4M3),
                 ..base
             },
         ),
@@ -527,6 +663,8 @@ fn real_main() -> Res<i32> {
     };
     let cuda = cudarc::driver::CudaContext::new(dev as usize)?;
     cuda.bind_to_thread()?;
+    // The guard bands are read back after every call: first, that the read-back sees writes.
+    Buf::guard_self_check()?;
     let fused = cfg.thresholds.rmsnorm_fused;
     if rank == 0 {
         println!(
@@ -557,7 +695,8 @@ fn real_main() -> Res<i32> {
         c.check(&case, &b, "eager")?;
     }
     graph(&mut c)?;
-    if fused {
+    // Disagreeing calls need a second rank.
+    if fused && world > 1 {
         mismatch(&mut c, &cfg)?;
     }
     let failed = c.failures.len();

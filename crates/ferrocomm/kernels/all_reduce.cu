@@ -1105,6 +1105,10 @@ __device__ __forceinline__ void ll128(const Args& a) {
 
 // ---------------------------------------------------------------- start-up check
 
+// Entry points are compiled in groups (crates/ferrocomm/src/cuda/kernel_units.rs): the host
+// defines FC_GROUP_<NAME> for the one group a unit holds, so a compile at first use builds the
+// kernels a call needs and nothing else.
+#ifdef FC_GROUP_SETUP
 // Writes `magic + rank` into slot `rank` of every peer's verify words through the IPC mapping;
 // the host then reads its own words back to prove that peer writes really land (rule 7).
 extern "C" __global__ void fc_verify_write(Args a, u32 magic, u64 verify_off) {
@@ -1116,6 +1120,10 @@ extern "C" __global__ void fc_verify_write(Args a, u32 magic, u64 verify_off) {
     }
 }
 
+// Lets the copy-engine all-reduce's copies start (the flat all-reduce over the copy engines).
+extern "C" __global__ void fc_ce_gate(Args a) { pdl_wait(); pdl_launch_dependents(); ce_gate(a); }
+#endif
+
 // ---------------------------------------------------------------- entry points
 
 #define FC_ENTRY(NAME, OPV)                                                             \
@@ -1126,9 +1134,15 @@ extern "C" __global__ void fc_verify_write(Args a, u32 magic, u64 verify_off) {
     extern "C" __global__ void __launch_bounds__(512) fc_ce_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); ce<OPV>(a); } \
     extern "C" __global__ void __launch_bounds__(512, 2) fc_ll128_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); if (a.world == 2) ll128<OPV, 2>(a); else ll128<OPV, 0>(a); }
 
-extern "C" __global__ void fc_ce_gate(Args a) { pdl_wait(); pdl_launch_dependents(); ce_gate(a); }
-
+#ifdef FC_GROUP_ALL_REDUCE_SUM
 FC_ENTRY(sum, OP_SUM)
+#endif
+#ifdef FC_GROUP_ALL_REDUCE_PROD
 FC_ENTRY(prod, OP_PROD)
+#endif
+#ifdef FC_GROUP_ALL_REDUCE_MIN
 FC_ENTRY(min, OP_MIN)
+#endif
+#ifdef FC_GROUP_ALL_REDUCE_MAX
 FC_ENTRY(max, OP_MAX)
+#endif

@@ -501,8 +501,11 @@ __device__ __forceinline__ void all_gather_ll(const Args& a, const CArgs& c) {
     ll_end(a, c, l);
 }
 
+#ifdef FC_GROUP_ALL_GATHER
 LL_ENTRY(all_gather_ll)
+#endif
 
+#ifdef FC_GROUP_ALL_GATHER
 extern "C" __global__ void __launch_bounds__(512) fc_all_gather_st(Args a, CArgs c) {
     pdl_wait();
     pdl_launch_dependents();
@@ -520,6 +523,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_gather_st(Args a, CArgs
     if (st_meet(a, c, e, t0, out_w, in_w)) get_parts(a, c, e, out, bytes, first, stride);
     end_call(a, e);
 }
+#endif
 
 // ---------------------------------------------------------------- all-to-all (equal parts)
 
@@ -545,8 +549,11 @@ __device__ __forceinline__ void all_to_all_ll(const Args& a, const CArgs& c) {
     ll_end(a, c, l);
 }
 
+#ifdef FC_GROUP_ALL_TO_ALL
 LL_ENTRY(all_to_all_ll)
+#endif
 
+#ifdef FC_GROUP_ALL_TO_ALL
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_st(Args a, CArgs c) {
     pdl_wait();
     pdl_launch_dependents();
@@ -566,6 +573,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_st(Args a, CArgs
     if (st_meet(a, c, e, t0, out_w, in_w)) get_parts(a, c, e, out, bytes, first, stride);
     end_call(a, e);
 }
+#endif
 
 // ---------------------------------------------------------------- all-to-all-v (host counts)
 
@@ -575,6 +583,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_st(Args a, CArgs
 // it (more ranks, where no rank sees every count) the word to peer p carries the count sent to
 // p; the receiver compares it with the count it expects from p and takes the smaller (a
 // mismatch is reported by that receiver). Counts were checked against the slot size on the host.
+#ifdef FC_GROUP_ALL_TO_ALL
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_st(Args a, CArgs c) {
     pdl_wait();
     pdl_launch_dependents();
@@ -615,6 +624,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_st(Args a, CAr
     }
     end_call(a, e);
 }
+#endif
 
 // Any number of ranks, any counts, one launch: every part that crosses goes in pieces of
 // c.n elements through half of its sender slot (piece k in half k & 1), pair by pair, so no rank
@@ -636,6 +646,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_st(Args a, CAr
 // peer has sent at least its piece 0 of the call in between (so has finished this one).
 #define PC_LAST 0x80000000u
 
+#ifdef FC_GROUP_ALL_TO_ALL
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_pc(Args a, CArgs c) {
     pdl_wait();
     pdl_launch_dependents();
@@ -739,6 +750,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_pc(Args a, CAr
     }
     end_call(a, e);
 }
+#endif
 
 // LL form for two ranks with crossing parts up to LL_MAX_BYTES (cuda/collectives.rs): as
 // fc_all_to_all_ll with each part's count and displacement. The hello carries the call's
@@ -748,6 +760,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_pc(Args a, CAr
 // own flags, so the grid need not be the same on both ranks (each sizes it to its own parts,
 // the own one included). In place (equal counts, so equal displacements) each thread reads a
 // unit of part p before it writes that unit of part p.
+#ifdef FC_GROUP_ALL_TO_ALL
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_ll(Args a, CArgs c) {
     pdl_wait();
     pdl_launch_dependents();
@@ -780,6 +793,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_ll(Args a, CAr
     }
     ll_end(a, c, l);
 }
+#endif
 
 // ---------------------------------------------------------------- all-to-all-v (device counts)
 
@@ -815,6 +829,7 @@ __device__ __forceinline__ u64 dev_count(const CArgs& c, u64 base, u32 i) {
 // mode each rank knows its verdict as soon as it has the headers and stores it as the last LL
 // unit of its lines in every peer; every rank reads its peers' at the end, so a fault one rank
 // finds is reported on all of them without a round trip of its own.
+#ifdef FC_GROUP_ALL_TO_ALL
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_dyn(Args a, CArgs c) {
     pdl_wait();
     pdl_launch_dependents();
@@ -949,6 +964,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_dyn(Args a, CArg
     }
     ll_end(a, c, l);
 }
+#endif
 
 // ---------------------------------------------------------------- broadcast
 
@@ -982,8 +998,11 @@ __device__ __forceinline__ void broadcast_ll(const Args& a, const CArgs& c) {
     ll_end(a, c, l);
 }
 
+#ifdef FC_GROUP_BROADCAST
 LL_ENTRY(broadcast_ll)
+#endif
 
+#ifdef FC_GROUP_BROADCAST
 extern "C" __global__ void __launch_bounds__(512) fc_broadcast_st(Args a, CArgs c) {
     pdl_wait();
     pdl_launch_dependents();
@@ -1009,6 +1028,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_broadcast_st(Args a, CArgs 
     if (ok && a.rank != c.root) get_part(out, slot_ptr(a, c, a.rank, e, 0), bytes, first, stride);
     end_call(a, e);
 }
+#endif
 
 // ---------------------------------------------------------------- pipelined staged protocol
 
@@ -1136,17 +1156,21 @@ __device__ __forceinline__ void move_rw(const Args& a, const CArgs& c) {
     end_call(a, e);
 }
 
+#ifdef FC_GROUP_ALL_GATHER
 extern "C" __global__ void __launch_bounds__(512) fc_all_gather_rw(Args a, CArgs c) {
     pdl_wait();
     pdl_launch_dependents();
     move_rw<false>(a, c);
 }
+#endif
 
+#ifdef FC_GROUP_ALL_TO_ALL
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_rw(Args a, CArgs c) {
     pdl_wait();
     pdl_launch_dependents();
     move_rw<true>(a, c);
 }
+#endif
 
 // ---------------------------------------------------------------- reductions (module dtype T)
 
@@ -1321,7 +1345,15 @@ __device__ __forceinline__ void reduce_ll(const Args& a, const CArgs& c) {
         reduce_scatter_rw<OPV>(a, c);                                                          \
     }
 
+#ifdef FC_GROUP_REDUCE_SUM
 FC_COLL_ENTRY(sum, OP_SUM)
+#endif
+#ifdef FC_GROUP_REDUCE_PROD
 FC_COLL_ENTRY(prod, OP_PROD)
+#endif
+#ifdef FC_GROUP_REDUCE_MIN
 FC_COLL_ENTRY(min, OP_MIN)
+#endif
+#ifdef FC_GROUP_REDUCE_MAX
 FC_COLL_ENTRY(max, OP_MAX)
+#endif

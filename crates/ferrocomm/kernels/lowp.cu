@@ -876,6 +876,7 @@ __device__ __forceinline__ void lp_decode_units(const Args& a, const Lp& l, cons
 
 // Encodes a.count elements of a.input into a.output (the wire layout); no communication. Blocks
 // up to 128 go through the collectives' quantizer (groups in shared memory).
+#ifdef FC_GROUP_LOWP
 extern "C" __global__ void __launch_bounds__(512) fc_lp_encode(Args a, Lp l) {
     pdl_wait();
     pdl_launch_dependents();
@@ -893,6 +894,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_encode(Args a, Lp l) {
         quant_in_tiles(a, l, (const T*)a.input, vin, 0, nt, gw, W, a.count, (u8*)a.output, lane);
     }
 }
+#endif
 
 // One kernel for the one-shot family, on one chunk of a.count elements per part. Every rank
 // quantizes each of its `nin` input parts once, then after the per-CTA barrier decodes what is
@@ -1014,17 +1016,21 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
 // host picks it by chunk size (LP_WIDE_MIN_BYTES in cuda/lowp.rs). A build for two ranks only
 // (no code for more: 64 registers without spilling, two CTAs per SM) was no faster than either
 // (run 2026-11-30-h200x2-lp-push, commit 02aaca0).
+#ifdef FC_GROUP_LOWP
 extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
     pdl_wait();
     pdl_launch_dependents();
     lp_move<false>(a, l);
 }
+#endif
 
+#ifdef FC_GROUP_LOWP
 extern "C" __global__ void __launch_bounds__(512, 2) fc_lp_move_wide(Args a, Lp l) {
     pdl_wait();
     pdl_launch_dependents();
     lp_move<true>(a, l);
 }
+#endif
 
 // ---------------------------------------------------------------- two-shot all-reduce
 
@@ -1033,6 +1039,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) fc_lp_move_wide(Args a, Lp 
 // back into its own staging (only it touches its stripe there between the barriers), and after
 // the second barrier every rank, the owner too, decodes every stripe from its owner's staging:
 // all ranks consume the same quantized values (rule 5).
+#ifdef FC_GROUP_LOWP
 extern "C" __global__ void __launch_bounds__(512) fc_lp_tree(Args a, Lp l) {
     pdl_wait();
     pdl_launch_dependents();
@@ -1079,3 +1086,4 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_tree(Args a, Lp l) {
     }
     end_call(a, e);
 }
+#endif

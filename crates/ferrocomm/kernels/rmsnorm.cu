@@ -1,134 +1,89 @@
-// ferrocomm residual add + RMSNorm (+ E4M3 rows) after an all-reduce: the second half of the
-// fused all_reduce_rmsnorm call (crates/ferrocomm/src/rmsnorm.rs has the arithmetic and the host
-// reference). Appended after all_reduce.cu and lowp.cu in the f32/f16/bf16 modules; uses T,
-// Ty<T>, pdl_wait/pdl_launch_dependents, and lowp.cu's lp_scale and LP_E4M3.
+// ferrocomm residual add + RMSNorm (+ E4M3 rows): the local half of the all_reduce_rmsnorm call
+// (crates/ferrocomm/src/rmsnorm.rs has the arithmetic and the host reference), alone after an
+// all-reduce (fc_rmsnorm: two launches, or a one-rank communicator's whole call) or inside the
+// one-launch direct-access forms (fc_fused_flat, fc_fused_tree). Appended after all_reduce.cu
+// and lowp.cu for the float types (the entry points in the FC_GROUP_RMSNORM unit,
+// cuda/kernel_units.rs); uses T, Ty<T>, Vec, VEC_ELEMS, the all-reduce's
+// epoch, barrier and hello helpers, pdl_wait/pdl_launch_dependents, and lowp.cu's lp_scale and
+// LP_E4M3.
 //
-// One block per row (grid-stride over rows), thread t handles elements t, t + blockDim, ...:
-//   pass 1: r = round(sum + residual) -> residual_out, and the sum of squares of the stored r;
-//   pass 2: y = round(r * inv * w) -> out, inv = 1 / sqrt(sumsq / hidden + eps), and absmax(y);
-//   pass 3 (FP8): scale = lp_scale(absmax), codes = e4m3(y / scale) (correctly rounded division,
-//   saturating), codes 0 when the scale is 0 or not finite.
-// Every element is read and written by the same thread in every pass, so `out` may be the sum
-// (in place) and `residual_out` the residual. Products and sums are explicit _rn intrinsics (no
-// FMA contraction), as the host's f32 arithmetic; only the sum of squares is ordered differently
-// (a block reduction), so results match the host's within an ulp of the row's norm. The same
-// grid on every rank gives bit-identical rows everywhere.
+// Per row: r = round(sum + residual) -> residual_out; inv = 1 / sqrt(sum(r^2) / hidden + eps);
+// y = round(r * inv * w) -> out; with FP8 rows, codes = e4m3(y / scale) where scale is the
+// row's lp_scale(absmax(y)) (written to scales[row]) or one scale given for the whole tensor
+// (read from scales[0], nothing written). Products and sums are explicit _rn intrinsics (no FMA
+// contraction), as the host's f32 arithmetic; only the sum of squares is ordered differently
+// (a reduction over the row's threads), so results match the host's within an ulp of the row's
+// norm. The geometry below depends on the shape alone, so every rank computes every row alike:
+// bit-identical results everywhere.
+//
+// Geometry (NormArgs.tpr and, for fc_rmsnorm, NormArgs.v, chosen by the host from the shape,
+// cuda/fused_norm.rs): a row is handled by `tpr` threads (whole warps, at most the block),
+// blockDim / tpr rows at a time per block. Thread t of a row holds the row's 16-byte vectors
+// t, t + tpr, ..., V of them per chunk (fc_rmsnorm: the fewest of 1, 2, 4 that hold a row in
+// 512 threads, so that a thread's chain of dependent work stays short; the fused forms
+// NORM_V_STAGED, their sums coming from every rank's staging); a row of at most V * tpr vectors
+// is one chunk and stays in registers from its loads to its last store: one read of each input
+// and one write of each output. A longer
+// row takes chunks and reads its own residual_out (and out, for per-row FP8 scales) back.
+// Every thread of a block runs the same row loop (the reductions synchronize the block); a
+// row slot past the last row loads and stores nothing.
 
 struct NormArgs {
-    u64 sum;           // all-reduced rows (T), rows * hidden
+    u64 sum;           // all-reduced rows (T), rows * hidden (fc_rmsnorm; the fused forms: x)
     u64 residual;      // T, rows * hidden
     u64 weight;        // T, hidden
     u64 out;           // T, rows * hidden
     u64 residual_out;  // T, rows * hidden
     u64 codes;         // u8 E4M3, rows * hidden; 0: no FP8 output
-    u64 scales;        // f32, rows
+    u64 scales;        // f32: rows scales written, or (fp8_given) the tensor's scale, read
     u64 rows;
     u64 hidden;
     float eps;
+    u32 tpr;           // threads per row: a multiple of 32 dividing blockDim.x
+    u32 fp8_given;     // 1: codes = e4m3(y / scales[0]), one scale given for the tensor
+    u32 loopback;      // the fused forms, measurement only: every peer's staging is this rank's
+                       // own (Args.staging), no barrier, no hello (cuda/fused_norm.rs)
+    u32 lp_block;      // the fused forms: 0 full precision; else B of the block-scaled records
+                       // the rows cross in (hidden a multiple of B, B / VEC_ELEMS <= 32)
+    u32 lp_format;     // LP_E4M3 / LP_E5M2 / LP_INT8
+    u32 v;             // fc_rmsnorm: vectors a thread holds per chunk (1, 2 or 4; unaligned: 4)
     u32 pad_;
 };
 
 #define NORM_THREADS 512
+#define NORM_WARPS (NORM_THREADS / 32)
+#define NORM_V 4         // vectors per thread per chunk, sums read from one buffer
+#define NORM_V_STAGED 2  // the same with every rank's staged copy to reduce (registers)
 
-// The sum of one value per thread over the block, the same on every thread (warp sums in a
-// fixed shuffle order, then the warps' in order). `red` holds one word per warp.
-__device__ __forceinline__ float norm_block_sum(float v, float* red) {
+// The sum over the `tpr` threads of each row slot of one value per thread, on every thread of
+// the slot (warp sums in a fixed shuffle order, then the slot's warps in order). `red` holds one
+// word per warp. Every thread of the block calls it.
+__device__ __forceinline__ float norm_row_sum(float v, float* red, u32 tpr) {
     for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wpr = tpr >> 5;
     __syncthreads();  // red is reused row after row
     if (lane == 0) red[warp] = v;
     __syncthreads();
+    const u32 w0 = (threadIdx.x / tpr) * wpr;
     float s = 0.0f;
-    for (u32 w = 0; w < warps; w++) s = __fadd_rn(s, red[w]);
+    for (u32 w = 0; w < wpr; w++) s = __fadd_rn(s, red[w0 + w]);
     return s;
 }
 
-// The largest of one value per thread over the block, on every thread.
-__device__ __forceinline__ u32 norm_block_max(u32 v, u32* red) {
+// The largest of one value per thread over each row slot, on every thread of the slot.
+__device__ __forceinline__ u32 norm_row_max(u32 v, u32* red, u32 tpr) {
     for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wpr = tpr >> 5;
     __syncthreads();
     if (lane == 0) red[warp] = v;
     __syncthreads();
+    const u32 w0 = (threadIdx.x / tpr) * wpr;
     u32 m = 0;
-    for (u32 w = 0; w < warps; w++) m = max(m, red[w]);
+    for (u32 w = 0; w < wpr; w++) m = max(m, red[w0 + w]);
     return m;
 }
 
-// The E4M3 code of q (nearest even, saturating to +-448; NaN gives the NaN code).
-__device__ __forceinline__ u8 norm_e4m3(float q) {
-    u16 h;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(0.0f), "f"(q));
-    return (u8)(h & 0xff);
-}
-
-extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_rmsnorm(NormArgs n) {
-    pdl_wait();
-    pdl_launch_dependents();
-    __shared__ float red_f[NORM_THREADS / 32];
-    __shared__ u32 red_u[NORM_THREADS / 32];
-    const T* sum = (const T*)n.sum;
-    const T* res = (const T*)n.residual;
-    const T* w = (const T*)n.weight;
-    T* out = (T*)n.out;
-    T* rout = (T*)n.residual_out;
-    const u64 h = n.hidden;
-    for (u64 row = blockIdx.x; row < n.rows; row += gridDim.x) {
-        const u64 base = row * h;
-        float sq = 0.0f;
-        for (u64 j = threadIdx.x; j < h; j += blockDim.x) {
-            const float s = Ty<T>::to_acc(sum[base + j]);
-            const T r = Ty<T>::from_acc(__fadd_rn(s, Ty<T>::to_acc(res[base + j])));
-            rout[base + j] = r;
-            const float rf = Ty<T>::to_acc(r);
-            sq = __fadd_rn(sq, __fmul_rn(rf, rf));
-        }
-        const float total = norm_block_sum(sq, red_f);
-        const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)h), n.eps)));
-        u32 amax = 0;
-        for (u64 j = threadIdx.x; j < h; j += blockDim.x) {
-            const float r = Ty<T>::to_acc(rout[base + j]);
-            const T y = Ty<T>::from_acc(__fmul_rn(__fmul_rn(r, inv), Ty<T>::to_acc(w[j])));
-            out[base + j] = y;
-            // NaN (any payload) > Inf > finite as bits: a non-finite row gets a NaN scale.
-            amax = max(amax, __float_as_uint(Ty<T>::to_acc(y)) & 0x7fffffffu);
-        }
-        if (n.codes == 0) continue;
-        const float scale = lp_scale(norm_block_max(amax, red_u), LP_E4M3);
-        const bool usable = scale > 0.0f && !isinf(scale) && !isnan(scale);
-        u8* codes = (u8*)n.codes;
-        for (u64 j = threadIdx.x; j < h; j += blockDim.x)
-            codes[base + j] = usable ? norm_e4m3(__fdiv_rn(Ty<T>::to_acc(out[base + j]), scale)) : 0;
-        if (threadIdx.x == 0) ((float*)n.scales)[row] = scale;
-    }
-}
-
-// ---------------------------------------------------------------- one launch: the fused forms
-//
-// The all-reduce and the norm in one kernel on the direct-access staging (all_reduce.cu's
-// protocol: call epochs in device memory, staging parity e & 1, per-block barriers with a
-// system-scope release / acquire, hellos carrying the call's signature, timeouts). Whole rows
-// per block: block b handles rows b, b + grid, ... (the grid is the same on every rank: it
-// comes from the call's shape, which the signature covers), thread t the 16-byte vectors t,
-// t + blockDim, ... of a row. A row sits in the staging as it sits in x (row r at r * hidden
-// elements, a multiple of 16 bytes since hidden is a multiple of 8).
-//
-// fc_fused_flat (one-shot pull): every rank stages its x rows, meets every peer's same block,
-// and reduces every rank's copy of each row in rank order 0..n-1 (reduce_vec, the plain
-// all-reduce's fold, so the sum has its bits) before the residual add and the norm, which are
-// fc_rmsnorm's arithmetic. Every rank computes every row the same way: identical results.
-//
-// fc_fused_tree (two-shot): rows are striped across ranks (stripe k: rows k * srows ..
-// (k + 1) * srows, srows = ceil(rows / world)). After the first barrier rank k reduces the rows
-// of its stripe, adds its residual (the residual is the same on every rank, as in tensor
-// parallelism), normalizes, and publishes y over its own staged copy of the row (only it read
-// that copy) and residual_out in a second area of its staging (at rows * hidden elements); after
-// the second barrier every rank copies the other stripes' y and residual_out rows and computes
-// their E4M3 codes and scales from y itself (the same bits and the same absmax give the same
-// codes as the owner's). The staging parity alternates by call epoch, and every call waits for
-// every peer, so a peer still reading this call's rows never sees them overwritten (rule 3).
-
-// Vector v (VEC_ELEMS elements from element i) of a user buffer: one 16-byte access when every
+// Vector i (VEC_ELEMS elements from element i) of a user buffer: one 16-byte access when every
 // user pointer is 16-byte aligned, element by element otherwise.
 __device__ __forceinline__ void fused_ld(const T* p, u64 i, bool aligned, Vec& v) {
     if (aligned) {
@@ -148,159 +103,716 @@ __device__ __forceinline__ void fused_st(T* p, u64 i, bool aligned, const Vec& v
     }
 }
 
-// Whether every user pointer of the call allows 16-byte accesses.
+// Whether every user pointer of the call allows 16-byte accesses (and the codes whole-vector
+// stores of VEC_ELEMS bytes).
 __device__ __forceinline__ bool fused_aligned(const NormArgs& n) {
-    return ((n.sum | n.residual | n.weight | n.out | n.residual_out) & 15) == 0;
+    return ((n.sum | n.residual | n.weight | n.out | n.residual_out) & 15) == 0 &&
+           (n.codes & (VEC_ELEMS - 1)) == 0;
 }
 
-// Stages row `row` of x into this rank's staging (parity offset `par`).
-__device__ __forceinline__ void fused_stage_row(const Args& a, const NormArgs& n, u64 par,
-                                                u64 row, bool aligned) {
-    const u64 nv = n.hidden / VEC_ELEMS, base = row * n.hidden;
-    for (u64 v = threadIdx.x; v < nv; v += blockDim.x) {
-        Vec x;
-        fused_ld((const T*)n.sum, base + v * VEC_ELEMS, aligned, x);
-        *(uint4*)(a.staging[a.rank] + par + (base + v * VEC_ELEMS) * sizeof(T)) = x.u;
+// The E4M3 codes of a vector's y values divided by `scale` (0 codes when the scale is not
+// usable), stored at codes[i..i + VEC_ELEMS): one store when aligned.
+__device__ __forceinline__ void norm_store_codes(const NormArgs& n, u64 i, bool aligned,
+                                                 const Vec& y, float scale, bool usable) {
+    u8 c[VEC_ELEMS];
+#pragma unroll
+    for (u32 k = 0; k < VEC_ELEMS; k += 2) {
+        u16 h = 0;
+        if (usable) {
+            const float q0 = __fdiv_rn(Ty<T>::to_acc(y.e[k]), scale);
+            const float q1 = __fdiv_rn(Ty<T>::to_acc(y.e[k + 1]), scale);
+            asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(q1), "f"(q0));
+        }
+        c[k] = (u8)(h & 0xff);
+        c[k + 1] = (u8)(h >> 8);
+    }
+    u8* dst = (u8*)n.codes + i;
+    if (aligned) {
+        if (VEC_ELEMS == 8) {
+            u64 w = 0;
+#pragma unroll
+            for (u32 k = 0; k < VEC_ELEMS; k++) w |= (u64)c[k] << (8 * k);
+            *(u64*)dst = w;
+        } else {
+            u32 w = 0;
+#pragma unroll
+            for (u32 k = 0; k < VEC_ELEMS; k++) w |= (u32)c[k] << (8 * k);
+            *(u32*)dst = w;
+        }
+    } else {
+#pragma unroll
+        for (u32 k = 0; k < VEC_ELEMS; k++) dst[k] = c[k];
     }
 }
 
-// The E4M3 codes and scale of row `row` from its y in `out` (amax: this thread's largest |y|
-// as bits), as fc_rmsnorm computes them. Every thread of the block calls it.
-__device__ __forceinline__ void fused_fp8_row(const NormArgs& n, u64 row, u32 amax, u32* red) {
-    const float scale = lp_scale(norm_block_max(amax, red), LP_E4M3);
-    const bool usable = scale > 0.0f && !isinf(scale) && !isnan(scale);
-    const T* out = (const T*)n.out;
-    u8* codes = (u8*)n.codes;
-    const u64 nv = n.hidden / VEC_ELEMS, base = row * n.hidden;
-    for (u64 v = threadIdx.x; v < nv; v += blockDim.x)
-#pragma unroll
-        for (u32 k = 0; k < VEC_ELEMS; k++) {
-            const u64 i = base + v * VEC_ELEMS + k;
-            codes[i] = usable ? norm_e4m3(__fdiv_rn(Ty<T>::to_acc(out[i]), scale)) : 0;
-        }
-    if (threadIdx.x == 0) ((float*)n.scales)[row] = scale;
+// The tensor's given FP8 scale (fp8_given), or 0 (per-row scales).
+__device__ __forceinline__ float norm_given_scale(const NormArgs& n) {
+    return n.codes != 0 && n.fp8_given ? *(const float*)n.scales : 0.0f;
 }
 
-// Row `row` reduced over every rank's staged copy (parity `par`), the residual added, normalized;
-// outputs written. With `publish` (two-shot) y goes over this rank's staged copy of the row and
-// r into the staging's second area, for the peers to copy. Every thread of the block calls it.
-__device__ void fused_norm_row(const Args& a, const NormArgs& n, u64 par, u64 row, bool aligned,
-                               bool publish, float* red_f, u32* red_u) {
+// Whether codes can be made with `scale` (NaN, infinite, zero or negative scales give codes 0).
+__device__ __forceinline__ bool norm_usable(float scale) {
+    return scale > 0.0f && !isinf(scale) && !isnan(scale);
+}
+
+// |y| of a vector as bits, folded into `amax`: NaN (any payload) > Inf > finite, so a
+// non-finite row gets a NaN scale.
+__device__ __forceinline__ u32 norm_amax(u32 amax, const Vec& y) {
+#pragma unroll
+    for (u32 k = 0; k < VEC_ELEMS; k++)
+        amax = max(amax, __float_as_uint(Ty<T>::to_acc(y.e[k])) & 0x7fffffffu);
+    return amax;
+}
+
+// Where the sums of a row come from: the user's buffer n.sum (fc_rmsnorm), or every rank's
+// staged copy of the row at parity offset `par` of the direct-access staging, reduced in rank
+// order 0..n-1 (rule 5) with the plain all-reduce's fold (so the sum has its bits).
+struct SumFromBuffer {
+    const T* p;
+    bool aligned;
+    __device__ __forceinline__ void load(u64 i, Vec& s) const { fused_ld(p, i, aligned, s); }
+};
+
+template <int V>
+struct SumFromStaging {
+    const Args* a;
+    u64 par;
+    // The sums of vectors i[k] (element indices, where live[k]), every rank's loads of a pair of
+    // ranks issued before their arithmetic.
+    __device__ __forceinline__ void load_all(const u64* i, const bool* live, Vec* s) const {
+        Acc acc[V][VEC_ELEMS];
+        for (u32 r0 = 0; r0 < a->world; r0 += 2) {
+            Vec x[V][2];
+#pragma unroll
+            for (int k = 0; k < V; k++)
+#pragma unroll
+                for (u32 d = 0; d < 2; d++)
+                    if (live[k] && r0 + d < a->world)
+                        x[k][d].u = ld_v4((const uint4*)(a->staging[r0 + d] + par + i[k] * sizeof(T)));
+#pragma unroll
+            for (int k = 0; k < V; k++)
+#pragma unroll
+                for (u32 d = 0; d < 2; d++)
+                    if (live[k] && r0 + d < a->world) fold_rank<OP_SUM>(*a, acc[k], x[k][d], r0 + d);
+        }
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            if (live[k]) s[k] = fold_finish<OP_SUM, Vec>(*a, acc[k]);
+    }
+};
+
+// Low precision on the wire (NormArgs.lp_block): every rank's rows sit in its staging as the
+// low-precision all-reduce's block-scaled records (kernels/lowp.cu's layout: block m of the flat
+// stream of rows at byte m * (4 + B), [f32 scale][B codes]; hidden is a multiple of B, so a row
+// is a whole number of records). A codec block is S = B / VEC_ELEMS consecutive vectors of a
+// row, which the row's threads hold in S consecutive lanes (tpr and the chunk are whole warps):
+// a block's absmax is a segmented shuffle over those lanes. The sums are what the
+// low-precision all-reduce gives (quant/reference.rs one_shot, two_shot): every rank's decoded
+// values added in rank order from rank 0's, in f32, then rounded to T as that all-reduce
+// stores them; so the call's results are those of its two launches.
+
+// Encodes the vectors i[k] (element indices, live[k]; every lane of the warp calls it) of the
+// f32 values x[k] into the records at `enc`: the block's scale by its first lane, VEC_ELEMS
+// codes by every lane.
+template <int V>
+__device__ __forceinline__ void lp_rows_encode(const NormArgs& n, u8* enc, const u64* i,
+                                               const bool* live, const float (*x)[VEC_ELEMS]) {
+    const u32 B = n.lp_block, S = B / VEC_ELEMS;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        u32 m = 0;
+        if (live[k])
+#pragma unroll
+            for (u32 e = 0; e < VEC_ELEMS; e++) m = max(m, __float_as_uint(x[k][e]) & 0x7fffffffu);
+        m = seg_max(m, S);  // warp-uniform: live is the same over a block's S lanes
+        if (!live[k]) continue;
+        const float s = lp_scale(m, n.lp_format);
+        const float y = lp_recip(s);
+        u8* rec = enc + (i[k] >> lp_log2(B)) * (u64)(4 + B);
+        const u32 j = (u32)i[k] & (B - 1);
+        if (j == 0) *(float*)rec = s;
+#pragma unroll
+        for (u32 e = 0; e < VEC_ELEMS; e += 4)
+            *(u32*)(rec + 4 + j + e) = lp_encode4(&x[k][e], s, y, n.lp_format);
+    }
+}
+
+// Stages the calling slot's row `row` (when live) of x as records into this rank's staging at
+// `enc`. Every lane of the warp calls it.
+template <int V>
+__device__ __forceinline__ void lp_stage_row(const NormArgs& n, u8* enc, u64 row, bool live,
+                                             bool aligned) {
+    const u32 tpr = n.tpr, lt = threadIdx.x % tpr;
+    const u64 nv = n.hidden / VEC_ELEMS, base = row * n.hidden;
+    const u64 chunk = (u64)V * tpr, chunks = (nv + chunk - 1) / chunk;
+    for (u64 c = 0; c < chunks; c++) {
+        u64 idx[V];
+        bool on[V];
+        Vec xv[V];
+        float x[V][VEC_ELEMS];
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const u64 v = c * chunk + (u64)k * tpr + lt;
+            on[k] = live && v < nv;
+            idx[k] = base + v * VEC_ELEMS;
+            if (on[k]) fused_ld((const T*)n.sum, idx[k], aligned, xv[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < V; k++)
+#pragma unroll
+            for (u32 e = 0; e < VEC_ELEMS; e++) x[k][e] = on[k] ? Ty<T>::to_acc(xv[k].e[e]) : 0.0f;
+        lp_rows_encode<V>(n, enc, idx, on, x);
+    }
+}
+
+// The f32 sums of vectors i[k] (live[k]) over the records of ranks base[0..k) (each at byte
+// `par` of its staging), decoded and added in rank order; every load issued first.
+template <int V>
+__device__ __forceinline__ void lp_sum_records(const NormArgs& n, const u64* base, u32 ranks,
+                                               u64 par, const u64* i, const bool* live,
+                                               float (*acc)[VEC_ELEMS]) {
+    const u32 B = n.lp_block;
+    for (u32 r0 = 0; r0 < ranks; r0 += 2) {
+        float sc[V][2];
+        u32 w[V][2][VEC_ELEMS / 4];
+#pragma unroll
+        for (int k = 0; k < V; k++)
+#pragma unroll
+            for (u32 d = 0; d < 2; d++)
+                if (live[k] && r0 + d < ranks) {
+                    const u8* rec = (const u8*)(base[r0 + d] + par) +
+                                    (i[k] >> lp_log2(B)) * (u64)(4 + B);
+                    const u32 j = (u32)i[k] & (B - 1);
+                    sc[k][d] = __uint_as_float(ld_u32_vol(rec));
+#pragma unroll
+                    for (u32 q = 0; q < VEC_ELEMS / 4; q++) w[k][d][q] = ld_u32_vol(rec + 4 + j + 4 * q);
+                }
+#pragma unroll
+        for (int k = 0; k < V; k++)
+#pragma unroll
+            for (u32 d = 0; d < 2; d++)
+                if (live[k] && r0 + d < ranks)
+#pragma unroll
+                    for (u32 q = 0; q < VEC_ELEMS / 4; q++)
+                        lp_decode_into(sc[k][d], w[k][d][q], n.lp_format, r0 + d == 0,
+                                       &acc[k][4 * q]);
+    }
+}
+
+// Sums from the records of `ranks` ranks (one-shot: every rank's; the two-shot's last step: the
+// stripe owner's alone), rounded to T.
+template <int V>
+struct SumFromRecords {
+    const NormArgs* n;
+    const u64* base;  // the ranks' staging bases (Args.staging, or &staging[owner])
+    u32 ranks;
+    u64 par;
+    __device__ __forceinline__ void load_all(const u64* i, const bool* live, Vec* s) const {
+        float acc[V][VEC_ELEMS];
+        lp_sum_records<V>(*n, base, ranks, par, i, live, acc);
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            if (live[k])
+#pragma unroll
+                for (u32 e = 0; e < VEC_ELEMS; e++) s[k].e[e] = Ty<T>::from_acc(acc[k][e]);
+    }
+};
+
+// The two-shot owner's step for the calling slot's row `row` (live): the row summed over every
+// rank's records in f32 and quantized once, into this rank's own records of the row (which only
+// it reads: every lane's loads of a block precede the block's shuffle, hence its stores). Every
+// lane of the warp calls it.
+template <int V>
+__device__ __forceinline__ void lp_reduce_row(const Args& a, const NormArgs& n, u64 par, u64 row,
+                                              bool live) {
+    const u32 tpr = n.tpr, lt = threadIdx.x % tpr;
+    const u64 nv = n.hidden / VEC_ELEMS, base = row * n.hidden;
+    const u64 chunk = (u64)V * tpr, chunks = (nv + chunk - 1) / chunk;
+    u8* own = (u8*)(a.staging[a.rank] + par);
+    for (u64 c = 0; c < chunks; c++) {
+        u64 idx[V];
+        bool on[V];
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const u64 v = c * chunk + (u64)k * tpr + lt;
+            on[k] = live && v < nv;
+            idx[k] = base + v * VEC_ELEMS;
+        }
+        float x[V][VEC_ELEMS];
+        lp_sum_records<V>(n, a.staging, a.world, par, idx, on, x);
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            if (!on[k])
+#pragma unroll
+                for (u32 e = 0; e < VEC_ELEMS; e++) x[k][e] = 0.0f;
+        lp_rows_encode<V>(n, own, idx, on, x);
+    }
+}
+
+// Loads the sums of the vectors i[k] of the row (live[k]) from `src`.
+template <int V>
+__device__ __forceinline__ void norm_load_sums(const SumFromBuffer& src, const u64* i,
+                                               const bool* live, Vec* s) {
+#pragma unroll
+    for (int k = 0; k < V; k++)
+        if (live[k]) src.load(i[k], s[k]);
+}
+template <int V>
+__device__ __forceinline__ void norm_load_sums(const SumFromStaging<V>& src, const u64* i,
+                                               const bool* live, Vec* s) {
+    src.load_all(i, live, s);
+}
+template <int V>
+__device__ __forceinline__ void norm_load_sums(const SumFromRecords<V>& src, const u64* i,
+                                               const bool* live, Vec* s) {
+    src.load_all(i, live, s);
+}
+
+// Where a row's results also go: nowhere (fc_rmsnorm, the one-shot form), or the two-shot
+// owner's staging (y over its own staged copy of the row, which only it read; r in the
+// staging's second area, at rows * hidden elements), for the peers to copy.
+struct Publish {
+    u8* stage;  // this rank's staging at the call's parity; null: nothing published
+    u64 r_area;
+};
+
+// The weight's vectors a thread of a one-chunk row uses (the same columns in every row), loaded
+// once per kernel, in flight with the first row's loads.
+template <int V>
+__device__ __forceinline__ void norm_load_weight(const NormArgs& n, bool aligned, Vec* wv) {
+    const u32 tpr = n.tpr, lt = threadIdx.x % tpr;
+    const u64 nv = n.hidden / VEC_ELEMS;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        const u64 v = (u64)k * tpr + lt;
+        if (v < nv) fused_ld((const T*)n.weight, v * VEC_ELEMS, aligned, wv[k]);
+    }
+}
+
+// Whether rows of the call are one chunk of V vectors per thread (the weight preloaded, the
+// row held in registers).
+template <int V>
+__device__ __forceinline__ bool norm_one_chunk(const NormArgs& n) {
+    return n.hidden / VEC_ELEMS <= (u64)V * n.tpr;
+}
+
+// How norm_row knows the alignment of the user's buffers and the FP8 output: fixed at compile
+// time (fc_rmsnorm, whose one-rank launches are short enough for the instruction fetch of the
+// paths it does not take to show) or read at run time (the fused forms).
+#define NORM_AL_RUNTIME 2
+#define NORM_FP8_OFF 0
+#define NORM_FP8_ROW 1
+#define NORM_FP8_GIVEN 2
+#define NORM_FP8_RUNTIME 3
+
+// Row `row` of the calling thread's row slot (`live`: the slot has a row): sums from `src`, the
+// residual added, normalized, outputs written (and published). `wpre`: the weight's vectors
+// (norm_load_weight), used when `pre` (the row is one chunk; an array in registers, never a
+// pointer, which would put it on the stack). AL: 0 or 1 (the buffers' alignment), or
+// NORM_AL_RUNTIME (`aligned_rt` says); FP8: one of NORM_FP8_*. Every thread of the block calls
+// it, live or not.
+template <int V, int AL, int FP8, typename Src>
+__device__ void norm_row(const NormArgs& n, const Src& src, const Publish& pub, u64 row,
+                         bool live, bool aligned_rt, const Vec (&wpre)[V], bool pre, float* red_f,
+                         u32* red_u) {
+    const bool aligned = AL == NORM_AL_RUNTIME ? aligned_rt : AL == 1;
+    const int fp8 = FP8 != NORM_FP8_RUNTIME
+                        ? FP8
+                        : (n.codes == 0 ? NORM_FP8_OFF : n.fp8_given ? NORM_FP8_GIVEN : NORM_FP8_ROW);
+    const u32 tpr = n.tpr, lt = threadIdx.x % tpr;
+    const u64 h = n.hidden, nv = h / VEC_ELEMS, base = row * h;
+    const u64 chunk = (u64)V * tpr;
+    // The same on every thread (h is the call's); one chunk without a division.
+    const u64 chunks = nv <= chunk ? 1 : (nv + chunk - 1) / chunk;
     const T* res = (const T*)n.residual;
     const T* w = (const T*)n.weight;
     T* out = (T*)n.out;
     T* rout = (T*)n.residual_out;
-    const u64 h = n.hidden, nv = h / VEC_ELEMS, base = row * h;
-    const u64 r_area = n.rows * h * sizeof(T);
+    const float given = fp8 == NORM_FP8_GIVEN ? *(const float*)n.scales : 0.0f;
+    Vec r[V];
+    u64 idx[V];
+    bool on[V];
     float sq = 0.0f;
-    for (u64 v = threadIdx.x; v < nv; v += blockDim.x) {
-        const u64 i = base + v * VEC_ELEMS;
-        Vec s, rs, r;
-        reduce_vec<OP_SUM>(a, par + i * sizeof(T), s);  // rank order 0..n-1 (rule 5)
-        fused_ld(res, i, aligned, rs);
+    for (u64 c = 0; c < chunks; c++) {
 #pragma unroll
-        for (u32 k = 0; k < VEC_ELEMS; k++) {
-            r.e[k] = Ty<T>::from_acc(__fadd_rn(Ty<T>::to_acc(s.e[k]), Ty<T>::to_acc(rs.e[k])));
-            const float rf = Ty<T>::to_acc(r.e[k]);
-            sq = __fadd_rn(sq, __fmul_rn(rf, rf));
+        for (int k = 0; k < V; k++) {
+            const u64 v = c * chunk + (u64)k * tpr + lt;
+            on[k] = live && v < nv;
+            idx[k] = base + v * VEC_ELEMS;
         }
-        fused_st(rout, i, aligned, r);
-        if (publish) *(uint4*)(a.staging[a.rank] + par + r_area + i * sizeof(T)) = r.u;
+        Vec s[V], rs[V];
+        // Every load of the chunk issued before its arithmetic: the residual's first (the sums'
+        // loads from the staging are volatile, which keeps later loads behind them).
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            if (on[k]) fused_ld(res, idx[k], aligned, rs[k]);
+        norm_load_sums<V>(src, idx, on, s);
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            if (!on[k]) continue;
+#pragma unroll
+            for (u32 e = 0; e < VEC_ELEMS; e++) {
+                r[k].e[e] = Ty<T>::from_acc(__fadd_rn(Ty<T>::to_acc(s[k].e[e]), Ty<T>::to_acc(rs[k].e[e])));
+                const float rf = Ty<T>::to_acc(r[k].e[e]);
+                sq = __fadd_rn(sq, __fmul_rn(rf, rf));
+            }
+            fused_st(rout, idx[k], aligned, r[k]);
+            if (pub.stage) *(uint4*)(pub.stage + pub.r_area + idx[k] * sizeof(T)) = r[k].u;
+        }
     }
-    const float total = norm_block_sum(sq, red_f);
+    const float total = norm_row_sum(sq, red_f, tpr);
     const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)h), n.eps)));
+    const bool row_scales = fp8 == NORM_FP8_ROW;
     u32 amax = 0;
-    for (u64 v = threadIdx.x; v < nv; v += blockDim.x) {
-        const u64 i = base + v * VEC_ELEMS;
-        Vec r, wv, y;
-        fused_ld(rout, i, aligned, r);  // this thread's own stores above
-        fused_ld(w, v * VEC_ELEMS, aligned, wv);
+    for (u64 c = 0; c < chunks; c++) {
+        Vec wv[V];
 #pragma unroll
-        for (u32 k = 0; k < VEC_ELEMS; k++) {
-            y.e[k] = Ty<T>::from_acc(
-                __fmul_rn(__fmul_rn(Ty<T>::to_acc(r.e[k]), inv), Ty<T>::to_acc(wv.e[k])));
-            amax = max(amax, __float_as_uint(Ty<T>::to_acc(y.e[k])) & 0x7fffffffu);
+        for (int k = 0; k < V; k++) {
+            const u64 v = c * chunk + (u64)k * tpr + lt;
+            on[k] = live && v < nv;
+            idx[k] = base + v * VEC_ELEMS;
+            if (!on[k]) continue;
+            if (chunks > 1) fused_ld(rout, idx[k], aligned, r[k]);  // this thread's own stores
+            if (chunks > 1 || !pre)
+                fused_ld(w, v * VEC_ELEMS, aligned, wv[k]);
+            else
+                wv[k] = wpre[k];
         }
-        fused_st(out, i, aligned, y);
-        // Over this rank's own staged copy of the row: no peer reads it (two-shot).
-        if (publish) *(uint4*)(a.staging[a.rank] + par + i * sizeof(T)) = y.u;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            if (!on[k]) continue;
+            Vec y;
+#pragma unroll
+            for (u32 e = 0; e < VEC_ELEMS; e++)
+                y.e[e] = Ty<T>::from_acc(
+                    __fmul_rn(__fmul_rn(Ty<T>::to_acc(r[k].e[e]), inv), Ty<T>::to_acc(wv[k].e[e])));
+            fused_st(out, idx[k], aligned, y);
+            // Over this rank's own staged copy of the row: no peer reads it (two-shot).
+            if (pub.stage) *(uint4*)(pub.stage + idx[k] * sizeof(T)) = y.u;
+            if (row_scales) amax = norm_amax(amax, y);
+            if (fp8 == NORM_FP8_GIVEN) norm_store_codes(n, idx[k], aligned, y, given, norm_usable(given));
+            r[k] = y;  // a one-chunk row keeps y for its codes
+        }
     }
-    if (n.codes != 0) fused_fp8_row(n, row, amax, red_u);
+    if (!row_scales) return;
+    const float scale = lp_scale(norm_row_max(amax, red_u, tpr), LP_E4M3);
+    const bool usable = norm_usable(scale);
+    for (u64 c = 0; c < chunks; c++) {
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const u64 v = c * chunk + (u64)k * tpr + lt;
+            if (!(live && v < nv)) continue;
+            const u64 i = base + v * VEC_ELEMS;
+            if (chunks > 1) fused_ld(out, i, aligned, r[k]);  // this thread's own stores
+            norm_store_codes(n, i, aligned, r[k], scale, usable);
+        }
+    }
+    if (live && lt == 0) ((float*)n.scales)[row] = scale;
 }
 
-// Row `row` of stripe owner `k` copied from k's staging (y and r, published by fused_norm_row),
+// The rows of this block: row slot g = threadIdx / tpr of step `step` holds row
+// (step * gridDim + blockIdx) * slots + g, where slots = blockDim / tpr; `count` rows in all.
+__device__ __forceinline__ u64 norm_slot_row(const NormArgs& n, u64 step) {
+    const u32 slots = blockDim.x / n.tpr;
+    return (step * gridDim.x + blockIdx.x) * slots + threadIdx.x / n.tpr;
+}
+__device__ __forceinline__ u64 norm_steps(const NormArgs& n, u64 count) {
+    const u64 per_step = (u64)gridDim.x * (blockDim.x / n.tpr);
+    return (count + per_step - 1) / per_step;
+}
+
+// fc_rmsnorm's rows: V vectors a thread, the alignment (AL) and the FP8 output fixed at compile
+// time.
+template <int V, int AL, int FP8>
+__device__ __forceinline__ void norm_rows_local(const NormArgs& n, float* red_f, u32* red_u) {
+    const bool aligned = AL == 1;
+    const SumFromBuffer src{(const T*)n.sum, aligned};
+    const Publish none{nullptr, 0};
+    Vec wv[V];
+    const bool pre = norm_one_chunk<V>(n);
+    if (pre) norm_load_weight<V>(n, aligned, wv);
+    const u64 per_step = (u64)gridDim.x * (blockDim.x / n.tpr);
+    const u64 steps = n.rows <= per_step ? 1 : (n.rows + per_step - 1) / per_step;
+    for (u64 s = 0; s < steps; s++) {
+        const u64 row = norm_slot_row(n, s);
+        norm_row<V, AL, FP8>(n, src, none, row, row < n.rows, aligned, wv, pre, red_f, red_u);
+    }
+}
+
+// The aligned rows with V vectors a thread: FP8 off fixed, FP8 rows read at run time.
+template <int V>
+__device__ __forceinline__ void norm_rows_aligned(const NormArgs& n, float* red_f, u32* red_u) {
+    if (n.codes == 0)
+        norm_rows_local<V, 1, NORM_FP8_OFF>(n, red_f, red_u);
+    else
+        norm_rows_local<V, 1, NORM_FP8_RUNTIME>(n, red_f, red_u);
+}
+
+// The residual add and norm of every row, the sums in n.sum (the all-reduce ran before it, or
+// a one-rank communicator's x itself). Reads and writes of an element by the same thread, so
+// out may be the sum (in place) and residual_out the residual.
+#ifdef FC_GROUP_RMSNORM
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_rmsnorm(NormArgs n) {
+    pdl_wait();
+    pdl_launch_dependents();
+    __shared__ float red_f[NORM_WARPS];
+    __shared__ u32 red_u[NORM_WARPS];
+    // Vectors a thread (n.v: 1, 2 or 4, the host's choice with tpr, which fixes the order of a
+    // row's sum of squares, so unaligned buffers keep it too) and the common cases fixed at
+    // compile time.
+    const bool aligned = fused_aligned(n);
+    if (n.v == 1) {
+        if (aligned) norm_rows_aligned<1>(n, red_f, red_u);
+        else norm_rows_local<1, 0, NORM_FP8_RUNTIME>(n, red_f, red_u);
+    } else if (n.v == 2) {
+        if (aligned) norm_rows_aligned<2>(n, red_f, red_u);
+        else norm_rows_local<2, 0, NORM_FP8_RUNTIME>(n, red_f, red_u);
+    } else {
+        if (aligned) norm_rows_aligned<NORM_V>(n, red_f, red_u);
+        else norm_rows_local<NORM_V, 0, NORM_FP8_RUNTIME>(n, red_f, red_u);
+    }
+}
+#endif
+
+// ---------------------------------------------------------------- one launch: the fused forms
+//
+// The all-reduce and the norm in one kernel on the direct-access staging (all_reduce.cu's
+// protocol: call epochs in device memory, staging parity e & 1, per-block barriers with a
+// system-scope release / acquire, hellos carrying the call's signature, timeouts). A row sits in
+// the staging as it sits in x (row r at r * hidden elements, a multiple of 16 bytes since hidden
+// is a multiple of 8). Block b stages exactly the rows it reads after the barrier on every rank
+// (the same geometry everywhere), so the per-block barriers cover exactly what each block
+// exchanges.
+//
+// fc_fused_flat (one-shot pull): every rank stages its x rows, meets every peer's same block,
+// and reduces every rank's copy of each row in rank order 0..n-1 before the residual add and
+// the norm. Every rank computes every row the same way: identical results.
+//
+// fc_fused_tree (two-shot): rows are striped across ranks (stripe k: rows k * srows ..
+// (k + 1) * srows, srows = ceil(rows / world)). After the first barrier rank k reduces the rows
+// of its stripe, adds its residual (the residual is the same on every rank, as in tensor
+// parallelism), normalizes, and publishes y over its own staged copy of the row (only it read
+// that copy) and residual_out in a second area of its staging (at rows * hidden elements); after
+// the second barrier every rank copies the other stripes' y and residual_out rows and computes
+// their E4M3 codes and scales from y itself (the same bits and the same absmax give the same
+// codes as the owner's). The staging parity alternates by call epoch, and every call waits for
+// every peer, so a peer still reading this call's rows never sees them overwritten (rule 3).
+
+// Stages the calling slot's row `row` of x (when live) into this rank's staging at `stage`.
+template <int V>
+__device__ __forceinline__ void fused_stage_row(const NormArgs& n, u8* stage, u64 row, bool live,
+                                                bool aligned) {
+    if (!live) return;
+    const u32 tpr = n.tpr, lt = threadIdx.x % tpr;
+    const u64 nv = n.hidden / VEC_ELEMS, base = row * n.hidden;
+    for (u64 v0 = lt; v0 < nv; v0 += (u64)V * tpr) {
+        Vec x[V];
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const u64 v = v0 + (u64)k * tpr;
+            if (v < nv) fused_ld((const T*)n.sum, base + v * VEC_ELEMS, aligned, x[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const u64 v = v0 + (u64)k * tpr;
+            if (v < nv) *(uint4*)(stage + (base + v * VEC_ELEMS) * sizeof(T)) = x[k].u;
+        }
+    }
+}
+
+// Row `row` (live) of stripe owner k copied from k's staging (y and r, published by norm_row),
 // with its E4M3 codes computed from y. Every thread of the block calls it.
+template <int V>
 __device__ void fused_gather_row(const Args& a, const NormArgs& n, u64 par, u32 k, u64 row,
-                                 bool aligned, u32* red_u) {
+                                 bool live, bool aligned, u32* red_u) {
+    const u32 tpr = n.tpr, lt = threadIdx.x % tpr;
     const u64 h = n.hidden, nv = h / VEC_ELEMS, base = row * h;
     const u64 r_area = n.rows * h * sizeof(T);
+    const u8* stage = (const u8*)(a.staging[k] + par);
+    const float given = norm_given_scale(n);
+    const bool row_scales = n.codes != 0 && !n.fp8_given;
     u32 amax = 0;
-    for (u64 v = threadIdx.x; v < nv; v += blockDim.x) {
-        const u64 i = base + v * VEC_ELEMS;
-        Vec y, r;
-        y.u = ld_v4((const uint4*)(a.staging[k] + par + i * sizeof(T)));
-        r.u = ld_v4((const uint4*)(a.staging[k] + par + r_area + i * sizeof(T)));
-        fused_st((T*)n.out, i, aligned, y);
-        fused_st((T*)n.residual_out, i, aligned, r);
+    for (u64 v0 = lt; v0 < nv; v0 += (u64)V * tpr) {
+        Vec y[V], r[V];
 #pragma unroll
-        for (u32 e = 0; e < VEC_ELEMS; e++)
-            amax = max(amax, __float_as_uint(Ty<T>::to_acc(y.e[e])) & 0x7fffffffu);
+        for (int j = 0; j < V; j++) {
+            const u64 v = v0 + (u64)j * tpr;
+            if (live && v < nv) {
+                const u64 i = base + v * VEC_ELEMS;
+                y[j].u = ld_v4((const uint4*)(stage + i * sizeof(T)));
+                r[j].u = ld_v4((const uint4*)(stage + r_area + i * sizeof(T)));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const u64 v = v0 + (u64)j * tpr;
+            if (!(live && v < nv)) continue;
+            const u64 i = base + v * VEC_ELEMS;
+            fused_st((T*)n.out, i, aligned, y[j]);
+            fused_st((T*)n.residual_out, i, aligned, r[j]);
+            if (row_scales) amax = norm_amax(amax, y[j]);
+            if (n.codes != 0 && n.fp8_given) norm_store_codes(n, i, aligned, y[j], given, norm_usable(given));
+        }
     }
-    if (n.codes != 0) fused_fp8_row(n, row, amax, red_u);
+    if (!row_scales) return;
+    const float scale = lp_scale(norm_row_max(amax, red_u, tpr), LP_E4M3);
+    const bool usable = norm_usable(scale);
+    if (!live) return;
+    for (u64 v = lt; v < nv; v += tpr) {
+        const u64 i = base + v * VEC_ELEMS;
+        Vec y;
+        fused_ld((const T*)n.out, i, aligned, y);  // this thread's own stores
+        norm_store_codes(n, i, aligned, y, scale, usable);
+    }
+    if (lt == 0) ((float*)n.scales)[row] = scale;
 }
 
+#ifdef FC_GROUP_RMSNORM
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_flat(Args a, NormArgs n) {
     pdl_wait();
     pdl_launch_dependents();
-    __shared__ float red_f[NORM_THREADS / 32];
-    __shared__ u32 red_u[NORM_THREADS / 32];
+    __shared__ float red_f[NORM_WARPS];
+    __shared__ u32 red_u[NORM_WARPS];
     const u64 t0 = globaltimer();
     const u32 e = call_epoch(a);
     const u64 par = (u64)(e & 1) * a.staging_bytes;
     const bool aligned = fused_aligned(n);
-    for (u64 row = blockIdx.x; row < n.rows; row += gridDim.x)
-        fused_stage_row(a, n, par, row, aligned);
-    const bool met = block_barrier(a, 0, e, t0);
-    hello_send(a, a.sig, e, 0);  // after the barrier, met or not, as in flat
+    const u64 steps = norm_steps(n, n.rows);
+    u8* own = (u8*)(a.staging[a.rank] + par);
+    Vec wv[NORM_V_STAGED];
+    const bool pre = norm_one_chunk<NORM_V_STAGED>(n);
+    if (pre) norm_load_weight<NORM_V_STAGED>(n, aligned, wv);
+    for (u64 s = 0; s < steps; s++) {
+        const u64 row = norm_slot_row(n, s);
+        if (n.lp_block)
+            lp_stage_row<NORM_V_STAGED>(n, own, row, row < n.rows, aligned);
+        else
+            fused_stage_row<NORM_V>(n, own, row, row < n.rows, aligned);
+    }
+    const bool met = n.loopback ? (__syncthreads(), true) : block_barrier(a, 0, e, t0);
+    if (!n.loopback) hello_send(a, a.sig, e, 0);  // after the barrier, met or not, as in flat
     if (met) {
-        for (u64 row = blockIdx.x; row < n.rows; row += gridDim.x)
-            fused_norm_row(a, n, par, row, aligned, false, red_f, red_u);
-        hello_check(a, a.sig, e, t0, 0, 9);
+        const Publish none{nullptr, 0};
+        for (u64 s = 0; s < steps; s++) {
+            const u64 row = norm_slot_row(n, s);
+            if (n.lp_block) {
+                const SumFromRecords<NORM_V_STAGED> src{&n, a.staging, a.world, par};
+                norm_row<NORM_V_STAGED, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(
+                    n, src, none, row, row < n.rows, aligned, wv, pre, red_f, red_u);
+            } else {
+                const SumFromStaging<NORM_V_STAGED> src{&a, par};
+                norm_row<NORM_V_STAGED, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(
+                    n, src, none, row, row < n.rows, aligned, wv, pre, red_f, red_u);
+            }
+        }
+        if (!n.loopback) hello_check(a, a.sig, e, t0, 0, 9);
     }
     end_call(a, e);
 }
+#endif
 
+// The two-shot with low precision on the wire: every rank stages all its rows as records; the
+// owner of a stripe sums its rows over every rank's records and quantizes the sum once over its
+// own records of them (the low-precision tree all-reduce's owner step); after the second
+// barrier every rank, the owner too, decodes every stripe from its owner's records and adds the
+// residual and normalizes every row itself (the rows cross once more as records, not as y and r).
+__device__ void fused_tree_lp(const Args& a, const NormArgs& n, u32 e, u64 t0, u64 par,
+                              bool aligned, float* red_f, u32* red_u) {
+    const u64 srows = (n.rows + a.world - 1) / a.world;
+    const u64 steps = norm_steps(n, srows);
+    u8* own = (u8*)(a.staging[a.rank] + par);
+    Vec wv[NORM_V_STAGED];
+    const bool pre = norm_one_chunk<NORM_V_STAGED>(n);
+    if (pre) norm_load_weight<NORM_V_STAGED>(n, aligned, wv);
+    for (u32 k = 0; k < a.world; k++)
+        for (u64 s = 0; s < steps; s++) {
+            const u64 o = norm_slot_row(n, s);
+            lp_stage_row<NORM_V_STAGED>(n, own, k * srows + o, o < srows && k * srows + o < n.rows,
+                                        aligned);
+        }
+    bool ok = n.loopback ? (__syncthreads(), true) : block_barrier(a, 0, e, t0);
+    if (!n.loopback) hello_send(a, a.sig, e, 0);
+    const bool hello = ok && !n.loopback;
+    if (ok) {
+        for (u64 s = 0; s < steps; s++) {
+            const u64 o = norm_slot_row(n, s);
+            const u64 row = a.rank * srows + o;
+            lp_reduce_row<NORM_V_STAGED>(a, n, par, row, o < srows && row < n.rows);
+        }
+        // release: the peers decode the records quantized above after seeing this flag.
+        ok = n.loopback ? (__syncthreads(), true) : block_barrier(a, 1, e, t0);
+    }
+    if (ok) {
+        const Publish none{nullptr, 0};
+        for (u32 i = 0; i < a.world; i++) {
+            const u32 k = (a.rank + i) % a.world;
+            const SumFromRecords<NORM_V_STAGED> src{&n, &a.staging[k], 1, par};
+            for (u64 s = 0; s < steps; s++) {
+                const u64 o = norm_slot_row(n, s);
+                const u64 row = k * srows + o;
+                norm_row<NORM_V_STAGED, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(
+                    n, src, none, row, o < srows && row < n.rows, aligned, wv, pre, red_f, red_u);
+            }
+        }
+    }
+    if (hello) hello_check(a, a.sig, e, t0, 0, 9);
+}
+
+#ifdef FC_GROUP_RMSNORM
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_tree(Args a, NormArgs n) {
     pdl_wait();
     pdl_launch_dependents();
-    __shared__ float red_f[NORM_THREADS / 32];
-    __shared__ u32 red_u[NORM_THREADS / 32];
+    __shared__ float red_f[NORM_WARPS];
+    __shared__ u32 red_u[NORM_WARPS];
     const u64 t0 = globaltimer();
     const u32 e = call_epoch(a);
     const u64 par = (u64)(e & 1) * a.staging_bytes;
     const bool aligned = fused_aligned(n);
+    if (n.lp_block) {
+        fused_tree_lp(a, n, e, t0, par, aligned, red_f, red_u);
+        end_call(a, e);
+        return;
+    }
     const u64 srows = (n.rows + a.world - 1) / a.world;  // rows per stripe
-    // Block b stages row o of every stripe, o = b, b + grid, ...: the rows its peers' block b
-    // reduces, so the per-block barriers cover exactly what each block exchanges.
+    const u64 steps = norm_steps(n, srows);
+    u8* own = (u8*)(a.staging[a.rank] + par);
+    Vec wv[NORM_V_STAGED];
+    const bool pre = norm_one_chunk<NORM_V_STAGED>(n);
+    if (pre) norm_load_weight<NORM_V_STAGED>(n, aligned, wv);
+    // Slot o of every stripe: the rows the peers' same block reduces.
     for (u32 k = 0; k < a.world; k++)
-        for (u64 o = blockIdx.x; o < srows && k * srows + o < n.rows; o += gridDim.x)
-            fused_stage_row(a, n, par, k * srows + o, aligned);
-    bool ok = block_barrier(a, 0, e, t0);
-    hello_send(a, a.sig, e, 0);  // after the barrier, met or not, as in tree
-    const bool hello = ok;
+        for (u64 s = 0; s < steps; s++) {
+            const u64 o = norm_slot_row(n, s);
+            fused_stage_row<NORM_V>(n, own, k * srows + o, o < srows && k * srows + o < n.rows,
+                                    aligned);
+        }
+    bool ok = n.loopback ? (__syncthreads(), true) : block_barrier(a, 0, e, t0);
+    if (!n.loopback) hello_send(a, a.sig, e, 0);  // after the barrier, met or not, as in tree
+    const bool hello = ok && !n.loopback;
     if (ok) {
-        for (u64 o = blockIdx.x; o < srows && a.rank * srows + o < n.rows; o += gridDim.x)
-            fused_norm_row(a, n, par, a.rank * srows + o, aligned, true, red_f, red_u);
+        const SumFromStaging<NORM_V_STAGED> src{&a, par};
+        const Publish pub{own, n.rows * n.hidden * sizeof(T)};
+        for (u64 s = 0; s < steps; s++) {
+            const u64 o = norm_slot_row(n, s);
+            const u64 row = a.rank * srows + o;
+            norm_row<NORM_V_STAGED, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(
+                    n, src, pub, row, o < srows && row < n.rows, aligned, wv, pre, red_f, red_u);
+        }
         // release: the peers copy the y and r rows published above after seeing this flag.
-        ok = block_barrier(a, 1, e, t0);
+        ok = n.loopback ? (__syncthreads(), true) : block_barrier(a, 1, e, t0);
     }
     if (ok) {
         for (u32 i = 1; i < a.world; i++) {
             const u32 k = (a.rank + i) % a.world;
-            for (u64 o = blockIdx.x; o < srows && k * srows + o < n.rows; o += gridDim.x)
-                fused_gather_row(a, n, par, k, k * srows + o, aligned, red_u);
+            for (u64 s = 0; s < steps; s++) {
+                const u64 o = norm_slot_row(n, s);
+                const u64 row = k * srows + o;
+                fused_gather_row<NORM_V_STAGED>(a, n, par, k, row, o < srows && row < n.rows,
+                                                aligned, red_u);
+            }
         }
     }
     if (hello) hello_check(a, a.sig, e, t0, 0, 9);
     end_call(a, e);
 }
+#endif

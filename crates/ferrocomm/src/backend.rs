@@ -10,7 +10,7 @@
 
 mod desc;
 
-pub use desc::{CallDesc, CallName, CountsDesc, NormDesc, RawBuf};
+pub use desc::{CallDesc, CallName, CountsDesc, Fp8Desc, NormDesc, RawBuf};
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -648,7 +648,10 @@ impl CallKind<'_> {
                 out.push(v("weight", &call.weight));
                 if let Some(q) = &call.fp8 {
                     out.push(m("fp8 codes", &q.codes));
-                    out.push(m("fp8 scales", &q.scales));
+                    out.push(match &q.scale {
+                        crate::rmsnorm::Fp8Scale::PerRow(s) => m("fp8 scales", s),
+                        crate::rmsnorm::Fp8Scale::Given(s) => v("fp8 scale", s),
+                    });
                 }
                 out
             }

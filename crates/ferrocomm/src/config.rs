@@ -50,8 +50,9 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-reduce that uses flat (one-shot pull); above it tree (two-shot)."),
     var("FERROCOMM_ALLREDUCE_CE_MIN_BYTES", "0 (off)", "CUDA backend, two ranks: flat all-reduces of at least this many bytes per rank (and at most the staging) move their data with the copy engines instead of the SMs (chunks into the peer's memory, the SMs only reduce); 0 keeps every one on the SMs. Adds one staging-sized region per rank when set."),
     var("FERROCOMM_ALLREDUCE_LL128_MAX_BYTES", "0 (off)", "CUDA backend: flat all-reduces of at most this many bytes per rank (and at most the staging) move in 128-byte lines with the flag inside (NCCL's LL128 form: no barrier, no fence; relies on a warp's 128-byte store reaching the peer whole, as over NVLink, so it runs only where NVML reports NVLink between every pair of ranks' GPUs) instead of the pull through the staging; 0 keeps the pull. Adds a region of 2 x (ranks - 1) x 16/15 of it per rank when set."),
-    var("FERROCOMM_RMSNORM_FUSED", "1", "CUDA backend with direct access: 1 (the default) runs all_reduce_rmsnorm in one launch (the all-reduce, residual add, RMSNorm and E4M3 rows in one kernel: one-shot up to FERROCOMM_RMSNORM_FLAT_MAX_BYTES, two-shot above it while twice the message fits the staging); 0 runs the all-reduce, then the norm kernel. Calls with low precision on the wire, or that go through NCCL or push, take the two launches either way."),
+    var("FERROCOMM_RMSNORM_FUSED", "1", "CUDA backend with direct access: 1 (the default) runs all_reduce_rmsnorm in one launch (the all-reduce, residual add, RMSNorm and E4M3 rows in one kernel: one-shot up to FERROCOMM_RMSNORM_FLAT_MAX_BYTES, two-shot above it while twice the message fits the staging); 0 runs the all-reduce, then the norm kernel. With low precision on the wire the rows cross as the codec's block-scaled records inside the one launch where a row is whole blocks of at most 32 16-byte vectors (hidden 4096 in bf16 with blocks of 128, say); other low-precision calls, and calls that go through NCCL or push, take the two launches either way. A communicator of one rank runs the norm kernel on x itself."),
     var("FERROCOMM_RMSNORM_FLAT_MAX_BYTES", "the all-reduce's flat threshold", "Largest one-launch all_reduce_rmsnorm (bytes of x per rank) that runs one-shot (every rank reduces every row); above it two-shot (each rank reduces and normalizes its stripe of rows, then every rank gathers them)."),
+    var("FERROCOMM_RMSNORM_LOOPBACK", "(off)", "Measurement only (scripts/norm_bench.py): a CUDA communicator of one rank runs all_reduce_rmsnorm's one-launch kernel of this many ranks (2 to 16; the one-shot, or the two-shot when the call asks for tree) with every peer's staging replaced by its own and no barrier, so that one GPU measures the local traffic of the multi-rank kernel. Results are not the call's."),
     var("FERROCOMM_ALLREDUCE_TREE_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-reduce that uses tree on the cuda backend; above it NCCL."),
     var("FERROCOMM_ALLGATHER_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-gather (input bytes per rank) done by direct access on cuda; above it NCCL."),
     var("FERROCOMM_REDUCESCATTER_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest reduce-scatter (output bytes per rank) done by direct access on cuda."),
@@ -66,6 +67,7 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_NCCL_LIB", "(search)", "Path of libnccl.so to load; otherwise the system path, then torch's nvidia/nccl/lib."),
     var("FERROCOMM_NVRTC_LIB", "(search)", "Path of libnvrtc.so.13 (or its directory); when set it is the only NVRTC loaded (a wrong path is an error). Unset: the library path, /usr/local/cuda, then python's nvidia/cu13/lib or nvidia/cuda_nvrtc/lib."),
     var("FERROCOMM_KERNEL_CACHE", "$XDG_CACHE_HOME/ferrocomm or ~/.cache/ferrocomm", "Directory of compiled kernels (cubins keyed by source hash, arch and NVRTC version)."),
+    var("FERROCOMM_BUILTIN_KERNELS", "1", "0: ignore the kernels built into the library and compile every unit a GPU needs with NVRTC (through the kernel cache), as for a GPU they were not built for."),
     var("FERROCOMM_STORE_ADDR", "MASTER_ADDR", "Host of the bootstrap TCP store: rank 0 listens on every address it resolves to (or fails naming the one it cannot take); a name of every interface (0, 0.0.0.0, ::) is refused."),
     var("FERROCOMM_STORE_PORT", "MASTER_PORT (MASTER_PORT+1 under torchrun)", "Port of the bootstrap TCP store."),
     var("FERROCOMM_STORE_SECRET", "(derived)", "Secret the job's processes share to authenticate to the bootstrap store (at least 16 characters, UTF-8; never printed). ferrocomm launch sets a random one; unset, it is derived from torchrun's TORCHELASTIC_RUN_ID with MASTER_ADDR and MASTER_PORT, else from this user's key file $XDG_CONFIG_HOME/ferrocomm/store-key (see docs/security.md)."),
@@ -245,6 +247,9 @@ pub struct Config {
     pub pdl: bool,
     /// `FERROCOMM_NCCL_WATCHDOG`: abort NCCL communicators whose work hangs (nccl/watchdog.rs).
     pub nccl_watchdog: bool,
+    /// `FERROCOMM_RMSNORM_LOOPBACK`: measurement only, the ranks a one-rank communicator's
+    /// fused call runs its one-launch kernel as (cuda/fused_norm.rs).
+    pub rmsnorm_loopback: Option<usize>,
     /// `FERROCOMM_NCCL_LIB`: the libnccl to load instead of searching.
     pub nccl_lib: Option<PathBuf>,
     /// `FERROCOMM_NVRTC_LIB`: the NVRTC to load instead of searching.
@@ -255,6 +260,8 @@ pub struct Config {
     pub python_prefixes: Vec<PathBuf>,
     /// `FERROCOMM_KERNEL_CACHE`: the directory of compiled kernels.
     pub kernel_cache: PathBuf,
+    /// `FERROCOMM_BUILTIN_KERNELS`: use the kernels built into the library (off: compile them).
+    pub builtin_kernels: bool,
     /// This user's store key file (`$XDG_CONFIG_HOME/ferrocomm/store-key` or
     /// `~/.config/ferrocomm/store-key`; `None` without either variable).
     pub store_key_file: Option<PathBuf>,
@@ -593,6 +600,17 @@ impl Config {
         // Off by default: on 2xH200 it changed nothing measurable (docs/tuning.md).
         let pdl = r.flag("FERROCOMM_PDL", false)?;
         let nccl_watchdog = r.flag("FERROCOMM_NCCL_WATCHDOG", true)?;
+        let rmsnorm_loopback =
+            r.parse::<usize>("FERROCOMM_RMSNORM_LOOPBACK", "a rank count, 2 to 16")?;
+        if let Some(w) = rmsnorm_loopback {
+            if !(2..=16).contains(&w) {
+                return Err(Error::BadEnv {
+                    var: "FERROCOMM_RMSNORM_LOOPBACK",
+                    value: w.to_string(),
+                    why: "must be a rank count from 2 to 16".into(),
+                });
+            }
+        }
         let nccl_lib = r.raw("FERROCOMM_NCCL_LIB").map(PathBuf::from);
         let nvrtc_lib = r.raw("FERROCOMM_NVRTC_LIB").map(PathBuf::from);
         let mut python_prefixes: Vec<PathBuf> = ["VIRTUAL_ENV", "CONDA_PREFIX"]
@@ -613,6 +631,7 @@ impl Config {
                 base.join("ferrocomm")
             }
         };
+        let builtin_kernels = r.flag("FERROCOMM_BUILTIN_KERNELS", true)?;
         let store_key_file = lookup("XDG_CONFIG_HOME")
             .filter(|s| !s.is_empty())
             .map(PathBuf::from)
@@ -634,10 +653,12 @@ impl Config {
             cuda_staging_bytes,
             pdl,
             nccl_watchdog,
+            rmsnorm_loopback,
             nccl_lib,
             nvrtc_lib,
             python_prefixes,
             kernel_cache,
+            builtin_kernels,
             store_key_file,
             debug,
             launch,

@@ -88,7 +88,7 @@ pub mod view;
 
 pub use backend::{
     AlgoChoice, Backend, Call, CallDesc, CallKind, CallName, CallOpts, CommContext, CountsDesc,
-    DeviceCounts, NormDesc, P2pOp, PackedCounts, RawBuf, Splits,
+    DeviceCounts, Fp8Desc, NormDesc, P2pOp, PackedCounts, RawBuf, Splits,
 };
 pub use comm::{CommOptions, Communicator};
 pub use config::Config;
@@ -99,6 +99,6 @@ pub use error::{Error, Result};
 pub use plan as select;
 pub use plan::{LowPrecisionChoice, Plan};
 pub use quant::Format;
-pub use rmsnorm::{AllReduceRmsNorm, Fp8Rows};
+pub use rmsnorm::{AllReduceRmsNorm, Fp8Rows, Fp8Scale};
 pub use types::{Algo, Collective, DataType, Device, Element, ReduceOp, F8E4M3, F8E5M2};
 pub use view::{Input, View, ViewMut};

@@ -83,11 +83,21 @@ impl fmt::Display for Plan {
     /// `lp-` and the path for a low-precision call (`lp-flat`, `lp-tree`, `lp-direct`); else
     /// the algorithm, with the form where the name alone does not say it (`flat-ce`,
     /// `flat-ll128`).
-    /// An all_reduce_rmsnorm prints its form: `fused-flat` or `fused-tree` for one launch, the
-    /// all-reduce's own path and `+norm` for two (`flat+norm`, `lp-tree+norm`, `nccl+norm`).
+    /// An all_reduce_rmsnorm prints its form: `fused-flat` or `fused-tree` for one launch
+    /// (`lp-fused-flat`, `lp-fused-tree` with the rows as low-precision records), `local` for
+    /// one rank, the all-reduce's own path and `+norm` for two (`flat+norm`, `lp-tree+norm`,
+    /// `nccl+norm`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.norm {
-            Some(form @ (NormForm::FusedFlat | NormForm::FusedTree)) => return write!(f, "{form}"),
+            Some(form @ (NormForm::FusedFlat | NormForm::FusedTree)) => {
+                let lp = if self.low_precision.is_some() {
+                    "lp-"
+                } else {
+                    ""
+                };
+                return write!(f, "{lp}{form}");
+            }
+            Some(form @ NormForm::Local) => return write!(f, "{form}"),
             Some(NormForm::TwoLaunch) => {
                 let all_reduce = Plan {
                     norm: None,
@@ -747,6 +757,9 @@ pub enum NormForm {
     /// One launch, two-shot: each rank reduces, adds and normalizes its stripe of rows, then
     /// every rank gathers the others' normalized rows.
     FusedTree,
+    /// A communicator of one rank: its x is the sum, so one launch of the norm kernel reads it
+    /// directly (no staging copy, no barrier).
+    Local,
 }
 
 impl fmt::Display for NormForm {
@@ -755,18 +768,23 @@ impl fmt::Display for NormForm {
             NormForm::TwoLaunch => "all-reduce+norm",
             NormForm::FusedFlat => "fused-flat",
             NormForm::FusedTree => "fused-tree",
+            NormForm::Local => "local",
         })
     }
 }
 
 /// How the cuda backend runs an all_reduce_rmsnorm of `bytes` (x, per rank) of `dtype`: one
-/// launch where `FERROCOMM_RMSNORM_FUSED` is on, direct access takes the dtype, nothing goes
-/// low precision on the wire (`low_precision`: the call's all-reduce would) and the request
+/// launch where `FERROCOMM_RMSNORM_FUSED` is on, direct access takes the dtype and the request
 /// is not push or NCCL: a per-call flat or tree asks for that form (two launches when the
-/// staging cannot hold it), auto takes the one-shot up to `FERROCOMM_RMSNORM_FLAT_MAX_BYTES` (default:
-/// the all-reduce's flat threshold) and the two-shot above while twice the message fits the
-/// staging (x's rows and the published residual rows). Everything else: the two launches.
-/// Every rank decides alike (the settings are shared, the sizes agreed).
+/// staging cannot hold it), auto takes the one-shot up to `FERROCOMM_RMSNORM_FLAT_MAX_BYTES`
+/// (default: the all-reduce's flat threshold) and the two-shot above while the staging holds it
+/// (twice the message in full precision: x's rows and the published residual rows; once as
+/// records). With low precision on the wire (`low_precision`) the one-launch forms carry the
+/// rows as the codec's records where `lp_rows` says a row is whole blocks the kernel takes
+/// ([`rows_take_codec`]); otherwise the two launches. A communicator of one rank takes the
+/// local form (the norm kernel on x itself) for every request but NCCL's, with or without
+/// direct access, where the kernels take the dtype and nothing goes low precision. Everything
+/// else: the two launches. Every rank decides alike (the settings are shared, the sizes agreed).
 pub fn cuda_rmsnorm(
     cuda: &CudaCaps<'_>,
     cfg: &Config,
@@ -774,6 +792,7 @@ pub fn cuda_rmsnorm(
     dtype: DataType,
     requested: Algo,
     low_precision: bool,
+    lp_rows: bool,
 ) -> NormForm {
     let t = &cfg.thresholds;
     let requested = if requested == Algo::Auto {
@@ -781,20 +800,28 @@ pub fn cuda_rmsnorm(
     } else {
         requested
     };
+    let takes = t.rmsnorm_fused
+        && cuda.kernels_take(dtype)
+        && matches!(dtype, DataType::F32 | DataType::F16 | DataType::BF16);
+    if cuda.world == 1 && takes && !low_precision && requested != Algo::Nccl {
+        return NormForm::Local;
+    }
     let Some(dda) = cuda.dda.as_ref() else {
         return NormForm::TwoLaunch;
     };
-    if !t.rmsnorm_fused
-        || low_precision
+    if !takes
+        || (low_precision && !lp_rows)
         || cuda.multi_host
-        || !cuda.kernels_take(dtype)
-        || !matches!(dtype, DataType::F32 | DataType::F16 | DataType::BF16)
         || matches!(requested, Algo::Push | Algo::Nccl | Algo::Direct)
     {
         return NormForm::TwoLaunch;
     }
     let flat_fits = bytes <= dda.staging_bytes;
-    let tree_fits = bytes.checked_mul(2).is_some_and(|b| b <= dda.staging_bytes);
+    let tree_fits = if low_precision {
+        flat_fits
+    } else {
+        bytes.checked_mul(2).is_some_and(|b| b <= dda.staging_bytes)
+    };
     // A forced form the staging cannot hold takes the two launches, whose all-reduce honours
     // the same request (or refuses it) as a plain all-reduce does.
     match requested {
@@ -817,21 +844,29 @@ pub fn cuda_rmsnorm(
     }
 }
 
-/// [`cuda_rmsnorm`]'s form for one all_reduce_rmsnorm of `bytes` (x, per rank) of `dtype`, low
-/// precision weighed as the call's all-reduce weighs it ([`low_precision`] with the cuda size
-/// floor, for `choice`); without direct access the two launches, whose all-reduce decides.
-pub(crate) fn cuda_rmsnorm_form(
+/// Whether rows of `hidden` elements of `dtype` can cross as `codec`'s block-scaled records
+/// inside the one-launch kernels: a row is a whole number of blocks, and a block is at least one
+/// 16-byte vector and at most a warp of them (its absmax is one segmented shuffle).
+pub fn rows_take_codec(hidden: usize, dtype: DataType, codec: &Codec) -> bool {
+    let per_vector = 16 / dtype.size().max(1);
+    codec.block % per_vector == 0 && codec.block / per_vector <= 32 && hidden % codec.block == 0
+}
+
+/// The plan of one all_reduce_rmsnorm of `shape` on the cuda backend, pointers aligned, with its
+/// [`NormForm`] in `norm` ([`cuda_rmsnorm`]; low precision weighed as the call's all-reduce
+/// weighs it, [`low_precision`] with the cuda size floor, for `choice`): one launch is the fused
+/// kernel by direct access (flat or tree), with the codec of its records when the rows cross in
+/// low precision; the local form of one rank; or two launches, which carry the all-reduce's
+/// own [`cuda_all_reduce_plan`]. The executor runs this plan as it is.
+pub fn cuda_rmsnorm_plan(
     cuda: &CudaCaps<'_>,
     cfg: &Config,
-    bytes: usize,
-    dtype: DataType,
+    shape: &crate::rmsnorm::Shape,
     requested: Algo,
     choice: LowPrecisionChoice,
-) -> Result<NormForm> {
-    if cuda.dda.is_none() {
-        return Ok(NormForm::TwoLaunch);
-    }
-    let lp = low_precision(
+) -> Result<Plan> {
+    let (bytes, dtype) = (shape.x_bytes(), shape.dtype);
+    let codec = low_precision(
         Collective::AllReduce,
         dtype,
         Some(ReduceOp::Sum),
@@ -839,27 +874,19 @@ pub(crate) fn cuda_rmsnorm_form(
         choice,
         cfg,
         CUDA_LP_MIN_BYTES,
-    )?
-    .is_some();
-    Ok(cuda_rmsnorm(cuda, cfg, bytes, dtype, requested, lp))
-}
-
-/// The plan of one all_reduce_rmsnorm of `bytes` (x, per rank) of `dtype` on the cuda
-/// backend, pointers aligned, with its [`NormForm`] in `norm`: one launch is the fused kernel
-/// by direct access (flat or tree); two launches carry the all-reduce's own
-/// [`cuda_all_reduce_plan`].
-pub fn cuda_rmsnorm_plan(
-    cuda: &CudaCaps<'_>,
-    cfg: &Config,
-    bytes: usize,
-    dtype: DataType,
-    requested: Algo,
-    choice: LowPrecisionChoice,
-) -> Result<Plan> {
-    let norm = cuda_rmsnorm_form(cuda, cfg, bytes, dtype, requested, choice)?;
+    )?;
+    let lp_rows = codec
+        .as_ref()
+        .is_some_and(|c| rows_take_codec(shape.hidden, dtype, c));
+    let norm = cuda_rmsnorm(cuda, cfg, bytes, dtype, requested, codec.is_some(), lp_rows);
+    let fused = |algo| Plan {
+        low_precision: codec,
+        ..Plan::on_gpu(algo, None)
+    };
     let plan = match norm {
-        NormForm::FusedFlat => Plan::on_gpu(Algo::Flat, None),
-        NormForm::FusedTree => Plan::on_gpu(Algo::Tree, None),
+        NormForm::FusedFlat => fused(Algo::Flat),
+        NormForm::FusedTree => fused(Algo::Tree),
+        NormForm::Local => Plan::on_gpu(Algo::Direct, None),
         NormForm::TwoLaunch => {
             cuda_all_reduce_plan(cuda, cfg, bytes, dtype, ReduceOp::Sum, requested, choice)?
         }
@@ -1449,11 +1476,25 @@ mod tests {
         let bf16 = DataType::BF16;
         let default = LowPrecisionChoice::Default;
         let fp8 = LowPrecisionChoice::On(Format::E4M3);
-        let text = |c: &CudaCaps<'_>, bytes, req, lp| {
-            cuda_rmsnorm_plan(c, &cfg, bytes, bf16, req, lp)
-                .unwrap()
-                .to_string()
+        // Rows of 4096 bf16 (8 KiB): `bytes` of them; a byte count that is not whole rows of
+        // 8 KiB is one row of that many bytes (not whole 128-element blocks where it is odd).
+        let sh = |bytes: usize| {
+            let (rows, hidden) = if bytes % 8192 == 0 {
+                (bytes / 8192, 4096)
+            } else {
+                (1, bytes / 2)
+            };
+            crate::rmsnorm::Shape {
+                rows,
+                hidden,
+                dtype: bf16,
+            }
         };
+        let plan = |c: &CudaCaps<'_>, cfg: &Config, bytes, req, lp| {
+            cuda_rmsnorm_plan(c, cfg, &sh(bytes), req, lp)
+        };
+        let text =
+            |c: &CudaCaps<'_>, bytes, req, lp| plan(c, &cfg, bytes, req, lp).unwrap().to_string();
         // One launch by direct access: one-shot to the flat threshold (32 MiB at two ranks, or
         // as set), two-shot above while twice the message fits the staging, or as requested.
         assert_eq!(text(&two, 64 << 10, Algo::Auto, default), "fused-flat");
@@ -1462,21 +1503,43 @@ mod tests {
             (k == "FERROCOMM_RMSNORM_FLAT_MAX_BYTES").then(|| "1048576".to_string())
         })
         .unwrap();
-        let tree = cuda_rmsnorm_plan(&two, &low, 2 << 20, bf16, Algo::Auto, default).unwrap();
+        let tree = plan(&two, &low, 2 << 20, Algo::Auto, default).unwrap();
         assert_eq!(tree.to_string(), "fused-tree");
         assert_eq!(text(&two, 1 << 20, Algo::Tree, default), "fused-tree");
-        let fused = cuda_rmsnorm_plan(&two, &cfg, 1 << 20, bf16, Algo::Auto, default).unwrap();
+        let fused = plan(&two, &cfg, 1 << 20, Algo::Auto, default).unwrap();
         assert_eq!((fused.engine, fused.algo), (Engine::Direct, Algo::Flat));
         assert_eq!(fused.norm, Some(NormForm::FusedFlat));
+        // Low precision on the wire in one launch: the rows cross as the codec's records.
+        assert_eq!(text(&two, 8 << 20, Algo::Auto, fp8), "lp-fused-flat");
+        assert_eq!(text(&two, 8 << 20, Algo::Tree, fp8), "lp-fused-tree");
+        // The records of a 48 MiB call fit the 64 MiB staging once (the full-precision
+        // two-shot needs twice).
+        assert_eq!(text(&two, 48 << 20, Algo::Auto, fp8), "lp-fused-tree");
+        let lp = plan(&two, &cfg, 8 << 20, Algo::Auto, fp8).unwrap();
+        assert_eq!(lp.norm, Some(NormForm::FusedFlat));
+        assert_eq!(
+            lp.low_precision,
+            Some(Codec::new(Format::E4M3, 128).unwrap())
+        );
         // Two launches carry the all-reduce's own path: beyond the staging, NCCL asked for,
-        // low precision on the wire, no direct access.
+        // low precision with rows that are not whole blocks, no direct access.
         assert_eq!(text(&two, 48 << 20, Algo::Auto, default), "nccl+norm");
         assert_eq!(text(&two, 1 << 20, Algo::Nccl, default), "nccl+norm");
-        assert_eq!(text(&two, 8 << 20, Algo::Auto, fp8), "lp-flat+norm");
+        assert_eq!(text(&two, (8 << 20) + 16, Algo::Auto, fp8), "lp-flat+norm");
         assert_eq!(text(&no_dda, 1 << 20, Algo::Auto, default), "nccl+norm");
-        let lp = cuda_rmsnorm_plan(&two, &cfg, 8 << 20, bf16, Algo::Auto, fp8).unwrap();
-        assert_eq!(lp.norm, Some(NormForm::TwoLaunch));
-        assert!(lp.low_precision.is_some());
+        // One rank: the norm kernel on x itself, with or without direct access, whatever the
+        // request but NCCL's.
+        let one = CudaCaps { world: 1, ..two };
+        let one_no_dda = CudaCaps { world: 1, ..no_dda };
+        for req in [Algo::Auto, Algo::Push, Algo::Flat, Algo::Tree] {
+            assert_eq!(text(&one, 1 << 20, req, default), "local", "{req}");
+            assert_eq!(text(&one_no_dda, 64 << 20, req, default), "local", "{req}");
+        }
+        assert_eq!(text(&one, 1 << 20, Algo::Nccl, default), "nccl+norm");
+        // Low precision asked for at one rank quantizes as at any world size (one launch).
+        assert_eq!(text(&one, 8 << 20, Algo::Auto, fp8), "lp-fused-flat");
+        let local = plan(&one, &cfg, 1 << 20, Algo::Auto, default).unwrap();
+        assert_eq!(local.norm, Some(NormForm::Local));
         // At every size and request the plan is what the executor runs: one launch by direct
         // access in full precision, flat or tree as its form says; or the two launches, whose
         // all-reduce is exactly the plain all-reduce's plan (and refuses where it refuses).
@@ -1486,7 +1549,7 @@ mod tests {
                     let case = format!("{req} {bytes} {choice:?}");
                     let ar =
                         cuda_all_reduce_plan(&two, &cfg, bytes, bf16, ReduceOp::Sum, req, choice);
-                    match cuda_rmsnorm_plan(&two, &cfg, bytes, bf16, req, choice) {
+                    match plan(&two, &cfg, bytes, req, choice) {
                         Ok(p) => match p.norm {
                             Some(NormForm::FusedFlat | NormForm::FusedTree) => {
                                 let algo = if p.norm == Some(NormForm::FusedFlat) {
@@ -1495,13 +1558,28 @@ mod tests {
                                     Algo::Tree
                                 };
                                 assert_eq!((p.engine, p.algo), (Engine::Direct, algo), "{case}");
-                                assert!(p.low_precision.is_none(), "{case}");
+                                // The records are the codec the all-reduce would take.
+                                let want = low_precision(
+                                    Collective::AllReduce,
+                                    bf16,
+                                    Some(ReduceOp::Sum),
+                                    bytes,
+                                    choice,
+                                    &cfg,
+                                    CUDA_LP_MIN_BYTES,
+                                )
+                                .unwrap();
+                                assert_eq!(p.low_precision, want, "{case}");
+                                if let Some(c) = &want {
+                                    assert!(rows_take_codec(sh(bytes).hidden, bf16, c), "{case}");
+                                }
                                 assert!(bytes <= two.dda.as_ref().unwrap().staging_bytes, "{case}");
                             }
                             Some(NormForm::TwoLaunch) => {
                                 let ar = ar.unwrap();
                                 assert_eq!(Plan { norm: None, ..p }, ar, "{case}");
                             }
+                            Some(NormForm::Local) => panic!("{case}: two ranks ran the local form"),
                             None => panic!("{case}: no norm form"),
                         },
                         // Only the all-reduce of two launches refuses (push above its cap).

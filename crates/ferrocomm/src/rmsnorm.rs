@@ -8,6 +8,7 @@
 //! r = round(s + residual)                       -> residual_out
 //! y = round(r * 1/sqrt(mean(r^2) + eps) * w)    -> out            (f32 arithmetic)
 //! codes, scale = E4M3 of y, one scale per row   -> fp8 (optional)
+//! codes = E4M3 of y / s, one given scale s       -> fp8 with a given scale (optional)
 //! ```
 //!
 //! `round` is the rounding to the element type (bf16, f16 or f32). The sum is the plain
@@ -15,7 +16,9 @@
 //! norm is taken of the stored residual: the call gives what `all_reduce`, the add and
 //! `rms_norm(residual_out)` give one after the other, up to the order of the sum of squares. The FP8 form of a row is the row of `out` block-scaled as the
 //! low-precision format scales a block ([`crate::quant`]): `scale = absmax / 448`, each code
-//! `e4m3(y / scale)` (nearest even, saturating); an all-zero row has scale 0 and codes 0.
+//! `e4m3(y / scale)` (nearest even, saturating); an all-zero row has scale 0 and codes 0. With a
+//! scale given for the whole tensor (FP8 GEMMs with static activation scales take one), each code
+//! is `e4m3(y / scale)` with that scale; a scale that is not finite and positive gives codes 0.
 //!
 //! [`norm_rows`] is that arithmetic on the host: the host backend runs it and tests and GPU
 //! check programs compare against it.
@@ -31,13 +34,30 @@ pub const NAME: &str = "all_reduce_rmsnorm";
 /// Row lengths must be a multiple of this (whole 16-byte vectors of bf16).
 pub const HIDDEN_MULTIPLE: usize = 8;
 
-/// The FP8 outputs: one E4M3 code per element of `out` and one f32 scale per row.
+/// The FP8 outputs: one E4M3 code per element of `out`, and the scales.
 #[derive(Debug)]
 pub struct Fp8Rows<'a> {
     /// `rows * hidden` elements of [`DataType::F8E4M3`].
     pub codes: ViewMut<'a>,
-    /// `rows` elements of [`DataType::F32`].
-    pub scales: ViewMut<'a>,
+    /// How the codes are scaled.
+    pub scale: Fp8Scale<'a>,
+}
+
+/// The scale of [`Fp8Rows`]: one per row, computed by the call, or one for the tensor, given.
+#[derive(Debug)]
+pub enum Fp8Scale<'a> {
+    /// `rows` elements of [`DataType::F32`], written: each row's `absmax(y) / 448`.
+    PerRow(ViewMut<'a>),
+    /// One element of [`DataType::F32`], read (on the device of the rows, so that a CUDA graph
+    /// replay reads its current value): every code is `e4m3(y / scale)`.
+    Given(View<'a>),
+}
+
+impl Fp8Scale<'_> {
+    /// Whether the scale is given (one for the tensor) rather than computed per row.
+    pub fn is_given(&self) -> bool {
+        matches!(self, Fp8Scale::Given(_))
+    }
 }
 
 /// One fused call. Buffers hold `rows * hidden` elements of one dtype (f32, f16 or bf16), row
@@ -56,8 +76,30 @@ pub struct AllReduceRmsNorm<'a> {
     pub weight: View<'a>,
     /// Added to the mean square (finite, at least 0).
     pub eps: f32,
-    /// Also `y` as FP8 with one scale per row.
+    /// Also `y` as FP8, with one scale per row or one given scale.
     pub fp8: Option<Fp8Rows<'a>>,
+}
+
+/// Whether a call asks for FP8 rows, and how they are scaled (what every rank must agree on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fp8Mode {
+    /// No FP8 output.
+    Off = 0,
+    /// One scale per row, computed.
+    PerRow = 1,
+    /// One scale for the tensor, given.
+    Given = 2,
+}
+
+impl Fp8Mode {
+    /// The mode of a call's FP8 outputs.
+    pub fn of(fp8: &Option<Fp8Rows<'_>>) -> Fp8Mode {
+        match fp8 {
+            None => Fp8Mode::Off,
+            Some(q) if q.scale.is_given() => Fp8Mode::Given,
+            Some(_) => Fp8Mode::PerRow,
+        }
+    }
 }
 
 /// The shape of a checked call.
@@ -81,7 +123,7 @@ impl Shape {
     }
 
     /// What every rank of a call must agree on, as words (for the host backend's exchange).
-    pub fn words(&self, eps: f32, fp8: bool) -> [u64; 5] {
+    pub fn words(&self, eps: f32, fp8: Fp8Mode) -> [u64; 5] {
         [
             self.rows as u64,
             self.hidden as u64,
@@ -102,7 +144,11 @@ impl Shape {
             w[0],
             w[1],
             f32::from_bits(w[4] as u32),
-            if w[3] == 1 { "on" } else { "off" }
+            match w[3] {
+                0 => "off",
+                1 => "on, a scale per row",
+                _ => "on, a given scale",
+            }
         )
     }
 }
@@ -191,7 +237,7 @@ impl AllReduceRmsNorm<'_> {
             hidden,
         ));
         if let Some(q) = &self.fp8 {
-            let (k, s) = (&q.codes, &q.scales);
+            let k = &q.codes;
             bufs.push((
                 "fp8 codes",
                 k.ptr() as usize,
@@ -200,19 +246,22 @@ impl AllReduceRmsNorm<'_> {
                 k.device(),
                 count,
             ));
-            bufs.push((
-                "fp8 scales",
-                s.ptr() as usize,
-                s.bytes_len(),
-                s.dtype(),
-                s.device(),
-                rows,
-            ));
+            let (what, ptr, bytes, dt, dev, want) = match &q.scale {
+                Fp8Scale::PerRow(s) => {
+                    let p = s.ptr() as usize;
+                    ("fp8 scales", p, s.bytes_len(), s.dtype(), s.device(), rows)
+                }
+                Fp8Scale::Given(s) => {
+                    let p = s.ptr() as usize;
+                    ("fp8 scale", p, s.bytes_len(), s.dtype(), s.device(), 1)
+                }
+            };
+            bufs.push((what, ptr, bytes, dt, dev, want));
         }
         for &(what, _, _, d, dev, _) in &bufs {
             let want = match what {
                 "fp8 codes" => DataType::F8E4M3,
-                "fp8 scales" => DataType::F32,
+                "fp8 scales" | "fp8 scale" => DataType::F32,
                 _ => dtype,
             };
             if d != want {
@@ -287,15 +336,35 @@ fn round_to(dtype: DataType, v: f32) -> f32 {
     }
 }
 
+/// The FP8 output a reference computation makes: codes with a scale per row, or with one
+/// given scale.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Fp8Ref {
+    /// One scale per row, `absmax(y) / 448`.
+    PerRow,
+    /// This scale for every row.
+    Given(f32),
+}
+
+/// The E4M3 code of `y / scale`, 0 where the scale is not finite and positive.
+fn code_of(y: f32, scale: f32) -> u8 {
+    if scale > 0.0 && scale.is_finite() {
+        fp8::f32_to_e4m3(y / scale)
+    } else {
+        0
+    }
+}
+
 /// The residual add, norm and FP8 encoding of every row (see the module doc): `sum` is the
 /// all-reduced rows, `residual` and `weight` the inputs, as f32 values of the element type.
+/// With a given scale, `Normed::scales` holds that one scale.
 pub fn norm_rows(
     sum: &[f32],
     residual: &[f32],
     weight: &[f32],
     eps: f32,
     dtype: DataType,
-    fp8: bool,
+    fp8: Option<Fp8Ref>,
 ) -> Normed {
     let hidden = weight.len();
     assert!(hidden > 0 && sum.len() % hidden == 0 && residual.len() == sum.len());
@@ -303,8 +372,12 @@ pub fn norm_rows(
     let mut out = Normed {
         residual: Vec::with_capacity(sum.len()),
         y: Vec::with_capacity(sum.len()),
-        codes: Vec::with_capacity(if fp8 { sum.len() } else { 0 }),
-        scales: Vec::with_capacity(if fp8 { rows } else { 0 }),
+        codes: Vec::with_capacity(if fp8.is_some() { sum.len() } else { 0 }),
+        scales: match fp8 {
+            Some(Fp8Ref::Given(s)) => vec![s],
+            Some(Fp8Ref::PerRow) => Vec::with_capacity(rows),
+            None => Vec::new(),
+        },
     };
     for (s, res) in sum.chunks(hidden).zip(residual.chunks(hidden)) {
         let start = out.residual.len();
@@ -322,18 +395,17 @@ pub fn norm_rows(
             absmax = absmax.max(y.to_bits() & 0x7FFF_FFFF);
             out.y.push(y);
         }
-        if fp8 {
-            let scale = block_scale(Format::E4M3, f32::from_bits(absmax));
-            out.scales.push(scale);
-            let usable = scale > 0.0 && scale.is_finite();
-            out.codes.extend(out.y[start..].iter().map(|&y| {
-                if usable {
-                    fp8::f32_to_e4m3(y / scale)
-                } else {
-                    0
-                }
-            }));
-        }
+        let scale = match fp8 {
+            None => continue,
+            Some(Fp8Ref::Given(s)) => s,
+            Some(Fp8Ref::PerRow) => {
+                let s = block_scale(Format::E4M3, f32::from_bits(absmax));
+                out.scales.push(s);
+                s
+            }
+        };
+        out.codes
+            .extend(out.y[start..].iter().map(|&y| code_of(y, scale)));
     }
     out
 }
@@ -409,14 +481,15 @@ fn row_max(v: &[f64], hidden: usize) -> Vec<f64> {
 /// computation allows: `r` two roundings (the sum's, then `r`'s) past an f32 sum; `y` the
 /// effect of those on `y` itself and on the row's norm, plus two roundings; for FP8 the scale
 /// within that of `absmax(y) / 448` and every dequantized code within half an E4M3 step (2^-4
-/// relative, `scale * 2^-10` for the subnormal codes) of `y`. The first element out of bounds is
-/// the error.
+/// relative, `scale * 2^-10` for the subnormal codes) of `y` (saturated at 448 steps of a given
+/// scale; `fp8`'s flag says the scale is given, one for the tensor). The first element out of
+/// bounds is the error.
 pub fn compare(
     dtype: DataType,
     want: &Exact,
     residual: &[f32],
     y: &[f32],
-    fp8: Option<(&[u8], &[f32])>,
+    fp8: Option<(&[u8], &[f32], bool)>,
 ) -> std::result::Result<(), String> {
     let u = unit_roundoff(dtype);
     let h = want.hidden;
@@ -470,11 +543,11 @@ pub fn compare(
             ));
         }
     }
-    let Some((codes, scales)) = fp8 else {
+    let Some((codes, scales, given)) = fp8 else {
         return Ok(());
     };
     let rows = n.checked_div(h).unwrap_or(0);
-    if codes.len() != n || scales.len() != rows {
+    if codes.len() != n || scales.len() != if given { 1 } else { rows } {
         return Err(format!(
             "{} FP8 codes and {} scales for {rows} rows of {h}",
             codes.len(),
@@ -485,14 +558,26 @@ pub fn compare(
         .map_err(|e| e.to_string())?
         .values();
     for row in 0..rows {
-        let s = scales[row] as f64;
+        let s = scales[if given { 0 } else { row }] as f64;
+        if given && !(s > 0.0 && s.is_finite()) {
+            // An unusable given scale: every code 0.
+            if let Some(col) = codes[row * h..(row + 1) * h].iter().position(|&c| c != 0) {
+                return Err(format!(
+                    "fp8 row {row} col {col}: code {:#04x} with the unusable scale {s}, want 0",
+                    codes[row * h + col]
+                ));
+            }
+            continue;
+        }
         let want_s = y_max[row] / 448.0;
-        if (s - want_s).abs() > y_tol_max[row] / 448.0 + 2.0 * u * want_s || s.is_nan() {
+        if !given && ((s - want_s).abs() > y_tol_max[row] / 448.0 + 2.0 * u * want_s || s.is_nan())
+        {
             return Err(format!("fp8 scale of row {row}: got {s}, want {want_s}"));
         }
         for col in 0..h {
             let i = row * h + col;
-            let e = want.y[i];
+            // A given scale saturates what lies past 448 steps of it.
+            let e = want.y[i].clamp(-448.0 * s, 448.0 * s);
             let got = values[codes[i] as usize] as f64 * s;
             let tol =
                 (e.abs() + y_tol_max[row]) * 2f64.powi(-4) + s * 2f64.powi(-10) + y_tol_max[row];

@@ -1,14 +1,14 @@
-//! The direct-access kernels: the variant table agrees with the source (always), and every
-//! variant compiles with NVRTC for sm_90 (needs libnvrtc: the system path, FERROCOMM_NVRTC_LIB,
-//! or python's nvidia-cuda-nvrtc==13.0.88 wheel; the test fails when none is found).
+//! The direct-access kernels: the variant and group tables agree with the sources (always);
+//! the kernels built into the library (the crate's build compiles every unit with NVRTC for
+//! each target) are complete and hold every entry point, read back without a GPU; a unit that
+//! is not built in compiles through the kernel cache, as at first use on a GPU.
 //!
-//! The compile goes through the kernel cache (`FERROCOMM_KERNEL_CACHE`), as a communicator's
-//! does: a cubin is reused only for the same source, options, arch and NVRTC version, so a hit
-//! means this very source compiled with this NVRTC before, and an edited kernel compiles again.
-//! `scripts/test.sh` keeps the cache in `target/kernel-cache`.
+//! The NVRTC tests need libnvrtc (the system path, FERROCOMM_NVRTC_LIB, or python's
+//! nvidia-cuda-nvrtc==13.0.88 wheel) and fail when none is found; the built-in kernels need it
+//! at build time (`scripts/test.sh` sets FERROCOMM_NVRTC_LIB for the whole run).
 
 use ferrocomm::cuda::kernels::{
-    self, ALGOS, ALL_REDUCE_SOURCE, COLLECTIVES_SOURCE, COLL_ENTRIES, COLL_OP_ENTRIES,
+    self, Group, ALGOS, ALL_REDUCE_SOURCE, COLLECTIVES_SOURCE, COLL_ENTRIES, COLL_OP_ENTRIES,
     EXTRA_ENTRIES, OPS, VARIANTS,
 };
 use ferrocomm::{Config, DataType};
@@ -21,8 +21,10 @@ fn variant_table_matches_the_source() {
             ALL_REDUCE_SOURCE.contains(&format!("defined({def})")),
             "all_reduce.cu has no branch for {def} ({d})"
         );
-        let src = kernels::module_source(d).unwrap();
-        assert!(src.starts_with(&format!("#define {def} 1\n")));
+        let src = kernels::unit_source(d, Group::AllReduce(0)).unwrap();
+        assert!(src.starts_with(&format!(
+            "#define {def} 1\n#define FC_GROUP_ALL_REDUCE_SUM 1\n"
+        )));
         assert!(kernels::supports(d));
     }
     // Every operator has its FC_ENTRY line, which defines fc_{push,flat,tree}_<op>.
@@ -84,8 +86,9 @@ fn variant_table_matches_the_source() {
             "FC_COLL_ENTRY does not define {p}_*"
         );
     }
-    // Both sources are in every module, all-reduce first (collectives.cu uses its helpers).
-    let src = kernels::module_source(DataType::BF16).unwrap();
+    // A reduce-scatter unit holds both sources, all-reduce first (collectives.cu uses its
+    // helpers).
+    let src = kernels::unit_source(DataType::BF16, Group::Reduce(0)).unwrap();
     let (ar, co) = (
         src.find("struct Args {").unwrap(),
         src.find("struct CArgs {").unwrap(),
@@ -101,10 +104,12 @@ fn variant_table_matches_the_source() {
     );
     let unique: std::collections::HashSet<_> = names.iter().collect();
     assert_eq!(unique.len(), names.len(), "entry names repeat");
-    // The low-precision kernels ride in the float modules only.
+    // The low-precision and norm kernels are units of the float types only.
     for (d, _) in VARIANTS {
-        let src = kernels::module_source(d).unwrap();
-        assert_eq!(src.contains("fc_lp_move"), kernels::has_lowp(d), "{d}");
+        for g in [Group::LowPrecision, Group::RmsNorm] {
+            let src = kernels::unit_source(d, g);
+            assert_eq!(src.is_some(), kernels::has_lowp(d), "{d}");
+        }
     }
     for e in kernels::LOWP_ENTRIES {
         let declared = |bounds: &str| {
@@ -115,7 +120,7 @@ fn variant_table_matches_the_source() {
     }
     // dtypes the kernels do not take go to NCCL.
     for d in [DataType::F64, DataType::I8, DataType::F8E4M3] {
-        assert!(!kernels::supports(d) && kernels::module_source(d).is_none());
+        assert!(!kernels::supports(d) && kernels::unit_source(d, Group::Setup).is_none());
     }
 }
 
@@ -204,83 +209,208 @@ fn every_kernel_waits_for_the_previous_grid_first() {
 }
 
 #[test]
-fn cache_key_changes_with_arch_dtype_and_version() {
+fn cache_key_changes_with_arch_dtype_group_and_version() {
     let dir = std::path::Path::new("/tmp/fc");
-    let a = kernels::cache_path(dir, DataType::BF16, "sm_90", (13, 0));
-    assert_ne!(
-        a,
-        kernels::cache_path(dir, DataType::BF16, "sm_80", (13, 0))
+    let sum = Group::AllReduce(0);
+    let at = |d, g, arch, ver| kernels::cache_path(dir, d, g, arch, ver).unwrap();
+    let a = at(DataType::BF16, sum, "sm_90", (13, 0));
+    assert_ne!(a, at(DataType::BF16, sum, "sm_80", (13, 0)));
+    assert_ne!(a, at(DataType::F16, sum, "sm_90", (13, 0)));
+    assert_ne!(a, at(DataType::BF16, Group::AllReduce(1), "sm_90", (13, 0)));
+    assert_ne!(a, at(DataType::BF16, sum, "sm_90", (13, 1)));
+    assert_eq!(a, at(DataType::BF16, sum, "sm_90", (13, 0)));
+    // PTX is another file than the cubin of the same number.
+    let ptx = at(DataType::BF16, sum, "compute_90", (13, 0));
+    assert!(ptx.to_str().unwrap().ends_with(".ptx"), "{ptx:?}");
+    // Units that do not exist have no file.
+    assert!(
+        kernels::cache_path(dir, DataType::I32, Group::LowPrecision, "sm_90", (13, 0)).is_none()
     );
-    assert_ne!(a, kernels::cache_path(dir, DataType::F16, "sm_90", (13, 0)));
-    assert_ne!(
-        a,
-        kernels::cache_path(dir, DataType::BF16, "sm_90", (13, 1))
+    assert!(kernels::cache_path(dir, DataType::BF16, Group::AllGather, "sm_90", (13, 0)).is_none());
+}
+
+/// Every group's entry points are emitted under its define only: a unit compiles the kernels
+/// its group lists and no other group's.
+#[test]
+fn every_entry_point_is_under_its_group_s_define() {
+    let sources = [
+        ALL_REDUCE_SOURCE,
+        COLLECTIVES_SOURCE,
+        kernels::LOWP_SOURCE,
+        kernels::RMSNORM_SOURCE,
+    ];
+    // The text of every `#ifdef FC_GROUP_*` block, by define.
+    let mut blocks: std::collections::HashMap<String, String> = Default::default();
+    for src in sources {
+        let mut rest = src;
+        while let Some(at) = rest.find("#ifdef FC_GROUP_") {
+            let line_end = at + rest[at..].find('\n').unwrap();
+            let define = rest[at + "#ifdef ".len()..line_end].trim().to_string();
+            let end = line_end + rest[line_end..].find("#endif").expect("closed block");
+            blocks
+                .entry(define)
+                .or_default()
+                .push_str(&rest[line_end..end]);
+            rest = &rest[end..];
+        }
+    }
+    let mut defines: Vec<String> = Group::ALL.iter().map(|g| g.define()).collect();
+    defines.sort();
+    let mut found: Vec<String> = blocks.keys().cloned().collect();
+    found.sort();
+    assert_eq!(found, defines, "the sources' group blocks");
+    // How an entry point appears in a block: its own definition, or the macro line that
+    // defines it.
+    let defines_entry = |block: &str, e: &str| {
+        let bare = e.trim_start_matches("fc_");
+        block.contains(&format!(" {e}(")) || block.contains(&format!("LL_ENTRY({bare})")) || {
+            let op = OPS.iter().find(|op| e.ends_with(&format!("_{op}")));
+            op.is_some_and(|op| {
+                let up = op.to_ascii_uppercase();
+                (ALGOS.iter().any(|a| e == format!("fc_{a}_{op}"))
+                    && block.contains(&format!("FC_ENTRY({op}, OP_{up})")))
+                    || (COLL_OP_ENTRIES.iter().any(|p| e == format!("{p}_{op}"))
+                        && block.contains(&format!("FC_COLL_ENTRY({op}, OP_{up})")))
+            })
+        }
+    };
+    let mut n = 0;
+    for g in Group::ALL {
+        for e in g.entries() {
+            assert!(
+                defines_entry(&blocks[&g.define()], &e),
+                "{e} is not under {}",
+                g.define()
+            );
+            assert_eq!(kernels::group_of(&e), Some(g), "{e}");
+            for other in Group::ALL.iter().filter(|&&o| o != g) {
+                assert!(
+                    !defines_entry(&blocks[&other.define()], &e),
+                    "{e} is under {} too",
+                    other.define()
+                );
+            }
+            n += 1;
+        }
+    }
+    assert_eq!(
+        n,
+        ALGOS.len() * OPS.len()
+            + EXTRA_ENTRIES.len()
+            + COLL_ENTRIES.len()
+            + COLL_OP_ENTRIES.len() * OPS.len()
+            + kernels::LOWP_ENTRIES.len()
+            + kernels::RMSNORM_ENTRIES.len()
+    );
+    // The byte kernels and the start-up check are f32 units only.
+    assert_eq!(
+        kernels::entry_names_for(DataType::F32).len(),
+        n,
+        "f32 holds every group"
     );
     assert_eq!(
-        a,
-        kernels::cache_path(dir, DataType::BF16, "sm_90", (13, 0))
+        kernels::entry_names_for(DataType::I64).len(),
+        (ALGOS.len() + COLL_OP_ENTRIES.len()) * OPS.len()
     );
 }
 
+/// The kernels built into this library: every target the build makes by default, every unit
+/// each one runs, each a CUDA ELF file for its architecture holding every entry point the
+/// runtime looks up in it (PTX: the `.entry` of each), all compiled from this very source.
 #[test]
-fn every_variant_compiles_with_nvrtc() {
-    let cfg = Config::from_env().unwrap();
-    if let Err(e) = ferrocomm::cuda::libs::ensure_nvrtc(&cfg) {
-        panic!(
-            "NVRTC is required for this test: {e}\n(pip install nvidia-cuda-nvrtc==13.0.88, or set \
-             FERROCOMM_NVRTC_LIB to its nvidia/cu13/lib/libnvrtc.so.13)"
+fn the_built_in_kernels_are_complete() {
+    assert!(
+        kernels::builtin_notes().is_empty(),
+        "the build left kernels out: {:?}",
+        kernels::builtin_notes()
+    );
+    let targets = kernels::builtin_targets();
+    let checked = kernels::check_builtin().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(checked.len(), targets.len());
+    for c in &checked {
+        let expected = kernels::units_for(c.target);
+        assert_eq!(c.units, expected.len(), "{}", c.target);
+        let entries: usize = expected.iter().map(|(_, g)| g.entries().len()).sum();
+        assert_eq!(c.symbols, entries, "{}", c.target);
+        eprintln!(
+            "{}: {} units, {} kernels, {} bytes, {} compressed",
+            c.target, c.units, c.symbols, c.bytes, c.compressed_bytes
         );
     }
-    let (major, minor) = kernels::nvrtc_version().unwrap();
-    assert!(major >= 12, "NVRTC {major}.{minor} is too old");
-    let ver = (major, minor);
-    let t0 = std::time::Instant::now();
-    // One module per element type, all at once (NVRTC compiles programs in parallel).
-    std::thread::scope(|s| {
-        let hs: Vec<_> = VARIANTS
-            .iter()
-            .map(|(d, _)| {
-                let cfg = &cfg;
-                let cached = kernels::cache_path(&cfg.kernel_cache, *d, "sm_90", ver).exists();
-                let h = s.spawn(move || {
-                    let t = std::time::Instant::now();
-                    kernels::cubin(*d, "sm_90", cfg).map(|b| (b, t.elapsed()))
-                });
-                (*d, cached, h)
-            })
-            .collect();
-        for (d, cached, h) in hs {
-            let bin = match h.join().unwrap() {
-                Ok((b, took)) => {
-                    let how = if cached { "from the cache" } else { "compiled" };
-                    eprintln!("{d}: {how} in {:.1} s", took.as_secs_f64());
-                    b
-                }
-                Err(e) => panic!("{d}: {e}"),
-            };
-            assert_eq!(&bin[..4], b"\x7fELF", "{d}: not a cubin");
-            // Every entry point is in the cubin's symbol table (the lowp kernels in the float
-            // modules too).
-            let names = kernels::entry_names_for(d);
-            assert_eq!(
-                names.len() > kernels::entry_names().len(),
-                kernels::has_lowp(d),
-                "{d}"
-            );
-            for n in &names {
-                assert!(
-                    bin.windows(n.len() + 1)
-                        .any(|w| &w[..n.len()] == n.as_bytes() && w[n.len()] == 0),
-                    "{d}: cubin lacks {n}"
-                );
-            }
-        }
-    });
-    eprintln!(
-        "every variant for sm_90 in {:.1} s (cache {})",
-        t0.elapsed().as_secs_f64(),
-        cfg.kernel_cache.display()
+    assert_eq!(
+        targets,
+        kernels::DEFAULT_BUILTIN_TARGETS,
+        "built-in targets"
     );
+    let build = include_str!("../build.rs");
+    let listed = format!(
+        "const DEFAULT_TARGETS: &str = \"{}\";",
+        kernels::DEFAULT_BUILTIN_TARGETS.join(",")
+    );
+    assert!(build.contains(&listed), "build.rs lacks `{listed}`");
+    // sm_80 lacks the FP8 conversions: no low-precision or norm units there (3 float types).
+    let units = |t: &str| checked.iter().find(|c| c.target == t).unwrap().units;
+    assert_eq!(units("sm_80") + 2 * 3, units("sm_90"));
+    for (target, d, g, built, now) in kernels::builtin_keys() {
+        assert_eq!(
+            built,
+            now,
+            "{target} {d} {}: built from another source",
+            g.name()
+        );
+    }
+    // What the kernels add to the library: the wheel's limit is 40 MB in all.
+    let z = kernels::builtin_compressed_bytes();
+    assert!(z < 30 << 20, "{z} compressed bytes of kernels");
+}
+
+/// A unit that is not built in compiles with NVRTC through the kernel cache, as at first use
+/// on a GPU: compiled once, then read from the cache.
+#[test]
+fn a_unit_not_built_in_compiles_through_the_cache() {
+    let dir = std::env::temp_dir().join(format!("fc-unit-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut cfg = Config::from_env().unwrap();
+    cfg.kernel_cache = dir.clone();
+    cfg.builtin_kernels = false;
+    ferrocomm::cuda::libs::ensure_nvrtc(&cfg).expect("NVRTC is required for this test");
+    let g = Group::Setup;
+    assert_eq!(
+        kernels::code_source(DataType::F32, g, "sm_90", &cfg).unwrap(),
+        None
+    );
+    let first = kernels::code(DataType::F32, g, "sm_90", &cfg).unwrap();
+    assert_eq!(first.source, kernels::CodeSource::Compiled);
+    assert_eq!(&first.bytes[..4], b"\x7fELF");
+    let again = kernels::code(DataType::F32, g, "sm_90", &cfg).unwrap();
+    assert_eq!(again.source, kernels::CodeSource::Cached);
+    assert_eq!(again.bytes, first.bytes);
+    assert_eq!(
+        kernels::code_source(DataType::F32, g, "sm_90", &cfg).unwrap(),
+        Some(kernels::CodeSource::Cached)
+    );
+    // With the built-in kernels on, an sm_90 GPU runs its own, an sm_86 one sm_80's, an sm_103
+    // one sm_100's; an sm_120 one compiles (NVRTC is here: the PTX is for GPUs without it).
+    cfg.builtin_kernels = true;
+    let ar = Group::AllReduce(0);
+    let src = |arch| kernels::code_source(DataType::BF16, ar, arch, &cfg).unwrap();
+    assert_eq!(src("sm_90"), Some(kernels::CodeSource::BuiltIn));
+    assert_eq!(
+        src("sm_86"),
+        Some(kernels::CodeSource::BuiltInCompatible("sm_80"))
+    );
+    assert_eq!(
+        src("sm_103"),
+        Some(kernels::CodeSource::BuiltInCompatible("sm_100"))
+    );
+    assert_eq!(src("sm_120"), None);
+    // sm_89 has the FP8 conversions, which sm_80's units lack: its low-precision units compile.
+    let lp = |arch| kernels::code_source(DataType::BF16, Group::LowPrecision, arch, &cfg);
+    assert_eq!(lp("sm_89").unwrap(), None);
+    // The low-precision kernels need sm_89: refused on sm_80, by name.
+    let e = kernels::code(DataType::BF16, Group::LowPrecision, "sm_80", &cfg).unwrap_err();
+    assert!(e.to_string().contains("sm_89"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -321,7 +451,7 @@ fn a_broken_kernel_reports_the_nvrtc_log() {
     // The error type carries NVRTC's log: compile a dtype the registry lacks -> Unsupported,
     // and make sure a real compile error surfaces as KernelCompile through the public path.
     let cfg = Config::from_env().unwrap();
-    let e = kernels::compile(DataType::F64, "sm_90", &cfg).unwrap_err();
+    let e = kernels::compile_unit(DataType::F64, Group::AllReduce(0), "sm_90", &cfg).unwrap_err();
     assert!(e.to_string().contains("double"), "{e}");
     ferrocomm::cuda::libs::ensure_nvrtc(&cfg).expect("NVRTC is required for this test");
     let e = kernels::compile_source(

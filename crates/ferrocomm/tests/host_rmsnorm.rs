@@ -1,15 +1,16 @@
 //! The fused all-reduce + residual add + RMSNorm on the host backend, against the exact f64
 //! result: every dtype, the model hidden sizes with odd row counts, eps, in and out of place,
-//! FP8 on and off; and bad inputs refused on every rank with nothing written.
+//! FP8 on and off (a scale per row, or one given scale); and bad inputs refused on every rank
+//! with nothing written.
 
 mod host_support;
 
 use std::time::Duration;
 
-use ferrocomm::rmsnorm::{compare, exact_rows};
+use ferrocomm::rmsnorm::{compare, exact_rows, Fp8Ref};
 use ferrocomm::{
-    AllReduceRmsNorm, CallOpts, Communicator, DataType, Device, Error, Fp8Rows, Input, View,
-    ViewMut,
+    AllReduceRmsNorm, CallOpts, Communicator, DataType, Device, Error, Fp8Rows, Fp8Scale, Input,
+    View, ViewMut,
 };
 use host_support::{config, input, run_ranks};
 
@@ -64,12 +65,13 @@ impl Case {
     }
 }
 
-/// What one rank's call wrote: residual_out, out, FP8 codes and scales.
+/// What one rank's call wrote: residual_out, out, FP8 codes and scales (the given scale, with
+/// one given).
 type Written = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
 
 /// Runs `case` on `world` ranks; in place (x and residual overwritten) or into separate
-/// outputs, with or without FP8.
-fn run(world: usize, case: &Case, in_place: bool, fp8: bool) -> Vec<Written> {
+/// outputs, without FP8 or with a scale per row or a given one.
+fn run(world: usize, case: &Case, in_place: bool, fp8: Option<Fp8Ref>) -> Vec<Written> {
     let cfg = config(64 << 10, Duration::from_secs(30));
     let n = case.rows * case.hidden;
     let d = case.d;
@@ -82,10 +84,17 @@ fn run(world: usize, case: &Case, in_place: bool, fp8: bool) -> Vec<Written> {
         let mut out = vec![0u8; n * d.size()];
         let mut res_out = vec![0u8; n * d.size()];
         let mut codes = vec![0u8; n];
-        let mut scales = vec![0u8; case.rows * 4];
-        let q = fp8.then(|| Fp8Rows {
+        let mut scales = match fp8 {
+            Some(Fp8Ref::Given(s)) => s.to_le_bytes().to_vec(),
+            _ => vec![0u8; case.rows * 4],
+        };
+        let given = scales.clone();
+        let q = fp8.map(|f| Fp8Rows {
             codes: view_mut(&mut codes, DataType::F8E4M3),
-            scales: view_mut(&mut scales, DataType::F32),
+            scale: match f {
+                Fp8Ref::PerRow => Fp8Scale::PerRow(view_mut(&mut scales, DataType::F32)),
+                Fp8Ref::Given(_) => Fp8Scale::Given(view(&given, DataType::F32)),
+            },
         });
         let call = if in_place {
             AllReduceRmsNorm {
@@ -121,7 +130,7 @@ fn run(world: usize, case: &Case, in_place: bool, fp8: bool) -> Vec<Written> {
     })
 }
 
-fn check(world: usize, case: &Case, in_place: bool, fp8: bool) {
+fn check(world: usize, case: &Case, in_place: bool, fp8: Option<Fp8Ref>) {
     let got = run(world, case, in_place, fp8);
     let d = case.d;
     let inputs: Vec<Vec<f64>> = (0..world).map(|r| f64s(d, &case.x(r))).collect();
@@ -132,7 +141,7 @@ fn check(world: usize, case: &Case, in_place: bool, fp8: bool) {
         case.eps as f64,
     );
     let label = format!(
-        "{world} ranks {d} {} x {} eps {} {} fp8 {fp8}",
+        "{world} ranks {d} {} x {} eps {} {} fp8 {fp8:?}",
         case.rows,
         case.hidden,
         case.eps,
@@ -146,7 +155,13 @@ fn check(world: usize, case: &Case, in_place: bool, fp8: bool) {
             "{label}: rank {rank} differs from rank 0"
         );
         let scales = values(DataType::F32, scales);
-        let q = fp8.then_some((codes.as_slice(), scales.as_slice()));
+        let q = fp8.map(|f| {
+            (
+                codes.as_slice(),
+                scales.as_slice(),
+                matches!(f, Fp8Ref::Given(_)),
+            )
+        });
         if let Err(e) = compare(d, &want, &values(d, r), &values(d, y), q) {
             panic!("{label}: rank {rank}: {e}");
         }
@@ -166,7 +181,12 @@ fn every_dtype_and_model_hidden_size_matches_the_exact_result() {
                 eps: 1e-6,
                 seed,
             };
-            check(2, &case, seed % 2 == 0, seed % 3 != 0);
+            let fp8 = match seed % 3 {
+                0 => None,
+                1 => Some(Fp8Ref::PerRow),
+                _ => Some(Fp8Ref::Given(0.004)),
+            };
+            check(2, &case, seed % 2 == 0, fp8);
         }
     }
 }
@@ -175,7 +195,7 @@ fn every_dtype_and_model_hidden_size_matches_the_exact_result() {
 fn in_and_out_of_place_with_and_without_fp8_at_three_ranks() {
     for d in FLOATS {
         for in_place in [true, false] {
-            for fp8 in [false, true] {
+            for fp8 in [None, Some(Fp8Ref::PerRow), Some(Fp8Ref::Given(0.01))] {
                 for eps in [0.0, 1e-5, 0.5] {
                     let case = Case {
                         d,
@@ -200,9 +220,32 @@ fn one_rank_and_no_rows() {
         eps: 1e-6,
         seed: 5,
     };
-    check(1, &case, true, true);
+    check(1, &case, true, Some(Fp8Ref::PerRow));
     let empty = Case { rows: 0, ..case };
-    check(2, &empty, false, true);
+    check(2, &empty, false, Some(Fp8Ref::PerRow));
+}
+
+#[test]
+fn a_given_scale_saturates_past_448_steps_and_an_unusable_one_gives_zero_codes() {
+    let case = Case {
+        d: DataType::BF16,
+        rows: 5,
+        hidden: 48,
+        eps: 1e-6,
+        seed: 11,
+    };
+    // y is of order 1: 1e-4 saturates most codes at +-448 steps, 1e3 makes most subnormal.
+    for scale in [1e-4, 1e3, 0.0, -1.0, f32::NAN, f32::INFINITY] {
+        for world in [2, 3] {
+            check(world, &case, world == 2, Some(Fp8Ref::Given(scale)));
+        }
+    }
+    // The saturated codes are +-448 (0x7e / 0xfe): out of place, one rank.
+    let got = run(1, &case, false, Some(Fp8Ref::Given(1e-4)));
+    let codes = &got[0].2;
+    assert!(codes.iter().filter(|&&c| c & 0x7f == 0x7e).count() > codes.len() / 2);
+    let zero = run(1, &case, false, Some(Fp8Ref::Given(f32::NAN)));
+    assert!(zero[0].2.iter().all(|&c| c == 0));
 }
 
 #[test]
@@ -228,7 +271,7 @@ fn the_fp8_rows_are_the_e4m3_encoding_of_out() {
                 eps: 1e-6,
                 fp8: Some(Fp8Rows {
                     codes: view_mut(&mut codes, DataType::F8E4M3),
-                    scales: view_mut(&mut scales, DataType::F32),
+                    scale: Fp8Scale::PerRow(view_mut(&mut scales, DataType::F32)),
                 }),
             },
             &CallOpts::default(),
@@ -274,7 +317,7 @@ fn refused(
                 eps,
                 fp8: Some(Fp8Rows {
                     codes: view_mut(&mut codes, DataType::F8E4M3),
-                    scales: view_mut(&mut scales, DataType::F32),
+                    scale: Fp8Scale::PerRow(view_mut(&mut scales, DataType::F32)),
                 }),
             },
             &CallOpts::default(),
@@ -330,7 +373,7 @@ fn bad_inputs_fail_on_every_rank_and_write_nothing() {
             }
         },
         "ranks disagree on the call (rank 0: 4 rows x hidden 16 of bfloat16, eps 0.000001, \
-         fp8 on; rank 1: 2 rows x hidden 32",
+         fp8 on, a scale per row; rank 1: 2 rows x hidden 32",
     );
     refused(
         3,

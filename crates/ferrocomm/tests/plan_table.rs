@@ -3,7 +3,8 @@
 //! capabilities of each backend. The table is compared with `tests/plan_table.golden`, recorded
 //! from the decisions as they stood, so that moving or reshaping the planner is shown to change
 //! no decision. A decision that changes on purpose is recorded again with
-//! `FERROCOMM_BLESS=1 cargo test -p ferrocomm --test plan_table` and reviewed in the diff.
+//! `FERROCOMM_BLESS=1 cargo test -p ferrocomm --test plan_table` (refused when `CI` is set),
+//! which prints what changed and fails once, and is reviewed in the diff.
 
 use std::fmt::Write;
 
@@ -505,7 +506,7 @@ fn rmsnorm_table() -> String {
                     let head = format!("{fname} {name} {req} lp={lp} all_reduce_rmsnorm");
                     by_world(&mut t, &head, |world| {
                         runs(&sizes, |bytes| {
-                            cuda_rmsnorm(&cuda(world), &cfg, bytes, DataType::BF16, req, lp)
+                            cuda_rmsnorm(&cuda(world), &cfg, bytes, DataType::BF16, req, lp, lp)
                                 .to_string()
                         })
                     });
@@ -530,28 +531,106 @@ fn the_planner_decides_as_recorded() {
         rmsnorm_table()
     );
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/plan_table.golden");
-    if std::env::var_os("FERROCOMM_BLESS").is_some() {
-        std::fs::write(path, &table).expect("writing the golden table");
+    let bless = std::env::var_os("FERROCOMM_BLESS").is_some();
+    let ci = std::env::var_os("CI").is_some();
+    if let Err(e) = compare_or_record(std::path::Path::new(path), &table, bless, ci) {
+        panic!("{e}");
     }
-    let golden = std::fs::read_to_string(path).expect("tests/plan_table.golden is readable");
-    if golden != table {
-        let first = golden
-            .lines()
-            .zip(table.lines())
-            .enumerate()
-            .find(|(_, (a, b))| a != b);
-        match first {
-            Some((i, (want, got))) => panic!(
-                "decision table line {} differs:\n recorded: {want}\n now:      {got}",
-                i + 1
-            ),
-            None => panic!(
-                "decision table has {} lines, recorded {}",
-                table.lines().count(),
-                golden.lines().count()
-            ),
+}
+
+/// The lines of a unified diff that show at most.
+const DIFF_LINES: usize = 200;
+
+/// What changed from `recorded` to `now`, as a unified diff of lines (at most [`DIFF_LINES`]).
+fn what_changed(recorded: &str, now: &str) -> String {
+    let diff = similar::TextDiff::from_lines(recorded, now);
+    let text = diff
+        .unified_diff()
+        .context_radius(1)
+        .header("recorded", "now")
+        .to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = lines[..lines.len().min(DIFF_LINES)].join("\n");
+    if lines.len() > DIFF_LINES {
+        out.push_str(&format!(
+            "\n... {} more lines of diff",
+            lines.len() - DIFF_LINES
+        ));
+    }
+    out
+}
+
+/// Compares `table` with the recorded one at `path`. With `bless` it records `table` there
+/// instead, unless `ci` (a run that records what it then checks can never fail, so recording
+/// is a person's act, reviewed in the diff), and fails when that changed anything, showing
+/// what: a run that recorded a new table is not a run that checked the planner.
+fn compare_or_record(
+    path: &std::path::Path,
+    table: &str,
+    bless: bool,
+    ci: bool,
+) -> Result<(), String> {
+    if bless && ci {
+        return Err(
+            "FERROCOMM_BLESS is refused when CI is set: the decision table is recorded \
+                    by hand and reviewed, never by the run that checks it"
+                .into(),
+        );
+    }
+    let recorded = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()));
+    if bless {
+        if recorded.as_deref() == Ok(table) {
+            return Ok(());
         }
+        std::fs::write(path, table).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        let changes = what_changed(recorded.as_deref().unwrap_or(""), table);
+        return Err(format!(
+            "FERROCOMM_BLESS recorded a new decision table in {}; review what changed (also \
+             in git diff) and run again without FERROCOMM_BLESS:\n{changes}",
+            path.display()
+        ));
     }
+    let recorded = recorded?;
+    if recorded != table {
+        return Err(format!(
+            "the planner's decisions differ from the recorded table ({}):\n{}",
+            path.display(),
+            what_changed(&recorded, table)
+        ));
+    }
+    Ok(())
+}
+
+#[test]
+fn blessing_is_refused_under_ci_and_shows_what_it_changed() {
+    let dir = std::env::temp_dir().join(format!("ferrocomm-plan-bless-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("table.golden");
+    let old = "a 1\nb push\nc 3\n";
+    let new = "a 1\nb flat\nc 3\n";
+    std::fs::write(&path, old).unwrap();
+    // Under CI: refused, nothing written.
+    let e = compare_or_record(&path, new, true, true).unwrap_err();
+    assert!(e.contains("refused when CI is set"), "{e}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), old);
+    // A plain run shows the change and fails.
+    let e = compare_or_record(&path, new, false, false).unwrap_err();
+    assert!(e.contains("-b push") && e.contains("+b flat"), "{e}");
+    assert!(!e.contains("-a 1") && !e.contains("-c 3"), "{e}");
+    // Blessing records it, says what changed, and does not count as a check.
+    let e = compare_or_record(&path, new, true, false).unwrap_err();
+    assert!(e.contains("recorded a new decision table"), "{e}");
+    assert!(e.contains("-b push") && e.contains("+b flat"), "{e}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), new);
+    // Now it matches, with or without blessing.
+    compare_or_record(&path, new, true, false).unwrap();
+    compare_or_record(&path, new, false, true).unwrap();
+    // A long change is cut, saying how much is left out.
+    let many: String = (0..500).map(|i| format!("row {i}\n")).collect();
+    let e = what_changed("", &many);
+    assert_eq!(e.lines().count(), DIFF_LINES + 1);
+    assert!(e.ends_with("more lines of diff"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -575,13 +654,21 @@ fn the_table_holds_the_decisions_it_names() {
         "[(\"FERROCOMM_RMSNORM_FUSED\", \"0\")] dda auto lp=false all_reduce_rmsnorm w1-16: 0.. all-reduce+norm"
     ));
     assert!(n.contains(
-        "[(\"FERROCOMM_RMSNORM_FUSED\", \"1\")] dda auto lp=false all_reduce_rmsnorm w1-2: \
+        "[(\"FERROCOMM_RMSNORM_FUSED\", \"1\")] dda auto lp=false all_reduce_rmsnorm w1-1: 0.. local"
+    ));
+    assert!(n.contains(
+        "[(\"FERROCOMM_RMSNORM_FUSED\", \"1\")] dda auto lp=false all_reduce_rmsnorm w2-2: \
          0..33554432 fused-flat, 33554433.. all-reduce+norm"
     ));
     assert!(n.contains(
         "[(\"FERROCOMM_RMSNORM_FUSED\", \"1\"), (\"FERROCOMM_RMSNORM_FLAT_MAX_BYTES\", \"64K\")] \
-         dda auto lp=false all_reduce_rmsnorm w1-16: 0..65536 fused-flat, 65537..33554432 \
+         dda auto lp=false all_reduce_rmsnorm w2-16: 0..65536 fused-flat, 65537..33554432 \
          fused-tree, 33554433.. all-reduce+norm"
+    ));
+    // Low precision in one launch: the records of a call to the staging's size fit once.
+    assert!(n.contains(
+        "[(\"FERROCOMM_RMSNORM_FUSED\", \"1\")] dda auto lp=true all_reduce_rmsnorm w1-2: \
+         0..33554432 fused-flat, 33554433..67108864 fused-tree, 67108865.. all-reduce+norm"
     ));
     let lp = low_precision_table();
     assert!(lp.contains(

@@ -57,6 +57,41 @@ fn closed_within(c: &mut TcpStream, limit: Duration) -> bool {
     }
 }
 
+/// Waits until the server has closed at least `want` of `conns` or `deadline` has passed, by
+/// `poll(2)` on those still open; says which are closed.
+fn closed_by(conns: &mut [TcpStream], want: usize, deadline: Instant) -> Vec<bool> {
+    use std::os::fd::AsRawFd;
+    let mut closed = vec![false; conns.len()];
+    let mut b = [0u8; 128];
+    while closed.iter().filter(|&&c| c).count() < want {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let open: Vec<usize> = (0..conns.len()).filter(|&i| !closed[i]).collect();
+        let mut fds: Vec<libc::pollfd> = open
+            .iter()
+            .map(|&i| libc::pollfd {
+                fd: conns[i].as_raw_fd(),
+                events: libc::POLLIN | libc::POLLRDHUP,
+                revents: 0,
+            })
+            .collect();
+        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: `fds` holds fds.len() initialised entries of sockets that stay open meanwhile.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        assert!(r >= 0, "poll: {}", std::io::Error::last_os_error());
+        for (f, &i) in fds.iter().zip(&open) {
+            if f.revents == 0 {
+                continue;
+            }
+            // Readable: the end of the stream (or a reset) once the server has closed it.
+            closed[i] = !matches!(conns[i].read(&mut b), Ok(n) if n > 0);
+        }
+    }
+    closed
+}
+
 #[test]
 fn a_client_without_the_secret_is_refused_and_reads_nothing() {
     let srv = TcpStoreServer::bind("127.0.0.1", 0, &key()).unwrap();
@@ -170,6 +205,7 @@ fn a_flood_of_idle_connections_is_bounded_and_the_job_completes() {
     let port = srv.port();
     // A stranger opens many connections and sends nothing (or half a hello).
     let n = 4 * MAX_HANDSHAKING;
+    let first = Instant::now();
     let mut flood: Vec<TcpStream> = (0..n)
         .map(|i| {
             let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -179,23 +215,22 @@ fn a_flood_of_idle_connections_is_bounded_and_the_job_completes() {
             c
         })
         .collect();
-    thread::sleep(Duration::from_millis(300));
+    // The server closes all but MAX_HANDSHAKING of them at once: before the handshake time of
+    // the first connection is over, the earliest a held one can be dropped (the bound is the
+    // behaviour under test; the server needs milliseconds of it).
+    let closed = closed_by(&mut flood, n - MAX_HANDSHAKING, first + HANDSHAKE_TIMEOUT);
+    let closed_now = closed.iter().filter(|&&c| c).count();
+    assert!(
+        closed_now >= n - MAX_HANDSHAKING,
+        "only {closed_now} of {n} closed within the handshake time"
+    );
     // Meanwhile a client that cannot wait hears that the server is overwhelmed.
     match TcpStore::connect("127.0.0.1", port, &key(), Duration::from_millis(300)) {
         Err(e) => assert!(e.to_string().contains("no handshake reply"), "{e}"),
         Ok(_) => panic!("served although every handshake slot was taken"),
     }
-    // The server closed all but MAX_HANDSHAKING of them at once ...
-    let closed_now = flood
-        .iter_mut()
-        .map(|c| closed_within(c, Duration::from_millis(20)))
-        .filter(|&closed| closed)
-        .count();
-    assert!(
-        closed_now >= n - MAX_HANDSHAKING,
-        "only {closed_now} of {n} closed"
-    );
-    // ... and drops the rest once their handshake time is over.
+    // ... and drops the rest once their handshake time is over (the bound is the behaviour
+    // under test, with 5 s for two loaded cores).
     let t0 = Instant::now();
     for c in flood.iter_mut() {
         assert!(closed_within(c, HANDSHAKE_TIMEOUT + Duration::from_secs(5)));

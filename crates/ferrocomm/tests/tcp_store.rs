@@ -17,6 +17,8 @@ use ferrocomm::bootstrap::{
 };
 use ferrocomm::{Config, Error};
 
+mod thread_state;
+
 const ROLE: &str = "FERROCOMM_TEST_CHILD_ROLE";
 const T: Duration = Duration::from_secs(10);
 const SECRET: &str = "the tcp store tests' secret";
@@ -38,6 +40,7 @@ fn spawn_child(role: &str, env: &[(&str, String)]) -> Child {
     let mut c = Command::new(std::env::current_exe().unwrap());
     c.args(["--exact", "child_process", "--ignored", "--nocapture"])
         .env(ROLE, role)
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped());
     for (k, v) in env {
         c.env(k, v);
@@ -81,11 +84,13 @@ fn child_process() {
             s.set(&format!("done/{rank}"), &[rank as u8 * 7 + 1])
                 .unwrap();
         }
-        // A server that reports its port and lives until killed.
+        // A server that reports its port and lives until killed (or until the test that
+        // started it closes its stdin, by ending).
         "server" => {
             let srv = TcpStoreServer::bind("127.0.0.1", 0, &key()).unwrap();
             println!("PORT {}", srv.port());
-            thread::sleep(Duration::from_secs(60));
+            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+            drop(srv);
         }
         other => panic!("unknown role {other}"),
     }
@@ -155,8 +160,13 @@ fn one_client_shared_by_threads_does_not_block_on_a_waiting_get() {
     let srv = TcpStoreServer::bind("127.0.0.1", 0, &key()).unwrap();
     let s = Arc::new(TcpStore::connect("127.0.0.1", srv.port(), &key(), T).unwrap());
     let s2 = s.clone();
-    let waiter = thread::spawn(move || s2.get("late", T).unwrap());
-    thread::sleep(Duration::from_millis(100));
+    let (tid_tx, tid) = std::sync::mpsc::channel();
+    let waiter = thread::spawn(move || {
+        tid_tx.send(thread_state::id()).unwrap();
+        s2.get("late", T).unwrap()
+    });
+    let tid = tid.recv().unwrap();
+    thread_state::wait_until_asleep(tid, "the get waiting for its key");
     // This set goes over a second connection while the first waits in get.
     s.set("late", b"here").unwrap();
     assert_eq!(waiter.join().unwrap(), b"here");
@@ -175,6 +185,7 @@ fn get_times_out_with_the_key() {
         }
         other => panic!("expected a store timeout, got {other:?}"),
     }
+    // The bound is the behaviour under test: the get waited its whole timeout.
     assert!(t0.elapsed() >= Duration::from_millis(200));
     // The connection stays usable after a timeout.
     s.set("after", b"1").unwrap();
@@ -192,6 +203,8 @@ fn nobody_listening_fails_clearly_within_the_deadline() {
     let took = t0.elapsed();
     assert!(e.contains(&format!("127.0.0.1:{port}")), "{e}");
     assert!(e.contains("could not connect"), "{e}");
+    // The bounds are the behaviour under test: the whole deadline is used, and not much
+    // more (5 s leaves room for two loaded cores).
     assert!(
         took >= Duration::from_millis(600),
         "gave up early: {took:?}"
@@ -202,11 +215,14 @@ fn nobody_listening_fails_clearly_within_the_deadline() {
 #[test]
 fn clients_may_start_before_the_server() {
     let port = free_port();
+    let (tid_tx, tid) = std::sync::mpsc::channel();
     let client = thread::spawn(move || {
+        tid_tx.send(thread_state::id()).unwrap();
         let s = TcpStore::connect("127.0.0.1", port, &key(), T).unwrap();
         s.get("k", T).unwrap()
     });
-    thread::sleep(Duration::from_millis(300));
+    // The client has been refused at least once and waits to try again.
+    thread_state::wait_until_asleep(tid.recv().unwrap(), "the client's pause between attempts");
     let srv = TcpStoreServer::bind("127.0.0.1", port, &key()).unwrap();
     let s = TcpStore::connect("127.0.0.1", srv.port(), &key(), T).unwrap();
     s.set("k", b"v").unwrap();
@@ -236,15 +252,14 @@ fn another_service_on_the_port_is_rejected() {
 fn a_service_that_hangs_up_gives_no_handshake_reply() {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
-    l.set_nonblocking(true).unwrap();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop2 = stop.clone();
     let t = thread::spawn(move || {
         // Every connection closed at once, as a server at its connection limit does.
-        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
-            match l.accept() {
-                Ok((c, _)) => drop(c),
-                Err(_) => thread::sleep(Duration::from_millis(5)),
+        for c in l.incoming() {
+            drop(c);
+            if stop2.load(std::sync::atomic::Ordering::Acquire) {
+                return;
             }
         }
     });
@@ -252,10 +267,26 @@ fn a_service_that_hangs_up_gives_no_handshake_reply() {
         Err(e) => e.to_string(),
         Ok(_) => panic!("connected to a service that hangs up"),
     };
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    // One more connection wakes the accepting thread to see the stop.
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    drop(std::net::TcpStream::connect(("127.0.0.1", port)).unwrap());
     t.join().unwrap();
     assert!(e.contains("no handshake reply"), "{e}");
     assert!(!e.contains("not a ferrocomm store"), "{e}");
+}
+
+/// A thread of `s` waiting in a get of a key nobody sets (60 s), asleep in it when this
+/// returns; it ends with the get's result and how long it took.
+fn waiting_get(s: &Arc<TcpStore>) -> thread::JoinHandle<(ferrocomm::Result<Vec<u8>>, Duration)> {
+    let s2 = s.clone();
+    let (tid_tx, tid) = std::sync::mpsc::channel();
+    let waiter = thread::spawn(move || {
+        tid_tx.send(thread_state::id()).unwrap();
+        let t0 = Instant::now();
+        (s2.get("never", Duration::from_secs(60)), t0.elapsed())
+    });
+    thread_state::wait_until_asleep(tid.recv().unwrap(), "the get waiting for its key");
+    waiter
 }
 
 #[test]
@@ -264,17 +295,14 @@ fn dropped_server_fails_waiting_and_later_calls() {
     let addr = format!("127.0.0.1:{}", srv.port());
     let s = Arc::new(TcpStore::connect("127.0.0.1", srv.port(), &key(), T).unwrap());
     s.set("a", b"1").unwrap();
-    let s2 = s.clone();
-    let waiter = thread::spawn(move || {
-        let t0 = Instant::now();
-        (s2.get("never", Duration::from_secs(60)), t0.elapsed())
-    });
-    thread::sleep(Duration::from_millis(200));
+    let waiter = waiting_get(&s);
     drop(srv);
     let (r, took) = waiter.join().unwrap();
     let e = r.unwrap_err().to_string();
     assert!(e.contains("went away") && e.contains(&addr), "{e}");
-    assert!(took < Duration::from_secs(5), "took {took:?}");
+    // The bound is the behaviour under test: at once, not after the get's 60 s (30 s leaves
+    // room for two loaded cores).
+    assert!(took < Duration::from_secs(30), "took {took:?}");
     let e = s.set("b", b"2").unwrap_err().to_string();
     assert!(e.contains("went away") && e.contains(&addr), "{e}");
 }
@@ -346,18 +374,15 @@ fn killed_server_process_fails_the_client_promptly() {
     let s = Arc::new(TcpStore::connect("127.0.0.1", port, &key(), T).unwrap());
     s.set("k", b"v").unwrap();
     assert_eq!(s.get("k", T).unwrap(), b"v");
-    let s2 = s.clone();
-    let waiter = thread::spawn(move || {
-        let t0 = Instant::now();
-        (s2.get("never", Duration::from_secs(60)), t0.elapsed())
-    });
-    thread::sleep(Duration::from_millis(200));
+    let waiter = waiting_get(&s);
     child.kill().unwrap();
     child.wait().unwrap();
     let (r, took) = waiter.join().unwrap();
     let e = r.unwrap_err().to_string();
     assert!(e.contains("went away"), "{e}");
-    assert!(took < Duration::from_secs(5), "took {took:?}");
+    // The bound is the behaviour under test: at once, not after the get's 60 s (30 s leaves
+    // room for two loaded cores).
+    assert!(took < Duration::from_secs(30), "took {took:?}");
     let e = s.check("k").unwrap_err().to_string();
     assert!(e.contains(&format!("127.0.0.1:{port}")), "{e}");
 }
@@ -381,16 +406,21 @@ fn connect_from_env_rank0_hosts_one_server_per_process() {
         ("FERROCOMM_TIMEOUT_S", "10".into()),
     ]);
     let world = 3;
+    let (tid_tx, tids) = std::sync::mpsc::channel();
     let hs: Vec<_> = (1..world)
         .map(|r| {
-            let c = c.clone();
+            let (c, tid_tx) = (c.clone(), tid_tx.clone());
             thread::spawn(move || {
+                tid_tx.send(thread_state::id()).unwrap();
                 let s = connect_from_env(&c, r, world).unwrap();
                 all_gather_bytes(&*s, "env", r, world, &[r as u8 + 100], T).unwrap()
             })
         })
         .collect();
-    thread::sleep(Duration::from_millis(100));
+    // Ranks 1 and 2 try rank 0's server before it exists.
+    for tid in tids.iter().take(world - 1) {
+        thread_state::wait_until_asleep(tid, "a rank's pause between attempts to connect");
+    }
     let s0 = connect_from_env(&c, 0, world).unwrap();
     let got0 = all_gather_bytes(&*s0, "env", 0, world, &[100], T).unwrap();
     assert_eq!(got0, vec![vec![100], vec![101], vec![102]]);

@@ -116,7 +116,7 @@ def parser():
     k.add_argument("--eval-seq", type=_positive, default=512)
     k.add_argument("--eval-windows", type=_positive, default=64)
     k.add_argument("--eval-batch", type=_positive, default=8)
-    p.add_argument("--out", help="run folder (default bench/results/<time>-<host>-model)")
+    p.add_argument("--out", help="run folder (default bench/results/<date>-<host>-model-<time>)")
     return p
 
 

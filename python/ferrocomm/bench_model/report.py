@@ -91,7 +91,7 @@ def tables(doc):
                                        ("max abs diff", "max_abs_diff", "{:.3e}"),
                                        ("tolerance", "tolerance", "{:.1e}"),
                                        ("greedy agree", "top1_agreement", "{:.4f}"),
-                                       ("passed", "passed", "{}")]))
+                                       ("verdict", "verdict", "{}")]))
     f = doc.get("fidelity")
     if f:
         if f.get("paths"):

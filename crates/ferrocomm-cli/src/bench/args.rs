@@ -13,8 +13,8 @@ use super::sizes::{self, Coll};
 /// Benchmark a collective; flags follow nccl-tests (`all_reduce_perf -b 8 -e 128M -f 2 -g 2`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// all_reduce, all_gather, reduce_scatter, all_to_all, all_to_all_v, device_alltoallv,
-    /// broadcast, reduce or sendrecv.
+    /// all_reduce, all_reduce_rmsnorm, all_gather, reduce_scatter, all_to_all, all_to_all_v,
+    /// device_alltoallv, broadcast, reduce or sendrecv.
     pub collective: String,
     /// Smallest size in bytes (K, M, G are powers of 1024).
     #[arg(short = 'b', long = "minbytes", default_value = "32M")]

@@ -383,7 +383,7 @@ impl Checker {
         let Ok((sum_f, res, w, got_y, got_r)) = parts else {
             return (2 * n) as u64;
         };
-        let want = ferrocomm::rmsnorm::norm_rows(&sum_f, &res, &w, RMSNORM_EPS, d, false);
+        let want = ferrocomm::rmsnorm::norm_rows(&sum_f, &res, &w, RMSNORM_EPS, d, None);
         let u = epsilon(d);
         let lp = self
             .low_precision

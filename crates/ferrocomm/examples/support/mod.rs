@@ -1,6 +1,7 @@
-//! What the device check programs (`gpu_check`, `gpu_check_coll`, `gpu_check_lowp`) share: raw
-//! device buffers with a poisoned guard band, stream and sync helpers, the check of one reduced
-//! element against the library's reference and a hash. Each program uses a part of it.
+//! What the device check programs (`gpu_check`, `gpu_check_coll`, `gpu_check_lowp`,
+//! `gpu_check_norm`, `gpu_check_nccl`) share: raw device buffers with a poisoned guard band and
+//! its read-back, stream and sync helpers, the check of one reduced element against the
+//! library's reference and a hash. Each program uses a part of it.
 #![allow(dead_code)]
 
 use cudarc::driver::sys;
@@ -133,6 +134,61 @@ impl Buf {
         let mut out = vec![0u8; len];
         self.download_into(off, &mut out)?;
         Ok(out)
+    }
+
+    /// Bytes outside the output `[off, off + len)` that no longer hold [`POISON`]: the room
+    /// before it and everything after it to the end of the allocation (the rest of the buffer
+    /// and the guard band). Each is a write outside the output, a failure of the call that wrote
+    /// it; the buffer is poisoned ([`Buf::poison`]) before the call, its input (in place)
+    /// uploaded inside the output.
+    pub fn guard_hits(&self, off: usize, len: usize) -> Res<usize> {
+        let end = off
+            .checked_add(len)
+            .filter(|&e| e <= self.alloc_bytes())
+            .ok_or_else(|| {
+                format!(
+                    "guard_hits: output [{off}, +{len}) beyond the allocation of {} bytes",
+                    self.alloc_bytes()
+                )
+            })?;
+        // (A copy of no bytes is left out rather than asked of the driver.)
+        let before = if off == 0 {
+            Vec::new()
+        } else {
+            self.download(0, off)?
+        };
+        let after = self.download(end, self.alloc_bytes() - end)?;
+        Ok(before
+            .iter()
+            .chain(&after)
+            .filter(|&&b| b != POISON)
+            .count())
+    }
+
+    /// The negative control of [`Buf::guard_hits`], run by every program before its cases: a
+    /// byte written just before an output, just after it and at the end of the guard band are
+    /// each seen, and nothing else.
+    pub fn guard_self_check() -> Res<()> {
+        let b = Buf::new(100)?;
+        b.poison()?;
+        let clean = b.guard_hits(4, 90)?;
+        for at in [3usize, 94, b.alloc_bytes() - 1] {
+            cu(
+                // SAFETY: one byte inside the allocation.
+                unsafe { sys::cuMemsetD8_v2(b.ptr + at as u64, 0, 1) },
+                "cuMemsetD8",
+            )?;
+        }
+        sync()?;
+        let hits = b.guard_hits(4, 90)?;
+        if clean != 0 || hits != 3 {
+            return Err(format!(
+                "the guard band read-back is broken: {clean} bytes hit when none were written, \
+                 {hits} when 3 were"
+            )
+            .into());
+        }
+        Ok(())
     }
 
     /// Fills the whole allocation, guard band included, with [`POISON`].

@@ -8,7 +8,7 @@ use std::str::FromStr;
 use super::{CallKind, CallOpts, DeviceCounts, P2pOp, PackedCounts, Splits};
 use crate::error::{Error, Result};
 use crate::plan::Collective;
-use crate::rmsnorm::{AllReduceRmsNorm, Fp8Rows};
+use crate::rmsnorm::{AllReduceRmsNorm, Fp8Rows, Fp8Scale};
 use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
@@ -200,8 +200,19 @@ pub struct NormDesc {
     pub weight: RawBuf,
     /// Added to the mean square.
     pub eps: f32,
-    /// FP8 codes and per-row scales, when asked for.
-    pub fp8: Option<(RawBuf, RawBuf)>,
+    /// The FP8 rows, when asked for.
+    pub fp8: Option<Fp8Desc>,
+}
+
+/// The fused call's FP8 outputs ([`Fp8Rows`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fp8Desc {
+    /// The E4M3 codes, written.
+    pub codes: RawBuf,
+    /// The scales: one per row, written; or with `given` one scale for the tensor, read.
+    pub scale: RawBuf,
+    /// Whether `scale` is given ([`Fp8Scale::Given`]) rather than computed per row.
+    pub given: bool,
 }
 
 /// One call described by plain values, as a binding builds it once from the caller's
@@ -382,9 +393,13 @@ impl CallDesc {
                         residual_out: n.residual_out.view_mut(),
                         weight: n.weight.view(),
                         eps: n.eps,
-                        fp8: n.fp8.map(|(codes, scales)| Fp8Rows {
-                            codes: codes.view_mut(),
-                            scales: scales.view_mut(),
+                        fp8: n.fp8.map(|q| Fp8Rows {
+                            codes: q.codes.view_mut(),
+                            scale: if q.given {
+                                Fp8Scale::Given(q.scale.view())
+                            } else {
+                                Fp8Scale::PerRow(q.scale.view_mut())
+                            },
                         }),
                     })
                 }

@@ -271,6 +271,11 @@ pub fn store_barrier(store: &dyn Store, tag: &str, world: usize, timeout: Durati
     store.get(&format!("{tag}/done"), timeout).map(|_| ())
 }
 
+/// The integration tests' helper that tells when another thread is asleep.
+#[cfg(test)]
+#[path = "../../tests/thread_state/mod.rs"]
+mod thread_state;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,8 +285,12 @@ mod tests {
     fn mem_store_waits_and_counts() {
         let s = MemStore::new();
         let s2 = s.clone();
-        let t = thread::spawn(move || s2.get("k", Duration::from_secs(5)).unwrap());
-        thread::sleep(Duration::from_millis(20));
+        let (tid_tx, tid) = std::sync::mpsc::channel();
+        let t = thread::spawn(move || {
+            tid_tx.send(thread_state::id()).unwrap();
+            s2.get("k", Duration::from_secs(60)).unwrap()
+        });
+        thread_state::wait_until_asleep(tid.recv().unwrap(), "the get waiting for its key");
         s.set("k", b"v").unwrap();
         assert_eq!(t.join().unwrap(), b"v");
         assert_eq!(s.add("c", 3).unwrap(), 3);

@@ -549,8 +549,7 @@ impl Backend for CudaBackend {
         plan::cuda_rmsnorm_plan(
             &self.cuda_caps(),
             &self.config,
-            shape.x_bytes(),
-            shape.dtype,
+            &shape,
             opts.algo.0,
             opts.low_precision,
         )
@@ -810,29 +809,43 @@ impl CudaBackend {
         opts: &CallOpts,
     ) -> Result<()> {
         let shape = call.shape();
-        if let Some(d) = &self.dda {
-            // The form of the call's plan (rmsnorm_plan_for), without planning the two
-            // launches' all-reduce, which that path plans itself: low precision on the wire is
-            // the all-reduce's own path.
-            let form = plan::cuda_rmsnorm_form(
-                &self.cuda_caps(),
-                &self.config,
-                shape.x_bytes(),
-                shape.dtype,
-                opts.algo.0,
-                opts.low_precision,
-            )?;
-            if form != plan::NormForm::TwoLaunch {
-                let mut st = self.enter()?;
-                self.follow(&mut st, opts.stream)?;
-                return fused_norm::run_fused(d, form, call, shape, aligned, opts);
-            }
+        // The call's plan (rmsnorm_plan_for's): its form, and the codec of one launch's records.
+        let p = self.rmsnorm_plan_for(shape, opts)?;
+        let mut form = p.norm.unwrap_or(plan::NormForm::TwoLaunch);
+        let loopback = self
+            .config
+            .rmsnorm_loopback
+            .filter(|_| form == plan::NormForm::Local);
+        if loopback.is_some() && self.dda.is_some() {
+            // Measurement only: the one-launch kernel of that many ranks on this rank's staging.
+            form = if opts.algo.0 == plan::Algo::Tree {
+                plan::NormForm::FusedTree
+            } else {
+                plan::NormForm::FusedFlat
+            };
         }
-        // With direct access the kernel was loaded with the modules at start-up.
+        // With direct access the kernel comes from its rmsnorm unit (loaded at start-up where
+        // built in or cached, else compiled now).
         let loaded = match &self.dda {
-            Some(d) => Some((d.func(shape.dtype, "fc_rmsnorm")?, d.pdl)),
+            Some(d) => Some(fused_norm::NormKernel {
+                f: d.func(shape.dtype, "fc_rmsnorm")?,
+                pdl: d.pdl,
+                sm_count: d.sm_count,
+            }),
             None => None,
         };
+        match (form, &self.dda) {
+            (plan::NormForm::FusedFlat | plan::NormForm::FusedTree, Some(d)) => {
+                let mut st = self.enter()?;
+                self.follow(&mut st, opts.stream)?;
+                let lp = p.low_precision.as_ref();
+                return fused_norm::run_fused(d, form, lp, call, shape, aligned, opts, loopback);
+            }
+            (plan::NormForm::Local, _) => {
+                return fused_norm::run_local(&self.config, call, shape, opts, loaded);
+            }
+            _ => {}
+        }
         fused_norm::run(&self.config, call, shape, opts, loaded, |x, out| {
             let mut st = self.enter()?;
             self.all_reduce(&mut st, x, out, ReduceOp::Sum, aligned, opts)

@@ -1,77 +1,33 @@
-//! The kernel registry: CUDA C++ sources (header-free), one module per element type, compiled
-//! with NVRTC for the device's own architecture to a cubin and cached on disk.
+//! The kernel registry at run time: each kernel unit's code for the device's architecture and
+//! its CUDA module.
 //!
-//! Cache key = hash of (source, defines, options) + arch + NVRTC version, so an edited kernel, a
-//! different GPU or another NVRTC never reuses a stale cubin.
+//! A unit (`cuda/kernel_units.rs`) is one group of entry points of one element
+//! type. Its code comes from, in order:
+//! 1. the cubins built into the library for this architecture (crate build script; off with
+//!    `FERROCOMM_BUILTIN_KERNELS=0`);
+//! 2. the disk cache (`FERROCOMM_KERNEL_CACHE`), keyed by the unit's source hash and options,
+//!    the arch and the NVRTC version, so an edited kernel, a different GPU or another NVRTC
+//!    never reuses a stale cubin;
+//! 3. a built-in cubin of an older GPU of the same major version (sm_80's on an sm_86), which
+//!    runs there as it is;
+//! 4. NVRTC, now: the unit alone, with one line on stderr first; processes compiling the same
+//!    unit at once take turns through a lock file ([`kernel_cache`](super::kernel_cache));
+//! 5. built-in PTX (newer GPUs without NVRTC), which the driver compiles as it loads.
 
-use std::ffi::{c_char, CString};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 
-use cudarc::nvrtc::sys as nvrtc;
-
+pub use super::kernel_cache::Origin;
+use super::kernel_units::{self as units, VARIANTS as UNIT_VARIANTS};
+pub use super::kernel_units::{
+    is_ptx, target_number, Group, ALGOS, ALL_REDUCE_NAME, ALL_REDUCE_SOURCE, COLLECTIVES_SOURCE,
+    COLL_ENTRIES, COLL_OP_ENTRIES, EXTRA_ENTRIES, LOWP_ENTRIES, LOWP_SOURCE, OPS, RMSNORM_ENTRIES,
+    RMSNORM_SOURCE,
+};
 use crate::config::Config;
+use crate::driver::Module;
 use crate::error::{Error, Result};
 use crate::types::DataType;
-
-/// The all-reduce source (push, flat, tree, stream for one element type per module).
-pub const ALL_REDUCE_SOURCE: &str = include_str!("../../kernels/all_reduce.cu");
-/// Its name in logs and cache files.
-pub const ALL_REDUCE_NAME: &str = "all_reduce.cu";
-/// The low-precision kernels, appended to the modules of the float types.
-pub const LOWP_SOURCE: &str = include_str!("../../kernels/lowp.cu");
-/// Entry points of lowp.cu (f32, f16 and bf16 modules only).
-pub const LOWP_ENTRIES: [&str; 4] = [
-    "fc_lp_encode",
-    "fc_lp_move",
-    "fc_lp_move_wide",
-    "fc_lp_tree",
-];
-
-/// The residual add + RMSNorm after an all-reduce (the fused all_reduce_rmsnorm call),
-/// appended after lowp.cu to the modules of the float types.
-pub const RMSNORM_SOURCE: &str = include_str!("../../kernels/rmsnorm.cu");
-/// Entry points of rmsnorm.cu (f32, f16 and bf16 modules only).
-pub const RMSNORM_ENTRIES: [&str; 3] = ["fc_rmsnorm", "fc_fused_flat", "fc_fused_tree"];
-
-/// Whether the module of `dtype` holds the low-precision kernels (and the RMSNorm).
-pub fn has_lowp(dtype: DataType) -> bool {
-    matches!(dtype, DataType::F32 | DataType::F16 | DataType::BF16)
-}
-
-/// The other collectives (all-gather, reduce-scatter, all-to-all(v), broadcast, reduce),
-/// appended to the all-reduce source in every module.
-pub const COLLECTIVES_SOURCE: &str = include_str!("../../kernels/collectives.cu");
-
-/// Data-movement entry points of collectives.cu (byte kernels, `(Args, CArgs)`).
-pub const COLL_ENTRIES: [&str; 12] = [
-    "fc_all_gather_ll",
-    "fc_all_gather_st",
-    "fc_all_gather_rw",
-    "fc_all_to_all_ll",
-    "fc_all_to_all_st",
-    "fc_all_to_all_rw",
-    "fc_all_to_all_v_st",
-    "fc_all_to_all_v_ll",
-    "fc_all_to_all_v_pc",
-    "fc_all_to_all_dyn",
-    "fc_broadcast_ll",
-    "fc_broadcast_st",
-];
-/// Reduction entry points of collectives.cu, one per operator: `<prefix>_<op>`.
-pub const COLL_OP_ENTRIES: [&str; 5] = [
-    "fc_reduce_scatter_ll",
-    "fc_reduce_ll",
-    "fc_reduce_scatter_st",
-    "fc_reduce_scatter_rw",
-    "fc_reduce_st",
-];
-
-/// Algorithms with an entry point per operator: `fc_<algo>_<op>`.
-pub const ALGOS: [&str; 6] = ["push", "flat", "tree", "stream", "ce", "ll128"];
-/// Operators compiled into every module (Avg and PremulSum run on `sum` with scale factors).
-pub const OPS: [&str; 4] = ["sum", "prod", "min", "max"];
-/// Entry points beside the per-operator ones.
-pub const EXTRA_ENTRIES: [&str; 2] = ["fc_verify_write", "fc_ce_gate"];
 
 /// Element types the direct-access kernels handle, with the define that selects each.
 pub const VARIANTS: [(DataType, &str); 7] = [
@@ -97,54 +53,116 @@ pub const DTYPES: [DataType; VARIANTS.len()] = {
 
 /// Whether the direct-access kernels handle `dtype`.
 pub fn supports(dtype: DataType) -> bool {
-    VARIANTS.iter().any(|(d, _)| *d == dtype)
+    variant_index(dtype).is_some()
 }
 
-/// Every entry point name a module must export.
+/// The position of `dtype` in [`VARIANTS`] (and in the unit table's variants).
+pub fn variant_index(dtype: DataType) -> Option<usize> {
+    VARIANTS.iter().position(|(d, _)| *d == dtype)
+}
+
+/// Whether `dtype` has the low-precision kernels (and the RMSNorm).
+pub fn has_lowp(dtype: DataType) -> bool {
+    variant_index(dtype).is_some_and(|v| UNIT_VARIANTS[v].float)
+}
+
+/// Every entry point of the all-reduce and the collectives (the groups of the f32 units,
+/// less the low-precision and RMSNorm ones).
 pub fn entry_names() -> Vec<String> {
-    let mut v: Vec<String> = ALGOS
-        .iter()
-        .flat_map(|a| OPS.iter().map(move |o| format!("fc_{a}_{o}")))
-        .collect();
-    v.extend(EXTRA_ENTRIES.iter().map(|s| s.to_string()));
-    v.extend(COLL_ENTRIES.iter().map(|s| s.to_string()));
-    v.extend(
-        COLL_OP_ENTRIES
-            .iter()
-            .flat_map(|p| OPS.iter().map(move |o| format!("{p}_{o}"))),
-    );
-    v
+    Group::ALL
+        .into_iter()
+        .filter(|g| !matches!(g, Group::LowPrecision | Group::RmsNorm))
+        .flat_map(Group::entries)
+        .collect()
 }
 
-/// Every entry point the module of `dtype` exports.
+/// Every entry point the units of `dtype` hold.
 pub fn entry_names_for(dtype: DataType) -> Vec<String> {
-    let mut v = entry_names();
-    if has_lowp(dtype) {
-        v.extend(LOWP_ENTRIES.iter().map(|s| s.to_string()));
-        v.extend(RMSNORM_ENTRIES.iter().map(|s| s.to_string()));
-    }
-    v
+    let Some(v) = variant_index(dtype) else {
+        return Vec::new();
+    };
+    Group::ALL
+        .into_iter()
+        .filter(|g| g.applies(v))
+        .flat_map(Group::entries)
+        .collect()
 }
 
-/// The full source of the module for `dtype` (define line + shared source, + lowp.cu and
-/// rmsnorm.cu for the float types).
-pub fn module_source(dtype: DataType) -> Option<String> {
-    VARIANTS.iter().find(|(d, _)| *d == dtype).map(|(_, def)| {
-        let (lowp, norm) = if has_lowp(dtype) {
-            (LOWP_SOURCE, RMSNORM_SOURCE)
-        } else {
-            ("", "")
-        };
-        format!("#define {def} 1\n{ALL_REDUCE_SOURCE}\n{COLLECTIVES_SOURCE}\n{lowp}\n{norm}")
+/// The group whose unit holds entry point `name`.
+pub fn group_of(name: &str) -> Option<Group> {
+    static MAP: OnceLock<std::collections::HashMap<String, Group>> = OnceLock::new();
+    MAP.get_or_init(|| {
+        Group::ALL
+            .into_iter()
+            .flat_map(|g| g.entries().into_iter().map(move |e| (e, g)))
+            .collect()
     })
+    .get(name)
+    .copied()
 }
 
-fn options(arch: &str) -> Vec<String> {
-    vec![
-        format!("--gpu-architecture={arch}"),
-        "-std=c++17".into(),
-        "--device-as-default-execution-space".into(),
-    ]
+/// Every unit a GPU of `arch` (`sm_90`) runs: (dtype, group), dtypes in [`VARIANTS`] order.
+pub fn units_for(arch: &str) -> Vec<(DataType, Group)> {
+    units::units_for(arch)
+        .into_iter()
+        .map(|(v, g)| (VARIANTS[v].0, g))
+        .collect()
+}
+
+/// The real architectures the loaded NVRTC compiles for (`90` for sm_90). NVRTC must be
+/// loadable ([`crate::driver::libs::ensure_nvrtc`]).
+pub fn nvrtc_supported_archs() -> Result<Vec<i32>> {
+    nvrtc_version()?;
+    super::nvrtc::supported_archs().map_err(nvrtc_error)
+}
+
+/// Runs `f` on every item on up to `threads` threads; results in the items' order.
+pub fn parallel_map<T: Sync, R: Send>(
+    items: &[T],
+    threads: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    super::kernel_cache::parallel_map(items, threads, f)
+}
+
+/// The full source of `dtype`'s unit of `group`.
+pub fn unit_source(dtype: DataType, group: Group) -> Option<String> {
+    let v = variant_index(dtype)?;
+    group.applies(v).then(|| units::unit_source(v, group))
+}
+
+/// The error for a unit the GPU's architecture cannot run.
+fn too_old(group: Group, arch: &str) -> Error {
+    Error::Unsupported {
+        collective: if group == Group::RmsNorm {
+            "all_reduce_rmsnorm"
+        } else {
+            "low precision"
+        },
+        backend: "cuda",
+        what: format!(
+            "the {} kernels on {arch}: they need sm_{} or newer (FP8 conversions)",
+            group.name(),
+            group.min_arch()
+        ),
+    }
+}
+
+/// Whether a GPU of `arch` (`sm_80`) runs `group`'s kernels.
+pub fn group_runs_on(group: Group, arch: &str) -> bool {
+    target_number(arch).is_some_and(|n| n >= group.min_arch())
+}
+
+fn unsupported(dtype: DataType, group: Group) -> Error {
+    Error::Unsupported {
+        collective: "direct access",
+        backend: "cuda",
+        what: format!(
+            "the {} kernels for dtype {dtype} (the direct-access kernels take {})",
+            group.name(),
+            DTYPES.map(|d| d.name()).join(", ")
+        ),
+    }
 }
 
 /// The NVRTC version (major, minor). NVRTC must be loadable ([`crate::driver::libs::ensure_nvrtc`]).
@@ -156,156 +174,601 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
             why: "not loaded (see `ferrocomm info`)".into(),
         });
     }
-    let (mut ma, mut mi) = (0, 0);
-    // SAFETY: plain out-parameters.
-    let r = unsafe { nvrtc::nvrtcVersion(&mut ma, &mut mi) };
-    check(r, "nvrtcVersion")?;
-    Ok((ma, mi))
+    super::nvrtc::version().map_err(nvrtc_error)
 }
 
-fn check(r: nvrtc::nvrtcResult, what: &str) -> Result<()> {
-    if r == nvrtc::nvrtcResult::NVRTC_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::Cuda(format!("{what}: NVRTC error {r:?}")))
-    }
-}
-
-/// Compiles the module for `dtype` to a cubin for `arch` (`sm_90`). A compile error carries
-/// NVRTC's log.
-pub fn compile(dtype: DataType, arch: &str, cfg: &Config) -> Result<Vec<u8>> {
-    crate::driver::libs::ensure_nvrtc(cfg)?;
-    let src = module_source(dtype).ok_or_else(|| Error::Unsupported {
-        collective: "all_reduce",
-        backend: "cuda",
-        what: format!("dtype {dtype} in the direct-access kernels"),
-    })?;
-    compile_source(&format!("{ALL_REDUCE_NAME}[{dtype}]"), &src, arch)
-}
-
-/// Compiles one CUDA C++ source to a cubin for `arch`. NVRTC must be loadable
-/// ([`crate::driver::libs::ensure_nvrtc`]); a compile error is [`Error::KernelCompile`] with the log.
-pub fn compile_source(source_name: &str, src: &str, arch: &str) -> Result<Vec<u8>> {
-    let source_name = source_name.to_string();
-    let csrc = CString::new(src).map_err(|e| Error::Cuda(e.to_string()))?;
-    let cname = CString::new(source_name.clone()).map_err(|e| Error::Cuda(e.to_string()))?;
-    let mut prog: nvrtc::nvrtcProgram = std::ptr::null_mut();
-    // SAFETY: valid C strings, no headers.
-    let r = unsafe {
-        nvrtc::nvrtcCreateProgram(
-            &mut prog,
-            csrc.as_ptr(),
-            cname.as_ptr(),
-            0,
-            std::ptr::null(),
-            std::ptr::null(),
-        )
-    };
-    check(r, "nvrtcCreateProgram")?;
-    let opts: Vec<CString> = options(arch)
-        .into_iter()
-        .map(|o| CString::new(o).expect("options have no NUL"))
-        .collect();
-    let ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
-    // SAFETY: `prog` was created above; the option pointers outlive the call.
-    let r = unsafe { nvrtc::nvrtcCompileProgram(prog, ptrs.len() as i32, ptrs.as_ptr()) };
-    let out = if r != nvrtc::nvrtcResult::NVRTC_SUCCESS {
-        Err(Error::KernelCompile {
-            source_name,
-            log: program_log(prog),
-        })
-    } else {
-        let mut n = 0usize;
-        // SAFETY: compiled program; out-parameter.
-        let r = unsafe { nvrtc::nvrtcGetCUBINSize(prog, &mut n) };
-        check(r, "nvrtcGetCUBINSize").and_then(|_| {
-            let mut buf = vec![0u8; n];
-            // SAFETY: `buf` has the size NVRTC reported.
-            let r = unsafe { nvrtc::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast()) };
-            check(r, "nvrtcGetCUBIN").map(|_| buf)
-        })
-    };
-    // SAFETY: destroys the program created above, once.
-    unsafe { nvrtc::nvrtcDestroyProgram(&mut prog) };
-    out
-}
-
-fn program_log(prog: nvrtc::nvrtcProgram) -> String {
-    let mut n = 0usize;
-    // SAFETY: live program; out-parameter.
-    if unsafe { nvrtc::nvrtcGetProgramLogSize(prog, &mut n) } != nvrtc::nvrtcResult::NVRTC_SUCCESS {
-        return "(no log)".into();
-    }
-    let mut buf = vec![0u8; n.max(1)];
-    // SAFETY: `buf` holds the reported size.
-    unsafe { nvrtc::nvrtcGetProgramLog(prog, buf.as_mut_ptr().cast()) };
-    String::from_utf8_lossy(&buf)
-        .trim_end_matches('\0')
-        .to_string()
-}
-
-/// FNV-1a, 64 bits: enough to key a cache (a collision would need a deliberate attack).
-fn fnv64(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for b in *p {
-            h ^= *b as u64;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+fn nvrtc_error(e: super::nvrtc::NvrtcError) -> Error {
+    match e {
+        super::nvrtc::NvrtcError::Compile { source_name, log } => {
+            Error::KernelCompile { source_name, log }
         }
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        other => Error::Cuda(other.to_string()),
     }
-    h
 }
 
-/// The cache file for `dtype` on `arch` with NVRTC `ver`.
-pub fn cache_path(cache: &Path, dtype: DataType, arch: &str, ver: (i32, i32)) -> PathBuf {
-    let src = module_source(dtype).unwrap_or_default();
-    let opts = options(arch).join(" ");
-    let h = fnv64(&[src.as_bytes(), opts.as_bytes()]);
-    cache.join(format!(
-        "all_reduce-{}-{h:016x}-{arch}-nvrtc{}.{}.cubin",
-        dtype.name(),
-        ver.0,
-        ver.1
-    ))
+/// Compiles one CUDA C++ source for `target` (`sm_90`: a cubin; `compute_90`: PTX). NVRTC must
+/// be loadable ([`crate::driver::libs::ensure_nvrtc`]); a compile error is [`Error::KernelCompile`] with
+/// the log.
+pub fn compile_source(source_name: &str, src: &str, target: &str) -> Result<Vec<u8>> {
+    super::nvrtc::compile(source_name, src, &units::options(target), is_ptx(target))
+        .map_err(nvrtc_error)
 }
 
-/// The cubin for `dtype`: from the disk cache, or compiled now and stored there.
-pub fn cubin(dtype: DataType, arch: &str, cfg: &Config) -> Result<Vec<u8>> {
+/// Compiles `dtype`'s unit of `group` for `target`, now, without the cache.
+pub fn compile_unit(dtype: DataType, group: Group, target: &str, cfg: &Config) -> Result<Vec<u8>> {
+    let v = variant_index(dtype)
+        .filter(|&v| group.applies(v))
+        .ok_or_else(|| unsupported(dtype, group))?;
+    crate::driver::libs::ensure_nvrtc(cfg)?;
+    compile_source(
+        &format!("{ALL_REDUCE_NAME}[{} {}]", dtype.name(), group.name()),
+        &units::unit_source(v, group),
+        target,
+    )
+}
+
+/// The cache file of `dtype`'s unit of `group` for `target` made by NVRTC `ver`.
+pub fn cache_path(
+    cache: &Path,
+    dtype: DataType,
+    group: Group,
+    target: &str,
+    ver: (i32, i32),
+) -> Option<PathBuf> {
+    let v = variant_index(dtype).filter(|&v| group.applies(v))?;
+    Some(cache.join(units::cache_file(v, group, target, ver)))
+}
+
+// ---------------------------------------------------------------- built-in kernels
+
+/// One unit's code inside a built-in target's frame.
+struct BuiltinUnit {
+    variant: usize,
+    group: usize,
+    /// `kernel_units::unit_key` at build time (the test holds it to the library's sources).
+    key: u64,
+    offset: usize,
+    len: usize,
+}
+
+/// One target's units: a zstd frame of their code, one after the other.
+struct BuiltinTarget {
+    target: &'static str,
+    raw_len: usize,
+    data: &'static [u8],
+    units: &'static [BuiltinUnit],
+}
+
+/// What the build put in.
+struct Builtin {
+    /// The NVRTC that compiled them.
+    nvrtc: Option<(i32, i32)>,
+    /// Why nothing, or not every target asked for, was built in.
+    notes: &'static [&'static str],
+    targets: &'static [BuiltinTarget],
+}
+
+include!(concat!(env!("OUT_DIR"), "/builtin_kernels.rs"));
+
+/// The targets the crate's build makes when `FERROCOMM_BUILD_ARCHS` is unset (build.rs lists
+/// them too; a test holds the two together).
+pub const DEFAULT_BUILTIN_TARGETS: [&str; 4] = ["sm_80", "sm_90", "sm_100", "compute_90"];
+
+/// The targets built into this library (`sm_90`, ..., `compute_90`), in build order.
+pub fn builtin_targets() -> Vec<&'static str> {
+    BUILTIN.targets.iter().map(|t| t.target).collect()
+}
+
+/// The NVRTC that compiled the built-in kernels; `None` when none are built in.
+pub fn builtin_nvrtc() -> Option<(i32, i32)> {
+    BUILTIN.nvrtc
+}
+
+/// Why no kernels, or not every target asked for, were built in.
+pub fn builtin_notes() -> &'static [&'static str] {
+    BUILTIN.notes
+}
+
+/// The built-in kernels' compressed size in bytes (what they add to the library).
+pub fn builtin_compressed_bytes() -> usize {
+    BUILTIN.targets.iter().map(|t| t.data.len()).sum()
+}
+
+/// The decompressed frame of built-in target `t`, kept for the process's life once asked for.
+fn builtin_frame(t: &'static BuiltinTarget) -> Result<&'static [u8]> {
+    static FRAMES: Mutex<Vec<(&'static str, &'static [u8])>> = Mutex::new(Vec::new());
+    let mut frames = FRAMES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, f)) = frames.iter().find(|(n, _)| *n == t.target) {
+        return Ok(f);
+    }
+    let raw = zstd::bulk::decompress(t.data, t.raw_len)
+        .ok()
+        .filter(|r| r.len() == t.raw_len)
+        .ok_or_else(|| {
+            Error::Cuda(format!(
+                "the built-in kernels for {} do not decompress (the library is damaged)",
+                t.target
+            ))
+        })?;
+    let raw: &'static [u8] = Box::leak(raw.into_boxed_slice());
+    frames.push((t.target, raw));
+    Ok(raw)
+}
+
+/// The built-in code of unit (`v`, `g`) for `target` exactly.
+fn builtin_unit(v: usize, g: Group, target: &str) -> Result<Option<&'static [u8]>> {
+    let Some(t) = BUILTIN.targets.iter().find(|t| t.target == target) else {
+        return Ok(None);
+    };
+    let Some(u) = t
+        .units
+        .iter()
+        .find(|u| u.variant == v && u.group == g.index())
+    else {
+        return Ok(None);
+    };
+    let frame = builtin_frame(t)?;
+    let end = u.offset.checked_add(u.len).filter(|&e| e <= frame.len());
+    Ok(end.map(|e| &frame[u.offset..e]))
+}
+
+/// One built-in unit, decompressed: (target, dtype, group, code).
+pub type BuiltinCode = (&'static str, DataType, Group, &'static [u8]);
+
+/// Every built-in unit, decompressed.
+pub fn builtin_units() -> Result<Vec<BuiltinCode>> {
+    let mut out = Vec::new();
+    for t in BUILTIN.targets {
+        let frame = builtin_frame(t)?;
+        for u in t.units {
+            let (Some(&(dtype, _)), Some(&group)) =
+                (VARIANTS.get(u.variant), Group::ALL.get(u.group))
+            else {
+                return Err(Error::Cuda(format!(
+                    "built-in unit {}/{} unknown",
+                    u.variant, u.group
+                )));
+            };
+            let code = u
+                .offset
+                .checked_add(u.len)
+                .and_then(|e| frame.get(u.offset..e))
+                .ok_or_else(|| {
+                    Error::Cuda(format!("built-in {} unit out of its frame", t.target))
+                })?;
+            out.push((t.target, dtype, group, code));
+        }
+    }
+    Ok(out)
+}
+
+/// The key each built-in unit was compiled from, beside the key of the library's own source
+/// for it: (target, dtype, group, built key, source key). They differ only when the build's
+/// sources were not the library's.
+pub fn builtin_keys() -> Vec<(&'static str, DataType, Group, u64, u64)> {
+    BUILTIN
+        .targets
+        .iter()
+        .flat_map(|t| {
+            t.units.iter().filter_map(move |u| {
+                let (dtype, _) = *VARIANTS.get(u.variant)?;
+                let group = *Group::ALL.get(u.group)?;
+                let now = units::unit_key(u.variant, group, t.target);
+                Some((t.target, dtype, group, u.key, now))
+            })
+        })
+        .collect()
+}
+
+/// What [`check_builtin`] found for one target.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TargetCheck {
+    /// `sm_90`, or `compute_90` for PTX.
+    pub target: &'static str,
+    /// Units checked.
+    pub units: usize,
+    /// Kernel symbols found (every entry point of every unit).
+    pub symbols: usize,
+    /// The target's code, decompressed.
+    pub bytes: usize,
+    /// Its zstd frame in the library.
+    pub compressed_bytes: usize,
+}
+
+/// Checks every built-in unit without a GPU: a cubin is a CUDA ELF file for its target's
+/// architecture that defines every entry point the runtime looks up in it; PTX declares every
+/// entry point for its target. Returns one line per target, or the first problem.
+pub fn check_builtin() -> Result<Vec<TargetCheck>> {
+    use object::read::elf::{ElfFile64, FileHeader as _};
+    use object::{Object as _, ObjectSymbol as _};
+    let bad = |what: String| Error::Cuda(format!("built-in kernels: {what}"));
+    let all = builtin_units()?;
+    let mut out = Vec::new();
+    for t in BUILTIN.targets {
+        let number = target_number(t.target).ok_or_else(|| bad(format!("target {}", t.target)))?;
+        let mut check = TargetCheck {
+            target: t.target,
+            units: 0,
+            symbols: 0,
+            bytes: t.raw_len,
+            compressed_bytes: t.data.len(),
+        };
+        for (_, dtype, group, code) in all.iter().filter(|u| u.0 == t.target) {
+            let unit = format!("{} {dtype} {}", t.target, group.name());
+            let entries = group.entries();
+            if is_ptx(t.target) {
+                let text = std::str::from_utf8(code.strip_suffix(&[0]).unwrap_or(code))
+                    .map_err(|_| bad(format!("{unit}: PTX is not text")))?;
+                if !text.contains(&format!(".target sm_{number}")) {
+                    return Err(bad(format!("{unit}: PTX not for sm_{number}")));
+                }
+                for e in &entries {
+                    if !text.contains(&format!(".entry {e}(")) {
+                        return Err(bad(format!("{unit}: PTX lacks .entry {e}")));
+                    }
+                }
+            } else {
+                let elf = ElfFile64::<object::Endianness>::parse(*code)
+                    .map_err(|e| bad(format!("{unit}: not an ELF file ({e})")))?;
+                let header = elf.elf_header();
+                let endian = elf.endian();
+                if header.e_machine(endian) != object::elf::EM_CUDA {
+                    return Err(bad(format!("{unit}: ELF machine is not CUDA")));
+                }
+                // ELF ABI 8 (CUDA 13) keeps the SM in bits 8-15 of e_flags.
+                let sm = (header.e_flags(endian).0 >> 8) & 0xff;
+                if sm != number {
+                    return Err(bad(format!("{unit}: a cubin for sm_{sm}")));
+                }
+                for e in &entries {
+                    let defined = elf.symbols().any(|s| {
+                        s.name() == Ok(e.as_str())
+                            && s.is_definition()
+                            && s.kind() == object::SymbolKind::Text
+                    });
+                    if !defined {
+                        return Err(bad(format!("{unit}: no kernel symbol {e}")));
+                    }
+                }
+            }
+            check.units += 1;
+            check.symbols += entries.len();
+        }
+        out.push(check);
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------- code for a device
+
+/// Where a unit's code for a device came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum CodeSource {
+    /// Built into the library for this architecture.
+    BuiltIn,
+    /// Built in for an older GPU of the same major version (the target named), which runs it.
+    BuiltInCompatible(&'static str),
+    /// The disk cache.
+    Cached,
+    /// Compiled by this process with NVRTC.
+    Compiled,
+    /// Built-in PTX of the target named, compiled by the driver as it loads.
+    BuiltInPtx(&'static str),
+}
+
+impl std::fmt::Display for CodeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CodeSource::BuiltIn => write!(f, "built-in"),
+            CodeSource::BuiltInCompatible(t) => write!(f, "built-in ({t} cubin)"),
+            CodeSource::Cached => write!(f, "cached"),
+            CodeSource::Compiled => write!(f, "compiled"),
+            CodeSource::BuiltInPtx(t) => write!(f, "built-in PTX ({t}, compiled by the driver)"),
+        }
+    }
+}
+
+/// A unit's code: a cubin, or NUL-terminated PTX.
+#[derive(Debug, Clone)]
+pub struct Code {
+    /// The cubin or PTX (built-in code is borrowed from the decompressed frame).
+    pub bytes: std::borrow::Cow<'static, [u8]>,
+    /// Where it came from.
+    pub source: CodeSource,
+}
+
+/// The cache entry of unit (`v`, `g`) for `arch`: the one of the loaded NVRTC's version where
+/// NVRTC loads, else one of any version (a cache filled ahead of time by `ferrocomm
+/// precompile`, used where no NVRTC is installed).
+fn cached_unit(v: usize, g: Group, arch: &str, cfg: &Config) -> Option<Vec<u8>> {
+    let ptx = is_ptx(arch);
+    if crate::driver::libs::ensure_nvrtc(cfg).is_ok() {
+        let ver = nvrtc_version().ok()?;
+        return super::kernel_cache::read_entry(
+            &cfg.kernel_cache.join(units::cache_file(v, g, arch, ver)),
+            ptx,
+        );
+    }
+    let stem = format!("{}-nvrtc", units::cache_stem(v, g, arch));
+    let mut names: Vec<String> = std::fs::read_dir(&cfg.kernel_cache)
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&stem) && n.ends_with(if ptx { ".ptx" } else { ".cubin" }))
+        .collect();
+    names.sort();
+    names
+        .iter()
+        .rev()
+        .find_map(|n| super::kernel_cache::read_entry(&cfg.kernel_cache.join(n), ptx))
+}
+
+/// The built-in cubin of an older GPU of `arch`'s major version (the newest such), which runs
+/// on `arch` as it is.
+fn builtin_compatible(v: usize, g: Group, arch: &str) -> Result<Option<Code>> {
+    let Some(n) = target_number(arch).filter(|_| !is_ptx(arch)) else {
+        return Ok(None);
+    };
+    let mut best: Option<(u32, &'static str)> = None;
+    for t in BUILTIN.targets.iter().filter(|t| !is_ptx(t.target)) {
+        if let Some(m) = target_number(t.target) {
+            if m / 10 == n / 10 && m < n && best.is_none_or(|(b, _)| m > b) {
+                best = Some((m, t.target));
+            }
+        }
+    }
+    let Some((_, target)) = best else {
+        return Ok(None);
+    };
+    Ok(builtin_unit(v, g, target)?.map(|b| Code {
+        bytes: b.into(),
+        source: CodeSource::BuiltInCompatible(target),
+    }))
+}
+
+/// Built-in PTX that a GPU of `arch` can run (the newest target not above it).
+fn builtin_ptx(v: usize, g: Group, arch: &str) -> Result<Option<Code>> {
+    let Some(n) = target_number(arch) else {
+        return Ok(None);
+    };
+    let mut best: Option<(u32, &'static str)> = None;
+    for t in BUILTIN.targets.iter().filter(|t| is_ptx(t.target)) {
+        if let Some(m) = target_number(t.target) {
+            if m <= n && best.is_none_or(|(b, _)| m > b) {
+                best = Some((m, t.target));
+            }
+        }
+    }
+    let Some((_, target)) = best else {
+        return Ok(None);
+    };
+    Ok(builtin_unit(v, g, target)?.map(|b| Code {
+        bytes: b.into(),
+        source: CodeSource::BuiltInPtx(target),
+    }))
+}
+
+/// The code of unit (`v`, `g`) for a GPU of `arch` that needs no compile: built-in for `arch`,
+/// cached, or built in for an older GPU of the same major version. `None`: a compile is needed
+/// (or the built-in PTX).
+fn ready_code(v: usize, g: Group, arch: &str, cfg: &Config) -> Result<Option<Code>> {
+    if cfg.builtin_kernels {
+        if let Some(b) = builtin_unit(v, g, arch)? {
+            return Ok(Some(Code {
+                bytes: b.into(),
+                source: CodeSource::BuiltIn,
+            }));
+        }
+    }
+    if let Some(b) = cached_unit(v, g, arch, cfg) {
+        return Ok(Some(Code {
+            bytes: b.into(),
+            source: CodeSource::Cached,
+        }));
+    }
+    if cfg.builtin_kernels {
+        return builtin_compatible(v, g, arch);
+    }
+    Ok(None)
+}
+
+/// Why a GPU of `arch` compiles (for the line before it).
+fn why_compile(arch: &str, cfg: &Config) -> String {
+    if !cfg.builtin_kernels {
+        "built-in kernels off: FERROCOMM_BUILTIN_KERNELS=0".into()
+    } else if BUILTIN.targets.is_empty() {
+        "this build has no built-in kernels".into()
+    } else {
+        format!("none built in for {arch}")
+    }
+}
+
+/// Compiles unit (`v`, `g`) for `arch` through the cache: one line on stderr first (what, for
+/// which GPU, about how long, where it is cached), and a wait, at most the configured timeout,
+/// while another process compiles the same unit.
+fn compile_cached(v: usize, g: Group, arch: &str, cfg: &Config) -> Result<Code> {
     crate::driver::libs::ensure_nvrtc(cfg)?;
     let ver = nvrtc_version()?;
-    let path = cache_path(&cfg.kernel_cache, dtype, arch, ver);
-    if let Ok(b) = std::fs::read(&path) {
-        if b.len() > 4 && &b[..4] == b"\x7fELF" {
-            return Ok(b);
-        }
-    }
-    let bin = compile(dtype, arch, cfg)?;
-    // A failed cache write only costs a compile next time.
-    if std::fs::create_dir_all(&cfg.kernel_cache).is_ok() {
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, &bin).is_ok() {
-            let _ = std::fs::rename(&tmp, &path);
-        }
-    }
-    Ok(bin)
+    let name = units::unit_name(v, g);
+    let file = units::cache_file(v, g, arch, ver);
+    let ptx = is_ptx(arch);
+    let mut say = |e: super::kernel_cache::Event<'_>| match e {
+        super::kernel_cache::Event::Compiling => eprintln!(
+            "ferrocomm: compiling the {name} kernels for {arch} ({}) with NVRTC {}.{}, about \
+             {} s; cached in {}",
+            why_compile(arch, cfg),
+            ver.0,
+            ver.1,
+            g.about_seconds(),
+            cfg.kernel_cache.display()
+        ),
+        super::kernel_cache::Event::Waiting { lock } => eprintln!(
+            "ferrocomm: waiting for another process compiling the {name} kernels for {arch} \
+             (lock {}, at most {} s)",
+            lock.display(),
+            cfg.timeout.as_secs()
+        ),
+        super::kernel_cache::Event::GaveUp { lock, waited } => eprintln!(
+            "ferrocomm: {} still held after {:.0} s: compiling the {name} kernels here too",
+            lock.display(),
+            waited.as_secs_f64()
+        ),
+    };
+    let (bytes, origin) = super::kernel_cache::cached_or_compile(
+        &cfg.kernel_cache,
+        &file,
+        ptx,
+        cfg.timeout,
+        &mut say,
+        || {
+            super::nvrtc::compile(
+                &format!("{ALL_REDUCE_NAME}[{name}]"),
+                &units::unit_source(v, g),
+                &units::options(arch),
+                ptx,
+            )
+            .map_err(nvrtc_error)
+        },
+    )?;
+    Ok(Code {
+        bytes: bytes.into(),
+        source: match origin {
+            Origin::Cached => CodeSource::Cached,
+            Origin::Compiled => CodeSource::Compiled,
+        },
+    })
 }
 
-/// The module of `dtype`'s kernels for the device of the current context (its own `sm_XY`),
-/// from the disk cache or compiled now, loaded; `what` names the load in an error. For kernels a
-/// caller loads outside a communicator's start-up (it keeps the module for the process's life).
-pub(crate) fn load_on_current_device(
+/// The code of `dtype`'s unit of `group` for a GPU of `arch` (`sm_90`), compiled now if
+/// nothing else has it (see the module's doc for the order).
+pub fn code(dtype: DataType, group: Group, arch: &str, cfg: &Config) -> Result<Code> {
+    let v = variant_index(dtype)
+        .filter(|&v| group.applies(v))
+        .ok_or_else(|| unsupported(dtype, group))?;
+    if !group_runs_on(group, arch) {
+        return Err(too_old(group, arch));
+    }
+    if let Some(c) = ready_code(v, group, arch, cfg)? {
+        return Ok(c);
+    }
+    match compile_cached(v, group, arch, cfg) {
+        Ok(c) => Ok(c),
+        Err(e @ Error::LibraryMissing { .. }) if cfg.builtin_kernels => {
+            builtin_ptx(v, group, arch)?.ok_or(e)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// How a GPU of `arch` would get `dtype`'s unit of `group` now, without compiling anything:
+/// `None` when it would compile it.
+pub fn code_source(
     dtype: DataType,
+    group: Group,
+    arch: &str,
     cfg: &Config,
-    what: &'static str,
-) -> Result<crate::driver::Module> {
+) -> Result<Option<CodeSource>> {
+    let v = variant_index(dtype)
+        .filter(|&v| group.applies(v))
+        .ok_or_else(|| unsupported(dtype, group))?;
+    if !group_runs_on(group, arch) {
+        return Err(too_old(group, arch));
+    }
+    if let Some(c) = ready_code(v, group, arch, cfg)? {
+        return Ok(Some(c.source));
+    }
+    if cfg.builtin_kernels && crate::driver::libs::ensure_nvrtc(cfg).is_err() {
+        return Ok(builtin_ptx(v, group, arch)?.map(|c| c.source));
+    }
+    Ok(None)
+}
+
+// ---------------------------------------------------------------- modules
+
+/// A unit's module loaded on the current context, and where its code came from.
+pub(crate) struct LoadedUnit {
+    pub module: Module,
+    pub source: CodeSource,
+}
+
+/// Loads `dtype`'s unit of `group` on the current context (a GPU of `arch`): its code as
+/// [`code`] finds it. A built-in or cached cubin the driver refuses (a driver older than the
+/// NVRTC that made it) gives way to a compile here. `ready_only`: `None` instead of compiling.
+pub(crate) fn load_unit(
+    dtype: DataType,
+    group: Group,
+    arch: &str,
+    cfg: &Config,
+    ready_only: bool,
+) -> Result<Option<LoadedUnit>> {
+    let v = variant_index(dtype)
+        .filter(|&v| group.applies(v))
+        .ok_or_else(|| unsupported(dtype, group))?;
+    if !group_runs_on(group, arch) {
+        return Err(too_old(group, arch));
+    }
+    let what = format!("loading the {} kernels", units::unit_name(v, group));
+    let refused = match ready_code(v, group, arch, cfg)? {
+        Some(c) => match Module::load(&c.bytes, &what) {
+            Ok(module) => {
+                return Ok(Some(LoadedUnit {
+                    module,
+                    source: c.source,
+                }))
+            }
+            Err(e) => Some((c.source, e)),
+        },
+        None => None,
+    };
+    if ready_only && refused.is_none() {
+        return Ok(None);
+    }
+    let c = match compile_cached(v, group, arch, cfg) {
+        Ok(c) => c,
+        Err(e @ Error::LibraryMissing { .. }) if cfg.builtin_kernels && refused.is_none() => {
+            builtin_ptx(v, group, arch)?.ok_or(e)?
+        }
+        Err(e) => {
+            return Err(match refused {
+                Some((src, first)) => Error::Cuda(format!(
+                    "{what}: the driver refused the {src} code ({first}), and compiling failed: {e}"
+                )),
+                None => e,
+            })
+        }
+    };
+    if let (CodeSource::Cached, Some((src, e))) = (c.source, &refused) {
+        // The refused code was this very cache entry.
+        return Err(Error::Cuda(format!(
+            "{what}: the driver refused the {src} code: {e}"
+        )));
+    }
+    Ok(Some(LoadedUnit {
+        module: Module::load(&c.bytes, &what)?,
+        source: c.source,
+    }))
+}
+
+/// The architecture of the current context's device: `sm_<major><minor>`.
+pub(crate) fn current_arch() -> Result<String> {
     use crate::driver::{current_device_attribute, DeviceAttribute as A};
-    let arch = format!(
+    Ok(format!(
         "sm_{}{}",
         current_device_attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
         current_device_attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?
-    );
-    let bin = cubin(dtype, &arch, cfg)?;
-    crate::driver::Module::load(&bin, what)
+    ))
+}
+
+/// `dtype`'s unit of `group` for the device of the current context, loaded (compiled first if
+/// needed); `what` names the load in an error. For kernels a caller loads outside a
+/// communicator's start-up (it keeps the module for the process's life).
+pub(crate) fn load_on_current_device(
+    dtype: DataType,
+    group: Group,
+    cfg: &Config,
+    what: &'static str,
+) -> Result<Module> {
+    let arch = current_arch()?;
+    load_unit(dtype, group, &arch, cfg, false)?
+        .map(|u| u.module)
+        .ok_or_else(|| Error::Cuda(format!("{what}: no code")))
 }

@@ -5,7 +5,9 @@
 //! - `dda`: direct data access and everything that runs on it: IPC staging, peer mapping and
 //!   checks, the all-reduce, the other collectives ([`collectives`]), their low-precision forms
 //!   and the fused all-reduce + RMSNorm;
-//! - [`kernels`]: the NVRTC kernel registry and its disk cache;
+//! - [`kernels`]: the kernel registry: each unit's code (built in, cached, or compiled with
+//!   NVRTC at first use) and its module; `kernel_units` (which kernels compile together),
+//!   `nvrtc` and [`kernel_cache`] (the disk cache and its lock) are shared with the build script;
 //! - [`nvml`]: whether two GPUs are joined by NVLink (the LL128 all-reduce needs it).
 //!
 //! Every driver call goes through [`crate::driver`] (launches included). The arrows point
@@ -19,8 +21,11 @@
 
 mod backend;
 mod dda;
+pub mod kernel_cache;
+mod kernel_units;
 pub mod kernels;
 pub mod nvml;
+mod nvrtc;
 
 use crate::backend::{Backend, CommContext};
 use crate::config::Config;

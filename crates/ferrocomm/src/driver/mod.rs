@@ -337,18 +337,24 @@ unsafe impl Send for Module {}
 unsafe impl Sync for Module {}
 
 impl Module {
-    /// Loads `image`, a complete cubin for the current context's device ([cuModuleLoadData]);
-    /// `what` names the load in an error.
+    /// Loads `image` for the current context's device ([cuModuleLoadData]): a complete cubin,
+    /// or PTX ending in its NUL, which the driver compiles as it loads; `what` names the load
+    /// in an error.
     ///
     /// [cuModuleLoadData]: https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MODULE.html
     pub(crate) fn load(image: &[u8], what: &str) -> Result<Module> {
-        if image.len() < 4 || &image[..4] != b"\x7fELF" {
-            return Err(Error::Cuda(format!("{what}: the image is not a cubin")));
+        let cubin = image.len() >= 4 && &image[..4] == b"\x7fELF";
+        // The driver reads PTX up to its NUL: one inside the slice keeps it in bounds.
+        let ptx = !cubin && image.last() == Some(&0);
+        if !cubin && !ptx {
+            return Err(Error::Cuda(format!(
+                "{what}: the image is neither a cubin nor NUL-terminated PTX"
+            )));
         }
         let mut m: drv::CUmodule = std::ptr::null_mut();
         cu(
-            // SAFETY: out-parameter; the image is an ELF cubin the driver parses (and refuses with
-            // an error code when it is not one for this device).
+            // SAFETY: out-parameter; the image is an ELF cubin or NUL-terminated text, which the
+            // driver parses (and refuses with an error code when it is not code for this device).
             unsafe { drv::cuModuleLoadData(&mut m, image.as_ptr().cast()) },
             what,
         )?;

@@ -6,7 +6,7 @@ use super::HostBackend;
 use crate::backend::{Backend, Call, CallKind, CallOpts};
 use crate::error::{Error, Result};
 use crate::reduce::{from_f32, to_f32};
-use crate::rmsnorm::{self, AllReduceRmsNorm, Shape};
+use crate::rmsnorm::{self, AllReduceRmsNorm, Fp8Ref, Fp8Scale, Shape};
 use crate::types::{DataType, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
@@ -59,7 +59,7 @@ impl HostBackend {
         } = shape;
         // Every rank sees every rank's call before anything is written, so ranks that
         // disagree (shape, dtype, eps, FP8) all fail with the same message and write nothing.
-        let mine = shape.words(eps, fp8.is_some());
+        let mine = shape.words(eps, rmsnorm::Fp8Mode::of(&fp8));
         let mut all = vec![0u64; mine.len() * self.world];
         let gather = CallKind::AllGather {
             input: Input::Buf(View::host(&mine)),
@@ -108,7 +108,16 @@ impl HostBackend {
             Input::Buf(v) => widen(dtype, host(v.host_bytes(), "residual")?, n)?,
         };
         let w = widen(dtype, host(weight.host_bytes(), "weight")?, hidden)?;
-        let normed = rmsnorm::norm_rows(&sum, &res, &w, eps, dtype, fp8.is_some());
+        let fp8_ref = match &fp8 {
+            None => None,
+            Some(q) => Some(match &q.scale {
+                Fp8Scale::PerRow(_) => Fp8Ref::PerRow,
+                Fp8Scale::Given(s) => {
+                    Fp8Ref::Given(widen(DataType::F32, host(s.host_bytes(), "fp8 scale")?, 1)?[0])
+                }
+            }),
+        };
+        let normed = rmsnorm::norm_rows(&sum, &res, &w, eps, dtype, fp8_ref);
         from_f32(
             dtype,
             &normed.residual,
@@ -117,11 +126,13 @@ impl HostBackend {
         from_f32(dtype, &normed.y, host_mut(out.host_bytes_mut(), "out")?)?;
         if let Some(mut q) = fp8 {
             host_mut(q.codes.host_bytes_mut(), "fp8 codes")?.copy_from_slice(&normed.codes);
-            from_f32(
-                DataType::F32,
-                &normed.scales,
-                host_mut(q.scales.host_bytes_mut(), "fp8 scales")?,
-            )?;
+            if let Fp8Scale::PerRow(s) = &mut q.scale {
+                from_f32(
+                    DataType::F32,
+                    &normed.scales,
+                    host_mut(s.host_bytes_mut(), "fp8 scales")?,
+                )?;
+            }
         }
         Ok(())
     }

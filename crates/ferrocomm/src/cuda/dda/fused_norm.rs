@@ -1,9 +1,10 @@
-//! The fused all-reduce + residual add + RMSNorm on CUDA memory ([`crate::rmsnorm`]): the
-//! backend's own all-reduce leaves the f32-accumulated sum in `out` (push / flat / tree by direct
-//! access, or NCCL, chosen by size as for a plain all-reduce, low precision included), then one
-//! launch of `fc_rmsnorm` (kernels/rmsnorm.cu) on the same stream adds the residual and
-//! normalizes every row, FP8 rows included. No host synchronisation, no allocation: CUDA-graph
-//! capturable like the all-reduce.
+//! The fused all-reduce + residual add + RMSNorm on CUDA memory ([`crate::rmsnorm`]), in the
+//! form the plan chose ([`NormForm`]): two launches (the backend's own all-reduce leaves the
+//! f32-accumulated sum in `out`, push / flat / tree by direct access or NCCL, low precision
+//! included, then `fc_rmsnorm`, kernels/rmsnorm.cu, adds the residual and normalizes every
+//! row on the same stream), one launch of the fused direct-access kernels (`fc_fused_flat`,
+//! `fc_fused_tree`), or for a communicator of one rank `fc_rmsnorm` alone on x. No host
+//! synchronisation, no allocation: CUDA-graph capturable like the all-reduce.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -12,20 +13,55 @@ use std::sync::Mutex;
 use crate::backend::{check_buffers, CallKind, CallOpts};
 use crate::config::Config;
 use crate::cuda::kernels;
-use crate::driver::{self, launch, result, Function};
+use crate::driver::{self, launch, result, DeviceAttribute, Function};
 use crate::error::{Error, Result};
 use crate::plan::NormForm;
-use crate::rmsnorm::{AllReduceRmsNorm, Fp8Rows, Shape, NAME};
+use crate::quant::Codec;
+use crate::rmsnorm::{AllReduceRmsNorm, Fp8Mode, Fp8Rows, Fp8Scale, Shape, NAME};
 use crate::types::{DataType, Device};
 use crate::view::{Input, View, ViewMut};
 
-/// Threads of one row's block: a quarter of the row (32 to 512, whole warps).
-fn threads_for(hidden: usize) -> u32 {
-    (hidden / 4).next_multiple_of(32).clamp(32, 512) as u32
+/// Threads of a norm block (`NORM_THREADS` in kernels/rmsnorm.cu).
+const NORM_THREADS: usize = 512;
+/// Most 16-byte vectors a thread of `fc_rmsnorm` holds per chunk of a row (`NORM_V`).
+const NORM_V: usize = 4;
+/// The same for the fused forms, whose sums are reduced from every rank's staging
+/// (`NORM_V_STAGED`).
+const NORM_V_STAGED: usize = 2;
+/// Most blocks of an `fc_rmsnorm` grid; its blocks stride over the rows past it.
+const MAX_NORM_BLOCKS: usize = 65535;
+
+/// Threads per row for rows of `shape` whose threads hold `v` vectors each: the row's 16-byte
+/// vectors over `v`, in whole warps, 32 to 512. A row of at most `v * tpr` vectors stays in
+/// registers (one pass). The order of a row's sum of squares follows from it, so every rank
+/// computes it the same from the shape alone.
+fn threads_per_row(shape: &Shape, v: usize) -> usize {
+    let vectors = shape.hidden * shape.dtype.size() / 16;
+    vectors
+        .div_ceil(v)
+        .next_multiple_of(32)
+        .clamp(32, NORM_THREADS)
 }
 
-/// Blocks of the grid: one per row, grid-striding past this many rows.
-const MAX_BLOCKS: usize = 8192;
+/// Vectors a thread of `fc_rmsnorm` holds: the fewest of 1, 2 and 4 that hold a row in 512
+/// threads (a thread's chain of dependent loads and arithmetic is what a short call waits for),
+/// 4 for longer rows (chunks). From the shape alone, like the order of the sum it fixes.
+fn vectors_per_thread(shape: &Shape) -> usize {
+    let vectors = shape.hidden * shape.dtype.size() / 16;
+    [1, 2, NORM_V]
+        .into_iter()
+        .find(|v| vectors <= v * NORM_THREADS)
+        .unwrap_or(NORM_V)
+}
+
+/// Rows per block (and threads per block) for `rows` rows of `tpr` threads spread over at most
+/// `blocks` blocks: as few rows a block as fill those blocks, so that a few rows run on as many
+/// SMs (their loads in flight at once), up to what 512 threads hold. Which block runs a row
+/// changes no result.
+fn slots(rows: usize, tpr: usize, blocks: usize) -> (usize, u32) {
+    let slots = rows.div_ceil(blocks.max(1)).clamp(1, NORM_THREADS / tpr);
+    (slots, (slots * tpr) as u32)
+}
 
 /// The kernel's argument struct (`NormArgs` in kernels/rmsnorm.cu), field for field.
 #[repr(C)]
@@ -41,12 +77,18 @@ struct NormArgs {
     rows: u64,
     hidden: u64,
     eps: f32,
+    tpr: u32,
+    fp8_given: u32,
+    loopback: u32,
+    lp_block: u32,
+    lp_format: u32,
+    v: u32,
     pad: u32,
 }
 
 impl NormArgs {
     /// The norm's arguments: the sum read from `sum`, the residual from `residual`, the rest
-    /// from the call's buffers.
+    /// from the call's buffers; `tpr` threads per row.
     #[allow(clippy::too_many_arguments)]
     fn new(
         sum: u64,
@@ -57,7 +99,13 @@ impl NormArgs {
         fp8: &Option<Fp8Rows<'_>>,
         shape: &Shape,
         eps: f32,
+        tpr: u32,
     ) -> NormArgs {
+        let (scales, given) = match fp8.as_ref().map(|q| &q.scale) {
+            None => (0, false),
+            Some(Fp8Scale::PerRow(s)) => (s.ptr() as u64, false),
+            Some(Fp8Scale::Given(s)) => (s.ptr() as u64, true),
+        };
         NormArgs {
             sum,
             residual,
@@ -65,45 +113,112 @@ impl NormArgs {
             out: out.ptr() as u64,
             residual_out: residual_out.ptr() as u64,
             codes: fp8.as_ref().map_or(0, |q| q.codes.ptr() as u64),
-            scales: fp8.as_ref().map_or(0, |q| q.scales.ptr() as u64),
+            scales,
             rows: shape.rows as u64,
             hidden: shape.hidden as u64,
             eps,
+            tpr,
+            fp8_given: given as u32,
+            loopback: 0,
+            lp_block: 0,
+            lp_format: 0,
+            v: NORM_V as u32,
             pad: 0,
         }
     }
 }
 
-/// `fc_rmsnorm` of `dtype` in the current context, loaded once per context and dtype.
-fn function(cfg: &Config, dtype: DataType) -> Result<Function> {
-    static FUNCS: Mutex<Option<HashMap<(usize, DataType), Function>>> = Mutex::new(None);
+/// `fc_rmsnorm` of `dtype` in the current context and the device's SM count, loaded once per
+/// context and dtype.
+fn function(cfg: &Config, dtype: DataType) -> Result<(Function, u32)> {
+    /// (context, dtype) -> (the function, the SM count).
+    type Loaded = HashMap<(usize, DataType), (Function, u32)>;
+    static FUNCS: Mutex<Option<Loaded>> = Mutex::new(None);
     let key = (result::ctx_get_current()?, dtype);
     let mut g = FUNCS.lock().unwrap_or_else(|e| e.into_inner());
     let map = g.get_or_insert_with(HashMap::new);
-    if let Some(&f) = map.get(&key) {
-        return Ok(f);
+    if let Some(&loaded) = map.get(&key) {
+        return Ok(loaded);
     }
     // The caller made the backend's context current.
-    let module = kernels::load_on_current_device(dtype, cfg, "loading the rmsnorm kernel")?;
+    let module = kernels::load_on_current_device(
+        dtype,
+        kernels::Group::RmsNorm,
+        cfg,
+        "loading the rmsnorm kernel",
+    )?;
     let f = module.function("fc_rmsnorm")?;
     // Kept loaded: its function is cached for the context.
     module.keep_loaded();
-    map.insert(key, f);
-    Ok(f)
+    let sms = driver::current_device_attribute(
+        DeviceAttribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    )?
+    .max(1) as u32;
+    map.insert(key, (f, sms));
+    Ok((f, sms))
 }
 
-/// Runs `call` (its buffers checked, [`check_buffers`]) on a backend: the sum into `out` by
-/// `all_reduce` (the backend's own, with `opts`), then the norm on `opts.stream`. The
-/// backend's context must be current. `loaded` is `fc_rmsnorm` of the
-/// call's dtype and whether launches use PDL, where the backend loaded its modules at start-up
-/// (direct access); otherwise the module is loaded at the first call (not inside a graph
-/// capture: the first call must run eagerly).
+/// `fc_rmsnorm` (of the rows' dtype in the current context), whether launches use PDL, and the
+/// device's SM count.
+#[derive(Clone, Copy)]
+pub(crate) struct NormKernel {
+    pub(crate) f: Function,
+    pub(crate) pdl: bool,
+    pub(crate) sm_count: u32,
+}
+
+/// Launches `fc_rmsnorm` on `stream` over the rows of `args`: [`threads_per_row`] threads a
+/// row, the rows spread over the SMs ([`slots`]).
+fn launch_norm(k: NormKernel, mut args: NormArgs, shape: &Shape, stream: u64) -> Result<()> {
+    let v = vectors_per_thread(shape);
+    let tpr = threads_per_row(shape, v);
+    args.tpr = tpr as u32;
+    args.v = v as u32;
+    let (slots, threads) = slots(shape.rows, tpr, k.sm_count as usize);
+    let blocks = shape.rows.div_ceil(slots).clamp(1, MAX_NORM_BLOCKS) as u32;
+    let (f, pdl) = (k.f, k.pdl);
+    let mut params = [(&mut args as *mut NormArgs).cast::<c_void>()];
+    // SAFETY: `f` is fc_rmsnorm of this dtype in the current context, taking one NormArgs by
+    // value (layout checked against the source in the tests); every pointer in it is memory of
+    // this device (check_buffers) holding the sizes the call's check verified; the block is a
+    // whole number of rows of `tpr` threads (slots); the kernel starts with
+    // griddepcontrol.wait, and `pdl` comes from the device.
+    unsafe {
+        launch(f, blocks, threads, stream, &mut params, pdl, || {
+            format!(
+                "launching fc_rmsnorm ({} rows of {} {})",
+                shape.rows, shape.hidden, shape.dtype
+            )
+        })
+    }
+}
+
+/// `fc_rmsnorm` of the call's dtype: `loaded` where the backend loaded its modules at start-up
+/// (direct access); otherwise the module is loaded now (not inside a graph capture: the first
+/// call must run eagerly).
+fn norm_function(cfg: &Config, dtype: DataType, loaded: Option<NormKernel>) -> Result<NormKernel> {
+    match loaded {
+        Some(l) => Ok(l),
+        None => {
+            let (f, sm_count) = function(cfg, dtype)?;
+            Ok(NormKernel {
+                f,
+                pdl: driver::pdl_for_current_device(cfg)?,
+                sm_count,
+            })
+        }
+    }
+}
+
+/// Runs `call` (its buffers checked, [`check_buffers`]) in two launches on a backend: the sum
+/// into `out` by `all_reduce` (the backend's own, with `opts`), then the norm on `opts.stream`.
+/// The backend's context must be current. `loaded`: see [`norm_function`].
 pub(crate) fn run(
     cfg: &Config,
     call: AllReduceRmsNorm<'_>,
     shape: Shape,
     opts: &CallOpts,
-    loaded: Option<(Function, bool)>,
+    loaded: Option<NormKernel>,
     all_reduce: impl FnOnce(Input<'_>, ViewMut<'_>) -> Result<()>,
 ) -> Result<()> {
     let AllReduceRmsNorm {
@@ -115,15 +230,9 @@ pub(crate) fn run(
         eps,
         fp8,
     } = call;
-    let (f, pdl) = match loaded {
-        Some(l) => l,
-        None => (
-            function(cfg, shape.dtype)?,
-            driver::pdl_for_current_device(cfg)?,
-        ),
-    };
+    let kernel = norm_function(cfg, shape.dtype, loaded)?;
     let residual_ptr = residual.address(&residual_out);
-    let mut args = NormArgs::new(
+    let args = NormArgs::new(
         out.ptr() as u64,
         residual_ptr,
         &weight,
@@ -132,63 +241,103 @@ pub(crate) fn run(
         &fp8,
         &shape,
         eps,
+        0,
     );
     // The sum over ranks, in f32, rounded once into `out`.
     all_reduce(x, out.reborrow())?;
     if shape.rows == 0 {
         return Ok(());
     }
-    let blocks = shape.rows.min(MAX_BLOCKS) as u32;
-    let mut params = [(&mut args as *mut NormArgs).cast::<c_void>()];
-    let threads = threads_for(shape.hidden);
-    // SAFETY: `f` is fc_rmsnorm of this dtype in the current context, taking one NormArgs by
-    // value (layout checked against the source in the tests); every pointer in it is memory of
-    // this device (check_buffers) holding the sizes the call's check verified; the kernel starts
-    // with griddepcontrol.wait, and `pdl` comes from pdl_for_current_device.
-    unsafe {
-        launch(f, blocks, threads, opts.stream, &mut params, pdl, || {
-            format!(
-                "launching fc_rmsnorm ({} rows of {} {})",
-                shape.rows, shape.hidden, shape.dtype
-            )
-        })
-    }
+    launch_norm(kernel, args, &shape, opts.stream)
 }
 
-/// Grid and block of a one-launch call: one block per row (one-shot) or per row of a stripe
-/// (two-shot), at most one per SM and [`MAX_BLOCKS`](super::MAX_BLOCKS) (the flag slots),
-/// every block co-resident with its peers' (they wait for each other); a thread per 16-byte
-/// vector of a row, whole warps, 32 to 512. Every rank computes the same from the shape.
-fn fused_grid(form: NormForm, shape: Shape, world: usize, sm_count: u32) -> (u32, u32) {
+/// Runs `call` of a communicator of one rank ([`NormForm::Local`]): its x is the sum, so one
+/// launch of `fc_rmsnorm` reads it where it is, on `opts.stream`. The backend's context must be
+/// current and the buffers checked ([`check_buffers`]). `loaded`: see [`norm_function`].
+pub(crate) fn run_local(
+    cfg: &Config,
+    call: AllReduceRmsNorm<'_>,
+    shape: Shape,
+    opts: &CallOpts,
+    loaded: Option<NormKernel>,
+) -> Result<()> {
+    let AllReduceRmsNorm {
+        x,
+        out,
+        residual,
+        residual_out,
+        weight,
+        eps,
+        fp8,
+    } = call;
+    let kernel = norm_function(cfg, shape.dtype, loaded)?;
+    if shape.rows == 0 {
+        return Ok(());
+    }
+    let args = NormArgs::new(
+        x.address(&out),
+        residual.address(&residual_out),
+        &weight,
+        &out,
+        &residual_out,
+        &fp8,
+        &shape,
+        eps,
+        0,
+    );
+    launch_norm(kernel, args, &shape, opts.stream)
+}
+
+/// Grid and block of a one-launch call: rows of [`threads_per_row`]'s threads (one-shot: every
+/// row; two-shot: the rows of a stripe) spread over at most one block per SM and
+/// [`MAX_BLOCKS`](super::MAX_BLOCKS) (the flag slots), so every block is co-resident with
+/// its peers' (they wait for each other). Every rank computes the same from the shape and the
+/// SM count: (blocks, threads, threads per row).
+fn fused_grid(form: NormForm, shape: Shape, world: usize, sm_count: u32) -> (u32, u32, u32) {
     let rows = match form {
         NormForm::FusedTree => shape.rows.div_ceil(world.max(1)),
         _ => shape.rows,
     };
+    let tpr = threads_per_row(&shape, NORM_V_STAGED);
     let max_blocks = (sm_count as usize).clamp(1, super::MAX_BLOCKS);
-    let vectors = shape.hidden * shape.dtype.size() / 16;
+    let (slots, threads) = slots(rows, tpr, max_blocks);
     (
-        rows.clamp(1, max_blocks) as u32,
-        vectors.next_multiple_of(32).clamp(32, 512) as u32,
+        rows.div_ceil(slots).clamp(1, max_blocks) as u32,
+        threads,
+        tpr as u32,
     )
 }
 
 /// What every rank of a one-launch call must agree on, as the kernel compares it through the
 /// hello words (ranks that disagree end with a mismatch error instead of a wrong result): the
-/// kernel (`name`, so the form), rows, hidden, dtype, eps and whether FP8 rows are asked for.
-/// Spelled on the stack, the name's and the words' bytes: no allocation per call.
-fn fused_signature(name: &str, shape: &Shape, count: usize, eps: f32, fp8: bool) -> u32 {
-    let mut key = [0u8; 64];
-    let n = name.len().min(64 - 40);
+/// kernel (`name`, so the form), rows, hidden, dtype, eps, the FP8 output asked for and the
+/// low-precision codec of the wire. Spelled on the stack, the name's and the words' bytes: no
+/// allocation per call.
+fn fused_signature(
+    name: &str,
+    shape: &Shape,
+    count: usize,
+    eps: f32,
+    fp8: Fp8Mode,
+    codec: Option<&Codec>,
+) -> u32 {
+    let mut key = [0u8; 72];
+    let n = name.len().min(24);
     key[..n].copy_from_slice(&name.as_bytes()[..n]);
     for (k, w) in shape.words(eps, fp8).iter().enumerate() {
         key[n + 8 * k..n + 8 * (k + 1)].copy_from_slice(&w.to_le_bytes());
     }
+    let (format, block) = codec.map_or((u32::MAX, 0), |c| {
+        (super::lowp::format_code(c.format), c.block as u32)
+    });
+    key[n + 40..n + 44].copy_from_slice(&format.to_le_bytes());
+    key[n + 44..n + 48].copy_from_slice(&block.to_le_bytes());
     super::collectives::signature(
         crate::plan::Collective::AllReduce,
         shape.dtype,
         count,
         0,
-        &key[..n + 40],
+        &key[..n + 48],
     )
 }
 
@@ -196,21 +345,28 @@ fn fused_signature(name: &str, shape: &Shape, count: usize, eps: f32, fp8: bool)
 /// direct-access staging of `dda`, on `opts.stream`: `form` is [`NormForm::FusedFlat`] or
 /// [`NormForm::FusedTree`] as [`crate::plan::cuda_rmsnorm`] chose (the rows fit the staging).
 /// The backend's context must be current, the buffers checked ([`check_buffers`], `aligned`
-/// from [`crate::backend::CallKind::aligned`]) and the call ordered on the stream.
+/// from [`crate::backend::CallKind::aligned`]) and the call ordered on the stream. With `codec` the
+/// rows cross as its block-scaled records (the plan's low precision;
+/// [`crate::plan::rows_take_codec`] holds). `loopback` (measurement only, one-rank communicators, `FERROCOMM_RMSNORM_LOOPBACK`):
+/// the kernel runs as one of that many ranks whose every peer is this rank (see
+/// [`super::Args::loopback`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run_fused(
     dda: &super::Dda,
     form: NormForm,
+    codec: Option<&Codec>,
     call: AllReduceRmsNorm<'_>,
     shape: Shape,
     aligned: bool,
     opts: &CallOpts,
+    loopback: Option<usize>,
 ) -> Result<()> {
     let name = match form {
         NormForm::FusedFlat => "fc_fused_flat",
         NormForm::FusedTree => "fc_fused_tree",
-        NormForm::TwoLaunch => {
+        NormForm::TwoLaunch | NormForm::Local => {
             return Err(Error::InvalidArgument(format!(
-                "{NAME}: {form} is not a one-launch form"
+                "{NAME}: {form} is not a one-launch direct-access form"
             )))
         }
     };
@@ -239,6 +395,37 @@ pub(crate) fn run_fused(
         .rows
         .checked_mul(shape.hidden)
         .ok_or_else(|| Error::InvalidArgument(format!("{NAME}: rows x hidden overflows")))?;
+    if let Some(c) = codec {
+        if !crate::plan::rows_take_codec(shape.hidden, shape.dtype, c) {
+            return Err(Error::InvalidArgument(format!(
+                "{NAME}: rows of {} {} do not cross in one launch as blocks of {} (a row must be \
+                 whole blocks of at most 32 16-byte vectors)",
+                shape.hidden, shape.dtype, c.block
+            )));
+        }
+    }
+    // The staging must hold the rows (the planner's condition, checked again: a kernel past it
+    // would write outside the staging): x's rows (as records with a codec), and for the
+    // full-precision two-shot the published residual rows after them.
+    let count_all = shape.rows.checked_mul(shape.hidden);
+    let staged = match (form, codec) {
+        (_, Some(c)) => count_all.map(|n| c.encoded_bytes(n)),
+        (NormForm::FusedTree, None) => shape.x_bytes().checked_mul(2),
+        _ => Some(shape.x_bytes()),
+    };
+    let room = dda.layout().staging_bytes;
+    if staged.is_none_or(|b| b > room) {
+        return Err(Error::InvalidArgument(format!(
+            "{NAME}: {form} of {} rows of {} {} needs {} bytes of staging, the staging holds \
+             {room} (FERROCOMM_CUDA_STAGING_BYTES)",
+            shape.rows,
+            shape.hidden,
+            shape.dtype,
+            staged.map_or("more than usize".to_string(), |b| b.to_string())
+        )));
+    }
+    let world = loopback.unwrap_or(dda.world);
+    let (blocks, threads, tpr) = fused_grid(form, shape, world, dda.sm_count);
     let mut n = NormArgs::new(
         x_ptr,
         residual_ptr,
@@ -248,11 +435,27 @@ pub(crate) fn run_fused(
         &fp8,
         &shape,
         eps,
+        tpr,
     );
+    if let Some(c) = codec {
+        n.lp_block = c.block as u32;
+        n.lp_format = super::lowp::format_code(c.format);
+    }
     let mut a = dda.base_args(x_ptr, out.ptr() as u64, count as u64);
-    a.sig = fused_signature(name, &shape, count, eps, fp8.is_some());
+    a.sig = fused_signature(name, &shape, count, eps, Fp8Mode::of(&fp8), codec);
+    if let Some(w) = loopback {
+        if dda.world != 1 || w == 0 || w > super::MAX_RANKS {
+            return Err(Error::InvalidArgument(format!(
+                "{NAME}: the loopback measurement runs on a communicator of one rank, as 1 to {} \
+                 ranks (asked: {w} on a communicator of {})",
+                super::MAX_RANKS,
+                dda.world
+            )));
+        }
+        a.loopback(w as u32);
+        n.loopback = 1;
+    }
     let f = dda.func(shape.dtype, name)?;
-    let (blocks, threads) = fused_grid(form, shape, dda.world, dda.sm_count);
     let mut params: [*mut c_void; 2] = [
         (&mut a as *mut super::Args).cast(),
         (&mut n as *mut NormArgs).cast(),
@@ -261,7 +464,8 @@ pub(crate) fn run_fused(
     // taking one Args and one NormArgs by value (layouts checked against the source in the
     // tests); every pointer in them is memory of this device (check_buffers) holding the sizes
     // the call's check verified, the staging holds the rows (the planner's condition); the
-    // kernel starts with griddepcontrol.wait, and `dda.pdl` comes from the device.
+    // block is a whole number of rows of `tpr` threads (fused_grid); the kernel starts with
+    // griddepcontrol.wait, and `dda.pdl` comes from the device.
     unsafe {
         launch(
             f,
@@ -315,6 +519,7 @@ pub fn residual_rmsnorm(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::Format;
 
     #[test]
     fn args_have_the_kernel_layout() {
@@ -332,53 +537,113 @@ mod tests {
             dtype: DataType::BF16,
         };
         let sig = |name, shape: &Shape, eps, fp8| {
-            fused_signature(name, shape, shape.rows * shape.hidden, eps, fp8)
+            fused_signature(name, shape, shape.rows * shape.hidden, eps, fp8, None)
         };
-        let base = sig("fc_fused_flat", &shape, 1e-5, false);
-        assert_eq!(base, sig("fc_fused_flat", &shape, 1e-5, false));
+        let base = sig("fc_fused_flat", &shape, 1e-5, Fp8Mode::Off);
+        assert_eq!(base, sig("fc_fused_flat", &shape, 1e-5, Fp8Mode::Off));
         let rows = Shape { rows: 8, ..shape };
         let f32_rows = Shape {
             dtype: DataType::F32,
             ..shape
         };
         let others = [
-            sig("fc_fused_tree", &shape, 1e-5, false),
-            sig("fc_fused_flat", &rows, 1e-5, false),
-            sig("fc_fused_flat", &f32_rows, 1e-5, false),
-            sig("fc_fused_flat", &shape, 1e-6, false),
-            sig("fc_fused_flat", &shape, 1e-5, true),
+            sig("fc_fused_tree", &shape, 1e-5, Fp8Mode::Off),
+            sig("fc_fused_flat", &rows, 1e-5, Fp8Mode::Off),
+            sig("fc_fused_flat", &f32_rows, 1e-5, Fp8Mode::Off),
+            sig("fc_fused_flat", &shape, 1e-6, Fp8Mode::Off),
+            sig("fc_fused_flat", &shape, 1e-5, Fp8Mode::PerRow),
+            sig("fc_fused_flat", &shape, 1e-5, Fp8Mode::Given),
         ];
         for (k, o) in others.iter().enumerate() {
             assert_ne!(*o, base, "case {k}");
         }
+        assert_ne!(others[4], others[5], "per-row and given scales");
+        // The wire's codec: none, E4M3 blocks of 128, E5M2 blocks of 128, E4M3 blocks of 64.
+        let codec = |f, b| Codec::new(f, b).unwrap();
+        let lp = |c: Option<&Codec>| {
+            fused_signature("fc_fused_flat", &shape, 16 * 4096, 1e-5, Fp8Mode::Off, c)
+        };
+        let (a, b, c) = (
+            codec(Format::E4M3, 128),
+            codec(Format::E5M2, 128),
+            codec(Format::E4M3, 64),
+        );
+        let sigs = [lp(None), lp(Some(&a)), lp(Some(&b)), lp(Some(&c))];
+        for i in 0..sigs.len() {
+            for j in i + 1..sigs.len() {
+                assert_ne!(sigs[i], sigs[j], "codecs {i} and {j}");
+            }
+        }
     }
 
-    #[test]
-    fn a_fused_grid_takes_whole_rows() {
-        let shape = |rows, hidden, dtype| Shape {
+    fn shape(rows: usize, hidden: usize, dtype: DataType) -> Shape {
+        Shape {
             rows,
             hidden,
             dtype,
-        };
-        // bf16 4096: 512 vectors of 16 bytes, one thread each.
-        let s = shape(3, 4096, DataType::BF16);
-        assert_eq!(fused_grid(NormForm::FusedFlat, s, 2, 132), (3, 512));
-        // Two-shot: blocks per stripe (129 rows over 3 ranks: 43).
-        let s = shape(129, 16384, DataType::F32);
-        assert_eq!(fused_grid(NormForm::FusedTree, s, 3, 132), (43, 512));
-        // At most one block per SM; a narrow row still gets a whole warp.
-        let s = shape(1000, 8, DataType::F16);
-        assert_eq!(fused_grid(NormForm::FusedFlat, s, 2, 132), (132, 32));
-        // One row over three ranks: ranks 1 and 2 own none but run the same grid.
-        let s = shape(1, 40, DataType::F32);
-        assert_eq!(fused_grid(NormForm::FusedTree, s, 3, 132), (1, 32));
+        }
     }
 
     #[test]
-    fn a_row_gets_whole_warps_up_to_512_threads() {
-        assert_eq!(threads_for(8), 32);
-        assert_eq!(threads_for(4096), 512);
-        assert_eq!(threads_for(520), 160);
-        assert_eq!(threads_for(16384), 512);
+    fn a_row_is_held_by_whole_warps() {
+        let tpr = |rows, hidden, dtype, v| threads_per_row(&shape(rows, hidden, dtype), v);
+        // bf16 4096: 512 vectors of 16 bytes, four per thread: 128 threads a row.
+        assert_eq!(tpr(1, 4096, DataType::BF16, NORM_V), 128);
+        // Two per thread (the fused forms): 256 threads a row.
+        assert_eq!(tpr(1, 4096, DataType::BF16, NORM_V_STAGED), 256);
+        // bf16 8192 and f32 4096 alike by bytes: 1024 vectors.
+        assert_eq!(tpr(1, 8192, DataType::BF16, NORM_V), 256);
+        assert_eq!(tpr(1, 8192, DataType::F32, NORM_V), 512);
+        // A narrow row still gets a whole warp; 3 warps for 384 vectors.
+        assert_eq!(tpr(1, 8, DataType::F16, NORM_V), 32);
+        assert_eq!(tpr(1, 3072, DataType::BF16, NORM_V), 96);
+        // Longer rows than 512 threads hold take chunks: 512 threads.
+        assert_eq!(tpr(1, 65536, DataType::F32, NORM_V), 512);
+    }
+
+    #[test]
+    fn a_thread_holds_the_fewest_vectors_that_fit_a_row_in_512_threads() {
+        let v = |hidden, dtype| vectors_per_thread(&shape(1, hidden, dtype));
+        // bf16 4096: 512 vectors, one a thread; 8192: two; f32 8192: four; longer: four, in
+        // chunks.
+        assert_eq!(v(4096, DataType::BF16), 1);
+        assert_eq!(v(8192, DataType::BF16), 2);
+        assert_eq!(v(8192, DataType::F32), 4);
+        assert_eq!(v(65536, DataType::BF16), 4);
+        assert_eq!(v(8, DataType::F16), 1);
+        let s = shape(1, 4096, DataType::BF16);
+        assert_eq!(threads_per_row(&s, vectors_per_thread(&s)), 512);
+    }
+
+    #[test]
+    fn few_rows_spread_over_the_sms_and_many_fill_the_blocks() {
+        // 64 rows over 132 SMs: a row a block; 4096 rows: 32 a block would do, 4 fit (128
+        // threads a row); 3 warps a row: 5 rows in 480 threads.
+        assert_eq!(slots(64, 128, 132), (1, 128));
+        assert_eq!(slots(4096, 128, 132), (4, 512));
+        assert_eq!(slots(100_000, 96, 132), (5, 480));
+        assert_eq!(slots(300, 32, 132), (3, 96));
+        for (rows, tpr, blocks) in [(1, 512, 132), (7, 160, 4), (0, 32, 132)] {
+            let (n, threads) = slots(rows, tpr, blocks);
+            assert!(n >= 1 && threads as usize == n * tpr && threads <= 512);
+        }
+    }
+
+    #[test]
+    fn a_fused_grid_takes_whole_rows_at_most_a_block_per_sm() {
+        // bf16 4096 (256 threads a row): 3 rows take 3 blocks of one row.
+        let s = shape(3, 4096, DataType::BF16);
+        assert_eq!(fused_grid(NormForm::FusedFlat, s, 2, 132), (3, 256, 256));
+        // Two-shot: blocks per stripe (129 rows over 3 ranks: 43, one row a block of 512).
+        let s = shape(129, 16384, DataType::F32);
+        assert_eq!(fused_grid(NormForm::FusedTree, s, 3, 132), (43, 512, 512));
+        // At most one block per SM, as many rows a block as fit.
+        let s = shape(100000, 8, DataType::F16);
+        assert_eq!(fused_grid(NormForm::FusedFlat, s, 2, 132), (132, 512, 32));
+        let s = shape(1000, 4096, DataType::BF16);
+        assert_eq!(fused_grid(NormForm::FusedFlat, s, 2, 132), (132, 512, 256));
+        // One row over three ranks: ranks 1 and 2 own none but run the same grid.
+        let s = shape(1, 40, DataType::F32);
+        assert_eq!(fused_grid(NormForm::FusedTree, s, 3, 132), (1, 32, 32));
     }
 }

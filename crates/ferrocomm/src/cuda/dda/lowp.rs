@@ -52,7 +52,7 @@ struct Lp {
     rdispl: [u64; 2],
 }
 
-fn format_code(f: Format) -> u32 {
+pub(super) fn format_code(f: Format) -> u32 {
     match f {
         Format::E4M3 => 0,
         Format::E5M2 => 1,
@@ -503,6 +503,7 @@ pub fn quantize_on_device(
                 // A context must be current (documented).
                 let module = crate::cuda::kernels::load_on_current_device(
                     dtype,
+                    crate::cuda::kernels::Group::LowPrecision,
                     cfg,
                     "loading the lowp kernels",
                 )?;

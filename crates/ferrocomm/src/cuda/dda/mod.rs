@@ -245,6 +245,18 @@ pub(super) struct Args {
 }
 
 impl Args {
+    /// Runs a one-rank communicator's kernel as one of `world` ranks whose every peer is this
+    /// rank itself (its staging read as each peer's): the local traffic of a `world`-rank
+    /// kernel on one GPU, for measurement only (the kernels that take it skip their barriers;
+    /// results are not the call's).
+    pub(super) fn loopback(&mut self, world: u32) {
+        let own = self.staging[self.rank as usize];
+        self.world = world;
+        for s in self.staging.iter_mut().take(world as usize) {
+            *s = own;
+        }
+    }
+
     /// Arguments for a kernel that uses no staging or flags (the standalone encoder).
     pub(super) fn standalone(input: u64, output: u64, count: u64) -> Args {
         Args {
@@ -278,12 +290,79 @@ impl Args {
     }
 }
 
+/// One kernel unit's module (a group of entry points of one element type).
 struct Module {
     /// Held so that its functions stay valid (unloaded when the `Dda` goes).
     _module: driver::Module,
     funcs: HashMap<String, Function>,
     /// CTAs of 512 threads per SM of each low-precision kernel (their grids are one wave).
     lp_per_sm: HashMap<&'static str, u32>,
+}
+
+/// The kernel units of this device: loaded at start-up where their code is at hand (built in
+/// or cached), the others at the first call that needs one (compiled then, that unit alone).
+struct Units {
+    arch: String,
+    cfg: Config,
+    /// `cells[variant * Group::ALL.len() + group.index()]`.
+    cells: Vec<std::sync::OnceLock<Module>>,
+    /// One load at a time (a compile takes seconds: others wait for it instead of repeating it).
+    loading: std::sync::Mutex<()>,
+}
+
+impl Units {
+    fn new(cfg: &Config, arch: &str) -> Units {
+        let n = kernels::VARIANTS.len() * kernels::Group::ALL.len();
+        Units {
+            arch: arch.into(),
+            cfg: cfg.clone(),
+            cells: (0..n).map(|_| std::sync::OnceLock::new()).collect(),
+            loading: std::sync::Mutex::new(()),
+        }
+    }
+
+    fn cell(&self, dtype: DataType, group: kernels::Group) -> Option<&std::sync::OnceLock<Module>> {
+        let v = kernels::variant_index(dtype)?;
+        self.cells
+            .get(v * kernels::Group::ALL.len() + group.index())
+    }
+
+    /// The module of `dtype`'s unit of `group`, loaded now if it is not yet (compiled first
+    /// where needed; `ready_only`: not compiled, `None` then). The context must be current.
+    fn module(
+        &self,
+        dtype: DataType,
+        group: kernels::Group,
+        ready_only: bool,
+    ) -> Result<Option<&Module>> {
+        let cell = self.cell(dtype, group).ok_or_else(|| Error::Unsupported {
+            collective: "direct access",
+            backend: "cuda",
+            what: format!("kernels for {dtype}"),
+        })?;
+        if let Some(m) = cell.get() {
+            return Ok(Some(m));
+        }
+        let _one = self.loading.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = cell.get() {
+            return Ok(Some(m));
+        }
+        let Some(unit) = kernels::load_unit(dtype, group, &self.arch, &self.cfg, ready_only)?
+        else {
+            return Ok(None);
+        };
+        if self.cfg.debug {
+            eprintln!(
+                "ferrocomm: {dtype} {} kernels for {}: {}",
+                group.name(),
+                self.arch,
+                unit.source
+            );
+        }
+        // A module whose functions are not all there is unloaded as it drops here.
+        let m = module_functions(dtype, group, unit.module)?;
+        Ok(Some(cell.get_or_init(|| m)))
+    }
 }
 
 /// A kernel name assembled from `parts` in `buf`: launches look their kernel up by name on every
@@ -310,7 +389,7 @@ pub struct Dda {
     pub(super) pdl: bool,
     pub(super) error_host: *mut u32,
     error_dev: u64,
-    modules: HashMap<DataType, Module>,
+    units: Units,
     pub(super) sm_count: u32,
     pub(super) timeout: Duration,
     /// The timeout the latest kernel was launched with, in nanoseconds: what a timeout record
@@ -413,8 +492,8 @@ impl Dda {
         }
         let layout = staging_layout(&ctx.config, world);
 
-        // Kernels first: compiling (or reading the cache) needs no peer.
-        let modules = load_modules(&ctx.config, arch)?;
+        // Kernels first: loading them (or compiling what is missing) needs no peer.
+        let units = load_units(&ctx.config, arch)?;
         let pdl = driver::pdl_for_current_device(&ctx.config)?;
 
         // Owned by `me` from here on, so that Drop frees whatever was allocated when a later
@@ -429,7 +508,7 @@ impl Dda {
             pdl,
             error_host: std::ptr::null_mut(),
             error_dev: 0,
-            modules,
+            units,
             sm_count,
             timeout: ctx.timeout(),
             kernel_timeout_ns: std::sync::atomic::AtomicU64::new(0),
@@ -597,8 +676,13 @@ impl Dda {
         collective: &'static str,
         get: impl FnOnce(&Module) -> Option<T>,
     ) -> Result<T> {
-        self.modules
-            .get(&dtype)
+        let group = kernels::group_of(name).ok_or_else(|| Error::Unsupported {
+            collective,
+            backend: "cuda",
+            what: format!("kernel {name} (no such entry point)"),
+        })?;
+        self.units
+            .module(dtype, group, false)?
             .and_then(get)
             .ok_or_else(|| Error::Unsupported {
                 collective,
@@ -788,53 +872,60 @@ fn peers_failed(failed: &[(usize, String)]) -> Error {
     ))
 }
 
-/// Compiles (in parallel, or reads from the cache) and loads one module per element type.
-fn load_modules(cfg: &Config, arch: &str) -> Result<HashMap<DataType, Module>> {
-    let bins: Vec<(DataType, Result<Vec<u8>>)> = std::thread::scope(|s| {
-        let hs: Vec<_> = kernels::VARIANTS
-            .iter()
-            .map(|(d, _)| (*d, s.spawn(move || kernels::cubin(*d, arch, cfg))))
-            .collect();
-        hs.into_iter()
-            .map(|(d, h)| {
-                (
-                    d,
-                    h.join()
-                        .unwrap_or_else(|_| Err(Error::Cuda("kernel compile panicked".into()))),
-                )
-            })
-            .collect()
-    });
-    let mut out = HashMap::new();
-    for (d, bin) in bins {
-        let bin = bin?;
-        let module = driver::Module::load(&bin, &format!("loading the {d} all-reduce kernels"))?;
-        let mut funcs = HashMap::new();
-        for name in kernels::entry_names_for(d) {
-            let f = module
-                .function(&name)
-                .map_err(|e| Error::Cuda(format!("{e} ({d})")))?;
-            funcs.insert(name, f);
+/// The kernel units of a GPU of `arch`: every unit whose code is at hand (built in, cached)
+/// loaded now, so that calls find their kernels without a compile or a load (CUDA graph capture
+/// included); the start-up check's unit compiled now if it is not. The others are compiled at
+/// the first call that needs them, which needs NVRTC (or built-in PTX) there: without either,
+/// direct access is refused now rather than failing a call later.
+fn load_units(cfg: &Config, arch: &str) -> Result<Units> {
+    let units = Units::new(cfg, arch);
+    units.module(DataType::F32, kernels::Group::Setup, false)?;
+    let mut missing = Vec::new();
+    // A GPU older than a group's oldest architecture has no such unit (its calls are refused).
+    for (d, g) in kernels::units_for(arch) {
+        if units.module(d, g, true)?.is_none() {
+            missing.push((d, g));
         }
-        let mut lp_per_sm = HashMap::new();
-        if kernels::has_lowp(d) {
-            for name in kernels::LOWP_ENTRIES {
-                // 512-thread CTAs, static shared memory only.
-                let what = format!("occupancy of {name} ({d})");
-                let n = result::occupancy_max_active_blocks(funcs[name], 512, 0, &what)?;
-                lp_per_sm.insert(name, n.max(1) as u32);
+    }
+    if let Some(&(d, g)) = missing.first() {
+        // A unit a call may need must be obtainable then: NVRTC, or PTX the driver compiles.
+        if let Err(e) = driver::libs::ensure_nvrtc(cfg) {
+            if kernels::code_source(d, g, arch, cfg)?.is_none() {
+                return Err(e);
             }
         }
-        out.insert(
-            d,
-            Module {
-                _module: module,
-                funcs,
-                lp_per_sm,
-            },
-        );
     }
-    Ok(out)
+    Ok(units)
+}
+
+/// The entry points of `dtype`'s unit of `group` in `module`, and the low-precision kernels'
+/// occupancy.
+fn module_functions(
+    dtype: DataType,
+    group: kernels::Group,
+    module: driver::Module,
+) -> Result<Module> {
+    let mut funcs = HashMap::new();
+    for name in group.entries() {
+        let f = module
+            .function(&name)
+            .map_err(|e| Error::Cuda(format!("{e} ({dtype})")))?;
+        funcs.insert(name, f);
+    }
+    let mut lp_per_sm = HashMap::new();
+    if group == kernels::Group::LowPrecision {
+        for name in kernels::LOWP_ENTRIES {
+            // 512-thread CTAs, static shared memory only.
+            let what = format!("occupancy of {name} ({dtype})");
+            let n = result::occupancy_max_active_blocks(funcs[name], 512, 0, &what)?;
+            lp_per_sm.insert(name, n.max(1) as u32);
+        }
+    }
+    Ok(Module {
+        _module: module,
+        funcs,
+        lp_per_sm,
+    })
 }
 
 #[cfg(test)]
