@@ -47,10 +47,10 @@ def test_collectives_at_3_ranks():
 
 def test_a_test_past_its_bound_fails_the_run():
     """A test whose ranks are still running at --timeout is ended and fails (the bound that
-    turns a hang into a failure): test_ddp_logging_data_cpu trains a model for several seconds,
-    far past 1 s."""
-    cmd = [sys.executable, str(HERE / "torch_suite.py"), "--world", "2", "--timeout", "1",
-           "test_ddp_logging_data_cpu"]
+    turns a hang into a failure): with --stall-rank 1, rank 1 never starts the barrier test and
+    rank 0 waits in it."""
+    cmd = [sys.executable, str(HERE / "torch_suite.py"), "--world", "2", "--timeout", "2",
+           "--stall-rank", "1", "test_barrier"]
     out = subprocess.run(cmd, cwd=str(HERE), capture_output=True, text=True, timeout=300)
     text = out.stdout + out.stderr
     assert out.returncode == 1, text[-5000:]

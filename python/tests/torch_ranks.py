@@ -10,6 +10,7 @@ import faulthandler
 import os
 import re
 import sys
+import time
 import traceback
 import warnings
 

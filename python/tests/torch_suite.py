@@ -124,6 +124,14 @@ def test_class(start_method, expected):
             # test on a loaded machine); spawn: as torch's own driver does.
             self._start_processes(mp.get_context(start_method).Process)
 
+        @classmethod
+        def _run(cls, rank, test_name, file_name, pipe, **kwargs):
+            # --stall-rank: this rank never starts its test (how the bound on a test that hangs
+            # is itself checked).
+            if os.environ.get(STALL) == str(rank):
+                time.sleep(3600)
+            super()._run(rank, test_name, file_name, pipe, **kwargs)
+
     # spawn pickles the test's class by name: the ranks find it in this module (imported
     # again there, see the end of the file).
     TestDistBackendFerrocomm.__module__ = __name__
@@ -214,6 +222,8 @@ def main(argv=None):
                     help="run the tests the list leaves out or marks unsupported too")
     ap.add_argument("--check-skips", action="store_true",
                     help="also start the listed skips that the ranks decide (to check them)")
+    ap.add_argument("--stall-rank", type=int, metavar="R",
+                    help="rank R sleeps instead of running each test (checks the --timeout bound)")
     ap.add_argument("tests", nargs="*", help="run only these tests")
     args = ap.parse_args(argv)
     if args.world < 2:
@@ -226,6 +236,8 @@ def main(argv=None):
 def run(args, ap, tmp):
     prepare_env(args.world, args.timeout, tmp)
     os.environ[SPAWNED] = args.start_method
+    if args.stall_rank is not None:
+        os.environ[STALL] = str(args.stall_rank)
     add_ferrocomm_to_feature_lists()
     expected = parse_expected(EXPECTED.read_text(), args.world)
     cls = test_class(args.start_method, expected)
@@ -276,6 +288,8 @@ def run(args, ap, tmp):
 # Set by the runner for its ranks: a rank started by spawn imports this file again (not as
 # __main__) and needs the test class before it unpickles its test.
 SPAWNED = "FERROCOMM_TORCH_SUITE_START"
+# Set by --stall-rank for the ranks.
+STALL = "FERROCOMM_TORCH_SUITE_STALL_RANK"
 
 if __name__ == "__main__":
     sys.exit(main())
