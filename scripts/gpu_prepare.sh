@@ -90,6 +90,11 @@ cp "$target"/release/ferrocomm "$target"/release/examples/gpu_check \
   "$target"/release/examples/gpu_check_norm "$target"/release/examples/gpu_check_nccl "$out/"
 [ -n "$variant" ] || rm -rf "$build/kc"
 "$out/ferrocomm" precompile --arch "$arch" --cache "$build/kc"
+# Where every unit is built in, precompile writes nothing; the GPU scripts point the library's
+# cache here all the same.
+mkdir -p "$build/kc"
+# Symbols are of no use on the GPU machine: smaller copies.
+strip "$out"/*
 if [ -z "$variant" ]; then
   rm -rf "$build/dist"
   python3 -m pip wheel --no-deps . -w "$build/dist"
