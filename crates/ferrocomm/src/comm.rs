@@ -269,6 +269,19 @@ impl Communicator {
                 }
             }
         };
+        // This machine's tuning table, where it has one and FERROCOMM_TUNING names none: the
+        // host's, or the GPUs' (their model, count and links).
+        let config = if config.tuning_file.is_none() {
+            let key = match device {
+                Device::Host => crate::config::tuning::host_key(),
+                Device::Cuda(_) => crate::cuda::machine_key(),
+            };
+            let mut c = (*config).clone();
+            c.use_machine_table(&key)?;
+            Arc::new(c)
+        } else {
+            config
+        };
         let ctx = CommContext {
             name,
             prefix,
@@ -299,6 +312,10 @@ impl Communicator {
                 size,
                 backend.name(),
                 device
+            );
+            eprintln!(
+                "ferrocomm: communicator '{}' tuning table: {} (digest {})",
+                ctx.name, ctx.config.tuning.source, ctx.config.tuning.digest
             );
         }
         let timeout_ns = AtomicU64::new(ctx.timeout().as_nanos() as u64);

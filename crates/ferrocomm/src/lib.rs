@@ -91,6 +91,7 @@ pub use backend::{
     DeviceCounts, Fp8Desc, NormDesc, P2pOp, PackedCounts, RawBuf, Splits,
 };
 pub use comm::{CommOptions, Communicator};
+pub use config::tuning;
 pub use config::Config;
 pub use driver::Completion;
 pub use error::{Error, Result};

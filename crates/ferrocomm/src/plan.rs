@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use crate::config::tuning::Tuning;
 use crate::config::{Config, Thresholds};
 use crate::error::{Error, Result};
 use crate::quant::{Codec, Format};
@@ -152,22 +153,8 @@ pub struct Caps {
     pub multi_host: bool,
 }
 
-/// Default all-reduce thresholds by world size (bytes per rank): (push_max, flat_max, tree_max).
-///
-/// The 2-rank figures come from the 2×H200 sweep recorded in docs/tuning.md; larger worlds scale
-/// them down because flat moves O(N²) bytes and push's payload grows with N.
-pub fn default_all_reduce_thresholds(world: usize) -> (usize, usize, usize) {
-    match world {
-        // 2 ranks: push to 64 KiB, flat above; tree never beats flat (both move S bytes each
-        // way); NCCL from 64 MiB. 3-4 ranks: measured on 4×H200. (The figures: docs/tuning.md, "Where the built-in limits come from".)
-        0..=2 => (64 << 10, 32 << 20, 32 << 20),
-        3..=4 => (32 << 10, 512 << 10, 8 << 20),
-        _ => (16 << 10, 256 << 10, 64 << 20),
-    }
-}
-
-/// The collectives whose direct access ends at a size limit ([`direct_max_setting`],
-/// [`default_direct_max`]): all but the all-reduce (its own thresholds) and the point-to-point
+/// The collectives whose direct access ends at a size limit ([`direct_max_setting`], the
+/// tuning table's `direct_max`): all but the all-reduce (its own thresholds) and the point-to-point
 /// calls.
 pub const DIRECT_LIMITED: [Collective; 6] = [
     Collective::AllGather,
@@ -178,8 +165,8 @@ pub const DIRECT_LIMITED: [Collective; 6] = [
     Collective::Reduce,
 ];
 
-/// The setting that limits direct access for `coll` (bytes per rank; `None`: the default,
-/// [`default_direct_max`]) and the environment variable that sets it. The all-to-all and the
+/// The setting that limits direct access for `coll` (bytes per rank; `None`: the tuning table's,
+/// [`Tuning::direct_max`]) and the environment variable that sets it. The all-to-all and the
 /// all-to-all-v share one, broadcast and reduce another, send and recv a third (two-rank
 /// communicators only: see [`select`]).
 pub fn direct_max_setting(t: &Thresholds, coll: Collective) -> (Option<usize>, &'static str) {
@@ -197,23 +184,6 @@ pub fn direct_max_setting(t: &Thresholds, coll: Collective) -> (Option<usize>, &
 /// Whether `coll` is a point-to-point call.
 fn p2p(coll: Collective) -> bool {
     matches!(coll, Collective::Send | Collective::Recv)
-}
-
-/// Default direct-access limits for the data-movement collectives (bytes per rank); `None`: no
-/// limit of its own (the staging still decides).
-pub fn default_direct_max(coll: Collective, world: usize) -> Option<usize> {
-    // Direct access beats NCCL up to the largest size measured (docs/tuning.md, "How the
-    // choice is made"); the staging (64 MiB by default) caps the rest: world × part bytes per
-    // call. The all-to-all-v runs in pieces at any size and NCCL's grouped sends are far slower
-    // than its all-to-all, so it has no limit of its own at two ranks; above two, where its
-    // choice can take no size, `select` gives it to NCCL by a rule of its own (docs/tuning.md, "Where the built-in limits come from").
-    let base: usize = match coll {
-        Collective::AllToAllV => return None,
-        Collective::AllGather => 32 << 20,
-        Collective::ReduceScatter => 32 << 20,
-        _ => 64 << 20,
-    };
-    Some(if world > 4 { base / 2 } else { base })
 }
 
 /// Whether no count of an all-to-all-v of `world` ranks is seen by every rank (each sees its own
@@ -276,7 +246,7 @@ pub fn select(
     let t = &cfg.thresholds;
     match coll {
         Collective::AllReduce => {
-            let (push_d, flat_d, tree_d) = default_all_reduce_thresholds(world);
+            let (push_d, flat_d, tree_d) = cfg.tuning.all_reduce(world);
             let push_max = t.push_max.unwrap_or(push_d);
             let flat_max = t.flat_max.unwrap_or(flat_d);
             let tree_max = t.tree_max.unwrap_or(tree_d);
@@ -307,7 +277,7 @@ pub fn select(
         other => {
             let limit = direct_max_setting(t, other)
                 .0
-                .or_else(|| default_direct_max(other, world));
+                .or_else(|| cfg.tuning.direct_max(other, world));
             let above = limit.is_some_and(|l| bytes_per_rank > l);
             if caps.nccl && (above || !fits(bytes_per_rank)) {
                 Ok(Algo::Nccl)
@@ -317,11 +287,6 @@ pub fn select(
         }
     }
 }
-
-/// Smallest message (bytes per rank) the cuda backend sends in low precision by default
-/// (`FERROCOMM_LP_MIN_BYTES` overrides): below it quantizing costs more than the halved traffic
-/// saves (2×H200 measurement in docs/quant-accuracy.md).
-pub const CUDA_LP_MIN_BYTES: usize = 4 << 20;
 
 /// Whether one call goes low precision, and with which codec: the rule every backend follows.
 ///
@@ -639,25 +604,20 @@ pub fn a2av_takes_ll(largest_crossing_bytes: usize, ll_max: usize) -> bool {
     use_ll(largest_crossing_bytes, ll_max)
 }
 
-/// The smallest part of `kernel` that takes the pipelined staged kernel (`fc_<kernel>_rw`, rounds
-/// of `PIPE_ROUND_BYTES`, at most `COLL_MAX_ROUNDS`); None where rounds never pay (broadcast and
-/// reduce lost at every size, rounds under 4 MiB for every kernel). The figures: docs/tuning.md, "Where the built-in limits come from".
-pub fn pipe_min_bytes(kernel: &str) -> Option<usize> {
-    match kernel {
-        "all_gather" | "all_to_all" => Some(8 << 20),
-        "reduce_scatter" => Some(16 << 20),
-        _ => None,
-    }
-}
-const PIPE_ROUND_BYTES: usize = 4 << 20;
-
 /// The kernel form of a call of `kernel` with parts of `part_bytes` (`ll_max`: the largest LL
-/// part) and its rounds: `ll` (LL lines), `st` (staged) or `rw` (pipelined staged).
-pub fn part_form(kernel: &str, part_bytes: usize, ll_max: usize) -> (&'static str, u32) {
+/// part) and its rounds: `ll` (LL lines), `st` (staged) or `rw` (pipelined staged: parts from
+/// the table's smallest pipelined part of `kernel`, in rounds of its round size, at most
+/// [`COLL_MAX_ROUNDS`]; the figures are in the table, `tuning.json`).
+pub fn part_form(
+    tuning: &Tuning,
+    kernel: &str,
+    part_bytes: usize,
+    ll_max: usize,
+) -> (&'static str, u32) {
     if use_ll(part_bytes, ll_max) {
         ("ll", 1)
-    } else if pipe_min_bytes(kernel).is_some_and(|min| part_bytes >= min) {
-        ("rw", st_rounds(part_bytes, PIPE_ROUND_BYTES))
+    } else if tuning.pipe_min(kernel).is_some_and(|min| part_bytes >= min) {
+        ("rw", st_rounds(part_bytes, tuning.pipe_round_bytes))
     } else {
         ("st", 1)
     }
@@ -832,7 +792,7 @@ pub fn cuda_rmsnorm(
             let flat_max = t
                 .rmsnorm_flat_max
                 .or(t.flat_max)
-                .unwrap_or(default_all_reduce_thresholds(cuda.world).1);
+                .unwrap_or(cfg.tuning.all_reduce(cuda.world).1);
             if bytes <= flat_max && flat_fits {
                 NormForm::FusedFlat
             } else if tree_fits {
@@ -873,7 +833,7 @@ pub fn cuda_rmsnorm_plan(
         bytes,
         choice,
         cfg,
-        CUDA_LP_MIN_BYTES,
+        cfg.tuning.cuda_lp_min_bytes,
     )?;
     let lp_rows = codec
         .as_ref()
@@ -899,7 +859,7 @@ pub fn cuda_rmsnorm_plan(
 
 /// The plan of one all-reduce of `bytes` per rank on the cuda backend (pointers aligned to the
 /// element size, which the backend requires): low precision by direct access when
-/// [`low_precision`] says so (with the cuda size floor, [`CUDA_LP_MIN_BYTES`]) on the path of
+/// [`low_precision`] says so (with the cuda size floor, the table's `cuda_lp_min_bytes`) on the path of
 /// [`lp_all_reduce`]; else [`cuda_all_reduce`]'s algorithm, a flat one with its
 /// [`flat_form`]. The executor runs this plan as it is.
 pub fn cuda_all_reduce_plan(
@@ -913,7 +873,8 @@ pub fn cuda_all_reduce_plan(
 ) -> Result<Plan> {
     if cuda.dda.is_some() {
         let coll = Collective::AllReduce;
-        let lp = low_precision(coll, dtype, Some(op), bytes, choice, cfg, CUDA_LP_MIN_BYTES)?;
+        let lp_min = cfg.tuning.cuda_lp_min_bytes;
+        let lp = low_precision(coll, dtype, Some(op), bytes, choice, cfg, lp_min)?;
         if let Some(codec) = lp {
             return Ok(Plan {
                 engine: Engine::Direct,
@@ -965,7 +926,8 @@ pub fn cuda_plan(
         _ => None,
     };
     if let (Some(d), Some((op, bytes))) = (&cuda.dda, lp_shape) {
-        let lp = low_precision(coll, dtype, op, bytes, choice, cfg, CUDA_LP_MIN_BYTES)?;
+        let lp_min = cfg.tuning.cuda_lp_min_bytes;
+        let lp = low_precision(coll, dtype, op, bytes, choice, cfg, lp_min)?;
         if let Some(codec) = lp.filter(|_| coll != Collective::AllToAllV || d.a2av_lp) {
             return Ok(Plan {
                 engine: Engine::Direct,
@@ -1001,7 +963,7 @@ pub fn cuda_plan(
     let algo = cuda_collective(cuda, cfg, coll, bytes_per_rank, part, dtype, op, requested)?;
     let parts = match (&cuda.dda, algo, staged_kernel(coll)) {
         (Some(d), Algo::Direct, Some(kernel)) => {
-            let (form, rounds) = part_form(kernel, part, d.ll_max);
+            let (form, rounds) = part_form(&cfg.tuning, kernel, part, d.ll_max);
             Some(PartForm { form, rounds })
         }
         _ => None,
@@ -1230,12 +1192,12 @@ mod tests {
         assert_eq!(pick(Collective::AllGather, 32 << 20, 4), Algo::Direct);
         assert_eq!(pick(Collective::AllGather, (32 << 20) + 1, 4), Algo::Nccl);
         // Above 4 ranks every default halves (the all-to-all-v has none).
-        assert_eq!(default_direct_max(Collective::AllToAllV, 8), None);
+        assert_eq!(cfg.tuning.direct_max(Collective::AllToAllV, 8), None);
         for coll in DIRECT_LIMITED
             .into_iter()
             .filter(|&c| c != Collective::AllToAllV)
         {
-            let limit = |world| default_direct_max(coll, world).expect("a default limit");
+            let limit = |world| cfg.tuning.direct_max(coll, world).expect("a default limit");
             let (two, eight) = (limit(2), limit(8));
             assert_eq!(eight * 2, two, "{}", coll.name());
             assert_eq!(pick(coll, eight, 8), Algo::Direct, "{}", coll.name());
@@ -1434,10 +1396,22 @@ mod tests {
         assert!(!a2av_takes_ll(2049, 2048));
         assert!(!a2av_takes_ll(4096, 2048));
         // The staged collectives take the same limit, then rounds from their pipeline floor.
-        assert_eq!(part_form("all_gather", 2048, 2048), ("ll", 1));
-        assert_eq!(part_form("all_gather", 2049, 2048), ("st", 1));
-        assert_eq!(part_form("all_gather", 8 << 20, 2048), ("rw", 2));
-        assert_eq!(part_form("broadcast", 64 << 20, 2048), ("st", 1));
+        assert_eq!(
+            part_form(&Tuning::builtin(), "all_gather", 2048, 2048),
+            ("ll", 1)
+        );
+        assert_eq!(
+            part_form(&Tuning::builtin(), "all_gather", 2049, 2048),
+            ("st", 1)
+        );
+        assert_eq!(
+            part_form(&Tuning::builtin(), "all_gather", 8 << 20, 2048),
+            ("rw", 2)
+        );
+        assert_eq!(
+            part_form(&Tuning::builtin(), "broadcast", 64 << 20, 2048),
+            ("st", 1)
+        );
     }
 
     #[test]
@@ -1566,7 +1540,7 @@ mod tests {
                                     bytes,
                                     choice,
                                     &cfg,
-                                    CUDA_LP_MIN_BYTES,
+                                    cfg.tuning.cuda_lp_min_bytes,
                                 )
                                 .unwrap();
                                 assert_eq!(p.low_precision, want, "{case}");

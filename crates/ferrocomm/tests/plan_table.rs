@@ -13,6 +13,7 @@ use ferrocomm::plan::{
     cuda_all_reduce, cuda_collective, cuda_rmsnorm, flat_form, low_precision, lp_all_reduce,
     part_form, select, Caps, CudaCaps, DdaCaps, LowPrecisionChoice,
 };
+use ferrocomm::tuning::Tuning;
 use ferrocomm::{Algo, Collective, DataType, Format, ReduceOp};
 
 const COLLECTIVES: [Collective; 10] = [
@@ -350,7 +351,7 @@ fn cuda_table() -> String {
                 "reduce",
             ] {
                 let r = runs(&sizes, |bytes| {
-                    let (form, rounds) = part_form(kernel, bytes, d.ll_max);
+                    let (form, rounds) = part_form(&Tuning::builtin(), kernel, bytes, d.ll_max);
                     format!("{form}x{rounds}")
                 });
                 writeln!(t, "{name} {kernel} part form: {r}").expect("writing to a string");
@@ -426,7 +427,7 @@ fn low_precision_table() -> String {
         let fname = format!("{set:?}");
         for (chname, choice) in choices {
             for coll in COLLECTIVES {
-                for floor in [0, ferrocomm::plan::CUDA_LP_MIN_BYTES] {
+                for floor in [0, Tuning::builtin().cuda_lp_min_bytes] {
                     // The dtype/op pairs with the same answers share a line.
                     let mut rows: Vec<(String, Vec<String>)> = Vec::new();
                     for dtype in dtypes {

@@ -229,7 +229,7 @@ impl CudaBackend {
         if !aligned {
             return Ok(None);
         }
-        let min = plan::CUDA_LP_MIN_BYTES;
+        let min = self.config.tuning.cuda_lp_min_bytes;
         let c = plan::low_precision(
             coll,
             dtype,

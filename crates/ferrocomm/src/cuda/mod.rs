@@ -50,3 +50,24 @@ pub fn new_backend(ctx: &CommContext) -> Result<Box<dyn Backend>> {
 pub fn staging_memory_bytes(cfg: &Config, world: usize) -> usize {
     staging_layout(cfg, world).total
 }
+
+/// This machine's key for its tuning table ([`crate::config::tuning::machine_key`]): the first GPU's
+/// model, the GPU count, and how GPUs 0 and 1 are joined (`cuda-nvidia-h200-x8-nvlink`;
+/// `pcie` without NVLink between them, `one` for a single GPU, `links-unknown` without NVML).
+pub fn machine_key() -> String {
+    let n = gpu_count();
+    let name = crate::driver::device_name(0).unwrap_or_else(|_| "unknown-gpu".into());
+    let links = if n < 2 {
+        "one"
+    } else {
+        match (nvml::pci_bus_id(0), nvml::pci_bus_id(1)) {
+            (Ok(a), Ok(b)) => match nvml::nvlink_between(&a, &b) {
+                Ok(true) => "nvlink",
+                Ok(false) => "pcie",
+                Err(_) => "links-unknown",
+            },
+            _ => "links-unknown",
+        }
+    };
+    crate::config::tuning::machine_key(&["cuda", &name, &format!("x{n}"), links])
+}

@@ -41,6 +41,20 @@ pub fn gpu_count() -> usize {
         .unwrap_or(0)
 }
 
+/// The model of CUDA device `ordinal` as the driver names it (`NVIDIA H200`).
+pub fn device_name(ordinal: usize) -> Result<String> {
+    let n = gpu_count();
+    if ordinal >= n {
+        return Err(Error::InvalidArgument(format!(
+            "no CUDA device {ordinal} ({n} visible)"
+        )));
+    }
+    let dev = cudarc::driver::result::device::get(ordinal as i32)
+        .map_err(|e| Error::Cuda(format!("cuDeviceGet({ordinal}): {e:?}")))?;
+    cudarc::driver::result::device::get_name(dev)
+        .map_err(|e| Error::Cuda(format!("cuDeviceGetName({ordinal}): {e:?}")))
+}
+
 /// Turns a driver result into our error, naming the call.
 pub(crate) fn cu(r: sys::CUresult, what: &str) -> Result<()> {
     cu_lazy(r, || what.to_string())

@@ -838,8 +838,9 @@ impl Dda {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::tuning::Tuning;
     use crate::cuda::kernels;
-    use crate::plan::{part_form, pipe_min_bytes, st_rounds, staged_need, COLL_MAX_ROUNDS};
+    use crate::plan::{part_form, st_rounds, staged_need, COLL_MAX_ROUNDS};
 
     /// Every rank's view of one all-to-all-v: its row (send) and column (receive) of `m`.
     fn views(m: &[Vec<usize>]) -> Vec<Splits> {
@@ -983,6 +984,7 @@ mod tests {
         let entries = kernels::entry_names();
         // Every form `part_form` picks, on both sides of each of its size bounds, names a kernel
         // that exists.
+        let t = Tuning::builtin();
         let mut sizes = vec![0, 100, LL_MAX_BYTES, LL_MAX_BYTES + 1, 64 << 20];
         for k in [
             "all_gather",
@@ -991,13 +993,13 @@ mod tests {
             "reduce_scatter",
             "reduce",
         ] {
-            if let Some(min) = pipe_min_bytes(k) {
+            if let Some(min) = t.pipe_min(k) {
                 sizes.extend([min - 1, min]);
             }
         }
         assert!(sizes.len() >= 11, "the three pipelined collectives' bounds");
         for part in sizes {
-            let form = |k| part_form(k, part, LL_MAX_BYTES).0;
+            let form = |k| part_form(&t, k, part, LL_MAX_BYTES).0;
             for k in ["all_gather", "all_to_all", "broadcast"] {
                 let mut buf = [0; 64];
                 let name = part_kernel(&mut buf, k, form(k), None);
@@ -1019,6 +1021,8 @@ mod tests {
     #[test]
     fn large_data_moves_and_scatters_are_pipelined() {
         let cap = LL_MAX_BYTES;
+        let t = Tuning::builtin();
+        let part_form = |k, part, cap| part_form(&t, k, part, cap);
         assert_eq!(part_form("all_gather", 100, cap), ("ll", 1));
         assert_eq!(part_form("reduce_scatter", 100, cap), ("ll", 1));
         assert_eq!(part_form("reduce", cap + 1, cap), ("st", 1));
