@@ -60,6 +60,9 @@ pub struct SystemInfo {
     /// NVLink between each pair of GPUs as NVML reports it (the LL128 all-reduce's check), or
     /// why NVML could not say; empty without GPUs.
     pub nvml: Vec<String>,
+    /// This machine's key for its tuning table (`ferrocomm::tuning::host_key`, or
+    /// `ferrocomm::cuda::machine_key` with GPUs).
+    pub tuning_key: String,
 }
 
 /// The GPU-to-GPU part of `nvidia-smi topo -m`: one row per `GPU<i>` line, as many cells as
@@ -308,6 +311,11 @@ pub fn probe_system(cfg: &Config) -> SystemInfo {
     probe_cuda(&mut info);
     info.nccl = probe_nccl(cfg);
     info.nvrtc = probe_nvrtc();
+    info.tuning_key = if info.gpus.is_empty() {
+        ferrocomm::tuning::host_key()
+    } else {
+        ferrocomm::cuda::machine_key()
+    };
     info
 }
 
@@ -347,7 +355,7 @@ fn threshold(v: Option<usize>, table: usize, var: &str) -> String {
 }
 
 /// The tuning table in force: where it came from, then its rules as the planner reads them.
-fn tuning_section(w: &mut String, cfg: &Config) {
+fn tuning_section(w: &mut String, cfg: &Config, sys: &SystemInfo) {
     use std::fmt::Write as _;
     let t = &cfg.tuning;
     let _ = writeln!(w, "\n== Tuning table");
@@ -395,6 +403,19 @@ fn tuning_section(w: &mut String, cfg: &Config) {
         human(t.pipe_round_bytes),
         pipes.join(", ")
     );
+    if !sys.tuning_key.is_empty() {
+        let file = ferrocomm::tuning::machine_file(&cfg.tuning_dir, &sys.tuning_key);
+        let _ = writeln!(
+            w,
+            "this machine's table: {} ({})",
+            file.display(),
+            if file.exists() {
+                "there"
+            } else {
+                "none: `ferrocomm tune` writes it"
+            }
+        );
+    }
     let _ = writeln!(
         w,
         "(FERROCOMM_TUNING names a table file; the settings below win over the table)"
@@ -730,7 +751,7 @@ pub fn render_with(cfg: &Config, sys: &SystemInfo, reports: &[KernelReport]) -> 
     }
 
     let t = &cfg.thresholds;
-    tuning_section(w, cfg);
+    tuning_section(w, cfg, sys);
     if sys.gpus.is_empty() {
         host_choices(w, cfg);
     }
@@ -910,12 +931,7 @@ pub fn run(args: InfoArgs) -> anyhow::Result<i32> {
     let mut cfg = Config::from_env()?;
     let sys = probe_system(&cfg);
     // The table a communicator here would use: this machine's where it has one.
-    let key = if sys.gpus.is_empty() {
-        ferrocomm::tuning::host_key()
-    } else {
-        ferrocomm::cuda::machine_key()
-    };
-    cfg.use_machine_table(&key)?;
+    cfg.use_machine_table(&sys.tuning_key)?;
     if let Some(a) = &args.arch {
         if ferrocomm::cuda::kernels::target_number(a.trim()).is_none() || a.starts_with("compute") {
             anyhow::bail!("--arch {a:?} is not a CUDA architecture such as sm_90");

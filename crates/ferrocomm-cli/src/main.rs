@@ -1,9 +1,10 @@
-//! The `ferrocomm` command: `bench`, `launch`, `info`, `precompile`.
+//! The `ferrocomm` command: `bench`, `launch`, `info`, `precompile`, `tune`.
 
 mod bench;
 mod info;
 mod launch;
 mod precompile;
+mod tune;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +31,8 @@ enum Command {
     Info(info::InfoArgs),
     /// Compile every kernel for a GPU architecture into the kernel cache (needs NVRTC only).
     Precompile(precompile::PrecompileArgs),
+    /// Time every candidate on this machine and write the tuning table the planner then uses.
+    Tune(tune::TuneArgs),
 }
 
 fn main() {
@@ -39,6 +42,7 @@ fn main() {
         Command::Launch(a) => launch::run(a),
         Command::Info(a) => info::run(a),
         Command::Precompile(a) => precompile::run(a),
+        Command::Tune(a) => tune::run(a),
     };
     match code {
         Ok(c) => std::process::exit(c),
