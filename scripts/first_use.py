@@ -22,9 +22,12 @@ T_IMPORT = time.perf_counter()
 
 def main():
     torch.cuda.init()
-    comm = ferrocomm.new_comm("ferrocomm", torch.device("cuda"), name="first_use")
+    # With fewer GPUs than ranks, the ranks share them (local rank mod the GPUs).
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    comm = ferrocomm.new_comm("ferrocomm", dev, name="first_use")
     t_comm = time.perf_counter()
-    t = torch.full((1024,), float(comm.rank + 1), device="cuda")
+    t = torch.full((1024,), float(comm.rank + 1), device=dev)
     comm.all_reduce(t, ferrocomm.ReduceOp.SUM, async_op=False)
     torch.cuda.synchronize()
     t_done = time.perf_counter()

@@ -19,8 +19,7 @@
 // Geometry (NormArgs.tpr and, for fc_rmsnorm, NormArgs.v, chosen by the host from the shape,
 // cuda/fused_norm.rs): a row is handled by `tpr` threads (whole warps, at most the block),
 // blockDim / tpr rows at a time per block. Thread t of a row holds the row's 16-byte vectors
-// t, t + tpr, ..., V of them per chunk (fc_rmsnorm: the fewest of 1, 2, 4 that hold a row in
-// 512 threads, so that a thread's chain of dependent work stays short; the fused forms
+// t, t + tpr, ..., V of them per chunk (fc_rmsnorm: 1, 2 or 4, the host's choice; the fused forms
 // NORM_V_STAGED, their sums coming from every rank's staging); a row of at most V * tpr vectors
 // is one chunk and stays in registers from its loads to its last store: one read of each input
 // and one write of each output. A longer

@@ -66,9 +66,8 @@ fn lib(cfg: &Config) -> Result<&'static sys::Lib> {
     })
 }
 
-/// The libnccl that would be used, and its version (`2.28.3`), for `ferrocomm info`.
-pub fn probe(cfg: &Config) -> Result<(PathBuf, String)> {
-    let l = lib(cfg)?;
+/// NCCL's version code (22803 for 2.28.3; 2.8 and older: 2708 for 2.7.8).
+fn version(l: &sys::Lib) -> Result<c_int> {
     let mut v: c_int = 0;
     check(
         l,
@@ -77,6 +76,13 @@ pub fn probe(cfg: &Config) -> Result<(PathBuf, String)> {
         "ncclGetVersion",
         None,
     )?;
+    Ok(v)
+}
+
+/// The libnccl that would be used, and its version (`2.28.3`), for `ferrocomm info`.
+pub fn probe(cfg: &Config) -> Result<(PathBuf, String)> {
+    let l = lib(cfg)?;
+    let v = version(l)?;
     let (major, minor, patch) = if v >= 10000 {
         (v / 10000, (v % 10000) / 100, v % 100)
     } else {
@@ -233,6 +239,38 @@ struct Shared {
     /// Set by [`Nccl::abort`] before it takes the state lock: a call waiting for NCCL under
     /// that lock stops waiting.
     aborting: AtomicBool,
+    /// A one-rank communicator on an NCCL whose one-rank PreMulSum kernel leaves the last
+    /// elements of some counts unwritten (before 2.29.7, NVIDIA/nccl#1950): such calls are
+    /// issued in pieces it covers whole ([`one_rank_pieces`]).
+    split_one_rank_premul: bool,
+}
+
+/// The first NCCL whose one-rank reduction kernel covers every count (NVIDIA/nccl#1950).
+const ONE_RANK_FIXED: c_int = 22907;
+
+/// `count` elements of `elem` bytes cut into at most two pieces `(first element, count)` that
+/// NCCL's one-rank reduction kernel (before 2.29.7) writes whole. That kernel runs
+/// `b = min(32, ceil(bytes / 16 KiB))` blocks over `b * round_up(count / b, 16 / elem)` elements
+/// (the division rounded down): short of `count` when it rounds. The head is a multiple of
+/// 16 KiB below 512 KiB (k blocks of exactly 16 KiB), else a multiple of 512 bytes (32 blocks of
+/// a multiple of 16 bytes); the rest is under 16 KiB (one block).
+fn one_rank_pieces(count: usize, elem: usize) -> Vec<(usize, usize)> {
+    const BLOCK: usize = 16 << 10;
+    let bytes = count.saturating_mul(elem);
+    let mut pieces = Vec::with_capacity(3);
+    let mut push = |first: usize, n: usize| {
+        if n > 0 {
+            pieces.push((first, n));
+        }
+    };
+    let head = if bytes >= 32 * BLOCK {
+        bytes / 512 * 512
+    } else {
+        bytes / BLOCK * BLOCK
+    };
+    push(0, head / elem);
+    push(head / elem, count - head / elem);
+    pieces
 }
 
 // SAFETY: the raw communicator is only touched under the mutex.
@@ -441,13 +479,25 @@ impl Live<'_> {
         &mut self,
         op: ReduceOp,
         dtype: DataType,
+        count: usize,
         collective: &'static str,
         what: &str,
-        call: impl FnOnce(&Self, c_int) -> sys::NcclResult,
+        call: impl Fn(&Self, c_int, usize, usize) -> sys::NcclResult,
     ) -> Result<()> {
         let o = self.red_op(op, dtype, collective)?;
-        let r = call(self, o.op);
-        let res = self.ok(r, what);
+        let pieces = if self.sh.split_one_rank_premul && matches!(op, ReduceOp::PremulSum(_)) {
+            one_rank_pieces(count, dtype.size())
+        } else {
+            vec![(0, count)]
+        };
+        let mut res = Ok(());
+        for (first, n) in pieces {
+            let r = call(self, o.op, first * dtype.size(), n);
+            res = self.ok(r, what);
+            if res.is_err() {
+                break;
+            }
+        }
         self.release(o);
         res
     }
@@ -551,6 +601,7 @@ impl Nccl {
             timeout,
             describe,
             aborting: AtomicBool::new(false),
+            split_one_rank_premul: ctx.size == 1 && version(l).is_ok_and(|v| v < ONE_RANK_FIXED),
         });
         let mut nccl = Nccl {
             sh: sh.clone(),
@@ -655,20 +706,28 @@ impl Nccl {
         stream: u64,
     ) -> Result<()> {
         self.run("all_reduce", stream, |live| {
-            live.reduce_with(op, dtype, "all_reduce", "ncclAllReduce", |live, o| {
-                // SAFETY: device pointers of `count` elements validated by the caller.
-                unsafe {
-                    (live.lib().ncclAllReduce)(
-                        send as *const c_void,
-                        recv as *mut c_void,
-                        count,
-                        nccl_dtype(dtype),
-                        o,
-                        live.comm(),
-                        Self::stream(stream),
-                    )
-                }
-            })
+            live.reduce_with(
+                op,
+                dtype,
+                count,
+                "all_reduce",
+                "ncclAllReduce",
+                |live, o, at, n| {
+                    // SAFETY: device pointers of `count` elements validated by the caller; a piece
+                    // lies within them.
+                    unsafe {
+                        (live.lib().ncclAllReduce)(
+                            (send + at as u64) as *const c_void,
+                            (recv + at as u64) as *mut c_void,
+                            n,
+                            nccl_dtype(dtype),
+                            o,
+                            live.comm(),
+                            Self::stream(stream),
+                        )
+                    }
+                },
+            )
         })
     }
 
@@ -685,21 +744,28 @@ impl Nccl {
         stream: u64,
     ) -> Result<()> {
         self.run("reduce", stream, |live| {
-            live.reduce_with(op, dtype, "reduce", "ncclReduce", |live, o| {
-                // SAFETY: as for all_reduce.
-                unsafe {
-                    (live.lib().ncclReduce)(
-                        send as *const c_void,
-                        recv as *mut c_void,
-                        count,
-                        nccl_dtype(dtype),
-                        o,
-                        root as c_int,
-                        live.comm(),
-                        Self::stream(stream),
-                    )
-                }
-            })
+            live.reduce_with(
+                op,
+                dtype,
+                count,
+                "reduce",
+                "ncclReduce",
+                |live, o, at, n| {
+                    // SAFETY: as for all_reduce.
+                    unsafe {
+                        (live.lib().ncclReduce)(
+                            (send + at as u64) as *const c_void,
+                            (recv + at as u64) as *mut c_void,
+                            n,
+                            nccl_dtype(dtype),
+                            o,
+                            root as c_int,
+                            live.comm(),
+                            Self::stream(stream),
+                        )
+                    }
+                },
+            )
         })
     }
 
@@ -769,15 +835,17 @@ impl Nccl {
             live.reduce_with(
                 op,
                 dtype,
+                count,
                 "reduce_scatter",
                 "ncclReduceScatter",
-                |live, o| {
-                    // SAFETY: `send` holds size * count elements (checked by the communicator).
+                |live, o, at, n| {
+                    // SAFETY: `send` holds size * count elements (checked by the communicator);
+                    // pieces (one rank only: `send` holds `count`) lie within both buffers.
                     unsafe {
                         (live.lib().ncclReduceScatter)(
-                            send as *const c_void,
-                            recv as *mut c_void,
-                            count,
+                            (send + at as u64) as *const c_void,
+                            (recv + at as u64) as *mut c_void,
+                            n,
                             nccl_dtype(dtype),
                             o,
                             live.comm(),
@@ -1205,5 +1273,56 @@ impl Backend for NcclBackend {
             opts.algo.0,
             &self.config,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_rank_pieces;
+
+    /// Elements NCCL's one-rank reduction kernel (before 2.29.7) writes for a call of `count`
+    /// elements of `elem` bytes: its grid and its per-block range, as in its source.
+    fn nccl_covers(count: usize, elem: usize) -> usize {
+        let blocks = 32.min((count * elem).div_ceil(16 << 10));
+        let per_pack = 16 / elem;
+        (blocks * (count / blocks).next_multiple_of(per_pack)).min(count)
+    }
+
+    #[test]
+    fn pieces_are_written_whole_where_one_call_is_not() {
+        let mut short = 0;
+        for elem in [1usize, 2, 4, 8] {
+            let mut counts: Vec<usize> = (1..5000).collect();
+            counts.extend((0..2000).map(|i| 1 + i * 7919 % (3 << 20)));
+            counts.extend([
+                (16 << 10) + 1,
+                (512 << 10) / elem + 1,
+                (64 << 20) / elem + 3,
+            ]);
+            for count in counts {
+                short += usize::from(nccl_covers(count, elem) < count);
+                let pieces = one_rank_pieces(count, elem);
+                assert!(
+                    !pieces.is_empty() && pieces.len() <= 2,
+                    "{count}x{elem}: {pieces:?}"
+                );
+                let mut next = 0;
+                for &(first, n) in &pieces {
+                    assert_eq!(first, next, "{count}x{elem}: pieces {pieces:?} leave a gap");
+                    assert_eq!(
+                        nccl_covers(n, elem),
+                        n,
+                        "{count}x{elem}: piece {n} not whole"
+                    );
+                    // Each piece starts at a multiple of 512 bytes: the buffer's alignment kept.
+                    assert_eq!(first * elem % 512, 0);
+                    next = first + n;
+                }
+                assert_eq!(next, count, "{count}x{elem}: {pieces:?}");
+            }
+        }
+        // The model does see the fault the pieces avoid (4097 floats: 2 blocks of 2048).
+        assert_eq!(nccl_covers(4097, 4), 4096);
+        assert!(short > 100, "{short}");
     }
 }

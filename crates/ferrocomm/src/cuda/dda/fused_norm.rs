@@ -43,15 +43,13 @@ fn threads_per_row(shape: &Shape, v: usize) -> usize {
         .clamp(32, NORM_THREADS)
 }
 
-/// Vectors a thread of `fc_rmsnorm` holds: the fewest of 1, 2 and 4 that hold a row in 512
-/// threads (a thread's chain of dependent loads and arithmetic is what a short call waits for),
-/// 4 for longer rows (chunks). From the shape alone, like the order of the sum it fixes.
-fn vectors_per_thread(shape: &Shape) -> usize {
-    let vectors = shape.hidden * shape.dtype.size() / 16;
-    [1, 2, NORM_V]
-        .into_iter()
-        .find(|v| vectors <= v * NORM_THREADS)
-        .unwrap_or(NORM_V)
+/// Vectors a thread of `fc_rmsnorm` holds: 4, from the shape alone like the order of the sum
+/// it fixes. Measured on one H200: the fewest that hold a row in 512 threads (one a thread for
+/// bf16 4096) ran the one-rank call at 1.7 TB/s at 4,096 rows (bench/results/
+/// 2026-12-03-h200-norm-fewest), four at 3.1 TB/s (2026-12-03-h200-norm), while a single row
+/// took 3.0 µs either way (the kernel accepts 1, 2 or 4).
+fn vectors_per_thread(_shape: &Shape) -> usize {
+    NORM_V
 }
 
 /// Rows per block (and threads per block) for `rows` rows of `tpr` threads spread over at most
@@ -602,17 +600,16 @@ mod tests {
     }
 
     #[test]
-    fn a_thread_holds_the_fewest_vectors_that_fit_a_row_in_512_threads() {
-        let v = |hidden, dtype| vectors_per_thread(&shape(1, hidden, dtype));
-        // bf16 4096: 512 vectors, one a thread; 8192: two; f32 8192: four; longer: four, in
-        // chunks.
-        assert_eq!(v(4096, DataType::BF16), 1);
-        assert_eq!(v(8192, DataType::BF16), 2);
-        assert_eq!(v(8192, DataType::F32), 4);
-        assert_eq!(v(65536, DataType::BF16), 4);
-        assert_eq!(v(8, DataType::F16), 1);
+    fn a_thread_holds_four_vectors() {
+        for (hidden, dtype) in [
+            (4096, DataType::BF16),
+            (8192, DataType::BF16),
+            (8, DataType::F16),
+        ] {
+            assert_eq!(vectors_per_thread(&shape(1, hidden, dtype)), NORM_V);
+        }
         let s = shape(1, 4096, DataType::BF16);
-        assert_eq!(threads_per_row(&s, vectors_per_thread(&s)), 512);
+        assert_eq!(threads_per_row(&s, vectors_per_thread(&s)), 128);
     }
 
     #[test]
