@@ -70,13 +70,41 @@ pub struct Plan {
     pub norm: Option<NormForm>,
 }
 
-/// The kernel form of a staged collective's parts and its rounds ([`part_form`]): `ll` (LL
-/// lines), `st` (staged) or `rw` (pipelined staged, in `rounds`).
+/// How a staged collective's parts move ([`part_form`]); [`PartKind::kernel`] names it in the
+/// kernels' entry points (`fc_<collective>_<kernel>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PartKind {
+    /// In LL lines: the flag beside the data, no barrier.
+    Ll,
+    /// Through the staging, with a barrier per block.
+    Staged,
+    /// Through the staging in rounds (a pipeline).
+    Pipelined,
+}
+
+impl PartKind {
+    /// `ll`, `st` or `rw`: the form in the kernels' entry points and the bench's path detail.
+    pub fn kernel(self) -> &'static str {
+        match self {
+            PartKind::Ll => "ll",
+            PartKind::Staged => "st",
+            PartKind::Pipelined => "rw",
+        }
+    }
+}
+
+impl fmt::Display for PartKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.kernel())
+    }
+}
+
+/// The kernel form of a staged collective's parts and its rounds ([`part_form`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PartForm {
-    /// `ll`, `st` or `rw`.
-    pub form: &'static str,
-    /// Rounds of a pipelined (`rw`) part; 1 otherwise.
+    /// LL lines, staged, or staged in rounds.
+    pub form: PartKind,
+    /// Rounds of a pipelined part; 1 otherwise.
     pub rounds: u32,
 }
 
@@ -605,7 +633,7 @@ pub fn a2av_takes_ll(largest_crossing_bytes: usize, ll_max: usize) -> bool {
 }
 
 /// The kernel form of a call of `kernel` with parts of `part_bytes` (`ll_max`: the largest LL
-/// part) and its rounds: `ll` (LL lines), `st` (staged) or `rw` (pipelined staged: parts from
+/// part) and its rounds: LL lines, staged, or pipelined staged (parts from
 /// the table's smallest pipelined part of `kernel`, in rounds of its round size, at most
 /// [`COLL_MAX_ROUNDS`]; the figures are in the table, `tuning.json`).
 pub fn part_form(
@@ -613,13 +641,16 @@ pub fn part_form(
     kernel: &str,
     part_bytes: usize,
     ll_max: usize,
-) -> (&'static str, u32) {
+) -> (PartKind, u32) {
     if use_ll(part_bytes, ll_max) {
-        ("ll", 1)
+        (PartKind::Ll, 1)
     } else if tuning.pipe_min(kernel).is_some_and(|min| part_bytes >= min) {
-        ("rw", st_rounds(part_bytes, tuning.pipe_round_bytes))
+        (
+            PartKind::Pipelined,
+            st_rounds(part_bytes, tuning.pipe_round_bytes),
+        )
     } else {
-        ("st", 1)
+        (PartKind::Staged, 1)
     }
 }
 
@@ -1351,13 +1382,28 @@ mod tests {
                 .parts
         };
         let form = |form, rounds| Some(PartForm { form, rounds });
-        assert_eq!(parts(&two, Collective::AllGather, 1024), form("ll", 1));
-        assert_eq!(parts(&two, Collective::AllGather, 1 << 20), form("st", 1));
-        assert_eq!(parts(&two, Collective::AllGather, 16 << 20), form("rw", 4));
+        assert_eq!(
+            parts(&two, Collective::AllGather, 1024),
+            form(PartKind::Ll, 1)
+        );
+        assert_eq!(
+            parts(&two, Collective::AllGather, 1 << 20),
+            form(PartKind::Staged, 1)
+        );
+        assert_eq!(
+            parts(&two, Collective::AllGather, 16 << 20),
+            form(PartKind::Pipelined, 4)
+        );
         assert_eq!(parts(&two, Collective::AllGather, 64 << 20), None);
         // The all-to-all's part is its output over the world; a message is a broadcast.
-        assert_eq!(parts(&two, Collective::AllToAll, 32 << 20), form("rw", 4));
-        assert_eq!(parts(&two, Collective::Send, 1 << 20), form("st", 1));
+        assert_eq!(
+            parts(&two, Collective::AllToAll, 32 << 20),
+            form(PartKind::Pipelined, 4)
+        );
+        assert_eq!(
+            parts(&two, Collective::Send, 1 << 20),
+            form(PartKind::Staged, 1)
+        );
         assert_eq!(parts(&two, Collective::AllReduce, 1024), None);
         // Low precision from the cuda floor (4 MiB of one rank's part) up.
         cfg.low_precision.enabled = true;
@@ -1398,19 +1444,19 @@ mod tests {
         // The staged collectives take the same limit, then rounds from their pipeline floor.
         assert_eq!(
             part_form(&Tuning::builtin(), "all_gather", 2048, 2048),
-            ("ll", 1)
+            (PartKind::Ll, 1)
         );
         assert_eq!(
             part_form(&Tuning::builtin(), "all_gather", 2049, 2048),
-            ("st", 1)
+            (PartKind::Staged, 1)
         );
         assert_eq!(
             part_form(&Tuning::builtin(), "all_gather", 8 << 20, 2048),
-            ("rw", 2)
+            (PartKind::Pipelined, 2)
         );
         assert_eq!(
             part_form(&Tuning::builtin(), "broadcast", 64 << 20, 2048),
-            ("st", 1)
+            (PartKind::Staged, 1)
         );
     }
 

@@ -13,7 +13,7 @@ use super::{kernel_name, Args, Dda, COLL_BAR_OFF, MAX_BLOCKS, MAX_RANKS};
 use crate::backend::Splits;
 use crate::driver::launch;
 use crate::error::{Error, Result};
-use crate::plan::{self, Collective, PartForm};
+use crate::plan::{self, Collective, PartForm, PartKind};
 use crate::types::{DataType, ReduceOp};
 
 /// Default largest part (bytes one sender puts in one receiver's row) sent as LL lines
@@ -414,14 +414,14 @@ impl Dda {
         c.sig = sig;
         let PartForm { form, rounds } = parts;
         c.rounds = rounds;
-        let grid = if form == "ll" {
+        let grid = if form == PartKind::Ll {
             self.ll_grid(part)
         } else {
             self.st_grid(part)
         };
         self.launch(
             module,
-            part_kernel(&mut [0; 64], kernel, form, op),
+            part_kernel(&mut [0; 64], kernel, form.kernel(), op),
             a,
             c,
             grid,
@@ -999,7 +999,7 @@ mod tests {
         }
         assert!(sizes.len() >= 11, "the three pipelined collectives' bounds");
         for part in sizes {
-            let form = |k| part_form(&t, k, part, LL_MAX_BYTES).0;
+            let form = |k| part_form(&t, k, part, LL_MAX_BYTES).0.kernel();
             for k in ["all_gather", "all_to_all", "broadcast"] {
                 let mut buf = [0; 64];
                 let name = part_kernel(&mut buf, k, form(k), None);
@@ -1023,22 +1023,55 @@ mod tests {
         let cap = LL_MAX_BYTES;
         let t = Tuning::builtin();
         let part_form = |k, part, cap| part_form(&t, k, part, cap);
-        assert_eq!(part_form("all_gather", 100, cap), ("ll", 1));
-        assert_eq!(part_form("reduce_scatter", 100, cap), ("ll", 1));
-        assert_eq!(part_form("reduce", cap + 1, cap), ("st", 1));
-        assert_eq!(part_form("all_gather", (8 << 20) - 1, cap), ("st", 1));
-        assert_eq!(part_form("all_gather", 8 << 20, cap), ("rw", 2));
-        assert_eq!(part_form("all_gather", 16 << 20, cap), ("rw", 4));
-        assert_eq!(part_form("reduce_scatter", 8 << 20, cap), ("st", 1));
-        assert_eq!(part_form("reduce_scatter", (16 << 20) - 1, cap), ("st", 1));
-        assert_eq!(part_form("reduce_scatter", 16 << 20, cap), ("rw", 4));
-        assert_eq!(part_form("reduce_scatter", 32 << 20, cap), ("rw", 8));
-        assert_eq!(part_form("all_gather", 64 << 20, cap), ("rw", 8));
-        assert_eq!(part_form("all_to_all", (8 << 20) - 1, cap), ("st", 1));
-        assert_eq!(part_form("all_to_all", (8 << 20) + 6, cap), ("rw", 3));
-        assert_eq!(part_form("all_to_all", 32 << 20, cap), ("rw", 8));
+        assert_eq!(part_form("all_gather", 100, cap), (PartKind::Ll, 1));
+        assert_eq!(part_form("reduce_scatter", 100, cap), (PartKind::Ll, 1));
+        assert_eq!(part_form("reduce", cap + 1, cap), (PartKind::Staged, 1));
+        assert_eq!(
+            part_form("all_gather", (8 << 20) - 1, cap),
+            (PartKind::Staged, 1)
+        );
+        assert_eq!(
+            part_form("all_gather", 8 << 20, cap),
+            (PartKind::Pipelined, 2)
+        );
+        assert_eq!(
+            part_form("all_gather", 16 << 20, cap),
+            (PartKind::Pipelined, 4)
+        );
+        assert_eq!(
+            part_form("reduce_scatter", 8 << 20, cap),
+            (PartKind::Staged, 1)
+        );
+        assert_eq!(
+            part_form("reduce_scatter", (16 << 20) - 1, cap),
+            (PartKind::Staged, 1)
+        );
+        assert_eq!(
+            part_form("reduce_scatter", 16 << 20, cap),
+            (PartKind::Pipelined, 4)
+        );
+        assert_eq!(
+            part_form("reduce_scatter", 32 << 20, cap),
+            (PartKind::Pipelined, 8)
+        );
+        assert_eq!(
+            part_form("all_gather", 64 << 20, cap),
+            (PartKind::Pipelined, 8)
+        );
+        assert_eq!(
+            part_form("all_to_all", (8 << 20) - 1, cap),
+            (PartKind::Staged, 1)
+        );
+        assert_eq!(
+            part_form("all_to_all", (8 << 20) + 6, cap),
+            (PartKind::Pipelined, 3)
+        );
+        assert_eq!(
+            part_form("all_to_all", 32 << 20, cap),
+            (PartKind::Pipelined, 8)
+        );
         for k in ["broadcast", "reduce"] {
-            assert_eq!(part_form(k, 64 << 20, cap), ("st", 1), "{k}");
+            assert_eq!(part_form(k, 64 << 20, cap), (PartKind::Staged, 1), "{k}");
         }
     }
 
