@@ -305,18 +305,19 @@ impl Communicator {
             (_, Device::Cuda(_)) => crate::cuda::new_backend(&ctx)?,
         };
         if ctx.config.debug {
-            eprintln!(
-                "ferrocomm: communicator '{}' rank {}/{} backend {} device {}",
+            // One line in one write, as print_plan's (stderr is shared by the ranks).
+            let line = format!(
+                "ferrocomm: communicator '{}' rank {}/{} backend {} device {} tuning table {} \
+                 (digest {})\n",
                 ctx.name,
                 rank,
                 size,
                 backend.name(),
-                device
+                device,
+                ctx.config.tuning.source,
+                ctx.config.tuning.digest
             );
-            eprintln!(
-                "ferrocomm: communicator '{}' tuning table: {} (digest {})",
-                ctx.name, ctx.config.tuning.source, ctx.config.tuning.digest
-            );
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
         let timeout_ns = AtomicU64::new(ctx.timeout().as_nanos() as u64);
         Ok(Communicator {
