@@ -9,7 +9,7 @@
 # info.txt describe the machine, and OUT_DIR/summary.txt lists each step's exit code, time and
 # verdict, every step or part left out and why, and ends with the steps that failed. The script
 # exits 1 when a step failed (a non-zero exit, a time limit), 2 on bad arguments, else 0.
-# PARTS (a quoted list) defaults to "checks sanitize python bench":
+# PARTS (a quoted list) defaults to "checks sanitize python windows bench":
 #   checks    the Rust correctness checks: gpu_check (10,000 race calls, 1,000 graph replays),
 #             gpu_check_coll (the direct-access collectives), gpu_check_lowp (low precision),
 #             gpu_check_nccl (one rank on one GPU: every collective NCCL carries against the
@@ -20,6 +20,8 @@
 #             n-rank kernels only); SHARED_WORLDS, SHARED_CHECKS, SHARED_FLAGS (--quick)
 #   sanitize  compute-sanitizer memcheck and racecheck over the three programs (scripts/gpu_sanitize.sh)
 #   python    the Python package's GPU checks (python/tests/gpu), the wheel from BUILD_DIR/dist
+#   windows   windows and the persistent all-gather (python/tests/gpu/check_windows.py: two
+#             ranks, then three sharing the GPUs; about a minute each on one GPU), the wheel
 #   torch     the "ferrocomm" torch.distributed backend against gloo (collectives, CUDA graphs,
 #             torch.compile, DTensor, transformers tp_plan="auto"; needs transformers, and
 #             accelerate installed or carried in BUILD_DIR/dist/extra), and
@@ -44,12 +46,12 @@ build="$(cd "$1" && pwd)" || exit 2
 mkdir -p "$2" && res="$(cd "$2" && pwd)" || exit 2
 bin="$build/bin"
 [ -x "$bin/ferrocomm" ] || { echo "gpu_session.sh: no ferrocomm in $bin (scripts/gpu_prepare.sh BUILD_DIR)" >&2; exit 2; }
-parts=" ${3:-checks sanitize python bench} "
+parts=" ${3:-checks sanitize python windows bench} "
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here/.."  # python/tests/gpu
 listed() { [[ "$1" == *" $2 "* ]]; }  # a space-padded list, a name
 want() { listed "$parts" "$1"; }
-all_parts=" checks shared sanitize python torch bench coll p2p pdl ce push ll128 "
+all_parts=" checks shared sanitize python windows torch bench coll p2p pdl ce push ll128 "
 for p in $parts; do
   listed "$all_parts" "$p" || { echo "gpu_session.sh: unknown part '$p' (parts:$all_parts)" >&2; exit 2; }
 done
@@ -141,10 +143,15 @@ if want sanitize; then
   SANITIZE_RUN_TIMEOUT_S=95 SANITIZE_FLAGS="$share" \
     step sanitize 590 bash "$here/gpu_sanitize.sh" "$build" "$res"
 fi
-if want python; then
+site=""
+install_site() { # the wheel from BUILD_DIR/dist into a directory of its own, once per session
+  [ -z "$site" ] || return 0
   site="$(mktemp -d /tmp/ferrocomm-site-XXXXXX)"
   trap 'rm -rf "$site"' EXIT
   step pip 300 python3 -m pip install -q --no-deps --no-index --target "$site" "$build"/dist/ferrocomm-*.whl
+}
+if want python; then
+  install_site
   if [ -n "$share" ]; then
     leave_out python_check "one GPU: it compares with torch.distributed's NCCL, which refuses two ranks on one GPU"
     leave_out setup_fault "one GPU: two ranks of NCCL on one GPU are refused"
@@ -162,12 +169,18 @@ if want python; then
   PYTHONPATH="$site" \
     step python_lists 90 torchrun --nproc_per_node 2 python/tests/gpu/check_lists.py $share
 fi
+if want windows; then
+  # Windows and the persistent all-gather: two ranks, then three sharing the GPUs (each prints
+  # `[rank R] ok NAME` per check and a summary per rank).
+  install_site
+  # shellcheck disable=SC2086  # empty or one flag
+  PYTHONPATH="$site" \
+    step python_windows 180 torchrun --nproc_per_node 2 python/tests/gpu/check_windows.py $share
+  PYTHONPATH="$site" step python_windows_w3 180 \
+    torchrun --nproc_per_node 3 python/tests/gpu/check_windows.py --share-gpus
+fi
 if want torch; then
-  if [ -z "${site:-}" ]; then  # the python part's install, else one of its own
-    site="$(mktemp -d /tmp/ferrocomm-site-XXXXXX)"
-    trap 'rm -rf "$site"' EXIT
-    step pip 300 python3 -m pip install -q --no-deps --no-index --target "$site" "$build"/dist/ferrocomm-*.whl
-  fi
+  install_site
   # transformers' tp_plan needs accelerate: wheels carried in BUILD_DIR/dist/extra (pip download
   # accelerate psutil --no-deps --python-version 3.12 --only-binary=:all: -d BUILD_DIR/dist/extra)
   # are installed beside the package when the machine lacks them.

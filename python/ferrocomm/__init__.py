@@ -19,9 +19,17 @@ from ._errors import (
 )
 from ._native import __version__
 from ._ops import ReduceOp
+from ._window import (
+    AllGatherPHandle,
+    TorchCommWinAccessType,
+    TorchCommWindowAttr,
+    Window,
+    shared_empty,
+)
 
 TorchComm = Comm
 TorchWork = Work
+TorchCommWindow = Window
 
 __all__ = [
     "new_comm",
@@ -33,6 +41,12 @@ __all__ = [
     "Work",
     "TorchWork",
     "ReduceOp",
+    "Window",
+    "TorchCommWindow",
+    "TorchCommWindowAttr",
+    "TorchCommWinAccessType",
+    "AllGatherPHandle",
+    "shared_empty",
     "FerrocommError",
     "FerrocommValueError",
     "FerrocommTimeout",

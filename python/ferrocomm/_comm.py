@@ -6,7 +6,9 @@ import datetime
 import operator
 import os
 import sys
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence
+
+import numpy as np
 
 from . import _native
 from . import _tensors as T
@@ -14,6 +16,9 @@ from ._errors import FerrocommError, FerrocommTimeout, FerrocommUnsupported, Fer
 from ._ops import ReduceOp
 from ._timeouts import TimeoutLike, positive_seconds, timeout_seconds
 from ._work import DONE, CudaWork, HostWork, WithOutputs, Work
+
+if TYPE_CHECKING:
+    from ._window import AllGatherPHandle, Window
 
 # A numpy array or a torch tensor (torch is optional: its type is not named here).
 Buffer = Any
@@ -230,6 +235,8 @@ class Comm:
                post: Sequence[Callable[[], None]] = ()) -> Work:
         """Describes the call once, as the tuple the native layer reads into ferrocomm's
         CallDesc (crates/ferrocomm-py: PyCall), and runs it; returns its work object."""
+        if async_op is not False and async_op is not True:
+            async_op = _bool_arg(coll, "async_op", async_op)
         # The communicator's hints as they are unless the call brings its own (no copy per
         # call; a dict changed below is a new one).
         h = self._hints if hints is None else {**self._hints, **_check_hints(hints, coll)}
@@ -240,12 +247,7 @@ class Comm:
         # the kernels, NCCL's watchdog; None: the communicator's) and the returned work's
         # blocking wait (None: the native bound, which follows the communicator's timeout).
         call_timeout = limit = positive_seconds(coll, timeout)
-        stream = 0
-        if cuda:
-            torch = T._torch()
-            if torch is None:
-                raise FerrocommValueError(f"{coll}: CUDA communicators need torch tensors")
-            stream = T.current_stream_handle(torch, self._n.device_index)
+        stream = self._stream(coll) if cuda else 0
         raws: list[Optional[_native.RawBuf]] = [None, None]
         for k, b in enumerate((out, inp)):
             if b is None:
@@ -285,6 +287,14 @@ class Comm:
             return CudaWork(done, self._n.device_index, stream, keep, limit)
         return DONE
 
+    def _stream(self, coll: str) -> int:
+        """The current CUDA stream of the communicator's device, where a call of ``coll``
+        enqueues (a CUDA communicator's)."""
+        torch = T._torch()
+        if torch is None:
+            raise FerrocommValueError(f"{coll}: CUDA communicators need torch tensors")
+        return T.current_stream_handle(torch, self._n.device_index)
+
     def _in_place_or(self, out: T.Buf, inp: T.Buf, offset_elems: int) -> Optional[T.Buf]:
         """None (in place) when `inp` is `out` shifted by `offset_elems` elements (NCCL's in-place
         convention), `inp` when disjoint; overlapping any other way is an error."""
@@ -300,7 +310,7 @@ class Comm:
     # -- collectives -----------------------------------------------------------------------
 
     def all_reduce(self, tensor: Buffer, op: OpLike = ReduceOp.SUM, async_op: bool = False,
-                   hints: Hints = None, *, timeout: TimeoutLike = None) -> Work:
+                   hints: Hints = None, timeout: TimeoutLike = None) -> Work:
         """Reduces ``tensor`` over all ranks, in place."""
         c = "all_reduce"
         b = self._buf(tensor, "tensor", c, writable=True)
@@ -394,7 +404,7 @@ class Comm:
         return outputs
 
     def reduce(self, tensor: Buffer, root: int, op: OpLike = ReduceOp.SUM, async_op: bool = False,
-               hints: Hints = None, *, timeout: TimeoutLike = None) -> Work:
+               hints: Hints = None, timeout: TimeoutLike = None) -> Work:
         """Reduces ``tensor`` over all ranks into ``tensor`` on ``root`` (others unchanged)."""
         c = "reduce"
         b = self._buf(tensor, "tensor", c, writable=True)
@@ -404,7 +414,7 @@ class Comm:
                            keep=(tensor,))
 
     def broadcast(self, tensor: Buffer, root: int, async_op: bool = False, hints: Hints = None,
-                  *, timeout: TimeoutLike = None) -> Work:
+                  timeout: TimeoutLike = None) -> Work:
         """Copies ``root``'s ``tensor`` into ``tensor`` on every rank."""
         c = "broadcast"
         b = self._buf(tensor, "tensor", c, writable=True)
@@ -413,7 +423,7 @@ class Comm:
                            out=b, peer=root, async_op=async_op, hints=hints, keep=(tensor,))
 
     def all_gather_single(self, output: Buffer, input: Buffer,  # noqa: A002
-                          async_op: bool = False, hints: Hints = None, *,
+                          async_op: bool = False, hints: Hints = None,
                           timeout: TimeoutLike = None) -> Work:
         """``output`` (size x input elements) receives every rank's ``input`` in rank order."""
         c = "all_gather_single"
@@ -424,7 +434,7 @@ class Comm:
                            hints=hints, keep=(output, input))
 
     def all_gather(self, tensor_list: Sequence[Buffer], tensor: Buffer, async_op: bool = False,
-                   hints: Hints = None, *, timeout: TimeoutLike = None) -> Work:
+                   hints: Hints = None, timeout: TimeoutLike = None) -> Work:
         """``tensor_list[r]`` receives rank r's ``tensor``."""
         c = "all_gather"
         i = self._buf(tensor, "tensor", c)
@@ -443,7 +453,7 @@ class Comm:
 
     def reduce_scatter_single(self, output: Buffer, input: Buffer,  # noqa: A002
                               op: OpLike = ReduceOp.SUM, async_op: bool = False,
-                              hints: Hints = None, *, timeout: TimeoutLike = None) -> Work:
+                              hints: Hints = None, timeout: TimeoutLike = None) -> Work:
         """``output`` receives part ``rank`` of the reduction of every rank's ``input``."""
         c = "reduce_scatter_single"
         o = self._buf(output, "output", c, writable=True)
@@ -460,7 +470,7 @@ class Comm:
 
     def reduce_scatter(self, output: Buffer, input_list: Sequence[Buffer],
                        op: OpLike = ReduceOp.SUM, async_op: bool = False, hints: Hints = None,
-                       *, timeout: TimeoutLike = None) -> Work:
+                       timeout: TimeoutLike = None) -> Work:
         """``output`` receives the reduction over ranks of every rank's ``input_list[rank]``."""
         c = "reduce_scatter"
         o = self._buf(output, "output", c, writable=True)
@@ -472,20 +482,45 @@ class Comm:
                            hints=hints, keep=(output, staging))
 
     def all_to_all_single(self, output: Buffer, input: Buffer,  # noqa: A002
+                          async_op: bool = False, hints: Hints = None,
+                          timeout: TimeoutLike = None, *,
                           output_split_sizes: Optional[Sequence[int]] = None,
-                          input_split_sizes: Optional[Sequence[int]] = None,
-                          async_op: bool = False, hints: Hints = None, *,
-                          timeout: TimeoutLike = None) -> Work:
-        """Part j of ``input`` goes to rank j; part i of ``output`` comes from rank i. Split
-        sizes count rows (the first dimension), as in torch; None means equal parts."""
+                          input_split_sizes: Optional[Sequence[int]] = None) -> Work:
+        """Part j of ``input`` goes to rank j; part i of ``output`` comes from rank i, in equal
+        parts (torchcomms' form). ``output_split_sizes`` / ``input_split_sizes`` (keywords,
+        rows of dim 0 as in torch) make the parts uneven, as ``all_to_all_v_single`` does."""
         c = "all_to_all_single"
+        if not isinstance(async_op, (bool, np.bool_)):
+            raise FerrocommValueError(
+                f"{c}: async_op must be a bool, not {type(async_op).__name__} ({async_op!r}); "
+                "split sizes go to all_to_all_v_single(output, input, output_split_sizes, "
+                "input_split_sizes, async_op), torchcomms' order, or to the keywords "
+                "output_split_sizes= and input_split_sizes=")
+        if output_split_sizes is not None or input_split_sizes is not None:
+            return self._all_to_all_split(c, output, input, output_split_sizes,
+                                          input_split_sizes, async_op, hints, timeout)
         o = self._buf(output, "output", c, writable=True)
         i = self._buf(input, "input", c)
-        if output_split_sizes is None and input_split_sizes is None:
-            inp = self._in_place_or(o, i, 0)
-            return self._issue("all_to_all", timeout=timeout,
-                               out=o, inp=inp, async_op=async_op, hints=hints,
-                               keep=(output, input))
+        inp = self._in_place_or(o, i, 0)
+        return self._issue("all_to_all", timeout=timeout,
+                           out=o, inp=inp, async_op=async_op, hints=hints, keep=(output, input))
+
+    def all_to_all_v_single(self, output: Buffer, input: Buffer,  # noqa: A002
+                            output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
+                            async_op: bool = False, hints: Hints = None,
+                            timeout: TimeoutLike = None) -> Work:
+        """``input_split_sizes[j]`` rows of ``input`` (dim 0, as in torch; back to back) go to
+        rank j; ``output_split_sizes[i]`` rows from rank i land in ``output`` in rank order."""
+        return self._all_to_all_split("all_to_all_v_single", output, input, output_split_sizes,
+                                      input_split_sizes, async_op, hints, timeout)
+
+    def _all_to_all_split(self, c: str, output: Buffer, input: Buffer,  # noqa: A002
+                          output_split_sizes: Optional[Sequence[int]],
+                          input_split_sizes: Optional[Sequence[int]], async_op: bool,
+                          hints: Hints, timeout: TimeoutLike) -> Work:
+        """An all-to-all-v by split sizes (None on one side: equal parts there)."""
+        o = self._buf(output, "output", c, writable=True)
+        i = self._buf(input, "input", c)
         send = self._split_counts(c, "input", input, input_split_sizes)
         recv = self._split_counts(c, "output", output, output_split_sizes)
         splits = _packed(send, recv)
@@ -496,17 +531,9 @@ class Comm:
                            out=o, inp=inp, splits=splits, async_op=async_op,
                            hints=hints, keep=(output, input))
 
-    def all_to_all_v_single(self, output: Buffer, input: Buffer,  # noqa: A002
-                            output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
-                            async_op: bool = False, hints: Hints = None, *,
-                            timeout: TimeoutLike = None) -> Work:
-        """``all_to_all_single`` with explicit split sizes (torchcomms' name)."""
-        return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
-                                      async_op=async_op, hints=hints, timeout=timeout)
-
     def all_to_all_v_dynamic(self, output: Buffer, input: Buffer,  # noqa: A002
                              send_counts: Buffer, recv_counts: Buffer, async_op: bool = False,
-                             hints: Hints = None, *, timeout: TimeoutLike = None) -> Work:
+                             hints: Hints = None, timeout: TimeoutLike = None) -> Work:
         """Mixture-of-experts dispatch with the counts on the device: no host synchronization,
         capturable in CUDA graphs. Counts count rows (the first dimension), as torch's split
         sizes do.
@@ -539,7 +566,7 @@ class Comm:
 
     def device_alltoallv_single(self, output: Buffer, input: Buffer,  # noqa: A002
                                 output_split_sizes: Buffer, input_split_sizes: Buffer,
-                                async_op: bool = False, hints: Hints = None, *,
+                                async_op: bool = False, hints: Hints = None,
                                 timeout: TimeoutLike = None) -> Work:
         """All-to-all-v with both sides' split sizes in tensors (NCCLX's name and layout): on
         CUDA they may come from earlier kernels on the stream, never read by the host, so the
@@ -588,7 +615,7 @@ class Comm:
 
     def all_to_all(self, output_tensor_list: Sequence[Buffer],
                    input_tensor_list: Sequence[Buffer], async_op: bool = False,
-                   hints: Hints = None, *, timeout: TimeoutLike = None) -> Work:
+                   hints: Hints = None, timeout: TimeoutLike = None) -> Work:
         """``input_tensor_list[j]`` goes to rank j; ``output_tensor_list[i]`` comes from rank i."""
         c = "all_to_all"
         for what, lst in (("output_tensor_list", output_tensor_list),
@@ -631,7 +658,7 @@ class Comm:
     # the all-to-all-v runs: direct access on one node, NCCL elsewhere, the host backend.
 
     def all_gather_v(self, tensor_list: Sequence[Buffer], tensor: Buffer, async_op: bool = False,
-                     hints: Hints = None, *, timeout: TimeoutLike = None) -> Work:
+                     hints: Hints = None, timeout: TimeoutLike = None) -> Work:
         """``tensor_list[r]`` receives rank r's ``tensor``; the sizes may differ between ranks
         (``tensor_list[r]`` has rank r's size)."""
         c = "all_gather_v"
@@ -642,35 +669,35 @@ class Comm:
         splits = [[n] * self.size, [0] * self.size, outs, _prefix(outs)]
         return self._gathered(c, tensor_list, i, tensor, splits, async_op, hints, timeout)
 
-    def gather(self, output_list: Optional[Sequence[Buffer]], input: Buffer,  # noqa: A002
-               root: int, async_op: bool = False, hints: Hints = None, *,
+    def gather(self, output_tensor_list: Optional[Sequence[Buffer]], input_tensor: Buffer,
+               root: int, async_op: bool = False, hints: Hints = None,
                timeout: TimeoutLike = None) -> Work:
-        """On ``root``, ``output_list[r]`` receives rank r's ``input``; other ranks pass any
-        list (it is not touched) or None."""
+        """On ``root``, ``output_tensor_list[r]`` receives rank r's ``input_tensor``; other
+        ranks pass any list (it is not touched) or None."""
         c = "gather"
         root = self._root(c, root)
-        i = self._buf(input, "input", c)
+        i = self._buf(input_tensor, "input_tensor", c)
         send = [0] * self.size
         send[root] = i.count
         if self.rank == root:
-            outs = self._list_like(c, "output_list", output_list, i)
+            outs = self._list_like(c, "output_tensor_list", output_tensor_list, i)
         else:
             outs = [0] * self.size
         splits = [send, [0] * self.size, outs, _prefix(outs)]
-        lst = output_list if self.rank == root and output_list is not None else []
-        return self._gathered(c, lst, i, input, splits, async_op, hints, timeout)
+        lst = output_tensor_list if self.rank == root and output_tensor_list is not None else []
+        return self._gathered(c, lst, i, input_tensor, splits, async_op, hints, timeout)
 
-    def scatter(self, output: Buffer, input_list: Optional[Sequence[Buffer]], root: int,
-                async_op: bool = False, hints: Hints = None, *,
+    def scatter(self, output_tensor: Buffer, input_tensor_list: Optional[Sequence[Buffer]],
+                root: int, async_op: bool = False, hints: Hints = None,
                 timeout: TimeoutLike = None) -> Work:
-        """``output`` receives ``input_list[rank]`` of ``root``; other ranks pass any list (it
-        is not read) or None."""
+        """``output_tensor`` receives ``input_tensor_list[rank]`` of ``root``; other ranks pass
+        any list (it is not read) or None."""
         c = "scatter"
         root = self._root(c, root)
-        o = self._buf(output, "output", c, writable=True)
+        o = self._buf(output_tensor, "output_tensor", c, writable=True)
         if self.rank == root:
-            sizes = self._list_like(c, "input_list", input_list, o)
-            staging = T.concat_flat(list(input_list or ()), output)
+            sizes = self._list_like(c, "input_tensor_list", input_tensor_list, o)
+            staging = T.concat_flat(list(input_tensor_list or ()), output_tensor)
         else:
             sizes = [0] * self.size
             staging = T.empty_like_flat(o, 0)
@@ -680,11 +707,11 @@ class Comm:
         splits = [sizes, _prefix(sizes), recv, [0] * self.size]
         return self._issue("all_to_all_v", timeout=timeout,
                            out=o, inp=i, splits=splits, async_op=async_op,
-                           hints=hints, keep=(output, staging))
+                           hints=hints, keep=(output_tensor, staging))
 
     def reduce_scatter_v(self, output: Buffer, input_list: Sequence[Buffer],
                          op: OpLike = ReduceOp.SUM, async_op: bool = False, hints: Hints = None,
-                         *, timeout: TimeoutLike = None) -> Work:
+                         timeout: TimeoutLike = None) -> Work:
         """``output`` receives the reduction over ranks of every rank's ``input_list[rank]``;
         the parts may differ in size (``input_list[r]`` has rank r's output size on every
         rank). Runs as a reduce-scatter of parts padded to the largest."""
@@ -745,10 +772,50 @@ class Comm:
                            out=o, inp=i, splits=splits, async_op=async_op,
                            hints=hints, keep=(input, staging, out_list), post=(post,))
 
-    def barrier(self, async_op: bool = False, hints: Hints = None, *,
+    def barrier(self, async_op: bool = False, hints: Hints = None,
                 timeout: TimeoutLike = None) -> Work:
         """Returns (or its work completes) once every rank has called it."""
         return self._issue("barrier", timeout=timeout, async_op=async_op, hints=hints)
+
+    # -- one-sided communication (ferrocomm._window) ------------------------------------------
+
+    def new_window(self, tensor: Optional[Buffer] = None) -> Window:
+        """A window for one-sided communication (torchcomms' TorchCommWindow); with ``tensor``
+        it is registered at once (collective, see ``Window.tensor_register``)."""
+        from ._window import Window
+
+        try:
+            w = Window(self, self._n.new_window())
+        except FerrocommError as e:
+            self._failed("new_window", e)
+            raise
+        if tensor is not None:
+            w.tensor_register(tensor)
+        return w
+
+    def all_gather_p_init(self, output: Buffer, hints: Hints = None,
+                          timeout: TimeoutLike = None) -> AllGatherPHandle:
+        """A persistent all-gather into ``output`` (registered once: peers write straight into
+        it; collective): returns the handle ``all_gather_p_exec`` and ``all_gather_p_free``
+        take."""
+        from ._window import AllGatherPHandle
+
+        return AllGatherPHandle.init(self, output, hints, timeout)
+
+    def all_gather_p_exec(self, handle: AllGatherPHandle, input: Buffer,  # noqa: A002
+                          async_op: bool = False, hints: Hints = None,
+                          timeout: TimeoutLike = None) -> Work:
+        """Gathers every rank's ``input`` into every rank's registered output, part r from
+        rank r (collective); ``input`` may be this rank's part of the output."""
+        from ._window import AllGatherPHandle
+
+        return AllGatherPHandle.of(handle).exec(self, input, async_op, hints, timeout)
+
+    def all_gather_p_free(self, handle: AllGatherPHandle) -> None:
+        """Releases a persistent all-gather's output (collective)."""
+        from ._window import AllGatherPHandle
+
+        AllGatherPHandle.of(handle).free(self)
 
     def batch_op_create(self) -> BatchSendRecv:
         """A batch of sends and receives issued together (torchcomms' BatchSendRecv)."""
@@ -766,7 +833,7 @@ class Comm:
         return self._issue(c, timeout=timeout, batch=batch, async_op=async_op, hints=hints,
                            keep=tuple(t for _, t, _ in ops))
 
-    def send(self, tensor: Buffer, dst: int, async_op: bool = False, hints: Hints = None, *,
+    def send(self, tensor: Buffer, dst: int, async_op: bool = False, hints: Hints = None,
              timeout: TimeoutLike = None) -> Work:
         """Sends ``tensor`` to rank ``dst``, which calls ``recv`` with the same size."""
         c = "send"
@@ -775,7 +842,7 @@ class Comm:
         return self._issue(c, timeout=timeout,
                            inp=b, peer=dst, async_op=async_op, hints=hints, keep=(tensor,))
 
-    def recv(self, tensor: Buffer, src: int, async_op: bool = False, hints: Hints = None, *,
+    def recv(self, tensor: Buffer, src: int, async_op: bool = False, hints: Hints = None,
              timeout: TimeoutLike = None) -> Work:
         """Receives into ``tensor`` from rank ``src``."""
         c = "recv"
@@ -846,6 +913,10 @@ class Comm:
     def is_aborted(self) -> bool:
         return self._n.is_aborted
 
+    def is_abort_supported(self) -> bool:
+        """True: every backend of ferrocomm's serves ``abort()``."""
+        return True
+
     def set_timeout(self, timeout: TimeoutLike) -> None:
         """The timeout of every later call (a timedelta or seconds), longer or shorter than
         the one the communicator was created with: each wait for a peer uses it, and it bounds
@@ -865,7 +936,7 @@ class Comm:
         return _native.__version__
 
     def gather_single(self, output: Optional[Buffer], input: Buffer,  # noqa: A002
-                      root: int, async_op: bool = False, hints: Hints = None, *,
+                      root: int, async_op: bool = False, hints: Hints = None,
                       timeout: TimeoutLike = None) -> Work:
         """On ``root``, ``output`` (size x input elements) receives every rank's ``input`` in
         rank order; other ranks' ``output`` is not touched (any buffer or None)."""
@@ -938,7 +1009,7 @@ class BatchSendRecv:
     def recv(self, tensor: Buffer, src: int) -> None:
         self._ops.append((False, tensor, src))
 
-    def issue(self, async_op: bool = False, options: object = None, hints: Hints = None, *,
+    def issue(self, async_op: bool = False, options: object = None, *, hints: Hints = None,
               timeout: TimeoutLike = None) -> Work:
         del options  # torchcomms' batch options; none applies here
         return self._comm._batch(list(self._ops), async_op, hints, timeout)
@@ -976,6 +1047,14 @@ def _int_list(coll: str, name: str, values: object, lo: int, hi: int) -> list[in
     if not isinstance(values, Iterable):
         raise FerrocommValueError(f"{coll}: {name} must be a list of ints, not {values!r}")
     return [_int_arg(coll, f"{name}[{k}]", v, lo, hi) for k, v in enumerate(values)]
+
+
+def _bool_arg(coll: str, name: str, value: object) -> bool:
+    """A flag argument: bool or numpy bool; anything else is refused, not taken for its truth."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise FerrocommValueError(f"{coll}: {name} must be a bool, not {type(value).__name__} "
+                              f"({value!r})")
 
 
 def _rank_arg(coll: str, name: str, value: object, size: int) -> int:
@@ -1022,10 +1101,11 @@ def _packed(send: Sequence[int], recv: Sequence[int]) -> SplitsList:
 
 def new_comm(backend: str, device: Any, name: Optional[str] = None,
              abort_process_on_timeout_or_error: Optional[bool] = None,
-             timeout: TimeoutLike = None, high_priority_stream: object = None,
-             store: Any = None, hints: Hints = None, *, rank: Optional[int] = None,
-             size: Optional[int] = None, local_rank: Optional[int] = None,
-             local_size: Optional[int] = None) -> Comm:
+             timeout: TimeoutLike = None, is_high_priority_stream: object = None,
+             store: Any = None, enable_reconfigure: bool = False, hints: Hints = None, *,
+             rank: Optional[int] = None, size: Optional[int] = None,
+             local_rank: Optional[int] = None, local_size: Optional[int] = None,
+             high_priority_stream: object = None) -> Comm:
     """Creates a communicator; every rank of the group calls it with the same arguments.
 
     The arguments are torchcomms' (positional order and keywords). ``backend``:
@@ -1037,12 +1117,18 @@ def new_comm(backend: str, device: Any, name: Optional[str] = None,
     the TCP store at MASTER_ADDR/MASTER_PORT. ``timeout`` (timedelta or seconds) bounds every
     wait. ``hints`` sets defaults for every call (``{"low_precision": "e4m3", "algo":
     "flat"}``). ``abort_process_on_timeout_or_error=True`` aborts the process when a call
-    fails or times out (default: it raises). ``high_priority_stream`` is accepted and ignored
-    (calls run on the caller's stream).
+    fails or times out (default: it raises). ``is_high_priority_stream`` is accepted and
+    ignored (calls run on the caller's stream; ``high_priority_stream`` is its former name).
+    ``enable_reconfigure=True`` (torchcomms' fault tolerance) is refused: ferrocomm has no
+    ``reconfigure``.
     """
-    del high_priority_stream
+    del is_high_priority_stream, high_priority_stream
     if name is None or str(name) == "":
         raise FerrocommValueError("new_comm: name is required (the same on every rank)")
+    if enable_reconfigure:
+        raise FerrocommUnsupported(
+            "new_comm: enable_reconfigure=True needs reconfigure(), which ferrocomm does not "
+            "have (docs/python.md lists what torchcomms has that ferrocomm lacks)")
     # The native layer bounds them further (a size of at most 65536 ranks, a rank below it).
     rank, size, local_rank, local_size = (
         None if v is None else _int_arg("new_comm", k, v, lo, _MAX_COUNT)

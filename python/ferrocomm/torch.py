@@ -519,7 +519,8 @@ class ProcessGroupFerrocomm(dist.ProcessGroup):
         osz = list(output_split_sizes) or None
         isz = list(input_split_sizes) or None
         return self._run(input, opts,
-            lambda c, a, h: c.all_to_all_single(output, input, osz, isz, async_op=a, hints=h),
+            lambda c, a, h: c.all_to_all_single(output, input, a, h, output_split_sizes=osz,
+                                                input_split_sizes=isz),
             [output], lambda: self._cpu_gloo.alltoall_base(output, input, output_split_sizes,
                                                            input_split_sizes, opts))
 

@@ -483,8 +483,11 @@ def scenario_errors(comm):
     expect(V, "entries", comm.all_gather, [np.empty(4, np.float32)], np.ones(4, np.float32))
     expect(V, "dtype mismatch", comm.all_gather,
            [np.empty(4, np.float64) for _ in range(WORLD)], np.ones(4, np.float32))
-    expect(V, "split_sizes", comm.all_to_all_single, np.empty(WORLD, np.float32),
+    expect(V, "split_sizes", comm.all_to_all_v_single, np.empty(WORLD, np.float32),
            np.ones(WORLD, np.float32), [1] * WORLD, [2] * WORLD)
+    # The form with split sizes third and fourth is all_to_all_v_single's (torchcomms' order).
+    expect(V, "all_to_all_v_single", comm.all_to_all_single, np.empty(WORLD, np.float32),
+           np.ones(WORLD, np.float32), [1] * WORLD, [1] * WORLD)
     expect(V, "low", comm.all_reduce, f32, ReduceOp.SUM, hints={"low_precision": "fp4"})
     expect(V, "algo", comm.all_reduce, f32, ReduceOp.SUM, hints={"algo": "bogus"})
     expect(V, "itself", comm.send, f32, RANK)
@@ -573,7 +576,7 @@ def scenario_hostile(comm):
     work.wait()
     # Arguments of the wrong type or past what the native layer holds: FerrocommValueError
     # naming them, never a plain TypeError, ValueError or OverflowError (or a silent int()).
-    a2a = comm.all_to_all_single
+    a2a = comm.all_to_all_v_single
     out, inp = np.empty(WORLD, np.float32), np.ones(WORLD, np.float32)
     ones = [1] * (WORLD - 1)
     for bad, says in [("x", "not str"), (None, "not NoneType"), (-1, "-1 is out of range"),
@@ -841,7 +844,7 @@ def scenario_low_precision(comm):
     part = n // WORLD
     for splits in (None, [part] * WORLD):
         out = np.full(n, np.nan, np.float32)
-        comm.all_to_all_single(out, xs[RANK], splits, splits, hints=h)
+        comm.all_to_all_v_single(out, xs[RANK], splits, splits, hints=h)
         for s in range(WORLD):
             got = out[s * part:(s + 1) * part]
             sent = xs[s][RANK * part:(RANK + 1) * part]
@@ -904,9 +907,9 @@ def scenario_parity(comm):
             check(f"gather_single in place root {root}", buf, want, "float32")
 
     # torchcomms' positional order: name, abort_process_on_timeout_or_error, timeout,
-    # high_priority_stream, store, hints.
+    # is_high_priority_stream, store, enable_reconfigure, hints.
     c2 = ferrocomm.new_comm("host", "cpu", "parity", False, datetime.timedelta(seconds=10),
-                            None, None, {"algo": "auto"})
+                            None, None, False, {"algo": "auto"})
     assert c2.get_options().timeout == datetime.timedelta(seconds=10)
     assert c2.get_hints() == {"algo": "auto"}
     if RANK == 0:

@@ -108,16 +108,25 @@ def test_each_thread_s_call_carries_its_own_timeout(tmp_path):
 
 
 def test_every_collective_takes_a_timeout():
-    """The torchcomms methods all take ``timeout=`` as a keyword, declared (not patched in)."""
+    """The torchcomms methods all take ``timeout``, declared (not patched in): right after
+    ``hints``, positional or keyword, as torchcomms' signatures have it; ferrocomm's own fused
+    call takes it as a keyword."""
     import inspect
 
     for name in ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_single",
                  "all_gather_v", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_v",
                  "all_to_all", "all_to_all_single", "all_to_all_v_single", "all_to_all_v_dynamic",
                  "device_alltoallv_single", "gather", "gather_single", "scatter", "barrier",
-                 "send", "recv", "all_reduce_rmsnorm"):
-        p = inspect.signature(getattr(ferrocomm.Comm, name)).parameters.get("timeout")
-        assert p is not None and p.kind is inspect.Parameter.KEYWORD_ONLY, name
+                 "send", "recv", "all_gather_p_exec", "all_reduce_rmsnorm"):
+        params = list(inspect.signature(getattr(ferrocomm.Comm, name)).parameters.values())
+        names = [p.name for p in params]
+        assert "timeout" in names, name
+        p = params[names.index("timeout")]
         assert p.default is None, name
+        if name == "all_reduce_rmsnorm":
+            assert p.kind is inspect.Parameter.KEYWORD_ONLY, name
+        else:
+            assert p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, name
+            assert names[names.index("timeout") - 1] == "hints", name
     assert ferrocomm.Comm.allreduce is ferrocomm.Comm.all_reduce
     assert "_call_timeout" not in ferrocomm.Comm.__init__.__code__.co_names

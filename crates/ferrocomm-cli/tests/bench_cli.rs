@@ -240,6 +240,7 @@ fn data_movement_and_rooted_collectives_on_three_ranks() {
         "all_to_all_v",
         "device_alltoallv",
         "sendrecv",
+        "put",
     ] {
         let mut a = vec![coll];
         a.extend(common);

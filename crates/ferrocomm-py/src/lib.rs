@@ -28,6 +28,8 @@ use pyo3::pybacked::PyBackedStr;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyType};
 
+mod window;
+
 // ---------------------------------------------------------------------------------------------
 // Errors
 
@@ -229,6 +231,9 @@ impl WorkState {
 }
 
 type Job = Box<dyn FnOnce() + Send>;
+
+/// A call the worker thread runs on the communicator ([`PyComm::submit`]).
+type Exec = Box<dyn FnOnce(&Communicator) -> ferrocomm::Result<()> + Send>;
 
 struct Worker {
     tx: mpsc::Sender<Job>,
@@ -498,19 +503,20 @@ impl PyComm {
         opts.timeout.unwrap_or_else(|| self.inner.timeout()) * 2 + Duration::from_secs(10)
     }
 
-    /// Queues `desc` on the worker thread (started on first use). The Python layer keeps the
-    /// buffers alive until the work object reports completion (it holds them in the work
-    /// object).
-    fn submit(&self, desc: CallDesc) -> ferrocomm::Result<NativeWork> {
+    /// Queues `exec` (a call whose buffers the Python layer keeps alive until the work object
+    /// reports completion) on the worker thread, started on first use; `limit` bounds waiting
+    /// for it.
+    fn submit(
+        &self,
+        collective: &'static str,
+        limit: Duration,
+        exec: Exec,
+    ) -> ferrocomm::Result<NativeWork> {
         let state = Arc::new(WorkState::default());
-        let collective = desc.name.name();
-        let limit = self.work_limit(&desc.opts);
         let comm = self.inner.clone();
         let st = state.clone();
         let job: Job = Box::new(move || {
-            // SAFETY: the Python layer keeps every buffer of the call alive (and unaliased
-            // where written) until the work object reports completion.
-            let r = unsafe { comm.run_desc(&desc) };
+            let r = exec(&comm);
             st.finish(r.map_err(|e| info(&e)));
         });
         let mut w = self.worker.lock().unwrap_or_else(|e| e.into_inner());
@@ -534,6 +540,55 @@ impl PyComm {
 
     fn has_worker(&self) -> bool {
         self.worker.lock().map(|w| w.is_some()).unwrap_or(false)
+    }
+
+    /// Runs `exec`, one call of `collective` (`limit` bounds waiting for it when queued):
+    /// queued on the worker thread when the host backend runs it with `async_op` (or once a
+    /// worker exists, so that calls stay in order), else issued here with the GIL released,
+    /// followed by a completion on `stream` when `mark` asks for one (a CUDA call's async work
+    /// object). Returns the host worker's work, the completion, or None when the call has been
+    /// issued already. The collectives ([`PyComm::run`]) and the windows' calls go through it.
+    fn issue<F>(
+        &self,
+        py: Python<'_>,
+        collective: &'static str,
+        limit: Duration,
+        exec: F,
+        (async_op, mark, stream): (bool, bool, u64),
+    ) -> PyResult<Option<Issued>>
+    where
+        F: FnOnce(&Communicator) -> ferrocomm::Result<()> + Send + 'static,
+    {
+        let host = self.inner.device() == Device::Host;
+        if host && (async_op || self.has_worker()) {
+            let work = self
+                .submit(collective, limit, Box::new(exec))
+                .map_err(|e| py_err(py, e))?;
+            if async_op {
+                return Ok(Some(Issued::Host(work)));
+            }
+            work.wait(py, None)?;
+            return Ok(None);
+        }
+        let comm = self.inner.clone();
+        let r = py.detach(move || {
+            exec(&comm)?;
+            // In the same release of the GIL: an async call's completion, right after it.
+            if mark {
+                comm.mark(stream)
+            } else {
+                Ok(None)
+            }
+        });
+        r.map(|c| {
+            c.map(|inner| {
+                Issued::Cuda(NativeCompletion {
+                    inner,
+                    collective: Cow::Borrowed(collective),
+                })
+            })
+        })
+        .map_err(|e| py_err(py, e))
     }
 }
 
@@ -616,11 +671,8 @@ impl PyComm {
         r.map_err(|e| py_err(py, e))
     }
 
-    /// Runs one call, described once by `_comm.py` ([`PyCall`]): queued on the worker thread
-    /// when the host backend runs it with `async_op` (or once a worker exists, so that calls
-    /// stay in order), else issued here with the GIL released, followed by its completion when
-    /// `mark` asks for one (a CUDA call's async work object). Returns the host worker's work,
-    /// the completion, or None when the call has been issued already.
+    /// Runs one call, described once by `_comm.py` ([`PyCall`]), as [`PyComm::issue`] runs
+    /// calls.
     fn run(
         &self,
         py: Python<'_>,
@@ -629,38 +681,14 @@ impl PyComm {
         mark: bool,
     ) -> PyResult<Option<Issued>> {
         let desc = call.desc(self.inner.config()).map_err(|e| py_err(py, e))?;
-        let host = self.inner.device() == Device::Host;
-        if host && (async_op || self.has_worker()) {
-            let work = self.submit(desc).map_err(|e| py_err(py, e))?;
-            if async_op {
-                return Ok(Some(Issued::Host(work)));
-            }
-            work.wait(py, None)?;
-            return Ok(None);
-        }
-        let comm = self.inner.clone();
-        let collective = desc.name.name();
-        let r = py.detach(move || {
-            // SAFETY: the Python caller holds the buffers' objects for the whole call; CUDA
-            // calls only enqueue on the stream, where torch's caching allocator keeps the memory
-            // until the stream has passed it (the usual contract of stream-ordered collectives).
-            unsafe { comm.run_desc(&desc) }?;
-            // In the same release of the GIL: an async call's completion, right after it.
-            if mark {
-                comm.mark(desc.opts.stream)
-            } else {
-                Ok(None)
-            }
-        });
-        r.map(|c| {
-            c.map(|inner| {
-                Issued::Cuda(NativeCompletion {
-                    inner,
-                    collective: Cow::Borrowed(collective),
-                })
-            })
-        })
-        .map_err(|e| py_err(py, e))
+        let (collective, limit) = (desc.name.name(), self.work_limit(&desc.opts));
+        let stream = desc.opts.stream;
+        // SAFETY: the Python caller holds the buffers' objects for the whole call (and, when it
+        // is queued, in the work object until it reports completion); CUDA calls only enqueue on
+        // the stream, where torch's caching allocator keeps the memory until the stream has
+        // passed it (the usual contract of stream-ordered collectives).
+        let exec = move |comm: &Communicator| unsafe { comm.run_desc(&desc) };
+        self.issue(py, collective, limit, exec, (async_op, mark, stream))
     }
 
     /// A completion recorded on `stream` after the calls issued on it so far (for an async
@@ -676,6 +704,23 @@ impl PyComm {
             .mark(stream)
             .map(|c| c.map(|inner| NativeCompletion { inner, collective }))
             .map_err(|e| py_err(py, e))
+    }
+
+    /// A new window of this communicator (one-sided communication, `ferrocomm._window`).
+    fn new_window(slf: Py<Self>, py: Python<'_>) -> PyResult<window::PyWindow> {
+        window::new_window(py, slf)
+    }
+
+    /// A persistent all-gather into `output` (collective; `ferrocomm._window`), registered
+    /// within `timeout` seconds (None: the communicator's timeout).
+    #[pyo3(signature = (output, timeout=None))]
+    fn all_gather_p_init(
+        slf: Py<Self>,
+        py: Python<'_>,
+        output: PyBuf,
+        timeout: Option<f64>,
+    ) -> PyResult<window::PyAllGatherP> {
+        window::all_gather_p_init(py, slf, output, timeout)
     }
 
     /// A communicator of `ranks` (in that order), or None on ranks not listed.
@@ -800,6 +845,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyComm>()?;
     m.add_class::<NativeWork>()?;
     m.add_class::<NativeCompletion>()?;
+    m.add_class::<window::PyWindow>()?;
+    m.add_class::<window::PyAllGatherP>()?;
+    m.add_class::<window::PySharedMem>()?;
+    m.add_function(wrap_pyfunction!(window::shared_alloc, m)?)?;
     m.add_function(wrap_pyfunction!(new_comm, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_name, m)?)?;
     m.add_function(wrap_pyfunction!(builtin_kernels, m)?)?;

@@ -13,7 +13,8 @@ mod desc;
 pub use desc::{CallDesc, CallName, CountsDesc, Fp8Desc, NormDesc, RawBuf};
 
 use std::cell::Cell;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::bootstrap::Store;
@@ -129,6 +130,105 @@ impl CallTimeout {
 impl Drop for CallTimeout {
     fn drop(&mut self) {
         CALL_TIMEOUT.set(self.0);
+    }
+}
+
+/// `t` when it is a timeout we take: positive and at most [`crate::config::MAX_TIMEOUT`].
+pub(crate) fn check_timeout(t: Duration) -> Result<Duration> {
+    if t.is_zero() || t > crate::config::MAX_TIMEOUT {
+        return Err(Error::InvalidArgument(format!(
+            "timeout {t:?} must be positive and at most {:?}",
+            crate::config::MAX_TIMEOUT
+        )));
+    }
+    Ok(t)
+}
+
+/// The reason [`crate::Communicator::abort`] gives.
+pub(crate) const ABORT_CALLED: &str = "abort() was called";
+
+/// What a communicator shares with the windows made from it: whether it may still be used
+/// (finalize, abort, and why it was aborted) and the timeout of later calls
+/// ([`crate::Communicator::set_timeout`]).
+pub(crate) struct CommLive {
+    name: String,
+    finalized: AtomicBool,
+    aborted: AtomicBool,
+    /// Why it was aborted ([`CommLive::abort`]); the first reason stays.
+    abort_why: OnceLock<String>,
+    /// In nanoseconds (at most [`crate::config::MAX_TIMEOUT`], which fits).
+    timeout_ns: AtomicU64,
+    /// Windows made so far: each one's store keys are its own.
+    windows: AtomicU64,
+}
+
+impl CommLive {
+    pub(crate) fn new(name: &str, timeout: Duration) -> CommLive {
+        CommLive {
+            name: name.to_string(),
+            finalized: false.into(),
+            aborted: false.into(),
+            abort_why: OnceLock::new(),
+            timeout_ns: AtomicU64::new(timeout.as_nanos() as u64),
+            windows: AtomicU64::new(0),
+        }
+    }
+
+    /// Refuses a call on a finalized or aborted communicator.
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.finalized.load(Ordering::Acquire) {
+            return Err(Error::Finalized(self.name.clone()));
+        }
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(Error::Aborted {
+                communicator: self.name.clone(),
+                why: self.abort_why().to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn finalize(&self) {
+        self.finalized.store(true, Ordering::Release);
+    }
+
+    /// Marks the communicator aborted because of `why`; whether this call did (the first one).
+    pub(crate) fn abort(&self, why: &str) -> bool {
+        // The reason first, then the flag that makes calls read it.
+        let _ = self.abort_why.set(why.to_string());
+        !self.aborted.swap(true, Ordering::AcqRel)
+    }
+
+    pub(crate) fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+
+    /// Why it was aborted (the first reason given; set before the flag).
+    pub(crate) fn abort_why(&self) -> &str {
+        self.abort_why.get().map_or(ABORT_CALLED, |s| s.as_str())
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn set_timeout(&self, t: Duration) -> Result<()> {
+        let t = check_timeout(t)?;
+        self.timeout_ns
+            .store(t.as_nanos() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The timeout in force for a call with `opts`, checked.
+    pub(crate) fn timeout_for(&self, opts: &CallOpts) -> Result<Duration> {
+        match opts.timeout {
+            Some(t) => check_timeout(t),
+            None => Ok(self.timeout()),
+        }
+    }
+
+    pub(crate) fn next_window(&self) -> u64 {
+        self.windows.fetch_add(1, Ordering::Relaxed)
     }
 }
 
@@ -980,6 +1080,16 @@ pub trait Backend: Send + Sync {
         dtype: DataType,
         opts: &CallOpts,
     ) -> Result<Plan>;
+    /// This rank's part of a new window with `slots` signal counters per peer (see
+    /// [`crate::window`]). Backends without one-sided communication refuse.
+    fn new_window(&self, slots: usize) -> Result<Box<dyn WindowBackend>> {
+        let _ = slots;
+        Err(Error::Unsupported {
+            collective: "new_window",
+            backend: self.name(),
+            what: "one-sided communication (windows)".into(),
+        })
+    }
     /// The plan of an all_reduce_rmsnorm of `shape` (pointers aligned), its
     /// [`crate::plan::NormForm`] in `norm`: what the call runs. Backends without the call
     /// refuse, as the call does.
@@ -1003,4 +1113,50 @@ pub fn unsupported(call: CallName, backend: &'static str) -> Error {
             other => other.name().into(),
         },
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One-sided communication
+
+/// Most signal counters a window keeps per peer (the persistent all-gather uses two).
+pub const MAX_WINDOW_SLOTS: usize = 8;
+
+/// A rank's part of one window ([`crate::window::Window`]): what an executor serves so that
+/// peers write into the buffer this rank registered and this rank into theirs, and order those
+/// writes with signals. The window checks every argument first (ranks, slots, sizes, dtypes,
+/// and the offset and length of every put against the target's buffer, in checked
+/// arithmetic); an executor moves bytes and counts signals.
+///
+/// Signals are counters: `signal(dst, slot)` adds one to `dst`'s counter of this rank's
+/// signals in `slot`, and `wait_signal(peer, slot)` waits for the next one of `peer`'s (the
+/// count this rank has consumed, plus one). A signal is released after the sender's earlier
+/// puts and a wait acquires it, so those puts are visible once the wait returns (on CUDA: to
+/// later work on the waiting stream).
+pub trait WindowBackend: Send + Sync {
+    /// Prepares the `bytes` at `ptr` (on the communicator's device) for peers to map, and this
+    /// rank's signal counters: returns the message the peers need (it travels through the
+    /// store), or why the memory cannot be shared.
+    fn export(&mut self, ptr: u64, bytes: usize) -> Result<Vec<u8>>;
+    /// Maps every rank's buffer (`bytes` long) and counters from the messages of
+    /// [`WindowBackend::export`], `msgs[r]` from rank `r` (this rank's own included).
+    fn import(&mut self, msgs: &[Vec<u8>], bytes: usize) -> Result<()>;
+    /// Every rank has mapped every other's: names or handles kept only for that may go.
+    fn settled(&mut self) {}
+    /// Waits until the window operations this rank issued have finished (before its peers
+    /// release their buffers).
+    fn quiesce(&self) -> Result<()>;
+    /// Unmaps the peers' buffers and counters and releases this rank's (every rank has
+    /// quiesced, or set-up failed).
+    fn release(&mut self);
+    /// Copies `bytes` from `src` (this rank's memory) to byte `offset` of rank `dst`'s buffer.
+    fn put(&self, src: u64, bytes: usize, dst: usize, offset: usize, stream: u64) -> Result<()>;
+    /// Adds one to rank `dst`'s counter `slot` of this rank's signals, after this rank's
+    /// earlier puts (release at system scope).
+    fn signal(&self, dst: usize, slot: usize, stream: u64) -> Result<()>;
+    /// Waits for the next signal `slot` from `peer` (acquire at system scope), at most
+    /// `timeout`; ended by an abort. The host backend waits here; on CUDA the stream waits.
+    fn wait_signal(&self, peer: usize, slot: usize, stream: u64, timeout: Duration) -> Result<()>;
+    /// Where rank `rank`'s buffer is mapped in this process (this rank's: the buffer itself);
+    /// `None` before [`WindowBackend::import`].
+    fn remote(&self, rank: usize) -> Option<u64>;
 }

@@ -7,11 +7,10 @@
 //! collectives or counts at the same step) are the backend's, because only it sees the peers.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use crate::backend::CallTimeout;
+use crate::backend::{check_timeout, CallTimeout, CommLive, ABORT_CALLED};
 pub use crate::backend::{
     AlgoChoice, Backend, Call, CallDesc, CallKind, CallOpts, CommContext, DeviceCounts, P2pOp,
     PackedCounts, Splits,
@@ -25,6 +24,7 @@ use crate::plan::{Collective, Plan};
 use crate::rmsnorm::{AllReduceRmsNorm, Shape as RmsNormShape};
 use crate::types::{read_count, DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
+use crate::window::{AllGatherP, Window, WindowParts};
 
 /// How to create a communicator ([`Communicator::new`]). Unset fields come from the
 /// environment, as torchrun and `ferrocomm launch` set it; every rank passes the same `name`.
@@ -80,20 +80,12 @@ pub struct Communicator {
     ctx: CommContext,
     root_store: Arc<dyn Store>,
     backend: Box<dyn Backend>,
-    finalized: std::sync::atomic::AtomicBool,
     /// The plans `FERROCOMM_DEBUG` has printed (each once).
     plans_seen: Mutex<HashSet<(Collective, Plan)>>,
-    /// The timeout of later calls, in nanoseconds ([`Communicator::set_timeout`]; at most
-    /// [`crate::config::MAX_TIMEOUT`], which fits).
-    timeout_ns: AtomicU64,
-    /// Set by [`Communicator::abort`].
-    aborted: std::sync::atomic::AtomicBool,
-    /// Why it was aborted ([`Communicator::abort_because`]).
-    abort_why: OnceLock<String>,
+    /// Finalized, aborted ([`Communicator::abort`]) and the timeout of later calls
+    /// ([`Communicator::set_timeout`]), shared with the communicator's windows.
+    live: Arc<CommLive>,
 }
-
-/// The reason [`Communicator::abort`] gives.
-const ABORT_CALLED: &str = "abort() was called";
 
 /// Instances per communicator name and rank in this process, so that communicators created in
 /// the same order on every rank get the same, distinct store prefixes (also when several ranks
@@ -107,17 +99,6 @@ fn next_instance(name: &str, rank: usize) -> u64 {
     let c = m.entry((name.to_string(), rank)).or_insert(0);
     *c += 1;
     *c - 1
-}
-
-/// `t` when it is a timeout we take: positive and at most [`crate::config::MAX_TIMEOUT`].
-fn check_timeout(t: Duration) -> Result<Duration> {
-    if t.is_zero() || t > crate::config::MAX_TIMEOUT {
-        return Err(Error::InvalidArgument(format!(
-            "timeout {t:?} must be positive and at most {:?}",
-            crate::config::MAX_TIMEOUT
-        )));
-    }
-    Ok(t)
 }
 
 /// Every rank must build the same kind of backend with the same shared settings
@@ -319,16 +300,13 @@ impl Communicator {
             );
             let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
-        let timeout_ns = AtomicU64::new(ctx.timeout().as_nanos() as u64);
+        let live = Arc::new(CommLive::new(&ctx.name, ctx.timeout()));
         Ok(Communicator {
             ctx,
             root_store,
             backend,
-            finalized: false.into(),
             plans_seen: Mutex::default(),
-            timeout_ns,
-            aborted: false.into(),
-            abort_why: OnceLock::new(),
+            live,
         })
     }
 
@@ -459,26 +437,19 @@ impl Communicator {
     /// How long later calls wait for a peer at each wait (the creation timeout until
     /// [`Communicator::set_timeout`]; a call's [`CallOpts::timeout`] overrides it).
     pub fn timeout(&self) -> Duration {
-        Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
+        self.live.timeout()
     }
 
     /// Sets the timeout of later calls, longer or shorter than the creation timeout: every wait
     /// for a peer (on the host, in the direct-access kernels, NCCL's watchdog) of a call that
     /// starts afterwards uses it. Positive and at most [`crate::config::MAX_TIMEOUT`].
     pub fn set_timeout(&self, timeout: Duration) -> Result<()> {
-        let t = check_timeout(timeout)?;
-        self.timeout_ns
-            .store(t.as_nanos() as u64, Ordering::Relaxed);
-        Ok(())
+        self.live.set_timeout(timeout)
     }
 
     /// The timeout in force for a call with `opts`, checked.
     fn enter_call(&self, opts: &CallOpts) -> Result<CallTimeout> {
-        let t = match opts.timeout {
-            Some(t) => check_timeout(t)?,
-            None => self.timeout(),
-        };
-        Ok(CallTimeout::enter(t))
+        Ok(CallTimeout::enter(self.live.timeout_for(opts)?))
     }
 
     /// A [`Completion`] recorded on `stream` (the calling thread's current context's) after
@@ -489,15 +460,7 @@ impl Communicator {
     }
 
     fn live(&self) -> Result<&dyn Backend> {
-        if self.finalized.load(std::sync::atomic::Ordering::Acquire) {
-            return Err(Error::Finalized(self.ctx.name.clone()));
-        }
-        if self.aborted.load(std::sync::atomic::Ordering::Acquire) {
-            return Err(Error::Aborted {
-                communicator: self.ctx.name.clone(),
-                why: self.abort_why().to_string(),
-            });
-        }
+        self.live.check()?;
         Ok(&*self.backend)
     }
 
@@ -514,20 +477,14 @@ impl Communicator {
     /// whose call timed out: `all_reduce timed out`), which later calls' [`Error::Aborted`]
     /// gives. The first reason stays.
     pub fn abort_because(&self, why: &str) {
-        // The reason first, then the flag that makes calls read it.
-        let _ = self.abort_why.set(why.to_string());
-        if !self.aborted.swap(true, std::sync::atomic::Ordering::AcqRel) {
-            self.backend.abort(self.abort_why());
+        if self.live.abort(why) {
+            self.backend.abort(self.live.abort_why());
         }
     }
 
     /// Whether [`Communicator::abort`] was called.
     pub fn is_aborted(&self) -> bool {
-        self.aborted.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    fn abort_why(&self) -> &str {
-        self.abort_why.get().map_or(ABORT_CALLED, |s| s.as_str())
+        self.live.is_aborted()
     }
 
     /// Sums (or otherwise reduces) `input` over all ranks into `output` on every rank.
@@ -688,6 +645,37 @@ impl Communicator {
         self.run(kind, opts)
     }
 
+    /// A new window for one-sided communication ([`crate::window`]): every rank makes its
+    /// windows in the same order, then registers a buffer in it ([`Window::register`]).
+    pub fn new_window<'b>(&self) -> Result<Window<'b>> {
+        self.window_with_slots(1)
+    }
+
+    /// A persistent all-gather into `output` ([`AllGatherP`]): collective, `output` (every
+    /// rank's part of `output.count() / size` elements, in rank order) is registered once and
+    /// each [`AllGatherP::exec`] writes every rank's input straight into every peer's output.
+    /// The registration's waits for the peers are bounded by the timeout of `opts`.
+    pub fn all_gather_p_init<'b>(
+        &self,
+        output: ViewMut<'b>,
+        opts: &CallOpts,
+    ) -> Result<AllGatherP<'b>> {
+        AllGatherP::init(self.window_with_slots(AllGatherP::SLOTS)?, output, opts)
+    }
+
+    fn window_with_slots<'b>(&self, slots: usize) -> Result<Window<'b>> {
+        let engine = self.live()?.new_window(slots)?;
+        Window::new(WindowParts {
+            live: self.live.clone(),
+            store: self.ctx.store.clone(),
+            rank: self.ctx.rank,
+            size: self.ctx.size,
+            device: self.ctx.device,
+            engine,
+            slots,
+        })
+    }
+
     /// Returns once every rank has called it.
     pub fn barrier(&self, opts: &CallOpts) -> Result<()> {
         self.run(CallKind::Barrier, opts)
@@ -776,8 +764,7 @@ impl Communicator {
 
     /// Releases the backend's resources now; later calls fail with [`Error::Finalized`].
     pub fn finalize(&self) -> Result<()> {
-        self.finalized
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.live.finalize();
         Ok(())
     }
 }

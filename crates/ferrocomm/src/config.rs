@@ -63,6 +63,7 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_REDUCESCATTER_MAX_BYTES", "the tuning table's, by world size (docs/tuning.md)", "Largest reduce-scatter (output bytes per rank) done by direct access on cuda."),
     var("FERROCOMM_ALLTOALL_MAX_BYTES", "the tuning table's, by world size (docs/tuning.md)", "Largest all-to-all (input bytes per rank) done by direct access on cuda; also the all-to-all-v at two ranks (above two its choice takes no size)."),
     var("FERROCOMM_LL_MAX_BYTES", "262144", "CUDA backend: largest part (bytes) that all-gather, all-to-all(-v), broadcast, reduce-scatter and reduce move in LL lines (flags beside the data, no barrier); larger parts take the staged protocol. At most the push buffer (512 KiB, or the staging size when smaller)."),
+    var("FERROCOMM_PUT_CE_MIN_BYTES", "262144", "CUDA backend: a window put of at least this many bytes goes by the copy engine (cuMemcpyAsync into the peer's mapping, no SM busy), a smaller one by a copy kernel (lower latency). Not tuned by a measurement yet: `ferrocomm bench put` measures both."),
     var("FERROCOMM_BROADCAST_MAX_BYTES", "the tuning table's, by world size (docs/tuning.md)", "Largest broadcast/reduce done by direct access on cuda."),
     var("FERROCOMM_P2P_MAX_BYTES", "67108864", "Largest send/recv message done by direct access on cuda, in two-rank communicators only (a message is a broadcast rooted at its sender there); larger ones, and every one above two ranks, go through NCCL (0: every non-empty message)."),
     var("FERROCOMM_TUNING", "(this machine's table, else built in)", "A tuning table file (JSON, docs/tuning.md) that replaces the built-in table of the sizes at which the planner's choices change; unset: this machine's table under $XDG_CACHE_HOME/ferrocomm/tuning (what ferrocomm tune writes), else the built-in one. The file must be the user's and writable by no one else. The settings above still win over any table."),
@@ -185,6 +186,8 @@ pub struct Thresholds {
     pub p2p_max: Option<usize>,
     /// `FERROCOMM_LL_MAX_BYTES`: the largest part the cuda collectives send in LL lines.
     pub ll_max: Option<usize>,
+    /// `FERROCOMM_PUT_CE_MIN_BYTES`: the smallest window put the copy engine carries (cuda).
+    pub put_ce_min: Option<usize>,
     /// `FERROCOMM_RMSNORM_FUSED`: all_reduce_rmsnorm in one launch where direct access takes it.
     pub rmsnorm_fused: bool,
     /// `FERROCOMM_RMSNORM_FLAT_MAX_BYTES`: the largest one-shot one-launch all_reduce_rmsnorm.
@@ -425,7 +428,7 @@ pub fn parse_size(s: &str) -> std::result::Result<usize, String> {
 
 /// [`Config::shared_settings`]: each setting (its path in the serialized configuration) and the
 /// variable that sets it.
-const SHARED_SETTINGS: [(&str, &str); 25] = [
+const SHARED_SETTINGS: [(&str, &str); 26] = [
     ("algo", "FERROCOMM_ALGO"),
     ("low_precision.enabled", "FERROCOMM_LOW_PRECISION"),
     ("low_precision.format", "FERROCOMM_LP_FORMAT"),
@@ -454,6 +457,7 @@ const SHARED_SETTINGS: [(&str, &str); 25] = [
     ("thresholds.all_to_all_max", "FERROCOMM_ALLTOALL_MAX_BYTES"),
     ("thresholds.broadcast_max", "FERROCOMM_BROADCAST_MAX_BYTES"),
     ("thresholds.p2p_max", "FERROCOMM_P2P_MAX_BYTES"),
+    ("thresholds.put_ce_min", "FERROCOMM_PUT_CE_MIN_BYTES"),
     ("thresholds.ll_max", "FERROCOMM_LL_MAX_BYTES"),
     ("thresholds.rmsnorm_fused", "FERROCOMM_RMSNORM_FUSED"),
     (
@@ -598,6 +602,7 @@ impl Config {
             broadcast_max: r.bytes("FERROCOMM_BROADCAST_MAX_BYTES", MAX_ENV_BYTES)?,
             p2p_max: r.bytes("FERROCOMM_P2P_MAX_BYTES", MAX_ENV_BYTES)?,
             ll_max: r.bytes("FERROCOMM_LL_MAX_BYTES", MAX_ENV_BYTES)?,
+            put_ce_min: r.bytes("FERROCOMM_PUT_CE_MIN_BYTES", MAX_ENV_BYTES)?,
             rmsnorm_fused: r.flag("FERROCOMM_RMSNORM_FUSED", true)?,
             rmsnorm_flat_max: r.bytes("FERROCOMM_RMSNORM_FLAT_MAX_BYTES", MAX_ENV_BYTES)?,
         };

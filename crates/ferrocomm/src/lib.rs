@@ -3,7 +3,9 @@
 //!
 //! A [`Communicator`] is a group of ranks (processes, or threads of one process) that run
 //! collectives together: [`Communicator::all_reduce`], `all_gather`, `reduce_scatter`,
-//! `all_to_all`, `broadcast`, `reduce`, `send`/`recv` and `barrier`. Every rank creates it with
+//! `all_to_all`, `broadcast`, `reduce`, `send`/`recv` and `barrier`, and one-sided
+//! communication through windows ([`Communicator::new_window`], [`window`]: puts into a peer's
+//! buffer ordered by signals; the persistent all-gather). Every rank creates it with
 //! the same name from [`CommOptions`]; what a rank leaves unset comes from the environment
 //! (torchrun's `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, which `ferrocomm launch`
 //! sets). Buffers are passed as views: [`View`]/[`ViewMut`] of host slices, or of CUDA
@@ -61,7 +63,7 @@
 //! # Layers
 //!
 //! ```text
-//! Communicator (comm) ── plan ── backend (trait, call types) ── host | cuda | nccl executors
+//! Communicator (comm), window ── plan ── backend (traits, call types) ── host | cuda | nccl executors
 //!        cuda, nccl ── driver (CUDA driver leaf)
 //!        ground: types · error · view · config (environment) · quant (block codecs) · reduce · bootstrap (Store, TCP)
 //! ```
@@ -85,6 +87,7 @@ pub mod reference;
 pub mod rmsnorm;
 pub mod types;
 pub mod view;
+pub mod window;
 
 pub use backend::{
     AlgoChoice, Backend, Call, CallDesc, CallKind, CallName, CallOpts, CommContext, CountsDesc,
@@ -103,3 +106,4 @@ pub use quant::Format;
 pub use rmsnorm::{AllReduceRmsNorm, Fp8Rows, Fp8Scale};
 pub use types::{Algo, Collective, DataType, Device, Element, ReduceOp, F8E4M3, F8E5M2};
 pub use view::{Input, View, ViewMut};
+pub use window::{AccessType, AllGatherP, SharedMem, Window};

@@ -167,6 +167,38 @@ impl Plan {
     }
 }
 
+/// How a window put on the cuda backend moves its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PutEngine {
+    /// `cuMemcpyAsync` into the peer's mapping: no SM busy, a fixed cost of its own.
+    CopyEngine,
+    /// A copy kernel on the caller's stream: the lower latency for small puts.
+    Kernel,
+}
+
+impl fmt::Display for PutEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PutEngine::CopyEngine => "ce",
+            PutEngine::Kernel => "kernel",
+        })
+    }
+}
+
+/// The smallest put the copy engine carries by default (`FERROCOMM_PUT_CE_MIN_BYTES`): not
+/// tuned by a measurement yet (`ferrocomm bench put` measures both engines).
+pub const PUT_CE_MIN_BYTES: usize = 256 << 10;
+
+/// The engine of a window put of `bytes` under `t`: the copy engine from
+/// `FERROCOMM_PUT_CE_MIN_BYTES` ([`PUT_CE_MIN_BYTES`] by default) on, a kernel below it.
+pub fn put_engine(bytes: usize, t: &Thresholds) -> PutEngine {
+    if bytes >= t.put_ce_min.unwrap_or(PUT_CE_MIN_BYTES) {
+        PutEngine::CopyEngine
+    } else {
+        PutEngine::Kernel
+    }
+}
+
 /// What a backend can do, so that selection never picks an algorithm it lacks.
 #[derive(Debug, Clone, Copy)]
 pub struct Caps {
@@ -1134,6 +1166,40 @@ pub fn lp_push_first(push_most: usize, codec: &Codec, world: usize, splits_kind:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_put_takes_the_copy_engine_from_the_threshold_on() {
+        let default = Thresholds::default();
+        assert_eq!(put_engine(0, &default), PutEngine::Kernel);
+        assert_eq!(
+            put_engine(PUT_CE_MIN_BYTES - 1, &default),
+            PutEngine::Kernel
+        );
+        assert_eq!(
+            put_engine(PUT_CE_MIN_BYTES, &default),
+            PutEngine::CopyEngine
+        );
+        assert_eq!(put_engine(1 << 30, &default), PutEngine::CopyEngine);
+        let set = Thresholds {
+            put_ce_min: Some(4096),
+            ..Default::default()
+        };
+        assert_eq!(put_engine(4095, &set), PutEngine::Kernel);
+        assert_eq!(put_engine(4096, &set), PutEngine::CopyEngine);
+        // 0: every put by the copy engine; usize::MAX: every one by a kernel.
+        let all_ce = Thresholds {
+            put_ce_min: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(put_engine(1, &all_ce), PutEngine::CopyEngine);
+        let none = Thresholds {
+            put_ce_min: Some(usize::MAX),
+            ..Default::default()
+        };
+        assert_eq!(put_engine(usize::MAX - 1, &none), PutEngine::Kernel);
+        assert_eq!(PutEngine::CopyEngine.to_string(), "ce");
+        assert_eq!(PutEngine::Kernel.to_string(), "kernel");
+    }
 
     #[test]
     fn a_plan_prints_as_the_path_it_takes() {

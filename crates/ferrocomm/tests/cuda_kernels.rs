@@ -9,7 +9,7 @@
 
 use ferrocomm::cuda::kernels::{
     self, Group, ALGOS, ALL_REDUCE_SOURCE, COLLECTIVES_SOURCE, COLL_ENTRIES, COLL_OP_ENTRIES,
-    EXTRA_ENTRIES, OPS, VARIANTS,
+    EXTRA_ENTRIES, OPS, VARIANTS, WINDOW_ENTRIES, WINDOW_SOURCE,
 };
 use ferrocomm::{Config, DataType};
 
@@ -94,6 +94,22 @@ fn variant_table_matches_the_source() {
         src.find("struct CArgs {").unwrap(),
     );
     assert!(ar < co);
+    // window.cu: every entry listed, and every kernel it defines; its unit is the all-reduce
+    // source (its helpers) then window.cu, nothing else.
+    let defined: Vec<&str> = WINDOW_SOURCE
+        .split("extern \"C\" __global__ void ")
+        .skip(1)
+        .map(|d| d.trim_start_matches("__launch_bounds__(512) "))
+        .map(|d| &d[..d.find('(').unwrap()])
+        .collect();
+    assert_eq!(defined, WINDOW_ENTRIES);
+    let src = kernels::unit_source(DataType::F32, Group::Window).unwrap();
+    let (ar, win) = (
+        src.find("struct Args {").unwrap(),
+        src.find("struct WinArgs {").unwrap(),
+    );
+    assert!(ar < win && !src.contains("struct CArgs {"));
+    assert!(kernels::unit_source(DataType::BF16, Group::Window).is_none());
     let names = kernels::entry_names();
     assert_eq!(
         names.len(),
@@ -101,6 +117,7 @@ fn variant_table_matches_the_source() {
             + EXTRA_ENTRIES.len()
             + COLL_ENTRIES.len()
             + COLL_OP_ENTRIES.len() * OPS.len()
+            + WINDOW_ENTRIES.len()
     );
     let unique: std::collections::HashSet<_> = names.iter().collect();
     assert_eq!(unique.len(), names.len(), "entry names repeat");
@@ -174,6 +191,7 @@ fn every_kernel_waits_for_the_previous_grid_first() {
         ("collectives.cu", COLLECTIVES_SOURCE),
         ("lowp.cu", kernels::LOWP_SOURCE),
         ("rmsnorm.cu", kernels::RMSNORM_SOURCE),
+        ("window.cu", WINDOW_SOURCE),
     ] {
         for (name, body) in kernel_bodies(src) {
             let body = body.trim_start();
@@ -205,6 +223,7 @@ fn every_kernel_waits_for_the_previous_grid_first() {
             + COLL_OP_ENTRIES.len()
             + kernels::LOWP_ENTRIES.len()
             + kernels::RMSNORM_ENTRIES.len()
+            + WINDOW_ENTRIES.len()
     );
 }
 
@@ -238,6 +257,7 @@ fn every_entry_point_is_under_its_group_s_define() {
         COLLECTIVES_SOURCE,
         kernels::LOWP_SOURCE,
         kernels::RMSNORM_SOURCE,
+        WINDOW_SOURCE,
     ];
     // The text of every `#ifdef FC_GROUP_*` block, by define.
     let mut blocks: std::collections::HashMap<String, String> = Default::default();
@@ -301,6 +321,7 @@ fn every_entry_point_is_under_its_group_s_define() {
             + COLL_OP_ENTRIES.len() * OPS.len()
             + kernels::LOWP_ENTRIES.len()
             + kernels::RMSNORM_ENTRIES.len()
+            + WINDOW_ENTRIES.len()
     );
     // The byte kernels and the start-up check are f32 units only.
     assert_eq!(

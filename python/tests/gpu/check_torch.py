@@ -228,7 +228,7 @@ def check_methods(comm, tag):
         def a2av(x=x):
             a = poison(torch.empty(sum(out_rows), 3, dtype=dtype, device=DEV))
             b = torch.empty(sum(out_rows), 3, dtype=dtype, device=DEV)
-            comm.all_to_all_single(a, x, out_rows, in_rows)
+            comm.all_to_all_v_single(a, x, out_rows, in_rows)
             xs, bs = (x.view(torch.uint8), b.view(torch.uint8)) if dtype in FP8 else (x, b)
             dist.all_to_all_single(bs, xs, out_rows, in_rows)
             return same(a, b, dtype, "copy")

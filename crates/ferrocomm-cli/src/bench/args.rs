@@ -14,7 +14,8 @@ use super::sizes::{self, Coll};
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
     /// all_reduce, all_reduce_rmsnorm, all_gather, reduce_scatter, all_to_all, all_to_all_v,
-    /// device_alltoallv, broadcast, reduce or sendrecv.
+    /// device_alltoallv, broadcast, reduce, sendrecv or put (one-sided puts with signals in a
+    /// ring).
     pub collective: String,
     /// Smallest size in bytes (K, M, G are powers of 1024).
     #[arg(short = 'b', long = "minbytes", default_value = "32M")]
@@ -380,8 +381,8 @@ impl Plan {
                 bail!("-r {r}: the root must be below the number of ranks ({world})");
             }
         }
-        if self.coll == Coll::SendRecv && world < 2 {
-            bail!("sendrecv needs at least 2 ranks (-g 2)");
+        if matches!(self.coll, Coll::SendRecv | Coll::Put) && world < 2 {
+            bail!("{} needs at least 2 ranks (-g 2)", self.coll.name());
         }
         for &d in &self.dtypes {
             for &s in &self.sizes {
@@ -538,6 +539,9 @@ mod tests {
         assert!(format!("{:#}", p.check_world(2).unwrap_err()).contains("-r 2"));
         assert!(p.check_world(4).is_ok());
         assert!(parse("sendrecv").unwrap().check_world(1).is_err());
+        let e = format!("{:#}", parse("put").unwrap().check_world(1).unwrap_err());
+        assert!(e.contains("put needs at least 2 ranks"), "{e}");
+        assert!(parse("put").unwrap().check_world(2).is_ok());
         // 6 bytes is no whole number of doubles.
         let p = parse("all_reduce -b 6 -e 6 -d double").unwrap();
         assert!(format!("{:#}", p.check_world(1).unwrap_err()).contains("double"));

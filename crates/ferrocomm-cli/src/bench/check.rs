@@ -313,7 +313,7 @@ impl Checker {
                 }
                 return None;
             }
-            Coll::SendRecv => self.moved(self.x((rank + n - 1) % n, j)),
+            Coll::SendRecv | Coll::Put => self.moved(self.x((rank + n - 1) % n, j)),
         })
     }
 

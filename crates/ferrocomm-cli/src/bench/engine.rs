@@ -44,20 +44,29 @@ pub trait Engine {
 }
 
 /// Host buffers; collectives on the host backend return when done, so `Instant` times them.
+/// The output lies in shared memory, so that `put` can register it in a window.
 pub struct HostEngine {
-    // u64 storage keeps every element type aligned.
+    // u64 storage keeps every element type aligned (the shared output is page-aligned).
     input: Vec<u64>,
-    output: Vec<u64>,
+    output: ferrocomm::SharedMem,
     counts: Vec<u64>,
 }
 
 impl HostEngine {
-    pub fn new(in_bytes: usize, out_bytes: usize) -> Self {
-        HostEngine {
+    pub fn new(in_bytes: usize, out_bytes: usize) -> anyhow::Result<Self> {
+        Ok(HostEngine {
             input: vec![0; in_bytes.div_ceil(8).max(1)],
-            output: vec![0; out_bytes.div_ceil(8).max(1)],
+            output: ferrocomm::SharedMem::new(out_bytes.max(8))?,
             counts: vec![0; COUNTS_BYTES / 8],
-        }
+        })
+    }
+
+    /// The output's bytes.
+    fn output_bytes(&mut self) -> &mut [u8] {
+        // SAFETY: the shared memory is `len()` bytes, mapped as long as the engine lives; the
+        // bench touches it only between collectives (and a window's peers write into it only
+        // inside one, which the bench has waited for).
+        unsafe { std::slice::from_raw_parts_mut(self.output.as_mut_ptr(), self.output.len()) }
     }
 }
 
@@ -84,7 +93,7 @@ impl Engine for HostEngine {
         self.input.as_ptr() as *mut u8
     }
     fn out_ptr(&self) -> *mut u8 {
-        self.output.as_ptr() as *mut u8
+        self.output.as_mut_ptr()
     }
     fn counts_ptr(&self) -> *mut u8 {
         self.counts.as_ptr() as *mut u8
@@ -96,11 +105,18 @@ impl Engine for HostEngine {
         copy_into(&mut self.counts, bytes, "counts")
     }
     fn upload_out(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
-        copy_into(&mut self.output, bytes, "output")
+        let d = self.output_bytes();
+        anyhow::ensure!(
+            bytes.len() <= d.len(),
+            "output: {} bytes do not fit the {}-byte buffer",
+            bytes.len(),
+            d.len()
+        );
+        d[..bytes.len()].copy_from_slice(bytes);
+        Ok(())
     }
     fn download_out(&mut self, bytes: &mut [u8]) -> anyhow::Result<()> {
-        let s: &[u8] = bytemuck::cast_slice(&self.output);
-        bytes.copy_from_slice(&s[..bytes.len()]);
+        bytes.copy_from_slice(&self.output_bytes()[..bytes.len()]);
         Ok(())
     }
     fn sync(&self) -> anyhow::Result<()> {
@@ -122,7 +138,7 @@ mod tests {
 
     #[test]
     fn host_buffers_round_trip_and_time() {
-        let mut e = HostEngine::new(12, 16);
+        let mut e = HostEngine::new(12, 16).unwrap();
         e.upload_out(&[1, 2, 3]).unwrap();
         let mut b = [0u8; 3];
         e.download_out(&mut b).unwrap();

@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use ferrocomm::config::BackendChoice;
 use ferrocomm::{
     AllReduceRmsNorm, CallOpts, CommOptions, Communicator, Config, DataType, Device, Format, Input,
-    LowPrecisionChoice, PackedCounts, ReduceOp, Splits, View, ViewMut,
+    LowPrecisionChoice, PackedCounts, ReduceOp, Splits, View, ViewMut, Window,
 };
 
 use super::args::Plan;
@@ -49,6 +49,11 @@ fn call_plan(
     opts: &CallOpts,
 ) -> ferrocomm::Result<ferrocomm::Plan> {
     let bytes = shape.bytes_per_rank();
+    if plan.coll == Coll::Put {
+        // Puts are no collective of the planner's: the path column names the put's engine
+        // (put_path); this plan only stands in for it.
+        return Ok(ferrocomm::Plan::on_gpu(ferrocomm::Algo::Direct, None));
+    }
     if plan.coll != Coll::AllReduceRmsNorm {
         return comm.algo_for(plan.coll.collective(), bytes, dtype, opts);
     }
@@ -67,10 +72,42 @@ fn call_plan(
     comm.rmsnorm_algo_for(norm, opts)
 }
 
+/// How a put of `bytes` runs, as the path column prints it: the host backend's copy, or the
+/// engine [`ferrocomm::plan::put_engine`] picks on CUDA (`ce`, `kernel`).
+fn put_path(comm: &Communicator, bytes: usize) -> String {
+    match comm.device() {
+        Device::Host => "host".into(),
+        Device::Cuda(_) => {
+            ferrocomm::plan::put_engine(bytes, &comm.config().thresholds).to_string()
+        }
+    }
+}
+
+/// A ring: send to the next rank, receive from the previous. Even ranks send first and odd
+/// ranks receive first, so blocking sends cannot wait on each other in a cycle.
+fn ring_send_recv(
+    comm: &Communicator,
+    data: View<'_>,
+    out: ViewMut<'_>,
+    opts: &CallOpts,
+) -> ferrocomm::Result<()> {
+    let (r, n) = (comm.rank(), comm.size());
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    if r % 2 == 0 {
+        comm.send(data, next, opts)
+            .and_then(|()| comm.recv(out, prev, opts))
+    } else {
+        comm.recv(out, prev, opts)
+            .and_then(|()| comm.send(data, next, opts))
+    }
+}
+
 /// Everything one side (ours or NCCL's) of a row needs.
 struct Side<'a> {
     comm: &'a Communicator,
     opts: CallOpts,
+    /// `put`: the window over every rank's output buffer (ours; NCCL's side sends).
+    win: Option<&'a Window<'static>>,
 }
 
 struct RowCtx<'a> {
@@ -204,20 +241,23 @@ impl RowCtx<'_> {
                     _ => comm.all_reduce_rmsnorm(call, opts),
                 }
             }
-            Coll::SendRecv => {
-                // A ring: send to the next rank, receive from the previous. Even ranks send
-                // first and odd ranks receive first, so blocking sends cannot wait on each
-                // other in a cycle.
-                let (r, n) = (comm.rank(), comm.size());
-                let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
-                if r % 2 == 0 {
-                    comm.send(in_view, next, opts)
-                        .and_then(|()| comm.recv(output, prev, opts))
-                } else {
-                    comm.recv(output, prev, opts)
-                        .and_then(|()| comm.send(in_view, next, opts))
+            Coll::SendRecv => ring_send_recv(comm, in_view, output, opts),
+            Coll::Put => match side.win {
+                // The ring by puts: into the next rank's output, then its signal, then the
+                // previous rank's.
+                Some(win) => {
+                    let (r, n) = (comm.rank(), comm.size());
+                    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+                    // SAFETY: the engine's input buffer, as above, seen as its bytes.
+                    let bytes = unsafe {
+                        View::from_raw(engine.in_ptr(), s.in_count * d.size(), DataType::U8, dev)
+                    };
+                    win.put(bytes, next, 0, opts)
+                        .and_then(|()| win.signal(next, opts))
+                        .and_then(|()| win.wait_signal(prev, opts))
                 }
-            }
+                None => ring_send_recv(comm, in_view, output, opts),
+            },
         }
         .with_context(|| self.what(side, in_place))
     }
@@ -261,6 +301,13 @@ impl RowCtx<'_> {
         in_place: bool,
     ) -> anyhow::Result<u64> {
         self.prepare(engine, in_place)?;
+        let put = side.win.is_some();
+        let line_up = CallOpts::on_stream(engine.stream());
+        if put {
+            // Every output is poisoned before any rank puts into it.
+            engine.sync()?;
+            side.comm.barrier(&line_up)?;
+        }
         self.issue(engine, side, in_place)?;
         engine.sync()?;
         let s = &self.shape;
@@ -283,6 +330,10 @@ impl RowCtx<'_> {
                 let e = s.dtype.size();
                 check::poison(s.dtype, &mut got[j * e..(j + 1) * e]);
             }
+        }
+        if put {
+            // No rank's next puts land in an output another is still reading.
+            side.comm.barrier(&line_up)?;
         }
         Ok(self.checker.count_wrong(self.rank, &got, in_place))
     }
@@ -361,8 +412,28 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
         }
     }
     let mut engine: Box<dyn Engine> = match comm.device() {
-        Device::Host => Box::new(HostEngine::new(in_max, out_max)),
+        Device::Host => Box::new(HostEngine::new(in_max, out_max)?),
         Device::Cuda(i) => Box::new(super::gpu::CudaEngine::new(i, in_max, out_max)?),
+    };
+    // put: every rank's output buffer in one window, registered once (declared after the
+    // engine, so dropped before it).
+    let mut window = if plan.coll == Coll::Put {
+        let mut w = comm.new_window().context("put: creating the window")?;
+        // SAFETY: the engine's output buffer holds at least `out_max` bytes (one at least) on
+        // the communicator's device and lives as long as the engine, which outlives the window.
+        let out = unsafe {
+            ViewMut::from_raw(
+                engine.out_ptr(),
+                out_max.max(1),
+                DataType::U8,
+                comm.device(),
+            )
+        };
+        w.register(out)
+            .context("put: registering the output buffer in the window")?;
+        Some(w)
+    } else {
+        None
     };
 
     let me = RankInfo {
@@ -475,13 +546,18 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
                             .uneven()
                             .then(|| A2avCounts::new(shape.count, shape.world, rank).splits()),
                     };
-                    let algo = call.to_string();
+                    let algo = if plan.coll == Coll::Put {
+                        put_path(&comm, shape.bytes_per_rank())
+                    } else {
+                        call.to_string()
+                    };
                     let ours = Side {
                         comm: &comm,
                         opts: ours_opts.clone(),
+                        win: window.as_ref(),
                     };
                     // The all-to-all-v's parts differ between send and receive: out of place only.
-                    let has_ip = !(plan.coll == Coll::SendRecv
+                    let has_ip = !(matches!(plan.coll, Coll::SendRecv | Coll::Put)
                         || plan.coll == Coll::AllReduceRmsNorm
                         || plan.coll.uneven());
                     if idx == 0 {
@@ -509,6 +585,7 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
                         let theirs = Side {
                             comm: nc,
                             opts: CallOpts::on_stream(engine.stream()),
+                            win: None,
                         };
                         rr.nccl_oop = Some(ctx.time(engine.as_mut(), &theirs, false)?);
                         if has_ip {
@@ -553,6 +630,9 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
     // Everyone leaves together: no rank tears its communicator down under a peer.
     comm.barrier(&CallOpts::on_stream(engine.stream()))?;
     engine.sync()?;
+    if let Some(w) = window.as_mut() {
+        w.deregister().context("put: releasing the window")?;
+    }
     if rank != 0 {
         // A rank that leaves with a failure makes the launcher stop the others: wait until rank 0
         // has printed the summary (which counts this rank's wrong values too).

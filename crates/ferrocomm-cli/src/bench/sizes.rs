@@ -27,6 +27,10 @@ pub enum Coll {
     Reduce,
     /// Every rank sends to the next and receives from the previous (a ring), like nccl-tests.
     SendRecv,
+    /// The same ring by one-sided communication: every rank puts its input into the next
+    /// rank's window (its output buffer, registered once), signals it and waits for the
+    /// previous rank's signal. NCCL's side runs sendrecv's send and receive.
+    Put,
     /// The fused all-reduce + residual add + RMSNorm (`all_reduce_rmsnorm`) of rows of
     /// `--hidden` elements: the size is the all-reduced rows; each rank's input buffer holds
     /// them, the residual and the weight, its output the normalized rows and the new residual.
@@ -35,7 +39,7 @@ pub enum Coll {
 }
 
 impl Coll {
-    pub const ALL: [Coll; 10] = [
+    pub const ALL: [Coll; 11] = [
         Coll::AllReduce,
         Coll::AllGather,
         Coll::ReduceScatter,
@@ -45,6 +49,7 @@ impl Coll {
         Coll::Broadcast,
         Coll::Reduce,
         Coll::SendRecv,
+        Coll::Put,
         Coll::AllReduceRmsNorm,
     ];
 
@@ -59,6 +64,7 @@ impl Coll {
             Coll::Broadcast => "broadcast",
             Coll::Reduce => "reduce",
             Coll::SendRecv => "sendrecv",
+            Coll::Put => "put",
             Coll::AllReduceRmsNorm => "all_reduce_rmsnorm",
         }
     }
@@ -73,7 +79,7 @@ impl Coll {
             Coll::AllToAllV | Coll::DeviceAllToAllV => Collective::AllToAllV,
             Coll::Broadcast => Collective::Broadcast,
             Coll::Reduce => Collective::Reduce,
-            Coll::SendRecv => Collective::Send,
+            Coll::SendRecv | Coll::Put => Collective::Send,
         }
     }
 
@@ -100,7 +106,7 @@ impl Coll {
             Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll => (n - 1.0) / n,
             // Every rank keeps its own part (the smallest, see a2av_parts) and sends the rest.
             Coll::AllToAllV | Coll::DeviceAllToAllV => 1.0 - a2av_weight(0, world),
-            Coll::Broadcast | Coll::Reduce | Coll::SendRecv => 1.0,
+            Coll::Broadcast | Coll::Reduce | Coll::SendRecv | Coll::Put => 1.0,
         }
     }
 }
@@ -122,6 +128,7 @@ impl FromStr for Coll {
             "broadcast" | "bcast" => Coll::Broadcast,
             "reduce" => Coll::Reduce,
             "sendrecv" | "send_recv" => Coll::SendRecv,
+            "put" => Coll::Put,
             "all_reduce_rmsnorm" | "allreduce_rmsnorm" => Coll::AllReduceRmsNorm,
             _ => bail!(
                 "unknown collective '{s}' (expected one of: {})",

@@ -150,7 +150,7 @@ mod tests {
 
     #[test]
     fn measurement_counts_follow_the_mode() {
-        let e = HostEngine::new(8, 8);
+        let e = HostEngine::new(8, 8).unwrap();
         let (mut ops, mut barriers, mut aligns) = (0, 0, 0);
         let t = Timing {
             mode: Mode::Eager,

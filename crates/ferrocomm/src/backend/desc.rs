@@ -49,17 +49,23 @@ impl RawBuf {
         })
     }
 
+    /// The buffer as a [`View`], for the calls no [`CallDesc`] describes (a window's put, the
+    /// persistent all-gather's input).
+    ///
     /// # Safety
     /// `ptr` holds `count` readable elements on `device`, valid and unmodified for `'a` (for
     /// CUDA: until the call's work on its stream has finished).
-    unsafe fn view<'a>(&self) -> View<'a> {
+    pub unsafe fn view<'a>(&self) -> View<'a> {
         // SAFETY: forwarded from the caller's contract.
         unsafe { View::from_raw(self.ptr as *const u8, self.count, self.dtype, self.device) }
     }
 
+    /// The buffer as a [`ViewMut`] (a window's registered buffer, the persistent all-gather's
+    /// output).
+    ///
     /// # Safety
     /// As for [`RawBuf::view`], writable, and nothing else accesses the memory for `'a`.
-    unsafe fn view_mut<'a>(&self) -> ViewMut<'a> {
+    pub unsafe fn view_mut<'a>(&self) -> ViewMut<'a> {
         // SAFETY: forwarded from the caller's contract.
         unsafe { ViewMut::from_raw(self.ptr as *mut u8, self.count, self.dtype, self.device) }
     }

@@ -9,7 +9,7 @@ use super::dda::lowp::{a2av_plan, LpKind};
 use super::dda::{collectives, fused_norm, Dda};
 use super::kernels;
 use crate::backend::{
-    check_buffers, Backend, Call, CallKind, CallOpts, CommContext, P2pOp, Splits,
+    check_buffers, Backend, Call, CallKind, CallOpts, CommContext, P2pOp, Splits, WindowBackend,
 };
 use crate::bootstrap::all_gather_bytes;
 use crate::config::Config;
@@ -32,7 +32,8 @@ pub struct CudaBackend {
     rank: usize,
     size: usize,
     config: Arc<Config>,
-    dda: Option<Dda>,
+    /// Shared with the communicator's windows (their kernels, error record and abort flag).
+    dda: Option<Arc<Dda>>,
     /// Why direct access is off (for errors when a call asks for it).
     no_dda: String,
     nccl: Option<NcclBackend>,
@@ -84,7 +85,7 @@ impl CudaBackend {
             )
         } else {
             match setup_dda(ctx, &cuda) {
-                Ok(d) => (Some(d), String::new()),
+                Ok(d) => (Some(Arc::new(d)), String::new()),
                 Err(e) => {
                     if nccl.is_none() {
                         return Err(e);
@@ -150,7 +151,7 @@ impl CudaBackend {
     fn cuda_caps(&self) -> CudaCaps<'_> {
         CudaCaps {
             world: self.size,
-            dda: self.dda.as_ref().map(Dda::caps),
+            dda: self.dda.as_deref().map(Dda::caps),
             no_dda: &self.no_dda,
             nccl: self.nccl.is_some(),
             no_nccl: &self.no_nccl,
@@ -225,7 +226,9 @@ impl CudaBackend {
         aligned: bool,
         opts: &CallOpts,
     ) -> Result<Option<(&Dda, Codec)>> {
-        let Some(d) = &self.dda else { return Ok(None) };
+        let Some(d) = self.dda.as_deref() else {
+            return Ok(None);
+        };
         if !aligned {
             return Ok(None);
         }
@@ -265,7 +268,7 @@ impl CudaBackend {
         (capacity, unit, packed): (usize, usize, bool),
         opts: &CallOpts,
     ) -> Result<()> {
-        let Some(d) = &self.dda else {
+        let Some(d) = self.dda.as_deref() else {
             return Err(Error::Unsupported {
                 collective: c,
                 backend: "cuda",
@@ -291,13 +294,15 @@ impl CudaBackend {
 
     /// Direct access and the codec when `plan` goes low precision.
     fn low_precision(&self, plan: &Plan) -> Option<(&Dda, Codec)> {
-        self.dda.as_ref().zip(plan.low_precision)
+        self.dda.as_deref().zip(plan.low_precision)
     }
 
     /// Direct access and the form of the parts when `plan` runs a staged kernel, `None` for
     /// NCCL; reports an error an earlier kernel recorded.
     fn staged(&self, plan: &Plan, c: &'static str) -> Result<Option<(&Dda, PartForm)>> {
-        let Some(d) = &self.dda else { return Ok(None) };
+        let Some(d) = self.dda.as_deref() else {
+            return Ok(None);
+        };
         d.check_error(c)?;
         match (plan.algo, plan.parts) {
             (Algo::Direct, None) => Err(Error::InvalidArgument(format!(
@@ -318,7 +323,7 @@ impl CudaBackend {
         op: Option<ReduceOp>,
         opts: &CallOpts,
     ) -> Result<Option<&Dda>> {
-        if let Some(d) = &self.dda {
+        if let Some(d) = self.dda.as_deref() {
             d.check_error(coll.name())?;
         }
         let a = plan::cuda_collective(
@@ -332,7 +337,7 @@ impl CudaBackend {
             opts.algo.0,
         )?;
         Ok(if a == Algo::Direct {
-            self.dda.as_ref()
+            self.dda.as_deref()
         } else {
             None
         })
@@ -443,6 +448,27 @@ impl Backend for CudaBackend {
         if let Some(n) = &self.nccl {
             n.abort_nccl(why);
         }
+        // A window's wait polls this flag.
+        if let Some(d) = self.dda.as_deref() {
+            d.set_aborted();
+        }
+    }
+
+    fn new_window(&self, slots: usize) -> Result<Box<dyn WindowBackend>> {
+        let Some(d) = &self.dda else {
+            return Err(Error::Unsupported {
+                collective: "new_window",
+                backend: "cuda",
+                what: format!("windows without direct access ({})", self.no_dda),
+            });
+        };
+        Ok(Box::new(super::window::CudaWindow::new(
+            self.cuda.clone(),
+            d.clone(),
+            self.config.clone(),
+            self.device,
+            slots,
+        )))
     }
 
     fn mark(&self, stream: u64) -> Result<Option<Completion>> {
@@ -574,7 +600,7 @@ impl CudaBackend {
         aligned: bool,
         opts: &CallOpts,
     ) -> Result<()> {
-        if let Some(d) = &self.dda {
+        if let Some(d) = self.dda.as_deref() {
             d.check_error("all_reduce")?;
         }
         let dtype = output.dtype();
@@ -591,7 +617,7 @@ impl CudaBackend {
         let (ip, op_ptr) = (input.address(&output), output.ptr() as u64);
         let plan = self.call_plan(AR, count * dtype.size(), dtype, op, aligned, opts)?;
         self.follow(st, opts.stream)?;
-        match (plan, &self.dda) {
+        match (plan, self.dda.as_deref()) {
             (
                 Plan {
                     low_precision: Some(codec),
@@ -826,7 +852,7 @@ impl CudaBackend {
         }
         // With direct access the kernel comes from its rmsnorm unit (loaded at start-up where
         // built in or cached, else compiled now).
-        let loaded = match &self.dda {
+        let loaded = match self.dda.as_deref() {
             Some(d) => Some(fused_norm::NormKernel {
                 f: d.func(shape.dtype, "fc_rmsnorm")?,
                 pdl: d.pdl,
@@ -834,7 +860,7 @@ impl CudaBackend {
             }),
             None => None,
         };
-        match (form, &self.dda) {
+        match (form, self.dda.as_deref()) {
             (plan::NormForm::FusedFlat | plan::NormForm::FusedTree, Some(d)) => {
                 let mut st = self.enter()?;
                 self.follow(&mut st, opts.stream)?;
@@ -853,11 +879,11 @@ impl CudaBackend {
     }
 
     fn barrier(&self, st: &mut CallState, opts: &CallOpts) -> Result<()> {
-        if let Some(d) = &self.dda {
+        if let Some(d) = self.dda.as_deref() {
             d.check_error("barrier")?;
         }
         self.follow(st, opts.stream)?;
-        let Some(d) = &self.dda else {
+        let Some(d) = self.dda.as_deref() else {
             return self.on_nccl(CallKind::Barrier, opts);
         };
         // Direct access meets every rank in one push kernel (no NCCL needed): a one-word

@@ -23,12 +23,18 @@ pub const LOWP_SOURCE: &str = include_str!("../../kernels/lowp.cu");
 /// only).
 pub const RMSNORM_SOURCE: &str = include_str!("../../kernels/rmsnorm.cu");
 
-/// The sources in the order a unit concatenates them; a group takes a prefix of this list.
-pub const SOURCES: [&str; 4] = [
+/// The window kernels (one-sided put, signal, wait; cuda/window.rs), after the all-reduce
+/// source (they use its memory-model helpers) and nothing else.
+pub const WINDOW_SOURCE: &str = include_str!("../../kernels/window.cu");
+
+/// The sources in the order a unit concatenates them; a group takes some of them in this order
+/// ([`Group::sources`]).
+pub const SOURCES: [&str; 5] = [
     ALL_REDUCE_SOURCE,
     COLLECTIVES_SOURCE,
     LOWP_SOURCE,
     RMSNORM_SOURCE,
+    WINDOW_SOURCE,
 ];
 
 /// Algorithms with an entry point per operator: `fc_<algo>_<op>`.
@@ -70,6 +76,8 @@ pub const LOWP_ENTRIES: [&str; 4] = [
 ];
 /// Entry points of rmsnorm.cu.
 pub const RMSNORM_ENTRIES: [&str; 3] = ["fc_rmsnorm", "fc_fused_flat", "fc_fused_tree"];
+/// Entry points of window.cu (byte kernels, `(WinArgs)`).
+pub const WINDOW_ENTRIES: [&str; 3] = ["fc_win_put", "fc_win_signal", "fc_win_wait"];
 
 /// One element type the kernels are compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,11 +152,13 @@ pub enum Group {
     LowPrecision,
     /// The residual add + RMSNorm and the fused all-reduce + norm (float types).
     RmsNorm,
+    /// The window kernels: put, signal, wait (f32 only: bytes).
+    Window,
 }
 
 impl Group {
     /// Every group, in a fixed order (the index of [`Group::index`]).
-    pub const ALL: [Group; 14] = [
+    pub const ALL: [Group; 15] = [
         Group::Setup,
         Group::AllReduce(0),
         Group::AllReduce(1),
@@ -163,6 +173,7 @@ impl Group {
         Group::Reduce(3),
         Group::LowPrecision,
         Group::RmsNorm,
+        Group::Window,
     ];
 
     /// The position of this group in [`Group::ALL`].
@@ -176,6 +187,7 @@ impl Group {
             Group::Reduce(op) => 8 + op,
             Group::LowPrecision => 12,
             Group::RmsNorm => 13,
+            Group::Window => 14,
         }
     }
 
@@ -190,6 +202,7 @@ impl Group {
             Group::Reduce(op) => format!("reduce_{}", OPS[op]),
             Group::LowPrecision => "lowp".into(),
             Group::RmsNorm => "rmsnorm".into(),
+            Group::Window => "window".into(),
         }
     }
 
@@ -198,23 +211,27 @@ impl Group {
         format!("FC_GROUP_{}", self.name().to_ascii_uppercase())
     }
 
-    /// How many of the `SOURCES` files the group's unit holds (a prefix: each file uses the
-    /// ones before it).
-    pub fn sources(self) -> usize {
+    /// Which of the `SOURCES` files the group's unit holds, in order: a prefix for the
+    /// collectives (each file uses the ones before it), the all-reduce source's helpers and
+    /// window.cu for the windows.
+    pub fn sources(self) -> &'static [usize] {
         match self {
-            Group::Setup | Group::AllReduce(_) => 1,
-            Group::AllGather | Group::AllToAll | Group::Broadcast | Group::Reduce(_) => 2,
-            Group::LowPrecision => 3,
-            Group::RmsNorm => 4,
+            Group::Setup | Group::AllReduce(_) => &[0],
+            Group::AllGather | Group::AllToAll | Group::Broadcast | Group::Reduce(_) => &[0, 1],
+            Group::LowPrecision => &[0, 1, 2],
+            Group::RmsNorm => &[0, 1, 2, 3],
+            Group::Window => &[0, 4],
         }
     }
 
     /// Whether variant `v` has this group.
     pub fn applies(self, v: usize) -> bool {
         match self {
-            Group::Setup | Group::AllGather | Group::AllToAll | Group::Broadcast => {
-                v == BYTES_VARIANT
-            }
+            Group::Setup
+            | Group::AllGather
+            | Group::AllToAll
+            | Group::Broadcast
+            | Group::Window => v == BYTES_VARIANT,
             Group::LowPrecision | Group::RmsNorm => VARIANTS[v].float,
             Group::AllReduce(_) | Group::Reduce(_) => true,
         }
@@ -253,6 +270,7 @@ impl Group {
                 .collect(),
             Group::LowPrecision => LOWP_ENTRIES.iter().map(|e| e.to_string()).collect(),
             Group::RmsNorm => RMSNORM_ENTRIES.iter().map(|e| e.to_string()).collect(),
+            Group::Window => WINDOW_ENTRIES.iter().map(|e| e.to_string()).collect(),
         }
     }
 
@@ -260,7 +278,7 @@ impl Group {
     /// sm_90, measured on the build machine's x86 cores); for the message before a compile.
     pub fn about_seconds(self) -> u32 {
         match self {
-            Group::Setup => 1,
+            Group::Setup | Group::Window => 1,
             Group::AllReduce(_) => 4,
             Group::AllGather | Group::Broadcast => 6,
             Group::AllToAll => 25,
@@ -294,8 +312,8 @@ pub fn unit_source(v: usize, g: Group) -> String {
         VARIANTS[v].define,
         g.define()
     );
-    for src in &SOURCES[..g.sources()] {
-        s.push_str(src);
+    for &i in g.sources() {
+        s.push_str(SOURCES[i]);
         s.push('\n');
     }
     s

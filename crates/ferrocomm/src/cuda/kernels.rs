@@ -22,7 +22,7 @@ use super::kernel_units::{self as units, VARIANTS as UNIT_VARIANTS};
 pub use super::kernel_units::{
     is_ptx, target_number, Group, ALGOS, ALL_REDUCE_NAME, ALL_REDUCE_SOURCE, COLLECTIVES_SOURCE,
     COLL_ENTRIES, COLL_OP_ENTRIES, EXTRA_ENTRIES, LOWP_ENTRIES, LOWP_SOURCE, OPS, RMSNORM_ENTRIES,
-    RMSNORM_SOURCE,
+    RMSNORM_SOURCE, WINDOW_ENTRIES, WINDOW_SOURCE,
 };
 use crate::config::Config;
 use crate::driver::Module;

@@ -8,7 +8,9 @@
 //! - [`kernels`]: the kernel registry: each unit's code (built in, cached, or compiled with
 //!   NVRTC at first use) and its module; `kernel_units` (which kernels compile together),
 //!   `nvrtc` and [`kernel_cache`] (the disk cache and its lock) are shared with the build script;
-//! - [`nvml`]: whether two GPUs are joined by NVLink (the LL128 all-reduce needs it).
+//! - [`nvml`]: whether two GPUs are joined by NVLink (the LL128 all-reduce needs it);
+//! - `window`: one-sided communication (puts, signals, waits on IPC-mapped buffers of
+//!   `dda::ipc`).
 //!
 //! Every driver call goes through [`crate::driver`] (launches included). The arrows point
 //! down: `backend` uses `dda`, which uses `kernels` and `nvml`; none imports back.
@@ -26,6 +28,7 @@ mod kernel_units;
 pub mod kernels;
 pub mod nvml;
 mod nvrtc;
+mod window;
 
 use crate::backend::{Backend, CommContext};
 use crate::config::Config;

@@ -17,16 +17,18 @@ mod lowp;
 mod p2p;
 mod shm;
 mod sync;
+mod window;
 
 pub use shm::remove_stale_segments;
+pub use window::SharedMem;
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::backend::{
     call_timeout, check_buffers, unsupported, Backend, Call, CallKind, CallName, CallOpts,
-    CommContext, P2pOp,
+    CommContext, P2pOp, WindowBackend,
 };
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -38,11 +40,12 @@ use shm::{Segment, SIG_WORDS};
 use sync::{process_alive, Backoff, Stop};
 
 /// Why a call stopped by [`Backend::abort`] while it waited reports the communicator aborted.
-const ABORTED_DURING_CALL: &str = "abort() was called while the call waited";
+pub(super) const ABORTED_DURING_CALL: &str = "abort() was called while the call waited";
 
 /// Shared-memory backend of one communicator.
 pub struct HostBackend {
-    seg: Segment,
+    /// Shared with the communicator's windows (peers' pids and failed flags).
+    seg: Arc<Segment>,
     rank: usize,
     world: usize,
     cfg: Arc<Config>,
@@ -54,8 +57,8 @@ pub struct HostBackend {
     p2p: Mutex<()>,
     /// The communicator's name, for [`Error::Aborted`].
     name: String,
-    /// Set by `abort`: a wait of this rank's running call ends too.
-    aborted: std::sync::atomic::AtomicBool,
+    /// Set by `abort`: a wait of this rank's running call ends too (a window's as well).
+    aborted: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
@@ -194,7 +197,7 @@ impl HostBackend {
             ctx.timeout(),
         )?;
         Ok(HostBackend {
-            seg,
+            seg: Arc::new(seg),
             rank: ctx.rank,
             world: ctx.size,
             cfg: ctx.config.clone(),
@@ -202,7 +205,7 @@ impl HostBackend {
             state: Mutex::new(CallState::default()),
             p2p: Mutex::new(()),
             name: ctx.name.clone(),
-            aborted: false.into(),
+            aborted: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -230,28 +233,8 @@ impl HostBackend {
     }
 
     /// Waits until `ready` holds, watching `peer`: its process, its failed flag, the deadline.
-    fn wait_on(
-        &self,
-        peer: usize,
-        mut ready: impl FnMut() -> bool,
-    ) -> std::result::Result<(), Stop> {
-        let mut backoff = Backoff::new(self.timeout());
-        while !ready() {
-            if self.seg.failed(peer).load(Ordering::Relaxed) != 0 {
-                return Err(Stop::PeerFailed);
-            }
-            if self.aborted.load(Ordering::Relaxed) {
-                return Err(Stop::Aborted);
-            }
-            if let Err(stop) =
-                backoff.pause(|| process_alive(self.seg.pid(peer).load(Ordering::Relaxed) as u32))
-            {
-                // The peer may have arrived and exited between the look and the liveness check
-                // (the last barrier of a run): what it published still counts.
-                return if ready() { Ok(()) } else { Err(stop) };
-            }
-        }
-        Ok(())
+    fn wait_on(&self, peer: usize, ready: impl FnMut() -> bool) -> std::result::Result<(), Stop> {
+        wait_for_peer(&self.seg, &self.aborted, peer, self.timeout(), ready)
     }
 
     /// Leaves `timed_out/<our pid>` = the pid of `peer` in the store, so that a launcher
@@ -297,6 +280,36 @@ impl HostBackend {
     ) -> Result<Algo> {
         plan::host_algo(coll, bytes, self.world, dtype, opts.algo.0, &self.cfg)
     }
+}
+
+/// Waits until `ready` holds, at most `timeout`, watching `peer` of the communicator whose
+/// segment is `seg`: its process, its failed flag, and this rank's `aborted`.
+pub(crate) fn wait_for_peer(
+    seg: &Segment,
+    aborted: &AtomicBool,
+    peer: usize,
+    timeout: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> std::result::Result<(), Stop> {
+    let mut backoff = Backoff::new(timeout);
+    while !ready() {
+        // This rank's abort first: it also sets this rank's failed flag, which a wait for a
+        // signal from itself watches.
+        if aborted.load(Ordering::Relaxed) {
+            return Err(Stop::Aborted);
+        }
+        if seg.failed(peer).load(Ordering::Relaxed) != 0 {
+            return Err(Stop::PeerFailed);
+        }
+        if let Err(stop) =
+            backoff.pause(|| process_alive(seg.pid(peer).load(Ordering::Relaxed) as u32))
+        {
+            // The peer may have arrived and exited between the look and the liveness check
+            // (the last barrier of a run): what it published still counts.
+            return if ready() { Ok(()) } else { Err(stop) };
+        }
+    }
+    Ok(())
 }
 
 impl Running<'_> {
@@ -530,6 +543,17 @@ impl Backend for HostBackend {
             CallKind::BatchSendRecv { ops } => self.p2p_impl("batch_send_recv", &ops),
             CallKind::AllReduceRmsNorm(call) => self.all_reduce_rmsnorm_impl(call, opts),
         }
+    }
+
+    fn new_window(&self, slots: usize) -> Result<Box<dyn WindowBackend>> {
+        Ok(Box::new(window::HostWindow::new(
+            self.seg.clone(),
+            self.aborted.clone(),
+            self.rank,
+            self.world,
+            slots,
+            self.name.clone(),
+        )))
     }
 
     fn plan_for(

@@ -136,23 +136,14 @@ impl Segment {
         let layout = Layout::new(world, slot_bytes)?;
         let ctx = |what: &str| format!("host backend rank {rank}: {what}");
         let seg = if rank == 0 {
-            let name = format!(
-                "/ferrocomm-{}-{:016x}",
-                std::process::id(),
-                rand::random::<u64>()
+            let need = format!(
+                "{} ranks with FERROCOMM_HOST_SLOT_BYTES={}",
+                layout.world, layout.slot_bytes
             );
-            let fd = open_segment(&name, true)
-                .map_err(|e| Error::io(ctx(&format!("creating {name}")), e.into()))?;
-            // From here on the name must go away whatever happens.
-            let unlink = UnlinkGuard(Some(name.clone()));
-            rustix::fs::ftruncate(&fd, layout.total as u64).map_err(|e| {
-                Error::io(
-                    ctx(&format!("sizing {name} to {} bytes", layout.total)),
-                    e.into(),
-                )
-            })?;
-            reserve(&fd, &layout, &name, &ctx)?;
-            let seg = Segment::map(File::from(fd), layout, &|w| ctx(&format!("{name}: {w}")))?;
+            // From here on the name goes away whatever happens (the guard unlinks it).
+            let (name, file, unlink) =
+                create_file(layout.total, &need, "lower FERROCOMM_HOST_SLOT_BYTES", &ctx)?;
+            let seg = Segment::map(file, layout, &|w| ctx(&format!("{name}: {w}")))?;
             seg.write_header();
             store.set("host/shm_name", name.as_bytes())?;
             seg.claim(rank);
@@ -162,27 +153,8 @@ impl Segment {
         } else {
             let name = store.get("host/shm_name", timeout)?;
             let name = String::from_utf8_lossy(&name).into_owned();
-            if !is_segment_name(&name) {
-                return Err(Error::InvalidArgument(ctx(&format!(
-                    "the store names the shared segment {name:?}, which is not a name rank 0 \
-                     makes (/ferrocomm-<pid>-<16 hex digits>)"
-                ))));
-            }
-            let fd = open_segment(&name, false).map_err(|e| {
-                let what = if e == rustix::io::Errno::LOOP {
-                    format!(
-                        "{name} is a symbolic link, not the segment rank 0 made; refusing to \
-                         follow it"
-                    )
-                } else {
-                    format!(
-                        "opening {name} (created by rank 0; all ranks of a host communicator \
-                         must run on one machine)"
-                    )
-                };
-                Error::io(ctx(&what), e.into())
-            })?;
-            let seg = Segment::map(File::from(fd), layout, &|w| ctx(&format!("{name}: {w}")))?;
+            let file = open_file(&name, "rank 0", &ctx)?;
+            let seg = Segment::map(file, layout, &|w| ctx(&format!("{name}: {w}")))?;
             seg.check_header(rank)?;
             seg.claim(rank);
             store_barrier(store, "host/mapped", world, timeout)?;
@@ -192,11 +164,7 @@ impl Segment {
     }
 
     fn map(file: File, layout: Layout, ctx: &dyn Fn(&str) -> String) -> Result<Segment> {
-        let meta = file
-            .metadata()
-            .map_err(|e| Error::io(ctx("fstat of the segment"), e))?;
-        check_owner(meta.uid(), meta.mode(), &ctx)?;
-        let len = meta.len();
+        let len = owned_len(&file, ctx)?;
         if len != layout.total as u64 {
             return Err(Error::InvalidArgument(ctx(&format!(
                 "the shared segment has {len} bytes but this rank expects {} (ranks disagree on \
@@ -204,10 +172,7 @@ impl Segment {
                 layout.total
             ))));
         }
-        let map = memmap2::MmapOptions::new()
-            .len(layout.total)
-            .map_raw(&file)
-            .map_err(|e| Error::io(ctx("mmap of the segment"), e))?;
+        let map = map_file(&file, layout.total, ctx)?;
         Ok(Segment { map, layout })
     }
 
@@ -319,33 +284,100 @@ fn open_segment(name: &str, create: bool) -> rustix::io::Result<rustix::fd::Owne
     rustix::fs::open(path.as_str(), flags, Mode::RUSR | Mode::WUSR)
 }
 
-/// Reserves the memory of a segment just sized to `layout.total` bytes, so that a full
-/// `/dev/shm` is this error (naming the size needed and the space left) instead of a SIGBUS
+/// Creates a segment file of `bytes` bytes under a fresh name (`/ferrocomm-<pid>-<16 hex
+/// digits>`, mode 0600, `O_EXCL`, never through a link) and reserves its memory. The guard
+/// unlinks the name when dropped. `need` says what asked for the memory and `lower` what to
+/// lower, in the error of a full `/dev/shm`.
+pub(crate) fn create_file(
+    bytes: usize,
+    need: &str,
+    lower: &str,
+    ctx: &dyn Fn(&str) -> String,
+) -> Result<(String, File, UnlinkGuard)> {
+    let name = format!(
+        "/ferrocomm-{}-{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    );
+    let fd = open_segment(&name, true)
+        .map_err(|e| Error::io(ctx(&format!("creating {name}")), e.into()))?;
+    let unlink = UnlinkGuard(Some(name.clone()));
+    rustix::fs::ftruncate(&fd, bytes as u64)
+        .map_err(|e| Error::io(ctx(&format!("sizing {name} to {bytes} bytes")), e.into()))?;
+    reserve(&fd, bytes, &name, need, lower, ctx)?;
+    Ok((name, File::from(fd), unlink))
+}
+
+/// Opens the segment file `name` that `maker` (a peer) created and published: a name of the
+/// form [`create_file`] makes, never through a symbolic link, this user's with mode 600
+/// (checked again when it is mapped).
+pub(crate) fn open_file(name: &str, maker: &str, ctx: &dyn Fn(&str) -> String) -> Result<File> {
+    if !is_segment_name(name) {
+        return Err(Error::InvalidArgument(ctx(&format!(
+            "the store names the shared segment {name:?}, which is not a name {maker} \
+             makes (/ferrocomm-<pid>-<16 hex digits>)"
+        ))));
+    }
+    let fd = open_segment(name, false).map_err(|e| {
+        let what = if e == rustix::io::Errno::LOOP {
+            format!(
+                "{name} is a symbolic link, not the segment {maker} made; refusing to \
+                 follow it"
+            )
+        } else {
+            format!(
+                "opening {name} (created by {maker}; all ranks of a host communicator \
+                 must run on one machine)"
+            )
+        };
+        Error::io(ctx(&what), e.into())
+    })?;
+    Ok(File::from(fd))
+}
+
+/// The length of a segment file, once its owner and mode are this user's and 600.
+pub(crate) fn owned_len(file: &File, ctx: &dyn Fn(&str) -> String) -> Result<u64> {
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io(ctx("fstat of the segment"), e))?;
+    check_owner(meta.uid(), meta.mode(), &ctx)?;
+    Ok(meta.len())
+}
+
+/// Maps the first `len` bytes of a segment file, shared and writable.
+pub(crate) fn map_file(
+    file: &File,
+    len: usize,
+    ctx: &dyn Fn(&str) -> String,
+) -> Result<memmap2::MmapRaw> {
+    memmap2::MmapOptions::new()
+        .len(len)
+        .map_raw(file)
+        .map_err(|e| Error::io(ctx("mmap of the segment"), e))
+}
+
+/// Reserves the memory of a segment just sized to `total` bytes, so that a full `/dev/shm` is
+/// this error (naming the size needed, what needs it and the space left) instead of a SIGBUS
 /// at the first touch of a page that tmpfs cannot back.
 fn reserve(
     fd: &rustix::fd::OwnedFd,
-    layout: &Layout,
+    total: usize,
     name: &str,
+    need: &str,
+    lower: &str,
     ctx: &dyn Fn(&str) -> String,
 ) -> Result<()> {
     let r = match test_seam::reserve_failure() {
         Some(e) => Err(e),
-        None => rustix::fs::fallocate(
-            fd,
-            rustix::fs::FallocateFlags::empty(),
-            0,
-            layout.total as u64,
-        ),
+        None => rustix::fs::fallocate(fd, rustix::fs::FallocateFlags::empty(), 0, total as u64),
     };
     r.map_err(|e| {
         let left = rustix::fs::fstatvfs(fd)
             .map(|v| format!("{} bytes", v.f_bavail.saturating_mul(v.f_frsize)))
             .unwrap_or_else(|_| "an unknown number of bytes".into());
         let what = format!(
-            "reserving the shared segment {name}: {} ranks with FERROCOMM_HOST_SLOT_BYTES={} \
-             need {} bytes of /dev/shm, which has {left} left (free space there, enlarge it or \
-             lower FERROCOMM_HOST_SLOT_BYTES)",
-            layout.world, layout.slot_bytes, layout.total
+            "reserving the shared segment {name}: {need} need {total} bytes of /dev/shm, which \
+             has {left} left (free space there, enlarge it or {lower})"
         );
         Error::io(ctx(&what), e.into())
     })
@@ -437,7 +469,7 @@ pub fn remove_stale_segments(dir: &std::path::Path) -> Vec<String> {
 }
 
 /// Unlinks a shared-memory name when dropped (after every rank mapped it, or on failure).
-struct UnlinkGuard(Option<String>);
+pub(crate) struct UnlinkGuard(Option<String>);
 
 impl Drop for UnlinkGuard {
     fn drop(&mut self) {

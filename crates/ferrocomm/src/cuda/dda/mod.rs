@@ -19,7 +19,7 @@ use super::kernels;
 use crate::backend::{call_timeout, CommContext};
 use crate::bootstrap::{agree, store_barrier};
 use crate::config::Config;
-use crate::driver::result::{self, IPC_HANDLE_BYTES};
+use crate::driver::result;
 use crate::driver::{self, Function};
 use crate::error::{Error, Result};
 use crate::plan::DdaCaps;
@@ -28,6 +28,7 @@ use crate::types::DataType;
 mod all_reduce;
 pub mod collectives;
 pub(crate) mod fused_norm;
+pub(super) mod ipc;
 pub(crate) mod lowp;
 
 use all_reduce::CopyEngine;
@@ -35,9 +36,8 @@ pub use all_reduce::{ce_chunk, flat_grid};
 pub use fused_norm::residual_rmsnorm;
 pub use lowp::quantize_on_device;
 
-/// Bytes of a rank's set-up message before its bus id: the 64-byte IPC handle of its
-/// allocation and the staging's offset in it.
-const IPC_MSG_BYTES: usize = 72;
+/// Bytes of a rank's set-up message before its bus id: the IPC message of its staging.
+use ipc::IPC_MSG_BYTES;
 /// Most ranks the kernels handle (`FC_MAX_RANKS` in all_reduce.cu).
 pub const MAX_RANKS: usize = 16;
 /// Flag slots per barrier and parity (`FC_MAX_BLOCKS`): the largest grid of flat and tree.
@@ -90,6 +90,10 @@ const _: () = assert!(
 const CE_THREADS: u32 = 256;
 /// Largest push payload per rank (LL lines double it, and every rank holds every sender's).
 const PUSH_CAP_MAX: usize = 512 << 10;
+
+/// The word of the host-mapped error page that says this rank aborted (words 0..3 are the
+/// error record the kernels write).
+const ABORT_WORD: usize = 64;
 
 /// Where a peer's staging starts in this process's mapping of the peer's allocation (mapped
 /// at `mapped`, `size` bytes long): at the offset `off` the peer sent, when the `total` bytes
@@ -384,7 +388,7 @@ pub struct Dda {
     own: u64,
     /// Every rank's allocation base as mapped here (own included).
     bases: Vec<u64>,
-    opened: Vec<u64>,
+    opened: Vec<ipc::Opened>,
     /// Kernels are launched with programmatic dependent launch (`FERROCOMM_PDL`, sm_90).
     pub(super) pdl: bool,
     pub(super) error_host: *mut u32,
@@ -540,11 +544,8 @@ impl Dda {
         result::ctx_synchronize("cuCtxSynchronize")?;
 
         // docs/design.md, rule 7: share the allocation base plus the offset of our buffer inside it.
-        let (base, _) = result::mem_get_address_range(me.own, "cuMemGetAddressRange")?;
-        let handle = result::ipc_get_mem_handle(base)?;
-        let mut msg = Vec::with_capacity(IPC_MSG_BYTES);
-        msg.extend_from_slice(&handle);
-        msg.extend_from_slice(&(me.own - base).to_le_bytes());
+        let mut msg = Vec::with_capacity(IPC_MSG_BYTES + 16);
+        msg.extend_from_slice(&ipc::export(me.own, "the DDA staging")?);
         if layout.ll128_cap > 0 {
             // The LL128 all-reduce's link check needs every GPU's bus id, after the handle (an
             // unknown one is empty: no link can be shown, so it stays off).
@@ -583,35 +584,10 @@ impl Dda {
             if peer == self.rank {
                 continue;
             }
-            if m.len() < IPC_MSG_BYTES {
-                return Err(Error::Cuda(format!(
-                    "rank {peer} sent a malformed IPC handle ({} bytes)",
-                    m.len()
-                )));
-            }
-            let handle: &[u8; IPC_HANDLE_BYTES] = m[..IPC_HANDLE_BYTES]
-                .try_into()
-                .expect("the message is longer than a handle");
-            let off = u64::from_le_bytes(m[64..IPC_MSG_BYTES].try_into().expect("8 bytes"));
-            let what = format!("cuIpcOpenMemHandle of rank {peer}'s staging");
-            // SAFETY: a handle exported by a peer process; opened once per peer and closed in
-            // Drop.
-            let p = unsafe { result::ipc_open_mem_handle(handle, &what) }.map_err(|e| {
-                Error::Cuda(format!(
-                    "{e} (ranks must be separate processes on one host with peer access)"
-                ))
-            })?;
-            self.opened.push(p);
-            let what = format!("cuMemGetAddressRange of rank {peer}'s staging");
-            let (start, size) = result::mem_get_address_range(p, &what)?;
-            let total = self.layout.total as u64;
-            let mapped_size = (size as u64).saturating_sub(p - start.min(p));
-            self.bases[peer] = peer_staging(p, mapped_size, off, total).ok_or_else(|| {
-                Error::Cuda(format!(
-                    "rank {peer} sent a staging offset of {off} bytes into an allocation of \
-                     {mapped_size} bytes, which cannot hold a staging of {total} bytes there"
-                ))
-            })?;
+            let who = format!("rank {peer}'s staging");
+            let opened = ipc::open(m, self.layout.total as u64, &who)?;
+            self.bases[peer] = opened.ptr;
+            self.opened.push(opened);
         }
         Ok(())
     }
@@ -787,6 +763,32 @@ impl Dda {
         })
     }
 
+    /// Tells this rank's kernels that poll it (the windows' waits, `fc_win_wait`) that the
+    /// communicator was aborted: they end at their next look.
+    pub fn set_aborted(&self) {
+        // SAFETY: the host page stays mapped for our lifetime; word ABORT_WORD is this flag's.
+        unsafe { std::ptr::write_volatile(self.error_host.add(ABORT_WORD), 1) };
+    }
+
+    /// The device address of the abort flag ([`Dda::set_aborted`]).
+    pub(in crate::cuda) fn abort_flag(&self) -> u64 {
+        self.error_dev + 4 * ABORT_WORD as u64
+    }
+
+    /// The device address of the error record the kernels fill ([`Dda::check_error`] reads it).
+    pub(in crate::cuda) fn error_record(&self) -> u64 {
+        self.error_dev
+    }
+
+    /// `t` in nanoseconds for a kernel that waits for a peer, noted for the report of its
+    /// timeout (as [`Dda::base_args`] does for the collectives).
+    pub(in crate::cuda) fn arm_timeout(&self, t: Duration) -> u64 {
+        let ns = t.as_nanos().min(u64::MAX as u128) as u64;
+        self.kernel_timeout_ns
+            .store(ns, std::sync::atomic::Ordering::Relaxed);
+        ns
+    }
+
     /// What direct access has on this communicator, for the planner: computed once, when the
     /// set-up checks have decided it.
     pub fn caps(&self) -> DdaCaps {
@@ -807,12 +809,12 @@ impl Drop for Dda {
         if let Some(ce) = &self.ce {
             let _ = ce.stream.synchronize("copy stream at teardown");
         }
-        // SAFETY: each pointer was opened/allocated exactly once by `new` (null when set-up
-        // failed before allocating it) and nothing uses it after the communicator.
+        // The peers' mappings close as their last user drops (a window may still map the same
+        // allocation).
+        self.opened.clear();
+        // SAFETY: each pointer was allocated exactly once by `new` (null when set-up failed
+        // before allocating it) and nothing uses it after the communicator.
         unsafe {
-            for p in self.opened.drain(..) {
-                let _ = result::ipc_close_mem_handle(p);
-            }
             if self.own != 0 {
                 let _ = result::mem_free(self.own);
             }
