@@ -75,9 +75,15 @@ pub(crate) fn open(msg: &[u8], bytes: u64, who: &str) -> Result<Opened> {
             (base, size)
         }
     };
-    let opened = Opened { key, ptr: 0 };
+    // This use of the mapping, given back when dropped (also on the error below).
+    let mut opened = Opened { key, ptr: 0 };
     match peer_staging(base, size, off, bytes) {
-        Some(ptr) => Ok(Opened { ptr, ..opened }),
+        Some(ptr) => {
+            // The same value, not a copy: `Opened { ptr, ..opened }` copied the key and dropped
+            // `opened`, which closed the mapping it had just opened.
+            opened.ptr = ptr;
+            Ok(opened)
+        }
         // `opened` drops here and gives the allocation back.
         None => Err(Error::Cuda(format!(
             "{who}: an offset of {off} bytes into an allocation of {size} bytes, which cannot \
