@@ -7,7 +7,7 @@
 #
 #   scripts/gpu_prepare.sh BUILD_DIR [ARCH]        (ARCH defaults to sm_90: H100/H200)
 #     BUILD_DIR/bin: ferrocomm, gpu_check, gpu_check_coll, gpu_check_lowp, gpu_check_norm,
-#     gpu_check_nccl;
+#     gpu_check_nccl, gpu_peer_death;
 #     BUILD_DIR/kc: a fresh kernel cache (empty when ARCH is built in); BUILD_DIR/dist: the
 #     wheel. Then, on the GPU machine:
 #     scripts/gpu_session.sh BUILD_DIR OUT_DIR [PARTS]   (or gpu_check.sh, gpu_sanitize.sh, ...)
@@ -87,7 +87,8 @@ rm -rf "$out"
 mkdir -p "$out"
 cp "$target"/release/ferrocomm "$target"/release/examples/gpu_check \
   "$target"/release/examples/gpu_check_coll "$target"/release/examples/gpu_check_lowp \
-  "$target"/release/examples/gpu_check_norm "$target"/release/examples/gpu_check_nccl "$out/"
+  "$target"/release/examples/gpu_check_norm "$target"/release/examples/gpu_check_nccl \
+  "$target"/release/examples/gpu_peer_death "$out/"
 [ -n "$variant" ] || rm -rf "$build/kc"
 "$out/ferrocomm" precompile --arch "$arch" --cache "$build/kc"
 # Where every unit is built in, precompile writes nothing; the GPU scripts point the library's

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Host time per call of a small all-reduce, one process (world size 1): a bare kernel launch,
 torch.distributed over NCCL, ferrocomm's direct API and the "ferrocomm" torch.distributed
-backend (sync, async, low-precision hints).
+backend (sync, async, low-precision hints); and the direct API's sync call on two communicators
+of their own, one with its flight recorder on (the default), one with it off
+(FERROCOMM_FLIGHT_RECORDER=0): the difference of these two rows is the recorder's cost.
 
     python3 scripts/torch_overhead.py OUTDIR [--calls 10000] [--bytes 1024] [--device cuda]
 
@@ -20,6 +22,7 @@ import cProfile
 import datetime
 import io
 import json
+import os
 import pstats
 import socket
 import statistics
@@ -63,7 +66,7 @@ def measure(rows, calls, rounds, cuda):
     for _ in range(rounds):
         for k, (_, fn) in enumerate(rows):
             seen[k].append(timed(fn, per, cuda))
-    return [(statistics.median(v), min(v), max(v)) for v in seen]
+    return [(statistics.median(v), min(v), max(v)) for v in seen], seen
 
 
 def main():
@@ -96,6 +99,23 @@ def main():
     store = dist.distributed_c10d._get_default_store()
     comm = ferrocomm.new_comm("ferrocomm" if cuda else "host", dev, "overhead", store=store,
                               rank=0, size=1)
+    # Two more communicators, each used by one row only (sync calls of the direct API, so
+    # neither ever queues on a work thread), one with its flight recorder on, one with it off
+    # (the setting is read at creation): the recorder's host time per call is the difference
+    # of the two rows, interleaved.
+    saved = os.environ.get("FERROCOMM_FLIGHT_RECORDER")
+    try:
+        os.environ.pop("FERROCOMM_FLIGHT_RECORDER", None)
+        comm_on = ferrocomm.new_comm("ferrocomm" if cuda else "host", dev, "overhead_on",
+                                     store=store, rank=0, size=1)
+        os.environ["FERROCOMM_FLIGHT_RECORDER"] = "0"
+        comm_off = ferrocomm.new_comm("ferrocomm" if cuda else "host", dev, "overhead_off",
+                                      store=store, rank=0, size=1)
+    finally:
+        if saved is None:
+            os.environ.pop("FERROCOMM_FLIGHT_RECORDER", None)
+        else:
+            os.environ["FERROCOMM_FLIGHT_RECORDER"] = saved
     x = torch.ones(a.bytes // 4, dtype=torch.float32, device=dev)
     lp = {"low_precision": "e4m3"}
 
@@ -115,14 +135,23 @@ def main():
         (f"dist.all_reduce ({ref} c10d), async_op=True",
          lambda: dist.all_reduce(x, async_op=True)),
         ("comm.all_reduce (direct API)", lambda: comm.all_reduce(x)),
+        ("comm.all_reduce, flight recorder on (2000 calls)", lambda: comm_on.all_reduce(x)),
+        ("comm.all_reduce, flight recorder off", lambda: comm_off.all_reduce(x)),
         ("comm.all_reduce, async_op=True", lambda: comm.all_reduce(x, async_op=True)),
         ("comm.all_reduce, low-precision hint", lambda: comm.all_reduce(x, hints=lp)),
         *backend,
         ("dist.all_reduce (\"ferrocomm\"), hints()", with_hints),
     ]
+    stats, seen = measure(rows, a.calls, a.rounds, cuda)
     results = [{"call": name, "host_us": round(med, 2), "min_us": round(lo, 2),
                 "max_us": round(hi, 2)}
-               for (name, _), (med, lo, hi) in zip(rows, measure(rows, a.calls, a.rounds, cuda))]
+               for (name, _), (med, lo, hi) in zip(rows, stats)]
+    # The recorder's cost: in each round, the row with it on less the row with it off (the two
+    # ran back to back), the median over the rounds.
+    on = next(k for k, (n, _) in enumerate(rows) if "flight recorder on" in n)
+    diffs = [x - y for x, y in zip(seen[on], seen[on + 1])]
+    recorder = {"us_per_call": round(statistics.median(diffs), 3),
+                "min_us": round(min(diffs), 3), "max_us": round(max(diffs), 3)}
     bare = results[0]["host_us"]
     lines = [f"Host time per call, {a.bytes} B float32 on {dev}, world size 1: the median of "
              f"{a.rounds} rounds of {max(1, a.calls // a.rounds)} calls, rows interleaved "
@@ -131,12 +160,15 @@ def main():
     for r in results:
         lines.append(f"| {r['call']} | {r['host_us']:.1f} | {r['host_us'] / bare:.2f} | "
                      f"{r['min_us']:.1f}-{r['max_us']:.1f} |")
+    lines += ["", f"flight recorder: {recorder['us_per_call']:+.3f} µs per call (on - off, the "
+                  f"median of {a.rounds} rounds; rounds' range {recorder['min_us']:+.3f} to "
+                  f"{recorder['max_us']:+.3f})"]
     table = "\n".join(lines)
     print(table)
     (out / "overhead.md").write_text(table + "\n")
     (out / "overhead.json").write_text(json.dumps(
         {"device": str(dev), "bytes": a.bytes, "calls": a.calls, "rounds": a.rounds,
-         "rows": results}, indent=2))
+         "rows": results, "flight_recorder": recorder}, indent=2))
     if a.profile:
         s = io.StringIO()
         for name, fn in backend:
@@ -152,6 +184,8 @@ def main():
     if cuda:
         torch.cuda.synchronize()
     comm.finalize()
+    comm_on.finalize()
+    comm_off.finalize()
     dist.destroy_process_group()
 
 

@@ -11,8 +11,11 @@ cuda and nccl backends.
 
 from ._comm import BatchSendRecv, Comm, CommOptions, Work, new_comm
 from ._fused import all_reduce_rmsnorm
+from . import hooks
 from ._errors import (
     FerrocommError,
+    FerrocommPeerFailed,
+    PeerFailed,
     FerrocommTimeout,
     FerrocommUnsupported,
     FerrocommValueError,
@@ -51,5 +54,8 @@ __all__ = [
     "FerrocommValueError",
     "FerrocommTimeout",
     "FerrocommUnsupported",
+    "FerrocommPeerFailed",
+    "PeerFailed",
+    "hooks",
     "__version__",
 ]

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import operator
 import os
 import sys
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
 from . import _native
 from . import _tensors as T
-from ._errors import FerrocommError, FerrocommTimeout, FerrocommUnsupported, FerrocommValueError
+from ._errors import (FerrocommError, FerrocommPeerFailed, FerrocommTimeout, FerrocommUnsupported,
+                      FerrocommValueError)
 from ._ops import ReduceOp
 from ._timeouts import TimeoutLike, positive_seconds, timeout_seconds
 from ._work import DONE, CudaWork, HostWork, WithOutputs, Work
 
 if TYPE_CHECKING:
     from ._window import AllGatherPHandle, Window
+    from .hooks import PostHook, PreHook, RemovableHandle
 
 # A numpy array or a torch tensor (torch is optional: its type is not named here).
 Buffer = Any
@@ -111,6 +115,16 @@ def _device_arg(device: Any) -> Optional[str]:
 # ---------------------------------------------------------------------------------------------
 # The communicator
 
+# Communicators of this process: at exit each tells its peers' watchers that this rank leaves,
+# so that the process's end is not taken for a failure where the peers still run.
+_LIVE: weakref.WeakSet[Comm] = weakref.WeakSet()
+
+
+@atexit.register
+def _leave_all() -> None:
+    for c in list(_LIVE):
+        c._n.leave()
+
 
 class Comm:
     """A group of ranks running collectives together (torchcomms' TorchComm).
@@ -128,6 +142,7 @@ class Comm:
         self._cuda = native.device_index != T.HOST
         # torchcomms parity: per-call timeouts, abort, options (see "-- torchcomms parity").
         self._options = options or {}
+        _LIVE.add(self)
 
     # -- information ---------------------------------------------------------------------
 
@@ -212,6 +227,9 @@ class Comm:
         c = Comm(sub, self._requested, merged, {**self._options, "name": str(name)})
         if t is not None:
             c.set_timeout(t)
+        # A FlightRecorderHook registered here records the split's calls too (torchcomms').
+        for fr in self.__dict__.get("_fr_hooks", ()):
+            fr.register_with_comm(c)
         return c
 
     # -- plumbing --------------------------------------------------------------------------
@@ -274,7 +292,7 @@ class Comm:
             self._failed(coll, e)
             raise
         if isinstance(native_work, _native.Completion):
-            return CudaWork(native_work, self._n.device_index, stream, keep, limit)
+            return CudaWork(native_work, self._n.device_index, stream, keep, limit, self._n)
         if native_work is not None:
             # Queued on the work thread: only async calls return before they finish.
             return HostWork(native_work, keep, post, limit)
@@ -284,7 +302,7 @@ class Comm:
             f()
         done = self._n.mark(stream, coll) if cuda and async_op else None
         if done is not None:
-            return CudaWork(done, self._n.device_index, stream, keep, limit)
+            return CudaWork(done, self._n.device_index, stream, keep, limit, self._n)
         return DONE
 
     def _stream(self, coll: str) -> int:
@@ -866,6 +884,16 @@ class Comm:
 
     def _split_counts(self, coll: str, what: str, obj: Buffer,
                       sizes: Optional[Sequence[int]]) -> list[int]:
+        """Elements per part from ``sizes`` (rows); wrong sizes refuse the call for the peers
+        too (they fail it at once instead of waiting for this rank)."""
+        try:
+            return self._split_counts_checked(coll, what, obj, sizes)
+        except FerrocommValueError as e:
+            self._n.refuse(coll, str(e))
+            raise
+
+    def _split_counts_checked(self, coll: str, what: str, obj: Buffer,
+                              sizes: Optional[Sequence[int]]) -> list[int]:
         rows, per_row = T.rows_of(obj, coll)
         if sizes is None:
             if rows % self.size != 0:
@@ -893,25 +921,66 @@ class Comm:
         wherever they are found."""
         if isinstance(e, (FerrocommValueError, FerrocommUnsupported)):
             return
-        if isinstance(e, FerrocommTimeout) and not self._n.is_aborted:
-            self._n.abort(f"{coll} timed out")
+        if isinstance(e, (FerrocommTimeout, FerrocommPeerFailed)):
+            if not self._n.is_aborted:
+                self._n.abort(f"{coll} timed out" if isinstance(e, FerrocommTimeout) else
+                              f"{coll}: rank {self._n.failed_peer()} failed or exited")
+            # Where the flight recorder's dumps are, in the message itself.
+            if e.args and "flight recorder" not in str(e.args[0]):
+                e.args = (f"{e.args[0]} (flight recorder dumps: {self._n.trace_dir}; analyze "
+                          f"with `ferrocomm trace {self._n.trace_dir}`)",) + e.args[1:]
         self._on_error(e)
 
     def _on_error(self, e: FerrocommError) -> None:
         if self._options.get("abort_process_on_timeout_or_error"):
             print(f"ferrocomm: aborting the process: {e}", file=sys.stderr, flush=True)
+            # The abort hooks run (once) and the flight recorder is dumped first.
+            self._n.abort()
             os.abort()
 
+    # -- hooks and the flight recorder (ferrocomm.hooks) --------------------------------------
+
+    def register_pre_hook(self, callback: PreHook) -> RemovableHandle:
+        """``callback(name: OpName, op_id: int, args)`` before every call; returns a handle
+        whose ``remove()`` unregisters it (see ferrocomm.hooks)."""
+        from . import hooks
+        return hooks.register(self, "pre", callback)
+
+    def register_post_hook(self, callback: PostHook) -> RemovableHandle:
+        """``callback(op_id: int, args)`` after every call (``args.work``: its work)."""
+        from . import hooks
+        return hooks.register(self, "post", callback)
+
+    def register_abort_hook(self, callback: Callable[[], object]) -> RemovableHandle:
+        """``callback()`` once when the communicator is aborted: abort(), a timeout, or a
+        peer that died or gave up (then on the watcher's thread)."""
+        from . import hooks
+        if not callable(callback):
+            raise TypeError(f"register_abort_hook: the hook must be callable, not {callback!r}")
+        return hooks.RemovableHandle(self._n.register_abort_hook(callback).remove)
+
+    def dump_flight_recorder(self, path: Optional[str | os.PathLike[str]] = None) -> str:
+        """Dumps the flight recorder of this process's communicators (torch's format) to
+        ``path``, or to ``ferrocomm_trace_rank_<rank>`` in ``get_trace_dir()``; returns the
+        file's path."""
+        return self._n.dump_flight_recorder(None if path is None else os.fspath(path))
+
+    def get_trace_dir(self) -> str:
+        """Where the flight recorder's dumps go (``FERROCOMM_TRACE_DIR``, else a per-job
+        directory under the temporary directory)."""
+        return self._n.trace_dir
+
     def abort(self) -> None:
-        """Gives up on the communicator (torchcomms' abort): every later call raises at once;
-        peers waiting on this rank in a host collective fail at once naming it, an NCCL
-        communicator underneath is aborted (its kernels exit), direct-access kernels waiting
-        for this rank end at their timeout. Queued work is not waited for; the memory is
-        released when the communicator object is."""
+        """Gives up on the communicator (torchcomms' abort): the abort hooks run, every later
+        call raises at once; the peers' watchers learn it within milliseconds and fail their
+        communicators naming this rank (FerrocommPeerFailed: their host waits and
+        direct-access kernels end, NCCL is aborted), an NCCL communicator underneath is
+        aborted (its kernels exit), the flight recorder is dumped. Queued work is not waited
+        for; the memory is released when the communicator object is."""
         self._n.abort()
 
     def is_aborted(self) -> bool:
-        return self._n.is_aborted
+        return self._n.is_aborted or self._n.failed_peer() is not None
 
     def is_abort_supported(self) -> bool:
         """True: every backend of ferrocomm's serves ``abort()``."""
@@ -1099,6 +1168,21 @@ def _packed(send: Sequence[int], recv: Sequence[int]) -> SplitsList:
     return [list(send), _prefix(send), list(recv), _prefix(recv)]
 
 
+def _torch_distributed_store(rank: Optional[int],
+                             size: Optional[int]) -> tuple[Any, Optional[int], Optional[int]]:
+    """(store, rank, size) to meet through when torch.distributed is initialized: a prefix of
+    its default store (the job's one store: a second on MASTER_PORT would find the port taken
+    where no torchrun agent moved it), and its rank and size where not given."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None, rank, size
+    from torch.distributed import distributed_c10d as c10d
+    store = dist.PrefixStore("ferrocomm/", c10d._get_default_store())
+    return (store, dist.get_rank() if rank is None else rank,
+            dist.get_world_size() if size is None else size)
+
+
 def new_comm(backend: str, device: Any, name: Optional[str] = None,
              abort_process_on_timeout_or_error: Optional[bool] = None,
              timeout: TimeoutLike = None, is_high_priority_stream: object = None,
@@ -1134,6 +1218,8 @@ def new_comm(backend: str, device: Any, name: Optional[str] = None,
         None if v is None else _int_arg("new_comm", k, v, lo, _MAX_COUNT)
         for k, v, lo in (("rank", rank, 0), ("size", size, 1), ("local_rank", local_rank, 0),
                          ("local_size", local_size, 1)))
+    if store is None:
+        store, rank, size = _torch_distributed_store(rank, size)
     native = _native.new_comm(
         str(name),
         str(backend),

@@ -5,6 +5,8 @@ __all__ = [
     "FerrocommValueError",
     "FerrocommTimeout",
     "FerrocommUnsupported",
+    "FerrocommPeerFailed",
+    "PeerFailed",
 ]
 
 
@@ -22,3 +24,11 @@ class FerrocommTimeout(FerrocommError, TimeoutError):
 
 class FerrocommUnsupported(FerrocommError, NotImplementedError):
     """The backend cannot do this (or a library it needs is absent)."""
+
+
+class FerrocommPeerFailed(FerrocommError):
+    """A peer died or gave up on the communicator (the message names its rank); the
+    communicator is aborted."""
+
+
+PeerFailed = FerrocommPeerFailed

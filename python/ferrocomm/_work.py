@@ -6,6 +6,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from . import _native
 from . import _tensors as T
+from ._errors import FerrocommPeerFailed
 from ._timeouts import TimeoutLike, timeout_seconds
 
 __all__ = ["Work"]
@@ -76,18 +77,29 @@ class CudaWork(Work):
     """A CUDA collective: a completion (a pooled CUDA event of the native layer) recorded on
     the issuing stream right after it."""
 
-    __slots__ = ("_done", "_device", "_stream", "_keep", "_limit")
+    __slots__ = ("_done", "_device", "_stream", "_keep", "_limit", "_comm")
 
     def __init__(self, done: _native.Completion, device: int, stream: int, keep: Sequence[Any],
-                 limit: Optional[float] = None) -> None:
+                 limit: Optional[float] = None, comm: Optional[_native.Comm] = None) -> None:
         self._done = done
         self._device = device
         self._stream = stream
         self._keep = keep
         self._limit = limit
+        self._comm = comm
+
+    def _check_peers(self) -> None:
+        """A peer that died or gave up ended the call's kernels early: its result is not one."""
+        if self._comm is not None:
+            peer = self._comm.failed_peer()
+            if peer is not None:
+                raise FerrocommPeerFailed(
+                    f"rank {peer} failed or exited while this call was running on rank "
+                    f"{self._comm.rank} (flight recorder dumps: {self._comm.trace_dir})")
 
     def wait(self, timeout: TimeoutLike = None) -> None:
         del timeout  # ordering the stream does not block the host
+        self._check_peers()
         cur = T.current_stream_handle(T._torch(), self._device)
         # On the issuing stream the order holds already.
         if cur != self._stream:
@@ -96,6 +108,7 @@ class CudaWork(Work):
     def wait_blocking(self, timeout: TimeoutLike = None) -> None:
         self._done.wait(self._limit if timeout is None else timeout_seconds(timeout))
         self._keep = ()
+        self._check_peers()
 
     def is_completed(self) -> bool:
         return self._done.is_completed()

@@ -104,8 +104,7 @@ PROPERTIES = {"TorchComm": ["mem_allocator"], "TorchCommWindow": ["dtype", "shap
 # What torchcomms has and ferrocomm lacks (docs/python.md lists each).
 LACKING = {
     "TorchComm": ["get_backend_impl", "unsafe_get_backend", "get_init_handle", "reconfigure",
-                  "get_mem_allocator", "mem_allocator", "register_pre_hook",
-                  "register_post_hook", "register_abort_hook", "tensor_register",
+                  "get_mem_allocator", "mem_allocator", "tensor_register",
                   "tensor_deregister"],
     "TorchCommWindow": ["get_device_window", "register_local_buffer", "deregister_local_buffer"],
 }

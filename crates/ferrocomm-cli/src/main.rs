@@ -1,4 +1,4 @@
-//! The `ferrocomm` command: `bench`, `launch`, `info`, `precompile`, `tune`.
+//! The `ferrocomm` command: `bench`, `launch`, `info`, `precompile`, `tune`, `trace`.
 
 mod bench;
 mod info;
@@ -33,6 +33,15 @@ enum Command {
     Precompile(precompile::PrecompileArgs),
     /// Time every candidate on this machine and write the tuning table the planner then uses.
     Tune(tune::TuneArgs),
+    /// Read every rank's flight-recorder dump in DIR: the first call where the ranks diverge,
+    /// and which rank is missing or stuck.
+    Trace(TraceArgs),
+}
+
+#[derive(clap::Args)]
+struct TraceArgs {
+    /// The directory of the dumps (FERROCOMM_TRACE_DIR, or the one a failure's message names).
+    dir: std::path::PathBuf,
 }
 
 fn main() {
@@ -43,6 +52,12 @@ fn main() {
         Command::Info(a) => info::run(a),
         Command::Precompile(a) => precompile::run(a),
         Command::Tune(a) => tune::run(a),
+        Command::Trace(a) => ferrocomm::trace::analyze(&a.dir)
+            .map(|report| {
+                print!("{report}");
+                0
+            })
+            .map_err(anyhow::Error::from),
     };
     match code {
         Ok(c) => std::process::exit(c),

@@ -46,10 +46,13 @@ fn error_class(e: &Error) -> &'static str {
         | Error::Mismatch { .. }
         | Error::BadEnv { .. }
         | Error::MissingEnv { .. } => "FerrocommValueError",
+        // Another rank's arguments were wrong: the caller's error, on that rank.
+        Error::PeerRefused { .. } => "FerrocommValueError",
         Error::Timeout { .. } | Error::StoreTimeout { .. } | Error::RendezvousTimeout { .. } => {
             "FerrocommTimeout"
         }
         Error::Unsupported { .. } | Error::LibraryMissing { .. } => "FerrocommUnsupported",
+        Error::PeerFailed { .. } => "FerrocommPeerFailed",
         _ => "FerrocommError",
     }
 }
@@ -354,6 +357,32 @@ impl NativeCompletion {
     }
 }
 
+/// Removes a hook registered natively (torchcomms' RemovableHandle).
+#[pyclass(frozen, module = "ferrocomm._native")]
+struct NativeHookHandle {
+    inner: ferrocomm::hooks::HookHandle,
+}
+
+#[pymethods]
+impl NativeHookHandle {
+    fn remove(&self) {
+        self.inner.remove();
+    }
+}
+
+/// The analysis of every rank's flight-recorder dumps in `dir` (`ferrocomm trace DIR`).
+#[pyfunction]
+fn analyze_traces(py: Python<'_>, dir: String) -> PyResult<String> {
+    py.detach(move || ferrocomm::trace::analyze(std::path::Path::new(&dir)))
+        .map_err(|e| py_err(py, e))
+}
+
+/// The next op id of the process (hooks pair their pre and post calls with it).
+#[pyfunction]
+fn next_op_id() -> u64 {
+    ferrocomm::flight::next_op_id()
+}
+
 /// What `run` hands back for an async call: the host worker's work, or a CUDA completion.
 #[derive(IntoPyObject)]
 enum Issued {
@@ -639,6 +668,78 @@ impl PyComm {
         }
     }
 
+    /// Tells the peers that this rank has left (the interpreter exits): its process ending is
+    /// no failure for them.
+    fn leave(&self) {
+        self.inner.leave();
+    }
+
+    /// Refuses the next collective call on this rank (`why`: an argument wrong here, found
+    /// by the Python layer): the peers fail it at once instead of waiting for this rank.
+    fn refuse(&self, collective: &str, why: &str) {
+        self.inner.refuse(collective, why);
+    }
+
+    /// The peer whose failure (death, or its abort) the watcher saw, if any.
+    fn failed_peer(&self) -> Option<usize> {
+        self.inner.failed_peer()
+    }
+
+    /// The directory the flight recorder's dumps go to.
+    #[getter]
+    fn trace_dir(&self) -> String {
+        self.inner.trace_dir().display().to_string()
+    }
+
+    /// Dumps the flight recorder (torch's format) to `path`, or into the trace directory;
+    /// returns the file's path.
+    #[pyo3(signature = (path=None))]
+    fn dump_flight_recorder(&self, py: Python<'_>, path: Option<String>) -> PyResult<String> {
+        let comm = self.inner.clone();
+        py.detach(move || comm.dump_flight_recorder(path.as_deref().map(std::path::Path::new)))
+            .map(|p| p.display().to_string())
+            .map_err(|e| py_err(py, e))
+    }
+
+    /// The flight recorder's calls recorded at or after record id `since`, as torch's JSON
+    /// dump (`only_active`: those not completed).
+    fn flight_recorder_json(&self, since: u64, only_active: bool) -> String {
+        let r = self.inner.flight_recorder().clone();
+        ferrocomm::flight::dump_value(&[r], since, only_active, "on demand").to_string()
+    }
+
+    /// Turns the flight recorder on with `capacity` calls (when it is off); the record id
+    /// the next call gets and the calls recorded so far.
+    fn flight_recorder_enable(&self, capacity: usize) -> (u64, u64) {
+        let r = self.inner.flight_recorder();
+        r.enable(capacity);
+        (ferrocomm::flight::FlightRecorder::watermark(), r.len())
+    }
+
+    /// Calls recorded so far (0 when off) and the next record id.
+    fn flight_recorder_len(&self) -> (u64, u64) {
+        (
+            self.inner.flight_recorder().len(),
+            ferrocomm::flight::FlightRecorder::watermark(),
+        )
+    }
+
+    /// Registers `f` (no arguments), called once when the communicator is aborted (by
+    /// abort(), or because a peer died or gave up), on the thread that aborts it.
+    fn register_abort_hook(&self, py: Python<'_>, f: Py<PyAny>) -> PyResult<NativeHookHandle> {
+        let hook = move || {
+            Python::attach(|py| {
+                if let Err(e) = f.call0(py) {
+                    e.print(py);
+                }
+            })
+        };
+        self.inner
+            .register_abort_hook(Arc::new(hook))
+            .map(|h| NativeHookHandle { inner: h })
+            .map_err(|e| py_err(py, e))
+    }
+
     /// Sets the timeout of later calls, in seconds ([`Communicator::set_timeout`]): longer or
     /// shorter than the creation timeout.
     fn set_timeout(&self, py: Python<'_>, seconds: f64) -> PyResult<()> {
@@ -845,6 +946,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyComm>()?;
     m.add_class::<NativeWork>()?;
     m.add_class::<NativeCompletion>()?;
+    m.add_class::<NativeHookHandle>()?;
+    m.add_function(wrap_pyfunction!(analyze_traces, m)?)?;
+    m.add_function(wrap_pyfunction!(next_op_id, m)?)?;
     m.add_class::<window::PyWindow>()?;
     m.add_class::<window::PyAllGatherP>()?;
     m.add_class::<window::PySharedMem>()?;

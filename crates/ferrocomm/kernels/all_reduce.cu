@@ -172,6 +172,11 @@ __device__ void report_error(const Args& a, u32 code, u32 peer, u32 detail) {
 
 #define SPIN_CHECK 512
 
+// Word of the host-mapped error page (u32 index) that the communicator's watcher raises when a
+// peer died or gave up on the communicator (cuda/dda: ABORT_WORD): every wait ends at its next
+// look, with nothing recorded (the host names the peer). Read over the bus only on the slow path.
+#define FC_ABORT_WORD 16
+
 // ---------------------------------------------------------------- call signatures
 //
 // Ranks that disagree on a call (count, dtype, op, algorithm) would otherwise wait for data that
@@ -221,13 +226,15 @@ __device__ bool hello_differs(const Args& a, u32 sig, u32 e) {
     return false;
 }
 
-// Every spin loop's slow path: true (keep spinning) except every SPIN_CHECK-th call, where a
-// peer's hello of call e with another signature than `sig` (when `peek`: the kernel's peers
-// send hellos) or the timeout ends the wait, recorded (peer, phase).
+// Every spin loop's slow path: true (keep spinning) except every SPIN_CHECK-th call, where the
+// watcher's abort word, a peer's hello of call e with another signature than `sig` (when `peek`:
+// the kernel's peers send hellos) or the timeout ends the wait, the latter two recorded (peer,
+// phase).
 __device__ __forceinline__ bool spin_ok(const Args& a, u32& spins, u32 peer, u32 phase, u64 t0,
                                         bool peek, u32 sig, u32 e) {
     if (++spins < SPIN_CHECK) return true;
     spins = 0;
+    if (a.error != 0 && ((volatile const u32*)a.error)[FC_ABORT_WORD] != 0) return false;
     if (peek && hello_differs(a, sig, e)) return false;
     if (globaltimer() - t0 > a.timeout_ns) {
         report_timeout(a, peer, phase);

@@ -8,7 +8,7 @@
 //   consumed : u64 [world senders][slots]   (local: signals its waits have taken)
 // Both live in device memory and only kernels touch them, so a CUDA graph replay counts on.
 //
-// Ordering (DESIGN rule 1): a put's stores complete before the signal kernel starts (stream
+// Ordering (docs/design.md, rule 1): a put's stores complete before the signal kernel starts (stream
 // order: a put kernel's threads fence at system scope before they exit, a copy-engine put is
 // complete when the next operation of the stream begins); the signal kernel then fences and
 // adds with release at system scope; the waiting kernel loads the counter with acquire at

@@ -117,6 +117,32 @@ pub(crate) fn call_timeout(outside: Duration) -> Duration {
     CALL_TIMEOUT.get().unwrap_or(outside)
 }
 
+thread_local! {
+    /// The number of the collective call this thread is running on its communicator (0: none).
+    static CALL_NO: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The number of the collective call this thread is running (0 outside one): a wait for a
+/// peer that refused this very call ends ([`PeerState::refused`]).
+pub(crate) fn call_no() -> u64 {
+    CALL_NO.get()
+}
+
+/// A collective call's number in force on this thread until the guard drops.
+pub(crate) struct CallNo(u64);
+
+impl CallNo {
+    pub(crate) fn enter(n: u64) -> CallNo {
+        CallNo(CALL_NO.replace(n))
+    }
+}
+
+impl Drop for CallNo {
+    fn drop(&mut self) {
+        CALL_NO.set(self.0);
+    }
+}
+
 /// A call's timeout in force on this thread until the guard drops (then the one before it,
 /// for a call made from inside another, is back).
 pub(crate) struct CallTimeout(Option<Duration>);
@@ -190,6 +216,10 @@ impl CommLive {
 
     pub(crate) fn finalize(&self) {
         self.finalized.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_finalized(&self) -> bool {
+        self.finalized.load(Ordering::Acquire)
     }
 
     /// Marks the communicator aborted because of `why`; whether this call did (the first one).
@@ -337,6 +367,122 @@ pub struct PackedCounts<'a> {
     pub unit: usize,
 }
 
+/// Why a peer failed, as the communicator's watcher saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Its process ended without closing the communicator.
+    Died,
+    /// It called `abort()` (or gave up after a timeout or a failure of its own).
+    Aborted,
+}
+
+/// What a communicator's watcher ([`crate::watch`]) knows of its peers, read by the backends'
+/// waits: the first peer that failed (died without closing the communicator, or aborted it),
+/// and every peer that is gone (failed, or left after closing it).
+#[derive(Debug)]
+pub struct PeerState {
+    /// 0: none; else (peer + 1) | why << 32 (1: died, 2: aborted).
+    failed: std::sync::atomic::AtomicU64,
+    gone: Vec<std::sync::atomic::AtomicBool>,
+    /// Per peer: the number of the latest collective call it refused (0: none), and why.
+    refused: Vec<std::sync::atomic::AtomicU64>,
+    refused_why: std::sync::Mutex<Vec<String>>,
+}
+
+impl PeerState {
+    /// No peer failed or gone, for `world` ranks.
+    pub fn new(world: usize) -> PeerState {
+        PeerState {
+            failed: 0.into(),
+            gone: (0..world).map(|_| false.into()).collect(),
+            refused: (0..world).map(|_| 0.into()).collect(),
+            refused_why: std::sync::Mutex::new(vec![String::new(); world]),
+        }
+    }
+
+    /// The number of the latest collective call peer `p` refused (0: none).
+    pub fn refused(&self, p: usize) -> u64 {
+        self.refused
+            .get(p)
+            .map_or(0, |r| r.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// A peer that refused call `n`, and why.
+    pub fn refusal_of(&self, n: u64) -> Option<(usize, String)> {
+        if n == 0 {
+            return None;
+        }
+        let p = (0..self.refused.len()).find(|&p| self.refused(p) == n)?;
+        let why = self
+            .refused_why
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(p)
+            .cloned()
+            .unwrap_or_default();
+        Some((p, why))
+    }
+
+    /// Records that `p` refused call `n` because `why`.
+    pub(crate) fn set_refused(&self, p: usize, n: u64, why: String) {
+        if let Some(w) = self
+            .refused_why
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(p)
+        {
+            *w = why;
+        }
+        if let Some(r) = self.refused.get(p) {
+            r.store(n, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// The first peer that failed, and how.
+    pub fn failure(&self) -> Option<(usize, Failure)> {
+        let w = self.failed.load(std::sync::atomic::Ordering::Acquire);
+        if w == 0 {
+            return None;
+        }
+        let why = if w >> 32 == 2 {
+            Failure::Aborted
+        } else {
+            Failure::Died
+        };
+        Some(((w & 0xffff_ffff) as usize - 1, why))
+    }
+
+    /// Whether peer `p` has failed or left.
+    pub fn gone(&self, p: usize) -> bool {
+        self.gone
+            .get(p)
+            .is_some_and(|g| g.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// Records that `p` failed; true when it is the communicator's first failure.
+    pub(crate) fn set_failed(&self, p: usize, why: Failure) -> bool {
+        let code = match why {
+            Failure::Died => 1u64,
+            Failure::Aborted => 2,
+        };
+        self.failed
+            .compare_exchange(
+                0,
+                (p as u64 + 1) | code << 32,
+                std::sync::atomic::Ordering::AcqRel,
+                std::sync::atomic::Ordering::Acquire,
+            )
+            .is_ok()
+    }
+
+    /// Records that `p` is gone.
+    pub(crate) fn set_gone(&self, p: usize) {
+        if let Some(g) = self.gone.get(p) {
+            g.store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+}
+
 /// What a backend is told when it is created.
 #[derive(Clone)]
 pub struct CommContext {
@@ -359,6 +505,8 @@ pub struct CommContext {
     pub store: Arc<dyn Store>,
     /// The configuration in effect.
     pub config: Arc<Config>,
+    /// What the communicator's watcher knows of the peers (never updated when it has none).
+    pub peers: Arc<PeerState>,
 }
 
 impl CommContext {
@@ -1065,6 +1213,23 @@ pub trait Backend: Send + Sync {
     /// tell.
     fn abort(&self, why: &str) {
         let _ = why;
+    }
+    /// A peer died or gave up on the communicator (its watcher saw it): whatever waits for
+    /// it must end now. Default: nothing (the host backend's waits read [`PeerState`]).
+    fn peer_failed(&self, peer: usize) {
+        let _ = peer;
+    }
+    /// A peer refused a collective call this rank has issued (its arguments were wrong
+    /// there): whatever waits for it in that call must end. Default: as a failed peer (the
+    /// communicator's kernels and NCCL are ended; it is aborted).
+    fn peer_refused(&self, peer: usize) {
+        self.peer_failed(peer);
+    }
+    /// Whether `stream` is being captured into a CUDA graph (the flight recorder records a
+    /// captured call as such). Default: never (no streams).
+    fn capturing(&self, stream: u64) -> bool {
+        let _ = stream;
+        false
     }
     /// Runs one checked call: the one entry the communicator uses, which hands the call to the
     /// backend's executor of its kind. A call the backend cannot serve is refused with

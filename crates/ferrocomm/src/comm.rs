@@ -7,6 +7,7 @@
 //! collectives or counts at the same step) are the backend's, because only it sees the peers.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -25,6 +26,8 @@ use crate::rmsnorm::{AllReduceRmsNorm, Shape as RmsNormShape};
 use crate::types::{read_count, DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 use crate::window::{AllGatherP, Window, WindowParts};
+
+mod failure;
 
 /// How to create a communicator ([`Communicator::new`]). Unset fields come from the
 /// environment, as torchrun and `ferrocomm launch` set it; every rank passes the same `name`.
@@ -77,9 +80,21 @@ impl CommOptions {
 
 /// A group of ranks that run collectives together.
 pub struct Communicator {
+    /// Dropped first: marks this rank closed for the peers' watchers and stops the thread
+    /// before the backend goes.
+    watch: Option<crate::watch::Watch>,
     ctx: CommContext,
     root_store: Arc<dyn Store>,
-    backend: Box<dyn Backend>,
+    backend: Arc<dyn Backend>,
+    /// The flight recorder of this communicator's calls.
+    flight: Arc<crate::flight::FlightRecorder>,
+    /// The hooks registered on it.
+    hooks: Arc<crate::hooks::Hooks>,
+    /// Calls compared across ranks so far (`FERROCOMM_CHECK_CALLS`).
+    checked: AtomicU64,
+    /// Collective calls made or refused so far: the number of the latest (peers' refusals
+    /// name calls by it).
+    calls: Arc<AtomicU64>,
     /// The plans `FERROCOMM_DEBUG` has printed (each once).
     plans_seen: Mutex<HashSet<(Collective, Plan)>>,
     /// Finalized, aborted ([`Communicator::abort`]) and the timeout of later calls
@@ -204,6 +219,7 @@ impl Communicator {
         Self::build(
             name,
             prefix,
+            (0..size).collect(),
             rank,
             size,
             local_rank,
@@ -219,6 +235,7 @@ impl Communicator {
     fn build(
         name: String,
         prefix: String,
+        global_ranks: Vec<usize>,
         rank: usize,
         size: usize,
         local_rank: usize,
@@ -273,6 +290,7 @@ impl Communicator {
             device,
             store,
             config,
+            peers: Arc::new(crate::backend::PeerState::new(size)),
         };
         let kind = match (choice, device) {
             (BackendChoice::Nccl, _) => "nccl",
@@ -280,10 +298,13 @@ impl Communicator {
             (_, Device::Cuda(_)) => "cuda",
         };
         check_settings_agree(&ctx, kind)?;
-        let backend: Box<dyn Backend> = match (choice, device) {
-            (BackendChoice::Nccl, _) => crate::nccl::new_backend(&ctx)?,
-            (_, Device::Host) => Box::new(crate::host::HostBackend::new(&ctx)?),
-            (_, Device::Cuda(_)) => crate::cuda::new_backend(&ctx)?,
+        failure::agree_trace_job(&ctx)?;
+        // Before the backend: its waits read what the watcher sees.
+        let watch = crate::watch::Watch::start(&ctx)?;
+        let backend: Arc<dyn Backend> = match (choice, device) {
+            (BackendChoice::Nccl, _) => crate::nccl::new_backend(&ctx)?.into(),
+            (_, Device::Host) => Arc::new(crate::host::HostBackend::new(&ctx)?),
+            (_, Device::Cuda(_)) => crate::cuda::new_backend(&ctx)?.into(),
         };
         if ctx.config.debug {
             // One line in one write, as print_plan's (stderr is shared by the ranks).
@@ -300,14 +321,22 @@ impl Communicator {
             );
             let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
+        let flight = failure::recorder(&ctx, kind, global_ranks, &backend)?;
         let live = Arc::new(CommLive::new(&ctx.name, ctx.timeout()));
-        Ok(Communicator {
+        let comm = Communicator {
+            watch,
             ctx,
             root_store,
             backend,
+            flight,
+            hooks: Arc::default(),
+            checked: 0.into(),
+            calls: Arc::default(),
             plans_seen: Mutex::default(),
             live,
-        })
+        };
+        comm.arm_watch();
+        Ok(comm)
     }
 
     /// This rank, in `0..size`.
@@ -353,12 +382,16 @@ impl Communicator {
         self.backend.plan_for(coll, bytes_per_rank, dtype, opts)
     }
 
-    /// Checks one call ([`CallKind::check`]) and hands it to the backend: the one path every
-    /// call takes, from the methods below and from a binding's [`CallDesc`]. With
+    /// Checks one call ([`CallKind::check`]) and hands it to the backend, with the hooks and
+    /// the flight recorder around it: the one path every call takes, from the methods below
+    /// and from a binding's [`CallDesc`]. A collective call this rank refuses (its arguments
+    /// are wrong here) fails on the peers at once ([`Communicator::refuse`]). With
     /// `FERROCOMM_DEBUG` the call's plan is printed the first time it comes up (once per
     /// collective and plan).
     fn run(&self, kind: CallKind<'_>, opts: &CallOpts) -> Result<()> {
-        kind.check(self.rank(), self.size())?;
+        let name = kind.name().name();
+        kind.check(self.rank(), self.size())
+            .inspect_err(|e| self.refuse_for(kind.name(), e))?;
         if let CallKind::AllToAllVDynamicPacked { counts, .. } = &kind {
             if counts.send.device() == Device::Host && counts.recv.device() == Device::Host {
                 // Counts in host memory: read here and run as the all-to-all-v they describe,
@@ -382,7 +415,7 @@ impl Communicator {
                 return self.run(kind, opts);
             }
         }
-        let backend = self.live()?;
+        let backend = self.live(name)?;
         if self.ctx.config.debug {
             let plan = match &kind {
                 CallKind::AllReduceRmsNorm(call) => backend.rmsnorm_plan_for(call.shape(), opts),
@@ -398,8 +431,26 @@ impl Communicator {
                 self.print_plan(kind.collective(), kind.name().name(), bytes, dtype, plan);
             }
         }
-        let _timeout = self.enter_call(opts)?;
-        backend.run(Call { kind, opts })
+        let timeout = self.live.timeout_for(opts)?;
+        let _timeout = CallTimeout::enter(timeout);
+        let op_id = crate::flight::next_op_id();
+        if self.hooks.any() {
+            self.hooks.pre(&crate::hooks::PreHookArgs {
+                op_id,
+                name,
+                call: &kind,
+                opts,
+            });
+        }
+        let r = self.run_recorded(backend, kind, opts, timeout, op_id);
+        if self.hooks.any() {
+            self.hooks.post(&crate::hooks::PostHookArgs {
+                op_id,
+                name,
+                result: &r,
+            });
+        }
+        r
     }
 
     /// Runs the call a binding described by plain values: [`CallDesc::kind`] turns it into its
@@ -411,7 +462,7 @@ impl Communicator {
     /// call is complete (for CUDA: until its work on the stream has finished).
     pub unsafe fn run_desc(&self, desc: &CallDesc) -> Result<()> {
         // SAFETY: forwarded from this function's contract.
-        let kind = unsafe { desc.kind() }?;
+        let kind = unsafe { desc.kind() }.inspect_err(|e| self.refuse_for(desc.name, e))?;
         self.run(kind, &desc.opts)
     }
 
@@ -447,27 +498,35 @@ impl Communicator {
         self.live.set_timeout(timeout)
     }
 
-    /// The timeout in force for a call with `opts`, checked.
-    fn enter_call(&self, opts: &CallOpts) -> Result<CallTimeout> {
-        Ok(CallTimeout::enter(self.live.timeout_for(opts)?))
-    }
-
     /// A [`Completion`] recorded on `stream` (the calling thread's current context's) after
     /// the calls issued on it so far: what an async call's work object holds. `None` on the
     /// host backend, whose calls have finished when they return.
     pub fn mark(&self, stream: u64) -> Result<Option<Completion>> {
-        self.live()?.mark(stream)
+        self.live("mark")?.mark(stream)
     }
 
-    fn live(&self) -> Result<&dyn Backend> {
+    /// The backend, unless the communicator was finalized, lost a peer (then a call of
+    /// `collective` fails naming it) or was aborted.
+    fn live(&self, collective: &'static str) -> Result<&dyn Backend> {
+        if self.live.is_finalized() {
+            return Err(Error::Finalized(self.ctx.name.clone()));
+        }
+        if let Some((peer, _)) = self.ctx.peers.failure() {
+            return Err(Error::PeerFailed {
+                collective,
+                rank: self.ctx.rank,
+                peer,
+            });
+        }
         self.live.check()?;
         Ok(&*self.backend)
     }
 
-    /// Gives up on the communicator (torchcomms' abort): every later call fails with
-    /// [`Error::Aborted`] at once, peers waiting on this rank in a host collective fail at once
-    /// with [`Error::PeerFailed`] naming it, an NCCL communicator underneath is aborted (its
-    /// kernels exit); direct-access kernels waiting for this rank end at their timeout. May be
+    /// Gives up on the communicator (torchcomms' abort): the abort hooks run, every later
+    /// call fails with [`Error::Aborted`] at once, the peers' watchers learn it within
+    /// milliseconds and fail their communicators naming this rank ([`Error::PeerFailed`]:
+    /// their waiting host collectives and direct-access kernels end), an NCCL communicator
+    /// underneath is aborted (its kernels exit), and the flight recorder is dumped. May be
     /// called from any thread, also while a call runs; the memory is released on drop.
     pub fn abort(&self) {
         self.abort_because(ABORT_CALLED);
@@ -478,7 +537,12 @@ impl Communicator {
     /// gives. The first reason stays.
     pub fn abort_because(&self, why: &str) {
         if self.live.abort(why) {
+            self.hooks.abort();
+            if let Some(w) = &self.watch {
+                w.announce_abort();
+            }
             self.backend.abort(self.live.abort_why());
+            self.dump_for_failure(self.live.abort_why());
         }
     }
 
@@ -510,7 +574,8 @@ impl Communicator {
     /// norm's form included (`fused-flat`, `fused-tree`, or the all-reduce's path and `+norm`).
     /// Pointers are planned as aligned. Backends without the call refuse.
     pub fn rmsnorm_algo_for(&self, shape: RmsNormShape, opts: &CallOpts) -> Result<Plan> {
-        self.live()?.rmsnorm_plan_for(shape, opts)
+        self.live(crate::rmsnorm::NAME)?
+            .rmsnorm_plan_for(shape, opts)
     }
 
     /// Reduces `input` over all ranks into `output` on `root` (other ranks' outputs are not
@@ -664,7 +729,7 @@ impl Communicator {
     }
 
     fn window_with_slots<'b>(&self, slots: usize) -> Result<Window<'b>> {
-        let engine = self.live()?.new_window(slots)?;
+        let engine = self.live("new_window")?.new_window(slots)?;
         Window::new(WindowParts {
             live: self.live.clone(),
             store: self.ctx.store.clone(),
@@ -710,7 +775,7 @@ impl Communicator {
     /// not call; listed ranks must all call with the same list and name. It starts with this
     /// communicator's current [`Communicator::timeout`].
     pub fn split(&self, ranks: &[usize], name: &str) -> Result<Option<Communicator>> {
-        self.live()?;
+        self.live("split")?;
         let mut seen = vec![false; self.size()];
         for &r in ranks {
             if r >= self.size() {
@@ -747,9 +812,14 @@ impl Communicator {
         // also for its creation.
         let mut config = (*self.ctx.config).clone();
         config.timeout = self.timeout();
+        let global: Vec<usize> = ranks
+            .iter()
+            .map(|&r| self.flight.info().ranks.get(r).copied().unwrap_or(r))
+            .collect();
         Communicator::build(
             full,
             prefix,
+            global,
             new_rank,
             ranks.len(),
             0,
@@ -765,6 +835,7 @@ impl Communicator {
     /// Releases the backend's resources now; later calls fail with [`Error::Finalized`].
     pub fn finalize(&self) -> Result<()> {
         self.live.finalize();
+        self.leave();
         Ok(())
     }
 }

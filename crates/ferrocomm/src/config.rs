@@ -79,6 +79,11 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_STORE_PORT", "MASTER_PORT (MASTER_PORT+1 under torchrun)", "Port of the bootstrap TCP store."),
     var("FERROCOMM_STORE_SECRET", "(derived)", "Secret the job's processes share to authenticate to the bootstrap store (at least 16 characters, UTF-8; never printed). ferrocomm launch sets a random one; unset, it is derived from torchrun's TORCHELASTIC_RUN_ID with MASTER_ADDR and MASTER_PORT, else from this user's key file $XDG_CONFIG_HOME/ferrocomm/store-key (see docs/security.md)."),
     var("FERROCOMM_STORE_EXTERNAL", "0", "1 when the store server runs outside the ranks (ferrocomm launch sets it); rank 0 then connects as a client."),
+    var("FERROCOMM_FLIGHT_RECORDER", "2000", "Calls each communicator's flight recorder keeps (a ring of the latest; 0 turns it off): what every rank was doing, dumped on a timeout, a dead or aborted peer, abort(), SIGUSR1 (FERROCOMM_TRACE_ON_SIGUSR1) and on demand, in torch's flight-recorder format (docs/reliability.md). At most 1048576."),
+    var("FERROCOMM_TRACE_DIR", "(temp dir)/ferrocomm-trace-<uid>-<job>", "Directory the flight recorder's dumps go to, one file per rank (ferrocomm_trace_rank_<rank>); created mode 700 when absent, refused when it is another user's, open to others or a symbolic link."),
+    var("FERROCOMM_TRACE_ON_SIGUSR1", "0", "1 dumps the flight recorder of every communicator of the process when it receives SIGUSR1."),
+    var("FERROCOMM_CHECK_CALLS", "0", "1 compares every collective call's description (collective, counts, dtype, op, root; an all-to-all-v's counts pairwise) across the ranks before it runs: a call that differs raises on every rank at that call, naming the ranks and what differs, and nothing runs. Sends and receives are not compared (their sizes are checked on both sides anyway). Costs a store round trip per call; the same on every rank."),
+    var("FERROCOMM_NAN_CHECK", "0", "1 checks every call's floating-point input for NaN and infinity before it runs, raising on the rank that holds one, naming the call and the first bad element (host buffers; CUDA buffers are copied to the host for the check)."),
     var("FERROCOMM_DEBUG", "0", "1 prints the configuration to stderr at start-up (like NCCL_DEBUG=INFO) and each plan a communicator runs, the first time it runs it."),
     var("RANK", "-", "Global rank (torchrun), below WORLD_SIZE; OMPI_COMM_WORLD_RANK is read when RANK is absent."),
     var("WORLD_SIZE", "-", "Number of ranks (torchrun), 1 to 65536; OMPI_COMM_WORLD_SIZE otherwise."),
@@ -286,6 +291,17 @@ pub struct Config {
     pub store_key_file: Option<PathBuf>,
     /// `FERROCOMM_DEBUG`: print the configuration and each new plan to stderr.
     pub debug: bool,
+    /// `FERROCOMM_FLIGHT_RECORDER`: calls each communicator's flight recorder keeps (0: off).
+    pub flight_recorder: usize,
+    /// `FERROCOMM_TRACE_DIR`: where flight-recorder dumps go (`None`: a per-job directory
+    /// under the temporary directory).
+    pub trace_dir: Option<PathBuf>,
+    /// `FERROCOMM_TRACE_ON_SIGUSR1`: dump every flight recorder of the process on SIGUSR1.
+    pub trace_on_sigusr1: bool,
+    /// `FERROCOMM_CHECK_CALLS`: compare every call's description across ranks first.
+    pub check_calls: bool,
+    /// `FERROCOMM_NAN_CHECK`: check inputs for NaN and infinity first.
+    pub nan_check: bool,
     /// How this process was launched.
     pub launch: LaunchEnv,
     /// Variable name -> (value text, source) for every variable in [`VARS`].
@@ -373,6 +389,10 @@ impl Reader<'_> {
     }
 }
 
+/// Most calls a flight recorder keeps (`FERROCOMM_FLIGHT_RECORDER`): its ring is allocated at
+/// creation, about 200 bytes a call.
+pub const MAX_FLIGHT_RECORDER: usize = 1 << 20;
+
 /// Largest size any byte-size variable accepts (1 TiB): thresholds only compare with it.
 pub const MAX_ENV_BYTES: usize = 1 << 40;
 /// Largest `FERROCOMM_HOST_SLOT_BYTES` (1 GiB of shared staging per rank).
@@ -428,8 +448,9 @@ pub fn parse_size(s: &str) -> std::result::Result<usize, String> {
 
 /// [`Config::shared_settings`]: each setting (its path in the serialized configuration) and the
 /// variable that sets it.
-const SHARED_SETTINGS: [(&str, &str); 26] = [
+const SHARED_SETTINGS: [(&str, &str); 27] = [
     ("algo", "FERROCOMM_ALGO"),
+    ("check_calls", "FERROCOMM_CHECK_CALLS"),
     ("low_precision.enabled", "FERROCOMM_LOW_PRECISION"),
     ("low_precision.format", "FERROCOMM_LP_FORMAT"),
     ("low_precision.block", "FERROCOMM_LP_BLOCK"),
@@ -675,6 +696,20 @@ impl Config {
             })
             .map(|d| d.join("ferrocomm").join("store-key"));
         let debug = r.flag("FERROCOMM_DEBUG", false)?;
+        let flight_recorder = r
+            .parse::<usize>("FERROCOMM_FLIGHT_RECORDER", "expected a number of calls")?
+            .unwrap_or(2000);
+        if flight_recorder > MAX_FLIGHT_RECORDER {
+            return Err(Error::BadEnv {
+                var: "FERROCOMM_FLIGHT_RECORDER",
+                value: flight_recorder.to_string(),
+                why: format!("at most {MAX_FLIGHT_RECORDER} calls"),
+            });
+        }
+        let trace_dir = r.raw("FERROCOMM_TRACE_DIR").map(PathBuf::from);
+        let trace_on_sigusr1 = r.flag("FERROCOMM_TRACE_ON_SIGUSR1", false)?;
+        let check_calls = r.flag("FERROCOMM_CHECK_CALLS", false)?;
+        let nan_check = r.flag("FERROCOMM_NAN_CHECK", false)?;
         let launch = read_launch(&mut r)?;
         Ok(Config {
             timeout,
@@ -697,6 +732,11 @@ impl Config {
             builtin_kernels,
             store_key_file,
             debug,
+            flight_recorder,
+            trace_dir,
+            trace_on_sigusr1,
+            check_calls,
+            nan_check,
             launch,
             sources: r.sources,
         })

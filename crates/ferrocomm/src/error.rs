@@ -119,6 +119,25 @@ pub enum Error {
         peer: usize,
     },
 
+    #[error(
+        "{collective} (call #{call}) on rank {rank}: rank {peer} refused this call ({why}), so \
+         it fails on every rank"
+    )]
+    /// A collective call that another rank refused (its arguments were wrong there): it fails
+    /// on every rank at once instead of waiting for the refusing rank.
+    PeerRefused {
+        /// The collective.
+        collective: &'static str,
+        /// The call's number on the communicator.
+        call: u64,
+        /// This rank.
+        rank: usize,
+        /// The rank that refused it.
+        peer: usize,
+        /// That rank's error.
+        why: String,
+    },
+
     /// An environment variable that is needed and unset.
     #[error("missing environment variable {var}: {why}")]
     MissingEnv {

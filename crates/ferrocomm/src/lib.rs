@@ -77,6 +77,8 @@ pub mod config;
 pub mod cuda;
 pub mod driver;
 pub mod error;
+pub mod flight;
+pub mod hooks;
 pub mod host;
 pub mod launch;
 pub mod nccl;
@@ -85,8 +87,10 @@ pub mod quant;
 pub mod reduce;
 pub mod reference;
 pub mod rmsnorm;
+pub mod trace;
 pub mod types;
 pub mod view;
+pub mod watch;
 pub mod window;
 
 pub use backend::{

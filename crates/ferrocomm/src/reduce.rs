@@ -3,7 +3,7 @@
 //!
 //! [`reduce_bytes`] folds its inputs in the order given (rank 0..n-1), so every rank that
 //! reduces the same inputs gets the same bits (docs/design.md, rule 5). f16, bf16 and FP8 inputs are
-//! widened to f32, reduced there and rounded once at the end (rule 6 there); f32 reduces in f32, f64 in
+//! widened to f32, reduced there and rounded once at the end (rule 6); f32 reduces in f32, f64 in
 //! f64, integers in their own type with wrap-around. The operator is matched once per block of
 //! elements, never per element, so the inner loops are plain slice loops the compiler vectorizes.
 

@@ -220,6 +220,25 @@ impl ReduceOp {
             ReduceOp::BitXor => 8,
         }
     }
+
+    /// The name of the operator whose [`ReduceOp::code`] is `code` (`None` for no operator's),
+    /// for descriptions kept as codes (a PreMulSum's factor is not part of its code).
+    pub fn name_of_code(code: u64) -> Option<&'static str> {
+        [
+            ReduceOp::Sum,
+            ReduceOp::Prod,
+            ReduceOp::Min,
+            ReduceOp::Max,
+            ReduceOp::Avg,
+            ReduceOp::PremulSum(1.0),
+            ReduceOp::BitAnd,
+            ReduceOp::BitOr,
+            ReduceOp::BitXor,
+        ]
+        .into_iter()
+        .find(|o| u64::from(o.code()) == code)
+        .map(ReduceOp::name)
+    }
 }
 
 impl fmt::Display for ReduceOp {
@@ -326,6 +345,16 @@ pub enum Algo {
 }
 
 impl Algo {
+    /// Every algorithm, in declaration order.
+    pub const ALL: [Algo; 6] = [
+        Algo::Auto,
+        Algo::Push,
+        Algo::Flat,
+        Algo::Tree,
+        Algo::Direct,
+        Algo::Nccl,
+    ];
+
     /// The name used in settings, `FERROCOMM_ALGO` and the bench (`auto`, `push`, `flat`, ...).
     pub const fn name(self) -> &'static str {
         match self {

@@ -568,15 +568,31 @@ fn batched_sends_and_receives() {
                 assert_eq!(out.bytes(), &w.1[..], "from rank {}", w.2);
             }
             // A receive of another size than its send: this batch fails on the receiver, the
-            // message is drained, and the next batch works.
+            // message is drained; the sender fails in this batch (the receive was there first)
+            // or reports it at its next send or receive with that peer, whose messages move.
             let short = input(d, 10, 8, me, false);
             let mut got = Aligned::poisoned(if me == 0 { 44 } else { 40 });
             let r = comm.batch_send_recv(ring(d, &short, got.bytes_mut(), next, prev), &o);
-            if me == 0 {
+            // Rank 0 receives, and its previous rank sends, the mismatched message.
+            let sender = next == 0;
+            let sender_learned_later = sender && r.is_ok();
+            if me == 0 || (sender && !sender_learned_later) {
                 assert!(matches!(r, Err(Error::Mismatch { .. })), "{r:?}");
+            } else if !sender {
+                r.unwrap();
+            }
+            let mut fine = Aligned::poisoned(40);
+            let r = comm.batch_send_recv(ring(d, &short, fine.bytes_mut(), next, prev), &o);
+            if sender_learned_later {
+                let e = r.unwrap_err().to_string();
+                assert!(
+                    e.contains("refused by its receive, which expected 44 bytes"),
+                    "{e}"
+                );
             } else {
                 r.unwrap();
             }
+            assert_eq!(fine.bytes(), &input(d, 10, 8, prev, false)[..]);
             // A peer out of range or this rank itself: refused before anything moves.
             for (bad, what) in [(n, "out of range"), (me, "itself")] {
                 let e = comm

@@ -450,7 +450,12 @@ fn mismatched_send_and_recv_sizes_are_reported() {
             comm.recv(ViewMut::host(&mut y), 0, &CallOpts::default())
         }
     });
-    assert!(res[0].is_ok());
+    // Both sides fail: the receiver was there while the sender sent its chunks.
+    assert!(
+        matches!(res[0], Err(Error::Mismatch { peer: 1, .. })),
+        "{:?}",
+        res[0]
+    );
     assert!(
         matches!(res[1], Err(Error::Mismatch { peer: 0, .. })),
         "{:?}",

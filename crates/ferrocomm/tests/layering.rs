@@ -608,3 +608,58 @@ fn paths_through_super_groups_and_children_are_resolved() {
         ["backend", "dda", "backend"]
     );
 }
+
+/// Every "docs/design.md, rule N" (or "rules N-M") in the crate's sources and kernels names a
+/// protocol rule that docs/design.md lists: the rules the code cites are in the repository.
+#[test]
+fn cited_design_rules_exist() {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let design = std::fs::read_to_string(crate_dir.join("../../docs/design.md"))
+        .expect("docs/design.md holds the rules the code cites");
+    let protocol = design
+        .split("## Protocol rules")
+        .nth(1)
+        .expect("docs/design.md has a section of protocol rules");
+    let listed = protocol
+        .lines()
+        .filter_map(|l| l.split_once(". ").and_then(|(n, _)| n.parse::<u32>().ok()))
+        .max()
+        .unwrap_or(0);
+    assert!(listed >= 9, "docs/design.md lists {listed} protocol rules");
+    let mut files = Vec::new();
+    let mut dirs = vec![crate_dir.join("src"), crate_dir.join("kernels")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                files.push(p);
+            }
+        }
+    }
+    let mut cited = 0;
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        for (i, _) in text.match_indices("docs/design.md, rule") {
+            let rest = &text[i + "docs/design.md, rule".len()..];
+            let rest = rest.trim_start_matches('s').trim_start();
+            for n in rest
+                .split(|c: char| !c.is_ascii_digit())
+                .take_while(|s| !s.is_empty())
+            {
+                let n: u32 = n.parse().unwrap();
+                assert!(
+                    (1..=listed).contains(&n),
+                    "{}: cites rule {n}, docs/design.md lists 1-{listed}",
+                    f.display()
+                );
+                cited += 1;
+            }
+        }
+    }
+    assert!(
+        cited > 0,
+        "no citation of docs/design.md found: the scan is broken"
+    );
+}

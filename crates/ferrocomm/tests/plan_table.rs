@@ -29,15 +29,6 @@ const COLLECTIVES: [Collective; 10] = [
     Collective::Recv,
 ];
 
-const ALGOS: [Algo; 6] = [
-    Algo::Auto,
-    Algo::Push,
-    Algo::Flat,
-    Algo::Tree,
-    Algo::Direct,
-    Algo::Nccl,
-];
-
 /// Sizes on both sides of every threshold (defaults, the overrides below, the stagings).
 fn sizes() -> Vec<usize> {
     let marks = [
@@ -208,9 +199,9 @@ fn algorithm_table() -> String {
             // The per-call requests with the default configuration; automatic choice with
             // every configuration.
             let requests: &[Algo] = if fname == "default" {
-                &ALGOS
+                &Algo::ALL
             } else {
-                &ALGOS[..1]
+                &Algo::ALL[..1]
             };
             for &req in requests {
                 for coll in COLLECTIVES {
@@ -297,7 +288,7 @@ fn cuda_table() -> String {
             multi_host: false,
             kernel_dtypes: &kernels,
         };
-        for req in ALGOS {
+        for req in Algo::ALL {
             for (dtype, op) in [
                 (DataType::BF16, ReduceOp::Sum),
                 (DataType::F8E4M3, ReduceOp::Sum),
@@ -358,8 +349,8 @@ fn cuda_table() -> String {
             }
         }
     }
-    for req in ALGOS {
-        for cfg_algo in ALGOS {
+    for req in Algo::ALL {
+        for cfg_algo in Algo::ALL {
             let r: Vec<String> = (1..=16)
                 .map(|w| lp_all_reduce(req, cfg_algo, w).name().to_string())
                 .collect();

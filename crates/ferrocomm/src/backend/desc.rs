@@ -144,6 +144,16 @@ impl CallName {
         }
     }
 
+    /// Whether the call is point to point (a send, a receive, a batch of them): not numbered
+    /// among the collective calls, and never refused for the peers (a send/recv mismatch is
+    /// found by the pair itself).
+    pub const fn is_p2p(self) -> bool {
+        matches!(
+            self,
+            CallName::Send | CallName::Recv | CallName::BatchSendRecv
+        )
+    }
+
     /// The collective as the planner names it: the device-count calls are all-to-all-v's, a
     /// batch is planned as its sends, the fused call as the all-reduce it starts with.
     pub const fn collective(self) -> Collective {

@@ -1086,9 +1086,39 @@ pub fn connect_from_env(cfg: &Config, rank: usize, world: usize) -> Result<Arc<d
     }
     let key = StoreKey::from_config(cfg)?;
     if rank == 0 && !l.store_external {
-        port = ensure_server(&host, port, &key)?;
+        port = ensure_server(&host, port, &key)
+            .map_err(|e| port_taken(e, var_of_port(l.store_port.is_some()), port))?;
     }
     Ok(Arc::new(TcpStore::connect(&host, port, &key, cfg.timeout)?))
+}
+
+/// The variable the store's port came from.
+fn var_of_port(store_port_set: bool) -> &'static str {
+    if store_port_set {
+        "FERROCOMM_STORE_PORT"
+    } else {
+        "MASTER_PORT"
+    }
+}
+
+/// A store server that cannot listen because its port is taken says which variable to
+/// change: under a launcher other than torchrun (a Kubernetes PyTorchJob, SLURM, mpirun),
+/// torch.distributed's own store holds MASTER_PORT once `init_process_group` ran.
+fn port_taken(e: Error, var: &'static str, port: u16) -> Error {
+    let in_use =
+        matches!(&e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::AddrInUse);
+    if !in_use {
+        return e;
+    }
+    Error::BadEnv {
+        var,
+        value: port.to_string(),
+        why: format!(
+            "{e}: another process holds the port (torch.distributed's store does once \
+             init_process_group ran: create the communicator after it from Python, which meets \
+             through torch's store, or set FERROCOMM_STORE_PORT to a free port)"
+        ),
+    }
 }
 
 #[cfg(test)]

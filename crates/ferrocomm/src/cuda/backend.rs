@@ -57,7 +57,7 @@ impl CudaBackend {
             unreachable!("open_context accepts only CUDA devices")
         };
         // DDA needs every rank on this host: the launcher's word, confirmed by host names.
-        let host = hostname();
+        let host = crate::bootstrap::hostname();
         let hosts = all_gather_bytes(
             &*ctx.store,
             "cuda/hosts",
@@ -399,18 +399,6 @@ impl CudaBackend {
     }
 }
 
-/// This machine's host name (compared through the store to prove all ranks share one host).
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most `len` bytes into the buffer.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) };
-    if rc != 0 {
-        return String::from("unknown-host");
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}
-
 fn setup_dda(ctx: &CommContext, cuda: &CudaContext) -> Result<Dda> {
     let (major, minor) = cuda
         .compute_capability()
@@ -469,6 +457,21 @@ impl Backend for CudaBackend {
             self.device,
             slots,
         )))
+    }
+
+    fn peer_failed(&self, peer: usize) {
+        // Kernels waiting for the peer end at their next look; NCCL is aborted (its kernels
+        // exit) from the same thread.
+        if let Some(d) = &self.dda {
+            d.raise_abort(peer);
+        }
+        if let Some(n) = &self.nccl {
+            n.peer_failed(peer);
+        }
+    }
+
+    fn capturing(&self, stream: u64) -> bool {
+        crate::driver::capturing_or_unknown(stream)
     }
 
     fn mark(&self, stream: u64) -> Result<Option<Completion>> {

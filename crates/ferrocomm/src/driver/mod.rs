@@ -522,3 +522,35 @@ impl Drop for Completion {
         }
     }
 }
+
+/// A copy of `bytes` bytes of device memory at `ptr`, taken once the device has finished the
+/// work issued so far (the input of a call may still be being written on its stream): for the
+/// opt-in NaN check of CUDA inputs. The pointer's own context is made current for the copy.
+pub(crate) fn copy_to_host(ptr: u64, bytes: usize) -> Result<Vec<u8>> {
+    let mut ctx: drv::CUcontext = std::ptr::null_mut();
+    cu(
+        // SAFETY: CONTEXT writes one CUcontext; an unknown pointer is an error code.
+        unsafe {
+            drv::cuPointerGetAttribute(
+                (&mut ctx as *mut drv::CUcontext).cast(),
+                drv::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
+                ptr,
+            )
+        },
+        "the context of a buffer to check",
+    )?;
+    let _pushed = PushedContext::push(ctx)
+        .ok_or_else(|| Error::Cuda("making a buffer's context current".into()))?;
+    result::ctx_synchronize("waiting for the work before a buffer to check")?;
+    let mut out = vec![0u8; bytes];
+    // SAFETY: `out` holds `bytes` bytes; the caller's view says `ptr` holds as many.
+    unsafe {
+        result::memcpy_dtoh(
+            out.as_mut_ptr().cast(),
+            ptr,
+            bytes,
+            "copying a buffer to check",
+        )
+    }?;
+    Ok(out)
+}

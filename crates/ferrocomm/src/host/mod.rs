@@ -15,7 +15,7 @@ mod collectives;
 mod fused_norm;
 mod lowp;
 mod p2p;
-mod shm;
+pub(crate) mod shm;
 mod sync;
 mod window;
 
@@ -37,7 +37,7 @@ use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, ViewMut};
 
 use shm::{Segment, SIG_WORDS};
-use sync::{process_alive, Backoff, Stop};
+use sync::{Backoff, Stop};
 
 /// Why a call stopped by [`Backend::abort`] while it waited reports the communicator aborted.
 pub(super) const ABORTED_DURING_CALL: &str = "abort() was called while the call waited";
@@ -55,10 +55,14 @@ pub struct HostBackend {
     state: Mutex<CallState>,
     /// Sends and receives are ordered per pair through the mailboxes; one at a time per rank.
     p2p: Mutex<()>,
+    /// Per peer: the latest refusal of a send of ours its receive reported (p2p.rs).
+    p2p_refused_seen: Mutex<Vec<u64>>,
     /// The communicator's name, for [`Error::Aborted`].
     name: String,
     /// Set by `abort`: a wait of this rank's running call ends too (a window's as well).
     aborted: Arc<AtomicBool>,
+    /// The communicator's watcher's verdicts: a wait for a peer that died ends at once.
+    peers: Arc<crate::backend::PeerState>,
 }
 
 #[derive(Default)]
@@ -137,20 +141,7 @@ impl Signature {
         }
         let op = (w[1] >> 16) & 0xff;
         if op != 0xff {
-            let name = [
-                "sum",
-                "prod",
-                "min",
-                "max",
-                "avg",
-                "premulsum",
-                "band",
-                "bor",
-                "bxor",
-            ]
-            .get(op as usize)
-            .copied()
-            .unwrap_or("?");
+            let name = ReduceOp::name_of_code(op).unwrap_or("?");
             s += &format!(", op={name}");
             if op == 5 {
                 s += &format!("({})", f64::from_bits(w[3]));
@@ -204,8 +195,10 @@ impl HostBackend {
             store: ctx.store.clone(),
             state: Mutex::new(CallState::default()),
             p2p: Mutex::new(()),
+            p2p_refused_seen: Mutex::new(vec![0; ctx.size]),
             name: ctx.name.clone(),
             aborted: Arc::new(AtomicBool::new(false)),
+            peers: ctx.peers.clone(),
         })
     }
 
@@ -232,9 +225,17 @@ impl HostBackend {
         })
     }
 
-    /// Waits until `ready` holds, watching `peer`: its process, its failed flag, the deadline.
+    /// Waits until `ready` holds, watching `peer`: its failed flag, the watcher's verdict on
+    /// its process (in any PID namespace), the deadline.
     fn wait_on(&self, peer: usize, ready: impl FnMut() -> bool) -> std::result::Result<(), Stop> {
-        wait_for_peer(&self.seg, &self.aborted, peer, self.timeout(), ready)
+        wait_for_peer(
+            &self.seg,
+            &self.aborted,
+            &self.peers,
+            peer,
+            self.timeout(),
+            ready,
+        )
     }
 
     /// Leaves `timed_out/<our pid>` = the pid of `peer` in the store, so that a launcher
@@ -262,12 +263,39 @@ impl HostBackend {
             Stop::PeerFailed => Error::PeerFailed {
                 collective,
                 rank: self.rank,
-                peer,
+                peer: self.culprit(peer),
             },
             Stop::Aborted => Error::Aborted {
                 communicator: self.name.clone(),
                 why: ABORTED_DURING_CALL.into(),
             },
+            Stop::Refused => {
+                let call = crate::backend::call_no();
+                let why = self
+                    .peers
+                    .refusal_of(call)
+                    .map(|(_, w)| w)
+                    .unwrap_or_default();
+                Error::PeerRefused {
+                    collective,
+                    call,
+                    rank: self.rank,
+                    peer,
+                    why,
+                }
+            }
+        }
+    }
+
+    /// The rank to name for a failure seen on `peer`: the peer that died, when the watcher or
+    /// `peer`'s failed flag (which carries the rank whose death made it give up) says which.
+    fn culprit(&self, peer: usize) -> usize {
+        if let Some((dead, _)) = self.peers.failure() {
+            return dead;
+        }
+        match self.seg.failed(peer).load(Ordering::Relaxed) {
+            v if v >= 2 && ((v - 2) as usize) < self.world => (v - 2) as usize,
+            _ => peer,
         }
     }
 
@@ -287,6 +315,7 @@ impl HostBackend {
 pub(crate) fn wait_for_peer(
     seg: &Segment,
     aborted: &AtomicBool,
+    peers: &crate::backend::PeerState,
     peer: usize,
     timeout: Duration,
     mut ready: impl FnMut() -> bool,
@@ -301,9 +330,12 @@ pub(crate) fn wait_for_peer(
         if seg.failed(peer).load(Ordering::Relaxed) != 0 {
             return Err(Stop::PeerFailed);
         }
-        if let Err(stop) =
-            backoff.pause(|| process_alive(seg.pid(peer).load(Ordering::Relaxed) as u32))
-        {
+        let n = crate::backend::call_no();
+        if n != 0 && peers.refused(peer) == n {
+            return Err(Stop::Refused);
+        }
+        // The watcher's verdict on the peer's process (in any PID namespace).
+        if let Err(stop) = backoff.pause(|| !peers.gone(peer)) {
             // The peer may have arrived and exited between the look and the liveness check
             // (the last barrier of a run): what it published still counts.
             return if ready() { Ok(()) } else { Err(stop) };
@@ -338,9 +370,21 @@ impl Running<'_> {
 
     /// Records the failure so that peers and later calls stop waiting on this communicator.
     fn fail(&mut self, stop: Stop, peer: usize) -> Error {
-        self.st.broken = Some(peer);
-        self.b.seg.failed(self.b.rank).store(1, Ordering::Relaxed);
-        self.b.stop_error(stop, self.coll.name(), peer)
+        let e = self.b.stop_error(stop, self.coll.name(), peer);
+        // The flag carries the rank that died (+ 2), so that peers name it too.
+        let flag = match &e {
+            Error::PeerFailed { peer, .. } => *peer as u64 + 2,
+            _ => 1,
+        };
+        self.st.broken = Some(match &e {
+            Error::PeerFailed { peer, .. } => *peer,
+            _ => peer,
+        });
+        self.b
+            .seg
+            .failed(self.b.rank)
+            .store(flag, Ordering::Relaxed);
+        e
     }
 
     /// Publishes the signature, passes the start barrier and checks that every rank called the
@@ -434,6 +478,11 @@ impl Bufs {
 impl Backend for HostBackend {
     fn name(&self) -> &'static str {
         "host"
+    }
+
+    fn peer_refused(&self, peer: usize) {
+        // The waits of the call see the refusal themselves (PeerState).
+        let _ = peer;
     }
 
     fn abort(&self, _why: &str) {
@@ -549,6 +598,7 @@ impl Backend for HostBackend {
         Ok(Box::new(window::HostWindow::new(
             self.seg.clone(),
             self.aborted.clone(),
+            self.peers.clone(),
             self.rank,
             self.world,
             slots,

@@ -8,11 +8,16 @@
 //! receiver to be receiving, as with NCCL. A batch (`batch_send_recv`) moves all its messages
 //! at once, a chunk of whichever can move, so its sends and receives never wait on each other;
 //! between one pair and direction, messages go in the order given.
+//!
+//! A size or dtype that differs between a send and its receive fails both: the receiver posts
+//! what it expects when it starts waiting, and a sender that comes later compares; a sender
+//! that came first (its message buffered, its send returned) learns it from the receiver's
+//! refusal at its next send or receive with that peer (which moves its own messages first).
 
 use std::sync::atomic::Ordering;
 
 use super::collectives::copy;
-use super::sync::{process_alive, Backoff, Stop};
+use super::sync::{Backoff, Stop};
 use super::HostBackend;
 use crate::backend::P2pOp;
 use crate::error::{Error, Result};
@@ -25,6 +30,8 @@ struct Moving<'o, 'a> {
     k: usize,
     chunks: usize,
     mismatch: Option<Error>,
+    /// A send's message number in its mailbox (its first chunk's number + 1; 0 until sent).
+    key: u64,
 }
 
 impl HostBackend {
@@ -43,6 +50,7 @@ impl HostBackend {
                     P2pOp::Recv { .. } => 1,
                 },
                 mismatch: None,
+                key: 0,
             })
             .collect();
         let mut backoff = Backoff::new(self.timeout());
@@ -88,8 +96,7 @@ impl HostBackend {
             }
             let mut dead = None;
             let alive = || {
-                dead = pending
-                    .find(|&p| !process_alive(self.seg.pid(p).load(Ordering::Relaxed) as u32));
+                dead = pending.find(|&p| self.peers.gone(p));
                 dead.is_none()
             };
             if let Err(stop) = backoff.pause(alive) {
@@ -102,10 +109,65 @@ impl HostBackend {
                 return Err(self.stop_error(stop, what, dead.unwrap_or(waiting.op.peer())));
             }
         }
-        match moving.into_iter().find_map(|m| m.mismatch) {
-            Some(e) => Err(e),
-            None => Ok(()),
+        // A send the receiver refused while it took the chunks (it was there: a message of
+        // several chunks, or one it was waiting for) fails here too.
+        for m in moving.iter_mut() {
+            if let (P2pOp::Send { data, peer }, None) = (m.op, &m.mismatch) {
+                let mail = self.seg.pair(self.rank, *peer);
+                if m.key != 0 && mail.refused.load(Ordering::Acquire) == m.key {
+                    self.p2p_refused_seen
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())[*peer] = m.key;
+                    m.mismatch = Some(Error::Mismatch {
+                        seq: 0,
+                        rank: self.rank,
+                        mine: format!(
+                            "send of {} bytes of {} to rank {peer}",
+                            data.bytes_len(),
+                            data.dtype()
+                        ),
+                        peer: *peer,
+                        theirs: format!(
+                            "recv of {} bytes from rank {}",
+                            mail.refused_bytes.load(Ordering::Relaxed),
+                            self.rank
+                        ),
+                    });
+                }
+            }
         }
+        if let Some(e) = moving.into_iter().find_map(|m| m.mismatch) {
+            return Err(e);
+        }
+        // An earlier send, buffered before its receive existed, that the receive refused: this
+        // call's messages have moved (the peers are not left waiting), and it reports that one.
+        for op in ops {
+            self.check_refused(what, op.peer())?;
+        }
+        Ok(())
+    }
+
+    /// An earlier send of this rank to `peer` that the receiver refused (its size or dtype
+    /// differed from the receive's), reported once.
+    fn check_refused(&self, what: &'static str, peer: usize) -> Result<()> {
+        let mail = self.seg.pair(self.rank, peer);
+        let r = mail.refused.load(Ordering::Acquire);
+        let mut seen = self
+            .p2p_refused_seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if r == 0 || seen.get(peer).copied() == Some(r) {
+            return Ok(());
+        }
+        if let Some(s) = seen.get_mut(peer) {
+            *s = r;
+        }
+        Err(Error::InvalidArgument(format!(
+            "{what} on rank {}: an earlier send to rank {peer} was refused by its receive, which \
+             expected {} bytes (sizes or dtypes of a send and its receive differ)",
+            self.rank,
+            mail.refused_bytes.load(Ordering::Relaxed)
+        )))
     }
 
     /// The next chunk of a send into its mailbox, if the receiver has taken the previous one.
@@ -122,6 +184,37 @@ impl HostBackend {
             return false;
         }
         let bytes = data.bytes_len();
+        if m.k == 0 {
+            m.key = sent + 1;
+            // A receive already waiting for this message: both fail on a size or dtype that
+            // differs (the message still goes, drained unread by the receiver).
+            if mail.expect.load(Ordering::Acquire) == sent + 1 {
+                let (want, wd) = (
+                    mail.expect_bytes.load(Ordering::Relaxed) as usize,
+                    mail.expect_dtype.load(Ordering::Relaxed) as u8,
+                );
+                if want != bytes || wd != data.dtype().code() {
+                    let theirs = crate::types::DataType::from_code(wd)
+                        .map_or("?".to_string(), |d| d.to_string());
+                    m.mismatch = Some(Error::Mismatch {
+                        seq: 0,
+                        rank: me,
+                        mine: format!("send of {bytes} bytes of {} to rank {peer}", data.dtype()),
+                        peer: *peer,
+                        theirs: format!("recv of {want} bytes of {theirs} from rank {me}"),
+                    });
+                    // Reported here: the receiver's refusal of it is not news at the next call.
+                    if let Some(s) = self
+                        .p2p_refused_seen
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_mut(*peer)
+                    {
+                        *s = sent + 1;
+                    }
+                }
+            }
+        }
         mail.msg_bytes.store(bytes as u64, Ordering::Relaxed);
         mail.msg_dtype
             .store(data.dtype().code() as u64, Ordering::Relaxed);
@@ -146,11 +239,19 @@ impl HostBackend {
         let mail = seg.pair(*peer, me);
         // `acked` is written by this rank only.
         let acked = mail.acked.load(Ordering::Relaxed);
+        let bytes = out.bytes_len();
+        if m.k == 0 && mail.expect.load(Ordering::Relaxed) != acked + 1 {
+            // What this receive expects, for a sender that comes later (release: the size
+            // and dtype before the number that announces them).
+            mail.expect_bytes.store(bytes as u64, Ordering::Relaxed);
+            mail.expect_dtype
+                .store(out.dtype().code() as u64, Ordering::Relaxed);
+            mail.expect.store(acked + 1, Ordering::Release);
+        }
         // acquire: the sender's chunk and header are visible.
         if mail.sent.load(Ordering::Acquire) <= acked {
             return false;
         }
-        let bytes = out.bytes_len();
         if m.k == 0 {
             let their_bytes = mail.msg_bytes.load(Ordering::Relaxed) as usize;
             let their_dtype = mail.msg_dtype.load(Ordering::Relaxed) as u8;
@@ -165,6 +266,9 @@ impl HostBackend {
                     peer: *peer,
                     theirs: format!("send of {their_bytes} bytes of {theirs} to rank {me}"),
                 });
+                // For a sender that returned already (release: the size before the number).
+                mail.refused_bytes.store(bytes as u64, Ordering::Relaxed);
+                mail.refused.store(acked + 1, Ordering::Release);
             }
         }
         if m.mismatch.is_none() {

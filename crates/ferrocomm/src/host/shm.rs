@@ -121,6 +121,15 @@ pub(crate) struct PairCtl<'a> {
     /// Total bytes of the message in flight and its dtype code, for the receiver's check.
     pub msg_bytes: &'a AtomicU64,
     pub msg_dtype: &'a AtomicU64,
+    /// Written by the receiver: the message it waits for (its first chunk's number + 1), its
+    /// size and dtype code, so that a sender that comes later checks its own against them.
+    pub expect: &'a AtomicU64,
+    pub expect_bytes: &'a AtomicU64,
+    pub expect_dtype: &'a AtomicU64,
+    /// Written by the receiver: the latest message (first chunk's number + 1) it refused for
+    /// a size or dtype that differed, and the size it expected; the sender reports it.
+    pub refused: &'a AtomicU64,
+    pub refused_bytes: &'a AtomicU64,
 }
 
 impl Segment {
@@ -246,6 +255,11 @@ impl Segment {
             acked: self.word(base + 64),
             msg_bytes: self.word(base + 8),
             msg_dtype: self.word(base + 16),
+            expect: self.word(base + 72),
+            expect_bytes: self.word(base + 80),
+            expect_dtype: self.word(base + 88),
+            refused: self.word(base + 96),
+            refused_bytes: self.word(base + 104),
         }
     }
     /// Data area of the (src, dst) mailbox: `p2p_bytes` bytes.
@@ -274,7 +288,7 @@ impl Segment {
 /// `shm_open` does but never through a symbolic link: whoever can write `/dev/shm` could plant
 /// one at the name to steer a rank into another file (`O_NOFOLLOW` when opening; `O_EXCL`
 /// when creating, which also refuses any file already there).
-fn open_segment(name: &str, create: bool) -> rustix::io::Result<rustix::fd::OwnedFd> {
+pub(crate) fn open_segment(name: &str, create: bool) -> rustix::io::Result<rustix::fd::OwnedFd> {
     use rustix::fs::{Mode, OFlags};
     let path = format!("/dev/shm{name}");
     let mut flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
@@ -409,7 +423,7 @@ mod test_seam {
 }
 
 /// Whether `name` is one [`Segment::establish`] makes: `/ferrocomm-<pid>-<16 hex digits>`.
-fn is_segment_name(name: &str) -> bool {
+pub(crate) fn is_segment_name(name: &str) -> bool {
     segment_creator(name.strip_prefix('/').unwrap_or("")).is_some() && name.starts_with('/')
 }
 
@@ -427,7 +441,7 @@ fn segment_creator(file: &str) -> Option<u32> {
 
 /// A segment must belong to this user and be open to no one else (rank 0 creates it 0600):
 /// one made by anyone else could be read or written behind the job's back.
-fn check_owner(uid: u32, mode: u32, ctx: &dyn Fn(&str) -> String) -> Result<()> {
+pub(crate) fn check_owner(uid: u32, mode: u32, ctx: &dyn Fn(&str) -> String) -> Result<()> {
     let me = rustix::process::getuid().as_raw();
     if uid != me || mode & 0o777 != 0o600 {
         return Err(Error::InvalidArgument(ctx(&format!(
@@ -469,7 +483,7 @@ pub fn remove_stale_segments(dir: &std::path::Path) -> Vec<String> {
 }
 
 /// Unlinks a shared-memory name when dropped (after every rank mapped it, or on failure).
-pub(crate) struct UnlinkGuard(Option<String>);
+pub(crate) struct UnlinkGuard(pub(crate) Option<String>);
 
 impl Drop for UnlinkGuard {
     fn drop(&mut self) {

@@ -13,6 +13,8 @@ pub(crate) enum Stop {
     PeerFailed,
     /// This rank gave up on the communicator (`abort`, from another thread).
     Aborted,
+    /// The peer refused the call (its arguments were wrong there).
+    Refused,
 }
 
 /// Spins a little, then yields, then sleeps briefly: many ranks on few cores still progress
@@ -58,29 +60,5 @@ impl Backoff {
             return Err(Stop::Timeout);
         }
         Ok(())
-    }
-}
-
-/// Whether process `pid` exists and is not a zombie (a dead child that its parent has not
-/// reaped still answers `kill(pid, 0)`).
-pub(crate) fn process_alive(pid: u32) -> bool {
-    if pid == 0 || pid == std::process::id() {
-        return true;
-    }
-    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
-        return true;
-    };
-    // EPERM means it exists under another user: alive.
-    if let Err(rustix::io::Errno::SRCH) = rustix::process::test_kill_process(p) {
-        return false;
-    }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state letter follows the last ')' (the command name may contain parentheses).
-        Ok(s) => !matches!(
-            s.rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next()),
-            Some('Z' | 'X')
-        ),
-        Err(_) => true,
     }
 }

@@ -105,6 +105,8 @@ pub(crate) struct HostWindow {
     /// The communicator's segment: every peer's pid and failed flag, for the waits.
     seg: Arc<Segment>,
     aborted: Arc<AtomicBool>,
+    /// The communicator's watcher's verdicts on every peer's process.
+    watch: Arc<crate::backend::PeerState>,
     rank: usize,
     world: usize,
     slots: usize,
@@ -145,6 +147,7 @@ impl HostWindow {
     pub(crate) fn new(
         seg: Arc<Segment>,
         aborted: Arc<AtomicBool>,
+        watch: Arc<crate::backend::PeerState>,
         rank: usize,
         world: usize,
         slots: usize,
@@ -153,6 +156,7 @@ impl HostWindow {
         HostWindow {
             seg,
             aborted,
+            watch,
             rank,
             world,
             slots,
@@ -341,7 +345,7 @@ impl WindowBackend for HostWindow {
         let consumed = &self.consumed[peer * self.slots + slot];
         let want = consumed.load(Ordering::Relaxed) + 1;
         // acquire: what the peer put before its signal is visible once the count is seen.
-        let r = wait_for_peer(&self.seg, &self.aborted, peer, timeout, || {
+        let r = wait_for_peer(&self.seg, &self.aborted, &self.watch, peer, timeout, || {
             incoming.load(Ordering::Acquire) >= want
         });
         match r {
@@ -355,7 +359,9 @@ impl WindowBackend for HostWindow {
                 missing: peer,
                 timeout,
             }),
-            Err(Stop::PeerFailed) => Err(Error::PeerFailed {
+            // A refused collective call is no concern of a window's wait (none runs in it), but
+            // a peer that refused one has failed the communicator.
+            Err(Stop::PeerFailed | Stop::Refused) => Err(Error::PeerFailed {
                 collective: "wait_signal",
                 rank: self.rank,
                 peer,

@@ -1247,6 +1247,14 @@ impl Backend for NcclBackend {
         self.abort_nccl(why);
     }
 
+    fn peer_failed(&self, peer: usize) {
+        self.abort_nccl(&format!("rank {peer} died or gave up on the communicator"));
+    }
+
+    fn capturing(&self, stream: u64) -> bool {
+        crate::driver::capturing_or_unknown(stream)
+    }
+
     fn mark(&self, stream: u64) -> Result<Option<Completion>> {
         let _g = self.enter()?;
         self.events.record(stream).map(Some)

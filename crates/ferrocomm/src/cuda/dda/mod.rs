@@ -36,6 +36,10 @@ pub use all_reduce::{ce_chunk, flat_grid};
 pub use fused_norm::residual_rmsnorm;
 pub use lowp::quantize_on_device;
 
+/// The u32 word of the host-mapped error page that the watcher raises (to the failed peer + 1)
+/// when a peer died or gave up: every kernel's wait ends at its next look (`FC_ABORT_WORD`).
+const ABORT_WORD: usize = 16;
+
 /// Bytes of a rank's set-up message before its bus id: the IPC message of its staging.
 use ipc::IPC_MSG_BYTES;
 /// Most ranks the kernels handle (`FC_MAX_RANKS` in all_reduce.cu).
@@ -90,10 +94,6 @@ const _: () = assert!(
 const CE_THREADS: u32 = 256;
 /// Largest push payload per rank (LL lines double it, and every rank holds every sender's).
 const PUSH_CAP_MAX: usize = 512 << 10;
-
-/// The word of the host-mapped error page that says this rank aborted (words 0..3 are the
-/// error record the kernels write).
-const ABORT_WORD: usize = 64;
 
 /// Where a peer's staging starts in this process's mapping of the peer's allocation (mapped
 /// at `mapped`, `size` bytes long): at the offset `off` the peer sent, when the `total` bytes
@@ -411,6 +411,8 @@ pub struct Dda {
     /// What the planner is told ([`Dda::caps`]), from the layout, the copy engine and the LL128
     /// verdict.
     caps: DdaCaps,
+    /// The peer whose failure raised the abort word, + 1 (0: none).
+    aborted_by: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: the raw pointers are device addresses and a pinned host page owned by this struct;
@@ -521,6 +523,7 @@ impl Dda {
             ce: None,
             ll128_on: false,
             caps: dda_caps(&ctx.config, world, None, false),
+            aborted_by: std::sync::atomic::AtomicU64::new(0),
         };
         if layout.ce_bytes > 0 {
             let min = ctx.config.thresholds.ce_min.unwrap_or(0);
@@ -723,8 +726,37 @@ impl Dda {
         a
     }
 
-    /// The timeout a kernel recorded, if any (sticky: the communicator is unusable after one).
+    /// Ends every kernel's wait of this communicator, running or to come, because `peer`
+    /// died or gave up: raises the abort word the kernels poll beside their timeout. Called
+    /// by the watcher's thread, without the call lock.
+    pub fn raise_abort(&self, peer: usize) {
+        let _ = self.aborted_by.compare_exchange(
+            0,
+            peer as u64 + 1,
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        // SAFETY: the page stays mapped for our lifetime and holds 1024 words; kernels only read
+        // this one (a volatile store from the host reaches their uncached loads).
+        unsafe {
+            std::ptr::write_volatile(
+                self.error_host.add(ABORT_WORD),
+                (peer as u32).saturating_add(1),
+            )
+        };
+    }
+
+    /// The timeout a kernel recorded, if any (sticky: the communicator is unusable after one),
+    /// or the peer whose failure raised the abort word.
     pub fn check_error(&self, collective: &'static str) -> Result<()> {
+        let by = self.aborted_by.load(std::sync::atomic::Ordering::Acquire);
+        if by != 0 {
+            return Err(Error::PeerFailed {
+                collective,
+                rank: self.rank,
+                peer: by as usize - 1,
+            });
+        }
         // SAFETY: the host page stays mapped for our lifetime; the kernel writes word 0 last.
         let w = unsafe { std::ptr::read_volatile(self.error_host) };
         if w == 0 {
@@ -763,14 +795,21 @@ impl Dda {
         })
     }
 
-    /// Tells this rank's kernels that poll it (the windows' waits, `fc_win_wait`) that the
-    /// communicator was aborted: they end at their next look.
+    /// Tells this rank's kernels (every wait, the windows' `fc_win_wait` too) that the
+    /// communicator was aborted: they end at their next look. The abort word then names this
+    /// rank (a peer's failure, [`Dda::raise_abort`], names the peer, and is kept).
     pub fn set_aborted(&self) {
-        // SAFETY: the host page stays mapped for our lifetime; word ABORT_WORD is this flag's.
-        unsafe { std::ptr::write_volatile(self.error_host.add(ABORT_WORD), 1) };
+        // SAFETY: the host page stays mapped for our lifetime; word ABORT_WORD is this flag's
+        // (read by the kernels only).
+        unsafe {
+            let w = self.error_host.add(ABORT_WORD);
+            if std::ptr::read_volatile(w) == 0 {
+                std::ptr::write_volatile(w, (self.rank as u32).saturating_add(1));
+            }
+        }
     }
 
-    /// The device address of the abort flag ([`Dda::set_aborted`]).
+    /// The device address of the abort word ([`Dda::set_aborted`], [`Dda::raise_abort`]).
     pub(in crate::cuda) fn abort_flag(&self) -> u64 {
         self.error_dev + 4 * ABORT_WORD as u64
     }
@@ -956,6 +995,7 @@ mod tests {
             format!("#define CE_SEQ {CE_SEQ_WORD} "),
             format!("#define CE_FLAGS {CE_FLAGS_WORD} "),
             format!("#define FC_CE_MAX_CHUNKS {CE_MAX_CHUNKS}\n"),
+            format!("#define FC_ABORT_WORD {ABORT_WORD}\n"),
             // The LL128 line: the host sizes rows and grids by its payload.
             format!("#define LL128_WORDS {}\n", LL128_PAYLOAD / 8),
             // Its grid: two blocks an SM only if the kernel is built to fit two.
