@@ -6,8 +6,10 @@
 //! Run as the parent (no RANK set): `gpu_peer_death [FAMILY...]`. For each family it starts a
 //! store and the two ranks (this program again), waits until rank 1 is parked and rank 0 has
 //! launched the family's kernel alone, kills rank 1, and reads from rank 0 the CLOCK_MONOTONIC
-//! time of its error. Prints one line per family: `family plan ms error`, and `PASS` when the
-//! error names rank 1 within a second. Exit status 1 when a family does not.
+//! time of its error. Prints one line per family: `family plan ms PASS/FAIL watched synced error`
+//! (watched: when the watcher's abort hook ran; synced: when the device's wait ended; each in ms
+//! from the kill), and `PASS` when the error names rank 1 within a second. Exit status 1 when a
+//! family does not.
 //!
 //! `--host` runs the same on the host backend (CPU buffers, no GPU): the harness itself, and
 //! the host backend's own times, for the families it has.
@@ -90,7 +92,10 @@ fn parent() -> Res<i32> {
         .collect();
     let exe = std::env::current_exe()?;
     let mut failed = 0;
-    println!("{:<18} {:<12} {:>10}  error", "family", "plan", "ms");
+    println!(
+        "{:<18} {:<12} {:>10}  {:<4} {:>10} {:>10}  error",
+        "family", "plan", "ms", "", "watched", "synced"
+    );
     for (name, env, _) in wanted {
         let server = TcpStoreServer::bind("127.0.0.1", 0, &StoreKey::from_secret(SECRET))?;
         let mut kids = Vec::new();
@@ -141,12 +146,28 @@ fn parent() -> Res<i32> {
             let plan = line(&mut outs[0], "LAUNCHED")?;
             kids[1].kill()?;
             let killed = mono_ns();
-            let err = line(&mut outs[0], "ERROR")?;
+            // Until the error: when the watcher saw the death (the abort hook) and when the
+            // device's wait ended, to tell the detection from the kernel's look.
+            let (mut watched, mut synced) = (None, None);
+            let err = loop {
+                let l = line(&mut outs[0], "")?;
+                let ms = |t: &str| -> Res<f64> {
+                    Ok(t.parse::<u64>()?.saturating_sub(killed) as f64 / 1e6)
+                };
+                if let Some(t) = l.strip_prefix("WATCHED ") {
+                    watched = Some(ms(t)?);
+                } else if let Some(t) = l.strip_prefix("SYNCED ") {
+                    synced = Some(ms(t)?);
+                } else if let Some(e) = l.strip_prefix("ERROR ") {
+                    break e.to_string();
+                }
+            };
             let (t, text) = err.split_once(' ').unwrap_or((&err, ""));
             let t: u64 = t.parse()?;
+            let at = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
             Ok((
                 plan,
-                text.to_string(),
+                format!("{:>10} {:>10}  {text}", at(watched), at(synced)),
                 t.saturating_sub(killed) as f64 / 1e6,
             ))
         })();
@@ -208,6 +229,9 @@ fn rank(family: &str) -> Res<i32> {
     if host {
         println!("LAUNCHED {plan}");
     }
+    // The watcher's handler runs the abort hooks right after raising the abort word.
+    let _watched =
+        comm.register_abort_hook(std::sync::Arc::new(|| println!("WATCHED {}", mono_ns())))?;
     let issued = call(&comm, family, &bufs, *n, stream);
     if !host {
         println!("LAUNCHED {plan}");
@@ -218,7 +242,9 @@ fn rank(family: &str) -> Res<i32> {
         Ok(_) => {
             // The kernel's wait ends (the abort word); the next call reports the peer.
             if !host {
-                support::sync()?;
+                let synced = support::sync();
+                println!("SYNCED {}", mono_ns());
+                synced?;
             }
             comm.barrier(&CallOpts::on_stream(stream))
                 .map_err(|e| e.to_string())

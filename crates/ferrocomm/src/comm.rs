@@ -95,6 +95,10 @@ pub struct Communicator {
     /// Collective calls made or refused so far: the number of the latest (peers' refusals
     /// name calls by it).
     calls: Arc<AtomicU64>,
+    /// The latest collective call the backend took (its kernels may wait for the peers): a
+    /// peer's refusal of a call this rank took aborts the backend's waits; of a call this rank
+    /// refused too, or has not reached, it does not.
+    launched: Arc<AtomicU64>,
     /// The plans `FERROCOMM_DEBUG` has printed (each once).
     plans_seen: Mutex<HashSet<(Collective, Plan)>>,
     /// Finalized, aborted ([`Communicator::abort`]) and the timeout of later calls
@@ -332,6 +336,7 @@ impl Communicator {
             hooks: Arc::default(),
             checked: 0.into(),
             calls: Arc::default(),
+            launched: Arc::default(),
             plans_seen: Mutex::default(),
             live,
         };

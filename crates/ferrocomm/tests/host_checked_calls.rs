@@ -105,6 +105,29 @@ fn a_collective_one_rank_refuses_fails_at_once_on_the_others() {
 }
 
 #[test]
+fn a_collective_every_rank_refuses_fails_with_each_ranks_own_error_and_the_communicator_goes_on() {
+    // Each rank sees the others' refusals of the same call while refusing it itself: that is
+    // no peer failure (nothing of the call was taken anywhere), so the next call runs.
+    let cfg = config(8192, Duration::from_secs(30));
+    let o = CallOpts::default();
+    let r = run_ranks(3, &cfg, |comm| {
+        let x = vec![1.0f32; 64];
+        let mut out = vec![0.0f32; 100];
+        let e = comm
+            .all_gather(Input::Buf(View::host(&x)), ViewMut::host(&mut out), &o)
+            .unwrap_err();
+        let mut z = vec![comm.rank() as f32 + 1.0; 8];
+        comm.all_reduce(Input::InPlace, ViewMut::host(&mut z), ReduceOp::Sum, &o)
+            .unwrap();
+        assert!(z.iter().all(|&v| v == 6.0), "{z:?}");
+        e
+    });
+    for (rank, e) in r.iter().enumerate() {
+        assert!(matches!(e, Error::InvalidArgument(_)), "rank {rank}: {e}");
+    }
+}
+
+#[test]
 fn checked_calls_fail_at_the_call_that_differs_and_nothing_runs() {
     let mut cfg = config(8192, Duration::from_secs(30));
     cfg.check_calls = true;

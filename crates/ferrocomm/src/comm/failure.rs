@@ -78,12 +78,14 @@ impl Communicator {
         let hooks = self.hooks.clone();
         let (rank, name) = (self.ctx.rank, self.ctx.name.clone());
         let dir = self.trace_dir();
-        let (refused_backend, calls) = (Arc::downgrade(&self.backend), self.calls.clone());
+        let (refused_backend, launched) = (Arc::downgrade(&self.backend), self.launched.clone());
         let refusal_name = self.ctx.name.clone();
         w.on_refusal(Box::new(move |peer, n| {
-            // A call this rank has issued waits for the peer: end it. (Not yet issued: the
-            // call fails at its start.)
-            if calls.load(Ordering::SeqCst) >= n {
+            // A call the backend took waits for the peer (a kernel spinning on its flags): end
+            // it. A call not taken yet fails at its start or, taken meanwhile, right after
+            // (run_recorded looks again); a call this rank refused too waits for nothing, and
+            // the communicator stays usable (every rank refused the same call).
+            if launched.load(Ordering::SeqCst) >= n {
                 crate::flight::say!(
                     "ferrocomm: rank {rank} '{refusal_name}': rank {peer} refused call #{n}; \
                      it fails here too"
@@ -154,6 +156,11 @@ impl Communicator {
                 self.announce_refusal(n, name, e);
             }
         }
+        let r = if collective && r.is_ok() {
+            self.taken(backend, n, name)
+        } else {
+            r
+        };
         if let Some(t) = token {
             let captured = !host && r.is_ok() && backend.capturing(opts.stream);
             self.flight.end(t, &r, host, captured);
@@ -166,6 +173,27 @@ impl Communicator {
 
     /// Tells the peers that this rank refused collective call `n`: they fail it at once
     /// instead of waiting for this rank.
+    /// Records that the backend took collective call `n`; when a peer refused it meanwhile
+    /// (the watcher's handler saw `launched` below `n`), ends the backend's waits for it here
+    /// and fails the call. (SeqCst, with the handler's store of the refusal before its load of
+    /// `launched`: one of the two sees the other.)
+    fn taken(&self, backend: &dyn Backend, n: u64, collective: &'static str) -> Result<()> {
+        self.launched.fetch_max(n, Ordering::SeqCst);
+        match self.ctx.peers.refusal_of(n) {
+            None => Ok(()),
+            Some((peer, why)) => {
+                backend.peer_refused(peer);
+                Err(Error::PeerRefused {
+                    collective,
+                    call: n,
+                    rank: self.ctx.rank,
+                    peer,
+                    why,
+                })
+            }
+        }
+    }
+
     fn announce_refusal(&self, n: u64, collective: &str, e: &Error) {
         if let Some(w) = &self.watch {
             w.announce_refusal(n, &format!("{collective} on rank {}: {e}", self.ctx.rank));
