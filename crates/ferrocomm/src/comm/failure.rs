@@ -171,8 +171,6 @@ impl Communicator {
         r
     }
 
-    /// Tells the peers that this rank refused collective call `n`: they fail it at once
-    /// instead of waiting for this rank.
     /// Records that the backend took collective call `n`; when a peer refused it meanwhile
     /// (the watcher's handler saw `launched` below `n`), ends the backend's waits for it here
     /// and fails the call. (SeqCst, with the handler's store of the refusal before its load of
@@ -194,6 +192,8 @@ impl Communicator {
         }
     }
 
+    /// Tells the peers that this rank refused collective call `n`: they fail it at once
+    /// instead of waiting for this rank.
     fn announce_refusal(&self, n: u64, collective: &str, e: &Error) {
         if let Some(w) = &self.watch {
             w.announce_refusal(n, &format!("{collective} on rank {}: {e}", self.ctx.rank));
