@@ -6,10 +6,11 @@
 //! Run as the parent (no RANK set): `gpu_peer_death [FAMILY...]`. For each family it starts a
 //! store and the two ranks (this program again), waits until rank 1 is parked and rank 0 has
 //! launched the family's kernel alone, kills rank 1, and reads from rank 0 the CLOCK_MONOTONIC
-//! time of its error. Prints one line per family: `family plan ms PASS/FAIL watched synced error`
-//! (watched: when the watcher's abort hook ran; synced: when the device's wait ended; each in ms
-//! from the kill), and `PASS` when the error names rank 1 within a second. Exit status 1 when a
-//! family does not.
+//! time of its error. Prints one line per family: `family plan ms PASS/FAIL watched synced
+//! exited error` (watched: when the watcher's abort hook ran; synced: when the device's wait
+//! ended; exited: when the killed rank had exited, its GPU context torn down; each in
+//! ms from the kill), and `PASS` when the error names rank 1 within a second. Exit status 1
+//! when a family does not.
 //!
 //! `--host` runs the same on the host backend (CPU buffers, no GPU): the harness itself, and
 //! the host backend's own times, for the families it has.
@@ -93,8 +94,8 @@ fn parent() -> Res<i32> {
     let exe = std::env::current_exe()?;
     let mut failed = 0;
     println!(
-        "{:<18} {:<12} {:>10}  {:<4} {:>10} {:>10}  error",
-        "family", "plan", "ms", "", "watched", "synced"
+        "{:<18} {:<12} {:>10}  {:<4} {:>10} {:>10} {:>10}  error",
+        "family", "plan", "ms", "", "watched", "synced", "exited"
     );
     for (name, env, _) in wanted {
         let server = TcpStoreServer::bind("127.0.0.1", 0, &StoreKey::from_secret(SECRET))?;
@@ -146,6 +147,19 @@ fn parent() -> Res<i32> {
             let plan = line(&mut outs[0], "LAUNCHED")?;
             kids[1].kill()?;
             let killed = mono_ns();
+            // When the killed rank had exited (its GPU context torn down).
+            let pid = rustix::process::Pid::from_raw(kids[1].id() as i32);
+            let reaped = std::thread::spawn(move || {
+                let pidfd = pid.and_then(|p| {
+                    rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
+                })?;
+                let mut fds = [rustix::event::PollFd::new(
+                    &pidfd,
+                    rustix::event::PollFlags::IN,
+                )];
+                rustix::event::poll(&mut fds, None).ok()?;
+                Some(mono_ns())
+            });
             // Until the error: when the watcher saw the death (the abort hook) and when the
             // device's wait ended, to tell the detection from the kernel's look.
             let (mut watched, mut synced) = (None, None);
@@ -167,7 +181,16 @@ fn parent() -> Res<i32> {
             let at = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
             Ok((
                 plan,
-                format!("{:>10} {:>10}  {text}", at(watched), at(synced)),
+                format!(
+                    "{:>10} {:>10} {:>10}  {text}",
+                    at(watched),
+                    at(synced),
+                    at(reaped
+                        .join()
+                        .ok()
+                        .flatten()
+                        .map(|t| t.saturating_sub(killed) as f64 / 1e6))
+                ),
                 t.saturating_sub(killed) as f64 / 1e6,
             ))
         })();
@@ -240,14 +263,21 @@ fn rank(family: &str) -> Res<i32> {
         // A call that waits on the host ends with the error itself.
         Err(e) => Err(e.to_string()),
         Ok(_) => {
-            // The kernel's wait ends (the abort word); the next call reports the peer.
+            // The kernel's wait ends (the abort word); waiting for the call's point says why,
+            // and so does the next call.
+            let point = comm.mark(stream);
             if !host {
                 let synced = support::sync();
                 println!("SYNCED {}", mono_ns());
                 synced?;
             }
-            comm.barrier(&CallOpts::on_stream(stream))
-                .map_err(|e| e.to_string())
+            match point {
+                Ok(Some(p)) => comm.wait(&p, None).map(|_| ()),
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            }
+            .and_then(|()| comm.barrier(&CallOpts::on_stream(stream)))
+            .map_err(|e| e.to_string())
         }
     };
     let t = mono_ns();

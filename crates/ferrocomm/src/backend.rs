@@ -1206,6 +1206,13 @@ pub trait Backend: Send + Sync {
         let _ = stream;
         Ok(None)
     }
+    /// Whether the stream has passed `point` (one [`Backend::mark`] recorded), asked from any
+    /// thread (the flight recorder's dumps run on the watcher's too): `None` when it cannot
+    /// tell.
+    fn passed(&self, point: &Completion) -> Option<bool> {
+        let _ = point;
+        None
+    }
     /// Gives up on the communicator ([`crate::Communicator::abort`]): peers waiting on this
     /// rank learn it where the backend can tell them (the host backend's failed flag), and an
     /// NCCL communicator is aborted (its kernels exit). Direct-access kernels that wait for this

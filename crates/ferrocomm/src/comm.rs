@@ -95,10 +95,10 @@ pub struct Communicator {
     /// Collective calls made or refused so far: the number of the latest (peers' refusals
     /// name calls by it).
     calls: Arc<AtomicU64>,
-    /// The latest collective call the backend took (its kernels may wait for the peers): a
+    /// What became of this rank's recent collective calls (taken by the backend, or not): a
     /// peer's refusal of a call this rank took aborts the backend's waits; of a call this rank
     /// refused too, or has not reached, it does not.
-    launched: Arc<AtomicU64>,
+    outcomes: Arc<failure::Outcomes>,
     /// The plans `FERROCOMM_DEBUG` has printed (each once).
     plans_seen: Mutex<HashSet<(Collective, Plan)>>,
     /// Finalized, aborted ([`Communicator::abort`]) and the timeout of later calls
@@ -336,7 +336,7 @@ impl Communicator {
             hooks: Arc::default(),
             checked: 0.into(),
             calls: Arc::default(),
-            launched: Arc::default(),
+            outcomes: Arc::default(),
             plans_seen: Mutex::default(),
             live,
         };
@@ -508,6 +508,21 @@ impl Communicator {
     /// host backend, whose calls have finished when they return.
     pub fn mark(&self, stream: u64) -> Result<Option<Completion>> {
         self.live("mark")?.mark(stream)
+    }
+
+    /// Waits for `c` (a point [`Communicator::mark`] recorded after some calls) as
+    /// [`Completion::wait`] does, then fails naming the peer when one died or gave up: its
+    /// death ended those calls' kernels early, so what they wrote is no result.
+    pub fn wait(&self, c: &Completion, limit: Option<Duration>) -> Result<bool> {
+        let done = c.wait(limit)?;
+        if let Some((peer, _)) = self.ctx.peers.failure() {
+            return Err(Error::PeerFailed {
+                collective: "wait",
+                rank: self.ctx.rank,
+                peer,
+            });
+        }
+        Ok(done)
     }
 
     /// The backend, unless the communicator was finalized, lost a peer (then a call of

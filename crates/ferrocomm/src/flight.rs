@@ -21,6 +21,7 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use crate::backend::{Backend, CallKind, CallName, CallOpts, P2pOp};
+use crate::driver::Completion;
 use crate::error::{Error, Result};
 use crate::plan::{Algo, LowPrecisionChoice};
 use crate::quant::Format;
@@ -175,9 +176,29 @@ impl Slot {
 }
 
 /// The ring of one communicator.
+/// A slot's point: the record it belongs to and the point itself.
+type Point = Mutex<Option<(u64, Completion)>>;
+
 struct Ring {
     slots: Box<[Slot]>,
+    /// Per slot, for a CUDA call enqueued eagerly: a point recorded on its stream right after
+    /// it, and the record it belongs to. A dump asks whether the stream passed it (then the
+    /// call has completed); a call whose point is not passed yet is still scheduled there.
+    points: Box<[Point]>,
     next: AtomicU64,
+}
+
+/// A scheduled CUDA call whose point (kept by [`FlightRecorder::attach`]) the stream has
+/// passed has completed: its row says so, with the time it was found so.
+fn resolve(w: &mut [u64; WORDS], point: &Point, backend: Option<&dyn Backend>) {
+    let Some(backend) = backend else { return };
+    let p = point.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((record, c)) = p.as_ref() {
+        if *record == w[W_RECORD] && backend.passed(c) == Some(true) {
+            w[W_STATE] = CallState::Completed as u64;
+            w[W_ENDED] = now_ns();
+        }
+    }
 }
 
 /// Process-wide numbering: torch's record ids grow across every group of the process, and
@@ -283,6 +304,7 @@ impl FlightRecorder {
         let capacity = capacity.clamp(1, crate::config::MAX_FLIGHT_RECORDER);
         let _ = self.ring.get_or_init(|| Ring {
             slots: (0..capacity).map(|_| Slot::new()).collect(),
+            points: (0..capacity).map(|_| Default::default()).collect(),
             next: 0.into(),
         });
     }
@@ -433,6 +455,20 @@ impl FlightRecorder {
         slot.version.store(v + 2, Ordering::Release);
     }
 
+    /// Keeps `point`, recorded on the stream of the call of `t` right after it was enqueued:
+    /// a dump resolves the call's state from it (replacing the point of the slot's earlier
+    /// call, which goes back to its pool).
+    pub(crate) fn attach(&self, t: &Token, point: Completion) {
+        let Some(ring) = self.ring.get() else { return };
+        if let Some(m) = ring.points.get(t.slot) {
+            let old = m
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .replace((t.record, point));
+            drop(old);
+        }
+    }
+
     /// Notes why the communicator failed (the first time); true when this is the first
     /// failure noted, which is the one a dump is made for.
     pub(crate) fn note_failure(&self, why: &str) -> bool {
@@ -448,14 +484,21 @@ impl FlightRecorder {
         let Some(ring) = self.ring.get() else {
             return Vec::new();
         };
+        let backend = self.backend.get().and_then(Weak::upgrade);
         let mut rows: Vec<[u64; WORDS]> = ring
             .slots
             .iter()
-            .filter_map(Slot::read)
-            .filter(|w| w[W_CREATED] != 0 && w[W_RECORD] >= since)
+            .zip(ring.points.iter())
+            .filter_map(|(slot, point)| Some((slot.read()?, point)))
+            .filter(|(w, _)| w[W_CREATED] != 0 && w[W_RECORD] >= since)
+            .map(|(mut w, point)| {
+                if w[W_STATE] == CallState::Scheduled as u64 {
+                    resolve(&mut w, point, backend.as_deref());
+                }
+                w
+            })
             .collect();
         rows.sort_by_key(|w| w[W_RECORD]);
-        let backend = self.backend.get().and_then(Weak::upgrade);
         rows.iter()
             .filter(|w| !only_active || w[W_STATE] != CallState::Completed as u64)
             .map(|w| self.entry(w, backend.as_deref()))

@@ -7,9 +7,12 @@
 //! peer's death is seen depends on where it runs:
 //!
 //! - a peer in this process's PID namespace (detected by comparing `/proc/self/ns/pid`): a
-//!   pidfd (`pidfd_open`), which `poll` reports readable the moment the process exits; opened
+//!   pidfd (`pidfd_open`), which `poll` reports readable once the process has exited; opened
 //!   before the set-up's last barrier, so it names the peer itself and never a later process
-//!   that reused its pid;
+//!   that reused its pid. A killed process holding a GPU context can take seconds to get there
+//!   (the driver tears the context down first, slower while another context keeps the GPU
+//!   busy), so every tick the watcher also reads the peer's `/proc/PID/stat`: a process all of
+//!   whose threads are exiting (`PF_EXITING`) is dead already;
 //! - a peer in another PID namespace (containers sharing `/dev/shm`), or where `pidfd_open` is
 //!   refused: a lock the peer holds on its byte of the segment (`fcntl` record locks belong to
 //!   the process, are not inherited by `fork`, and the kernel drops them when the process
@@ -187,8 +190,8 @@ impl Lines {
 enum Probe {
     /// A thread of this process: nothing to watch.
     Same,
-    /// A pidfd of the peer's process.
-    Pidfd(OwnedFd),
+    /// A pidfd of the peer's process, and its pid.
+    Pidfd(OwnedFd, u32),
     /// The peer's lock byte.
     Lock,
 }
@@ -267,9 +270,9 @@ impl Watch {
             } else {
                 None
             };
-            probes.push(match fd {
-                Some(fd) => Probe::Pidfd(fd),
-                None => Probe::Lock,
+            probes.push(match (fd, u32::try_from(pid)) {
+                (Some(fd), Ok(pid)) => Probe::Pidfd(fd, pid),
+                _ => Probe::Lock,
             });
         }
         // Every pidfd names the peer itself: a peer that died before this barrier never joins it.
@@ -437,10 +440,10 @@ fn run(s: &Shared, probes: &[Probe], wake: &OwnedFd) {
         let pidfd_peers: Vec<usize> = left
             .iter()
             .copied()
-            .filter(|&p| matches!(probes[p], Probe::Pidfd(_)))
+            .filter(|&p| matches!(probes[p], Probe::Pidfd(..)))
             .collect();
         for &p in &pidfd_peers {
-            if let Probe::Pidfd(fd) = &probes[p] {
+            if let Probe::Pidfd(fd, _) = &probes[p] {
                 fds.push(PollFd::new(fd, PollFlags::IN));
             }
         }
@@ -449,10 +452,15 @@ fn run(s: &Shared, probes: &[Probe], wake: &OwnedFd) {
         if s.stop.load(Ordering::Acquire) {
             return;
         }
+        // Exited, or exiting: the pidfd was not readable when `poll` returned, so the pid
+        // still named the peer when its stat was read after (a reused pid needs the peer
+        // reaped, which needs it exited).
         let exited: Vec<usize> = pidfd_peers
             .iter()
             .zip(&fds[1..])
-            .filter(|(_, f)| !f.revents().is_empty())
+            .filter(|(&p, f)| {
+                !f.revents().is_empty() || matches!(probes[p], Probe::Pidfd(_, pid) if exiting(pid))
+            })
             .map(|(&p, _)| p)
             .collect();
         // Threads of this process refuse calls too: every peer's word is read.
@@ -489,6 +497,42 @@ fn run(s: &Shared, probes: &[Probe], wake: &OwnedFd) {
     }
 }
 
+/// The kernel's flag of a task that has begun to exit (`PF_EXITING` in `/proc/PID/stat`).
+const PF_EXITING: u64 = 0x4;
+
+/// The state letter and flags of a task from its `/proc/.../stat` text (the command name, in
+/// parentheses, may hold anything: the fields start after its last `)`).
+fn stat_state_flags(stat: &str) -> Option<(char, u64)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut f = rest.split_ascii_whitespace();
+    let state = f.next()?.chars().next()?;
+    // state ppid pgrp session tty_nr tpgid flags
+    let flags = f.nth(5)?.parse().ok()?;
+    Some((state, flags))
+}
+
+/// Whether process `pid` is exiting: every thread of it has begun to exit (a leader that
+/// ended with `pthread_exit` while other threads run is exiting alone, and the process lives
+/// on). False when it cannot tell (then its pidfd tells, once it has exited).
+fn exiting(pid: u32) -> bool {
+    let leader = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| stat_state_flags(&s));
+    if !matches!(leader, Some((_, f)) if f & PF_EXITING != 0) {
+        return false;
+    }
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        // A thread gone meanwhile has exited.
+        std::fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|s| stat_state_flags(&s))
+            .is_none_or(|(_, f)| f & PF_EXITING != 0)
+    })
+}
+
 /// Records peer `p`'s failure; the first one of the communicator goes to the handler.
 fn report(s: &Shared, p: usize, why: Failure) {
     s.peers.set_gone(p);
@@ -502,6 +546,34 @@ fn report(s: &Shared, p: usize, why: Failure) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stat_line_gives_state_and_flags_whatever_the_command_name() {
+        let line = "4242 (a) b (c)) R 1 4242 4242 0 -1 4194564 120 0 0 0 3 1 0 0 20 0 7";
+        assert_eq!(stat_state_flags(line), Some(('R', 4_194_564)));
+        assert_eq!(stat_state_flags("4242 (x) Z"), None);
+        assert_eq!(stat_state_flags("garbage"), None);
+    }
+
+    #[test]
+    fn a_live_process_is_not_exiting_and_an_exited_one_is() {
+        assert!(!exiting(std::process::id()));
+        // A child that exited and is not reaped yet: a zombie whose one task is exiting.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let fd = rustix::process::pidfd_open(
+            rustix::process::Pid::from_raw(pid as i32).unwrap(),
+            rustix::process::PidfdFlags::empty(),
+        )
+        .unwrap();
+        let mut fds = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
+        rustix::event::poll(&mut fds, None).unwrap();
+        assert!(exiting(pid), "pid {pid}");
+        child.wait().unwrap();
+    }
 
     #[test]
     fn the_namespace_and_token_are_stable() {

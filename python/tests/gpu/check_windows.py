@@ -234,6 +234,9 @@ def check_graph(comm):
         if rep % 50 == 49 or rep < 3:
             sync()
             ok &= bool(torch.equal(buf[PREV], base + rep * 10 + PREV))
+            # PREV's next replay puts into that row at once (the answer signal says the row
+            # arrived, not that this host has read it): it waits until every rank has looked.
+            comm.barrier()
     sync()
     ok &= bool(torch.equal(buf[PREV], base + 999 * 10 + PREV))
     record("put + signal + wait_signal in a CUDA graph, 1,000 replays", ok)
@@ -385,6 +388,9 @@ def main():
     check_moe_dispatch(comm)
     comm.barrier()
     check_abort_and_timeout()
+    # Rank 1 stays until rank 0 has seen its wait time out: a rank that has left ends a wait
+    # for it at once (its watcher sees the process exit), which is not the timeout checked.
+    comm.barrier()
     finish(comm)
 
 

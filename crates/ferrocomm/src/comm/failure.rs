@@ -4,7 +4,7 @@
 //! `FERROCOMM_NAN_CHECK`).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,14 +78,14 @@ impl Communicator {
         let hooks = self.hooks.clone();
         let (rank, name) = (self.ctx.rank, self.ctx.name.clone());
         let dir = self.trace_dir();
-        let (refused_backend, launched) = (Arc::downgrade(&self.backend), self.launched.clone());
+        let (refused_backend, outcomes) = (Arc::downgrade(&self.backend), self.outcomes.clone());
         let refusal_name = self.ctx.name.clone();
         w.on_refusal(Box::new(move |peer, n| {
             // A call the backend took waits for the peer (a kernel spinning on its flags): end
             // it. A call not taken yet fails at its start or, taken meanwhile, right after
             // (run_recorded looks again); a call this rank refused too waits for nothing, and
             // the communicator stays usable (every rank refused the same call).
-            if launched.load(Ordering::SeqCst) >= n {
+            if outcomes.taken(n) {
                 crate::flight::say!(
                     "ferrocomm: rank {rank} '{refusal_name}': rank {peer} refused call #{n}; \
                      it fails here too"
@@ -156,14 +156,17 @@ impl Communicator {
                 self.announce_refusal(n, name, e);
             }
         }
-        let r = if collective && r.is_ok() {
-            self.taken(backend, n, name)
-        } else {
-            r
+        let r = match r {
+            Ok(()) if collective => self.taken(backend, n, name),
+            r => {
+                if collective {
+                    self.outcomes.set(n, false);
+                }
+                r
+            }
         };
         if let Some(t) = token {
-            let captured = !host && r.is_ok() && backend.capturing(opts.stream);
-            self.flight.end(t, &r, host, captured);
+            self.end_recorded(backend, t, &r, opts.stream);
         }
         if let Err(e) = &r {
             self.after_error(e);
@@ -171,12 +174,31 @@ impl Communicator {
         r
     }
 
+    /// Records how a call returned; a CUDA call enqueued eagerly gets a point on its stream,
+    /// from which a dump tells whether it completed.
+    fn end_recorded(
+        &self,
+        backend: &dyn Backend,
+        t: crate::flight::Token,
+        r: &Result<()>,
+        stream: u64,
+    ) {
+        let host = self.ctx.device == Device::Host;
+        let captured = !host && r.is_ok() && backend.capturing(stream);
+        if !host && r.is_ok() && !captured {
+            if let Ok(Some(point)) = backend.mark(stream) {
+                self.flight.attach(&t, point);
+            }
+        }
+        self.flight.end(t, r, host, captured);
+    }
+
     /// Records that the backend took collective call `n`; when a peer refused it meanwhile
-    /// (the watcher's handler saw `launched` below `n`), ends the backend's waits for it here
-    /// and fails the call. (SeqCst, with the handler's store of the refusal before its load of
-    /// `launched`: one of the two sees the other.)
+    /// (the watcher's handler found it not taken yet), ends the backend's waits for it here and
+    /// fails the call. (SeqCst, with the handler's store of the refusal before its look at the
+    /// outcomes: one of the two sees the other.)
     fn taken(&self, backend: &dyn Backend, n: u64, collective: &'static str) -> Result<()> {
-        self.launched.fetch_max(n, Ordering::SeqCst);
+        self.outcomes.set(n, true);
         match self.ctx.peers.refusal_of(n) {
             None => Ok(()),
             Some((peer, why)) => {
@@ -222,6 +244,7 @@ impl Communicator {
     /// once instead of waiting for this rank. A layer above with checks of its own calls it.
     pub fn refuse(&self, collective: &str, why: &str) {
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        self.outcomes.set(n, false);
         if let Some(w) = &self.watch {
             w.announce_refusal(n, &format!("{collective} on rank {}: {why}", self.ctx.rank));
         }
@@ -422,6 +445,48 @@ fn report_dump(rank: usize, r: Result<PathBuf>) {
 }
 
 /// Errors that refuse a call on this rank alone: its own arguments.
+/// What became of this rank's last [`Outcomes::CALLS`] collective calls: taken by the
+/// backend or not (refused here, or failed before anything was enqueued). The watcher's
+/// handler reads it when a peer refuses call `n`, which may be some calls after this rank went
+/// past `n` (the handler runs at the watcher's tick).
+pub(crate) struct Outcomes {
+    /// Per slot `n % CALLS`: `n << 1 | taken`, 0 for none yet.
+    slots: Box<[AtomicU64]>,
+}
+
+impl Default for Outcomes {
+    fn default() -> Outcomes {
+        Outcomes {
+            slots: (0..Outcomes::CALLS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+impl Outcomes {
+    /// Calls remembered: more than any rank makes in a watcher's tick (20 ms), a call costing
+    /// several microseconds of host time.
+    const CALLS: u64 = 4096;
+
+    fn set(&self, n: u64, taken: bool) {
+        if let Some(s) = self.slots.get((n % Outcomes::CALLS) as usize) {
+            s.store(n << 1 | u64::from(taken), Ordering::SeqCst);
+        }
+    }
+
+    /// Whether a peer's refusal of call `n` must end this rank's waits: call `n` was taken
+    /// here, or this rank is so far past it that its outcome is forgotten (a rank that
+    /// enqueued that many calls behind a waiting one is stuck). Not reached yet, or not taken
+    /// here (refused on this rank too): no.
+    fn taken(&self, n: u64) -> bool {
+        let Some(s) = self.slots.get((n % Outcomes::CALLS) as usize) else {
+            return false;
+        };
+        let v = s.load(Ordering::SeqCst);
+        let m = v >> 1;
+        (m == n && v & 1 == 1) || m > n
+    }
+}
+
 fn is_refusal(e: &Error) -> bool {
     matches!(
         e,
@@ -666,4 +731,29 @@ fn first_not_finite(v: &View<'_>) -> Result<Option<usize>> {
         }
     };
     Ok(bytes.chunks_exact(es).position(bad))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Outcomes;
+
+    #[test]
+    fn a_refusal_ends_waits_only_for_a_call_taken_here() {
+        let o = Outcomes::default();
+        // Not reached yet: no.
+        assert!(!o.taken(1));
+        o.set(1, false);
+        o.set(2, true);
+        o.set(3, false);
+        // Refused here too, though later calls were taken (the handler runs late): no.
+        assert!(!o.taken(1));
+        assert!(!o.taken(3));
+        // Taken: yes.
+        assert!(o.taken(2));
+        assert!(!o.taken(4));
+        // So far past call 1 that its slot holds a later call: its outcome is forgotten.
+        o.set(1 + Outcomes::CALLS, false);
+        assert!(o.taken(1));
+        assert!(!o.taken(1 + Outcomes::CALLS));
+    }
 }

@@ -479,6 +479,11 @@ impl Backend for CudaBackend {
         self.events.record(stream).map(Some)
     }
 
+    fn passed(&self, point: &Completion) -> Option<bool> {
+        bind(&self.cuda).ok()?;
+        point.is_done().ok()
+    }
+
     fn run(&self, call: Call<'_>) -> Result<()> {
         let opts = call.opts;
         if let CallKind::AllReduceRmsNorm(norm) = call.kind {

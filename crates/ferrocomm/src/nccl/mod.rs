@@ -1260,6 +1260,11 @@ impl Backend for NcclBackend {
         self.events.record(stream).map(Some)
     }
 
+    fn passed(&self, point: &Completion) -> Option<bool> {
+        // Not under the call lock: a dump may run while a call waits.
+        self.ctx.bind_to_thread().ok()?;
+        point.is_done().ok()
+    }
     fn run(&self, call: Call<'_>) -> Result<()> {
         let _g = self.enter()?;
         check_buffers(&call.kind, Device::Cuda(self.device))?;
