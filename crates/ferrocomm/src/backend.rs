@@ -1226,6 +1226,16 @@ pub trait Backend: Send + Sync {
     fn peer_failed(&self, peer: usize) {
         let _ = peer;
     }
+    /// An error an earlier call left on this rank for the next call to report (a direct-access
+    /// kernel's record: ranks that disagreed on the call, bad device-side counts, a timeout),
+    /// taken: a record that is cleared once reported is reported here once. The communicator
+    /// asks before each collective call, ahead of the peers' refusals of that call, so that
+    /// the call reports this rank's own error rather than a peer's and nothing is left over
+    /// for a later call. Default: none (a call reports what it meets itself).
+    fn earlier_error(&self, collective: &'static str) -> Result<()> {
+        let _ = collective;
+        Ok(())
+    }
     /// A peer refused a collective call this rank has issued (its arguments were wrong
     /// there): whatever waits for it in that call must end. Default: as a failed peer (the
     /// communicator's kernels and NCCL are ended; it is aborted).

@@ -139,18 +139,20 @@ impl Communicator {
         };
         let _no = crate::backend::CallNo::enter(n);
         let name = kind.name().name();
-        let r = match self.ctx.peers.refusal_of(n) {
-            Some((peer, why)) => Err(Error::PeerRefused {
-                collective: name,
-                call: n,
-                rank: self.ctx.rank,
-                peer,
-                why,
-            }),
-            None => self
-                .checks(&kind)
-                .and_then(|()| backend.run(Call { kind, opts })),
+        let stop = if collective {
+            stop_before_run(
+                backend.earlier_error(name),
+                self.ctx.peers.refusal_of(n),
+                name,
+                n,
+                self.ctx.rank,
+            )
+        } else {
+            Ok(())
         };
+        let r = stop
+            .and_then(|()| self.checks(&kind))
+            .and_then(|()| backend.run(Call { kind, opts }));
         if let Err(e) = &r {
             if collective && is_refusal(e) {
                 self.announce_refusal(n, name, e);
@@ -444,7 +446,6 @@ fn report_dump(rank: usize, r: Result<PathBuf>) {
     }
 }
 
-/// Errors that refuse a call on this rank alone: its own arguments.
 /// What became of this rank's last [`Outcomes::CALLS`] collective calls: taken by the
 /// backend or not (refused here, or failed before anything was enqueued). The watcher's
 /// handler reads it when a peer refuses call `n`, which may be some calls after this rank went
@@ -487,6 +488,37 @@ impl Outcomes {
     }
 }
 
+/// What ends collective call `n` on this rank before anything of it runs: an error an earlier
+/// call left here (`earlier`, [`Backend::earlier_error`]), else a peer's refusal of `n`.
+///
+/// This rank's own error comes first. Where a kernel saw ranks disagree, every rank holds
+/// such a record and refuses the next call with it, so the peers' refusals of that call
+/// arrive as this rank makes it; one taken in the record's stead would leave the record for
+/// the call after, which this rank alone would then refuse while its peers had taken it (their
+/// communicator aborted).
+fn stop_before_run(
+    earlier: Result<()>,
+    refusal: Option<(usize, String)>,
+    collective: &'static str,
+    n: u64,
+    rank: usize,
+) -> Result<()> {
+    earlier?;
+    match refusal {
+        None => Ok(()),
+        Some((peer, why)) => Err(Error::PeerRefused {
+            collective,
+            call: n,
+            rank,
+            peer,
+            why,
+        }),
+    }
+}
+
+/// Errors that refuse a call on this rank alone, before anything of it was enqueued here: its
+/// own arguments, or an earlier call's record reported at this call ([`stop_before_run`]). The
+/// peers must fail that call too, else they wait for this rank until the timeout.
 fn is_refusal(e: &Error) -> bool {
     matches!(
         e,
@@ -735,7 +767,60 @@ fn first_not_finite(v: &View<'_>) -> Result<Option<usize>> {
 
 #[cfg(test)]
 mod tests {
-    use super::Outcomes;
+    use super::{is_refusal, stop_before_run, Outcomes};
+    use crate::error::Error;
+
+    /// The record a kernel leaves when ranks disagreed, as the cuda backend reports it.
+    fn disagreement(rank: usize) -> Error {
+        Error::InvalidArgument(format!(
+            "all_reduce_rmsnorm: an earlier direct-access call failed: a call that disagrees \
+             between ranks reached rank {rank}: rank 2 sent signature or count 0x1"
+        ))
+    }
+
+    #[test]
+    fn an_earlier_calls_record_is_reported_before_a_peers_refusal_and_refuses_the_call() {
+        // A peer's refusal of call 2 has arrived, and this rank's record of call 1 waits: the
+        // call reports the record (taken now, not left for call 3) and refuses call 2 too.
+        let why = "all_reduce_rmsnorm on rank 2: ... disagrees between ranks ...".to_string();
+        let e = stop_before_run(
+            Err(disagreement(0)),
+            Some((2, why.clone())),
+            "all_reduce_rmsnorm",
+            2,
+            0,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains("reached rank 0")),
+            "{e}"
+        );
+        assert!(is_refusal(&e), "{e}");
+        // No record here: the peer's refusal, naming the peer and the call.
+        let e = stop_before_run(Ok(()), Some((2, why)), "all_reduce_rmsnorm", 2, 0).unwrap_err();
+        assert!(
+            matches!(&e, Error::PeerRefused { call: 2, rank: 0, peer: 2, why, .. }
+                if why.contains("disagrees between ranks")),
+            "{e}"
+        );
+        assert!(
+            !is_refusal(&e),
+            "a peer's refusal is not announced again: {e}"
+        );
+        // Neither: the call runs.
+        assert!(stop_before_run(Ok(()), None, "all_reduce", 3, 0).is_ok());
+        // A sticky record (a kernel's timeout) ends the call and is no refusal (the
+        // communicator is done; the peers learn it by their own timeouts or its abort).
+        let t = Error::Timeout {
+            collective: "all_reduce",
+            rank: 0,
+            missing: 1,
+            timeout: std::time::Duration::from_secs(1),
+        };
+        let e = stop_before_run(Err(t), None, "all_reduce", 4, 0).unwrap_err();
+        assert!(matches!(e, Error::Timeout { missing: 1, .. }), "{e}");
+        assert!(!is_refusal(&e));
+    }
 
     #[test]
     fn a_refusal_ends_waits_only_for_a_call_taken_here() {

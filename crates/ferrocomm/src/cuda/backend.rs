@@ -459,6 +459,15 @@ impl Backend for CudaBackend {
         )))
     }
 
+    fn earlier_error(&self, collective: &'static str) -> Result<()> {
+        // The record is host memory (no context needed); under the call lock, as every call's
+        // own look at it.
+        let _st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.dda
+            .as_deref()
+            .map_or(Ok(()), |d| d.check_error(collective))
+    }
+
     fn peer_failed(&self, peer: usize) {
         // Kernels waiting for the peer end at their next look; NCCL is aborted (its kernels
         // exit) from the same thread.
