@@ -271,11 +271,8 @@ impl HostBackend {
             },
             Stop::Refused => {
                 let call = crate::backend::call_no();
-                let why = self
-                    .peers
-                    .refusal_of(call)
-                    .map(|(_, w)| w)
-                    .unwrap_or_default();
+                // The rank that refused, which need not be the one waited for.
+                let (peer, why) = self.peers.refusal_of(call).unwrap_or((peer, String::new()));
                 Error::PeerRefused {
                     collective,
                     call,
@@ -334,11 +331,22 @@ pub(crate) fn wait_for_peer(
         if n != 0 && peers.refused(peer) == n {
             return Err(Stop::Refused);
         }
+        // A refusal of this call by any rank ends the wait too: `peer` may be late, or may
+        // have learned of the refusal before making the call, failed it at its start and
+        // left. Looked at with the liveness, every few milliseconds (it reads every rank).
+        let refused = || n != 0 && peers.refusal_of(n).is_some();
         // The watcher's verdict on the peer's process (in any PID namespace).
-        if let Err(stop) = backoff.pause(|| !peers.gone(peer)) {
+        if let Err(stop) = backoff.pause(|| !peers.gone(peer) && !refused()) {
             // The peer may have arrived and exited between the look and the liveness check
-            // (the last barrier of a run): what it published still counts.
-            return if ready() { Ok(()) } else { Err(stop) };
+            // (the last barrier of a run): what it published still counts. A peer gone after
+            // a refusal left because of it (the watcher records refusals before deaths).
+            return if ready() {
+                Ok(())
+            } else if refused() {
+                Err(Stop::Refused)
+            } else {
+                Err(stop)
+            };
         }
     }
     Ok(())
