@@ -128,11 +128,30 @@ pub(crate) fn call_no() -> u64 {
     CALL_NO.get()
 }
 
+thread_local! {
+    /// Whether the backend has begun to exchange data for the call this thread is running
+    /// ([`began_exchange`]).
+    static EXCHANGING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Called by a backend once the call this thread runs has begun to exchange data with the
+/// peers: an error it returns after that (a fault it found while the call ran, as the
+/// device-count all-to-all-v's counts past the input) is no refusal, since the peers took part.
+pub(crate) fn began_exchange() {
+    EXCHANGING.set(true);
+}
+
+/// Whether [`began_exchange`] was called since [`CallNo::enter`] on this thread.
+pub(crate) fn exchanging() -> bool {
+    EXCHANGING.get()
+}
+
 /// A collective call's number in force on this thread until the guard drops.
 pub(crate) struct CallNo(u64);
 
 impl CallNo {
     pub(crate) fn enter(n: u64) -> CallNo {
+        EXCHANGING.set(false);
         CallNo(CALL_NO.replace(n))
     }
 }

@@ -154,7 +154,8 @@ impl Communicator {
             .and_then(|()| self.checks(&kind))
             .and_then(|()| backend.run(Call { kind, opts }));
         if let Err(e) = &r {
-            if collective && is_refusal(e) {
+            // A fault found while the call ran, the peers taking part, is no refusal.
+            if collective && is_refusal(e) && !crate::backend::exchanging() {
                 self.announce_refusal(n, name, e);
             }
         }

@@ -684,6 +684,8 @@ impl HostBackend {
                 in_count / unit
             ));
         }
+        // From here the peers take part: the problems above are reported after the exchange.
+        crate::backend::began_exchange();
         let splits = Splits {
             send_counts,
             send_displs,
