@@ -237,10 +237,6 @@ impl CommLive {
         self.finalized.store(true, Ordering::Release);
     }
 
-    pub(crate) fn is_finalized(&self) -> bool {
-        self.finalized.load(Ordering::Acquire)
-    }
-
     /// Marks the communicator aborted because of `why`; whether this call did (the first one).
     pub(crate) fn abort(&self, why: &str) -> bool {
         // The reason first, then the flag that makes calls read it.

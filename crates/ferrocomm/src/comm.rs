@@ -525,12 +525,12 @@ impl Communicator {
         Ok(done)
     }
 
-    /// The backend, unless the communicator was finalized, lost a peer (then a call of
-    /// `collective` fails naming it) or was aborted.
+    /// The backend, unless the communicator was finalized or aborted here, or lost a peer
+    /// (then a call of `collective` fails naming it).
     fn live(&self, collective: &'static str) -> Result<&dyn Backend> {
-        if self.live.is_finalized() {
-            return Err(Error::Finalized(self.ctx.name.clone()));
-        }
+        // This rank's own finalize or abort first: a peer that failed afterwards (or gave up
+        // when it saw this rank abort) is not what the caller needs to hear.
+        self.live.check()?;
         if let Some((peer, _)) = self.ctx.peers.failure() {
             return Err(Error::PeerFailed {
                 collective,
@@ -538,7 +538,6 @@ impl Communicator {
                 peer,
             });
         }
-        self.live.check()?;
         Ok(&*self.backend)
     }
 
