@@ -204,15 +204,9 @@ impl Communicator {
         self.outcomes.set(n, true);
         match self.ctx.peers.refusal_of(n) {
             None => Ok(()),
-            Some((peer, why)) => {
-                backend.peer_refused(peer);
-                Err(Error::PeerRefused {
-                    collective,
-                    call: n,
-                    rank: self.ctx.rank,
-                    peer,
-                    why,
-                })
+            Some(refusal) => {
+                backend.peer_refused(refusal.0);
+                Err(peer_refused(collective, n, self.ctx.rank, refusal))
             }
         }
     }
@@ -507,13 +501,23 @@ fn stop_before_run(
     earlier?;
     match refusal {
         None => Ok(()),
-        Some((peer, why)) => Err(Error::PeerRefused {
-            collective,
-            call: n,
-            rank,
-            peer,
-            why,
-        }),
+        Some(r) => Err(peer_refused(collective, n, rank, r)),
+    }
+}
+
+/// The error of call `n` on `rank` when `peer` refused it because `why`.
+fn peer_refused(
+    collective: &'static str,
+    n: u64,
+    rank: usize,
+    (peer, why): (usize, String),
+) -> Error {
+    Error::PeerRefused {
+        collective,
+        call: n,
+        rank,
+        peer,
+        why,
     }
 }
 
