@@ -16,19 +16,6 @@ use ferrocomm::plan::{
 use ferrocomm::tuning::Tuning;
 use ferrocomm::{Algo, Collective, DataType, Format, ReduceOp};
 
-const COLLECTIVES: [Collective; 10] = [
-    Collective::AllReduce,
-    Collective::Reduce,
-    Collective::Broadcast,
-    Collective::AllGather,
-    Collective::ReduceScatter,
-    Collective::AllToAll,
-    Collective::AllToAllV,
-    Collective::Barrier,
-    Collective::Send,
-    Collective::Recv,
-];
-
 /// Sizes on both sides of every threshold (defaults, the overrides below, the stagings).
 fn sizes() -> Vec<usize> {
     let marks = [
@@ -204,7 +191,7 @@ fn algorithm_table() -> String {
                 &Algo::ALL[..1]
             };
             for &req in requests {
-                for coll in COLLECTIVES {
+                for coll in Collective::ALL {
                     let head = format!("{cname} {fname} {req} {}", coll.name());
                     by_world(&mut t, &head, |world| {
                         runs(&sizes, |bytes| {
@@ -304,7 +291,7 @@ fn cuda_table() -> String {
             if !matches!(req, Algo::Auto | Algo::Direct | Algo::Nccl) {
                 continue;
             }
-            for coll in COLLECTIVES {
+            for coll in Collective::ALL {
                 if matches!(coll, Collective::AllReduce | Collective::Barrier) {
                     continue;
                 }
@@ -417,7 +404,7 @@ fn low_precision_table() -> String {
         .expect("the table's settings parse");
         let fname = format!("{set:?}");
         for (chname, choice) in choices {
-            for coll in COLLECTIVES {
+            for coll in Collective::ALL {
                 for floor in [0, Tuning::builtin().cuda_lp_min_bytes] {
                     // The dtype/op pairs with the same answers share a line.
                     let mut rows: Vec<(String, Vec<String>)> = Vec::new();
