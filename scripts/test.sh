@@ -8,9 +8,10 @@
 # build compiles every CUDA kernel with it, on a machine without a GPU; newer NVRTC emits code
 # that driver 580 refuses), numpy, ml_dtypes (numpy's bf16 and fp8, which the Python tests
 # cover), pytest, maturin, torch with expecttest and hypothesis for the torch.distributed tests
-# (torch's own backend test suite imports those two) and matplotlib for the model bench's plot.
-# A test that needs one of them fails without it; none is skipped. Nothing is installed outside
-# .venv. uv installs them (fast, and from its cache on later runs).
+# (torch's own backend test suite imports those two), matplotlib for the model bench's plot,
+# and mypy for the package's types. A test that needs one of them fails without it; none is
+# skipped. Nothing is installed outside .venv. uv installs them (fast, and from its cache on
+# later runs).
 #
 # Compiled kernels are kept where the library keeps them (FERROCOMM_KERNEL_CACHE, by default
 # ~/.cache/ferrocomm), keyed by source hash, options, arch and NVRTC version: the build compiles
@@ -32,7 +33,8 @@ expecttest
 hypothesis
 maturin>=1.5,<2
 torch==2.11.0
-matplotlib"
+matplotlib
+mypy==2.4.1"
 
 names=()
 codes=()
@@ -151,10 +153,12 @@ stage api-docs env RUSTDOCFLAGS="-D warnings" cargo doc -p ferrocomm --no-deps -
 if passed python-env; then
   stage python-package python_package
   stage python-tests "$PY" -m pytest -q --durations=5 python/tests
+  # The package's types, strictly (pyproject.toml's [tool.mypy]).
+  stage python-types "$PY" -m mypy
 else
-  names+=("python-package" "python-tests")
-  codes+=(1 1)
-  secs+=(0 0)
+  names+=("python-package" "python-tests" "python-types")
+  codes+=(1 1 1)
+  secs+=(0 0 0)
   echo "=== python stages not run: the environment could not be built"
 fi
 

@@ -1,14 +1,14 @@
 """The communicator object and its work objects (torchcomms' TorchComm and TorchWork)."""
 
+from __future__ import annotations
+
 import atexit
 import datetime
-import functools
-import inspect
-import numbers
 import operator
 import os
 import sys
 import weakref
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -17,6 +17,21 @@ from . import _tensors as T
 from ._errors import (FerrocommError, FerrocommPeerFailed, FerrocommTimeout, FerrocommUnsupported,
                       FerrocommValueError)
 from ._ops import ReduceOp
+from ._timeouts import TimeoutLike, positive_seconds, timeout_seconds
+from ._work import DONE, CudaWork, HostWork, WithOutputs, Work
+
+if TYPE_CHECKING:
+    from ._window import AllGatherPHandle, Window
+    from .hooks import PostHook, PreHook, RemovableHandle
+
+# A numpy array or a torch tensor (torch is optional: its type is not named here).
+Buffer = Any
+# Per-call hints (`{"low_precision": "e4m3", "algo": "flat"}`); other backends' keys are ignored.
+Hints = Optional[Mapping[str, object]]
+# A reduction: a ReduceOp, a name ("sum"), or torch.distributed's ReduceOp.
+OpLike = Any
+# An all-to-all-v's (send counts, send displacements, recv counts, recv displacements).
+SplitsList = list[list[int]]
 
 _SUM = ReduceOp.SUM
 
@@ -38,9 +53,12 @@ _MOVE_AS = {
 }
 _BOOL_OPS = {"sum": "max", "bor": "max", "max": "max", "prod": "min", "band": "min", "min": "min"}
 _REDUCTIONS = ("all_reduce", "reduce", "reduce_scatter")
+# The fused call, and the names its FP8 option takes.
+_NORM = "all_reduce_rmsnorm"
+_QUANT = ("e4m3", "float8_e4m3fn", "fp8")
 
 
-def _alias(coll, buf, opname):
+def _alias(coll: str, buf: T.Buf, opname: str) -> tuple[str, str]:
     """(dtype name to pass, op name to pass) for a buffer's element type (see _MOVE_AS)."""
     as_type = _MOVE_AS.get(buf.dtype)
     if as_type is None:
@@ -63,129 +81,10 @@ def _alias(coll, buf, opname):
 
 
 # ---------------------------------------------------------------------------------------------
-# Work objects
-
-
-class Work:
-    """What a collective returns (torchcomms' TorchWork).
-
-    ``wait()`` orders the caller's current CUDA stream after the collective (no host block) or,
-    on the host backend, blocks until it has finished; ``wait_blocking()`` blocks the host in
-    both cases; ``is_completed()`` polls.
-    """
-
-    def wait(self):
-        raise NotImplementedError
-
-    def wait_blocking(self):
-        self.wait()
-
-    def is_completed(self):
-        raise NotImplementedError
-
-
-class _DoneWork(Work):
-    """A call issued with ``async_op=False``: complete on the host, or ordered on the caller's
-    stream already."""
-
-    def wait(self):
-        return None
-
-    def is_completed(self):
-        return True
-
-    def __repr__(self):
-        return "Work(completed)"
-
-
-# What every call issued with async_op=False returns: it holds nothing, so one object serves all.
-_DONE = _DoneWork()
-
-
-class _HostWork(Work):
-    """A host collective running on the communicator's work thread."""
-
-    def __init__(self, native, keep, post, limit=None):
-        self._native = native
-        self._keep = keep
-        self._post = post
-        self._limit = limit
-
-    def wait(self, timeout=None):
-        self._native.wait(self._limit if timeout is None else _timeout_seconds(timeout))
-        # Results of list variants are copied out of the staging buffer here, once.
-        post, self._post = self._post, ()
-        for f in post:
-            f()
-        self._keep = ()
-
-    def is_completed(self):
-        return self._native.is_completed()
-
-    def __repr__(self):
-        return f"Work(host, completed={self.is_completed()})"
-
-
-class _CudaWork(Work):
-    """A CUDA collective: a completion (a pooled CUDA event of the native layer) recorded on
-    the issuing stream right after it."""
-
-    __slots__ = ("_done", "_device", "_stream", "_keep", "_limit", "_comm")
-
-    def __init__(self, done, device, stream, keep, limit=None, comm=None):
-        self._done = done
-        self._device = device
-        self._stream = stream
-        self._keep = keep
-        self._limit = limit
-        self._comm = comm
-
-    def _check_peers(self):
-        """A peer that died or gave up ended the call's kernels early: its result is not one."""
-        if self._comm is not None:
-            peer = self._comm.failed_peer()
-            if peer is not None:
-                raise FerrocommPeerFailed(
-                    f"rank {peer} failed or exited while this call was running on rank "
-                    f"{self._comm.rank} (flight recorder dumps: {self._comm.trace_dir})")
-
-    def wait(self, timeout=None):
-        del timeout  # ordering the stream does not block the host
-        self._check_peers()
-        cur = T.current_stream_handle(T._torch(), self._device)
-        # On the issuing stream the order holds already.
-        if cur != self._stream:
-            self._done.order(cur)
-
-    def wait_blocking(self, timeout=None):
-        self._done.wait(self._limit if timeout is None else _timeout_seconds(timeout))
-        self._keep = ()
-        self._check_peers()
-
-    def is_completed(self):
-        return self._done.is_completed()
-
-    def __repr__(self):
-        return f"Work(cuda:{self._device})"
-
-
-# ---------------------------------------------------------------------------------------------
 # Helpers
 
 
-def _timeout_seconds(timeout):
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool):
-        raise FerrocommValueError(f"timeout must be a timedelta or seconds, not a bool ({timeout})")
-    if isinstance(timeout, datetime.timedelta):
-        return timeout.total_seconds()
-    if isinstance(timeout, numbers.Real):
-        return float(timeout)
-    raise FerrocommValueError(f"timeout must be a timedelta or seconds, not {type(timeout).__name__}")
-
-
-def _check_hints(hints, where):
+def _check_hints(hints: Hints, where: str) -> dict[str, str]:
     if hints is None:
         return {}
     if not isinstance(hints, dict):
@@ -198,7 +97,7 @@ def _check_hints(hints, where):
     return out
 
 
-def _device_arg(device):
+def _device_arg(device: Any) -> Optional[str]:
     if device is None:
         return None
     if isinstance(device, int):
@@ -218,11 +117,11 @@ def _device_arg(device):
 
 # Communicators of this process: at exit each tells its peers' watchers that this rank leaves,
 # so that the process's end is not taken for a failure where the peers still run.
-_LIVE = weakref.WeakSet()
+_LIVE: weakref.WeakSet[Comm] = weakref.WeakSet()
 
 
 @atexit.register
-def _leave_all():
+def _leave_all() -> None:
     for c in list(_LIVE):
         c._n.leave()
 
@@ -234,58 +133,56 @@ class Comm:
     tensors on the cuda and nccl backends), contiguous, without copying them.
     """
 
-    def __init__(self, native, requested_backend, hints=None, options=None):
+    def __init__(self, native: _native.Comm, requested_backend: str,
+                 hints: Optional[Mapping[str, str]] = None,
+                 options: Optional[dict[str, Any]] = None) -> None:
         self._n = native
         self._requested = requested_backend
         self._hints = dict(hints or {})
-        self._finalized = False
         self._cuda = native.device_index != T.HOST
         # torchcomms parity: per-call timeouts, abort, options (see "-- torchcomms parity").
         self._options = options or {}
-        self._call_timeout = None
-        # Why the communicator was given up on (abort(), a timeout); None while usable.
-        self._aborted = None
         _LIVE.add(self)
 
     # -- information ---------------------------------------------------------------------
 
     @property
-    def rank(self):
+    def rank(self) -> int:
         return self._n.rank
 
     @property
-    def size(self):
+    def size(self) -> int:
         return self._n.size
 
-    def get_rank(self):
+    def get_rank(self) -> int:
         return self._n.rank
 
-    def get_size(self):
+    def get_size(self) -> int:
         return self._n.size
 
-    def get_name(self):
+    def get_name(self) -> str:
         return self._n.name
 
-    def get_backend(self):
+    def get_backend(self) -> str:
         """The backend serving this communicator: ``host``, ``cuda`` or ``nccl``."""
         return self._n.backend
 
-    def get_device(self):
+    def get_device(self) -> Any:
         """``torch.device`` when torch is available, else the device as a string."""
         name = T.device_name(self._n.device_index)
         torch = T._torch()
         return torch.device(name) if torch is not None else name
 
-    def get_timeout(self):
+    def get_timeout(self) -> datetime.timedelta:
         return datetime.timedelta(seconds=self._n.timeout_s)
 
-    def get_hints(self):
+    def get_hints(self) -> dict[str, str]:
         return dict(self._hints)
 
-    def set_hints(self, hints):
+    def set_hints(self, hints: Hints) -> None:
         self._hints = _check_hints(hints, "set_hints")
 
-    def algo_for(self, collective, nbytes, dtype, hints=None):
+    def algo_for(self, collective: str, nbytes: int, dtype: Any, hints: Hints = None) -> str:
         """How a call would run: its plan as the bench prints it (``push``, ``flat``, ``flat-ce``,
         ``tree``, ``direct``, ``nccl``, ``lp-flat``, ...)."""
         h = {**self._hints, **_check_hints(hints, collective)}
@@ -296,33 +193,31 @@ class Comm:
         nbytes = _int_arg("algo_for", "nbytes", nbytes, 0, _MAX_COUNT)
         return self._n.algo_for(collective, nbytes, name, h.get("algo"), h.get("low_precision"))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"ferrocomm.Comm(name={self.get_name()!r}, rank={self.rank}, size={self.size}, "
                 f"backend={self.get_backend()!r}, device={T.device_name(self._n.device_index)!r})")
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def finalize(self):
+    def finalize(self) -> None:
         """Waits for queued work and releases the communicator; later calls raise. After
         ``abort()`` it returns at once (the abandoned work is not waited for)."""
-        if not self._finalized:
-            self._finalized = True
-            if self._aborted is None:
-                self._n.finalize()
+        if not self._n.is_aborted:
+            self._n.finalize()
 
-    def __enter__(self):
+    def __enter__(self) -> Comm:
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self.finalize()
-        return False
 
-    def split(self, ranks, name, hints=None, timeout=None):
+    def split(self, ranks: Sequence[int], name: str, hints: Hints = None,
+              timeout: TimeoutLike = None) -> Optional[Comm]:
         """A communicator of ``ranks`` (global ranks, new rank = position in the list), or None
         on ranks not listed. Listed ranks must all call it with the same list and name. It is
         created with this communicator's current timeout and then has ``timeout`` when given."""
         ranks = _int_list("split", "ranks", ranks, 0, self.size - 1)
-        t = _timeout_seconds(timeout)
+        t = timeout_seconds(timeout)
         if t is not None and not t > 0:
             raise FerrocommValueError(f"split: timeout must be positive, got {timeout!r}")
         merged = {**self._hints, **_check_hints(hints, "split")}
@@ -339,7 +234,7 @@ class Comm:
 
     # -- plumbing --------------------------------------------------------------------------
 
-    def _buf(self, obj, what, coll, writable=False):
+    def _buf(self, obj: Buffer, what: str, coll: str, writable: bool = False) -> T.Buf:
         b = T.describe(obj, what, coll, writable)
         mine = self._n.device_index
         if b.device != mine:
@@ -349,18 +244,15 @@ class Comm:
             )
         return b
 
-    def _check_live(self, coll):
-        """Refuses a call on a finalized or aborted communicator."""
-        if self._finalized:
-            raise FerrocommError(f"{coll}: communicator '{self.get_name()}' has been finalized")
-        if self._aborted is not None:
-            raise FerrocommError(
-                f"{coll}: communicator '{self.get_name()}' has been aborted ({self._aborted})")
-
-    def _issue(self, coll, *, out=None, inp=None, op=None, peer=0, splits=None, counts=None,
-               batch=None, async_op=False, hints=None, keep=(), post=()):
-        if self._finalized or self._aborted is not None:
-            self._check_live(coll)
+    def _issue(self, coll: str, *, out: Optional[T.Buf] = None, inp: Optional[T.Buf] = None,
+               op: OpLike = None, peer: int = 0, splits: Optional[SplitsList] = None,
+               counts: Optional[tuple[Any, ...]] = None,
+               batch: Optional[list[tuple[bool, T.Buf, int]]] = None,
+               norm: Optional[tuple[Any, ...]] = None, async_op: bool = False,
+               hints: Hints = None, timeout: TimeoutLike = None, keep: Sequence[Any] = (),
+               post: Sequence[Callable[[], None]] = ()) -> Work:
+        """Describes the call once, as the tuple the native layer reads into ferrocomm's
+        CallDesc (crates/ferrocomm-py: PyCall), and runs it; returns its work object."""
         if async_op is not False and async_op is not True:
             async_op = _bool_arg(coll, "async_op", async_op)
         # The communicator's hints as they are unless the call brings its own (no copy per
@@ -372,14 +264,9 @@ class Comm:
         # The call's own timeout bounds each of its waits for a peer (native: on the host, in
         # the kernels, NCCL's watchdog; None: the communicator's) and the returned work's
         # blocking wait (None: the native bound, which follows the communicator's timeout).
-        call_timeout = limit = self._call_timeout
-        stream = 0
-        if cuda:
-            torch = T._torch()
-            if torch is None:
-                raise FerrocommValueError(f"{coll}: CUDA communicators need torch tensors")
-            stream = T.current_stream_handle(torch, self._n.device_index)
-        raws = [None, None]
+        call_timeout = limit = positive_seconds(coll, timeout)
+        stream = self._stream(coll) if cuda else 0
+        raws: list[Optional[_native.RawBuf]] = [None, None]
         for k, b in enumerate((out, inp)):
             if b is None:
                 continue
@@ -387,67 +274,46 @@ class Comm:
             if name != b.dtype:
                 h = {**h, "low_precision": "off"}
             raws[k] = (b.ptr, b.count, name, b.device)
-        native_async = bool(async_op) and not cuda
-        # A CUDA async call's completion, recorded by the native call itself unless list
-        # outputs are copied out after it (then after the copies, below).
-        mark = cuda and bool(async_op) and not post
-        try:
-            if splits is None and counts is None and batch is None:
-                native_work = self._n.run_one(coll, raws[0], raws[1], opname, factor,
-                                              int(peer), stream, h.get("algo"),
-                                              h.get("low_precision"), native_async, mark,
-                                              call_timeout)
-            else:
-                native_work = self._n.run(self._call_desc(
-                    coll, raws, opname, factor, peer, splits, counts, batch, stream, h,
-                    native_async, mark, call_timeout))
-        except FerrocommError as e:
-            self._failed(coll, e)
-            raise
-        if native_work is not None:
-            if cuda:
-                return _CudaWork(native_work, self._n.device_index, stream, keep, limit, self._n)
-            # Queued on the work thread: only async calls return before they finish.
-            return _HostWork(native_work, keep, post, limit)
-        # Issued (CUDA: enqueued on the current stream; host: finished). Copies of list
-        # variants go on the same stream, after the collective.
-        for f in post:
-            f()
-        if cuda and async_op:
-            return _CudaWork(self._n.mark(stream, coll), self._n.device_index, stream, keep,
-                             limit, self._n)
-        return _DONE
-
-    @staticmethod
-    def _call_desc(coll, raws, opname, factor, peer, splits, counts, batch, stream, h,
-                   native_async, mark, timeout):
-        """The native call description (PyComm.run's dict) of a call with splits, counts or a
-        batch."""
-        native_batch = None
+        native_batch: Optional[list[tuple[bool, _native.RawBuf, int]]] = None
         if batch is not None:
             native_batch = []
             for is_send, b, p in batch:
                 name, opname = _alias(coll, b, opname)
                 native_batch.append((is_send, (b.ptr, b.count, name, b.device), p))
-        return {
-            "coll": coll,
-            "out": raws[0],
-            "inp": raws[1],
-            "op": opname,
-            "factor": factor,
-            "peer": int(peer),
-            "splits": splits,
-            "stream": stream,
-            "algo": h.get("algo"),
-            "low_precision": h.get("low_precision"),
-            "async_op": native_async,
-            "mark": mark,
-            "timeout": timeout,
-            "counts": counts,
-            "batch": native_batch,
-        }
+        call = (coll, raws[0], raws[1], (opname, factor), int(peer),
+                (stream, h.get("algo"), h.get("low_precision"), call_timeout),
+                splits, counts, native_batch, norm)
+        # Only host calls are queued; a CUDA async call's completion is recorded by the native
+        # call itself unless list outputs are copied out after it (then after the copies, below).
+        mark = cuda and bool(async_op) and not post
+        try:
+            native_work = self._n.run(call, bool(async_op) and not cuda, mark)
+        except FerrocommError as e:
+            self._failed(coll, e)
+            raise
+        if isinstance(native_work, _native.Completion):
+            return CudaWork(native_work, self._n.device_index, stream, keep, limit, self._n)
+        if native_work is not None:
+            # Queued on the work thread: only async calls return before they finish.
+            return HostWork(native_work, keep, post, limit)
+        # Issued (CUDA: enqueued on the current stream; host: finished). Copies of list
+        # variants go on the same stream, after the collective.
+        for f in post:
+            f()
+        done = self._n.mark(stream, coll) if cuda and async_op else None
+        if done is not None:
+            return CudaWork(done, self._n.device_index, stream, keep, limit, self._n)
+        return DONE
 
-    def _in_place_or(self, out, inp, offset_elems):
+    def _stream(self, coll: str) -> int:
+        """The current CUDA stream of the communicator's device, where a call of ``coll``
+        enqueues (a CUDA communicator's)."""
+        torch = T._torch()
+        if torch is None:
+            raise FerrocommValueError(f"{coll}: CUDA communicators need torch tensors")
+        return T.current_stream_handle(torch, self._n.device_index)
+
+    def _in_place_or(self, out: T.Buf, inp: T.Buf, offset_elems: int) -> Optional[T.Buf]:
         """None (in place) when `inp` is `out` shifted by `offset_elems` elements (NCCL's in-place
         convention), `inp` when disjoint; overlapping any other way is an error."""
         if inp.device == out.device and inp.ptr == out.ptr + offset_elems * out.esize \
@@ -461,54 +327,132 @@ class Comm:
 
     # -- collectives -----------------------------------------------------------------------
 
-    def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False, hints=None, timeout=None):
+    def all_reduce(self, tensor: Buffer, op: OpLike = ReduceOp.SUM, async_op: bool = False,
+                   hints: Hints = None, timeout: TimeoutLike = None) -> Work:
         """Reduces ``tensor`` over all ranks, in place."""
-        # The per-call timeout handled here rather than by _parity's wrapper: this is the call
-        # on every token's path, and the wrapper's argument forwarding costs host time.
-        if timeout is not None:
-            return self._bounded(timeout, Comm.all_reduce, tensor, op, async_op, hints)
         c = "all_reduce"
         b = self._buf(tensor, "tensor", c, writable=True)
-        return self._issue(c, out=b, op=op, async_op=async_op, hints=hints, keep=(tensor,))
+        return self._issue(c, timeout=timeout,
+                           out=b, op=op, async_op=async_op, hints=hints, keep=(tensor,))
 
     allreduce = all_reduce
 
-    def all_reduce_rmsnorm(self, x, residual, weight, eps, *, out=None, residual_out=None,
-                           quant=None, scale=None, async_op=False, hints=None):
-        """All-reduce of ``x``, residual add and RMSNorm in one call (see ferrocomm._fused):
-        returns ``(out, residual_out)`` (``x`` and ``residual`` in place by default), with
-        ``quant="e4m3"`` ``(out, residual_out, codes, scales)`` (a scale per row, or with
-        ``scale=`` the one given scale)."""
-        from . import _fused
+    def all_reduce_rmsnorm(self, x: Buffer, residual: Buffer, weight: Buffer, eps: float, *,
+                           out: Optional[Buffer] = None, residual_out: Optional[Buffer] = None,
+                           quant: Optional[str] = None, scale: Any = None,
+                           async_op: bool = False, hints: Hints = None,
+                           timeout: TimeoutLike = None) -> Any:
+        """All-reduce of ``x`` over all ranks, residual add and RMSNorm of every row, in one
+        call. For ``x`` and ``residual`` of shape ``(..., hidden)`` and ``weight`` of
+        ``(hidden,)``::
 
-        return _fused.run(self, x, residual, weight, eps, out=out, residual_out=residual_out,
-                          quant=quant, scale=scale, async_op=async_op, hints=hints)
+            r = all_reduce(x) + residual                       -> residual_out (default: residual)
+            y = r / sqrt(mean(r ** 2, last dim) + eps) * weight -> out (default: x)
 
-    def reduce(self, tensor, root, op=ReduceOp.SUM, async_op=False, hints=None):
+        with f32 accumulation, bit-identical on every rank. Returns ``(out, residual_out)``;
+        ``quant="e4m3"`` also returns ``y`` as FP8 E4M3 codes with one f32 scale per row (shape
+        ``(..., 1)``, ``y ~= codes * scale``): ``(out, residual_out, codes, scales)``. With
+        ``scale=s`` as well (one f32 scale for the whole tensor, as FP8 GEMMs with static
+        activation scales take it: a one-element float32 tensor on x's device, read when the call
+        runs so that a CUDA graph replay sees its current value, or a number) the codes are
+        ``e4m3(y / s)`` saturated at +-448, and ``scales`` is ``s`` as a one-element tensor. With
+        ``async_op=True``, a work object whose ``result()`` gives them."""
+        c = _NORM
+        xb = self._buf(x, "x", c, writable=out is None)
+        rb = self._buf(residual, "residual", c, writable=residual_out is None)
+        wb = self._buf(weight, "weight", c)
+        shape = tuple(xb.shape)
+        if len(shape) == 0:
+            raise FerrocommValueError(f"{c}: x must have a last (hidden) dimension, not a scalar")
+        if tuple(wb.shape) != (shape[-1],):
+            raise FerrocommValueError(
+                f"{c}: weight has shape {tuple(wb.shape)}, expected ({shape[-1]},) (x's hidden "
+                "size)")
+        if tuple(rb.shape) != shape:
+            raise FerrocommValueError(f"{c}: residual has shape {tuple(rb.shape)}, x has {shape}")
+        for name, b in (("residual", rb), ("weight", wb)):
+            if b.dtype != xb.dtype:
+                raise FerrocommValueError(f"{c}: {name} is {b.dtype}, x is {xb.dtype}")
+        ob = rob = None
+        for name, obj in (("out", out), ("residual_out", residual_out)):
+            if obj is None:
+                continue
+            b = self._buf(obj, name, c, writable=True)
+            if tuple(b.shape) != shape or b.dtype != xb.dtype:
+                raise FerrocommValueError(
+                    f"{c}: {name} is {b.dtype} of shape {tuple(b.shape)}, expected x's "
+                    f"{xb.dtype} of shape {shape}")
+            if name == "out":
+                ob = b
+            else:
+                rob = b
+        if quant is not None and str(quant).lower() not in _QUANT:
+            raise FerrocommValueError(f"{c}: quant must be None or 'e4m3', not {quant!r}")
+        if scale is not None and quant is None:
+            raise FerrocommValueError(f"{c}: scale= is the FP8 rows' given scale: pass quant='e4m3'")
+        try:
+            eps = float(eps)
+        except (TypeError, ValueError):
+            raise FerrocommValueError(f"{c}: eps must be a number, not {eps!r}") from None
+
+        outputs: tuple[Any, ...] = (out if out is not None else x,
+                                    residual_out if residual_out is not None else residual)
+        fp8 = None
+        if quant is not None:
+            codes, scales = T.fp8_rows_like(xb.obj, shape)
+            given = scale is not None
+            if given:
+                scales = T.given_scale_like(xb.obj, scale, c)
+            outputs += (codes, scales)
+            cb = self._buf(codes, "codes", c, writable=True)
+            sb = self._buf(scales, "scale" if given else "scales", c, writable=not given)
+            if given and (sb.dtype != "float32" or sb.count != 1):
+                raise FerrocommValueError(
+                    f"{c}: scale must hold one float32 value, not {sb.count} of {sb.dtype}")
+            # numpy has no FP8 type: the codes travel as the E4M3 bytes they are.
+            fp8 = ((cb.ptr, cb.count, "f8e4m3", cb.device), sb.raw(), given)
+        # In place unless separate outputs are given: the written buffer and, apart, the input.
+        written, res_written = ob or xb, rob or rb
+        norm = (rb.raw() if rob is not None else None, res_written.raw(), wb.raw(), eps, fp8)
+        keep = (x, residual, weight, out, residual_out) + outputs
+        work = self._issue(c, out=written, inp=xb if ob is not None else None, norm=norm,
+                           async_op=async_op, hints=hints, timeout=timeout, keep=keep)
+        if async_op:
+            return WithOutputs(work, outputs)
+        return outputs
+
+    def reduce(self, tensor: Buffer, root: int, op: OpLike = ReduceOp.SUM, async_op: bool = False,
+               hints: Hints = None, timeout: TimeoutLike = None) -> Work:
         """Reduces ``tensor`` over all ranks into ``tensor`` on ``root`` (others unchanged)."""
         c = "reduce"
         b = self._buf(tensor, "tensor", c, writable=True)
         root = _rank_arg(c, "root", root, self.size)
-        return self._issue(c, out=b, op=op, peer=root, async_op=async_op, hints=hints,
+        return self._issue(c, timeout=timeout,
+                           out=b, op=op, peer=root, async_op=async_op, hints=hints,
                            keep=(tensor,))
 
-    def broadcast(self, tensor, root, async_op=False, hints=None):
+    def broadcast(self, tensor: Buffer, root: int, async_op: bool = False, hints: Hints = None,
+                  timeout: TimeoutLike = None) -> Work:
         """Copies ``root``'s ``tensor`` into ``tensor`` on every rank."""
         c = "broadcast"
         b = self._buf(tensor, "tensor", c, writable=True)
         root = _rank_arg(c, "root", root, self.size)
-        return self._issue(c, out=b, peer=root, async_op=async_op, hints=hints, keep=(tensor,))
+        return self._issue(c, timeout=timeout,
+                           out=b, peer=root, async_op=async_op, hints=hints, keep=(tensor,))
 
-    def all_gather_single(self, output, input, async_op=False, hints=None):  # noqa: A002
+    def all_gather_single(self, output: Buffer, input: Buffer,  # noqa: A002
+                          async_op: bool = False, hints: Hints = None,
+                          timeout: TimeoutLike = None) -> Work:
         """``output`` (size x input elements) receives every rank's ``input`` in rank order."""
         c = "all_gather_single"
         o = self._buf(output, "output", c, writable=True)
         i = self._buf(input, "input", c)
-        i = self._in_place_or(o, i, self.rank * i.count)
-        return self._issue("all_gather", out=o, inp=i, async_op=async_op, hints=hints,
-                           keep=(output, input))
+        inp = self._in_place_or(o, i, self.rank * i.count)
+        return self._issue("all_gather", timeout=timeout, out=o, inp=inp, async_op=async_op,
+                           hints=hints, keep=(output, input))
 
-    def all_gather(self, tensor_list, tensor, async_op=False, hints=None):
+    def all_gather(self, tensor_list: Sequence[Buffer], tensor: Buffer, async_op: bool = False,
+                   hints: Hints = None, timeout: TimeoutLike = None) -> Work:
         """``tensor_list[r]`` receives rank r's ``tensor``."""
         c = "all_gather"
         i = self._buf(tensor, "tensor", c)
@@ -517,15 +461,17 @@ class Comm:
         o = self._buf(staging, "output", c, writable=True)
         n = i.count
 
-        def post():
+        def post() -> None:
             for r, t in enumerate(tensor_list):
                 T.copy_into(t, T.flat_slice(staging, r * n, n))
 
-        return self._issue("all_gather", out=o, inp=i, async_op=async_op, hints=hints,
+        return self._issue("all_gather", timeout=timeout,
+                           out=o, inp=i, async_op=async_op, hints=hints,
                            keep=(tensor, staging, tensor_list), post=(post,))
 
-    def reduce_scatter_single(self, output, input, op=ReduceOp.SUM, async_op=False,  # noqa: A002
-                              hints=None):
+    def reduce_scatter_single(self, output: Buffer, input: Buffer,  # noqa: A002
+                              op: OpLike = ReduceOp.SUM, async_op: bool = False,
+                              hints: Hints = None, timeout: TimeoutLike = None) -> Work:
         """``output`` receives part ``rank`` of the reduction of every rank's ``input``."""
         c = "reduce_scatter_single"
         o = self._buf(output, "output", c, writable=True)
@@ -533,23 +479,31 @@ class Comm:
         if self._in_place_or(o, i, -self.rank * o.count) is None:
             # In place: the native call writes part `rank` of the whole input buffer.
             whole = T.Buf(input, i.ptr, i.count, i.dtype, i.device, i.esize)
-            return self._issue("reduce_scatter", out=whole, op=op, async_op=async_op,
+            return self._issue("reduce_scatter", timeout=timeout,
+                               out=whole, op=op, async_op=async_op,
                                hints=hints, keep=(output, input))
-        return self._issue("reduce_scatter", out=o, inp=i, op=op, async_op=async_op,
+        return self._issue("reduce_scatter", timeout=timeout,
+                           out=o, inp=i, op=op, async_op=async_op,
                            hints=hints, keep=(output, input))
 
-    def reduce_scatter(self, output, input_list, op=ReduceOp.SUM, async_op=False, hints=None):
+    def reduce_scatter(self, output: Buffer, input_list: Sequence[Buffer],
+                       op: OpLike = ReduceOp.SUM, async_op: bool = False, hints: Hints = None,
+                       timeout: TimeoutLike = None) -> Work:
         """``output`` receives the reduction over ranks of every rank's ``input_list[rank]``."""
         c = "reduce_scatter"
         o = self._buf(output, "output", c, writable=True)
         self._check_list(c, "input_list", input_list, o)
         staging = T.concat_flat(list(input_list), output)
         i = self._buf(staging, "input", c)
-        return self._issue("reduce_scatter", out=o, inp=i, op=op, async_op=async_op,
+        return self._issue("reduce_scatter", timeout=timeout,
+                           out=o, inp=i, op=op, async_op=async_op,
                            hints=hints, keep=(output, staging))
 
-    def all_to_all_single(self, output, input, async_op=False, hints=None,  # noqa: A002
-                          *, output_split_sizes=None, input_split_sizes=None):
+    def all_to_all_single(self, output: Buffer, input: Buffer,  # noqa: A002
+                          async_op: bool = False, hints: Hints = None,
+                          timeout: TimeoutLike = None, *,
+                          output_split_sizes: Optional[Sequence[int]] = None,
+                          input_split_sizes: Optional[Sequence[int]] = None) -> Work:
         """Part j of ``input`` goes to rank j; part i of ``output`` comes from rank i, in equal
         parts (torchcomms' form). ``output_split_sizes`` / ``input_split_sizes`` (keywords,
         rows of dim 0 as in torch) make the parts uneven, as ``all_to_all_v_single`` does."""
@@ -562,22 +516,26 @@ class Comm:
                 "output_split_sizes= and input_split_sizes=")
         if output_split_sizes is not None or input_split_sizes is not None:
             return self._all_to_all_split(c, output, input, output_split_sizes,
-                                          input_split_sizes, async_op, hints)
+                                          input_split_sizes, async_op, hints, timeout)
         o = self._buf(output, "output", c, writable=True)
         i = self._buf(input, "input", c)
         inp = self._in_place_or(o, i, 0)
-        return self._issue("all_to_all", out=o, inp=inp, async_op=async_op, hints=hints,
-                           keep=(output, input))
+        return self._issue("all_to_all", timeout=timeout,
+                           out=o, inp=inp, async_op=async_op, hints=hints, keep=(output, input))
 
-    def all_to_all_v_single(self, output, input, output_split_sizes, input_split_sizes,  # noqa: A002
-                            async_op=False, hints=None):
+    def all_to_all_v_single(self, output: Buffer, input: Buffer,  # noqa: A002
+                            output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
+                            async_op: bool = False, hints: Hints = None,
+                            timeout: TimeoutLike = None) -> Work:
         """``input_split_sizes[j]`` rows of ``input`` (dim 0, as in torch; back to back) go to
         rank j; ``output_split_sizes[i]`` rows from rank i land in ``output`` in rank order."""
         return self._all_to_all_split("all_to_all_v_single", output, input, output_split_sizes,
-                                      input_split_sizes, async_op, hints)
+                                      input_split_sizes, async_op, hints, timeout)
 
-    def _all_to_all_split(self, c, output, input, output_split_sizes,  # noqa: A002
-                          input_split_sizes, async_op, hints):
+    def _all_to_all_split(self, c: str, output: Buffer, input: Buffer,  # noqa: A002
+                          output_split_sizes: Optional[Sequence[int]],
+                          input_split_sizes: Optional[Sequence[int]], async_op: bool,
+                          hints: Hints, timeout: TimeoutLike) -> Work:
         """An all-to-all-v by split sizes (None on one side: equal parts there)."""
         o = self._buf(output, "output", c, writable=True)
         i = self._buf(input, "input", c)
@@ -587,11 +545,13 @@ class Comm:
         inp = self._in_place_or(o, i, 0)
         if inp is None and send != recv:
             raise FerrocommValueError(f"{c}: in place needs equal input and output split sizes")
-        return self._issue("all_to_all_v", out=o, inp=inp, splits=splits, async_op=async_op,
+        return self._issue("all_to_all_v", timeout=timeout,
+                           out=o, inp=inp, splits=splits, async_op=async_op,
                            hints=hints, keep=(output, input))
 
-    def all_to_all_v_dynamic(self, output, input, send_counts, recv_counts,  # noqa: A002
-                             async_op=False, hints=None):
+    def all_to_all_v_dynamic(self, output: Buffer, input: Buffer,  # noqa: A002
+                             send_counts: Buffer, recv_counts: Buffer, async_op: bool = False,
+                             hints: Hints = None, timeout: TimeoutLike = None) -> Work:
         """Mixture-of-experts dispatch with the counts on the device: no host synchronization,
         capturable in CUDA graphs. Counts count rows (the first dimension), as torch's split
         sizes do.
@@ -618,11 +578,14 @@ class Comm:
                 f"{c}: output has {out_rows} rows, not a capacity per rank for {self.size} ranks "
                 "(size * capacity rows)")
         counts = (sc.raw(), rc.raw(), out_rows // self.size, row)
-        return self._issue(c, out=o, inp=i, counts=counts, async_op=async_op, hints=hints,
+        return self._issue(c, timeout=timeout,
+                           out=o, inp=i, counts=counts, async_op=async_op, hints=hints,
                            keep=(output, input, send_counts, recv_counts))
 
-    def device_alltoallv_single(self, output, input, output_split_sizes,  # noqa: A002
-                                input_split_sizes, async_op=False, hints=None):
+    def device_alltoallv_single(self, output: Buffer, input: Buffer,  # noqa: A002
+                                output_split_sizes: Buffer, input_split_sizes: Buffer,
+                                async_op: bool = False, hints: Hints = None,
+                                timeout: TimeoutLike = None) -> Work:
         """All-to-all-v with both sides' split sizes in tensors (NCCLX's name and layout): on
         CUDA they may come from earlier kernels on the stream, never read by the host, so the
         call is capturable in CUDA graphs. Split sizes count rows (the first dimension).
@@ -642,11 +605,14 @@ class Comm:
         row = self._dynamic_rows(c, o, i, output, input, (("input_split_sizes", sc),
                                                           ("output_split_sizes", rc)))
         counts = (sc.raw(), rc.raw(), 0, row)
-        return self._issue("all_to_all_v_dynamic_packed", out=o, inp=i, counts=counts,
+        return self._issue("all_to_all_v_dynamic_packed", timeout=timeout,
+                           out=o, inp=i, counts=counts,
                            async_op=async_op, hints=hints,
                            keep=(output, input, input_split_sizes, output_split_sizes))
 
-    def _dynamic_rows(self, c, o, i, output, input, counts):  # noqa: A002
+    def _dynamic_rows(self, c: str, o: T.Buf, i: T.Buf, output: Buffer,
+                      input: Buffer,  # noqa: A002
+                      counts: tuple[tuple[str, T.Buf], tuple[str, T.Buf]]) -> int:
         """Elements per row of the device-count calls' data; refuses overlaps and row shapes
         that differ."""
         if i.overlaps(o):
@@ -665,7 +631,9 @@ class Comm:
             raise FerrocommValueError(f"{c}: {counts[0][0]} and {counts[1][0]} overlap")
         return max(out_row, 1)
 
-    def all_to_all(self, output_tensor_list, input_tensor_list, async_op=False, hints=None):
+    def all_to_all(self, output_tensor_list: Sequence[Buffer],
+                   input_tensor_list: Sequence[Buffer], async_op: bool = False,
+                   hints: Hints = None, timeout: TimeoutLike = None) -> Work:
         """``input_tensor_list[j]`` goes to rank j; ``output_tensor_list[i]`` comes from rank i."""
         c = "all_to_all"
         for what, lst in (("output_tensor_list", output_tensor_list),
@@ -690,22 +658,25 @@ class Comm:
         o = self._buf(staging_out, "output", c, writable=True)
         offs = _prefix(recv)
 
-        def post():
+        def post() -> None:
             for r, t in enumerate(output_tensor_list):
                 T.copy_into(t, T.flat_slice(staging_out, offs[r], recv[r]))
 
         keep = (staging_in, staging_out, output_tensor_list)
         if len(set(send)) == 1 and send == recv:
-            return self._issue("all_to_all", out=o, inp=i, async_op=async_op, hints=hints,
+            return self._issue("all_to_all", timeout=timeout,
+                               out=o, inp=i, async_op=async_op, hints=hints,
                                keep=keep, post=(post,))
-        return self._issue("all_to_all_v", out=o, inp=i, splits=_packed(send, recv),
+        return self._issue("all_to_all_v", timeout=timeout,
+                           out=o, inp=i, splits=_packed(send, recv),
                            async_op=async_op, hints=hints, keep=keep, post=(post,))
 
     # -- torchcomms' uneven and rooted list methods, built on the all-to-all-v -----------------
     # Each is one all-to-all-v (parts of zero elements where nothing moves), so it runs where
     # the all-to-all-v runs: direct access on one node, NCCL elsewhere, the host backend.
 
-    def all_gather_v(self, tensor_list, tensor, async_op=False, hints=None):
+    def all_gather_v(self, tensor_list: Sequence[Buffer], tensor: Buffer, async_op: bool = False,
+                     hints: Hints = None, timeout: TimeoutLike = None) -> Work:
         """``tensor_list[r]`` receives rank r's ``tensor``; the sizes may differ between ranks
         (``tensor_list[r]`` has rank r's size)."""
         c = "all_gather_v"
@@ -714,9 +685,11 @@ class Comm:
         n = i.count
         # Every peer's part is the same input: the send parts overlap, which reading allows.
         splits = [[n] * self.size, [0] * self.size, outs, _prefix(outs)]
-        return self._gathered(c, tensor_list, i, tensor, splits, async_op, hints)
+        return self._gathered(c, tensor_list, i, tensor, splits, async_op, hints, timeout)
 
-    def gather(self, output_tensor_list, input_tensor, root, async_op=False, hints=None):
+    def gather(self, output_tensor_list: Optional[Sequence[Buffer]], input_tensor: Buffer,
+               root: int, async_op: bool = False, hints: Hints = None,
+               timeout: TimeoutLike = None) -> Work:
         """On ``root``, ``output_tensor_list[r]`` receives rank r's ``input_tensor``; other
         ranks pass any list (it is not touched) or None."""
         c = "gather"
@@ -729,10 +702,12 @@ class Comm:
         else:
             outs = [0] * self.size
         splits = [send, [0] * self.size, outs, _prefix(outs)]
-        lst = output_tensor_list if self.rank == root else []
-        return self._gathered(c, lst, i, input_tensor, splits, async_op, hints)
+        lst = output_tensor_list if self.rank == root and output_tensor_list is not None else []
+        return self._gathered(c, lst, i, input_tensor, splits, async_op, hints, timeout)
 
-    def scatter(self, output_tensor, input_tensor_list, root, async_op=False, hints=None):
+    def scatter(self, output_tensor: Buffer, input_tensor_list: Optional[Sequence[Buffer]],
+                root: int, async_op: bool = False, hints: Hints = None,
+                timeout: TimeoutLike = None) -> Work:
         """``output_tensor`` receives ``input_tensor_list[rank]`` of ``root``; other ranks pass
         any list (it is not read) or None."""
         c = "scatter"
@@ -740,7 +715,7 @@ class Comm:
         o = self._buf(output_tensor, "output_tensor", c, writable=True)
         if self.rank == root:
             sizes = self._list_like(c, "input_tensor_list", input_tensor_list, o)
-            staging = T.concat_flat(list(input_tensor_list), output_tensor)
+            staging = T.concat_flat(list(input_tensor_list or ()), output_tensor)
         else:
             sizes = [0] * self.size
             staging = T.empty_like_flat(o, 0)
@@ -748,11 +723,13 @@ class Comm:
         recv = [0] * self.size
         recv[root] = o.count
         splits = [sizes, _prefix(sizes), recv, [0] * self.size]
-        return self._issue("all_to_all_v", out=o, inp=i, splits=splits, async_op=async_op,
+        return self._issue("all_to_all_v", timeout=timeout,
+                           out=o, inp=i, splits=splits, async_op=async_op,
                            hints=hints, keep=(output_tensor, staging))
 
-    def reduce_scatter_v(self, output, input_list, op=ReduceOp.SUM, async_op=False,
-                         hints=None):
+    def reduce_scatter_v(self, output: Buffer, input_list: Sequence[Buffer],
+                         op: OpLike = ReduceOp.SUM, async_op: bool = False, hints: Hints = None,
+                         timeout: TimeoutLike = None) -> Work:
         """``output`` receives the reduction over ranks of every rank's ``input_list[rank]``;
         the parts may differ in size (``input_list[r]`` has rank r's output size on every
         rank). Runs as a reduce-scatter of parts padded to the largest."""
@@ -773,16 +750,18 @@ class Comm:
         i = self._buf(padded, "input", c)
         po = self._buf(part, "output", c, writable=True)
 
-        def post():
+        def post() -> None:
             T.copy_into(output, T.flat_slice(part, 0, o.count))
 
-        return self._issue("reduce_scatter", out=po, inp=i, op=op, async_op=async_op,
+        return self._issue("reduce_scatter", timeout=timeout,
+                           out=po, inp=i, op=op, async_op=async_op,
                            hints=hints, keep=(output, padded, part), post=(post,))
 
-    def _root(self, coll, root):
+    def _root(self, coll: str, root: object) -> int:
         return _rank_arg(coll, "root", root, self.size)
 
-    def _list_like(self, coll, what, lst, like):
+    def _list_like(self, coll: str, what: str, lst: Optional[Sequence[Buffer]],
+                   like: T.Buf) -> list[int]:
         """The element counts of a list of one buffer per rank, each of `like`'s dtype and
         device (sizes may differ)."""
         if lst is None or len(lst) != self.size:
@@ -793,32 +772,36 @@ class Comm:
             _check_like(coll, what, k, t, like, self)
         return [_numel(t) for t in lst]
 
-    def _gathered(self, coll, out_list, i, input, splits, async_op, hints):  # noqa: A002
+    def _gathered(self, coll: str, out_list: Sequence[Buffer], i: T.Buf,
+                  input: Buffer,  # noqa: A002
+                  splits: SplitsList, async_op: bool, hints: Hints,
+                  timeout: TimeoutLike) -> Work:
         """One all-to-all-v of `i` by `splits` into a staging buffer, copied into `out_list`
         (by the receive counts) when it is done."""
         recv, displs = splits[2], splits[3]
         staging = T.empty_like_flat(i, sum(recv))
         o = self._buf(staging, "output", coll, writable=True)
 
-        def post():
+        def post() -> None:
             for r, t in enumerate(out_list):
                 T.copy_into(t, T.flat_slice(staging, displs[r], recv[r]))
 
-        return self._issue("all_to_all_v", out=o, inp=i, splits=splits, async_op=async_op,
+        return self._issue("all_to_all_v", timeout=timeout,
+                           out=o, inp=i, splits=splits, async_op=async_op,
                            hints=hints, keep=(input, staging, out_list), post=(post,))
 
-    def barrier(self, async_op=False, hints=None):
+    def barrier(self, async_op: bool = False, hints: Hints = None,
+                timeout: TimeoutLike = None) -> Work:
         """Returns (or its work completes) once every rank has called it."""
-        return self._issue("barrier", async_op=async_op, hints=hints)
+        return self._issue("barrier", timeout=timeout, async_op=async_op, hints=hints)
 
     # -- one-sided communication (ferrocomm._window) ------------------------------------------
 
-    def new_window(self, tensor=None):
+    def new_window(self, tensor: Optional[Buffer] = None) -> Window:
         """A window for one-sided communication (torchcomms' TorchCommWindow); with ``tensor``
         it is registered at once (collective, see ``Window.tensor_register``)."""
         from ._window import Window
 
-        self._check_live("new_window")
         try:
             w = Window(self, self._n.new_window())
         except FerrocommError as e:
@@ -828,7 +811,8 @@ class Comm:
             w.tensor_register(tensor)
         return w
 
-    def all_gather_p_init(self, output, hints=None, timeout=None):
+    def all_gather_p_init(self, output: Buffer, hints: Hints = None,
+                          timeout: TimeoutLike = None) -> AllGatherPHandle:
         """A persistent all-gather into ``output`` (registered once: peers write straight into
         it; collective): returns the handle ``all_gather_p_exec`` and ``all_gather_p_free``
         take."""
@@ -836,24 +820,27 @@ class Comm:
 
         return AllGatherPHandle.init(self, output, hints, timeout)
 
-    def all_gather_p_exec(self, handle, input, async_op=False, hints=None):  # noqa: A002
+    def all_gather_p_exec(self, handle: AllGatherPHandle, input: Buffer,  # noqa: A002
+                          async_op: bool = False, hints: Hints = None,
+                          timeout: TimeoutLike = None) -> Work:
         """Gathers every rank's ``input`` into every rank's registered output, part r from
         rank r (collective); ``input`` may be this rank's part of the output."""
         from ._window import AllGatherPHandle
 
-        return AllGatherPHandle.of(handle).exec(self, input, async_op, hints)
+        return AllGatherPHandle.of(handle).exec(self, input, async_op, hints, timeout)
 
-    def all_gather_p_free(self, handle):
+    def all_gather_p_free(self, handle: AllGatherPHandle) -> None:
         """Releases a persistent all-gather's output (collective)."""
         from ._window import AllGatherPHandle
 
         AllGatherPHandle.of(handle).free(self)
 
-    def batch_op_create(self):
+    def batch_op_create(self) -> BatchSendRecv:
         """A batch of sends and receives issued together (torchcomms' BatchSendRecv)."""
         return BatchSendRecv(self)
 
-    def _batch(self, ops, async_op, hints):
+    def _batch(self, ops: list[tuple[bool, Buffer, object]], async_op: bool, hints: Hints,
+               timeout: TimeoutLike) -> Work:
         c = "batch_send_recv"
         batch = []
         for k, (is_send, t, p) in enumerate(ops):
@@ -861,26 +848,30 @@ class Comm:
             b = self._buf(t, what, c, writable=not is_send)
             peer = _rank_arg(f"{c} {what}", "dst" if is_send else "src", p, self.size)
             batch.append((is_send, b, peer))
-        return self._issue(c, batch=batch, async_op=async_op, hints=hints,
+        return self._issue(c, timeout=timeout, batch=batch, async_op=async_op, hints=hints,
                            keep=tuple(t for _, t, _ in ops))
 
-    def send(self, tensor, dst, async_op=False, hints=None):
+    def send(self, tensor: Buffer, dst: int, async_op: bool = False, hints: Hints = None,
+             timeout: TimeoutLike = None) -> Work:
         """Sends ``tensor`` to rank ``dst``, which calls ``recv`` with the same size."""
         c = "send"
         b = self._buf(tensor, "tensor", c)
         dst = _rank_arg(c, "dst", dst, self.size)
-        return self._issue(c, inp=b, peer=dst, async_op=async_op, hints=hints, keep=(tensor,))
+        return self._issue(c, timeout=timeout,
+                           inp=b, peer=dst, async_op=async_op, hints=hints, keep=(tensor,))
 
-    def recv(self, tensor, src, async_op=False, hints=None):
+    def recv(self, tensor: Buffer, src: int, async_op: bool = False, hints: Hints = None,
+             timeout: TimeoutLike = None) -> Work:
         """Receives into ``tensor`` from rank ``src``."""
         c = "recv"
         b = self._buf(tensor, "tensor", c, writable=True)
         src = _rank_arg(c, "src", src, self.size)
-        return self._issue(c, out=b, peer=src, async_op=async_op, hints=hints, keep=(tensor,))
+        return self._issue(c, timeout=timeout,
+                           out=b, peer=src, async_op=async_op, hints=hints, keep=(tensor,))
 
     # -- argument checks -------------------------------------------------------------------
 
-    def _check_list(self, coll, what, lst, like):
+    def _check_list(self, coll: str, what: str, lst: Sequence[Buffer], like: T.Buf) -> None:
         if len(lst) != self.size:
             raise FerrocommValueError(
                 f"{coll}: {what} has {len(lst)} entries, expected one per rank ({self.size})")
@@ -891,7 +882,8 @@ class Comm:
                 raise FerrocommValueError(
                     f"{coll}: {what}[{k}] has {n} elements, expected {like.count}")
 
-    def _split_counts(self, coll, what, obj, sizes):
+    def _split_counts(self, coll: str, what: str, obj: Buffer,
+                      sizes: Optional[Sequence[int]]) -> list[int]:
         """Elements per part from ``sizes`` (rows); wrong sizes refuse the call for the peers
         too (they fail it at once instead of waiting for this rank)."""
         try:
@@ -900,7 +892,8 @@ class Comm:
             self._n.refuse(coll, str(e))
             raise
 
-    def _split_counts_checked(self, coll, what, obj, sizes):
+    def _split_counts_checked(self, coll: str, what: str, obj: Buffer,
+                              sizes: Optional[Sequence[int]]) -> list[int]:
         rows, per_row = T.rows_of(obj, coll)
         if sizes is None:
             if rows % self.size != 0:
@@ -918,85 +911,9 @@ class Comm:
         return [s * per_row for s in sizes]
 
 
-# ---------------------------------------------------------------------------------------------
-# torchcomms parity: per-call timeouts, abort, options, gather_single
+    # -- torchcomms parity: failures, abort, timeouts, options, gather_single --------------
 
-class CommOptions:
-    """What ``Comm.get_options()`` returns (torchcomms' CommOptions)."""
-
-    __slots__ = ("abort_process_on_timeout_or_error", "timeout", "store", "name", "hints")
-
-    def __init__(self, abort_process_on_timeout_or_error, timeout, store, name, hints):
-        self.abort_process_on_timeout_or_error = abort_process_on_timeout_or_error
-        self.timeout = timeout
-        self.store = store
-        self.name = name
-        self.hints = hints
-
-    def __repr__(self):
-        return (f"CommOptions(name={self.name!r}, timeout={self.timeout!r}, "
-                f"abort_process_on_timeout_or_error={self.abort_process_on_timeout_or_error}, "
-                f"hints={self.hints!r})")
-
-
-def _parity(cls):
-    """Adds torchcomms' parity members to `cls` and a per-call ``timeout=`` keyword to every
-    collective (a timedelta or seconds; all_reduce takes it itself): each of the call's waits
-    for a peer is bounded by it instead of the communicator's timeout (on the host, in the
-    direct-access kernels, in NCCL's watchdog), and so is the returned work's blocking wait. A
-    call that times out raises FerrocommTimeout naming the peer it waited for (a CUDA kernel's
-    timeout surfaces at the communicator's next call) and aborts the communicator."""
-
-    def timed(f):
-        # torchcomms' signatures put ``timeout`` right after ``hints``, positional or keyword:
-        # the wrapper takes it either way and says so in its signature.
-        sig = inspect.signature(f)
-        params = list(sig.parameters.values())
-        at = next((k for k, p in enumerate(params) if p.kind is p.KEYWORD_ONLY), len(params))
-        params.insert(at, inspect.Parameter("timeout", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                            default=None))
-        positional = at  # self included: one more positional argument is the timeout
-
-        @functools.wraps(f)
-        def call(self, *args, **kw):
-            timeout = kw.pop("timeout", None)
-            if len(args) == positional:
-                *args, timeout = args
-            if timeout is None:
-                return f(self, *args, **kw)
-            return self._bounded(timeout, f, *args, **kw)
-
-        call.__signature__ = sig.replace(parameters=params)
-        return call
-
-    for name, member in vars(_ParityMixin).items():
-        if not name.startswith("__"):
-            setattr(cls, name, member)
-    for name in ("reduce", "broadcast", "all_gather", "all_gather_single",
-                 "all_gather_v", "reduce_scatter", "reduce_scatter_single", "reduce_scatter_v",
-                 "all_to_all", "all_to_all_single", "all_to_all_v_single",
-                 "all_to_all_v_dynamic", "device_alltoallv_single", "gather", "gather_single",
-                 "scatter", "barrier", "send", "recv", "all_gather_p_exec"):
-        setattr(cls, name, timed(getattr(cls, name)))
-    cls.allreduce = cls.all_reduce
-    return cls
-
-
-class _ParityMixin:
-    """The members `_parity` adds to Comm."""
-
-    def _bounded(self, timeout, f, *args, **kw):
-        """Runs collective method `f` with a per-call ``timeout=`` in force."""
-        t = _timeout_seconds(timeout)
-        if not t > 0:
-            raise FerrocommValueError(f"{f.__name__}: timeout must be positive, got {t}")
-        self._call_timeout = t
-        try:
-            return f(self, *args, **kw)
-        finally:
-            self._call_timeout = None
-
-    def _failed(self, coll, e):
+    def _failed(self, coll: str, e: FerrocommError) -> None:
         """A call failed natively: a timeout aborts the communicator (torchcomms' rule: a peer
         is missing, later calls must not wait for it again); with
         abort_process_on_timeout_or_error a timeout or a failure of the communication ends the
@@ -1005,18 +922,16 @@ class _ParityMixin:
         if isinstance(e, (FerrocommValueError, FerrocommUnsupported)):
             return
         if isinstance(e, (FerrocommTimeout, FerrocommPeerFailed)):
-            if self._aborted is None:
-                peer = self._n.failed_peer()
-                self._aborted = f"{coll} timed out" if isinstance(e, FerrocommTimeout) else \
-                    f"{coll}: rank {peer} failed or exited"
-                self._n.abort()
+            if not self._n.is_aborted:
+                self._n.abort(f"{coll} timed out" if isinstance(e, FerrocommTimeout) else
+                              f"{coll}: rank {self._n.failed_peer()} failed or exited")
             # Where the flight recorder's dumps are, in the message itself.
             if e.args and "flight recorder" not in str(e.args[0]):
                 e.args = (f"{e.args[0]} (flight recorder dumps: {self._n.trace_dir}; analyze "
                           f"with `ferrocomm trace {self._n.trace_dir}`)",) + e.args[1:]
         self._on_error(e)
 
-    def _on_error(self, e):
+    def _on_error(self, e: FerrocommError) -> None:
         if self._options.get("abort_process_on_timeout_or_error"):
             print(f"ferrocomm: aborting the process: {e}", file=sys.stderr, flush=True)
             # The abort hooks run (once) and the flight recorder is dumped first.
@@ -1025,18 +940,18 @@ class _ParityMixin:
 
     # -- hooks and the flight recorder (ferrocomm.hooks) --------------------------------------
 
-    def register_pre_hook(self, callback):
+    def register_pre_hook(self, callback: PreHook) -> RemovableHandle:
         """``callback(name: OpName, op_id: int, args)`` before every call; returns a handle
         whose ``remove()`` unregisters it (see ferrocomm.hooks)."""
         from . import hooks
         return hooks.register(self, "pre", callback)
 
-    def register_post_hook(self, callback):
+    def register_post_hook(self, callback: PostHook) -> RemovableHandle:
         """``callback(op_id: int, args)`` after every call (``args.work``: its work)."""
         from . import hooks
         return hooks.register(self, "post", callback)
 
-    def register_abort_hook(self, callback):
+    def register_abort_hook(self, callback: Callable[[], object]) -> RemovableHandle:
         """``callback()`` once when the communicator is aborted: abort(), a timeout, or a
         peer that died or gave up (then on the watcher's thread)."""
         from . import hooks
@@ -1044,55 +959,54 @@ class _ParityMixin:
             raise TypeError(f"register_abort_hook: the hook must be callable, not {callback!r}")
         return hooks.RemovableHandle(self._n.register_abort_hook(callback).remove)
 
-    def dump_flight_recorder(self, path=None):
+    def dump_flight_recorder(self, path: Optional[str | os.PathLike[str]] = None) -> str:
         """Dumps the flight recorder of this process's communicators (torch's format) to
         ``path``, or to ``ferrocomm_trace_rank_<rank>`` in ``get_trace_dir()``; returns the
         file's path."""
         return self._n.dump_flight_recorder(None if path is None else os.fspath(path))
 
-    def get_trace_dir(self):
+    def get_trace_dir(self) -> str:
         """Where the flight recorder's dumps go (``FERROCOMM_TRACE_DIR``, else a per-job
         directory under the temporary directory)."""
         return self._n.trace_dir
 
-    def abort(self):
+    def abort(self) -> None:
         """Gives up on the communicator (torchcomms' abort): the abort hooks run, every later
         call raises at once; the peers' watchers learn it within milliseconds and fail their
         communicators naming this rank (FerrocommPeerFailed: their host waits and
         direct-access kernels end, NCCL is aborted), an NCCL communicator underneath is
         aborted (its kernels exit), the flight recorder is dumped. Queued work is not waited
         for; the memory is released when the communicator object is."""
-        if self._aborted is None:
-            self._aborted = "abort() was called"
-        # Also after a timeout (natively idempotent): NCCL is aborted, peers are told.
         self._n.abort()
 
-    def is_aborted(self):
-        return self._aborted is not None or self._n.failed_peer() is not None
+    def is_aborted(self) -> bool:
+        return self._n.is_aborted or self._n.failed_peer() is not None
 
-    def is_abort_supported(self):
+    def is_abort_supported(self) -> bool:
         """True: every backend of ferrocomm's serves ``abort()``."""
         return True
 
-    def set_timeout(self, timeout):
+    def set_timeout(self, timeout: TimeoutLike) -> None:
         """The timeout of every later call (a timedelta or seconds), longer or shorter than
         the one the communicator was created with: each wait for a peer uses it, and it bounds
         the blocking wait of the works those calls return."""
-        t = _timeout_seconds(timeout)
+        t = timeout_seconds(timeout)
         if t is None or not t > 0:
             raise FerrocommValueError(f"set_timeout: timeout must be positive, got {timeout!r}")
         self._n.set_timeout(t)
 
-    def get_options(self):
+    def get_options(self) -> CommOptions:
         o = self._options
         return CommOptions(bool(o.get("abort_process_on_timeout_or_error")), self.get_timeout(),
                            o.get("store"), self.get_name(), self.get_hints())
 
-    def get_backend_version(self):
+    def get_backend_version(self) -> str:
         """ferrocomm's version (the library serving every backend)."""
         return _native.__version__
 
-    def gather_single(self, output, input, root, async_op=False, hints=None):  # noqa: A002
+    def gather_single(self, output: Optional[Buffer], input: Buffer,  # noqa: A002
+                      root: int, async_op: bool = False, hints: Hints = None,
+                      timeout: TimeoutLike = None) -> Work:
         """On ``root``, ``output`` (size x input elements) receives every rank's ``input`` in
         rank order; other ranks' ``output`` is not touched (any buffer or None)."""
         c = "gather_single"
@@ -1113,20 +1027,39 @@ class _ParityMixin:
             if self._in_place_or(o, i, self.rank * n) is None:
                 # In place (input is this rank's part of output): send a copy.
                 i = self._buf(T.concat_flat([input], input), "input", c)
-            keep = (output, input, i.obj)
+            keep: tuple[Any, ...] = (output, input, i.obj)
         else:
             recv = [0] * self.size
             o = self._buf(T.empty_like_flat(i, 0), "output", c, writable=True)
             keep = (input, o.obj)
         splits = [send, [0] * self.size, recv, _prefix(recv)]
-        return self._issue("all_to_all_v", out=o, inp=i, splits=splits, async_op=async_op,
+        return self._issue("all_to_all_v", timeout=timeout,
+                           out=o, inp=i, splits=splits, async_op=async_op,
                            hints=hints, keep=keep)
 
 
 # ---------------------------------------------------------------------------------------------
+# Options and batches
+
+class CommOptions:
+    """What ``Comm.get_options()`` returns (torchcomms' CommOptions)."""
+
+    __slots__ = ("abort_process_on_timeout_or_error", "timeout", "store", "name", "hints")
+
+    def __init__(self, abort_process_on_timeout_or_error: bool, timeout: datetime.timedelta,
+                 store: Any, name: str, hints: dict[str, str]) -> None:
+        self.abort_process_on_timeout_or_error = abort_process_on_timeout_or_error
+        self.timeout = timeout
+        self.store = store
+        self.name = name
+        self.hints = hints
+
+    def __repr__(self) -> str:
+        return (f"CommOptions(name={self.name!r}, timeout={self.timeout!r}, "
+                f"abort_process_on_timeout_or_error={self.abort_process_on_timeout_or_error}, "
+                f"hints={self.hints!r})")
 
 
-_parity(Comm)
 
 
 class BatchSendRecv:
@@ -1135,34 +1068,37 @@ class BatchSendRecv:
     a peer and receive from it in one batch in either order; between two ranks, messages match
     in the order issued. ``issue`` returns a work object like any collective."""
 
-    def __init__(self, comm):
+    def __init__(self, comm: Comm) -> None:
         self._comm = comm
-        self._ops = []
+        self._ops: list[tuple[bool, Buffer, object]] = []
 
-    def send(self, tensor, dst):
+    def send(self, tensor: Buffer, dst: int) -> None:
         self._ops.append((True, tensor, dst))
 
-    def recv(self, tensor, src):
+    def recv(self, tensor: Buffer, src: int) -> None:
         self._ops.append((False, tensor, src))
 
-    def issue(self, async_op=False, options=None, *, hints=None):
+    def issue(self, async_op: bool = False, options: object = None, *, hints: Hints = None,
+              timeout: TimeoutLike = None) -> Work:
         del options  # torchcomms' batch options; none applies here
-        return self._comm._batch(list(self._ops), async_op, hints)
+        return self._comm._batch(list(self._ops), async_op, hints, timeout)
 
 
 # Largest count or size a Python argument may give (what the native layer's u64/i64 hold).
 _MAX_COUNT = 2**63 - 1
 
 
-def _int_arg(coll, name, value, lo, hi, what="an int", span=None):
+def _int_arg(coll: str, name: str, value: object, lo: int, hi: int, what: str = "an int",
+             span: Optional[str] = None) -> int:
     """An integer argument in ``lo..=hi``: Python, numpy and torch integers are accepted; bool,
     float, str, None and anything else are refused with FerrocommValueError, not rounded or
     left to the native layer's TypeError or OverflowError."""
-    if isinstance(value, bool) or getattr(value, "dtype", None) is not None and \
-            str(value.dtype).replace("torch.", "") == "bool":
+    dtype = getattr(value, "dtype", None)
+    if isinstance(value, bool) or dtype is not None and \
+            str(dtype).replace("torch.", "") == "bool":
         raise FerrocommValueError(f"{coll}: {name} must be {what}, not a bool ({value!r})")
     try:
-        v = operator.index(value)
+        v = operator.index(value)  # type: ignore[arg-type]  # anything may come in
     except TypeError:
         raise FerrocommValueError(
             f"{coll}: {name} must be {what}, not {type(value).__name__} ({value!r})"
@@ -1172,15 +1108,17 @@ def _int_arg(coll, name, value, lo, hi, what="an int", span=None):
     return v
 
 
-def _int_list(coll, name, values, lo, hi):
+def _int_list(coll: str, name: str, values: object, lo: int, hi: int) -> list[int]:
     """A list of integer arguments (split sizes, ranks), each checked as `_int_arg`."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise FerrocommValueError(
             f"{coll}: {name} must be a list of ints, not {type(values).__name__} ({values!r})")
+    if not isinstance(values, Iterable):
+        raise FerrocommValueError(f"{coll}: {name} must be a list of ints, not {values!r}")
     return [_int_arg(coll, f"{name}[{k}]", v, lo, hi) for k, v in enumerate(values)]
 
 
-def _bool_arg(coll, name, value):
+def _bool_arg(coll: str, name: str, value: object) -> bool:
     """A flag argument: bool or numpy bool; anything else is refused, not taken for its truth."""
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
@@ -1188,21 +1126,18 @@ def _bool_arg(coll, name, value):
                               f"({value!r})")
 
 
-def _rank_arg(coll, name, value, size):
+def _rank_arg(coll: str, name: str, value: object, size: int) -> int:
     """A rank argument (``root``, ``dst``, ``src``) as an int in ``0..size``."""
     return _int_arg(coll, name, value, 0, size - 1, "an int rank",
                     f"for {size} ranks (0..{size - 1})")
 
 
-def _contig(t):
-    return t.flags.c_contiguous if hasattr(t, "flags") else t.is_contiguous()
+def _numel(t: Buffer) -> int:
+    n: int = t.size if hasattr(t, "flags") else t.numel()
+    return n
 
 
-def _numel(t):
-    return t.size if hasattr(t, "flags") else t.numel()
-
-
-def _check_like(coll, what, k, t, like, comm):
+def _check_like(coll: str, what: str, k: int, t: Buffer, like: T.Buf, comm: Comm) -> None:
     """List entries must be buffers of the same dtype and device as `like`."""
     if not T.is_buffer(t):
         raise FerrocommValueError(
@@ -1221,7 +1156,7 @@ def _check_like(coll, what, k, t, like, comm):
             f"{T.device_name(comm._n.device_index)}")
 
 
-def _prefix(counts):
+def _prefix(counts: Sequence[int]) -> list[int]:
     out, acc = [], 0
     for n in counts:
         out.append(acc)
@@ -1229,11 +1164,12 @@ def _prefix(counts):
     return out
 
 
-def _packed(send, recv):
+def _packed(send: Sequence[int], recv: Sequence[int]) -> SplitsList:
     return [list(send), _prefix(send), list(recv), _prefix(recv)]
 
 
-def _torch_distributed_store(rank, size):
+def _torch_distributed_store(rank: Optional[int],
+                             size: Optional[int]) -> tuple[Any, Optional[int], Optional[int]]:
     """(store, rank, size) to meet through when torch.distributed is initialized: a prefix of
     its default store (the job's one store: a second on MASTER_PORT would find the port taken
     where no torchrun agent moved it), and its rank and size where not given."""
@@ -1247,9 +1183,13 @@ def _torch_distributed_store(rank, size):
             dist.get_world_size() if size is None else size)
 
 
-def new_comm(backend, device, name=None, abort_process_on_timeout_or_error=None, timeout=None,
-             is_high_priority_stream=None, store=None, enable_reconfigure=False, hints=None, *,
-             rank=None, size=None, local_rank=None, local_size=None, high_priority_stream=None):
+def new_comm(backend: str, device: Any, name: Optional[str] = None,
+             abort_process_on_timeout_or_error: Optional[bool] = None,
+             timeout: TimeoutLike = None, is_high_priority_stream: object = None,
+             store: Any = None, enable_reconfigure: bool = False, hints: Hints = None, *,
+             rank: Optional[int] = None, size: Optional[int] = None,
+             local_rank: Optional[int] = None, local_size: Optional[int] = None,
+             high_priority_stream: object = None) -> Comm:
     """Creates a communicator; every rank of the group calls it with the same arguments.
 
     The arguments are torchcomms' (positional order and keywords). ``backend``:
@@ -1288,7 +1228,7 @@ def new_comm(backend, device, name=None, abort_process_on_timeout_or_error=None,
         size=size,
         local_rank=local_rank,
         local_size=local_size,
-        timeout_s=_timeout_seconds(timeout),
+        timeout_s=timeout_seconds(timeout),
         store=store,
     )
     options = {"abort_process_on_timeout_or_error": bool(abort_process_on_timeout_or_error),

@@ -1,6 +1,9 @@
 """Reduction operators, spelled as torchcomms spells them."""
 
+from __future__ import annotations
+
 import enum
+from typing import Any, ClassVar
 
 from ._errors import FerrocommValueError
 
@@ -22,22 +25,26 @@ class RedOpType(str, enum.Enum):
     BXOR = "BXOR"
     PREMUL_SUM = "PREMUL_SUM"
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if isinstance(other, str):
             return str.__eq__(self, other)
         # torch.distributed.ReduceOp.RedOpType (a pybind enum) compares by name.
         name = getattr(other, "name", None)
         return isinstance(name, str) and name == self.value
 
-    def __ne__(self, other):
+    def __ne__(self, other: object) -> bool:
         return not self.__eq__(other)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.value
 
-    __format__ = str.__format__
+    __format__ = str.__format__  # type: ignore[assignment]  # str's, not Enum's
 
     __hash__ = str.__hash__
+
+
+# The enum under a name the class body does not shadow (ReduceOp.RedOpType is the same class).
+_RedOpType = RedOpType
 
 
 class ReduceOp:
@@ -49,9 +56,17 @@ class ReduceOp:
     __slots__ = ("_name", "_factor")
 
     # Filled in below; declared for readers and type checkers.
-    SUM = PRODUCT = MIN = MAX = AVG = BAND = BOR = BXOR = None
+    SUM: ClassVar[ReduceOp]
+    PRODUCT: ClassVar[ReduceOp]
+    MIN: ClassVar[ReduceOp]
+    MAX: ClassVar[ReduceOp]
+    AVG: ClassVar[ReduceOp]
+    BAND: ClassVar[ReduceOp]
+    BOR: ClassVar[ReduceOp]
+    BXOR: ClassVar[ReduceOp]
+    RedOpType: ClassVar[type[_RedOpType]]
 
-    def __init__(self, name, factor=1.0):
+    def __init__(self, name: str, factor: float = 1.0) -> None:
         name = str(name).lower()
         if name not in _NATIVE:
             raise FerrocommValueError(
@@ -65,29 +80,29 @@ class ReduceOp:
                 f"reduce op {name}: factor must be a number, not {factor!r}") from None
 
     @staticmethod
-    def PREMUL_SUM(factor):  # noqa: N802 (torchcomms' spelling)
+    def PREMUL_SUM(factor: float) -> ReduceOp:  # noqa: N802 (torchcomms' spelling)
         """Sum of ``factor * x`` over ranks."""
         return ReduceOp("premul_sum", factor)
 
     @property
-    def name(self):
+    def name(self) -> str:
         return self._name
 
     @property
-    def factor(self):
+    def factor(self) -> float:
         return self._factor
 
     @property
-    def type(self):
+    def type(self) -> _RedOpType:
         """A ``RedOpType``: compares equal to ``ReduceOp.RedOpType.SUM``, ``"SUM"`` and
         ``torch.distributed.ReduceOp.SUM``."""
         return RedOpType("PRODUCT" if self._name == "prod" else self._name.upper())
 
-    def native(self):
+    def native(self) -> tuple[str, float]:
         """(op name, factor) as the native layer takes them."""
         return _NATIVE[self._name], self._factor
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, ReduceOp):
             # torch.distributed.ReduceOp values compare by operator.
             try:
@@ -98,16 +113,16 @@ class ReduceOp:
             self._name != "premul_sum" or self._factor == other._factor
         )
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((self._name, self._factor if self._name == "premul_sum" else None))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if self._name == "premul_sum":
             return f"ReduceOp.PREMUL_SUM({self._factor})"
         return f"ReduceOp.{self.type.value}"
 
     @classmethod
-    def coerce(cls, op):
+    def coerce(cls, op: Any) -> ReduceOp:
         """A ReduceOp from a ReduceOp, a name ("sum"), or torch.distributed.ReduceOp."""
         if isinstance(op, ReduceOp):
             return op

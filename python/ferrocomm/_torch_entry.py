@@ -2,7 +2,7 @@
 so that ``dist.init_process_group("ferrocomm")`` needs no import of ferrocomm."""
 
 
-def autoload():
+def autoload() -> None:
     import torch.distributed as dist
 
     # A torch built without distributed support has nothing to register with.

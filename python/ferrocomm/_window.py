@@ -11,16 +11,26 @@ stream and is capturable in a CUDA graph; on the host backend calls run on the c
 (``async_op=True``: on the communicator's work thread, in order with its collectives).
 """
 
+from __future__ import annotations
+
 import enum
 import math
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from . import _native
 from . import _tensors as T
-from ._comm import (_CudaWork, _DONE, _HostWork, _MAX_COUNT, _alias, _bool_arg, _check_hints,
-                    _int_arg, _rank_arg, _timeout_seconds)
+from ._comm import (_MAX_COUNT, Buffer, Comm, Hints, _alias, _bool_arg, _check_hints, _int_arg,
+                    _rank_arg)
 from ._errors import FerrocommError, FerrocommValueError
+from ._timeouts import TimeoutLike, positive_seconds
+from ._work import DONE, CudaWork, HostWork, Work
+
+if TYPE_CHECKING:
+    # A native window call: (stream, queue on the host work thread, mark a CUDA completion) ->
+    # its work, or None once issued.
+    _NativeCall = Callable[[int, bool, bool], _native.Issued]
 
 __all__ = ["AllGatherPHandle", "TorchCommWinAccessType", "TorchCommWindowAttr", "Window",
            "shared_empty"]
@@ -38,10 +48,11 @@ class TorchCommWindowAttr:
 
     __slots__ = ("access_type",)
 
-    def __init__(self, access_type=TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED):
+    def __init__(self, access_type: TorchCommWinAccessType =
+                 TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED) -> None:
         self.access_type = access_type
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"TorchCommWindowAttr(access_type={self.access_type})"
 
 
@@ -49,7 +60,7 @@ class _Holder:
     """Raw memory as numpy sees it (``__array_interface__``), kept alive by the array made over
     it: it holds `owner`, the object whose life the memory's is."""
 
-    def __init__(self, owner, ptr, nbytes):
+    def __init__(self, owner: object, ptr: int, nbytes: int) -> None:
         self.owner = owner
         self.__array_interface__ = {"data": (ptr, False), "shape": (nbytes,), "typestr": "|u1",
                                     "version": 3}
@@ -59,28 +70,30 @@ class _CudaHolder:
     """Device memory as torch sees it (``__cuda_array_interface__``, bytes: it loses bf16 and
     fails on fp8, so the tensor made over it is viewed as the dtype afterwards)."""
 
-    def __init__(self, owner, ptr, nbytes):
+    def __init__(self, owner: object, ptr: int, nbytes: int) -> None:
         self.owner = owner
         self.__cuda_array_interface__ = {"data": (ptr, False), "shape": (nbytes,),
                                          "typestr": "|u1", "version": 2}
 
 
-def _is_torch_dtype(dtype):
+def _is_torch_dtype(dtype: object) -> bool:
     torch = T._torch()
     return torch is not None and isinstance(dtype, torch.dtype)
 
 
-def shared_empty(shape, dtype):
+def shared_empty(shape: int | Sequence[int], dtype: Any) -> Any:
     """Host memory a window on the host backend can register: a numpy array (``dtype`` a numpy
     dtype or its name) or a CPU torch tensor (``dtype`` a ``torch.dtype``) of ``shape``, zeroed,
     in shared memory the ranks of the communicator map (a segment of this process under
     /dev/shm, this user's only, while the array lives). CUDA windows need no such thing: any
     tensor from torch's default caching allocator registers."""
-    shape = tuple(int(d) for d in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    dims = shape if isinstance(shape, (tuple, list)) else (shape,)
+    shape = tuple(int(d) for d in dims)
     if any(d < 0 for d in shape):
         raise FerrocommValueError(f"shared_empty: a negative dimension in shape {shape}")
+    torch = T._torch()
     if _is_torch_dtype(dtype):
-        itemsize = T._torch().empty(0, dtype=dtype).element_size()
+        itemsize: int = torch.empty(0, dtype=dtype).element_size()
     else:
         try:
             itemsize = np.dtype(dtype).itemsize
@@ -92,85 +105,86 @@ def shared_empty(shape, dtype):
     mem = _native.shared_alloc(max(nbytes, 1))
     raw = np.asarray(_Holder(mem, mem.ptr, mem.nbytes))[:nbytes]
     if _is_torch_dtype(dtype):
-        return T._torch().from_numpy(raw).view(dtype).reshape(shape)
+        return torch.from_numpy(raw).view(dtype).reshape(shape)
     return raw.view(np.dtype(dtype)).reshape(shape)
 
 
-def _run(comm, c, f, async_op, timeout, keep):
+def _run(comm: Comm, c: str, f: _NativeCall, async_op: object, timeout: TimeoutLike,
+         keep: Sequence[Any]) -> Work:
     """Runs native call `f(stream, native_async, mark)` of `comm` as its collectives run: on
     CUDA on the current stream (a completion marked after it for ``async_op``), on the host
     backend queued on the work thread for ``async_op``. Returns the work object; `keep` is what
     it holds until done, `timeout` what bounds its blocking wait."""
-    comm._check_live(c)
-    async_op = _bool_arg(c, "async_op", async_op)
-    limit = _timeout_seconds(timeout)
-    if limit is not None and not limit > 0:
-        raise FerrocommValueError(f"{c}: timeout must be positive, got {timeout!r}")
-    stream = 0
-    if comm._cuda:
-        torch = T._torch()
-        if torch is None:
-            raise FerrocommValueError(f"{c}: CUDA communicators need torch tensors")
-        stream = T.current_stream_handle(torch, comm._n.device_index)
+    queue = _bool_arg(c, "async_op", async_op)
+    limit = positive_seconds(c, timeout)
+    cuda = comm._cuda
+    stream = comm._stream(c) if cuda else 0
     try:
-        native_work = f(stream, async_op and not comm._cuda, async_op and comm._cuda)
+        native_work = f(stream, queue and not cuda, queue and cuda)
     except FerrocommError as e:
         comm._failed(c, e)
         raise
-    if native_work is None:
-        return _DONE
-    if comm._cuda:
-        return _CudaWork(native_work, comm._n.device_index, stream, keep, limit)
-    return _HostWork(native_work, keep, (), limit)
+    if isinstance(native_work, _native.Completion):
+        return CudaWork(native_work, comm._n.device_index, stream, keep, limit)
+    if native_work is not None:
+        return HostWork(native_work, keep, (), limit)
+    return DONE
+
+
+def _raw(b: T.Buf, c: str) -> _native.RawBuf:
+    """A described buffer as the native layer takes it (dtypes moved as another carry that
+    name)."""
+    name, _ = _alias(c, b, "sum")
+    return (b.ptr, b.count, name, b.device)
 
 
 class Window:
     """A window of a communicator (torchcomms' TorchCommWindow); ``comm.new_window()``."""
 
-    def __init__(self, comm, native):
+    def __init__(self, comm: Comm, native: _native.Window) -> None:
         self._comm = comm
         self._n = native
         # The registered tensor (None when registered with owning=False), and what describes
         # it: (dtype object, shape, device, numpy?).
-        self._tensor = None
-        self._meta = None
+        self._tensor: Optional[Buffer] = None
+        self._meta: Optional[tuple[Any, tuple[int, ...], Any, bool]] = None
 
     # -- the registered buffer -------------------------------------------------------------
 
     @property
-    def dtype(self):
+    def dtype(self) -> Any:
         """The registered tensor's dtype (None before ``tensor_register``)."""
         return None if self._meta is None else self._meta[0]
 
     @property
-    def shape(self):
+    def shape(self) -> Optional[list[int]]:
         """The registered tensor's shape, as a list (None before ``tensor_register``)."""
         return None if self._meta is None else list(self._meta[1])
 
     @property
-    def device(self):
+    def device(self) -> Any:
         """The registered tensor's device (None before ``tensor_register``)."""
         return None if self._meta is None else self._meta[2]
 
-    def get_buf_dtype(self):
+    def get_buf_dtype(self) -> Any:
         return self.dtype
 
-    def get_buf_shape(self):
+    def get_buf_shape(self) -> Optional[list[int]]:
         return self.shape
 
-    def get_buf_device(self):
+    def get_buf_device(self) -> Any:
         return self.device
 
-    def get_size(self):
+    def get_size(self) -> int:
         """The registered tensor's size in bytes (0 before ``tensor_register``)."""
         return self._n.size_bytes
 
-    def get_tensor(self):
+    def get_tensor(self) -> Optional[Buffer]:
         """The registered tensor, or None (none registered, or registered with
         ``owning=False``)."""
         return self._tensor
 
-    def tensor_register(self, tensor, owning=True):
+    def tensor_register(self, tensor: Buffer, owning: bool = True) -> None:
         """Registers ``tensor`` (contiguous, on the communicator's device): collective. Every
         rank registers a tensor of the same dtype and number of elements, and every peer maps
         it. On CUDA the memory must come from cudaMalloc (torch's default caching allocator),
@@ -180,12 +194,10 @@ class Window:
         tensors differ."""
         c = "tensor_register"
         comm = self._comm
-        comm._check_live(c)
         owning = _bool_arg(c, "owning", owning)
         b = comm._buf(tensor, "tensor", c, writable=True)
-        name, _ = _alias(c, b, "sum")
         try:
-            self._n.register((b.ptr, b.count, name, b.device))
+            self._n.register(_raw(b, c))
         except FerrocommError as e:
             comm._failed(c, e)
             raise
@@ -196,12 +208,11 @@ class Window:
         # holds the tensor; the native side relies on it.
         self._tensor = tensor if owning else None
 
-    def tensor_deregister(self):
+    def tensor_deregister(self) -> None:
         """Releases the registered tensor: collective. Every rank's window calls before it
         finish first (on CUDA the device is synchronized; not during graph capture); tensors
         from ``map_remote_tensor`` are invalid afterwards."""
         c = "tensor_deregister"
-        self._comm._check_live(c)
         try:
             self._n.deregister()
         except FerrocommError as e:
@@ -212,32 +223,32 @@ class Window:
 
     # -- one-sided operations ----------------------------------------------------------------
 
-    def put(self, tensor, dst_rank, target_offset_nelems, async_op=False, hints=None,
-            timeout=None):
+    def put(self, tensor: Buffer, dst_rank: int, target_offset_nelems: int,
+            async_op: bool = False, hints: Hints = None, timeout: TimeoutLike = None) -> Work:
         """Writes ``tensor`` into rank ``dst_rank``'s registered tensor at element
         ``target_offset_nelems`` (its flat index), with no call on ``dst_rank``'s side.
         ``tensor`` has the window's dtype and must lie inside the target from that offset
         (refused, nothing written, otherwise). ``dst_rank`` may be this rank."""
         c = "put"
         _check_hints(hints, c)
-        b = self._comm._buf(tensor, "tensor", c)
-        name, _ = _alias(c, b, "sum")
+        raw = _raw(self._comm._buf(tensor, "tensor", c), c)
         dst = _rank_arg(c, "dst_rank", dst_rank, self._comm.size)
         off = _int_arg(c, "target_offset_nelems", target_offset_nelems, 0, _MAX_COUNT)
-        raw = (b.ptr, b.count, name, b.device)
         return _run(self._comm, c, lambda s, a, m: self._n.put(raw, dst, off, s, a, m), async_op,
-                          timeout, (tensor,))
+                    timeout, (tensor,))
 
-    def signal(self, peer_rank, async_op=False, hints=None, timeout=None):
+    def signal(self, peer_rank: int, async_op: bool = False, hints: Hints = None,
+               timeout: TimeoutLike = None) -> Work:
         """Signals rank ``peer_rank`` after this rank's puts to it: its next
         ``wait_signal(this rank)`` returns, and those puts are visible to it then."""
         c = "signal"
         _check_hints(hints, c)
         peer = _rank_arg(c, "peer_rank", peer_rank, self._comm.size)
-        return _run(self._comm, c, lambda s, a, m: self._n.signal(peer, s, a, m), async_op, timeout,
-                          ())
+        return _run(self._comm, c, lambda s, a, m: self._n.signal(peer, s, a, m), async_op,
+                    timeout, ())
 
-    def wait_signal(self, peer_rank, async_op=False, hints=None, timeout=None):
+    def wait_signal(self, peer_rank: int, async_op: bool = False, hints: Hints = None,
+                    timeout: TimeoutLike = None) -> Work:
         """Waits for the next signal from rank ``peer_rank`` (on CUDA the current stream waits;
         the host does not). ``timeout`` (else the communicator's) bounds the wait: one that
         runs out raises FerrocommTimeout naming the peer (on CUDA at the communicator's next
@@ -245,17 +256,16 @@ class Window:
         c = "wait_signal"
         _check_hints(hints, c)
         peer = _rank_arg(c, "peer_rank", peer_rank, self._comm.size)
-        t = _timeout_seconds(timeout)
-        return _run(self._comm, c, lambda s, a, m: self._n.wait_signal(peer, s, a, m, t), async_op,
-                          timeout, ())
+        t = positive_seconds(c, timeout)
+        return _run(self._comm, c, lambda s, a, m: self._n.wait_signal(peer, s, a, m, t),
+                    async_op, timeout, ())
 
-    def map_remote_tensor(self, rank):
+    def map_remote_tensor(self, rank: int) -> Any:
         """Rank ``rank``'s registered tensor as mapped in this process (this rank's own: the
         registered memory), with the registered dtype and shape. Peers write into it at any
         time: read what a peer put after ``wait_signal`` for its signal. Invalid after
         ``tensor_deregister``."""
         c = "map_remote_tensor"
-        self._comm._check_live(c)
         r = _rank_arg(c, "rank", rank, self._comm.size)
         if self._meta is None:
             raise FerrocommValueError(f"{c}: no tensor is registered in this window")
@@ -271,18 +281,17 @@ class Window:
             raw = torch.as_tensor(_CudaHolder(self, ptr, nbytes), device=device)
         return raw.view(dtype).reshape(shape)
 
-    def get_attr(self, peer_rank):
+    def get_attr(self, peer_rank: int) -> TorchCommWindowAttr:
         """How this rank reaches ``peer_rank``'s tensor: every peer's is mapped
         (``WIN_ACCESS_TYPE_UNIFIED``)."""
         c = "get_attr"
-        self._comm._check_live(c)
         peer = _rank_arg(c, "peer_rank", peer_rank, self._comm.size)
         kind = self._n.access_type(peer)
         return TorchCommWindowAttr(TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED
                                    if kind == "unified"
                                    else TorchCommWinAccessType.WIN_ACCESS_TYPE_SEPARATE)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if self._meta is None:
             return "Window(unregistered)"
         return f"Window({self.dtype}, shape={self.shape}, device={self.device})"
@@ -292,56 +301,52 @@ class AllGatherPHandle:
     """A persistent all-gather (what ``all_gather_p_init`` returns): the output is registered
     once and every execution writes every rank's input straight into every peer's output."""
 
-    def __init__(self, comm, native, output, part):
+    def __init__(self, comm: Comm, native: _native.AllGatherP, output: Buffer,
+                 part: int) -> None:
         self._comm = comm
         self._n = native
-        self._output = output
+        self._output: Optional[Buffer] = output
         self._part = part
 
     @classmethod
-    def init(cls, comm, output, hints, timeout):
+    def init(cls, comm: Comm, output: Buffer, hints: Hints,
+             timeout: TimeoutLike) -> AllGatherPHandle:
         c = "all_gather_p_init"
-        comm._check_live(c)
         _check_hints(hints, c)
-        t = _timeout_seconds(timeout)
-        if t is not None and not t > 0:
-            raise FerrocommValueError(f"{c}: timeout must be positive, got {timeout!r}")
+        t = positive_seconds(c, timeout)
         b = comm._buf(output, "output", c, writable=True)
-        name, _ = _alias(c, b, "sum")
         try:
-            native = comm._n.all_gather_p_init((b.ptr, b.count, name, b.device), t)
+            native = comm._n.all_gather_p_init(_raw(b, c), t)
         except FerrocommError as e:
             comm._failed(c, e)
             raise
         return cls(comm, native, output, b.count // comm.size)
 
     @staticmethod
-    def of(handle):
+    def of(handle: object) -> AllGatherPHandle:
         if not isinstance(handle, AllGatherPHandle):
             raise FerrocommValueError(
                 f"all_gather_p: the handle must be what all_gather_p_init returned, not "
                 f"{type(handle).__name__}")
         return handle
 
-    def exec(self, comm, input, async_op, hints):  # noqa: A002
+    def exec(self, comm: Comm, input: Buffer, async_op: bool, hints: Hints,  # noqa: A002
+             timeout: TimeoutLike) -> Work:
         c = "all_gather_p_exec"
         if comm is not self._comm:
             raise FerrocommValueError(f"{c}: the handle belongs to another communicator")
         _check_hints(hints, c)
         if self._output is None:
             raise FerrocommValueError(f"{c}: the handle has been freed")
-        b = comm._buf(input, "input", c)
-        name, _ = _alias(c, b, "sum")
-        raw = (b.ptr, b.count, name, b.device)
-        t = comm._call_timeout
+        raw = _raw(comm._buf(input, "input", c), c)
+        t = positive_seconds(c, timeout)
         return _run(comm, c, lambda s, a, m: self._n.exec(raw, s, a, m, t), async_op, t,
                     (input, self._output))
 
-    def free(self, comm):
+    def free(self, comm: Comm) -> None:
         c = "all_gather_p_free"
         if comm is not self._comm:
             raise FerrocommValueError(f"{c}: the handle belongs to another communicator")
-        comm._check_live(c)
         try:
             self._n.free()
         except FerrocommError as e:
@@ -349,6 +354,6 @@ class AllGatherPHandle:
             raise
         self._output = None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "freed" if self._output is None else f"{self._part} elements per rank"
         return f"AllGatherPHandle({state})"

@@ -12,14 +12,20 @@ the wrappers that call them are installed on the instance with the first hook an
 with the last.
 """
 
+from __future__ import annotations
+
 import enum
 import functools
 import inspect
 import json
 import os
 import pickle
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from . import _native
+
+if TYPE_CHECKING:
+    from ._comm import Comm
 
 __all__ = [
     "OpName",
@@ -64,10 +70,10 @@ class OpName(enum.Enum):
 class RemovableHandle:
     """Returned by a registration; ``remove()`` unregisters the hook."""
 
-    def __init__(self, remove):
-        self._remove = remove
+    def __init__(self, remove: Callable[[], object]) -> None:
+        self._remove: Optional[Callable[[], object]] = remove
 
-    def remove(self):
+    def remove(self) -> None:
         r, self._remove = self._remove, None
         if r is not None:
             r()
@@ -76,10 +82,10 @@ class RemovableHandle:
 class PreHookArgs:
     """A call's arguments, as attributes (the subclass names the call)."""
 
-    def __init__(self, **fields):
+    def __init__(self, **fields: Any) -> None:
         self.__dict__.update(fields)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         inner = ", ".join(f"{k}={type(v).__name__ if hasattr(v, 'shape') else v!r}"
                           for k, v in self.__dict__.items())
         return f"{type(self).__name__}({inner})"
@@ -88,11 +94,17 @@ class PreHookArgs:
 class PostHookArgs:
     """What a call returned: ``work`` (a split's ``new_comm``)."""
 
-    def __init__(self, **fields):
+    def __init__(self, **fields: Any) -> None:
         self.__dict__.update(fields)
 
 
-def _camel(name):
+# A pre-hook: (the operation, its op id, the call's arguments).
+PreHook = Callable[[OpName, int, PreHookArgs], object]
+# A post-hook: (the op id, what the call returned).
+PostHook = Callable[[int, PostHookArgs], object]
+
+
+def _camel(name: str) -> str:
     return "".join(p.capitalize() for p in name.split("_"))
 
 
@@ -126,64 +138,65 @@ FINALIZE_OP_ID = 2**64 - 1
 class _Hooks:
     """The hooks of one communicator."""
 
-    def __init__(self):
-        self.pre = {}
-        self.post = {}
+    def __init__(self) -> None:
+        self.pre: dict[int, PreHook] = {}
+        self.post: dict[int, PostHook] = {}
         self.next = 0
 
 
-def _hooked(comm, name, fn, renames):
+def _hooked(comm: Comm, hooks: _Hooks, name: str, fn: Callable[..., Any],
+            renames: Mapping[str, str]) -> Callable[..., Any]:
     sig = inspect.signature(fn)
     op = OpName[name]
 
     @functools.wraps(fn)
-    def call(*args, **kw):
-        hooks = comm._hooks
+    def call(*args: Any, **kw: Any) -> Any:
         op_id = FINALIZE_OP_ID if op is OpName.finalize else _native.next_op_id()
         bound = sig.bind(comm, *args, **kw)
         bound.apply_defaults()
         fields = {renames.get(k, k): v for k, v in bound.arguments.items() if k not in _SKIP}
         pre = _PRE[op](**fields)
-        for h in list(hooks.pre.values()):
-            h(op, op_id, pre)
+        for pre_hook in list(hooks.pre.values()):
+            pre_hook(op, op_id, pre)
         out = fn(comm, *args, **kw)
         post = _POST[op](new_comm=out) if op is OpName.split else _POST[op](work=out)
-        for h in list(hooks.post.values()):
-            h(op_id, post)
+        for post_hook in list(hooks.post.values()):
+            post_hook(op_id, post)
         return out
 
     return call
 
 
-def _install(comm):
+def _install(comm: Comm, hooks: _Hooks) -> None:
     for name, renames in _METHODS.items():
         fn = getattr(type(comm), name, None)
         if fn is not None:
-            setattr(comm, name, _hooked(comm, name, fn, renames))
-    comm.allreduce = comm.all_reduce
+            setattr(comm, name, _hooked(comm, hooks, name, fn, renames))
+    setattr(comm, "allreduce", comm.all_reduce)
 
 
-def _uninstall(comm):
+def _uninstall(comm: Comm) -> None:
     for name in list(_METHODS) + ["allreduce"]:
         comm.__dict__.pop(name, None)
 
 
-def register(comm, kind, fn):
+def register(comm: Comm, kind: str, fn: Any) -> RemovableHandle:
     """Registers pre- or post-hook `fn` on `comm` (Comm.register_pre_hook/_post_hook)."""
     if not callable(fn):
         raise TypeError(f"register_{kind}_hook: the hook must be callable, not {fn!r}")
-    hooks = comm.__dict__.get("_hooks")
-    if hooks is None:
-        hooks = comm._hooks = _Hooks()
+    hooks: _Hooks = comm.__dict__.setdefault("_hooks", _Hooks())
     if not hooks.pre and not hooks.post:
-        _install(comm)
+        _install(comm, hooks)
     hooks.next += 1
     key = hooks.next
-    table = hooks.pre if kind == "pre" else hooks.post
-    table[key] = fn
+    if kind == "pre":
+        hooks.pre[key] = fn
+    else:
+        hooks.post[key] = fn
 
-    def remove():
-        table.pop(key, None)
+    def remove() -> None:
+        hooks.pre.pop(key, None)
+        hooks.post.pop(key, None)
         if not hooks.pre and not hooks.post:
             _uninstall(comm)
 
@@ -198,35 +211,35 @@ class FlightRecorderHook:
     Every communicator records its calls anyway (``FERROCOMM_FLIGHT_RECORDER``, on by
     default); registering turns its recorder on with ``max_entries`` calls when it was off."""
 
-    def __init__(self, max_entries=2048, isolated=False):
+    def __init__(self, max_entries: int = 2048, isolated: bool = False) -> None:
         del isolated  # every communicator's recorder is its own already
         if max_entries < 1:
             raise ValueError(f"FlightRecorderHook: max_entries must be positive, got {max_entries}")
         self._max = int(max_entries)
-        self._comms = []
+        # Each registered communicator and the record id its dump starts at.
+        self._comms: list[tuple[Comm, int]] = []
 
-    def register_with_comm(self, comm):
+    def register_with_comm(self, comm: Comm) -> None:
         since, _ = comm._n.flight_recorder_enable(self._max)
-        self._comms.append([comm, since])
-        hooks = comm.__dict__.setdefault("_fr_hooks", [])
+        self._comms.append((comm, since))
+        hooks: list[FlightRecorderHook] = comm.__dict__.setdefault("_fr_hooks", [])
         hooks.append(self)
 
-    def unregister(self):
+    def unregister(self) -> None:
         for c, _ in self._comms:
-            hs = c.__dict__.get("_fr_hooks", [])
+            hs: list[FlightRecorderHook] = c.__dict__.get("_fr_hooks", [])
             if self in hs:
                 hs.remove(self)
         self._comms = []
 
-    def is_enabled(self):
+    def is_enabled(self) -> bool:
         return bool(self._comms)
 
-    def reset(self):
-        for entry in self._comms:
-            entry[1] = entry[0]._n.flight_recorder_len()[1]
+    def reset(self) -> None:
+        self._comms = [(c, c._n.flight_recorder_len()[1]) for c, _ in self._comms]
 
-    def _dump(self, include_completed):
-        doc = None
+    def _dump(self, include_completed: bool) -> dict[str, Any]:
+        doc: Optional[dict[str, Any]] = None
         for comm, since in self._comms:
             d = json.loads(comm._n.flight_recorder_json(since, not include_completed))
             if doc is None:
@@ -241,14 +254,14 @@ class FlightRecorderHook:
         doc["entries"] = doc["entries"][-self._max:]
         return doc
 
-    def size(self):
+    def size(self) -> int:
         """Calls recorded since registration or the last reset (at most ``max_entries``)."""
         return len(self._dump(True)["entries"])
 
-    def dump_json(self, include_completed=True):
+    def dump_json(self, include_completed: bool = True) -> str:
         return json.dumps(self._dump(include_completed))
 
-    def dump_file(self, rank, include_completed=True):
+    def dump_file(self, rank: int, include_completed: bool = True) -> str:
         """Writes the dump (pickled, as torch's) to ``ferrocomm_trace_rank_<rank>`` in the
         trace directory of the first registered communicator; returns its path."""
         if not self._comms:

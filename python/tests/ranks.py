@@ -642,6 +642,32 @@ def scenario_settings(comm):
     assert np.all(x == WORLD * (WORLD + 1) / 2), x
 
 
+def scenario_tuning(comm):
+    """Under FERROCOMM_TUNING's table (two ranks: flat up to FERROCOMM_TEST_FLAT_MAX bytes, tree
+    above) the plan changes at exactly that size and the tree all-reduce it picks is correct; a
+    communicator whose last rank uses the built-in table instead is refused on every rank,
+    naming FERROCOMM_TUNING."""
+    flat_max = int(os.environ["FERROCOMM_TEST_FLAT_MAX"])
+    assert comm.algo_for("all_reduce", flat_max, "float32") == "flat"
+    assert comm.algo_for("all_reduce", flat_max + 4, "float32") == "tree"
+    # Past the default's flat limit too (32 MiB at two ranks): the table, not the default.
+    assert comm.algo_for("all_reduce", 1 << 20, "float32") == "tree"
+    x = np.arange(flat_max // 4 + 1, dtype=np.float32) * (RANK + 1)
+    comm.all_reduce(x, ReduceOp.SUM)
+    want = np.arange(flat_max // 4 + 1, dtype=np.float32) * (WORLD * (WORLD + 1) / 2)
+    assert np.array_equal(x, want), x
+    var = "FERROCOMM_TUNING"
+    table = os.environ[var]
+    if RANK == WORLD - 1:
+        del os.environ[var]
+    try:
+        e = expect(ferrocomm.FerrocommValueError, "settings differ between ranks",
+                   ferrocomm.new_comm, "host", "cpu", "other-table")
+    finally:
+        os.environ[var] = table
+    assert f"{var} (tuning.digest)" in str(e), e
+
+
 def scenario_split(comm):
     """Sub-communicators: even/odd ranks, reversed order; two communicators interleaved."""
     evens = comm.split(list(range(0, WORLD, 2)), "even")

@@ -1,6 +1,7 @@
 """Every relative link in README.md, docs/ and bench/results/README.md points at a file or folder
-that exists, and every benchmark run the documents name (`bench/results/<folder>`) is in the tree.
-Runs that left the tree are cited by commit instead."""
+that exists, and every benchmark run the documents or the sources (comments in `.rs`, `.cu`,
+`.py` and `.sh` files) name (`bench/results/<folder>`) is in the tree. Runs that left the tree are
+cited by commit instead."""
 
 import re
 from pathlib import Path
@@ -9,6 +10,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", ROOT / "bench" / "results" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# The sources whose comments may cite a run: the crates (kernels included), the Python package
+# and its tests, the scripts. This file is left out: its own checks name made-up runs.
+SOURCE_DIRS = [ROOT / "crates", ROOT / "python", ROOT / "scripts"]
+SOURCE_SUFFIXES = {".rs", ".cu", ".py", ".sh"}
 
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
@@ -47,6 +52,41 @@ def test_links_resolve(doc):
     assert doc.is_file(), f"{doc} is missing"
     bad = broken(doc, doc.read_text(encoding="utf-8"))
     assert not bad, f"{doc.relative_to(ROOT)}: broken {bad}"
+
+
+def missing_runs(text, root=ROOT):
+    """The runs `text` names (`bench/results/<folder>`) that are not in the tree under `root`."""
+    return [run for run in RUN.findall(text) if not (root / "bench" / "results" / run).is_dir()]
+
+
+def sources():
+    """Every source file that may cite a run (see SOURCE_DIRS), this test file left out."""
+    out = []
+    for d in SOURCE_DIRS:
+        for p in sorted(d.rglob("*")):
+            if p.suffix in SOURCE_SUFFIXES and p.is_file() and p != Path(__file__).resolve() \
+                    and "target" not in p.relative_to(ROOT).parts[:2]:
+                out.append(p)
+    return out
+
+
+def test_runs_cited_by_sources_exist():
+    files = sources()
+    assert len(files) > 50, f"found only {len(files)} source files"
+    bad = {}
+    for p in files:
+        gone = missing_runs(p.read_text(encoding="utf-8", errors="replace"))
+        if gone:
+            bad[str(p.relative_to(ROOT))] = gone
+    assert not bad, f"sources cite runs not in bench/results/ (cite the commit instead): {bad}"
+
+
+def test_a_source_citing_a_run_that_left_is_found(tmp_path):
+    (tmp_path / "bench" / "results" / "2026-01-01-x-kept").mkdir(parents=True)
+    text = ("// measured (bench/results/2026-01-01-x-kept): 3 us\n"
+            "/// (bench/results/2026-01-03-y-gone, run 2)\n"
+            "# run 2026-01-04-z-cited, commit abc1234\n")
+    assert missing_runs(text, root=tmp_path) == ["2026-01-03-y-gone"]
 
 
 def test_docs_are_found():

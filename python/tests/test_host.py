@@ -1,5 +1,6 @@
 """The Python API on the host backend with real processes (2 and 4 ranks)."""
 
+import json
 import os
 import selectors
 import signal
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import free_port, run_ranks
+from conftest import HERE, free_port, run_ranks
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -87,6 +88,17 @@ def test_info():
 
 def test_settings_that_differ_between_ranks():
     run_ranks(2, "settings")
+
+
+def test_a_tuning_table_file_changes_the_choice_at_its_sizes(tmp_path):
+    """FERROCOMM_TUNING names a table whose two-rank all-reduce goes flat up to 1 KiB only."""
+    builtin = HERE.parent.parent / "crates/ferrocomm/src/config/tuning.json"
+    table = json.loads(builtin.read_text())
+    table["all_reduce"][0].update(worlds="1-2", flat_max="1K")
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(table))
+    path.chmod(0o600)
+    run_ranks(2, "tuning", env={"FERROCOMM_TUNING": str(path), "FERROCOMM_TEST_FLAT_MAX": "1024"})
 
 
 def test_split_and_two_communicators():

@@ -6,9 +6,7 @@ use std::ffi::{c_int, c_void, CStr, CString};
 use std::path::PathBuf;
 
 use ferrocomm::config::Source;
-use ferrocomm::plan::{
-    default_all_reduce_thresholds, default_direct_max, direct_max_setting, DIRECT_LIMITED,
-};
+use ferrocomm::plan::{direct_max_setting, DIRECT_LIMITED};
 use ferrocomm::{Collective, Config};
 
 /// Print GPUs, links, libraries, thresholds and settings in effect.
@@ -62,6 +60,9 @@ pub struct SystemInfo {
     /// NVLink between each pair of GPUs as NVML reports it (the LL128 all-reduce's check), or
     /// why NVML could not say; empty without GPUs.
     pub nvml: Vec<String>,
+    /// This machine's key for its tuning table (`ferrocomm::tuning::host_key`, or
+    /// `ferrocomm::cuda::machine_key` with GPUs).
+    pub tuning_key: String,
 }
 
 /// The GPU-to-GPU part of `nvidia-smi topo -m`: one row per `GPU<i>` line, as many cells as
@@ -310,6 +311,11 @@ pub fn probe_system(cfg: &Config) -> SystemInfo {
     probe_cuda(&mut info);
     info.nccl = probe_nccl(cfg);
     info.nvrtc = probe_nvrtc();
+    info.tuning_key = if info.gpus.is_empty() {
+        ferrocomm::tuning::host_key()
+    } else {
+        ferrocomm::cuda::machine_key()
+    };
     info
 }
 
@@ -340,12 +346,80 @@ fn lib_line(name: &str, l: &Library) -> String {
     }
 }
 
-/// A threshold in effect: the value, and whether the environment or the default set it.
-fn threshold(v: Option<usize>, default: usize, var: &str) -> String {
+/// A threshold in effect: the value, and whether the environment or the tuning table set it.
+fn threshold(v: Option<usize>, table: usize, var: &str) -> String {
     match v {
         Some(b) => format!("{} (env {var})", human(b)),
-        None => format!("{} (default)", human(default)),
+        None => format!("{} (table)", human(table)),
     }
+}
+
+/// The tuning table in force: where it came from, then its rules as the planner reads them.
+fn tuning_section(w: &mut String, cfg: &Config, sys: &SystemInfo) {
+    use std::fmt::Write as _;
+    let t = &cfg.tuning;
+    let _ = writeln!(w, "\n== Tuning table");
+    let _ = writeln!(
+        w,
+        "in force: {} (digest {}){}",
+        t.source,
+        t.digest,
+        if t.machine.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", t.machine)
+        }
+    );
+    for r in &t.all_reduce {
+        let _ = writeln!(
+            w,
+            "all_reduce, {} ranks: push <= {}, flat <= {}, tree <= {}",
+            r.worlds,
+            human(r.push_max),
+            human(r.flat_max),
+            human(r.tree_max)
+        );
+    }
+    for r in &t.direct_max {
+        let names: Vec<&str> = r.collectives.iter().map(|c| c.name()).collect();
+        let _ = writeln!(
+            w,
+            "{}, {} ranks: direct {}",
+            names.join("/"),
+            r.worlds,
+            r.max
+                .map_or("at every size".to_string(), |m| format!("<= {}", human(m)))
+        );
+    }
+    let pipes: Vec<String> = t
+        .pipe_min
+        .iter()
+        .map(|(k, n)| format!("{k} from {}", human(*n)))
+        .collect();
+    let _ = writeln!(
+        w,
+        "low precision on cuda from {}; parts in rounds of {}: {}",
+        human(t.cuda_lp_min_bytes),
+        human(t.pipe_round_bytes),
+        pipes.join(", ")
+    );
+    if !sys.tuning_key.is_empty() {
+        let file = ferrocomm::tuning::machine_file(&cfg.tuning_dir, &sys.tuning_key);
+        let _ = writeln!(
+            w,
+            "this machine's table: {} ({})",
+            file.display(),
+            if file.exists() {
+                "there"
+            } else {
+                "none: `ferrocomm tune` writes it"
+            }
+        );
+    }
+    let _ = writeln!(
+        w,
+        "(FERROCOMM_TUNING names a table file; the settings below win over the table)"
+    );
 }
 
 /// The world size `info`'s plans are shown for.
@@ -427,7 +501,7 @@ fn host_choices(w: &mut String, cfg: &Config) {
     let t = &cfg.thresholds;
     let _ = writeln!(w, "\n== Host backend (what runs here; bytes per rank)");
     for world in [2usize, 4, 8] {
-        let (_, f, _) = default_all_reduce_thresholds(world);
+        let (_, f, _) = cfg.tuning.all_reduce(world);
         let _ = writeln!(
             w,
             "{world} ranks: all_reduce flat <= {}, tree above",
@@ -677,6 +751,7 @@ pub fn render_with(cfg: &Config, sys: &SystemInfo, reports: &[KernelReport]) -> 
     }
 
     let t = &cfg.thresholds;
+    tuning_section(w, cfg, sys);
     if sys.gpus.is_empty() {
         host_choices(w, cfg);
     }
@@ -687,7 +762,7 @@ pub fn render_with(cfg: &Config, sys: &SystemInfo, reports: &[KernelReport]) -> 
     };
     let _ = writeln!(w, "\n== All-reduce thresholds (bytes per rank{gpu_note})");
     for world in [2usize, 4, 8] {
-        let (p, f, tr) = default_all_reduce_thresholds(world);
+        let (p, f, tr) = cfg.tuning.all_reduce(world);
         let _ = writeln!(
             w,
             "{world} ranks: push <= {}, flat <= {}, tree <= {}, above: NCCL",
@@ -724,8 +799,8 @@ pub fn render_with(cfg: &Config, sys: &SystemInfo, reports: &[KernelReport]) -> 
     );
     for coll in DIRECT_LIMITED {
         let (v, var) = direct_max_setting(t, coll);
-        let _ = match (v, default_direct_max(coll, 2)) {
-            (None, None) => writeln!(w, "{}: direct at every size (default)", coll.name()),
+        let _ = match (v, cfg.tuning.direct_max(coll, 2)) {
+            (None, None) => writeln!(w, "{}: direct at every size (table)", coll.name()),
             (v, d) => writeln!(
                 w,
                 "{}: direct <= {}, above: NCCL",
@@ -738,7 +813,11 @@ pub fn render_with(cfg: &Config, sys: &SystemInfo, reports: &[KernelReport]) -> 
     let _ = writeln!(
         w,
         "send/recv: direct <= {} at two ranks only, otherwise: NCCL",
-        threshold(v, default_direct_max(Collective::Send, 2).unwrap_or(0), var)
+        threshold(
+            v,
+            cfg.tuning.direct_max(Collective::Send, 2).unwrap_or(0),
+            var
+        )
     );
     if cfg.algo != ferrocomm::Algo::Auto {
         let _ = writeln!(w, "forced algorithm: {} (FERROCOMM_ALGO)", cfg.algo);
@@ -771,7 +850,7 @@ pub fn render_with(cfg: &Config, sys: &SystemInfo, reports: &[KernelReport]) -> 
         lp.min_bytes.map_or(
             format!(
                 "backend default (cuda {}, host 0)",
-                human(ferrocomm::plan::CUDA_LP_MIN_BYTES)
+                human(cfg.tuning.cuda_lp_min_bytes)
             ),
             human
         ),
@@ -849,8 +928,10 @@ fn emit(text: &str) -> anyhow::Result<()> {
 }
 
 pub fn run(args: InfoArgs) -> anyhow::Result<i32> {
-    let cfg = Config::from_env()?;
+    let mut cfg = Config::from_env()?;
     let sys = probe_system(&cfg);
+    // The table a communicator here would use: this machine's where it has one.
+    cfg.use_machine_table(&sys.tuning_key)?;
     if let Some(a) = &args.arch {
         if ferrocomm::cuda::kernels::target_number(a.trim()).is_none() || a.starts_with("compute") {
             anyhow::bail!("--arch {a:?} is not a CUDA architecture such as sm_90");
@@ -933,11 +1014,11 @@ mod tests {
             r.contains("2 ranks: all_reduce flat <= 256 KiB (env FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES), tree above"),
             "{r}"
         );
-        let flat4 = ferrocomm::plan::default_all_reduce_thresholds(4).1;
+        let flat4 = cfg.tuning.all_reduce(4).1;
         let plain = render(&Config::from_lookup(|_| None).unwrap(), &sys);
         assert!(
             plain.contains(&format!(
-                "4 ranks: all_reduce flat <= {} (default), tree above",
+                "4 ranks: all_reduce flat <= {} (table), tree above",
                 human(flat4)
             )),
             "{plain}"
@@ -965,16 +1046,25 @@ mod tests {
             r.contains("flat <= 256 KiB (env FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES)"),
             "{r}"
         );
-        let push2 = ferrocomm::plan::default_all_reduce_thresholds(2).0;
+        let push2 = cfg.tuning.all_reduce(2).0;
         assert!(
-            r.contains(&format!("push <= {} (default)", human(push2))),
+            r.contains(&format!("push <= {} (table)", human(push2))),
             "{r}"
         );
         assert!(r.contains("host: 4 MiB per rank"), "{r}");
         // Direct-access limits: a default size, and the all-to-all-v's none.
-        assert!(r.contains("all_gather: direct <= 32 MiB (default)"), "{r}");
+        assert!(r.contains("all_gather: direct <= 32 MiB (table)"), "{r}");
         assert!(
-            r.contains("all_to_all_v: direct at every size (default)"),
+            r.contains("all_to_all_v: direct at every size (table)"),
+            "{r}"
+        );
+        // The table in force and where it came from.
+        assert!(
+            r.contains("== Tuning table\nin force: built in (digest "),
+            "{r}"
+        );
+        assert!(
+            r.contains("all_reduce, 1-2 ranks: push <= 64 KiB, flat <= 32 MiB, tree <= 32 MiB"),
             "{r}"
         );
         assert!(r

@@ -1,9 +1,10 @@
-//! The `ferrocomm` command: `bench`, `launch`, `info`, `precompile`, `trace`.
+//! The `ferrocomm` command: `bench`, `launch`, `info`, `precompile`, `tune`, `trace`.
 
 mod bench;
 mod info;
 mod launch;
 mod precompile;
+mod tune;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +31,8 @@ enum Command {
     Info(info::InfoArgs),
     /// Compile every kernel for a GPU architecture into the kernel cache (needs NVRTC only).
     Precompile(precompile::PrecompileArgs),
+    /// Time every candidate on this machine and write the tuning table the planner then uses.
+    Tune(tune::TuneArgs),
     /// Read every rank's flight-recorder dump in DIR: the first call where the ranks diverge,
     /// and which rank is missing or stuck.
     Trace(TraceArgs),
@@ -48,6 +51,7 @@ fn main() {
         Command::Launch(a) => launch::run(a),
         Command::Info(a) => info::run(a),
         Command::Precompile(a) => precompile::run(a),
+        Command::Tune(a) => tune::run(a),
         Command::Trace(a) => ferrocomm::trace::analyze(&a.dir)
             .map(|report| {
                 print!("{report}");

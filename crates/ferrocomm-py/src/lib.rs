@@ -1,14 +1,16 @@
 //! `ferrocomm._native`: the thin native layer under the Python package `ferrocomm`.
 //!
-//! Python hands every buffer over as plain values (address, element count, dtype name, device
-//! index; -1 is host memory) and the CUDA stream as an integer: `__cuda_array_interface__`
-//! loses bf16 and fails on fp8, and plain values keep this layer free of numpy and torch.
-//! The Python layer checks contiguity and devices and keeps the objects alive; this layer
-//! builds views, releases the GIL around every collective, and turns errors into the
-//! exception classes of `ferrocomm._errors`.
+//! Python describes every call once, as a tuple of plain values ([`PyCall`]): buffers as
+//! (address, element count, dtype name, device index; -1 is host memory), the CUDA stream as an
+//! integer (`__cuda_array_interface__` loses bf16 and fails on fp8, and plain values keep this
+//! layer free of numpy and torch). This layer reads the tuple into ferrocomm's own
+//! [`CallDesc`] and hands it to [`Communicator::run_desc`], which turns it into the call and
+//! checks it; it keeps no call types of its own. The Python layer checks contiguity and devices
+//! and keeps the objects alive; this layer releases the GIL around every collective, runs async
+//! host calls on a worker thread, and turns errors into the exception classes of
+//! `ferrocomm._errors`.
 
 use std::borrow::Cow;
-use std::str::FromStr;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -17,17 +19,16 @@ use std::time::{Duration, Instant};
 use ferrocomm::bootstrap::Store;
 use ferrocomm::config::BackendChoice;
 use ferrocomm::{
-    Algo, CallOpts, CommOptions, Communicator, Config, DataType, Device, DeviceCounts, Error,
-    Format, Input, LowPrecisionChoice, P2pOp, PackedCounts, ReduceOp, Splits, View, ViewMut,
+    CallDesc, CallOpts, Collective, CommOptions, Communicator, Config, CountsDesc, DataType,
+    Device, Error, Fp8Desc, NormDesc, RawBuf, ReduceOp, Splits,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError};
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedStr;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyType};
 
-mod fused_norm;
 mod window;
-use fused_norm::NormCall;
 
 // ---------------------------------------------------------------------------------------------
 // Errors
@@ -234,7 +235,7 @@ impl WorkState {
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// A call to run on the worker thread, given the communicator.
+/// A call the worker thread runs on the communicator ([`PyComm::submit`]).
 type Exec = Box<dyn FnOnce(&Communicator) -> ferrocomm::Result<()> + Send>;
 
 struct Worker {
@@ -263,7 +264,7 @@ struct NativeWork {
     state: Arc<WorkState>,
     /// How long `wait` waits at most: beyond the collective's own timeout the work is stuck.
     limit: Duration,
-    collective: String,
+    collective: &'static str,
 }
 
 #[pymethods]
@@ -390,279 +391,117 @@ enum Issued {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Buffers and per-call options
+// The call description
 
-/// `(address, element count, dtype name, device index or -1 for host)`.
-type RawBuf = (u64, usize, String, i64);
+/// A buffer as `_comm.py` hands it over: `(address, element count, dtype name, device index or
+/// -1 for host memory)`.
+type PyBuf = (u64, usize, PyBackedStr, i64);
 
-/// One call as `_comm.py` describes it to `PyComm.run`: a dict with every key.
-///
-/// `coll` names the collective; `out` is the buffer written, `inp` the separate input (None: in
-/// place; for `send` the data sent); `op` and `factor` the reduction (PreMulSum's factor);
-/// `peer` the root or peer; `splits` an all-to-all-v's (send_counts, send_displs, recv_counts,
-/// recv_displs); `counts` the device-count all-to-all-v's (send, recv, capacity, unit); `batch`
-/// a batch_send_recv's (is_send, buffer, peer) operations; `stream` the CUDA stream; `algo` and
-/// `low_precision` the per-call hints; `async_op` whether a host call may be queued; `mark`
-/// whether a CUDA call records a completion for an async work object; `timeout` the call's own
-/// timeout in seconds (None: the communicator's).
+/// One call as `_comm.py` describes it (`Comm._issue` builds the tuple, once per call), for
+/// ferrocomm's [`CallDesc`]: name, output, input (None: in place), (op name, PreMulSum factor),
+/// root or peer, (CUDA stream, algo hint, low-precision hint, timeout in seconds), then the
+/// splits, counts (send, recv, capacity, unit), batch ((is_send, buffer, peer), ...) and norm
+/// operands (residual or None, residual_out, weight, eps, (codes, scales, given) or None: per-row
+/// scales written, or with `given` one scale read) of the calls that have them, None elsewhere.
 #[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-struct CallDesc {
-    coll: String,
-    out: Option<RawBuf>,
-    inp: Option<RawBuf>,
-    op: String,
-    factor: f64,
-    peer: usize,
-    splits: Option<[Vec<usize>; 4]>,
-    stream: u64,
-    algo: Option<String>,
-    low_precision: Option<String>,
-    async_op: bool,
-    mark: bool,
-    timeout: Option<f64>,
-    counts: Option<(RawBuf, RawBuf, usize, usize)>,
-    batch: Option<Vec<(bool, RawBuf, usize)>>,
+struct PyCall(
+    PyBackedStr,
+    Option<PyBuf>,
+    Option<PyBuf>,
+    (PyBackedStr, f64),
+    usize,
+    PyOpts,
+    Option<[Vec<usize>; 4]>,
+    Option<(PyBuf, PyBuf, usize, usize)>,
+    Option<Vec<(bool, PyBuf, usize)>>,
+    Option<NormOperands>,
+);
+
+/// A call's options: (stream, algo hint, low-precision hint, timeout in seconds).
+type PyOpts = (u64, Option<PyBackedStr>, Option<PyBackedStr>, Option<f64>);
+
+/// The norm operands of [`PyCall`].
+type NormOperands = (
+    Option<PyBuf>,
+    PyBuf,
+    PyBuf,
+    f32,
+    Option<(PyBuf, PyBuf, bool)>,
+);
+
+fn raw(b: &PyBuf) -> ferrocomm::Result<RawBuf> {
+    let (ptr, count, dtype, dev) = b;
+    let device = match u32::try_from(*dev) {
+        Ok(i) => Device::Cuda(i),
+        Err(_) if *dev < 0 => Device::Host,
+        Err(_) => return Err(invalid(format!("bad device {dev}"))),
+    };
+    RawBuf::new(*ptr, *count, dtype.parse()?, device)
 }
 
-/// The fields every call has ([`CallDesc`]'s, borrowed), as `run` and `run_one` take them.
-struct CallParts<'a> {
-    coll: &'a str,
-    out: Option<&'a RawBuf>,
-    inp: Option<&'a RawBuf>,
-    op: &'a str,
-    factor: f64,
-    peer: usize,
-    stream: u64,
-    algo: Option<&'a str>,
-    low_precision: Option<&'a str>,
-    timeout: Option<f64>,
-}
-
-#[derive(Clone, Copy)]
-struct Buf {
-    ptr: u64,
-    count: usize,
-    dtype: DataType,
-    device: Device,
-}
-
-impl Buf {
-    fn parse(raw: &RawBuf) -> ferrocomm::Result<Self> {
-        let (ptr, count, dtype, dev) = raw;
-        let dtype: DataType = dtype.parse()?;
-        let device = if *dev < 0 {
-            Device::Host
-        } else {
-            Device::Cuda(u32::try_from(*dev).map_err(|_| invalid(format!("bad device {dev}")))?)
-        };
-        if *ptr == 0 && *count > 0 {
-            return Err(invalid("null buffer address".into()));
+impl PyCall {
+    /// The call's [`CallDesc`] (names parsed, buffers checked as address ranges); `cfg` gives
+    /// the format of a low-precision hint `on`.
+    fn desc(&self, cfg: &Config) -> ferrocomm::Result<CallDesc> {
+        let PyCall(
+            name,
+            output,
+            input,
+            (op, factor),
+            peer,
+            (stream, algo, low_precision, timeout),
+            splits,
+            counts,
+            batch,
+            norm,
+        ) = self;
+        let mut d = CallDesc::new(name.parse()?);
+        d.output = output.as_ref().map(raw).transpose()?;
+        d.input = input.as_ref().map(raw).transpose()?;
+        d.op = ReduceOp::named(op, *factor)?;
+        d.peer = *peer;
+        d.splits = splits.clone().map(|[sc, sd, rc, rd]| Splits {
+            send_counts: sc,
+            send_displs: sd,
+            recv_counts: rc,
+            recv_displs: rd,
+        });
+        if let Some((send, recv, capacity, unit)) = counts {
+            d.counts = Some(CountsDesc {
+                send: raw(send)?,
+                recv: raw(recv)?,
+                capacity: *capacity,
+                unit: *unit,
+            });
         }
-        Ok(Buf {
-            ptr: *ptr,
-            count: *count,
-            dtype,
-            device,
-        })
-    }
-
-    /// # Safety
-    /// The Python layer keeps the object behind `ptr` alive, readable and `count` elements long
-    /// until the collective is complete (the call returns, or its work object is done).
-    unsafe fn view<'a>(&self) -> View<'a> {
-        // SAFETY: forwarded from the caller's contract.
-        unsafe { View::from_raw(self.ptr as *const u8, self.count, self.dtype, self.device) }
-    }
-
-    /// # Safety
-    /// As for [`Buf::view`], and nothing else accesses the memory until the collective is done.
-    unsafe fn view_mut<'a>(&self) -> ViewMut<'a> {
-        // SAFETY: forwarded from the caller's contract.
-        unsafe { ViewMut::from_raw(self.ptr as *mut u8, self.count, self.dtype, self.device) }
-    }
-}
-
-#[derive(Clone, Copy)]
-enum Coll {
-    AllReduce(ReduceOp),
-    Reduce(ReduceOp, usize),
-    Broadcast(usize),
-    AllGather,
-    ReduceScatter(ReduceOp),
-    AllToAll,
-    AllToAllV,
-    AllToAllVDynamic,
-    AllToAllVDynamicPacked,
-    Barrier,
-    Send(usize),
-    Recv(usize),
-    Batch,
-}
-
-impl Coll {
-    fn name(self) -> &'static str {
-        match self {
-            Coll::AllReduce(_) => "all_reduce",
-            Coll::Reduce(..) => "reduce",
-            Coll::Broadcast(_) => "broadcast",
-            Coll::AllGather => "all_gather",
-            Coll::ReduceScatter(_) => "reduce_scatter",
-            Coll::AllToAll => "all_to_all",
-            Coll::AllToAllV => "all_to_all_v",
-            Coll::AllToAllVDynamic => "all_to_all_v_dynamic",
-            Coll::AllToAllVDynamicPacked => "all_to_all_v_dynamic_packed",
-            Coll::Barrier => "barrier",
-            Coll::Send(_) => "send",
-            Coll::Recv(_) => "recv",
-            Coll::Batch => "batch_send_recv",
+        for (send, b, peer) in batch.iter().flatten() {
+            d.batch.push((*send, raw(b)?, *peer));
         }
-    }
-}
-
-/// One collective call, fully described by plain values (so it can move to the worker thread).
-struct Call {
-    coll: Coll,
-    out: Option<Buf>,
-    inp: Option<Buf>,
-    splits: Option<Splits>,
-    /// all_to_all_v_dynamic(_packed): send counts, receive counts, capacity (not packed) and
-    /// unit.
-    counts: Option<(Buf, Buf, usize, usize)>,
-    /// batch_send_recv: (send?, buffer, peer) in order.
-    batch: Vec<(bool, Buf, usize)>,
-    opts: CallOpts,
-}
-
-impl Call {
-    /// Runs the call.
-    ///
-    /// # Safety
-    /// The buffers must satisfy [`Buf::view_mut`]'s contract for the duration of the call.
-    unsafe fn exec(&self, comm: &Communicator) -> ferrocomm::Result<()> {
-        let before = comm.call_count();
-        // SAFETY: forwarded from this function's contract.
-        let r = unsafe { self.exec_unrefused(comm) };
-        // A collective this rank refused before it reached the communicator's call path (its
-        // arguments): the peers fail it at once instead of waiting for this rank.
-        if let Err(e) = &r {
-            if !matches!(self.coll, Coll::Send(_) | Coll::Recv(_) | Coll::Batch) {
-                comm.refused(before, self.coll.name(), e);
-            }
+        if let Some((residual, residual_out, weight, eps, fp8)) = norm {
+            d.norm = Some(NormDesc {
+                residual: residual.as_ref().map(raw).transpose()?,
+                residual_out: raw(residual_out)?,
+                weight: raw(weight)?,
+                eps: *eps,
+                fp8: match fp8 {
+                    Some((codes, scale, given)) => Some(Fp8Desc {
+                        codes: raw(codes)?,
+                        scale: raw(scale)?,
+                        given: *given,
+                    }),
+                    None => None,
+                },
+            });
         }
-        r
+        d.opts = CallOpts::from_hints(
+            *stream,
+            algo.as_deref(),
+            low_precision.as_deref(),
+            *timeout,
+            cfg,
+        )?;
+        Ok(d)
     }
-
-    /// [`Call::exec`] without telling the peers of a refusal.
-    ///
-    /// # Safety
-    /// As for [`Call::exec`].
-    unsafe fn exec_unrefused(&self, comm: &Communicator) -> ferrocomm::Result<()> {
-        let c = self.coll.name();
-        // SAFETY: forwarded from this function's contract (the Python layer holds the objects).
-        let input = self.inp.map(|b| unsafe { b.view() });
-        // SAFETY: as above; the output is written by this call only.
-        let out = self.out.map(|b| unsafe { b.view_mut() });
-        let need_out = || out.ok_or_else(|| invalid(format!("{c}: no output buffer given")));
-        let inp = match input {
-            Some(v) => Input::Buf(v),
-            None => Input::InPlace,
-        };
-        let o = &self.opts;
-        match self.coll {
-            Coll::AllReduce(op) => comm.all_reduce(inp, need_out()?, op, o),
-            Coll::Reduce(op, root) => comm.reduce(inp, need_out()?, op, root, o),
-            Coll::Broadcast(root) => comm.broadcast(inp, need_out()?, root, o),
-            Coll::AllGather => comm.all_gather(inp, need_out()?, o),
-            Coll::ReduceScatter(op) => comm.reduce_scatter(inp, need_out()?, op, o),
-            Coll::AllToAll => comm.all_to_all(inp, need_out()?, o),
-            Coll::AllToAllV => {
-                let s = self
-                    .splits
-                    .as_ref()
-                    .ok_or_else(|| invalid(format!("{c}: no splits given")))?;
-                comm.all_to_all_v(inp, need_out()?, s, o)
-            }
-            Coll::AllToAllVDynamic => {
-                let (send, recv, capacity, unit) = self
-                    .counts
-                    .ok_or_else(|| invalid(format!("{c}: no counts given")))?;
-                let v = input.ok_or_else(|| invalid(format!("{c}: no input buffer given")))?;
-                // SAFETY: as above: the Python layer holds the count buffers too; the receive
-                // counts are written by this call only.
-                let counts = unsafe {
-                    DeviceCounts {
-                        send: send.view(),
-                        recv: recv.view_mut(),
-                        capacity,
-                        unit,
-                    }
-                };
-                comm.all_to_all_v_dynamic(v, need_out()?, counts, o)
-            }
-            Coll::AllToAllVDynamicPacked => {
-                let (send, recv, _, unit) = self
-                    .counts
-                    .ok_or_else(|| invalid(format!("{c}: no counts given")))?;
-                let v = input.ok_or_else(|| invalid(format!("{c}: no input buffer given")))?;
-                // SAFETY: as above: the Python layer holds the count buffers too.
-                let counts = unsafe {
-                    PackedCounts {
-                        send: send.view(),
-                        recv: recv.view(),
-                        unit,
-                    }
-                };
-                comm.all_to_all_v_dynamic_packed(v, need_out()?, counts, o)
-            }
-            Coll::Barrier => comm.barrier(o),
-            Coll::Send(peer) => {
-                let v = input.ok_or_else(|| invalid(format!("{c}: no buffer given")))?;
-                comm.send(v, peer, o)
-            }
-            Coll::Recv(peer) => comm.recv(need_out()?, peer, o),
-            Coll::Batch => {
-                let ops = self
-                    .batch
-                    .iter()
-                    .map(|&(send, b, peer)| {
-                        // SAFETY: as above: the Python layer holds every buffer of the batch;
-                        // a received buffer is written by this call only.
-                        unsafe {
-                            if send {
-                                P2pOp::Send {
-                                    data: b.view(),
-                                    peer,
-                                }
-                            } else {
-                                P2pOp::Recv {
-                                    out: b.view_mut(),
-                                    peer,
-                                }
-                            }
-                        }
-                    })
-                    .collect();
-                comm.batch_send_recv(ops, o)
-            }
-        }
-    }
-}
-
-fn parse_op(op: &str, factor: f64) -> ferrocomm::Result<ReduceOp> {
-    Ok(match ReduceOp::from_str(op)? {
-        ReduceOp::PremulSum(_) => ReduceOp::PremulSum(factor),
-        other => other,
-    })
-}
-
-fn parse_low_precision(s: &str, cfg: &Config) -> ferrocomm::Result<LowPrecisionChoice> {
-    Ok(match s.trim().to_ascii_lowercase().as_str() {
-        "" | "default" | "auto" | "env" => LowPrecisionChoice::Default,
-        "off" | "0" | "false" | "no" | "none" => LowPrecisionChoice::Off,
-        "on" | "1" | "true" | "yes" => LowPrecisionChoice::On(cfg.low_precision.format),
-        f => LowPrecisionChoice::On(Format::from_str(f)?),
-    })
 }
 
 fn parse_backend(s: &str) -> ferrocomm::Result<BackendChoice> {
@@ -696,14 +535,13 @@ impl PyComm {
     /// Queues `exec` (a call whose buffers the Python layer keeps alive until the work object
     /// reports completion) on the worker thread, started on first use; `limit` bounds waiting
     /// for it.
-    fn submit_exec(
+    fn submit(
         &self,
-        collective: &str,
+        collective: &'static str,
         limit: Duration,
         exec: Exec,
     ) -> ferrocomm::Result<NativeWork> {
         let state = Arc::new(WorkState::default());
-        let collective = collective.to_string();
         let comm = self.inner.clone();
         let st = state.clone();
         let job: Job = Box::new(move || {
@@ -731,6 +569,55 @@ impl PyComm {
 
     fn has_worker(&self) -> bool {
         self.worker.lock().map(|w| w.is_some()).unwrap_or(false)
+    }
+
+    /// Runs `exec`, one call of `collective` (`limit` bounds waiting for it when queued):
+    /// queued on the worker thread when the host backend runs it with `async_op` (or once a
+    /// worker exists, so that calls stay in order), else issued here with the GIL released,
+    /// followed by a completion on `stream` when `mark` asks for one (a CUDA call's async work
+    /// object). Returns the host worker's work, the completion, or None when the call has been
+    /// issued already. The collectives ([`PyComm::run`]) and the windows' calls go through it.
+    fn issue<F>(
+        &self,
+        py: Python<'_>,
+        collective: &'static str,
+        limit: Duration,
+        exec: F,
+        (async_op, mark, stream): (bool, bool, u64),
+    ) -> PyResult<Option<Issued>>
+    where
+        F: FnOnce(&Communicator) -> ferrocomm::Result<()> + Send + 'static,
+    {
+        let host = self.inner.device() == Device::Host;
+        if host && (async_op || self.has_worker()) {
+            let work = self
+                .submit(collective, limit, Box::new(exec))
+                .map_err(|e| py_err(py, e))?;
+            if async_op {
+                return Ok(Some(Issued::Host(work)));
+            }
+            work.wait(py, None)?;
+            return Ok(None);
+        }
+        let comm = self.inner.clone();
+        let r = py.detach(move || {
+            exec(&comm)?;
+            // In the same release of the GIL: an async call's completion, right after it.
+            if mark {
+                comm.mark(stream)
+            } else {
+                Ok(None)
+            }
+        });
+        r.map(|c| {
+            c.map(|inner| {
+                Issued::Cuda(NativeCompletion {
+                    inner,
+                    collective: Cow::Borrowed(collective),
+                })
+            })
+        })
+        .map_err(|e| py_err(py, e))
     }
 }
 
@@ -765,10 +652,20 @@ impl PyComm {
     fn timeout_s(&self) -> f64 {
         self.inner.timeout().as_secs_f64()
     }
+    /// Whether the communicator was aborted ([`Communicator::is_aborted`]).
+    #[getter]
+    fn is_aborted(&self) -> bool {
+        self.inner.is_aborted()
+    }
 
-    /// Gives up on the communicator ([`Communicator::abort`]).
-    fn abort(&self) {
-        self.inner.abort();
+    /// Gives up on the communicator ([`Communicator::abort_because`]), for `reason` when
+    /// given.
+    #[pyo3(signature = (reason=None))]
+    fn abort(&self, reason: Option<&str>) {
+        match reason {
+            Some(why) => self.inner.abort_because(why),
+            None => self.inner.abort(),
+        }
     }
 
     /// Tells the peers that this rank has left (the interpreter exits): its process ending is
@@ -865,23 +762,8 @@ impl PyComm {
         low_precision: Option<&str>,
     ) -> PyResult<String> {
         let r = (|| -> ferrocomm::Result<String> {
-            use ferrocomm::Collective as C;
-            let coll = [
-                C::AllReduce,
-                C::Reduce,
-                C::Broadcast,
-                C::AllGather,
-                C::ReduceScatter,
-                C::AllToAll,
-                C::AllToAllV,
-                C::Barrier,
-                C::Send,
-                C::Recv,
-            ]
-            .into_iter()
-            .find(|c| c.name() == collective)
-            .ok_or_else(|| invalid(format!("unknown collective '{collective}'")))?;
-            let opts = self.opts(0, algo, low_precision, None)?;
+            let coll: Collective = collective.parse()?;
+            let opts = CallOpts::from_hints(0, algo, low_precision, None, self.inner.config())?;
             Ok(self
                 .inner
                 .algo_for(coll, nbytes, dtype.parse()?, &opts)?
@@ -890,80 +772,24 @@ impl PyComm {
         r.map_err(|e| py_err(py, e))
     }
 
-    /// Runs one collective, described by one dict ([`CallDesc`]). Returns a work object when
-    /// the call was queued on the worker thread (host backend, `async_op=True`), a completion
-    /// when a CUDA call was asked to `mark` one, None when it has been issued already.
-    fn run(&self, py: Python<'_>, desc: CallDesc) -> PyResult<Option<Issued>> {
-        let CallDesc {
-            coll,
-            out,
-            inp,
-            op,
-            factor,
-            peer,
-            splits,
-            stream,
-            algo,
-            low_precision,
-            async_op,
-            mark,
-            timeout,
-            counts,
-            batch,
-        } = desc;
-        let parts = CallParts {
-            coll: &coll,
-            out: out.as_ref(),
-            inp: inp.as_ref(),
-            op: &op,
-            factor,
-            peer,
-            stream,
-            algo: algo.as_deref(),
-            low_precision: low_precision.as_deref(),
-            timeout,
-        };
-        let call = self
-            .build_call(parts, splits, counts.as_ref(), batch.as_deref())
-            .map_err(|e| py_err(py, e))?;
-        self.issue(py, call, async_op, mark, stream)
-    }
-
-    /// [`PyComm::run`] for a call without splits, counts or a batch (most calls), its fields as
-    /// positional arguments: no dict to build and take apart on the hot path.
-    #[allow(clippy::too_many_arguments)]
-    fn run_one(
+    /// Runs one call, described once by `_comm.py` ([`PyCall`]), as [`PyComm::issue`] runs
+    /// calls.
+    fn run(
         &self,
         py: Python<'_>,
-        coll: &str,
-        out: Option<RawBuf>,
-        inp: Option<RawBuf>,
-        op: &str,
-        factor: f64,
-        peer: usize,
-        stream: u64,
-        algo: Option<&str>,
-        low_precision: Option<&str>,
+        call: PyCall,
         async_op: bool,
         mark: bool,
-        timeout: Option<f64>,
     ) -> PyResult<Option<Issued>> {
-        let parts = CallParts {
-            coll,
-            out: out.as_ref(),
-            inp: inp.as_ref(),
-            op,
-            factor,
-            peer,
-            stream,
-            algo,
-            low_precision,
-            timeout,
-        };
-        let call = self
-            .build_call(parts, None, None, None)
-            .map_err(|e| py_err(py, e))?;
-        self.issue(py, call, async_op, mark, stream)
+        let desc = call.desc(self.inner.config()).map_err(|e| py_err(py, e))?;
+        let (collective, limit) = (desc.name.name(), self.work_limit(&desc.opts));
+        let stream = desc.opts.stream;
+        // SAFETY: the Python caller holds the buffers' objects for the whole call (and, when it
+        // is queued, in the work object until it reports completion); CUDA calls only enqueue on
+        // the stream, where torch's caching allocator keeps the memory until the stream has
+        // passed it (the usual contract of stream-ordered collectives).
+        let exec = move |comm: &Communicator| unsafe { comm.run_desc(&desc) };
+        self.issue(py, collective, limit, exec, (async_op, mark, stream))
     }
 
     /// A completion recorded on `stream` after the calls issued on it so far (for an async
@@ -981,68 +807,6 @@ impl PyComm {
             .map_err(|e| py_err(py, e))
     }
 
-    /// The fused all-reduce + residual add + RMSNorm (`ferrocomm::rmsnorm`). `out` /
-    /// `residual_out` None: in place into `x` / `residual`; `fp8`: (E4M3 codes, f32 scales per
-    /// row written, or with `fp8_given` one f32 scale read). Returns a work object as
-    /// [`PyComm::run`] does.
-    #[pyo3(signature = (x, residual, weight, eps, out=None, residual_out=None, fp8=None,
-                        stream=0, algo=None, low_precision=None, async_op=false, timeout=None,
-                        fp8_given=false))]
-    #[allow(clippy::too_many_arguments)]
-    fn all_reduce_rmsnorm(
-        &self,
-        py: Python<'_>,
-        x: RawBuf,
-        residual: RawBuf,
-        weight: RawBuf,
-        eps: f32,
-        out: Option<RawBuf>,
-        residual_out: Option<RawBuf>,
-        fp8: Option<(RawBuf, RawBuf)>,
-        stream: u64,
-        algo: Option<&str>,
-        low_precision: Option<&str>,
-        async_op: bool,
-        timeout: Option<f64>,
-        fp8_given: bool,
-    ) -> PyResult<Option<NativeWork>> {
-        let call = (|| -> ferrocomm::Result<NormCall> {
-            Ok(NormCall {
-                x: Buf::parse(&x)?,
-                out: out.as_ref().map(Buf::parse).transpose()?,
-                residual: Buf::parse(&residual)?,
-                residual_out: residual_out.as_ref().map(Buf::parse).transpose()?,
-                weight: Buf::parse(&weight)?,
-                eps,
-                fp8: match &fp8 {
-                    Some((c, s)) => Some((Buf::parse(c)?, Buf::parse(s)?, fp8_given)),
-                    None => None,
-                },
-                opts: self.opts(stream, algo, low_precision, timeout)?,
-            })
-        })()
-        .map_err(|e| py_err(py, e))?;
-        let host = self.inner.device() == Device::Host;
-        if host && (async_op || self.has_worker()) {
-            let limit = self.work_limit(&call.opts);
-            // SAFETY: the Python layer holds the buffers in the work object until it completes.
-            let exec = Box::new(move |c: &Communicator| unsafe { call.exec(c) });
-            let work = self
-                .submit_exec(ferrocomm::rmsnorm::NAME, limit, exec)
-                .map_err(|e| py_err(py, e))?;
-            if async_op {
-                return Ok(Some(work));
-            }
-            work.wait(py, None)?;
-            return Ok(None);
-        }
-        let comm = self.inner.clone();
-        // SAFETY: as in `run`: the caller holds the objects for the whole call; CUDA calls only
-        // enqueue on `stream`.
-        let r = py.detach(move || unsafe { call.exec(&comm) });
-        r.map(|_| None).map_err(|e| py_err(py, e))
-    }
-
     /// A new window of this communicator (one-sided communication, `ferrocomm._window`).
     fn new_window(slf: Py<Self>, py: Python<'_>) -> PyResult<window::PyWindow> {
         window::new_window(py, slf)
@@ -1054,7 +818,7 @@ impl PyComm {
     fn all_gather_p_init(
         slf: Py<Self>,
         py: Python<'_>,
-        output: RawBuf,
+        output: PyBuf,
         timeout: Option<f64>,
     ) -> PyResult<window::PyAllGatherP> {
         window::all_gather_p_init(py, slf, output, timeout)
@@ -1081,148 +845,6 @@ impl PyComm {
         let comm = self.inner.clone();
         py.detach(move || comm.finalize())
             .map_err(|e| py_err(py, e))
-    }
-}
-
-impl PyComm {
-    /// The checked [`Call`] of one description (the parts every call has, and the splits,
-    /// counts or batch of those that take them).
-    fn build_call(
-        &self,
-        p: CallParts<'_>,
-        splits: Option<[Vec<usize>; 4]>,
-        counts: Option<&(RawBuf, RawBuf, usize, usize)>,
-        batch: Option<&[(bool, RawBuf, usize)]>,
-    ) -> ferrocomm::Result<Call> {
-        let (op, factor, peer) = (p.op, p.factor, p.peer);
-        let coll = match p.coll {
-            "all_reduce" => Coll::AllReduce(parse_op(op, factor)?),
-            "reduce" => Coll::Reduce(parse_op(op, factor)?, peer),
-            "broadcast" => Coll::Broadcast(peer),
-            "all_gather" => Coll::AllGather,
-            "reduce_scatter" => Coll::ReduceScatter(parse_op(op, factor)?),
-            "all_to_all" => Coll::AllToAll,
-            "all_to_all_v" => Coll::AllToAllV,
-            "all_to_all_v_dynamic" => Coll::AllToAllVDynamic,
-            "all_to_all_v_dynamic_packed" => Coll::AllToAllVDynamicPacked,
-            "barrier" => Coll::Barrier,
-            "send" => Coll::Send(peer),
-            "recv" => Coll::Recv(peer),
-            "batch_send_recv" => Coll::Batch,
-            other => return Err(invalid(format!("unknown collective '{other}'"))),
-        };
-        let splits = splits.map(
-            |[send_counts, send_displs, recv_counts, recv_displs]| Splits {
-                send_counts,
-                send_displs,
-                recv_counts,
-                recv_displs,
-            },
-        );
-        Ok(Call {
-            coll,
-            out: p.out.map(Buf::parse).transpose()?,
-            inp: p.inp.map(Buf::parse).transpose()?,
-            splits,
-            counts: match counts {
-                Some((send, recv, capacity, unit)) => {
-                    Some((Buf::parse(send)?, Buf::parse(recv)?, *capacity, *unit))
-                }
-                None => None,
-            },
-            batch: batch
-                .unwrap_or_default()
-                .iter()
-                .map(|(send, raw, peer)| Ok((*send, Buf::parse(raw)?, *peer)))
-                .collect::<ferrocomm::Result<_>>()?,
-            opts: self.opts(p.stream, p.algo, p.low_precision, p.timeout)?,
-        })
-    }
-
-    /// Runs a built call: queued on the worker thread (host backend, `async_op`, or once a
-    /// worker exists), else issued here with the GIL released, followed by its completion when
-    /// `mark` asks for one (a CUDA call's async work object).
-    fn issue(
-        &self,
-        py: Python<'_>,
-        call: Call,
-        async_op: bool,
-        mark: bool,
-        stream: u64,
-    ) -> PyResult<Option<Issued>> {
-        let limit = self.work_limit(&call.opts);
-        let collective = call.coll.name();
-        // SAFETY: the Python caller holds the buffers' objects for the whole call (and, when it
-        // is queued, in the work object until it reports completion); CUDA calls only enqueue
-        // on `stream`, where torch's caching allocator keeps the memory until the stream has
-        // passed it (the usual contract of stream-ordered collectives).
-        let exec: Exec = Box::new(move |comm| unsafe { call.exec(comm) });
-        self.issue_exec(py, collective, limit, exec, (async_op, mark, stream))
-    }
-
-    /// Runs `exec` as [`PyComm::issue`] runs a call (`limit` bounds waiting for it when
-    /// queued): for the calls that are not collectives of [`Call`] (the windows').
-    fn issue_exec(
-        &self,
-        py: Python<'_>,
-        collective: &'static str,
-        limit: Duration,
-        exec: Exec,
-        (async_op, mark, stream): (bool, bool, u64),
-    ) -> PyResult<Option<Issued>> {
-        let host = self.inner.device() == Device::Host;
-        if host && (async_op || self.has_worker()) {
-            // Once a worker exists every host call goes through it, so calls stay in order.
-            let work = self
-                .submit_exec(collective, limit, exec)
-                .map_err(|e| py_err(py, e))?;
-            if async_op {
-                return Ok(Some(Issued::Host(work)));
-            }
-            work.wait(py, None)?;
-            return Ok(None);
-        }
-        let comm = self.inner.clone();
-        let r = py.detach(move || {
-            exec(&comm)?;
-            // In the same release of the GIL: an async call's completion, right after it.
-            if mark {
-                comm.mark(stream)
-            } else {
-                Ok(None)
-            }
-        });
-        r.map(|c| {
-            c.map(|inner| {
-                Issued::Cuda(NativeCompletion {
-                    inner,
-                    collective: Cow::Borrowed(collective),
-                })
-            })
-        })
-        .map_err(|e| py_err(py, e))
-    }
-
-    fn opts(
-        &self,
-        stream: u64,
-        algo: Option<&str>,
-        low_precision: Option<&str>,
-        timeout: Option<f64>,
-    ) -> ferrocomm::Result<CallOpts> {
-        let mut o = CallOpts::on_stream(stream);
-        if let Some(a) = algo {
-            o = o.with_algo(a.parse::<Algo>()?);
-        }
-        if let Some(lp) = low_precision {
-            o = o.with_low_precision(parse_low_precision(lp, self.inner.config())?);
-        }
-        if let Some(t) = timeout {
-            let t = ferrocomm::config::timeout_from_secs(t)
-                .map_err(|why| invalid(format!("timeout {why}")))?;
-            o = o.with_timeout(t);
-        }
-        Ok(o)
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::{Arc, RwLock};
 use ferrocomm::{AllGatherP, CallOpts, Communicator, Error, SharedMem, Window};
 use pyo3::prelude::*;
 
-use super::{invalid, py_err, Buf, Issued, PyComm, RawBuf};
+use super::{invalid, py_err, raw, Issued, PyBuf, PyComm};
 
 /// One window of a communicator (`ferrocomm._window.Window` wraps it).
 #[pyclass(frozen, module = "ferrocomm._native", name = "Window")]
@@ -65,8 +65,8 @@ pub(crate) fn shared_alloc(py: Python<'_>, nbytes: usize) -> PyResult<PySharedMe
 }
 
 /// A view of a buffer the Python layer keeps alive for as long as the native side may use it.
-fn view(raw: &RawBuf) -> ferrocomm::Result<ferrocomm::View<'static>> {
-    let b = Buf::parse(raw)?;
+fn view(b: &PyBuf) -> ferrocomm::Result<ferrocomm::View<'static>> {
+    let b = raw(b)?;
     // SAFETY: the Python layer holds the object behind the buffer until the call (or its
     // work) is done, and a registered buffer until it is deregistered.
     Ok(unsafe { b.view() })
@@ -74,19 +74,13 @@ fn view(raw: &RawBuf) -> ferrocomm::Result<ferrocomm::View<'static>> {
 
 /// The options of a window call on `stream` with its own `timeout` (seconds; None: the
 /// communicator's).
-fn opts(stream: u64, timeout: Option<f64>) -> ferrocomm::Result<CallOpts> {
-    let mut o = CallOpts::on_stream(stream);
-    if let Some(t) = timeout {
-        let t = ferrocomm::config::timeout_from_secs(t)
-            .map_err(|why| invalid(format!("timeout {why}")))?;
-        o = o.with_timeout(t);
-    }
-    Ok(o)
+fn opts(comm: &PyComm, stream: u64, timeout: Option<f64>) -> ferrocomm::Result<CallOpts> {
+    CallOpts::from_hints(stream, None, None, timeout, comm.inner.config())
 }
 
 type Op = Box<dyn FnOnce() -> ferrocomm::Result<()> + Send>;
 
-/// Runs one window operation of `comm` as its collectives run ([`PyComm::issue_exec`]), its
+/// Runs one window operation of `comm` as its collectives run ([`PyComm::issue`]), its
 /// queued work bounded by `timeout` (seconds; None: the communicator's).
 fn issue(
     py: Python<'_>,
@@ -94,9 +88,9 @@ fn issue(
     name: &'static str,
     (op, async_op, mark, stream, timeout): (Op, bool, bool, u64, Option<f64>),
 ) -> PyResult<Option<Issued>> {
-    let limit = comm.work_limit(&opts(0, timeout).map_err(|e| py_err(py, e))?);
-    let exec: super::Exec = Box::new(move |_: &Communicator| op());
-    comm.issue_exec(py, name, limit, exec, (async_op, mark, stream))
+    let limit = comm.work_limit(&opts(comm, 0, timeout).map_err(|e| py_err(py, e))?);
+    let exec = move |_: &Communicator| op();
+    comm.issue(py, name, limit, exec, (async_op, mark, stream))
 }
 
 fn poisoned() -> Error {
@@ -106,10 +100,10 @@ fn poisoned() -> Error {
 #[pymethods]
 impl PyWindow {
     /// Registers `buf` (collective; see `Window::register`).
-    fn register(&self, py: Python<'_>, buf: RawBuf) -> PyResult<()> {
+    fn register(&self, py: Python<'_>, buf: PyBuf) -> PyResult<()> {
         let win = self.win.clone();
         let r = py.detach(move || {
-            let b = Buf::parse(&buf)?;
+            let b = raw(&buf)?;
             // SAFETY: as `view`: the Python layer holds the tensor while it is registered.
             let v = unsafe { b.view_mut() };
             win.write().map_err(|_| poisoned())?.register(v)
@@ -130,7 +124,7 @@ impl PyWindow {
     fn put(
         &self,
         py: Python<'_>,
-        src: RawBuf,
+        src: PyBuf,
         dst: usize,
         offset: usize,
         stream: u64,
@@ -188,7 +182,7 @@ impl PyWindow {
         mark: bool,
         timeout: Option<f64>,
     ) -> PyResult<Option<Issued>> {
-        let o = opts(stream, timeout).map_err(|e| py_err(py, e))?;
+        let o = opts(self.comm.get(), stream, timeout).map_err(|e| py_err(py, e))?;
         let win = self.win.clone();
         let op: Op = Box::new(move || win.read().map_err(|_| poisoned())?.wait_signal(peer, &o));
         issue(
@@ -232,13 +226,13 @@ impl PyAllGatherP {
     fn exec(
         &self,
         py: Python<'_>,
-        input: RawBuf,
+        input: PyBuf,
         stream: u64,
         async_op: bool,
         mark: bool,
         timeout: Option<f64>,
     ) -> PyResult<Option<Issued>> {
-        let o = opts(stream, timeout).map_err(|e| py_err(py, e))?;
+        let o = opts(self.comm.get(), stream, timeout).map_err(|e| py_err(py, e))?;
         let ag = self.ag.clone();
         let op: Op = Box::new(move || {
             let v = view(&input)?;
@@ -286,13 +280,13 @@ pub(crate) fn new_window(py: Python<'_>, comm: Py<PyComm>) -> PyResult<PyWindow>
 pub(crate) fn all_gather_p_init(
     py: Python<'_>,
     comm: Py<PyComm>,
-    output: RawBuf,
+    output: PyBuf,
     timeout: Option<f64>,
 ) -> PyResult<PyAllGatherP> {
     let inner = comm.get().inner.clone();
-    let o = opts(0, timeout).map_err(|e| py_err(py, e))?;
+    let o = opts(comm.get(), 0, timeout).map_err(|e| py_err(py, e))?;
     let r = py.detach(move || {
-        let b = Buf::parse(&output)?;
+        let b = raw(&output)?;
         // SAFETY: the Python layer holds the output until the handle is freed.
         inner.all_gather_p_init(unsafe { b.view_mut() }, &o)
     });

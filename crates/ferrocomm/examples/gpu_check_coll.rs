@@ -380,7 +380,6 @@ const RED_TYPES: [DataType; 7] = [
 /// truncated part and the counts the kernel must not trust. Counts are odd throughout.
 fn sanitize_cases(c: &mut Ctx, cfg: &Config) -> Res<()> {
     use ferrocomm::cuda::collectives::LL_MAX_BYTES;
-    use ferrocomm::plan::pipe_min_bytes;
     let w = c.world;
     let mut seed = 60_000u64;
     // Elements per part: LL lines up to 8-byte elements, staged from 1-byte elements.
@@ -424,7 +423,7 @@ fn sanitize_cases(c: &mut Ctx, cfg: &Config) -> Res<()> {
         (Coll::AllToAll, "all_to_all", true),
     ] {
         seed += 1;
-        let n_rw = pipe_min_bytes(kernel).expect("pipelined") / 2 + 3;
+        let n_rw = cfg.tuning.pipe_min(kernel).expect("pipelined") / 2 + 3;
         let misalign = !in_place as usize;
         run_one(
             c,

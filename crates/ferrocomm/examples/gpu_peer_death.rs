@@ -271,13 +271,10 @@ fn rank(family: &str) -> Res<i32> {
                 println!("SYNCED {}", mono_ns());
                 synced?;
             }
-            match point {
-                Ok(Some(p)) => comm.wait(&p, None).map(|_| ()),
-                Ok(None) => Ok(()),
-                Err(e) => Err(e),
-            }
-            .and_then(|()| comm.barrier(&CallOpts::on_stream(stream)))
-            .map_err(|e| e.to_string())
+            point
+                .and_then(|p| p.map_or(Ok(true), |p| comm.wait(&p, None)))
+                .and_then(|_| comm.barrier(&CallOpts::on_stream(stream)))
+                .map_err(|e| e.to_string())
         }
     };
     let t = mono_ns();

@@ -188,7 +188,7 @@ __device__ void report_error(const Args& a, u32 code, u32 peer, u32 detail) {
 // with the mismatch recorded (code 2, on every rank: each sees the other's signature) instead of
 // a timeout or a wrong sum. A matching call pays one store and one load per peer in block 0: on
 // 2xH200 push 1 KB 3.27 -> 3.56 us, 64 KB 4.82 -> 5.23, flat 256 KB 5.11 -> 5.32, 1 MB 7.74 ->
-// 7.80 (bench/results/2026-11-30-h200x2-call-signatures and -hello-warp). Push's hello stored
+// 7.80 (run 2026-11-30-h200x2-call-signatures, commit d63541b and -hello-warp). Push's hello stored
 // after its data by the data threads themselves took 3.90 us at 1 KB; stored first and awaited
 // by block 0 before its data, 4.9; as a release store, 6.0.
 // The words are the collectives' hello words (one epoch is one call on every rank, whatever its
@@ -958,9 +958,9 @@ __device__ __forceinline__ void push(const Args& a) {
         // unrolled over sixteen ranks with a spin loop in every step, cost about a microsecond
         // per call on 2xH200; a two-rank path (wait for the peer's line, read the own one back)
         // won most of it, and this loop a little more: 1 KB 3.64 -> 2.75 (two-rank path) ->
-        // 2.62 us, 64 KB 5.23 -> 3.74 -> 3.38 (bench/results/2026-11-30-h200x2-ll-256k,
+        // 2.62 us, 64 KB 5.23 -> 3.74 -> 3.38 (run 2026-11-30-h200x2-ll-256k, commit 269ccb2,
         // -push-fold). Taking the own unit from the input instead of its line was slower
-        // (bench/results/2026-11-30-h200x2-push-own).
+        // (run 2026-11-30-h200x2-push-own, commit 269ccb2).
         Acc acc[UNIT_ELEMS];
         auto step = [&](u32 r) {
             const uint4* p = (const uint4*)(mine + par + r * row + u * 16);

@@ -407,7 +407,7 @@ __device__ __forceinline__ void ll_send_at(const Args& a, const Ll& l, u64 base,
 // The LL kernels are built twice, for any world (W = 0) and for two ranks (W = 2), where every
 // loop over peers has one step known at compile time: on 2xH200 a 1 KB all-gather with its
 // loops over peers ran 1.94 us per kernel against 1.82 without them
-// (bench/results/2026-11-30-h200x2-ll-probe, T2 against T0).
+// (run 2026-11-30-h200x2-ll-probe, commit 4a4720e, T2 against T0).
 template <u32 W>
 __device__ __forceinline__ u32 ll_world(const Args& a) { return W ? W : a.world; }
 
@@ -1040,7 +1040,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_broadcast_st(Args a, CArgs 
 // the part size, which every rank shares), so its words cover exactly what the block reads. The
 // last warp of a block only signals (st_pipeline), so the workers never stall on a release,
 // which waits for their stores to land. Measured on 2xH200
-// (bench/results/2026-11-30-h200x2-coll-rounds, -a2a-rw): all-gather 64 MB 141.1 -> 104.8 us,
+// (run 2026-11-30-h200x2-coll-rounds, commit 9a08340, -a2a-rw): all-gather 64 MB 141.1 -> 104.8 us,
 // reduce-scatter 64 MB 141.4 -> 117.1, all-to-all 64 MB 141.0 -> 113.4; every thread releasing
 // each round itself was slower, and so were rounds for smaller parts (reduce-scatter 4 MB 12.2
 // -> 14.0) and for broadcast (16 MB 49.1 -> 52.5; -pipeline folder).

@@ -616,12 +616,12 @@ __device__ __forceinline__ u32 lp_rec_bytes(u32 m, u32 B) {
 
 // One group per step, and the next group's loads issued before this one's arithmetic; the next
 // group is held raw (16-byte pieces, widened to f32 when used). Measured on 2xH200
-// (bench/results/2026-11-30-h200x2-lp-prefetch) against two groups loaded, then processed:
+// (run 2026-11-30-h200x2-lp-prefetch, commit 184d696) against two groups loaded, then processed:
 // quantization alone bf16 64 MB 72.0 -> 59.5 us (timed on a buffer random only in its first 1M
 // elements; docs/quant-accuracy.md has the caveat); with two groups per step the encode kernel
 // needs 100 registers, one CTA per SM, and lost (99.2 us at 64 MB). Registers decide how many
-// warps an SM holds. Nsight Compute on the encode kernel (bench/results/2026-11-30-h200x2-
-// lp-fastq) then showed it bound by instructions, not loads: 70% of issue slots busy, ~40
+// warps an SM holds. Nsight Compute on the encode kernel (run 2026-11-30-h200x2-lp-fastq,
+// commit a1deb4e) then showed it bound by instructions, not loads: 70% of issue slots busy, ~40
 // instructions per element, DRAM at 25%; hence lp_quot, shifts for B and the paired FP8 decode.
 #define LP_STEP_GROUPS 1
 
@@ -909,13 +909,13 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_encode(Args a, Lp l) {
 //   part) or region `rank` (a part per rank) of every rank over NVLink.
 // Every rank decodes its own records too, so results are identical across ranks (rule 5); in
 // the all-gather the quantizer decodes them from its shared memory straight into the own output
-// part, before the barrier. Measured on 2xH200 (bench/results/2026-11-30-h200x2-lp-own): 16 MB
+// part, before the barrier. Measured on 2xH200 (run 2026-11-30-h200x2-lp-own, commit 8a589b0): 16 MB
 // 29.55 -> 26.66 us, 4 MB 13.69 -> 12.73; in the WIDE build the same code cost 5% at 64 MB (its
 // registers are capped), so that build reads the own part back after the barrier. In the
 // all-to-all the own part reaches no other rank: it is not encoded but copied as it is (in place
 // it stays put). Overlapping quantization, link and decode in rounds was measured in two forms,
 // every warp in turn and warps by role, and lost in both (docs/quant-accuracy.md,
-// bench/results/2026-11-30-h200x2-lp-rounds).
+// run 2026-11-30-h200x2-lp-rounds, commit a3e876b).
 template <bool WIDE>
 __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
     __shared__ __align__(16) u8 smem[LP_WARPS][4 * LP_GROUP_BYTES_MAX];
@@ -1010,12 +1010,12 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
 
 // Two builds of one body: 106 registers leave room for one CTA of 16 warps per SM; capped at 64
 // (some spilled to the L1-cached stack) two fit, twice the loads in flight. Measured on 2xH200
-// (bench/results/2026-11-30-h200x2-lp-occupancy): the wide build is 9-14% faster from 32 MiB
+// (run 2026-11-30-h200x2-lp-occupancy, commit 2a43a1c): the wide build is 9-14% faster from 32 MiB
 // parts up (bf16 all-reduce 64 MB 218.8 -> 196.9 us, all-gather 128.4 -> 118.5, all-to-all
 // 172.9 -> 150.5) and up to 27% slower below (f32 all-reduce 16 MB 31.9 -> 40.5 us), so the
 // host picks it by chunk size (LP_WIDE_MIN_BYTES in cuda/lowp.rs). A build for two ranks only
 // (no code for more: 64 registers without spilling, two CTAs per SM) was no faster than either
-// (bench/results/2026-11-30-h200x2-lp-push).
+// (run 2026-11-30-h200x2-lp-push, commit 02aaca0).
 #ifdef FC_GROUP_LOWP
 extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
     pdl_wait();

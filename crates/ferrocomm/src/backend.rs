@@ -1,13 +1,20 @@
-//! What every executor serves: the [`Backend`] trait and the types of a call's arguments
-//! (options, splits, device counts, point-to-point operations) and of a backend's creation.
+//! What every executor serves: one call's description ([`Call`]: a [`CallKind`] with its
+//! operands, and the [`CallOpts`]), its checks, and the [`Backend`] trait.
 //!
-//! [`crate::comm::Communicator`] checks every call's arguments once and hands a backend only
-//! calls that make sense locally; this module sits below it, so that backends never import the
-//! communicator that builds them.
+//! A call is described once: [`crate::comm::Communicator`]'s methods build its [`CallKind`]
+//! (a binding's plain-value [`CallDesc`] becomes one in [`CallDesc::kind`], the one place that
+//! turns names and addresses into a call), [`CallKind::check`] checks its arguments for every
+//! backend, and the backend's one entry, [`Backend::run`], dispatches it once to its executor,
+//! which checks the buffers against its device with [`check_buffers`]. This module sits below
+//! the communicator, so that backends never import the communicator that builds them.
+
+mod desc;
+
+pub use desc::{CallDesc, CallName, CountsDesc, Fp8Desc, NormDesc, RawBuf};
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::bootstrap::Store;
@@ -67,6 +74,32 @@ impl CallOpts {
         self.timeout = Some(timeout);
         self
     }
+
+    /// Options from plain values, as a binding receives a call's hints: the stream, an
+    /// algorithm name ([`Algo`]'s), a low-precision hint ([`LowPrecisionChoice::from_hint`],
+    /// `on` meaning `cfg`'s format) and a timeout in seconds (positive, at most
+    /// [`crate::config::MAX_TIMEOUT`]); `None` leaves each as the default.
+    pub fn from_hints(
+        stream: u64,
+        algo: Option<&str>,
+        low_precision: Option<&str>,
+        timeout_s: Option<f64>,
+        cfg: &Config,
+    ) -> Result<CallOpts> {
+        let mut o = CallOpts::on_stream(stream);
+        if let Some(a) = algo {
+            o = o.with_algo(a.parse::<Algo>()?);
+        }
+        if let Some(lp) = low_precision {
+            o = o.with_low_precision(LowPrecisionChoice::from_hint(lp, cfg.low_precision.format)?);
+        }
+        if let Some(t) = timeout_s {
+            let t = crate::config::timeout_from_secs(t)
+                .map_err(|why| Error::InvalidArgument(format!("timeout {why}")))?;
+            o = o.with_timeout(t);
+        }
+        Ok(o)
+    }
 }
 
 thread_local! {
@@ -95,11 +128,30 @@ pub(crate) fn call_no() -> u64 {
     CALL_NO.get()
 }
 
+thread_local! {
+    /// Whether the backend has begun to exchange data for the call this thread is running
+    /// ([`began_exchange`]).
+    static EXCHANGING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Called by a backend once the call this thread runs has begun to exchange data with the
+/// peers: an error it returns after that (a fault it found while the call ran, as the
+/// device-count all-to-all-v's counts past the input) is no refusal, since the peers took part.
+pub(crate) fn began_exchange() {
+    EXCHANGING.set(true);
+}
+
+/// Whether [`began_exchange`] was called since [`CallNo::enter`] on this thread.
+pub(crate) fn exchanging() -> bool {
+    EXCHANGING.get()
+}
+
 /// A collective call's number in force on this thread until the guard drops.
 pub(crate) struct CallNo(u64);
 
 impl CallNo {
     pub(crate) fn enter(n: u64) -> CallNo {
+        EXCHANGING.set(false);
         CallNo(CALL_NO.replace(n))
     }
 }
@@ -137,12 +189,18 @@ pub(crate) fn check_timeout(t: Duration) -> Result<Duration> {
     Ok(t)
 }
 
+/// The reason [`crate::Communicator::abort`] gives.
+pub(crate) const ABORT_CALLED: &str = "abort() was called";
+
 /// What a communicator shares with the windows made from it: whether it may still be used
-/// (finalize, abort) and the timeout of later calls ([`crate::Communicator::set_timeout`]).
+/// (finalize, abort, and why it was aborted) and the timeout of later calls
+/// ([`crate::Communicator::set_timeout`]).
 pub(crate) struct CommLive {
     name: String,
     finalized: AtomicBool,
     aborted: AtomicBool,
+    /// Why it was aborted ([`CommLive::abort`]); the first reason stays.
+    abort_why: OnceLock<String>,
     /// In nanoseconds (at most [`crate::config::MAX_TIMEOUT`], which fits).
     timeout_ns: AtomicU64,
     /// Windows made so far: each one's store keys are its own.
@@ -155,6 +213,7 @@ impl CommLive {
             name: name.to_string(),
             finalized: false.into(),
             aborted: false.into(),
+            abort_why: OnceLock::new(),
             timeout_ns: AtomicU64::new(timeout.as_nanos() as u64),
             windows: AtomicU64::new(0),
         }
@@ -166,7 +225,10 @@ impl CommLive {
             return Err(Error::Finalized(self.name.clone()));
         }
         if self.aborted.load(Ordering::Acquire) {
-            return Err(Error::Aborted(self.name.clone()));
+            return Err(Error::Aborted {
+                communicator: self.name.clone(),
+                why: self.abort_why().to_string(),
+            });
         }
         Ok(())
     }
@@ -175,13 +237,20 @@ impl CommLive {
         self.finalized.store(true, Ordering::Release);
     }
 
-    pub(crate) fn is_finalized(&self) -> bool {
-        self.finalized.load(Ordering::Acquire)
+    /// Marks the communicator aborted because of `why`; whether this call did (the first one).
+    pub(crate) fn abort(&self, why: &str) -> bool {
+        // The reason first, then the flag that makes calls read it.
+        let _ = self.abort_why.set(why.to_string());
+        !self.aborted.swap(true, Ordering::AcqRel)
     }
 
-    /// Marks the communicator aborted; whether this call did (the first one).
-    pub(crate) fn abort(&self) -> bool {
-        !self.aborted.swap(true, Ordering::AcqRel)
+    pub(crate) fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+
+    /// Why it was aborted (the first reason given; set before the flag).
+    pub(crate) fn abort_why(&self) -> &str {
+        self.abort_why.get().map_or(ABORT_CALLED, |s| s.as_str())
     }
 
     pub(crate) fn timeout(&self) -> Duration {
@@ -473,8 +542,7 @@ pub struct Call<'a> {
     pub opts: &'a CallOpts,
 }
 
-/// The collective of a [`Call`] and its operands. (A fused collective, such as an all-reduce
-/// followed by an RMSNorm, is one more variant, which backends without it refuse.)
+/// The collective of a [`Call`] and its operands.
 #[derive(Debug)]
 pub enum CallKind<'a> {
     /// Sum (or another reduction) of every rank's input, in every rank's output.
@@ -577,34 +645,44 @@ pub enum CallKind<'a> {
         /// The operations; between two ranks they match in the order issued.
         ops: Vec<P2pOp<'a>>,
     },
+    /// The fused all-reduce + residual add + RMSNorm ([`crate::rmsnorm`]); backends without
+    /// it refuse.
+    AllReduceRmsNorm(crate::rmsnorm::AllReduceRmsNorm<'a>),
 }
 
 impl CallKind<'_> {
-    /// The collective, as the planner names it (the batch as its sends and receives: `Send`).
-    pub fn collective(&self) -> Collective {
+    /// The call's name, as bindings and error messages spell it.
+    pub fn name(&self) -> CallName {
         match self {
-            CallKind::AllReduce { .. } => Collective::AllReduce,
-            CallKind::Reduce { .. } => Collective::Reduce,
-            CallKind::Broadcast { .. } => Collective::Broadcast,
-            CallKind::AllGather { .. } => Collective::AllGather,
-            CallKind::ReduceScatter { .. } => Collective::ReduceScatter,
-            CallKind::AllToAll { .. } => Collective::AllToAll,
-            CallKind::AllToAllV { .. }
-            | CallKind::AllToAllVDynamic { .. }
-            | CallKind::AllToAllVDynamicPacked { .. } => Collective::AllToAllV,
-            CallKind::Barrier => Collective::Barrier,
-            CallKind::Send { .. } | CallKind::BatchSendRecv { .. } => Collective::Send,
-            CallKind::Recv { .. } => Collective::Recv,
+            CallKind::AllReduce { .. } => CallName::AllReduce,
+            CallKind::Reduce { .. } => CallName::Reduce,
+            CallKind::Broadcast { .. } => CallName::Broadcast,
+            CallKind::AllGather { .. } => CallName::AllGather,
+            CallKind::ReduceScatter { .. } => CallName::ReduceScatter,
+            CallKind::AllToAll { .. } => CallName::AllToAll,
+            CallKind::AllToAllV { .. } => CallName::AllToAllV,
+            CallKind::AllToAllVDynamic { .. } => CallName::AllToAllVDynamic,
+            CallKind::AllToAllVDynamicPacked { .. } => CallName::AllToAllVDynamicPacked,
+            CallKind::Barrier => CallName::Barrier,
+            CallKind::Send { .. } => CallName::Send,
+            CallKind::Recv { .. } => CallName::Recv,
+            CallKind::BatchSendRecv { .. } => CallName::BatchSendRecv,
+            CallKind::AllReduceRmsNorm(_) => CallName::AllReduceRmsNorm,
         }
     }
-}
 
-impl CallKind<'_> {
+    /// The collective, as the planner names it (the batch as its sends and receives: `Send`;
+    /// the fused call as the all-reduce it starts with).
+    pub fn collective(&self) -> Collective {
+        self.name().collective()
+    }
+
     /// The size and element type the planner weighs for this call on `rank` of `world`, as
     /// [`Backend::plan_for`]'s callers count it (the bench's bytes per rank): the output of an
     /// all-reduce, reduce or broadcast, one rank's part of an all-gather or reduce-scatter, the
     /// whole output of an all-to-all, `world` × the largest crossing part of an all-to-all-v
-    /// (the input of one with device counts), the largest message of a batch.
+    /// (the input of one with device counts), the largest message of a batch, the fused call's
+    /// rows.
     pub fn shape(&self, rank: usize, world: usize) -> (usize, DataType) {
         let part = |out: &ViewMut<'_>| out.bytes_len() / world.max(1);
         match self {
@@ -646,11 +724,493 @@ impl CallKind<'_> {
                 })
                 .max_by_key(|&(bytes, _)| bytes)
                 .unwrap_or((0, DataType::U8)),
+            CallKind::AllReduceRmsNorm(call) => {
+                let s = call.shape();
+                (s.x_bytes(), s.dtype)
+            }
+        }
+    }
+
+    /// Checks the call's arguments on `rank` of `size` ranks, for every backend (sizes,
+    /// dtypes, ops, roots and peers, splits and counts): a backend receives only calls that make
+    /// sense locally. Checks that need the other ranks (different collectives or counts at the
+    /// same step) are the backend's, because only it sees the peers. Nothing is read or
+    /// written.
+    pub fn check(&self, rank: usize, size: usize) -> Result<()> {
+        let c = self.name().name();
+        match self {
+            CallKind::AllReduce { input, output, op } => {
+                op.check(output.dtype(), c)?;
+                check_input(c, input, output, output.count())
+            }
+            CallKind::Reduce {
+                input,
+                output,
+                op,
+                root,
+            } => {
+                op.check(output.dtype(), c)?;
+                check_rank(c, "root", *root, size)?;
+                check_input(c, input, output, output.count())
+            }
+            CallKind::Broadcast {
+                input,
+                output,
+                root,
+            } => {
+                check_rank(c, "root", *root, size)?;
+                if rank == *root {
+                    check_input(c, input, output, output.count())?;
+                }
+                Ok(())
+            }
+            CallKind::AllGather { input, output } => {
+                let n = part_count(c, output.count(), size)?;
+                check_input(c, input, output, n)
+            }
+            CallKind::ReduceScatter { input, output, op } => {
+                op.check(output.dtype(), c)?;
+                if let Input::InPlace = input {
+                    part_count(c, output.count(), size)?;
+                }
+                check_input(c, input, output, output.count().saturating_mul(size))
+            }
+            CallKind::AllToAll { input, output } => {
+                part_count(c, output.count(), size)?;
+                check_input(c, input, output, output.count())
+            }
+            CallKind::AllToAllV {
+                input,
+                output,
+                splits,
+            } => check_splits(c, rank, size, input, output, splits),
+            CallKind::AllToAllVDynamic {
+                input,
+                output,
+                counts,
+            } => {
+                check_same(c, input, output)?;
+                let unit = counts.unit;
+                check_units(c, unit, &[("input", input.count())])?;
+                let want = counts
+                    .capacity
+                    .checked_mul(unit)
+                    .and_then(|x| x.checked_mul(size))
+                    .ok_or_else(|| {
+                        Error::InvalidArgument(format!(
+                            "{c}: a capacity of {} units of {unit} elements overflows",
+                            counts.capacity
+                        ))
+                    })?;
+                if output.count() != want {
+                    return Err(Error::SizeMismatch {
+                        collective: c,
+                        what: "output",
+                        got: output.count(),
+                        expected: want,
+                    });
+                }
+                check_counts(
+                    c,
+                    size,
+                    (counts.send.dtype(), counts.send.count()),
+                    (counts.recv.dtype(), counts.recv.count()),
+                )
+            }
+            CallKind::AllToAllVDynamicPacked {
+                input,
+                output,
+                counts,
+            } => {
+                check_same(c, input, output)?;
+                check_units(
+                    c,
+                    counts.unit,
+                    &[("input", input.count()), ("output", output.count())],
+                )?;
+                check_counts(
+                    c,
+                    size,
+                    (counts.send.dtype(), counts.send.count()),
+                    (counts.recv.dtype(), counts.recv.count()),
+                )
+            }
+            CallKind::Barrier => Ok(()),
+            CallKind::Send { peer, .. } | CallKind::Recv { peer, .. } => {
+                check_peer(c, *peer, rank, size)
+            }
+            CallKind::BatchSendRecv { ops } => ops
+                .iter()
+                .try_for_each(|op| check_peer(c, op.peer(), rank, size)),
+            CallKind::AllReduceRmsNorm(call) => call.check().map(|_| ()),
+        }
+    }
+
+    /// Every buffer of the call, for [`check_buffers`] and [`CallKind::aligned`].
+    fn buffers(&self) -> Vec<BufferRef> {
+        let v = |what, b: &View<'_>| {
+            BufferRef::new(what, b.ptr() as u64, b.device(), b.dtype(), b.count())
+        };
+        let m = |what, b: &ViewMut<'_>| {
+            BufferRef::new(what, b.ptr() as u64, b.device(), b.dtype(), b.count())
+        };
+        let io = |input: &Input<'_>, output: &ViewMut<'_>| {
+            let mut out = vec![m("output", output)];
+            if let Input::Buf(i) = input {
+                out.push(v("input", i));
+            }
+            out
+        };
+        match self {
+            CallKind::AllReduce { input, output, .. }
+            | CallKind::Reduce { input, output, .. }
+            | CallKind::Broadcast { input, output, .. }
+            | CallKind::AllGather { input, output }
+            | CallKind::ReduceScatter { input, output, .. }
+            | CallKind::AllToAll { input, output }
+            | CallKind::AllToAllV { input, output, .. } => io(input, output),
+            CallKind::AllToAllVDynamic {
+                input,
+                output,
+                counts,
+            } => vec![
+                m("output", output),
+                v("input", input),
+                v("send_counts", &counts.send),
+                m("recv_counts", &counts.recv),
+            ],
+            CallKind::AllToAllVDynamicPacked {
+                input,
+                output,
+                counts,
+            } => vec![
+                m("output", output),
+                v("input", input),
+                v("send_counts", &counts.send),
+                v("recv_counts", &counts.recv),
+            ],
+            CallKind::Barrier => Vec::new(),
+            CallKind::Send { data, .. } => vec![v("data", data)],
+            CallKind::Recv { out, .. } => vec![m("out", out)],
+            CallKind::BatchSendRecv { ops } => ops
+                .iter()
+                .map(|op| match op {
+                    P2pOp::Send { data, .. } => v("send data", data),
+                    P2pOp::Recv { out, .. } => m("recv out", out),
+                })
+                .collect(),
+            CallKind::AllReduceRmsNorm(call) => {
+                let mut out = vec![m("out", &call.out)];
+                if let Input::Buf(x) = &call.x {
+                    out.push(v("x", x));
+                }
+                out.push(m("residual_out", &call.residual_out));
+                if let Input::Buf(r) = &call.residual {
+                    out.push(v("residual", r));
+                }
+                out.push(v("weight", &call.weight));
+                if let Some(q) = &call.fp8 {
+                    out.push(m("fp8 codes", &q.codes));
+                    out.push(match &q.scale {
+                        crate::rmsnorm::Fp8Scale::PerRow(s) => m("fp8 scales", s),
+                        crate::rmsnorm::Fp8Scale::Given(s) => v("fp8 scale", s),
+                    });
+                }
+                out
+            }
+        }
+    }
+
+    /// Whether every buffer of the call starts at a multiple of its element size, the one
+    /// look at alignment a call gets (the low-precision kernels and the cuda backend's
+    /// all-reduce and fused call need it; an empty buffer counts as aligned).
+    pub fn aligned(&self) -> bool {
+        self.buffers()
+            .iter()
+            .all(|b| b.bytes == 0 || b.ptr % b.elem as u64 == 0)
+    }
+}
+
+/// One buffer of a call as [`check_buffers`] looks at it.
+struct BufferRef {
+    /// Its name in the call (`output`, `send_counts`, ...).
+    what: &'static str,
+    ptr: u64,
+    device: Device,
+    bytes: usize,
+    /// Bytes of one element.
+    elem: usize,
+}
+
+impl BufferRef {
+    fn new(what: &'static str, ptr: u64, device: Device, dtype: DataType, count: usize) -> Self {
+        BufferRef {
+            what,
+            ptr,
+            device,
+            bytes: count.saturating_mul(dtype.size()),
+            elem: dtype.size(),
         }
     }
 }
 
-/// What every backend implements. Arguments have been validated by [`crate::comm::Communicator`].
+/// Checks that every buffer of `kind` is memory of `device`, the device a backend serves: host
+/// memory for the host backend; for a CUDA device also the address itself, which the driver
+/// must know as memory of that GPU (a buffer named cuda:1 that is really cuda:0's, or host
+/// memory, is refused before a kernel touches it). Every backend calls it once per call, with
+/// its context current.
+pub fn check_buffers(kind: &CallKind<'_>, device: Device) -> Result<()> {
+    let c = kind.name().name();
+    for BufferRef {
+        what,
+        ptr: p,
+        device: dev,
+        bytes,
+        ..
+    } in kind.buffers()
+    {
+        if dev != device {
+            return Err(Error::InvalidArgument(match device {
+                Device::Host => {
+                    format!("{c}: the host backend needs host buffers, {what} is on {dev}")
+                }
+                Device::Cuda(_) => {
+                    format!("{c}: {what} is on {dev}, this communicator serves {device}")
+                }
+            }));
+        }
+        let Device::Cuda(d) = device else { continue };
+        if bytes == 0 {
+            continue;
+        }
+        let on = crate::driver::pointer_device(p, c, what)?;
+        if on != d {
+            return Err(Error::InvalidArgument(format!(
+                "{c}: {what} pointer {p:#x} is memory of cuda:{on}, this communicator serves \
+                 cuda:{d}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `rank` (a root, a peer, ...: `what`) must name a rank of `size`.
+fn check_rank(c: &'static str, what: &'static str, rank: usize, size: usize) -> Result<()> {
+    if rank >= size {
+        return Err(Error::RankOutOfRange {
+            collective: c,
+            what,
+            rank,
+            size,
+        });
+    }
+    Ok(())
+}
+
+/// A point-to-point peer: a rank of `size`, not this `rank` itself.
+fn check_peer(c: &'static str, peer: usize, rank: usize, size: usize) -> Result<()> {
+    check_rank(c, "peer", peer, size)?;
+    if peer == rank {
+        return Err(Error::InvalidArgument(format!(
+            "{c}: peer {peer} is this rank itself"
+        )));
+    }
+    Ok(())
+}
+
+/// `count / size`, or an error when the output's `count` does not divide by the number of ranks.
+fn part_count(c: &'static str, count: usize, size: usize) -> Result<usize> {
+    if count % size != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{c}: output has {count} elements, which does not divide into {size} equal parts"
+        )));
+    }
+    Ok(count / size)
+}
+
+/// An all-to-all-v's splits: one entry per rank each, every part inside its buffer, in place
+/// only with the same offsets on both sides, and this rank's part to itself of one count.
+fn check_splits(
+    c: &'static str,
+    rank: usize,
+    n: usize,
+    input: &Input<'_>,
+    output: &ViewMut<'_>,
+    splits: &Splits,
+) -> Result<()> {
+    for (what, v) in [
+        ("send_counts", &splits.send_counts),
+        ("send_displs", &splits.send_displs),
+        ("recv_counts", &splits.recv_counts),
+        ("recv_displs", &splits.recv_displs),
+    ] {
+        if v.len() != n {
+            return Err(Error::InvalidArgument(format!(
+                "{c}: {what} has {} entries, expected one per rank ({n})",
+                v.len()
+            )));
+        }
+    }
+    let in_count = match input {
+        Input::InPlace => output.count(),
+        Input::Buf(v) => {
+            check_same(c, v, output)?;
+            v.count()
+        }
+    };
+    for p in 0..n {
+        check_part(
+            c,
+            ("input", "for", in_count),
+            p,
+            splits.send_displs[p],
+            splits.send_counts[p],
+        )?;
+        check_part(
+            c,
+            ("output", "from", output.count()),
+            p,
+            splits.recv_displs[p],
+            splits.recv_counts[p],
+        )?;
+    }
+    if matches!(input, Input::InPlace) && splits.send_displs != splits.recv_displs {
+        return Err(Error::InvalidArgument(format!(
+            "{c}: in place needs the same offsets for sending and receiving"
+        )));
+    }
+    // The own part is copied locally, never exchanged: a difference is this rank's mistake,
+    // refused here rather than by each backend's copy.
+    if splits.send_counts[rank] != splits.recv_counts[rank] {
+        return Err(Error::InvalidArgument(format!(
+            "{c}: rank {rank} sends {} elements to itself but expects {}",
+            splits.send_counts[rank], splits.recv_counts[rank]
+        )));
+    }
+    Ok(())
+}
+
+/// A part of an all-to-all-v buffer (`buf`: its name, "for"/"from", its element count) for or
+/// from rank `p`, `count` elements at `displ`: it must end inside the buffer, the end computed
+/// without overflow.
+fn check_part(
+    c: &'static str,
+    (buf, dir, len): (&str, &str, usize),
+    p: usize,
+    displ: usize,
+    count: usize,
+) -> Result<()> {
+    match displ.checked_add(count) {
+        Some(end) if end <= len => Ok(()),
+        Some(end) => Err(Error::InvalidArgument(format!(
+            "{c}: part {dir} rank {p} ends at element {end}, past the {buf}'s {len}"
+        ))),
+        None => Err(Error::InvalidArgument(format!(
+            "{c}: part {dir} rank {p} (displacement {displ} + count {count}) overflows; the \
+             {buf} has {len} elements"
+        ))),
+    }
+}
+
+/// The unit of the device-count all-to-all-v calls: at least one element, and each of `bufs`
+/// (name, element count) a whole number of units.
+fn check_units(c: &'static str, unit: usize, bufs: &[(&str, usize)]) -> Result<()> {
+    if unit == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{c}: the unit of the counts must be at least one element"
+        )));
+    }
+    for &(what, n) in bufs {
+        if n % unit != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{c}: the {what}'s {n} elements are not a whole number of units of {unit} elements"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The counts of the device-count all-to-all-v calls, each given as (dtype, count): `size`
+/// integers each, one integer type for both.
+fn check_counts(
+    c: &'static str,
+    size: usize,
+    send: (DataType, usize),
+    recv: (DataType, usize),
+) -> Result<()> {
+    for (what, (d, n)) in [("send_counts", send), ("recv_counts", recv)] {
+        if !matches!(
+            d,
+            DataType::I32 | DataType::U32 | DataType::I64 | DataType::U64
+        ) {
+            return Err(Error::InvalidArgument(format!(
+                "{c}: {what} must be i32, u32, i64 or u64, not {d}"
+            )));
+        }
+        if n != size {
+            return Err(Error::SizeMismatch {
+                collective: c,
+                what,
+                got: n,
+                expected: size,
+            });
+        }
+    }
+    if send.0 != recv.0 {
+        return Err(Error::DtypeMismatch {
+            collective: c,
+            what: "recv_counts",
+            got: recv.0,
+            expected: send.0,
+        });
+    }
+    Ok(())
+}
+
+fn check_same(c: &'static str, input: &View<'_>, output: &ViewMut<'_>) -> Result<()> {
+    if input.dtype() != output.dtype() {
+        return Err(Error::DtypeMismatch {
+            collective: c,
+            what: "input",
+            got: input.dtype(),
+            expected: output.dtype(),
+        });
+    }
+    if input.device() != output.device() {
+        return Err(Error::InvalidArgument(format!(
+            "{c}: input is on {} but output is on {}",
+            input.device(),
+            output.device()
+        )));
+    }
+    Ok(())
+}
+
+/// An out-of-place input must match the output's dtype and device and hold `expected` elements.
+fn check_input(
+    c: &'static str,
+    input: &Input<'_>,
+    output: &ViewMut<'_>,
+    expected: usize,
+) -> Result<()> {
+    if let Input::Buf(v) = input {
+        check_same(c, v, output)?;
+        if v.count() != expected {
+            return Err(Error::SizeMismatch {
+                collective: c,
+                what: "input",
+                got: v.count(),
+                expected,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What every backend implements: one entry that runs a checked call ([`Backend::run`]), and
+/// the plans it would run. Arguments have been validated by [`crate::comm::Communicator`]
+/// ([`CallKind::check`]); each backend checks the buffers against its device
+/// ([`check_buffers`]).
 pub trait Backend: Send + Sync {
     /// The backend's name (`host`, `cuda`, `nccl`).
     fn name(&self) -> &'static str;
@@ -671,12 +1231,25 @@ pub trait Backend: Send + Sync {
     /// Gives up on the communicator ([`crate::Communicator::abort`]): peers waiting on this
     /// rank learn it where the backend can tell them (the host backend's failed flag), and an
     /// NCCL communicator is aborted (its kernels exit). Direct-access kernels that wait for this
-    /// rank end at their timeout. Default: nothing to tell.
-    fn abort(&self) {}
+    /// rank end at their timeout. `why` is the communicator's reason. Default: nothing to
+    /// tell.
+    fn abort(&self, why: &str) {
+        let _ = why;
+    }
     /// A peer died or gave up on the communicator (its watcher saw it): whatever waits for
     /// it must end now. Default: nothing (the host backend's waits read [`PeerState`]).
     fn peer_failed(&self, peer: usize) {
         let _ = peer;
+    }
+    /// An error an earlier call left on this rank for the next call to report (a direct-access
+    /// kernel's record: ranks that disagreed on the call, bad device-side counts, a timeout),
+    /// taken: a record that is cleared once reported is reported here once. The communicator
+    /// asks before each collective call, ahead of the peers' refusals of that call, so that
+    /// the call reports this rank's own error rather than a peer's and nothing is left over
+    /// for a later call. Default: none (a call reports what it meets itself).
+    fn earlier_error(&self, collective: &'static str) -> Result<()> {
+        let _ = collective;
+        Ok(())
     }
     /// A peer refused a collective call this rank has issued (its arguments were wrong
     /// there): whatever waits for it in that call must end. Default: as a failed peer (the
@@ -690,143 +1263,10 @@ pub trait Backend: Send + Sync {
         let _ = stream;
         false
     }
-    /// Runs one checked call: the one entry the communicator uses, which hands each
-    /// collective to its method below.
-    fn run(&self, call: Call<'_>) -> Result<()> {
-        let opts = call.opts;
-        match call.kind {
-            CallKind::AllReduce { input, output, op } => self.all_reduce(input, output, op, opts),
-            CallKind::Reduce {
-                input,
-                output,
-                op,
-                root,
-            } => self.reduce(input, output, op, root, opts),
-            CallKind::Broadcast {
-                input,
-                output,
-                root,
-            } => self.broadcast(input, output, root, opts),
-            CallKind::AllGather { input, output } => self.all_gather(input, output, opts),
-            CallKind::ReduceScatter { input, output, op } => {
-                self.reduce_scatter(input, output, op, opts)
-            }
-            CallKind::AllToAll { input, output } => self.all_to_all(input, output, opts),
-            CallKind::AllToAllV {
-                input,
-                output,
-                splits,
-            } => self.all_to_all_v(input, output, splits, opts),
-            CallKind::AllToAllVDynamic {
-                input,
-                output,
-                counts,
-            } => self.all_to_all_v_dynamic(input, output, counts, opts),
-            CallKind::AllToAllVDynamicPacked {
-                input,
-                output,
-                counts,
-            } => self.all_to_all_v_dynamic_packed(input, output, counts, opts),
-            CallKind::Barrier => self.barrier(opts),
-            CallKind::Send { data, peer } => self.send(data, peer, opts),
-            CallKind::Recv { out, peer } => self.recv(out, peer, opts),
-            CallKind::BatchSendRecv { ops } => self.batch_send_recv(ops, opts),
-        }
-    }
-    /// All-reduce; see [`crate::comm::Communicator::all_reduce`].
-    fn all_reduce(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        op: ReduceOp,
-        opts: &CallOpts,
-    ) -> Result<()>;
-    /// Reduce to `root`; see [`crate::comm::Communicator::reduce`].
-    fn reduce(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        op: ReduceOp,
-        root: usize,
-        opts: &CallOpts,
-    ) -> Result<()>;
-    /// Broadcast from `root`; see [`crate::comm::Communicator::broadcast`].
-    fn broadcast(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        root: usize,
-        opts: &CallOpts,
-    ) -> Result<()>;
-    /// All-gather; see [`crate::comm::Communicator::all_gather`].
-    fn all_gather(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()>;
-    /// Reduce-scatter; see [`crate::comm::Communicator::reduce_scatter`].
-    fn reduce_scatter(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        op: ReduceOp,
-        opts: &CallOpts,
-    ) -> Result<()>;
-    /// All-to-all; see [`crate::comm::Communicator::all_to_all`].
-    fn all_to_all(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()>;
-    /// All-to-all-v; see [`crate::comm::Communicator::all_to_all_v`].
-    fn all_to_all_v(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        splits: &Splits,
-        opts: &CallOpts,
-    ) -> Result<()>;
-    /// All-to-all-v whose counts live in device memory (see
-    /// [`crate::comm::Communicator::all_to_all_v_dynamic`]). Backends without it refuse.
-    fn all_to_all_v_dynamic(
-        &self,
-        input: View<'_>,
-        output: ViewMut<'_>,
-        counts: DeviceCounts<'_>,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let _ = (input, output, counts, opts);
-        Err(no_device_counts("all_to_all_v_dynamic", self.name()))
-    }
-    /// All-to-all-v with both sides' counts in device memory, the output packed (see
-    /// [`crate::comm::Communicator::all_to_all_v_dynamic_packed`]; counts in host memory never reach the
-    /// backend). Backends without it refuse.
-    fn all_to_all_v_dynamic_packed(
-        &self,
-        input: View<'_>,
-        output: ViewMut<'_>,
-        counts: PackedCounts<'_>,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let _ = (input, output, counts, opts);
-        Err(no_device_counts("all_to_all_v_dynamic_packed", self.name()))
-    }
-    /// Barrier; see [`crate::comm::Communicator::barrier`].
-    fn barrier(&self, opts: &CallOpts) -> Result<()>;
-    /// The fused all-reduce + residual add + RMSNorm (see [`crate::rmsnorm`]), its arguments
-    /// checked ([`crate::rmsnorm::AllReduceRmsNorm::check`] gave `shape`). Backends without it
-    /// refuse.
-    fn all_reduce_rmsnorm(
-        &self,
-        call: crate::rmsnorm::AllReduceRmsNorm<'_>,
-        shape: crate::rmsnorm::Shape,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let _ = (call, shape, opts);
-        Err(Error::Unsupported {
-            collective: crate::rmsnorm::NAME,
-            backend: self.name(),
-            what: "the fused all-reduce + RMSNorm".into(),
-        })
-    }
-    /// Sends and receives issued together (see [`crate::comm::Communicator::batch_send_recv`]).
-    fn batch_send_recv(&self, ops: Vec<P2pOp<'_>>, opts: &CallOpts) -> Result<()>;
-    /// Send to `peer`; see [`crate::comm::Communicator::send`].
-    fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
-    /// Receive from `peer`; see [`crate::comm::Communicator::recv`].
-    fn recv(&self, out: ViewMut<'_>, peer: usize, opts: &CallOpts) -> Result<()>;
+    /// Runs one checked call: the one entry the communicator uses, which hands the call to the
+    /// backend's executor of its kind. A call the backend cannot serve is refused with
+    /// [`Error::Unsupported`] ([`unsupported`]).
+    fn run(&self, call: Call<'_>) -> Result<()>;
     /// The plan of a call of `coll` with `bytes_per_rank` (a Sum for the reductions, aligned
     /// pointers) on this backend: what the call runs, decided by [`crate::plan`]. The bench's
     /// path column, `algo_for`, `ferrocomm info` and `FERROCOMM_DEBUG` print it.
@@ -848,24 +1288,27 @@ pub trait Backend: Send + Sync {
         })
     }
     /// The plan of an all_reduce_rmsnorm of `shape` (pointers aligned), its
-    /// [`crate::plan::NormForm`] in `norm`: what [`Backend::all_reduce_rmsnorm`] runs. Backends
-    /// without the call refuse, as the call does.
+    /// [`crate::plan::NormForm`] in `norm`: what the call runs. Backends without the call
+    /// refuse, as the call does.
     fn rmsnorm_plan_for(&self, shape: crate::rmsnorm::Shape, opts: &CallOpts) -> Result<Plan> {
         let _ = (shape, opts);
-        Err(Error::Unsupported {
-            collective: crate::rmsnorm::NAME,
-            backend: self.name(),
-            what: "the fused all-reduce + RMSNorm".into(),
-        })
+        Err(unsupported(CallName::AllReduceRmsNorm, self.name()))
     }
 }
 
-/// What a backend without the device-count all-to-all-v calls answers.
-fn no_device_counts(collective: &'static str, backend: &'static str) -> Error {
+/// What a backend answers for a call it does not have (`backend`: its name): the device-count
+/// all-to-all-v calls without counts in device memory, the fused all-reduce + RMSNorm.
+pub fn unsupported(call: CallName, backend: &'static str) -> Error {
     Error::Unsupported {
-        collective,
+        collective: call.name(),
         backend,
-        what: "counts in device memory".into(),
+        what: match call {
+            CallName::AllReduceRmsNorm => "the fused all-reduce + RMSNorm".into(),
+            CallName::AllToAllVDynamic | CallName::AllToAllVDynamicPacked => {
+                "counts in device memory".into()
+            }
+            other => other.name().into(),
+        },
     }
 }
 

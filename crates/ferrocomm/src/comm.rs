@@ -1,7 +1,9 @@
 //! `Communicator`: the public API every backend serves.
 //!
-//! Arguments are checked here, once, for every backend (sizes, dtypes, ops, roots); a backend
-//! receives only calls that make sense locally. Checks that need the other ranks (different
+//! Every call takes one path: its method (or a binding's [`CallDesc`]) describes it as a
+//! [`CallKind`], which is checked here once for every backend ([`CallKind::check`]: sizes,
+//! dtypes, ops, roots) and handed to the backend's one entry ([`Backend::run`]). A backend
+//! receives only calls that make sense locally; checks that need the other ranks (different
 //! collectives or counts at the same step) are the backend's, because only it sees the peers.
 
 use std::collections::{HashMap, HashSet};
@@ -9,10 +11,10 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use crate::backend::{check_timeout, CallTimeout, CommLive};
+use crate::backend::{check_timeout, CallTimeout, CommLive, ABORT_CALLED};
 pub use crate::backend::{
-    AlgoChoice, Backend, Call, CallKind, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts,
-    Splits,
+    AlgoChoice, Backend, Call, CallDesc, CallKind, CallOpts, CommContext, DeviceCounts, P2pOp,
+    PackedCounts, Splits,
 };
 use crate::bootstrap::{self, PrefixStore, Store};
 use crate::config::{BackendChoice, Config};
@@ -20,7 +22,7 @@ use crate::driver::Completion;
 use crate::error::{Error, Result};
 pub use crate::plan::LowPrecisionChoice;
 use crate::plan::{Collective, Plan};
-use crate::rmsnorm::{AllReduceRmsNorm, Shape as RmsNormShape, NAME};
+use crate::rmsnorm::{AllReduceRmsNorm, Shape as RmsNormShape};
 use crate::types::{read_count, DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 use crate::window::{AllGatherP, Window, WindowParts};
@@ -269,6 +271,19 @@ impl Communicator {
                 }
             }
         };
+        // This machine's tuning table, where it has one and FERROCOMM_TUNING names none: the
+        // host's, or the GPUs' (their model, count and links).
+        let config = if config.tuning_file.is_none() {
+            let key = match device {
+                Device::Host => crate::config::tuning::host_key(),
+                Device::Cuda(_) => crate::cuda::machine_key(),
+            };
+            let mut c = (*config).clone();
+            c.use_machine_table(&key)?;
+            Arc::new(c)
+        } else {
+            config
+        };
         let ctx = CommContext {
             name,
             prefix,
@@ -296,15 +311,17 @@ impl Communicator {
             (_, Device::Cuda(_)) => crate::cuda::new_backend(&ctx)?.into(),
         };
         if ctx.config.debug {
-            // One write of the whole line (eprintln! writes it in pieces, which another rank's
-            // line on the same pipe can split), as print_plan does.
+            // One line in one write, as print_plan's (stderr is shared by the ranks).
             let line = format!(
-                "ferrocomm: communicator '{}' rank {}/{} backend {} device {}\n",
+                "ferrocomm: communicator '{}' rank {}/{} backend {} device {} tuning table {} \
+                 (digest {})\n",
                 ctx.name,
                 rank,
                 size,
                 backend.name(),
-                device
+                device,
+                ctx.config.tuning.source,
+                ctx.config.tuning.digest
             );
             let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
@@ -370,26 +387,63 @@ impl Communicator {
         self.backend.plan_for(coll, bytes_per_rank, dtype, opts)
     }
 
-    /// Hands one checked call to the backend. With `FERROCOMM_DEBUG` the call's plan is
-    /// printed the first time it comes up (once per collective and plan).
+    /// Checks one call ([`CallKind::check`]) and hands it to the backend, with the hooks and
+    /// the flight recorder around it: the one path every call takes, from the methods below
+    /// and from a binding's [`CallDesc`]. A collective call this rank refuses (its arguments
+    /// are wrong here) fails on the peers at once ([`Communicator::refuse`]). With
+    /// `FERROCOMM_DEBUG` the call's plan is printed the first time it comes up (once per
+    /// collective and plan).
     fn run(&self, kind: CallKind<'_>, opts: &CallOpts) -> Result<()> {
-        let name = failure::call_name(&kind);
-        let backend = self.live(name)?;
-        if self.ctx.config.debug {
-            let coll = kind.collective();
-            let (bytes, dtype) = kind.shape(self.ctx.rank, self.ctx.size);
-            if let Ok(plan) = backend.plan_for(coll, bytes, dtype, opts) {
-                self.print_plan(coll, coll.name(), bytes, dtype, plan);
+        let name = kind.name().name();
+        kind.check(self.rank(), self.size())
+            .inspect_err(|e| self.refuse_for(kind.name(), e))?;
+        if let CallKind::AllToAllVDynamicPacked { counts, .. } = &kind {
+            if counts.send.device() == Device::Host && counts.recv.device() == Device::Host {
+                // Counts in host memory: read here and run as the all-to-all-v they describe,
+                // with its checks.
+                let (dt, unit) = (counts.send.dtype(), counts.unit);
+                let read = |v: &View<'_>| -> Vec<usize> {
+                    let b = v.host_bytes().unwrap_or(&[]);
+                    (0..self.size())
+                        .map(|i| read_count(dt, b, i).saturating_mul(unit))
+                        .collect()
+                };
+                let splits = Splits::packed(read(&counts.send), read(&counts.recv));
+                let CallKind::AllToAllVDynamicPacked { input, output, .. } = kind else {
+                    unreachable!("matched above")
+                };
+                let kind = CallKind::AllToAllV {
+                    input: Input::Buf(input),
+                    output,
+                    splits: &splits,
+                };
+                return self.run(kind, opts);
             }
         }
-        let timeout = self.call_timeout(opts)?;
+        let backend = self.live(name)?;
+        if self.ctx.config.debug {
+            let plan = match &kind {
+                CallKind::AllReduceRmsNorm(call) => backend.rmsnorm_plan_for(call.shape(), opts),
+                _ => {
+                    let (bytes, dtype) = kind.shape(self.ctx.rank, self.ctx.size);
+                    backend.plan_for(kind.collective(), bytes, dtype, opts)
+                }
+            };
+            if let Ok(plan) = plan {
+                let (bytes, dtype) = kind.shape(self.ctx.rank, self.ctx.size);
+                // The fused call's plans are counted with the all-reduces: they carry their
+                // norm form.
+                self.print_plan(kind.collective(), kind.name().name(), bytes, dtype, plan);
+            }
+        }
+        let timeout = self.live.timeout_for(opts)?;
         let _timeout = CallTimeout::enter(timeout);
         let op_id = crate::flight::next_op_id();
         if self.hooks.any() {
             self.hooks.pre(&crate::hooks::PreHookArgs {
                 op_id,
                 name,
-                call: Some(&kind),
+                call: &kind,
                 opts,
             });
         }
@@ -402,6 +456,19 @@ impl Communicator {
             });
         }
         r
+    }
+
+    /// Runs the call a binding described by plain values: [`CallDesc::kind`] turns it into its
+    /// [`CallKind`], then it takes the path of every call (checked once, handed to the backend).
+    ///
+    /// # Safety
+    /// As for [`CallDesc::kind`]: every buffer of `desc` holds its elements on its device,
+    /// readable (and writable where the call writes), and stays valid and unaliased until the
+    /// call is complete (for CUDA: until its work on the stream has finished).
+    pub unsafe fn run_desc(&self, desc: &CallDesc) -> Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        let kind = unsafe { desc.kind() }.inspect_err(|e| self.refuse_for(desc.name, e))?;
+        self.run(kind, &desc.opts)
     }
 
     /// With `FERROCOMM_DEBUG`: prints the plan of a call named `name` (of `coll`, whose plans
@@ -436,11 +503,6 @@ impl Communicator {
         self.live.set_timeout(timeout)
     }
 
-    /// The timeout in force for a call with `opts`, checked.
-    fn call_timeout(&self, opts: &CallOpts) -> Result<Duration> {
-        self.live.timeout_for(opts)
-    }
-
     /// A [`Completion`] recorded on `stream` (the calling thread's current context's) after
     /// the calls issued on it so far: what an async call's work object holds. `None` on the
     /// host backend, whose calls have finished when they return.
@@ -463,12 +525,12 @@ impl Communicator {
         Ok(done)
     }
 
-    /// The backend, unless the communicator was finalized, lost a peer (then a call of
-    /// `collective` fails naming it) or was aborted.
+    /// The backend, unless the communicator was finalized or aborted here, or lost a peer
+    /// (then a call of `collective` fails naming it).
     fn live(&self, collective: &'static str) -> Result<&dyn Backend> {
-        if self.live.is_finalized() {
-            return Err(Error::Finalized(self.ctx.name.clone()));
-        }
+        // This rank's own finalize or abort first: a peer that failed afterwards (or gave up
+        // when it saw this rank abort) is not what the caller needs to hear.
+        self.live.check()?;
         if let Some((peer, _)) = self.ctx.peers.failure() {
             return Err(Error::PeerFailed {
                 collective,
@@ -476,7 +538,6 @@ impl Communicator {
                 peer,
             });
         }
-        self.live.check()?;
         Ok(&*self.backend)
     }
 
@@ -487,14 +548,26 @@ impl Communicator {
     /// underneath is aborted (its kernels exit), and the flight recorder is dumped. May be
     /// called from any thread, also while a call runs; the memory is released on drop.
     pub fn abort(&self) {
-        if self.live.abort() {
+        self.abort_because(ABORT_CALLED);
+    }
+
+    /// [`Communicator::abort`] for a reason of the caller's (a binding aborts a communicator
+    /// whose call timed out: `all_reduce timed out`), which later calls' [`Error::Aborted`]
+    /// gives. The first reason stays.
+    pub fn abort_because(&self, why: &str) {
+        if self.live.abort(why) {
             self.hooks.abort();
             if let Some(w) = &self.watch {
                 w.announce_abort();
             }
-            self.backend.abort();
-            self.dump_for_failure("abort() was called");
+            self.backend.abort(self.live.abort_why());
+            self.dump_for_failure(self.live.abort_why());
         }
+    }
+
+    /// Whether [`Communicator::abort`] was called.
+    pub fn is_aborted(&self) -> bool {
+        self.live.is_aborted()
     }
 
     /// Sums (or otherwise reduces) `input` over all ranks into `output` on every rank.
@@ -505,11 +578,6 @@ impl Communicator {
         op: ReduceOp,
         opts: &CallOpts,
     ) -> Result<()> {
-        let c = "all_reduce";
-        self.refusing(c, || {
-            op.check(output.dtype(), c)?;
-            check_input(c, &input, &output, output.count())
-        })?;
         self.run(CallKind::AllReduce { input, output, op }, opts)
     }
 
@@ -518,25 +586,15 @@ impl Communicator {
     /// passes the same shape, dtype, eps and FP8 choice; the host backend checks that, the
     /// cuda backend's all-reduce the total size.
     pub fn all_reduce_rmsnorm(&self, call: AllReduceRmsNorm<'_>, opts: &CallOpts) -> Result<()> {
-        let shape = call.check()?;
-        let backend = self.live(NAME)?;
-        if self.ctx.config.debug {
-            if let Ok(plan) = backend.rmsnorm_plan_for(shape, opts) {
-                let bytes = shape.x_bytes();
-                // Counted with the all-reduces: its plans carry their norm form.
-                self.print_plan(Collective::AllReduce, NAME, bytes, shape.dtype, plan);
-            }
-        }
-        let timeout = self.call_timeout(opts)?;
-        let _timeout = CallTimeout::enter(timeout);
-        self.run_rmsnorm_recorded(backend, call, shape, opts, timeout)
+        self.run(CallKind::AllReduceRmsNorm(call), opts)
     }
 
     /// How an all_reduce_rmsnorm of `shape` runs on this communicator: its [`Plan`], the
     /// norm's form included (`fused-flat`, `fused-tree`, or the all-reduce's path and `+norm`).
     /// Pointers are planned as aligned. Backends without the call refuse.
     pub fn rmsnorm_algo_for(&self, shape: RmsNormShape, opts: &CallOpts) -> Result<Plan> {
-        self.live(NAME)?.rmsnorm_plan_for(shape, opts)
+        self.live(crate::rmsnorm::NAME)?
+            .rmsnorm_plan_for(shape, opts)
     }
 
     /// Reduces `input` over all ranks into `output` on `root` (other ranks' outputs are not
@@ -549,21 +607,13 @@ impl Communicator {
         root: usize,
         opts: &CallOpts,
     ) -> Result<()> {
-        let c = "reduce";
-        self.refusing(c, || {
-            op.check(output.dtype(), c)?;
-            self.check_root(c, root)?;
-            check_input(c, &input, &output, output.count())
-        })?;
-        self.run(
-            CallKind::Reduce {
-                input,
-                output,
-                op,
-                root,
-            },
-            opts,
-        )
+        let kind = CallKind::Reduce {
+            input,
+            output,
+            op,
+            root,
+        };
+        self.run(kind, opts)
     }
 
     /// Copies `root`'s input into every rank's `output` (the input is read on root only).
@@ -574,32 +624,17 @@ impl Communicator {
         root: usize,
         opts: &CallOpts,
     ) -> Result<()> {
-        let c = "broadcast";
-        self.refusing(c, || {
-            self.check_root(c, root)?;
-            if self.rank() == root {
-                check_input(c, &input, &output, output.count())?;
-            }
-            Ok(())
-        })?;
-        self.run(
-            CallKind::Broadcast {
-                input,
-                output,
-                root,
-            },
-            opts,
-        )
+        let kind = CallKind::Broadcast {
+            input,
+            output,
+            root,
+        };
+        self.run(kind, opts)
     }
 
     /// Concatenates every rank's input (in rank order) into `output`, which holds
     /// `size * input.count()` elements.
     pub fn all_gather(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
-        let c = "all_gather";
-        self.refusing(c, || {
-            let n = self.part_count(c, "output", output.count())?;
-            check_input(c, &input, &output, n)
-        })?;
         self.run(CallKind::AllGather { input, output }, opts)
     }
 
@@ -612,24 +647,11 @@ impl Communicator {
         op: ReduceOp,
         opts: &CallOpts,
     ) -> Result<()> {
-        let c = "reduce_scatter";
-        self.refusing(c, || {
-            op.check(output.dtype(), c)?;
-            if let Input::InPlace = input {
-                self.part_count(c, "output", output.count())?;
-            }
-            check_input(c, &input, &output, output.count() * self.size())
-        })?;
         self.run(CallKind::ReduceScatter { input, output, op }, opts)
     }
 
     /// Every rank sends part `j` of its input to rank `j`; input and output hold `size * n`.
     pub fn all_to_all(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
-        let c = "all_to_all";
-        self.refusing(c, || {
-            self.part_count(c, "output", output.count())?;
-            check_input(c, &input, &output, output.count())
-        })?;
         self.run(CallKind::AllToAll { input, output }, opts)
     }
 
@@ -642,66 +664,12 @@ impl Communicator {
         splits: &Splits,
         opts: &CallOpts,
     ) -> Result<()> {
-        let c = "all_to_all_v";
-        let n = self.size();
-        for (what, v) in [
-            ("send_counts", &splits.send_counts),
-            ("send_displs", &splits.send_displs),
-            ("recv_counts", &splits.recv_counts),
-            ("recv_displs", &splits.recv_displs),
-        ] {
-            if v.len() != n {
-                return Err(Error::InvalidArgument(format!(
-                    "{c}: {what} has {} entries, expected one per rank ({n})",
-                    v.len()
-                )));
-            }
-        }
-        let in_count = match &input {
-            Input::InPlace => output.count(),
-            Input::Buf(v) => {
-                check_same(c, v, &output)?;
-                v.count()
-            }
+        let kind = CallKind::AllToAllV {
+            input,
+            output,
+            splits,
         };
-        for p in 0..n {
-            check_part(
-                c,
-                ("input", "for", in_count),
-                p,
-                splits.send_displs[p],
-                splits.send_counts[p],
-            )?;
-            check_part(
-                c,
-                ("output", "from", output.count()),
-                p,
-                splits.recv_displs[p],
-                splits.recv_counts[p],
-            )?;
-        }
-        if matches!(input, Input::InPlace) && splits.send_displs != splits.recv_displs {
-            return Err(Error::InvalidArgument(format!(
-                "{c}: in place needs the same offsets for sending and receiving"
-            )));
-        }
-        // The own part is copied locally, never exchanged: a difference is this rank's mistake,
-        // refused here rather than by each backend's copy.
-        let me = self.rank();
-        if splits.send_counts[me] != splits.recv_counts[me] {
-            return Err(Error::InvalidArgument(format!(
-                "{c}: rank {me} sends {} elements to itself but expects {}",
-                splits.send_counts[me], splits.recv_counts[me]
-            )));
-        }
-        self.run(
-            CallKind::AllToAllV {
-                input,
-                output,
-                splits,
-            },
-            opts,
-        )
+        self.run(kind, opts)
     }
 
     /// All-to-all-v for mixture-of-experts dispatch, with the counts in device memory (written
@@ -725,42 +693,12 @@ impl Communicator {
         counts: DeviceCounts<'_>,
         opts: &CallOpts,
     ) -> Result<()> {
-        let c = "all_to_all_v_dynamic";
-        check_same(c, &input, &output)?;
-        let unit = counts.unit;
-        check_units(c, unit, &[("input", input.count())])?;
-        let want = counts
-            .capacity
-            .checked_mul(unit)
-            .and_then(|x| x.checked_mul(self.size()))
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "{c}: a capacity of {} units of {unit} elements overflows",
-                    counts.capacity
-                ))
-            })?;
-        if output.count() != want {
-            return Err(Error::SizeMismatch {
-                collective: c,
-                what: "output",
-                got: output.count(),
-                expected: want,
-            });
-        }
-        check_counts(
-            c,
-            self.size(),
-            (counts.send.dtype(), counts.send.count()),
-            (counts.recv.dtype(), counts.recv.count()),
-        )?;
-        self.run(
-            CallKind::AllToAllVDynamic {
-                input,
-                output,
-                counts,
-            },
-            opts,
-        )
+        let kind = CallKind::AllToAllVDynamic {
+            input,
+            output,
+            counts,
+        };
+        self.run(kind, opts)
     }
 
     /// All-to-all-v with both sides' counts in memory the caller's earlier work wrote, the
@@ -783,39 +721,12 @@ impl Communicator {
         counts: PackedCounts<'_>,
         opts: &CallOpts,
     ) -> Result<()> {
-        let c = "all_to_all_v_dynamic_packed";
-        check_same(c, &input, &output)?;
-        let unit = counts.unit;
-        check_units(
-            c,
-            unit,
-            &[("input", input.count()), ("output", output.count())],
-        )?;
-        check_counts(
-            c,
-            self.size(),
-            (counts.send.dtype(), counts.send.count()),
-            (counts.recv.dtype(), counts.recv.count()),
-        )?;
-        if counts.send.device() == Device::Host && counts.recv.device() == Device::Host {
-            let dt = counts.send.dtype();
-            let read = |v: &View<'_>| -> Vec<usize> {
-                let b = v.host_bytes().unwrap_or(&[]);
-                (0..self.size())
-                    .map(|i| read_count(dt, b, i).saturating_mul(unit))
-                    .collect()
-            };
-            let splits = Splits::packed(read(&counts.send), read(&counts.recv));
-            return self.all_to_all_v(Input::Buf(input), output, &splits, opts);
-        }
-        self.run(
-            CallKind::AllToAllVDynamicPacked {
-                input,
-                output,
-                counts,
-            },
-            opts,
-        )
+        let kind = CallKind::AllToAllVDynamicPacked {
+            input,
+            output,
+            counts,
+        };
+        self.run(kind, opts)
     }
 
     /// A new window for one-sided communication ([`crate::window`]): every rank makes its
@@ -862,13 +773,11 @@ impl Communicator {
     /// message goes by direct access (`FERROCOMM_P2P_MAX_BYTES`), where such a pair of sends
     /// is reported as calls that disagree between the ranks instead of waiting.
     pub fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
-        self.check_peer("send", peer)?;
         self.run(CallKind::Send { data, peer }, opts)
     }
 
     /// Receives from `peer` into `out`.
     pub fn recv(&self, out: ViewMut<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
-        self.check_peer("recv", peer)?;
         self.run(CallKind::Recv { out, peer }, opts)
     }
 
@@ -878,9 +787,6 @@ impl Communicator {
     /// order issued (a batch's in its order), each receive the size and dtype of its send.
     /// Only the ranks named take part.
     pub fn batch_send_recv(&self, ops: Vec<P2pOp<'_>>, opts: &CallOpts) -> Result<()> {
-        for op in &ops {
-            self.check_peer("batch_send_recv", op.peer())?;
-        }
         self.run(CallKind::BatchSendRecv { ops }, opts)
     }
 
@@ -891,7 +797,14 @@ impl Communicator {
         self.live("split")?;
         let mut seen = vec![false; self.size()];
         for &r in ranks {
-            self.check_rank("split", "listed", r)?;
+            if r >= self.size() {
+                return Err(Error::RankOutOfRange {
+                    collective: "split",
+                    what: "listed",
+                    rank: r,
+                    size: self.size(),
+                });
+            }
             if std::mem::replace(&mut seen[r], true) {
                 return Err(Error::InvalidArgument(format!(
                     "split: rank {r} is listed twice"
@@ -944,164 +857,4 @@ impl Communicator {
         self.leave();
         Ok(())
     }
-
-    /// `rank` (a root, a peer, ...: `what`) must name a rank of this communicator.
-    fn check_rank(&self, collective: &'static str, what: &'static str, rank: usize) -> Result<()> {
-        if rank >= self.size() {
-            return Err(Error::RankOutOfRange {
-                collective,
-                what,
-                rank,
-                size: self.size(),
-            });
-        }
-        Ok(())
-    }
-
-    fn check_root(&self, collective: &'static str, root: usize) -> Result<()> {
-        self.check_rank(collective, "root", root)
-    }
-
-    fn check_peer(&self, collective: &'static str, peer: usize) -> Result<()> {
-        self.check_rank(collective, "peer", peer)?;
-        if peer == self.rank() {
-            return Err(Error::InvalidArgument(format!(
-                "{collective}: peer {peer} is this rank itself"
-            )));
-        }
-        Ok(())
-    }
-
-    /// `count / size`, or an error when `count` does not divide by the number of ranks.
-    fn part_count(
-        &self,
-        collective: &'static str,
-        what: &'static str,
-        count: usize,
-    ) -> Result<usize> {
-        if count % self.size() != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{collective}: {what} has {count} elements, which does not divide into {} equal parts",
-                self.size()
-            )));
-        }
-        Ok(count / self.size())
-    }
-}
-
-/// A part of an all-to-all-v buffer (`buf`: its name, "for"/"from", its element count) for or
-/// from rank `p`, `count` elements at `displ`: it must end inside the buffer, the end computed
-/// without overflow.
-fn check_part(
-    c: &'static str,
-    (buf, dir, len): (&str, &str, usize),
-    p: usize,
-    displ: usize,
-    count: usize,
-) -> Result<()> {
-    match displ.checked_add(count) {
-        Some(end) if end <= len => Ok(()),
-        Some(end) => Err(Error::InvalidArgument(format!(
-            "{c}: part {dir} rank {p} ends at element {end}, past the {buf}'s {len}"
-        ))),
-        None => Err(Error::InvalidArgument(format!(
-            "{c}: part {dir} rank {p} (displacement {displ} + count {count}) overflows; the \
-             {buf} has {len} elements"
-        ))),
-    }
-}
-
-/// The unit of the device-count all-to-all-v calls: at least one element, and each of `bufs`
-/// (name, element count) a whole number of units.
-fn check_units(c: &'static str, unit: usize, bufs: &[(&str, usize)]) -> Result<()> {
-    if unit == 0 {
-        return Err(Error::InvalidArgument(format!(
-            "{c}: the unit of the counts must be at least one element"
-        )));
-    }
-    for &(what, n) in bufs {
-        if n % unit != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{c}: the {what}'s {n} elements are not a whole number of units of {unit} elements"
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// The counts of the device-count all-to-all-v calls, each given as (dtype, count): `size`
-/// integers each, one integer type for both.
-fn check_counts(
-    c: &'static str,
-    size: usize,
-    send: (DataType, usize),
-    recv: (DataType, usize),
-) -> Result<()> {
-    for (what, (d, n)) in [("send_counts", send), ("recv_counts", recv)] {
-        if !matches!(
-            d,
-            DataType::I32 | DataType::U32 | DataType::I64 | DataType::U64
-        ) {
-            return Err(Error::InvalidArgument(format!(
-                "{c}: {what} must be i32, u32, i64 or u64, not {d}"
-            )));
-        }
-        if n != size {
-            return Err(Error::SizeMismatch {
-                collective: c,
-                what,
-                got: n,
-                expected: size,
-            });
-        }
-    }
-    if send.0 != recv.0 {
-        return Err(Error::DtypeMismatch {
-            collective: c,
-            what: "recv_counts",
-            got: recv.0,
-            expected: send.0,
-        });
-    }
-    Ok(())
-}
-
-fn check_same(collective: &'static str, input: &View<'_>, output: &ViewMut<'_>) -> Result<()> {
-    if input.dtype() != output.dtype() {
-        return Err(Error::DtypeMismatch {
-            collective,
-            what: "input",
-            got: input.dtype(),
-            expected: output.dtype(),
-        });
-    }
-    if input.device() != output.device() {
-        return Err(Error::InvalidArgument(format!(
-            "{collective}: input is on {} but output is on {}",
-            input.device(),
-            output.device()
-        )));
-    }
-    Ok(())
-}
-
-/// An out-of-place input must match the output's dtype and device and hold `expected` elements.
-fn check_input(
-    collective: &'static str,
-    input: &Input<'_>,
-    output: &ViewMut<'_>,
-    expected: usize,
-) -> Result<()> {
-    if let Input::Buf(v) = input {
-        check_same(collective, v, output)?;
-        if v.count() != expected {
-            return Err(Error::SizeMismatch {
-                collective,
-                what: "input",
-                got: v.count(),
-                expected,
-            });
-        }
-    }
-    Ok(())
 }

@@ -7,11 +7,16 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::quant::Format;
 use crate::types::Algo;
+
+pub mod tuning;
+
+use tuning::{TableSource, Tuning};
 
 /// One environment variable: its name, default (as text) and meaning.
 #[derive(Debug, Clone, Copy)]
@@ -41,27 +46,28 @@ pub const VARS: &[Var] = &[
     var("RCCL_LOW_PRECISION_ENABLE", "0", "Alias of FERROCOMM_LOW_PRECISION, accepted for people coming from RCCLX."),
     var("FERROCOMM_LP_FORMAT", "e4m3", "Low-precision wire format: e4m3, e5m2 or int8."),
     var("FERROCOMM_LP_BLOCK", "128", "Elements per block that share one f32 scale (a power of two, 16..4096)."),
-    var("FERROCOMM_LP_MIN_BYTES", "0 (host), per-backend tuned (cuda)", "Messages smaller than this stay full precision even when low precision is on."),
+    var("FERROCOMM_LP_MIN_BYTES", "0 (host), the tuning table's (cuda)", "Messages smaller than this stay full precision even when low precision is on."),
     var("FERROCOMM_LP_ALL_REDUCE", "1", "Per-collective switch: 0 keeps all_reduce full precision when low precision is on."),
     var("FERROCOMM_LP_ALL_GATHER", "1", "Per-collective switch for all_gather."),
     var("FERROCOMM_LP_REDUCE_SCATTER", "1", "Per-collective switch for reduce_scatter."),
     var("FERROCOMM_LP_ALL_TO_ALL", "1", "Per-collective switch for all_to_all and all_to_all_v."),
-    var("FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-reduce (bytes per rank) that uses the barrier-free push one-shot."),
-    var("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-reduce that uses flat (one-shot pull); above it tree (two-shot)."),
+    var("FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES", "the tuning table's, by world size (docs/tuning.md)", "Largest all-reduce (bytes per rank) that uses the barrier-free push one-shot."),
+    var("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES", "the tuning table's, by world size (docs/tuning.md)", "Largest all-reduce that uses flat (one-shot pull); above it tree (two-shot)."),
     var("FERROCOMM_ALLREDUCE_CE_MIN_BYTES", "0 (off)", "CUDA backend, two ranks: flat all-reduces of at least this many bytes per rank (and at most the staging) move their data with the copy engines instead of the SMs (chunks into the peer's memory, the SMs only reduce); 0 keeps every one on the SMs. Adds one staging-sized region per rank when set."),
     var("FERROCOMM_ALLREDUCE_LL128_MAX_BYTES", "0 (off)", "CUDA backend: flat all-reduces of at most this many bytes per rank (and at most the staging) move in 128-byte lines with the flag inside (NCCL's LL128 form: no barrier, no fence; relies on a warp's 128-byte store reaching the peer whole, as over NVLink, so it runs only where NVML reports NVLink between every pair of ranks' GPUs) instead of the pull through the staging; 0 keeps the pull. Adds a region of 2 x (ranks - 1) x 16/15 of it per rank when set."),
     var("FERROCOMM_RMSNORM_FUSED", "1", "CUDA backend with direct access: 1 (the default) runs all_reduce_rmsnorm in one launch (the all-reduce, residual add, RMSNorm and E4M3 rows in one kernel: one-shot up to FERROCOMM_RMSNORM_FLAT_MAX_BYTES, two-shot above it while twice the message fits the staging); 0 runs the all-reduce, then the norm kernel. With low precision on the wire the rows cross as the codec's block-scaled records inside the one launch where a row is whole blocks of at most 32 16-byte vectors (hidden 4096 in bf16 with blocks of 128, say); other low-precision calls, and calls that go through NCCL or push, take the two launches either way. A communicator of one rank runs the norm kernel on x itself."),
     var("FERROCOMM_RMSNORM_FLAT_MAX_BYTES", "the all-reduce's flat threshold", "Largest one-launch all_reduce_rmsnorm (bytes of x per rank) that runs one-shot (every rank reduces every row); above it two-shot (each rank reduces and normalizes its stripe of rows, then every rank gathers them)."),
     var("FERROCOMM_RMSNORM_WIDE_MAX_ROWS", "1024", "CUDA backend: the largest all_reduce_rmsnorm (rows of x) whose norm kernel (a communicator of one rank's call, or the second of two launches) spreads each row over as many threads as hold it, one to four 16-byte vectors a thread (fc_rmsnorm_wide: a short chain of instructions per row, for calls of few rows); larger calls take four vectors a thread (fc_rmsnorm). At most 65535; 0 never. It fixes the order of a row's sum of squares, so every rank of a communicator must have the same (communicator creation refuses a mismatch)."),
     var("FERROCOMM_RMSNORM_LOOPBACK", "(off)", "Measurement only (scripts/norm_bench.py): a CUDA communicator of one rank runs all_reduce_rmsnorm's one-launch kernel of this many ranks (2 to 16; the one-shot, or the two-shot when the call asks for tree) with every peer's staging replaced by its own and no barrier, so that one GPU measures the local traffic of the multi-rank kernel. Results are not the call's."),
-    var("FERROCOMM_ALLREDUCE_TREE_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-reduce that uses tree on the cuda backend; above it NCCL."),
-    var("FERROCOMM_ALLGATHER_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-gather (input bytes per rank) done by direct access on cuda; above it NCCL."),
-    var("FERROCOMM_REDUCESCATTER_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest reduce-scatter (output bytes per rank) done by direct access on cuda."),
-    var("FERROCOMM_ALLTOALL_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest all-to-all (input bytes per rank) done by direct access on cuda; also the all-to-all-v at two ranks (above two its choice takes no size)."),
+    var("FERROCOMM_ALLREDUCE_TREE_MAX_BYTES", "the tuning table's, by world size (docs/tuning.md)", "Largest all-reduce that uses tree on the cuda backend; above it NCCL."),
+    var("FERROCOMM_ALLGATHER_MAX_BYTES", "the tuning table's, by world size (docs/tuning.md)", "Largest all-gather (input bytes per rank) done by direct access on cuda; above it NCCL."),
+    var("FERROCOMM_REDUCESCATTER_MAX_BYTES", "the tuning table's, by world size (docs/tuning.md)", "Largest reduce-scatter (output bytes per rank) done by direct access on cuda."),
+    var("FERROCOMM_ALLTOALL_MAX_BYTES", "the tuning table's, by world size (docs/tuning.md)", "Largest all-to-all (input bytes per rank) done by direct access on cuda; also the all-to-all-v at two ranks (above two its choice takes no size)."),
     var("FERROCOMM_LL_MAX_BYTES", "262144", "CUDA backend: largest part (bytes) that all-gather, all-to-all(-v), broadcast, reduce-scatter and reduce move in LL lines (flags beside the data, no barrier); larger parts take the staged protocol. At most the push buffer (512 KiB, or the staging size when smaller)."),
     var("FERROCOMM_PUT_CE_MIN_BYTES", "262144", "CUDA backend: a window put of at least this many bytes goes by the copy engine (cuMemcpyAsync into the peer's mapping, no SM busy), a smaller one by a copy kernel (lower latency). Not tuned by a measurement yet: `ferrocomm bench put` measures both."),
-    var("FERROCOMM_BROADCAST_MAX_BYTES", "by world size (see docs/tuning.md)", "Largest broadcast/reduce done by direct access on cuda."),
+    var("FERROCOMM_BROADCAST_MAX_BYTES", "the tuning table's, by world size (docs/tuning.md)", "Largest broadcast/reduce done by direct access on cuda."),
     var("FERROCOMM_P2P_MAX_BYTES", "67108864", "Largest send/recv message done by direct access on cuda, in two-rank communicators only (a message is a broadcast rooted at its sender there); larger ones, and every one above two ranks, go through NCCL (0: every non-empty message)."),
+    var("FERROCOMM_TUNING", "(this machine's table, else built in)", "A tuning table file (JSON, docs/tuning.md) that replaces the built-in table of the sizes at which the planner's choices change; unset: this machine's table under $XDG_CACHE_HOME/ferrocomm/tuning (what ferrocomm tune writes), else the built-in one. The file must be the user's and writable by no one else. The settings above still win over any table."),
     var("FERROCOMM_HOST_SLOT_BYTES", "4194304", "Host backend: bytes of shared-memory staging per rank (larger messages are processed in chunks of this size). 4096 to 1 GiB."),
     var("FERROCOMM_CUDA_STAGING_BYTES", "67108864", "CUDA backend: bytes of IPC staging per rank and buffer (direct access is limited to this size per rank). At most 16 GiB."),
     var("FERROCOMM_NCCL_WATCHDOG", "1", "1 follows every NCCL operation enqueued outside graph capture with a CUDA event and aborts the NCCL communicator when one stays incomplete past FERROCOMM_TIMEOUT_S; 0 leaves NCCL unwatched (as nccl-tests runs it: the bench's NCCL baseline does)."),
@@ -193,7 +199,7 @@ pub struct Thresholds {
     /// `FERROCOMM_RMSNORM_FLAT_MAX_BYTES`: the largest one-shot one-launch all_reduce_rmsnorm.
     pub rmsnorm_flat_max: Option<usize>,
     /// `FERROCOMM_RMSNORM_WIDE_MAX_ROWS`: the most rows whose norm kernel takes the wide
-    /// geometry (rows, not bytes; `None`: 1024, cuda/fused_norm.rs).
+    /// geometry (rows, not bytes; `None`: 1024, cuda/dda/fused_norm.rs).
     pub rmsnorm_wide_max_rows: Option<usize>,
 }
 
@@ -248,8 +254,18 @@ pub struct Config {
     pub algo: Algo,
     /// The low-precision settings.
     pub low_precision: LowPrecisionConfig,
-    /// The size thresholds of the planner.
+    /// The size thresholds of the planner set in the environment (each wins over the table).
     pub thresholds: Thresholds,
+    /// The tuning table in force ([`crate::tuning`]): `FERROCOMM_TUNING`'s file, this machine's
+    /// ([`Config::use_machine_table`]) or the built-in one; serialized as where it came from
+    /// and its digest.
+    #[serde(serialize_with = "tuning::serialize_in_force")]
+    pub tuning: Arc<Tuning>,
+    /// `FERROCOMM_TUNING`: the table file named.
+    pub tuning_file: Option<PathBuf>,
+    /// Where this machine's tables are (`$XDG_CACHE_HOME/ferrocomm/tuning`, or
+    /// `~/.cache/ferrocomm/tuning`).
+    pub tuning_dir: PathBuf,
     /// `FERROCOMM_HOST_SLOT_BYTES`: shared-memory staging per rank of the host backend.
     pub host_slot_bytes: usize,
     /// `FERROCOMM_CUDA_STAGING_BYTES`: IPC staging per rank and buffer of the cuda backend.
@@ -260,7 +276,7 @@ pub struct Config {
     /// `FERROCOMM_NCCL_WATCHDOG`: abort NCCL communicators whose work hangs (nccl/watchdog.rs).
     pub nccl_watchdog: bool,
     /// `FERROCOMM_RMSNORM_LOOPBACK`: measurement only, the ranks a one-rank communicator's
-    /// fused call runs its one-launch kernel as (cuda/fused_norm.rs).
+    /// fused call runs its one-launch kernel as (cuda/dda/fused_norm.rs).
     pub rmsnorm_loopback: Option<usize>,
     /// `FERROCOMM_NCCL_LIB`: the libnccl to load instead of searching.
     pub nccl_lib: Option<PathBuf>,
@@ -439,7 +455,7 @@ pub fn parse_size(s: &str) -> std::result::Result<usize, String> {
 
 /// [`Config::shared_settings`]: each setting (its path in the serialized configuration) and the
 /// variable that sets it.
-const SHARED_SETTINGS: [(&str, &str); 27] = [
+const SHARED_SETTINGS: [(&str, &str); 28] = [
     ("algo", "FERROCOMM_ALGO"),
     ("check_calls", "FERROCOMM_CHECK_CALLS"),
     ("low_precision.enabled", "FERROCOMM_LOW_PRECISION"),
@@ -482,6 +498,7 @@ const SHARED_SETTINGS: [(&str, &str); 27] = [
     ),
     ("host_slot_bytes", "FERROCOMM_HOST_SLOT_BYTES"),
     ("cuda_staging_bytes", "FERROCOMM_CUDA_STAGING_BYTES"),
+    ("tuning.digest", "FERROCOMM_TUNING"),
 ];
 
 impl Config {
@@ -672,15 +689,26 @@ impl Config {
             python_prefixes.push(PathBuf::from(h).join(".local"));
         }
         python_prefixes.extend(["/usr/local", "/usr", "/opt/conda"].map(PathBuf::from));
+        let cache_base = lookup("XDG_CACHE_HOME")
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| lookup("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .unwrap_or_else(std::env::temp_dir)
+            .join("ferrocomm");
         let kernel_cache = match r.raw("FERROCOMM_KERNEL_CACHE") {
             Some(p) => PathBuf::from(p),
-            None => {
-                let base = lookup("XDG_CACHE_HOME")
-                    .map(PathBuf::from)
-                    .or_else(|| lookup("HOME").map(|h| PathBuf::from(h).join(".cache")))
-                    .unwrap_or_else(std::env::temp_dir);
-                base.join("ferrocomm")
-            }
+            None => cache_base.clone(),
+        };
+        let tuning_file = r.raw("FERROCOMM_TUNING").map(PathBuf::from);
+        let tuning = match &tuning_file {
+            Some(p) => Arc::new(Tuning::read(p, TableSource::Env(p.clone())).map_err(|e| {
+                Error::BadEnv {
+                    var: "FERROCOMM_TUNING",
+                    value: p.display().to_string(),
+                    why: e.to_string(),
+                }
+            })?),
+            None => Tuning::builtin(),
         };
         let builtin_kernels = r.flag("FERROCOMM_BUILTIN_KERNELS", true)?;
         let store_key_file = lookup("XDG_CONFIG_HOME")
@@ -714,6 +742,9 @@ impl Config {
             algo,
             low_precision,
             thresholds,
+            tuning,
+            tuning_file,
+            tuning_dir: cache_base.join("tuning"),
             host_slot_bytes,
             cuda_staging_bytes,
             pdl,
@@ -734,6 +765,16 @@ impl Config {
             launch,
             sources: r.sources,
         })
+    }
+
+    /// Takes this machine's table (`<tuning_dir>/<key>.json`, [`tuning::machine_file`])
+    /// where it exists and `FERROCOMM_TUNING` names none; an unreadable or invalid file there
+    /// is an error naming it.
+    pub fn use_machine_table(&mut self, key: &str) -> Result<()> {
+        if self.tuning_file.is_none() {
+            self.tuning = Tuning::in_force(None, &self.tuning_dir, Some(key))?;
+        }
+        Ok(())
     }
 
     /// (name, value in effect, source, meaning) for every variable, for `ferrocomm info`.

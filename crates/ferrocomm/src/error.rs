@@ -220,9 +220,14 @@ pub enum Error {
     #[error("communicator '{0}' has been finalized")]
     Finalized(String),
 
-    /// A call on a communicator after `abort`; the text is its name.
-    #[error("communicator '{0}' has been aborted")]
-    Aborted(String),
+    /// A call on a communicator after `abort`.
+    #[error("communicator '{communicator}' has been aborted ({why})")]
+    Aborted {
+        /// The communicator's name.
+        communicator: String,
+        /// Why it was aborted (`abort() was called`, or the reason the caller gave).
+        why: String,
+    },
 
     #[error("I/O: {context}: {source}")]
     /// An operating-system I/O error, with what was being done.

@@ -20,10 +20,10 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use crate::backend::{Backend, CallKind, CallOpts, P2pOp};
+use crate::backend::{Backend, CallKind, CallName, CallOpts, P2pOp};
 use crate::driver::Completion;
 use crate::error::{Error, Result};
-use crate::plan::{Algo, Collective, LowPrecisionChoice};
+use crate::plan::{Algo, LowPrecisionChoice};
 use crate::quant::Format;
 use crate::types::{DataType, ReduceOp};
 use crate::view::Input;
@@ -83,102 +83,22 @@ impl CallState {
     }
 }
 
-/// What kind of call a slot holds (a [`CallKind`] without its operands, and the fused call).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    AllReduce,
-    Reduce,
-    Broadcast,
-    AllGather,
-    ReduceScatter,
-    AllToAll,
-    AllToAllV,
-    AllToAllVDynamic,
-    AllToAllVDynamicPacked,
-    Barrier,
-    Send,
-    Recv,
-    Batch,
-    AllReduceRmsNorm,
-}
-
-impl Kind {
-    const ALL: [Kind; 14] = [
-        Kind::AllReduce,
-        Kind::Reduce,
-        Kind::Broadcast,
-        Kind::AllGather,
-        Kind::ReduceScatter,
-        Kind::AllToAll,
-        Kind::AllToAllV,
-        Kind::AllToAllVDynamic,
-        Kind::AllToAllVDynamicPacked,
-        Kind::Barrier,
-        Kind::Send,
-        Kind::Recv,
-        Kind::Batch,
-        Kind::AllReduceRmsNorm,
-    ];
-
-    /// ferrocomm's name of the call.
-    fn name(self) -> &'static str {
-        match self {
-            Kind::AllReduce => "all_reduce",
-            Kind::Reduce => "reduce",
-            Kind::Broadcast => "broadcast",
-            Kind::AllGather => "all_gather",
-            Kind::ReduceScatter => "reduce_scatter",
-            Kind::AllToAll => "all_to_all",
-            Kind::AllToAllV => "all_to_all_v",
-            Kind::AllToAllVDynamic => "all_to_all_v_dynamic",
-            Kind::AllToAllVDynamicPacked => "all_to_all_v_dynamic_packed",
-            Kind::Barrier => "barrier",
-            Kind::Send => "send",
-            Kind::Recv => "recv",
-            Kind::Batch => "batch_send_recv",
-            Kind::AllReduceRmsNorm => crate::rmsnorm::NAME,
-        }
-    }
-
-    /// The operation as torch's analyzer knows it (its COLLECTIVES, P2P and `coalesced`).
-    fn torch_name(self) -> &'static str {
-        match self {
-            Kind::AllReduce | Kind::AllReduceRmsNorm => "all_reduce",
-            Kind::Reduce => "reduce",
-            Kind::Broadcast => "broadcast",
-            Kind::AllGather => "all_gather",
-            Kind::ReduceScatter => "reduce_scatter",
-            Kind::AllToAll
-            | Kind::AllToAllV
-            | Kind::AllToAllVDynamic
-            | Kind::AllToAllVDynamicPacked => "all_to_all",
-            Kind::Barrier => "all_reduce_barrier",
-            Kind::Send => "send",
-            Kind::Recv => "recv",
-            Kind::Batch => "coalesced",
-        }
-    }
-
-    fn is_p2p(self) -> bool {
-        matches!(self, Kind::Send | Kind::Recv | Kind::Batch)
-    }
-
-    /// The planner's collective (what `plan_for` takes).
-    fn collective(self) -> Collective {
-        match self {
-            Kind::AllReduce | Kind::AllReduceRmsNorm => Collective::AllReduce,
-            Kind::Reduce => Collective::Reduce,
-            Kind::Broadcast => Collective::Broadcast,
-            Kind::AllGather => Collective::AllGather,
-            Kind::ReduceScatter => Collective::ReduceScatter,
-            Kind::AllToAll => Collective::AllToAll,
-            Kind::AllToAllV | Kind::AllToAllVDynamic | Kind::AllToAllVDynamicPacked => {
-                Collective::AllToAllV
-            }
-            Kind::Barrier => Collective::Barrier,
-            Kind::Send | Kind::Batch => Collective::Send,
-            Kind::Recv => Collective::Recv,
-        }
+/// The operation as torch's analyzer knows it (its COLLECTIVES, P2P and `coalesced`).
+fn torch_name(call: CallName) -> &'static str {
+    match call {
+        CallName::AllReduce | CallName::AllReduceRmsNorm => "all_reduce",
+        CallName::Reduce => "reduce",
+        CallName::Broadcast => "broadcast",
+        CallName::AllGather => "all_gather",
+        CallName::ReduceScatter => "reduce_scatter",
+        CallName::AllToAll
+        | CallName::AllToAllV
+        | CallName::AllToAllVDynamic
+        | CallName::AllToAllVDynamicPacked => "all_to_all",
+        CallName::Barrier => "all_reduce_barrier",
+        CallName::Send => "send",
+        CallName::Recv => "recv",
+        CallName::BatchSendRecv => "coalesced",
     }
 }
 
@@ -200,14 +120,6 @@ fn torch_dtype(d: DataType) -> &'static str {
     }
 }
 
-const ALGOS: [Algo; 6] = [
-    Algo::Auto,
-    Algo::Push,
-    Algo::Flat,
-    Algo::Tree,
-    Algo::Direct,
-    Algo::Nccl,
-];
 const FORMATS: [Format; 3] = [Format::E4M3, Format::E5M2, Format::Int8];
 const NO_PEER: u64 = u64::MAX;
 
@@ -423,7 +335,8 @@ impl FlightRecorder {
         op_id: u64,
     ) -> Option<Token> {
         let ring = self.ring.get()?;
-        let (k, dtype, op, peer, inc, outc) = describe(kind, self.info.ranks.len());
+        let k = kind.name();
+        let (dtype, op, peer, inc, outc) = describe(kind, self.info.ranks.len());
         let (bytes, _) = kind.shape(self.info.rank, self.info.ranks.len());
         Some(self.write(
             ring,
@@ -440,37 +353,11 @@ impl FlightRecorder {
         ))
     }
 
-    /// [`FlightRecorder::begin`] for the fused all-reduce + RMSNorm.
-    pub(crate) fn begin_rmsnorm(
-        &self,
-        shape: crate::rmsnorm::Shape,
-        opts: &CallOpts,
-        timeout: Duration,
-        host: bool,
-        op_id: u64,
-    ) -> Option<Token> {
-        let ring = self.ring.get()?;
-        let n = shape.x_bytes() / shape.dtype.size().max(1);
-        Some(self.write(
-            ring,
-            Kind::AllReduceRmsNorm,
-            Some(shape.dtype),
-            Some(ReduceOp::Sum),
-            NO_PEER,
-            (n as u64, n as u64),
-            shape.x_bytes(),
-            opts,
-            timeout,
-            host,
-            op_id,
-        ))
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn write(
         &self,
         ring: &Ring,
-        kind: Kind,
+        kind: CallName,
         dtype: Option<DataType>,
         op: Option<ReduceOp>,
         peer: u64,
@@ -500,8 +387,11 @@ impl FlightRecorder {
                 2 + FORMATS.iter().position(|x| *x == f).unwrap_or(0) as u64
             }
         };
-        let algo = ALGOS.iter().position(|a| *a == opts.algo.0).unwrap_or(0) as u64;
-        let code = Kind::ALL.iter().position(|x| *x == kind).unwrap_or(0) as u64
+        let algo = Algo::ALL
+            .iter()
+            .position(|a| *a == opts.algo.0)
+            .unwrap_or(0) as u64;
+        let code = CallName::ALL.iter().position(|x| *x == kind).unwrap_or(0) as u64
             | (dtype.map_or(0xff, |d| d.code()) as u64) << 8
             | (op.map_or(0xff, |o| o.code()) as u64) << 16
             | algo << 24
@@ -617,10 +507,10 @@ impl FlightRecorder {
 
     fn entry(&self, w: &[u64; WORDS], backend: Option<&dyn Backend>) -> Value {
         let code = w[W_CODE];
-        let kind = Kind::ALL[(code & 0xff) as usize % Kind::ALL.len()];
+        let kind = CallName::ALL[(code & 0xff) as usize % CallName::ALL.len()];
         let dtype = DataType::from_code(((code >> 8) & 0xff) as u8);
         let op = (code >> 16) & 0xff;
-        let algo = ALGOS[((code >> 24) & 0xff) as usize % ALGOS.len()];
+        let algo = Algo::ALL[((code >> 24) & 0xff) as usize % Algo::ALL.len()];
         let lp = match (code >> 32) & 0xff {
             0 => LowPrecisionChoice::Default,
             1 => LowPrecisionChoice::Off,
@@ -630,19 +520,19 @@ impl FlightRecorder {
         let me = self.info.rank;
         let peer = w[W_PEER];
         let profiling = match kind {
-            Kind::Send => format!("nccl:send {me}->{peer}"),
-            Kind::Recv => format!("nccl:recv {me}<-{peer}"),
-            k => format!("nccl:{}", k.torch_name()),
+            CallName::Send => format!("nccl:send {me}->{peer}"),
+            CallName::Recv => format!("nccl:recv {me}<-{peer}"),
+            k => format!("nccl:{}", torch_name(k)),
         };
         let sizes = |n: u64| {
-            if kind == Kind::Barrier {
+            if kind == CallName::Barrier {
                 json!([])
             } else {
                 json!([[n]])
             }
         };
         let dt = |present: bool| match dtype {
-            Some(d) if present && kind != Kind::Barrier => json!([torch_dtype(d)]),
+            Some(d) if present && kind != CallName::Barrier => json!([torch_dtype(d)]),
             _ => json!([]),
         };
         let opts = CallOpts {
@@ -659,27 +549,14 @@ impl FlightRecorder {
             _ => String::new(),
         };
         let mut call = format!("{}(", kind.name());
-        if kind != Kind::Barrier {
+        if kind != CallName::Barrier {
             call += &format!("count={}", w[W_OUT].max(w[W_IN]));
             if let Some(d) = dtype {
                 call += &format!(", dtype={d}");
             }
         }
         if op != 0xff {
-            let name = [
-                "sum",
-                "prod",
-                "min",
-                "max",
-                "avg",
-                "premulsum",
-                "band",
-                "bor",
-                "bxor",
-            ]
-            .get(op as usize)
-            .copied()
-            .unwrap_or("?");
+            let name = ReduceOp::name_of_code(op).unwrap_or("?");
             call += &format!(", op={name}");
         }
         if peer != NO_PEER {
@@ -707,28 +584,28 @@ impl FlightRecorder {
         e.insert("time_created_ns".into(), json!(w[W_CREATED]));
         e.insert("duration_ms".into(), duration);
         let (inputs, outputs) = match kind {
-            Kind::Recv => (0, w[W_OUT]),
-            Kind::Send => (w[W_IN], 0),
+            CallName::Recv => (0, w[W_OUT]),
+            CallName::Send => (w[W_IN], 0),
             _ => (w[W_IN], w[W_OUT]),
         };
         e.insert(
             "input_sizes".into(),
-            if kind == Kind::Recv {
+            if kind == CallName::Recv {
                 json!([])
             } else {
                 sizes(inputs)
             },
         );
-        e.insert("input_dtypes".into(), dt(kind != Kind::Recv));
+        e.insert("input_dtypes".into(), dt(kind != CallName::Recv));
         e.insert(
             "output_sizes".into(),
-            if kind == Kind::Send {
+            if kind == CallName::Send {
                 json!([])
             } else {
                 sizes(outputs)
             },
         );
-        e.insert("output_dtypes".into(), dt(kind != Kind::Send));
+        e.insert("output_dtypes".into(), dt(kind != CallName::Send));
         // torch's three states: a call that ended (well or not) is completed there; ours
         // says how it ended.
         let torch_state = match state {
@@ -786,11 +663,11 @@ impl FlightRecorder {
     }
 }
 
-/// A call's kind, dtype, op, root or peer, and element counts of input and output, as recorded.
+/// A call's dtype, op, root or peer, and element counts of input and output, as recorded.
 fn describe(
     kind: &CallKind<'_>,
     world: usize,
-) -> (Kind, Option<DataType>, Option<ReduceOp>, u64, u64, u64) {
+) -> (Option<DataType>, Option<ReduceOp>, u64, u64, u64) {
     let inout = |input: &Input<'_>, out: usize, dflt: usize| match input {
         Input::Buf(v) => (v.count() as u64, out as u64),
         Input::InPlace => (dflt as u64, out as u64),
@@ -798,14 +675,7 @@ fn describe(
     match kind {
         CallKind::AllReduce { input, output, op } => {
             let (i, o) = inout(input, output.count(), output.count());
-            (
-                Kind::AllReduce,
-                Some(output.dtype()),
-                Some(*op),
-                NO_PEER,
-                i,
-                o,
-            )
+            (Some(output.dtype()), Some(*op), NO_PEER, i, o)
         }
         CallKind::Reduce {
             input,
@@ -814,14 +684,7 @@ fn describe(
             root,
         } => {
             let (i, o) = inout(input, output.count(), output.count());
-            (
-                Kind::Reduce,
-                Some(output.dtype()),
-                Some(*op),
-                *root as u64,
-                i,
-                o,
-            )
+            (Some(output.dtype()), Some(*op), *root as u64, i, o)
         }
         CallKind::Broadcast {
             input,
@@ -829,22 +692,14 @@ fn describe(
             root,
         } => {
             let (i, o) = inout(input, output.count(), output.count());
-            (
-                Kind::Broadcast,
-                Some(output.dtype()),
-                None,
-                *root as u64,
-                i,
-                o,
-            )
+            (Some(output.dtype()), None, *root as u64, i, o)
         }
         CallKind::AllGather { input, output } => {
             let (i, o) = inout(input, output.count(), output.count() / world.max(1));
-            (Kind::AllGather, Some(output.dtype()), None, NO_PEER, i, o)
+            (Some(output.dtype()), None, NO_PEER, i, o)
         }
         CallKind::ReduceScatter { input, output, op } => match input {
             Input::Buf(v) => (
-                Kind::ReduceScatter,
                 Some(output.dtype()),
                 Some(*op),
                 NO_PEER,
@@ -852,7 +707,6 @@ fn describe(
                 output.count() as u64,
             ),
             Input::InPlace => (
-                Kind::ReduceScatter,
                 Some(output.dtype()),
                 Some(*op),
                 NO_PEER,
@@ -862,7 +716,7 @@ fn describe(
         },
         CallKind::AllToAll { input, output } => {
             let (i, o) = inout(input, output.count(), output.count());
-            (Kind::AllToAll, Some(output.dtype()), None, NO_PEER, i, o)
+            (Some(output.dtype()), None, NO_PEER, i, o)
         }
         CallKind::AllToAllV {
             input,
@@ -878,17 +732,9 @@ fn describe(
                 .iter()
                 .fold(0, |a, &b| a.saturating_add(b));
             let _ = input;
-            (
-                Kind::AllToAllV,
-                Some(output.dtype()),
-                None,
-                NO_PEER,
-                sent as u64,
-                got as u64,
-            )
+            (Some(output.dtype()), None, NO_PEER, sent as u64, got as u64)
         }
         CallKind::AllToAllVDynamic { input, output, .. } => (
-            Kind::AllToAllVDynamic,
             Some(output.dtype()),
             None,
             NO_PEER,
@@ -896,30 +742,23 @@ fn describe(
             output.count() as u64,
         ),
         CallKind::AllToAllVDynamicPacked { input, output, .. } => (
-            Kind::AllToAllVDynamicPacked,
             Some(output.dtype()),
             None,
             NO_PEER,
             input.count() as u64,
             output.count() as u64,
         ),
-        CallKind::Barrier => (Kind::Barrier, None, None, NO_PEER, 0, 0),
+        CallKind::Barrier => (None, None, NO_PEER, 0, 0),
         CallKind::Send { data, peer } => (
-            Kind::Send,
             Some(data.dtype()),
             None,
             *peer as u64,
             data.count() as u64,
             0,
         ),
-        CallKind::Recv { out, peer } => (
-            Kind::Recv,
-            Some(out.dtype()),
-            None,
-            *peer as u64,
-            0,
-            out.count() as u64,
-        ),
+        CallKind::Recv { out, peer } => {
+            (Some(out.dtype()), None, *peer as u64, 0, out.count() as u64)
+        }
         CallKind::BatchSendRecv { ops } => {
             let (mut s, mut r) = (0u64, 0u64);
             let mut dtype = None;
@@ -935,7 +774,13 @@ fn describe(
                     }
                 }
             }
-            (Kind::Batch, dtype, None, NO_PEER, s, r)
+            (dtype, None, NO_PEER, s, r)
+        }
+        // Recorded as the all-reduce it starts with, in elements of x.
+        CallKind::AllReduceRmsNorm(call) => {
+            let shape = call.shape();
+            let n = (shape.x_bytes() / shape.dtype.size().max(1)) as u64;
+            (Some(shape.dtype), Some(ReduceOp::Sum), NO_PEER, n, n)
         }
     }
 }

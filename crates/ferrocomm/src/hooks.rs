@@ -20,8 +20,8 @@ pub struct PreHookArgs<'a> {
     pub op_id: u64,
     /// The call's name (`all_reduce`, ..., `all_reduce_rmsnorm`).
     pub name: &'static str,
-    /// The call and its operands (`None` for the fused all-reduce + RMSNorm).
-    pub call: Option<&'a CallKind<'a>>,
+    /// The call and its operands.
+    pub call: &'a CallKind<'a>,
     /// The call's options.
     pub opts: &'a CallOpts,
 }
@@ -189,7 +189,7 @@ mod tests {
         h.pre(&PreHookArgs {
             op_id: 7,
             name: "barrier",
-            call: Some(&CallKind::Barrier),
+            call: &CallKind::Barrier,
             opts: &o,
         });
         h.post(&PostHookArgs {
@@ -201,7 +201,7 @@ mod tests {
         h.pre(&PreHookArgs {
             op_id: 8,
             name: "barrier",
-            call: None,
+            call: &CallKind::Barrier,
             opts: &o,
         });
         h.abort();

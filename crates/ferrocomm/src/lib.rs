@@ -94,10 +94,11 @@ pub mod watch;
 pub mod window;
 
 pub use backend::{
-    AlgoChoice, Backend, Call, CallKind, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts,
-    Splits,
+    AlgoChoice, Backend, Call, CallDesc, CallKind, CallName, CallOpts, CommContext, CountsDesc,
+    DeviceCounts, Fp8Desc, NormDesc, P2pOp, PackedCounts, RawBuf, Splits,
 };
 pub use comm::{CommOptions, Communicator};
+pub use config::tuning;
 pub use config::Config;
 pub use driver::Completion;
 pub use error::{Error, Result};

@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use crate::config::tuning::Tuning;
 use crate::config::{Config, Thresholds};
 use crate::error::{Error, Result};
 use crate::quant::{Codec, Format};
@@ -21,6 +22,20 @@ pub enum LowPrecisionChoice {
     /// Low precision in this format, whatever the environment says (still only for
     /// Sum/Avg on f32/f16/bf16).
     On(Format),
+}
+
+impl LowPrecisionChoice {
+    /// A per-call hint as users spell it: `default`/`auto`/`env` (or empty), `off` (`0`,
+    /// `false`, `no`, `none`), `on` (`1`, `true`, `yes`: the configured `format`), or a format
+    /// name (`e4m3`, `e5m2`, `int8`).
+    pub fn from_hint(hint: &str, format: Format) -> crate::error::Result<Self> {
+        Ok(match hint.trim().to_ascii_lowercase().as_str() {
+            "" | "default" | "auto" | "env" => LowPrecisionChoice::Default,
+            "off" | "0" | "false" | "no" | "none" => LowPrecisionChoice::Off,
+            "on" | "1" | "true" | "yes" => LowPrecisionChoice::On(format),
+            f => LowPrecisionChoice::On(f.parse()?),
+        })
+    }
 }
 
 /// Which engine carries a call.
@@ -55,13 +70,41 @@ pub struct Plan {
     pub norm: Option<NormForm>,
 }
 
-/// The kernel form of a staged collective's parts and its rounds ([`part_form`]): `ll` (LL
-/// lines), `st` (staged) or `rw` (pipelined staged, in `rounds`).
+/// How a staged collective's parts move ([`part_form`]); [`PartKind::kernel`] names it in the
+/// kernels' entry points (`fc_<collective>_<kernel>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PartKind {
+    /// In LL lines: the flag beside the data, no barrier.
+    Ll,
+    /// Through the staging, with a barrier per block.
+    Staged,
+    /// Through the staging in rounds (a pipeline).
+    Pipelined,
+}
+
+impl PartKind {
+    /// `ll`, `st` or `rw`: the form in the kernels' entry points and the bench's path detail.
+    pub fn kernel(self) -> &'static str {
+        match self {
+            PartKind::Ll => "ll",
+            PartKind::Staged => "st",
+            PartKind::Pipelined => "rw",
+        }
+    }
+}
+
+impl fmt::Display for PartKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.kernel())
+    }
+}
+
+/// The kernel form of a staged collective's parts and its rounds ([`part_form`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PartForm {
-    /// `ll`, `st` or `rw`.
-    pub form: &'static str,
-    /// Rounds of a pipelined (`rw`) part; 1 otherwise.
+    /// LL lines, staged, or staged in rounds.
+    pub form: PartKind,
+    /// Rounds of a pipelined part; 1 otherwise.
     pub rounds: u32,
 }
 
@@ -170,24 +213,8 @@ pub struct Caps {
     pub multi_host: bool,
 }
 
-/// Default all-reduce thresholds by world size (bytes per rank): (push_max, flat_max, tree_max).
-///
-/// The 2-rank figures come from the 2×H200 sweep recorded in docs/tuning.md; larger worlds scale
-/// them down because flat moves O(N²) bytes and push's payload grows with N.
-pub fn default_all_reduce_thresholds(world: usize) -> (usize, usize, usize) {
-    match world {
-        // 2 ranks: push wins to 64 KiB (4.7 us against flat's 5.1), flat from 256 KiB; tree
-        // never beats flat (both move S bytes each way); NCCL wins from 64 MiB (docs/tuning.md).
-        0..=2 => (64 << 10, 32 << 20, 32 << 20),
-        // 3-4 ranks (4×H200, bench/results/2026-11-30-h200x4-first): push 0.34-0.40 of NCCL to
-        // 16 KiB, flat 0.50-0.64 at 64-256 KiB, tree 0.75-0.81 at 1-4 MiB and 1.01 at 16 MiB.
-        3..=4 => (32 << 10, 512 << 10, 8 << 20),
-        _ => (16 << 10, 256 << 10, 64 << 20),
-    }
-}
-
-/// The collectives whose direct access ends at a size limit ([`direct_max_setting`],
-/// [`default_direct_max`]): all but the all-reduce (its own thresholds) and the point-to-point
+/// The collectives whose direct access ends at a size limit ([`direct_max_setting`], the
+/// tuning table's `direct_max`): all but the all-reduce (its own thresholds) and the point-to-point
 /// calls.
 pub const DIRECT_LIMITED: [Collective; 6] = [
     Collective::AllGather,
@@ -198,8 +225,8 @@ pub const DIRECT_LIMITED: [Collective; 6] = [
     Collective::Reduce,
 ];
 
-/// The setting that limits direct access for `coll` (bytes per rank; `None`: the default,
-/// [`default_direct_max`]) and the environment variable that sets it. The all-to-all and the
+/// The setting that limits direct access for `coll` (bytes per rank; `None`: the tuning table's,
+/// [`Tuning::direct_max`]) and the environment variable that sets it. The all-to-all and the
 /// all-to-all-v share one, broadcast and reduce another, send and recv a third (two-rank
 /// communicators only: see [`select`]).
 pub fn direct_max_setting(t: &Thresholds, coll: Collective) -> (Option<usize>, &'static str) {
@@ -217,27 +244,6 @@ pub fn direct_max_setting(t: &Thresholds, coll: Collective) -> (Option<usize>, &
 /// Whether `coll` is a point-to-point call.
 fn p2p(coll: Collective) -> bool {
     matches!(coll, Collective::Send | Collective::Recv)
-}
-
-/// Default direct-access limits for the data-movement collectives (bytes per rank); `None`: no
-/// limit of its own (the staging still decides).
-pub fn default_direct_max(coll: Collective, world: usize) -> Option<usize> {
-    // 2×H200 sweeps (docs/tuning.md, direct-access collectives): direct access beats NCCL up to
-    // the largest size measured, the equal-part all-to-all since it runs in rounds from 8 MiB
-    // parts (64 MiB per rank 0.81×). The staging (64 MiB by default) caps the rest: world × part
-    // bytes per call. The all-to-all-v runs in pieces at any size (launches of a staging slot
-    // at two ranks, pair by pair in one launch above), and NCCL's all-to-all-v (grouped sends
-    // and receives) is far slower than its all-to-all: 0.44-0.66× at 1-32 MiB of uneven parts,
-    // bench/results/2026-11-30-h200x2-lp-a2av. So it has no limit of its own at two ranks;
-    // above two, where its choice can take no size, `select` gives it to NCCL by a rule of its
-    // own.
-    let base: usize = match coll {
-        Collective::AllToAllV => return None,
-        Collective::AllGather => 32 << 20,
-        Collective::ReduceScatter => 32 << 20,
-        _ => 64 << 20,
-    };
-    Some(if world > 4 { base / 2 } else { base })
 }
 
 /// Whether no count of an all-to-all-v of `world` ranks is seen by every rank (each sees its own
@@ -300,7 +306,7 @@ pub fn select(
     let t = &cfg.thresholds;
     match coll {
         Collective::AllReduce => {
-            let (push_d, flat_d, tree_d) = default_all_reduce_thresholds(world);
+            let (push_d, flat_d, tree_d) = cfg.tuning.all_reduce(world);
             let push_max = t.push_max.unwrap_or(push_d);
             let flat_max = t.flat_max.unwrap_or(flat_d);
             let tree_max = t.tree_max.unwrap_or(tree_d);
@@ -322,17 +328,16 @@ pub fn select(
             Ok(if caps.nccl { Algo::Nccl } else { Algo::Direct })
         }
         // Above two ranks the all-to-all-v runs pair by pair and its choice can take no size (no
-        // count is seen by every rank). On 4×H200 the pair-by-pair kernel lost to NCCL's
-        // all-to-all-v up to 1 MB (1 KB 14.4 against 8.6 us, 256 KB 16.6 against 10.0) and won
-        // from 4 MB (0.76-0.78): without a size to go by, NCCL (never slower than NCCL), direct
-        // access when forced or without NCCL (bench/results/2026-11-30-h200x4-first).
+        // count is seen by every rank); the pair-by-pair kernel lost to NCCL's below 4 MB and
+        // won above (docs/tuning.md, "Where the built-in limits come from"): without a size to go by, NCCL (never slower than NCCL), direct
+        // access when forced or without NCCL.
         Collective::AllToAllV if a2av_without_agreed_size(world) => {
             Ok(if caps.nccl { Algo::Nccl } else { Algo::Direct })
         }
         other => {
             let limit = direct_max_setting(t, other)
                 .0
-                .or_else(|| default_direct_max(other, world));
+                .or_else(|| cfg.tuning.direct_max(other, world));
             let above = limit.is_some_and(|l| bytes_per_rank > l);
             if caps.nccl && (above || !fits(bytes_per_rank)) {
                 Ok(Algo::Nccl)
@@ -342,11 +347,6 @@ pub fn select(
         }
     }
 }
-
-/// Smallest message (bytes per rank) the cuda backend sends in low precision by default
-/// (`FERROCOMM_LP_MIN_BYTES` overrides): below it quantizing costs more than the halved traffic
-/// saves (2×H200 measurement in docs/quant-accuracy.md).
-pub const CUDA_LP_MIN_BYTES: usize = 4 << 20;
 
 /// Whether one call goes low precision, and with which codec: the rule every backend follows.
 ///
@@ -652,8 +652,7 @@ pub fn staged_need(coll: Collective, part_bytes: usize, world: usize) -> Option<
 /// Whether a call with parts of `part_bytes` uses LL lines (`ll_max`: the largest LL part,
 /// `StagingLayout::ll_max`), for every collective with LL kernels: the data movers, and the
 /// reductions since their LL kernels wait for the peer's lines only (as the push all-reduce).
-/// Earlier LL reductions, which waited for a hello with a system-scope release first, lost to
-/// the staged kernels at every size (bench/results/2026-11-30-h200x2-ll-staged) and were removed.
+/// (Earlier LL reductions that waited for a hello first lost at every size: docs/tuning.md, "Where the built-in limits come from".)
 fn use_ll(part_bytes: usize, ll_max: usize) -> bool {
     part_bytes <= ll_max
 }
@@ -665,32 +664,25 @@ pub fn a2av_takes_ll(largest_crossing_bytes: usize, ll_max: usize) -> bool {
     use_ll(largest_crossing_bytes, ll_max)
 }
 
-/// The smallest part of `kernel` that takes the pipelined staged kernel (`fc_<kernel>_rw`, rounds
-/// of `PIPE_ROUND_BYTES`, at most `COLL_MAX_ROUNDS`); None where rounds never pay. Measured on
-/// 2xH200 (bench/results/2026-11-30-h200x2-pipeline, -coll-rounds, -a2a-rw): all-gather 64 MB
-/// 141 -> 106 us, 32 MB 68.6 -> 57.2, 16 MB (8 MiB parts, 2 rounds) 33.5 -> 32.0; all-to-all
-/// 16 MB 36.4 -> 33.5, 32 MB 73.5 -> 61.5, 64 MB 141.0 -> 113.4; reduce-scatter 64 MB 141 -> 118,
-/// 32 MB 72 -> 67, but 16 MB 36.4 -> 37.1 in 4 rounds of 2 MiB (36.5 -> 37.6 in 2); broadcast and
-/// reduce lost at every size (each extra round costs 1.5-3 us; broadcast 16 MB 49.1 -> 52.5), and
-/// rounds of 2 or 1 MiB lost to 4 MiB for every kernel.
-pub fn pipe_min_bytes(kernel: &str) -> Option<usize> {
-    match kernel {
-        "all_gather" | "all_to_all" => Some(8 << 20),
-        "reduce_scatter" => Some(16 << 20),
-        _ => None,
-    }
-}
-const PIPE_ROUND_BYTES: usize = 4 << 20;
-
 /// The kernel form of a call of `kernel` with parts of `part_bytes` (`ll_max`: the largest LL
-/// part) and its rounds: `ll` (LL lines), `st` (staged) or `rw` (pipelined staged).
-pub fn part_form(kernel: &str, part_bytes: usize, ll_max: usize) -> (&'static str, u32) {
+/// part) and its rounds: LL lines, staged, or pipelined staged (parts from
+/// the table's smallest pipelined part of `kernel`, in rounds of its round size, at most
+/// [`COLL_MAX_ROUNDS`]; the figures are in the table, `tuning.json`).
+pub fn part_form(
+    tuning: &Tuning,
+    kernel: &str,
+    part_bytes: usize,
+    ll_max: usize,
+) -> (PartKind, u32) {
     if use_ll(part_bytes, ll_max) {
-        ("ll", 1)
-    } else if pipe_min_bytes(kernel).is_some_and(|min| part_bytes >= min) {
-        ("rw", st_rounds(part_bytes, PIPE_ROUND_BYTES))
+        (PartKind::Ll, 1)
+    } else if tuning.pipe_min(kernel).is_some_and(|min| part_bytes >= min) {
+        (
+            PartKind::Pipelined,
+            st_rounds(part_bytes, tuning.pipe_round_bytes),
+        )
     } else {
-        ("st", 1)
+        (PartKind::Staged, 1)
     }
 }
 
@@ -863,7 +855,7 @@ pub fn cuda_rmsnorm(
             let flat_max = t
                 .rmsnorm_flat_max
                 .or(t.flat_max)
-                .unwrap_or(default_all_reduce_thresholds(cuda.world).1);
+                .unwrap_or(cfg.tuning.all_reduce(cuda.world).1);
             if bytes <= flat_max && flat_fits {
                 NormForm::FusedFlat
             } else if tree_fits {
@@ -904,7 +896,7 @@ pub fn cuda_rmsnorm_plan(
         bytes,
         choice,
         cfg,
-        CUDA_LP_MIN_BYTES,
+        cfg.tuning.cuda_lp_min_bytes,
     )?;
     let lp_rows = codec
         .as_ref()
@@ -930,7 +922,7 @@ pub fn cuda_rmsnorm_plan(
 
 /// The plan of one all-reduce of `bytes` per rank on the cuda backend (pointers aligned to the
 /// element size, which the backend requires): low precision by direct access when
-/// [`low_precision`] says so (with the cuda size floor, [`CUDA_LP_MIN_BYTES`]) on the path of
+/// [`low_precision`] says so (with the cuda size floor, the table's `cuda_lp_min_bytes`) on the path of
 /// [`lp_all_reduce`]; else [`cuda_all_reduce`]'s algorithm, a flat one with its
 /// [`flat_form`]. The executor runs this plan as it is.
 pub fn cuda_all_reduce_plan(
@@ -944,7 +936,8 @@ pub fn cuda_all_reduce_plan(
 ) -> Result<Plan> {
     if cuda.dda.is_some() {
         let coll = Collective::AllReduce;
-        let lp = low_precision(coll, dtype, Some(op), bytes, choice, cfg, CUDA_LP_MIN_BYTES)?;
+        let lp_min = cfg.tuning.cuda_lp_min_bytes;
+        let lp = low_precision(coll, dtype, Some(op), bytes, choice, cfg, lp_min)?;
         if let Some(codec) = lp {
             return Ok(Plan {
                 engine: Engine::Direct,
@@ -996,7 +989,8 @@ pub fn cuda_plan(
         _ => None,
     };
     if let (Some(d), Some((op, bytes))) = (&cuda.dda, lp_shape) {
-        let lp = low_precision(coll, dtype, op, bytes, choice, cfg, CUDA_LP_MIN_BYTES)?;
+        let lp_min = cfg.tuning.cuda_lp_min_bytes;
+        let lp = low_precision(coll, dtype, op, bytes, choice, cfg, lp_min)?;
         if let Some(codec) = lp.filter(|_| coll != Collective::AllToAllV || d.a2av_lp) {
             return Ok(Plan {
                 engine: Engine::Direct,
@@ -1032,7 +1026,7 @@ pub fn cuda_plan(
     let algo = cuda_collective(cuda, cfg, coll, bytes_per_rank, part, dtype, op, requested)?;
     let parts = match (&cuda.dda, algo, staged_kernel(coll)) {
         (Some(d), Algo::Direct, Some(kernel)) => {
-            let (form, rounds) = part_form(kernel, part, d.ll_max);
+            let (form, rounds) = part_form(&cfg.tuning, kernel, part, d.ll_max);
             Some(PartForm { form, rounds })
         }
         _ => None,
@@ -1295,12 +1289,12 @@ mod tests {
         assert_eq!(pick(Collective::AllGather, 32 << 20, 4), Algo::Direct);
         assert_eq!(pick(Collective::AllGather, (32 << 20) + 1, 4), Algo::Nccl);
         // Above 4 ranks every default halves (the all-to-all-v has none).
-        assert_eq!(default_direct_max(Collective::AllToAllV, 8), None);
+        assert_eq!(cfg.tuning.direct_max(Collective::AllToAllV, 8), None);
         for coll in DIRECT_LIMITED
             .into_iter()
             .filter(|&c| c != Collective::AllToAllV)
         {
-            let limit = |world| default_direct_max(coll, world).expect("a default limit");
+            let limit = |world| cfg.tuning.direct_max(coll, world).expect("a default limit");
             let (two, eight) = (limit(2), limit(8));
             assert_eq!(eight * 2, two, "{}", coll.name());
             assert_eq!(pick(coll, eight, 8), Algo::Direct, "{}", coll.name());
@@ -1454,13 +1448,28 @@ mod tests {
                 .parts
         };
         let form = |form, rounds| Some(PartForm { form, rounds });
-        assert_eq!(parts(&two, Collective::AllGather, 1024), form("ll", 1));
-        assert_eq!(parts(&two, Collective::AllGather, 1 << 20), form("st", 1));
-        assert_eq!(parts(&two, Collective::AllGather, 16 << 20), form("rw", 4));
+        assert_eq!(
+            parts(&two, Collective::AllGather, 1024),
+            form(PartKind::Ll, 1)
+        );
+        assert_eq!(
+            parts(&two, Collective::AllGather, 1 << 20),
+            form(PartKind::Staged, 1)
+        );
+        assert_eq!(
+            parts(&two, Collective::AllGather, 16 << 20),
+            form(PartKind::Pipelined, 4)
+        );
         assert_eq!(parts(&two, Collective::AllGather, 64 << 20), None);
         // The all-to-all's part is its output over the world; a message is a broadcast.
-        assert_eq!(parts(&two, Collective::AllToAll, 32 << 20), form("rw", 4));
-        assert_eq!(parts(&two, Collective::Send, 1 << 20), form("st", 1));
+        assert_eq!(
+            parts(&two, Collective::AllToAll, 32 << 20),
+            form(PartKind::Pipelined, 4)
+        );
+        assert_eq!(
+            parts(&two, Collective::Send, 1 << 20),
+            form(PartKind::Staged, 1)
+        );
         assert_eq!(parts(&two, Collective::AllReduce, 1024), None);
         // Low precision from the cuda floor (4 MiB of one rank's part) up.
         cfg.low_precision.enabled = true;
@@ -1499,10 +1508,22 @@ mod tests {
         assert!(!a2av_takes_ll(2049, 2048));
         assert!(!a2av_takes_ll(4096, 2048));
         // The staged collectives take the same limit, then rounds from their pipeline floor.
-        assert_eq!(part_form("all_gather", 2048, 2048), ("ll", 1));
-        assert_eq!(part_form("all_gather", 2049, 2048), ("st", 1));
-        assert_eq!(part_form("all_gather", 8 << 20, 2048), ("rw", 2));
-        assert_eq!(part_form("broadcast", 64 << 20, 2048), ("st", 1));
+        assert_eq!(
+            part_form(&Tuning::builtin(), "all_gather", 2048, 2048),
+            (PartKind::Ll, 1)
+        );
+        assert_eq!(
+            part_form(&Tuning::builtin(), "all_gather", 2049, 2048),
+            (PartKind::Staged, 1)
+        );
+        assert_eq!(
+            part_form(&Tuning::builtin(), "all_gather", 8 << 20, 2048),
+            (PartKind::Pipelined, 2)
+        );
+        assert_eq!(
+            part_form(&Tuning::builtin(), "broadcast", 64 << 20, 2048),
+            (PartKind::Staged, 1)
+        );
     }
 
     #[test]
@@ -1631,7 +1652,7 @@ mod tests {
                                     bytes,
                                     choice,
                                     &cfg,
-                                    CUDA_LP_MIN_BYTES,
+                                    cfg.tuning.cuda_lp_min_bytes,
                                 )
                                 .unwrap();
                                 assert_eq!(p.low_precision, want, "{case}");

@@ -154,6 +154,17 @@ impl Shape {
 }
 
 impl AllReduceRmsNorm<'_> {
+    /// The call's shape as its buffers give it (rows of the weight's length in `out`), for a
+    /// call [`AllReduceRmsNorm::check`] has accepted.
+    pub fn shape(&self) -> Shape {
+        let hidden = self.weight.count();
+        Shape {
+            rows: self.out.count().checked_div(hidden).unwrap_or(0),
+            hidden,
+            dtype: self.out.dtype(),
+        }
+    }
+
     /// Checks the buffers against each other and returns the call's shape, or an error naming
     /// what is wrong. Nothing is read or written.
     pub fn check(&self) -> Result<Shape> {

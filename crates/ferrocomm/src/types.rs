@@ -220,6 +220,25 @@ impl ReduceOp {
             ReduceOp::BitXor => 8,
         }
     }
+
+    /// The name of the operator whose [`ReduceOp::code`] is `code` (`None` for no operator's),
+    /// for descriptions kept as codes (a PreMulSum's factor is not part of its code).
+    pub fn name_of_code(code: u64) -> Option<&'static str> {
+        [
+            ReduceOp::Sum,
+            ReduceOp::Prod,
+            ReduceOp::Min,
+            ReduceOp::Max,
+            ReduceOp::Avg,
+            ReduceOp::PremulSum(1.0),
+            ReduceOp::BitAnd,
+            ReduceOp::BitOr,
+            ReduceOp::BitXor,
+        ]
+        .into_iter()
+        .find(|o| u64::from(o.code()) == code)
+        .map(ReduceOp::name)
+    }
 }
 
 impl fmt::Display for ReduceOp {
@@ -251,6 +270,16 @@ impl FromStr for ReduceOp {
                      band, bor, bxor)"
                 )))
             }
+        })
+    }
+}
+
+impl ReduceOp {
+    /// The operator named `name` (as [`FromStr`] reads it), a PremulSum with its `factor`.
+    pub fn named(name: &str, factor: f64) -> Result<ReduceOp> {
+        Ok(match name.parse()? {
+            ReduceOp::PremulSum(_) => ReduceOp::PremulSum(factor),
+            other => other,
         })
     }
 }
@@ -316,6 +345,16 @@ pub enum Algo {
 }
 
 impl Algo {
+    /// Every algorithm, in declaration order.
+    pub const ALL: [Algo; 6] = [
+        Algo::Auto,
+        Algo::Push,
+        Algo::Flat,
+        Algo::Tree,
+        Algo::Direct,
+        Algo::Nccl,
+    ];
+
     /// The name used in settings, `FERROCOMM_ALGO` and the bench (`auto`, `push`, `flat`, ...).
     pub const fn name(self) -> &'static str {
         match self {
@@ -380,6 +419,20 @@ pub enum Collective {
 }
 
 impl Collective {
+    /// Every collective, in declaration order (their codes).
+    pub const ALL: [Collective; 10] = [
+        Collective::AllReduce,
+        Collective::Reduce,
+        Collective::Broadcast,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::AllToAll,
+        Collective::AllToAllV,
+        Collective::Barrier,
+        Collective::Send,
+        Collective::Recv,
+    ];
+
     /// The snake-case name (`all_reduce`, ...), as in logs, signatures and the bench.
     pub const fn name(self) -> &'static str {
         match self {
@@ -399,6 +452,18 @@ impl Collective {
     /// A stable small code for signatures and kernels (the variant's index).
     pub const fn code(self) -> u8 {
         self as u8
+    }
+}
+
+impl FromStr for Collective {
+    type Err = ParseError;
+
+    /// The snake-case name [`Collective::name`] gives.
+    fn from_str(s: &str) -> Result<Self> {
+        Collective::ALL
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| ParseError(format!("unknown collective '{s}'")))
     }
 }
 

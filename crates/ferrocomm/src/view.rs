@@ -204,6 +204,25 @@ pub enum Input<'a> {
     Buf(View<'a>),
 }
 
+impl Input<'_> {
+    /// The input's first byte as an address: its own, or the output's in place.
+    pub fn address(&self, output: &ViewMut<'_>) -> u64 {
+        match self {
+            Input::InPlace => output.ptr() as u64,
+            Input::Buf(v) => v.ptr() as u64,
+        }
+    }
+
+    /// The input's address where in place means "part `rank` of `part` elements of the
+    /// output" (all-gather): that part's, else its own.
+    pub fn part_address(&self, output: &ViewMut<'_>, part: usize, rank: usize) -> u64 {
+        match self {
+            Input::InPlace => output.ptr() as u64 + (rank * part * output.dtype().size()) as u64,
+            Input::Buf(v) => v.ptr() as u64,
+        }
+    }
+}
+
 impl<'a> From<View<'a>> for Input<'a> {
     fn from(v: View<'a>) -> Self {
         Input::Buf(v)

@@ -79,7 +79,7 @@ fn pid_namespace() -> (u64, u64) {
 /// a container's name reused, differ in the boot id).
 fn host_identity() -> String {
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    format!("{}/{}", crate::cuda::hostname(), boot.trim())
+    format!("{}/{}", crate::bootstrap::hostname(), boot.trim())
 }
 
 /// The mapped lines of the ranks.

@@ -22,10 +22,10 @@ enum Seen {
 
 fn pre(a: &PreHookArgs<'_>) -> Seen {
     let (op, who, count) = match a.call {
-        Some(CallKind::AllReduce { op, output, .. }) => (Some(*op), None, output.count()),
-        Some(CallKind::Broadcast { root, output, .. }) => (None, Some(*root), output.count()),
-        Some(CallKind::Send { data, peer }) => (None, Some(*peer), data.count()),
-        Some(CallKind::Recv { out, peer }) => (None, Some(*peer), out.count()),
+        CallKind::AllReduce { op, output, .. } => (Some(*op), None, output.count()),
+        CallKind::Broadcast { root, output, .. } => (None, Some(*root), output.count()),
+        CallKind::Send { data, peer } => (None, Some(*peer), data.count()),
+        CallKind::Recv { out, peer } => (None, Some(*peer), out.count()),
         _ => (None, None, 0),
     };
     Seen::Pre(a.name, a.op_id, op, who, count)

@@ -13,29 +13,8 @@ use ferrocomm::plan::{
     cuda_all_reduce, cuda_collective, cuda_rmsnorm, flat_form, low_precision, lp_all_reduce,
     part_form, select, Caps, CudaCaps, DdaCaps, LowPrecisionChoice,
 };
+use ferrocomm::tuning::Tuning;
 use ferrocomm::{Algo, Collective, DataType, Format, ReduceOp};
-
-const COLLECTIVES: [Collective; 10] = [
-    Collective::AllReduce,
-    Collective::Reduce,
-    Collective::Broadcast,
-    Collective::AllGather,
-    Collective::ReduceScatter,
-    Collective::AllToAll,
-    Collective::AllToAllV,
-    Collective::Barrier,
-    Collective::Send,
-    Collective::Recv,
-];
-
-const ALGOS: [Algo; 6] = [
-    Algo::Auto,
-    Algo::Push,
-    Algo::Flat,
-    Algo::Tree,
-    Algo::Direct,
-    Algo::Nccl,
-];
 
 /// Sizes on both sides of every threshold (defaults, the overrides below, the stagings).
 fn sizes() -> Vec<usize> {
@@ -207,12 +186,12 @@ fn algorithm_table() -> String {
             // The per-call requests with the default configuration; automatic choice with
             // every configuration.
             let requests: &[Algo] = if fname == "default" {
-                &ALGOS
+                &Algo::ALL
             } else {
-                &ALGOS[..1]
+                &Algo::ALL[..1]
             };
             for &req in requests {
-                for coll in COLLECTIVES {
+                for coll in Collective::ALL {
                     let head = format!("{cname} {fname} {req} {}", coll.name());
                     by_world(&mut t, &head, |world| {
                         runs(&sizes, |bytes| {
@@ -296,7 +275,7 @@ fn cuda_table() -> String {
             multi_host: false,
             kernel_dtypes: &kernels,
         };
-        for req in ALGOS {
+        for req in Algo::ALL {
             for (dtype, op) in [
                 (DataType::BF16, ReduceOp::Sum),
                 (DataType::F8E4M3, ReduceOp::Sum),
@@ -312,7 +291,7 @@ fn cuda_table() -> String {
             if !matches!(req, Algo::Auto | Algo::Direct | Algo::Nccl) {
                 continue;
             }
-            for coll in COLLECTIVES {
+            for coll in Collective::ALL {
                 if matches!(coll, Collective::AllReduce | Collective::Barrier) {
                     continue;
                 }
@@ -350,15 +329,15 @@ fn cuda_table() -> String {
                 "reduce",
             ] {
                 let r = runs(&sizes, |bytes| {
-                    let (form, rounds) = part_form(kernel, bytes, d.ll_max);
+                    let (form, rounds) = part_form(&Tuning::builtin(), kernel, bytes, d.ll_max);
                     format!("{form}x{rounds}")
                 });
                 writeln!(t, "{name} {kernel} part form: {r}").expect("writing to a string");
             }
         }
     }
-    for req in ALGOS {
-        for cfg_algo in ALGOS {
+    for req in Algo::ALL {
+        for cfg_algo in Algo::ALL {
             let r: Vec<String> = (1..=16)
                 .map(|w| lp_all_reduce(req, cfg_algo, w).name().to_string())
                 .collect();
@@ -425,8 +404,8 @@ fn low_precision_table() -> String {
         .expect("the table's settings parse");
         let fname = format!("{set:?}");
         for (chname, choice) in choices {
-            for coll in COLLECTIVES {
-                for floor in [0, ferrocomm::plan::CUDA_LP_MIN_BYTES] {
+            for coll in Collective::ALL {
+                for floor in [0, Tuning::builtin().cuda_lp_min_bytes] {
                     // The dtype/op pairs with the same answers share a line.
                     let mut rows: Vec<(String, Vec<String>)> = Vec::new();
                     for dtype in dtypes {

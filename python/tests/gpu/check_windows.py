@@ -226,20 +226,23 @@ def check_graph(comm):
     src.copy_(data(RANK, n))
     graph = captured(body)  # ran once eagerly, then captured
     sync()
-    ok = bool(torch.equal(buf[PREV], data(PREV, n)))
+    wrong = [] if torch.equal(buf[PREV], data(PREV, n)) else ["the eager run"]
+    # PREV's first replay puts into that row at once (the answer signal says the row arrived,
+    # not that this host has read it): it waits until every rank has looked, here and after
+    # each look below.
+    comm.barrier()
     base = torch.arange(n, device=DEV, dtype=torch.float32)
     for rep in range(1000):
         src.copy_(base + rep * 10 + RANK)
         graph.replay()
         if rep % 50 == 49 or rep < 3:
             sync()
-            ok &= bool(torch.equal(buf[PREV], base + rep * 10 + PREV))
-            # PREV's next replay puts into that row at once (the answer signal says the row
-            # arrived, not that this host has read it): it waits until every rank has looked.
+            if not torch.equal(buf[PREV], base + rep * 10 + PREV):
+                wrong.append(f"replay {rep}")
             comm.barrier()
     sync()
-    ok &= bool(torch.equal(buf[PREV], base + 999 * 10 + PREV))
-    record("put + signal + wait_signal in a CUDA graph, 1,000 replays", ok)
+    record("put + signal + wait_signal in a CUDA graph, 1,000 replays", not wrong,
+           "row of rank %d wrong after %s" % (PREV, ", ".join(wrong)))
     comm.barrier()
     win.tensor_deregister()
 

@@ -564,7 +564,7 @@ pub fn run(plan: &Plan, cfg: Config, command_line: Vec<String>) -> anyhow::Resul
                         // The first size once untimed on our side: ours is measured first, and
                         // on 2xH200 the first row of a run came out up to 42% slower than the
                         // next, larger size (four of five collectives) while NCCL, measured after
-                        // ours, did not (bench/results/2026-11-30-h200x2-checks-coll).
+                        // ours, did not (run 2026-11-30-h200x2-checks-coll, commit 2a43a1c).
                         ctx.time(engine.as_mut(), &ours, false)?;
                     }
                     let mut rr = RankRow {

@@ -271,6 +271,19 @@ pub fn store_barrier(store: &dyn Store, tag: &str, world: usize, timeout: Durati
     store.get(&format!("{tag}/done"), timeout).map(|_| ())
 }
 
+/// This machine's host name: ranks compare it through the store to prove they share one host
+/// (the cuda backend's direct access, the watcher's host identity).
+pub(crate) fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `len` bytes into the buffer.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) };
+    if rc != 0 {
+        return String::from("unknown-host");
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
 /// The integration tests' helper that tells when another thread is asleep.
 #[cfg(test)]
 #[path = "../../tests/thread_state/mod.rs"]

@@ -12,6 +12,14 @@
 //! server: OK | ERROR msg (and hangs up)
 //! ```
 //!
+//! or, when the server has had no handshake slot free for a while (see below), only
+//!
+//! ```text
+//! server: BUSY (and hangs up)
+//! ```
+//!
+//! which the client takes as "try again" until its own deadline.
+//!
 //! Everything after it travels in sealed frames (`channel.rs`: ChaCha20-Poly1305 under keys of
 //! this connection alone, derived from the job's key and both nonces, a frame counter per
 //! direction as the nonce), so that whoever relays the connection reads nothing and can change,
@@ -36,6 +44,14 @@
 //! charged [`ENTRY_OVERHEAD`] beyond its key and value; a deadline for the rest of a request
 //! once its first byte has arrived; and failing `accept`s (out of descriptors) back off
 //! instead of spinning.
+//!
+//! A connection that arrives while every handshake slot (or connection) is taken is never
+//! closed unanswered: it waits for a slot, holding nothing of the server's but its socket
+//! (later ones wait in the kernel's listen queue, since the accepting thread waits with it).
+//! Legitimate handshakes take milliseconds, so a burst of clients, or clients slowed by a loaded
+//! machine, get their slots in turn. Only when no slot has been given back for
+//! [`ServerLimits::slot_wait`] (every slot held by connections that are not finishing: a
+//! stranger holding them) are new connections answered BUSY at once, and clients try again.
 
 use std::collections::HashMap;
 use std::io;
@@ -54,6 +70,10 @@ use super::{decode_i64, Store, StoreKey};
 /// Opens every connection; a new value for every change of the protocol, so that processes of
 /// another version are told at once instead of misreading each other.
 const MAGIC: [u8; 4] = *b"FCS3";
+/// The server's whole answer to a hello when it has had no handshake slot free for
+/// [`ServerLimits::slot_wait`]: come back later. (A client that predates it takes it for a
+/// store of another version, which is what it is talking to.)
+const BUSY: [u8; 4] = *b"FCSW";
 
 const OP_SET: u8 = 1;
 const OP_GET: u8 = 2;
@@ -82,10 +102,15 @@ pub const MAX_TOTAL: usize = 64 << 20;
 pub const ENTRY_OVERHEAD: usize = 128;
 /// Most connections one server serves at once by default.
 pub const MAX_CONNECTIONS: usize = 1024;
-/// Most connections still in their handshake at once by default; more are closed at once.
+/// Most connections in their handshake at once by default; more wait for a slot.
 pub const MAX_HANDSHAKING: usize = 64;
-/// How long a new connection has for its whole handshake by default, however its bytes are
-/// spaced.
+/// How long, by default, a new connection waits for a handshake slot (or room among the
+/// connections) when none has been given back meanwhile, before it is answered BUSY: far
+/// longer than legitimate handshakes hold their slots (milliseconds), far shorter than
+/// [`HANDSHAKE_TIMEOUT`], after which slots held by a stranger come back.
+pub const SLOT_WAIT: Duration = Duration::from_secs(1);
+/// How long a new connection has for its whole handshake by default, from when the server
+/// starts reading it, however its bytes are spaced.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a request (or the server's answer to it) may take to cross once its first byte
 /// has, by default.
@@ -100,14 +125,17 @@ const MAX_REPLY: usize = 1 + 4 + MAX_VALUE + MAX_KEY;
 /// constants above, which every server of ferrocomm uses; tests shorten them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerLimits {
-    /// The whole handshake of a new connection, from its accept.
+    /// The whole handshake of a new connection, from when its slot was given to it.
     pub handshake: Duration,
     /// The rest of a request once its first byte has arrived, and the writing of its answer.
     pub request: Duration,
-    /// Connections in their handshake at once; more are closed unanswered.
+    /// Connections in their handshake at once; more wait for a slot.
     pub max_handshaking: usize,
-    /// Connections at once; more are closed unanswered.
+    /// Connections at once; more wait for one to close.
     pub max_connections: usize,
+    /// How long a new connection waits for a slot (or room) while none is given back, before
+    /// it is answered BUSY and closed.
+    pub slot_wait: Duration,
     /// Bytes of keys and values plus [`ENTRY_OVERHEAD`] per entry.
     pub max_stored: usize,
 }
@@ -119,6 +147,7 @@ impl Default for ServerLimits {
             request: REQUEST_TIMEOUT,
             max_handshaking: MAX_HANDSHAKING,
             max_connections: MAX_CONNECTIONS,
+            slot_wait: SLOT_WAIT,
             max_stored: MAX_TOTAL,
         }
     }
@@ -191,6 +220,9 @@ struct ServerState {
     stored: usize,
     /// Connections in their handshake.
     handshaking: usize,
+    /// Since when every handshake slot (or connection) has been taken with none given back:
+    /// new connections wait for one until [`ServerLimits::slot_wait`] after it.
+    full_since: Option<Instant>,
     stopping: bool,
     /// Open connections (clones), shut down when the server stops so clients see it at once.
     conns: HashMap<u64, TcpStream>,
@@ -210,7 +242,11 @@ impl ServerState {
 
 struct Shared {
     state: Mutex<ServerState>,
+    /// Entries changed (what a `get` waits for).
     changed: Condvar,
+    /// A handshake slot or a connection was given back (what a waiting new connection waits
+    /// for), or the server is stopping.
+    room: Condvar,
     key: StoreKey,
     limits: ServerLimits,
 }
@@ -219,6 +255,12 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, ServerState> {
         // A panicking connection thread must not take the store down with it.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Tells connections waiting for a slot that one came back (`st` is the locked state).
+    fn room_freed(&self, st: &mut ServerState) {
+        st.full_since = None;
+        self.room.notify_all();
     }
 }
 
@@ -284,11 +326,13 @@ impl TcpStoreServer {
                 map: HashMap::new(),
                 stored: 0,
                 handshaking: 0,
+                full_since: None,
                 stopping: false,
                 conns: HashMap::new(),
                 next_conn: 0,
             }),
             changed: Condvar::new(),
+            room: Condvar::new(),
             key: key.clone(),
             limits,
         });
@@ -415,6 +459,7 @@ impl Drop for TcpStoreServer {
             st.conns.clear();
         }
         self.shared.changed.notify_all();
+        self.shared.room.notify_all();
         // Wake each accept thread, blocked in accept(), by connecting once.
         for (addr, accept) in &mut self.listeners {
             if TcpStream::connect_timeout(addr, Duration::from_secs(1)).is_ok() {
@@ -432,7 +477,6 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         if shared.lock().stopping {
             return;
         }
-        let accepted = Instant::now();
         let stream = match stream {
             Ok(s) => {
                 pause = Duration::from_millis(10);
@@ -447,20 +491,13 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             }
         };
         let _ = stream.set_nodelay(true);
-        let id = {
-            let mut st = shared.lock();
-            let l = &shared.limits;
-            if st.handshaking >= l.max_handshaking || st.conns.len() >= l.max_connections {
-                // Closed unanswered: the client reports that the store gave no handshake reply.
+        let id = match admit(&shared, &stream) {
+            Admission::Slot(id) => id,
+            Admission::Busy => {
+                turn_away(stream);
                 continue;
             }
-            st.handshaking += 1;
-            let id = st.next_conn;
-            st.next_conn += 1;
-            if let Ok(c) = stream.try_clone() {
-                st.conns.insert(id, c);
-            }
-            id
+            Admission::Stopping => return,
         };
         let sh = shared.clone();
         let spawned = thread::Builder::new()
@@ -468,14 +505,90 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             .spawn(move || {
                 let _listed = Listed(&sh, id);
                 let slot = HandshakeSlot(&sh);
-                let _ = serve(stream, accepted, slot, &sh);
+                let _ = serve(stream, slot, &sh);
             });
         if spawned.is_err() {
-            let mut st = shared.lock();
-            st.conns.remove(&id);
-            st.handshaking -= 1;
+            // No thread to serve it (out of memory or threads): the client is told to come
+            // back, as when every slot is taken, instead of being closed unanswered.
+            let listed = {
+                let mut st = shared.lock();
+                st.handshaking -= 1;
+                shared.room_freed(&mut st);
+                st.conns.remove(&id)
+            };
+            if let Some(c) = listed {
+                turn_away(c);
+            }
         }
     }
+}
+
+/// What becomes of a new connection.
+enum Admission {
+    /// It has a handshake slot (counted in `handshaking`) and is listed under this id: serve it.
+    Slot(u64),
+    /// No slot came back for [`ServerLimits::slot_wait`]: answer BUSY.
+    Busy,
+    Stopping,
+}
+
+/// Takes a handshake slot for the new connection `s` and lists it, waiting while every slot
+/// (or connection) is taken until one is given back, or until none has been for
+/// [`ServerLimits::slot_wait`].
+///
+/// Meanwhile this accept thread accepts nothing more, so later connections wait in the
+/// kernel's listen queue at no cost to the server. A burst of legitimate clients, each holding
+/// its slot for milliseconds, is served in turn however many arrive at once and however
+/// loaded the machine; only slots held without progress (a stranger's connections, cut at
+/// their handshake deadline) make new connections wait the whole `slot_wait`, after which
+/// they are answered BUSY at once until a slot comes back.
+fn admit(shared: &Shared, s: &TcpStream) -> Admission {
+    let l = &shared.limits;
+    let mut st = shared.lock();
+    loop {
+        if st.stopping {
+            return Admission::Stopping;
+        }
+        if st.handshaking < l.max_handshaking && st.conns.len() < l.max_connections {
+            st.handshaking += 1;
+            let id = st.next_conn;
+            st.next_conn += 1;
+            if let Ok(c) = s.try_clone() {
+                st.conns.insert(id, c);
+            }
+            return Admission::Slot(id);
+        }
+        let now = Instant::now();
+        let since = *st.full_since.get_or_insert(now);
+        let left = since
+            .checked_add(l.slot_wait)
+            .map_or(Duration::from_secs(3600), |until| {
+                until.saturating_duration_since(now)
+            });
+        if left.is_zero() {
+            return Admission::Busy;
+        }
+        st = shared
+            .room
+            .wait_timeout(st, left)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+}
+
+/// Answers BUSY and closes, without ever blocking the accepting thread. What the client sent
+/// of its hello is read first: a socket closed with unread bytes resets the connection, which
+/// can destroy the answer before the client reads it.
+fn turn_away(mut s: TcpStream) {
+    use std::io::{Read, Write};
+    if s.set_nonblocking(true).is_err() {
+        return;
+    }
+    let mut hello = [0u8; 4 + NONCE];
+    let _ = s.read(&mut hello);
+    // Four bytes always fit the empty send buffer of a new connection.
+    let _ = s.write(&BUSY);
+    let _ = s.shutdown(Shutdown::Write);
 }
 
 /// The server's side of the handshake, all of it by `deadline`: the connection's two
@@ -516,7 +629,9 @@ struct HandshakeSlot<'a>(&'a Shared);
 
 impl Drop for HandshakeSlot<'_> {
     fn drop(&mut self) {
-        self.0.lock().handshaking -= 1;
+        let mut st = self.0.lock();
+        st.handshaking -= 1;
+        self.0.room_freed(&mut st);
     }
 }
 
@@ -526,19 +641,18 @@ struct Listed<'a>(&'a Shared, u64);
 
 impl Drop for Listed<'_> {
     fn drop(&mut self) {
-        self.0.lock().conns.remove(&self.1);
+        let mut st = self.0.lock();
+        st.conns.remove(&self.1);
+        self.0.room_freed(&mut st);
     }
 }
 
 /// Serves one client until it disconnects, breaks the protocol or the server stops.
-fn serve(
-    mut s: TcpStream,
-    accepted: Instant,
-    slot: HandshakeSlot<'_>,
-    sh: &Shared,
-) -> io::Result<()> {
+fn serve(mut s: TcpStream, slot: HandshakeSlot<'_>, sh: &Shared) -> io::Result<()> {
     let limits = &sh.limits;
-    let greeted = match accepted.checked_add(limits.handshake) {
+    // The handshake's time counts from here: time the server took to get to it (waiting for
+    // the slot, starting this thread on a loaded machine) is not the client's.
+    let greeted = match Instant::now().checked_add(limits.handshake) {
         Some(deadline) => greet(&mut s, &sh.key, deadline),
         None => Err(io::Error::other("handshake deadline out of range")),
     };
@@ -744,7 +858,7 @@ impl TcpStore {
                             })
                         }
                         Err(Attempt::Fatal(e)) => return Err(e),
-                        Err(Attempt::Retry(e)) => last_err = e,
+                        Err(Attempt::Retry(e) | Attempt::Busy(e)) => last_err = e,
                     }
                 }
                 Err(e) => last_err = format!("cannot resolve {host}: {e}"),
@@ -799,17 +913,10 @@ impl TcpStore {
             return Err(Error::Store(t));
         }
         let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let mut ch =
-            match pooled {
-                Some(ch) => ch,
-                // One attempt only: the server was up once, so a refusal now means it is gone.
-                None => open(&self.name, &self.addrs, &self.key, Duration::from_secs(5)).map_err(
-                    |a| match a {
-                        Attempt::Fatal(e) => e,
-                        Attempt::Retry(e) => self.gone(&io::Error::other(e)),
-                    },
-                )?,
-            };
+        let mut ch = match pooled {
+            Some(ch) => ch,
+            None => self.reopen(wait)?,
+        };
         let deadline = Instant::now().checked_add(wait);
         let sent = ch.up.seal(req).and_then(|frame| match deadline {
             Some(d) => write_by(&mut ch.s, &frame, d),
@@ -864,6 +971,32 @@ impl TcpStore {
         }
     }
 
+    /// A new connection for a call that found none idle (another thread's call holds each):
+    /// a server that answers BUSY is alive and is asked again, with back-off, for up to
+    /// `wait`; any other failure means it is gone (it was up once, so nobody listening or a
+    /// connection closed unanswered is its process exiting).
+    fn reopen(&self, wait: Duration) -> Result<Channel> {
+        let deadline = Instant::now().checked_add(wait);
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match open(&self.name, &self.addrs, &self.key, Duration::from_secs(5)) {
+                Ok(ch) => return Ok(ch),
+                Err(Attempt::Fatal(e)) => return Err(e),
+                Err(Attempt::Retry(e)) => return Err(self.gone(&io::Error::other(e))),
+                Err(Attempt::Busy(e)) => {
+                    let left =
+                        deadline.map_or(pause, |d| d.saturating_duration_since(Instant::now()));
+                    if left.is_zero() {
+                        return Err(Error::Store(format!("{e}; tried for {wait:.1?}")));
+                    }
+                    // Back-off between tries, not an ordering of events.
+                    thread::sleep(pause.min(left));
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+
     fn request(op: u8, key: &str) -> Result<Vec<u8>> {
         if key.len() > MAX_KEY {
             return Err(Error::InvalidArgument(format!(
@@ -878,7 +1011,11 @@ impl TcpStore {
 }
 
 enum Attempt {
-    /// Worth another try (nobody listening yet, or the server too busy to answer): why not.
+    /// The server answered BUSY: every handshake slot stayed taken. Worth another try whenever
+    /// the caller still has time (the server is alive and will serve it): why not.
+    Busy(String),
+    /// Worth another try while connecting (nobody listening yet, or the connection closed
+    /// unanswered): why not.
     Retry(String),
     Fatal(Error),
 }
@@ -916,13 +1053,21 @@ fn handshake(
     let mut magic = [0u8; 4];
     let sent = write_by(s, &hello, deadline).and_then(|_| read_by(s, &mut magic, Some(deadline)));
     let no_reply = |e: io::Error| {
-        // Closed or silent: a server at its connection limit closes new connections unanswered.
+        // A ferrocomm server answers every connection (BUSY when it cannot serve it yet), so
+        // a close or a reset here is its process going away, or another service.
         Attempt::Retry(format!(
-            "{name} accepted the connection but gave no handshake reply ({e}); the server may \
-             be overwhelmed by connections"
+            "{name} accepted the connection but gave no handshake reply ({e}): the process \
+             listening there closed it unanswered (exiting, or another service)"
         ))
     };
     sent.map_err(no_reply)?;
+    if magic == BUSY {
+        return Err(Attempt::Busy(format!(
+            "{name} is busy and gave no handshake reply: all of its handshake slots (or \
+             connections) stayed taken by others (a stranger holding them, or far more clients \
+             at once than it serves)"
+        )));
+    }
     if magic != MAGIC {
         return Err(Attempt::Fatal(Error::Store(format!(
             "{name} accepted a connection but is not a ferrocomm store of this version \
@@ -1222,5 +1367,127 @@ mod tests {
             slot + 64
         );
         assert_eq!(entry_cost(3, 5), 8 + ENTRY_OVERHEAD);
+    }
+
+    /// A server on loopback with `limits`, and its key.
+    fn limited_server(limits: ServerLimits) -> (StoreKey, TcpStoreServer) {
+        let key = StoreKey::from_secret("a secret of the store's unit tests");
+        let srv = TcpStoreServer::bind_with("127.0.0.1", 0, &key, limits).unwrap();
+        (key, srv)
+    }
+
+    /// Waits until `cond` holds of the server's state, failing the test after 20 s.
+    fn until(srv: &TcpStoreServer, what: &str, cond: impl Fn(&ServerState) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !cond(&srv.shared.lock()) {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A legitimate client slowed by a loaded machine: it completes its handshake, but only
+    /// after `pause` between the server's reply and its own proof (well inside the deadline).
+    fn slow_handshake(port: u16, key: &StoreKey, pause: Duration) -> io::Result<()> {
+        let mut s = TcpStream::connect(("127.0.0.1", port))?;
+        let mine = [7u8; NONCE];
+        s.write_all(&[&MAGIC[..], &mine].concat())?;
+        let mut reply = [0u8; 4 + NONCE + TAG];
+        s.set_read_timeout(Some(Duration::from_secs(20)))?;
+        s.read_exact(&mut reply)?;
+        let theirs = &reply[4..4 + NONCE];
+        thread::sleep(pause); // the slowed client's pace
+        s.write_all(&key.tag(LABEL_CLIENT, theirs, &mine))?;
+        let mut status = [0u8; 1];
+        s.read_exact(&mut status)?;
+        assert_eq!(status[0], ST_OK);
+        Ok(())
+    }
+
+    #[test]
+    fn clients_past_the_handshake_slots_wait_for_one_instead_of_being_reset() {
+        // Two slots, held by two legitimate but slowed clients; meanwhile sixteen more connect
+        // at once, each trying once. They wait for the slots to come back and are served in
+        // turn: none is closed unanswered.
+        let (key, srv) = limited_server(ServerLimits {
+            max_handshaking: 2,
+            slot_wait: Duration::from_secs(10),
+            ..ServerLimits::default()
+        });
+        let port = srv.port();
+        let slow: Vec<_> = (0..2)
+            .map(|_| {
+                let key = key.clone();
+                thread::spawn(move || slow_handshake(port, &key, Duration::from_millis(300)))
+            })
+            .collect();
+        until(&srv, "the slow clients to hold both slots", |st| {
+            st.handshaking == 2
+        });
+        let addrs = srv.local_addrs();
+        let start = std::sync::Barrier::new(16);
+        let tries: Vec<std::result::Result<(), String>> = thread::scope(|sc| {
+            let hs: Vec<_> = (0..16)
+                .map(|_| {
+                    sc.spawn(|| {
+                        start.wait();
+                        match open("test", &addrs, &key, Duration::from_secs(5)) {
+                            Ok(_) => Ok(()),
+                            Err(Attempt::Busy(e) | Attempt::Retry(e)) => Err(e),
+                            Err(Attempt::Fatal(e)) => Err(e.to_string()),
+                        }
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (i, t) in tries.iter().enumerate() {
+            assert!(t.is_ok(), "client {i}: {t:?}");
+        }
+        for h in slow {
+            h.join().unwrap().unwrap();
+        }
+    }
+
+    #[test]
+    fn slots_held_past_the_wait_answer_busy_and_a_call_tries_again_until_served() {
+        // A stranger holds the only slot, silent, until its handshake deadline (3 s); a new
+        // connection waits 200 ms for it and is then answered BUSY, never closed unanswered.
+        let (key, srv) = limited_server(ServerLimits {
+            handshake: Duration::from_secs(3),
+            max_handshaking: 1,
+            slot_wait: Duration::from_millis(200),
+            ..ServerLimits::default()
+        });
+        let port = srv.port();
+        let s =
+            Arc::new(TcpStore::connect("127.0.0.1", port, &key, Duration::from_secs(10)).unwrap());
+        // The client's one connection is taken by a get that waits for the key.
+        let getter = {
+            let s = s.clone();
+            thread::spawn(move || s.get("k", Duration::from_secs(60)))
+        };
+        let idle = || s.idle.lock().unwrap().len();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while idle() != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the get never took the connection"
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
+        let _stranger = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        until(&srv, "the stranger to hold the slot", |st| {
+            st.handshaking == 1
+        });
+        match open("test", &srv.local_addrs(), &key, Duration::from_secs(5)) {
+            Err(Attempt::Busy(e)) => assert!(e.contains("busy"), "{e}"),
+            Err(Attempt::Retry(e)) => panic!("closed unanswered: {e}"),
+            Err(Attempt::Fatal(e)) => panic!("{e}"),
+            Ok(_) => panic!("served while the only slot was held"),
+        }
+        // A set now needs a connection of its own: it is told BUSY until the stranger is cut
+        // at its deadline, tries again, and is served.
+        s.set("k", b"v").unwrap();
+        assert_eq!(getter.join().unwrap().unwrap(), b"v");
     }
 }

@@ -9,22 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Communicator;
-use crate::backend::{Backend, Call, CallKind, CallOpts, CommContext, P2pOp};
+use crate::backend::{Backend, Call, CallKind, CallName, CallOpts, CommContext, P2pOp};
 use crate::error::{Error, Result};
 use crate::flight::{FlightRecorder, GroupInfo};
 use crate::hooks::{AbortHook, HookHandle, PostHook, PreHook};
 use crate::types::{DataType, Device};
 use crate::view::{Input, View};
-
-/// The name of a call as the hooks and the recorder give it.
-pub(super) fn call_name(kind: &CallKind<'_>) -> &'static str {
-    match kind {
-        CallKind::AllToAllVDynamic { .. } => "all_to_all_v_dynamic",
-        CallKind::AllToAllVDynamicPacked { .. } => "all_to_all_v_dynamic_packed",
-        CallKind::BatchSendRecv { .. } => "batch_send_recv",
-        k => k.collective().name(),
-    }
-}
 
 /// Every rank of the job's first communicator takes rank 0's name for the default trace
 /// directory, so that all ranks dump into one directory.
@@ -139,7 +129,7 @@ impl Communicator {
     ) -> Result<()> {
         let host = self.ctx.device == Device::Host;
         let token = self.flight.begin(&kind, opts, timeout, host, op_id);
-        let collective = !is_p2p(&kind);
+        let collective = !kind.name().is_p2p();
         // Collective calls are numbered; a call a peer refused fails here at once. (SeqCst
         // with the watcher's handler: one of the two sees the other.)
         let n = if collective {
@@ -148,21 +138,24 @@ impl Communicator {
             0
         };
         let _no = crate::backend::CallNo::enter(n);
-        let name = call_name(&kind);
-        let r = match self.ctx.peers.refusal_of(n) {
-            Some((peer, why)) => Err(Error::PeerRefused {
-                collective: name,
-                call: n,
-                rank: self.ctx.rank,
-                peer,
-                why,
-            }),
-            None => self
-                .checks(&kind)
-                .and_then(|()| backend.run(Call { kind, opts })),
+        let name = kind.name().name();
+        let stop = if collective {
+            stop_before_run(
+                backend.earlier_error(name),
+                self.ctx.peers.refusal_of(n),
+                name,
+                n,
+                self.ctx.rank,
+            )
+        } else {
+            Ok(())
         };
+        let r = stop
+            .and_then(|()| self.checks(&kind))
+            .and_then(|()| backend.run(Call { kind, opts }));
         if let Err(e) = &r {
-            if collective && is_refusal(e) {
+            // A fault found while the call ran, the peers taking part, is no refusal.
+            if collective && is_refusal(e) && !crate::backend::exchanging() {
                 self.announce_refusal(n, name, e);
             }
         }
@@ -203,44 +196,6 @@ impl Communicator {
         self.flight.end(t, r, host, captured);
     }
 
-    /// [`Communicator::run_recorded`] for the fused all-reduce + RMSNorm.
-    pub(super) fn run_rmsnorm_recorded(
-        &self,
-        backend: &dyn Backend,
-        call: crate::rmsnorm::AllReduceRmsNorm<'_>,
-        shape: crate::rmsnorm::Shape,
-        opts: &CallOpts,
-        timeout: Duration,
-    ) -> Result<()> {
-        let host = self.ctx.device == Device::Host;
-        let op_id = crate::flight::next_op_id();
-        let name = crate::rmsnorm::NAME;
-        if self.hooks.any() {
-            self.hooks.pre(&crate::hooks::PreHookArgs {
-                op_id,
-                name,
-                call: None,
-                opts,
-            });
-        }
-        let token = self.flight.begin_rmsnorm(shape, opts, timeout, host, op_id);
-        let r = backend.all_reduce_rmsnorm(call, shape, opts);
-        if let Some(t) = token {
-            self.end_recorded(backend, t, &r, opts.stream);
-        }
-        if let Err(e) = &r {
-            self.after_error(e);
-        }
-        if self.hooks.any() {
-            self.hooks.post(&crate::hooks::PostHookArgs {
-                op_id,
-                name,
-                result: &r,
-            });
-        }
-        r
-    }
-
     /// Records that the backend took collective call `n`; when a peer refused it meanwhile
     /// (the watcher's handler found it not taken yet), ends the backend's waits for it here and
     /// fails the call. (SeqCst, with the handler's store of the refusal before its look at the
@@ -249,15 +204,9 @@ impl Communicator {
         self.outcomes.set(n, true);
         match self.ctx.peers.refusal_of(n) {
             None => Ok(()),
-            Some((peer, why)) => {
-                backend.peer_refused(peer);
-                Err(Error::PeerRefused {
-                    collective,
-                    call: n,
-                    rank: self.ctx.rank,
-                    peer,
-                    why,
-                })
+            Some(refusal) => {
+                backend.peer_refused(refusal.0);
+                Err(peer_refused(collective, n, self.ctx.rank, refusal))
             }
         }
     }
@@ -270,14 +219,13 @@ impl Communicator {
         }
     }
 
-    /// Runs the argument checks `f` of collective `c`; a failure refuses the call for the
-    /// peers too ([`Communicator::refuse`]).
-    pub(super) fn refusing<R>(&self, c: &'static str, f: impl FnOnce() -> Result<R>) -> Result<R> {
-        f().inspect_err(|e| {
-            if is_refusal(e) {
-                self.refuse(c, &e.to_string());
-            }
-        })
+    /// A call of `name` that this rank's own arguments failed (`e`), before it was numbered:
+    /// a collective is refused for the peers too ([`Communicator::refuse`]), so that they
+    /// fail it at once instead of waiting for this rank.
+    pub(super) fn refuse_for(&self, name: CallName, e: &Error) {
+        if !name.is_p2p() && is_refusal(e) {
+            self.refuse(name.name(), &e.to_string());
+        }
     }
 
     /// Tells the peers' watchers that this rank has left the communicator (`finalize`, and a
@@ -288,29 +236,14 @@ impl Communicator {
         }
     }
 
-    /// The number of collective calls made or refused so far on this communicator.
-    pub fn call_count(&self) -> u64 {
-        self.calls.load(Ordering::SeqCst)
-    }
-
     /// Refuses the next collective call on this rank because `why` (an argument that is wrong
     /// here, found before the call reached the communicator): the peers fail that call at
-    /// once instead of waiting for this rank. A layer above with checks of its own calls it
-    /// (or [`Communicator::refused`]).
+    /// once instead of waiting for this rank. A layer above with checks of its own calls it.
     pub fn refuse(&self, collective: &str, why: &str) {
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         self.outcomes.set(n, false);
         if let Some(w) = &self.watch {
             w.announce_refusal(n, &format!("{collective} on rank {}: {why}", self.ctx.rank));
-        }
-    }
-
-    /// For a caller whose collective call failed: when `e` is an argument error and the call
-    /// never reached the communicator's call path (the number of calls is still `before`),
-    /// the call is refused for the peers ([`Communicator::refuse`]).
-    pub fn refused(&self, before: u64, collective: &str, e: &Error) {
-        if is_refusal(e) && self.call_count() == before {
-            self.refuse(collective, &e.to_string());
         }
     }
 
@@ -398,7 +331,7 @@ impl Communicator {
                 self.checked.load(Ordering::Relaxed) + 1,
             )?;
         }
-        if cfg.check_calls && self.ctx.size > 1 && !is_p2p(kind) {
+        if cfg.check_calls && self.ctx.size > 1 && !kind.name().is_p2p() {
             self.check_call(kind)?;
         }
         Ok(())
@@ -410,7 +343,7 @@ impl Communicator {
     fn check_call(&self, kind: &CallKind<'_>) -> Result<()> {
         let seq = self.checked.fetch_add(1, Ordering::Relaxed) + 1;
         let (me, n) = (self.ctx.rank, self.ctx.size);
-        let mine = CallDesc::of(kind);
+        let mine = CheckedShape::of(kind);
         let store = &*self.ctx.store;
         let key = |r: usize, s: u64| format!("check/{s}/{r}");
         store.set(&key(me, seq), mine.encode().as_bytes())?;
@@ -421,7 +354,7 @@ impl Communicator {
                 continue;
             }
             let b = self.check_get(&key(r, seq), r)?;
-            all.push(CallDesc::decode(&String::from_utf8_lossy(&b)));
+            all.push(CheckedShape::decode(&String::from_utf8_lossy(&b)));
         }
         // Every rank has published call `seq`, so every rank is done reading `seq - 1`.
         if seq > 1 {
@@ -508,7 +441,6 @@ fn report_dump(rank: usize, r: Result<PathBuf>) {
     }
 }
 
-/// Errors that refuse a call on this rank alone: its own arguments.
 /// What became of this rank's last [`Outcomes::CALLS`] collective calls: taken by the
 /// backend or not (refused here, or failed before anything was enqueued). The watcher's
 /// handler reads it when a peer refuses call `n`, which may be some calls after this rank went
@@ -551,6 +483,47 @@ impl Outcomes {
     }
 }
 
+/// What ends collective call `n` on this rank before anything of it runs: an error an earlier
+/// call left here (`earlier`, [`Backend::earlier_error`]), else a peer's refusal of `n`.
+///
+/// This rank's own error comes first. Where a kernel saw ranks disagree, every rank holds
+/// such a record and refuses the next call with it, so the peers' refusals of that call
+/// arrive as this rank makes it; one taken in the record's stead would leave the record for
+/// the call after, which this rank alone would then refuse while its peers had taken it (their
+/// communicator aborted).
+fn stop_before_run(
+    earlier: Result<()>,
+    refusal: Option<(usize, String)>,
+    collective: &'static str,
+    n: u64,
+    rank: usize,
+) -> Result<()> {
+    earlier?;
+    match refusal {
+        None => Ok(()),
+        Some(r) => Err(peer_refused(collective, n, rank, r)),
+    }
+}
+
+/// The error of call `n` on `rank` when `peer` refused it because `why`.
+fn peer_refused(
+    collective: &'static str,
+    n: u64,
+    rank: usize,
+    (peer, why): (usize, String),
+) -> Error {
+    Error::PeerRefused {
+        collective,
+        call: n,
+        rank,
+        peer,
+        why,
+    }
+}
+
+/// Errors that refuse a call on this rank alone, before anything of it was enqueued here: its
+/// own arguments, or an earlier call's record reported at this call ([`stop_before_run`]). The
+/// peers must fail that call too, else they wait for this rank until the timeout.
 fn is_refusal(e: &Error) -> bool {
     matches!(
         e,
@@ -562,26 +535,19 @@ fn is_refusal(e: &Error) -> bool {
     )
 }
 
-fn is_p2p(kind: &CallKind<'_>) -> bool {
-    matches!(
-        kind,
-        CallKind::Send { .. } | CallKind::Recv { .. } | CallKind::BatchSendRecv { .. }
-    )
-}
-
 /// What `FERROCOMM_CHECK_CALLS` compares: the shape every rank must agree on, and an
 /// all-to-all-v's counts, which must agree pairwise.
 #[derive(Clone, Debug)]
-struct CallDesc {
+struct CheckedShape {
     name: &'static str,
     shape: String,
     sends: Vec<usize>,
     recvs: Vec<usize>,
 }
 
-impl CallDesc {
-    fn of(kind: &CallKind<'_>) -> CallDesc {
-        let name = call_name(kind);
+impl CheckedShape {
+    fn of(kind: &CallKind<'_>) -> CheckedShape {
+        let name = kind.name().name();
         let (shape, sends, recvs) = match kind {
             CallKind::AllReduce { output, op, .. } => (
                 format!(
@@ -669,8 +635,21 @@ impl CallDesc {
             CallKind::Send { .. } | CallKind::Recv { .. } | CallKind::BatchSendRecv { .. } => {
                 (name.to_string(), vec![], vec![])
             }
+            CallKind::AllReduceRmsNorm(call) => {
+                let shape = call.shape();
+                (
+                    format!(
+                        "{name}({})",
+                        crate::rmsnorm::Shape::describe(
+                            &shape.words(call.eps, crate::rmsnorm::Fp8Mode::of(&call.fp8))
+                        )
+                    ),
+                    vec![],
+                    vec![],
+                )
+            }
         };
-        CallDesc {
+        CheckedShape {
             name,
             shape,
             sends,
@@ -689,7 +668,7 @@ impl CallDesc {
         )
     }
 
-    fn decode(s: &str) -> CallDesc {
+    fn decode(s: &str) -> CheckedShape {
         let mut l = s.split('\n');
         let name = l.next().unwrap_or("");
         let shape = l.next().unwrap_or("(unreadable)").to_string();
@@ -701,7 +680,7 @@ impl CallDesc {
                 .collect()
         };
         let _ = name;
-        CallDesc {
+        CheckedShape {
             name: "",
             shape,
             sends: list(l.next()),
@@ -720,7 +699,7 @@ fn in_place(input: &Input<'_>) -> &'static str {
 /// `FERROCOMM_NAN_CHECK`: the first NaN or infinity in a floating-point input of the call
 /// (`seq`: the call's number on this communicator) is an error naming the rank and the call.
 fn nan_check(kind: &CallKind<'_>, rank: usize, seq: u64) -> Result<()> {
-    let name = call_name(kind);
+    let name = kind.name().name();
     let check = |v: &View<'_>, what: &str| -> Result<()> {
         if let Some(i) = first_not_finite(v)? {
             return Err(Error::InvalidArgument(format!(
@@ -749,6 +728,13 @@ fn nan_check(kind: &CallKind<'_>, rank: usize, seq: u64) -> Result<()> {
             P2pOp::Send { data, .. } => check(data, "data sent"),
             P2pOp::Recv { .. } => Ok(()),
         }),
+        CallKind::AllReduceRmsNorm(call) => {
+            input_or_output(&call.x, &call.out)?;
+            match &call.residual {
+                Input::Buf(v) => check(v, "residual"),
+                Input::InPlace => check(&call.residual_out.as_view(), "residual (in place)"),
+            }
+        }
     }
 }
 
@@ -786,7 +772,60 @@ fn first_not_finite(v: &View<'_>) -> Result<Option<usize>> {
 
 #[cfg(test)]
 mod tests {
-    use super::Outcomes;
+    use super::{is_refusal, stop_before_run, Outcomes};
+    use crate::error::Error;
+
+    /// The record a kernel leaves when ranks disagreed, as the cuda backend reports it.
+    fn disagreement(rank: usize) -> Error {
+        Error::InvalidArgument(format!(
+            "all_reduce_rmsnorm: an earlier direct-access call failed: a call that disagrees \
+             between ranks reached rank {rank}: rank 2 sent signature or count 0x1"
+        ))
+    }
+
+    #[test]
+    fn an_earlier_calls_record_is_reported_before_a_peers_refusal_and_refuses_the_call() {
+        // A peer's refusal of call 2 has arrived, and this rank's record of call 1 waits: the
+        // call reports the record (taken now, not left for call 3) and refuses call 2 too.
+        let why = "all_reduce_rmsnorm on rank 2: ... disagrees between ranks ...".to_string();
+        let e = stop_before_run(
+            Err(disagreement(0)),
+            Some((2, why.clone())),
+            "all_reduce_rmsnorm",
+            2,
+            0,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains("reached rank 0")),
+            "{e}"
+        );
+        assert!(is_refusal(&e), "{e}");
+        // No record here: the peer's refusal, naming the peer and the call.
+        let e = stop_before_run(Ok(()), Some((2, why)), "all_reduce_rmsnorm", 2, 0).unwrap_err();
+        assert!(
+            matches!(&e, Error::PeerRefused { call: 2, rank: 0, peer: 2, why, .. }
+                if why.contains("disagrees between ranks")),
+            "{e}"
+        );
+        assert!(
+            !is_refusal(&e),
+            "a peer's refusal is not announced again: {e}"
+        );
+        // Neither: the call runs.
+        assert!(stop_before_run(Ok(()), None, "all_reduce", 3, 0).is_ok());
+        // A sticky record (a kernel's timeout) ends the call and is no refusal (the
+        // communicator is done; the peers learn it by their own timeouts or its abort).
+        let t = Error::Timeout {
+            collective: "all_reduce",
+            rank: 0,
+            missing: 1,
+            timeout: std::time::Duration::from_secs(1),
+        };
+        let e = stop_before_run(Err(t), None, "all_reduce", 4, 0).unwrap_err();
+        assert!(matches!(e, Error::Timeout { missing: 1, .. }), "{e}");
+        assert!(!is_refusal(&e));
+    }
 
     #[test]
     fn a_refusal_ends_waits_only_for_a_call_taken_here() {

@@ -3,20 +3,21 @@
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{sys, CudaContext};
+use cudarc::driver::CudaContext;
 
-use super::collectives;
-use super::dda::Dda;
-use super::lowp::{a2av_plan, LpKind};
-use super::{cu, kernels, open_context};
+use super::dda::lowp::{a2av_plan, LpKind};
+use super::dda::{collectives, fused_norm, Dda};
+use super::kernels;
 use crate::backend::{
-    Backend, CallOpts, CommContext, DeviceCounts, P2pOp, PackedCounts, Splits, WindowBackend,
+    check_buffers, Backend, Call, CallKind, CallOpts, CommContext, P2pOp, Splits, WindowBackend,
 };
 use crate::bootstrap::all_gather_bytes;
 use crate::config::Config;
-use crate::driver::{capturing, Completion, EventPool};
+use crate::driver::{
+    bind, capturing, open_context, result, Completion, DeviceAttribute, Event, EventPool,
+};
 use crate::error::{Error, Result};
-use crate::nccl::{check_views, in_part_ptr, in_ptr, p2p_views, views_of, NcclOps};
+use crate::nccl::NcclBackend;
 use crate::plan::{self, Algo, Collective, CudaCaps, Engine, LowPrecisionChoice, PartForm, Plan};
 use crate::quant::Codec;
 use crate::types::{DataType, Device, ReduceOp};
@@ -35,7 +36,7 @@ pub struct CudaBackend {
     dda: Option<Arc<Dda>>,
     /// Why direct access is off (for errors when a call asks for it).
     no_dda: String,
-    nccl: Option<NcclOps>,
+    nccl: Option<NcclBackend>,
     no_nccl: String,
     multi_host: bool,
     state: Mutex<CallState>,
@@ -45,11 +46,8 @@ pub struct CudaBackend {
 /// streams still run one after the other (the protocol needs calls in order on every rank).
 struct CallState {
     last_stream: Option<u64>,
-    event: sys::CUevent,
+    event: Event,
 }
-
-// SAFETY: the event is a driver handle used only under the mutex.
-unsafe impl Send for CallState {}
 
 impl CudaBackend {
     pub fn new(ctx: &CommContext) -> Result<CudaBackend> {
@@ -59,7 +57,7 @@ impl CudaBackend {
             unreachable!("open_context accepts only CUDA devices")
         };
         // DDA needs every rank on this host: the launcher's word, confirmed by host names.
-        let host = super::hostname();
+        let host = crate::bootstrap::hostname();
         let hosts = all_gather_bytes(
             &*ctx.store,
             "cuda/hosts",
@@ -71,7 +69,7 @@ impl CudaBackend {
         let one_host = hosts.iter().all(|h| h == host.as_bytes());
         let multi_host = !one_host || ctx.local_size < ctx.size;
 
-        let (nccl, no_nccl) = match NcclOps::new(ctx) {
+        let (nccl, no_nccl) = match NcclBackend::new(ctx, cuda.clone()) {
             Ok(n) => (Some(n), String::new()),
             Err(e @ Error::LibraryMissing { .. }) => (None, e.to_string()),
             Err(e) => return Err(e),
@@ -108,24 +106,15 @@ impl CudaBackend {
                 why: format!("ranks span several hosts and NCCL is missing: {no_nccl}"),
             });
         }
-        let mut event: sys::CUevent = std::ptr::null_mut();
-        cu(
-            // SAFETY: out-parameter; timing off makes record/wait cheap.
-            unsafe {
-                sys::cuEventCreate(
-                    &mut event,
-                    sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-                )
-            },
-            "cuEventCreate",
-        )?;
+        // Timing off makes record and wait cheap.
+        let event = Event::new("cuEventCreate")?;
         if ctx.config.debug {
             eprintln!(
                 "ferrocomm: rank {} cuda:{device}: dda {} ({} MiB staging, programmatic \
                  dependent launch {}, copy-engine all-reduce {}), nccl {}",
                 ctx.rank,
                 if dda.is_some() { "on" } else { "off" },
-                super::staging_memory_bytes(&ctx.config, ctx.size) >> 20,
+                super::dda::staging_layout(&ctx.config, ctx.size).total >> 20,
                 if dda.as_ref().is_some_and(|d| d.pdl) {
                     "on"
                 } else {
@@ -162,7 +151,7 @@ impl CudaBackend {
     fn cuda_caps(&self) -> CudaCaps<'_> {
         CudaCaps {
             world: self.size,
-            dda: self.dda.as_deref().map(|d| d.caps(&self.config)),
+            dda: self.dda.as_deref().map(Dda::caps),
             no_dda: &self.no_dda,
             nccl: self.nccl.is_some(),
             no_nccl: &self.no_nccl,
@@ -172,18 +161,17 @@ impl CudaBackend {
     }
 
     /// The plan this call runs ([`plan::cuda_plan`], what [`Backend::plan_for`] reports):
-    /// `op` for the reductions; `ptrs` the call's pointers, full precision when one is not
-    /// aligned to the element size (the low-precision kernels need it).
+    /// `op` for the reductions; full precision when the call's buffers are not `aligned` to
+    /// their element size (the low-precision kernels need it).
     fn call_plan(
         &self,
         coll: Collective,
         bytes_per_rank: usize,
         dtype: DataType,
         op: ReduceOp,
-        ptrs: [u64; 2],
+        aligned: bool,
         opts: &CallOpts,
     ) -> Result<Plan> {
-        let aligned = ptrs.iter().all(|p| p % dtype.size() as u64 == 0);
         plan::cuda_plan(
             &self.cuda_caps(),
             &self.config,
@@ -200,7 +188,7 @@ impl CudaBackend {
         )
     }
 
-    fn nccl(&self, collective: &'static str) -> Result<&NcclOps> {
+    fn nccl(&self, collective: &'static str) -> Result<&NcclBackend> {
         self.nccl.as_ref().ok_or_else(|| Error::Unsupported {
             collective,
             backend: "cuda",
@@ -218,17 +206,8 @@ impl CudaBackend {
     fn follow(&self, st: &mut CallState, stream: u64) -> Result<()> {
         if let Some(prev) = st.last_stream {
             if prev != stream && !capturing(stream)? && !capturing(prev)? {
-                // SAFETY: valid event and streams of this context.
-                unsafe {
-                    cu(
-                        sys::cuEventRecord(st.event, prev as sys::CUstream),
-                        "cuEventRecord",
-                    )?;
-                    cu(
-                        sys::cuStreamWaitEvent(stream as sys::CUstream, st.event, 0),
-                        "cuStreamWaitEvent",
-                    )?;
-                }
+                st.event.record(prev, "cuEventRecord")?;
+                st.event.wait_in(stream, "cuStreamWaitEvent")?;
             }
         }
         st.last_stream = Some(stream);
@@ -244,16 +223,16 @@ impl CudaBackend {
         dtype: DataType,
         op: Option<ReduceOp>,
         bytes: usize,
-        ptrs: [u64; 2],
+        aligned: bool,
         opts: &CallOpts,
     ) -> Result<Option<(&Dda, Codec)>> {
         let Some(d) = self.dda.as_deref() else {
             return Ok(None);
         };
-        if ptrs.iter().any(|p| p % dtype.size() as u64 != 0) {
+        if !aligned {
             return Ok(None);
         }
-        let min = plan::CUDA_LP_MIN_BYTES;
+        let min = self.config.tuning.cuda_lp_min_bytes;
         let c = plan::low_precision(
             coll,
             dtype,
@@ -274,30 +253,21 @@ const A2A: Collective = Collective::AllToAll;
 const A2AV: Collective = Collective::AllToAllV;
 
 impl CudaBackend {
-    /// The device-count all-to-all-v calls (counts checked by the communicator): every buffer
-    /// on this device, direct access, one launch. `recv` is the receive counts' (address,
-    /// device, bytes); `(capacity, unit, packed)` as `Dda::coll_all_to_all_dynamic` takes them.
+    /// The device-count all-to-all-v calls (counts checked by the communicator): direct
+    /// access, one launch. `recv` is the receive counts' address; `(capacity, unit, packed)`
+    /// as `Dda::coll_all_to_all_dynamic` takes them.
     #[allow(clippy::too_many_arguments)]
     fn dynamic(
         &self,
+        st: &mut CallState,
         c: &'static str,
         input: View<'_>,
         output: ViewMut<'_>,
         send: &View<'_>,
-        recv: (u64, Device, usize),
+        recv: u64,
         (capacity, unit, packed): (usize, usize, bool),
         opts: &CallOpts,
     ) -> Result<()> {
-        let mut st = self.enter()?;
-        let mut views = views_of(&Input::Buf(input), &output);
-        views.push((
-            "send_counts",
-            send.ptr() as u64,
-            send.device(),
-            send.bytes_len(),
-        ));
-        views.push(("recv_counts", recv.0, recv.1, recv.2));
-        check_views(c, self.device, &views)?;
         let Some(d) = self.dda.as_deref() else {
             return Err(Error::Unsupported {
                 collective: c,
@@ -306,7 +276,7 @@ impl CudaBackend {
             });
         };
         d.check_error(c)?;
-        self.follow(&mut st, opts.stream)?;
+        self.follow(st, opts.stream)?;
         d.coll_all_to_all_dynamic(
             input.ptr() as u64,
             input.count() / unit,
@@ -315,7 +285,7 @@ impl CudaBackend {
             unit,
             packed,
             send.ptr() as u64,
-            recv.0,
+            recv,
             send.dtype(),
             output.dtype(),
             opts.stream,
@@ -389,7 +359,7 @@ impl CudaBackend {
         } else if peer == self.rank {
             "direct access for a message to the rank itself"
         } else {
-            let plan = self.call_plan(coll, bytes, dtype, ReduceOp::Sum, [0, 0], opts)?;
+            let plan = self.call_plan(coll, bytes, dtype, ReduceOp::Sum, true, opts)?;
             return self.staged(&plan, coll.name());
         };
         if opts.algo.0 == Algo::Direct {
@@ -429,11 +399,6 @@ impl CudaBackend {
     }
 }
 
-fn bind(c: &CudaContext) -> Result<()> {
-    c.bind_to_thread()
-        .map_err(|e| Error::Cuda(format!("binding the context: {e:?}")))
-}
-
 fn setup_dda(ctx: &CommContext, cuda: &CudaContext) -> Result<Dda> {
     let (major, minor) = cuda
         .compute_capability()
@@ -446,7 +411,7 @@ fn setup_dda(ctx: &CommContext, cuda: &CudaContext) -> Result<Dda> {
         });
     }
     let sms = cuda
-        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .attribute(DeviceAttribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_err(|e| Error::Cuda(format!("SM count: {e:?}")))?;
     let arch = format!("sm_{major}{minor}");
     let arch: &'static str = Box::leak(arch.into_boxed_str());
@@ -455,10 +420,8 @@ fn setup_dda(ctx: &CommContext, cuda: &CudaContext) -> Result<Dda> {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
+        // What the backend holds (events, staging, NCCL) is released in its context.
         let _ = bind(&self.cuda);
-        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: the event was created in `new`.
-        unsafe { sys::cuEventDestroy_v2(st.event) };
     }
 }
 
@@ -467,12 +430,11 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
-    fn abort(&self) {
+    fn abort(&self, why: &str) {
         // Not under the call lock: a call may be running on another thread (one waiting for
-        // NCCL stops waiting, see Nccl::abort). ncclCommAbort runs on a helper thread that
-        // makes the device's context current.
+        // NCCL stops waiting, see Nccl::abort).
         if let Some(n) = &self.nccl {
-            n.nccl.abort("abort() was called");
+            n.abort_nccl(why);
         }
         // A window's wait polls this flag.
         if let Some(d) = self.dda.as_deref() {
@@ -497,6 +459,15 @@ impl Backend for CudaBackend {
         )))
     }
 
+    fn earlier_error(&self, collective: &'static str) -> Result<()> {
+        // The record is host memory (no context needed); under the call lock, as every call's
+        // own look at it.
+        let _st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.dda
+            .as_deref()
+            .map_or(Ok(()), |d| d.check_error(collective))
+    }
+
     fn peer_failed(&self, peer: usize) {
         // Kernels waiting for the peer end at their next look; NCCL is aborted (its kernels
         // exit) from the same thread.
@@ -504,8 +475,7 @@ impl Backend for CudaBackend {
             d.raise_abort(peer);
         }
         if let Some(n) = &self.nccl {
-            n.nccl
-                .abort(&format!("rank {peer} died or gave up on the communicator"));
+            n.peer_failed(peer);
         }
     }
 
@@ -523,15 +493,130 @@ impl Backend for CudaBackend {
         point.is_done().ok()
     }
 
+    fn run(&self, call: Call<'_>) -> Result<()> {
+        let opts = call.opts;
+        if let CallKind::AllReduceRmsNorm(norm) = call.kind {
+            // Its own locking: the two-launch form's all-reduce takes the call lock itself.
+            bind(&self.cuda)?;
+            let kind = CallKind::AllReduceRmsNorm(norm);
+            check_buffers(&kind, Device::Cuda(self.device))?;
+            let aligned = kind.aligned();
+            let CallKind::AllReduceRmsNorm(norm) = kind else {
+                unreachable!("built above")
+            };
+            return self.all_reduce_rmsnorm(norm, aligned, opts);
+        }
+        let mut st = self.enter()?;
+        check_buffers(&call.kind, Device::Cuda(self.device))?;
+        let aligned = call.kind.aligned();
+        let st = &mut *st;
+        match call.kind {
+            CallKind::AllReduce { input, output, op } => {
+                self.all_reduce(st, input, output, op, aligned, opts)
+            }
+            CallKind::Reduce {
+                input,
+                output,
+                op,
+                root,
+            } => self.reduce(st, input, output, op, root, aligned, opts),
+            CallKind::Broadcast {
+                input,
+                output,
+                root,
+            } => self.broadcast(st, input, output, root, aligned, opts),
+            CallKind::AllGather { input, output } => {
+                self.all_gather(st, input, output, aligned, opts)
+            }
+            CallKind::ReduceScatter { input, output, op } => {
+                self.reduce_scatter(st, input, output, op, aligned, opts)
+            }
+            CallKind::AllToAll { input, output } => {
+                self.all_to_all(st, input, output, aligned, opts)
+            }
+            CallKind::AllToAllV {
+                input,
+                output,
+                splits,
+            } => self.all_to_all_v(st, input, output, splits, aligned, opts),
+            CallKind::AllToAllVDynamic {
+                input,
+                output,
+                counts,
+            } => self.dynamic(
+                st,
+                "all_to_all_v_dynamic",
+                input,
+                output,
+                &counts.send,
+                counts.recv.ptr() as u64,
+                (counts.capacity, counts.unit, false),
+                opts,
+            ),
+            CallKind::AllToAllVDynamicPacked {
+                input,
+                output,
+                counts,
+            } => {
+                let capacity = output.count() / counts.unit;
+                self.dynamic(
+                    st,
+                    "all_to_all_v_dynamic_packed",
+                    input,
+                    output,
+                    &counts.send,
+                    counts.recv.ptr() as u64,
+                    (capacity, counts.unit, true),
+                    opts,
+                )
+            }
+            CallKind::Barrier => self.barrier(st, opts),
+            CallKind::Send { data, peer } => self.send(st, data, peer, opts),
+            CallKind::Recv { out, peer } => self.recv(st, out, peer, opts),
+            CallKind::BatchSendRecv { ops } => self.batch_send_recv(st, ops, opts),
+            CallKind::AllReduceRmsNorm(_) => unreachable!("run above"),
+        }
+    }
+
+    fn plan_for(
+        &self,
+        coll: Collective,
+        bytes_per_rank: usize,
+        dtype: DataType,
+        opts: &CallOpts,
+    ) -> Result<Plan> {
+        self.call_plan(coll, bytes_per_rank, dtype, ReduceOp::Sum, true, opts)
+    }
+
+    fn rmsnorm_plan_for(&self, shape: crate::rmsnorm::Shape, opts: &CallOpts) -> Result<Plan> {
+        plan::cuda_rmsnorm_plan(
+            &self.cuda_caps(),
+            &self.config,
+            &shape,
+            opts.algo.0,
+            opts.low_precision,
+        )
+    }
+}
+
+/// The executors of [`CudaBackend::run`], one per collective: each runs under the call lock
+/// (`st`) with the context current and the buffers checked, orders itself after the previous
+/// call, and takes direct access where the plan says so, else hands the call to NCCL.
+impl CudaBackend {
+    /// Hands a call direct access does not carry to NCCL (or refuses it without NCCL).
+    fn on_nccl(&self, kind: CallKind<'_>, opts: &CallOpts) -> Result<()> {
+        self.nccl(kind.name().name())?.execute(kind, opts)
+    }
+
     fn all_reduce(
         &self,
+        st: &mut CallState,
         input: Input<'_>,
         output: ViewMut<'_>,
         op: ReduceOp,
+        aligned: bool,
         opts: &CallOpts,
     ) -> Result<()> {
-        let mut st = self.enter()?;
-        check_views("all_reduce", self.device, &views_of(&input, &output))?;
         if let Some(d) = self.dda.as_deref() {
             d.check_error("all_reduce")?;
         }
@@ -540,15 +625,15 @@ impl Backend for CudaBackend {
         if count == 0 {
             return Ok(());
         }
-        let es = dtype.size() as u64;
-        let (ip, op_ptr) = (in_ptr(&input, &output), output.ptr() as u64);
-        if ip % es != 0 || op_ptr % es != 0 {
+        if !aligned {
             return Err(Error::InvalidArgument(format!(
-                "all_reduce: pointers must be aligned to the element size ({es} bytes)"
+                "all_reduce: pointers must be aligned to the element size ({} bytes)",
+                dtype.size()
             )));
         }
-        let plan = self.call_plan(AR, count * dtype.size(), dtype, op, [ip, op_ptr], opts)?;
-        self.follow(&mut st, opts.stream)?;
+        let (ip, op_ptr) = (input.address(&output), output.ptr() as u64);
+        let plan = self.call_plan(AR, count * dtype.size(), dtype, op, aligned, opts)?;
+        self.follow(st, opts.stream)?;
         match (plan, self.dda.as_deref()) {
             (
                 Plan {
@@ -569,79 +654,97 @@ impl Backend for CudaBackend {
                 },
                 Some(d),
             ) => d.all_reduce(&plan, ip, op_ptr, count, dtype, op, opts.stream),
-            _ => self.nccl("all_reduce")?.all_reduce(input, output, op, opts),
+            _ => self.on_nccl(CallKind::AllReduce { input, output, op }, opts),
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn reduce(
         &self,
+        st: &mut CallState,
         input: Input<'_>,
         output: ViewMut<'_>,
         op: ReduceOp,
         root: usize,
+        aligned: bool,
         opts: &CallOpts,
     ) -> Result<()> {
-        let mut st = self.enter()?;
-        check_views("reduce", self.device, &views_of(&input, &output))?;
-        self.follow(&mut st, opts.stream)?;
+        self.follow(st, opts.stream)?;
         let (n, dt) = (output.count(), output.dtype());
-        let (ip, o) = (in_ptr(&input, &output), output.ptr() as u64);
-        let plan = self.call_plan(Collective::Reduce, n * dt.size(), dt, op, [ip, o], opts)?;
+        let (ip, o) = (input.address(&output), output.ptr() as u64);
+        let plan = self.call_plan(Collective::Reduce, n * dt.size(), dt, op, aligned, opts)?;
         if let Some((d, parts)) = self.staged(&plan, "reduce")? {
             return d.coll_reduce(ip, o, n, dt, op, root, parts, opts.stream);
         }
-        self.nccl("reduce")?.reduce(input, output, op, root, opts)
+        let kind = CallKind::Reduce {
+            input,
+            output,
+            op,
+            root,
+        };
+        self.on_nccl(kind, opts)
     }
 
     fn broadcast(
         &self,
+        st: &mut CallState,
         input: Input<'_>,
         output: ViewMut<'_>,
         root: usize,
+        aligned: bool,
         opts: &CallOpts,
     ) -> Result<()> {
-        let mut st = self.enter()?;
-        check_views("broadcast", self.device, &views_of(&input, &output))?;
-        self.follow(&mut st, opts.stream)?;
+        self.follow(st, opts.stream)?;
         let (n, dt) = (output.count(), output.dtype());
-        let (ip, o) = (in_ptr(&input, &output), output.ptr() as u64);
+        let (ip, o) = (input.address(&output), output.ptr() as u64);
         let sum = ReduceOp::Sum;
-        let plan = self.call_plan(Collective::Broadcast, n * dt.size(), dt, sum, [ip, o], opts)?;
+        let bytes = n * dt.size();
+        let plan = self.call_plan(Collective::Broadcast, bytes, dt, sum, aligned, opts)?;
         if let Some((d, parts)) = self.staged(&plan, "broadcast")? {
             return d.coll_broadcast(ip, o, n, dt, root, parts, opts.stream);
         }
-        self.nccl("broadcast")?.broadcast(input, output, root, opts)
+        let kind = CallKind::Broadcast {
+            input,
+            output,
+            root,
+        };
+        self.on_nccl(kind, opts)
     }
 
-    fn all_gather(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
-        let mut st = self.enter()?;
-        check_views("all_gather", self.device, &views_of(&input, &output))?;
-        self.follow(&mut st, opts.stream)?;
+    fn all_gather(
+        &self,
+        st: &mut CallState,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        aligned: bool,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        self.follow(st, opts.stream)?;
         let (dt, part) = (output.dtype(), output.count() / self.size);
         let (i, o) = (
-            in_part_ptr(&input, &output, part, self.rank),
+            input.part_address(&output, part, self.rank),
             output.ptr() as u64,
         );
-        let plan = self.call_plan(AG, part * dt.size(), dt, ReduceOp::Sum, [i, o], opts)?;
+        let plan = self.call_plan(AG, part * dt.size(), dt, ReduceOp::Sum, aligned, opts)?;
         if let Some((d, c)) = self.low_precision(&plan) {
             return d.lp_collective(LpKind::AllGather, &c, dt, i, o, part, false, opts.stream);
         }
         if let Some((d, parts)) = self.staged(&plan, "all_gather")? {
             return d.coll_all_gather(i, o, part, dt, parts, opts.stream);
         }
-        self.nccl("all_gather")?.all_gather(input, output, opts)
+        self.on_nccl(CallKind::AllGather { input, output }, opts)
     }
 
     fn reduce_scatter(
         &self,
+        st: &mut CallState,
         input: Input<'_>,
         output: ViewMut<'_>,
         op: ReduceOp,
+        aligned: bool,
         opts: &CallOpts,
     ) -> Result<()> {
-        let mut st = self.enter()?;
-        check_views("reduce_scatter", self.device, &views_of(&input, &output))?;
-        self.follow(&mut st, opts.stream)?;
+        self.follow(st, opts.stream)?;
         let dt = output.dtype();
         // In place, the output is the whole buffer and our part sits at rank * part.
         let (i, o, part) = match &input {
@@ -652,7 +755,7 @@ impl Backend for CudaBackend {
             }
             Input::Buf(v) => (v.ptr() as u64, output.ptr() as u64, output.count()),
         };
-        let plan = self.call_plan(RS, part * dt.size(), dt, op, [i, o], opts)?;
+        let plan = self.call_plan(RS, part * dt.size(), dt, op, aligned, opts)?;
         if let Some((d, c)) = self.low_precision(&plan) {
             let avg = op == ReduceOp::Avg;
             return d.lp_collective(LpKind::ReduceScatter, &c, dt, i, o, part, avg, opts.stream);
@@ -660,37 +763,41 @@ impl Backend for CudaBackend {
         if let Some((d, parts)) = self.staged(&plan, "reduce_scatter")? {
             return d.coll_reduce_scatter(i, o, part, dt, op, parts, opts.stream);
         }
-        self.nccl("reduce_scatter")?
-            .reduce_scatter(input, output, op, opts)
+        self.on_nccl(CallKind::ReduceScatter { input, output, op }, opts)
     }
 
-    fn all_to_all(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
-        let mut st = self.enter()?;
-        check_views("all_to_all", self.device, &views_of(&input, &output))?;
-        self.follow(&mut st, opts.stream)?;
+    fn all_to_all(
+        &self,
+        st: &mut CallState,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        aligned: bool,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        self.follow(st, opts.stream)?;
         let (dt, part) = (output.dtype(), output.count() / self.size);
-        let (i, o) = (in_ptr(&input, &output), output.ptr() as u64);
+        let (i, o) = (input.address(&output), output.ptr() as u64);
         let total = output.bytes_len();
-        let plan = self.call_plan(A2A, total, dt, ReduceOp::Sum, [i, o], opts)?;
+        let plan = self.call_plan(A2A, total, dt, ReduceOp::Sum, aligned, opts)?;
         if let Some((d, c)) = self.low_precision(&plan) {
             return d.lp_collective(LpKind::AllToAll, &c, dt, i, o, part, false, opts.stream);
         }
         if let Some((d, parts)) = self.staged(&plan, "all_to_all")? {
             return d.coll_all_to_all(i, o, part, dt, parts, opts.stream);
         }
-        self.nccl("all_to_all")?.all_to_all(input, output, opts)
+        self.on_nccl(CallKind::AllToAll { input, output }, opts)
     }
 
     fn all_to_all_v(
         &self,
+        st: &mut CallState,
         input: Input<'_>,
         output: ViewMut<'_>,
         splits: &Splits,
+        aligned: bool,
         opts: &CallOpts,
     ) -> Result<()> {
-        let mut st = self.enter()?;
-        check_views("all_to_all_v", self.device, &views_of(&input, &output))?;
-        self.follow(&mut st, opts.stream)?;
+        self.follow(st, opts.stream)?;
         let dt = output.dtype();
         // In place, a thread overwrites only what it sent itself when every part keeps its size
         // (at two ranks both ranks see the same answer: the crossing counts are in both views).
@@ -705,8 +812,8 @@ impl Backend for CudaBackend {
         // (kernels/lowp.cu, as in the all-to-all).
         let (bytes, largest) = collectives::a2av_agreed_sizes(self.rank, splits, es);
         if in_place_ok && !collectives::a2av_by_pairs(self.size) {
-            let (i, o) = (in_ptr(&input, &output), output.ptr() as u64);
-            if let Some((d, c)) = self.lp_codec(A2AV, dt, None, largest, [i, o], opts)? {
+            let (i, o) = (input.address(&output), output.ptr() as u64);
+            if let Some((d, c)) = self.lp_codec(A2AV, dt, None, largest, aligned, opts)? {
                 let staging = d.layout().staging_bytes;
                 if let Some(plan) = a2av_plan(self.rank, splits, &c, staging) {
                     return d.lp_all_to_all_v(plan, &c, dt, i, o, splits, opts.stream);
@@ -724,68 +831,29 @@ impl Backend for CudaBackend {
         // The sizes every rank computes alike decide (see a2av_agreed_sizes).
         if in_place_ok {
             if let Some(d) = self.direct(Collective::AllToAllV, bytes, largest, dt, None, opts)? {
-                let ip = in_ptr(&input, &output);
+                let ip = input.address(&output);
                 return d.coll_all_to_all_v(ip, output.ptr() as u64, splits, dt, opts.stream);
             }
         }
-        self.nccl("all_to_all_v")?
-            .all_to_all_v(input, output, splits, opts)
-    }
-
-    fn all_to_all_v_dynamic(
-        &self,
-        input: View<'_>,
-        output: ViewMut<'_>,
-        counts: DeviceCounts<'_>,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let r = &counts.recv;
-        self.dynamic(
-            "all_to_all_v_dynamic",
+        let kind = CallKind::AllToAllV {
             input,
             output,
-            &counts.send,
-            (r.ptr() as u64, r.device(), r.bytes_len()),
-            (counts.capacity, counts.unit, false),
-            opts,
-        )
+            splits,
+        };
+        self.on_nccl(kind, opts)
     }
 
-    fn all_to_all_v_dynamic_packed(
-        &self,
-        input: View<'_>,
-        output: ViewMut<'_>,
-        counts: PackedCounts<'_>,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let r = &counts.recv;
-        let capacity = output.count() / counts.unit;
-        self.dynamic(
-            "all_to_all_v_dynamic_packed",
-            input,
-            output,
-            &counts.send,
-            (r.ptr() as u64, r.device(), r.bytes_len()),
-            (capacity, counts.unit, true),
-            opts,
-        )
-    }
-
+    /// The fused call: one launch by direct access where the plan's form says so, else the
+    /// all-reduce (this backend's own, under the call lock) followed by the norm's launch.
     fn all_reduce_rmsnorm(
         &self,
         call: crate::rmsnorm::AllReduceRmsNorm<'_>,
-        shape: crate::rmsnorm::Shape,
+        aligned: bool,
         opts: &CallOpts,
     ) -> Result<()> {
-        bind(&self.cuda)?;
+        let shape = call.shape();
         // The call's plan (rmsnorm_plan_for's): its form, and the codec of one launch's records.
-        let p = plan::cuda_rmsnorm_plan(
-            &self.cuda_caps(),
-            &self.config,
-            &shape,
-            opts.algo.0,
-            opts.low_precision,
-        )?;
+        let p = self.rmsnorm_plan_for(shape, opts)?;
         let mut form = p.norm.unwrap_or(plan::NormForm::TwoLaunch);
         let loopback = self
             .config
@@ -801,60 +869,39 @@ impl Backend for CudaBackend {
         }
         // With direct access the kernel comes from its rmsnorm unit (loaded at start-up where
         // built in or cached, else compiled now).
-        let loaded = match &self.dda {
-            Some(d) => Some(super::fused_norm::NormKernel::from_unit(
+        let loaded = match self.dda.as_deref() {
+            Some(d) => Some(fused_norm::NormKernel::from_unit(
                 |name| d.func(shape.dtype, name),
                 d.pdl,
                 d.sm_count,
             )?),
             None => None,
         };
-        match (form, &self.dda) {
+        match (form, self.dda.as_deref()) {
             (plan::NormForm::FusedFlat | plan::NormForm::FusedTree, Some(d)) => {
                 let mut st = self.enter()?;
                 self.follow(&mut st, opts.stream)?;
-                return super::fused_norm::run_fused(
-                    d,
-                    self.device,
-                    form,
-                    p.low_precision.as_ref(),
-                    call,
-                    shape,
-                    opts,
-                    loopback,
-                );
+                let lp = p.low_precision.as_ref();
+                return fused_norm::run_fused(d, form, lp, call, shape, aligned, opts, loopback);
             }
             (plan::NormForm::Local, _) => {
-                return super::fused_norm::run_local(
-                    &self.config,
-                    self.device,
-                    call,
-                    shape,
-                    opts,
-                    loaded,
-                );
+                return fused_norm::run_local(&self.config, call, shape, opts, loaded);
             }
             _ => {}
         }
-        super::fused_norm::run(
-            &self.config,
-            self.device,
-            call,
-            shape,
-            opts,
-            loaded,
-            |x, out| self.all_reduce(x, out, ReduceOp::Sum, opts),
-        )
+        fused_norm::run(&self.config, call, shape, opts, loaded, |x, out| {
+            let mut st = self.enter()?;
+            self.all_reduce(&mut st, x, out, ReduceOp::Sum, aligned, opts)
+        })
     }
 
-    fn barrier(&self, opts: &CallOpts) -> Result<()> {
-        let mut st = self.enter()?;
+    fn barrier(&self, st: &mut CallState, opts: &CallOpts) -> Result<()> {
         if let Some(d) = self.dda.as_deref() {
             d.check_error("barrier")?;
         }
-        self.follow(&mut st, opts.stream)?;
+        self.follow(st, opts.stream)?;
         let Some(d) = self.dda.as_deref() else {
-            return self.nccl("barrier")?.barrier(opts);
+            return self.on_nccl(CallKind::Barrier, opts);
         };
         // Direct access meets every rank in one push kernel (no NCCL needed): a one-word
         // all-reduce with Max, which leaves the word as it was. A peer that never comes makes
@@ -862,48 +909,43 @@ impl Backend for CudaBackend {
         let w = d.barrier_word();
         let push = Plan::on_gpu(Algo::Push, None);
         d.all_reduce(&push, w, w, 1, DataType::I32, ReduceOp::Max, opts.stream)?;
-        cu(
-            // SAFETY: waits for the caller's stream; the kernel ends by the timeout at the latest.
-            unsafe { sys::cuStreamSynchronize(opts.stream as sys::CUstream) },
-            "barrier: cuStreamSynchronize",
-        )?;
+        // SAFETY: waits for the caller's stream (a live stream of this context); the kernel ends
+        // by the timeout at the latest.
+        unsafe { result::stream_synchronize(opts.stream, "barrier: cuStreamSynchronize") }?;
         d.check_error("barrier")
     }
 
-    fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
-        let mut st = self.enter()?;
-        check_views(
-            "send",
-            self.device,
-            &[("data", data.ptr() as u64, data.device(), data.bytes_len())],
-        )?;
-        self.follow(&mut st, opts.stream)?;
+    fn send(&self, st: &mut CallState, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
+        self.follow(st, opts.stream)?;
         let (n, dt) = (data.count(), data.dtype());
         if let Some((d, p)) = self.direct_p2p(Collective::Send, peer, n * dt.size(), dt, opts)? {
             return d.coll_send_recv(data.ptr() as u64, n, dt, self.rank, p, opts.stream);
         }
-        self.nccl("send")?.send(data, peer, opts)
+        self.on_nccl(CallKind::Send { data, peer }, opts)
     }
 
-    fn recv(&self, out: ViewMut<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
-        let mut st = self.enter()?;
-        check_views(
-            "recv",
-            self.device,
-            &[("out", out.ptr() as u64, out.device(), out.bytes_len())],
-        )?;
-        self.follow(&mut st, opts.stream)?;
+    fn recv(
+        &self,
+        st: &mut CallState,
+        out: ViewMut<'_>,
+        peer: usize,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        self.follow(st, opts.stream)?;
         let (n, dt) = (out.count(), out.dtype());
         if let Some((d, p)) = self.direct_p2p(Collective::Recv, peer, n * dt.size(), dt, opts)? {
             return d.coll_send_recv(out.ptr() as u64, n, dt, peer, p, opts.stream);
         }
-        self.nccl("recv")?.recv(out, peer, opts)
+        self.on_nccl(CallKind::Recv { out, peer }, opts)
     }
 
-    fn batch_send_recv(&self, ops: Vec<P2pOp<'_>>, opts: &CallOpts) -> Result<()> {
-        let mut st = self.enter()?;
-        check_views("batch_send_recv", self.device, &p2p_views(&ops))?;
-        self.follow(&mut st, opts.stream)?;
+    fn batch_send_recv(
+        &self,
+        st: &mut CallState,
+        ops: Vec<P2pOp<'_>>,
+        opts: &CallOpts,
+    ) -> Result<()> {
+        self.follow(st, opts.stream)?;
         if let Some((d, parts)) = self.direct_batch(&ops, opts)? {
             let sends = ops.iter().map(|op| matches!(op, P2pOp::Send { .. }));
             for (k, sender) in collectives::two_rank_batch_order(self.rank, sends) {
@@ -915,26 +957,6 @@ impl Backend for CudaBackend {
             }
             return Ok(());
         }
-        self.nccl("batch_send_recv")?.batch_send_recv(&ops, opts)
-    }
-
-    fn plan_for(
-        &self,
-        coll: Collective,
-        bytes_per_rank: usize,
-        dtype: DataType,
-        opts: &CallOpts,
-    ) -> Result<Plan> {
-        self.call_plan(coll, bytes_per_rank, dtype, ReduceOp::Sum, [0, 0], opts)
-    }
-
-    fn rmsnorm_plan_for(&self, shape: crate::rmsnorm::Shape, opts: &CallOpts) -> Result<Plan> {
-        plan::cuda_rmsnorm_plan(
-            &self.cuda_caps(),
-            &self.config,
-            &shape,
-            opts.algo.0,
-            opts.low_precision,
-        )
+        self.on_nccl(CallKind::BatchSendRecv { ops }, opts)
     }
 }

@@ -17,8 +17,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-use cudarc::driver::sys;
-
 pub use super::kernel_cache::Origin;
 use super::kernel_units::{self as units, VARIANTS as UNIT_VARIANTS};
 pub use super::kernel_units::{
@@ -27,6 +25,7 @@ pub use super::kernel_units::{
     RMSNORM_SOURCE, WINDOW_ENTRIES, WINDOW_SOURCE,
 };
 use crate::config::Config;
+use crate::driver::Module;
 use crate::error::{Error, Result};
 use crate::types::DataType;
 
@@ -111,7 +110,7 @@ pub fn units_for(arch: &str) -> Vec<(DataType, Group)> {
 }
 
 /// The real architectures the loaded NVRTC compiles for (`90` for sm_90). NVRTC must be
-/// loadable ([`super::libs::ensure_nvrtc`]).
+/// loadable ([`crate::driver::libs::ensure_nvrtc`]).
 pub fn nvrtc_supported_archs() -> Result<Vec<i32>> {
     nvrtc_version()?;
     super::nvrtc::supported_archs().map_err(nvrtc_error)
@@ -166,10 +165,10 @@ fn unsupported(dtype: DataType, group: Group) -> Error {
     }
 }
 
-/// The NVRTC version (major, minor). NVRTC must be loadable ([`super::libs::ensure_nvrtc`]).
+/// The NVRTC version (major, minor). NVRTC must be loadable ([`crate::driver::libs::ensure_nvrtc`]).
 pub fn nvrtc_version() -> Result<(i32, i32)> {
     // cudarc panics on a call into a library it cannot load: ask first.
-    if !super::libs::nvrtc_present() {
+    if !crate::driver::libs::nvrtc_present() {
         return Err(Error::LibraryMissing {
             library: "libnvrtc",
             why: "not loaded (see `ferrocomm info`)".into(),
@@ -188,7 +187,7 @@ fn nvrtc_error(e: super::nvrtc::NvrtcError) -> Error {
 }
 
 /// Compiles one CUDA C++ source for `target` (`sm_90`: a cubin; `compute_90`: PTX). NVRTC must
-/// be loadable ([`super::libs::ensure_nvrtc`]); a compile error is [`Error::KernelCompile`] with
+/// be loadable ([`crate::driver::libs::ensure_nvrtc`]); a compile error is [`Error::KernelCompile`] with
 /// the log.
 pub fn compile_source(source_name: &str, src: &str, target: &str) -> Result<Vec<u8>> {
     super::nvrtc::compile(source_name, src, &units::options(target), is_ptx(target))
@@ -200,7 +199,7 @@ pub fn compile_unit(dtype: DataType, group: Group, target: &str, cfg: &Config) -
     let v = variant_index(dtype)
         .filter(|&v| group.applies(v))
         .ok_or_else(|| unsupported(dtype, group))?;
-    super::libs::ensure_nvrtc(cfg)?;
+    crate::driver::libs::ensure_nvrtc(cfg)?;
     compile_source(
         &format!("{ALL_REDUCE_NAME}[{} {}]", dtype.name(), group.name()),
         &units::unit_source(v, group),
@@ -483,7 +482,7 @@ pub struct Code {
 /// precompile`, used where no NVRTC is installed).
 fn cached_unit(v: usize, g: Group, arch: &str, cfg: &Config) -> Option<Vec<u8>> {
     let ptx = is_ptx(arch);
-    if super::libs::ensure_nvrtc(cfg).is_ok() {
+    if crate::driver::libs::ensure_nvrtc(cfg).is_ok() {
         let ver = nvrtc_version().ok()?;
         return super::kernel_cache::read_entry(
             &cfg.kernel_cache.join(units::cache_file(v, g, arch, ver)),
@@ -587,7 +586,7 @@ fn why_compile(arch: &str, cfg: &Config) -> String {
 /// which GPU, about how long, where it is cached), and a wait, at most the configured timeout,
 /// while another process compiles the same unit.
 fn compile_cached(v: usize, g: Group, arch: &str, cfg: &Config) -> Result<Code> {
-    super::libs::ensure_nvrtc(cfg)?;
+    crate::driver::libs::ensure_nvrtc(cfg)?;
     let ver = nvrtc_version()?;
     let name = units::unit_name(v, g);
     let file = units::cache_file(v, g, arch, ver);
@@ -677,7 +676,7 @@ pub fn code_source(
     if let Some(c) = ready_code(v, group, arch, cfg)? {
         return Ok(Some(c.source));
     }
-    if cfg.builtin_kernels && super::libs::ensure_nvrtc(cfg).is_err() {
+    if cfg.builtin_kernels && crate::driver::libs::ensure_nvrtc(cfg).is_err() {
         return Ok(builtin_ptx(v, group, arch)?.map(|c| c.source));
     }
     Ok(None)
@@ -687,19 +686,8 @@ pub fn code_source(
 
 /// A unit's module loaded on the current context, and where its code came from.
 pub(crate) struct LoadedUnit {
-    pub module: sys::CUmodule,
+    pub module: Module,
     pub source: CodeSource,
-}
-
-fn load_data(bytes: &[u8], what: &str) -> Result<sys::CUmodule> {
-    let mut module: sys::CUmodule = std::ptr::null_mut();
-    super::cu(
-        // SAFETY: a complete cubin, or NUL-terminated PTX (both checked when read); the caller
-        // made a context current.
-        unsafe { sys::cuModuleLoadData(&mut module, bytes.as_ptr().cast()) },
-        what,
-    )?;
-    Ok(module)
 }
 
 /// Loads `dtype`'s unit of `group` on the current context (a GPU of `arch`): its code as
@@ -720,7 +708,7 @@ pub(crate) fn load_unit(
     }
     let what = format!("loading the {} kernels", units::unit_name(v, group));
     let refused = match ready_code(v, group, arch, cfg)? {
-        Some(c) => match load_data(&c.bytes, &what) {
+        Some(c) => match Module::load(&c.bytes, &what) {
             Ok(module) => {
                 return Ok(Some(LoadedUnit {
                     module,
@@ -755,14 +743,14 @@ pub(crate) fn load_unit(
         )));
     }
     Ok(Some(LoadedUnit {
-        module: load_data(&c.bytes, &what)?,
+        module: Module::load(&c.bytes, &what)?,
         source: c.source,
     }))
 }
 
 /// The architecture of the current context's device: `sm_<major><minor>`.
 pub(crate) fn current_arch() -> Result<String> {
-    use sys::CUdevice_attribute as A;
+    use crate::driver::{current_device_attribute, DeviceAttribute as A};
     Ok(format!(
         "sm_{}{}",
         current_device_attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
@@ -771,66 +759,16 @@ pub(crate) fn current_arch() -> Result<String> {
 }
 
 /// `dtype`'s unit of `group` for the device of the current context, loaded (compiled first if
-/// needed) and kept for the process's life; `what` names the load in an error. For kernels a
-/// caller loads outside a communicator's start-up.
+/// needed); `what` names the load in an error. For kernels a caller loads outside a
+/// communicator's start-up (it keeps the module for the process's life).
 pub(crate) fn load_on_current_device(
     dtype: DataType,
     group: Group,
     cfg: &Config,
     what: &'static str,
-) -> Result<sys::CUmodule> {
+) -> Result<Module> {
     let arch = current_arch()?;
     load_unit(dtype, group, &arch, cfg, false)?
         .map(|u| u.module)
         .ok_or_else(|| Error::Cuda(format!("{what}: no code")))
-}
-
-/// An attribute of the device of the current context (the caller made a context current).
-pub(crate) fn current_device_attribute(a: sys::CUdevice_attribute) -> Result<i32> {
-    let mut dev: sys::CUdevice = 0;
-    // SAFETY: out-parameter; the caller made a context current.
-    super::cu(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
-    let mut v = 0i32;
-    super::cu(
-        // SAFETY: out-parameter for a valid device.
-        unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) },
-        "cuDeviceGetAttribute",
-    )?;
-    Ok(v)
-}
-
-/// The size in bytes of `struct name` in a kernel source, from its fields (`u64`, `i64`, `u32`,
-/// `i32`, `float`, arrays of a number or `FC_MAX_RANKS`), laid out as C does: every field at a
-/// multiple of its size, the whole padded to its widest. The Rust mirrors of the kernels'
-/// argument structs are passed by value into the launch: their tests compare `size_of` with this,
-/// so a field added on one side only fails a test instead of shifting every later argument.
-#[cfg(test)]
-pub(crate) fn c_struct_size(src: &str, name: &str) -> usize {
-    let head = format!("struct {name} {{");
-    let body = &src[src.find(&head).expect("struct in source") + head.len()..];
-    let body = &body[..body.find("};").expect("end of struct")];
-    let (mut at, mut widest) = (0usize, 1usize);
-    for line in body.lines() {
-        let decl = line.split("//").next().unwrap().trim();
-        if decl.is_empty() {
-            continue;
-        }
-        let decl = decl.strip_suffix(';').expect("one field per line");
-        let (ty, field) = decl.split_once(' ').expect("type and name");
-        let size = match ty {
-            "u64" | "i64" => 8,
-            "u32" | "i32" | "float" => 4,
-            other => panic!("field type {other} in struct {name}"),
-        };
-        let count = match field.trim().split_once('[') {
-            None => 1,
-            Some((_, n)) => match n.trim_end_matches(']') {
-                "FC_MAX_RANKS" => super::dda::MAX_RANKS,
-                n => n.parse().expect("array length"),
-            },
-        };
-        at = at.next_multiple_of(size) + size * count;
-        widest = widest.max(size);
-    }
-    at.next_multiple_of(widest)
 }

@@ -1,17 +1,19 @@
 //! The CUDA backend: direct data access (DDA) over NVLink through IPC-mapped staging buffers,
 //! with NCCL underneath for what DDA does not cover or does not win.
 //!
+//! - `backend`: the [`Backend`] that chooses between DDA and NCCL per call;
+//! - `dda`: direct data access and everything that runs on it: IPC staging, peer mapping and
+//!   checks, the all-reduce, the other collectives ([`collectives`]), their low-precision forms
+//!   and the fused all-reduce + RMSNorm;
 //! - [`kernels`]: the kernel registry: each unit's code (built in, cached, or compiled with
 //!   NVRTC at first use) and its module; `kernel_units` (which kernels compile together),
-//!   `nvrtc` and `kernel_cache` (the disk cache and its lock) are shared with the build script;
-//! - `launch`: the one kernel launch (programmatic dependent launch on sm_90 when enabled);
-//! - `dda`: IPC staging, peer mapping and checks; `dda::all_reduce`: the push / flat / tree
-//!   all-reduce launches;
-//! - [`collectives`]: direct-access all-gather, reduce-scatter, all-to-all(v), broadcast, reduce;
-//! - `fused_norm`: the fused all-reduce + RMSNorm (the all-reduce, then one norm launch);
-//! - `backend`: the [`Backend`] that chooses between DDA and NCCL per call;
+//!   `nvrtc` and [`kernel_cache`] (the disk cache and its lock) are shared with the build script;
 //! - [`nvml`]: whether two GPUs are joined by NVLink (the LL128 all-reduce needs it);
-//! - `window`: one-sided communication (puts, signals, waits on IPC-mapped buffers).
+//! - `window`: one-sided communication (puts, signals, waits on IPC-mapped buffers of
+//!   `dda::ipc`).
+//!
+//! Every driver call goes through [`crate::driver`] (launches included). The arrows point
+//! down: `backend` uses `dda`, which uses `kernels` and `nvml`; none imports back.
 //!
 //! Beyond the backend, the items below are public for the programs that size and check the
 //! direct-access paths from outside the crate: the staging layout and its sizes
@@ -20,14 +22,10 @@
 //! [`residual_rmsnorm`] for `ferrocomm bench`.
 
 mod backend;
-pub mod collectives;
 mod dda;
-mod fused_norm;
 pub mod kernel_cache;
 mod kernel_units;
 pub mod kernels;
-mod launch;
-mod lowp;
 pub mod nvml;
 mod nvrtc;
 mod window;
@@ -37,14 +35,12 @@ use crate::config::Config;
 use crate::error::Result;
 
 pub use dda::{
-    ce_chunk, flat_grid, ll128_line_bytes, push_capacity, staging_layout, StagingLayout,
-    CE_MAX_CHUNKS, LL128_PAYLOAD,
+    ce_chunk, collectives, dda_caps, flat_grid, ll128_line_bytes, push_capacity,
+    quantize_on_device, residual_rmsnorm, staging_layout, StagingLayout, CE_MAX_CHUNKS,
+    LL128_PAYLOAD,
 };
-pub use fused_norm::residual_rmsnorm;
-pub use lowp::quantize_on_device;
 
-pub(crate) use crate::driver::{cu, cu_lazy, open_context};
-/// The driver leaf's library probing and device count, where they were first found.
+/// The driver layer's library probing and device count, where they were first found.
 pub use crate::driver::{gpu_count, libs};
 
 /// The CUDA backend for `ctx` (DDA where possible, NCCL for the rest).
@@ -58,37 +54,23 @@ pub fn staging_memory_bytes(cfg: &Config, world: usize) -> usize {
     staging_layout(cfg, world).total
 }
 
-/// What direct access has for `world` ranks under `cfg`, for the planner: the staging
-/// layout's sizes, the copy engines' smallest all-reduce where they are set up (`ce_min`), the
-/// NVLink verdict that LL128 lines need. A communicator reports its own (`dda::Dda`'s, after its
-/// start-up checks); `ferrocomm info` plans from the configuration with this.
-pub fn dda_caps(
-    cfg: &Config,
-    world: usize,
-    ce_min: Option<usize>,
-    ll128_links: bool,
-) -> crate::plan::DdaCaps {
-    let layout = staging_layout(cfg, world);
-    crate::plan::DdaCaps {
-        staging_bytes: layout.staging_bytes,
-        push_cap: layout.push_cap,
-        ce_bytes: layout.ce_bytes,
-        ce_min: ce_min.filter(|_| layout.ce_bytes > 0),
-        ll128_cap: layout.ll128_cap,
-        ll128_links,
-        ll_max: layout.ll_max,
-        a2av_lp: lowp::a2av_lp_fits(cfg, layout.staging_bytes),
-    }
-}
-
-/// This machine's host name (compared through the store to prove all ranks share one host).
-pub(crate) fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most `len` bytes into the buffer.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) };
-    if rc != 0 {
-        return String::from("unknown-host");
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
+/// This machine's key for its tuning table ([`crate::config::tuning::machine_key`]): the first GPU's
+/// model, the GPU count, and how GPUs 0 and 1 are joined (`cuda-nvidia-h200-x8-nvlink`;
+/// `pcie` without NVLink between them, `one` for a single GPU, `links-unknown` without NVML).
+pub fn machine_key() -> String {
+    let n = gpu_count();
+    let name = crate::driver::device_name(0).unwrap_or_else(|_| "unknown-gpu".into());
+    let links = if n < 2 {
+        "one"
+    } else {
+        match (nvml::pci_bus_id(0), nvml::pci_bus_id(1)) {
+            (Ok(a), Ok(b)) => match nvml::nvlink_between(&a, &b) {
+                Ok(true) => "nvlink",
+                Ok(false) => "pcie",
+                Err(_) => "links-unknown",
+            },
+            _ => "links-unknown",
+        }
+    };
+    crate::config::tuning::machine_key(&["cuda", &name, &format!("x{n}"), links])
 }

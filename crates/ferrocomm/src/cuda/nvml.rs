@@ -17,20 +17,9 @@ type ByBusFn = unsafe extern "C" fn(*const c_char, *mut Device) -> c_int;
 type P2pFn = unsafe extern "C" fn(Device, Device, c_int, *mut c_int) -> c_int;
 type ErrFn = unsafe extern "C" fn(c_int) -> *const c_char;
 
-/// The PCI bus id of `dev` as the driver writes it (`0000:1b:00.0`).
-pub fn pci_bus_id(dev: cudarc::driver::sys::CUdevice) -> Result<String, String> {
-    let mut buf = [0 as c_char; 32];
-    // SAFETY: the buffer holds `len` bytes; the driver writes a NUL-terminated string.
-    let r = unsafe {
-        cudarc::driver::sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as c_int, dev)
-    };
-    if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
-        return Err(format!("cuDeviceGetPCIBusId failed: {r:?}"));
-    }
-    // SAFETY: NUL-terminated by the driver, inside `buf`.
-    Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
-        .to_string_lossy()
-        .into_owned())
+/// The PCI bus id of CUDA device `dev` as the driver writes it (`0000:1b:00.0`).
+pub fn pci_bus_id(dev: i32) -> Result<String, String> {
+    crate::driver::result::device_get_pci_bus_id(dev).map_err(|e| e.to_string())
 }
 
 /// Whether NVML reports an NVLink path between the GPUs at bus ids `a` and `b`; an error says

@@ -16,13 +16,13 @@ use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::{sys, CudaContext};
+use cudarc::driver::CudaContext;
 
 use super::dda::ipc::{self, Opened, IPC_MSG_BYTES};
 use super::dda::Dda;
-use super::{cu, launch};
 use crate::backend::WindowBackend;
 use crate::config::Config;
+use crate::driver::{self, result};
 use crate::error::{Error, Result};
 use crate::plan::{self, PutEngine};
 use crate::types::DataType;
@@ -61,7 +61,7 @@ pub(crate) struct CudaWindow {
     world: usize,
     slots: usize,
     /// This rank's signal block, from export to release.
-    signals: Option<sys::CUdeviceptr>,
+    signals: Option<u64>,
     /// This rank's buffer.
     own: u64,
     /// Every rank's buffer and incoming counters as mapped here, once imported.
@@ -104,9 +104,7 @@ impl CudaWindow {
     }
 
     fn bind(&self) -> Result<()> {
-        self.cuda
-            .bind_to_thread()
-            .map_err(|e| Error::Cuda(format!("binding the context: {e:?}")))
+        driver::bind(&self.cuda)
     }
 
     /// Bytes of one half of the signal block (`world * slots` counters).
@@ -139,13 +137,14 @@ impl CudaWindow {
         // or cached.
         let f = self.dda.func(DataType::F32, name)?;
         let mut params: [*mut c_void; 1] = [(&mut a as *mut WinArgs).cast()];
-        cu(
-            // SAFETY: the parameters match `name(WinArgs)`; every address in `a` is a live
-            // mapping of this window, this rank's signal block or the error page, and
-            // `stream` a stream of this context (the caller's).
-            unsafe { launch::launch(f, blocks, threads, stream, &mut params, false) },
-            name,
-        )
+        // SAFETY: the parameters match `name(WinArgs)`; every address in `a` is a live
+        // mapping of this window, this rank's signal block or the error page, and `stream` a
+        // stream of this context (the caller's); no programmatic dependent launch.
+        unsafe {
+            driver::launch(f, blocks, threads, stream, &mut params, false, || {
+                name.to_string()
+            })
+        }
     }
 }
 
@@ -170,22 +169,13 @@ impl WindowBackend for CudaWindow {
         })?;
         // NOT the async pool: legacy IPC cannot share pool memory.
         let total = 2 * self.counters_bytes();
-        let mut sig: sys::CUdeviceptr = 0;
-        cu(
-            // SAFETY: out-parameter; the context is current.
-            unsafe { sys::cuMemAlloc_v2(&mut sig, total) },
-            "cuMemAlloc (window signals)",
-        )?;
+        let sig = result::mem_alloc(total, "cuMemAlloc (window signals)")?;
         self.signals = Some(sig);
         // Counters start at zero before any peer can add to them (the store exchange that
         // follows orders the peers after this synchronous memset).
-        cu(
-            // SAFETY: `sig` holds `total` bytes.
-            unsafe { sys::cuMemsetD8_v2(sig, 0, total) },
-            "cuMemsetD8 (window signals)",
-        )?;
-        // SAFETY: plain context synchronisation.
-        cu(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")?;
+        // SAFETY: `sig` holds `total` bytes of this context.
+        unsafe { result::memset_d8(sig, 0, total) }?;
+        result::ctx_synchronize("cuCtxSynchronize (window signals)")?;
         let counters = ipc::export(sig, "the window signals")?;
         self.own = ptr;
         let mut msg = Vec::with_capacity(MSG_BYTES);
@@ -245,8 +235,8 @@ impl WindowBackend for CudaWindow {
 
     fn quiesce(&self) -> Result<()> {
         self.bind()?;
-        // SAFETY: plain context synchronisation: this rank's puts into peers have landed.
-        cu(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
+        // This rank's puts into peers have landed.
+        result::ctx_synchronize("cuCtxSynchronize (window quiesce)")
     }
 
     fn release(&mut self) {
@@ -258,9 +248,7 @@ impl WindowBackend for CudaWindow {
             // SAFETY: allocated once by `export`, freed once; its peers have unmapped it or
             // never will use it (set-up failed, or every rank quiesced first). An error at
             // teardown has nowhere to go.
-            unsafe {
-                let _ = sys::cuMemFree_v2(sig);
-            }
+            let _ = unsafe { result::mem_free(sig) };
         }
         self.own = 0;
     }
@@ -277,13 +265,12 @@ impl WindowBackend for CudaWindow {
         }
         let target = self.peer(dst)?.buf + offset as u64;
         match plan::put_engine(bytes, &self.config.thresholds) {
-            PutEngine::CopyEngine => cu(
-                // SAFETY: `target .. target + bytes` lies inside rank `dst`'s mapped buffer (the
-                // window checked the range) and `src` holds `bytes` of this device's memory; the
-                // copy is ordered on the caller's stream.
-                unsafe { sys::cuMemcpyDtoDAsync_v2(target, src, bytes, stream as sys::CUstream) },
-                "cuMemcpyDtoDAsync (put)",
-            ),
+            // SAFETY: `target .. target + bytes` lies inside rank `dst`'s mapped buffer (the
+            // window checked the range) and `src` holds `bytes` of this device's memory; the
+            // copy is ordered on the caller's stream.
+            PutEngine::CopyEngine => unsafe {
+                result::memcpy_dtod_async(target, src, bytes, stream, "cuMemcpyDtoDAsync (put)")
+            },
             PutEngine::Kernel => {
                 let per_block = PUT_THREADS as usize * PUT_VEC;
                 let blocks = bytes
@@ -351,7 +338,7 @@ mod tests {
         let src = super::super::kernels::WINDOW_SOURCE;
         assert_eq!(
             std::mem::size_of::<WinArgs>(),
-            super::super::kernels::c_struct_size(src, "WinArgs")
+            super::super::dda::c_struct_size(src, "WinArgs")
         );
     }
 }

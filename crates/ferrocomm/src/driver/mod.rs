@@ -1,11 +1,22 @@
-//! The CUDA driver leaf both GPU backends use: driver errors, contexts, device pointers,
-//! events, stream-capture state and finding NVIDIA's libraries. It imports no backend.
+//! The CUDA driver layer: every call ferrocomm makes into the NVIDIA driver goes through this
+//! module, separated as cudarc separates its own: cudarc's raw `sys` declarations (named only
+//! here); `result`, one thin function per call that turns the driver's status into a
+//! [`Result`]; and safe types that own what they create (contexts, `Stream`s, `Event`s and
+//! [`Completion`]s, loaded `Module`s and their `Function`s, launches). Both GPU backends build
+//! on it; it imports no backend.
 //!
 //! - [`libs`]: finding libcuda / libnvrtc / libnccl before cudarc touches them (absent = error,
-//!   no panic).
+//!   no panic);
+//! - `result`: the thin calls (memory, IPC handles, copies, streams, occupancy);
+//! - `launch`: kernel launches, with programmatic dependent launch on sm_90.
 
+pub(crate) mod launch;
 pub mod libs;
+pub(crate) mod result;
 
+pub(crate) use launch::{launch, pdl_for_current_device};
+
+use std::ffi::CString;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,6 +24,9 @@ use cudarc::driver::{sys, sys as drv, CudaContext};
 
 use crate::error::{Error, Result};
 use crate::types::Device;
+
+/// A device attribute ([`current_device_attribute`]): cudarc's enum of the driver's.
+pub(crate) use cudarc::driver::sys::CUdevice_attribute as DeviceAttribute;
 
 /// Number of CUDA devices visible, 0 when the driver library is absent or fails to start.
 pub fn gpu_count() -> usize {
@@ -25,6 +39,20 @@ pub fn gpu_count() -> usize {
     cudarc::driver::result::device::get_count()
         .map(|n| n.max(0) as usize)
         .unwrap_or(0)
+}
+
+/// The model of CUDA device `ordinal` as the driver names it (`NVIDIA H200`).
+pub fn device_name(ordinal: usize) -> Result<String> {
+    let n = gpu_count();
+    if ordinal >= n {
+        return Err(Error::InvalidArgument(format!(
+            "no CUDA device {ordinal} ({n} visible)"
+        )));
+    }
+    let dev = cudarc::driver::result::device::get(ordinal as i32)
+        .map_err(|e| Error::Cuda(format!("cuDeviceGet({ordinal}): {e:?}")))?;
+    cudarc::driver::result::device::get_name(dev)
+        .map_err(|e| Error::Cuda(format!("cuDeviceGetName({ordinal}): {e:?}")))
 }
 
 /// Turns a driver result into our error, naming the call.
@@ -64,6 +92,17 @@ pub(crate) fn open_context(device: Device) -> Result<Arc<CudaContext>> {
     // allocations whose stream use it orders itself.
     unsafe { ctx.disable_event_tracking() };
     Ok(ctx)
+}
+
+/// Makes `ctx` the calling thread's current context.
+pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
+    ctx.bind_to_thread()
+        .map_err(|e| Error::Cuda(format!("binding the context: {e:?}")))
+}
+
+/// An attribute of the device of the current context (the caller made a context current).
+pub(crate) fn current_device_attribute(a: DeviceAttribute) -> Result<i32> {
+    result::device_get_attribute(a, result::ctx_get_device()?)
 }
 
 /// The device a pointer lives on, or an error when it is not CUDA memory.
@@ -215,6 +254,18 @@ impl Event {
         )
     }
 
+    /// Makes `stream`'s later work wait for the event's last record, without blocking the
+    /// host ([cuStreamWaitEvent]); `what` names it in an error.
+    ///
+    /// [cuStreamWaitEvent]: https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+    pub(crate) fn wait_in(&self, stream: u64, what: &str) -> Result<()> {
+        cu(
+            // SAFETY: a live event; the caller's stream belongs to the current context.
+            unsafe { drv::cuStreamWaitEvent(stream as drv::CUstream, self.0, 0) },
+            what,
+        )
+    }
+
     /// Whether the work before the event's record has finished.
     pub(crate) fn query(&self) -> std::result::Result<bool, String> {
         // SAFETY: a live event, recorded on a stream of this context.
@@ -230,6 +281,126 @@ impl Drop for Event {
     fn drop(&mut self) {
         // SAFETY: created in `new`, destroyed once (pending work keeps it valid until done).
         unsafe { drv::cuEventDestroy_v2(self.0) };
+    }
+}
+
+/// A stream of ours (not the caller's), non-blocking with respect to the legacy stream,
+/// destroyed on drop.
+pub(crate) struct Stream(drv::CUstream);
+
+// SAFETY: a stream may be used and destroyed from any thread.
+unsafe impl Send for Stream {}
+// SAFETY: enqueueing on one stream from several threads is allowed by the driver.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// A new stream in the current context ([cuStreamCreate], `NON_BLOCKING`); `what` names
+    /// it in an error.
+    ///
+    /// [cuStreamCreate]: https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+    pub(crate) fn non_blocking(what: &str) -> Result<Stream> {
+        let mut s: drv::CUstream = std::ptr::null_mut();
+        let flags = drv::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: out-parameter; a context is current or the call fails.
+        cu(unsafe { drv::cuStreamCreate(&mut s, flags) }, what)?;
+        Ok(Stream(s))
+    }
+
+    /// The stream as the integer the rest of the crate passes streams as.
+    pub(crate) fn raw(&self) -> u64 {
+        self.0 as u64
+    }
+
+    /// Waits until the stream has run everything enqueued on it.
+    pub(crate) fn synchronize(&self, what: &str) -> Result<()> {
+        // SAFETY: a live stream of ours.
+        unsafe { result::stream_synchronize(self.raw(), what) }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: created once by `non_blocking`, destroyed once; errors at teardown are
+        // ignored because nothing can act on them.
+        unsafe { drv::cuStreamDestroy_v2(self.0) };
+    }
+}
+
+/// A kernel of a loaded [`Module`]: a handle valid while its module stays loaded.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Function(drv::CUfunction);
+
+// SAFETY: a function handle may be launched from any thread of the process.
+unsafe impl Send for Function {}
+// SAFETY: as above; the handle is never mutated.
+unsafe impl Sync for Function {}
+
+impl Function {
+    pub(crate) fn raw(self) -> drv::CUfunction {
+        self.0
+    }
+}
+
+/// A loaded module of compiled kernels (a cubin), unloaded on drop unless
+/// [`Module::keep_loaded`].
+pub(crate) struct Module(drv::CUmodule);
+
+// SAFETY: a module may be used and unloaded from any thread.
+unsafe impl Send for Module {}
+// SAFETY: looking functions up is allowed from several threads.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// Loads `image` for the current context's device ([cuModuleLoadData]): a complete cubin,
+    /// or PTX ending in its NUL, which the driver compiles as it loads; `what` names the load
+    /// in an error.
+    ///
+    /// [cuModuleLoadData]: https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MODULE.html
+    pub(crate) fn load(image: &[u8], what: &str) -> Result<Module> {
+        let cubin = image.len() >= 4 && &image[..4] == b"\x7fELF";
+        // The driver reads PTX up to its NUL: one inside the slice keeps it in bounds.
+        let ptx = !cubin && image.last() == Some(&0);
+        if !cubin && !ptx {
+            return Err(Error::Cuda(format!(
+                "{what}: the image is neither a cubin nor NUL-terminated PTX"
+            )));
+        }
+        let mut m: drv::CUmodule = std::ptr::null_mut();
+        cu(
+            // SAFETY: out-parameter; the image is an ELF cubin or NUL-terminated text, which the
+            // driver parses (and refuses with an error code when it is not code for this device).
+            unsafe { drv::cuModuleLoadData(&mut m, image.as_ptr().cast()) },
+            what,
+        )?;
+        Ok(Module(m))
+    }
+
+    /// The kernel `name` of the module ([cuModuleGetFunction]).
+    ///
+    /// [cuModuleGetFunction]: https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MODULE.html
+    pub(crate) fn function(&self, name: &str) -> Result<Function> {
+        let c = CString::new(name)
+            .map_err(|_| Error::InvalidArgument(format!("kernel name {name:?} holds a NUL")))?;
+        let mut f: drv::CUfunction = std::ptr::null_mut();
+        cu(
+            // SAFETY: a live module, a NUL-terminated name, an out-parameter.
+            unsafe { drv::cuModuleGetFunction(&mut f, self.0, c.as_ptr()) },
+            name,
+        )?;
+        Ok(Function(f))
+    }
+
+    /// Keeps the module loaded for the rest of the process (its functions stay valid): for
+    /// kernels cached once per process.
+    pub(crate) fn keep_loaded(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        // SAFETY: loaded once by `load`, unloaded once; nothing launches its functions after.
+        unsafe { drv::cuModuleUnload(self.0) };
     }
 }
 
@@ -370,13 +541,16 @@ pub(crate) fn copy_to_host(ptr: u64, bytes: usize) -> Result<Vec<u8>> {
     )?;
     let _pushed = PushedContext::push(ctx)
         .ok_or_else(|| Error::Cuda("making a buffer's context current".into()))?;
-    // SAFETY: plain context synchronisation.
-    cu(unsafe { drv::cuCtxSynchronize() }, "cuCtxSynchronize")?;
+    result::ctx_synchronize("waiting for the work before a buffer to check")?;
     let mut out = vec![0u8; bytes];
-    cu(
-        // SAFETY: `out` holds `bytes` bytes; the caller's view says `ptr` holds as many.
-        unsafe { drv::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), ptr, bytes) },
-        "copying a buffer to check",
-    )?;
+    // SAFETY: `out` holds `bytes` bytes; the caller's view says `ptr` holds as many.
+    unsafe {
+        result::memcpy_dtoh(
+            out.as_mut_ptr().cast(),
+            ptr,
+            bytes,
+            "copying a buffer to check",
+        )
+    }?;
     Ok(out)
 }

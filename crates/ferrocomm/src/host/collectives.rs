@@ -8,7 +8,7 @@
 use std::sync::atomic::Ordering;
 
 use super::shm::LINE;
-use super::{Bufs, Call, HostBackend, Signature};
+use super::{Bufs, HostBackend, Running, Signature};
 use crate::backend::{CallOpts, DeviceCounts, Splits};
 use crate::error::{Error, Result};
 use crate::plan::{Algo, Collective};
@@ -103,7 +103,7 @@ impl HostBackend {
         sig: &Signature,
         nchunks: usize,
         mut stage: impl FnMut(usize),
-        mut consume: impl FnMut(&mut Call<'_>, usize) -> Result<()>,
+        mut consume: impl FnMut(&mut Running<'_>, usize) -> Result<()>,
     ) -> Result<()> {
         let mut call = self.begin(sig.coll)?;
         if nchunks > 0 {
@@ -129,7 +129,7 @@ impl HostBackend {
         sig: &Signature,
         nchunks: usize,
         mut stage: impl FnMut(usize) -> Result<()>,
-        consume: impl FnMut(&mut Call<'_>, usize) -> Result<()>,
+        consume: impl FnMut(&mut Running<'_>, usize) -> Result<()>,
     ) -> Result<()> {
         let mut staged: Option<Error> = None;
         let stage = |k: usize| {
@@ -463,7 +463,7 @@ impl HostBackend {
     /// to this one.
     pub(super) fn all_to_all_v_start(
         &self,
-        call: &mut Call<'_>,
+        call: &mut Running<'_>,
         sig: &Signature,
         splits: &Splits,
         learn: bool,
@@ -684,6 +684,8 @@ impl HostBackend {
                 in_count / unit
             ));
         }
+        // From here the peers take part: the problems above are reported after the exchange.
+        crate::backend::began_exchange();
         let splits = Splits {
             send_counts,
             send_displs,

@@ -3,7 +3,7 @@
 //! the sum with [`rmsnorm::norm_rows`], the arithmetic GPU results are checked against.
 
 use super::HostBackend;
-use crate::backend::{Backend, CallOpts};
+use crate::backend::{Backend, Call, CallKind, CallOpts};
 use crate::error::{Error, Result};
 use crate::reduce::{from_f32, to_f32};
 use crate::rmsnorm::{self, AllReduceRmsNorm, Fp8Ref, Fp8Scale, Shape};
@@ -40,9 +40,9 @@ impl HostBackend {
     pub(super) fn all_reduce_rmsnorm_impl(
         &self,
         call: AllReduceRmsNorm<'_>,
-        shape: Shape,
         opts: &CallOpts,
     ) -> Result<()> {
+        let shape = call.shape();
         let AllReduceRmsNorm {
             x,
             mut out,
@@ -61,11 +61,14 @@ impl HostBackend {
         // disagree (shape, dtype, eps, FP8) all fail with the same message and write nothing.
         let mine = shape.words(eps, rmsnorm::Fp8Mode::of(&fp8));
         let mut all = vec![0u64; mine.len() * self.world];
-        self.all_gather(
-            Input::Buf(View::host(&mine)),
-            ViewMut::host(&mut all),
-            &CallOpts::default(),
-        )?;
+        let gather = CallKind::AllGather {
+            input: Input::Buf(View::host(&mine)),
+            output: ViewMut::host(&mut all),
+        };
+        self.run(Call {
+            kind: gather,
+            opts: &CallOpts::default(),
+        })?;
         let calls: Vec<&[u64]> = all.chunks(mine.len()).collect();
         if calls.iter().any(|w| *w != mine) {
             let each: Vec<String> = calls
@@ -88,7 +91,13 @@ impl HostBackend {
         // SAFETY: `summed` holds exactly `n` elements of `dtype` and outlives the call.
         let sum_view =
             unsafe { ViewMut::from_raw(summed.as_mut_ptr(), n, dtype, crate::types::Device::Host) };
-        self.all_reduce(Input::InPlace, sum_view, ReduceOp::Sum, opts)?;
+        // The plain all-reduce's path, as a call of this backend's own.
+        let reduce = CallKind::AllReduce {
+            input: Input::InPlace,
+            output: sum_view,
+            op: ReduceOp::Sum,
+        };
+        self.run(Call { kind: reduce, opts })?;
         let sum = widen(dtype, &summed, n)?;
         let res = match residual {
             Input::InPlace => widen(

@@ -27,18 +27,21 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::backend::{
-    call_timeout, Backend, CallOpts, CommContext, DeviceCounts, P2pOp, Splits, WindowBackend,
+    call_timeout, check_buffers, unsupported, Backend, Call, CallKind, CallName, CallOpts,
+    CommContext, P2pOp, WindowBackend,
 };
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::plan::{self, Algo, Collective, Plan};
-use crate::types::{DataType, ReduceOp};
-use crate::view::{Input, View, ViewMut};
+use crate::types::{DataType, Device, ReduceOp};
+use crate::view::{Input, ViewMut};
 
 use shm::{Segment, SIG_WORDS};
 use sync::{Backoff, Stop};
 
-/// What the host backend can do, for [`plan::select`].
+/// Why a call stopped by [`Backend::abort`] while it waited reports the communicator aborted.
+pub(super) const ABORTED_DURING_CALL: &str = "abort() was called while the call waited";
+
 /// Shared-memory backend of one communicator.
 pub struct HostBackend {
     /// Shared with the communicator's windows (peers' pids and failed flags).
@@ -124,7 +127,7 @@ impl Signature {
     }
 
     fn describe(w: &[u64]) -> String {
-        let coll = ALL_COLLECTIVES
+        let coll = Collective::ALL
             .iter()
             .find(|c| c.code() as u64 == w[1] & 0xff)
             .map_or("?", |c| c.name());
@@ -138,20 +141,7 @@ impl Signature {
         }
         let op = (w[1] >> 16) & 0xff;
         if op != 0xff {
-            let name = [
-                "sum",
-                "prod",
-                "min",
-                "max",
-                "avg",
-                "premulsum",
-                "band",
-                "bor",
-                "bxor",
-            ]
-            .get(op as usize)
-            .copied()
-            .unwrap_or("?");
+            let name = ReduceOp::name_of_code(op).unwrap_or("?");
             s += &format!(", op={name}");
             if op == 5 {
                 s += &format!("({})", f64::from_bits(w[3]));
@@ -171,18 +161,6 @@ impl Signature {
     }
 }
 
-const ALL_COLLECTIVES: [Collective; 10] = [
-    Collective::AllReduce,
-    Collective::Reduce,
-    Collective::Broadcast,
-    Collective::AllGather,
-    Collective::ReduceScatter,
-    Collective::AllToAll,
-    Collective::AllToAllV,
-    Collective::Barrier,
-    Collective::Send,
-    Collective::Recv,
-];
 const ALGOS: [&str; 6] = ["auto", "push", "flat", "tree", "direct", "nccl"];
 
 fn algo_code(a: Algo) -> u8 {
@@ -190,7 +168,7 @@ fn algo_code(a: Algo) -> u8 {
 }
 
 /// One collective call in progress: holds the call lock and counts barriers.
-pub(crate) struct Call<'a> {
+pub(crate) struct Running<'a> {
     b: &'a HostBackend,
     st: MutexGuard<'a, CallState>,
     coll: Collective,
@@ -230,7 +208,7 @@ impl HostBackend {
     }
 
     /// Takes the call lock; fails fast when an earlier failure left the communicator unusable.
-    fn begin(&self, coll: Collective) -> Result<Call<'_>> {
+    fn begin(&self, coll: Collective) -> Result<Running<'_>> {
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(peer) = st.broken {
             return Err(Error::PeerFailed {
@@ -239,7 +217,7 @@ impl HostBackend {
                 peer,
             });
         }
-        Ok(Call {
+        Ok(Running {
             b: self,
             st,
             coll,
@@ -287,14 +265,14 @@ impl HostBackend {
                 rank: self.rank,
                 peer: self.culprit(peer),
             },
-            Stop::Aborted => Error::Aborted(self.name.clone()),
+            Stop::Aborted => Error::Aborted {
+                communicator: self.name.clone(),
+                why: ABORTED_DURING_CALL.into(),
+            },
             Stop::Refused => {
                 let call = crate::backend::call_no();
-                let why = self
-                    .peers
-                    .refusal_of(call)
-                    .map(|(_, w)| w)
-                    .unwrap_or_default();
+                // The rank that refused, which need not be the one waited for.
+                let (peer, why) = self.peers.refusal_of(call).unwrap_or((peer, String::new()));
                 Error::PeerRefused {
                     collective,
                     call,
@@ -353,17 +331,28 @@ pub(crate) fn wait_for_peer(
         if n != 0 && peers.refused(peer) == n {
             return Err(Stop::Refused);
         }
+        // A refusal of this call by any rank ends the wait too: `peer` may be late, or may
+        // have learned of the refusal before making the call, failed it at its start and
+        // left. Looked at with the liveness, every few milliseconds (it reads every rank).
+        let refused = || n != 0 && peers.refusal_of(n).is_some();
         // The watcher's verdict on the peer's process (in any PID namespace).
-        if let Err(stop) = backoff.pause(|| !peers.gone(peer)) {
+        if let Err(stop) = backoff.pause(|| !peers.gone(peer) && !refused()) {
             // The peer may have arrived and exited between the look and the liveness check
-            // (the last barrier of a run): what it published still counts.
-            return if ready() { Ok(()) } else { Err(stop) };
+            // (the last barrier of a run): what it published still counts. A peer gone after
+            // a refusal left because of it (the watcher records refusals before deaths).
+            return if ready() {
+                Ok(())
+            } else if refused() {
+                Err(Stop::Refused)
+            } else {
+                Err(stop)
+            };
         }
     }
     Ok(())
 }
 
-impl Call<'_> {
+impl Running<'_> {
     /// Barrier over all ranks with a fresh epoch.
     ///
     /// Each rank publishes its epoch with release (its staging writes happen before) and reads
@@ -460,30 +449,17 @@ pub(crate) struct Bufs {
 }
 
 impl Bufs {
-    fn new(coll: Collective, input: &Input<'_>, output: &ViewMut<'_>) -> Result<Bufs> {
-        let host = |d: crate::types::Device| {
-            if d == crate::types::Device::Host {
-                Ok(())
-            } else {
-                Err(Error::InvalidArgument(format!(
-                    "{}: the host backend needs host buffers, got one on {d}",
-                    coll.name()
-                )))
-            }
-        };
-        host(output.device())?;
+    /// The host addresses of a call's buffers (their device checked by [`check_buffers`]).
+    fn new(input: &Input<'_>, output: &ViewMut<'_>) -> Bufs {
         let (input, in_place) = match input {
             Input::InPlace => (output.ptr() as *const u8, true),
-            Input::Buf(v) => {
-                host(v.device())?;
-                (v.ptr(), false)
-            }
+            Input::Buf(v) => (v.ptr(), false),
         };
-        Ok(Bufs {
+        Bufs {
             input,
             output: output.ptr(),
             in_place,
-        })
+        }
     }
 
     /// The input of all-gather: in place, this rank's part already sits at its offset in the
@@ -517,129 +493,113 @@ impl Backend for HostBackend {
         let _ = peer;
     }
 
-    fn abort(&self) {
+    fn abort(&self, _why: &str) {
         // The flag a failed call sets: peers waiting on this rank stop at once (PeerFailed);
         // this rank's own running call stops at its next look.
         self.aborted.store(true, Ordering::Relaxed);
         self.seg.failed(self.rank).store(1, Ordering::Relaxed);
     }
 
-    fn all_reduce(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        op: ReduceOp,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let coll = Collective::AllReduce;
-        let bufs = Bufs::new(coll, &input, &output)?;
-        let algo = self.algo(coll, output.bytes_len(), output.dtype(), opts)?;
-        self.all_reduce_impl(&bufs, output.dtype(), output.count(), op, algo, opts)
-    }
-
-    fn reduce(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        op: ReduceOp,
-        root: usize,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let coll = Collective::Reduce;
-        let bufs = Bufs::new(coll, &input, &output)?;
-        self.algo(coll, output.bytes_len(), output.dtype(), opts)?;
-        self.reduce_impl(&bufs, output.dtype(), output.count(), op, root)
-    }
-
-    fn broadcast(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        root: usize,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let coll = Collective::Broadcast;
-        // Only the root reads its input; elsewhere it may be anything (or in place).
-        let input = if self.rank == root {
-            input
-        } else {
-            Input::InPlace
-        };
-        let bufs = Bufs::new(coll, &input, &output)?;
-        self.algo(coll, output.bytes_len(), output.dtype(), opts)?;
-        self.broadcast_impl(&bufs, output.dtype(), output.count(), root)
-    }
-
-    fn all_gather(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
-        let coll = Collective::AllGather;
-        let bufs = Bufs::new(coll, &input, &output)?;
-        let part = output.count() / self.world;
-        self.algo(coll, part * output.dtype().size(), output.dtype(), opts)?;
-        self.all_gather_impl(&bufs, output.dtype(), part, opts)
-    }
-
-    fn reduce_scatter(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        op: ReduceOp,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let coll = Collective::ReduceScatter;
-        let bufs = Bufs::new(coll, &input, &output)?;
-        let part = if bufs.in_place {
-            output.count() / self.world
-        } else {
-            output.count()
-        };
-        self.algo(coll, part * output.dtype().size(), output.dtype(), opts)?;
-        self.reduce_scatter_impl(&bufs, output.dtype(), part, op, opts)
-    }
-
-    fn all_to_all(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
-        let coll = Collective::AllToAll;
-        let bufs = Bufs::new(coll, &input, &output)?;
-        self.algo(coll, output.bytes_len(), output.dtype(), opts)?;
-        self.all_to_all_impl(&bufs, output.dtype(), output.count() / self.world, opts)
-    }
-
-    fn all_to_all_v(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        splits: &Splits,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let coll = Collective::AllToAllV;
-        let bufs = Bufs::new(coll, &input, &output)?;
-        let in_count = match &input {
-            Input::InPlace => output.count(),
-            Input::Buf(v) => v.count(),
-        };
-        self.algo(coll, in_count * output.dtype().size(), output.dtype(), opts)?;
-        self.all_to_all_v_impl(&bufs, output.dtype(), in_count, splits, opts)
-    }
-
-    fn all_to_all_v_dynamic(
-        &self,
-        input: View<'_>,
-        output: ViewMut<'_>,
-        counts: DeviceCounts<'_>,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let coll = Collective::AllToAllV;
-        let bufs = Bufs::new(coll, &Input::Buf(input), &output)?;
-        self.algo(coll, input.bytes_len(), output.dtype(), opts)?;
-        self.all_to_all_v_dynamic_impl(&bufs, output.dtype(), input.count(), counts)
-    }
-
-    fn all_reduce_rmsnorm(
-        &self,
-        call: crate::rmsnorm::AllReduceRmsNorm<'_>,
-        shape: crate::rmsnorm::Shape,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        self.all_reduce_rmsnorm_impl(call, shape, opts)
+    /// Runs one call: its algorithm from the plan ([`plan::host_algo`], which also refuses
+    /// an algorithm the host cannot run), then the algorithm on the buffers' host addresses.
+    fn run(&self, call: Call<'_>) -> Result<()> {
+        check_buffers(&call.kind, Device::Host)?;
+        let opts = call.opts;
+        let algo = |coll, bytes, dtype| self.algo(coll, bytes, dtype, opts);
+        match call.kind {
+            CallKind::AllReduce { input, output, op } => {
+                let bufs = Bufs::new(&input, &output);
+                let (n, dt) = (output.count(), output.dtype());
+                let a = algo(Collective::AllReduce, output.bytes_len(), dt)?;
+                self.all_reduce_impl(&bufs, dt, n, op, a, opts)
+            }
+            CallKind::Reduce {
+                input,
+                output,
+                op,
+                root,
+            } => {
+                let bufs = Bufs::new(&input, &output);
+                algo(Collective::Reduce, output.bytes_len(), output.dtype())?;
+                self.reduce_impl(&bufs, output.dtype(), output.count(), op, root)
+            }
+            CallKind::Broadcast {
+                input,
+                output,
+                root,
+            } => {
+                // Only the root reads its input; elsewhere it may be anything (or in place).
+                let input = if self.rank == root {
+                    input
+                } else {
+                    Input::InPlace
+                };
+                let bufs = Bufs::new(&input, &output);
+                algo(Collective::Broadcast, output.bytes_len(), output.dtype())?;
+                self.broadcast_impl(&bufs, output.dtype(), output.count(), root)
+            }
+            CallKind::AllGather { input, output } => {
+                let bufs = Bufs::new(&input, &output);
+                let (part, dt) = (output.count() / self.world, output.dtype());
+                algo(Collective::AllGather, part * dt.size(), dt)?;
+                self.all_gather_impl(&bufs, dt, part, opts)
+            }
+            CallKind::ReduceScatter { input, output, op } => {
+                let bufs = Bufs::new(&input, &output);
+                let dt = output.dtype();
+                // In place, the output is the whole buffer of every rank's parts.
+                let part = if bufs.in_place {
+                    output.count() / self.world
+                } else {
+                    output.count()
+                };
+                algo(Collective::ReduceScatter, part * dt.size(), dt)?;
+                self.reduce_scatter_impl(&bufs, dt, part, op, opts)
+            }
+            CallKind::AllToAll { input, output } => {
+                let bufs = Bufs::new(&input, &output);
+                algo(Collective::AllToAll, output.bytes_len(), output.dtype())?;
+                let part = output.count() / self.world;
+                self.all_to_all_impl(&bufs, output.dtype(), part, opts)
+            }
+            CallKind::AllToAllV {
+                input,
+                output,
+                splits,
+            } => {
+                let bufs = Bufs::new(&input, &output);
+                let in_count = match &input {
+                    Input::InPlace => output.count(),
+                    Input::Buf(v) => v.count(),
+                };
+                let dt = output.dtype();
+                algo(Collective::AllToAllV, in_count * dt.size(), dt)?;
+                self.all_to_all_v_impl(&bufs, dt, in_count, splits, opts)
+            }
+            CallKind::AllToAllVDynamic {
+                input,
+                output,
+                counts,
+            } => {
+                let bufs = Bufs::new(&Input::Buf(input), &output);
+                algo(Collective::AllToAllV, input.bytes_len(), output.dtype())?;
+                self.all_to_all_v_dynamic_impl(&bufs, output.dtype(), input.count(), counts)
+            }
+            // Counts in host memory never get here (the communicator runs them as the
+            // all-to-all-v they describe), and the host has no device memory.
+            CallKind::AllToAllVDynamicPacked { .. } => {
+                Err(unsupported(CallName::AllToAllVDynamicPacked, self.name()))
+            }
+            CallKind::Barrier => {
+                let mut call = self.begin(Collective::Barrier)?;
+                call.start(&Signature::new(Collective::Barrier))?;
+                call.finish()
+            }
+            CallKind::Send { data, peer } => self.p2p_impl("send", &[P2pOp::Send { data, peer }]),
+            CallKind::Recv { out, peer } => self.p2p_impl("recv", &[P2pOp::Recv { out, peer }]),
+            CallKind::BatchSendRecv { ops } => self.p2p_impl("batch_send_recv", &ops),
+            CallKind::AllReduceRmsNorm(call) => self.all_reduce_rmsnorm_impl(call, opts),
+        }
     }
 
     fn new_window(&self, slots: usize) -> Result<Box<dyn WindowBackend>> {
@@ -652,24 +612,6 @@ impl Backend for HostBackend {
             slots,
             self.name.clone(),
         )))
-    }
-
-    fn barrier(&self, _opts: &CallOpts) -> Result<()> {
-        let mut call = self.begin(Collective::Barrier)?;
-        call.start(&Signature::new(Collective::Barrier))?;
-        call.finish()
-    }
-
-    fn send(&self, data: View<'_>, peer: usize, _opts: &CallOpts) -> Result<()> {
-        self.send_impl(data, peer)
-    }
-
-    fn recv(&self, out: ViewMut<'_>, peer: usize, _opts: &CallOpts) -> Result<()> {
-        self.recv_impl(out, peer)
-    }
-
-    fn batch_send_recv(&self, ops: Vec<P2pOp<'_>>, _opts: &CallOpts) -> Result<()> {
-        self.p2p_impl("batch_send_recv", &ops)
     }
 
     fn plan_for(

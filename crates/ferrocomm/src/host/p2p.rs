@@ -21,7 +21,6 @@ use super::sync::{Backoff, Stop};
 use super::HostBackend;
 use crate::backend::P2pOp;
 use crate::error::{Error, Result};
-use crate::types::Device;
 
 /// One message of a batch in progress: the chunks it has moved of how many (a receive learns
 /// the count from the first chunk's header) and, for a receive, a size or dtype that differed
@@ -36,27 +35,8 @@ struct Moving<'o, 'a> {
 }
 
 impl HostBackend {
-    pub(super) fn send_impl(&self, data: crate::view::View<'_>, peer: usize) -> Result<()> {
-        self.p2p_impl("send", &[P2pOp::Send { data, peer }])
-    }
-
-    pub(super) fn recv_impl(&self, out: crate::view::ViewMut<'_>, peer: usize) -> Result<()> {
-        self.p2p_impl("recv", &[P2pOp::Recv { out, peer }])
-    }
-
     /// Moves every message of `ops` (see the module comment); `what` names the call in errors.
     pub(super) fn p2p_impl(&self, what: &'static str, ops: &[P2pOp<'_>]) -> Result<()> {
-        for op in ops {
-            let (name, d) = match op {
-                P2pOp::Send { data, .. } => ("data", data.device()),
-                P2pOp::Recv { out, .. } => ("out", out.device()),
-            };
-            if d != Device::Host {
-                return Err(Error::InvalidArgument(format!(
-                    "{what}: the host backend needs host buffers, got {name} on {d}"
-                )));
-            }
-        }
         let _one_at_a_time = self.p2p.lock().unwrap_or_else(|e| e.into_inner());
         let cap = self.seg.layout.p2p_bytes;
         let mut moving: Vec<Moving<'_, '_>> = ops

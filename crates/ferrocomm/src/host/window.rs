@@ -366,7 +366,10 @@ impl WindowBackend for HostWindow {
                 rank: self.rank,
                 peer,
             }),
-            Err(Stop::Aborted) => Err(Error::Aborted(self.name.clone())),
+            Err(Stop::Aborted) => Err(Error::Aborted {
+                communicator: self.name.clone(),
+                why: super::ABORTED_DURING_CALL.into(),
+            }),
         }
     }
 

@@ -1,8 +1,9 @@
 //! NCCL, loaded dynamically: the fallback for what direct access does not win, and the baseline.
 //!
 //! `Nccl` (crate-internal) is one NCCL communicator with a method per collective on raw
-//! device pointers; [`new_backend`] wraps it as a [`Backend`] of its own (backend name
-//! `nccl`), and the cuda backend holds one underneath its direct-access paths.
+//! device pointers; [`NcclBackend`] runs calls on it as a [`Backend`] of its own (backend name
+//! `nccl`, [`new_backend`]), and the cuda backend holds one underneath its direct-access paths
+//! and hands it what they do not carry.
 
 mod sys;
 mod watchdog;
@@ -15,16 +16,19 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaContext;
 
-use crate::backend::{call_timeout, Backend, CallOpts, CommContext, P2pOp, Splits};
+use crate::backend::{
+    call_timeout, check_buffers, unsupported, Backend, Call, CallKind, CallOpts, CommContext,
+    P2pOp, Splits,
+};
 use crate::config::Config;
 use crate::driver::{
-    capturing_or_unknown as capturing, cu, Completion, DeviceContext, Event, EventPool,
+    bind, capturing_or_unknown as capturing, result, Completion, DeviceContext, Event, EventPool,
     PushedContext,
 };
 use crate::error::{Error, Result};
 use crate::plan::{self, Collective, Plan};
-use crate::types::{DataType, ReduceOp};
-use crate::view::{Input, View, ViewMut};
+use crate::types::{DataType, Device, ReduceOp};
+use crate::view::{Input, ViewMut};
 
 /// The libnccl files we try, in order.
 fn candidates(cfg: &Config) -> Vec<PathBuf> {
@@ -979,394 +983,259 @@ fn nccl_dtype(d: DataType) -> c_int {
     }
 }
 
-/// Raw pointer of an input, or of the output for in place.
-pub(crate) fn in_ptr(input: &Input<'_>, output: &ViewMut<'_>) -> u64 {
-    match input {
-        Input::InPlace => output.ptr() as u64,
-        Input::Buf(v) => v.ptr() as u64,
-    }
-}
-
-/// The input of a call whose in-place input is part `rank` (of `part` elements) of the output
-/// (all-gather).
-pub(crate) fn in_part_ptr(
-    input: &Input<'_>,
-    output: &ViewMut<'_>,
-    part: usize,
-    rank: usize,
-) -> u64 {
-    match input {
-        Input::InPlace => output.ptr() as u64 + (rank * part * output.dtype().size()) as u64,
-        Input::Buf(v) => v.ptr() as u64,
-    }
-}
-
-/// Collectives NCCL carries, on raw pointers from views (shared by the nccl and cuda backends).
-pub(crate) struct NcclOps {
-    pub nccl: Nccl,
-    pub rank: usize,
-    pub size: usize,
-    /// A 4-byte device word for `barrier`.
-    pub barrier_word: u64,
-}
-
-impl NcclOps {
-    pub fn new(ctx: &CommContext) -> Result<NcclOps> {
-        let nccl = Nccl::new(ctx)?;
-        let mut w: u64 = 0;
-        cu(
-            // SAFETY: out-parameter; the context is current.
-            unsafe { cudarc::driver::sys::cuMemAlloc_v2(&mut w, 64) },
-            "cuMemAlloc (barrier)",
-        )?;
-        Ok(NcclOps {
-            nccl,
-            rank: ctx.rank,
-            size: ctx.size,
-            barrier_word: w,
-        })
-    }
-
-    pub fn all_reduce(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        op: ReduceOp,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let s = in_ptr(&input, &output);
-        self.nccl.all_reduce(
-            s,
-            output.ptr() as u64,
-            output.count(),
-            output.dtype(),
-            op,
-            opts.stream,
-        )
-    }
-
-    pub fn reduce(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        op: ReduceOp,
-        root: usize,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let s = in_ptr(&input, &output);
-        self.nccl.reduce(
-            s,
-            output.ptr() as u64,
-            output.count(),
-            output.dtype(),
-            op,
-            root,
-            opts.stream,
-        )
-    }
-
-    pub fn broadcast(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        root: usize,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let s = if self.rank == root {
-            in_ptr(&input, &output)
-        } else {
-            output.ptr() as u64
-        };
-        self.nccl.broadcast(
-            s,
-            output.ptr() as u64,
-            output.count(),
-            output.dtype(),
-            root,
-            opts.stream,
-        )
-    }
-
-    pub fn all_gather(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
-        let n = output.count() / self.size;
-        let s = in_part_ptr(&input, &output, n, self.rank);
-        self.nccl
-            .all_gather(s, output.ptr() as u64, n, output.dtype(), opts.stream)
-    }
-
-    pub fn reduce_scatter(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        op: ReduceOp,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let es = output.dtype().size();
-        let (s, r, n) = match input {
-            Input::InPlace => {
-                let n = output.count() / self.size;
-                let base = output.ptr() as u64;
-                (base, base + (self.rank * n * es) as u64, n)
-            }
-            Input::Buf(v) => (v.ptr() as u64, output.ptr() as u64, output.count()),
-        };
-        self.nccl
-            .reduce_scatter(s, r, n, output.dtype(), op, opts.stream)
-    }
-
-    /// A stream-ordered copy of an in-place buffer, so sends read the original data.
-    fn scratch_copy(&self, src: u64, bytes: usize, stream: u64) -> Result<u64> {
-        let mut p: u64 = 0;
-        let st = stream as cudarc::driver::sys::CUstream;
-        // SAFETY: stream-ordered allocation and copy on the caller's stream (capturable).
-        unsafe {
-            cu(
-                cudarc::driver::sys::cuMemAllocAsync(&mut p, bytes.max(1), st),
-                "cuMemAllocAsync (all_to_all scratch)",
-            )?;
-            cu(
-                cudarc::driver::sys::cuMemcpyDtoDAsync_v2(p, src, bytes, st),
-                "cuMemcpyDtoDAsync (all_to_all scratch)",
-            )?;
-        }
-        Ok(p)
-    }
-
-    fn free_scratch(p: u64, stream: u64) -> Result<()> {
-        // SAFETY: frees the allocation made by scratch_copy, after the sends on this stream.
-        cu(
-            unsafe {
-                cudarc::driver::sys::cuMemFreeAsync(p, stream as cudarc::driver::sys::CUstream)
-            },
-            "cuMemFreeAsync",
-        )
-    }
-
-    pub fn all_to_all(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
-        let n = output.count() / self.size;
-        let splits = Splits::packed(vec![n; self.size], vec![n; self.size]);
-        self.all_to_all_v(input, output, &splits, opts)
-    }
-
-    pub fn all_to_all_v(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        splits: &Splits,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let es = output.dtype().size();
-        let (src, scratch) = match input {
-            Input::InPlace => {
-                let p = self.scratch_copy(output.ptr() as u64, output.bytes_len(), opts.stream)?;
-                (p, Some(p))
-            }
-            Input::Buf(v) => (v.ptr() as u64, None),
-        };
-        let dst = output.ptr() as u64;
-        let sends: Vec<_> = (0..self.size)
-            .map(|p| {
-                (
-                    p,
-                    src + (splits.send_displs[p] * es) as u64,
-                    splits.send_counts[p],
-                )
-            })
-            .collect();
-        let recvs: Vec<_> = (0..self.size)
-            .map(|p| {
-                (
-                    p,
-                    dst + (splits.recv_displs[p] * es) as u64,
-                    splits.recv_counts[p],
-                )
-            })
-            .collect();
-        let r = self
-            .nccl
-            .exchange(&sends, &recvs, output.dtype(), opts.stream, "all_to_all");
-        if let Some(p) = scratch {
-            Self::free_scratch(p, opts.stream)?;
-        }
-        r
-    }
-
-    /// Returns once every rank has called it: an NCCL all-reduce of one word, then a wait for
-    /// the caller's stream.
-    pub fn barrier(&self, opts: &CallOpts) -> Result<()> {
-        self.nccl.all_reduce(
-            self.barrier_word,
-            self.barrier_word,
-            1,
-            DataType::I32,
-            ReduceOp::Sum,
-            opts.stream,
-        )?;
-        cu(
-            // SAFETY: waits for the caller's stream (the watchdog aborts the communicator if
-            // the all-reduce hangs, so this returns).
-            unsafe {
-                cudarc::driver::sys::cuStreamSynchronize(
-                    opts.stream as cudarc::driver::sys::CUstream,
-                )
-            },
-            "barrier: cuStreamSynchronize",
-        )?;
-        match self.nccl.failure() {
-            Some(why) => Err(Error::Nccl(format!("barrier: {why}"))),
-            None => Ok(()),
-        }
-    }
-
-    pub fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
-        self.nccl.exchange(
-            &[(peer, data.ptr() as u64, data.count())],
-            &[],
-            data.dtype(),
-            opts.stream,
-            "send",
-        )
-    }
-
-    pub fn recv(&self, out: ViewMut<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
-        self.nccl.exchange(
-            &[],
-            &[(peer, out.ptr() as u64, out.count())],
-            out.dtype(),
-            opts.stream,
-            "recv",
-        )
-    }
-
-    /// One NCCL group of the batch's sends and receives, in its order.
-    pub fn batch_send_recv(&self, ops: &[P2pOp<'_>], opts: &CallOpts) -> Result<()> {
-        let ops: Vec<_> = ops
-            .iter()
-            .map(|op| match op {
-                P2pOp::Send { data, peer } => {
-                    (true, *peer, data.ptr() as u64, data.count(), data.dtype())
-                }
-                P2pOp::Recv { out, peer } => {
-                    (false, *peer, out.ptr() as u64, out.count(), out.dtype())
-                }
-            })
-            .collect();
-        self.nccl.exchange_ops(&ops, opts.stream, "batch_send_recv")
-    }
-}
-
-impl Drop for NcclOps {
-    fn drop(&mut self) {
-        // SAFETY: allocated once in `new`.
-        unsafe { cudarc::driver::sys::cuMemFree_v2(self.barrier_word) };
-    }
-}
-
-/// NCCL alone behind the [`Backend`] trait (backend name `nccl`).
+/// NCCL behind the [`Backend`] trait: the `nccl` backend, and the executor the cuda backend
+/// hands what direct access does not carry.
 pub struct NcclBackend {
-    /// Declared first so that it drops (frees its memory, closes the communicator) while the
-    /// context below is still held.
-    ops: NcclOps,
+    /// Declared first so that it drops (closes the communicator) while the context below is
+    /// still held; the barrier word is freed in `Drop` before.
+    nccl: Nccl,
+    /// A 4-byte device word for `barrier`.
+    barrier_word: u64,
     /// Events of async calls' work objects (the pool holds the context: work objects may
     /// outlive the backend).
     events: Arc<EventPool>,
     ctx: Arc<CudaContext>,
     device: u32,
-    config: Arc<Config>,
+    rank: usize,
     size: usize,
+    config: Arc<Config>,
     lock: Mutex<()>,
 }
 
 /// NCCL alone as the backend of `ctx`.
 pub fn new_backend(ctx: &CommContext) -> Result<Box<dyn Backend>> {
     let cuda = crate::driver::open_context(ctx.device)?;
-    cuda.bind_to_thread()
-        .map_err(|e| Error::Cuda(format!("binding the context: {e:?}")))?;
-    let ops = NcclOps::new(ctx)?;
-    let device = match ctx.device {
-        crate::types::Device::Cuda(d) => d,
-        crate::types::Device::Host => 0,
-    };
-    Ok(Box::new(NcclBackend {
-        events: Arc::new(EventPool::new(cuda.clone())),
-        ctx: cuda,
-        ops,
-        device,
-        config: ctx.config.clone(),
-        size: ctx.size,
-        lock: Mutex::new(()),
-    }))
-}
-
-/// Checks that every view of a call is memory of `device` (and that the pointer says so).
-pub(crate) fn check_views(
-    collective: &'static str,
-    device: u32,
-    views: &[(&str, u64, crate::types::Device, usize)],
-) -> Result<()> {
-    for &(what, p, dev, bytes) in views {
-        if dev != crate::types::Device::Cuda(device) {
-            return Err(Error::InvalidArgument(format!(
-                "{collective}: {what} is on {dev}, this communicator serves cuda:{device}"
-            )));
-        }
-        if bytes == 0 {
-            continue;
-        }
-        let d = crate::driver::pointer_device(p, collective, what)?;
-        if d != device {
-            return Err(Error::InvalidArgument(format!(
-                "{collective}: {what} pointer {p:#x} is memory of cuda:{d}, this communicator \
-                 serves cuda:{device}"
-            )));
-        }
-    }
-    Ok(())
-}
-
-pub(crate) fn views_of<'a>(
-    input: &Input<'a>,
-    output: &ViewMut<'a>,
-) -> Vec<(&'static str, u64, crate::types::Device, usize)> {
-    let mut v = vec![(
-        "output",
-        output.ptr() as u64,
-        output.device(),
-        output.bytes_len(),
-    )];
-    if let Input::Buf(i) = input {
-        v.push(("input", i.ptr() as u64, i.device(), i.bytes_len()));
-    }
-    v
-}
-
-/// The buffers of a batch of sends and receives, for [`check_views`].
-pub(crate) fn p2p_views(
-    ops: &[P2pOp<'_>],
-) -> Vec<(&'static str, u64, crate::types::Device, usize)> {
-    ops.iter()
-        .map(|op| match op {
-            P2pOp::Send { data, .. } => (
-                "send data",
-                data.ptr() as u64,
-                data.device(),
-                data.bytes_len(),
-            ),
-            P2pOp::Recv { out, .. } => {
-                ("recv out", out.ptr() as u64, out.device(), out.bytes_len())
-            }
-        })
-        .collect()
+    bind(&cuda)?;
+    Ok(Box::new(NcclBackend::new(ctx, cuda)?))
 }
 
 impl NcclBackend {
+    /// Joins the NCCL communicator of `ctx` on the device of `cuda`, whose context must be
+    /// current on this thread.
+    pub(crate) fn new(ctx: &CommContext, cuda: Arc<CudaContext>) -> Result<NcclBackend> {
+        let nccl = Nccl::new(ctx)?;
+        // The context is current (the caller's contract).
+        let barrier_word = result::mem_alloc(64, "cuMemAlloc (barrier)")?;
+        let device = match ctx.device {
+            Device::Cuda(d) => d,
+            Device::Host => 0,
+        };
+        Ok(NcclBackend {
+            nccl,
+            barrier_word,
+            events: Arc::new(EventPool::new(cuda.clone())),
+            ctx: cuda,
+            device,
+            rank: ctx.rank,
+            size: ctx.size,
+            config: ctx.config.clone(),
+            lock: Mutex::new(()),
+        })
+    }
+
+    /// Aborts the NCCL communicator (see `Nccl::abort`): not under the call lock, since a call
+    /// may be running on another thread (one waiting for NCCL stops waiting).
+    /// `ncclCommAbort` runs on a helper thread that makes the device's context current.
+    pub(crate) fn abort_nccl(&self, why: &str) {
+        self.nccl.abort(why);
+    }
+
     fn enter(&self) -> Result<std::sync::MutexGuard<'_, ()>> {
         let g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| Error::Cuda(format!("binding the context: {e:?}")))?;
+        bind(&self.ctx)?;
         Ok(g)
     }
+
+    /// Runs one checked call on NCCL: its collective on the buffers' device addresses, on
+    /// `opts.stream`. The caller holds the context current and has checked the buffers
+    /// ([`check_buffers`]): [`Backend::run`] does both, and so does the cuda backend before
+    /// it hands a call over.
+    pub(crate) fn execute(&self, kind: CallKind<'_>, opts: &CallOpts) -> Result<()> {
+        let stream = opts.stream;
+        match kind {
+            CallKind::AllReduce { input, output, op } => self.nccl.all_reduce(
+                input.address(&output),
+                output.ptr() as u64,
+                output.count(),
+                output.dtype(),
+                op,
+                stream,
+            ),
+            CallKind::Reduce {
+                input,
+                output,
+                op,
+                root,
+            } => self.nccl.reduce(
+                input.address(&output),
+                output.ptr() as u64,
+                output.count(),
+                output.dtype(),
+                op,
+                root,
+                stream,
+            ),
+            CallKind::Broadcast {
+                input,
+                output,
+                root,
+            } => {
+                // Only the root's input is read: elsewhere NCCL gets the output twice.
+                let send = if self.rank == root {
+                    input.address(&output)
+                } else {
+                    output.ptr() as u64
+                };
+                let (recv, n, dt) = (output.ptr() as u64, output.count(), output.dtype());
+                self.nccl.broadcast(send, recv, n, dt, root, stream)
+            }
+            CallKind::AllGather { input, output } => {
+                let n = output.count() / self.size;
+                let send = input.part_address(&output, n, self.rank);
+                self.nccl
+                    .all_gather(send, output.ptr() as u64, n, output.dtype(), stream)
+            }
+            CallKind::ReduceScatter { input, output, op } => {
+                let es = output.dtype().size();
+                // In place, the output is the whole buffer and this rank's part sits at
+                // rank * part.
+                let (send, recv, n) = match input {
+                    Input::InPlace => {
+                        let n = output.count() / self.size;
+                        let base = output.ptr() as u64;
+                        (base, base + (self.rank * n * es) as u64, n)
+                    }
+                    Input::Buf(v) => (v.ptr() as u64, output.ptr() as u64, output.count()),
+                };
+                self.nccl
+                    .reduce_scatter(send, recv, n, output.dtype(), op, stream)
+            }
+            CallKind::AllToAll { input, output } => {
+                let n = output.count() / self.size;
+                let splits = Splits::packed(vec![n; self.size], vec![n; self.size]);
+                self.all_to_all_v(input, output, &splits, stream)
+            }
+            CallKind::AllToAllV {
+                input,
+                output,
+                splits,
+            } => self.all_to_all_v(input, output, splits, stream),
+            CallKind::Barrier => self.barrier(stream),
+            CallKind::Send { data, peer } => self.nccl.exchange(
+                &[(peer, data.ptr() as u64, data.count())],
+                &[],
+                data.dtype(),
+                stream,
+                "send",
+            ),
+            CallKind::Recv { out, peer } => self.nccl.exchange(
+                &[],
+                &[(peer, out.ptr() as u64, out.count())],
+                out.dtype(),
+                stream,
+                "recv",
+            ),
+            CallKind::BatchSendRecv { ops } => {
+                // One NCCL group of the batch's sends and receives, in its order.
+                let ops: Vec<_> = ops
+                    .iter()
+                    .map(|op| match op {
+                        P2pOp::Send { data, peer } => {
+                            (true, *peer, data.ptr() as u64, data.count(), data.dtype())
+                        }
+                        P2pOp::Recv { out, peer } => {
+                            (false, *peer, out.ptr() as u64, out.count(), out.dtype())
+                        }
+                    })
+                    .collect();
+                self.nccl.exchange_ops(&ops, stream, "batch_send_recv")
+            }
+            kind @ (CallKind::AllToAllVDynamic { .. }
+            | CallKind::AllToAllVDynamicPacked { .. }
+            | CallKind::AllReduceRmsNorm(_)) => Err(unsupported(kind.name(), "nccl")),
+        }
+    }
+
+    /// The all-to-all-v as one NCCL group of sends and receives; in place, the sends read a
+    /// stream-ordered copy of the buffer, so that they read the original data.
+    fn all_to_all_v(
+        &self,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        splits: &Splits,
+        stream: u64,
+    ) -> Result<()> {
+        let es = output.dtype().size();
+        let (src, scratch) = match input {
+            Input::InPlace => {
+                let p = scratch_copy(output.ptr() as u64, output.bytes_len(), stream)?;
+                (p, Some(p))
+            }
+            Input::Buf(v) => (v.ptr() as u64, None),
+        };
+        let dst = output.ptr() as u64;
+        let part = |base: u64, displ: usize| base + (displ * es) as u64;
+        let sends: Vec<_> = (0..self.size)
+            .map(|p| (p, part(src, splits.send_displs[p]), splits.send_counts[p]))
+            .collect();
+        let recvs: Vec<_> = (0..self.size)
+            .map(|p| (p, part(dst, splits.recv_displs[p]), splits.recv_counts[p]))
+            .collect();
+        let r = self
+            .nccl
+            .exchange(&sends, &recvs, output.dtype(), stream, "all_to_all");
+        if let Some(p) = scratch {
+            free_scratch(p, stream)?;
+        }
+        r
+    }
+
+    /// Returns once every rank has called it: an NCCL all-reduce of one word, then a wait for
+    /// the caller's stream.
+    fn barrier(&self, stream: u64) -> Result<()> {
+        let w = self.barrier_word;
+        self.nccl
+            .all_reduce(w, w, 1, DataType::I32, ReduceOp::Sum, stream)?;
+        // SAFETY: waits for the caller's stream, a live stream of this context (the watchdog
+        // aborts the communicator if the all-reduce hangs, so this returns).
+        unsafe { result::stream_synchronize(stream, "barrier: cuStreamSynchronize") }?;
+        match self.nccl.failure() {
+            Some(why) => Err(Error::Nccl(format!("barrier: {why}"))),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for NcclBackend {
+    fn drop(&mut self) {
+        let _ = bind(&self.ctx);
+        // SAFETY: allocated once in `new`, freed once here; nothing uses it after the backend.
+        // An error at teardown is ignored: nothing can act on it.
+        let _ = unsafe { result::mem_free(self.barrier_word) };
+    }
+}
+
+/// A stream-ordered copy of an in-place buffer, so sends read the original data.
+fn scratch_copy(src: u64, bytes: usize, stream: u64) -> Result<u64> {
+    // SAFETY: stream-ordered allocation and copy on the caller's stream (a live stream of this
+    // context; capturable): `src` holds `bytes` (the call's checked output).
+    unsafe {
+        let p = result::mem_alloc_async(bytes, stream, "cuMemAllocAsync (all_to_all scratch)")?;
+        result::memcpy_dtod_async(
+            p,
+            src,
+            bytes,
+            stream,
+            "cuMemcpyDtoDAsync (all_to_all scratch)",
+        )?;
+        Ok(p)
+    }
+}
+
+/// Frees the allocation made by [`scratch_copy`] after the sends on `stream`.
+fn free_scratch(p: u64, stream: u64) -> Result<()> {
+    // SAFETY: the allocation of scratch_copy, freed once, stream-ordered after its users.
+    unsafe { result::mem_free_async(p, stream) }
 }
 
 impl Backend for NcclBackend {
@@ -1374,17 +1243,12 @@ impl Backend for NcclBackend {
         "nccl"
     }
 
-    fn abort(&self) {
-        // Not under the call lock: a call may be running on another thread (one waiting for
-        // NCCL stops waiting, see Nccl::abort). ncclCommAbort runs on a helper thread that
-        // makes the device's context current.
-        self.ops.nccl.abort("abort() was called");
+    fn abort(&self, why: &str) {
+        self.abort_nccl(why);
     }
 
     fn peer_failed(&self, peer: usize) {
-        self.ops
-            .nccl
-            .abort(&format!("rank {peer} died or gave up on the communicator"));
+        self.abort_nccl(&format!("rank {peer} died or gave up on the communicator"));
     }
 
     fn capturing(&self, stream: u64) -> bool {
@@ -1401,99 +1265,12 @@ impl Backend for NcclBackend {
         self.ctx.bind_to_thread().ok()?;
         point.is_done().ok()
     }
-    fn all_reduce(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        op: ReduceOp,
-        opts: &CallOpts,
-    ) -> Result<()> {
+    fn run(&self, call: Call<'_>) -> Result<()> {
         let _g = self.enter()?;
-        check_views("all_reduce", self.device, &views_of(&input, &output))?;
-        self.ops.all_reduce(input, output, op, opts)
+        check_buffers(&call.kind, Device::Cuda(self.device))?;
+        self.execute(call.kind, call.opts)
     }
-    fn reduce(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        op: ReduceOp,
-        root: usize,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let _g = self.enter()?;
-        check_views("reduce", self.device, &views_of(&input, &output))?;
-        self.ops.reduce(input, output, op, root, opts)
-    }
-    fn broadcast(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        root: usize,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let _g = self.enter()?;
-        check_views("broadcast", self.device, &views_of(&input, &output))?;
-        self.ops.broadcast(input, output, root, opts)
-    }
-    fn all_gather(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
-        let _g = self.enter()?;
-        check_views("all_gather", self.device, &views_of(&input, &output))?;
-        self.ops.all_gather(input, output, opts)
-    }
-    fn reduce_scatter(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        op: ReduceOp,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let _g = self.enter()?;
-        check_views("reduce_scatter", self.device, &views_of(&input, &output))?;
-        self.ops.reduce_scatter(input, output, op, opts)
-    }
-    fn all_to_all(&self, input: Input<'_>, output: ViewMut<'_>, opts: &CallOpts) -> Result<()> {
-        let _g = self.enter()?;
-        check_views("all_to_all", self.device, &views_of(&input, &output))?;
-        self.ops.all_to_all(input, output, opts)
-    }
-    fn all_to_all_v(
-        &self,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        splits: &Splits,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let _g = self.enter()?;
-        check_views("all_to_all_v", self.device, &views_of(&input, &output))?;
-        self.ops.all_to_all_v(input, output, splits, opts)
-    }
-    fn barrier(&self, opts: &CallOpts) -> Result<()> {
-        let _g = self.enter()?;
-        self.ops.barrier(opts)
-    }
-    fn send(&self, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
-        let _g = self.enter()?;
-        check_views(
-            "send",
-            self.device,
-            &[("data", data.ptr() as u64, data.device(), data.bytes_len())],
-        )?;
-        self.ops.send(data, peer, opts)
-    }
-    fn recv(&self, out: ViewMut<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
-        let _g = self.enter()?;
-        check_views(
-            "recv",
-            self.device,
-            &[("out", out.ptr() as u64, out.device(), out.bytes_len())],
-        )?;
-        self.ops.recv(out, peer, opts)
-    }
-    fn batch_send_recv(&self, ops: Vec<P2pOp<'_>>, opts: &CallOpts) -> Result<()> {
-        let _g = self.enter()?;
-        check_views("batch_send_recv", self.device, &p2p_views(&ops))?;
-        self.ops.batch_send_recv(&ops, opts)
-    }
+
     fn plan_for(
         &self,
         coll: Collective,

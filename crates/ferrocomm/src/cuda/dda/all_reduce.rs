@@ -3,14 +3,12 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::sys;
-
 use super::{
     kernel_name, round_up, Args, Dda, CE_FLAGS_WORD, CE_MAX_CHUNKS, CE_MIN_CHUNK, CE_SEQ_WORD,
     CE_TARGET_CHUNKS, CE_THREADS, CE_WORDS_OFF, FLAT_MAX_CHUNK, FLAT_MIN_CHUNK, FLAT_SLOTS,
     FLAT_WARPS, LL128_BLOCKS_PER_SM, LL128_PAYLOAD, LL128_THREADS, MAX_BLOCKS,
 };
-use crate::cuda::{cu, cu_lazy, launch};
+use crate::driver::{launch, result, Event, Function, Stream};
 use crate::error::{Error, Result};
 use crate::plan::{Algo, FlatForm, Plan};
 use crate::types::{DataType, ReduceOp};
@@ -20,64 +18,35 @@ use crate::types::{DataType, ReduceOp};
 /// so graph capture follows it).
 pub(super) struct CopyEngine {
     pub(super) min_bytes: usize,
-    pub(super) stream: sys::CUstream,
-    fork: sys::CUevent,
-    join: sys::CUevent,
+    pub(super) stream: Stream,
+    fork: Event,
+    join: Event,
 }
 
 impl CopyEngine {
     /// Creates the stream and events in the current context.
     pub(super) fn new(min_bytes: usize) -> Result<CopyEngine> {
-        let mut ce = CopyEngine {
+        Ok(CopyEngine {
             min_bytes,
-            stream: std::ptr::null_mut(),
-            fork: std::ptr::null_mut(),
-            join: std::ptr::null_mut(),
-        };
-        cu(
-            // SAFETY: out-parameter; a context is current.
-            unsafe {
-                sys::cuStreamCreate(
-                    &mut ce.stream,
-                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-                )
-            },
-            "cuStreamCreate (copy engine)",
-        )?;
-        for ev in [&mut ce.fork, &mut ce.join] {
-            cu(
-                // SAFETY: out-parameter; a context is current.
-                unsafe {
-                    sys::cuEventCreate(ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
-                },
-                "cuEventCreate (copy engine)",
-            )?;
-        }
-        Ok(ce)
+            stream: Stream::non_blocking("cuStreamCreate (copy engine)")?,
+            fork: Event::new("cuEventCreate (copy engine)")?,
+            join: Event::new("cuEventCreate (copy engine)")?,
+        })
     }
 
     /// Orders the copy stream after the work enqueued so far on `main` (a live stream of this
     /// context, or the legacy one).
-    fn fork_from(&self, main: sys::CUstream) -> sys::CUresult {
-        // SAFETY: the event and the copy stream were created by `new` in this context; `main`
-        // is the caller's stream of this context.
-        unsafe {
-            match sys::cuEventRecord(self.fork, main) {
-                sys::CUresult::CUDA_SUCCESS => sys::cuStreamWaitEvent(self.stream, self.fork, 0),
-                e => e,
-            }
-        }
+    fn fork_from(&self, main: u64) -> Result<()> {
+        self.fork.record(main, "copy engine: recording the fork")?;
+        self.fork
+            .wait_in(self.stream.raw(), "copy engine: waiting for the fork")
     }
 
     /// Orders `main`'s later work after everything enqueued on the copy stream so far.
-    fn join_into(&self, main: sys::CUstream) -> sys::CUresult {
-        // SAFETY: as in `fork_from`.
-        unsafe {
-            match sys::cuEventRecord(self.join, self.stream) {
-                sys::CUresult::CUDA_SUCCESS => sys::cuStreamWaitEvent(main, self.join, 0),
-                e => e,
-            }
-        }
+    fn join_into(&self, main: u64) -> Result<()> {
+        self.join
+            .record(self.stream.raw(), "copy engine: recording the join")?;
+        self.join.wait_in(main, "copy engine: waiting for the join")
     }
 
     /// Enqueues a copy of `len` bytes from `src` to `dst` on the copy stream.
@@ -85,26 +54,10 @@ impl CopyEngine {
     /// # Safety
     /// Both ranges are device memory of (or mapped into) this context, valid until the copy
     /// stream has run it.
-    unsafe fn copy(&self, dst: u64, src: u64, len: usize) -> sys::CUresult {
+    unsafe fn copy(&self, dst: u64, src: u64, len: usize) -> Result<()> {
         // SAFETY: the caller's contract; the stream is ours.
-        unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, self.stream) }
-    }
-}
-
-impl Drop for CopyEngine {
-    fn drop(&mut self) {
-        // SAFETY: created once by `new` (null when that failed first); errors at teardown are
-        // ignored because nothing can act on them.
         unsafe {
-            if !self.fork.is_null() {
-                let _ = sys::cuEventDestroy_v2(self.fork);
-            }
-            if !self.join.is_null() {
-                let _ = sys::cuEventDestroy_v2(self.join);
-            }
-            if !self.stream.is_null() {
-                let _ = sys::cuStreamDestroy_v2(self.stream);
-            }
+            result::memcpy_dtod_async(dst, src, len, self.stream.raw(), "copy engine: a copy")
         }
     }
 }
@@ -170,7 +123,7 @@ impl Dda {
         let avg = if a.has_div != 0 { "/avg" } else { "" };
         let mut buf = [0; 64];
         let what = kernel_name(&mut buf, &[aname, "/", opname, avg]);
-        a.sig = crate::cuda::collectives::signature(
+        a.sig = super::collectives::signature(
             crate::plan::Collective::AllReduce,
             dtype,
             count,
@@ -207,13 +160,14 @@ impl Dda {
             ),
         };
         let mut params: [*mut c_void; 1] = [(&mut a as *mut Args).cast()];
-        cu_lazy(
-            // SAFETY: `f` takes one `Args` by value, laid out as in the kernel source, and starts
-            // with pdl_wait(); the pointers inside were validated by the caller (device memory of
-            // this GPU, `count` elements).
-            unsafe { launch::launch(f, blocks, threads, stream, &mut params, self.pdl) },
-            || format!("launching all_reduce ({aname}, {dtype}, {count} elements)"),
-        )
+        // SAFETY: `f` takes one `Args` by value, laid out as in the kernel source, and starts
+        // with pdl_wait(); the pointers inside were validated by the caller (device memory of
+        // this GPU, `count` elements).
+        unsafe {
+            launch(f, blocks, threads, stream, &mut params, self.pdl, || {
+                format!("launching all_reduce ({aname}, {dtype}, {count} elements)")
+            })
+        }
     }
 
     /// The copy-engine all-reduce (two ranks; all_reduce.cu's `ce` section): on `stream`, the
@@ -224,7 +178,7 @@ impl Dda {
     fn all_reduce_ce(
         &self,
         a: &mut Args,
-        reduce: sys::CUfunction,
+        reduce: Function,
         bytes: usize,
         blocks: u32,
         stream: u64,
@@ -237,18 +191,18 @@ impl Dda {
         a.chunk_bytes = chunk as u64;
         let what = || format!("the copy-engine all-reduce ({bytes} bytes per rank)");
         let gate = self.func(DataType::F32, "fc_ce_gate")?;
-        let main = stream as sys::CUstream;
         let peer = self.bases[1 - self.rank];
         let (words, peer_words) = (self.own + CE_WORDS_OFF as u64, peer + CE_WORDS_OFF as u64);
         let region = peer + self.layout.ce_off as u64;
         let mut params: [*mut c_void; 1] = [(a as *mut Args).cast()];
-        cu_lazy(
-            // SAFETY: fc_ce_gate takes one `Args` by value (this call's, pointers into our
-            // allocation and the peers'), starts with pdl_wait() and touches only the CE words.
-            unsafe { launch::launch(gate, 1, 32, stream, &mut params, self.pdl) },
-            || format!("launching the gate of {}", what()),
-        )?;
-        cu_lazy(ce.fork_from(main), what)?;
+        // SAFETY: fc_ce_gate takes one `Args` by value (this call's, pointers into our
+        // allocation and the peers'), starts with pdl_wait() and touches only the CE words.
+        unsafe {
+            launch(gate, 1, 32, stream, &mut params, self.pdl, || {
+                format!("launching the gate of {}", what())
+            })
+        }?;
+        ce.fork_from(stream)?;
         let seq = words + 4 * CE_SEQ_WORD as u64;
         for (k, off) in (0..bytes).step_by(chunk).enumerate() {
             let len = chunk.min(bytes - off);
@@ -257,17 +211,24 @@ impl Dda {
             // SAFETY: the input holds `bytes` (validated by the communicator) and the peer's
             // region `ce_bytes` >= `bytes`; the SEQ word and the peer's flag words are inside
             // the allocations mapped here.
-            cu_lazy(unsafe { ce.copy(region + o, a.input + o, len) }, what)?;
+            unsafe { ce.copy(region + o, a.input + o, len) }?;
             // SAFETY: as above (4 bytes).
-            cu_lazy(unsafe { ce.copy(flag, seq, 4) }, what)?;
+            unsafe { ce.copy(flag, seq, 4) }?;
         }
-        cu_lazy(
-            // SAFETY: `reduce` takes one `Args` by value and starts with pdl_wait(); the user
-            // pointers were validated by the caller, the region and words are ours.
-            unsafe { launch::launch(reduce, blocks, CE_THREADS, stream, &mut params, self.pdl) },
-            || format!("launching the reduction of {}", what()),
-        )?;
-        cu_lazy(ce.join_into(main), what)
+        // SAFETY: `reduce` takes one `Args` by value and starts with pdl_wait(); the user
+        // pointers were validated by the caller, the region and words are ours.
+        unsafe {
+            launch(
+                reduce,
+                blocks,
+                CE_THREADS,
+                stream,
+                &mut params,
+                self.pdl,
+                || format!("launching the reduction of {}", what()),
+            )
+        }?;
+        ce.join_into(stream)
     }
 }
 

@@ -6,54 +6,38 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use cudarc::driver::sys;
-
-use super::{cu, peer_staging};
+use super::peer_staging;
+use crate::driver::result::{self, IPC_HANDLE_BYTES};
 use crate::error::{Error, Result};
 
 /// Bytes of an export message: the 64-byte handle of the allocation, then the buffer's offset
 /// in it (u64, little endian).
-pub(crate) const IPC_MSG_BYTES: usize = 72;
+pub(crate) const IPC_MSG_BYTES: usize = IPC_HANDLE_BYTES + 8;
 
 /// The message peers need to map the memory at `ptr` of the current context's device: the
 /// handle of the allocation that holds it and its offset there. `what` names the memory in
 /// errors. Memory legacy IPC cannot share (`cuMemCreate`, the stream-ordered pool) fails
 /// here, with the driver's reason.
 pub(crate) fn export(ptr: u64, what: &str) -> Result<[u8; IPC_MSG_BYTES]> {
-    let mut base: sys::CUdeviceptr = 0;
-    let mut size = 0usize;
-    cu(
-        // SAFETY: out-parameters; the driver checks the address.
-        unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) },
-        &format!("cuMemGetAddressRange of {what}"),
-    )?;
-    let mut handle = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
-    cu(
-        // SAFETY: out-parameter; `base` starts the allocation holding `ptr`.
-        unsafe { sys::cuIpcGetMemHandle(handle.as_mut_ptr(), base) },
-        &format!("cuIpcGetMemHandle of {what}"),
-    )?;
-    // SAFETY: initialised by the call above.
-    let handle = unsafe { handle.assume_init() };
+    let (base, _) = result::mem_get_address_range(ptr, &format!("cuMemGetAddressRange of {what}"))?;
+    let handle =
+        result::ipc_get_mem_handle(base).map_err(|e| Error::Cuda(format!("{e} (of {what})")))?;
     let mut msg = [0u8; IPC_MSG_BYTES];
-    // SAFETY: the handle is 64 plain bytes.
-    msg[..64].copy_from_slice(unsafe {
-        std::slice::from_raw_parts((&handle as *const sys::CUipcMemHandle).cast::<u8>(), 64)
-    });
-    msg[64..].copy_from_slice(&(ptr - base).to_le_bytes());
+    msg[..IPC_HANDLE_BYTES].copy_from_slice(&handle);
+    msg[IPC_HANDLE_BYTES..].copy_from_slice(&(ptr - base).to_le_bytes());
     Ok(msg)
 }
 
 /// Allocations of peers opened in this process: (device, handle) -> (mapped base, bytes from
 /// there to the allocation's end, users). One open per allocation: a second
 /// `cuIpcOpenMemHandle` of a handle already open in the process is refused by the driver.
-type OpenTable = HashMap<(i32, [u8; 64]), (sys::CUdeviceptr, u64, usize)>;
+type OpenTable = HashMap<(i32, [u8; IPC_HANDLE_BYTES]), (u64, u64, usize)>;
 static OPEN: Mutex<Option<OpenTable>> = Mutex::new(None);
 
 /// A buffer of a peer's memory mapped in this process; the allocation closes when its last
 /// mapped buffer drops.
 pub(crate) struct Opened {
-    key: (i32, [u8; 64]),
+    key: (i32, [u8; IPC_HANDLE_BYTES]),
     /// The buffer's address here.
     pub ptr: u64,
 }
@@ -69,13 +53,15 @@ pub(crate) fn open(msg: &[u8], bytes: u64, who: &str) -> Result<Opened> {
             msg.len()
         )));
     }
-    let mut handle = [0u8; 64];
-    handle.copy_from_slice(&msg[..64]);
-    let off = u64::from_le_bytes(msg[64..IPC_MSG_BYTES].try_into().expect("8 bytes"));
-    let mut dev: sys::CUdevice = 0;
-    // SAFETY: out-parameter; the caller made a context current.
-    cu(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
-    let key = (dev, handle);
+    let handle: [u8; IPC_HANDLE_BYTES] = msg[..IPC_HANDLE_BYTES]
+        .try_into()
+        .expect("the message is longer than a handle");
+    let off = u64::from_le_bytes(
+        msg[IPC_HANDLE_BYTES..IPC_MSG_BYTES]
+            .try_into()
+            .expect("8 bytes"),
+    );
+    let key = (result::ctx_get_device()?, handle);
     let mut table = OPEN.lock().unwrap_or_else(|e| e.into_inner());
     let table = table.get_or_insert_with(HashMap::new);
     let (base, size) = match table.get_mut(&key) {
@@ -107,38 +93,23 @@ pub(crate) fn open(msg: &[u8], bytes: u64, who: &str) -> Result<Opened> {
 }
 
 /// Opens an allocation from its handle: (mapped base, bytes from there to its end).
-fn open_allocation(handle: &[u8; 64], who: &str) -> Result<(sys::CUdeviceptr, u64)> {
-    let mut h = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
-    // SAFETY: copying 64 bytes into the 64-byte handle.
-    unsafe { std::ptr::copy_nonoverlapping(handle.as_ptr(), h.as_mut_ptr().cast::<u8>(), 64) };
-    let mut p: sys::CUdeviceptr = 0;
-    // SAFETY: a handle exported by a peer process; closed when its last user drops.
-    // LAZY_ENABLE_PEER_ACCESS turns on peer access for this mapping.
-    let r = unsafe {
-        sys::cuIpcOpenMemHandle_v2(
-            &mut p,
-            h.assume_init(),
-            sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
-        )
-    };
-    cu(r, &format!("cuIpcOpenMemHandle of {who}")).map_err(|e| {
-        Error::Cuda(format!(
-            "{e} (ranks must be separate processes on one host with peer access)"
-        ))
-    })?;
-    let mut start: sys::CUdeviceptr = 0;
-    let mut size = 0usize;
-    let r = cu(
-        // SAFETY: out-parameters for an address inside the mapping just opened.
-        unsafe { sys::cuMemGetAddressRange_v2(&mut start, &mut size, p) },
-        &format!("cuMemGetAddressRange of {who}"),
-    );
-    if let Err(e) = r {
-        // SAFETY: opened just above, closed once.
-        unsafe { sys::cuIpcCloseMemHandle(p) };
-        return Err(e);
+fn open_allocation(handle: &[u8; IPC_HANDLE_BYTES], who: &str) -> Result<(u64, u64)> {
+    // SAFETY: a handle exported by a peer process; closed once, when its last user drops (or
+    // just below when its range cannot be read).
+    let p = unsafe { result::ipc_open_mem_handle(handle, &format!("cuIpcOpenMemHandle of {who}")) }
+        .map_err(|e| {
+            Error::Cuda(format!(
+                "{e} (ranks must be separate processes on one host with peer access)"
+            ))
+        })?;
+    match result::mem_get_address_range(p, &format!("cuMemGetAddressRange of {who}")) {
+        Ok((start, size)) => Ok((p, (size as u64).saturating_sub(p - start.min(p)))),
+        Err(e) => {
+            // SAFETY: opened just above, closed once; nothing used it.
+            let _ = unsafe { result::ipc_close_mem_handle(p) };
+            Err(e)
+        }
     }
-    Ok((p, (size as u64).saturating_sub(p - start.min(p))))
 }
 
 impl Drop for Opened {
@@ -156,7 +127,7 @@ impl Drop for Opened {
             if let Some((base, _, _)) = table.remove(&self.key) {
                 // SAFETY: opened once by `open_allocation`, closed once, by its last user.
                 // An error at teardown has nowhere to go.
-                unsafe { sys::cuIpcCloseMemHandle(base) };
+                let _ = unsafe { result::ipc_close_mem_handle(base) };
             }
         }
     }

@@ -1,26 +1,40 @@
-//! Direct data access: IPC staging shared by the ranks of one host, and the all-reduce kernels
-//! that use it (push, flat, tree, and stream: flat beyond the staging), each one launch on the
-//! caller's stream.
+//! Direct data access: IPC staging shared by the ranks of one host, mapped by every peer, and
+//! everything that runs on it ([`Dda`] and its executors), each call one launch on the caller's
+//! stream:
+//!
+//! - this module: the staging layout, its set-up (allocation, IPC exchange, the peer-write
+//!   check), the kernel modules and the arguments every kernel starts from;
+//! - `all_reduce`: the push / flat (pulled, streamed, copy engines, LL128) / tree all-reduce;
+//! - [`collectives`]: all-gather, reduce-scatter, all-to-all(v), broadcast, reduce, send/recv;
+//! - [`lowp`]: their block-scaled low-precision forms;
+//! - [`fused_norm`]: the fused all-reduce + residual add + RMSNorm.
+//!
+//! It imports nothing of the cuda backend above it but the kernel registry and NVML.
 
 use std::collections::HashMap;
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
 use std::time::Duration;
 
-use cudarc::driver::sys;
-
-use super::{cu, kernels, launch};
+use super::kernels;
 use crate::backend::{call_timeout, CommContext};
 use crate::bootstrap::{agree, store_barrier};
 use crate::config::Config;
+use crate::driver::result;
+use crate::driver::{self, Function};
 use crate::error::{Error, Result};
 use crate::plan::DdaCaps;
 use crate::types::DataType;
 
 mod all_reduce;
+pub mod collectives;
+pub(crate) mod fused_norm;
 pub(super) mod ipc;
+pub(crate) mod lowp;
 
 use all_reduce::CopyEngine;
 pub use all_reduce::{ce_chunk, flat_grid};
+pub use fused_norm::residual_rmsnorm;
+pub use lowp::quantize_on_device;
 
 /// The u32 word of the host-mapped error page that the watcher raises (to the failed peer + 1)
 /// when a peer died or gave up: every kernel's wait ends at its next look (`FC_ABORT_WORD`).
@@ -75,8 +89,8 @@ const _: () = assert!(
 );
 /// Threads per block of the copy-engine reduction (one block per SM): its blocks spin until
 /// their chunks land, and a copy between two buffers of one GPU (ranks sharing a GPU) runs as a
-/// kernel that needs room beside them; on 1xH200 a 4-byte copy waited behind spinning blocks that
-/// filled every SM's threads (bench/results/2026-12-01-h200-ce, spin_copy).
+/// kernel that needs room beside them, which blocks of more threads left none of
+/// (docs/tuning.md, "Where the built-in limits come from").
 const CE_THREADS: u32 = 256;
 /// Largest push payload per rank (LL lines double it, and every rank holds every sender's).
 const PUSH_CAP_MAX: usize = 512 << 10;
@@ -133,8 +147,7 @@ pub struct StagingLayout {
 pub const LL128_PAYLOAD: usize = 15 * 8;
 /// Threads per block of the LL128 kernel, and blocks per SM (its `__launch_bounds__(512, 2)`
 /// keeps it within 64 registers, so two are resident): 1024 threads an SM, as in the SM copy
-/// kernel that carried ~366 GB/s each way with both directions busy
-/// (bench/results/2026-11-30-h200x2-ce-probe).
+/// kernel that carried the link's bandwidth each way (docs/tuning.md, "Where the built-in limits come from").
 const LL128_THREADS: u32 = 512;
 const LL128_BLOCKS_PER_SM: usize = 2;
 
@@ -172,7 +185,7 @@ pub fn staging_layout(cfg: &Config, world: usize) -> StagingLayout {
         ll_max: cfg
             .thresholds
             .ll_max
-            .unwrap_or(super::collectives::LL_MAX_BYTES)
+            .unwrap_or(collectives::LL_MAX_BYTES)
             .min(push_cap),
         staging_off,
         staging_bytes,
@@ -182,6 +195,24 @@ pub fn staging_layout(cfg: &Config, world: usize) -> StagingLayout {
         ll128_cap,
         ll128_row,
         total: ll128_off + 2 * (world.max(1) - 1) * ll128_row,
+    }
+}
+
+/// What direct access has for `world` ranks under `cfg`, for the planner: the staging
+/// layout's sizes, the copy engines' smallest all-reduce where they are set up (`ce_min`), the
+/// NVLink verdict that LL128 lines need. A communicator reports its own (`Dda::caps`, after its
+/// start-up checks); `ferrocomm info` plans from the configuration with this.
+pub fn dda_caps(cfg: &Config, world: usize, ce_min: Option<usize>, ll128_links: bool) -> DdaCaps {
+    let layout = staging_layout(cfg, world);
+    DdaCaps {
+        staging_bytes: layout.staging_bytes,
+        push_cap: layout.push_cap,
+        ce_bytes: layout.ce_bytes,
+        ce_min: ce_min.filter(|_| layout.ce_bytes > 0),
+        ll128_cap: layout.ll128_cap,
+        ll128_links,
+        ll_max: layout.ll_max,
+        a2av_lp: lowp::a2av_lp_fits(cfg, layout.staging_bytes),
     }
 }
 
@@ -265,8 +296,9 @@ impl Args {
 
 /// One kernel unit's module (a group of entry points of one element type).
 struct Module {
-    module: sys::CUmodule,
-    funcs: HashMap<String, sys::CUfunction>,
+    /// Held so that its functions stay valid (unloaded when the `Dda` goes).
+    _module: driver::Module,
+    funcs: HashMap<String, Function>,
     /// CTAs of 512 threads per SM of each low-precision kernel (their grids are one wave).
     lp_per_sm: HashMap<&'static str, u32>,
 }
@@ -331,16 +363,9 @@ impl Units {
                 unit.source
             );
         }
-        let m = module_functions(dtype, group, unit.module);
-        if m.is_err() {
-            // SAFETY: loaded above and used by no one.
-            let _ = unsafe { sys::cuModuleUnload(unit.module) };
-        }
-        Ok(Some(cell.get_or_init(|| m.expect("checked"))))
-    }
-
-    fn loaded(&self) -> impl Iterator<Item = &Module> {
-        self.cells.iter().filter_map(|c| c.get())
+        // A module whose functions are not all there is unloaded as it drops here.
+        let m = module_functions(dtype, group, unit.module)?;
+        Ok(Some(cell.get_or_init(|| m)))
     }
 }
 
@@ -360,14 +385,14 @@ pub struct Dda {
     pub(super) rank: usize,
     pub(super) world: usize,
     layout: StagingLayout,
-    own: sys::CUdeviceptr,
+    own: u64,
     /// Every rank's allocation base as mapped here (own included).
-    bases: Vec<sys::CUdeviceptr>,
+    bases: Vec<u64>,
     opened: Vec<ipc::Opened>,
     /// Kernels are launched with programmatic dependent launch (`FERROCOMM_PDL`, sm_90).
     pub(super) pdl: bool,
     pub(super) error_host: *mut u32,
-    error_dev: sys::CUdeviceptr,
+    error_dev: u64,
     units: Units,
     pub(super) sm_count: u32,
     pub(super) timeout: Duration,
@@ -383,6 +408,9 @@ pub struct Dda {
     /// The LL128 all-reduce runs: set (`FERROCOMM_ALLREDUCE_LL128_MAX_BYTES`) and every pair
     /// of ranks on one GPU or joined by NVLink (agreed by every rank at set-up).
     ll128_on: bool,
+    /// What the planner is told ([`Dda::caps`]), from the layout, the copy engine and the LL128
+    /// verdict.
+    caps: DdaCaps,
     /// The peer whose failure raised the abort word, + 1 (0: none).
     aborted_by: std::sync::atomic::AtomicU64,
 }
@@ -449,6 +477,8 @@ impl Dda {
                          the LL128 all-reduce stays off ({why}); flat all-reduces pull"
                     );
                 }
+                let ce_min = me.ce.as_ref().map(|ce| ce.min_bytes);
+                me.caps = dda_caps(&ctx.config, world, ce_min, me.ll128_on);
                 Ok(me)
             }
             Err(failed) => Err(peers_failed(&failed)),
@@ -470,7 +500,7 @@ impl Dda {
 
         // Kernels first: loading them (or compiling what is missing) needs no peer.
         let units = load_units(&ctx.config, arch)?;
-        let pdl = launch::pdl_for_current_device(&ctx.config)?;
+        let pdl = driver::pdl_for_current_device(&ctx.config)?;
 
         // Owned by `me` from here on, so that Drop frees whatever was allocated when a later
         // step fails (and skips what was not).
@@ -492,6 +522,7 @@ impl Dda {
             timeout_shown: std::sync::atomic::AtomicBool::new(false),
             ce: None,
             ll128_on: false,
+            caps: dda_caps(&ctx.config, world, None, false),
             aborted_by: std::sync::atomic::AtomicU64::new(0),
         };
         if layout.ce_bytes > 0 {
@@ -499,51 +530,29 @@ impl Dda {
             me.ce = Some(CopyEngine::new(min)?);
         }
         // NOT the async pool (stream.alloc): legacy IPC cannot share pool memory.
-        cu(
-            // SAFETY: out-parameter; the context is current.
-            unsafe { sys::cuMemAlloc_v2(&mut me.own, layout.total) },
-            "cuMemAlloc (DDA staging)",
-        )?;
-        // Flags, epochs and LL lines start at zero: epoch 1 is the first call (rule 5: sentinel
+        me.own = result::mem_alloc(layout.total, "cuMemAlloc (DDA staging)")?;
+        // Flags, epochs and LL lines start at zero: epoch 1 is the first call (docs/design.md, rule 5: sentinel
         // state initialised before first use; the store exchange below orders it).
-        cu(
-            // SAFETY: `own` holds `layout.total` bytes.
-            unsafe { sys::cuMemsetD8_v2(me.own, 0, layout.total) },
-            "cuMemsetD8",
-        )?;
-        let mut error_host: *mut c_void = std::ptr::null_mut();
-        cu(
-            // SAFETY: out-parameter; 4 KiB of pinned, device-mapped host memory.
-            unsafe {
-                sys::cuMemHostAlloc(
-                    &mut error_host,
-                    4096,
-                    sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
-                )
-            },
-            "cuMemHostAlloc (error record)",
-        )?;
+        // SAFETY: `own` holds `layout.total` bytes.
+        unsafe { result::memset_d8(me.own, 0, layout.total) }?;
+        // 4 KiB of pinned, device-mapped host memory.
+        let error_host = result::mem_host_alloc_mapped(4096, "cuMemHostAlloc (error record)")?;
         me.error_host = error_host.cast();
         // SAFETY: the page was just allocated with 4096 bytes.
         unsafe { std::ptr::write_bytes(error_host.cast::<u8>(), 0, 4096) };
-        cu(
-            // SAFETY: `error_host` is a mapped pinned allocation.
-            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut me.error_dev, error_host, 0) },
-            "cuMemHostGetDevicePointer",
-        )?;
+        // SAFETY: `error_host` is a mapped pinned allocation.
+        me.error_dev = unsafe { result::mem_host_get_device_pointer(error_host) }?;
         me.bases[rank] = me.own;
-        // SAFETY: synchronous context-wide wait so the memset is done before peers write.
-        cu(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")?;
+        // Synchronous context-wide wait so the memset is done before peers write.
+        result::ctx_synchronize("cuCtxSynchronize")?;
 
-        // Rule 7: share the allocation base plus the offset of our buffer inside it.
+        // docs/design.md, rule 7: share the allocation base plus the offset of our buffer inside it.
         let mut msg = Vec::with_capacity(IPC_MSG_BYTES + 16);
         msg.extend_from_slice(&ipc::export(me.own, "the DDA staging")?);
         if layout.ll128_cap > 0 {
             // The LL128 all-reduce's link check needs every GPU's bus id, after the handle (an
             // unknown one is empty: no link can be shown, so it stays off).
-            let mut dev: sys::CUdevice = 0;
-            // SAFETY: out-parameter; the context is current.
-            if unsafe { sys::cuCtxGetDevice(&mut dev) } == sys::CUresult::CUDA_SUCCESS {
+            if let Ok(dev) = result::ctx_get_device() {
                 msg.extend_from_slice(super::nvml::pci_bus_id(dev).unwrap_or_default().as_bytes());
             }
         }
@@ -587,7 +596,7 @@ impl Dda {
     }
 
     /// The peer-write check, first half: a kernel writes this rank's word into every peer's
-    /// memory through the mappings (drivers can claim P2P falsely, rule 7).
+    /// memory through the mappings (drivers can claim P2P falsely, docs/design.md rule 7).
     fn write_to_peers(&self) -> Result<()> {
         let f = self.func(DataType::F32, "fc_verify_write")?;
         let mut a = self.base_args(0, 0, 0);
@@ -598,31 +607,29 @@ impl Dda {
             (&mut m as *mut u32).cast(),
             (&mut off as *mut u64).cast(),
         ];
-        cu(
-            // SAFETY: the parameters match fc_verify_write(Args, u32, u64); stream 0 is legacy.
-            // A plain launch: a synchronize follows, so there is nothing to overlap, and start-up
-            // never depends on programmatic launch.
-            unsafe { launch::launch(f, 1, 32, 0, &mut params, false) },
-            "launching the peer-write check",
-        )?;
-        // SAFETY: plain context synchronisation.
-        cu(unsafe { sys::cuCtxSynchronize() }, "peer-write check")
+        // SAFETY: the parameters match fc_verify_write(Args, u32, u64); stream 0 is legacy.
+        // A plain launch: a synchronize follows, so there is nothing to overlap, and start-up
+        // never depends on programmatic launch.
+        unsafe {
+            driver::launch(f, 1, 32, 0, &mut params, false, || {
+                "launching the peer-write check".into()
+            })
+        }?;
+        result::ctx_synchronize("peer-write check")
     }
 
     /// The second half, after every rank wrote: each peer's word arrived in this GPU's memory.
     fn check_peer_writes(&self) -> Result<()> {
         let mut got = [0u32; MAX_RANKS];
-        cu(
-            // SAFETY: reads `world` u32 of our own allocation into a large enough buffer.
-            unsafe {
-                sys::cuMemcpyDtoH_v2(
-                    got.as_mut_ptr().cast(),
-                    self.own + VERIFY_OFF as u64,
-                    4 * self.world,
-                )
-            },
-            "reading the peer-write check",
-        )?;
+        // SAFETY: reads `world` u32 of our own allocation into a large enough buffer.
+        unsafe {
+            result::memcpy_dtoh(
+                got.as_mut_ptr().cast(),
+                self.own + VERIFY_OFF as u64,
+                4 * self.world,
+                "reading the peer-write check",
+            )
+        }?;
         for (peer, v) in got.iter().take(self.world).enumerate() {
             let want = VERIFY_MAGIC + peer as u32;
             if *v != want {
@@ -663,7 +670,7 @@ impl Dda {
             })
     }
 
-    pub(super) fn func(&self, dtype: DataType, name: &str) -> Result<sys::CUfunction> {
+    pub(super) fn func(&self, dtype: DataType, name: &str) -> Result<Function> {
         self.kernel_entry(dtype, name, "direct access", |m| m.funcs.get(name).copied())
     }
 
@@ -803,28 +810,28 @@ impl Dda {
     }
 
     /// The device address of the abort word ([`Dda::set_aborted`], [`Dda::raise_abort`]).
-    pub(super) fn abort_flag(&self) -> u64 {
+    pub(in crate::cuda) fn abort_flag(&self) -> u64 {
         self.error_dev + 4 * ABORT_WORD as u64
     }
 
     /// The device address of the error record the kernels fill ([`Dda::check_error`] reads it).
-    pub(super) fn error_record(&self) -> u64 {
+    pub(in crate::cuda) fn error_record(&self) -> u64 {
         self.error_dev
     }
 
     /// `t` in nanoseconds for a kernel that waits for a peer, noted for the report of its
     /// timeout (as [`Dda::base_args`] does for the collectives).
-    pub(super) fn arm_timeout(&self, t: Duration) -> u64 {
+    pub(in crate::cuda) fn arm_timeout(&self, t: Duration) -> u64 {
         let ns = t.as_nanos().min(u64::MAX as u128) as u64;
         self.kernel_timeout_ns
             .store(ns, std::sync::atomic::Ordering::Relaxed);
         ns
     }
 
-    /// What direct access has on this communicator (set up under `cfg`), for the planner.
-    pub fn caps(&self, cfg: &Config) -> DdaCaps {
-        let ce_min = self.ce.as_ref().map(|ce| ce.min_bytes);
-        super::dda_caps(cfg, self.world, ce_min, self.ll128_on)
+    /// What direct access has on this communicator, for the planner: computed once, when the
+    /// set-up checks have decided it.
+    pub fn caps(&self) -> DdaCaps {
+        self.caps
     }
 
     /// A device word of this rank's own (16-byte aligned) for the backend's barrier: a push
@@ -836,29 +843,61 @@ impl Dda {
 
 impl Drop for Dda {
     fn drop(&mut self) {
-        // SAFETY: each pointer was opened/allocated exactly once by `new`; errors at teardown
-        // are ignored because nothing can act on them. The copy stream drains first: its copies
-        // write into the peers' memory, whose mappings close next.
-        unsafe {
-            if let Some(ce) = &self.ce {
-                let _ = sys::cuStreamSynchronize(ce.stream);
-            }
+        // The copy stream drains first: its copies write into the peers' memory, whose mappings
+        // close next. Errors at teardown are ignored because nothing can act on them.
+        if let Some(ce) = &self.ce {
+            let _ = ce.stream.synchronize("copy stream at teardown");
         }
+        // The peers' mappings close as their last user drops (a window may still map the same
+        // allocation).
         self.opened.clear();
-        // SAFETY: as above.
+        // SAFETY: each pointer was allocated exactly once by `new` (null when set-up failed
+        // before allocating it) and nothing uses it after the communicator.
         unsafe {
-            for m in self.units.loaded() {
-                let _ = sys::cuModuleUnload(m.module);
-            }
-            // Null when set-up failed before allocating them.
             if self.own != 0 {
-                let _ = sys::cuMemFree_v2(self.own);
+                let _ = result::mem_free(self.own);
             }
             if !self.error_host.is_null() {
-                let _ = sys::cuMemFreeHost(self.error_host.cast());
+                let _ = result::mem_free_host(self.error_host.cast());
             }
         }
     }
+}
+
+/// The size in bytes of `struct name` in a kernel source, from its fields (`u64`, `i64`, `u32`,
+/// `i32`, `float`, arrays of a number or `FC_MAX_RANKS`), laid out as C does: every field at a
+/// multiple of its size, the whole padded to its widest. The Rust mirrors of the kernels'
+/// argument structs are passed by value into the launch: their tests compare `size_of` with this,
+/// so a field added on one side only fails a test instead of shifting every later argument.
+#[cfg(test)]
+pub(super) fn c_struct_size(src: &str, name: &str) -> usize {
+    let head = format!("struct {name} {{");
+    let body = &src[src.find(&head).expect("struct in source") + head.len()..];
+    let body = &body[..body.find("};").expect("end of struct")];
+    let (mut at, mut widest) = (0usize, 1usize);
+    for line in body.lines() {
+        let decl = line.split("//").next().unwrap().trim();
+        if decl.is_empty() {
+            continue;
+        }
+        let decl = decl.strip_suffix(';').expect("one field per line");
+        let (ty, field) = decl.split_once(' ').expect("type and name");
+        let size = match ty {
+            "u64" | "i64" => 8,
+            "u32" | "i32" | "float" => 4,
+            other => panic!("field type {other} in struct {name}"),
+        };
+        let count = match field.trim().split_once('[') {
+            None => 1,
+            Some((_, n)) => match n.trim_end_matches(']') {
+                "FC_MAX_RANKS" => MAX_RANKS,
+                n => n.parse().expect("array length"),
+            },
+        };
+        at = at.next_multiple_of(size) + size * count;
+        widest = widest.max(size);
+    }
+    at.next_multiple_of(widest)
 }
 
 /// The error every rank returns when direct access failed on some rank: each failing rank and
@@ -891,7 +930,7 @@ fn load_units(cfg: &Config, arch: &str) -> Result<Units> {
     }
     if let Some(&(d, g)) = missing.first() {
         // A unit a call may need must be obtainable then: NVRTC, or PTX the driver compiles.
-        if let Err(e) = super::libs::ensure_nvrtc(cfg) {
+        if let Err(e) = driver::libs::ensure_nvrtc(cfg) {
             if kernels::code_source(d, g, arch, cfg)?.is_none() {
                 return Err(e);
             }
@@ -905,36 +944,26 @@ fn load_units(cfg: &Config, arch: &str) -> Result<Units> {
 fn module_functions(
     dtype: DataType,
     group: kernels::Group,
-    module: sys::CUmodule,
+    module: driver::Module,
 ) -> Result<Module> {
     let mut funcs = HashMap::new();
     for name in group.entries() {
-        let c = CString::new(name.clone()).expect("no NUL");
-        let mut f: sys::CUfunction = std::ptr::null_mut();
-        cu(
-            // SAFETY: live module, C string name.
-            unsafe { sys::cuModuleGetFunction(&mut f, module, c.as_ptr()) },
-            &format!("kernel {name} ({dtype})"),
-        )?;
+        let f = module
+            .function(&name)
+            .map_err(|e| Error::Cuda(format!("{e} ({dtype})")))?;
         funcs.insert(name, f);
     }
     let mut lp_per_sm = HashMap::new();
     if group == kernels::Group::LowPrecision {
         for name in kernels::LOWP_ENTRIES {
-            let mut n: std::ffi::c_int = 0;
-            cu(
-                // SAFETY: out-parameter; a kernel of this module, 512-thread CTAs, static
-                // shared memory only.
-                unsafe {
-                    sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, funcs[name], 512, 0)
-                },
-                &format!("occupancy of {name} ({dtype})"),
-            )?;
+            // 512-thread CTAs, static shared memory only.
+            let what = format!("occupancy of {name} ({dtype})");
+            let n = result::occupancy_max_active_blocks(funcs[name], 512, 0, &what)?;
             lp_per_sm.insert(name, n.max(1) as u32);
         }
     }
     Ok(Module {
-        module,
+        _module: module,
         funcs,
         lp_per_sm,
     })
@@ -961,7 +990,7 @@ mod tests {
 
     #[test]
     fn kernel_constants_match_the_host_and_fit_the_free_state() {
-        let src = super::super::kernels::ALL_REDUCE_SOURCE;
+        let src = kernels::ALL_REDUCE_SOURCE;
         for def in [
             format!("#define CE_SEQ {CE_SEQ_WORD} "),
             format!("#define CE_FLAGS {CE_FLAGS_WORD} "),
@@ -982,11 +1011,8 @@ mod tests {
 
     #[test]
     fn args_layout_matches_the_kernel() {
-        let src = super::super::kernels::ALL_REDUCE_SOURCE;
-        assert_eq!(
-            std::mem::size_of::<Args>(),
-            super::super::kernels::c_struct_size(src, "Args")
-        );
+        let src = kernels::ALL_REDUCE_SOURCE;
+        assert_eq!(std::mem::size_of::<Args>(), c_struct_size(src, "Args"));
         assert_eq!(std::mem::align_of::<Args>(), 8);
     }
 }

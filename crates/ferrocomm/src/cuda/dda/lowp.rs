@@ -11,14 +11,12 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::sys;
-
 use super::collectives::{
     a2av_largest_crossing, a2av_pair_signature, a2av_piece, a2av_pieces, signature,
 };
-use super::dda::{Args, Dda, COLL_BAR_OFF};
-use super::{cu, cu_lazy};
+use super::{Args, Dda, COLL_BAR_OFF};
 use crate::backend::Splits;
+use crate::driver::{self, launch, result, DeviceAttribute, Function};
 use crate::error::{Error, Result};
 use crate::plan::{lp_push_first, lp_split, Algo, Collective};
 use crate::quant::{Codec, Format};
@@ -27,7 +25,7 @@ use crate::types::DataType;
 /// Warps per CTA of the lowp kernels (`LP_WARPS`, 512 threads).
 const WARPS: usize = 16;
 /// The flag area has slots for this many CTAs (`FC_MAX_BLOCKS`).
-const MAX_GRID: usize = super::dda::MAX_BLOCKS;
+const MAX_GRID: usize = super::MAX_BLOCKS;
 
 /// Second kernel argument; the same layout as `struct Lp` in lowp.cu.
 #[repr(C)]
@@ -68,8 +66,8 @@ fn tile(codec: &Codec) -> usize {
 }
 
 /// Chunks of at least this many input bytes per part run the one-shot family as
-/// `fc_lp_move_wide` (two CTAs per SM, registers capped, some spilled): measured on 2xH200 it
-/// is 9-14% faster from 32 MiB parts up and slower below (kernels/lowp.cu).
+/// `fc_lp_move_wide` (two CTAs per SM, registers capped, some spilled): faster from 32 MiB parts
+/// up and slower below (docs/tuning.md, "Where the built-in limits come from").
 const LP_WIDE_MIN_BYTES: usize = 32 << 20;
 
 /// How a one-shot collective of `part` elements per part is cut: whether it pushes (records
@@ -77,12 +75,8 @@ const LP_WIDE_MIN_BYTES: usize = 32 << 20;
 /// chunk; 0 where push cannot run) or pulls (records in the sender's staging, at most
 /// `pull_most`, at least one tile), and the elements per chunk (equal chunks of whole tiles,
 /// not full ones and a small remainder). Push wherever it needs no more chunks (kernel
-/// launches) than pull. Measured on 2xH200: push is 7-11% faster at 16 MB
-/// (bench/results/2026-11-30-h200x2-lp-push); where it needs more chunks it loses (a 64 MB bf16
-/// all-reduce in one pull chunk: 169 us, in two push chunks: 185); with as many chunks, from
-/// 32 MiB parts up (the reduce-scatter and the all-to-all, a region per part either way), it
-/// wins 5-6% on a 256 MB bf16 reduce-scatter and 2% (out of place) to 14% (in place) on the
-/// all-to-all (bench/results/2026-11-30-h200x2-lp-a2av, run 3).
+/// launches) than pull: push wins with as many chunks and loses where it needs more
+/// (docs/tuning.md, "Where the built-in limits come from").
 fn plan(
     kind: LpKind,
     part: usize,
@@ -106,7 +100,7 @@ fn plan(
 /// whole with the first piece: cuda::collectives::a2av_piece), sized like an all-to-all of the
 /// larger crossing part (`cross` elements).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct A2avPlan {
+pub(in crate::cuda) struct A2avPlan {
     pub cross: usize,
     pub chunk: usize,
     pub push: bool,
@@ -117,7 +111,7 @@ pub(super) struct A2avPlan {
 /// two ranks do both see every count that decides (the crossing ones), so both take the same
 /// path (cuda::collectives::a2av_agreed_sizes); more ranks go full precision. `None` also where
 /// the codec or the staging does not allow it ([`a2av_codec_fits`]).
-pub(super) fn a2av_plan(
+pub(in crate::cuda) fn a2av_plan(
     rank: usize,
     splits: &Splits,
     codec: &Codec,
@@ -144,14 +138,14 @@ pub(super) fn a2av_plan(
 /// Whether a two-rank low-precision all-to-all-v can run with `codec` on a staging of `staging`
 /// bytes per parity: blocks of at most 128 (the per-part counts are handled by the grouped
 /// kernels only) and room for one tile per part.
-pub(super) fn a2av_codec_fits(codec: &Codec, staging: usize) -> bool {
+pub(in crate::cuda) fn a2av_codec_fits(codec: &Codec, staging: usize) -> bool {
     let (pull_parts, _) = regions_per_parity(LpKind::AllToAll, 2);
     codec.block <= 128 && chunk_limit(staging, pull_parts, codec) > 0
 }
 
 /// Whether the two-rank low-precision all-to-all-v fits a staging of `staging` bytes with the
 /// configured block ([`a2av_codec_fits`]; every format's records have the same size).
-pub(super) fn a2av_lp_fits(cfg: &crate::config::Config, staging: usize) -> bool {
+pub(in crate::cuda) fn a2av_lp_fits(cfg: &crate::config::Config, staging: usize) -> bool {
     Codec::new(Format::E4M3, cfg.low_precision.block).is_ok_and(|c| a2av_codec_fits(&c, staging))
 }
 
@@ -226,7 +220,7 @@ fn lp_signature(
 
 /// Which collective a chunked lowp launch implements.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum LpKind {
+pub(in crate::cuda) enum LpKind {
     /// One-shot all-reduce (every rank sums every rank's quantized input).
     Flat,
     /// Two-shot all-reduce (owners sum and re-quantize their stripe).
@@ -247,7 +241,7 @@ impl LpKind {
     }
 
     /// The kind that runs a low-precision all-reduce of `algo` ([`crate::plan::lp_all_reduce`]).
-    pub(super) fn of_all_reduce(algo: Algo) -> LpKind {
+    pub(in crate::cuda) fn of_all_reduce(algo: Algo) -> LpKind {
         match algo {
             Algo::Tree => LpKind::Tree,
             _ => LpKind::Flat,
@@ -289,15 +283,20 @@ impl Dda {
         let f = self.func(dtype, name)?;
         let mut params: [*mut c_void; 2] =
             [(&mut a as *mut Args).cast(), (&mut l as *mut Lp).cast()];
-        cu_lazy(
-            // SAFETY: `f` takes (Args, Lp) by value, both laid out as in the kernel source, and
-            // starts with pdl_wait(); the pointers inside were validated by the communicator
-            // (device memory of this GPU holding the counts the strides and chunk sizes imply).
-            unsafe {
-                super::launch::launch(f, grid, (WARPS * 32) as u32, stream, &mut params, self.pdl)
-            },
-            || format!("launching {name} ({})", what()),
-        )
+        // SAFETY: `f` takes (Args, Lp) by value, both laid out as in the kernel source, and
+        // starts with pdl_wait(); the pointers inside were validated by the communicator (device
+        // memory of this GPU holding the counts the strides and chunk sizes imply).
+        unsafe {
+            launch(
+                f,
+                grid,
+                (WARPS * 32) as u32,
+                stream,
+                &mut params,
+                self.pdl,
+                || format!("launching {name} ({})", what()),
+            )
+        }
     }
 
     /// One low-precision collective of `part` elements per part on `stream`, chunked to the
@@ -305,7 +304,7 @@ impl Dda {
     /// `input` holds `part` and `output` `world * part`; reduce-scatter `input` `world * part`
     /// and `output` `part`; all-to-all both `world * part`. `avg` divides sums by the world size.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn lp_collective(
+    pub(in crate::cuda) fn lp_collective(
         &self,
         kind: LpKind,
         codec: &Codec,
@@ -417,7 +416,7 @@ impl Dda {
     /// A low-precision all-to-all-v on two ranks as `plan` (see [`a2av_plan`]) says: every
     /// part a rank sends the other is quantized once, the own part copied exactly.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn lp_all_to_all_v(
+    pub(in crate::cuda) fn lp_all_to_all_v(
         &self,
         plan: A2avPlan,
         codec: &Codec,
@@ -487,8 +486,8 @@ pub fn quantize_on_device(
     use std::collections::HashMap;
     use std::sync::Mutex;
     // Per dtype: the kernel and the CTAs of one wave of this GPU.
-    static FUNCS: Mutex<Option<HashMap<DataType, (usize, usize)>>> = Mutex::new(None);
-    if !super::kernels::has_lowp(dtype) {
+    static FUNCS: Mutex<Option<HashMap<DataType, (Function, usize)>>> = Mutex::new(None);
+    if !crate::cuda::kernels::has_lowp(dtype) {
         return Err(Error::Unsupported {
             collective: "quantize",
             backend: "cuda",
@@ -499,39 +498,27 @@ pub fn quantize_on_device(
         let mut g = FUNCS.lock().unwrap_or_else(|e| e.into_inner());
         let map = g.get_or_insert_with(HashMap::new);
         match map.get(&dtype) {
-            Some(&(f, wave)) => (f as sys::CUfunction, wave),
+            Some(&(f, wave)) => (f, wave),
             None => {
                 // A context must be current (documented).
-                let module = super::kernels::load_on_current_device(
+                let module = crate::cuda::kernels::load_on_current_device(
                     dtype,
-                    super::kernels::Group::LowPrecision,
+                    crate::cuda::kernels::Group::LowPrecision,
                     cfg,
                     "loading the lowp kernels",
                 )?;
-                let mut f: sys::CUfunction = std::ptr::null_mut();
-                cu(
-                    // SAFETY: live module, NUL-terminated name.
-                    unsafe { sys::cuModuleGetFunction(&mut f, module, c"fc_lp_encode".as_ptr()) },
-                    "fc_lp_encode",
-                )?;
-                let mut per_sm = 0i32;
-                cu(
-                    // SAFETY: out-parameter; a live function, 512 threads, no dynamic smem.
-                    unsafe {
-                        sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                            &mut per_sm,
-                            f,
-                            (WARPS * 32) as i32,
-                            0,
-                        )
-                    },
-                    "occupancy of fc_lp_encode",
-                )?;
-                let sms = super::kernels::current_device_attribute(
-                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                let f = module.function("fc_lp_encode")?;
+                // Kept loaded: its function is cached for the process.
+                module.keep_loaded();
+                // 512 threads, no dynamic shared memory.
+                let block = (WARPS * 32) as u32;
+                let what = "occupancy of fc_lp_encode";
+                let per_sm = result::occupancy_max_active_blocks(f, block, 0, what)?;
+                let sms = driver::current_device_attribute(
+                    DeviceAttribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
                 )?;
                 let wave = (per_sm.max(1) * sms.max(1)) as usize;
-                map.insert(dtype, (f as usize, wave));
+                map.insert(dtype, (f, wave));
                 (f, wave)
             }
         }
@@ -546,23 +533,26 @@ pub fn quantize_on_device(
     // next group's loads in flight, so this times the quantizer they run.
     let grid = count.div_ceil(tile(codec) * WARPS * 4).clamp(1, wave) as u32;
     let mut params: [*mut c_void; 2] = [(&mut a as *mut Args).cast(), (&mut l as *mut Lp).cast()];
-    let pdl = super::launch::pdl_for_current_device(cfg)?;
+    let pdl = driver::pdl_for_current_device(cfg)?;
     for _ in 0..launches.max(1) {
-        cu(
-            // SAFETY: fc_lp_encode(Args, Lp), which starts with pdl_wait(); the caller promises
-            // `count` elements at `input` and the encoded size at `output`, device memory of
-            // the current context; `pdl` was decided for this context's device.
-            unsafe {
-                super::launch::launch(f, grid, (WARPS * 32) as u32, stream, &mut params, pdl)
-            },
-            "launching fc_lp_encode",
-        )?;
+        // SAFETY: fc_lp_encode(Args, Lp), which starts with pdl_wait(); the caller promises
+        // `count` elements at `input` and the encoded size at `output`, device memory of the
+        // current context; `pdl` was decided for this context's device.
+        unsafe {
+            launch(
+                f,
+                grid,
+                (WARPS * 32) as u32,
+                stream,
+                &mut params,
+                pdl,
+                || "launching fc_lp_encode".into(),
+            )
+        }?;
     }
-    // SAFETY: waits for the launch above on the caller's stream.
-    cu(
-        unsafe { sys::cuStreamSynchronize(stream as sys::CUstream) },
-        "fc_lp_encode",
-    )
+    // SAFETY: waits for the launches above on the caller's stream (a live stream of the
+    // current context, the function's contract).
+    unsafe { result::stream_synchronize(stream, "fc_lp_encode") }
 }
 
 #[cfg(test)]
@@ -571,10 +561,10 @@ mod tests {
 
     #[test]
     fn lp_layout_matches_the_kernel() {
-        let src = super::super::kernels::LOWP_SOURCE;
+        let src = crate::cuda::kernels::LOWP_SOURCE;
         assert_eq!(
             std::mem::size_of::<Lp>(),
-            super::super::kernels::c_struct_size(src, "Lp")
+            super::super::c_struct_size(src, "Lp")
         );
     }
 

@@ -1,4 +1,4 @@
-//! Kernel launches of the cuda backend: every kernel goes through [`launch`], which uses a
+//! Kernel launches: every kernel of the cuda backend goes through [`launch`], which uses a
 //! programmatic dependent launch (PDL) where it may and a plain `cuLaunchKernel` otherwise.
 //!
 //! With PDL (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`, sm_90 and newer) a kernel
@@ -18,6 +18,7 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
+use super::{cu_lazy, Function};
 use crate::config::Config;
 use crate::error::Result;
 
@@ -33,7 +34,7 @@ pub(crate) fn pdl_for_current_device(cfg: &Config) -> Result<bool> {
     if !cfg.pdl {
         return Ok(false);
     }
-    let major = super::kernels::current_device_attribute(
+    let major = super::current_device_attribute(
         sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
     )?;
     Ok(use_pdl(cfg.pdl, major, launch_ex_present()))
@@ -71,9 +72,10 @@ fn pdl_attribute() -> sys::CUlaunchAttribute {
 }
 
 /// Launches `f` with `blocks` x `threads` (1-D, no dynamic shared memory) on `stream`, with
-/// programmatic dependent launch when `pdl` is set ([`pdl_for_current_device`]). Returns the
-/// driver's result for the caller to name the launch
+/// programmatic dependent launch when `pdl` is set ([`pdl_for_current_device`])
 /// ([cuLaunchKernelEx](https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html)).
+/// `what` names the launch in an error; it is built only then (launches are on every call's
+/// path).
 ///
 /// # Safety
 /// - `f` is a kernel of the current context whose parameter list is exactly the values `params`
@@ -84,14 +86,15 @@ fn pdl_attribute() -> sys::CUlaunchAttribute {
 ///   previous work on the stream may use, and `pdl` came from [`pdl_for_current_device`] for this
 ///   device (so `cuLaunchKernelEx` exists).
 pub(crate) unsafe fn launch(
-    f: sys::CUfunction,
+    f: Function,
     blocks: u32,
     threads: u32,
     stream: u64,
     params: &mut [*mut c_void],
     pdl: bool,
-) -> sys::CUresult {
-    let hstream = stream as sys::CUstream;
+    what: impl FnOnce() -> String,
+) -> Result<()> {
+    let (f, hstream) = (f.raw(), stream as sys::CUstream);
     if pdl {
         let mut attrs = [pdl_attribute()];
         let config = sys::CUlaunchConfig {
@@ -108,10 +111,12 @@ pub(crate) unsafe fn launch(
         };
         // SAFETY: the caller's contract covers `f`, `params` and the stream; `config` and
         // `attrs` outlive the call, which copies them.
-        unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
+        let r =
+            unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) };
+        cu_lazy(r, what)
     } else {
         // SAFETY: as above, without attributes.
-        unsafe {
+        let r = unsafe {
             sys::cuLaunchKernel(
                 f,
                 blocks,
@@ -125,7 +130,8 @@ pub(crate) unsafe fn launch(
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
-        }
+        };
+        cu_lazy(r, what)
     }
 }
 

@@ -9,20 +9,17 @@
 
 use std::ffi::c_void;
 
-use super::cu_lazy;
-use super::dda::{kernel_name, Args, Dda, COLL_BAR_OFF, MAX_BLOCKS, MAX_RANKS};
+use super::{kernel_name, Args, Dda, COLL_BAR_OFF, MAX_BLOCKS, MAX_RANKS};
 use crate::backend::Splits;
+use crate::driver::launch;
 use crate::error::{Error, Result};
-use crate::plan::{self, Collective, PartForm};
+use crate::plan::{self, Collective, PartForm, PartKind};
 use crate::types::{DataType, ReduceOp};
 
 /// Default largest part (bytes one sender puts in one receiver's row) sent as LL lines
 /// (`FERROCOMM_LL_MAX_BYTES` moves it); above it the staged protocol. LL halves the link
-/// bandwidth, staged pays a barrier round trip. Measured on 2xH200 with the LL kernels' hellos
-/// off the data's path (bench/results/2026-11-30-h200x2-push-own), bf16, us, 32 KiB -> 512 KiB
-/// limit: all-gather of 128 KiB parts 4.96 -> 3.67, 256 KiB 5.21 -> 4.41, 512 KiB 5.94 -> 6.35;
-/// all-to-all the same parts 5.07 -> 3.79, 5.25 -> 4.54, 5.98 -> 6.46; broadcast 256 KiB 4.46 ->
-/// 3.26. So LL up to 256 KiB parts.
+/// bandwidth, staged pays a barrier round trip: LL won up to 256 KiB parts and lost at 512 KiB
+/// (docs/tuning.md, "Where the built-in limits come from").
 pub const LL_MAX_BYTES: usize = 256 << 10;
 
 const ERR_MISMATCH: u32 = 2;
@@ -82,7 +79,7 @@ pub fn a2av_slot_bytes(staging_bytes: usize, world: usize) -> usize {
 /// rank 0's messages first, then rank 1's, each side's in the order issued. `sends` tells, op by
 /// op, a send from a receive. The other rank, batched or one call at a time, meets them in that
 /// order whenever it too takes rank 0's messages first (as its batch does).
-pub(super) fn two_rank_batch_order(
+pub(in crate::cuda) fn two_rank_batch_order(
     rank: usize,
     sends: impl Iterator<Item = bool> + Clone,
 ) -> Vec<(usize, usize)> {
@@ -155,7 +152,11 @@ fn op_name(op: ReduceOp) -> String {
 /// and none is needed: the call runs pair by pair in pieces of a slot (`fc_all_to_all_v_pc`),
 /// whatever the counts, so the sizes are `(0, 0)` there and the choice depends on none (a size
 /// limit, `FERROCOMM_ALLTOALL_MAX_BYTES`, applies at two ranks only).
-pub(super) fn a2av_agreed_sizes(rank: usize, splits: &Splits, es: usize) -> (usize, usize) {
+pub(in crate::cuda) fn a2av_agreed_sizes(
+    rank: usize,
+    splits: &Splits,
+    es: usize,
+) -> (usize, usize) {
     if a2av_by_pairs(splits.send_counts.len()) {
         return (0, 0);
     }
@@ -166,7 +167,7 @@ pub(super) fn a2av_agreed_sizes(rank: usize, splits: &Splits, es: usize) -> (usi
 
 /// Whether an all-to-all-v of `world` ranks runs pair by pair (`fc_all_to_all_v_pc`): where no
 /// count is seen by every rank ([`plan::a2av_without_agreed_size`]).
-pub(super) fn a2av_by_pairs(world: usize) -> bool {
+pub(in crate::cuda) fn a2av_by_pairs(world: usize) -> bool {
     plan::a2av_without_agreed_size(world)
 }
 
@@ -174,13 +175,13 @@ pub(super) fn a2av_by_pairs(world: usize) -> bool {
 /// ranks): half a sender slot of `slot_bytes`, at most 1 GiB, in whole 16-byte vectors (so every
 /// piece starts on one); so below 2^31 elements (bit 31 of the kernel's data word marks a pair's
 /// last piece).
-pub(super) fn a2av_pc_piece(slot_bytes: usize, es: usize) -> usize {
+pub(in crate::cuda) fn a2av_pc_piece(slot_bytes: usize, es: usize) -> usize {
     ((slot_bytes / 2).min(1 << 30) / 16 * 16 / es).max(16 / es)
 }
 
 /// The largest count `rank` sends to or receives from another rank (its own part is copied
 /// locally and never goes through the staging).
-pub(super) fn a2av_largest_crossing(rank: usize, splits: &Splits) -> usize {
+pub(in crate::cuda) fn a2av_largest_crossing(rank: usize, splits: &Splits) -> usize {
     (0..splits.send_counts.len())
         .filter(|&p| p != rank)
         .map(|p| splits.send_counts[p].max(splits.recv_counts[p]))
@@ -192,7 +193,7 @@ pub(super) fn a2av_largest_crossing(rank: usize, splits: &Splits) -> usize {
 /// rank 1 -> 0), each taken from the rank's own view (what it sends, what it expects), so ranks
 /// whose counts do not match get different ones; `what` names the form and anything else the
 /// ranks must agree on.
-pub(super) fn a2av_pair_signature(
+pub(in crate::cuda) fn a2av_pair_signature(
     rank: usize,
     splits: &Splits,
     dtype: DataType,
@@ -208,7 +209,7 @@ pub(super) fn a2av_pair_signature(
 /// `chunk` elements of every crossing part, as many as the largest crossing part needs (at least
 /// one). The crossing counts are in both ranks' views, so both cut the call alike (more ranks
 /// cut it pair by pair inside one kernel, [`a2av_pc_piece`]).
-pub(super) fn a2av_pieces(rank: usize, splits: &Splits, chunk: usize) -> usize {
+pub(in crate::cuda) fn a2av_pieces(rank: usize, splits: &Splits, chunk: usize) -> usize {
     a2av_largest_crossing(rank, splits)
         .div_ceil(chunk.max(1))
         .max(1)
@@ -218,7 +219,7 @@ pub(super) fn a2av_pieces(rank: usize, splits: &Splits, chunk: usize) -> usize {
 /// `i * chunk ..` of every crossing part, up to `chunk` of them. The own part never goes through
 /// the staging (it is copied locally), so it goes whole with piece 0 and empty with the others:
 /// the number of pieces depends only on the crossing counts.
-pub(super) fn a2av_piece(rank: usize, splits: &Splits, i: usize, chunk: usize) -> Splits {
+pub(in crate::cuda) fn a2av_piece(rank: usize, splits: &Splits, i: usize, chunk: usize) -> Splits {
     let off = i * chunk;
     let cut = |counts: &[usize], displs: &[usize]| -> (Vec<usize>, Vec<usize>) {
         (0..counts.len())
@@ -244,7 +245,11 @@ pub(super) fn a2av_piece(rank: usize, splits: &Splits, i: usize, chunk: usize) -
 
 impl Dda {
     /// Decodes and clears a bad-input record written by collectives.cu (codes 2..5).
-    pub(super) fn take_input_error(&self, collective: &'static str, code: u32) -> Result<()> {
+    pub(in crate::cuda) fn take_input_error(
+        &self,
+        collective: &'static str,
+        code: u32,
+    ) -> Result<()> {
         // SAFETY: the host page stays mapped for our lifetime; words 1..3 were written before
         // word 0 (the kernel fences between them).
         let (peer, detail) = unsafe {
@@ -370,14 +375,15 @@ impl Dda {
         let f = self.func(dtype, name)?;
         let mut params: [*mut c_void; 2] =
             [(&mut a as *mut Args).cast(), (&mut c as *mut CArgs).cast()];
-        cu_lazy(
-            // SAFETY: `f` takes (Args, CArgs) by value, laid out as in the kernel source, and
-            // starts with pdl_wait(); the user pointers were validated by the communicator and the
-            // backend (device memory of this GPU, sizes checked), the staging offsets come from
-            // our own layout.
-            unsafe { super::launch::launch(f, grid.0, grid.1, stream, &mut params, self.pdl) },
-            || format!("launching {}", what()),
-        )
+        // SAFETY: `f` takes (Args, CArgs) by value, laid out as in the kernel source, and starts
+        // with pdl_wait(); the user pointers were validated by the communicator and the backend
+        // (device memory of this GPU, sizes checked), the staging offsets come from our own
+        // layout.
+        unsafe {
+            launch(f, grid.0, grid.1, stream, &mut params, self.pdl, || {
+                format!("launching {}", what())
+            })
+        }
     }
 
     /// Launches `fc_<kernel>_ll[_<op>]` (NCCL-LL lines, no barrier) when a part of `n`
@@ -408,14 +414,14 @@ impl Dda {
         c.sig = sig;
         let PartForm { form, rounds } = parts;
         c.rounds = rounds;
-        let grid = if form == "ll" {
+        let grid = if form == PartKind::Ll {
             self.ll_grid(part)
         } else {
             self.st_grid(part)
         };
         self.launch(
             module,
-            part_kernel(&mut [0; 64], kernel, form, op),
+            part_kernel(&mut [0; 64], kernel, form.kernel(), op),
             a,
             c,
             grid,
@@ -546,7 +552,7 @@ impl Dda {
 
     /// The arguments of a reducing kernel (PremulSum factor, Avg divisor) and the op's kernel
     /// suffix; ops the kernels lack are refused naming `coll`.
-    pub(super) fn reduction_args(
+    pub(in crate::cuda) fn reduction_args(
         &self,
         input: u64,
         output: u64,
@@ -832,8 +838,9 @@ impl Dda {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::tuning::Tuning;
     use crate::cuda::kernels;
-    use crate::plan::{part_form, pipe_min_bytes, st_rounds, staged_need, COLL_MAX_ROUNDS};
+    use crate::plan::{part_form, st_rounds, staged_need, COLL_MAX_ROUNDS};
 
     /// Every rank's view of one all-to-all-v: its row (send) and column (receive) of `m`.
     fn views(m: &[Vec<usize>]) -> Vec<Splits> {
@@ -977,6 +984,7 @@ mod tests {
         let entries = kernels::entry_names();
         // Every form `part_form` picks, on both sides of each of its size bounds, names a kernel
         // that exists.
+        let t = Tuning::builtin();
         let mut sizes = vec![0, 100, LL_MAX_BYTES, LL_MAX_BYTES + 1, 64 << 20];
         for k in [
             "all_gather",
@@ -985,13 +993,13 @@ mod tests {
             "reduce_scatter",
             "reduce",
         ] {
-            if let Some(min) = pipe_min_bytes(k) {
+            if let Some(min) = t.pipe_min(k) {
                 sizes.extend([min - 1, min]);
             }
         }
         assert!(sizes.len() >= 11, "the three pipelined collectives' bounds");
         for part in sizes {
-            let form = |k| part_form(k, part, LL_MAX_BYTES).0;
+            let form = |k| part_form(&t, k, part, LL_MAX_BYTES).0.kernel();
             for k in ["all_gather", "all_to_all", "broadcast"] {
                 let mut buf = [0; 64];
                 let name = part_kernel(&mut buf, k, form(k), None);
@@ -1013,22 +1021,57 @@ mod tests {
     #[test]
     fn large_data_moves_and_scatters_are_pipelined() {
         let cap = LL_MAX_BYTES;
-        assert_eq!(part_form("all_gather", 100, cap), ("ll", 1));
-        assert_eq!(part_form("reduce_scatter", 100, cap), ("ll", 1));
-        assert_eq!(part_form("reduce", cap + 1, cap), ("st", 1));
-        assert_eq!(part_form("all_gather", (8 << 20) - 1, cap), ("st", 1));
-        assert_eq!(part_form("all_gather", 8 << 20, cap), ("rw", 2));
-        assert_eq!(part_form("all_gather", 16 << 20, cap), ("rw", 4));
-        assert_eq!(part_form("reduce_scatter", 8 << 20, cap), ("st", 1));
-        assert_eq!(part_form("reduce_scatter", (16 << 20) - 1, cap), ("st", 1));
-        assert_eq!(part_form("reduce_scatter", 16 << 20, cap), ("rw", 4));
-        assert_eq!(part_form("reduce_scatter", 32 << 20, cap), ("rw", 8));
-        assert_eq!(part_form("all_gather", 64 << 20, cap), ("rw", 8));
-        assert_eq!(part_form("all_to_all", (8 << 20) - 1, cap), ("st", 1));
-        assert_eq!(part_form("all_to_all", (8 << 20) + 6, cap), ("rw", 3));
-        assert_eq!(part_form("all_to_all", 32 << 20, cap), ("rw", 8));
+        let t = Tuning::builtin();
+        let part_form = |k, part, cap| part_form(&t, k, part, cap);
+        assert_eq!(part_form("all_gather", 100, cap), (PartKind::Ll, 1));
+        assert_eq!(part_form("reduce_scatter", 100, cap), (PartKind::Ll, 1));
+        assert_eq!(part_form("reduce", cap + 1, cap), (PartKind::Staged, 1));
+        assert_eq!(
+            part_form("all_gather", (8 << 20) - 1, cap),
+            (PartKind::Staged, 1)
+        );
+        assert_eq!(
+            part_form("all_gather", 8 << 20, cap),
+            (PartKind::Pipelined, 2)
+        );
+        assert_eq!(
+            part_form("all_gather", 16 << 20, cap),
+            (PartKind::Pipelined, 4)
+        );
+        assert_eq!(
+            part_form("reduce_scatter", 8 << 20, cap),
+            (PartKind::Staged, 1)
+        );
+        assert_eq!(
+            part_form("reduce_scatter", (16 << 20) - 1, cap),
+            (PartKind::Staged, 1)
+        );
+        assert_eq!(
+            part_form("reduce_scatter", 16 << 20, cap),
+            (PartKind::Pipelined, 4)
+        );
+        assert_eq!(
+            part_form("reduce_scatter", 32 << 20, cap),
+            (PartKind::Pipelined, 8)
+        );
+        assert_eq!(
+            part_form("all_gather", 64 << 20, cap),
+            (PartKind::Pipelined, 8)
+        );
+        assert_eq!(
+            part_form("all_to_all", (8 << 20) - 1, cap),
+            (PartKind::Staged, 1)
+        );
+        assert_eq!(
+            part_form("all_to_all", (8 << 20) + 6, cap),
+            (PartKind::Pipelined, 3)
+        );
+        assert_eq!(
+            part_form("all_to_all", 32 << 20, cap),
+            (PartKind::Pipelined, 8)
+        );
         for k in ["broadcast", "reduce"] {
-            assert_eq!(part_form(k, 64 << 20, cap), ("st", 1), "{k}");
+            assert_eq!(part_form(k, 64 << 20, cap), (PartKind::Staged, 1), "{k}");
         }
     }
 
@@ -1046,7 +1089,7 @@ mod tests {
         assert_eq!(st_rounds(100, 0), COLL_MAX_ROUNDS as u32);
         // The kernels index their barrier words with the same bound.
         let def = format!("#define FC_MAX_ROUNDS {COLL_MAX_ROUNDS} ");
-        assert!(super::super::kernels::COLLECTIVES_SOURCE.contains(&def));
+        assert!(crate::cuda::kernels::COLLECTIVES_SOURCE.contains(&def));
     }
 
     #[test]
@@ -1054,10 +1097,10 @@ mod tests {
         // 4 arrays of 16 u64, 8 u64, 5 u32 (padded to 8 bytes).
         assert_eq!(std::mem::size_of::<CArgs>(), 4 * 16 * 8 + 8 * 8 + 6 * 4);
         assert_eq!(std::mem::align_of::<CArgs>(), 8);
-        let src = super::super::kernels::COLLECTIVES_SOURCE;
+        let src = crate::cuda::kernels::COLLECTIVES_SOURCE;
         assert_eq!(
             std::mem::size_of::<CArgs>(),
-            super::super::kernels::c_struct_size(src, "CArgs")
+            crate::cuda::dda::c_struct_size(src, "CArgs")
         );
     }
 

@@ -10,13 +10,11 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-use cudarc::driver::sys;
-
-use super::{cu, cu_lazy, kernels};
-use crate::backend::CallOpts;
+use crate::backend::{check_buffers, CallKind, CallOpts};
 use crate::config::Config;
+use crate::cuda::kernels;
+use crate::driver::{self, launch, result, DeviceAttribute, Function};
 use crate::error::{Error, Result};
-use crate::nccl::{check_views, in_ptr};
 use crate::plan::NormForm;
 use crate::quant::Codec;
 use crate::rmsnorm::{AllReduceRmsNorm, Fp8Mode, Fp8Rows, Fp8Scale, Shape, NAME};
@@ -39,12 +37,12 @@ const MAX_NORM_BLOCKS: usize = 65535;
 pub(crate) const WIDE_MAX_ROWS: usize = 1024;
 /// The norm's entry points: `fc_rmsnorm`, then the wide geometry's for 1, 2 and 4 vectors a
 /// thread (aligned buffers, no FP8 rows) and for every other call.
-const ENTRIES: [&std::ffi::CStr; 5] = [
-    c"fc_rmsnorm",
-    c"fc_rmsnorm_wide1",
-    c"fc_rmsnorm_wide2",
-    c"fc_rmsnorm_wide4",
-    c"fc_rmsnorm_wide",
+const ENTRIES: [&str; 5] = [
+    "fc_rmsnorm",
+    "fc_rmsnorm_wide1",
+    "fc_rmsnorm_wide2",
+    "fc_rmsnorm_wide4",
+    "fc_rmsnorm_wide",
 ];
 
 /// Threads per row for rows of `shape` whose threads hold `v` vectors each: the row's 16-byte
@@ -179,18 +177,15 @@ impl NormArgs {
 
 /// The norm's entry points ([`ENTRIES`]) of `dtype` in the current context and the device's SM
 /// count, loaded once per context and dtype.
-fn functions(cfg: &Config, dtype: DataType) -> Result<([sys::CUfunction; 5], u32)> {
-    /// (context, dtype) -> (the functions' handles, the SM count).
-    type Loaded = HashMap<(usize, DataType), ([usize; 5], u32)>;
+fn functions(cfg: &Config, dtype: DataType) -> Result<([Function; 5], u32)> {
+    /// (context, dtype) -> (the functions, the SM count).
+    type Loaded = HashMap<(usize, DataType), ([Function; 5], u32)>;
     static FUNCS: Mutex<Option<Loaded>> = Mutex::new(None);
-    let mut ctx: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: out-parameter.
-    cu(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
-    let key = (ctx as usize, dtype);
+    let key = (result::ctx_get_current()?, dtype);
     let mut g = FUNCS.lock().unwrap_or_else(|e| e.into_inner());
     let map = g.get_or_insert_with(HashMap::new);
-    if let Some(&(fs, sms)) = map.get(&key) {
-        return Ok((fs.map(|f| f as sys::CUfunction), sms));
+    if let Some(&loaded) = map.get(&key) {
+        return Ok(loaded);
     }
     // The caller made the backend's context current.
     let module = kernels::load_on_current_device(
@@ -199,74 +194,22 @@ fn functions(cfg: &Config, dtype: DataType) -> Result<([sys::CUfunction; 5], u32
         cfg,
         "loading the rmsnorm kernel",
     )?;
-    let mut fs: [sys::CUfunction; 5] = [std::ptr::null_mut(); 5];
-    for (f, name) in fs.iter_mut().zip(ENTRIES) {
-        cu(
-            // SAFETY: live module, NUL-terminated name.
-            unsafe { sys::cuModuleGetFunction(f, module, name.as_ptr()) },
-            &name.to_string_lossy(),
-        )?;
-    }
-    let sms = kernels::current_device_attribute(
-        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    let fs = entry_points(|name| module.function(name))?;
+    // Kept loaded: its functions are cached for the context.
+    module.keep_loaded();
+    let sms = driver::current_device_attribute(
+        DeviceAttribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     )?
     .max(1) as u32;
-    map.insert(key, (fs.map(|f| f as usize), sms));
+    map.insert(key, (fs, sms));
     Ok((fs, sms))
-}
-
-/// Checks that every buffer of a call is memory of `device`, holding its size.
-fn check_call_views(
-    device: u32,
-    x: &Input<'_>,
-    out: &ViewMut<'_>,
-    residual: &Input<'_>,
-    residual_out: &ViewMut<'_>,
-    weight: &View<'_>,
-    fp8: &Option<Fp8Rows<'_>>,
-) -> Result<()> {
-    let view = |what, p: u64, d: Device, b: usize| (what, p, d, b);
-    let mut views = vec![
-        view("out", out.ptr() as u64, out.device(), out.bytes_len()),
-        view(
-            "residual_out",
-            residual_out.ptr() as u64,
-            residual_out.device(),
-            residual_out.bytes_len(),
-        ),
-        view(
-            "weight",
-            weight.ptr() as u64,
-            weight.device(),
-            weight.bytes_len(),
-        ),
-    ];
-    for (what, i) in [("x", x), ("residual", residual)] {
-        if let Input::Buf(v) = i {
-            views.push(view(what, v.ptr() as u64, v.device(), v.bytes_len()));
-        }
-    }
-    if let Some(q) = fp8 {
-        views.push(view(
-            "fp8 codes",
-            q.codes.ptr() as u64,
-            q.codes.device(),
-            q.codes.bytes_len(),
-        ));
-        views.push(match &q.scale {
-            Fp8Scale::PerRow(s) => view("fp8 scales", s.ptr() as u64, s.device(), s.bytes_len()),
-            Fp8Scale::Given(s) => view("fp8 scale", s.ptr() as u64, s.device(), s.bytes_len()),
-        });
-    }
-    check_views(NAME, device, &views)?;
-    Ok(())
 }
 
 /// The norm's entry points (of the rows' dtype in the current context, in [`ENTRIES`] order:
 /// `fc_rmsnorm`, the wide ones), whether launches use PDL, and the device's SM count.
 #[derive(Clone, Copy)]
 pub(crate) struct NormKernel {
-    pub(crate) f: [sys::CUfunction; 5],
+    pub(crate) f: [Function; 5],
     pub(crate) pdl: bool,
     pub(crate) sm_count: u32,
 }
@@ -275,16 +218,22 @@ impl NormKernel {
     /// The kernel from `func`, which looks an entry point up by name in the rmsnorm unit of the
     /// call's dtype.
     pub(crate) fn from_unit(
-        mut func: impl FnMut(&str) -> Result<sys::CUfunction>,
+        func: impl FnMut(&str) -> Result<Function>,
         pdl: bool,
         sm_count: u32,
     ) -> Result<NormKernel> {
-        let mut f: [sys::CUfunction; 5] = [std::ptr::null_mut(); 5];
-        for (f, name) in f.iter_mut().zip(ENTRIES) {
-            *f = func(name.to_str().expect("ASCII names"))?;
-        }
-        Ok(NormKernel { f, pdl, sm_count })
+        Ok(NormKernel {
+            f: entry_points(func)?,
+            pdl,
+            sm_count,
+        })
     }
+}
+
+/// Every entry point of [`ENTRIES`], in its order, looked up by `func`.
+fn entry_points(mut func: impl FnMut(&str) -> Result<Function>) -> Result<[Function; 5]> {
+    let [a, b, c, d, e] = ENTRIES;
+    Ok([func(a)?, func(b)?, func(c)?, func(d)?, func(e)?])
 }
 
 /// Which entry point ([`ENTRIES`] index) runs a launch of `g` on the buffers of `args`:
@@ -333,22 +282,20 @@ fn launch_norm(
     let mut params = [(&mut args as *mut NormArgs).cast::<c_void>()];
     // SAFETY: `f` is an entry point of the rmsnorm unit of this dtype in the current context,
     // taking one NormArgs by value (layout checked against the source in the tests); every
-    // pointer in it is memory of this device (the callers checked it) holding the sizes the
-    // call's check verified; the block is a whole number of rows of `tpr` threads (slots); a
-    // wide entry gets its geometry (one chunk of `v` vectors a thread, a grid that holds every
-    // row: at most MAX_NORM_BLOCKS rows) and, for those of a vector count, 16-byte aligned
-    // buffers and no FP8 rows (`entry`); every entry starts with griddepcontrol.wait, and `pdl`
-    // comes from the device.
-    let r = unsafe { super::launch::launch(f, blocks as u32, threads, stream, &mut params, pdl) };
-    cu_lazy(r, || {
-        format!(
-            "launching {} ({} rows of {} {})",
-            ENTRIES[e].to_string_lossy(),
-            shape.rows,
-            shape.hidden,
-            shape.dtype
-        )
-    })
+    // pointer in it is memory of this device (check_buffers) holding the sizes the call's check
+    // verified; the block is a whole number of rows of `tpr` threads (slots); a wide entry gets
+    // its geometry (one chunk of `v` vectors a thread, a grid that holds every row: at most
+    // MAX_NORM_BLOCKS rows) and, for those of a vector count, 16-byte aligned buffers and no FP8
+    // rows (`entry`); every entry starts with griddepcontrol.wait, and `pdl` comes from the
+    // device.
+    unsafe {
+        launch(f, blocks as u32, threads, stream, &mut params, pdl, || {
+            format!(
+                "launching {} ({} rows of {} {})",
+                ENTRIES[e], shape.rows, shape.hidden, shape.dtype
+            )
+        })
+    }
 }
 
 /// The norm's entry points of the call's dtype: `loaded` where the backend loaded its modules
@@ -361,7 +308,7 @@ fn norm_function(cfg: &Config, dtype: DataType, loaded: Option<NormKernel>) -> R
             let (f, sm_count) = functions(cfg, dtype)?;
             Ok(NormKernel {
                 f,
-                pdl: super::launch::pdl_for_current_device(cfg)?,
+                pdl: driver::pdl_for_current_device(cfg)?,
                 sm_count,
             })
         }
@@ -375,13 +322,11 @@ fn wide_max_rows(cfg: &Config) -> usize {
         .unwrap_or(WIDE_MAX_ROWS)
 }
 
-/// Runs `call` in two launches on a backend serving `device`: every buffer checked to be
-/// memory of that device, the sum into `out` by `all_reduce` (the backend's own, with `opts`),
-/// then the norm on `opts.stream`. The backend's context must be current. `loaded`: see
-/// [`norm_function`].
+/// Runs `call` (its buffers checked, [`check_buffers`]) in two launches on a backend: the sum
+/// into `out` by `all_reduce` (the backend's own, with `opts`), then the norm on `opts.stream`.
+/// The backend's context must be current. `loaded`: see [`norm_function`].
 pub(crate) fn run(
     cfg: &Config,
-    device: u32,
     call: AllReduceRmsNorm<'_>,
     shape: Shape,
     opts: &CallOpts,
@@ -397,9 +342,8 @@ pub(crate) fn run(
         eps,
         fp8,
     } = call;
-    check_call_views(device, &x, &out, &residual, &residual_out, &weight, &fp8)?;
     let kernel = norm_function(cfg, shape.dtype, loaded)?;
-    let residual_ptr = in_ptr(&residual, &residual_out);
+    let residual_ptr = residual.address(&residual_out);
     let args = NormArgs::new(
         out.ptr() as u64,
         residual_ptr,
@@ -421,10 +365,9 @@ pub(crate) fn run(
 
 /// Runs `call` of a communicator of one rank ([`NormForm::Local`]): its x is the sum, so one
 /// launch of `fc_rmsnorm` reads it where it is, on `opts.stream`. The backend's context must be
-/// current. `loaded`: see [`norm_function`].
+/// current and the buffers checked ([`check_buffers`]). `loaded`: see [`norm_function`].
 pub(crate) fn run_local(
     cfg: &Config,
-    device: u32,
     call: AllReduceRmsNorm<'_>,
     shape: Shape,
     opts: &CallOpts,
@@ -439,14 +382,13 @@ pub(crate) fn run_local(
         eps,
         fp8,
     } = call;
-    check_call_views(device, &x, &out, &residual, &residual_out, &weight, &fp8)?;
     let kernel = norm_function(cfg, shape.dtype, loaded)?;
     if shape.rows == 0 {
         return Ok(());
     }
     let args = NormArgs::new(
-        in_ptr(&x, &out),
-        in_ptr(&residual, &residual_out),
+        x.address(&out),
+        residual.address(&residual_out),
         &weight,
         &out,
         &residual_out,
@@ -460,7 +402,7 @@ pub(crate) fn run_local(
 
 /// Grid and block of a one-launch call: rows of [`threads_per_row`]'s threads (one-shot: every
 /// row; two-shot: the rows of a stripe) spread over at most one block per SM and
-/// [`MAX_BLOCKS`](super::dda::MAX_BLOCKS) (the flag slots), so every block is co-resident with
+/// [`MAX_BLOCKS`](super::MAX_BLOCKS) (the flag slots), so every block is co-resident with
 /// its peers' (they wait for each other). Every rank computes the same from the shape and the
 /// SM count: (blocks, threads, threads per row).
 fn fused_grid(form: NormForm, shape: Shape, world: usize, sm_count: u32) -> (u32, u32, u32) {
@@ -469,7 +411,7 @@ fn fused_grid(form: NormForm, shape: Shape, world: usize, sm_count: u32) -> (u32
         _ => shape.rows,
     };
     let tpr = threads_per_row(&shape, NORM_V_STAGED);
-    let max_blocks = (sm_count as usize).clamp(1, super::dda::MAX_BLOCKS);
+    let max_blocks = (sm_count as usize).clamp(1, super::MAX_BLOCKS);
     let (slots, threads) = slots(rows, tpr, max_blocks);
     (
         rows.div_ceil(slots).clamp(1, max_blocks) as u32,
@@ -514,19 +456,20 @@ fn fused_signature(
 /// Runs `call` in one launch of `fc_fused_flat` or `fc_fused_tree` (kernels/rmsnorm.cu) on the
 /// direct-access staging of `dda`, on `opts.stream`: `form` is [`NormForm::FusedFlat`] or
 /// [`NormForm::FusedTree`] as [`crate::plan::cuda_rmsnorm`] chose (the rows fit the staging).
-/// The backend's context must be current and the call ordered on the stream. With `codec` the
+/// The backend's context must be current, the buffers checked ([`check_buffers`], `aligned`
+/// from [`crate::backend::CallKind::aligned`]) and the call ordered on the stream. With `codec` the
 /// rows cross as its block-scaled records (the plan's low precision;
 /// [`crate::plan::rows_take_codec`] holds). `loopback` (measurement only, one-rank communicators, `FERROCOMM_RMSNORM_LOOPBACK`):
 /// the kernel runs as one of that many ranks whose every peer is this rank (see
-/// [`super::dda::Args::loopback`]).
+/// [`super::Args::loopback`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_fused(
-    dda: &super::dda::Dda,
-    device: u32,
+    dda: &super::Dda,
     form: NormForm,
     codec: Option<&Codec>,
     call: AllReduceRmsNorm<'_>,
     shape: Shape,
+    aligned: bool,
     opts: &CallOpts,
     loopback: Option<usize>,
 ) -> Result<()> {
@@ -548,23 +491,15 @@ pub(crate) fn run_fused(
         eps,
         fp8,
     } = call;
-    check_call_views(device, &x, &out, &residual, &residual_out, &weight, &fp8)?;
     dda.check_error(NAME)?;
-    let es = shape.dtype.size() as u64;
-    let x_ptr = in_ptr(&x, &out);
-    let residual_ptr = in_ptr(&residual, &residual_out);
-    let ptrs = [
-        x_ptr,
-        out.ptr() as u64,
-        residual_ptr,
-        residual_out.ptr() as u64,
-        weight.ptr() as u64,
-    ];
-    if ptrs.iter().any(|p| p % es != 0) {
+    if !aligned {
         return Err(Error::InvalidArgument(format!(
-            "{NAME}: pointers must be aligned to the element size ({es} bytes)"
+            "{NAME}: pointers must be aligned to the element size ({} bytes)",
+            shape.dtype.size()
         )));
     }
+    let x_ptr = x.address(&out);
+    let residual_ptr = residual.address(&residual_out);
     if shape.rows == 0 {
         return Ok(());
     }
@@ -621,11 +556,11 @@ pub(crate) fn run_fused(
     let mut a = dda.base_args(x_ptr, out.ptr() as u64, count as u64);
     a.sig = fused_signature(name, &shape, count, eps, Fp8Mode::of(&fp8), codec);
     if let Some(w) = loopback {
-        if dda.world != 1 || w == 0 || w > super::dda::MAX_RANKS {
+        if dda.world != 1 || w == 0 || w > super::MAX_RANKS {
             return Err(Error::InvalidArgument(format!(
                 "{NAME}: the loopback measurement runs on a communicator of one rank, as 1 to {} \
                  ranks (asked: {w} on a communicator of {})",
-                super::dda::MAX_RANKS,
+                super::MAX_RANKS,
                 dda.world
             )));
         }
@@ -634,22 +569,31 @@ pub(crate) fn run_fused(
     }
     let f = dda.func(shape.dtype, name)?;
     let mut params: [*mut c_void; 2] = [
-        (&mut a as *mut super::dda::Args).cast(),
+        (&mut a as *mut super::Args).cast(),
         (&mut n as *mut NormArgs).cast(),
     ];
     // SAFETY: `f` is fc_fused_flat / fc_fused_tree of this dtype in the current context,
     // taking one Args and one NormArgs by value (layouts checked against the source in the
-    // tests); every pointer in them is memory of this device (checked above) holding the sizes
+    // tests); every pointer in them is memory of this device (check_buffers) holding the sizes
     // the call's check verified, the staging holds the rows (the planner's condition); the
     // block is a whole number of rows of `tpr` threads (fused_grid); the kernel starts with
     // griddepcontrol.wait, and `dda.pdl` comes from the device.
-    let r = unsafe { super::launch::launch(f, blocks, threads, opts.stream, &mut params, dda.pdl) };
-    cu_lazy(r, || {
-        format!(
-            "launching {name} ({} rows of {} {})",
-            shape.rows, shape.hidden, shape.dtype
+    unsafe {
+        launch(
+            f,
+            blocks,
+            threads,
+            opts.stream,
+            &mut params,
+            dda.pdl,
+            || {
+                format!(
+                    "launching {name} ({} rows of {} {})",
+                    shape.rows, shape.hidden, shape.dtype
+                )
+            },
         )
-    })
+    }
 }
 
 /// The residual add and norm alone, on `stream`: `call.out` already holds the all-reduced rows
@@ -668,9 +612,14 @@ pub fn residual_rmsnorm(
         )));
     }
     let shape = call.check()?;
+    // Its buffers checked as a backend checks a call's.
+    let kind = CallKind::AllReduceRmsNorm(call);
+    check_buffers(&kind, Device::Cuda(device))?;
+    let CallKind::AllReduceRmsNorm(call) = kind else {
+        unreachable!("built above")
+    };
     run(
         cfg,
-        device,
         call,
         shape,
         &CallOpts::on_stream(stream),
@@ -688,7 +637,7 @@ mod tests {
     fn args_have_the_kernel_layout() {
         assert_eq!(
             std::mem::size_of::<NormArgs>(),
-            kernels::c_struct_size(kernels::RMSNORM_SOURCE, "NormArgs")
+            super::super::c_struct_size(kernels::RMSNORM_SOURCE, "NormArgs")
         );
     }
 
@@ -820,7 +769,7 @@ mod tests {
 
     #[test]
     fn the_entry_point_follows_the_geometry_the_alignment_and_fp8() {
-        let names = |g, a: &NormArgs| ENTRIES[entry(g, a)].to_str().unwrap();
+        let names = |g, a: &NormArgs| ENTRIES[entry(g, a)];
         let wide = |v| Geometry {
             v,
             tpr: 512,
@@ -856,10 +805,7 @@ mod tests {
     #[test]
     fn every_entry_point_is_in_the_unit() {
         for e in ENTRIES {
-            assert!(
-                kernels::RMSNORM_ENTRIES.contains(&e.to_str().unwrap()),
-                "{e:?}"
-            );
+            assert!(kernels::RMSNORM_ENTRIES.contains(&e), "{e:?}");
         }
     }
 
