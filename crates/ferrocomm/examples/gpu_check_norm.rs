@@ -6,8 +6,9 @@
 //! ```
 //!
 //! - every dtype (f32, f16, bf16), the model hidden sizes 8 / 4096 / 5120 / 8192 / 16384 and
-//!   odd row counts (few, where the norm runs its wide kernels, and more than
-//!   `FERROCOMM_RMSNORM_WIDE_MAX_ROWS`), in and out of place, buffers off 16 bytes (one element),
+//!   odd row counts (few, where the norm runs its wide kernels, more than
+//!   `FERROCOMM_RMSNORM_WIDE_MAX_ROWS`, and enough that the one-launch kernels stage four rows
+//!   at a time), in and out of place, buffers off 16 bytes (one element),
 //!   FP8 rows off, with a scale per row or with one given scale (saturating), each all-reduce
 //!   algorithm (push, flat, tree, auto), full precision and E4M3 / INT8 on the wire (one
 //!   launch: the rows cross as block-scaled records); inputs regenerated from seeds on every
@@ -407,9 +408,12 @@ fn cases(quick: bool) -> Vec<Case> {
     let mut v = Vec::new();
     let mut seed = 1;
     // Up to FERROCOMM_RMSNORM_WIDE_MAX_ROWS (1024) rows the norm runs the wide kernels, above
-    // it fc_rmsnorm (1031 rows).
+    // it fc_rmsnorm (1031 rows). The one-launch kernels stage a row at a time where a block's
+    // row slot stages fewer than four rows, four at a time from four (27,000 rows of 64: 2,112
+    // rows a step on 132 SMs, so the one-shot's slots stage 13 rows, the two-shot's 7 at two
+    // ranks and 5 at three: whole groups of four and a partial one).
     let shapes: &[(usize, usize)] = if quick {
-        &[(8, 1), (4096, 3), (40, 7), (64, 1031)]
+        &[(8, 1), (4096, 3), (40, 7), (64, 1031), (64, 27000)]
     } else {
         &[
             (8, 1),
@@ -420,14 +424,23 @@ fn cases(quick: bool) -> Vec<Case> {
             (40, 7),
             (4096, 129),
             (64, 1031),
+            (64, 27000),
         ]
     };
     // Low precision on the wire: whole blocks of 128 per row take one launch (auto, flat,
-    // tree), other rows (40) and push the two launches; E4M3 and INT8.
+    // tree), other rows (40) and push the two launches; E4M3 and INT8. 9,000 rows of 128: the
+    // one-shot's slots read five rows each, last staged first.
     let lp_shapes: &[(usize, usize)] = if quick {
-        &[(4096, 3), (40, 7)]
+        &[(4096, 3), (40, 7), (128, 9000)]
     } else {
-        &[(4096, 3), (8192, 5), (5120, 1), (40, 7), (4096, 129)]
+        &[
+            (4096, 3),
+            (8192, 5),
+            (5120, 1),
+            (40, 7),
+            (4096, 129),
+            (128, 9000),
+        ]
     };
     for d in [DataType::BF16, DataType::F32] {
         for &(hidden, rows) in lp_shapes {
