@@ -18,10 +18,11 @@
 // everywhere.
 //
 // Geometry (NormArgs.tpr and, for fc_rmsnorm, NormArgs.v, chosen by the host from the shape,
-// cuda/fused_norm.rs): a row is handled by `tpr` threads (whole warps, at most the block),
+// cuda/dda/fused_norm.rs): a row is handled by `tpr` threads (whole warps, at most the block),
 // blockDim / tpr rows at a time per block. Thread t of a row holds the row's 16-byte vectors
-// t, t + tpr, ..., V of them per chunk (fc_rmsnorm: 1, 2 or 4, the host's choice; the fused forms
-// NORM_V_STAGED, their sums coming from every rank's staging); a row of at most V * tpr vectors
+// t, t + tpr, ..., V of them per chunk (fc_rmsnorm: NormArgs.v, 1, 2 or 4, which the host sets
+// to 4; the wide entry points below: 1, 2 or 4; the fused forms NORM_V_STAGED, their sums
+// coming from every rank's staging); a row of at most V * tpr vectors
 // is one chunk and stays in registers from its loads to its last store: one read of each input
 // and one write of each output. A longer
 // row takes chunks and reads its own residual_out (and out, for per-row FP8 scales) back.
@@ -43,7 +44,7 @@ struct NormArgs {
     u32 tpr;           // threads per row: a multiple of 32 dividing blockDim.x
     u32 fp8_given;     // 1: codes = e4m3(y / scales[0]), one scale given for the tensor
     u32 loopback;      // the fused forms, measurement only: every peer's staging is this rank's
-                       // own (Args.staging), no barrier, no hello (cuda/fused_norm.rs)
+                       // own (Args.staging), no barrier, no hello (cuda/dda/fused_norm.rs)
     u32 lp_block;      // the fused forms: 0 full precision; else B of the block-scaled records
                        // the rows cross in (hidden a multiple of B, B / VEC_ELEMS <= 32)
     u32 lp_format;     // LP_E4M3 / LP_E5M2 / LP_INT8
@@ -592,7 +593,7 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_rmsnorm(NormArgs n
 // for them: four vectors a thread (32 squares summed one after another), integer divisions and
 // a chunk loop around every row, and the register budget and stack of every path it carries
 // (one 512-thread block an SM). The wide geometry (NormArgs.v, the fewest vectors a thread that
-// hold the row in 512 threads, and tpr, cuda/fused_norm.rs, for calls of up to
+// hold the row in 512 threads, and tpr, cuda/dda/fused_norm.rs, for calls of up to
 // FERROCOMM_RMSNORM_WIDE_MAX_ROWS rows) spreads the row over as many threads as hold it; these entry points run it with nothing
 // else on the way: one chunk (the row in registers from its loads to its last store), no
 // division where a block is one row, the weight's and the row's loads issued together, the
@@ -699,7 +700,7 @@ __device__ __forceinline__ void norm_wide(const NormArgs& n, float* red_f, u32* 
 }
 
 // An entry point per vector count for the common call (every pointer aligned, no FP8 rows: the
-// host's choice, cuda/fused_norm.rs), whose launch bounds (512 threads, and the blocks an SM
+// host's choice, cuda/dda/fused_norm.rs), whose launch bounds (512 threads, and the blocks an SM
 // that the registers of V vectors a thread allow) apply to that path alone; fc_rmsnorm_wide
 // runs every other call of the wide geometry (FP8 rows, unaligned buffers) with the same order,
 // two blocks an SM: 64 registers hold its one- and two-vector paths (sm_90), where the
