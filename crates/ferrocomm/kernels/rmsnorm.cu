@@ -763,8 +763,7 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS, 2) fc_rmsnorm_wide(No
 // codes as the owner's). The staging parity alternates by call epoch, and every call waits for
 // every peer, so a peer still reading this call's rows never sees them overwritten (rule 3).
 
-// Stages the calling slot's row `row` of x (when live) into this rank's staging at `stage`:
-// the staging of a slot of fewer than NORM_STAGE_ROWS rows (fused_stage_rows below).
+// Stages the calling slot's row `row` of x (when live) into this rank's staging at `stage`.
 template <int V>
 __device__ __forceinline__ void fused_stage_row(const NormArgs& n, u8* stage, u64 row, bool live,
                                                 bool aligned) {
@@ -782,62 +781,6 @@ __device__ __forceinline__ void fused_stage_row(const NormArgs& n, u8* stage, u6
         for (int k = 0; k < V; k++) {
             const u64 v = v0 + (u64)k * tpr;
             if (v < nv) *(uint4*)(stage + (base + v * VEC_ELEMS) * sizeof(T)) = x[k].u;
-        }
-    }
-}
-
-// Stages `count` rows of the calling slot's x into this rank's staging at `stage` (row_of(j, r)
-// sets r to the j-th, and says whether it is one of the call's rows), NORM_STAGE_ROWS rows at a
-// time with every load issued before their stores: a store to the staging may alias the next
-// row's loads, so a row at a time would keep only its own few loads (two vectors a thread for
-// bf16 4096) in flight, and the staging pass would wait on memory latency, not bandwidth. A
-// slot of fewer rows (a call of few rows: a row or two a slot) stages them a row at a time
-// (fused_stage_row): there the group of four is mostly empty and its extra work buys no
-// bandwidth (the two-rank kernels of up to 256 rows took 0.5 to 1.4 us longer with it on one
-// H200, bench/results/2026-12-03-h200-norm-wide-ab). Either way each element is copied as is,
-// so the staging, and every result, is the same.
-#define NORM_STAGE_ROWS 4
-template <typename RowOf>
-__device__ __forceinline__ void fused_stage_rows(const NormArgs& n, u8* stage, u64 count,
-                                                 bool aligned, RowOf row_of) {
-    if (count < NORM_STAGE_ROWS) {
-        for (u64 j = 0; j < count; j++) {
-            u64 row = 0;
-            const bool live = row_of(j, row);
-            fused_stage_row<NORM_V>(n, stage, row, live, aligned);
-        }
-        return;
-    }
-    constexpr int U = NORM_STAGE_ROWS, V = NORM_V_STAGED;
-    const u32 tpr = n.tpr, lt = threadIdx.x % tpr;
-    const u64 nv = n.hidden / VEC_ELEMS;
-    for (u64 j0 = 0; j0 < count; j0 += U) {
-        u64 base[U];
-        bool live[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            u64 row = 0;
-            live[u] = j0 + u < count && row_of(j0 + u, row);
-            base[u] = row * n.hidden;
-        }
-        for (u64 v0 = lt; v0 < nv; v0 += (u64)V * tpr) {
-            Vec x[U][V];
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int k = 0; k < V; k++) {
-                    const u64 v = v0 + (u64)k * tpr;
-                    if (live[u] && v < nv)
-                        fused_ld((const T*)n.sum, base[u] + v * VEC_ELEMS, aligned, x[u][k]);
-                }
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int k = 0; k < V; k++) {
-                    const u64 v = v0 + (u64)k * tpr;
-                    if (live[u] && v < nv)
-                        *(uint4*)(stage + (base[u] + v * VEC_ELEMS) * sizeof(T)) = x[u][k].u;
-                }
         }
     }
 }
@@ -904,30 +847,18 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_flat(Args a,
     Vec wv[NORM_V_STAGED];
     const bool pre = norm_one_chunk<NORM_V_STAGED>(n);
     if (pre) norm_load_weight<NORM_V_STAGED>(n, aligned, wv);
-    if (n.lp_block) {
-        for (u64 s = 0; s < steps; s++) {
-            const u64 row = norm_slot_row(n, s);
+    for (u64 s = 0; s < steps; s++) {
+        const u64 row = norm_slot_row(n, s);
+        if (n.lp_block)
             lp_stage_row<NORM_V_STAGED>(n, own, row, row < n.rows, aligned);
-        }
-    } else {
-        fused_stage_rows(n, own, steps, aligned, [&](u64 s, u64& row) {
-            row = norm_slot_row(n, s);
-            return row < n.rows;
-        });
+        else
+            fused_stage_row<NORM_V>(n, own, row, row < n.rows, aligned);
     }
     const bool met = n.loopback ? (__syncthreads(), true) : block_barrier(a, 0, e, t0);
     if (!n.loopback) hello_send(a, a.sig, e, 0);  // after the barrier, met or not, as in flat
     if (met) {
         const Publish none{nullptr, 0};
-        // Where a slot stages NORM_STAGE_ROWS rows or more, the rows in the reverse order of
-        // their staging: this block's last staged rows are read back first, while the L2
-        // still holds them (x and the staging of a large call pass through it, and the oldest
-        // lines leave first), and every peer reads this rank's staging in the same order.
-        // Fewer rows (all in the L2 either way) go in staging order. The order of the rows
-        // changes none of them.
-        const bool reverse = steps >= NORM_STAGE_ROWS;
-        for (u64 j = 0; j < steps; j++) {
-            const u64 s = reverse ? steps - 1 - j : j;
+        for (u64 s = 0; s < steps; s++) {
             const u64 row = norm_slot_row(n, s);
             if (n.lp_block) {
                 const SumFromRecords<NORM_V_STAGED> src{&n, a.staging, a.world, par};
@@ -1015,11 +946,11 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_tree(Args a,
     if (pre) norm_load_weight<NORM_V_STAGED>(n, aligned, wv);
     // Slot o of every stripe: the rows the peers' same block reduces.
     for (u32 k = 0; k < a.world; k++)
-        fused_stage_rows(n, own, steps, aligned, [&](u64 s, u64& row) {
+        for (u64 s = 0; s < steps; s++) {
             const u64 o = norm_slot_row(n, s);
-            row = k * srows + o;
-            return o < srows && row < n.rows;
-        });
+            fused_stage_row<NORM_V>(n, own, k * srows + o, o < srows && k * srows + o < n.rows,
+                                    aligned);
+        }
     bool ok = n.loopback ? (__syncthreads(), true) : block_barrier(a, 0, e, t0);
     if (!n.loopback) hello_send(a, a.sig, e, 0);  // after the barrier, met or not, as in tree
     const bool hello = ok && !n.loopback;
