@@ -146,6 +146,47 @@ pub(crate) fn exchanging() -> bool {
     EXCHANGING.get()
 }
 
+thread_local! {
+    /// The flight recorder's record id of the eager CUDA call this thread is running, for the
+    /// call's kernels to write once they run ([`CallMark`]); and whether a kernel took it.
+    static CALL_MARK: Cell<Option<u64>> = const { Cell::new(None) };
+    static MARKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The record id of the call this thread runs, where its kernels are to mark their start
+/// (docs/reliability.md, "How a dump knows a GPU call's state"); a backend that puts it in a
+/// kernel's arguments calls [`note_marked`].
+pub(crate) fn call_mark() -> Option<u64> {
+    CALL_MARK.get()
+}
+
+/// Called by a backend that launched a kernel carrying [`call_mark`]: the recorder then needs
+/// no completion point for the call.
+pub(crate) fn note_marked() {
+    MARKED.set(true);
+}
+
+/// A call's mark in force on this thread until the guard drops (the one before it back then).
+pub(crate) struct CallMark(Option<u64>);
+
+impl CallMark {
+    pub(crate) fn enter(record: Option<u64>) -> CallMark {
+        MARKED.set(false);
+        CallMark(CALL_MARK.replace(record))
+    }
+
+    /// Whether a kernel of the call took the mark ([`note_marked`]).
+    pub(crate) fn taken(&self) -> bool {
+        MARKED.get()
+    }
+}
+
+impl Drop for CallMark {
+    fn drop(&mut self) {
+        CALL_MARK.set(self.0);
+    }
+}
+
 /// A collective call's number in force on this thread until the guard drops.
 pub(crate) struct CallNo(u64);
 
@@ -1226,6 +1267,13 @@ pub trait Backend: Send + Sync {
     /// tell.
     fn passed(&self, point: &Completion) -> Option<bool> {
         let _ = point;
+        None
+    }
+    /// Whether a kernel of the call with flight-recorder record id `record` has begun on the
+    /// GPU (it wrote its mark, [`call_mark`]), asked from any thread: `None` when the backend
+    /// marks no call.
+    fn began(&self, record: u64) -> Option<bool> {
+        let _ = record;
         None
     }
     /// Gives up on the communicator ([`crate::Communicator::abort`]): peers waiting on this
