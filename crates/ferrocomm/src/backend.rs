@@ -166,13 +166,13 @@ pub(crate) fn note_marked() {
     MARKED.set(true);
 }
 
-/// A call's mark in force on this thread until the guard drops (the one before it back then).
-pub(crate) struct CallMark(Option<u64>);
+/// A call's mark in force on this thread until the guard drops (then the one before it, and
+/// whether that call's kernels took it, are back: a call made from inside another).
+pub(crate) struct CallMark(Option<u64>, bool);
 
 impl CallMark {
     pub(crate) fn enter(record: Option<u64>) -> CallMark {
-        MARKED.set(false);
-        CallMark(CALL_MARK.replace(record))
+        CallMark(CALL_MARK.replace(record), MARKED.replace(false))
     }
 
     /// Whether a kernel of the call took the mark ([`note_marked`]).
@@ -184,6 +184,7 @@ impl CallMark {
 impl Drop for CallMark {
     fn drop(&mut self) {
         CALL_MARK.set(self.0);
+        MARKED.set(self.1);
     }
 }
 
@@ -1404,4 +1405,30 @@ pub trait WindowBackend: Send + Sync {
     /// Where rank `rank`'s buffer is mapped in this process (this rank's: the buffer itself);
     /// `None` before [`WindowBackend::import`].
     fn remote(&self, rank: usize) -> Option<u64>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_made_inside_another_keeps_the_outer_calls_mark() {
+        let outer = CallMark::enter(Some(7));
+        assert_eq!(call_mark(), Some(7));
+        assert!(!outer.taken());
+        note_marked();
+        {
+            let inner = CallMark::enter(Some(8));
+            assert_eq!(call_mark(), Some(8));
+            assert!(!inner.taken(), "the inner call's kernels took nothing yet");
+            note_marked();
+            assert!(inner.taken());
+        }
+        assert_eq!(call_mark(), Some(7));
+        assert!(outer.taken(), "the outer call's own kernel took its mark");
+        drop(outer);
+        assert_eq!(call_mark(), None);
+        let unmarked = CallMark::enter(None);
+        assert!(!unmarked.taken());
+    }
 }
