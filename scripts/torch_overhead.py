@@ -3,7 +3,8 @@
 torch.distributed over NCCL, ferrocomm's direct API and the "ferrocomm" torch.distributed
 backend (sync, async, low-precision hints); and the direct API's sync call on two communicators
 of their own, one with its flight recorder on (the default), one with it off
-(FERROCOMM_FLIGHT_RECORDER=0): the difference of these two rows is the recorder's cost.
+(FERROCOMM_FLIGHT_RECORDER=0): the recorder's cost is the median difference of many short
+paired runs of these two (--pairs, --pair-calls).
 
     python3 scripts/torch_overhead.py OUTDIR [--calls 10000] [--bytes 1024] [--device cuda]
 
@@ -76,13 +77,20 @@ def main():
     ap.add_argument("--rounds", type=int, default=10,
                     help="rounds the calls are split into, every row in each; the median is shown")
     ap.add_argument("--bytes", type=int, default=1024)
+    ap.add_argument("--pairs", type=int, default=400,
+                    help="pairs of runs (recorder on, recorder off) the recorder's cost is the "
+                         "median difference of")
+    ap.add_argument("--pair-calls", type=int, default=500,
+                    help="calls in each run of a pair")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--profile", action="store_true",
                     help="cProfile the backend's dist.all_reduce (sync and async) into "
                          "OUTDIR/profile.txt")
     a = ap.parse_args()
-    if a.calls < 1 or a.rounds < 1 or a.bytes < 4 or a.bytes % 4:
-        sys.exit("--calls and --rounds must be >= 1 and --bytes a positive multiple of 4")
+    if a.calls < 1 or a.rounds < 1 or a.pairs < 2 or a.pair_calls < 1 or a.bytes < 4 \
+            or a.bytes % 4:
+        sys.exit("--calls, --rounds and --pair-calls must be >= 1, --pairs >= 2 and --bytes a "
+                 "positive multiple of 4")
     out = Path(a.outdir)
     out.mkdir(parents=True, exist_ok=True)
     cuda = a.device == "cuda"
@@ -146,12 +154,24 @@ def main():
     results = [{"call": name, "host_us": round(med, 2), "min_us": round(lo, 2),
                 "max_us": round(hi, 2)}
                for (name, _), (med, lo, hi) in zip(rows, stats)]
-    # The recorder's cost: in each round, the row with it on less the row with it off (the two
-    # ran back to back), the median over the rounds.
-    on = next(k for k, (n, _) in enumerate(rows) if "flight recorder on" in n)
-    diffs = [x - y for x, y in zip(seen[on], seen[on + 1])]
+    # The recorder's cost, measured apart with finer pairing than the table's rows: many short
+    # pairs of runs (--pair-calls calls with the recorder on, as many with it off, the order
+    # alternating from pair to pair, so that a drift of the machine hits both alike), and the
+    # median of the pairs' differences.
+    on_fn = next(fn for n, fn in rows if "flight recorder on" in n)
+    off_fn = next(fn for n, fn in rows if "flight recorder off" in n)
+    diffs = []
+    for k in range(a.pairs):
+        if k % 2:
+            t_off, t_on = timed(off_fn, a.pair_calls, cuda), timed(on_fn, a.pair_calls, cuda)
+        else:
+            t_on, t_off = timed(on_fn, a.pair_calls, cuda), timed(off_fn, a.pair_calls, cuda)
+        diffs.append(t_on - t_off)
+    q = statistics.quantiles(diffs, n=4)
     recorder = {"us_per_call": round(statistics.median(diffs), 3),
-                "min_us": round(min(diffs), 3), "max_us": round(max(diffs), 3)}
+                "min_us": round(min(diffs), 3), "max_us": round(max(diffs), 3),
+                "q1_us": round(q[0], 3), "q3_us": round(q[2], 3),
+                "pairs": a.pairs, "calls_per_run": a.pair_calls}
     bare = results[0]["host_us"]
     lines = [f"Host time per call, {a.bytes} B float32 on {dev}, world size 1: the median of "
              f"{a.rounds} rounds of {max(1, a.calls // a.rounds)} calls, rows interleaved "
@@ -161,8 +181,9 @@ def main():
         lines.append(f"| {r['call']} | {r['host_us']:.1f} | {r['host_us'] / bare:.2f} | "
                      f"{r['min_us']:.1f}-{r['max_us']:.1f} |")
     lines += ["", f"flight recorder: {recorder['us_per_call']:+.3f} µs per call (on - off, the "
-                  f"median of {a.rounds} rounds; rounds' range {recorder['min_us']:+.3f} to "
-                  f"{recorder['max_us']:+.3f})"]
+                  f"median of {a.pairs} pairs of {a.pair_calls}-call runs; quartiles "
+                  f"{recorder['q1_us']:+.3f} to {recorder['q3_us']:+.3f}, range "
+                  f"{recorder['min_us']:+.3f} to {recorder['max_us']:+.3f})"]
     table = "\n".join(lines)
     print(table)
     (out / "overhead.md").write_text(table + "\n")

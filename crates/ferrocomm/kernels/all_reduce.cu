@@ -67,6 +67,10 @@ struct Args {
     // sender's lines in one parity.
     u64 ll128_off;
     u64 ll128_row;
+    // The flight recorder's mark (docs/reliability.md): where the call's record id goes once
+    // the kernel runs (host-mapped; 0: an unrecorded or captured call), and the id.
+    u64 mark;
+    u64 mark_id;
 };
 
 // ---------------------------------------------------------------- memory-model helpers
@@ -128,6 +132,17 @@ __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+// pdl_wait(), then the call's mark for the flight recorder: its record id written to a
+// host-mapped word by one thread. Past the wait every earlier operation of the stream has
+// completed, so the word says "this call began and every call before it on this stream is
+// done" (the recorder resolves an eager call's state from it, without an event per call).
+// Only a call's first kernel needs it; every kernel of the call writes the same value.
+__device__ __forceinline__ void pdl_wait_mark(const Args& a) {
+    pdl_wait();
+    if (a.mark != 0 && blockIdx.x == 0 && threadIdx.x == 0)
+        asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(a.mark), "l"(a.mark_id) : "memory");
 }
 
 // Lets the next kernel on the stream (when launched with the attribute) be scheduled now, so its
@@ -1128,18 +1143,18 @@ extern "C" __global__ void fc_verify_write(Args a, u32 magic, u64 verify_off) {
 }
 
 // Lets the copy-engine all-reduce's copies start (the flat all-reduce over the copy engines).
-extern "C" __global__ void fc_ce_gate(Args a) { pdl_wait(); pdl_launch_dependents(); ce_gate(a); }
+extern "C" __global__ void fc_ce_gate(Args a) { pdl_wait_mark(a); pdl_launch_dependents(); ce_gate(a); }
 #endif
 
 // ---------------------------------------------------------------- entry points
 
 #define FC_ENTRY(NAME, OPV)                                                             \
-    extern "C" __global__ void __launch_bounds__(512) fc_push_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); if (a.world == 2) push<OPV, 2>(a); else push<OPV, 0>(a); } \
-    extern "C" __global__ void __launch_bounds__(512) fc_flat_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); flat<OPV>(a); } \
-    extern "C" __global__ void __launch_bounds__(512) fc_tree_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); tree<OPV>(a); } \
-    extern "C" __global__ void __launch_bounds__(512) fc_stream_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); stream<OPV>(a); } \
-    extern "C" __global__ void __launch_bounds__(512) fc_ce_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); ce<OPV>(a); } \
-    extern "C" __global__ void __launch_bounds__(512, 2) fc_ll128_##NAME(Args a) { pdl_wait(); pdl_launch_dependents(); if (a.world == 2) ll128<OPV, 2>(a); else ll128<OPV, 0>(a); }
+    extern "C" __global__ void __launch_bounds__(512) fc_push_##NAME(Args a) { pdl_wait_mark(a); pdl_launch_dependents(); if (a.world == 2) push<OPV, 2>(a); else push<OPV, 0>(a); } \
+    extern "C" __global__ void __launch_bounds__(512) fc_flat_##NAME(Args a) { pdl_wait_mark(a); pdl_launch_dependents(); flat<OPV>(a); } \
+    extern "C" __global__ void __launch_bounds__(512) fc_tree_##NAME(Args a) { pdl_wait_mark(a); pdl_launch_dependents(); tree<OPV>(a); } \
+    extern "C" __global__ void __launch_bounds__(512) fc_stream_##NAME(Args a) { pdl_wait_mark(a); pdl_launch_dependents(); stream<OPV>(a); } \
+    extern "C" __global__ void __launch_bounds__(512) fc_ce_##NAME(Args a) { pdl_wait_mark(a); pdl_launch_dependents(); ce<OPV>(a); } \
+    extern "C" __global__ void __launch_bounds__(512, 2) fc_ll128_##NAME(Args a) { pdl_wait_mark(a); pdl_launch_dependents(); if (a.world == 2) ll128<OPV, 2>(a); else ll128<OPV, 0>(a); }
 
 #ifdef FC_GROUP_ALL_REDUCE_SUM
 FC_ENTRY(sum, OP_SUM)

@@ -454,7 +454,7 @@ __device__ __forceinline__ bool ll_receive_parts(const Args& a, const CArgs& c, 
 // The entry of an LL kernel `name`: its two-rank build at two ranks, the other one elsewhere.
 #define LL_ENTRY(name)                                                                        \
     extern "C" __global__ void __launch_bounds__(512) fc_##name(Args a, CArgs c) {           \
-        pdl_wait();                                                                           \
+        pdl_wait_mark(a);                                                                           \
         pdl_launch_dependents();                                                              \
         if (a.world == 2) name<2>(a, c);                                                      \
         else name<0>(a, c);                                                                   \
@@ -507,7 +507,7 @@ LL_ENTRY(all_gather_ll)
 
 #ifdef FC_GROUP_ALL_GATHER
 extern "C" __global__ void __launch_bounds__(512) fc_all_gather_st(Args a, CArgs c) {
-    pdl_wait();
+    pdl_wait_mark(a);
     pdl_launch_dependents();
     __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
     u64 t0 = globaltimer();
@@ -555,7 +555,7 @@ LL_ENTRY(all_to_all_ll)
 
 #ifdef FC_GROUP_ALL_TO_ALL
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_st(Args a, CArgs c) {
-    pdl_wait();
+    pdl_wait_mark(a);
     pdl_launch_dependents();
     __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
     u64 t0 = globaltimer();
@@ -585,7 +585,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_st(Args a, CArgs
 // mismatch is reported by that receiver). Counts were checked against the slot size on the host.
 #ifdef FC_GROUP_ALL_TO_ALL
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_st(Args a, CArgs c) {
-    pdl_wait();
+    pdl_wait_mark(a);
     pdl_launch_dependents();
     __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
     u64 t0 = globaltimer();
@@ -648,7 +648,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_st(Args a, CAr
 
 #ifdef FC_GROUP_ALL_TO_ALL
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_pc(Args a, CArgs c) {
-    pdl_wait();
+    pdl_wait_mark(a);
     pdl_launch_dependents();
     __shared__ u32 got_w[FC_MAX_RANKS];
     __shared__ u64 got_total[FC_MAX_RANKS];
@@ -762,7 +762,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_pc(Args a, CAr
 // unit of part p before it writes that unit of part p.
 #ifdef FC_GROUP_ALL_TO_ALL
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_ll(Args a, CArgs c) {
-    pdl_wait();
+    pdl_wait_mark(a);
     pdl_launch_dependents();
     const u8* in = (const u8*)a.input;
     u8* out = (u8*)a.output;
@@ -831,7 +831,7 @@ __device__ __forceinline__ u64 dev_count(const CArgs& c, u64 base, u32 i) {
 // finds is reported on all of them without a round trip of its own.
 #ifdef FC_GROUP_ALL_TO_ALL
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_dyn(Args a, CArgs c) {
-    pdl_wait();
+    pdl_wait_mark(a);
     pdl_launch_dependents();
     __shared__ u64 told[FC_MAX_RANKS], sent[FC_MAX_RANKS], displ[FC_MAX_RANKS];
     __shared__ u64 got[FC_MAX_RANKS], take[FC_MAX_RANKS];
@@ -1004,7 +1004,7 @@ LL_ENTRY(broadcast_ll)
 
 #ifdef FC_GROUP_BROADCAST
 extern "C" __global__ void __launch_bounds__(512) fc_broadcast_st(Args a, CArgs c) {
-    pdl_wait();
+    pdl_wait_mark(a);
     pdl_launch_dependents();
     __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
     u64 t0 = globaltimer();
@@ -1158,7 +1158,7 @@ __device__ __forceinline__ void move_rw(const Args& a, const CArgs& c) {
 
 #ifdef FC_GROUP_ALL_GATHER
 extern "C" __global__ void __launch_bounds__(512) fc_all_gather_rw(Args a, CArgs c) {
-    pdl_wait();
+    pdl_wait_mark(a);
     pdl_launch_dependents();
     move_rw<false>(a, c);
 }
@@ -1166,7 +1166,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_gather_rw(Args a, CArgs
 
 #ifdef FC_GROUP_ALL_TO_ALL
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_rw(Args a, CArgs c) {
-    pdl_wait();
+    pdl_wait_mark(a);
     pdl_launch_dependents();
     move_rw<true>(a, c);
 }
@@ -1318,29 +1318,29 @@ __device__ __forceinline__ void reduce_ll(const Args& a, const CArgs& c) {
 
 #define FC_COLL_ENTRY(NAME, OPV)                                                               \
     extern "C" __global__ void __launch_bounds__(512) fc_reduce_scatter_ll_##NAME(Args a, CArgs c) { \
-        pdl_wait();                                                                            \
+        pdl_wait_mark(a);                                                                            \
         pdl_launch_dependents();                                                               \
         if (a.world == 2) reduce_scatter_ll<OPV, 2>(a, c);                                     \
         else reduce_scatter_ll<OPV, 0>(a, c);                                                  \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(512) fc_reduce_ll_##NAME(Args a, CArgs c) {   \
-        pdl_wait();                                                                            \
+        pdl_wait_mark(a);                                                                            \
         pdl_launch_dependents();                                                               \
         if (a.world == 2) reduce_ll<OPV, 2>(a, c);                                             \
         else reduce_ll<OPV, 0>(a, c);                                                          \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(512) fc_reduce_scatter_st_##NAME(Args a, CArgs c) { \
-        pdl_wait();                                                                            \
+        pdl_wait_mark(a);                                                                            \
         pdl_launch_dependents();                                                               \
         reduce_scatter_st<OPV>(a, c);                                                          \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(512) fc_reduce_st_##NAME(Args a, CArgs c) {   \
-        pdl_wait();                                                                            \
+        pdl_wait_mark(a);                                                                            \
         pdl_launch_dependents();                                                               \
         reduce_st<OPV>(a, c);                                                                  \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(512) fc_reduce_scatter_rw_##NAME(Args a, CArgs c) { \
-        pdl_wait();                                                                            \
+        pdl_wait_mark(a);                                                                            \
         pdl_launch_dependents();                                                               \
         reduce_scatter_rw<OPV>(a, c);                                                          \
     }

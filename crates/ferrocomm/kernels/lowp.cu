@@ -878,7 +878,7 @@ __device__ __forceinline__ void lp_decode_units(const Args& a, const Lp& l, cons
 // up to 128 go through the collectives' quantizer (groups in shared memory).
 #ifdef FC_GROUP_LOWP
 extern "C" __global__ void __launch_bounds__(512) fc_lp_encode(Args a, Lp l) {
-    pdl_wait();
+    pdl_wait_mark(a);
     pdl_launch_dependents();
     __shared__ __align__(16) u8 smem[LP_WARPS][LP_GROUP_BYTES_MAX];
     u32 lane = threadIdx.x & 31;
@@ -1018,7 +1018,7 @@ __device__ __forceinline__ void lp_move(const Args& a, const Lp& l) {
 // (run 2026-11-30-h200x2-lp-push, commit 02aaca0).
 #ifdef FC_GROUP_LOWP
 extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
-    pdl_wait();
+    pdl_wait_mark(a);
     pdl_launch_dependents();
     lp_move<false>(a, l);
 }
@@ -1026,7 +1026,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_lp_move(Args a, Lp l) {
 
 #ifdef FC_GROUP_LOWP
 extern "C" __global__ void __launch_bounds__(512, 2) fc_lp_move_wide(Args a, Lp l) {
-    pdl_wait();
+    pdl_wait_mark(a);
     pdl_launch_dependents();
     lp_move<true>(a, l);
 }
@@ -1041,7 +1041,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) fc_lp_move_wide(Args a, Lp 
 // all ranks consume the same quantized values (rule 5).
 #ifdef FC_GROUP_LOWP
 extern "C" __global__ void __launch_bounds__(512) fc_lp_tree(Args a, Lp l) {
-    pdl_wait();
+    pdl_wait_mark(a);
     pdl_launch_dependents();
     u64 t0 = globaltimer();
     u32 e = call_epoch(a);

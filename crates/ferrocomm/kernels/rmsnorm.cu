@@ -834,7 +834,7 @@ __device__ void fused_gather_row(const Args& a, const NormArgs& n, u64 par, u32 
 
 #ifdef FC_GROUP_RMSNORM
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_flat(Args a, NormArgs n) {
-    pdl_wait();
+    pdl_wait_mark(a);
     pdl_launch_dependents();
     __shared__ float red_f[NORM_WARPS];
     __shared__ u32 red_u[NORM_WARPS];
@@ -925,7 +925,7 @@ __device__ void fused_tree_lp(const Args& a, const NormArgs& n, u32 e, u64 t0, u
 
 #ifdef FC_GROUP_RMSNORM
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_tree(Args a, NormArgs n) {
-    pdl_wait();
+    pdl_wait_mark(a);
     pdl_launch_dependents();
     __shared__ float red_f[NORM_WARPS];
     __shared__ u32 red_u[NORM_WARPS];

@@ -146,6 +146,48 @@ pub(crate) fn exchanging() -> bool {
     EXCHANGING.get()
 }
 
+thread_local! {
+    /// The flight recorder's record id of the eager CUDA call this thread is running, for the
+    /// call's kernels to write once they run ([`CallMark`]); and whether a kernel took it.
+    static CALL_MARK: Cell<Option<u64>> = const { Cell::new(None) };
+    static MARKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The record id of the call this thread runs, where its kernels are to mark their start
+/// (docs/reliability.md, "How a dump knows a GPU call's state"); a backend that puts it in a
+/// kernel's arguments calls [`note_marked`].
+pub(crate) fn call_mark() -> Option<u64> {
+    CALL_MARK.get()
+}
+
+/// Called by a backend that launched a kernel carrying [`call_mark`]: the recorder then needs
+/// no completion point for the call.
+pub(crate) fn note_marked() {
+    MARKED.set(true);
+}
+
+/// A call's mark in force on this thread until the guard drops (then the one before it, and
+/// whether that call's kernels took it, are back: a call made from inside another).
+pub(crate) struct CallMark(Option<u64>, bool);
+
+impl CallMark {
+    pub(crate) fn enter(record: Option<u64>) -> CallMark {
+        CallMark(CALL_MARK.replace(record), MARKED.replace(false))
+    }
+
+    /// Whether a kernel of the call took the mark ([`note_marked`]).
+    pub(crate) fn taken(&self) -> bool {
+        MARKED.get()
+    }
+}
+
+impl Drop for CallMark {
+    fn drop(&mut self) {
+        CALL_MARK.set(self.0);
+        MARKED.set(self.1);
+    }
+}
+
 /// A collective call's number in force on this thread until the guard drops.
 pub(crate) struct CallNo(u64);
 
@@ -1228,6 +1270,13 @@ pub trait Backend: Send + Sync {
         let _ = point;
         None
     }
+    /// Whether a kernel of the call with flight-recorder record id `record` has begun on the
+    /// GPU (it wrote its mark, [`call_mark`]), asked from any thread: `None` when the backend
+    /// marks no call.
+    fn began(&self, record: u64) -> Option<bool> {
+        let _ = record;
+        None
+    }
     /// Gives up on the communicator ([`crate::Communicator::abort`]): peers waiting on this
     /// rank learn it where the backend can tell them (the host backend's failed flag), and an
     /// NCCL communicator is aborted (its kernels exit). Direct-access kernels that wait for this
@@ -1356,4 +1405,30 @@ pub trait WindowBackend: Send + Sync {
     /// Where rank `rank`'s buffer is mapped in this process (this rank's: the buffer itself);
     /// `None` before [`WindowBackend::import`].
     fn remote(&self, rank: usize) -> Option<u64>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_made_inside_another_keeps_the_outer_calls_mark() {
+        let outer = CallMark::enter(Some(7));
+        assert_eq!(call_mark(), Some(7));
+        assert!(!outer.taken());
+        note_marked();
+        {
+            let inner = CallMark::enter(Some(8));
+            assert_eq!(call_mark(), Some(8));
+            assert!(!inner.taken(), "the inner call's kernels took nothing yet");
+            note_marked();
+            assert!(inner.taken());
+        }
+        assert_eq!(call_mark(), Some(7));
+        assert!(outer.taken(), "the outer call's own kernel took its mark");
+        drop(outer);
+        assert_eq!(call_mark(), None);
+        let unmarked = CallMark::enter(None);
+        assert!(!unmarked.taken());
+    }
 }

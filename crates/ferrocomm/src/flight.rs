@@ -12,6 +12,7 @@
 //! (`ferrocomm_trace_rank_<global rank>`) in `FERROCOMM_TRACE_DIR` (default: a per-job
 //! directory under the temporary directory, mode 700).
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -58,16 +59,21 @@ pub enum CallState {
     TimedOut,
     /// Captured into a CUDA graph: recorded once, at capture; its replays are not calls.
     Captured,
+    /// Enqueued on a CUDA stream, and its kernel began on the GPU (every call before it on
+    /// the stream completed); nothing shows its end, since no later call of that stream
+    /// began: it may be running still, or done.
+    Began,
 }
 
 impl CallState {
-    const ALL: [CallState; 6] = [
+    const ALL: [CallState; 7] = [
         CallState::Scheduled,
         CallState::Started,
         CallState::Completed,
         CallState::Failed,
         CallState::TimedOut,
         CallState::Captured,
+        CallState::Began,
     ];
 
     /// The name in a dump (torch's `scheduled`, `started`, `completed`, and ours).
@@ -79,6 +85,7 @@ impl CallState {
             CallState::Failed => "failed",
             CallState::TimedOut => "timed out",
             CallState::Captured => "captured",
+            CallState::Began => "began",
         }
     }
 }
@@ -201,6 +208,37 @@ fn resolve(w: &mut [u64; WORDS], point: &Point, backend: Option<&dyn Backend>) {
     }
 }
 
+/// The states of eager CUDA calls from stream order (`rows` sorted by record id): a call
+/// whose kernel began ([`Backend::began`]: it ran past its grid dependency) or whose point
+/// passed shows that every call before it on the same stream completed; the latest such call
+/// of a stream that began but shows no end is [`CallState::Began`].
+fn by_stream_order(rows: &mut [[u64; WORDS]], began: impl Fn(u64) -> bool) {
+    let scheduled = CallState::Scheduled as u64;
+    let began: Vec<bool> = rows
+        .iter()
+        .map(|w| w[W_STATE] == scheduled && began(w[W_RECORD]))
+        .collect();
+    // The latest record of each stream known to have begun or completed.
+    let mut latest: HashMap<u64, u64> = HashMap::new();
+    for (w, &b) in rows.iter().zip(&began) {
+        if b || w[W_STATE] == CallState::Completed as u64 {
+            latest.insert(w[W_STREAM], w[W_RECORD]);
+        }
+    }
+    let now = now_ns();
+    for (w, b) in rows.iter_mut().zip(began) {
+        if w[W_STATE] != scheduled {
+            continue;
+        }
+        if latest.get(&w[W_STREAM]).is_some_and(|&l| l > w[W_RECORD]) {
+            w[W_STATE] = CallState::Completed as u64;
+            w[W_ENDED] = now;
+        } else if b {
+            w[W_STATE] = CallState::Began as u64;
+        }
+    }
+}
+
 /// Process-wide numbering: torch's record ids grow across every group of the process, and
 /// torchcomms' op ids across every communicator.
 static RECORD_ID: AtomicU64 = AtomicU64::new(0);
@@ -267,7 +305,7 @@ pub struct FlightRecorder {
 #[derive(Debug, Clone, Copy)]
 pub struct Token {
     slot: usize,
-    record: u64,
+    pub(crate) record: u64,
     /// The op id of the call (the hooks see the same).
     pub op_id: u64,
 }
@@ -499,6 +537,9 @@ impl FlightRecorder {
             })
             .collect();
         rows.sort_by_key(|w| w[W_RECORD]);
+        if let Some(b) = backend.as_deref() {
+            by_stream_order(&mut rows, |record| b.began(record) == Some(true));
+        }
         rows.iter()
             .filter(|w| !only_active || w[W_STATE] != CallState::Completed as u64)
             .map(|w| self.entry(w, backend.as_deref()))
@@ -610,7 +651,7 @@ impl FlightRecorder {
         // says how it ended.
         let torch_state = match state {
             CallState::Scheduled | CallState::Captured => "scheduled",
-            CallState::Started | CallState::TimedOut => "started",
+            CallState::Started | CallState::TimedOut | CallState::Began => "started",
             CallState::Completed | CallState::Failed => "completed",
         };
         e.insert("state".into(), json!(torch_state));
@@ -1013,6 +1054,53 @@ mod tests {
             rank: 1,
             ranks: vec![4, 5, 6],
         }
+    }
+
+    #[test]
+    fn stream_order_tells_which_eager_gpu_calls_completed() {
+        // Records 1-6: 1, 2, 4 and 6 on stream 10, 3 and 5 on stream 20; the kernels of 2, 3
+        // and 4 began (their marks), 1's mark was overwritten, 5 and 6 never began; 6 is
+        // captured.
+        let row = |record: u64, stream: u64, state: CallState| {
+            let mut w = [0u64; WORDS];
+            w[W_RECORD] = record;
+            w[W_STREAM] = stream;
+            w[W_STATE] = state as u64;
+            w
+        };
+        let mut rows = [
+            row(1, 10, CallState::Scheduled),
+            row(2, 10, CallState::Scheduled),
+            row(3, 20, CallState::Scheduled),
+            row(4, 10, CallState::Scheduled),
+            row(5, 20, CallState::Scheduled),
+            row(6, 10, CallState::Captured),
+            row(7, 30, CallState::Failed),
+        ];
+        by_stream_order(&mut rows, |r| matches!(r, 2..=4));
+        let states: Vec<&str> = rows
+            .iter()
+            .map(|w| CallState::ALL[w[W_STATE] as usize].name())
+            .collect();
+        assert_eq!(
+            states,
+            [
+                "completed",
+                "completed",
+                "began",
+                "began",
+                "scheduled",
+                "captured",
+                "failed"
+            ]
+        );
+        // A point that passed counts as much as a mark: 5's stream has 3 before it.
+        let mut rows = [
+            row(3, 20, CallState::Scheduled),
+            row(5, 20, CallState::Completed),
+        ];
+        by_stream_order(&mut rows, |_| false);
+        assert_eq!(rows[0][W_STATE], CallState::Completed as u64);
     }
 
     #[test]

@@ -247,7 +247,7 @@ fn report_group(out: &mut String, dumps: &[Dump], uid: &str, name: &str, members
         let enqueued = calls
             .values()
             .flat_map(|m| m.values())
-            .any(|e| state(e) == "scheduled");
+            .any(|e| matches!(state(e).as_str(), "scheduled" | "began"));
         let _ = writeln!(
             out,
             "  no divergence: every rank made calls #{first} to #{last}{}",
@@ -261,11 +261,12 @@ fn report_group(out: &mut String, dumps: &[Dump], uid: &str, name: &str, members
 }
 
 /// Whether a call in `state` is no sign of a hang by itself: it finished; or it was enqueued
-/// on a CUDA stream (`scheduled`: the host does not see its end) or captured into a CUDA graph
-/// (recorded once, at capture; its replays are not calls). A rank that stopped in a CUDA call
-/// shows as the ranks that never made the next one, or as a timeout or failure.
+/// on a CUDA stream (`scheduled`, or `began`: its kernel began, and no later call of its
+/// stream shows its end) or captured into a CUDA graph (recorded once, at capture; its
+/// replays are not calls). A rank that stopped in a CUDA call shows as the ranks that never
+/// made the next one, or as a timeout or failure.
 fn settled(state: &str) -> bool {
-    matches!(state, "completed" | "scheduled" | "captured")
+    matches!(state, "completed" | "scheduled" | "began" | "captured")
 }
 
 #[cfg(test)]
@@ -320,7 +321,12 @@ mod tests {
             (3, AR, "scheduled"),
         ];
         dump(&d, 0, &calls);
-        dump(&d, 1, &calls);
+        // Rank 1's kernels marked their start: #1 completed (#3 began after it), #3 began.
+        dump(
+            &d,
+            1,
+            &[(1, AR, "completed"), (2, AR, "captured"), (3, AR, "began")],
+        );
         let r = analyze(&d).unwrap();
         assert!(
             r.contains("no divergence: every rank made calls #1 to #3 (finished, or enqueued"),

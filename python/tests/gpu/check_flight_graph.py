@@ -8,8 +8,9 @@ replays are read by both analyzers without a hang or a mismatch reported.
 mod count``, NCCL not loaded.) Every rank makes call #1 eagerly, #2 on a side stream and #3 in
 the capture (``shared_check.captured``), replays the graph with fresh inputs (each replay's sum
 is kept on the device and checked at the end), makes call #4 eagerly, and dumps its recorder
-to OUT_DIR/trace (the eager calls found completed from their points, the captured one
-``captured``). Rank 0 then runs ``ferrocomm trace`` (the native analysis) and torch's
+to OUT_DIR/trace: call #1 ``completed`` (call #4 began after it on its stream), #2 and #4
+``began`` (their kernels' marks: each is the latest call of its stream, so nothing shows its
+end), the captured one ``captured``. Rank 0 then runs ``ferrocomm trace`` (the native analysis) and torch's
 ``fr_trace`` on the two dumps and prints both reports. Prints a summary; exits 1 on any failure.
 """
 
@@ -72,9 +73,9 @@ def main():
     states = [e["ferrocomm_state"] for e in mine]
     print(f"[rank {RANK}] recorded calls {seqs}, states {states}", flush=True)
     record("one entry per call, none per replay", seqs == [1, 2, 3, 4], f"{seqs}")
-    # The eager calls' points were passed (synchronized above): completed when dumped.
-    record("the captured call is recorded as captured, the eager ones found completed",
-           states == ["completed", "completed", "captured", "completed"], f"{states}")
+    # Every eager call's kernel marked its start; #1 has #4 after it on its stream.
+    record("the captured call is recorded as captured, the eager ones from their marks",
+           states == ["completed", "began", "captured", "began"], f"{states}")
     record("torch's state of the captured call", mine[2]["state"] == "scheduled"
            if len(mine) == 4 else False, f"{[e['state'] for e in mine]}")
     # Both dumps written before rank 0 reads them.

@@ -129,6 +129,15 @@ impl Communicator {
     ) -> Result<()> {
         let host = self.ctx.device == Device::Host;
         let token = self.flight.begin(&kind, opts, timeout, host, op_id);
+        // A recorded eager CUDA call's kernels mark their start for the recorder (no event
+        // per call, docs/reliability.md); a captured call is recorded once, as captured.
+        let captured = token.is_some() && !host && backend.capturing(opts.stream);
+        let mark = crate::backend::CallMark::enter(
+            token
+                .as_ref()
+                .filter(|_| !host && !captured)
+                .map(|t| t.record),
+        );
         let collective = !kind.name().is_p2p();
         // Collective calls are numbered; a call a peer refused fails here at once. (SeqCst
         // with the watcher's handler: one of the two sees the other.)
@@ -168,8 +177,10 @@ impl Communicator {
                 r
             }
         };
+        let marked = mark.taken();
+        drop(mark);
         if let Some(t) = token {
-            self.end_recorded(backend, t, &r, opts.stream);
+            self.end_recorded(backend, t, &r, opts.stream, captured, marked);
         }
         if let Err(e) = &r {
             self.after_error(e);
@@ -177,18 +188,21 @@ impl Communicator {
         r
     }
 
-    /// Records how a call returned; a CUDA call enqueued eagerly gets a point on its stream,
-    /// from which a dump tells whether it completed.
+    /// Records how a call returned; a CUDA call enqueued eagerly whose kernels did not take
+    /// its mark (`marked`: NCCL, copies alone) gets a point on its stream, from which a dump
+    /// tells whether it completed.
     fn end_recorded(
         &self,
         backend: &dyn Backend,
         t: crate::flight::Token,
         r: &Result<()>,
         stream: u64,
+        captured: bool,
+        marked: bool,
     ) {
         let host = self.ctx.device == Device::Host;
-        let captured = !host && r.is_ok() && backend.capturing(stream);
-        if !host && r.is_ok() && !captured {
+        let captured = captured && r.is_ok();
+        if !host && r.is_ok() && !captured && !marked {
             if let Ok(Some(point)) = backend.mark(stream) {
                 self.flight.attach(&t, point);
             }

@@ -493,6 +493,10 @@ impl Backend for CudaBackend {
         point.is_done().ok()
     }
 
+    fn began(&self, record: u64) -> Option<bool> {
+        self.dda.as_deref().map(|d| d.began(record))
+    }
+
     fn run(&self, call: Call<'_>) -> Result<()> {
         let opts = call.opts;
         if let CallKind::AllReduceRmsNorm(norm) = call.kind {

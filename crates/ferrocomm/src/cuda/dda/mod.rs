@@ -40,6 +40,21 @@ pub use lowp::quantize_on_device;
 /// when a peer died or gave up: every kernel's wait ends at its next look (`FC_ABORT_WORD`).
 const ABORT_WORD: usize = 16;
 
+/// The flight recorder's marks: u64 words after the first 4 KiB of the host-mapped error
+/// page, word `record mod MARK_WORDS` holding `record + 1` once a kernel of call `record` ran
+/// (`pdl_wait_mark` in all_reduce.cu). A word is overwritten by a call MARK_WORDS records
+/// later; a dump then no longer sees the older call's mark and tells its state from the calls
+/// after it on its stream instead.
+const MARK_WORDS: usize = 4096;
+const MARKS_OFF: usize = 4096;
+/// Bytes of the host-mapped page: the error record and abort word, then the marks.
+const HOST_PAGE_BYTES: usize = MARKS_OFF + MARK_WORDS * 8;
+
+/// The byte offset of the mark of record `record` in the host-mapped page.
+fn mark_offset(record: u64) -> usize {
+    MARKS_OFF + (record % MARK_WORDS as u64) as usize * 8
+}
+
 /// Bytes of a rank's set-up message before its bus id: the IPC message of its staging.
 use ipc::IPC_MSG_BYTES;
 /// Most ranks the kernels handle (`FC_MAX_RANKS` in all_reduce.cu).
@@ -246,6 +261,10 @@ pub(super) struct Args {
     ce_words_off: u64,
     ll128_off: u64,
     ll128_row: u64,
+    /// The flight recorder's mark: the host-mapped word the call's kernels write `mark_id`
+    /// to once they run (0: none), see [`Dda::began`].
+    mark: u64,
+    mark_id: u64,
 }
 
 impl Args {
@@ -290,6 +309,8 @@ impl Args {
             ce_words_off: 0,
             ll128_off: 0,
             ll128_row: 0,
+            mark: 0,
+            mark_id: 0,
         }
     }
 }
@@ -535,11 +556,12 @@ impl Dda {
         // state initialised before first use; the store exchange below orders it).
         // SAFETY: `own` holds `layout.total` bytes.
         unsafe { result::memset_d8(me.own, 0, layout.total) }?;
-        // 4 KiB of pinned, device-mapped host memory.
-        let error_host = result::mem_host_alloc_mapped(4096, "cuMemHostAlloc (error record)")?;
+        // Pinned, device-mapped host memory: the error record, the abort word, the marks.
+        let error_host =
+            result::mem_host_alloc_mapped(HOST_PAGE_BYTES, "cuMemHostAlloc (error record)")?;
         me.error_host = error_host.cast();
-        // SAFETY: the page was just allocated with 4096 bytes.
-        unsafe { std::ptr::write_bytes(error_host.cast::<u8>(), 0, 4096) };
+        // SAFETY: the page was just allocated with HOST_PAGE_BYTES bytes.
+        unsafe { std::ptr::write_bytes(error_host.cast::<u8>(), 0, HOST_PAGE_BYTES) };
         // SAFETY: `error_host` is a mapped pinned allocation.
         me.error_dev = unsafe { result::mem_host_get_device_pointer(error_host) }?;
         me.bases[rank] = me.own;
@@ -717,7 +739,16 @@ impl Dda {
             ce_words_off: CE_WORDS_OFF as u64,
             ll128_off: self.layout.ll128_off as u64,
             ll128_row: self.layout.ll128_row as u64,
+            mark: 0,
+            mark_id: 0,
         };
+        if let Some(record) = crate::backend::call_mark() {
+            // Word `record mod MARK_WORDS` of the error page's tail; `record + 1`, so that a
+            // word never written (0) names no call.
+            a.mark = self.error_dev + mark_offset(record) as u64;
+            a.mark_id = record + 1;
+            crate::backend::note_marked();
+        }
         for (r, b) in self.bases.iter().enumerate() {
             a.flags[r] = *b;
             a.push[r] = *b + self.layout.push_off as u64;
@@ -807,6 +838,24 @@ impl Dda {
                 std::ptr::write_volatile(w, (self.rank as u32).saturating_add(1));
             }
         }
+    }
+
+    /// Whether a kernel of the call with flight-recorder record id `record` has run past its
+    /// grid dependency (its mark is in the host page), which also says that every operation
+    /// before it on its stream had completed. False too when a call `MARK_WORDS` records
+    /// later took the word.
+    pub fn began(&self, record: u64) -> bool {
+        // SAFETY: the host page stays mapped for our lifetime and holds the marks at
+        // mark_offset (aligned u64 words, written by kernels only).
+        let w = unsafe {
+            std::ptr::read_volatile(
+                self.error_host
+                    .cast::<u8>()
+                    .add(mark_offset(record))
+                    .cast::<u64>(),
+            )
+        };
+        w == record.wrapping_add(1)
     }
 
     /// The device address of the abort word ([`Dda::set_aborted`], [`Dda::raise_abort`]).
