@@ -2,10 +2,11 @@
 # The fused all-reduce + residual add + RMSNorm device check
 # (crates/ferrocomm/examples/gpu_check_norm.rs) at 1, 2 and 3 ranks, through `ferrocomm launch`.
 #
-#   scripts/gpu_check_norm.sh BUILD_DIR OUT_DIR [gpu_check_norm flags...]
+#   scripts/gpu_check_norm.sh BUILD_DIR OUT_DIR [--variant NAME] [gpu_check_norm flags...]
 #
 # BUILD_DIR is what scripts/gpu_prepare.sh made (bin/ferrocomm, bin/gpu_check_norm, the kernel
-# cache kc/, the wheel dist/). The Rust check runs three times at each size: two launches
+# cache kc/, the wheel dist/; with --variant NAME, gpu_prepare.sh --variant NAME's bin-NAME/ and
+# dist-NAME/ instead). The Rust check runs three times at each size: two launches
 # (FERROCOMM_RMSNORM_FUSED=0), one launch (=1: flat and tree calls take the one-shot and the
 # two-shot kernel, auto the one-shot), and one launch with FERROCOMM_RMSNORM_FLAT_MAX_BYTES=65536
 # (auto takes the two-shot above 64 KiB); logs OUT_DIR/gpu_check_norm-<mode>-<ranks>.log. With
@@ -18,9 +19,15 @@ set -uo pipefail
 build="$(cd "$1" && pwd)" || exit 2
 mkdir -p "$2" && out="$(cd "$2" && pwd)" || exit 2
 shift 2
-bin="$build/bin"
+variant=""
+if [ "${1:-}" = --variant ]; then
+  variant="-${2:?--variant needs a NAME}"
+  shift 2
+fi
+bin="$build/bin$variant"
+dist="$build/dist$variant"
 [ -x "$bin/ferrocomm" ] && [ -x "$bin/gpu_check_norm" ] || {
-  echo "gpu_check_norm.sh: $bin must hold ferrocomm and gpu_check_norm (scripts/gpu_prepare.sh BUILD_DIR)" >&2
+  echo "gpu_check_norm.sh: $bin must hold ferrocomm and gpu_check_norm (scripts/gpu_prepare.sh BUILD_DIR${variant:+ --variant ${variant#-}})" >&2
   exit 2
 }
 export NCCL_NVLS_ENABLE=0
@@ -46,10 +53,10 @@ for m in "two-launch 0 -" "fused 1 -" "fused-tree 1 65536"; do
   done
 done
 # The Python API on CUDA tensors (torch), from the wheel gpu_prepare.sh built.
-if ls "$build"/dist/ferrocomm-*.whl > /dev/null 2>&1; then
+if ls "$dist"/ferrocomm-*.whl > /dev/null 2>&1; then
   site="$(mktemp -d /tmp/ferrocomm-site-XXXXXX)"
   trap 'rm -rf "$site"' EXIT
-  python3 -m pip install -q --no-deps --no-index --target "$site" "$build"/dist/ferrocomm-*.whl
+  python3 -m pip install -q --no-deps --no-index --target "$site" "$dist"/ferrocomm-*.whl
   here="$(cd "$(dirname "$0")/.." && pwd)"
   for fused in 0 1; do
     for n in 2 3; do

@@ -8,19 +8,30 @@
 #   4. a short decode/prefill run through every path (graph capture and replay).
 # NCCL is off (it refuses two ranks on one GPU); gloo on CPU copies is the torch reference.
 #
-#   scripts/gpu_model_bench.sh BUILD_DIR OUT_DIR [PARTS]
+#   scripts/gpu_model_bench.sh BUILD_DIR OUT_DIR [--variant NAME] [PARTS]
 # BUILD_DIR is what scripts/gpu_prepare.sh made (dist/: the wheel, installed into a temporary
-# directory; kc/: the kernel cache). OUT_DIR receives one folder per step (result.json,
-# result.png) and its log. PARTS (a quoted list) defaults to "check hf fidelity timing".
+# directory; kc/: the kernel cache; with --variant NAME, gpu_prepare.sh --variant NAME's wheel
+# in dist-NAME/ instead). OUT_DIR receives one folder per step (result.json, result.png) and
+# its log. PARTS (a quoted list) defaults to "check hf fidelity timing".
 set -uo pipefail
-[ $# -ge 2 ] || { echo "usage: scripts/gpu_model_bench.sh BUILD_DIR OUT_DIR [PARTS]" >&2; exit 2; }
+usage="usage: scripts/gpu_model_bench.sh BUILD_DIR OUT_DIR [--variant NAME] [PARTS]"
+[ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
 build="$(cd "$1" && pwd)" || exit 2
 mkdir -p "$2" && out="$(cd "$2" && pwd)" || exit 2
-parts=" ${3:-check hf fidelity timing} "
+shift 2
+dist="$build/dist"
+if [ "${1:-}" = --variant ]; then
+  [ -n "${2:-}" ] || { echo "$usage" >&2; exit 2; }
+  dist="$build/dist-$2"
+  shift 2
+fi
+parts=" ${1:-check hf fidelity timing} "
 here="$(cd "$(dirname "$0")/.." && pwd)"
+ls "$dist"/ferrocomm-*.whl > /dev/null 2>&1 ||
+  { echo "gpu_model_bench.sh: no wheel in $dist (scripts/gpu_prepare.sh)" >&2; exit 2; }
 site="$(mktemp -d /tmp/ferrocomm-site-XXXXXX)"
 trap 'rm -rf "$site"' EXIT
-python3 -m pip install -q --no-deps --no-index --target "$site" "$build"/dist/ferrocomm-*.whl \
+python3 -m pip install -q --no-deps --no-index --target "$site" "$dist"/ferrocomm-*.whl \
   || exit 1
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 export FERROCOMM_KERNEL_CACHE="$build/kc"

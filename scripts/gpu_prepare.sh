@@ -15,11 +15,12 @@
 #   sources changed then compiles those alone).
 #   scripts/gpu_prepare.sh BUILD_DIR --variant NAME [ARCH]
 #     the working tree as variant NAME for an A/B: binaries into BUILD_DIR/bin-NAME, its kernels
-#     added to BUILD_DIR/kc beside the other variants' (the cache key is the source hash), no
-#     wheel. Build A, edit, build B, then on the GPU machine:
+#     added to BUILD_DIR/kc beside the other variants' (the cache key is the source hash), its
+#     wheel into BUILD_DIR/dist-NAME. Build A, edit, build B, then on the GPU machine:
 #     scripts/gpu_ab.sh OUT_DIR BUILD_DIR/kc BUILD_DIR/bin-A BUILD_DIR/bin-B
-#     A variant adds ~8 MiB of binaries and up to ~12 MiB of kernels (the modules whose source
-#     changed).
+#     python3 scripts/norm_bench.py OUT_DIR --variant A=BUILD_DIR/dist-A --variant B=BUILD_DIR/dist-B
+#     A variant adds ~8 MiB of binaries, a wheel of ~8 MB and up to ~12 MiB of kernels (the
+#     modules whose source changed).
 #   scripts/gpu_prepare.sh BUILD_DIR --variant NAME --from COMMIT [--patches 'FILE...'] [ARCH]
 #     the same for another commit (the patches applied on it with `git am -3`), built in a
 #     temporary worktree into target/variants of this checkout.
@@ -101,5 +102,10 @@ if [ -z "$variant" ]; then
   python3 -m pip wheel --no-deps . -w "$build/dist"
   # The kernels the binaries and the wheel carry, as the GPU will find them.
   "$out/ferrocomm" info --arch "$arch" | sed -n '/^== Kernels/,/^$/p'
+else
+  # The variant's wheel (scripts/norm_bench.py --variant NAME=BUILD_DIR/dist-NAME), built in
+  # the variant's checkout and target directory like its binaries.
+  rm -rf "$build/dist-$variant"
+  (cd "$src" && CARGO_TARGET_DIR="$target" python3 -m pip wheel --no-deps . -w "$build/dist-$variant")
 fi
 du -sh "$build" "$out" "$build/kc"

@@ -6,11 +6,13 @@
 //! ```
 //!
 //! - every dtype (f32, f16, bf16), the model hidden sizes 8 / 4096 / 5120 / 8192 / 16384 and
-//!   odd row counts, in and out of place, FP8 rows off, with a scale per row or with one given
-//!   scale (saturating), each all-reduce algorithm (push, flat, tree, auto), full precision and
-//!   E4M3 / INT8 on the wire (one launch: the rows cross as block-scaled records); inputs
-//!   regenerated from seeds on every rank; at one rank the local form (the norm kernel on x
-//!   itself);
+//!   odd row counts (few, where the norm runs its wide kernels, more than
+//!   `FERROCOMM_RMSNORM_WIDE_MAX_ROWS`, and enough that the one-launch kernels stage four rows
+//!   at a time), in and out of place, buffers off 16 bytes (one element),
+//!   FP8 rows off, with a scale per row or with one given scale (saturating), each all-reduce
+//!   algorithm (push, flat, tree, auto), full precision and E4M3 / INT8 on the wire (one
+//!   launch: the rows cross as block-scaled records); inputs regenerated from seeds on every
+//!   rank; at one rank the local form (the norm kernel on x itself);
 //! - against the host reference on the same inputs: the residual bit for bit (the sum is the
 //!   all-reduce's, in rank order, so it equals the host's; with low precision the low-precision
 //!   all-reduce's, `quant::reference::one_shot` or `two_shot` as the plan's algorithm says),
@@ -59,6 +61,9 @@ struct Case {
     lp: Option<Format>,
     algo: Algo,
     seed: u64,
+    /// Every buffer one element off 16 bytes (the FP8 codes one byte; the scales, f32, as
+    /// allocated): the kernels' element-by-element paths.
+    misalign: bool,
 }
 
 /// `n` random values of `d` as bytes (never NaN), the same on every rank for a seed.
@@ -117,9 +122,21 @@ impl Case {
     fn weight(&self) -> Vec<u8> {
         gen(self.d, self.hidden, self.seed * 131 + 98)
     }
+    /// Where the rows and the weight start in their buffers (bytes).
+    fn off(&self) -> usize {
+        if self.misalign {
+            self.d.size()
+        } else {
+            0
+        }
+    }
+    /// Where the FP8 codes start in theirs.
+    fn codes_off(&self) -> usize {
+        usize::from(self.misalign)
+    }
     fn label(&self, world: usize) -> String {
         format!(
-            "{world} ranks {} {}x{} eps {} {} fp8 {}{} algo {}{}",
+            "{world} ranks {} {}x{} eps {} {} fp8 {}{} algo {}{}{}",
             self.d,
             self.rows,
             self.hidden,
@@ -132,7 +149,8 @@ impl Case {
             self.fp8,
             self.given.map_or(String::new(), |s| format!(" scale {s}")),
             self.algo,
-            self.lp.map_or(String::new(), |f| format!(" wire {f:?}"))
+            self.lp.map_or(String::new(), |f| format!(" wire {f:?}")),
+            if self.misalign { " misaligned" } else { "" }
         )
     }
 }
@@ -182,38 +200,45 @@ impl Bufs {
         } else {
             (&self.x, &self.res)
         };
-        xb.upload(0, &c.x(rank))?;
-        rb.upload(0, &c.residual())?;
+        xb.upload(c.off(), &c.x(rank))?;
+        rb.upload(c.off(), &c.residual())?;
         if let (true, Some(s)) = (c.fp8, c.given) {
             self.scales.upload(0, &s.to_le_bytes())?;
         }
-        self.w.upload(0, &c.weight())
+        self.w.upload(c.off(), &c.weight())
     }
 
     /// Issues the call on `stream`.
     fn call(&self, comm: &Communicator, c: &Case, dev: u32, stream: u64) -> Res<()> {
         let dv = Device::Cuda(dev);
         let (n, d) = (c.n(), c.d);
-        // SAFETY: every buffer holds what the view says (allocated for this case), alive until
-        // the caller has synchronized (graph replays: until the graph is destroyed).
+        let at = |b: &Buf| b.ptr + c.off() as u64;
+        // SAFETY: every buffer holds what the view says (allocated for this case, with room
+        // for the offset), alive until the caller has synchronized (graph replays: until the
+        // graph is destroyed).
         let call = unsafe {
             AllReduceRmsNorm {
                 x: if c.in_place {
                     Input::InPlace
                 } else {
-                    Input::Buf(View::from_raw(self.x.ptr as *const u8, n, d, dv))
+                    Input::Buf(View::from_raw(at(&self.x) as *const u8, n, d, dv))
                 },
-                out: ViewMut::from_raw(self.out.ptr as *mut u8, n, d, dv),
+                out: ViewMut::from_raw(at(&self.out) as *mut u8, n, d, dv),
                 residual: if c.in_place {
                     Input::InPlace
                 } else {
-                    Input::Buf(View::from_raw(self.res.ptr as *const u8, n, d, dv))
+                    Input::Buf(View::from_raw(at(&self.res) as *const u8, n, d, dv))
                 },
-                residual_out: ViewMut::from_raw(self.res_out.ptr as *mut u8, n, d, dv),
-                weight: View::from_raw(self.w.ptr as *const u8, c.hidden, d, dv),
+                residual_out: ViewMut::from_raw(at(&self.res_out) as *mut u8, n, d, dv),
+                weight: View::from_raw(at(&self.w) as *const u8, c.hidden, d, dv),
                 eps: c.eps,
                 fp8: c.fp8.then(|| Fp8Rows {
-                    codes: ViewMut::from_raw(self.codes.ptr as *mut u8, n, DataType::F8E4M3, dv),
+                    codes: ViewMut::from_raw(
+                        (self.codes.ptr + c.codes_off() as u64) as *mut u8,
+                        n,
+                        DataType::F8E4M3,
+                        dv,
+                    ),
                     scale: match c.given {
                         Some(_) => Fp8Scale::Given(View::from_raw(
                             self.scales.ptr as *const u8,
@@ -275,13 +300,13 @@ impl Ctx {
     fn check(&mut self, c: &Case, b: &Bufs, what: &str) -> Res<()> {
         let (n, d) = (c.n(), c.d);
         let label = format!("{} {what}", c.label(self.world));
-        let read = |buf: &Buf, bytes: usize| -> Res<(Vec<u8>, bool)> {
-            Ok((buf.download(0, bytes)?, buf.guard_hits(0, bytes)? == 0))
+        let read = |buf: &Buf, off: usize, bytes: usize| -> Res<(Vec<u8>, bool)> {
+            Ok((buf.download(off, bytes)?, buf.guard_hits(off, bytes)? == 0))
         };
-        let (y, g1) = read(&b.out, n * d.size())?;
-        let (r, g2) = read(&b.res_out, n * d.size())?;
-        let (codes, g3) = read(&b.codes, n)?;
-        let (scales, g4) = read(&b.scales, c.scale_bytes())?;
+        let (y, g1) = read(&b.out, c.off(), n * d.size())?;
+        let (r, g2) = read(&b.res_out, c.off(), n * d.size())?;
+        let (codes, g3) = read(&b.codes, c.codes_off(), n)?;
+        let (scales, g4) = read(&b.scales, 0, c.scale_bytes())?;
         let mut problem = None;
         let fp8_written = !c.fp8 || (g3 && g4);
         if !(g1 && g2 && fp8_written)
@@ -382,8 +407,13 @@ impl Ctx {
 fn cases(quick: bool) -> Vec<Case> {
     let mut v = Vec::new();
     let mut seed = 1;
+    // Up to FERROCOMM_RMSNORM_WIDE_MAX_ROWS (1024) rows the norm runs the wide kernels, above
+    // it fc_rmsnorm (1031 rows). The one-launch kernels stage a row at a time where a block's
+    // row slot stages fewer than four rows, four at a time from four (27,000 rows of 64: 2,112
+    // rows a step on 132 SMs, so the one-shot's slots stage 13 rows, the two-shot's 7 at two
+    // ranks and 5 at three: whole groups of four and a partial one).
     let shapes: &[(usize, usize)] = if quick {
-        &[(8, 1), (4096, 3), (40, 7)]
+        &[(8, 1), (4096, 3), (40, 7), (64, 1031), (64, 27000)]
     } else {
         &[
             (8, 1),
@@ -393,14 +423,24 @@ fn cases(quick: bool) -> Vec<Case> {
             (16384, 3),
             (40, 7),
             (4096, 129),
+            (64, 1031),
+            (64, 27000),
         ]
     };
     // Low precision on the wire: whole blocks of 128 per row take one launch (auto, flat,
-    // tree), other rows (40) and push the two launches; E4M3 and INT8.
+    // tree), other rows (40) and push the two launches; E4M3 and INT8. 9,000 rows of 128: the
+    // one-shot's slots read five rows each, last staged first.
     let lp_shapes: &[(usize, usize)] = if quick {
-        &[(4096, 3), (40, 7)]
+        &[(4096, 3), (40, 7), (128, 9000)]
     } else {
-        &[(4096, 3), (8192, 5), (5120, 1), (40, 7), (4096, 129)]
+        &[
+            (4096, 3),
+            (8192, 5),
+            (5120, 1),
+            (40, 7),
+            (4096, 129),
+            (128, 9000),
+        ]
     };
     for d in [DataType::BF16, DataType::F32] {
         for &(hidden, rows) in lp_shapes {
@@ -424,6 +464,7 @@ fn cases(quick: bool) -> Vec<Case> {
                     }),
                     algo,
                     seed,
+                    misalign: false,
                 });
             }
         }
@@ -447,6 +488,7 @@ fn cases(quick: bool) -> Vec<Case> {
                     lp: None,
                     algo,
                     seed,
+                    misalign: seed % 4 == 1,
                 });
             }
         }
@@ -479,6 +521,8 @@ fn graph(c: &mut Ctx) -> Res<()> {
             lp: (algo == Algo::Flat).then_some(Format::E4M3),
             algo,
             seed: 1000 + k as u64,
+            // The push case's buffers off 16 bytes, replayed too.
+            misalign: algo == Algo::Push,
         })
         .collect();
     let bufs: Vec<Bufs> = cases.iter().map(Bufs::new).collect::<Res<_>>()?;
@@ -560,6 +604,7 @@ fn mismatch(c: &mut Ctx, cfg: &Config) -> Res<()> {
         lp: None,
         algo: Algo::Flat,
         seed: 5000,
+        misalign: false,
     };
     let cases = [
         (

@@ -1,11 +1,11 @@
 // ferrocomm residual add + RMSNorm (+ E4M3 rows): the local half of the all_reduce_rmsnorm call
 // (crates/ferrocomm/src/rmsnorm.rs has the arithmetic and the host reference), alone after an
-// all-reduce (fc_rmsnorm: two launches, or a one-rank communicator's whole call) or inside the
-// one-launch direct-access forms (fc_fused_flat, fc_fused_tree). Appended after all_reduce.cu
-// and lowp.cu for the float types (the entry points in the FC_GROUP_RMSNORM unit,
-// cuda/kernel_units.rs); uses T, Ty<T>, Vec, VEC_ELEMS, the all-reduce's
-// epoch, barrier and hello helpers, pdl_wait/pdl_launch_dependents, and lowp.cu's lp_scale and
-// LP_E4M3.
+// all-reduce (fc_rmsnorm and, for few rows, fc_rmsnorm_wide*: two launches, or a one-rank
+// communicator's whole call) or inside the one-launch direct-access forms (fc_fused_flat,
+// fc_fused_tree). Appended after all_reduce.cu and lowp.cu for the float types (the entry
+// points in the FC_GROUP_RMSNORM unit, cuda/kernel_units.rs); uses T, Ty<T>, Vec, VEC_ELEMS,
+// the all-reduce's epoch, barrier and hello helpers, pdl_wait/pdl_launch_dependents, and
+// lowp.cu's lp_scale and LP_E4M3.
 //
 // Per row: r = round(sum + residual) -> residual_out; inv = 1 / sqrt(sum(r^2) / hidden + eps);
 // y = round(r * inv * w) -> out; with FP8 rows, codes = e4m3(y / scale) where scale is the
@@ -13,19 +13,22 @@
 // (read from scales[0], nothing written). Products and sums are explicit _rn intrinsics (no FMA
 // contraction), as the host's f32 arithmetic; only the sum of squares is ordered differently
 // (a reduction over the row's threads), so results match the host's within an ulp of the row's
-// norm. The geometry below depends on the shape alone, so every rank computes every row alike:
-// bit-identical results everywhere.
+// norm. The geometry below depends on the shape alone (and FERROCOMM_RMSNORM_WIDE_MAX_ROWS,
+// which every rank shares), so every rank computes every row alike: bit-identical results
+// everywhere.
 //
 // Geometry (NormArgs.tpr and, for fc_rmsnorm, NormArgs.v, chosen by the host from the shape,
-// cuda/fused_norm.rs): a row is handled by `tpr` threads (whole warps, at most the block),
+// cuda/dda/fused_norm.rs): a row is handled by `tpr` threads (whole warps, at most the block),
 // blockDim / tpr rows at a time per block. Thread t of a row holds the row's 16-byte vectors
-// t, t + tpr, ..., V of them per chunk (fc_rmsnorm: 1, 2 or 4, the host's choice; the fused forms
-// NORM_V_STAGED, their sums coming from every rank's staging); a row of at most V * tpr vectors
+// t, t + tpr, ..., V of them per chunk (fc_rmsnorm: NormArgs.v, 1, 2 or 4, which the host sets
+// to 4; the wide entry points below: 1, 2 or 4; the fused forms NORM_V_STAGED, their sums
+// coming from every rank's staging); a row of at most V * tpr vectors
 // is one chunk and stays in registers from its loads to its last store: one read of each input
 // and one write of each output. A longer
 // row takes chunks and reads its own residual_out (and out, for per-row FP8 scales) back.
 // Every thread of a block runs the same row loop (the reductions synchronize the block); a
-// row slot past the last row loads and stores nothing.
+// row slot past the last row loads and stores nothing. Calls of few rows run the wide entry
+// points instead (fc_rmsnorm_wide*, below: the row over up to 512 threads, in one chunk).
 
 struct NormArgs {
     u64 sum;           // all-reduced rows (T), rows * hidden (fc_rmsnorm; the fused forms: x)
@@ -41,7 +44,7 @@ struct NormArgs {
     u32 tpr;           // threads per row: a multiple of 32 dividing blockDim.x
     u32 fp8_given;     // 1: codes = e4m3(y / scales[0]), one scale given for the tensor
     u32 loopback;      // the fused forms, measurement only: every peer's staging is this rank's
-                       // own (Args.staging), no barrier, no hello (cuda/fused_norm.rs)
+                       // own (Args.staging), no barrier, no hello (cuda/dda/fused_norm.rs)
     u32 lp_block;      // the fused forms: 0 full precision; else B of the block-scaled records
                        // the rows cross in (hidden a multiple of B, B / VEC_ELEMS <= 32)
     u32 lp_format;     // LP_E4M3 / LP_E5M2 / LP_INT8
@@ -107,6 +110,24 @@ __device__ __forceinline__ void fused_st(T* p, u64 i, bool aligned, const Vec& v
 __device__ __forceinline__ bool fused_aligned(const NormArgs& n) {
     return ((n.sum | n.residual | n.weight | n.out | n.residual_out) & 15) == 0 &&
            (n.codes & (VEC_ELEMS - 1)) == 0;
+}
+
+// r = round(s + rs) of a vector, the squares of its stored values added to `sq` in element
+// order (the residual add and the norm's first step, as the host's arithmetic).
+__device__ __forceinline__ void norm_add(const Vec& s, const Vec& rs, Vec& r, float& sq) {
+#pragma unroll
+    for (u32 e = 0; e < VEC_ELEMS; e++) {
+        r.e[e] = Ty<T>::from_acc(__fadd_rn(Ty<T>::to_acc(s.e[e]), Ty<T>::to_acc(rs.e[e])));
+        const float rf = Ty<T>::to_acc(r.e[e]);
+        sq = __fadd_rn(sq, __fmul_rn(rf, rf));
+    }
+}
+
+// y = round(r * inv * w) of a vector.
+__device__ __forceinline__ void norm_scale(const Vec& r, float inv, const Vec& w, Vec& y) {
+#pragma unroll
+    for (u32 e = 0; e < VEC_ELEMS; e++)
+        y.e[e] = Ty<T>::from_acc(__fmul_rn(__fmul_rn(Ty<T>::to_acc(r.e[e]), inv), Ty<T>::to_acc(w.e[e])));
 }
 
 // The E4M3 codes of a vector's y values divided by `scale` (0 codes when the scale is not
@@ -449,12 +470,7 @@ __device__ void norm_row(const NormArgs& n, const Src& src, const Publish& pub, 
 #pragma unroll
         for (int k = 0; k < V; k++) {
             if (!on[k]) continue;
-#pragma unroll
-            for (u32 e = 0; e < VEC_ELEMS; e++) {
-                r[k].e[e] = Ty<T>::from_acc(__fadd_rn(Ty<T>::to_acc(s[k].e[e]), Ty<T>::to_acc(rs[k].e[e])));
-                const float rf = Ty<T>::to_acc(r[k].e[e]);
-                sq = __fadd_rn(sq, __fmul_rn(rf, rf));
-            }
+            norm_add(s[k], rs[k], r[k], sq);
             fused_st(rout, idx[k], aligned, r[k]);
             if (pub.stage) *(uint4*)(pub.stage + pub.r_area + idx[k] * sizeof(T)) = r[k].u;
         }
@@ -481,10 +497,7 @@ __device__ void norm_row(const NormArgs& n, const Src& src, const Publish& pub, 
         for (int k = 0; k < V; k++) {
             if (!on[k]) continue;
             Vec y;
-#pragma unroll
-            for (u32 e = 0; e < VEC_ELEMS; e++)
-                y.e[e] = Ty<T>::from_acc(
-                    __fmul_rn(__fmul_rn(Ty<T>::to_acc(r[k].e[e]), inv), Ty<T>::to_acc(wv[k].e[e])));
+            norm_scale(r[k], inv, wv[k], y);
             fused_st(out, idx[k], aligned, y);
             // Over this rank's own staged copy of the row: no peer reads it (two-shot).
             if (pub.stage) *(uint4*)(pub.stage + idx[k] * sizeof(T)) = y.u;
@@ -570,6 +583,159 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_rmsnorm(NormArgs n
         if (aligned) norm_rows_aligned<NORM_V>(n, red_f, red_u);
         else norm_rows_local<NORM_V, 0, NORM_FP8_RUNTIME>(n, red_f, red_u);
     }
+}
+#endif
+
+// ---------------------------------------------------------------- fc_rmsnorm_wide: few rows
+//
+// A call of few rows is not a matter of bandwidth but of the chain of dependent instructions
+// between a row's loads and its last store, which no other row hides. fc_rmsnorm's chain is long
+// for them: four vectors a thread (32 squares summed one after another), integer divisions and
+// a chunk loop around every row, and the register budget and stack of every path it carries
+// (one 512-thread block an SM). The wide geometry (NormArgs.v, the fewest vectors a thread that
+// hold the row in 512 threads, and tpr, cuda/dda/fused_norm.rs, for calls of up to
+// FERROCOMM_RMSNORM_WIDE_MAX_ROWS rows) spreads the row over as many threads as hold it; these entry points run it with nothing
+// else on the way: one chunk (the row in registers from its loads to its last store), no
+// division where a block is one row, the weight's and the row's loads issued together, the
+// row's warps' partial sums read in one step, and an entry per vector count whose launch bounds
+// keep the registers low enough for several blocks an SM.
+//
+// The order of a row's sum of squares: a thread's vectors and elements in order, the warp's
+// xor shuffles, then a tree of the row's warp sums (fc_rmsnorm adds those in order instead),
+// fixed by the shape and FERROCOMM_RMSNORM_WIDE_MAX_ROWS, which every rank shares.
+
+// The sum over the row slot `slot` (`wpr` warps) of one value per thread, on every thread of
+// the slot: each warp's xor shuffles, then the slot's warp sums in a second xor tree over the
+// whole warp (lane w holds warp w's; the lanes past the slot's warps hold 0, which leaves a sum
+// of squares, never -0, as it is, and the step across 16 lanes brings the total to every
+// lane): one shared-memory step instead of a chain of loads and adds. The xor trees give every
+// lane the same bits (IEEE addition commutes). Every warp of the block calls it, once per
+// kernel: `red` holds nothing before (no barrier ahead of the writes).
+__device__ __forceinline__ float norm_wide_sum(float v, float* red, u32 slot, u32 wpr) {
+    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const u32 lane = threadIdx.x & 31;
+    if (lane == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float s = lane < wpr ? red[slot * wpr + lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
+    return s;
+}
+
+// The largest of one value per thread over the row slot, on every thread of the slot (the
+// same two steps, once per kernel, on a `red` of its own).
+__device__ __forceinline__ u32 norm_wide_max(u32 v, u32* red, u32 slot, u32 wpr) {
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const u32 lane = threadIdx.x & 31;
+    if (lane == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    u32 m = lane < wpr ? red[slot * wpr + lane] : 0u;
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    return m;
+}
+
+// Row blockIdx * slots + slot of the call, V vectors a thread, one chunk (the host's wide
+// geometry: V * tpr vectors hold the row, and the grid holds every row). AL: 1 (every pointer
+// aligned, as the host checked) or NORM_AL_RUNTIME; FP8: NORM_FP8_OFF (red_u unused) or
+// NORM_FP8_RUNTIME. No loop over rows: a loop would keep the weight (loaded once) converted in
+// registers across it, past what the launch bounds give.
+template <int V, int AL, int FP8>
+__device__ __forceinline__ void norm_wide(const NormArgs& n, float* red_f, u32* red_u) {
+    const bool aligned = AL == 1 ? true : fused_aligned(n);
+    const int fp8 = FP8 != NORM_FP8_RUNTIME
+                        ? FP8
+                        : (n.codes == 0 ? NORM_FP8_OFF : n.fp8_given ? NORM_FP8_GIVEN : NORM_FP8_ROW);
+    const u32 tpr = n.tpr;
+    // A block of one row (tpr = 512, or as many threads as the only row needs) divides nothing.
+    const bool one = blockDim.x == tpr;
+    const u32 slot = one ? 0 : threadIdx.x / tpr;
+    const u32 lt = threadIdx.x - slot * tpr;
+    const u64 row = (u64)blockIdx.x * (one ? 1 : blockDim.x / tpr) + slot;
+    const bool live = row < n.rows;
+    const u64 h = n.hidden, nv = h / VEC_ELEMS, base = row * h;
+    const T* res = (const T*)n.residual;
+    T* out = (T*)n.out;
+    T* rout = (T*)n.residual_out;
+    u64 col[V];  // the thread's vectors of the row, as element offsets
+    bool on[V];
+    Vec wv[V], s[V], rs[V];
+    // The weight's, the residual's and the sums' loads issued together.
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        const u64 v = (u64)k * tpr + lt;
+        on[k] = live && v < nv;
+        col[k] = v * VEC_ELEMS;
+        if (on[k]) {
+            fused_ld((const T*)n.weight, col[k], aligned, wv[k]);
+            fused_ld(res, base + col[k], aligned, rs[k]);
+            fused_ld((const T*)n.sum, base + col[k], aligned, s[k]);
+        }
+    }
+    const float given = fp8 == NORM_FP8_GIVEN ? *(const float*)n.scales : 0.0f;
+    float sq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        if (!on[k]) continue;
+        norm_add(s[k], rs[k], s[k], sq);
+        fused_st(rout, base + col[k], aligned, s[k]);
+    }
+    const float total = norm_wide_sum(sq, red_f, slot, tpr >> 5);
+    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)h), n.eps)));
+    u32 amax = 0;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        if (!on[k]) continue;
+        norm_scale(s[k], inv, wv[k], s[k]);
+        fused_st(out, base + col[k], aligned, s[k]);
+        if (fp8 == NORM_FP8_ROW) amax = norm_amax(amax, s[k]);
+        if (fp8 == NORM_FP8_GIVEN)
+            norm_store_codes(n, base + col[k], aligned, s[k], given, norm_usable(given));
+    }
+    if (fp8 != NORM_FP8_ROW) return;
+    const float scale = lp_scale(norm_wide_max(amax, red_u, slot, tpr >> 5), LP_E4M3);
+    const bool usable = norm_usable(scale);
+#pragma unroll
+    for (int k = 0; k < V; k++)
+        if (on[k]) norm_store_codes(n, base + col[k], aligned, s[k], scale, usable);
+    if (live && lt == 0) ((float*)n.scales)[row] = scale;
+}
+
+// An entry point per vector count for the common call (every pointer aligned, no FP8 rows: the
+// host's choice, cuda/dda/fused_norm.rs), whose launch bounds (512 threads, and the blocks an SM
+// that the registers of V vectors a thread allow) apply to that path alone; fc_rmsnorm_wide
+// runs every other call of the wide geometry (FP8 rows, unaligned buffers) with the same order,
+// two blocks an SM: 64 registers hold its one- and two-vector paths (sm_90), where the
+// four-vector one (rows of more than 1,024 vectors) spills some; without the bound all three
+// took 99 and one block an SM, a wave of 132 rows at a time.
+#ifdef FC_GROUP_RMSNORM
+extern "C" __global__ void __launch_bounds__(NORM_THREADS, 4) fc_rmsnorm_wide1(NormArgs n) {
+    pdl_wait();
+    pdl_launch_dependents();
+    __shared__ float red_f[NORM_WARPS];
+    norm_wide<1, 1, NORM_FP8_OFF>(n, red_f, nullptr);
+}
+extern "C" __global__ void __launch_bounds__(NORM_THREADS, 3) fc_rmsnorm_wide2(NormArgs n) {
+    pdl_wait();
+    pdl_launch_dependents();
+    __shared__ float red_f[NORM_WARPS];
+    norm_wide<2, 1, NORM_FP8_OFF>(n, red_f, nullptr);
+}
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_rmsnorm_wide4(NormArgs n) {
+    pdl_wait();
+    pdl_launch_dependents();
+    __shared__ float red_f[NORM_WARPS];
+    norm_wide<4, 1, NORM_FP8_OFF>(n, red_f, nullptr);
+}
+extern "C" __global__ void __launch_bounds__(NORM_THREADS, 2) fc_rmsnorm_wide(NormArgs n) {
+    pdl_wait();
+    pdl_launch_dependents();
+    __shared__ float red_f[NORM_WARPS];
+    __shared__ u32 red_u[NORM_WARPS];
+    if (n.v == 1)
+        norm_wide<1, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(n, red_f, red_u);
+    else if (n.v == 2)
+        norm_wide<2, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(n, red_f, red_u);
+    else
+        norm_wide<4, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(n, red_f, red_u);
 }
 #endif
 

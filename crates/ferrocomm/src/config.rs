@@ -57,6 +57,7 @@ pub const VARS: &[Var] = &[
     var("FERROCOMM_ALLREDUCE_LL128_MAX_BYTES", "0 (off)", "CUDA backend: flat all-reduces of at most this many bytes per rank (and at most the staging) move in 128-byte lines with the flag inside (NCCL's LL128 form: no barrier, no fence; relies on a warp's 128-byte store reaching the peer whole, as over NVLink, so it runs only where NVML reports NVLink between every pair of ranks' GPUs) instead of the pull through the staging; 0 keeps the pull. Adds a region of 2 x (ranks - 1) x 16/15 of it per rank when set."),
     var("FERROCOMM_RMSNORM_FUSED", "1", "CUDA backend with direct access: 1 (the default) runs all_reduce_rmsnorm in one launch (the all-reduce, residual add, RMSNorm and E4M3 rows in one kernel: one-shot up to FERROCOMM_RMSNORM_FLAT_MAX_BYTES, two-shot above it while twice the message fits the staging); 0 runs the all-reduce, then the norm kernel. With low precision on the wire the rows cross as the codec's block-scaled records inside the one launch where a row is whole blocks of at most 32 16-byte vectors (hidden 4096 in bf16 with blocks of 128, say); other low-precision calls, and calls that go through NCCL or push, take the two launches either way. A communicator of one rank runs the norm kernel on x itself."),
     var("FERROCOMM_RMSNORM_FLAT_MAX_BYTES", "the all-reduce's flat threshold", "Largest one-launch all_reduce_rmsnorm (bytes of x per rank) that runs one-shot (every rank reduces every row); above it two-shot (each rank reduces and normalizes its stripe of rows, then every rank gathers them)."),
+    var("FERROCOMM_RMSNORM_WIDE_MAX_ROWS", "1024", "CUDA backend: the largest all_reduce_rmsnorm (rows of x) whose norm kernel (a communicator of one rank's call, or the second of two launches) spreads each row over as many threads as hold it, one to four 16-byte vectors a thread (fc_rmsnorm_wide: a short chain of instructions per row, for calls of few rows); larger calls take four vectors a thread (fc_rmsnorm). At most 65535; 0 never. It fixes the order of a row's sum of squares, so every rank of a communicator must have the same (communicator creation refuses a mismatch)."),
     var("FERROCOMM_RMSNORM_LOOPBACK", "(off)", "Measurement only (scripts/norm_bench.py): a CUDA communicator of one rank runs all_reduce_rmsnorm's one-launch kernel of this many ranks (2 to 16; the one-shot, or the two-shot when the call asks for tree) with every peer's staging replaced by its own and no barrier, so that one GPU measures the local traffic of the multi-rank kernel. Results are not the call's."),
     var("FERROCOMM_ALLREDUCE_TREE_MAX_BYTES", "the tuning table's, by world size (docs/tuning.md)", "Largest all-reduce that uses tree on the cuda backend; above it NCCL."),
     var("FERROCOMM_ALLGATHER_MAX_BYTES", "the tuning table's, by world size (docs/tuning.md)", "Largest all-gather (input bytes per rank) done by direct access on cuda; above it NCCL."),
@@ -197,6 +198,9 @@ pub struct Thresholds {
     pub rmsnorm_fused: bool,
     /// `FERROCOMM_RMSNORM_FLAT_MAX_BYTES`: the largest one-shot one-launch all_reduce_rmsnorm.
     pub rmsnorm_flat_max: Option<usize>,
+    /// `FERROCOMM_RMSNORM_WIDE_MAX_ROWS`: the most rows whose norm kernel takes the wide
+    /// geometry (rows, not bytes; `None`: 1024, cuda/dda/fused_norm.rs).
+    pub rmsnorm_wide_max_rows: Option<usize>,
 }
 
 /// How this process was launched: torchrun's or Open MPI's variables.
@@ -272,7 +276,7 @@ pub struct Config {
     /// `FERROCOMM_NCCL_WATCHDOG`: abort NCCL communicators whose work hangs (nccl/watchdog.rs).
     pub nccl_watchdog: bool,
     /// `FERROCOMM_RMSNORM_LOOPBACK`: measurement only, the ranks a one-rank communicator's
-    /// fused call runs its one-launch kernel as (cuda/fused_norm.rs).
+    /// fused call runs its one-launch kernel as (cuda/dda/fused_norm.rs).
     pub rmsnorm_loopback: Option<usize>,
     /// `FERROCOMM_NCCL_LIB`: the libnccl to load instead of searching.
     pub nccl_lib: Option<PathBuf>,
@@ -399,6 +403,9 @@ pub const MAX_ENV_BYTES: usize = 1 << 40;
 pub const MAX_HOST_SLOT_BYTES: usize = 1 << 30;
 /// Largest `FERROCOMM_CUDA_STAGING_BYTES` (16 GiB of device staging per rank and buffer).
 pub const MAX_CUDA_STAGING_BYTES: usize = 1 << 34;
+/// Largest `FERROCOMM_RMSNORM_WIDE_MAX_ROWS`: the wide norm kernel's grid holds every row,
+/// at most one block a row, and a grid has at most 65535 blocks.
+pub const MAX_WIDE_ROWS: usize = 65535;
 
 /// Longest timeout accepted (about 31 years): beyond any job, and short enough that every
 /// deadline computed from it (`Instant::now()` plus a few of it) is a valid instant.
@@ -448,7 +455,7 @@ pub fn parse_size(s: &str) -> std::result::Result<usize, String> {
 
 /// [`Config::shared_settings`]: each setting (its path in the serialized configuration) and the
 /// variable that sets it.
-const SHARED_SETTINGS: [(&str, &str); 27] = [
+const SHARED_SETTINGS: [(&str, &str); 28] = [
     ("algo", "FERROCOMM_ALGO"),
     ("check_calls", "FERROCOMM_CHECK_CALLS"),
     ("low_precision.enabled", "FERROCOMM_LOW_PRECISION"),
@@ -484,6 +491,10 @@ const SHARED_SETTINGS: [(&str, &str); 27] = [
     (
         "thresholds.rmsnorm_flat_max",
         "FERROCOMM_RMSNORM_FLAT_MAX_BYTES",
+    ),
+    (
+        "thresholds.rmsnorm_wide_max_rows",
+        "FERROCOMM_RMSNORM_WIDE_MAX_ROWS",
     ),
     ("host_slot_bytes", "FERROCOMM_HOST_SLOT_BYTES"),
     ("cuda_staging_bytes", "FERROCOMM_CUDA_STAGING_BYTES"),
@@ -626,7 +637,21 @@ impl Config {
             put_ce_min: r.bytes("FERROCOMM_PUT_CE_MIN_BYTES", MAX_ENV_BYTES)?,
             rmsnorm_fused: r.flag("FERROCOMM_RMSNORM_FUSED", true)?,
             rmsnorm_flat_max: r.bytes("FERROCOMM_RMSNORM_FLAT_MAX_BYTES", MAX_ENV_BYTES)?,
+            rmsnorm_wide_max_rows: r.parse::<usize>(
+                "FERROCOMM_RMSNORM_WIDE_MAX_ROWS",
+                "expected a row count, 0 to 65535",
+            )?,
         };
+        if let Some(n) = thresholds
+            .rmsnorm_wide_max_rows
+            .filter(|&n| n > MAX_WIDE_ROWS)
+        {
+            return Err(Error::BadEnv {
+                var: "FERROCOMM_RMSNORM_WIDE_MAX_ROWS",
+                value: n.to_string(),
+                why: format!("must be at most {MAX_WIDE_ROWS} (a block a row at most)"),
+            });
+        }
         let host_slot_bytes = r
             .bytes("FERROCOMM_HOST_SLOT_BYTES", MAX_HOST_SLOT_BYTES)?
             .unwrap_or(4 << 20);
@@ -1025,6 +1050,27 @@ mod tests {
                 v.name
             );
         }
+    }
+
+    #[test]
+    fn rmsnorm_wide_rows_take_a_row_count_up_to_a_grid() {
+        let rows = |v| {
+            cfg(&[("FERROCOMM_RMSNORM_WIDE_MAX_ROWS", v)])
+                .map(|c| c.thresholds.rmsnorm_wide_max_rows)
+        };
+        assert_eq!(cfg(&[]).unwrap().thresholds.rmsnorm_wide_max_rows, None);
+        assert_eq!(rows("0").unwrap(), Some(0));
+        assert_eq!(rows(" 65535 ").unwrap(), Some(MAX_WIDE_ROWS));
+        for bad in ["65536", "-1", "many", "1e3", "18446744073709551616"] {
+            let e = rows(bad).unwrap_err().to_string();
+            assert!(e.contains("FERROCOMM_RMSNORM_WIDE_MAX_ROWS"), "{bad}: {e}");
+        }
+        // Every rank must agree: it is one of the settings communicator creation compares.
+        let c = cfg(&[("FERROCOMM_RMSNORM_WIDE_MAX_ROWS", "16")]).unwrap();
+        assert!(c
+            .shared_settings()
+            .iter()
+            .any(|(_, var, v)| *var == "FERROCOMM_RMSNORM_WIDE_MAX_ROWS" && v == "16"));
     }
 
     #[test]

@@ -874,11 +874,11 @@ impl CudaBackend {
         // With direct access the kernel comes from its rmsnorm unit (loaded at start-up where
         // built in or cached, else compiled now).
         let loaded = match self.dda.as_deref() {
-            Some(d) => Some(fused_norm::NormKernel {
-                f: d.func(shape.dtype, "fc_rmsnorm")?,
-                pdl: d.pdl,
-                sm_count: d.sm_count,
-            }),
+            Some(d) => Some(fused_norm::NormKernel::from_unit(
+                |name| d.func(shape.dtype, name),
+                d.pdl,
+                d.sm_count,
+            )?),
             None => None,
         };
         match (form, self.dda.as_deref()) {

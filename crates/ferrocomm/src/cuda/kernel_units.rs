@@ -75,7 +75,15 @@ pub const LOWP_ENTRIES: [&str; 4] = [
     "fc_lp_tree",
 ];
 /// Entry points of rmsnorm.cu.
-pub const RMSNORM_ENTRIES: [&str; 3] = ["fc_rmsnorm", "fc_fused_flat", "fc_fused_tree"];
+pub const RMSNORM_ENTRIES: [&str; 7] = [
+    "fc_rmsnorm",
+    "fc_rmsnorm_wide1",
+    "fc_rmsnorm_wide2",
+    "fc_rmsnorm_wide4",
+    "fc_rmsnorm_wide",
+    "fc_fused_flat",
+    "fc_fused_tree",
+];
 /// Entry points of window.cu (byte kernels, `(WinArgs)`).
 pub const WINDOW_ENTRIES: [&str; 3] = ["fc_win_put", "fc_win_signal", "fc_win_wait"];
 

@@ -30,6 +30,20 @@ const NORM_V: usize = 4;
 const NORM_V_STAGED: usize = 2;
 /// Most blocks of an `fc_rmsnorm` grid; its blocks stride over the rows past it.
 const MAX_NORM_BLOCKS: usize = 65535;
+/// The most rows whose norm takes the wide geometry by default
+/// (`FERROCOMM_RMSNORM_WIDE_MAX_ROWS`): calls of up to 1,024 rows of bf16 4096 ran at 1.16 to
+/// 1.45 times torch.compile's time with four vectors a thread, from 2,048 rows at 0.91 to 1.01
+/// (bench/results/2026-12-03-h200-norm).
+pub(crate) const WIDE_MAX_ROWS: usize = 1024;
+/// The norm's entry points: `fc_rmsnorm`, then the wide geometry's for 1, 2 and 4 vectors a
+/// thread (aligned buffers, no FP8 rows) and for every other call.
+const ENTRIES: [&str; 5] = [
+    "fc_rmsnorm",
+    "fc_rmsnorm_wide1",
+    "fc_rmsnorm_wide2",
+    "fc_rmsnorm_wide4",
+    "fc_rmsnorm_wide",
+];
 
 /// Threads per row for rows of `shape` whose threads hold `v` vectors each: the row's 16-byte
 /// vectors over `v`, in whole warps, 32 to 512. A row of at most `v * tpr` vectors stays in
@@ -43,13 +57,48 @@ fn threads_per_row(shape: &Shape, v: usize) -> usize {
         .clamp(32, NORM_THREADS)
 }
 
-/// Vectors a thread of `fc_rmsnorm` holds: 4, from the shape alone like the order of the sum
-/// it fixes. Measured on one H200: the fewest that hold a row in 512 threads (one a thread for
-/// bf16 4096) ran the one-rank call at 1.7 TB/s at 4,096 rows (bench/results/
-/// 2026-12-03-h200-norm-fewest), four at 3.1 TB/s (2026-12-03-h200-norm), while a single row
-/// took 3.0 µs either way (the kernel accepts 1, 2 or 4).
-fn vectors_per_thread(_shape: &Shape) -> usize {
-    NORM_V
+/// How a launch of the norm kernel lays the rows over threads. Chosen from the shape and
+/// `FERROCOMM_RMSNORM_WIDE_MAX_ROWS` alone (the same on every rank: it fixes the order of a
+/// row's sum of squares).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Geometry {
+    /// 16-byte vectors a thread holds per chunk of a row.
+    v: usize,
+    /// Threads a row ([`threads_per_row`]).
+    tpr: usize,
+    /// The wide entry points (the row in one chunk, the grid holding every row) rather than
+    /// `fc_rmsnorm`.
+    wide: bool,
+}
+
+/// The norm's geometry for `shape`. Up to `wide_max_rows` rows (and at most
+/// [`MAX_NORM_BLOCKS`]: a block a row at most) a row takes the fewest vectors a thread (1, 2 or
+/// 4) that hold it in 512 threads: few rows are a chain of dependent instructions per thread,
+/// which fewer vectors shorten, where many rows are a matter of bandwidth. Larger calls, and rows
+/// past 4 x 512 vectors, take four vectors a thread in `fc_rmsnorm`: measured on one H200, the
+/// fewest vectors a thread there (one for bf16 4096) ran 4,096 rows at 1.7 TB/s, four at
+/// 3.1 TB/s (bench/results/2026-12-03-h200-norm-fewest, 2026-12-03-h200-norm), and a single row
+/// took 3.0 µs either way (that kernel carries the registers, one block an SM, and the code of
+/// every case; the wide entry points carry their own).
+fn geometry(shape: &Shape, wide_max_rows: usize) -> Geometry {
+    let vectors = shape.hidden * shape.dtype.size() / 16;
+    if shape.rows <= wide_max_rows.min(MAX_NORM_BLOCKS) {
+        if let Some(v) = [1, 2, 4]
+            .into_iter()
+            .find(|&v| vectors.div_ceil(v) <= NORM_THREADS)
+        {
+            return Geometry {
+                v,
+                tpr: threads_per_row(shape, v),
+                wide: true,
+            };
+        }
+    }
+    Geometry {
+        v: NORM_V,
+        tpr: threads_per_row(shape, NORM_V),
+        wide: false,
+    }
 }
 
 /// Rows per block (and threads per block) for `rows` rows of `tpr` threads spread over at most
@@ -126,11 +175,11 @@ impl NormArgs {
     }
 }
 
-/// `fc_rmsnorm` of `dtype` in the current context and the device's SM count, loaded once per
-/// context and dtype.
-fn function(cfg: &Config, dtype: DataType) -> Result<(Function, u32)> {
-    /// (context, dtype) -> (the function, the SM count).
-    type Loaded = HashMap<(usize, DataType), (Function, u32)>;
+/// The norm's entry points ([`ENTRIES`]) of `dtype` in the current context and the device's SM
+/// count, loaded once per context and dtype.
+fn functions(cfg: &Config, dtype: DataType) -> Result<([Function; 5], u32)> {
+    /// (context, dtype) -> (the functions, the SM count).
+    type Loaded = HashMap<(usize, DataType), ([Function; 5], u32)>;
     static FUNCS: Mutex<Option<Loaded>> = Mutex::new(None);
     let key = (result::ctx_get_current()?, dtype);
     let mut g = FUNCS.lock().unwrap_or_else(|e| e.into_inner());
@@ -145,60 +194,118 @@ fn function(cfg: &Config, dtype: DataType) -> Result<(Function, u32)> {
         cfg,
         "loading the rmsnorm kernel",
     )?;
-    let f = module.function("fc_rmsnorm")?;
-    // Kept loaded: its function is cached for the context.
+    let fs = entry_points(|name| module.function(name))?;
+    // Kept loaded: its functions are cached for the context.
     module.keep_loaded();
     let sms = driver::current_device_attribute(
         DeviceAttribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     )?
     .max(1) as u32;
-    map.insert(key, (f, sms));
-    Ok((f, sms))
+    map.insert(key, (fs, sms));
+    Ok((fs, sms))
 }
 
-/// `fc_rmsnorm` (of the rows' dtype in the current context), whether launches use PDL, and the
-/// device's SM count.
+/// The norm's entry points (of the rows' dtype in the current context, in [`ENTRIES`] order:
+/// `fc_rmsnorm`, the wide ones), whether launches use PDL, and the device's SM count.
 #[derive(Clone, Copy)]
 pub(crate) struct NormKernel {
-    pub(crate) f: Function,
+    pub(crate) f: [Function; 5],
     pub(crate) pdl: bool,
     pub(crate) sm_count: u32,
 }
 
-/// Launches `fc_rmsnorm` on `stream` over the rows of `args`: [`threads_per_row`] threads a
-/// row, the rows spread over the SMs ([`slots`]).
-fn launch_norm(k: NormKernel, mut args: NormArgs, shape: &Shape, stream: u64) -> Result<()> {
-    let v = vectors_per_thread(shape);
-    let tpr = threads_per_row(shape, v);
-    args.tpr = tpr as u32;
-    args.v = v as u32;
-    let (slots, threads) = slots(shape.rows, tpr, k.sm_count as usize);
-    let blocks = shape.rows.div_ceil(slots).clamp(1, MAX_NORM_BLOCKS) as u32;
-    let (f, pdl) = (k.f, k.pdl);
+impl NormKernel {
+    /// The kernel from `func`, which looks an entry point up by name in the rmsnorm unit of the
+    /// call's dtype.
+    pub(crate) fn from_unit(
+        func: impl FnMut(&str) -> Result<Function>,
+        pdl: bool,
+        sm_count: u32,
+    ) -> Result<NormKernel> {
+        Ok(NormKernel {
+            f: entry_points(func)?,
+            pdl,
+            sm_count,
+        })
+    }
+}
+
+/// Every entry point of [`ENTRIES`], in its order, looked up by `func`.
+fn entry_points(mut func: impl FnMut(&str) -> Result<Function>) -> Result<[Function; 5]> {
+    let [a, b, c, d, e] = ENTRIES;
+    Ok([func(a)?, func(b)?, func(c)?, func(d)?, func(e)?])
+}
+
+/// Which entry point ([`ENTRIES`] index) runs a launch of `g` on the buffers of `args`:
+/// `fc_rmsnorm`, or for the wide geometry the one of its vector count when every buffer allows
+/// 16-byte accesses and no FP8 rows are written (that kernel assumes both), else
+/// `fc_rmsnorm_wide`.
+fn entry(g: Geometry, args: &NormArgs) -> usize {
+    if !g.wide {
+        return 0;
+    }
+    let ptrs = [
+        args.sum,
+        args.residual,
+        args.weight,
+        args.out,
+        args.residual_out,
+    ];
+    if args.codes != 0 || ptrs.iter().any(|p| p % 16 != 0) {
+        return 4;
+    }
+    match g.v {
+        1 => 1,
+        2 => 2,
+        _ => 3,
+    }
+}
+
+/// Launches the norm on `stream` over the rows of `args` in the [`geometry`] of `shape` and
+/// `wide_max_rows`: [`threads_per_row`] threads a row, the rows spread over the SMs ([`slots`]).
+fn launch_norm(
+    k: NormKernel,
+    mut args: NormArgs,
+    shape: &Shape,
+    stream: u64,
+    wide_max_rows: usize,
+) -> Result<()> {
+    let g = geometry(shape, wide_max_rows);
+    args.tpr = g.tpr as u32;
+    args.v = g.v as u32;
+    let (slots, threads) = slots(shape.rows, g.tpr, k.sm_count as usize);
+    let blocks = shape.rows.div_ceil(slots).clamp(1, MAX_NORM_BLOCKS);
+    // The wide kernels take a row a slot and loop over none: their grid holds every row.
+    debug_assert!(!g.wide || blocks * slots >= shape.rows);
+    let e = entry(g, &args);
+    let (f, pdl) = (k.f[e], k.pdl);
     let mut params = [(&mut args as *mut NormArgs).cast::<c_void>()];
-    // SAFETY: `f` is fc_rmsnorm of this dtype in the current context, taking one NormArgs by
-    // value (layout checked against the source in the tests); every pointer in it is memory of
-    // this device (check_buffers) holding the sizes the call's check verified; the block is a
-    // whole number of rows of `tpr` threads (slots); the kernel starts with
-    // griddepcontrol.wait, and `pdl` comes from the device.
+    // SAFETY: `f` is an entry point of the rmsnorm unit of this dtype in the current context,
+    // taking one NormArgs by value (layout checked against the source in the tests); every
+    // pointer in it is memory of this device (check_buffers) holding the sizes the call's check
+    // verified; the block is a whole number of rows of `tpr` threads (slots); a wide entry gets
+    // its geometry (one chunk of `v` vectors a thread, a grid that holds every row: at most
+    // MAX_NORM_BLOCKS rows) and, for those of a vector count, 16-byte aligned buffers and no FP8
+    // rows (`entry`); every entry starts with griddepcontrol.wait, and `pdl` comes from the
+    // device.
     unsafe {
-        launch(f, blocks, threads, stream, &mut params, pdl, || {
+        launch(f, blocks as u32, threads, stream, &mut params, pdl, || {
             format!(
-                "launching fc_rmsnorm ({} rows of {} {})",
-                shape.rows, shape.hidden, shape.dtype
+                "launching {} ({} rows of {} {})",
+                ENTRIES[e], shape.rows, shape.hidden, shape.dtype
             )
         })
     }
 }
 
-/// `fc_rmsnorm` of the call's dtype: `loaded` where the backend loaded its modules at start-up
-/// (direct access); otherwise the module is loaded now (not inside a graph capture: the first
-/// call must run eagerly).
+/// The norm's entry points of the call's dtype: `loaded` where the backend loaded its modules
+/// at start-up (direct access); otherwise the module is loaded now (not inside a graph capture:
+/// the first call must run eagerly).
 fn norm_function(cfg: &Config, dtype: DataType, loaded: Option<NormKernel>) -> Result<NormKernel> {
     match loaded {
         Some(l) => Ok(l),
         None => {
-            let (f, sm_count) = function(cfg, dtype)?;
+            let (f, sm_count) = functions(cfg, dtype)?;
             Ok(NormKernel {
                 f,
                 pdl: driver::pdl_for_current_device(cfg)?,
@@ -206,6 +313,13 @@ fn norm_function(cfg: &Config, dtype: DataType, loaded: Option<NormKernel>) -> R
             })
         }
     }
+}
+
+/// The most rows the norm lays out wide under `cfg` ([`geometry`]).
+fn wide_max_rows(cfg: &Config) -> usize {
+    cfg.thresholds
+        .rmsnorm_wide_max_rows
+        .unwrap_or(WIDE_MAX_ROWS)
 }
 
 /// Runs `call` (its buffers checked, [`check_buffers`]) in two launches on a backend: the sum
@@ -246,7 +360,7 @@ pub(crate) fn run(
     if shape.rows == 0 {
         return Ok(());
     }
-    launch_norm(kernel, args, &shape, opts.stream)
+    launch_norm(kernel, args, &shape, opts.stream, wide_max_rows(cfg))
 }
 
 /// Runs `call` of a communicator of one rank ([`NormForm::Local`]): its x is the sum, so one
@@ -283,7 +397,7 @@ pub(crate) fn run_local(
         eps,
         0,
     );
-    launch_norm(kernel, args, &shape, opts.stream)
+    launch_norm(kernel, args, &shape, opts.stream, wide_max_rows(cfg))
 }
 
 /// Grid and block of a one-launch call: rows of [`threads_per_row`]'s threads (one-shot: every
@@ -600,16 +714,99 @@ mod tests {
     }
 
     #[test]
-    fn a_thread_holds_four_vectors() {
-        for (hidden, dtype) in [
-            (4096, DataType::BF16),
-            (8192, DataType::BF16),
-            (8, DataType::F16),
-        ] {
-            assert_eq!(vectors_per_thread(&shape(1, hidden, dtype)), NORM_V);
-        }
+    fn few_rows_are_laid_out_wide_and_many_four_vectors_a_thread() {
+        let g = |rows, hidden, dtype| geometry(&shape(rows, hidden, dtype), WIDE_MAX_ROWS);
+        let wide = |v, tpr| Geometry { v, tpr, wide: true };
+        let four = |tpr| Geometry {
+            v: NORM_V,
+            tpr,
+            wide: false,
+        };
+        // bf16 4096 (512 vectors): one a thread up to 1,024 rows, then four (128 threads).
+        assert_eq!(g(1, 4096, DataType::BF16), wide(1, 512));
+        assert_eq!(g(1024, 4096, DataType::BF16), wide(1, 512));
+        assert_eq!(g(1025, 4096, DataType::BF16), four(128));
+        assert_eq!(g(4096, 4096, DataType::BF16), four(128));
+        // bf16 8192 and f32 4096 (1024 vectors): two; f32 8192: four, in 512 threads.
+        assert_eq!(g(64, 8192, DataType::BF16), wide(2, 512));
+        assert_eq!(g(64, 4096, DataType::F32), wide(2, 512));
+        assert_eq!(g(64, 8192, DataType::F32), wide(4, 512));
+        // Narrow rows: whole warps (3072 bf16: 384 vectors, 12 warps; 8 elements: one warp).
+        assert_eq!(g(7, 3072, DataType::BF16), wide(1, 384));
+        assert_eq!(g(7, 8, DataType::F16), wide(1, 32));
+        // Past 4 x 512 vectors a row takes chunks of four vectors a thread at any row count.
+        assert_eq!(g(1, 32768, DataType::BF16), four(512));
+        // The threshold: 0 never, and never past a block a row.
         let s = shape(1, 4096, DataType::BF16);
-        assert_eq!(threads_per_row(&s, vectors_per_thread(&s)), 128);
+        assert!(!geometry(&s, 0).wide);
+        assert!(geometry(&s, 1).wide);
+        let many = shape(MAX_NORM_BLOCKS + 1, 4096, DataType::BF16);
+        assert!(!geometry(&many, usize::MAX).wide);
+        assert!(geometry(&shape(MAX_NORM_BLOCKS, 8, DataType::F16), usize::MAX).wide);
+    }
+
+    fn args(ptr: u64, codes: u64) -> NormArgs {
+        NormArgs {
+            sum: ptr,
+            residual: ptr,
+            weight: ptr,
+            out: ptr,
+            residual_out: ptr,
+            codes,
+            scales: 0,
+            rows: 1,
+            hidden: 4096,
+            eps: 1e-6,
+            tpr: 0,
+            fp8_given: 0,
+            loopback: 0,
+            lp_block: 0,
+            lp_format: 0,
+            v: 0,
+            pad: 0,
+        }
+    }
+
+    #[test]
+    fn the_entry_point_follows_the_geometry_the_alignment_and_fp8() {
+        let names = |g, a: &NormArgs| ENTRIES[entry(g, a)];
+        let wide = |v| Geometry {
+            v,
+            tpr: 512,
+            wide: true,
+        };
+        let four = Geometry {
+            v: NORM_V,
+            tpr: 128,
+            wide: false,
+        };
+        let aligned = args(1 << 20, 0);
+        assert_eq!(names(wide(1), &aligned), "fc_rmsnorm_wide1");
+        assert_eq!(names(wide(2), &aligned), "fc_rmsnorm_wide2");
+        assert_eq!(names(wide(4), &aligned), "fc_rmsnorm_wide4");
+        assert_eq!(names(four, &aligned), "fc_rmsnorm");
+        // FP8 rows, or any buffer off 16 bytes: the wide kernel that handles every call.
+        assert_eq!(names(wide(1), &args(1 << 20, 1 << 21)), "fc_rmsnorm_wide");
+        for field in 0..5 {
+            let mut a = aligned;
+            let p = [
+                &mut a.sum,
+                &mut a.residual,
+                &mut a.weight,
+                &mut a.out,
+                &mut a.residual_out,
+            ];
+            *p.into_iter().nth(field).unwrap() += 2;
+            assert_eq!(names(wide(1), &a), "fc_rmsnorm_wide", "buffer {field}");
+            assert_eq!(names(four, &a), "fc_rmsnorm", "buffer {field}");
+        }
+    }
+
+    #[test]
+    fn every_entry_point_is_in_the_unit() {
+        for e in ENTRIES {
+            assert!(kernels::RMSNORM_ENTRIES.contains(&e), "{e:?}");
+        }
     }
 
     #[test]
