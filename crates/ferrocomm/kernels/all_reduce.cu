@@ -67,8 +67,8 @@ struct Args {
     // sender's lines in one parity.
     u64 ll128_off;
     u64 ll128_row;
-    // The flight recorder's mark (docs/reliability.md): where the call's record id goes once
-    // the kernel runs (host-mapped; 0: an unrecorded or captured call), and the id.
+    // The flight recorder's mark (docs/reliability.md): where the call's record id plus one
+    // goes once the kernel runs (host-mapped; 0: an unrecorded or captured call), and the value.
     u64 mark;
     u64 mark_id;
 };
@@ -134,17 +134,6 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-// pdl_wait(), then the call's mark for the flight recorder: its record id written to a
-// host-mapped word by one thread. Past the wait every earlier operation of the stream has
-// completed, so the word says "this call began and every call before it on this stream is
-// done" (the recorder resolves an eager call's state from it, without an event per call).
-// Only a call's first kernel needs it; every kernel of the call writes the same value.
-__device__ __forceinline__ void pdl_wait_mark(const Args& a) {
-    pdl_wait();
-    if (a.mark != 0 && blockIdx.x == 0 && threadIdx.x == 0)
-        asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(a.mark), "l"(a.mark_id) : "memory");
-}
-
 // Lets the next kernel on the stream (when launched with the attribute) be scheduled now, so its
 // launch overlaps our run. Safe anywhere for correctness: it only starts the dependent's CTAs, and
 // their own pdl_wait() still waits for this grid's full completion and memory flush. Called right
@@ -167,6 +156,21 @@ __device__ void report_timeout(const Args& a, u32 peer, u32 phase) {
     __threadfence_system();
     e[0] = 1;
     __threadfence_system();
+}
+
+// pdl_wait(), then the call's mark for the flight recorder: its record id plus one written to
+// a host-mapped word by one thread (docs/reliability.md, "CUDA calls"). Past the wait the
+// grids before this one on the stream have completed, so the word says "this call began and
+// the work before it on this stream is done". That holds for work whose kernels complete
+// before the next grid starts: ours, and any launched without programmatic serialization; a
+// foreign kernel launched with it that never waits for its own predecessor could let this one
+// start while an earlier call still runs. Only a call's first kernel needs the mark; every
+// kernel of the call writes the same value. Every entry point taking Args starts with this
+// (tests/cuda_kernels.rs checks it), fc_verify_write aside.
+__device__ __forceinline__ void pdl_wait_mark(const Args& a) {
+    pdl_wait();
+    if (a.mark != 0 && blockIdx.x == 0 && threadIdx.x == 0)
+        asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(a.mark), "l"(a.mark_id) : "memory");
 }
 
 // Bad-input codes of the error record (collectives.cu has the others).

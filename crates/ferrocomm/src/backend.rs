@@ -154,8 +154,8 @@ thread_local! {
 }
 
 /// The record id of the call this thread runs, where its kernels are to mark their start
-/// (docs/reliability.md, "How a dump knows a GPU call's state"); a backend that puts it in a
-/// kernel's arguments calls [`note_marked`].
+/// (docs/reliability.md, "CUDA calls"); a backend that puts it in a kernel's arguments calls
+/// [`note_marked`].
 pub(crate) fn call_mark() -> Option<u64> {
     CALL_MARK.get()
 }
@@ -1271,8 +1271,7 @@ pub trait Backend: Send + Sync {
         None
     }
     /// Whether a kernel of the call with flight-recorder record id `record` has begun on the
-    /// GPU (it wrote its mark, [`call_mark`]), asked from any thread: `None` when the backend
-    /// marks no call.
+    /// GPU (it wrote its mark), asked from any thread: `None` when the backend marks no call.
     fn began(&self, record: u64) -> Option<bool> {
         let _ = record;
         None

@@ -218,11 +218,24 @@ fn by_stream_order(rows: &mut [[u64; WORDS]], began: impl Fn(u64) -> bool) {
         .iter()
         .map(|w| w[W_STATE] == scheduled && began(w[W_RECORD]))
         .collect();
+    // A stream: its handle, and for CUDA's per-thread default stream the thread too (that
+    // handle names a different stream on each thread).
+    let stream = |w: &[u64; WORDS]| {
+        const PER_THREAD: u64 = 2; // CU_STREAM_PER_THREAD
+        (
+            w[W_STREAM],
+            if w[W_STREAM] == PER_THREAD {
+                w[W_THREAD]
+            } else {
+                0
+            },
+        )
+    };
     // The latest record of each stream known to have begun or completed.
-    let mut latest: HashMap<u64, u64> = HashMap::new();
+    let mut latest: HashMap<(u64, u64), u64> = HashMap::new();
     for (w, &b) in rows.iter().zip(&began) {
         if b || w[W_STATE] == CallState::Completed as u64 {
-            latest.insert(w[W_STREAM], w[W_RECORD]);
+            latest.insert(stream(w), w[W_RECORD]);
         }
     }
     let now = now_ns();
@@ -230,11 +243,13 @@ fn by_stream_order(rows: &mut [[u64; WORDS]], began: impl Fn(u64) -> bool) {
         if w[W_STATE] != scheduled {
             continue;
         }
-        if latest.get(&w[W_STREAM]).is_some_and(|&l| l > w[W_RECORD]) {
+        if latest.get(&stream(w)).is_some_and(|&l| l > w[W_RECORD]) {
             w[W_STATE] = CallState::Completed as u64;
             w[W_ENDED] = now;
         } else if b {
             w[W_STATE] = CallState::Began as u64;
+            // When the dump found it began (torch's time_discovered_started_ns).
+            w[W_STARTED] = now;
         }
     }
 }
@@ -1094,6 +1109,18 @@ mod tests {
                 "failed"
             ]
         );
+        // The per-thread default stream (handle 2) is a stream per thread: thread 1's call
+        // that began says nothing of thread 2's earlier one.
+        let mut rows = [
+            row(1, 2, CallState::Scheduled),
+            row(2, 2, CallState::Scheduled),
+        ];
+        rows[0][W_THREAD] = 2;
+        rows[1][W_THREAD] = 1;
+        by_stream_order(&mut rows, |r| r == 2);
+        assert_eq!(rows[0][W_STATE], CallState::Scheduled as u64);
+        assert_eq!(rows[1][W_STATE], CallState::Began as u64);
+        assert_ne!(rows[1][W_STARTED], 0, "when the dump found it began");
         // A point that passed counts as much as a mark: 5's stream has 3 before it.
         let mut rows = [
             row(3, 20, CallState::Scheduled),

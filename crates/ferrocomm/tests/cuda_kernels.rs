@@ -37,7 +37,7 @@ fn variant_table_matches_the_source() {
     for algo in ALGOS {
         let bounds = if algo == "ll128" { "512, 2" } else { "512" };
         let head = format!(
-            "void __launch_bounds__({bounds}) fc_{algo}_##NAME(Args a) {{ pdl_wait(); \
+            "void __launch_bounds__({bounds}) fc_{algo}_##NAME(Args a) {{ pdl_wait_mark(a); \
              pdl_launch_dependents(); "
         );
         let line = ALL_REDUCE_SOURCE
@@ -185,6 +185,15 @@ fn every_kernel_waits_for_the_previous_grid_first() {
         .expect("pdl_wait helper");
     let def = &ALL_REDUCE_SOURCE[wait..wait + 200];
     assert!(def.contains("__CUDA_ARCH__ >= 900") && def.contains("griddepcontrol.wait;"));
+    let mark = ALL_REDUCE_SOURCE
+        .find("void pdl_wait_mark(const Args& a) {")
+        .expect("pdl_wait_mark helper");
+    assert!(
+        ALL_REDUCE_SOURCE[mark..]
+            .split_once('{')
+            .is_some_and(|(_, b)| b.trim_start().starts_with("pdl_wait();")),
+        "pdl_wait_mark waits for the previous grid before its store"
+    );
     let mut n = 0;
     for (file, src) in [
         ("all_reduce.cu", ALL_REDUCE_SOURCE),
@@ -195,13 +204,18 @@ fn every_kernel_waits_for_the_previous_grid_first() {
     ] {
         for (name, body) in kernel_bodies(src) {
             let body = body.trim_start();
+            // pdl_wait_mark(a) is pdl_wait() and the flight recorder's mark (checked below).
+            let wait = ["pdl_wait();", "pdl_wait_mark(a);"]
+                .into_iter()
+                .find(|w| body.starts_with(w))
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{file}: {name} does not start with pdl_wait(): {}",
+                        &body[..body.len().min(80)]
+                    )
+                });
             assert!(
-                body.starts_with("pdl_wait();"),
-                "{file}: {name} does not start with pdl_wait(): {}",
-                &body[..body.len().min(80)]
-            );
-            assert!(
-                body["pdl_wait();".len()..]
+                body[wait.len()..]
                     .trim_start()
                     .starts_with("pdl_launch_dependents();"),
                 "{file}: {name} does not signal its dependents right after the wait"
@@ -545,4 +559,47 @@ fn no_device_function_calls_itself() {
         checked > 50,
         "only {checked} device functions found: the scan is broken"
     );
+}
+
+#[test]
+fn every_entry_point_taking_args_marks_its_call_for_the_flight_recorder() {
+    // An entry point taking Args whose call the recorder counts as marked must write the mark
+    // (pdl_wait_mark) as its first statement, or a dump would never learn the call began.
+    use ferrocomm::cuda::kernels::{LOWP_SOURCE, RMSNORM_SOURCE};
+    let allowed = ["fc_verify_write"]; // a check of the staging's mapping, not a call
+    let mut seen = 0;
+    for (file, src) in [
+        ("all_reduce.cu", ALL_REDUCE_SOURCE),
+        ("collectives.cu", COLLECTIVES_SOURCE),
+        ("lowp.cu", LOWP_SOURCE),
+        ("rmsnorm.cu", RMSNORM_SOURCE),
+    ] {
+        for (at, _) in src.match_indices("__global__ void") {
+            let head = &src[at..];
+            let open = head.find('{').expect("an entry point has a body");
+            let sig = &head[..open];
+            if !sig.contains("(Args a") {
+                continue;
+            }
+            let name = sig
+                .split(|c: char| c == '(' || c.is_whitespace())
+                .rfind(|w| w.starts_with("fc_"))
+                .unwrap_or(sig);
+            if allowed.contains(&name) {
+                continue;
+            }
+            let first = head[open + 1..]
+                .trim_start_matches(|c: char| c.is_whitespace() || c == '\\')
+                .split(';')
+                .next()
+                .unwrap_or("");
+            assert_eq!(
+                first.trim(),
+                "pdl_wait_mark(a)",
+                "{file}: {name} does not start with pdl_wait_mark(a)"
+            );
+            seen += 1;
+        }
+    }
+    assert!(seen >= 25, "only {seen} entry points taking Args found");
 }

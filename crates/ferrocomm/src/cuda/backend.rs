@@ -480,6 +480,11 @@ impl Backend for CudaBackend {
     }
 
     fn capturing(&self, stream: u64) -> bool {
+        // Asked before the call runs (the flight recorder's mark), maybe on a thread where no
+        // context is current yet: without one the query fails, which reads as "capturing".
+        if bind(&self.cuda).is_err() {
+            return true;
+        }
         crate::driver::capturing_or_unknown(stream)
     }
 
