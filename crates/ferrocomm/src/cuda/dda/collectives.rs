@@ -3,9 +3,10 @@
 //! push lines and epochs the all-reduce uses (so calls of any collective interleave freely and
 //! CUDA graphs capture them).
 //!
-//! Two protocols (see the head of collectives.cu): LL lines for parts up to [`LL_MAX_BYTES`] (no
-//! barrier), staged copies with a per-block barrier above ([`plan::part_form`]). The choice depends only
-//! on values every rank shares (part size, LL limit), so all ranks run the same kernel.
+//! Two protocols (see the head of collectives.cu): LL lines for parts up to the LL limit (the
+//! tuning table's `ll.max_part_bytes`, `StagingLayout::ll_max`; no barrier), staged copies with
+//! a per-block barrier above: the Plan's [`PartForm`], decided by the planner from values every
+//! rank shares (part size, LL limit), so all ranks run the same kernel.
 
 use std::ffi::c_void;
 
@@ -15,12 +16,6 @@ use crate::driver::launch;
 use crate::error::{Error, Result};
 use crate::plan::{self, Collective, PartForm, PartKind};
 use crate::types::{DataType, ReduceOp};
-
-/// Default largest part (bytes one sender puts in one receiver's row) sent as LL lines
-/// (`FERROCOMM_LL_MAX_BYTES` moves it); above it the staged protocol. LL halves the link
-/// bandwidth, staged pays a barrier round trip: LL won up to 256 KiB parts and lost at 512 KiB
-/// (docs/tuning.md, "Where the built-in limits come from").
-pub const LL_MAX_BYTES: usize = 256 << 10;
 
 const ERR_MISMATCH: u32 = 2;
 const ERR_CAPACITY: u32 = 3;
@@ -842,6 +837,11 @@ mod tests {
     use crate::cuda::kernels;
     use crate::plan::{part_form, st_rounds, staged_need, COLL_MAX_ROUNDS};
 
+    /// The built-in table's LL limit.
+    fn ll_max() -> usize {
+        Tuning::builtin().ll_max_bytes
+    }
+
     /// Every rank's view of one all-to-all-v: its row (send) and column (receive) of `m`.
     fn views(m: &[Vec<usize>]) -> Vec<Splits> {
         (0..m.len())
@@ -985,7 +985,7 @@ mod tests {
         // Every form `part_form` picks, on both sides of each of its size bounds, names a kernel
         // that exists.
         let t = Tuning::builtin();
-        let mut sizes = vec![0, 100, LL_MAX_BYTES, LL_MAX_BYTES + 1, 64 << 20];
+        let mut sizes = vec![0, 100, ll_max(), ll_max() + 1, 64 << 20];
         for k in [
             "all_gather",
             "all_to_all",
@@ -999,7 +999,7 @@ mod tests {
         }
         assert!(sizes.len() >= 11, "the three pipelined collectives' bounds");
         for part in sizes {
-            let form = |k| part_form(&t, k, part, LL_MAX_BYTES).0.kernel();
+            let form = |k| part_form(&t, k, part, ll_max()).0.kernel();
             for k in ["all_gather", "all_to_all", "broadcast"] {
                 let mut buf = [0; 64];
                 let name = part_kernel(&mut buf, k, form(k), None);
@@ -1020,7 +1020,7 @@ mod tests {
 
     #[test]
     fn large_data_moves_and_scatters_are_pipelined() {
-        let cap = LL_MAX_BYTES;
+        let cap = ll_max();
         let t = Tuning::builtin();
         let part_form = |k, part, cap| part_form(&t, k, part, cap);
         assert_eq!(part_form("all_gather", 100, cap), (PartKind::Ll, 1));
@@ -1164,9 +1164,9 @@ mod tests {
         assert_eq!(staged_need(Collective::AllToAllV, 100, 2), None);
         assert_eq!(a2av_slot_bytes(64 << 20, 3), (64 << 20) / 3 / 16 * 16);
         assert_eq!(a2av_slot_bytes(1000, 2) % 16, 0);
-        assert!(plan::a2av_takes_ll(0, LL_MAX_BYTES));
-        assert!(plan::a2av_takes_ll(LL_MAX_BYTES, LL_MAX_BYTES));
-        assert!(!plan::a2av_takes_ll(LL_MAX_BYTES + 1, LL_MAX_BYTES));
+        assert!(plan::a2av_takes_ll(0, ll_max()));
+        assert!(plan::a2av_takes_ll(ll_max(), ll_max()));
+        assert!(!plan::a2av_takes_ll(ll_max() + 1, ll_max()));
         assert!(!plan::a2av_takes_ll(4096, 2048));
     }
 

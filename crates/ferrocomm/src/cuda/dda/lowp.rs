@@ -65,11 +65,6 @@ fn tile(codec: &Codec) -> usize {
     codec.block.max(128)
 }
 
-/// Chunks of at least this many input bytes per part run the one-shot family as
-/// `fc_lp_move_wide` (two CTAs per SM, registers capped, some spilled): faster from 32 MiB parts
-/// up and slower below (docs/tuning.md, "Where the built-in limits come from").
-const LP_WIDE_MIN_BYTES: usize = 32 << 20;
-
 /// How a one-shot collective of `part` elements per part is cut: whether it pushes (records
 /// stored into the receivers' staging, a region per sender, at most `push_most` elements per
 /// chunk; 0 where push cannot run) or pulls (records in the sender's staging, at most
@@ -368,7 +363,9 @@ impl Dda {
             } else {
                 tiles
             };
-            let one_shot = if len * es as usize >= LP_WIDE_MIN_BYTES {
+            // Chunks from the tuning table's `low_precision.wide_min_bytes` up run the one-shot
+            // family as `fc_lp_move_wide` (two CTAs per SM, registers capped).
+            let one_shot = if len * es as usize >= self.lp_wide_min_bytes {
                 "fc_lp_move_wide"
             } else {
                 "fc_lp_move"

@@ -119,7 +119,8 @@ pub struct StagingLayout {
     pub push_off: usize,
     /// Payload bytes per sender of one push parity.
     pub push_cap: usize,
-    /// Largest part the collectives send in LL lines (`FERROCOMM_LL_MAX_BYTES`, at most
+    /// Largest part the collectives send in LL lines (`FERROCOMM_LL_MAX_BYTES`, else the tuning
+    /// table's `ll.max_part_bytes`; at most
     /// `push_cap`).
     pub ll_max: usize,
     /// Offset of the staging's two parities.
@@ -185,7 +186,7 @@ pub fn staging_layout(cfg: &Config, world: usize) -> StagingLayout {
         ll_max: cfg
             .thresholds
             .ll_max
-            .unwrap_or(collectives::LL_MAX_BYTES)
+            .unwrap_or(cfg.tuning.ll_max_bytes)
             .min(push_cap),
         staging_off,
         staging_bytes,
@@ -402,6 +403,9 @@ pub struct Dda {
     /// `FERROCOMM_DEBUG`: a kernel's timeout record is printed whole (peer, phase, block), once
     /// (the record is sticky: every later call finds it again).
     debug: bool,
+    /// The smallest low-precision one-shot chunk (input bytes per part) that runs the wide
+    /// kernel: the tuning table's `low_precision.wide_min_bytes`.
+    pub(super) lp_wide_min_bytes: usize,
     timeout_shown: std::sync::atomic::AtomicBool,
     /// The copy-engine all-reduce (`FERROCOMM_ALLREDUCE_CE_MIN_BYTES`), when on.
     ce: Option<CopyEngine>,
@@ -519,6 +523,7 @@ impl Dda {
             timeout: ctx.timeout(),
             kernel_timeout_ns: std::sync::atomic::AtomicU64::new(0),
             debug: ctx.config.debug,
+            lp_wide_min_bytes: ctx.config.tuning.lp_wide_min_bytes,
             timeout_shown: std::sync::atomic::AtomicBool::new(false),
             ce: None,
             ll128_on: false,
