@@ -68,6 +68,70 @@ pub struct Plan {
     /// How an all_reduce_rmsnorm runs ([`cuda_rmsnorm`], [`cuda_rmsnorm_plan`]); `None` for every
     /// other call.
     pub norm: Option<NormForm>,
+    /// How an all-to-all-v by the cuda backend's direct access moves its parts ([`A2avForm`]);
+    /// `None` elsewhere.
+    pub a2av: Option<A2avForm>,
+}
+
+/// How an all-to-all-v runs by the cuda backend's direct access ([`cuda_call_plan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum A2avForm {
+    /// Two ranks, crossing parts up to the LL limit: one launch in LL lines, no barrier.
+    Lines,
+    /// Two ranks, larger crossing parts: one staged launch per piece of a staging slot.
+    Pieces,
+    /// Above two ranks: one launch that moves every pair's part in pieces of half a slot.
+    Pairs,
+    /// Counts in device memory: one launch that reads them there.
+    DeviceCounts,
+}
+
+/// One call as the planner weighs it: plain values every rank computes alike from its own
+/// operands (`CallKind::plan_shape`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CallShape {
+    /// The collective.
+    pub coll: Collective,
+    /// Its size as [`Plan`]'s callers count it (`CallKind::shape`).
+    pub bytes_per_rank: usize,
+    /// The element type.
+    pub dtype: DataType,
+    /// The reduction of a reducing collective; `Sum` for the others.
+    pub op: ReduceOp,
+    /// Every pointer is aligned to the element size (the low-precision kernels need it).
+    pub aligned: bool,
+    /// What the operands rule out, whatever the size.
+    pub operands: Operands,
+}
+
+impl CallShape {
+    /// A call of `coll` with `bytes_per_rank` of `dtype`: a Sum for the reductions, pointers
+    /// aligned, plain operands (what the bench, `algo_for` and `ferrocomm info` plan).
+    pub fn of(coll: Collective, bytes_per_rank: usize, dtype: DataType) -> CallShape {
+        CallShape {
+            coll,
+            bytes_per_rank,
+            dtype,
+            op: ReduceOp::Sum,
+            aligned: true,
+            operands: Operands::Plain,
+        }
+    }
+}
+
+/// What a call's operands rule out for the cuda backend's direct access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operands {
+    /// Nothing.
+    Plain,
+    /// An all-to-all-v in place whose send counts differ from its receive counts: a part would
+    /// overwrite data not yet sent (the direct-access kernels keep every part in its place).
+    UnevenInPlace,
+    /// A message to the rank itself (direct access moves messages between two ranks).
+    ToSelf,
+    /// An all-to-all-v whose counts are in device memory: direct access only (the kernel reads
+    /// them there).
+    DeviceCounts,
 }
 
 /// How a staged collective's parts move ([`part_form`]); [`PartKind::kernel`] names it in the
@@ -163,6 +227,7 @@ impl Plan {
             low_precision: None,
             parts: None,
             norm: None,
+            a2av: None,
         }
     }
 }
@@ -454,8 +519,8 @@ pub fn host_low_precision(
     low_precision(coll, dtype, op, bytes_per_rank, choice, cfg, 0)
 }
 
-/// The plan of one host-backend call of `bytes_per_rank` (a Sum for the reductions): what the
-/// host backend runs, what `ferrocomm info` prints on a machine without a GPU.
+/// The plan of one host-backend call of `bytes_per_rank` (a Sum for the reductions): what
+/// `ferrocomm info` prints on a machine without a GPU ([`host_call_plan`]).
 pub fn host_plan(
     coll: Collective,
     bytes_per_rank: usize,
@@ -465,14 +530,46 @@ pub fn host_plan(
     choice: LowPrecisionChoice,
     cfg: &Config,
 ) -> Result<Plan> {
-    let codec = host_low_precision(coll, dtype, ReduceOp::Sum, bytes_per_rank, choice, cfg)?;
+    let shape = CallShape::of(coll, bytes_per_rank, dtype);
+    host_call_plan(&shape, world, requested, choice, cfg)
+}
+
+/// The size low precision weighs for a call of `bytes_per_rank` (as [`Plan`]'s callers count
+/// it) at `world` ranks: one rank's part (the all-to-all's output and the all-to-all-v's
+/// `world` × largest crossing part over the world), the message itself for the others.
+fn lp_bytes(coll: Collective, bytes_per_rank: usize, world: usize) -> usize {
+    match coll {
+        Collective::AllToAll | Collective::AllToAllV => bytes_per_rank / world.max(1),
+        _ => bytes_per_rank,
+    }
+}
+
+/// The plan of one host-backend call: what the host backend runs. Its algorithm
+/// ([`host_algo`]) and its codec ([`host_low_precision`], on one rank's part).
+pub fn host_call_plan(
+    shape: &CallShape,
+    world: usize,
+    requested: Algo,
+    choice: LowPrecisionChoice,
+    cfg: &Config,
+) -> Result<Plan> {
+    let CallShape {
+        coll,
+        bytes_per_rank: bytes,
+        dtype,
+        op,
+        ..
+    } = *shape;
+    let lp = lp_bytes(coll, bytes, world);
+    let codec = host_low_precision(coll, dtype, op, lp, choice, cfg)?;
     Ok(Plan {
         engine: Engine::Host,
-        algo: host_algo(coll, bytes_per_rank, world, dtype, requested, cfg)?,
+        algo: host_algo(coll, bytes, world, dtype, requested, cfg)?,
         form: None,
         low_precision: codec,
         parts: None,
         norm: None,
+        a2av: None,
     })
 }
 
@@ -499,6 +596,7 @@ pub fn nccl_plan(
         low_precision: None,
         parts: None,
         norm: None,
+        a2av: None,
     })
 }
 
@@ -946,6 +1044,7 @@ pub fn cuda_all_reduce_plan(
                 low_precision: Some(codec),
                 parts: None,
                 norm: None,
+                a2av: None,
             });
         }
     }
@@ -999,6 +1098,7 @@ pub fn cuda_plan(
                 low_precision: Some(codec),
                 parts: None,
                 norm: None,
+                a2av: None,
             });
         }
     }
@@ -1031,10 +1131,93 @@ pub fn cuda_plan(
         }
         _ => None,
     };
+    let a2av = match (&cuda.dda, algo, coll) {
+        (Some(d), Algo::Direct, Collective::AllToAllV) => Some(a2av_form(world, part, d.ll_max)),
+        _ => None,
+    };
     Ok(Plan {
         parts,
+        a2av,
         ..Plan::on_gpu(algo, None)
     })
+}
+
+/// How an all-to-all-v of `world` ranks whose largest crossing part is `crossing_bytes` runs by
+/// direct access: pair by pair above two ranks (no count is seen by every rank), else in LL
+/// lines where that part fits them ([`a2av_takes_ll`]), else in staged pieces.
+pub fn a2av_form(world: usize, crossing_bytes: usize, ll_max: usize) -> A2avForm {
+    if a2av_without_agreed_size(world) {
+        A2avForm::Pairs
+    } else if a2av_takes_ll(crossing_bytes, ll_max) {
+        A2avForm::Lines
+    } else {
+        A2avForm::Pieces
+    }
+}
+
+/// The plan of one call of `shape` on the cuda backend, `requested` per call and `choice` of
+/// low precision: [`cuda_plan`] where the operands allow direct access (full precision where
+/// the pointers are not aligned to the element size); what the operands rule out
+/// ([`Operands`]) goes to NCCL, or is refused where direct access was asked for. A message
+/// between ranks of a communicator of other than two goes to NCCL (refused where direct
+/// access was asked for); device-side counts run by direct access only.
+pub fn cuda_call_plan(
+    cuda: &CudaCaps<'_>,
+    cfg: &Config,
+    shape: &CallShape,
+    requested: Algo,
+    choice: LowPrecisionChoice,
+) -> Result<Plan> {
+    let coll = shape.coll;
+    let refuse = |what: String| Error::Unsupported {
+        collective: coll.name(),
+        backend: "cuda",
+        what,
+    };
+    let p2p = matches!(coll, Collective::Send | Collective::Recv);
+    let why_not = match shape.operands {
+        Operands::DeviceCounts => {
+            return match cuda.dda {
+                Some(_) => Ok(Plan {
+                    a2av: Some(A2avForm::DeviceCounts),
+                    ..Plan::on_gpu(Algo::Direct, None)
+                }),
+                None => Err(refuse(format!(
+                    "device-side counts without direct access ({})",
+                    cuda.no_dda
+                ))),
+            };
+        }
+        _ if p2p && cuda.world != 2 => Some(
+            "direct access for point-to-point between the two ranks of a two-rank communicator \
+             only",
+        ),
+        Operands::ToSelf => Some("direct access for a message to the rank itself"),
+        Operands::UnevenInPlace => {
+            Some("direct access in place with send counts that differ from receive counts")
+        }
+        Operands::Plain => None,
+    };
+    if let Some(why) = why_not {
+        if requested == Algo::Direct {
+            return Err(refuse(why.into()));
+        }
+        if !cuda.nccl {
+            return Err(refuse(format!(
+                "{} without NCCL ({})",
+                coll.name(),
+                cuda.no_nccl
+            )));
+        }
+        return Ok(Plan::on_gpu(Algo::Nccl, None));
+    }
+    let choice = if shape.aligned {
+        choice
+    } else {
+        LowPrecisionChoice::Off
+    };
+    let (bytes, dtype, op) = (shape.bytes_per_rank, shape.dtype, shape.op);
+    cuda_plan(cuda, cfg, coll, bytes, dtype, op, requested, choice)
 }
 
 /// The staged kernel that carries `coll` by direct access (`fc_<kernel>_<form>`): a message
@@ -1210,6 +1393,7 @@ mod tests {
             low_precision: None,
             parts: None,
             norm: None,
+            a2av: None,
         };
         assert_eq!(full(Algo::Flat, Some(FlatForm::Pull)).to_string(), "flat");
         assert_eq!(full(Algo::Flat, Some(FlatForm::Stream)).to_string(), "flat");
@@ -1498,6 +1682,94 @@ mod tests {
             plan(&four, &cfg, Collective::AllReduce, 4 << 20).unwrap(),
             "lp-tree"
         );
+    }
+
+    #[test]
+    fn the_operands_rule_out_direct_access_in_the_plan() {
+        let kernels = [DataType::F32, DataType::BF16];
+        let caps = |world, nccl| CudaCaps {
+            world,
+            dda: Some(two_h200_dda()),
+            no_dda: "off",
+            nccl,
+            no_nccl: "absent",
+            multi_host: false,
+            kernel_dtypes: &kernels,
+        };
+        let cfg = Config::default();
+        let shape = |coll, bytes, operands| CallShape {
+            operands,
+            ..CallShape::of(coll, bytes, DataType::BF16)
+        };
+        let plan = |c: &CudaCaps<'_>, s: &CallShape, req| {
+            cuda_call_plan(c, &cfg, s, req, LowPrecisionChoice::Default)
+        };
+        let (two, four) = (caps(2, true), caps(4, true));
+        let send = shape(Collective::Send, 1024, Operands::Plain);
+        let to_self = shape(Collective::Send, 1024, Operands::ToSelf);
+        let uneven = shape(Collective::AllToAllV, 2048, Operands::UnevenInPlace);
+        let device = shape(Collective::AllToAllV, 2048, Operands::DeviceCounts);
+        // A message between the two ranks: direct access in LL lines.
+        let p = plan(&two, &send, Algo::Auto).unwrap();
+        assert_eq!(
+            (p.engine, p.parts.map(|p| p.form)),
+            (Engine::Direct, Some(PartKind::Ll))
+        );
+        // To the rank itself, between ranks of four, in place with uneven counts: NCCL's, and
+        // refused naming why where direct access is asked for.
+        for (c, s, why) in [
+            (&two, &to_self, "to the rank itself"),
+            (&four, &send, "two-rank communicator only"),
+            (&two, &uneven, "send counts that differ"),
+        ] {
+            assert_eq!(
+                plan(c, s, Algo::Auto).unwrap().engine,
+                Engine::Nccl,
+                "{why}"
+            );
+            let e = plan(c, s, Algo::Direct).unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+            // Without NCCL, nothing can carry them.
+            let no_nccl = CudaCaps { nccl: false, ..*c };
+            let e = plan(&no_nccl, s, Algo::Auto).unwrap_err().to_string();
+            assert!(e.contains("without NCCL"), "{e}");
+        }
+        // Device-side counts: direct access only.
+        let p = plan(&two, &device, Algo::Auto).unwrap();
+        assert_eq!(
+            (p.engine, p.a2av),
+            (Engine::Direct, Some(A2avForm::DeviceCounts))
+        );
+        let off = CudaCaps { dda: None, ..two };
+        let e = plan(&off, &device, Algo::Auto).unwrap_err().to_string();
+        assert!(
+            e.contains("device-side counts without direct access"),
+            "{e}"
+        );
+        // The all-to-all-v's form: LL lines to the LL limit of its largest crossing part (the
+        // size counts two of them), staged pieces above, pair by pair above two ranks.
+        let ll = two_h200_dda().ll_max;
+        let a2av = |c: &CudaCaps<'_>, bytes| {
+            let s = shape(Collective::AllToAllV, bytes, Operands::Plain);
+            plan(c, &s, Algo::Direct).unwrap().a2av
+        };
+        assert_eq!(a2av(&two, 2 * ll), Some(A2avForm::Lines));
+        assert_eq!(a2av(&two, 2 * ll + 2), Some(A2avForm::Pieces));
+        assert_eq!(a2av(&four, 0), Some(A2avForm::Pairs));
+        assert_eq!(a2av(&four, 1 << 30), Some(A2avForm::Pairs));
+        // Pointers off the element size: full precision, whatever was asked.
+        let fp8 = LowPrecisionChoice::On(Format::E4M3);
+        let ar = |aligned| {
+            let s = CallShape {
+                aligned,
+                ..CallShape::of(Collective::AllReduce, 8 << 20, DataType::BF16)
+            };
+            cuda_call_plan(&two, &cfg, &s, Algo::Auto, fp8)
+                .unwrap()
+                .low_precision
+        };
+        assert!(ar(true).is_some());
+        assert_eq!(ar(false), None);
     }
 
     #[test]

@@ -104,7 +104,7 @@ pub(in crate::cuda) struct A2avPlan {
 /// The plan of a low-precision all-to-all-v of `splits` on `rank`, or `None` where it cannot
 /// run. Two ranks only: each rank sees its own row and column of the count matrix, and only at
 /// two ranks do both see every count that decides (the crossing ones), so both take the same
-/// path (cuda::collectives::a2av_agreed_sizes); more ranks go full precision. `None` also where
+/// path (`CallKind::shape` counts the largest crossing part); more ranks go full precision. `None` also where
 /// the codec or the staging does not allow it ([`a2av_codec_fits`]).
 pub(in crate::cuda) fn a2av_plan(
     rank: usize,
