@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use ferrocomm::config::Config;
 use ferrocomm::plan::{
-    cuda_plan, host_plan, select, Caps, CudaCaps, LowPrecisionChoice, PartKind, Plan,
+    cuda_plan, host_plan, select, Caps, CudaCaps, LowPrecisionChoice, LpKernel, PartKind, Plan,
 };
 use ferrocomm::tuning::{TableSource, Tuning, BUILTIN_JSON};
 use ferrocomm::{Algo, Collective, DataType, ReduceOp};
@@ -259,6 +259,45 @@ fn a_table_file_moves_the_ll_limit_at_exactly_its_size() {
             assert_eq!(form(&tuned, coll, bytes), want(64 << 10), "{case}");
             // FERROCOMM_LL_MAX_BYTES still wins over the table.
             assert_eq!(form(&env, coll, bytes), want(128 << 10), "{case}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_table_file_moves_the_wide_kernel_at_exactly_its_size() {
+    let dir = scratch("wide");
+    let file = dir.join("table.json");
+    write_changed(
+        &file,
+        r#""wide_min_bytes": "32M""#,
+        r#""wide_min_bytes": "8M""#,
+    );
+    let builtin = config(&[]);
+    let tuned = config(&[("FERROCOMM_TUNING", file.display().to_string())]);
+    let fp8 = LowPrecisionChoice::On(ferrocomm::Format::E4M3);
+    // Two ranks, bf16: a call up to 32 MiB per part is one launch (push, split), so its one
+    // kernel is the last one's.
+    let kernel = |cfg: &Config, coll, bytes| {
+        let lp = cuda_two(cfg, coll, bytes, fp8)
+            .lp
+            .expect("a low-precision plan");
+        assert!(lp.chunk * 2 >= bytes, "{bytes}: one launch");
+        lp.last_kernel
+    };
+    let marks = [8usize << 20, 32 << 20];
+    for bytes in marks.iter().flat_map(|&m| [m - 2, m, m + 2]) {
+        let want = |limit: usize| {
+            if bytes >= limit {
+                LpKernel::Wide
+            } else {
+                LpKernel::Plain
+            }
+        };
+        for coll in [Collective::AllReduce, Collective::AllGather] {
+            let case = format!("{} of {bytes} bytes", coll.name());
+            assert_eq!(kernel(&builtin, coll, bytes), want(32 << 20), "{case}");
+            assert_eq!(kernel(&tuned, coll, bytes), want(8 << 20), "{case}");
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -5,7 +5,6 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaContext;
 
-use super::dda::lowp::{a2av_plan, LpKind};
 use super::dda::{collectives, fused_norm, Dda};
 use super::kernels;
 use crate::backend::{
@@ -18,7 +17,7 @@ use crate::driver::{
 };
 use crate::error::{Error, Result};
 use crate::nccl::NcclBackend;
-use crate::plan::{self, Algo, CallShape, Collective, CudaCaps, Engine, PartForm, Plan};
+use crate::plan::{self, Algo, CallShape, Collective, CudaCaps, Engine, LpForm, PartForm, Plan};
 use crate::quant::Codec;
 use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
@@ -229,9 +228,12 @@ impl CudaBackend {
         )
     }
 
-    /// Direct access and the codec when `plan` goes low precision.
-    fn low_precision(&self, plan: &Plan) -> Option<(&Dda, Codec)> {
-        self.dda.as_deref().zip(plan.low_precision)
+    /// Direct access, the codec and the form of the records when `plan` goes low precision.
+    fn low_precision(&self, plan: &Plan) -> Option<(&Dda, Codec, LpForm)> {
+        match (self.dda.as_deref(), plan.low_precision, plan.lp) {
+            (Some(d), Some(c), Some(form)) => Some((d, c, form)),
+            _ => None,
+        }
     }
 
     /// Direct access and the form of the parts when `plan` runs a staged kernel, `None` for
@@ -528,19 +530,11 @@ impl CudaBackend {
         }
         let (ip, op_ptr) = (input.address(&output), output.ptr() as u64);
         self.follow(st, opts.stream)?;
+        if let Some((d, codec, form)) = self.low_precision(plan) {
+            let avg = op == ReduceOp::Avg;
+            return d.lp_collective(&form, &codec, dtype, ip, op_ptr, count, avg, opts.stream);
+        }
         match (*plan, self.dda.as_deref()) {
-            (
-                Plan {
-                    low_precision: Some(codec),
-                    algo,
-                    ..
-                },
-                Some(d),
-            ) => {
-                let kind = LpKind::of_all_reduce(algo);
-                let avg = op == ReduceOp::Avg;
-                d.lp_collective(kind, &codec, dtype, ip, op_ptr, count, avg, opts.stream)
-            }
             (
                 Plan {
                     engine: Engine::Direct,
@@ -615,8 +609,8 @@ impl CudaBackend {
             input.part_address(&output, part, self.rank),
             output.ptr() as u64,
         );
-        if let Some((d, c)) = self.low_precision(plan) {
-            return d.lp_collective(LpKind::AllGather, &c, dt, i, o, part, false, opts.stream);
+        if let Some((d, c, form)) = self.low_precision(plan) {
+            return d.lp_collective(&form, &c, dt, i, o, part, false, opts.stream);
         }
         if let Some((d, parts)) = self.staged(plan, "all_gather")? {
             return d.coll_all_gather(i, o, part, dt, parts, opts.stream);
@@ -644,9 +638,9 @@ impl CudaBackend {
             }
             Input::Buf(v) => (v.ptr() as u64, output.ptr() as u64, output.count()),
         };
-        if let Some((d, c)) = self.low_precision(plan) {
+        if let Some((d, c, form)) = self.low_precision(plan) {
             let avg = op == ReduceOp::Avg;
-            return d.lp_collective(LpKind::ReduceScatter, &c, dt, i, o, part, avg, opts.stream);
+            return d.lp_collective(&form, &c, dt, i, o, part, avg, opts.stream);
         }
         if let Some((d, parts)) = self.staged(plan, "reduce_scatter")? {
             return d.coll_reduce_scatter(i, o, part, dt, op, parts, opts.stream);
@@ -665,8 +659,8 @@ impl CudaBackend {
         self.follow(st, opts.stream)?;
         let (dt, part) = (output.dtype(), output.count() / self.size);
         let (i, o) = (input.address(&output), output.ptr() as u64);
-        if let Some((d, c)) = self.low_precision(plan) {
-            return d.lp_collective(LpKind::AllToAll, &c, dt, i, o, part, false, opts.stream);
+        if let Some((d, c, form)) = self.low_precision(plan) {
+            return d.lp_collective(&form, &c, dt, i, o, part, false, opts.stream);
         }
         if let Some((d, parts)) = self.staged(plan, "all_to_all")? {
             return d.coll_all_to_all(i, o, part, dt, parts, opts.stream);
@@ -691,14 +685,8 @@ impl CudaBackend {
         // requires, and Communicator keeps its place): the warp that reads a group of part p to
         // send it is the one that writes the group received into part p, after the barrier
         // (kernels/lowp.cu, as in the all-to-all).
-        if let Some((d, c)) = self.low_precision(plan) {
-            let staging = d.layout().staging_bytes;
-            let Some(lp) = a2av_plan(self.rank, splits, &c, staging) else {
-                return Err(Error::InvalidArgument(
-                    "all_to_all_v: a low-precision plan the staging cannot hold".into(),
-                ));
-            };
-            return d.lp_all_to_all_v(lp, &c, dt, i, o, splits, opts.stream);
+        if let Some((d, c, form)) = self.low_precision(plan) {
+            return d.lp_all_to_all_v(&form, &c, dt, i, o, splits, opts.stream);
         }
         match (self.dda.as_deref(), plan.a2av) {
             (Some(d), Some(form)) => d.coll_all_to_all_v(i, o, splits, dt, form, opts.stream),

@@ -213,7 +213,7 @@ pub fn dda_caps(cfg: &Config, world: usize, ce_min: Option<usize>, ll128_links: 
         ll128_cap: layout.ll128_cap,
         ll128_links,
         ll_max: layout.ll_max,
-        a2av_lp: lowp::a2av_lp_fits(cfg, layout.staging_bytes),
+        a2av_lp: crate::plan::a2av_lp_fits(cfg, layout.staging_bytes),
     }
 }
 
@@ -403,9 +403,6 @@ pub struct Dda {
     /// `FERROCOMM_DEBUG`: a kernel's timeout record is printed whole (peer, phase, block), once
     /// (the record is sticky: every later call finds it again).
     debug: bool,
-    /// The smallest low-precision one-shot chunk (input bytes per part) that runs the wide
-    /// kernel: the tuning table's `low_precision.wide_min_bytes`.
-    pub(super) lp_wide_min_bytes: usize,
     timeout_shown: std::sync::atomic::AtomicBool,
     /// The copy-engine all-reduce (`FERROCOMM_ALLREDUCE_CE_MIN_BYTES`), when on.
     ce: Option<CopyEngine>,
@@ -523,7 +520,6 @@ impl Dda {
             timeout: ctx.timeout(),
             kernel_timeout_ns: std::sync::atomic::AtomicU64::new(0),
             debug: ctx.config.debug,
-            lp_wide_min_bytes: ctx.config.tuning.lp_wide_min_bytes,
             timeout_shown: std::sync::atomic::AtomicBool::new(false),
             ce: None,
             ll128_on: false,
