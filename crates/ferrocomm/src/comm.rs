@@ -482,12 +482,17 @@ impl Communicator {
             .plans_seen
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert((coll, plan.to_string()));
+            .insert((coll, format!("{plan} {}", plan.detail())));
         if first {
             // One write of the whole line, so that ranks sharing a terminal or a pipe do not
             // interleave their lines.
+            let detail = match plan.detail() {
+                d if d.is_empty() => d,
+                d => format!(" ({d})"),
+            };
             let line = format!(
-                "ferrocomm: rank {} '{}': {name} of {bytes} bytes per rank ({dtype}) runs {plan}\n",
+                "ferrocomm: rank {} '{}': {name} of {bytes} bytes per rank ({dtype}) runs \
+                 {plan}{detail}\n",
                 self.ctx.rank, self.ctx.name,
             );
             let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());

@@ -89,6 +89,17 @@ pub enum A2avForm {
     DeviceCounts,
 }
 
+impl fmt::Display for A2avForm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            A2avForm::Lines => "lines",
+            A2avForm::Pieces => "pieces",
+            A2avForm::Pairs => "pairs",
+            A2avForm::DeviceCounts => "device-counts",
+        })
+    }
+}
+
 /// One call as the planner weighs it: plain values every rank computes alike from its own
 /// operands (`CallKind::plan_shape`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -216,6 +227,37 @@ impl fmt::Display for Plan {
 }
 
 impl Plan {
+    /// The forms the path does not name, for `FERROCOMM_DEBUG`: the parts of a staged
+    /// collective (`parts ll`, `parts st`, `parts rw x4`), the all-to-all-v's form
+    /// (`a2av pieces`), and how a low-precision call moves its records (`lp push, chunks of
+    /// 4194304 (plain, the last plain), split`); empty where there are none.
+    pub fn detail(&self) -> String {
+        let mut d = Vec::new();
+        if let Some(p) = self.parts {
+            d.push(match p.rounds {
+                1 => format!("parts {}", p.form),
+                r => format!("parts {} x{r}", p.form),
+            });
+        }
+        if let Some(a) = self.a2av {
+            d.push(format!("a2av {a}"));
+        }
+        if let Some(l) = self.lp {
+            let moves = match l.moves {
+                LpMove::Push => "push",
+                LpMove::Pull => "pull",
+            };
+            d.push(format!(
+                "lp {moves}, chunks of {} ({}, the last {}){}",
+                l.chunk,
+                l.kernel,
+                l.last_kernel,
+                if l.split { ", split" } else { "" }
+            ));
+        }
+        d.join(", ")
+    }
+
     /// A full-precision plan of the cuda backend: NCCL's engine for [`Algo::Nccl`], direct
     /// access for every other algorithm.
     pub fn on_gpu(algo: Algo, form: Option<FlatForm>) -> Plan {
@@ -1410,6 +1452,15 @@ pub enum LpKernel {
     Wide,
 }
 
+impl fmt::Display for LpKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LpKernel::Plain => "plain",
+            LpKernel::Wide => "wide",
+        })
+    }
+}
+
 /// How a low-precision call by direct access runs: launches of `chunk` elements per part (the
 /// last takes what is left), each pushing or pulling its records, split or not, on the plain
 /// or the wide kernel.
@@ -2137,6 +2188,50 @@ mod tests {
             (a2av.kind, a2av.kernel, a2av.split),
             (LpKind::AllToAllV, LpKernel::Plain, false)
         );
+    }
+
+    #[test]
+    fn the_detail_names_the_forms_the_path_does_not() {
+        let kernels = [DataType::BF16];
+        let caps = |world| CudaCaps {
+            world,
+            dda: Some(two_h200_dda()),
+            no_dda: "off",
+            nccl: true,
+            no_nccl: "absent",
+            multi_host: false,
+            kernel_dtypes: &kernels,
+        };
+        let cfg = Config::default();
+        let detail = |world, coll, bytes, choice| {
+            let (bf16, sum) = (DataType::BF16, ReduceOp::Sum);
+            let p = cuda_plan(
+                &caps(world),
+                &cfg,
+                coll,
+                bytes,
+                bf16,
+                sum,
+                Algo::Direct,
+                choice,
+            );
+            p.unwrap().detail()
+        };
+        let (d, fp8) = (
+            LowPrecisionChoice::Off,
+            LowPrecisionChoice::On(Format::E4M3),
+        );
+        assert_eq!(detail(2, Collective::AllGather, 1024, d), "parts ll");
+        assert_eq!(detail(2, Collective::AllGather, 1 << 20, d), "parts st");
+        assert_eq!(detail(2, Collective::AllGather, 16 << 20, d), "parts rw x4");
+        assert_eq!(detail(2, Collective::AllToAllV, 1024, d), "a2av lines");
+        assert_eq!(detail(4, Collective::AllToAllV, 1024, d), "a2av pairs");
+        assert_eq!(
+            detail(2, Collective::AllGather, 2 << 20, fp8),
+            "lp push, chunks of 1048576 (plain, the last plain), split"
+        );
+        let full = Plan::on_gpu(Algo::Nccl, None);
+        assert_eq!(full.detail(), "");
     }
 
     #[test]
