@@ -1898,6 +1898,20 @@ mod tests {
         }
     }
 
+    /// A communicator of `world` ranks as on H200s ([`two_h200_dda`]'s direct access, NCCL
+    /// underneath) whose reduction kernels take `kernels`.
+    fn h200_caps(world: usize, kernels: &[DataType]) -> CudaCaps<'_> {
+        CudaCaps {
+            world,
+            dda: Some(two_h200_dda()),
+            no_dda: "off",
+            nccl: true,
+            no_nccl: "absent",
+            multi_host: false,
+            kernel_dtypes: kernels,
+        }
+    }
+
     #[test]
     fn a_cuda_plan_names_what_each_call_runs() {
         let dda = two_h200_dda();
@@ -2000,13 +2014,8 @@ mod tests {
     fn the_operands_rule_out_direct_access_in_the_plan() {
         let kernels = [DataType::F32, DataType::BF16];
         let caps = |world, nccl| CudaCaps {
-            world,
-            dda: Some(two_h200_dda()),
-            no_dda: "off",
             nccl,
-            no_nccl: "absent",
-            multi_host: false,
-            kernel_dtypes: &kernels,
+            ..h200_caps(world, &kernels)
         };
         let cfg = Config::default();
         let shape = |coll, bytes, operands| CallShape {
@@ -2132,15 +2141,7 @@ mod tests {
         // The all-reduce's plan carries it; an empty call cuts nothing; a staging that holds
         // no tile is refused naming the setting.
         let kernels = [DataType::BF16];
-        let caps = CudaCaps {
-            world: 2,
-            dda: Some(dda),
-            no_dda: "off",
-            nccl: true,
-            no_nccl: "absent",
-            multi_host: false,
-            kernel_dtypes: &kernels,
-        };
+        let caps = h200_caps(2, &kernels);
         let cfg = Config::default();
         let fp8 = LowPrecisionChoice::On(Format::E4M3);
         let plan = |c: &CudaCaps<'_>, coll, bytes| {
@@ -2193,15 +2194,7 @@ mod tests {
     #[test]
     fn the_detail_names_the_forms_the_path_does_not() {
         let kernels = [DataType::BF16];
-        let caps = |world| CudaCaps {
-            world,
-            dda: Some(two_h200_dda()),
-            no_dda: "off",
-            nccl: true,
-            no_nccl: "absent",
-            multi_host: false,
-            kernel_dtypes: &kernels,
-        };
+        let caps = |world| h200_caps(world, &kernels);
         let cfg = Config::default();
         let detail = |world, coll, bytes, choice| {
             let (bf16, sum) = (DataType::BF16, ReduceOp::Sum);
