@@ -1557,7 +1557,7 @@ pub fn lp_push_first(push_most: usize, codec: &Codec, world: usize, splits_kind:
 }
 
 /// How a low-precision call of `kind` with `part` elements of `es` bytes per part runs at
-/// `world` ranks on `dda`'s staging: the chunk ([`lp_cut`]; push first where
+/// `world` ranks on `dda`'s staging: the chunk (`lp_cut`; push first where
 /// [`lp_push_first`] says so, the grouped quantizer's blocks of up to 128 only, and never where
 /// the staging holds no region per sender), the split ([`lp_split`]; the all-reduce, the
 /// all-gather and the all-to-all) and the kernels (the wide one for chunks from the table's
@@ -1624,7 +1624,7 @@ pub fn lp_form(
 /// How a two-rank low-precision all-to-all-v whose largest crossing part holds `cross`
 /// elements runs on a staging of `staging` bytes (the same on both ranks: the crossing counts
 /// are in both views): launches of the one-shot kernel in all-to-all mode, each on a piece of
-/// `chunk` elements of both crossing parts, push or pull as [`lp_cut`] cuts an all-to-all of
+/// `chunk` elements of both crossing parts, push or pull as `lp_cut` cuts an all-to-all of
 /// `cross` elements per part; the plain kernel (the wide one has no per-part counts), no
 /// split. Only where [`a2av_codec_fits`].
 pub fn lp_a2av_form(cross: usize, codec: &Codec, staging: usize) -> LpForm {
