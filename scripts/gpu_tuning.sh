@@ -7,7 +7,18 @@
 #   2. the bench's algo column on the cuda backend (one rank, CUDA graphs) without a table and
 #      with FERROCOMM_TUNING naming one whose all-reduce pushes up to 4 KiB only (built in: 64
 #      KiB): the plan must change at exactly 8 KiB and 16 KiB (push -> flat) and nowhere else;
-#   3. the same table as this machine's file (no FERROCOMM_TUNING): the same change.
+#   3. the same table as this machine's file (no FERROCOMM_TUNING): the same change;
+#   4. the limits the table holds for the executors, moved: the built-in table with its LL
+#      part limit at 4 KiB (built in: 256 KiB) and the wide low-precision kernel from 1 MiB
+#      chunks (built in: 32 MiB); two ranks (sharing the GPU where there is one: NCCL left out)
+#      run gpu_check_coll --quick and gpu_check_lowp --quick --no-timing under it with
+#      FERROCOMM_DEBUG=1: every result must check, and every plan printed (each the first time
+#      it comes up on a communicator) must put a
+#      staged collective's parts (the all-to-all's aside) in LL lines exactly up to 4096 bytes
+#      and a one-launch
+#      low-precision call on the wide kernel exactly from 1048576 bytes per part (both sides
+#      of each limit seen, and some between the moved and the built-in limit), the two-shot
+#      all-reduce never.
 #
 #   scripts/gpu_tuning.sh BUILD_DIR OUT_DIR
 # OUT_DIR/tuning.txt holds every output; the exit status is non-zero when a check fails.
@@ -75,5 +86,61 @@ for size in 1024 2048 4096 8192 16384; do
   [ "$n" = "$want" ] || fail "$size bytes with FERROCOMM_TUNING: '$want' expected, got '$n'"
   [ "$m" = "$want" ] || fail "$size bytes with this machine's table: '$want' expected, got '$m'"
 done
+# 4. The moved limits, run by the executors as the plan says.
+export NCCL_NVLS_ENABLE=0
+[ -d "$build/kc" ] && export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-$build/kc}"
+moved="$res/moved.json"
+sed -e 's/"max_part_bytes": "256K"/"max_part_bytes": "4K"/' \
+    -e 's/"wide_min_bytes": "32M"/"wide_min_bytes": "1M"/' \
+    "$(dirname "$0")/../crates/ferrocomm/src/config/tuning.json" > "$moved"
+chmod 600 "$moved"
+grep -q '"max_part_bytes": "4K"' "$moved" && grep -q '"wide_min_bytes": "1M"' "$moved" ||
+  fail "the moved table: the built-in table's LL and wide limits not found"
+ngpu="$(nvidia-smi -L 2>/dev/null | wc -l)"
+share=()
+[ "$ngpu" -ge 2 ] || share=(--share-gpus)
+for prog in gpu_check_coll gpu_check_lowp; do
+  flags=(--quick)
+  [ "$prog" = gpu_check_lowp ] && flags+=(--no-timing)
+  [ -x "$build/bin/$prog" ] || { fail "no $prog in $build/bin"; continue; }
+  echo "== $prog under $moved (FERROCOMM_DEBUG=1)" | tee -a "$log"
+  FERROCOMM_TUNING="$moved" FERROCOMM_DEBUG=1 FERROCOMM_TIMEOUT_S="${FERROCOMM_TIMEOUT_S:-30}" \
+    "$fc" launch -n 2 --timeout 560 -- "$build/bin/$prog" "${flags[@]}" "${share[@]}" \
+    > "$res/moved-$prog.log" 2>&1 || fail "$prog under the moved table (see moved-$prog.log)"
+  tail -n 5 "$res/moved-$prog.log" | tee -a "$log"
+done
+# The plans printed: "<coll> of <B> bytes per rank (<dtype>) runs <path> (<detail>)".
+awk -v out="$log" '
+  / runs / && match($0, /: [a-z_]+ of [0-9]+ bytes per rank/) {
+    split(substr($0, RSTART + 2, RLENGTH - 2), w, " "); coll = w[1]; b = w[3] + 0
+    # The all-to-all counts its whole output: its parts are half of it at two ranks.
+    if (coll != "all_to_all" && $0 ~ /\(parts /) {
+      ll = ($0 ~ /\(parts ll/)
+      if (ll && b > 4096) { print "FAIL: LL above 4096: " $0 >> out; bad = 1 }
+      if (!ll && b <= 4096) { print "FAIL: staged at most 4096: " $0 >> out; bad = 1 }
+      if (ll) n_ll++; else n_st++
+      # Staged where the built-in limit (256 KiB) had LL: the moved limit is the one run.
+      if (!ll && b <= 262144) n_moved_st++
+    }
+    if ($0 ~ /runs lp-tree/ && $0 ~ /wide/) { print "FAIL: a wide two-shot: " $0 >> out; bad = 1 }
+    if ($0 ~ /runs lp-(flat|direct) / && coll ~ /^(all_reduce|all_gather|reduce_scatter)$/ \
+        && b <= 16777216 && match($0, /the last [a-z]+/)) {
+      wide = (substr($0, RSTART + 9, RLENGTH - 9) == "wide")
+      if (wide && b < 1048576) { print "FAIL: wide below 1 MiB: " $0 >> out; bad = 1 }
+      if (!wide && b >= 1048576) { print "FAIL: plain from 1 MiB: " $0 >> out; bad = 1 }
+      if (wide) n_wide++; else n_plain++
+      # Wide where the built-in size (32 MiB) had the plain kernel.
+      if (wide && b < 33554432) n_moved_wide++
+    }
+  }
+  END {
+    printf "plans printed: %d LL, %d staged, %d wide, %d plain low-precision launches\n", \
+      n_ll, n_st, n_wide, n_plain >> out
+    if (!n_ll || !n_st || !n_wide || !n_plain) { print "FAIL: a limit not seen from both sides" >> out; bad = 1 }
+    if (!n_moved_st || !n_moved_wide) { print "FAIL: no plan printed where only the moved limits differ from the built-in ones" >> out; bad = 1 }
+    exit bad
+  }' "$res"/moved-gpu_check_coll.log "$res"/moved-gpu_check_lowp.log ||
+  { failed=1; echo "FAIL: the plans printed under the moved table (above)"; }
+tail -n 3 "$log"
 [ "$failed" = 0 ] && echo "every tuning check passed" | tee -a "$log"
 exit "$failed"

@@ -443,10 +443,9 @@ const PLAN_COLLECTIVES: [Collective; 7] = [
 /// configuration lays it out (the copy engines where set, LL128 lines where the first two GPUs
 /// share NVLink or ranks share one GPU) and NCCL where the library was found.
 pub fn plans(cfg: &Config, sys: &SystemInfo) -> Vec<String> {
-    use ferrocomm::plan::{cuda_plan, host_plan, CudaCaps};
-    let (dt, sum, auto, lp) = (
+    use ferrocomm::plan::{cuda_call_plan, host_call_plan, CallShape, CudaCaps};
+    let (dt, auto, lp) = (
         ferrocomm::DataType::F32,
-        ferrocomm::ReduceOp::Sum,
         ferrocomm::Algo::Auto,
         ferrocomm::LowPrecisionChoice::Default,
     );
@@ -477,10 +476,12 @@ pub fn plans(cfg: &Config, sys: &SystemInfo) -> Vec<String> {
             let cells: Vec<String> = PLAN_SIZES
                 .iter()
                 .map(|&bytes| {
+                    // What Backend::plan answers for the call (a Sum, aligned, plain operands).
+                    let shape = CallShape::of(coll, bytes, dt);
                     let plan = if sys.gpus.is_empty() {
-                        host_plan(coll, bytes, PLAN_WORLD, dt, auto, lp, cfg)
+                        host_call_plan(&shape, PLAN_WORLD, auto, lp, cfg)
                     } else {
-                        cuda_plan(&cuda, cfg, coll, bytes, dt, sum, auto, lp)
+                        cuda_call_plan(&cuda, cfg, &shape, auto, lp)
                     };
                     match plan {
                         Ok(p) => format!("{} {p}", human(bytes)),

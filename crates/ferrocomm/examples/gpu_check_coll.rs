@@ -379,12 +379,12 @@ const RED_TYPES: [DataType; 7] = [
 /// and a zero, in and out of place; device-count all-to-all-v with i32 and i64 counts, a
 /// truncated part and the counts the kernel must not trust. Counts are odd throughout.
 fn sanitize_cases(c: &mut Ctx, cfg: &Config) -> Res<()> {
-    use ferrocomm::cuda::collectives::LL_MAX_BYTES;
+    let ll_max = cfg.tuning.ll_max_bytes;
     let w = c.world;
     let mut seed = 60_000u64;
     // Elements per part: LL lines up to 8-byte elements, staged from 1-byte elements.
     let (n_ll, n_st) = (3001usize, 300_001usize);
-    assert!(n_ll * 8 <= LL_MAX_BYTES && n_st > LL_MAX_BYTES);
+    assert!(n_ll * 8 <= ll_max && n_st > ll_max);
     let colls = [
         Coll::AllGather,
         Coll::AllToAll,

@@ -21,7 +21,7 @@ use crate::bootstrap::Store;
 use crate::config::Config;
 use crate::driver::Completion;
 use crate::error::{Error, Result};
-use crate::plan::{Algo, Collective, LowPrecisionChoice, Plan};
+use crate::plan::{Algo, CallShape, Collective, Engine, LowPrecisionChoice, Operands, Plan};
 use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
 
@@ -409,6 +409,23 @@ impl P2pOp<'_> {
             P2pOp::Send { peer, .. } | P2pOp::Recv { peer, .. } => *peer,
         }
     }
+
+    /// The message as the planner weighs it on `rank` (a send or receive of its bytes; a
+    /// message to `rank` itself is [`Operands::ToSelf`]).
+    pub fn plan_shape(&self, rank: usize) -> CallShape {
+        let (coll, bytes, dtype) = match self {
+            P2pOp::Send { data, .. } => (Collective::Send, data.bytes_len(), data.dtype()),
+            P2pOp::Recv { out, .. } => (Collective::Recv, out.bytes_len(), out.dtype()),
+        };
+        CallShape {
+            operands: if self.peer() == rank {
+                Operands::ToSelf
+            } else {
+                Operands::Plain
+            },
+            ..CallShape::of(coll, bytes, dtype)
+        }
+    }
 }
 
 /// The counts of [`crate::comm::Communicator::all_to_all_v_dynamic_packed`], in units of `unit` elements.
@@ -582,6 +599,9 @@ pub struct Call<'a> {
     pub kind: CallKind<'a>,
     /// The call's options.
     pub opts: &'a CallOpts,
+    /// How it runs: the planner's answer for this call ([`plan_call`]), asked once; the
+    /// backend's executors run it as it says.
+    pub plan: Plan,
 }
 
 /// The collective of a [`Call`] and its operands.
@@ -770,6 +790,43 @@ impl CallKind<'_> {
                 let s = call.shape();
                 (s.x_bytes(), s.dtype)
             }
+        }
+    }
+
+    /// The call as the planner weighs it on `rank` of `world` ([`CallShape`]): its
+    /// [`CallKind::shape`], the reduction, whether its pointers are aligned, and what its
+    /// operands rule out (an all-to-all-v in place with uneven counts, a message to the rank
+    /// itself, counts in device memory). The batch is planned message by message
+    /// ([`plan_call`]); this is its largest message.
+    pub fn plan_shape(&self, rank: usize, world: usize) -> CallShape {
+        let (bytes, dtype) = self.shape(rank, world);
+        let op = match self {
+            CallKind::AllReduce { op, .. }
+            | CallKind::Reduce { op, .. }
+            | CallKind::ReduceScatter { op, .. } => *op,
+            _ => ReduceOp::Sum,
+        };
+        let operands = match self {
+            CallKind::AllToAllV {
+                input: Input::InPlace,
+                splits,
+                ..
+            } if splits.send_counts != splits.recv_counts => Operands::UnevenInPlace,
+            CallKind::AllToAllVDynamic { .. } | CallKind::AllToAllVDynamicPacked { .. } => {
+                Operands::DeviceCounts
+            }
+            CallKind::Send { peer, .. } | CallKind::Recv { peer, .. } if *peer == rank => {
+                Operands::ToSelf
+            }
+            _ => Operands::Plain,
+        };
+        CallShape {
+            coll: self.collective(),
+            bytes_per_rank: bytes,
+            dtype,
+            op,
+            aligned: self.aligned(),
+            operands,
         }
     }
 
@@ -1315,16 +1372,21 @@ pub trait Backend: Send + Sync {
     /// backend's executor of its kind. A call the backend cannot serve is refused with
     /// [`Error::Unsupported`] ([`unsupported`]).
     fn run(&self, call: Call<'_>) -> Result<()>;
+    /// The plan of a call of `shape` on this backend: what the call runs, decided by
+    /// [`crate::plan`]. Every plan of a call comes from here ([`plan_call`], [`Backend::plan_for`]).
+    fn plan(&self, shape: &CallShape, opts: &CallOpts) -> Result<Plan>;
     /// The plan of a call of `coll` with `bytes_per_rank` (a Sum for the reductions, aligned
-    /// pointers) on this backend: what the call runs, decided by [`crate::plan`]. The bench's
-    /// path column, `algo_for`, `ferrocomm info` and `FERROCOMM_DEBUG` print it.
+    /// pointers, plain operands): [`Backend::plan`]'s. The bench's path column, `algo_for` and
+    /// `ferrocomm info` print it.
     fn plan_for(
         &self,
         coll: Collective,
         bytes_per_rank: usize,
         dtype: DataType,
         opts: &CallOpts,
-    ) -> Result<Plan>;
+    ) -> Result<Plan> {
+        self.plan(&CallShape::of(coll, bytes_per_rank, dtype), opts)
+    }
     /// This rank's part of a new window with `slots` signal counters per peer (see
     /// [`crate::window`]). Backends without one-sided communication refuse.
     fn new_window(&self, slots: usize) -> Result<Box<dyn WindowBackend>> {
@@ -1341,6 +1403,42 @@ pub trait Backend: Send + Sync {
     fn rmsnorm_plan_for(&self, shape: crate::rmsnorm::Shape, opts: &CallOpts) -> Result<Plan> {
         let _ = (shape, opts);
         Err(unsupported(CallName::AllReduceRmsNorm, self.name()))
+    }
+}
+
+/// The plan of `kind` on `rank` of `world` on `backend`: the one place a call's plan is asked
+/// for (the communicator asks once per call, prints it under `FERROCOMM_DEBUG` and hands it to
+/// [`Backend::run`]). The fused call: [`Backend::rmsnorm_plan_for`]. A batch of messages: each
+/// message's plan; the batch runs on one engine, so where any message's plan is not direct
+/// access the batch takes that one (NCCL's group), else its largest message's.
+pub fn plan_call(
+    backend: &dyn Backend,
+    kind: &CallKind<'_>,
+    rank: usize,
+    world: usize,
+    opts: &CallOpts,
+) -> Result<Plan> {
+    match kind {
+        CallKind::AllReduceRmsNorm(call) => backend.rmsnorm_plan_for(call.shape(), opts),
+        CallKind::BatchSendRecv { ops } => {
+            let mut largest: Option<(usize, Plan)> = None;
+            for op in ops {
+                let shape = op.plan_shape(rank);
+                let p = backend.plan(&shape, opts)?;
+                if p.engine == Engine::Nccl {
+                    return Ok(p);
+                }
+                let bytes = shape.bytes_per_rank;
+                if largest.as_ref().is_none_or(|(b, _)| bytes > *b) {
+                    largest = Some((bytes, p));
+                }
+            }
+            match largest {
+                Some((_, p)) => Ok(p),
+                None => backend.plan(&CallShape::of(Collective::Send, 0, DataType::U8), opts),
+            }
+        }
+        _ => backend.plan(&kind.plan_shape(rank, world), opts),
     }
 }
 

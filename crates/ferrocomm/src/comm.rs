@@ -99,8 +99,8 @@ pub struct Communicator {
     /// peer's refusal of a call this rank took aborts the backend's waits; of a call this rank
     /// refused too, or has not reached, it does not.
     outcomes: Arc<failure::Outcomes>,
-    /// The plans `FERROCOMM_DEBUG` has printed (each once).
-    plans_seen: Mutex<HashSet<(Collective, Plan)>>,
+    /// The plans `FERROCOMM_DEBUG` has printed (each once, as printed).
+    plans_seen: Mutex<HashSet<(Collective, String)>>,
     /// Finalized, aborted ([`Communicator::abort`]) and the timeout of later calls
     /// ([`Communicator::set_timeout`]), shared with the communicator's windows.
     live: Arc<CommLive>,
@@ -421,21 +421,6 @@ impl Communicator {
             }
         }
         let backend = self.live(name)?;
-        if self.ctx.config.debug {
-            let plan = match &kind {
-                CallKind::AllReduceRmsNorm(call) => backend.rmsnorm_plan_for(call.shape(), opts),
-                _ => {
-                    let (bytes, dtype) = kind.shape(self.ctx.rank, self.ctx.size);
-                    backend.plan_for(kind.collective(), bytes, dtype, opts)
-                }
-            };
-            if let Ok(plan) = plan {
-                let (bytes, dtype) = kind.shape(self.ctx.rank, self.ctx.size);
-                // The fused call's plans are counted with the all-reduces: they carry their
-                // norm form.
-                self.print_plan(kind.collective(), kind.name().name(), bytes, dtype, plan);
-            }
-        }
         let timeout = self.live.timeout_for(opts)?;
         let _timeout = CallTimeout::enter(timeout);
         let op_id = crate::flight::next_op_id();
@@ -471,6 +456,25 @@ impl Communicator {
         self.run(kind, &desc.opts)
     }
 
+    /// The plan `kind` runs ([`crate::backend::plan_call`]): asked once per call, handed to
+    /// the backend with the call. With `FERROCOMM_DEBUG` it is printed the first time it comes
+    /// up (the fused call's plans are counted with the all-reduces: they carry their norm
+    /// form).
+    fn plan_once(
+        &self,
+        backend: &dyn Backend,
+        kind: &CallKind<'_>,
+        opts: &CallOpts,
+    ) -> Result<Plan> {
+        let (rank, world) = (self.ctx.rank, self.ctx.size);
+        let plan = crate::backend::plan_call(backend, kind, rank, world, opts)?;
+        if self.ctx.config.debug {
+            let (bytes, dtype) = kind.shape(rank, world);
+            self.print_plan(kind.collective(), kind.name().name(), bytes, dtype, plan);
+        }
+        Ok(plan)
+    }
+
     /// With `FERROCOMM_DEBUG`: prints the plan of a call named `name` (of `coll`, whose plans
     /// it is counted with) the first time it comes up.
     fn print_plan(&self, coll: Collective, name: &str, bytes: usize, dtype: DataType, plan: Plan) {
@@ -478,12 +482,17 @@ impl Communicator {
             .plans_seen
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert((coll, plan));
+            .insert((coll, format!("{plan} {}", plan.detail())));
         if first {
             // One write of the whole line, so that ranks sharing a terminal or a pipe do not
             // interleave their lines.
+            let detail = match plan.detail() {
+                d if d.is_empty() => d,
+                d => format!(" ({d})"),
+            };
             let line = format!(
-                "ferrocomm: rank {} '{}': {name} of {bytes} bytes per rank ({dtype}) runs {plan}\n",
+                "ferrocomm: rank {} '{}': {name} of {bytes} bytes per rank ({dtype}) runs \
+                 {plan}{detail}\n",
                 self.ctx.rank, self.ctx.name,
             );
             let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());

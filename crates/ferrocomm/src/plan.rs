@@ -68,6 +68,84 @@ pub struct Plan {
     /// How an all_reduce_rmsnorm runs ([`cuda_rmsnorm`], [`cuda_rmsnorm_plan`]); `None` for every
     /// other call.
     pub norm: Option<NormForm>,
+    /// How an all-to-all-v by the cuda backend's direct access moves its parts ([`A2avForm`]);
+    /// `None` elsewhere.
+    pub a2av: Option<A2avForm>,
+    /// How a low-precision call by the cuda backend's direct access cuts and moves its records
+    /// ([`lp_form`], [`lp_a2av_form`]); `None` elsewhere (the fused call's one launch included).
+    pub lp: Option<LpForm>,
+}
+
+/// How an all-to-all-v runs by the cuda backend's direct access ([`cuda_call_plan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum A2avForm {
+    /// Two ranks, crossing parts up to the LL limit: one launch in LL lines, no barrier.
+    Lines,
+    /// Two ranks, larger crossing parts: one staged launch per piece of a staging slot.
+    Pieces,
+    /// Above two ranks: one launch that moves every pair's part in pieces of half a slot.
+    Pairs,
+    /// Counts in device memory: one launch that reads them there.
+    DeviceCounts,
+}
+
+impl fmt::Display for A2avForm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            A2avForm::Lines => "lines",
+            A2avForm::Pieces => "pieces",
+            A2avForm::Pairs => "pairs",
+            A2avForm::DeviceCounts => "device-counts",
+        })
+    }
+}
+
+/// One call as the planner weighs it: plain values every rank computes alike from its own
+/// operands (`CallKind::plan_shape`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CallShape {
+    /// The collective.
+    pub coll: Collective,
+    /// Its size as [`Plan`]'s callers count it (`CallKind::shape`).
+    pub bytes_per_rank: usize,
+    /// The element type.
+    pub dtype: DataType,
+    /// The reduction of a reducing collective; `Sum` for the others.
+    pub op: ReduceOp,
+    /// Every pointer is aligned to the element size (the low-precision kernels need it).
+    pub aligned: bool,
+    /// What the operands rule out, whatever the size.
+    pub operands: Operands,
+}
+
+impl CallShape {
+    /// A call of `coll` with `bytes_per_rank` of `dtype`: a Sum for the reductions, pointers
+    /// aligned, plain operands (what the bench, `algo_for` and `ferrocomm info` plan).
+    pub fn of(coll: Collective, bytes_per_rank: usize, dtype: DataType) -> CallShape {
+        CallShape {
+            coll,
+            bytes_per_rank,
+            dtype,
+            op: ReduceOp::Sum,
+            aligned: true,
+            operands: Operands::Plain,
+        }
+    }
+}
+
+/// What a call's operands rule out for the cuda backend's direct access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operands {
+    /// Nothing.
+    Plain,
+    /// An all-to-all-v in place whose send counts differ from its receive counts: a part would
+    /// overwrite data not yet sent (the direct-access kernels keep every part in its place).
+    UnevenInPlace,
+    /// A message to the rank itself (direct access moves messages between two ranks).
+    ToSelf,
+    /// An all-to-all-v whose counts are in device memory: direct access only (the kernel reads
+    /// them there).
+    DeviceCounts,
 }
 
 /// How a staged collective's parts move ([`part_form`]); [`PartKind::kernel`] names it in the
@@ -149,6 +227,37 @@ impl fmt::Display for Plan {
 }
 
 impl Plan {
+    /// The forms the path does not name, for `FERROCOMM_DEBUG`: the parts of a staged
+    /// collective (`parts ll`, `parts st`, `parts rw x4`), the all-to-all-v's form
+    /// (`a2av pieces`), and how a low-precision call moves its records (`lp push, chunks of
+    /// 4194304 (plain, the last plain), split`); empty where there are none.
+    pub fn detail(&self) -> String {
+        let mut d = Vec::new();
+        if let Some(p) = self.parts {
+            d.push(match p.rounds {
+                1 => format!("parts {}", p.form),
+                r => format!("parts {} x{r}", p.form),
+            });
+        }
+        if let Some(a) = self.a2av {
+            d.push(format!("a2av {a}"));
+        }
+        if let Some(l) = self.lp {
+            let moves = match l.moves {
+                LpMove::Push => "push",
+                LpMove::Pull => "pull",
+            };
+            d.push(format!(
+                "lp {moves}, chunks of {} ({}, the last {}){}",
+                l.chunk,
+                l.kernel,
+                l.last_kernel,
+                if l.split { ", split" } else { "" }
+            ));
+        }
+        d.join(", ")
+    }
+
     /// A full-precision plan of the cuda backend: NCCL's engine for [`Algo::Nccl`], direct
     /// access for every other algorithm.
     pub fn on_gpu(algo: Algo, form: Option<FlatForm>) -> Plan {
@@ -163,6 +272,8 @@ impl Plan {
             low_precision: None,
             parts: None,
             norm: None,
+            a2av: None,
+            lp: None,
         }
     }
 }
@@ -454,8 +565,8 @@ pub fn host_low_precision(
     low_precision(coll, dtype, op, bytes_per_rank, choice, cfg, 0)
 }
 
-/// The plan of one host-backend call of `bytes_per_rank` (a Sum for the reductions): what the
-/// host backend runs, what `ferrocomm info` prints on a machine without a GPU.
+/// The plan of one host-backend call of `bytes_per_rank` (a Sum for the reductions): what
+/// `ferrocomm info` prints on a machine without a GPU ([`host_call_plan`]).
 pub fn host_plan(
     coll: Collective,
     bytes_per_rank: usize,
@@ -465,14 +576,47 @@ pub fn host_plan(
     choice: LowPrecisionChoice,
     cfg: &Config,
 ) -> Result<Plan> {
-    let codec = host_low_precision(coll, dtype, ReduceOp::Sum, bytes_per_rank, choice, cfg)?;
+    let shape = CallShape::of(coll, bytes_per_rank, dtype);
+    host_call_plan(&shape, world, requested, choice, cfg)
+}
+
+/// The size low precision weighs for a call of `bytes_per_rank` (as [`Plan`]'s callers count
+/// it) at `world` ranks: one rank's part (the all-to-all's output and the all-to-all-v's
+/// `world` × largest crossing part over the world), the message itself for the others.
+fn lp_bytes(coll: Collective, bytes_per_rank: usize, world: usize) -> usize {
+    match coll {
+        Collective::AllToAll | Collective::AllToAllV => bytes_per_rank / world.max(1),
+        _ => bytes_per_rank,
+    }
+}
+
+/// The plan of one host-backend call: what the host backend runs. Its algorithm
+/// ([`host_algo`]) and its codec ([`host_low_precision`], on one rank's part).
+pub fn host_call_plan(
+    shape: &CallShape,
+    world: usize,
+    requested: Algo,
+    choice: LowPrecisionChoice,
+    cfg: &Config,
+) -> Result<Plan> {
+    let CallShape {
+        coll,
+        bytes_per_rank: bytes,
+        dtype,
+        op,
+        ..
+    } = *shape;
+    let lp = lp_bytes(coll, bytes, world);
+    let codec = host_low_precision(coll, dtype, op, lp, choice, cfg)?;
     Ok(Plan {
         engine: Engine::Host,
-        algo: host_algo(coll, bytes_per_rank, world, dtype, requested, cfg)?,
+        algo: host_algo(coll, bytes, world, dtype, requested, cfg)?,
         form: None,
         low_precision: codec,
         parts: None,
         norm: None,
+        a2av: None,
+        lp: None,
     })
 }
 
@@ -499,6 +643,8 @@ pub fn nccl_plan(
         low_precision: None,
         parts: None,
         norm: None,
+        a2av: None,
+        lp: None,
     })
 }
 
@@ -938,14 +1084,24 @@ pub fn cuda_all_reduce_plan(
         let coll = Collective::AllReduce;
         let lp_min = cfg.tuning.cuda_lp_min_bytes;
         let lp = low_precision(coll, dtype, Some(op), bytes, choice, cfg, lp_min)?;
-        if let Some(codec) = lp {
+        if let (Some(codec), Some(d)) = (lp, &cuda.dda) {
+            let algo = lp_all_reduce(requested, cfg.algo, cuda.world);
+            let kind = if algo == Algo::Tree {
+                LpKind::Tree
+            } else {
+                LpKind::Flat
+            };
+            let part = bytes / dtype.size().max(1);
+            let form = lp_form(kind, part, dtype.size(), cuda.world, &codec, d, &cfg.tuning)?;
             return Ok(Plan {
                 engine: Engine::Direct,
-                algo: lp_all_reduce(requested, cfg.algo, cuda.world),
+                algo,
                 form: None,
                 low_precision: Some(codec),
                 parts: None,
                 norm: None,
+                a2av: None,
+                lp: Some(form),
             });
         }
     }
@@ -992,6 +1148,19 @@ pub fn cuda_plan(
         let lp_min = cfg.tuning.cuda_lp_min_bytes;
         let lp = low_precision(coll, dtype, op, bytes, choice, cfg, lp_min)?;
         if let Some(codec) = lp.filter(|_| coll != Collective::AllToAllV || d.a2av_lp) {
+            // One rank's part, in elements.
+            let (es, part) = (dtype.size().max(1), bytes / dtype.size().max(1));
+            let form = match coll {
+                Collective::AllGather => LpKind::AllGather,
+                Collective::ReduceScatter => LpKind::ReduceScatter,
+                Collective::AllToAll => LpKind::AllToAll,
+                _ => LpKind::AllToAllV,
+            };
+            let form = if form == LpKind::AllToAllV {
+                lp_a2av_form(part, &codec, d.staging_bytes)
+            } else {
+                lp_form(form, part, es, world, &codec, d, &cfg.tuning)?
+            };
             return Ok(Plan {
                 engine: Engine::Direct,
                 algo: Algo::Direct,
@@ -999,6 +1168,8 @@ pub fn cuda_plan(
                 low_precision: Some(codec),
                 parts: None,
                 norm: None,
+                a2av: None,
+                lp: Some(form),
             });
         }
     }
@@ -1031,10 +1202,93 @@ pub fn cuda_plan(
         }
         _ => None,
     };
+    let a2av = match (&cuda.dda, algo, coll) {
+        (Some(d), Algo::Direct, Collective::AllToAllV) => Some(a2av_form(world, part, d.ll_max)),
+        _ => None,
+    };
     Ok(Plan {
         parts,
+        a2av,
         ..Plan::on_gpu(algo, None)
     })
+}
+
+/// How an all-to-all-v of `world` ranks whose largest crossing part is `crossing_bytes` runs by
+/// direct access: pair by pair above two ranks (no count is seen by every rank), else in LL
+/// lines where that part fits them ([`a2av_takes_ll`]), else in staged pieces.
+pub fn a2av_form(world: usize, crossing_bytes: usize, ll_max: usize) -> A2avForm {
+    if a2av_without_agreed_size(world) {
+        A2avForm::Pairs
+    } else if a2av_takes_ll(crossing_bytes, ll_max) {
+        A2avForm::Lines
+    } else {
+        A2avForm::Pieces
+    }
+}
+
+/// The plan of one call of `shape` on the cuda backend, `requested` per call and `choice` of
+/// low precision: [`cuda_plan`] where the operands allow direct access (full precision where
+/// the pointers are not aligned to the element size); what the operands rule out
+/// ([`Operands`]) goes to NCCL, or is refused where direct access was asked for. A message
+/// between ranks of a communicator of other than two goes to NCCL (refused where direct
+/// access was asked for); device-side counts run by direct access only.
+pub fn cuda_call_plan(
+    cuda: &CudaCaps<'_>,
+    cfg: &Config,
+    shape: &CallShape,
+    requested: Algo,
+    choice: LowPrecisionChoice,
+) -> Result<Plan> {
+    let coll = shape.coll;
+    let refuse = |what: String| Error::Unsupported {
+        collective: coll.name(),
+        backend: "cuda",
+        what,
+    };
+    let p2p = matches!(coll, Collective::Send | Collective::Recv);
+    let why_not = match shape.operands {
+        Operands::DeviceCounts => {
+            return match cuda.dda {
+                Some(_) => Ok(Plan {
+                    a2av: Some(A2avForm::DeviceCounts),
+                    ..Plan::on_gpu(Algo::Direct, None)
+                }),
+                None => Err(refuse(format!(
+                    "device-side counts without direct access ({})",
+                    cuda.no_dda
+                ))),
+            };
+        }
+        _ if p2p && cuda.world != 2 => Some(
+            "direct access for point-to-point between the two ranks of a two-rank communicator \
+             only",
+        ),
+        Operands::ToSelf => Some("direct access for a message to the rank itself"),
+        Operands::UnevenInPlace => {
+            Some("direct access in place with send counts that differ from receive counts")
+        }
+        Operands::Plain => None,
+    };
+    if let Some(why) = why_not {
+        if requested == Algo::Direct {
+            return Err(refuse(why.into()));
+        }
+        if !cuda.nccl {
+            return Err(refuse(format!(
+                "{} without NCCL ({})",
+                coll.name(),
+                cuda.no_nccl
+            )));
+        }
+        return Ok(Plan::on_gpu(Algo::Nccl, None));
+    }
+    let choice = if shape.aligned {
+        choice
+    } else {
+        LowPrecisionChoice::Off
+    };
+    let (bytes, dtype, op) = (shape.bytes_per_rank, shape.dtype, shape.op);
+    cuda_plan(cuda, cfg, coll, bytes, dtype, op, requested, choice)
 }
 
 /// The staged kernel that carries `coll` by direct access (`fc_<kernel>_<form>`): a message
@@ -1147,6 +1401,145 @@ pub fn lp_all_reduce(requested: Algo, cfg_algo: Algo, world: usize) -> Algo {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Low precision by the cuda backend's direct access: how the records are cut and moved.
+
+/// Which low-precision kernel family a call runs by direct access (one launch per chunk).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LpKind {
+    /// One-shot all-reduce (every rank sums every rank's quantized input).
+    Flat,
+    /// Two-shot all-reduce (owners sum and re-quantize their stripe).
+    Tree,
+    /// All-gather.
+    AllGather,
+    /// Reduce-scatter.
+    ReduceScatter,
+    /// All-to-all.
+    AllToAll,
+    /// All-to-all-v at two ranks (the one-shot kernel on pieces of both crossing parts).
+    AllToAllV,
+}
+
+impl LpKind {
+    /// The collective it implements.
+    pub fn collective(self) -> Collective {
+        match self {
+            LpKind::Flat | LpKind::Tree => Collective::AllReduce,
+            LpKind::AllGather => Collective::AllGather,
+            LpKind::ReduceScatter => Collective::ReduceScatter,
+            LpKind::AllToAll => Collective::AllToAll,
+            LpKind::AllToAllV => Collective::AllToAllV,
+        }
+    }
+}
+
+/// Where a low-precision call's records go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LpMove {
+    /// Stored into the receivers' staging, a region per sender.
+    Push,
+    /// Left in the sender's staging for the receivers to read.
+    Pull,
+}
+
+/// The one-shot kernel a chunk runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LpKernel {
+    /// `fc_lp_move` (the two-shot all-reduce: `fc_lp_tree`).
+    Plain,
+    /// `fc_lp_move_wide`: two CTAs per SM, registers capped.
+    Wide,
+}
+
+impl fmt::Display for LpKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LpKernel::Plain => "plain",
+            LpKernel::Wide => "wide",
+        })
+    }
+}
+
+/// How a low-precision call by direct access runs: launches of `chunk` elements per part (the
+/// last takes what is left), each pushing or pulling its records, split or not, on the plain
+/// or the wide kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LpForm {
+    /// The kernel family.
+    pub kind: LpKind,
+    /// Push or pull.
+    pub moves: LpMove,
+    /// Elements per part of one launch (whole tiles; 0 for an empty call).
+    pub chunk: usize,
+    /// A push of one part leaves its odd groups in the sender's staging for the receivers to
+    /// pull ([`lp_split`]).
+    pub split: bool,
+    /// The kernel of a launch of a whole chunk.
+    pub kernel: LpKernel,
+    /// The kernel of the last launch (which may hold fewer elements).
+    pub last_kernel: LpKernel,
+}
+
+/// Elements a warp of the low-precision kernels handles at once (`lp_tile`): 128, or one block
+/// when blocks are larger.
+pub fn tile(codec: &Codec) -> usize {
+    codec.block.max(128)
+}
+
+/// Staging bytes of one encoded part of `len` elements (16-aligned, so every region starts
+/// where the kernels' 4-byte code loads are aligned).
+pub fn region(codec: &Codec, len: usize) -> usize {
+    codec.encoded_bytes(len).div_ceil(16) * 16
+}
+
+/// Encoded regions one staging parity holds for `kind` at `world` ranks, (pull, push). Pull
+/// (the sender's staging): one per input part, so one for the all-reduce and the all-gather;
+/// push (the receivers' staging): one per sender.
+fn regions_per_parity(kind: LpKind, world: usize) -> (usize, usize) {
+    match kind {
+        LpKind::Tree => (1, 1),
+        LpKind::ReduceScatter | LpKind::AllToAll | LpKind::AllToAllV => (world, world),
+        LpKind::Flat | LpKind::AllGather => (1, world),
+    }
+}
+
+/// Largest chunk (elements per part, whole tiles) whose `nparts` encodings fit in `staging`
+/// bytes (0 when not even one tile does).
+fn chunk_limit(staging: usize, nparts: usize, codec: &Codec) -> usize {
+    let room = staging / nparts.max(1);
+    let t = tile(codec);
+    let mut c = room / (codec.block + 4) * codec.block / t * t;
+    while c > 0 && region(codec, c) > room {
+        c -= t;
+    }
+    c
+}
+
+/// How a one-shot collective of `part` elements per part is cut: whether it pushes (records
+/// stored into the receivers' staging, a region per sender, at most `push_most` elements per
+/// chunk; 0 where push cannot run) or pulls (records in the sender's staging, at most
+/// `pull_most`, at least one tile), and the elements per chunk (equal chunks of whole tiles,
+/// not full ones and a small remainder). Push wherever it needs no more chunks (kernel
+/// launches) than pull: push wins with as many chunks and loses where it needs more
+/// (docs/tuning.md, "Where the built-in limits come from").
+fn lp_cut(
+    kind: LpKind,
+    part: usize,
+    pull_most: usize,
+    push_most: usize,
+    tile: usize,
+) -> (bool, usize) {
+    let push = kind != LpKind::Tree
+        && push_most > 0
+        && part.div_ceil(push_most) <= part.div_ceil(pull_most);
+    let most = if push { push_most } else { pull_most };
+    (
+        push,
+        part.div_ceil(part.div_ceil(most)).div_ceil(tile) * tile,
+    )
+}
+
 /// The `split` argument of a low-precision one-shot kernel (all-reduce, all-gather,
 /// all-to-all) that pushes (`push`) or pulls: 1 where a push leaves its odd groups in the
 /// sender's staging for the receivers to pull, so that half the records cross the link while
@@ -1161,6 +1554,107 @@ pub fn lp_split(push: bool, codec: &Codec, world: usize) -> u32 {
 /// ([`lp_split`]), which overlaps the link with the quantizer and the decode.
 pub fn lp_push_first(push_most: usize, codec: &Codec, world: usize, splits_kind: bool) -> bool {
     push_most > 0 && lp_split(true, codec, world) == 1 && splits_kind
+}
+
+/// How a low-precision call of `kind` with `part` elements of `es` bytes per part runs at
+/// `world` ranks on `dda`'s staging: the chunk (`lp_cut`; push first where
+/// [`lp_push_first`] says so, the grouped quantizer's blocks of up to 128 only, and never where
+/// the staging holds no region per sender), the split ([`lp_split`]; the all-reduce, the
+/// all-gather and the all-to-all) and the kernels (the wide one for chunks from the table's
+/// `low_precision.wide_min_bytes`; the two-shot all-reduce has one kernel). Refused where the
+/// staging holds less than one tile per part.
+pub fn lp_form(
+    kind: LpKind,
+    part: usize,
+    es: usize,
+    world: usize,
+    codec: &Codec,
+    dda: &DdaCaps,
+    tuning: &Tuning,
+) -> Result<LpForm> {
+    let staging = dda.staging_bytes;
+    let (pull_parts, push_parts) = regions_per_parity(kind, world);
+    let pull_most = chunk_limit(staging, pull_parts, codec);
+    let t = tile(codec);
+    if pull_most == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{}: FERROCOMM_CUDA_STAGING_BYTES={staging} holds less than one low-precision tile \
+             of {t} elements per rank",
+            kind.collective().name()
+        )));
+    }
+    let push_most = if codec.block <= 128 {
+        chunk_limit(staging, push_parts, codec)
+    } else {
+        0
+    };
+    let splits_kind = matches!(kind, LpKind::Flat | LpKind::AllGather);
+    let pull_most = if lp_push_first(push_most, codec, world, splits_kind) {
+        push_most
+    } else {
+        pull_most
+    };
+    let (push, chunk) = match part {
+        0 => (false, 0),
+        _ => lp_cut(kind, part, pull_most, push_most, t),
+    };
+    let split = matches!(kind, LpKind::Flat | LpKind::AllGather | LpKind::AllToAll)
+        && lp_split(push, codec, world) == 1;
+    let kernel = |len: usize| {
+        if kind != LpKind::Tree && len.saturating_mul(es) >= tuning.lp_wide_min_bytes {
+            LpKernel::Wide
+        } else {
+            LpKernel::Plain
+        }
+    };
+    let last = match chunk {
+        0 => 0,
+        c => part - (part.div_ceil(c) - 1) * c,
+    };
+    Ok(LpForm {
+        kind,
+        moves: if push { LpMove::Push } else { LpMove::Pull },
+        chunk,
+        split,
+        kernel: kernel(chunk),
+        last_kernel: kernel(last),
+    })
+}
+
+/// How a two-rank low-precision all-to-all-v whose largest crossing part holds `cross`
+/// elements runs on a staging of `staging` bytes (the same on both ranks: the crossing counts
+/// are in both views): launches of the one-shot kernel in all-to-all mode, each on a piece of
+/// `chunk` elements of both crossing parts, push or pull as `lp_cut` cuts an all-to-all of
+/// `cross` elements per part; the plain kernel (the wide one has no per-part counts), no
+/// split. Only where [`a2av_codec_fits`].
+pub fn lp_a2av_form(cross: usize, codec: &Codec, staging: usize) -> LpForm {
+    let (pull_parts, push_parts) = regions_per_parity(LpKind::AllToAllV, 2);
+    let pull_most = chunk_limit(staging, pull_parts, codec);
+    let push_most = chunk_limit(staging, push_parts, codec);
+    let t = tile(codec);
+    let (push, chunk) = lp_cut(LpKind::AllToAllV, cross.max(1), pull_most, push_most, t);
+    LpForm {
+        kind: LpKind::AllToAllV,
+        moves: if push { LpMove::Push } else { LpMove::Pull },
+        chunk,
+        split: false,
+        kernel: LpKernel::Plain,
+        last_kernel: LpKernel::Plain,
+    }
+}
+
+/// Whether a two-rank low-precision all-to-all-v can run with `codec` on a staging of `staging`
+/// bytes per parity: blocks of at most 128 (the per-part counts are handled by the grouped
+/// kernels only) and room for one tile per part.
+pub fn a2av_codec_fits(codec: &Codec, staging: usize) -> bool {
+    let (pull_parts, _) = regions_per_parity(LpKind::AllToAllV, 2);
+    codec.block <= 128 && chunk_limit(staging, pull_parts, codec) > 0
+}
+
+/// Whether the two-rank low-precision all-to-all-v fits a staging of `staging` bytes with the
+/// configured block ([`a2av_codec_fits`]; every format's records have the same size).
+pub fn a2av_lp_fits(cfg: &Config, staging: usize) -> bool {
+    Codec::new(Format::E4M3, cfg.low_precision.block).is_ok_and(|c| a2av_codec_fits(&c, staging))
 }
 
 #[cfg(test)]
@@ -1210,6 +1704,8 @@ mod tests {
             low_precision: None,
             parts: None,
             norm: None,
+            a2av: None,
+            lp: None,
         };
         assert_eq!(full(Algo::Flat, Some(FlatForm::Pull)).to_string(), "flat");
         assert_eq!(full(Algo::Flat, Some(FlatForm::Stream)).to_string(), "flat");
@@ -1402,6 +1898,20 @@ mod tests {
         }
     }
 
+    /// A communicator of `world` ranks as on H200s ([`two_h200_dda`]'s direct access, NCCL
+    /// underneath) whose reduction kernels take `kernels`.
+    fn h200_caps(world: usize, kernels: &[DataType]) -> CudaCaps<'_> {
+        CudaCaps {
+            world,
+            dda: Some(two_h200_dda()),
+            no_dda: "off",
+            nccl: true,
+            no_nccl: "absent",
+            multi_host: false,
+            kernel_dtypes: kernels,
+        }
+    }
+
     #[test]
     fn a_cuda_plan_names_what_each_call_runs() {
         let dda = two_h200_dda();
@@ -1498,6 +2008,223 @@ mod tests {
             plan(&four, &cfg, Collective::AllReduce, 4 << 20).unwrap(),
             "lp-tree"
         );
+    }
+
+    #[test]
+    fn the_operands_rule_out_direct_access_in_the_plan() {
+        let kernels = [DataType::F32, DataType::BF16];
+        let caps = |world, nccl| CudaCaps {
+            nccl,
+            ..h200_caps(world, &kernels)
+        };
+        let cfg = Config::default();
+        let shape = |coll, bytes, operands| CallShape {
+            operands,
+            ..CallShape::of(coll, bytes, DataType::BF16)
+        };
+        let plan = |c: &CudaCaps<'_>, s: &CallShape, req| {
+            cuda_call_plan(c, &cfg, s, req, LowPrecisionChoice::Default)
+        };
+        let (two, four) = (caps(2, true), caps(4, true));
+        let send = shape(Collective::Send, 1024, Operands::Plain);
+        let to_self = shape(Collective::Send, 1024, Operands::ToSelf);
+        let uneven = shape(Collective::AllToAllV, 2048, Operands::UnevenInPlace);
+        let device = shape(Collective::AllToAllV, 2048, Operands::DeviceCounts);
+        // A message between the two ranks: direct access in LL lines.
+        let p = plan(&two, &send, Algo::Auto).unwrap();
+        assert_eq!(
+            (p.engine, p.parts.map(|p| p.form)),
+            (Engine::Direct, Some(PartKind::Ll))
+        );
+        // To the rank itself, between ranks of four, in place with uneven counts: NCCL's, and
+        // refused naming why where direct access is asked for.
+        for (c, s, why) in [
+            (&two, &to_self, "to the rank itself"),
+            (&four, &send, "two-rank communicator only"),
+            (&two, &uneven, "send counts that differ"),
+        ] {
+            assert_eq!(
+                plan(c, s, Algo::Auto).unwrap().engine,
+                Engine::Nccl,
+                "{why}"
+            );
+            let e = plan(c, s, Algo::Direct).unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+            // Without NCCL, nothing can carry them.
+            let no_nccl = CudaCaps { nccl: false, ..*c };
+            let e = plan(&no_nccl, s, Algo::Auto).unwrap_err().to_string();
+            assert!(e.contains("without NCCL"), "{e}");
+        }
+        // Device-side counts: direct access only.
+        let p = plan(&two, &device, Algo::Auto).unwrap();
+        assert_eq!(
+            (p.engine, p.a2av),
+            (Engine::Direct, Some(A2avForm::DeviceCounts))
+        );
+        let off = CudaCaps { dda: None, ..two };
+        let e = plan(&off, &device, Algo::Auto).unwrap_err().to_string();
+        assert!(
+            e.contains("device-side counts without direct access"),
+            "{e}"
+        );
+        // The all-to-all-v's form: LL lines to the LL limit of its largest crossing part (the
+        // size counts two of them), staged pieces above, pair by pair above two ranks.
+        let ll = two_h200_dda().ll_max;
+        let a2av = |c: &CudaCaps<'_>, bytes| {
+            let s = shape(Collective::AllToAllV, bytes, Operands::Plain);
+            plan(c, &s, Algo::Direct).unwrap().a2av
+        };
+        assert_eq!(a2av(&two, 2 * ll), Some(A2avForm::Lines));
+        assert_eq!(a2av(&two, 2 * ll + 2), Some(A2avForm::Pieces));
+        assert_eq!(a2av(&four, 0), Some(A2avForm::Pairs));
+        assert_eq!(a2av(&four, 1 << 30), Some(A2avForm::Pairs));
+        // Pointers off the element size: full precision, whatever was asked.
+        let fp8 = LowPrecisionChoice::On(Format::E4M3);
+        let ar = |aligned| {
+            let s = CallShape {
+                aligned,
+                ..CallShape::of(Collective::AllReduce, 8 << 20, DataType::BF16)
+            };
+            cuda_call_plan(&two, &cfg, &s, Algo::Auto, fp8)
+                .unwrap()
+                .low_precision
+        };
+        assert!(ar(true).is_some());
+        assert_eq!(ar(false), None);
+    }
+
+    #[test]
+    fn the_low_precision_form_is_the_plan_s() {
+        let dda = two_h200_dda();
+        let t = Tuning::builtin();
+        let e4 = Codec::new(Format::E4M3, 128).unwrap();
+        let form = |kind, bytes: usize| lp_form(kind, bytes / 2, 2, 2, &e4, &dda, &t).unwrap();
+        // One push launch, split, up to a region per sender; the wide kernel from the table's
+        // 32 MiB on.
+        let small = form(LpKind::Flat, 16 << 20);
+        assert_eq!(
+            (small.moves, small.chunk, small.split, small.last_kernel),
+            (LpMove::Push, 8 << 20, true, LpKernel::Plain)
+        );
+        let big = form(LpKind::Flat, 32 << 20);
+        assert_eq!((big.moves, big.last_kernel), (LpMove::Push, LpKernel::Wide));
+        // 64 MiB: one pull chunk where push needs two... but push first where it splits
+        // (two ranks, blocks of 128): two push launches of 32 MiB, both wide.
+        let two = form(LpKind::Flat, 64 << 20);
+        assert_eq!(two.moves, LpMove::Push);
+        assert_eq!((64usize << 20) / 2 / two.chunk, 2);
+        assert_eq!(
+            (two.kernel, two.last_kernel),
+            (LpKernel::Wide, LpKernel::Wide)
+        );
+        // Two-shot: never pushes, never wide.
+        let tree = form(LpKind::Tree, 64 << 20);
+        assert_eq!((tree.moves, tree.kernel), (LpMove::Pull, LpKernel::Plain));
+        // A last launch smaller than the wide size runs the plain kernel: a reduce-scatter of
+        // 100 elements short of 32 Mi bf16 per part, on a staging whose two regions hold about
+        // 19 Mi elements each, runs two launches: 16 Mi (32 MiB, wide) and the rest (plain).
+        let roomy = DdaCaps {
+            staging_bytes: 40 << 20,
+            ..dda
+        };
+        let part = (32usize << 20) - 100;
+        let cut = lp_form(LpKind::ReduceScatter, part, 2, 2, &e4, &roomy, &t).unwrap();
+        assert_eq!(
+            (cut.chunk, part.div_ceil(cut.chunk)),
+            (16 << 20, 2),
+            "{cut:?}"
+        );
+        assert_eq!(
+            (cut.kernel, cut.last_kernel),
+            (LpKernel::Wide, LpKernel::Plain)
+        );
+        // The all-reduce's plan carries it; an empty call cuts nothing; a staging that holds
+        // no tile is refused naming the setting.
+        let kernels = [DataType::BF16];
+        let caps = h200_caps(2, &kernels);
+        let cfg = Config::default();
+        let fp8 = LowPrecisionChoice::On(Format::E4M3);
+        let plan = |c: &CudaCaps<'_>, coll, bytes| {
+            cuda_plan(
+                c,
+                &cfg,
+                coll,
+                bytes,
+                DataType::BF16,
+                ReduceOp::Sum,
+                Algo::Auto,
+                fp8,
+            )
+        };
+        assert_eq!(
+            plan(&caps, Collective::AllReduce, 16 << 20).unwrap().lp,
+            Some(small)
+        );
+        assert_eq!(
+            plan(&caps, Collective::AllReduce, 0)
+                .unwrap()
+                .lp
+                .unwrap()
+                .chunk,
+            0
+        );
+        let tiny = CudaCaps {
+            dda: Some(DdaCaps {
+                staging_bytes: 100,
+                ..dda
+            }),
+            ..caps
+        };
+        let e = plan(&tiny, Collective::AllGather, 1 << 20)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("FERROCOMM_CUDA_STAGING_BYTES=100"), "{e}");
+        // The all-to-all-v's: its largest crossing part (the size counts two), plain kernel.
+        let a2av = plan(&caps, Collective::AllToAllV, 64 << 20)
+            .unwrap()
+            .lp
+            .unwrap();
+        assert_eq!(a2av, lp_a2av_form(16 << 20, &e4, dda.staging_bytes));
+        assert_eq!(
+            (a2av.kind, a2av.kernel, a2av.split),
+            (LpKind::AllToAllV, LpKernel::Plain, false)
+        );
+    }
+
+    #[test]
+    fn the_detail_names_the_forms_the_path_does_not() {
+        let kernels = [DataType::BF16];
+        let caps = |world| h200_caps(world, &kernels);
+        let cfg = Config::default();
+        let detail = |world, coll, bytes, choice| {
+            let (bf16, sum) = (DataType::BF16, ReduceOp::Sum);
+            let p = cuda_plan(
+                &caps(world),
+                &cfg,
+                coll,
+                bytes,
+                bf16,
+                sum,
+                Algo::Direct,
+                choice,
+            );
+            p.unwrap().detail()
+        };
+        let (d, fp8) = (
+            LowPrecisionChoice::Off,
+            LowPrecisionChoice::On(Format::E4M3),
+        );
+        assert_eq!(detail(2, Collective::AllGather, 1024, d), "parts ll");
+        assert_eq!(detail(2, Collective::AllGather, 1 << 20, d), "parts st");
+        assert_eq!(detail(2, Collective::AllGather, 16 << 20, d), "parts rw x4");
+        assert_eq!(detail(2, Collective::AllToAllV, 1024, d), "a2av lines");
+        assert_eq!(detail(4, Collective::AllToAllV, 1024, d), "a2av pairs");
+        assert_eq!(
+            detail(2, Collective::AllGather, 2 << 20, fp8),
+            "lp push, chunks of 1048576 (plain, the last plain), split"
+        );
+        let full = Plan::on_gpu(Algo::Nccl, None);
+        assert_eq!(full.detail(), "");
     }
 
     #[test]
@@ -1673,6 +2400,102 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// (push, chunk, the most a chunk may hold) for two ranks and a 64 MiB staging parity.
+    fn plan2(kind: LpKind, bytes: usize, es: usize) -> (bool, usize, usize) {
+        let (pull_parts, push_parts) = regions_per_parity(kind, 2);
+        let codec = Codec::new(Format::E4M3, 128).unwrap();
+        let most = |nparts| chunk_limit(64 << 20, nparts, &codec);
+        let (pull, push) = (most(pull_parts), most(push_parts));
+        let (p, c) = lp_cut(kind, bytes / es, pull, push, 128);
+        (p, c, if p { push } else { pull })
+    }
+
+    #[test]
+    fn push_where_it_needs_no_more_chunks_than_pull() {
+        let pc = |kind, bytes, es| {
+            let (p, c, _) = plan2(kind, bytes, es);
+            (p, c)
+        };
+        assert_eq!(pc(LpKind::Flat, 16 << 20, 2), (true, 8 << 20));
+        assert_eq!(pc(LpKind::AllGather, 4 << 20, 4), (true, 1 << 20));
+        assert_eq!(pc(LpKind::AllToAll, 16 << 20, 2), (true, 8 << 20));
+        // 64 MiB of bf16: one pull chunk (32 Mi elements, wide kernel), not two push ones.
+        assert_eq!(pc(LpKind::Flat, 64 << 20, 2), (false, 32 << 20));
+        // Parts of 64 MiB (32 Mi bf16 elements): two regions either way, so push.
+        assert_eq!(pc(LpKind::ReduceScatter, 64 << 20, 2), (true, 16 << 20));
+        assert!(pc(LpKind::AllToAll, 256 << 20, 2).0);
+        // Two-shot never pushes.
+        assert!(!pc(LpKind::Tree, 1 << 20, 2).0);
+    }
+
+    #[test]
+    fn no_push_where_it_cannot_run() {
+        // A staging that holds one tile per rank but not one per sender (4 ranks, E4M3 B=128:
+        // a tile's records are 132 bytes): pull, not an error.
+        let codec = Codec::new(Format::E4M3, 128).unwrap();
+        let (pull, push) = (chunk_limit(300, 1, &codec), chunk_limit(300, 4, &codec));
+        assert_eq!((pull, push), (256, 0));
+        assert_eq!(lp_cut(LpKind::Flat, 1000, pull, push, 128), (false, 256));
+        assert_eq!(
+            lp_cut(LpKind::AllGather, 100, pull, push, 128),
+            (false, 128)
+        );
+    }
+
+    #[test]
+    fn the_chunk_limit_fits_its_records() {
+        for block in [16, 32, 128, 256] {
+            let codec = Codec::new(Format::E4M3, block).unwrap();
+            for (staging, nparts) in [(64 << 20, 1), (64 << 20, 2), (1 << 20, 8), (8192, 3)] {
+                let c = chunk_limit(staging, nparts, &codec);
+                let t = tile(&codec);
+                assert_eq!(c % t, 0, "{block} {staging} {nparts}");
+                assert!(
+                    region(&codec, c) * nparts <= staging,
+                    "{block} {staging} {nparts}"
+                );
+                // The largest such: one more tile would not fit.
+                assert!(
+                    region(&codec, c + t) > staging / nparts,
+                    "{block} {staging} {nparts}"
+                );
+            }
+        }
+        // Less room than one tile: nothing.
+        assert_eq!(
+            chunk_limit(100, 1, &Codec::new(Format::E4M3, 128).unwrap()),
+            0
+        );
+    }
+
+    #[test]
+    fn chunks_are_equal_whole_tiles_within_the_staging() {
+        for (kind, bytes, es) in [
+            (LpKind::Flat, 256 << 20, 2),
+            (LpKind::Flat, (256 << 20) + 6, 2),
+            (LpKind::AllToAll, 200 << 20, 4),
+            (LpKind::Tree, 100 << 20, 4),
+            (LpKind::AllGather, 3 << 20, 2),
+            (LpKind::AllGather, 130, 2),
+        ] {
+            let part = bytes / es;
+            let (_, chunk, limit) = plan2(kind, bytes, es);
+            let n = part.div_ceil(chunk);
+            assert_eq!(chunk % 128, 0, "{kind:?} {bytes}");
+            assert!(chunk <= limit, "{kind:?} {bytes}: {chunk} > {limit}");
+            assert_eq!(
+                n,
+                part.div_ceil(limit),
+                "{kind:?} {bytes}: more chunks than needed"
+            );
+            // Equal: the last chunk is short of the others by less than a tile per chunk.
+            assert!(
+                part - (n - 1) * chunk + 128 * n > chunk,
+                "{kind:?} {bytes}: {chunk} x {n}"
+            );
         }
     }
 }

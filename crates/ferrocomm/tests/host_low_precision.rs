@@ -298,3 +298,58 @@ fn path_names_the_low_precision_path() {
         want
     );
 }
+
+#[test]
+fn the_plan_reported_is_the_plan_that_runs() {
+    // With low precision on from 4000 bytes (FERROCOMM_LP_MIN_BYTES), an all-to-all of two
+    // ranks weighs one rank's part, as the cuda backend does: parts of 999 f32 (3996 bytes, an
+    // output of 7992) run in full precision, parts of 1000 in low precision. The plan
+    // `algo_for` reports (what FERROCOMM_DEBUG and the bench print) says the same.
+    let mut c = cfg();
+    c.low_precision.enabled = true;
+    c.low_precision.min_bytes = Some(4000);
+    let n = 2;
+    let codec = Codec::new(c.low_precision.format, c.low_precision.block).unwrap();
+    for part in [999usize, 1000] {
+        let ins: Vec<Vec<f32>> = (0..n)
+            .map(|r| Data::Normal.generate(n * part, 40 + r as u64))
+            .collect();
+        let lp_on = part * 4 >= 4000;
+        let outs = run_ranks(n, &c, |comm| {
+            let me = comm.rank();
+            let opts = CallOpts::default();
+            let coll = ferrocomm::Collective::AllToAll;
+            let plan = comm
+                .algo_for(coll, n * part * 4, ferrocomm::DataType::F32, &opts)
+                .unwrap();
+            assert_eq!(plan.low_precision.is_some(), lp_on, "part {part}: {plan}");
+            let mut out = vec![f32::NAN; n * part];
+            comm.all_to_all(
+                Input::Buf(View::host(&ins[me])),
+                ViewMut::host(&mut out),
+                &opts,
+            )
+            .unwrap();
+            out
+        });
+        for (me, out) in outs.iter().enumerate() {
+            for src in 0..n {
+                let sent = &ins[src][me * part..(me + 1) * part];
+                let got = &out[src * part..(src + 1) * part];
+                // Another rank's part crosses quantized when the plan says so; the own part is
+                // copied exactly.
+                let want = if lp_on && src != me {
+                    qdq(&codec, sent)
+                } else {
+                    sent.to_vec()
+                };
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "part {part}: rank {me}'s part from rank {src}"
+                );
+            }
+        }
+    }
+}

@@ -10,9 +10,11 @@ use std::fmt::Write;
 
 use ferrocomm::config::Config;
 use ferrocomm::plan::{
-    cuda_all_reduce, cuda_collective, cuda_rmsnorm, flat_form, low_precision, lp_all_reduce,
-    part_form, select, Caps, CudaCaps, DdaCaps, LowPrecisionChoice,
+    a2av_form, cuda_all_reduce, cuda_collective, cuda_rmsnorm, flat_form, low_precision,
+    lp_a2av_form, lp_all_reduce, lp_form, part_form, select, Caps, CudaCaps, DdaCaps,
+    LowPrecisionChoice, LpForm, LpKind,
 };
+use ferrocomm::quant::Codec;
 use ferrocomm::tuning::Tuning;
 use ferrocomm::{Algo, Collective, DataType, Format, ReduceOp};
 
@@ -334,6 +336,57 @@ fn cuda_table() -> String {
                 });
                 writeln!(t, "{name} {kernel} part form: {r}").expect("writing to a string");
             }
+            // The all-to-all-v's form (its size counts `world` of its largest crossing part).
+            let head = format!("{name} all_to_all_v form");
+            by_world(&mut t, &head, |world| {
+                runs(&sizes, |bytes| {
+                    a2av_form(world, bytes / world, d.ll_max).to_string()
+                })
+            });
+            // Low precision (e4m3, blocks of 128, bf16): push or pull, split, the kernels of
+            // the whole chunks and of the last launch, and the launches.
+            let e4 = Codec::new(Format::E4M3, 128).expect("a codec");
+            let lp_text = |r: ferrocomm::Result<LpForm>, part: usize| match r {
+                Ok(f) => format!(
+                    "{:?}{} {}/{} x{}",
+                    f.moves,
+                    if f.split { "-split" } else { "" },
+                    f.kernel,
+                    f.last_kernel,
+                    if f.chunk == 0 {
+                        0
+                    } else {
+                        part.div_ceil(f.chunk)
+                    }
+                ),
+                Err(_) => "refused".to_string(),
+            };
+            for kind in [
+                LpKind::Flat,
+                LpKind::Tree,
+                LpKind::AllGather,
+                LpKind::ReduceScatter,
+                LpKind::AllToAll,
+            ] {
+                let head = format!("{name} low-precision {kind:?} form");
+                by_world(&mut t, &head, |world| {
+                    runs(&sizes, |bytes| {
+                        // One rank's part in elements (the all-to-all counts its whole output).
+                        let part = match kind {
+                            LpKind::AllToAll => bytes / world / 2,
+                            _ => bytes / 2,
+                        };
+                        let r = lp_form(kind, part, 2, world, &e4, d, &Tuning::builtin());
+                        lp_text(r, part)
+                    })
+                });
+            }
+            let r = runs(&sizes, |bytes| {
+                let part = bytes / 2 / 2;
+                lp_text(Ok(lp_a2av_form(part, &e4, d.staging_bytes)), part.max(1))
+            });
+            writeln!(t, "{name} low-precision AllToAllV form w2: {r}")
+                .expect("writing to a string");
         }
     }
     for req in Algo::ALL {

@@ -6,9 +6,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use ferrocomm::config::Config;
-use ferrocomm::plan::{host_plan, select, Caps, LowPrecisionChoice};
+use ferrocomm::plan::{
+    cuda_plan, host_plan, select, Caps, CudaCaps, LowPrecisionChoice, LpKernel, PartKind, Plan,
+};
 use ferrocomm::tuning::{TableSource, Tuning, BUILTIN_JSON};
-use ferrocomm::{Algo, Collective, DataType};
+use ferrocomm::{Algo, Collective, DataType, ReduceOp};
 
 const GPU: Caps = Caps {
     push: true,
@@ -184,5 +186,119 @@ fn a_table_others_can_write_is_refused() {
     let missing = dir.join("missing.json");
     let e = Tuning::read(&missing, TableSource::Env(missing.clone())).unwrap_err();
     assert!(e.to_string().contains("cannot open"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The built-in table with `from` replaced by `to`, written to `path` readable by its owner
+/// only.
+fn write_changed(path: &Path, from: &str, to: &str) {
+    assert!(BUILTIN_JSON.contains(from), "{from} in the built-in table");
+    std::fs::write(path, BUILTIN_JSON.replacen(from, to, 1)).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+/// The plan of `coll` with `bytes` per rank (bf16, a Sum) on a two-rank cuda communicator whose
+/// direct access is what `cfg` sets up.
+fn cuda_two(cfg: &Config, coll: Collective, bytes: usize, choice: LowPrecisionChoice) -> Plan {
+    let kernels = [DataType::F32, DataType::BF16];
+    let caps = CudaCaps {
+        world: 2,
+        dda: Some(ferrocomm::cuda::dda_caps(cfg, 2, None, false)),
+        no_dda: "off",
+        nccl: true,
+        no_nccl: "absent",
+        multi_host: false,
+        kernel_dtypes: &kernels,
+    };
+    let (bf16, sum) = (DataType::BF16, ReduceOp::Sum);
+    cuda_plan(&caps, cfg, coll, bytes, bf16, sum, Algo::Auto, choice).unwrap()
+}
+
+#[test]
+fn a_table_file_moves_the_ll_limit_at_exactly_its_size() {
+    let dir = scratch("ll");
+    let file = dir.join("table.json");
+    write_changed(
+        &file,
+        r#""max_part_bytes": "256K""#,
+        r#""max_part_bytes": "64K""#,
+    );
+    let builtin = config(&[]);
+    let tuned = config(&[("FERROCOMM_TUNING", file.display().to_string())]);
+    let env = config(&[
+        ("FERROCOMM_TUNING", file.display().to_string()),
+        ("FERROCOMM_LL_MAX_BYTES", "128K".into()),
+    ]);
+    let form = |cfg: &Config, coll, bytes| {
+        let d = LowPrecisionChoice::Default;
+        cuda_two(cfg, coll, bytes, d).parts.map(|p| p.form)
+    };
+    let colls = [
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::Broadcast,
+        Collective::Reduce,
+        Collective::Send,
+    ];
+    let marks = [64usize << 10, 128 << 10, 256 << 10];
+    for bytes in marks
+        .iter()
+        .flat_map(|&m| [m - 1, m, m + 1])
+        .chain([1, 1 << 20])
+    {
+        let want = |limit: usize| {
+            Some(if bytes <= limit {
+                PartKind::Ll
+            } else {
+                PartKind::Staged
+            })
+        };
+        for coll in colls {
+            let case = format!("{} of {bytes} bytes", coll.name());
+            assert_eq!(form(&builtin, coll, bytes), want(256 << 10), "{case}");
+            assert_eq!(form(&tuned, coll, bytes), want(64 << 10), "{case}");
+            // FERROCOMM_LL_MAX_BYTES still wins over the table.
+            assert_eq!(form(&env, coll, bytes), want(128 << 10), "{case}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_table_file_moves_the_wide_kernel_at_exactly_its_size() {
+    let dir = scratch("wide");
+    let file = dir.join("table.json");
+    write_changed(
+        &file,
+        r#""wide_min_bytes": "32M""#,
+        r#""wide_min_bytes": "8M""#,
+    );
+    let builtin = config(&[]);
+    let tuned = config(&[("FERROCOMM_TUNING", file.display().to_string())]);
+    let fp8 = LowPrecisionChoice::On(ferrocomm::Format::E4M3);
+    // Two ranks, bf16: a call up to 32 MiB per part is one launch (push, split), so its one
+    // kernel is the last one's.
+    let kernel = |cfg: &Config, coll, bytes| {
+        let lp = cuda_two(cfg, coll, bytes, fp8)
+            .lp
+            .expect("a low-precision plan");
+        assert!(lp.chunk * 2 >= bytes, "{bytes}: one launch");
+        lp.last_kernel
+    };
+    let marks = [8usize << 20, 32 << 20];
+    for bytes in marks.iter().flat_map(|&m| [m - 2, m, m + 2]) {
+        let want = |limit: usize| {
+            if bytes >= limit {
+                LpKernel::Wide
+            } else {
+                LpKernel::Plain
+            }
+        };
+        for coll in [Collective::AllReduce, Collective::AllGather] {
+            let case = format!("{} of {bytes} bytes", coll.name());
+            assert_eq!(kernel(&builtin, coll, bytes), want(32 << 20), "{case}");
+            assert_eq!(kernel(&tuned, coll, bytes), want(8 << 20), "{case}");
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

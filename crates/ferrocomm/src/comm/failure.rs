@@ -161,7 +161,8 @@ impl Communicator {
         };
         let r = stop
             .and_then(|()| self.checks(&kind))
-            .and_then(|()| backend.run(Call { kind, opts }));
+            .and_then(|()| self.plan_once(backend, &kind, opts))
+            .and_then(|plan| backend.run(Call { kind, opts, plan }));
         if let Err(e) = &r {
             // A fault found while the call ran, the peers taking part, is no refusal.
             if collective && is_refusal(e) && !crate::backend::exchanging() {

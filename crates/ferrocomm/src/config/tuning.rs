@@ -137,6 +137,16 @@ pub struct Tuning {
     pub cuda_lp_min_bytes: usize,
     /// Where `cuda_lp_min_bytes` was measured.
     pub lp_measured: String,
+    /// The smallest chunk (input bytes per part) a low-precision one-shot kernel runs as its
+    /// wide form (two CTAs per SM).
+    pub lp_wide_min_bytes: usize,
+    /// Where `lp_wide_min_bytes` was measured.
+    pub lp_wide_measured: String,
+    /// The largest part (bytes) the cuda collectives send in LL lines; staged above
+    /// (`FERROCOMM_LL_MAX_BYTES` wins over it).
+    pub ll_max_bytes: usize,
+    /// Where `ll_max_bytes` was measured.
+    pub ll_measured: String,
     /// Bytes of one round of a pipelined staged collective.
     pub pipe_round_bytes: usize,
     /// The smallest part of each staged kernel that runs in rounds (kernels without one: never).
@@ -195,6 +205,19 @@ struct FileLowPrecision {
     cuda_min_bytes: FileSize,
     #[serde(default)]
     measured: String,
+    /// Absent (a file of an earlier library): the built-in table's.
+    #[serde(default)]
+    wide_min_bytes: Option<FileSize>,
+    #[serde(default)]
+    wide_measured: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileLl {
+    max_part_bytes: FileSize,
+    #[serde(default)]
+    measured: String,
 }
 
 #[derive(Deserialize)]
@@ -216,6 +239,9 @@ struct FileTable {
     direct_max: Vec<FileDirect>,
     low_precision: FileLowPrecision,
     pipelined: FilePipelined,
+    /// Absent (a file of an earlier library): the built-in table's.
+    #[serde(default)]
+    ll: Option<FileLl>,
 }
 
 /// The staged kernels that may run in rounds (`fc_<kernel>_rw`).
@@ -335,6 +361,24 @@ impl Tuning {
             "low_precision.cuda_min_bytes",
             &f.low_precision.cuda_min_bytes,
         )?;
+        // Limits a file of an earlier library lacks are the built-in table's (which has them all).
+        let builtin = || Tuning::builtin();
+        let lp_wide_min_bytes = match &f.low_precision.wide_min_bytes {
+            Some(s) => size("low_precision.wide_min_bytes", s)?,
+            None => builtin().lp_wide_min_bytes,
+        };
+        let lp_wide_measured = match f.low_precision.wide_measured {
+            Some(m) => m,
+            None if f.low_precision.wide_min_bytes.is_some() => String::new(),
+            None => builtin().lp_wide_measured.clone(),
+        };
+        let (ll_max_bytes, ll_measured) = match &f.ll {
+            Some(l) => (
+                size("ll.max_part_bytes", &l.max_part_bytes)?,
+                l.measured.clone(),
+            ),
+            None => (builtin().ll_max_bytes, builtin().ll_measured.clone()),
+        };
         let mut t = Tuning {
             source,
             machine: f.machine,
@@ -342,6 +386,10 @@ impl Tuning {
             direct_max,
             cuda_lp_min_bytes,
             lp_measured: f.low_precision.measured,
+            lp_wide_min_bytes,
+            lp_wide_measured,
+            ll_max_bytes,
+            ll_measured,
             pipe_round_bytes,
             pipe_min,
             pipe_measured: f.pipelined.measured,
@@ -476,6 +524,12 @@ impl Tuning {
             "low_precision": {
                 "cuda_min_bytes": self.cuda_lp_min_bytes,
                 "measured": self.lp_measured,
+                "wide_min_bytes": self.lp_wide_min_bytes,
+                "wide_measured": self.lp_wide_measured,
+            },
+            "ll": {
+                "max_part_bytes": self.ll_max_bytes,
+                "measured": self.ll_measured,
             },
             "pipelined": {
                 "round_bytes": self.pipe_round_bytes,
@@ -500,6 +554,7 @@ impl Tuning {
             s += &format!("d{}:{}:{:?};", cs.join(","), r.worlds, r.max);
         }
         s += &format!("l{};r{};", self.cuda_lp_min_bytes, self.pipe_round_bytes);
+        s += &format!("w{};ll{};", self.lp_wide_min_bytes, self.ll_max_bytes);
         for (k, n) in &self.pipe_min {
             s += &format!("p{k}:{n};");
         }
@@ -556,13 +611,19 @@ mod tests {
         assert_eq!(t.all_reduce(16), (16 << 10, 256 << 10, 64 << 20));
         assert_eq!(t.direct_max(Collective::AllToAllV, 2), None);
         assert_eq!(t.direct_max(Collective::AllGather, 8), Some(16 << 20));
+        assert_eq!((t.ll_max_bytes, t.lp_wide_min_bytes), (256 << 10, 32 << 20));
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let cited = t
             .all_reduce
             .iter()
             .map(|r| &r.measured)
             .chain(t.direct_max.iter().map(|r| &r.measured))
-            .chain([&t.lp_measured, &t.pipe_measured]);
+            .chain([
+                &t.lp_measured,
+                &t.pipe_measured,
+                &t.lp_wide_measured,
+                &t.ll_measured,
+            ]);
         for m in cited {
             assert!(
                 !m.is_empty(),
@@ -598,6 +659,39 @@ mod tests {
         );
         assert!(with("\"machine\"", "\"machin\"").contains("unknown field"));
         assert!(with("\"round_bytes\": \"4M\"", "\"round_bytes\": 0").contains("at least 1"));
+        assert!(
+            with("\"max_part_bytes\": \"256K\"", "\"max_part_bytes\": \"1T\"")
+                .contains("ll.max_part_bytes")
+        );
+        assert!(
+            with("\"wide_min_bytes\": \"32M\"", "\"wide_min_bytes\": \"32X\"")
+                .contains("low_precision.wide_min_bytes")
+        );
+    }
+
+    #[test]
+    fn a_table_without_the_later_limits_takes_the_built_in_ones() {
+        // A file of an earlier library: no LL limit, no wide kernel's size.
+        let mut v: serde_json::Value = serde_json::from_str(BUILTIN_JSON).unwrap();
+        v.as_object_mut().unwrap().remove("ll");
+        let lp = v["low_precision"].as_object_mut().unwrap();
+        lp.remove("wide_min_bytes");
+        lp.remove("wide_measured");
+        v["low_precision"]["cuda_min_bytes"] = "2M".into();
+        let t = Tuning::parse(&v.to_string(), TableSource::BuiltIn).unwrap();
+        let b = Tuning::builtin();
+        assert_eq!(t.cuda_lp_min_bytes, 2 << 20);
+        assert_eq!(
+            (t.ll_max_bytes, t.lp_wide_min_bytes),
+            (b.ll_max_bytes, b.lp_wide_min_bytes)
+        );
+        assert_eq!(t.ll_measured, b.ll_measured);
+        // Set, they are the file's, and the digest tells the tables apart.
+        v["ll"] = serde_json::json!({"max_part_bytes": "64K"});
+        v["low_precision"]["wide_min_bytes"] = "8M".into();
+        let t2 = Tuning::parse(&v.to_string(), TableSource::BuiltIn).unwrap();
+        assert_eq!((t2.ll_max_bytes, t2.lp_wide_min_bytes), (64 << 10, 8 << 20));
+        assert_ne!(t2.digest, t.digest);
     }
 
     #[test]

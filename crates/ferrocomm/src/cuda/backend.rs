@@ -5,7 +5,6 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaContext;
 
-use super::dda::lowp::{a2av_plan, LpKind};
 use super::dda::{collectives, fused_norm, Dda};
 use super::kernels;
 use crate::backend::{
@@ -18,7 +17,7 @@ use crate::driver::{
 };
 use crate::error::{Error, Result};
 use crate::nccl::NcclBackend;
-use crate::plan::{self, Algo, Collective, CudaCaps, Engine, LowPrecisionChoice, PartForm, Plan};
+use crate::plan::{self, Algo, CallShape, Collective, CudaCaps, Engine, LpForm, PartForm, Plan};
 use crate::quant::Codec;
 use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
@@ -160,34 +159,6 @@ impl CudaBackend {
         }
     }
 
-    /// The plan this call runs ([`plan::cuda_plan`], what [`Backend::plan_for`] reports):
-    /// `op` for the reductions; full precision when the call's buffers are not `aligned` to
-    /// their element size (the low-precision kernels need it).
-    fn call_plan(
-        &self,
-        coll: Collective,
-        bytes_per_rank: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        aligned: bool,
-        opts: &CallOpts,
-    ) -> Result<Plan> {
-        plan::cuda_plan(
-            &self.cuda_caps(),
-            &self.config,
-            coll,
-            bytes_per_rank,
-            dtype,
-            op,
-            opts.algo.0,
-            if aligned {
-                opts.low_precision
-            } else {
-                LowPrecisionChoice::Off
-            },
-        )
-    }
-
     fn nccl(&self, collective: &'static str) -> Result<&NcclBackend> {
         self.nccl.as_ref().ok_or_else(|| Error::Unsupported {
             collective,
@@ -213,44 +184,9 @@ impl CudaBackend {
         st.last_stream = Some(stream);
         Ok(())
     }
-
-    /// Direct access and the codec when this call goes low precision (the shared rule of
-    /// [`plan::low_precision`], with the cuda size floor); `None` for full precision, also
-    /// without direct access or for pointers not aligned to the element size.
-    fn lp_codec(
-        &self,
-        coll: Collective,
-        dtype: DataType,
-        op: Option<ReduceOp>,
-        bytes: usize,
-        aligned: bool,
-        opts: &CallOpts,
-    ) -> Result<Option<(&Dda, Codec)>> {
-        let Some(d) = self.dda.as_deref() else {
-            return Ok(None);
-        };
-        if !aligned {
-            return Ok(None);
-        }
-        let min = self.config.tuning.cuda_lp_min_bytes;
-        let c = plan::low_precision(
-            coll,
-            dtype,
-            op,
-            bytes,
-            opts.low_precision,
-            &self.config,
-            min,
-        )?;
-        Ok(c.map(|c| (d, c)))
-    }
 }
 
 const AR: Collective = Collective::AllReduce;
-const AG: Collective = Collective::AllGather;
-const RS: Collective = Collective::ReduceScatter;
-const A2A: Collective = Collective::AllToAll;
-const A2AV: Collective = Collective::AllToAllV;
 
 impl CudaBackend {
     /// The device-count all-to-all-v calls (counts checked by the communicator): direct
@@ -292,9 +228,12 @@ impl CudaBackend {
         )
     }
 
-    /// Direct access and the codec when `plan` goes low precision.
-    fn low_precision(&self, plan: &Plan) -> Option<(&Dda, Codec)> {
-        self.dda.as_deref().zip(plan.low_precision)
+    /// Direct access, the codec and the form of the records when `plan` goes low precision.
+    fn low_precision(&self, plan: &Plan) -> Option<(&Dda, Codec, LpForm)> {
+        match (self.dda.as_deref(), plan.low_precision, plan.lp) {
+            (Some(d), Some(c), Some(form)) => Some((d, c, form)),
+            _ => None,
+        }
     }
 
     /// Direct access and the form of the parts when `plan` runs a staged kernel, `None` for
@@ -312,88 +251,29 @@ impl CudaBackend {
         }
     }
 
-    /// The direct-access state when this call runs by direct access, `None` for NCCL; reports
-    /// an error an earlier kernel recorded.
-    fn direct(
-        &self,
-        coll: Collective,
-        bytes_per_rank: usize,
-        part_bytes: usize,
-        dtype: DataType,
-        op: Option<ReduceOp>,
-        opts: &CallOpts,
-    ) -> Result<Option<&Dda>> {
-        if let Some(d) = self.dda.as_deref() {
-            d.check_error(coll.name())?;
-        }
-        let a = plan::cuda_collective(
-            &self.cuda_caps(),
-            &self.config,
-            coll,
-            bytes_per_rank,
-            part_bytes,
-            dtype,
-            op,
-            opts.algo.0,
-        )?;
-        Ok(if a == Algo::Direct {
-            self.dda.as_deref()
-        } else {
-            None
-        })
-    }
-
-    /// Direct access for one message to or from `peer` (`Dda::coll_send_recv`): between the
-    /// two ranks of a two-rank communicator, where both take part in every message, up to
-    /// `FERROCOMM_P2P_MAX_BYTES`; `None`: NCCL's.
-    fn direct_p2p(
-        &self,
-        coll: Collective,
-        peer: usize,
-        bytes: usize,
-        dtype: DataType,
-        opts: &CallOpts,
-    ) -> Result<Option<(&Dda, PartForm)>> {
-        let why_not = if self.size != 2 {
-            "direct access for point-to-point between the two ranks of a two-rank communicator only"
-        } else if peer == self.rank {
-            "direct access for a message to the rank itself"
-        } else {
-            let plan = self.call_plan(coll, bytes, dtype, ReduceOp::Sum, true, opts)?;
-            return self.staged(&plan, coll.name());
-        };
-        if opts.algo.0 == Algo::Direct {
-            return Err(Error::Unsupported {
-                collective: coll.name(),
-                backend: "cuda",
-                what: why_not.into(),
-            });
-        }
-        Ok(None)
-    }
-
-    /// Direct access for a whole batch when every message in it can take it (two ranks, no
-    /// message to the rank itself, each within the limit; every rank sees the same sizes);
-    /// `None`: the batch is one NCCL group. With the form of each message's parts.
+    /// Direct access and the form of each message's parts where the batch's `plan` runs by
+    /// direct access (every message of it does: [`crate::backend::plan_call`]); `None`: the
+    /// batch is one NCCL group.
     fn direct_batch(
         &self,
         ops: &[P2pOp<'_>],
+        plan: &Plan,
         opts: &CallOpts,
     ) -> Result<Option<(&Dda, Vec<PartForm>)>> {
+        if plan.engine != Engine::Direct {
+            return Ok(None);
+        }
         let mut dda = None;
         let mut parts = Vec::with_capacity(ops.len());
         for op in ops {
-            let (coll, bytes, dt) = match op {
-                P2pOp::Send { data, .. } => (Collective::Send, data.bytes_len(), data.dtype()),
-                P2pOp::Recv { out, .. } => (Collective::Recv, out.bytes_len(), out.dtype()),
+            let p = self.plan(&op.plan_shape(self.rank), opts)?;
+            let Some((d, form)) = self.staged(&p, "batch_send_recv")? else {
+                return Err(Error::InvalidArgument(
+                    "batch_send_recv: a message of a direct-access batch planned for NCCL".into(),
+                ));
             };
-            match self.direct_p2p(coll, op.peer(), bytes, dt, opts)? {
-                Some((d, p)) => {
-                    dda = Some(d);
-                    parts.push(p);
-                }
-                None => return Ok(None),
-            }
+            dda = Some(d);
+            parts.push(form);
         }
         Ok(dda.map(|d| (d, parts)))
     }
@@ -519,35 +399,35 @@ impl Backend for CudaBackend {
         check_buffers(&call.kind, Device::Cuda(self.device))?;
         let aligned = call.kind.aligned();
         let st = &mut *st;
+        if let Some(d) = self.dda.as_deref() {
+            d.check_error(call.kind.name().name())?;
+        }
+        let plan = &call.plan;
         match call.kind {
             CallKind::AllReduce { input, output, op } => {
-                self.all_reduce(st, input, output, op, aligned, opts)
+                self.planned_all_reduce(st, input, output, op, aligned, plan, opts)
             }
             CallKind::Reduce {
                 input,
                 output,
                 op,
                 root,
-            } => self.reduce(st, input, output, op, root, aligned, opts),
+            } => self.reduce(st, input, output, op, root, plan, opts),
             CallKind::Broadcast {
                 input,
                 output,
                 root,
-            } => self.broadcast(st, input, output, root, aligned, opts),
-            CallKind::AllGather { input, output } => {
-                self.all_gather(st, input, output, aligned, opts)
-            }
+            } => self.broadcast(st, input, output, root, plan, opts),
+            CallKind::AllGather { input, output } => self.all_gather(st, input, output, plan, opts),
             CallKind::ReduceScatter { input, output, op } => {
-                self.reduce_scatter(st, input, output, op, aligned, opts)
+                self.reduce_scatter(st, input, output, op, plan, opts)
             }
-            CallKind::AllToAll { input, output } => {
-                self.all_to_all(st, input, output, aligned, opts)
-            }
+            CallKind::AllToAll { input, output } => self.all_to_all(st, input, output, plan, opts),
             CallKind::AllToAllV {
                 input,
                 output,
                 splits,
-            } => self.all_to_all_v(st, input, output, splits, aligned, opts),
+            } => self.all_to_all_v(st, input, output, splits, plan, opts),
             CallKind::AllToAllVDynamic {
                 input,
                 output,
@@ -579,22 +459,17 @@ impl Backend for CudaBackend {
                     opts,
                 )
             }
-            CallKind::Barrier => self.barrier(st, opts),
-            CallKind::Send { data, peer } => self.send(st, data, peer, opts),
-            CallKind::Recv { out, peer } => self.recv(st, out, peer, opts),
-            CallKind::BatchSendRecv { ops } => self.batch_send_recv(st, ops, opts),
+            CallKind::Barrier => self.barrier(st, plan, opts),
+            CallKind::Send { data, peer } => self.send(st, data, peer, plan, opts),
+            CallKind::Recv { out, peer } => self.recv(st, out, peer, plan, opts),
+            CallKind::BatchSendRecv { ops } => self.batch_send_recv(st, ops, plan, opts),
             CallKind::AllReduceRmsNorm(_) => unreachable!("run above"),
         }
     }
 
-    fn plan_for(
-        &self,
-        coll: Collective,
-        bytes_per_rank: usize,
-        dtype: DataType,
-        opts: &CallOpts,
-    ) -> Result<Plan> {
-        self.call_plan(coll, bytes_per_rank, dtype, ReduceOp::Sum, true, opts)
+    fn plan(&self, shape: &CallShape, opts: &CallOpts) -> Result<Plan> {
+        let (caps, cfg) = (self.cuda_caps(), &self.config);
+        plan::cuda_call_plan(&caps, cfg, shape, opts.algo.0, opts.low_precision)
     }
 
     fn rmsnorm_plan_for(&self, shape: crate::rmsnorm::Shape, opts: &CallOpts) -> Result<Plan> {
@@ -617,6 +492,8 @@ impl CudaBackend {
         self.nccl(kind.name().name())?.execute(kind, opts)
     }
 
+    /// An all-reduce of this backend's own (the fused call's two launches): planned as the
+    /// communicator plans one ([`Backend::plan`]), then run as planned.
     fn all_reduce(
         &self,
         st: &mut CallState,
@@ -629,6 +506,26 @@ impl CudaBackend {
         if let Some(d) = self.dda.as_deref() {
             d.check_error("all_reduce")?;
         }
+        let shape = CallShape {
+            op,
+            aligned,
+            ..CallShape::of(AR, output.bytes_len(), output.dtype())
+        };
+        let plan = self.plan(&shape, opts)?;
+        self.planned_all_reduce(st, input, output, op, aligned, &plan, opts)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn planned_all_reduce(
+        &self,
+        st: &mut CallState,
+        input: Input<'_>,
+        output: ViewMut<'_>,
+        op: ReduceOp,
+        aligned: bool,
+        plan: &Plan,
+        opts: &CallOpts,
+    ) -> Result<()> {
         let dtype = output.dtype();
         let count = output.count();
         if count == 0 {
@@ -641,28 +538,19 @@ impl CudaBackend {
             )));
         }
         let (ip, op_ptr) = (input.address(&output), output.ptr() as u64);
-        let plan = self.call_plan(AR, count * dtype.size(), dtype, op, aligned, opts)?;
         self.follow(st, opts.stream)?;
-        match (plan, self.dda.as_deref()) {
-            (
-                Plan {
-                    low_precision: Some(codec),
-                    algo,
-                    ..
-                },
-                Some(d),
-            ) => {
-                let kind = LpKind::of_all_reduce(algo);
-                let avg = op == ReduceOp::Avg;
-                d.lp_collective(kind, &codec, dtype, ip, op_ptr, count, avg, opts.stream)
-            }
+        if let Some((d, codec, form)) = self.low_precision(plan) {
+            let avg = op == ReduceOp::Avg;
+            return d.lp_collective(&form, &codec, dtype, ip, op_ptr, count, avg, opts.stream);
+        }
+        match (*plan, self.dda.as_deref()) {
             (
                 Plan {
                     engine: Engine::Direct,
                     ..
                 },
                 Some(d),
-            ) => d.all_reduce(&plan, ip, op_ptr, count, dtype, op, opts.stream),
+            ) => d.all_reduce(plan, ip, op_ptr, count, dtype, op, opts.stream),
             _ => self.on_nccl(CallKind::AllReduce { input, output, op }, opts),
         }
     }
@@ -675,14 +563,13 @@ impl CudaBackend {
         output: ViewMut<'_>,
         op: ReduceOp,
         root: usize,
-        aligned: bool,
+        plan: &Plan,
         opts: &CallOpts,
     ) -> Result<()> {
         self.follow(st, opts.stream)?;
         let (n, dt) = (output.count(), output.dtype());
         let (ip, o) = (input.address(&output), output.ptr() as u64);
-        let plan = self.call_plan(Collective::Reduce, n * dt.size(), dt, op, aligned, opts)?;
-        if let Some((d, parts)) = self.staged(&plan, "reduce")? {
+        if let Some((d, parts)) = self.staged(plan, "reduce")? {
             return d.coll_reduce(ip, o, n, dt, op, root, parts, opts.stream);
         }
         let kind = CallKind::Reduce {
@@ -700,16 +587,13 @@ impl CudaBackend {
         input: Input<'_>,
         output: ViewMut<'_>,
         root: usize,
-        aligned: bool,
+        plan: &Plan,
         opts: &CallOpts,
     ) -> Result<()> {
         self.follow(st, opts.stream)?;
         let (n, dt) = (output.count(), output.dtype());
         let (ip, o) = (input.address(&output), output.ptr() as u64);
-        let sum = ReduceOp::Sum;
-        let bytes = n * dt.size();
-        let plan = self.call_plan(Collective::Broadcast, bytes, dt, sum, aligned, opts)?;
-        if let Some((d, parts)) = self.staged(&plan, "broadcast")? {
+        if let Some((d, parts)) = self.staged(plan, "broadcast")? {
             return d.coll_broadcast(ip, o, n, dt, root, parts, opts.stream);
         }
         let kind = CallKind::Broadcast {
@@ -725,7 +609,7 @@ impl CudaBackend {
         st: &mut CallState,
         input: Input<'_>,
         output: ViewMut<'_>,
-        aligned: bool,
+        plan: &Plan,
         opts: &CallOpts,
     ) -> Result<()> {
         self.follow(st, opts.stream)?;
@@ -734,11 +618,10 @@ impl CudaBackend {
             input.part_address(&output, part, self.rank),
             output.ptr() as u64,
         );
-        let plan = self.call_plan(AG, part * dt.size(), dt, ReduceOp::Sum, aligned, opts)?;
-        if let Some((d, c)) = self.low_precision(&plan) {
-            return d.lp_collective(LpKind::AllGather, &c, dt, i, o, part, false, opts.stream);
+        if let Some((d, c, form)) = self.low_precision(plan) {
+            return d.lp_collective(&form, &c, dt, i, o, part, false, opts.stream);
         }
-        if let Some((d, parts)) = self.staged(&plan, "all_gather")? {
+        if let Some((d, parts)) = self.staged(plan, "all_gather")? {
             return d.coll_all_gather(i, o, part, dt, parts, opts.stream);
         }
         self.on_nccl(CallKind::AllGather { input, output }, opts)
@@ -750,7 +633,7 @@ impl CudaBackend {
         input: Input<'_>,
         output: ViewMut<'_>,
         op: ReduceOp,
-        aligned: bool,
+        plan: &Plan,
         opts: &CallOpts,
     ) -> Result<()> {
         self.follow(st, opts.stream)?;
@@ -764,12 +647,11 @@ impl CudaBackend {
             }
             Input::Buf(v) => (v.ptr() as u64, output.ptr() as u64, output.count()),
         };
-        let plan = self.call_plan(RS, part * dt.size(), dt, op, aligned, opts)?;
-        if let Some((d, c)) = self.low_precision(&plan) {
+        if let Some((d, c, form)) = self.low_precision(plan) {
             let avg = op == ReduceOp::Avg;
-            return d.lp_collective(LpKind::ReduceScatter, &c, dt, i, o, part, avg, opts.stream);
+            return d.lp_collective(&form, &c, dt, i, o, part, avg, opts.stream);
         }
-        if let Some((d, parts)) = self.staged(&plan, "reduce_scatter")? {
+        if let Some((d, parts)) = self.staged(plan, "reduce_scatter")? {
             return d.coll_reduce_scatter(i, o, part, dt, op, parts, opts.stream);
         }
         self.on_nccl(CallKind::ReduceScatter { input, output, op }, opts)
@@ -780,18 +662,16 @@ impl CudaBackend {
         st: &mut CallState,
         input: Input<'_>,
         output: ViewMut<'_>,
-        aligned: bool,
+        plan: &Plan,
         opts: &CallOpts,
     ) -> Result<()> {
         self.follow(st, opts.stream)?;
         let (dt, part) = (output.dtype(), output.count() / self.size);
         let (i, o) = (input.address(&output), output.ptr() as u64);
-        let total = output.bytes_len();
-        let plan = self.call_plan(A2A, total, dt, ReduceOp::Sum, aligned, opts)?;
-        if let Some((d, c)) = self.low_precision(&plan) {
-            return d.lp_collective(LpKind::AllToAll, &c, dt, i, o, part, false, opts.stream);
+        if let Some((d, c, form)) = self.low_precision(plan) {
+            return d.lp_collective(&form, &c, dt, i, o, part, false, opts.stream);
         }
-        if let Some((d, parts)) = self.staged(&plan, "all_to_all")? {
+        if let Some((d, parts)) = self.staged(plan, "all_to_all")? {
             return d.coll_all_to_all(i, o, part, dt, parts, opts.stream);
         }
         self.on_nccl(CallKind::AllToAll { input, output }, opts)
@@ -803,53 +683,31 @@ impl CudaBackend {
         input: Input<'_>,
         output: ViewMut<'_>,
         splits: &Splits,
-        aligned: bool,
+        plan: &Plan,
         opts: &CallOpts,
     ) -> Result<()> {
         self.follow(st, opts.stream)?;
         let dt = output.dtype();
-        // In place, a thread overwrites only what it sent itself when every part keeps its size
-        // (at two ranks both ranks see the same answer: the crossing counts are in both views).
-        let in_place_ok =
-            !matches!(input, Input::InPlace) || splits.send_counts == splits.recv_counts;
-        let forced = opts.algo.0 == Algo::Direct;
-        let es = dt.size();
-        // Low precision (two ranks): decided on the crossing counts, which both ranks see, so
-        // both take the same path. In place as the full-precision kernels (every part keeps its
-        // size, and Communicator keeps its place): the warp that reads a group of part p to send
-        // it is the one that writes the group received into part p, after the barrier
+        let (i, o) = (input.address(&output), output.ptr() as u64);
+        // Low precision (two ranks, planned on the crossing counts, which both ranks see). In
+        // place as the full-precision kernels (every part keeps its size, which the plan
+        // requires, and Communicator keeps its place): the warp that reads a group of part p to
+        // send it is the one that writes the group received into part p, after the barrier
         // (kernels/lowp.cu, as in the all-to-all).
-        let (bytes, largest) = collectives::a2av_agreed_sizes(self.rank, splits, es);
-        if in_place_ok && !collectives::a2av_by_pairs(self.size) {
-            let (i, o) = (input.address(&output), output.ptr() as u64);
-            if let Some((d, c)) = self.lp_codec(A2AV, dt, None, largest, aligned, opts)? {
-                let staging = d.layout().staging_bytes;
-                if let Some(plan) = a2av_plan(self.rank, splits, &c, staging) {
-                    return d.lp_all_to_all_v(plan, &c, dt, i, o, splits, opts.stream);
-                }
+        if let Some((d, c, form)) = self.low_precision(plan) {
+            return d.lp_all_to_all_v(&form, &c, dt, i, o, splits, opts.stream);
+        }
+        match (self.dda.as_deref(), plan.a2av) {
+            (Some(d), Some(form)) => d.coll_all_to_all_v(i, o, splits, dt, form, opts.stream),
+            _ => {
+                let kind = CallKind::AllToAllV {
+                    input,
+                    output,
+                    splits,
+                };
+                self.on_nccl(kind, opts)
             }
         }
-        if !in_place_ok && forced {
-            return Err(Error::Unsupported {
-                collective: "all_to_all_v",
-                backend: "cuda",
-                what: "direct access in place with send counts that differ from receive counts"
-                    .into(),
-            });
-        }
-        // The sizes every rank computes alike decide (see a2av_agreed_sizes).
-        if in_place_ok {
-            if let Some(d) = self.direct(Collective::AllToAllV, bytes, largest, dt, None, opts)? {
-                let ip = input.address(&output);
-                return d.coll_all_to_all_v(ip, output.ptr() as u64, splits, dt, opts.stream);
-            }
-        }
-        let kind = CallKind::AllToAllV {
-            input,
-            output,
-            splits,
-        };
-        self.on_nccl(kind, opts)
     }
 
     /// The fused call: one launch by direct access where the plan's form says so, else the
@@ -904,12 +762,9 @@ impl CudaBackend {
         })
     }
 
-    fn barrier(&self, st: &mut CallState, opts: &CallOpts) -> Result<()> {
-        if let Some(d) = self.dda.as_deref() {
-            d.check_error("barrier")?;
-        }
+    fn barrier(&self, st: &mut CallState, plan: &Plan, opts: &CallOpts) -> Result<()> {
         self.follow(st, opts.stream)?;
-        let Some(d) = self.dda.as_deref() else {
+        let (Engine::Direct, Some(d)) = (plan.engine, self.dda.as_deref()) else {
             return self.on_nccl(CallKind::Barrier, opts);
         };
         // Direct access meets every rank in one push kernel (no NCCL needed): a one-word
@@ -924,10 +779,17 @@ impl CudaBackend {
         d.check_error("barrier")
     }
 
-    fn send(&self, st: &mut CallState, data: View<'_>, peer: usize, opts: &CallOpts) -> Result<()> {
+    fn send(
+        &self,
+        st: &mut CallState,
+        data: View<'_>,
+        peer: usize,
+        plan: &Plan,
+        opts: &CallOpts,
+    ) -> Result<()> {
         self.follow(st, opts.stream)?;
         let (n, dt) = (data.count(), data.dtype());
-        if let Some((d, p)) = self.direct_p2p(Collective::Send, peer, n * dt.size(), dt, opts)? {
+        if let Some((d, p)) = self.staged(plan, "send")? {
             return d.coll_send_recv(data.ptr() as u64, n, dt, self.rank, p, opts.stream);
         }
         self.on_nccl(CallKind::Send { data, peer }, opts)
@@ -938,11 +800,12 @@ impl CudaBackend {
         st: &mut CallState,
         out: ViewMut<'_>,
         peer: usize,
+        plan: &Plan,
         opts: &CallOpts,
     ) -> Result<()> {
         self.follow(st, opts.stream)?;
         let (n, dt) = (out.count(), out.dtype());
-        if let Some((d, p)) = self.direct_p2p(Collective::Recv, peer, n * dt.size(), dt, opts)? {
+        if let Some((d, p)) = self.staged(plan, "recv")? {
             return d.coll_send_recv(out.ptr() as u64, n, dt, peer, p, opts.stream);
         }
         self.on_nccl(CallKind::Recv { out, peer }, opts)
@@ -952,10 +815,11 @@ impl CudaBackend {
         &self,
         st: &mut CallState,
         ops: Vec<P2pOp<'_>>,
+        plan: &Plan,
         opts: &CallOpts,
     ) -> Result<()> {
         self.follow(st, opts.stream)?;
-        if let Some((d, parts)) = self.direct_batch(&ops, opts)? {
+        if let Some((d, parts)) = self.direct_batch(&ops, plan, opts)? {
             let sends = ops.iter().map(|op| matches!(op, P2pOp::Send { .. }));
             for (k, sender) in collectives::two_rank_batch_order(self.rank, sends) {
                 let (ptr, n, dt) = match &ops[k] {

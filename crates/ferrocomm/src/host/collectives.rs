@@ -9,9 +9,9 @@ use std::sync::atomic::Ordering;
 
 use super::shm::LINE;
 use super::{Bufs, HostBackend, Running, Signature};
-use crate::backend::{CallOpts, DeviceCounts, Splits};
+use crate::backend::{DeviceCounts, Splits};
 use crate::error::{Error, Result};
-use crate::plan::{Algo, Collective};
+use crate::plan::{Algo, Collective, Plan};
 use crate::reduce::reduce_bytes;
 use crate::types::{read_count, write_count, DataType, ReduceOp};
 
@@ -160,12 +160,11 @@ impl HostBackend {
         dtype: DataType,
         count: usize,
         op: ReduceOp,
-        algo: Algo,
-        opts: &CallOpts,
+        plan: &Plan,
     ) -> Result<()> {
-        let coll = Collective::AllReduce;
-        if let Some(codec) = self.low_precision(coll, dtype, op, count * dtype.size(), opts)? {
-            return self.all_reduce_lp(bufs, dtype, count, op, algo, &codec);
+        let (coll, algo) = (Collective::AllReduce, plan.algo);
+        if let Some(codec) = &plan.low_precision {
+            return self.all_reduce_lp(bufs, dtype, count, op, algo, codec);
         }
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let chunk = seg.layout.slot_bytes / es;
@@ -304,13 +303,11 @@ impl HostBackend {
         bufs: &Bufs,
         dtype: DataType,
         part: usize,
-        opts: &CallOpts,
+        plan: &Plan,
     ) -> Result<()> {
         let coll = Collective::AllGather;
-        if let Some(codec) =
-            self.low_precision(coll, dtype, ReduceOp::Sum, part * dtype.size(), opts)?
-        {
-            return self.all_gather_lp(bufs, dtype, part, &codec);
+        if let Some(codec) = &plan.low_precision {
+            return self.all_gather_lp(bufs, dtype, part, codec);
         }
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let chunk = seg.layout.slot_bytes / es;
@@ -381,11 +378,11 @@ impl HostBackend {
         dtype: DataType,
         part: usize,
         op: ReduceOp,
-        opts: &CallOpts,
+        plan: &Plan,
     ) -> Result<()> {
         let coll = Collective::ReduceScatter;
-        if let Some(codec) = self.low_precision(coll, dtype, op, part * dtype.size(), opts)? {
-            return self.reduce_scatter_lp(bufs, dtype, part, op, &codec);
+        if let Some(codec) = &plan.low_precision {
+            return self.reduce_scatter_lp(bufs, dtype, part, op, codec);
         }
         let (es, me) = (dtype.size(), self.rank);
         let region = self.regions_for(coll)?;
@@ -417,13 +414,11 @@ impl HostBackend {
         bufs: &Bufs,
         dtype: DataType,
         part: usize,
-        opts: &CallOpts,
+        plan: &Plan,
     ) -> Result<()> {
         let coll = Collective::AllToAll;
-        if let Some(codec) =
-            self.low_precision(coll, dtype, ReduceOp::Sum, part * dtype.size(), opts)?
-        {
-            return self.all_to_all_lp(bufs, dtype, part, &codec);
+        if let Some(codec) = &plan.low_precision {
+            return self.all_to_all_lp(bufs, dtype, part, codec);
         }
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let region = self.regions_for(coll)?;
@@ -607,17 +602,11 @@ impl HostBackend {
         dtype: DataType,
         in_count: usize,
         splits: &Splits,
-        opts: &CallOpts,
+        plan: &Plan,
     ) -> Result<()> {
         let coll = Collective::AllToAllV;
-        // Saturating: only compared with a threshold (each part is checked against the input).
-        let bytes = splits
-            .send_counts
-            .iter()
-            .fold(0usize, |a, &c| a.saturating_add(c))
-            .saturating_mul(dtype.size());
-        if let Some(codec) = self.low_precision(coll, dtype, ReduceOp::Sum, bytes, opts)? {
-            return self.all_to_all_v_lp(bufs, dtype, in_count, splits, &codec);
+        if let Some(codec) = &plan.low_precision {
+            return self.all_to_all_v_lp(bufs, dtype, in_count, splits, codec);
         }
         let es = dtype.size();
         let region = self.regions_for(coll)?;

@@ -3,7 +3,7 @@
 //! the sum with [`rmsnorm::norm_rows`], the arithmetic GPU results are checked against.
 
 use super::HostBackend;
-use crate::backend::{Backend, Call, CallKind, CallOpts};
+use crate::backend::{CallKind, CallOpts};
 use crate::error::{Error, Result};
 use crate::reduce::{from_f32, to_f32};
 use crate::rmsnorm::{self, AllReduceRmsNorm, Fp8Ref, Fp8Scale, Shape};
@@ -65,10 +65,7 @@ impl HostBackend {
             input: Input::Buf(View::host(&mine)),
             output: ViewMut::host(&mut all),
         };
-        self.run(Call {
-            kind: gather,
-            opts: &CallOpts::default(),
-        })?;
+        self.run_own(gather, &CallOpts::default())?;
         let calls: Vec<&[u64]> = all.chunks(mine.len()).collect();
         if calls.iter().any(|w| *w != mine) {
             let each: Vec<String> = calls
@@ -97,7 +94,7 @@ impl HostBackend {
             output: sum_view,
             op: ReduceOp::Sum,
         };
-        self.run(Call { kind: reduce, opts })?;
+        self.run_own(reduce, opts)?;
         let sum = widen(dtype, &summed, n)?;
         let res = match residual {
             Input::InPlace => widen(

@@ -8,9 +8,9 @@
 
 use super::collectives::{exclusive, region_bytes, shared, stripe};
 use super::{Bufs, HostBackend, Signature};
-use crate::backend::{CallOpts, Splits};
+use crate::backend::Splits;
 use crate::error::{Error, Result};
-use crate::plan::{self, Algo, Collective};
+use crate::plan::{Algo, Collective};
 use crate::quant::{Codec, Format, SCALE_BYTES};
 use crate::reduce::{from_f32, to_f32};
 use crate::types::{DataType, ReduceOp};
@@ -101,18 +101,6 @@ unsafe fn sum(
 }
 
 impl HostBackend {
-    /// The codec to use for this call, or `None` for full precision.
-    pub(super) fn low_precision(
-        &self,
-        coll: Collective,
-        dtype: DataType,
-        op: ReduceOp,
-        bytes: usize,
-        opts: &CallOpts,
-    ) -> Result<Option<Codec>> {
-        plan::host_low_precision(coll, dtype, op, bytes, opts.low_precision, &self.cfg)
-    }
-
     /// Elements per chunk: whole blocks whose encoding fits `room` bytes.
     fn lp_chunk(&self, coll: Collective, codec: &Codec, room: usize) -> Result<usize> {
         let c = room / (codec.block + SCALE_BYTES) * codec.block;

@@ -32,7 +32,7 @@ use crate::backend::{
 };
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::plan::{self, Algo, Collective, Plan};
+use crate::plan::{self, Algo, CallShape, Collective, Plan};
 use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, ViewMut};
 
@@ -177,6 +177,13 @@ pub(crate) struct Running<'a> {
 }
 
 impl HostBackend {
+    /// Runs a call of this backend's own (inside another call) on its plan, as the
+    /// communicator runs a user's.
+    pub(super) fn run_own(&self, kind: CallKind<'_>, opts: &CallOpts) -> Result<()> {
+        let plan = crate::backend::plan_call(self, &kind, self.rank, self.world, opts)?;
+        self.run(Call { kind, opts, plan })
+    }
+
     /// The host backend of `ctx`: maps the communicator's shared-memory segment (rank 0 creates it,
     /// the others open it once the store says it exists).
     pub fn new(ctx: &CommContext) -> Result<HostBackend> {
@@ -294,16 +301,6 @@ impl HostBackend {
             v if v >= 2 && ((v - 2) as usize) < self.world => (v - 2) as usize,
             _ => peer,
         }
-    }
-
-    fn algo(
-        &self,
-        coll: Collective,
-        bytes: usize,
-        dtype: DataType,
-        opts: &CallOpts,
-    ) -> Result<Algo> {
-        plan::host_algo(coll, bytes, self.world, dtype, opts.algo.0, &self.cfg)
     }
 }
 
@@ -500,18 +497,16 @@ impl Backend for HostBackend {
         self.seg.failed(self.rank).store(1, Ordering::Relaxed);
     }
 
-    /// Runs one call: its algorithm from the plan ([`plan::host_algo`], which also refuses
-    /// an algorithm the host cannot run), then the algorithm on the buffers' host addresses.
+    /// Runs one call as its plan says ([`plan::host_call_plan`]: the algorithm and the codec),
+    /// on the buffers' host addresses.
     fn run(&self, call: Call<'_>) -> Result<()> {
         check_buffers(&call.kind, Device::Host)?;
-        let opts = call.opts;
-        let algo = |coll, bytes, dtype| self.algo(coll, bytes, dtype, opts);
+        let (opts, plan) = (call.opts, &call.plan);
         match call.kind {
             CallKind::AllReduce { input, output, op } => {
                 let bufs = Bufs::new(&input, &output);
                 let (n, dt) = (output.count(), output.dtype());
-                let a = algo(Collective::AllReduce, output.bytes_len(), dt)?;
-                self.all_reduce_impl(&bufs, dt, n, op, a, opts)
+                self.all_reduce_impl(&bufs, dt, n, op, plan)
             }
             CallKind::Reduce {
                 input,
@@ -520,7 +515,6 @@ impl Backend for HostBackend {
                 root,
             } => {
                 let bufs = Bufs::new(&input, &output);
-                algo(Collective::Reduce, output.bytes_len(), output.dtype())?;
                 self.reduce_impl(&bufs, output.dtype(), output.count(), op, root)
             }
             CallKind::Broadcast {
@@ -535,14 +529,12 @@ impl Backend for HostBackend {
                     Input::InPlace
                 };
                 let bufs = Bufs::new(&input, &output);
-                algo(Collective::Broadcast, output.bytes_len(), output.dtype())?;
                 self.broadcast_impl(&bufs, output.dtype(), output.count(), root)
             }
             CallKind::AllGather { input, output } => {
                 let bufs = Bufs::new(&input, &output);
                 let (part, dt) = (output.count() / self.world, output.dtype());
-                algo(Collective::AllGather, part * dt.size(), dt)?;
-                self.all_gather_impl(&bufs, dt, part, opts)
+                self.all_gather_impl(&bufs, dt, part, plan)
             }
             CallKind::ReduceScatter { input, output, op } => {
                 let bufs = Bufs::new(&input, &output);
@@ -553,14 +545,12 @@ impl Backend for HostBackend {
                 } else {
                     output.count()
                 };
-                algo(Collective::ReduceScatter, part * dt.size(), dt)?;
-                self.reduce_scatter_impl(&bufs, dt, part, op, opts)
+                self.reduce_scatter_impl(&bufs, dt, part, op, plan)
             }
             CallKind::AllToAll { input, output } => {
                 let bufs = Bufs::new(&input, &output);
-                algo(Collective::AllToAll, output.bytes_len(), output.dtype())?;
                 let part = output.count() / self.world;
-                self.all_to_all_impl(&bufs, output.dtype(), part, opts)
+                self.all_to_all_impl(&bufs, output.dtype(), part, plan)
             }
             CallKind::AllToAllV {
                 input,
@@ -573,8 +563,7 @@ impl Backend for HostBackend {
                     Input::Buf(v) => v.count(),
                 };
                 let dt = output.dtype();
-                algo(Collective::AllToAllV, in_count * dt.size(), dt)?;
-                self.all_to_all_v_impl(&bufs, dt, in_count, splits, opts)
+                self.all_to_all_v_impl(&bufs, dt, in_count, splits, plan)
             }
             CallKind::AllToAllVDynamic {
                 input,
@@ -582,7 +571,6 @@ impl Backend for HostBackend {
                 counts,
             } => {
                 let bufs = Bufs::new(&Input::Buf(input), &output);
-                algo(Collective::AllToAllV, input.bytes_len(), output.dtype())?;
                 self.all_to_all_v_dynamic_impl(&bufs, output.dtype(), input.count(), counts)
             }
             // Counts in host memory never get here (the communicator runs them as the
@@ -614,22 +602,9 @@ impl Backend for HostBackend {
         )))
     }
 
-    fn plan_for(
-        &self,
-        coll: Collective,
-        bytes_per_rank: usize,
-        dtype: DataType,
-        opts: &CallOpts,
-    ) -> Result<Plan> {
-        plan::host_plan(
-            coll,
-            bytes_per_rank,
-            self.world,
-            dtype,
-            opts.algo.0,
-            opts.low_precision,
-            &self.cfg,
-        )
+    fn plan(&self, shape: &CallShape, opts: &CallOpts) -> Result<Plan> {
+        let (algo, lp) = (opts.algo.0, opts.low_precision);
+        plan::host_call_plan(shape, self.world, algo, lp, &self.cfg)
     }
 
     fn rmsnorm_plan_for(&self, shape: crate::rmsnorm::Shape, opts: &CallOpts) -> Result<Plan> {

@@ -26,7 +26,7 @@ use crate::driver::{
     PushedContext,
 };
 use crate::error::{Error, Result};
-use crate::plan::{self, Collective, Plan};
+use crate::plan::{self, CallShape, Plan};
 use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, ViewMut};
 
@@ -1271,18 +1271,12 @@ impl Backend for NcclBackend {
         self.execute(call.kind, call.opts)
     }
 
-    fn plan_for(
-        &self,
-        coll: Collective,
-        bytes_per_rank: usize,
-        dtype: DataType,
-        opts: &CallOpts,
-    ) -> Result<Plan> {
+    fn plan(&self, shape: &CallShape, opts: &CallOpts) -> Result<Plan> {
         plan::nccl_plan(
-            coll,
-            bytes_per_rank,
+            shape.coll,
+            shape.bytes_per_rank,
             self.size,
-            dtype,
+            shape.dtype,
             opts.algo.0,
             &self.config,
         )

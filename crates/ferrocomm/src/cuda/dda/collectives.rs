@@ -3,9 +3,10 @@
 //! push lines and epochs the all-reduce uses (so calls of any collective interleave freely and
 //! CUDA graphs capture them).
 //!
-//! Two protocols (see the head of collectives.cu): LL lines for parts up to [`LL_MAX_BYTES`] (no
-//! barrier), staged copies with a per-block barrier above ([`plan::part_form`]). The choice depends only
-//! on values every rank shares (part size, LL limit), so all ranks run the same kernel.
+//! Two protocols (see the head of collectives.cu): LL lines for parts up to the LL limit (the
+//! tuning table's `ll.max_part_bytes`, `StagingLayout::ll_max`; no barrier), staged copies with
+//! a per-block barrier above: the Plan's [`PartForm`], decided by the planner from values every
+//! rank shares (part size, LL limit), so all ranks run the same kernel.
 
 use std::ffi::c_void;
 
@@ -13,14 +14,8 @@ use super::{kernel_name, Args, Dda, COLL_BAR_OFF, MAX_BLOCKS, MAX_RANKS};
 use crate::backend::Splits;
 use crate::driver::launch;
 use crate::error::{Error, Result};
-use crate::plan::{self, Collective, PartForm, PartKind};
+use crate::plan::{A2avForm, Collective, PartForm, PartKind};
 use crate::types::{DataType, ReduceOp};
-
-/// Default largest part (bytes one sender puts in one receiver's row) sent as LL lines
-/// (`FERROCOMM_LL_MAX_BYTES` moves it); above it the staged protocol. LL halves the link
-/// bandwidth, staged pays a barrier round trip: LL won up to 256 KiB parts and lost at 512 KiB
-/// (docs/tuning.md, "Where the built-in limits come from").
-pub const LL_MAX_BYTES: usize = 256 << 10;
 
 const ERR_MISMATCH: u32 = 2;
 const ERR_CAPACITY: u32 = 3;
@@ -138,37 +133,6 @@ fn op_parts(op: ReduceOp, coll: &'static str) -> Result<(&'static str, Option<f3
 
 fn op_name(op: ReduceOp) -> String {
     format!("{op}")
-}
-
-/// The sizes that decide whether an all-to-all-v runs by direct access, computed so that every
-/// rank gets the same answer: `(bytes per rank as an equal all-to-all counts them, largest part
-/// through the staging)`.
-///
-/// The choice must come out the same on every rank, or the ranks wait in different transports
-/// and the call fails for valid counts. A rank sees only its own row and column of the count
-/// matrix (`send_counts`, `recv_counts`), and its own part never goes through the staging (it is
-/// copied locally). At two ranks the parts that cross (one each way) are in both ranks' row and
-/// column, so the sizes come from them alone. With more ranks no count is seen by every rank,
-/// and none is needed: the call runs pair by pair in pieces of a slot (`fc_all_to_all_v_pc`),
-/// whatever the counts, so the sizes are `(0, 0)` there and the choice depends on none (a size
-/// limit, `FERROCOMM_ALLTOALL_MAX_BYTES`, applies at two ranks only).
-pub(in crate::cuda) fn a2av_agreed_sizes(
-    rank: usize,
-    splits: &Splits,
-    es: usize,
-) -> (usize, usize) {
-    if a2av_by_pairs(splits.send_counts.len()) {
-        return (0, 0);
-    }
-    let world = splits.send_counts.len();
-    let largest = a2av_largest_crossing(rank, splits) * es;
-    (world * largest, largest)
-}
-
-/// Whether an all-to-all-v of `world` ranks runs pair by pair (`fc_all_to_all_v_pc`): where no
-/// count is seen by every rank ([`plan::a2av_without_agreed_size`]).
-pub(in crate::cuda) fn a2av_by_pairs(world: usize) -> bool {
-    plan::a2av_without_agreed_size(world)
 }
 
 /// Elements of one piece of the pair-by-pair all-to-all-v (`fc_all_to_all_v_pc`, above two
@@ -644,8 +608,8 @@ impl Dda {
         a2av_slot_bytes(self.layout().staging_bytes, self.world)
     }
 
-    /// All-to-all-v with host counts (validated by the communicator): at two ranks LL for small
-    /// crossing parts, else one launch per piece of a staging slot (see [`a2av_pieces`]); above
+    /// All-to-all-v with host counts (validated by the communicator) in the plan's `form`: at two
+    /// ranks in LL lines or one launch per piece of a staging slot (see [`a2av_pieces`]); above
     /// two ranks one launch that moves every pair's part in pieces of half a slot (see
     /// [`a2av_pc_piece`]).
     pub fn coll_all_to_all_v(
@@ -654,16 +618,18 @@ impl Dda {
         output: u64,
         splits: &Splits,
         dtype: DataType,
+        form: A2avForm,
         stream: u64,
     ) -> Result<()> {
         let es = dtype.size();
-        if a2av_by_pairs(self.world) {
-            return self.pc_all_to_all_v(input, output, splits, dtype, stream);
-        }
-        if self.world == 2 {
-            let cross = a2av_largest_crossing(self.rank, splits) * es;
-            if plan::a2av_takes_ll(cross, self.layout().ll_max) {
-                return self.ll_all_to_all_v(input, output, splits, dtype, stream);
+        match form {
+            A2avForm::Pairs => return self.pc_all_to_all_v(input, output, splits, dtype, stream),
+            A2avForm::Lines => return self.ll_all_to_all_v(input, output, splits, dtype, stream),
+            A2avForm::Pieces => {}
+            A2avForm::DeviceCounts => {
+                return Err(Error::InvalidArgument(
+                    "all_to_all_v: host counts planned as device counts".into(),
+                ))
             }
         }
         let chunk = self.a2av_slot() / es;
@@ -840,7 +806,15 @@ mod tests {
     use super::*;
     use crate::config::tuning::Tuning;
     use crate::cuda::kernels;
-    use crate::plan::{part_form, st_rounds, staged_need, COLL_MAX_ROUNDS};
+    use crate::plan::{
+        self, part_form, st_rounds, staged_need, Algo, CudaCaps, Engine, LowPrecisionChoice, Plan,
+        COLL_MAX_ROUNDS,
+    };
+
+    /// The built-in table's LL limit.
+    fn ll_max() -> usize {
+        Tuning::builtin().ll_max_bytes
+    }
 
     /// Every rank's view of one all-to-all-v: its row (send) and column (receive) of `m`.
     fn views(m: &[Vec<usize>]) -> Vec<Splits> {
@@ -849,42 +823,90 @@ mod tests {
             .collect()
     }
 
+    /// The plan `rank` of `m.len()` ranks takes for its view `s` of the all-to-all-v of `m`
+    /// (u8 elements, out of place, or in place), as the communicator asks for it.
+    fn a2av_plan_of(rank: usize, s: &Splits, world: usize, in_place: bool) -> Plan {
+        use crate::backend::CallKind;
+        use crate::view::{Input, View, ViewMut};
+        let cfg = crate::config::Config::default();
+        let kernels = [DataType::U8];
+        let caps = CudaCaps {
+            world,
+            dda: Some(crate::cuda::dda_caps(&cfg, world, None, false)),
+            no_dda: "off",
+            nccl: true,
+            no_nccl: "absent",
+            multi_host: false,
+            kernel_dtypes: &kernels,
+        };
+        let input = vec![0u8; s.send_counts.iter().sum::<usize>()];
+        let mut output = vec![0u8; s.recv_counts.iter().sum::<usize>().max(input.len())];
+        let kind = CallKind::AllToAllV {
+            input: if in_place {
+                Input::InPlace
+            } else {
+                Input::Buf(View::host(&input))
+            },
+            output: ViewMut::host(&mut output),
+            splits: s,
+        };
+        let shape = kind.plan_shape(rank, world);
+        let (auto, default) = (Algo::Auto, LowPrecisionChoice::Default);
+        plan::cuda_call_plan(&caps, &cfg, &shape, auto, default).unwrap()
+    }
+
     #[test]
-    fn all_to_all_v_sizes_agree_between_ranks() {
+    fn all_to_all_v_plans_agree_between_ranks() {
         // Two ranks: skewed counts, own parts far larger than the crossing ones, zeros.
         for m in [
             vec![vec![5_000_000, 10], vec![3, 7]],
             vec![vec![0, 0], vec![0, 9_000_000]],
-            vec![vec![1, 4_194_304], vec![4_194_305, 1]],
+            vec![vec![1, 300_000], vec![4_194_305, 1]],
+            vec![vec![1, 100], vec![200, 1]],
         ] {
-            let sizes: Vec<_> = views(&m)
+            let plans: Vec<_> = views(&m)
                 .iter()
                 .enumerate()
-                .map(|(r, s)| a2av_agreed_sizes(r, s, 2))
+                .map(|(r, s)| a2av_plan_of(r, s, 2, false))
                 .collect();
-            assert!(sizes.iter().all(|s| *s == sizes[0]), "{m:?}: {sizes:?}");
-            let cross = m[0][1].max(m[1][0]) * 2;
-            assert_eq!(sizes[0], (2 * cross, cross), "{m:?}");
+            assert!(plans.iter().all(|p| *p == plans[0]), "{m:?}: {plans:?}");
+            // The form follows the largest crossing part against the LL limit.
+            let cross = m[0][1].max(m[1][0]);
+            let want = if cross <= ll_max() {
+                A2avForm::Lines
+            } else {
+                A2avForm::Pieces
+            };
+            assert_eq!(plans[0].a2av, Some(want), "{m:?}");
         }
         // The old rule (the larger of a rank's send and receive totals) split this call: rank 0
         // saw 20 MiB, rank 1 11 MiB, on both sides of the 16 MiB default.
         let mib = 1 << 20;
         let m = vec![vec![10 * mib, 10 * mib], vec![mib, mib]];
         let v = views(&m);
-        let total = |s: &Splits| {
-            let t = |c: &[usize]| c.iter().sum::<usize>();
-            t(&s.send_counts).max(t(&s.recv_counts))
-        };
-        assert!(total(&v[0]) > 16 * mib && total(&v[1]) < 16 * mib);
         assert_eq!(
-            a2av_agreed_sizes(0, &v[0], 1),
-            a2av_agreed_sizes(1, &v[1], 1)
+            a2av_plan_of(0, &v[0], 2, false),
+            a2av_plan_of(1, &v[1], 2, false)
         );
-        // One rank: nothing crosses. More than two: no size is seen by every rank, and the
-        // choice takes none (every rank gets (0, 0) whatever its counts).
-        assert_eq!(a2av_agreed_sizes(0, &views(&[vec![8]])[0], 4), (0, 0));
+        // More than two: no size is seen by every rank, and the plan takes none (pair by pair
+        // by direct access where forced; NCCL's by default, the same on every rank).
         let three = views(&[vec![1, 2, 3], vec![4, 5, 6], vec![7, 8_000_000, 9]]);
-        assert!((0..3).all(|r| a2av_agreed_sizes(r, &three[r], 4) == (0, 0)));
+        let plans: Vec<_> = (0..3)
+            .map(|r| a2av_plan_of(r, &three[r], 3, false))
+            .collect();
+        assert!(plans.iter().all(|p| *p == plans[0]), "{plans:?}");
+        assert_eq!(plans[0].engine, Engine::Nccl);
+        // In place with counts that differ from the receive counts (seen alike by both ranks
+        // at two): NCCL's; with counts that keep every part's size: direct access.
+        let uneven = views(&[vec![4, 6], vec![2, 8]]);
+        let even = views(&[vec![4, 6], vec![6, 8]]);
+        for r in 0..2 {
+            assert_eq!(a2av_plan_of(r, &uneven[r], 2, true).engine, Engine::Nccl);
+            assert_eq!(
+                a2av_plan_of(r, &even[r], 2, true).a2av,
+                Some(A2avForm::Lines)
+            );
+        }
     }
 
     #[test]
@@ -985,7 +1007,7 @@ mod tests {
         // Every form `part_form` picks, on both sides of each of its size bounds, names a kernel
         // that exists.
         let t = Tuning::builtin();
-        let mut sizes = vec![0, 100, LL_MAX_BYTES, LL_MAX_BYTES + 1, 64 << 20];
+        let mut sizes = vec![0, 100, ll_max(), ll_max() + 1, 64 << 20];
         for k in [
             "all_gather",
             "all_to_all",
@@ -999,7 +1021,7 @@ mod tests {
         }
         assert!(sizes.len() >= 11, "the three pipelined collectives' bounds");
         for part in sizes {
-            let form = |k| part_form(&t, k, part, LL_MAX_BYTES).0.kernel();
+            let form = |k| part_form(&t, k, part, ll_max()).0.kernel();
             for k in ["all_gather", "all_to_all", "broadcast"] {
                 let mut buf = [0; 64];
                 let name = part_kernel(&mut buf, k, form(k), None);
@@ -1020,7 +1042,7 @@ mod tests {
 
     #[test]
     fn large_data_moves_and_scatters_are_pipelined() {
-        let cap = LL_MAX_BYTES;
+        let cap = ll_max();
         let t = Tuning::builtin();
         let part_form = |k, part, cap| part_form(&t, k, part, cap);
         assert_eq!(part_form("all_gather", 100, cap), (PartKind::Ll, 1));
@@ -1164,9 +1186,9 @@ mod tests {
         assert_eq!(staged_need(Collective::AllToAllV, 100, 2), None);
         assert_eq!(a2av_slot_bytes(64 << 20, 3), (64 << 20) / 3 / 16 * 16);
         assert_eq!(a2av_slot_bytes(1000, 2) % 16, 0);
-        assert!(plan::a2av_takes_ll(0, LL_MAX_BYTES));
-        assert!(plan::a2av_takes_ll(LL_MAX_BYTES, LL_MAX_BYTES));
-        assert!(!plan::a2av_takes_ll(LL_MAX_BYTES + 1, LL_MAX_BYTES));
+        assert!(plan::a2av_takes_ll(0, ll_max()));
+        assert!(plan::a2av_takes_ll(ll_max(), ll_max()));
+        assert!(!plan::a2av_takes_ll(ll_max() + 1, ll_max()));
         assert!(!plan::a2av_takes_ll(4096, 2048));
     }
 

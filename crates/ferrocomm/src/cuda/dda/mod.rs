@@ -134,7 +134,8 @@ pub struct StagingLayout {
     pub push_off: usize,
     /// Payload bytes per sender of one push parity.
     pub push_cap: usize,
-    /// Largest part the collectives send in LL lines (`FERROCOMM_LL_MAX_BYTES`, at most
+    /// Largest part the collectives send in LL lines (`FERROCOMM_LL_MAX_BYTES`, else the tuning
+    /// table's `ll.max_part_bytes`; at most
     /// `push_cap`).
     pub ll_max: usize,
     /// Offset of the staging's two parities.
@@ -200,7 +201,7 @@ pub fn staging_layout(cfg: &Config, world: usize) -> StagingLayout {
         ll_max: cfg
             .thresholds
             .ll_max
-            .unwrap_or(collectives::LL_MAX_BYTES)
+            .unwrap_or(cfg.tuning.ll_max_bytes)
             .min(push_cap),
         staging_off,
         staging_bytes,
@@ -227,7 +228,7 @@ pub fn dda_caps(cfg: &Config, world: usize, ce_min: Option<usize>, ll128_links: 
         ll128_cap: layout.ll128_cap,
         ll128_links,
         ll_max: layout.ll_max,
-        a2av_lp: lowp::a2av_lp_fits(cfg, layout.staging_bytes),
+        a2av_lp: crate::plan::a2av_lp_fits(cfg, layout.staging_bytes),
     }
 }
 
