@@ -361,11 +361,11 @@ impl Backend for CudaBackend {
 
     fn capturing(&self, stream: u64) -> bool {
         // Asked before the call runs (the flight recorder's mark), maybe on a thread where no
-        // context is current yet: without one the query fails, which reads as "capturing".
-        if bind(&self.cuda).is_err() {
-            return true;
-        }
+        // context is current yet: without one the query fails, which reads as "capturing",
+        // so that answer is checked again with the backend's context current (the common
+        // answer costs one driver call).
         crate::driver::capturing_or_unknown(stream)
+            && (bind(&self.cuda).is_err() || crate::driver::capturing_or_unknown(stream))
     }
 
     fn mark(&self, stream: u64) -> Result<Option<Completion>> {
