@@ -130,7 +130,8 @@ fn torch_dtype(d: DataType) -> &'static str {
 const FORMATS: [Format; 3] = [Format::E4M3, Format::E5M2, Format::Int8];
 const NO_PEER: u64 = u64::MAX;
 
-/// Words of a slot.
+/// Words of a row (a slot's record as read). A slot stores the first [`STORED`] of them; the
+/// state is kept in the top byte of the code word, so that a slot fills two cache lines.
 const W_RECORD: usize = 0;
 const W_OP_ID: usize = 1;
 const W_SEQ: usize = 2;
@@ -144,16 +145,25 @@ const W_STREAM: usize = 8;
 const W_CREATED: usize = 9;
 const W_STARTED: usize = 10;
 const W_ENDED: usize = 11;
-const W_STATE: usize = 12;
+const W_THREAD: usize = 12;
 const W_TIMEOUT: usize = 13;
 const W_BYTES: usize = 14;
-const W_THREAD: usize = 15;
+const W_STATE: usize = 15;
 const WORDS: usize = 16;
+/// Words a slot stores: every word of a row but the state.
+const STORED: usize = 15;
+/// Where the state sits in a slot's code word.
+const STATE_SHIFT: u32 = 56;
 
-/// One call's record: a seqlock (`version` odd while written) over plain words.
+/// One call's record: a seqlock (`version` odd while written) over plain words, two cache
+/// lines. One writer at a time: each call has a slot of its own (the ring's counter), and the
+/// slot is written again only by the call that comes `capacity` calls later. A writer uses
+/// plain stores, no read-modify-write: the recorder's cost is paid on every call, and a
+/// locked instruction would wait for a slot that is not in the cache.
+#[repr(C, align(64))]
 struct Slot {
     version: AtomicU64,
-    w: [AtomicU64; WORDS],
+    w: [AtomicU64; STORED],
 }
 
 impl Slot {
@@ -164,6 +174,20 @@ impl Slot {
         }
     }
 
+    /// Opens the slot for writing (its version odd); returns the version that closes it.
+    fn open(&self) -> u64 {
+        let v = self.version.load(Ordering::Relaxed) | 1;
+        self.version.store(v, Ordering::Relaxed);
+        // The odd version is visible before any word changes.
+        std::sync::atomic::fence(Ordering::Release);
+        v + 1
+    }
+
+    /// Closes the slot (its version even again), publishing the words written.
+    fn close(&self, v: u64) {
+        self.version.store(v, Ordering::Release);
+    }
+
     /// A consistent copy of the words, or `None` when a writer kept it busy.
     fn read(&self) -> Option<[u64; WORDS]> {
         for _ in 0..100 {
@@ -172,13 +196,34 @@ impl Slot {
                 std::hint::spin_loop();
                 continue;
             }
-            let words = std::array::from_fn(|i| self.w[i].load(Ordering::Relaxed));
+            let mut words = [0u64; WORDS];
+            for (x, w) in words.iter_mut().zip(&self.w) {
+                *x = w.load(Ordering::Relaxed);
+            }
             std::sync::atomic::fence(Ordering::Acquire);
             if self.version.load(Ordering::Relaxed) == v0 {
+                words[W_STATE] = words[W_CODE] >> STATE_SHIFT;
+                words[W_CODE] &= (1 << STATE_SHIFT) - 1;
                 return Some(words);
             }
         }
         None
+    }
+
+    /// Asks the CPU to bring the slot into its cache before it is written (a hint: it cannot
+    /// fault and changes nothing).
+    fn prefetch(&self) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let p = (self as *const Slot).cast::<i8>();
+            // SAFETY: a prefetch reads nothing the program sees and cannot fault; both
+            // addresses lie in this slot (two cache lines, 64-byte aligned).
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(p);
+                _mm_prefetch::<_MM_HINT_T0>(p.add(64));
+            }
+        }
     }
 }
 
@@ -270,6 +315,17 @@ thread_local! {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         NEXT.fetch_add(1, Ordering::Relaxed)
     };
+}
+
+/// Nanoseconds since the Unix epoch to the clock's tick (CLOCK_REALTIME_COARSE: 1 to 4 ms,
+/// never ahead of [`now_ns`]): the created time of a call enqueued on a CUDA stream, read in a
+/// few ns where the precise clock takes 25 to 40 (the recorder's cost is paid on every call;
+/// a host call, whose times give its duration, reads the precise clock).
+fn coarse_now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::RealtimeCoarse);
+    (t.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(t.tv_nsec as u64)
 }
 
 /// Nanoseconds since the Unix epoch (torch's `time_created_ns`).
@@ -449,20 +505,19 @@ impl FlightRecorder {
             | (op.map_or(0xff, |o| o.code()) as u64) << 16
             | algo << 24
             | lp << 32;
-        let now = now_ns();
+        let now = if host { now_ns() } else { coarse_now_ns() };
         let state = if host {
             CallState::Started
         } else {
             CallState::Scheduled
         };
-        // The seqlock: odd while the words change (release on the even store publishes them).
-        let v = slot.version.fetch_add(1, Ordering::Acquire);
+        let v = slot.open();
         let w = &slot.w;
         w[W_RECORD].store(record, Ordering::Relaxed);
         w[W_OP_ID].store(op_id, Ordering::Relaxed);
         w[W_SEQ].store(seq, Ordering::Relaxed);
         w[W_P2P_SEQ].store(p2p, Ordering::Relaxed);
-        w[W_CODE].store(code, Ordering::Relaxed);
+        w[W_CODE].store(code | (state as u64) << STATE_SHIFT, Ordering::Relaxed);
         w[W_IN].store(inc, Ordering::Relaxed);
         w[W_OUT].store(outc, Ordering::Relaxed);
         w[W_PEER].store(peer, Ordering::Relaxed);
@@ -470,14 +525,13 @@ impl FlightRecorder {
         w[W_CREATED].store(now, Ordering::Relaxed);
         w[W_STARTED].store(if host { now } else { 0 }, Ordering::Relaxed);
         w[W_ENDED].store(0, Ordering::Relaxed);
-        w[W_STATE].store(state as u64, Ordering::Relaxed);
+        w[W_THREAD].store(THREAD_NO.with(|t| *t), Ordering::Relaxed);
         w[W_TIMEOUT].store(
             timeout.as_nanos().min(u64::MAX as u128) as u64,
             Ordering::Relaxed,
         );
         w[W_BYTES].store(bytes as u64, Ordering::Relaxed);
-        w[W_THREAD].store(THREAD_NO.with(|t| *t), Ordering::Relaxed);
-        slot.version.store(v + 2, Ordering::Release);
+        slot.close(v);
         Token {
             slot: slot_no,
             record,
@@ -497,15 +551,23 @@ impl FlightRecorder {
             Ok(()) if host => CallState::Completed,
             Ok(()) => CallState::Scheduled,
         };
-        let v = slot.version.fetch_add(1, Ordering::Acquire);
-        // The slot was reused meanwhile (a ring far too small for the calls in flight).
-        if slot.w[W_RECORD].load(Ordering::Relaxed) == t.record {
-            slot.w[W_STATE].store(state as u64, Ordering::Relaxed);
-            if host || r.is_err() {
-                slot.w[W_ENDED].store(now_ns(), Ordering::Relaxed);
+        // An eager CUDA call that was enqueued stays as `begin` wrote it.
+        if state != CallState::Scheduled {
+            let v = slot.open();
+            // The slot was reused meanwhile (a ring far too small for the calls in flight).
+            if slot.w[W_RECORD].load(Ordering::Relaxed) == t.record {
+                let code = slot.w[W_CODE].load(Ordering::Relaxed) & ((1 << STATE_SHIFT) - 1);
+                slot.w[W_CODE].store(code | (state as u64) << STATE_SHIFT, Ordering::Relaxed);
+                if host || r.is_err() {
+                    slot.w[W_ENDED].store(now_ns(), Ordering::Relaxed);
+                }
             }
+            slot.close(v);
         }
-        slot.version.store(v + 2, Ordering::Release);
+        // The next call's slot, fetched while the caller goes on (it was last written
+        // `capacity` calls ago, and is long out of the cache).
+        let next = ring.next.load(Ordering::Relaxed) % ring.slots.len() as u64;
+        ring.slots[next as usize].prefetch();
     }
 
     /// Keeps `point`, recorded on the stream of the call of `t` right after it was enqueued:
