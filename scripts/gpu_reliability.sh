@@ -11,7 +11,7 @@
 #      both analyzers read the dumps without a hang reported; its summary line);
 #   3. scripts/torch_overhead.py on GPU 0 alone (world size 1, so NCCL underneath is fine): the
 #      host time per call with the flight recorder on and off (OUT_DIR/overhead/overhead.md, its
-#      last line the recorder's cost per call).
+#      line "flight recorder:" the recorder's cost per call, the next the control's).
 # Writes OUT_DIR/reliability-summary.txt (each part's exit status and time); exits 1 when a
 # part fails. About two minutes on an H200.
 set -uo pipefail

@@ -4,7 +4,8 @@ torch.distributed over NCCL, ferrocomm's direct API and the "ferrocomm" torch.di
 backend (sync, async, low-precision hints); and the direct API's sync call on two communicators
 of their own, one with its flight recorder on (the default), one with it off
 (FERROCOMM_FLIGHT_RECORDER=0): the recorder's cost is the median difference of many short
-paired runs of these two (--pairs, --pair-calls).
+paired runs of these two (--pairs, --pair-calls), beside a control: a second communicator with
+the recorder off, timed in the same steps (what two communicators differ by when nothing does).
 
     python3 scripts/torch_overhead.py OUTDIR [--calls 10000] [--bytes 1024] [--device cuda]
 
@@ -119,6 +120,10 @@ def main():
         os.environ["FERROCOMM_FLIGHT_RECORDER"] = "0"
         comm_off = ferrocomm.new_comm("ferrocomm" if cuda else "host", dev, "overhead_off",
                                       store=store, rank=0, size=1)
+        # The control: a second communicator with the recorder off, paired with the first
+        # as the recorder's two are (what two communicators differ by when nothing does).
+        comm_ctl = ferrocomm.new_comm("ferrocomm" if cuda else "host", dev, "overhead_ctl",
+                                      store=store, rank=0, size=1)
     finally:
         if saved is None:
             os.environ.pop("FERROCOMM_FLIGHT_RECORDER", None)
@@ -158,20 +163,32 @@ def main():
     # pairs of runs (--pair-calls calls with the recorder on, as many with it off, the order
     # alternating from pair to pair, so that a drift of the machine hits both alike), and the
     # median of the pairs' differences.
+    # Each pair also times the control (a second communicator with the recorder off): its
+    # difference from the first shows what two communicators differ by with nothing between
+    # them. The three runs of a step take turns in every order.
     on_fn = next(fn for n, fn in rows if "flight recorder on" in n)
     off_fn = next(fn for n, fn in rows if "flight recorder off" in n)
-    diffs = []
+
+    def ctl_fn():
+        comm_ctl.all_reduce(x)
+
+    orders = [(0, 1, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0), (1, 0, 2), (0, 2, 1)]
+    diffs, ctl_diffs = [], []
     for k in range(a.pairs):
-        if k % 2:
-            t_off, t_on = timed(off_fn, a.pair_calls, cuda), timed(on_fn, a.pair_calls, cuda)
-        else:
-            t_on, t_off = timed(on_fn, a.pair_calls, cuda), timed(off_fn, a.pair_calls, cuda)
-        diffs.append(t_on - t_off)
-    q = statistics.quantiles(diffs, n=4)
-    recorder = {"us_per_call": round(statistics.median(diffs), 3),
-                "min_us": round(min(diffs), 3), "max_us": round(max(diffs), 3),
+        t = [0.0, 0.0, 0.0]
+        for i in orders[k % len(orders)]:
+            t[i] = timed((on_fn, off_fn, ctl_fn)[i], a.pair_calls, cuda)
+        diffs.append(t[0] - t[1])
+        ctl_diffs.append(t[2] - t[1])
+
+    def summary(d):
+        q = statistics.quantiles(d, n=4)
+        return {"us_per_call": round(statistics.median(d), 3),
+                "min_us": round(min(d), 3), "max_us": round(max(d), 3),
                 "q1_us": round(q[0], 3), "q3_us": round(q[2], 3),
                 "pairs": a.pairs, "calls_per_run": a.pair_calls}
+
+    recorder, control = summary(diffs), summary(ctl_diffs)
     bare = results[0]["host_us"]
     lines = [f"Host time per call, {a.bytes} B float32 on {dev}, world size 1: the median of "
              f"{a.rounds} rounds of {max(1, a.calls // a.rounds)} calls, rows interleaved "
@@ -183,13 +200,16 @@ def main():
     lines += ["", f"flight recorder: {recorder['us_per_call']:+.3f} µs per call (on - off, the "
                   f"median of {a.pairs} pairs of {a.pair_calls}-call runs; quartiles "
                   f"{recorder['q1_us']:+.3f} to {recorder['q3_us']:+.3f}, range "
-                  f"{recorder['min_us']:+.3f} to {recorder['max_us']:+.3f})"]
+                  f"{recorder['min_us']:+.3f} to {recorder['max_us']:+.3f})",
+              f"control: {control['us_per_call']:+.3f} µs per call (a second communicator "
+              f"with the recorder off - the first, timed in the same steps; quartiles "
+              f"{control['q1_us']:+.3f} to {control['q3_us']:+.3f})"]
     table = "\n".join(lines)
     print(table)
     (out / "overhead.md").write_text(table + "\n")
     (out / "overhead.json").write_text(json.dumps(
         {"device": str(dev), "bytes": a.bytes, "calls": a.calls, "rounds": a.rounds,
-         "rows": results, "flight_recorder": recorder}, indent=2))
+         "rows": results, "flight_recorder": recorder, "control": control}, indent=2))
     if a.profile:
         s = io.StringIO()
         for name, fn in backend:
