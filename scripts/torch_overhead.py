@@ -78,9 +78,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=10,
                     help="rounds the calls are split into, every row in each; the median is shown")
     ap.add_argument("--bytes", type=int, default=1024)
-    ap.add_argument("--pairs", type=int, default=400,
+    ap.add_argument("--pairs", type=int, default=402,
                     help="pairs of runs (recorder on, recorder off) the recorder's cost is the "
-                         "median difference of")
+                         "median difference of (with the control, three runs a step in six "
+                         "orders: a multiple of 6 balances them)")
     ap.add_argument("--pair-calls", type=int, default=500,
                     help="calls in each run of a pair")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -202,7 +203,8 @@ def main():
                   f"{recorder['q1_us']:+.3f} to {recorder['q3_us']:+.3f}, range "
                   f"{recorder['min_us']:+.3f} to {recorder['max_us']:+.3f})",
               f"control: {control['us_per_call']:+.3f} µs per call (a second communicator "
-              f"with the recorder off - the first, timed in the same steps; quartiles "
+              f"with the recorder off - the first, timed in the same steps, the first run "
+              f"shared with the recorder's difference; quartiles "
               f"{control['q1_us']:+.3f} to {control['q3_us']:+.3f})"]
     table = "\n".join(lines)
     print(table)

@@ -3,7 +3,7 @@
 //! `python -m torch.distributed.flight_recorder.fr_trace DIR` and `ferrocomm trace DIR`
 //! analyze the dumps of every rank.
 //!
-//! The call path pays a few relaxed stores into a slot allocated at creation (no allocation,
+//! The call path pays a few plain stores into a slot allocated at creation (no allocation,
 //! no lock: a slot is a seqlock, written by the calling thread and read by a dump on any
 //! thread). What costs more is resolved when a dump is made: the plan a call ran (the planner
 //! is a pure function of what the slot holds), names and sizes as torch spells them.
@@ -156,15 +156,22 @@ const STORED: usize = 15;
 const STATE_SHIFT: u32 = 56;
 
 /// One call's record: a seqlock (`version` odd while written) over plain words, two cache
-/// lines. One writer at a time: each call has a slot of its own (the ring's counter), and the
-/// slot is written again only by the call that comes `capacity` calls later. A writer uses
-/// plain stores, no read-modify-write: the recorder's cost is paid on every call, and a
-/// locked instruction would wait for a slot that is not in the cache.
+/// lines. Each call has a slot of its own (the ring's counter `n`), written again only by the
+/// call `capacity` calls later, and the slot's versions come from the lap `n / capacity`:
+/// `begin` writes it under 4 lap + 1 and closes it at 4 lap + 2, with plain stores (the
+/// recorder's cost is paid on every call, and a locked instruction would wait for a slot that
+/// is not in the cache); `end`, when it has something to add, takes the slot from 4 lap + 2 to
+/// 4 lap + 3 by compare-and-swap, so it never writes over a later lap's call, and closes it at
+/// 4 lap + 4. Only more than `capacity` calls in flight at once on one communicator could have
+/// two laps' `begin` write one slot together; a dump may then show a row mixed of the two.
 #[repr(C, align(64))]
 struct Slot {
     version: AtomicU64,
     w: [AtomicU64; STORED],
 }
+
+// Two cache lines: what `Slot::prefetch` fetches.
+const _: () = assert!(std::mem::size_of::<Slot>() == 128);
 
 impl Slot {
     fn new() -> Slot {
@@ -174,13 +181,22 @@ impl Slot {
         }
     }
 
-    /// Opens the slot for writing (its version odd); returns the version that closes it.
-    fn open(&self) -> u64 {
-        let v = self.version.load(Ordering::Relaxed) | 1;
-        self.version.store(v, Ordering::Relaxed);
+    /// Opens the slot for `begin`'s write in lap `lap`; returns the version that closes it.
+    fn open(&self, lap: u64) -> u64 {
+        self.version.store(4 * lap + 1, Ordering::Relaxed);
         // The odd version is visible before any word changes.
         std::sync::atomic::fence(Ordering::Release);
-        v + 1
+        4 * lap + 2
+    }
+
+    /// Opens the slot for `end`'s write after `begin` closed it at `closed`; `None` when a
+    /// later call took the slot meanwhile. Returns the version that closes it.
+    fn reopen(&self, closed: u64) -> Option<u64> {
+        self.version
+            .compare_exchange(closed, closed + 1, Ordering::Acquire, Ordering::Relaxed)
+            .ok()?;
+        std::sync::atomic::fence(Ordering::Release);
+        Some(closed + 2)
     }
 
     /// Closes the slot (its version even again), publishing the words written.
@@ -211,7 +227,7 @@ impl Slot {
     }
 
     /// Asks the CPU to bring the slot into its cache before it is written (a hint: it cannot
-    /// fault and changes nothing).
+    /// fault and changes nothing; x86-64 only, elsewhere nothing).
     fn prefetch(&self) {
         #[cfg(target_arch = "x86_64")]
         {
@@ -317,10 +333,12 @@ thread_local! {
     };
 }
 
-/// Nanoseconds since the Unix epoch to the clock's tick (CLOCK_REALTIME_COARSE: 1 to 4 ms,
-/// never ahead of [`now_ns`]): the created time of a call enqueued on a CUDA stream, read in a
-/// few ns where the precise clock takes 25 to 40 (the recorder's cost is paid on every call;
-/// a host call, whose times give its duration, reads the precise clock).
+/// Nanoseconds since the Unix epoch at the kernel's last tick (CLOCK_REALTIME_COARSE: one tick
+/// is 1/HZ, 1 to 10 ms; never ahead of [`now_ns`], so a call's created time is never after its
+/// started or ended time; the calls of one tick share it): the created time of a call enqueued
+/// on a CUDA stream, read in a few ns where the precise clock takes 25 to 40 (the recorder's
+/// cost is paid on every call; a host call, whose times give its duration, reads the precise
+/// clock). The coarse clock is Linux's (as is the rest of the crate: /dev/shm, pidfds).
 fn coarse_now_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::RealtimeCoarse);
     (t.tv_sec as u64)
@@ -376,6 +394,8 @@ pub struct FlightRecorder {
 #[derive(Debug, Clone, Copy)]
 pub struct Token {
     slot: usize,
+    /// The version `begin` closed the slot at.
+    closed: u64,
     pub(crate) record: u64,
     /// The op id of the call (the hooks see the same).
     pub op_id: u64,
@@ -487,7 +507,8 @@ impl FlightRecorder {
             (self.seq.fetch_add(1, Ordering::Relaxed) + 1, 0)
         };
         let n = ring.next.fetch_add(1, Ordering::Relaxed);
-        let slot_no = (n % ring.slots.len() as u64) as usize;
+        let len = ring.slots.len() as u64;
+        let slot_no = (n % len) as usize;
         let slot = &ring.slots[slot_no];
         let lp: u64 = match opts.low_precision {
             LowPrecisionChoice::Default => 0,
@@ -511,7 +532,7 @@ impl FlightRecorder {
         } else {
             CallState::Scheduled
         };
-        let v = slot.open();
+        let v = slot.open(n / len);
         let w = &slot.w;
         w[W_RECORD].store(record, Ordering::Relaxed);
         w[W_OP_ID].store(op_id, Ordering::Relaxed);
@@ -534,6 +555,7 @@ impl FlightRecorder {
         slot.close(v);
         Token {
             slot: slot_no,
+            closed: v,
             record,
             op_id,
         }
@@ -551,18 +573,17 @@ impl FlightRecorder {
             Ok(()) if host => CallState::Completed,
             Ok(()) => CallState::Scheduled,
         };
-        // An eager CUDA call that was enqueued stays as `begin` wrote it.
+        // An eager CUDA call that was enqueued stays as `begin` wrote it; a slot a later call
+        // took meanwhile (a ring far too small for the calls in flight) is left to it.
         if state != CallState::Scheduled {
-            let v = slot.open();
-            // The slot was reused meanwhile (a ring far too small for the calls in flight).
-            if slot.w[W_RECORD].load(Ordering::Relaxed) == t.record {
+            if let Some(v) = slot.reopen(t.closed) {
                 let code = slot.w[W_CODE].load(Ordering::Relaxed) & ((1 << STATE_SHIFT) - 1);
                 slot.w[W_CODE].store(code | (state as u64) << STATE_SHIFT, Ordering::Relaxed);
                 if host || r.is_err() {
                     slot.w[W_ENDED].store(now_ns(), Ordering::Relaxed);
                 }
+                slot.close(v);
             }
-            slot.close(v);
         }
         // The next call's slot, fetched while the caller goes on (it was last written
         // `capacity` calls ago, and is long out of the cache).
@@ -1247,6 +1268,41 @@ mod tests {
                 .len(),
             1
         );
+    }
+
+    #[test]
+    fn a_call_ending_after_a_later_call_took_its_slot_leaves_that_call_alone() {
+        // One slot: the second call takes it before the first ends (more calls in flight than
+        // the ring holds). The first call's end (a failure) must not touch the second's row.
+        let r = FlightRecorder::new(info(), 1);
+        let x = vec![1.0f32; 8];
+        let mut y = vec![0.0f32; 8];
+        let o = CallOpts::default();
+        let t = Duration::from_secs(5);
+        let first = r.begin(&CallKind::Barrier, &o, t, true, 1).unwrap();
+        let kind = CallKind::AllReduce {
+            input: Input::Buf(View::host(&x)),
+            output: ViewMut::host(&mut y),
+            op: ReduceOp::Max,
+        };
+        let second = r.begin(&kind, &o, t, true, 2).unwrap();
+        r.end(
+            first,
+            &Err(Error::Aborted {
+                communicator: "t".into(),
+                why: "test".into(),
+            }),
+            true,
+            false,
+        );
+        let e = r.entries(0, false);
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0]["profiling_name"], "nccl:all_reduce", "{}", e[0]);
+        assert_eq!(e[0]["state"], "started", "{}", e[0]);
+        r.end(second, &Ok(()), true, false);
+        let e = r.entries(0, false);
+        assert_eq!(e[0]["state"], "completed", "{}", e[0]);
+        assert_eq!(e[0]["profiling_name"], "nccl:all_reduce", "{}", e[0]);
     }
 
     #[test]
