@@ -10,9 +10,9 @@ use std::fmt::Write;
 
 use ferrocomm::config::Config;
 use ferrocomm::plan::{
-    a2av_form, cuda_all_reduce, cuda_collective, cuda_rmsnorm, flat_form, low_precision,
-    lp_a2av_form, lp_all_reduce, lp_form, part_form, select, Caps, CudaCaps, DdaCaps,
-    LowPrecisionChoice, LpForm, LpKind,
+    a2av_form, cuda_all_reduce, cuda_call_plan, cuda_collective, cuda_rmsnorm, cuda_rmsnorm_plan,
+    flat_form, low_precision, lp_a2av_form, lp_all_reduce, lp_form, part_form, select, CallShape,
+    Caps, CudaCaps, DdaCaps, LowPrecisionChoice, LpForm, LpKind, Operands, Plan,
 };
 use ferrocomm::quant::Codec;
 use ferrocomm::tuning::Tuning;
@@ -405,6 +405,160 @@ fn cuda_table() -> String {
     t
 }
 
+/// The cuda backend's choices under each configuration of [`configs`] (automatic choice, and a
+/// per-call request of the algorithm the environment forces), on direct access as a two-rank
+/// communicator has it, with a small staging, and without direct access.
+fn cuda_settings_table() -> String {
+    let sizes = sizes();
+    let mut t = String::new();
+    let kernels = [DataType::F32, DataType::F16, DataType::BF16, DataType::I32];
+    let mut variants: Vec<(&str, Option<DdaCaps>, bool)> = dda_caps()[..2]
+        .iter()
+        .map(|&(n, d)| (n, Some(d), true))
+        .collect();
+    variants.push(("dda-no-nccl", Some(dda_caps()[0].1), false));
+    variants.push(("no-dda", None, true));
+    for (fname, cfg) in configs().iter().skip(1) {
+        for (name, dda, nccl) in &variants {
+            let cuda = |world| CudaCaps {
+                world,
+                dda: *dda,
+                no_dda: "off",
+                nccl: *nccl,
+                no_nccl: "absent",
+                multi_host: false,
+                kernel_dtypes: &kernels,
+            };
+            let mut requests = vec![Algo::Auto];
+            if cfg.algo != Algo::Auto {
+                requests.push(cfg.algo);
+            }
+            for req in requests {
+                let head = format!("{fname} {name} {req} all_reduce");
+                by_world(&mut t, &head, |world| {
+                    runs(&sizes, |bytes| {
+                        let (dt, sum) = (DataType::BF16, ReduceOp::Sum);
+                        algo_text(cuda_all_reduce(&cuda(world), cfg, bytes, dt, sum, req))
+                    })
+                });
+                for coll in Collective::ALL {
+                    if matches!(coll, Collective::AllReduce | Collective::Barrier) {
+                        continue;
+                    }
+                    let op = matches!(coll, Collective::Reduce | Collective::ReduceScatter)
+                        .then_some(ReduceOp::Sum);
+                    let head = format!("{fname} {name} {req} {}", coll.name());
+                    by_world(&mut t, &head, |world| {
+                        runs(&sizes, |bytes| {
+                            let part = match coll {
+                                Collective::AllToAll | Collective::AllToAllV => bytes / world,
+                                _ => bytes,
+                            };
+                            let dt = DataType::BF16;
+                            let c = cuda(world);
+                            algo_text(cuda_collective(&c, cfg, coll, bytes, part, dt, op, req))
+                        })
+                    });
+                }
+            }
+        }
+    }
+    t
+}
+
+/// The whole plan of a call on the cuda backend (its path and the forms the path does not
+/// name), for every collective and operand kind, request and low-precision choice, and of an
+/// all_reduce_rmsnorm (rows of 4096 bf16, or one row where the size is not whole rows).
+fn cuda_plan_table() -> String {
+    let sizes = sizes();
+    let mut t = String::new();
+    let kernels = [DataType::F32, DataType::F16, DataType::BF16, DataType::I32];
+    let mut variants: Vec<(&str, Option<DdaCaps>, bool)> = dda_caps()
+        .iter()
+        .map(|&(n, d)| (n, Some(d), true))
+        .collect();
+    variants.push(("dda-no-nccl", Some(dda_caps()[0].1), false));
+    variants.push(("no-dda", None, true));
+    let plan_text = |r: ferrocomm::Result<Plan>| match r {
+        Ok(p) => match p.detail() {
+            d if d.is_empty() => p.to_string(),
+            d => format!("{p} [{d}]"),
+        },
+        Err(_) => "refused".to_string(),
+    };
+    let choices = [
+        ("default", LowPrecisionChoice::Default),
+        ("e4m3", LowPrecisionChoice::On(Format::E4M3)),
+    ];
+    let fused = Config::from_lookup(|k| (k == "FERROCOMM_RMSNORM_FUSED").then(|| "1".into()))
+        .expect("the setting parses");
+    let default = Config::default();
+    for (name, dda, nccl) in &variants {
+        let cuda = |world| CudaCaps {
+            world,
+            dda: *dda,
+            no_dda: "off",
+            nccl: *nccl,
+            no_nccl: "absent",
+            multi_host: false,
+            kernel_dtypes: &kernels,
+        };
+        for req in [Algo::Auto, Algo::Push, Algo::Tree, Algo::Direct, Algo::Nccl] {
+            for (chname, choice) in choices {
+                for coll in Collective::ALL {
+                    let mut operands = vec![("plain", Operands::Plain, true)];
+                    if coll == Collective::AllReduce {
+                        operands.push(("unaligned", Operands::Plain, false));
+                    }
+                    if matches!(coll, Collective::Send | Collective::Recv) {
+                        operands.push(("to-self", Operands::ToSelf, true));
+                    }
+                    if coll == Collective::AllToAllV {
+                        operands.push(("uneven-in-place", Operands::UnevenInPlace, true));
+                        operands.push(("device-counts", Operands::DeviceCounts, true));
+                    }
+                    for (oname, ops, aligned) in operands {
+                        let head = format!("{name} {req} {chname} {} {oname}", coll.name());
+                        by_world(&mut t, &head, |world| {
+                            runs(&sizes, |bytes| {
+                                let shape = CallShape {
+                                    aligned,
+                                    operands: ops,
+                                    ..CallShape::of(coll, bytes, DataType::BF16)
+                                };
+                                plan_text(cuda_call_plan(
+                                    &cuda(world),
+                                    &default,
+                                    &shape,
+                                    req,
+                                    choice,
+                                ))
+                            })
+                        });
+                    }
+                }
+                let head = format!("{name} {req} {chname} all_reduce_rmsnorm");
+                by_world(&mut t, &head, |world| {
+                    runs(&sizes, |bytes| {
+                        let (rows, hidden) = if bytes % 8192 == 0 {
+                            (bytes / 8192, 4096)
+                        } else {
+                            (1, bytes / 2)
+                        };
+                        let shape = ferrocomm::rmsnorm::Shape {
+                            rows,
+                            hidden,
+                            dtype: DataType::BF16,
+                        };
+                        plan_text(cuda_rmsnorm_plan(&cuda(world), &fused, &shape, req, choice))
+                    })
+                });
+            }
+        }
+    }
+    t
+}
+
 fn low_precision_table() -> String {
     let sizes = sizes();
     let mut t = String::new();
@@ -556,11 +710,17 @@ fn the_planner_decides_as_recorded() {
          # low precision: settings choice collective floor dtype/op pairs: sizes answer\n{}\
          # cuda: direct access request collective worlds: sizes answer\n{}\
          # cuda all_reduce_rmsnorm: settings direct access request low precision worlds: sizes \
-         answer\n{}",
+         answer\n{}\
+         # cuda under settings: settings direct access request collective worlds: sizes \
+         answer\n{}\
+         # cuda plans: direct access request low precision collective operands worlds: sizes \
+         plan\n{}",
         algorithm_table(),
         low_precision_table(),
         cuda_table(),
-        rmsnorm_table()
+        rmsnorm_table(),
+        cuda_settings_table(),
+        cuda_plan_table()
     );
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/plan_table.golden");
     let bless = std::env::var_os("FERROCOMM_BLESS").is_some();
