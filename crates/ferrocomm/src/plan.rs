@@ -90,7 +90,6 @@ pub struct Plan {
     pub lp: Option<LpForm>,
 }
 
-
 /// One call as the planner weighs it: plain values every rank computes alike from its own
 /// operands (`CallKind::plan_shape`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -121,6 +120,25 @@ impl CallShape {
             aligned: true,
             operands: Operands::Plain,
         }
+    }
+
+    /// One rank's part at `world` ranks: the all-to-all's output over the world (the
+    /// all-to-all-v's largest crossing part), the message itself for the others.
+    pub fn part(&self, world: usize) -> usize {
+        match self.coll {
+            Collective::AllToAll | Collective::AllToAllV => self.bytes_per_rank / world.max(1),
+            _ => self.bytes_per_rank,
+        }
+    }
+
+    /// The reduction of a reducing collective (all-reduce, reduce-scatter, reduce); `None` for
+    /// the others.
+    pub fn reduction(&self) -> Option<ReduceOp> {
+        let reduces = matches!(
+            self.coll,
+            Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+        );
+        reduces.then_some(self.op)
     }
 }
 
@@ -230,7 +248,10 @@ impl Plan {
     /// plan without its norm form, which the fused call's one plan carries (the executor runs
     /// it as it is, planning nothing again).
     pub fn norm_all_reduce(&self) -> Plan {
-        Plan { norm: None, ..*self }
+        Plan {
+            norm: None,
+            ..*self
+        }
     }
 }
 
@@ -500,10 +521,7 @@ impl<'a> Can<'a> {
     /// of the all-reduce.
     fn check(&self, a: Algo) -> std::result::Result<(), Refusal> {
         let Can {
-            coll,
-            bytes,
-            caps,
-            ..
+            coll, bytes, caps, ..
         } = *self;
         let ar = coll == Collective::AllReduce;
         let direct = !caps.multi_host && caps.staging_bytes.is_none_or(|s| bytes <= s);
@@ -732,7 +750,15 @@ pub fn host_algo(
     requested: Algo,
     cfg: &Config,
 ) -> Result<Algo> {
-    select(coll, bytes_per_rank, world, dtype, requested, &HOST_CAPS, cfg)
+    select(
+        coll,
+        bytes_per_rank,
+        world,
+        dtype,
+        requested,
+        &HOST_CAPS,
+        cfg,
+    )
 }
 
 /// The plan of one host-backend call of `bytes_per_rank` (a Sum for the reductions): what
@@ -760,24 +786,9 @@ pub fn host_call_plan(
     choice: LowPrecisionChoice,
     cfg: &Config,
 ) -> Result<Plan> {
-    let CallShape {
-        coll,
-        bytes_per_rank: bytes,
-        dtype,
-        op,
-        ..
-    } = *shape;
-    // One rank's part: the all-to-all's output (the all-to-all-v's `world` x largest crossing
-    // part) over the world, the message itself for the others.
-    let part = match coll {
-        Collective::AllToAll | Collective::AllToAllV => bytes / world.max(1),
-        _ => bytes,
-    };
-    let reduces = matches!(
-        coll,
-        Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
-    );
-    let codec = low_precision(coll, dtype, reduces.then_some(op), part, choice, cfg, 0)?;
+    let (coll, bytes, dtype) = (shape.coll, shape.bytes_per_rank, shape.dtype);
+    let part = shape.part(world);
+    let codec = low_precision(coll, dtype, shape.reduction(), part, choice, cfg, 0)?;
     Ok(Plan {
         engine: Engine::Host,
         low_precision: codec,
@@ -864,24 +875,9 @@ pub fn cuda_call_plan(
     requested: Algo,
     choice: LowPrecisionChoice,
 ) -> Result<Plan> {
-    let CallShape {
-        coll,
-        bytes_per_rank: bytes,
-        dtype,
-        op,
-        ..
-    } = *shape;
-    let world = cuda.world;
-    // The all-to-all's part is its output over the world (the all-to-all-v's largest crossing).
-    let part = match coll {
-        Collective::AllToAll | Collective::AllToAllV => bytes / world,
-        _ => bytes,
-    };
-    let reduces = matches!(
-        coll,
-        Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter
-    );
-    let can = Can::cuda(cuda, coll, bytes, part, dtype, reduces.then_some(op));
+    let (coll, bytes, world) = (shape.coll, shape.bytes_per_rank, cuda.world);
+    let part = shape.part(world);
+    let can = Can::cuda(cuda, coll, bytes, part, shape.dtype, shape.reduction());
     let ruled_out = match shape.operands {
         Operands::DeviceCounts => {
             return match cuda.dda {
@@ -892,10 +888,7 @@ pub fn cuda_call_plan(
                 None => Err(Error::Unsupported {
                     collective: coll.name(),
                     backend: "cuda",
-                    what: format!(
-                        "device-side counts without direct access ({})",
-                        cuda.no_dda
-                    ),
+                    what: format!("device-side counts without direct access ({})", cuda.no_dda),
                 }),
             };
         }
@@ -958,30 +951,25 @@ fn lp_plan(
     let Some(d) = &cuda.dda else {
         return Ok(None);
     };
-    let CallShape {
-        coll,
-        bytes_per_rank: bytes,
-        dtype,
-        op,
-        ..
-    } = *shape;
-    let world = cuda.world;
-    let (kind, op, bytes) = match coll {
+    let (coll, dtype, world) = (shape.coll, shape.dtype, cuda.world);
+    let kind = match coll {
         Collective::AllReduce => match lp_all_reduce(requested, cfg.algo, world) {
-            Algo::Tree => (LpKind::Tree, Some(op), bytes),
-            _ => (LpKind::Flat, Some(op), bytes),
+            Algo::Tree => LpKind::Tree,
+            _ => LpKind::Flat,
         },
-        Collective::ReduceScatter => (LpKind::ReduceScatter, Some(op), bytes),
-        Collective::AllGather => (LpKind::AllGather, None, bytes),
-        Collective::AllToAll => (LpKind::AllToAll, None, bytes / world),
-        Collective::AllToAllV if world == 2 && d.a2av_lp => (LpKind::AllToAllV, None, bytes / 2),
+        Collective::ReduceScatter => LpKind::ReduceScatter,
+        Collective::AllGather => LpKind::AllGather,
+        Collective::AllToAll => LpKind::AllToAll,
+        Collective::AllToAllV if world == 2 && d.a2av_lp => LpKind::AllToAllV,
         _ => return Ok(None),
     };
+    // The size low precision weighs: one rank's part.
+    let (op, bytes) = (shape.reduction(), shape.part(world));
     let floor = cfg.tuning.cuda_lp_min_bytes;
     let Some(codec) = low_precision(coll, dtype, op, bytes, choice, cfg, floor)? else {
         return Ok(None);
     };
-    // One rank's part, in elements.
+    // The part in elements.
     let (es, part) = (dtype.size().max(1), bytes / dtype.size().max(1));
     let form = match kind {
         LpKind::AllToAllV => lp_a2av_form(part, &codec, d.staging_bytes),
@@ -1131,29 +1119,15 @@ pub fn rows_take_codec(hidden: usize, dtype: DataType, codec: &Codec) -> bool {
     codec.block % per_vector == 0 && codec.block / per_vector <= 32 && hidden % codec.block == 0
 }
 
-/// The plan of one all-reduce of `bytes` per rank on the cuda backend, pointers aligned to the
-/// element size (which the backend requires): [`cuda_call_plan`]'s.
-pub fn cuda_all_reduce_plan(
-    cuda: &CudaCaps<'_>,
-    cfg: &Config,
-    bytes: usize,
-    dtype: DataType,
-    op: ReduceOp,
-    requested: Algo,
-    choice: LowPrecisionChoice,
-) -> Result<Plan> {
-    let coll = Collective::AllReduce;
-    cuda_plan(cuda, cfg, coll, bytes, dtype, op, requested, choice)
-}
-
 /// The plan of one all_reduce_rmsnorm of `shape` on the cuda backend, pointers aligned, with its
 /// [`NormForm`] in `norm` ([`cuda_rmsnorm`]; low precision weighed as the call's all-reduce
 /// weighs it, [`low_precision`] with the cuda size floor, for `choice`): one launch is the fused
 /// kernel by direct access (flat or tree), with the codec of its records when the rows cross in
 /// low precision; the local form of one rank (or, with `FERROCOMM_RMSNORM_LOOPBACK` and direct
 /// access, the one-launch kernel run as that many ranks on this one's staging: a measurement,
-/// tree where asked, else flat); or two launches, which carry the all-reduce's own
-/// [`cuda_all_reduce_plan`] ([`Plan::norm_all_reduce`]). The executor runs this plan as it is.
+/// tree where asked, else flat); or two launches, which carry the all-reduce's own plan
+/// ([`cuda_plan`] of the all-reduce, [`Plan::norm_all_reduce`]). The executor runs this plan
+/// as it is.
 pub fn cuda_rmsnorm_plan(
     cuda: &CudaCaps<'_>,
     cfg: &Config,
@@ -1187,7 +1161,17 @@ pub fn cuda_rmsnorm_plan(
         NormForm::FusedTree => fused(Algo::Tree),
         NormForm::Local => Plan::on_gpu(Algo::Direct, None),
         NormForm::TwoLaunch => {
-            cuda_all_reduce_plan(cuda, cfg, bytes, dtype, ReduceOp::Sum, requested, choice)?
+            let ar = Collective::AllReduce;
+            cuda_plan(
+                cuda,
+                cfg,
+                ar,
+                bytes,
+                dtype,
+                ReduceOp::Sum,
+                requested,
+                choice,
+            )?
         }
     };
     Ok(Plan {

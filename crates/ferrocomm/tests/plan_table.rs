@@ -255,6 +255,49 @@ fn dda_caps() -> Vec<(&'static str, DdaCaps)> {
     ]
 }
 
+/// A communicator of `world` ranks on the cuda backend with `dda` (direct access) and NCCL
+/// where `nccl`, whose reduction kernels take `kernels`.
+fn cuda_caps(world: usize, dda: Option<DdaCaps>, nccl: bool, kernels: &[DataType]) -> CudaCaps<'_> {
+    CudaCaps {
+        world,
+        dda,
+        no_dda: "off",
+        nccl,
+        no_nccl: "absent",
+        multi_host: false,
+        kernel_dtypes: kernels,
+    }
+}
+
+/// Lines `head collective worlds: runs` of the cuda backend's choice for every collective but
+/// the all-reduce and the barrier (bf16, a Sum for the reductions), on `cuda` under `cfg`.
+fn collective_rows<'k>(
+    t: &mut String,
+    head: &str,
+    cuda: &dyn Fn(usize) -> CudaCaps<'k>,
+    cfg: &Config,
+    req: Algo,
+) {
+    let sizes = sizes();
+    for coll in Collective::ALL {
+        if matches!(coll, Collective::AllReduce | Collective::Barrier) {
+            continue;
+        }
+        let op =
+            matches!(coll, Collective::Reduce | Collective::ReduceScatter).then_some(ReduceOp::Sum);
+        by_world(t, &format!("{head} {}", coll.name()), |world| {
+            runs(&sizes, |bytes| {
+                let part = match coll {
+                    Collective::AllToAll | Collective::AllToAllV => bytes / world,
+                    _ => bytes,
+                };
+                let (c, dt) = (cuda(world), DataType::BF16);
+                algo_text(cuda_collective(&c, cfg, coll, bytes, part, dt, op, req))
+            })
+        });
+    }
+}
+
 fn cuda_table() -> String {
     let sizes = sizes();
     let mut t = String::new();
@@ -268,15 +311,7 @@ fn cuda_table() -> String {
     variants.push(("no-dda".into(), None, true));
     variants.push(("no-dda-no-nccl".into(), None, false));
     for (name, dda, nccl) in &variants {
-        let cuda = |world| CudaCaps {
-            world,
-            dda: *dda,
-            no_dda: "off",
-            nccl: *nccl,
-            no_nccl: "absent",
-            multi_host: false,
-            kernel_dtypes: &kernels,
-        };
+        let cuda = |world| cuda_caps(world, *dda, *nccl, &kernels);
         for req in Algo::ALL {
             for (dtype, op) in [
                 (DataType::BF16, ReduceOp::Sum),
@@ -293,32 +328,7 @@ fn cuda_table() -> String {
             if !matches!(req, Algo::Auto | Algo::Direct | Algo::Nccl) {
                 continue;
             }
-            for coll in Collective::ALL {
-                if matches!(coll, Collective::AllReduce | Collective::Barrier) {
-                    continue;
-                }
-                let op = matches!(coll, Collective::Reduce | Collective::ReduceScatter)
-                    .then_some(ReduceOp::Sum);
-                let head = format!("{name} {req} {}", coll.name());
-                by_world(&mut t, &head, |world| {
-                    runs(&sizes, |bytes| {
-                        let part = match coll {
-                            Collective::AllToAll | Collective::AllToAllV => bytes / world,
-                            _ => bytes,
-                        };
-                        algo_text(cuda_collective(
-                            &cuda(world),
-                            &cfg,
-                            coll,
-                            bytes,
-                            part,
-                            DataType::BF16,
-                            op,
-                            req,
-                        ))
-                    })
-                });
-            }
+            collective_rows(&mut t, &format!("{name} {req}"), &cuda, &cfg, req);
         }
         if let Some(d) = dda {
             let r = runs(&sizes, |bytes| flat_form(d, bytes).kernel().to_string());
@@ -420,15 +430,7 @@ fn cuda_settings_table() -> String {
     variants.push(("no-dda", None, true));
     for (fname, cfg) in configs().iter().skip(1) {
         for (name, dda, nccl) in &variants {
-            let cuda = |world| CudaCaps {
-                world,
-                dda: *dda,
-                no_dda: "off",
-                nccl: *nccl,
-                no_nccl: "absent",
-                multi_host: false,
-                kernel_dtypes: &kernels,
-            };
+            let cuda = |world| cuda_caps(world, *dda, *nccl, &kernels);
             let mut requests = vec![Algo::Auto];
             if cfg.algo != Algo::Auto {
                 requests.push(cfg.algo);
@@ -441,25 +443,7 @@ fn cuda_settings_table() -> String {
                         algo_text(cuda_all_reduce(&cuda(world), cfg, bytes, dt, sum, req))
                     })
                 });
-                for coll in Collective::ALL {
-                    if matches!(coll, Collective::AllReduce | Collective::Barrier) {
-                        continue;
-                    }
-                    let op = matches!(coll, Collective::Reduce | Collective::ReduceScatter)
-                        .then_some(ReduceOp::Sum);
-                    let head = format!("{fname} {name} {req} {}", coll.name());
-                    by_world(&mut t, &head, |world| {
-                        runs(&sizes, |bytes| {
-                            let part = match coll {
-                                Collective::AllToAll | Collective::AllToAllV => bytes / world,
-                                _ => bytes,
-                            };
-                            let dt = DataType::BF16;
-                            let c = cuda(world);
-                            algo_text(cuda_collective(&c, cfg, coll, bytes, part, dt, op, req))
-                        })
-                    });
-                }
+                collective_rows(&mut t, &format!("{fname} {name} {req}"), &cuda, cfg, req);
             }
         }
     }
@@ -494,15 +478,7 @@ fn cuda_plan_table() -> String {
         .expect("the setting parses");
     let default = Config::default();
     for (name, dda, nccl) in &variants {
-        let cuda = |world| CudaCaps {
-            world,
-            dda: *dda,
-            no_dda: "off",
-            nccl: *nccl,
-            no_nccl: "absent",
-            multi_host: false,
-            kernel_dtypes: &kernels,
-        };
+        let cuda = |world| cuda_caps(world, *dda, *nccl, &kernels);
         for req in [Algo::Auto, Algo::Push, Algo::Tree, Algo::Direct, Algo::Nccl] {
             for (chname, choice) in choices {
                 for coll in Collective::ALL {
@@ -678,15 +654,7 @@ fn rmsnorm_table() -> String {
         .expect("the table's settings parse");
         let fname = format!("{set:?}");
         for (name, dda) in &variants {
-            let cuda = |world| CudaCaps {
-                world,
-                dda: *dda,
-                no_dda: "off",
-                nccl: true,
-                no_nccl: "absent",
-                multi_host: false,
-                kernel_dtypes: &kernels,
-            };
+            let cuda = |world| cuda_caps(world, *dda, true, &kernels);
             for req in [Algo::Auto, Algo::Push, Algo::Flat, Algo::Tree, Algo::Nccl] {
                 for lp in [false, true] {
                     let head = format!("{fname} {name} {req} lp={lp} all_reduce_rmsnorm");

@@ -5,8 +5,8 @@
 use super::{Bufs, HostBackend};
 use crate::backend::{CallKind, CallOpts};
 use crate::error::{Error, Result};
-use crate::reduce::{from_f32, to_f32};
 use crate::plan::Plan;
+use crate::reduce::{from_f32, to_f32};
 use crate::rmsnorm::{self, AllReduceRmsNorm, Fp8Ref, Fp8Scale, Shape};
 use crate::types::{DataType, ReduceOp};
 use crate::view::{Input, View, ViewMut};

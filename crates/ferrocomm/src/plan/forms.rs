@@ -72,7 +72,6 @@ pub struct PartForm {
     pub rounds: u32,
 }
 
-
 /// How a window put on the cuda backend moves its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PutEngine {
@@ -105,11 +104,9 @@ pub fn put_engine(bytes: usize, t: &Thresholds) -> PutEngine {
     }
 }
 
-
 /// Rounds of a staged collective's pipeline (`FC_MAX_ROUNDS` of the kernels): barrier words per
 /// block, sender and parity.
 pub const COLL_MAX_ROUNDS: usize = 8;
-
 
 /// How a flat all-reduce moves its data ([`flat_form`]); `kernel` names its entry points
 /// (`fc_<kernel>_<op>`) and the bench's path detail.
@@ -234,7 +231,6 @@ pub fn st_rounds(part_bytes: usize, round_bytes: usize) -> u32 {
         .div_ceil(round_bytes.max(1))
         .clamp(1, COLL_MAX_ROUNDS) as u32
 }
-
 
 /// How an all-to-all-v of `world` ranks whose largest crossing part is `crossing_bytes` runs by
 /// direct access: pair by pair above two ranks (no count is seen by every rank), else in LL

@@ -5,16 +5,7 @@ use crate::config::tuning::Tuning;
 
 #[test]
 fn a_plan_prints_as_the_path_it_takes() {
-    let full = |algo, form| Plan {
-        engine: Engine::Direct,
-        algo,
-        form,
-        low_precision: None,
-        parts: None,
-        norm: None,
-        a2av: None,
-        lp: None,
-    };
+    let full = Plan::on_gpu;
     assert_eq!(full(Algo::Flat, Some(FlatForm::Pull)).to_string(), "flat");
     assert_eq!(full(Algo::Flat, Some(FlatForm::Stream)).to_string(), "flat");
     assert_eq!(
@@ -139,8 +130,7 @@ fn a_set_threshold_replaces_the_default() {
     cfg.thresholds.all_to_all_max = Some(1 << 20);
     let caps = gpu(64 << 20);
     for coll in [Collective::AllToAll, Collective::AllToAllV] {
-        let pick =
-            |bytes| select(coll, bytes, 2, DataType::BF16, Algo::Auto, &caps, &cfg).unwrap();
+        let pick = |bytes| select(coll, bytes, 2, DataType::BF16, Algo::Auto, &caps, &cfg).unwrap();
         assert_eq!(pick(1 << 20), Algo::Direct, "{}", coll.name());
         assert_eq!(pick((1 << 20) + 1), Algo::Nccl, "{}", coll.name());
     }
@@ -624,8 +614,8 @@ fn an_rmsnorm_plan_prints_its_norm_form() {
         for bytes in [0, 1 << 10, 4 << 20, 32 << 20, (32 << 20) + 2, 64 << 20] {
             for choice in [default, fp8, LowPrecisionChoice::Off] {
                 let case = format!("{req} {bytes} {choice:?}");
-                let ar =
-                    cuda_all_reduce_plan(&two, &cfg, bytes, bf16, ReduceOp::Sum, req, choice);
+                let (ar, sum) = (Collective::AllReduce, ReduceOp::Sum);
+                let ar = cuda_plan(&two, &cfg, ar, bytes, bf16, sum, req, choice);
                 match plan(&two, &cfg, bytes, req, choice) {
                     Ok(p) => match p.norm {
                         Some(NormForm::FusedFlat | NormForm::FusedTree) => {
