@@ -320,6 +320,9 @@ impl CudaCaps<'_> {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The table's rules: what each collective takes at which size.
+
 /// The collectives whose direct access ends at a size limit ([`direct_max_setting`], the
 /// tuning table's `direct_max`): all but the all-reduce (its own thresholds) and the point-to-point
 /// calls.
@@ -332,10 +335,10 @@ pub const DIRECT_LIMITED: [Collective; 6] = [
     Collective::Reduce,
 ];
 
-/// The setting that limits direct access for `coll` (bytes per rank; `None`: the tuning table's,
-/// [`crate::config::tuning::Tuning::direct_max`]) and the environment variable that sets it. The all-to-all and the
-/// all-to-all-v share one, broadcast and reduce another, send and recv a third (two-rank
-/// communicators only: see [`select`]).
+/// The setting that limits direct access for `coll` (bytes per rank; `None`: the tuning
+/// table's, [`crate::config::tuning::Tuning::direct_max`]) and the environment variable that
+/// sets it. The all-to-all and the all-to-all-v share one, broadcast and reduce another, send
+/// and recv a third (two-rank communicators only: see [`select`]).
 pub fn direct_max_setting(t: &Thresholds, coll: Collective) -> (Option<usize>, &'static str) {
     match coll {
         Collective::AllGather => (t.all_gather_max, "FERROCOMM_ALLGATHER_MAX_BYTES"),
@@ -347,9 +350,6 @@ pub fn direct_max_setting(t: &Thresholds, coll: Collective) -> (Option<usize>, &
         _ => (t.broadcast_max, "FERROCOMM_BROADCAST_MAX_BYTES"),
     }
 }
-
-// ---------------------------------------------------------------------------------------------
-// The table's rules: what each collective takes at which size.
 
 /// Whether `coll` is a point-to-point call.
 fn p2p(coll: Collective) -> bool {
