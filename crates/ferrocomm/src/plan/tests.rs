@@ -607,6 +607,34 @@ fn an_rmsnorm_plan_prints_its_norm_form() {
     assert_eq!(text(&one, 8 << 20, Algo::Auto, fp8), "lp-fused-flat");
     let local = plan(&one, &cfg, 1 << 20, Algo::Auto, default).unwrap();
     assert_eq!(local.norm, Some(NormForm::Local));
+    // The loopback measurement (FERROCOMM_RMSNORM_LOOPBACK) is the plan's: where the local form
+    // would run with direct access, the one-launch kernel, tree where asked, else flat; without
+    // direct access, or with low precision on the wire, the plan is as without it.
+    let loopback =
+        Config::from_lookup(|k| (k == "FERROCOMM_RMSNORM_LOOPBACK").then(|| "2".to_string()))
+            .unwrap();
+    let looped =
+        |c: &CudaCaps<'_>, bytes, req, lp| plan(c, &loopback, bytes, req, lp).unwrap().to_string();
+    assert_eq!(looped(&one, 1 << 20, Algo::Auto, default), "fused-flat");
+    assert_eq!(looped(&one, 1 << 20, Algo::Flat, default), "fused-flat");
+    assert_eq!(looped(&one, 1 << 20, Algo::Tree, default), "fused-tree");
+    assert_eq!(looped(&one_no_dda, 1 << 20, Algo::Tree, default), "local");
+    assert_eq!(looped(&one, 8 << 20, Algo::Tree, fp8), "lp-fused-tree");
+    assert_eq!(looped(&two, 1 << 20, Algo::Auto, default), "fused-flat");
+    // The two launches carry the plain all-reduce's plan, which the executor runs as it is.
+    let two_launch = plan(&two, &cfg, 48 << 20, Algo::Auto, default).unwrap();
+    assert_eq!(two_launch.norm, Some(NormForm::TwoLaunch));
+    let ar = cuda_plan(
+        &two,
+        &cfg,
+        Collective::AllReduce,
+        48 << 20,
+        bf16,
+        ReduceOp::Sum,
+        Algo::Auto,
+        default,
+    );
+    assert_eq!(two_launch.norm_all_reduce(), ar.unwrap());
     // At every size and request the plan is what the executor runs: one launch by direct
     // access in full precision, flat or tree as its form says; or the two launches, whose
     // all-reduce is exactly the plain all-reduce's plan (and refuses where it refuses).
