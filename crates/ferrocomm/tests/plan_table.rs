@@ -10,9 +10,9 @@ use std::fmt::Write;
 
 use ferrocomm::config::Config;
 use ferrocomm::plan::{
-    a2av_form, cuda_all_reduce, cuda_collective, cuda_rmsnorm, flat_form, low_precision,
-    lp_a2av_form, lp_all_reduce, lp_form, part_form, select, Caps, CudaCaps, DdaCaps,
-    LowPrecisionChoice, LpForm, LpKind,
+    a2av_form, cuda_all_reduce, cuda_call_plan, cuda_collective, cuda_rmsnorm, cuda_rmsnorm_plan,
+    flat_form, low_precision, lp_a2av_form, lp_all_reduce, lp_form, part_form, select, CallShape,
+    Caps, CudaCaps, DdaCaps, LowPrecisionChoice, LpForm, LpKind, Operands, Plan,
 };
 use ferrocomm::quant::Codec;
 use ferrocomm::tuning::Tuning;
@@ -255,6 +255,49 @@ fn dda_caps() -> Vec<(&'static str, DdaCaps)> {
     ]
 }
 
+/// A communicator of `world` ranks on the cuda backend with `dda` (direct access) and NCCL
+/// where `nccl`, whose reduction kernels take `kernels`.
+fn cuda_caps(world: usize, dda: Option<DdaCaps>, nccl: bool, kernels: &[DataType]) -> CudaCaps<'_> {
+    CudaCaps {
+        world,
+        dda,
+        no_dda: "off",
+        nccl,
+        no_nccl: "absent",
+        multi_host: false,
+        kernel_dtypes: kernels,
+    }
+}
+
+/// Lines `head collective worlds: runs` of the cuda backend's choice for every collective but
+/// the all-reduce and the barrier (bf16, a Sum for the reductions), on `cuda` under `cfg`.
+fn collective_rows<'k>(
+    t: &mut String,
+    head: &str,
+    cuda: &dyn Fn(usize) -> CudaCaps<'k>,
+    cfg: &Config,
+    req: Algo,
+) {
+    let sizes = sizes();
+    for coll in Collective::ALL {
+        if matches!(coll, Collective::AllReduce | Collective::Barrier) {
+            continue;
+        }
+        let op =
+            matches!(coll, Collective::Reduce | Collective::ReduceScatter).then_some(ReduceOp::Sum);
+        by_world(t, &format!("{head} {}", coll.name()), |world| {
+            runs(&sizes, |bytes| {
+                let part = match coll {
+                    Collective::AllToAll | Collective::AllToAllV => bytes / world,
+                    _ => bytes,
+                };
+                let (c, dt) = (cuda(world), DataType::BF16);
+                algo_text(cuda_collective(&c, cfg, coll, bytes, part, dt, op, req))
+            })
+        });
+    }
+}
+
 fn cuda_table() -> String {
     let sizes = sizes();
     let mut t = String::new();
@@ -268,15 +311,7 @@ fn cuda_table() -> String {
     variants.push(("no-dda".into(), None, true));
     variants.push(("no-dda-no-nccl".into(), None, false));
     for (name, dda, nccl) in &variants {
-        let cuda = |world| CudaCaps {
-            world,
-            dda: *dda,
-            no_dda: "off",
-            nccl: *nccl,
-            no_nccl: "absent",
-            multi_host: false,
-            kernel_dtypes: &kernels,
-        };
+        let cuda = |world| cuda_caps(world, *dda, *nccl, &kernels);
         for req in Algo::ALL {
             for (dtype, op) in [
                 (DataType::BF16, ReduceOp::Sum),
@@ -293,32 +328,7 @@ fn cuda_table() -> String {
             if !matches!(req, Algo::Auto | Algo::Direct | Algo::Nccl) {
                 continue;
             }
-            for coll in Collective::ALL {
-                if matches!(coll, Collective::AllReduce | Collective::Barrier) {
-                    continue;
-                }
-                let op = matches!(coll, Collective::Reduce | Collective::ReduceScatter)
-                    .then_some(ReduceOp::Sum);
-                let head = format!("{name} {req} {}", coll.name());
-                by_world(&mut t, &head, |world| {
-                    runs(&sizes, |bytes| {
-                        let part = match coll {
-                            Collective::AllToAll | Collective::AllToAllV => bytes / world,
-                            _ => bytes,
-                        };
-                        algo_text(cuda_collective(
-                            &cuda(world),
-                            &cfg,
-                            coll,
-                            bytes,
-                            part,
-                            DataType::BF16,
-                            op,
-                            req,
-                        ))
-                    })
-                });
-            }
+            collective_rows(&mut t, &format!("{name} {req}"), &cuda, &cfg, req);
         }
         if let Some(d) = dda {
             let r = runs(&sizes, |bytes| flat_form(d, bytes).kernel().to_string());
@@ -400,6 +410,126 @@ fn cuda_table() -> String {
                 r.join(" ")
             )
             .expect("writing to a string");
+        }
+    }
+    t
+}
+
+/// The cuda backend's choices under each configuration of [`configs`] (automatic choice, and a
+/// per-call request of the algorithm the environment forces), on direct access as a two-rank
+/// communicator has it, with a small staging, and without direct access.
+fn cuda_settings_table() -> String {
+    let sizes = sizes();
+    let mut t = String::new();
+    let kernels = [DataType::F32, DataType::F16, DataType::BF16, DataType::I32];
+    let mut variants: Vec<(&str, Option<DdaCaps>, bool)> = dda_caps()[..2]
+        .iter()
+        .map(|&(n, d)| (n, Some(d), true))
+        .collect();
+    variants.push(("dda-no-nccl", Some(dda_caps()[0].1), false));
+    variants.push(("no-dda", None, true));
+    for (fname, cfg) in configs().iter().skip(1) {
+        for (name, dda, nccl) in &variants {
+            let cuda = |world| cuda_caps(world, *dda, *nccl, &kernels);
+            let mut requests = vec![Algo::Auto];
+            if cfg.algo != Algo::Auto {
+                requests.push(cfg.algo);
+            }
+            for req in requests {
+                let head = format!("{fname} {name} {req} all_reduce");
+                by_world(&mut t, &head, |world| {
+                    runs(&sizes, |bytes| {
+                        let (dt, sum) = (DataType::BF16, ReduceOp::Sum);
+                        algo_text(cuda_all_reduce(&cuda(world), cfg, bytes, dt, sum, req))
+                    })
+                });
+                collective_rows(&mut t, &format!("{fname} {name} {req}"), &cuda, cfg, req);
+            }
+        }
+    }
+    t
+}
+
+/// The whole plan of a call on the cuda backend (its path and the forms the path does not
+/// name), for every collective and operand kind, request and low-precision choice, and of an
+/// all_reduce_rmsnorm (rows of 4096 bf16, or one row where the size is not whole rows).
+fn cuda_plan_table() -> String {
+    let sizes = sizes();
+    let mut t = String::new();
+    let kernels = [DataType::F32, DataType::F16, DataType::BF16, DataType::I32];
+    let mut variants: Vec<(&str, Option<DdaCaps>, bool)> = dda_caps()
+        .iter()
+        .map(|&(n, d)| (n, Some(d), true))
+        .collect();
+    variants.push(("dda-no-nccl", Some(dda_caps()[0].1), false));
+    variants.push(("no-dda", None, true));
+    let plan_text = |r: ferrocomm::Result<Plan>| match r {
+        Ok(p) => match p.detail() {
+            d if d.is_empty() => p.to_string(),
+            d => format!("{p} [{d}]"),
+        },
+        Err(_) => "refused".to_string(),
+    };
+    let choices = [
+        ("default", LowPrecisionChoice::Default),
+        ("e4m3", LowPrecisionChoice::On(Format::E4M3)),
+    ];
+    let fused = Config::from_lookup(|k| (k == "FERROCOMM_RMSNORM_FUSED").then(|| "1".into()))
+        .expect("the setting parses");
+    let default = Config::default();
+    for (name, dda, nccl) in &variants {
+        let cuda = |world| cuda_caps(world, *dda, *nccl, &kernels);
+        for req in [Algo::Auto, Algo::Push, Algo::Tree, Algo::Direct, Algo::Nccl] {
+            for (chname, choice) in choices {
+                for coll in Collective::ALL {
+                    let mut operands = vec![("plain", Operands::Plain, true)];
+                    if coll == Collective::AllReduce {
+                        operands.push(("unaligned", Operands::Plain, false));
+                    }
+                    if matches!(coll, Collective::Send | Collective::Recv) {
+                        operands.push(("to-self", Operands::ToSelf, true));
+                    }
+                    if coll == Collective::AllToAllV {
+                        operands.push(("uneven-in-place", Operands::UnevenInPlace, true));
+                        operands.push(("device-counts", Operands::DeviceCounts, true));
+                    }
+                    for (oname, ops, aligned) in operands {
+                        let head = format!("{name} {req} {chname} {} {oname}", coll.name());
+                        by_world(&mut t, &head, |world| {
+                            runs(&sizes, |bytes| {
+                                let shape = CallShape {
+                                    aligned,
+                                    operands: ops,
+                                    ..CallShape::of(coll, bytes, DataType::BF16)
+                                };
+                                plan_text(cuda_call_plan(
+                                    &cuda(world),
+                                    &default,
+                                    &shape,
+                                    req,
+                                    choice,
+                                ))
+                            })
+                        });
+                    }
+                }
+                let head = format!("{name} {req} {chname} all_reduce_rmsnorm");
+                by_world(&mut t, &head, |world| {
+                    runs(&sizes, |bytes| {
+                        let (rows, hidden) = if bytes % 8192 == 0 {
+                            (bytes / 8192, 4096)
+                        } else {
+                            (1, bytes / 2)
+                        };
+                        let shape = ferrocomm::rmsnorm::Shape {
+                            rows,
+                            hidden,
+                            dtype: DataType::BF16,
+                        };
+                        plan_text(cuda_rmsnorm_plan(&cuda(world), &fused, &shape, req, choice))
+                    })
+                });
+            }
         }
     }
     t
@@ -524,15 +654,7 @@ fn rmsnorm_table() -> String {
         .expect("the table's settings parse");
         let fname = format!("{set:?}");
         for (name, dda) in &variants {
-            let cuda = |world| CudaCaps {
-                world,
-                dda: *dda,
-                no_dda: "off",
-                nccl: true,
-                no_nccl: "absent",
-                multi_host: false,
-                kernel_dtypes: &kernels,
-            };
+            let cuda = |world| cuda_caps(world, *dda, true, &kernels);
             for req in [Algo::Auto, Algo::Push, Algo::Flat, Algo::Tree, Algo::Nccl] {
                 for lp in [false, true] {
                     let head = format!("{fname} {name} {req} lp={lp} all_reduce_rmsnorm");
@@ -556,11 +678,17 @@ fn the_planner_decides_as_recorded() {
          # low precision: settings choice collective floor dtype/op pairs: sizes answer\n{}\
          # cuda: direct access request collective worlds: sizes answer\n{}\
          # cuda all_reduce_rmsnorm: settings direct access request low precision worlds: sizes \
-         answer\n{}",
+         answer\n{}\
+         # cuda under settings: settings direct access request collective worlds: sizes \
+         answer\n{}\
+         # cuda plans: direct access request low precision collective operands worlds: sizes \
+         plan\n{}",
         algorithm_table(),
         low_precision_table(),
         cuda_table(),
-        rmsnorm_table()
+        rmsnorm_table(),
+        cuda_settings_table(),
+        cuda_plan_table()
     );
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/plan_table.golden");
     let bless = std::env::var_os("FERROCOMM_BLESS").is_some();

@@ -17,7 +17,7 @@ use crate::driver::{
 };
 use crate::error::{Error, Result};
 use crate::nccl::NcclBackend;
-use crate::plan::{self, Algo, CallShape, Collective, CudaCaps, Engine, LpForm, PartForm, Plan};
+use crate::plan::{self, Algo, CallShape, CudaCaps, Engine, LpForm, PartForm, Plan};
 use crate::quant::Codec;
 use crate::types::{DataType, Device, ReduceOp};
 use crate::view::{Input, View, ViewMut};
@@ -185,8 +185,6 @@ impl CudaBackend {
         Ok(())
     }
 }
-
-const AR: Collective = Collective::AllReduce;
 
 impl CudaBackend {
     /// The device-count all-to-all-v calls (counts checked by the communicator): direct
@@ -393,7 +391,7 @@ impl Backend for CudaBackend {
             let CallKind::AllReduceRmsNorm(norm) = kind else {
                 unreachable!("built above")
             };
-            return self.all_reduce_rmsnorm(norm, aligned, opts);
+            return self.all_reduce_rmsnorm(norm, aligned, &call.plan, opts);
         }
         let mut st = self.enter()?;
         check_buffers(&call.kind, Device::Cuda(self.device))?;
@@ -490,29 +488,6 @@ impl CudaBackend {
     /// Hands a call direct access does not carry to NCCL (or refuses it without NCCL).
     fn on_nccl(&self, kind: CallKind<'_>, opts: &CallOpts) -> Result<()> {
         self.nccl(kind.name().name())?.execute(kind, opts)
-    }
-
-    /// An all-reduce of this backend's own (the fused call's two launches): planned as the
-    /// communicator plans one ([`Backend::plan`]), then run as planned.
-    fn all_reduce(
-        &self,
-        st: &mut CallState,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        op: ReduceOp,
-        aligned: bool,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        if let Some(d) = self.dda.as_deref() {
-            d.check_error("all_reduce")?;
-        }
-        let shape = CallShape {
-            op,
-            aligned,
-            ..CallShape::of(AR, output.bytes_len(), output.dtype())
-        };
-        let plan = self.plan(&shape, opts)?;
-        self.planned_all_reduce(st, input, output, op, aligned, &plan, opts)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -710,30 +685,19 @@ impl CudaBackend {
         }
     }
 
-    /// The fused call: one launch by direct access where the plan's form says so, else the
-    /// all-reduce (this backend's own, under the call lock) followed by the norm's launch.
+    /// The fused call, as its plan (the call's one, [`Backend::rmsnorm_plan_for`]'s) says: one
+    /// launch by direct access, the norm alone on x for one rank, or the all-reduce the plan
+    /// carries ([`Plan::norm_all_reduce`], run under the call lock as planned) followed by the
+    /// norm's launch.
     fn all_reduce_rmsnorm(
         &self,
         call: crate::rmsnorm::AllReduceRmsNorm<'_>,
         aligned: bool,
+        plan: &Plan,
         opts: &CallOpts,
     ) -> Result<()> {
         let shape = call.shape();
-        // The call's plan (rmsnorm_plan_for's): its form, and the codec of one launch's records.
-        let p = self.rmsnorm_plan_for(shape, opts)?;
-        let mut form = p.norm.unwrap_or(plan::NormForm::TwoLaunch);
-        let loopback = self
-            .config
-            .rmsnorm_loopback
-            .filter(|_| form == plan::NormForm::Local);
-        if loopback.is_some() && self.dda.is_some() {
-            // Measurement only: the one-launch kernel of that many ranks on this rank's staging.
-            form = if opts.algo.0 == plan::Algo::Tree {
-                plan::NormForm::FusedTree
-            } else {
-                plan::NormForm::FusedFlat
-            };
-        }
+        let form = plan.norm.unwrap_or(plan::NormForm::TwoLaunch);
         // With direct access the kernel comes from its rmsnorm unit (loaded at start-up where
         // built in or cached, else compiled now).
         let loaded = match self.dda.as_deref() {
@@ -746,9 +710,14 @@ impl CudaBackend {
         };
         match (form, self.dda.as_deref()) {
             (plan::NormForm::FusedFlat | plan::NormForm::FusedTree, Some(d)) => {
+                // A one-launch form at one rank in full precision is the loopback measurement
+                // (FERROCOMM_RMSNORM_LOOPBACK) the plan chose.
+                let loopback = (d.world == 1 && plan.low_precision.is_none())
+                    .then_some(self.config.rmsnorm_loopback)
+                    .flatten();
                 let mut st = self.enter()?;
                 self.follow(&mut st, opts.stream)?;
-                let lp = p.low_precision.as_ref();
+                let lp = plan.low_precision.as_ref();
                 return fused_norm::run_fused(d, form, lp, call, shape, aligned, opts, loopback);
             }
             (plan::NormForm::Local, _) => {
@@ -756,9 +725,14 @@ impl CudaBackend {
             }
             _ => {}
         }
+        let all_reduce = plan.norm_all_reduce();
         fused_norm::run(&self.config, call, shape, opts, loaded, |x, out| {
             let mut st = self.enter()?;
-            self.all_reduce(&mut st, x, out, ReduceOp::Sum, aligned, opts)
+            if let Some(d) = self.dda.as_deref() {
+                d.check_error("all_reduce")?;
+            }
+            let sum = ReduceOp::Sum;
+            self.planned_all_reduce(&mut st, x, out, sum, aligned, &all_reduce, opts)
         })
     }
 

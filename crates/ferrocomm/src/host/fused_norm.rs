@@ -2,9 +2,10 @@
 //! ranks agree on the call, all-reduce the partial rows, and every rank normalizes its copy of
 //! the sum with [`rmsnorm::norm_rows`], the arithmetic GPU results are checked against.
 
-use super::HostBackend;
+use super::{Bufs, HostBackend};
 use crate::backend::{CallKind, CallOpts};
 use crate::error::{Error, Result};
+use crate::plan::Plan;
 use crate::reduce::{from_f32, to_f32};
 use crate::rmsnorm::{self, AllReduceRmsNorm, Fp8Ref, Fp8Scale, Shape};
 use crate::types::{DataType, ReduceOp};
@@ -40,7 +41,7 @@ impl HostBackend {
     pub(super) fn all_reduce_rmsnorm_impl(
         &self,
         call: AllReduceRmsNorm<'_>,
-        opts: &CallOpts,
+        plan: &Plan,
     ) -> Result<()> {
         let shape = call.shape();
         let AllReduceRmsNorm {
@@ -88,13 +89,9 @@ impl HostBackend {
         // SAFETY: `summed` holds exactly `n` elements of `dtype` and outlives the call.
         let sum_view =
             unsafe { ViewMut::from_raw(summed.as_mut_ptr(), n, dtype, crate::types::Device::Host) };
-        // The plain all-reduce's path, as a call of this backend's own.
-        let reduce = CallKind::AllReduce {
-            input: Input::InPlace,
-            output: sum_view,
-            op: ReduceOp::Sum,
-        };
-        self.run_own(reduce, opts)?;
+        // The all-reduce the call's plan carries (the plain all-reduce's), as planned.
+        let bufs = Bufs::new(&Input::InPlace, &sum_view);
+        self.all_reduce_impl(&bufs, dtype, n, ReduceOp::Sum, &plan.norm_all_reduce())?;
         let sum = widen(dtype, &summed, n)?;
         let res = match residual {
             Input::InPlace => widen(

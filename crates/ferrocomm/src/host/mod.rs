@@ -501,7 +501,7 @@ impl Backend for HostBackend {
     /// on the buffers' host addresses.
     fn run(&self, call: Call<'_>) -> Result<()> {
         check_buffers(&call.kind, Device::Host)?;
-        let (opts, plan) = (call.opts, &call.plan);
+        let plan = &call.plan;
         match call.kind {
             CallKind::AllReduce { input, output, op } => {
                 let bufs = Bufs::new(&input, &output);
@@ -586,7 +586,7 @@ impl Backend for HostBackend {
             CallKind::Send { data, peer } => self.p2p_impl("send", &[P2pOp::Send { data, peer }]),
             CallKind::Recv { out, peer } => self.p2p_impl("recv", &[P2pOp::Recv { out, peer }]),
             CallKind::BatchSendRecv { ops } => self.p2p_impl("batch_send_recv", &ops),
-            CallKind::AllReduceRmsNorm(call) => self.all_reduce_rmsnorm_impl(call, opts),
+            CallKind::AllReduceRmsNorm(call) => self.all_reduce_rmsnorm_impl(call, plan),
         }
     }
 

@@ -75,7 +75,7 @@ pub fn ce_chunk(bytes: usize) -> usize {
 
 impl Dda {
     /// Launches one all-reduce kernel on `stream` as `plan` says (its algorithm and, for a flat
-    /// one, its form: [`crate::plan::cuda_all_reduce_plan`] decided them).
+    /// one, its form: [`crate::plan::cuda_call_plan`] decided them).
     #[allow(clippy::too_many_arguments)]
     pub fn all_reduce(
         &self,
