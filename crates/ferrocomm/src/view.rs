@@ -221,6 +221,25 @@ impl Input<'_> {
             Input::Buf(v) => v.ptr() as u64,
         }
     }
+
+    /// The reduce-scatter's (input, output, elements of a part) addresses among `size` ranks:
+    /// in place the output is the whole buffer and the rank's part sits at `rank * part`;
+    /// otherwise the input holds `size` parts and the output is the part.
+    pub fn scatter_addresses(
+        &self,
+        output: &ViewMut<'_>,
+        size: usize,
+        rank: usize,
+    ) -> (u64, u64, usize) {
+        match self {
+            Input::InPlace => {
+                let part = output.count() / size;
+                let base = output.ptr() as u64;
+                (base, self.part_address(output, part, rank), part)
+            }
+            Input::Buf(v) => (v.ptr() as u64, output.ptr() as u64, output.count()),
+        }
+    }
 }
 
 impl<'a> From<View<'a>> for Input<'a> {
