@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaContext;
 
-use super::dda::{collectives, fused_norm, Dda};
+use super::dda::collectives::{self, PartCall};
+use super::dda::{fused_norm, Dda};
 use super::kernels;
 use crate::backend::{
     check_buffers, Backend, Call, CallKind, CallOpts, CommContext, P2pOp, WindowBackend,
@@ -231,8 +232,20 @@ impl CudaBackend {
             } => {
                 let (n, dt) = (output.count(), output.dtype());
                 let (i, o) = (input.address(output), output.ptr() as u64);
-                self.staged(plan, "reduce")?
-                    .map(|(d, parts)| d.coll_reduce(i, o, n, dt, *op, *root, parts, s))
+                self.staged(plan, "reduce")?.map(|(d, parts)| {
+                    d.coll_part(
+                        PartCall::Reduce {
+                            op: *op,
+                            root: *root,
+                        },
+                        i,
+                        o,
+                        n,
+                        dt,
+                        parts,
+                        s,
+                    )
+                })
             }
             CallKind::Broadcast {
                 input,
@@ -241,8 +254,9 @@ impl CudaBackend {
             } => {
                 let (n, dt) = (output.count(), output.dtype());
                 let (i, o) = (input.address(output), output.ptr() as u64);
-                self.staged(plan, "broadcast")?
-                    .map(|(d, parts)| d.coll_broadcast(i, o, n, dt, *root, parts, s))
+                self.staged(plan, "broadcast")?.map(|(d, parts)| {
+                    d.coll_part(PartCall::Broadcast { root: *root }, i, o, n, dt, parts, s)
+                })
             }
             CallKind::AllGather { input, output } => {
                 let (dt, part) = (output.dtype(), output.count() / size);
@@ -251,9 +265,9 @@ impl CudaBackend {
                     Some((d, c, form)) => {
                         Some(d.lp_collective(&form, &c, dt, i, o, part, false, s))
                     }
-                    None => self
-                        .staged(plan, "all_gather")?
-                        .map(|(d, parts)| d.coll_all_gather(i, o, part, dt, parts, s)),
+                    None => self.staged(plan, "all_gather")?.map(|(d, parts)| {
+                        d.coll_part(PartCall::AllGather, i, o, part, dt, parts, s)
+                    }),
                 }
             }
             CallKind::ReduceScatter { input, output, op } => {
@@ -262,9 +276,9 @@ impl CudaBackend {
                 let avg = *op == ReduceOp::Avg;
                 match lp() {
                     Some((d, c, form)) => Some(d.lp_collective(&form, &c, dt, i, o, part, avg, s)),
-                    None => self
-                        .staged(plan, "reduce_scatter")?
-                        .map(|(d, parts)| d.coll_reduce_scatter(i, o, part, dt, *op, parts, s)),
+                    None => self.staged(plan, "reduce_scatter")?.map(|(d, parts)| {
+                        d.coll_part(PartCall::ReduceScatter(*op), i, o, part, dt, parts, s)
+                    }),
                 }
             }
             CallKind::AllToAll { input, output } => {
@@ -274,9 +288,9 @@ impl CudaBackend {
                     Some((d, c, form)) => {
                         Some(d.lp_collective(&form, &c, dt, i, o, part, false, s))
                     }
-                    None => self
-                        .staged(plan, "all_to_all")?
-                        .map(|(d, parts)| d.coll_all_to_all(i, o, part, dt, parts, s)),
+                    None => self.staged(plan, "all_to_all")?.map(|(d, parts)| {
+                        d.coll_part(PartCall::AllToAll, i, o, part, dt, parts, s)
+                    }),
                 }
             }
             CallKind::AllToAllV {
@@ -325,15 +339,18 @@ impl CudaBackend {
                 (Engine::Direct, Some(d)) => Some(barrier(d, s)),
                 _ => None,
             },
+            // A message by direct access: the broadcast kernel rooted at the sender, in place.
             CallKind::Send { data, .. } => {
-                let (n, dt) = (data.count(), data.dtype());
+                let (buf, n, dt) = (data.ptr() as u64, data.count(), data.dtype());
+                let sender = PartCall::SendRecv { sender: rank };
                 self.staged(plan, "send")?
-                    .map(|(d, p)| d.coll_send_recv(data.ptr() as u64, n, dt, rank, p, s))
+                    .map(|(d, p)| d.coll_part(sender, buf, buf, n, dt, p, s))
             }
             CallKind::Recv { out, peer } => {
-                let (n, dt) = (out.count(), out.dtype());
+                let (buf, n, dt) = (out.ptr() as u64, out.count(), out.dtype());
+                let sender = PartCall::SendRecv { sender: *peer };
                 self.staged(plan, "recv")?
-                    .map(|(d, p)| d.coll_send_recv(out.ptr() as u64, n, dt, *peer, p, s))
+                    .map(|(d, p)| d.coll_part(sender, buf, buf, n, dt, p, s))
             }
             CallKind::BatchSendRecv { ops } => self
                 .direct_batch(ops, plan, opts)?
@@ -435,7 +452,15 @@ fn batch_send_recv(
             P2pOp::Send { data, .. } => (data.ptr() as u64, data.count(), data.dtype()),
             P2pOp::Recv { out, .. } => (out.ptr() as u64, out.count(), out.dtype()),
         };
-        d.coll_send_recv(ptr, n, dt, sender, parts[k], stream)?;
+        d.coll_part(
+            PartCall::SendRecv { sender },
+            ptr,
+            ptr,
+            n,
+            dt,
+            parts[k],
+            stream,
+        )?;
     }
     Ok(())
 }
