@@ -224,39 +224,17 @@ impl CudaBackend {
             CallKind::AllReduce { .. } | CallKind::AllReduceRmsNorm(_) => {
                 unreachable!("run by run")
             }
-            CallKind::Reduce {
-                input,
-                output,
-                op,
-                root,
-            } => {
+            // The rooted part kernels, on the whole buffer.
+            CallKind::Reduce { input, output, .. } | CallKind::Broadcast { input, output, .. } => {
+                let (call, c) = match *kind {
+                    CallKind::Reduce { op, root, .. } => (PartCall::Reduce { op, root }, "reduce"),
+                    CallKind::Broadcast { root, .. } => (PartCall::Broadcast { root }, "broadcast"),
+                    _ => unreachable!("matched above"),
+                };
                 let (n, dt) = (output.count(), output.dtype());
                 let (i, o) = (input.address(output), output.ptr() as u64);
-                self.staged(plan, "reduce")?.map(|(d, parts)| {
-                    d.coll_part(
-                        PartCall::Reduce {
-                            op: *op,
-                            root: *root,
-                        },
-                        i,
-                        o,
-                        n,
-                        dt,
-                        parts,
-                        s,
-                    )
-                })
-            }
-            CallKind::Broadcast {
-                input,
-                output,
-                root,
-            } => {
-                let (n, dt) = (output.count(), output.dtype());
-                let (i, o) = (input.address(output), output.ptr() as u64);
-                self.staged(plan, "broadcast")?.map(|(d, parts)| {
-                    d.coll_part(PartCall::Broadcast { root: *root }, i, o, n, dt, parts, s)
-                })
+                self.staged(plan, c)?
+                    .map(|(d, parts)| d.coll_part(call, i, o, n, dt, parts, s))
             }
             CallKind::AllGather { input, output } => {
                 let (dt, part) = (output.dtype(), output.count() / size);

@@ -751,55 +751,36 @@ impl Nccl {
         })
     }
 
-    /// `ncclBroadcast` of `root`'s `send` into every rank's `recv`.
-    pub(crate) fn broadcast(
+    /// A data move of `count` elements from `send` into `recv` on `stream`: `ncclBroadcast` of
+    /// the root's `send` into every rank's `recv`, or `ncclAllGather` of every rank's `count`
+    /// elements, concatenated in rank order into `recv` (size * count elements).
+    pub(crate) fn data_move(
         &self,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-        stream: u64,
-    ) -> Result<()> {
-        self.run("broadcast", stream, |live| {
-            // SAFETY: as for all_reduce.
-            let r = unsafe {
-                (live.lib().ncclBroadcast)(
-                    send as *const c_void,
-                    recv as *mut c_void,
-                    count,
-                    nccl_dtype(dtype),
-                    root as c_int,
-                    live.comm(),
-                    Self::stream(stream),
-                )
-            };
-            live.ok(r, "ncclBroadcast")
-        })
-    }
-
-    /// `ncclAllGather`: `count` elements from every rank, concatenated in rank order into `recv`.
-    pub(crate) fn all_gather(
-        &self,
+        root: Option<usize>,
         send: u64,
         recv: u64,
         count: usize,
         dtype: DataType,
         stream: u64,
     ) -> Result<()> {
-        self.run("all_gather", stream, |live| {
-            // SAFETY: `recv` holds size * count elements (checked by the communicator).
+        let (collective, what) = match root {
+            Some(_) => ("broadcast", "ncclBroadcast"),
+            None => ("all_gather", "ncclAllGather"),
+        };
+        self.run(collective, stream, |live| {
+            let (src, dst) = (send as *const c_void, recv as *mut c_void);
+            let (dt, comm, s) = (nccl_dtype(dtype), live.comm(), Self::stream(stream));
+            // SAFETY: device pointers of `count` elements (`recv` of size * count for the
+            // all-gather), checked by the communicator.
             let r = unsafe {
-                (live.lib().ncclAllGather)(
-                    send as *const c_void,
-                    recv as *mut c_void,
-                    count,
-                    nccl_dtype(dtype),
-                    live.comm(),
-                    Self::stream(stream),
-                )
+                match root {
+                    Some(root) => {
+                        (live.lib().ncclBroadcast)(src, dst, count, dt, root as c_int, comm, s)
+                    }
+                    None => (live.lib().ncclAllGather)(src, dst, count, dt, comm, s),
+                }
             };
-            live.ok(r, "ncclAllGather")
+            live.ok(r, what)
         })
     }
 
@@ -999,23 +980,29 @@ impl NcclBackend {
     pub(crate) fn execute(&self, kind: CallKind<'_>, opts: &CallOpts) -> Result<()> {
         let stream = opts.stream;
         match kind {
-            CallKind::AllReduce { input, output, op } => {
-                let (send, recv) = (input.address(&output), output.ptr() as u64);
-                let (n, dt) = (output.count(), output.dtype());
-                self.nccl
-                    .reduction(Reduction::All, send, recv, n, dt, op, stream)
-            }
+            CallKind::AllReduce { input, output, op } => self.nccl.reduction(
+                Reduction::All,
+                input.address(&output),
+                output.ptr() as u64,
+                output.count(),
+                output.dtype(),
+                op,
+                stream,
+            ),
             CallKind::Reduce {
                 input,
                 output,
                 op,
                 root,
-            } => {
-                let (send, recv) = (input.address(&output), output.ptr() as u64);
-                let (n, dt) = (output.count(), output.dtype());
-                self.nccl
-                    .reduction(Reduction::To(root), send, recv, n, dt, op, stream)
-            }
+            } => self.nccl.reduction(
+                Reduction::To(root),
+                input.address(&output),
+                output.ptr() as u64,
+                output.count(),
+                output.dtype(),
+                op,
+                stream,
+            ),
             CallKind::Broadcast {
                 input,
                 output,
@@ -1028,13 +1015,13 @@ impl NcclBackend {
                     output.ptr() as u64
                 };
                 let (recv, n, dt) = (output.ptr() as u64, output.count(), output.dtype());
-                self.nccl.broadcast(send, recv, n, dt, root, stream)
+                self.nccl.data_move(Some(root), send, recv, n, dt, stream)
             }
             CallKind::AllGather { input, output } => {
                 let n = output.count() / self.size;
                 let send = input.part_address(&output, n, self.rank);
-                self.nccl
-                    .all_gather(send, output.ptr() as u64, n, output.dtype(), stream)
+                let (recv, dt) = (output.ptr() as u64, output.dtype());
+                self.nccl.data_move(None, send, recv, n, dt, stream)
             }
             CallKind::ReduceScatter { input, output, op } => {
                 let (send, recv, n) = input.scatter_addresses(&output, self.size, self.rank);
