@@ -508,21 +508,8 @@ fn builtin_compatible(v: usize, g: Group, arch: &str) -> Result<Option<Code>> {
     let Some(n) = target_number(arch).filter(|_| !is_ptx(arch)) else {
         return Ok(None);
     };
-    let mut best: Option<(u32, &'static str)> = None;
-    for t in BUILTIN.targets.iter().filter(|t| !is_ptx(t.target)) {
-        if let Some(m) = target_number(t.target) {
-            if m / 10 == n / 10 && m < n && best.is_none_or(|(b, _)| m > b) {
-                best = Some((m, t.target));
-            }
-        }
-    }
-    let Some((_, target)) = best else {
-        return Ok(None);
-    };
-    Ok(builtin_unit(v, g, target)?.map(|b| Code {
-        bytes: b.into(),
-        source: CodeSource::BuiltInCompatible(target),
-    }))
+    let fits = |m: u32| m / 10 == n / 10 && m < n;
+    builtin_newest(v, g, false, fits, CodeSource::BuiltInCompatible)
 }
 
 /// Built-in PTX that a GPU of `arch` can run (the newest target not above it).
@@ -530,10 +517,22 @@ fn builtin_ptx(v: usize, g: Group, arch: &str) -> Result<Option<Code>> {
     let Some(n) = target_number(arch) else {
         return Ok(None);
     };
+    builtin_newest(v, g, true, |m| m <= n, CodeSource::BuiltInPtx)
+}
+
+/// The built-in unit (`v`, `g`) of the newest target, PTX or cubin as `ptx` says, whose number
+/// `fits`, its source named by `source`.
+fn builtin_newest(
+    v: usize,
+    g: Group,
+    ptx: bool,
+    fits: impl Fn(u32) -> bool,
+    source: fn(&'static str) -> CodeSource,
+) -> Result<Option<Code>> {
     let mut best: Option<(u32, &'static str)> = None;
-    for t in BUILTIN.targets.iter().filter(|t| is_ptx(t.target)) {
+    for t in BUILTIN.targets.iter().filter(|t| is_ptx(t.target) == ptx) {
         if let Some(m) = target_number(t.target) {
-            if m <= n && best.is_none_or(|(b, _)| m > b) {
+            if fits(m) && best.is_none_or(|(b, _)| m > b) {
                 best = Some((m, t.target));
             }
         }
@@ -543,7 +542,7 @@ fn builtin_ptx(v: usize, g: Group, arch: &str) -> Result<Option<Code>> {
     };
     Ok(builtin_unit(v, g, target)?.map(|b| Code {
         bytes: b.into(),
-        source: CodeSource::BuiltInPtx(target),
+        source: source(target),
     }))
 }
 
