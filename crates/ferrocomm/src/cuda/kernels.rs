@@ -637,15 +637,22 @@ fn compile_cached(v: usize, g: Group, arch: &str, cfg: &Config) -> Result<Code> 
     })
 }
 
-/// The code of `dtype`'s unit of `group` for a GPU of `arch` (`sm_90`), compiled now if
-/// nothing else has it (see the module's doc for the order).
-pub fn code(dtype: DataType, group: Group, arch: &str, cfg: &Config) -> Result<Code> {
+/// The variant of `dtype` in the units of `group`, refused when the group has no unit of that
+/// dtype or does not run on a GPU of `arch`.
+fn variant_for(dtype: DataType, group: Group, arch: &str) -> Result<usize> {
     let v = variant_index(dtype)
         .filter(|&v| group.applies(v))
         .ok_or_else(|| unsupported(dtype, group))?;
     if !group_runs_on(group, arch) {
         return Err(too_old(group, arch));
     }
+    Ok(v)
+}
+
+/// The code of `dtype`'s unit of `group` for a GPU of `arch` (`sm_90`), compiled now if
+/// nothing else has it (see the module's doc for the order).
+pub fn code(dtype: DataType, group: Group, arch: &str, cfg: &Config) -> Result<Code> {
+    let v = variant_for(dtype, group, arch)?;
     if let Some(c) = ready_code(v, group, arch, cfg)? {
         return Ok(c);
     }
@@ -666,12 +673,7 @@ pub fn code_source(
     arch: &str,
     cfg: &Config,
 ) -> Result<Option<CodeSource>> {
-    let v = variant_index(dtype)
-        .filter(|&v| group.applies(v))
-        .ok_or_else(|| unsupported(dtype, group))?;
-    if !group_runs_on(group, arch) {
-        return Err(too_old(group, arch));
-    }
+    let v = variant_for(dtype, group, arch)?;
     if let Some(c) = ready_code(v, group, arch, cfg)? {
         return Ok(Some(c.source));
     }
@@ -699,12 +701,7 @@ pub(crate) fn load_unit(
     cfg: &Config,
     ready_only: bool,
 ) -> Result<Option<LoadedUnit>> {
-    let v = variant_index(dtype)
-        .filter(|&v| group.applies(v))
-        .ok_or_else(|| unsupported(dtype, group))?;
-    if !group_runs_on(group, arch) {
-        return Err(too_old(group, arch));
-    }
+    let v = variant_for(dtype, group, arch)?;
     let what = format!("loading the {} kernels", units::unit_name(v, group));
     let refused = match ready_code(v, group, arch, cfg)? {
         Some(c) => match Module::load(&c.bytes, &what) {
