@@ -18,8 +18,6 @@ use ferrocomm::quant::Codec;
 use ferrocomm::tuning::Tuning;
 use ferrocomm::{Algo, Collective, DataType, Format, ReduceOp};
 
-/// Sizes on both sides of every threshold (defaults, the overrides below, the stagings).
-
 /// The configuration the settings `set` (name, value) give, nothing else read.
 fn config_of(set: &[(&str, &str)]) -> Config {
     Config::from_lookup(|k| {
@@ -29,6 +27,8 @@ fn config_of(set: &[(&str, &str)]) -> Config {
     })
     .expect("the table's settings parse")
 }
+
+/// Sizes on both sides of every threshold (defaults, the overrides below, the stagings).
 fn sizes() -> Vec<usize> {
     let marks = [
         1usize << 10,
