@@ -89,7 +89,7 @@ pub(in crate::cuda) fn two_rank_batch_order(
         .collect()
 }
 
-/// A call of the part kernels ([`Dda::coll_part`]), with what its kernel needs beyond the
+/// A call of the part kernels (`Dda::coll_part`), with what its kernel needs beyond the
 /// buffers.
 #[derive(Clone, Copy, Debug)]
 pub enum PartCall {
