@@ -9,18 +9,16 @@
 # Flags go to gpu_check: --quick, --no-timing, --share-gpus (more ranks than GPUs; NCCL left out,
 # as NCCL refuses two ranks on one GPU). On one GPU: RANKS=2 ... --share-gpus.
 set -uo pipefail
-[ $# -ge 2 ] || { echo "usage: scripts/gpu_check.sh BUILD_DIR OUT_DIR [gpu_check flags...]" >&2; exit 2; }
-build="$(cd "$1" && pwd)" || exit 2
-mkdir -p "$2" && out="$(cd "$2" && pwd)" || exit 2
+. "$(dirname "$0")/gpu_args.sh"
+gpu_dirs out "usage: scripts/gpu_check.sh BUILD_DIR OUT_DIR [gpu_check flags...]" "$@" || exit 2
 shift 2
 bin="$build/bin"
 [ -x "$bin/ferrocomm" ] && [ -x "$bin/gpu_check" ] || {
   echo "gpu_check.sh: $bin must hold ferrocomm and gpu_check (scripts/gpu_prepare.sh BUILD_DIR)" >&2
   exit 2
 }
-export NCCL_NVLS_ENABLE=0
+gpu_env
 export FERROCOMM_TIMEOUT_S="${FERROCOMM_TIMEOUT_S:-20}"
-[ -d "$build/kc" ] && export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-$build/kc}"
 nvidia-smi -L | tee "$out/gpu_check-machine.txt" || true
 ngpu="$(nvidia-smi -L 2>/dev/null | wc -l)"
 [ "$ngpu" -ge 2 ] || ngpu=2

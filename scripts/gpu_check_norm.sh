@@ -15,9 +15,8 @@
 # With fewer GPUs than ranks the ranks share them (--share-gpus: NCCL left out, as NCCL refuses
 # two ranks on one GPU). Flags go to gpu_check_norm (--quick). Exits non-zero when a run fails.
 set -uo pipefail
-[ $# -ge 2 ] || { echo "usage: scripts/gpu_check_norm.sh BUILD_DIR OUT_DIR [flags...]" >&2; exit 2; }
-build="$(cd "$1" && pwd)" || exit 2
-mkdir -p "$2" && out="$(cd "$2" && pwd)" || exit 2
+. "$(dirname "$0")/gpu_args.sh"
+gpu_dirs out "usage: scripts/gpu_check_norm.sh BUILD_DIR OUT_DIR [flags...]" "$@" || exit 2
 shift 2
 variant=""
 if [ "${1:-}" = --variant ]; then
@@ -30,9 +29,8 @@ dist="$build/dist$variant"
   echo "gpu_check_norm.sh: $bin must hold ferrocomm and gpu_check_norm (scripts/gpu_prepare.sh BUILD_DIR${variant:+ --variant ${variant#-}})" >&2
   exit 2
 }
-export NCCL_NVLS_ENABLE=0
+gpu_env
 export FERROCOMM_TIMEOUT_S="${FERROCOMM_TIMEOUT_S:-30}"
-[ -d "$build/kc" ] && export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-$build/kc}"
 nvidia-smi -L | tee "$out/gpu_check_norm-machine.txt" || true
 ngpu="$(nvidia-smi -L 2>/dev/null | wc -l)"
 status=0

@@ -17,9 +17,8 @@
 # OUT_DIR/first_use.txt holds every run's output (the JSON lines, the compile lines) and
 # OUT_DIR/summary.txt one line per run.
 set -uo pipefail
-[ $# -ge 2 ] || { echo "usage: scripts/gpu_first_use.sh BUILD_DIR OUT_DIR" >&2; exit 2; }
-build="$(cd "$1" && pwd)" || exit 2
-mkdir -p "$2" && res="$(cd "$2" && pwd)" || exit 2
+. "$(dirname "$0")/gpu_args.sh"
+gpu_dirs res "usage: scripts/gpu_first_use.sh BUILD_DIR OUT_DIR" "$@" || exit 2
 here="$(cd "$(dirname "$0")" && pwd)"
 fc="$build/bin/ferrocomm"
 [ -x "$fc" ] || { echo "no ferrocomm in $build/bin (scripts/gpu_prepare.sh BUILD_DIR)" >&2; exit 2; }

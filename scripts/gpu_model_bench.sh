@@ -15,9 +15,8 @@
 # its log. PARTS (a quoted list) defaults to "check hf fidelity timing".
 set -uo pipefail
 usage="usage: scripts/gpu_model_bench.sh BUILD_DIR OUT_DIR [--variant NAME] [PARTS]"
-[ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
-build="$(cd "$1" && pwd)" || exit 2
-mkdir -p "$2" && out="$(cd "$2" && pwd)" || exit 2
+. "$(dirname "$0")/gpu_args.sh"
+gpu_dirs out "$usage" "$@" || exit 2
 shift 2
 dist="$build/dist"
 if [ "${1:-}" = --variant ]; then

@@ -25,9 +25,8 @@
 # gets each step's exit code and time (and the check's verdicts, the bench's table) appended;
 # the script exits 1 when a step failed, 2 on bad arguments.
 set -uo pipefail
-[ $# -ge 2 ] || { echo "usage: scripts/gpu_norm_ab.sh BUILD_DIR OUT_DIR [PARTS]" >&2; exit 2; }
-build="$(cd "$1" && pwd)" || exit 2
-mkdir -p "$2" && res="$(cd "$2" && pwd)" || exit 2
+. "$(dirname "$0")/gpu_args.sh"
+gpu_dirs res "usage: scripts/gpu_norm_ab.sh BUILD_DIR OUT_DIR [PARTS]" "$@" || exit 2
 parts=" ${3:-check bench ncu} "
 for p in $parts; do
   case " check bench ncu " in *" $p "*) ;; *) echo "gpu_norm_ab.sh: unknown part '$p'" >&2; exit 2 ;; esac

@@ -15,9 +15,9 @@
 # Writes OUT_DIR/reliability-summary.txt (each part's exit status and time); exits 1 when a
 # part fails. About two minutes on an H200.
 set -uo pipefail
+. "$(dirname "$0")/gpu_args.sh"
 [ $# -eq 2 ] || { echo "usage: scripts/gpu_reliability.sh BUILD_DIR OUT_DIR" >&2; exit 2; }
-build="$(cd "$1" && pwd)" || exit 2
-mkdir -p "$2" && out="$(cd "$2" && pwd)" || exit 2
+gpu_dirs out "usage: scripts/gpu_reliability.sh BUILD_DIR OUT_DIR" "$@" || exit 2
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="$build/bin"
 [ -x "$bin/ferrocomm" ] && ls "$build"/dist/ferrocomm-*.whl > /dev/null 2>&1 || {

@@ -19,15 +19,14 @@
 # SANITIZE_RUN_TIMEOUT_S bounds each run (default 280 s). SANITIZE_WORLD sets the ranks (default
 # 2); more ranks than GPUs need SANITIZE_FLAGS=--share-gpus (the check programs' flag).
 set -uo pipefail
+. "$(dirname "$0")/gpu_args.sh"
 [ $# -eq 2 ] || { echo "usage: scripts/gpu_sanitize.sh BUILD_DIR OUT_DIR" >&2; exit 2; }
-build="$(cd "$1" && pwd)" || exit 2
-mkdir -p "$2" && out="$(cd "$2" && pwd)" || exit 2
+gpu_dirs out "usage: scripts/gpu_sanitize.sh BUILD_DIR OUT_DIR" "$@" || exit 2
 bin="$build/bin"
 limit="${SANITIZE_RUN_TIMEOUT_S:-280}"
-export NCCL_NVLS_ENABLE=0
+gpu_env
 # Checked kernels run far slower: give the device-side spin limit room.
 export FERROCOMM_TIMEOUT_S="${FERROCOMM_TIMEOUT_S:-120}"
-[ -d "$build/kc" ] && export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-$build/kc}"
 
 # SANITIZE_PROGRAMS picks some of them (default: all three).
 # shellcheck disable=SC2206  # a list of names

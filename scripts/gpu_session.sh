@@ -41,9 +41,8 @@
 # are for 2xH200. The bench steps' limits (BENCH_AR_LIMIT_S=40, BENCH_LP_LIMIT_S=30) end the
 # sweeps after 64 MB; raise them to reach 256 MB.
 set -uo pipefail
-[ $# -ge 2 ] || { echo "usage: scripts/gpu_session.sh BUILD_DIR OUT_DIR [PARTS]" >&2; exit 2; }
-build="$(cd "$1" && pwd)" || exit 2
-mkdir -p "$2" && res="$(cd "$2" && pwd)" || exit 2
+. "$(dirname "$0")/gpu_args.sh"
+gpu_dirs res "usage: scripts/gpu_session.sh BUILD_DIR OUT_DIR [PARTS]" "$@" || exit 2
 bin="$build/bin"
 [ -x "$bin/ferrocomm" ] || { echo "gpu_session.sh: no ferrocomm in $bin (scripts/gpu_prepare.sh BUILD_DIR)" >&2; exit 2; }
 parts=" ${3:-checks sanitize python windows bench} "

@@ -10,16 +10,14 @@
 # SWEEP_STEP_S (60) limits each step, SWEEP_CHECK_S (240) the gpu_check step, SWEEP_ITERS /
 # SWEEP_REPS (10 / 3) set -n / --reps.
 set -uo pipefail
-[ $# -ge 2 ] || { echo "usage: scripts/gpu_sweep.sh BUILD_DIR OUT_DIR [NGPUS] [MAXBYTES]" >&2; exit 2; }
-build="$(cd "$1" && pwd)" || exit 2
-mkdir -p "$2" && res="$(cd "$2" && pwd)" || exit 2
+. "$(dirname "$0")/gpu_args.sh"
+gpu_dirs res "usage: scripts/gpu_sweep.sh BUILD_DIR OUT_DIR [NGPUS] [MAXBYTES]" "$@" || exit 2
 n="${3:-$(nvidia-smi -L 2>/dev/null | wc -l)}"
 max="${4:-1G}"
 bin="$build/bin"
 gpu_check="$bin/gpu_check"
 [ -x "$bin/ferrocomm" ] || { echo "gpu_sweep.sh: no ferrocomm in $bin (scripts/gpu_prepare.sh BUILD_DIR)" >&2; exit 2; }
-[ -d "$build/kc" ] && export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-$build/kc}"
-export NCCL_NVLS_ENABLE=0
+gpu_env
 export FERROCOMM_TIMEOUT_S="${FERROCOMM_TIMEOUT_S:-60}"
 fc="$bin/ferrocomm"
 iters="${SWEEP_ITERS:-10}"

@@ -23,9 +23,8 @@
 #   scripts/gpu_tuning.sh BUILD_DIR OUT_DIR
 # OUT_DIR/tuning.txt holds every output; the exit status is non-zero when a check fails.
 set -uo pipefail
-[ $# -ge 2 ] || { echo "usage: scripts/gpu_tuning.sh BUILD_DIR OUT_DIR" >&2; exit 2; }
-build="$(cd "$1" && pwd)" || exit 2
-mkdir -p "$2" && res="$(cd "$2" && pwd)" || exit 2
+. "$(dirname "$0")/gpu_args.sh"
+gpu_dirs res "usage: scripts/gpu_tuning.sh BUILD_DIR OUT_DIR" "$@" || exit 2
 fc="$build/bin/ferrocomm"
 [ -x "$fc" ] || { echo "no ferrocomm in $build/bin (scripts/gpu_prepare.sh BUILD_DIR)" >&2; exit 2; }
 export XDG_CACHE_HOME="$res/cache"
@@ -87,8 +86,7 @@ for size in 1024 2048 4096 8192 16384; do
   [ "$m" = "$want" ] || fail "$size bytes with this machine's table: '$want' expected, got '$m'"
 done
 # 4. The moved limits, run by the executors as the plan says.
-export NCCL_NVLS_ENABLE=0
-[ -d "$build/kc" ] && export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-$build/kc}"
+gpu_env
 moved="$res/moved.json"
 sed -e 's/"max_part_bytes": "256K"/"max_part_bytes": "4K"/' \
     -e 's/"wide_min_bytes": "32M"/"wide_min_bytes": "1M"/' \

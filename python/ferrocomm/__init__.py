@@ -11,7 +11,7 @@ cuda and nccl backends.
 
 from ._comm import BatchSendRecv, Comm, CommOptions, Work, new_comm
 from ._fused import all_reduce_rmsnorm
-from . import hooks
+from . import _errors, hooks
 from ._errors import (
     FerrocommError,
     FerrocommPeerFailed,
@@ -50,12 +50,6 @@ __all__ = [
     "TorchCommWinAccessType",
     "AllGatherPHandle",
     "shared_empty",
-    "FerrocommError",
-    "FerrocommValueError",
-    "FerrocommTimeout",
-    "FerrocommUnsupported",
-    "FerrocommPeerFailed",
-    "PeerFailed",
-    "hooks",
-    "__version__",
 ]
+__all__ += _errors.__all__
+__all__ += ["hooks", "__version__"]

@@ -424,21 +424,14 @@ class Comm:
     def reduce(self, tensor: Buffer, root: int, op: OpLike = ReduceOp.SUM, async_op: bool = False,
                hints: Hints = None, timeout: TimeoutLike = None) -> Work:
         """Reduces ``tensor`` over all ranks into ``tensor`` on ``root`` (others unchanged)."""
-        c = "reduce"
-        b = self._buf(tensor, "tensor", c, writable=True)
-        root = _rank_arg(c, "root", root, self.size)
-        return self._issue(c, timeout=timeout,
-                           out=b, op=op, peer=root, async_op=async_op, hints=hints,
-                           keep=(tensor,))
+        return self._one_buffer("reduce", tensor, "root", root, op=op, async_op=async_op,
+                                hints=hints, timeout=timeout)
 
     def broadcast(self, tensor: Buffer, root: int, async_op: bool = False, hints: Hints = None,
                   timeout: TimeoutLike = None) -> Work:
         """Copies ``root``'s ``tensor`` into ``tensor`` on every rank."""
-        c = "broadcast"
-        b = self._buf(tensor, "tensor", c, writable=True)
-        root = _rank_arg(c, "root", root, self.size)
-        return self._issue(c, timeout=timeout,
-                           out=b, peer=root, async_op=async_op, hints=hints, keep=(tensor,))
+        return self._one_buffer("broadcast", tensor, "root", root, async_op=async_op,
+                                hints=hints, timeout=timeout)
 
     def all_gather_single(self, output: Buffer, input: Buffer,  # noqa: A002
                           async_op: bool = False, hints: Hints = None,
@@ -854,20 +847,25 @@ class Comm:
     def send(self, tensor: Buffer, dst: int, async_op: bool = False, hints: Hints = None,
              timeout: TimeoutLike = None) -> Work:
         """Sends ``tensor`` to rank ``dst``, which calls ``recv`` with the same size."""
-        c = "send"
-        b = self._buf(tensor, "tensor", c)
-        dst = _rank_arg(c, "dst", dst, self.size)
-        return self._issue(c, timeout=timeout,
-                           inp=b, peer=dst, async_op=async_op, hints=hints, keep=(tensor,))
+        return self._one_buffer("send", tensor, "dst", dst, async_op=async_op, hints=hints,
+                                timeout=timeout)
 
     def recv(self, tensor: Buffer, src: int, async_op: bool = False, hints: Hints = None,
              timeout: TimeoutLike = None) -> Work:
         """Receives into ``tensor`` from rank ``src``."""
-        c = "recv"
-        b = self._buf(tensor, "tensor", c, writable=True)
-        src = _rank_arg(c, "src", src, self.size)
-        return self._issue(c, timeout=timeout,
-                           out=b, peer=src, async_op=async_op, hints=hints, keep=(tensor,))
+        return self._one_buffer("recv", tensor, "src", src, async_op=async_op, hints=hints,
+                                timeout=timeout)
+
+    def _one_buffer(self, c: str, tensor: Buffer, what: str, peer: int, op: OpLike = None,
+                    async_op: bool = False, hints: Hints = None,
+                    timeout: TimeoutLike = None) -> Work:
+        """A call on one buffer and one other rank (`what`: root, dst or src): the send reads
+        ``tensor``, the reduce, broadcast and receive write it."""
+        b = self._buf(tensor, "tensor", c, writable=c != "send")
+        peer = _rank_arg(c, what, peer, self.size)
+        inp, out = (b, None) if c == "send" else (None, b)
+        return self._issue(c, timeout=timeout, out=out, inp=inp, op=op, peer=peer,
+                           async_op=async_op, hints=hints, keep=(tensor,))
 
     # -- argument checks -------------------------------------------------------------------
 

@@ -23,23 +23,35 @@ def free_port():
         return s.getsockname()[1]
 
 
+def rank_env(rank, world, port, env=None):
+    """This process's environment for rank `rank` of `world` meeting at `port` on this host,
+    with this folder on PYTHONPATH, then `env`."""
+    e = dict(os.environ)
+    e.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+             LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+             PYTHONPATH=str(HERE) + os.pathsep + e.get("PYTHONPATH", ""))
+    e.update(env or {})
+    return e
+
+
+def start_ranks(world, script, scenario, env=None, **popen):
+    """Starts `python <script> scenario` as `world` processes of one job (the rank variables,
+    a free port on this host, this folder on PYTHONPATH, then `env`); `popen` goes to Popen."""
+    port = free_port()
+    return [subprocess.Popen([sys.executable, str(HERE / script), scenario],
+                             env=rank_env(r, world, port, env), cwd=str(HERE), text=True,
+                             **popen)
+            for r in range(world)]
+
+
 def run_ranks(world, scenario, env=None, timeout=300, expect_ok=True, script="ranks.py"):
     """Runs `python <script> scenario` as `world` processes; returns their outputs.
 
     `timeout` is a deadline that only a hang reaches: two cores kept busy by other work make a
     run take several times as long as on an idle machine (a torch import alone can take half a
     minute), so it is generous; no test bounds its running time by it."""
-    port = free_port()
-    procs = []
-    for r in range(world):
-        e = dict(os.environ)
-        e.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
-                 LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                 PYTHONPATH=str(HERE) + os.pathsep + e.get("PYTHONPATH", ""))
-        e.update(env or {})
-        procs.append(subprocess.Popen(
-            [sys.executable, str(HERE / script), scenario], env=e, cwd=str(HERE),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    procs = start_ranks(world, script, scenario, env,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     outs = []
     deadline = time.monotonic() + timeout
     for p in procs:

@@ -10,11 +10,11 @@ import datetime
 import os
 import sys
 import time
-import traceback
 
 import numpy as np
 
 import ferrocomm
+import rank_scenario
 from ferrocomm import ReduceOp
 
 RANK = int(os.environ["RANK"])
@@ -968,15 +968,12 @@ def main():
     # How long a rank waits for its peers: only a hang reaches it, also on busy cores.
     timeout = float(os.environ.get("FERROCOMM_TEST_TIMEOUT", "120"))
     comm = ferrocomm.new_comm("host", "cpu", "test", timeout=timeout, **kwargs)
-    try:
+
+    def body():
         globals()["scenario_" + scenario](comm)
         comm.finalize()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    print(f"rank {RANK}: {scenario} ok")
+
+    rank_scenario.run(RANK, scenario, body)
 
 
 if __name__ == "__main__":

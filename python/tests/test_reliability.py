@@ -13,25 +13,15 @@ import time
 
 import pytest
 
-from conftest import HERE, free_port, run_ranks
+from conftest import HERE, rank_env, run_ranks, start_ranks
 
 import ferrocomm
 from ferrocomm import _native
 
 
 def start(world, scenario, env):
-    port = free_port()
-    procs = []
-    for r in range(world):
-        e = dict(os.environ)
-        e.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
-                 LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                 PYTHONPATH=str(HERE) + os.pathsep + e.get("PYTHONPATH", ""), **env)
-        procs.append(subprocess.Popen(
-            [sys.executable, str(HERE / "reliability_ranks.py"), scenario], env=e,
-            cwd=str(HERE), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True))
-    return procs
+    return start_ranks(world, "reliability_ranks.py", scenario, env, stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
 
 def line_with(proc, tag, deadline, seen):
@@ -161,10 +151,7 @@ def test_a_taken_store_port_is_named_with_the_variable_to_set():
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        e = dict(os.environ)
-        e.update(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2",
-                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                 PYTHONPATH=str(HERE) + os.pathsep + e.get("PYTHONPATH", ""))
+        e = rank_env(0, 2, port)
         for k in ("FERROCOMM_STORE_PORT", "FERROCOMM_STORE_ADDR", "FERROCOMM_STORE_EXTERNAL",
                   "TORCHELASTIC_RUN_ID"):
             e.pop(k, None)

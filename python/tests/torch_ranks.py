@@ -11,7 +11,6 @@ import os
 import re
 import sys
 import time
-import traceback
 import warnings
 
 import torch
@@ -19,6 +18,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 
 import ferrocomm
+import rank_scenario
 import ferrocomm.torch as fct
 
 RANK = int(os.environ["RANK"])
@@ -545,14 +545,7 @@ def main():
     # Never hang silently: print every thread's stack and exit.
     faulthandler.dump_traceback_later(float(os.environ.get("FERROCOMM_TEST_WATCHDOG_S", "150")),
                                       exit=True)
-    try:
-        globals()["scenario_" + scenario]()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    print(f"rank {RANK}: {scenario} ok", flush=True)
+    rank_scenario.run(RANK, scenario, globals()["scenario_" + scenario])
 
 
 if __name__ == "__main__":

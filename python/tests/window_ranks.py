@@ -9,11 +9,11 @@ import os
 import sys
 import threading
 import time
-import traceback
 
 import numpy as np
 
 import ferrocomm
+import rank_scenario
 from ferrocomm import FerrocommError, FerrocommTimeout, FerrocommValueError
 
 RANK = int(os.environ["RANK"])
@@ -357,16 +357,13 @@ def main():
     scenario = sys.argv[1]
     timeout = float(os.environ.get("FERROCOMM_TEST_TIMEOUT", "60"))
     comm = ferrocomm.new_comm("host", "cpu", "window-test", timeout=timeout)
-    try:
+
+    def body():
         globals()["scenario_" + scenario](comm)
         if not comm.is_aborted():
             comm.finalize()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    print(f"rank {RANK}: {scenario} ok")
+
+    rank_scenario.run(RANK, scenario, body)
 
 
 if __name__ == "__main__":

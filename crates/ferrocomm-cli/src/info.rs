@@ -198,71 +198,51 @@ fn probe_nvrtc() -> Library {
     }
 }
 
-/// GPUs, driver and peer access through cudarc's driver API.
+/// GPUs, driver and peer access through ferrocomm's driver layer.
 fn probe_cuda(info: &mut SystemInfo) {
-    use cudarc::driver::{result, sys};
-    // SAFETY: only tries to load libcuda; cudarc panics on calls without it, so nothing else
-    // runs when it is absent.
-    if !unsafe { sys::is_culib_present() } {
+    use ferrocomm::driver;
+    if !driver::libs::driver_present() {
         info.libcuda.note = Some("libcuda not found: no GPU driver on this machine".into());
         info.link_note = "no GPU".into();
         return;
     }
     info.libcuda.found = true;
-    if let Err(e) = result::init() {
-        info.libcuda.note = Some(format!("cuInit failed: {e}"));
+    if let Err(e) = driver::init() {
+        info.libcuda.note = Some(format!("{e}"));
         info.link_note = "no usable GPU".into();
         return;
     }
     info.libcuda.path = loaded_path("libcuda");
-    let mut v: c_int = 0;
-    // SAFETY: cuDriverGetVersion writes one int.
-    if unsafe { sys::cuDriverGetVersion(&mut v) } == sys::CUresult::CUDA_SUCCESS {
-        info.cuda_driver = Some(format!("{}.{}", v / 1000, (v % 1000) / 10));
+    if let Ok((major, minor)) = driver::driver_version() {
+        info.cuda_driver = Some(format!("{major}.{minor}"));
         info.libcuda.version = info.cuda_driver.clone();
     }
-    let n = result::device::get_count().unwrap_or(0).max(0) as usize;
-    let mut devs = Vec::new();
+    let n = driver::gpu_count();
     for i in 0..n {
-        let Ok(d) = result::device::get(i as c_int) else {
-            continue;
-        };
-        devs.push(d);
-        let attr = |a| {
-            // SAFETY: `d` came from cuDeviceGet.
-            unsafe { result::device::get_attribute(d, a) }.ok()
-        };
-        let cc = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).zip(
-            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
-        );
         info.gpus.push(Gpu {
             index: i,
-            name: result::device::get_name(d).unwrap_or_else(|e| format!("? ({e})")),
-            // SAFETY: `d` came from cuDeviceGet.
-            memory_bytes: unsafe { result::device::total_mem(d) }.unwrap_or(0),
-            compute_capability: cc,
-            pci_bus_id: ferrocomm::cuda::nvml::pci_bus_id(d).ok(),
+            name: driver::device_name(i).unwrap_or_else(|e| format!("? ({e})")),
+            memory_bytes: driver::device_total_memory(i).unwrap_or(0),
+            compute_capability: driver::device_compute_capability(i).ok(),
+            pci_bus_id: driver::device_pci_bus_id(i).ok(),
         });
     }
-    info.peer_access = devs
+    info.peer_access = info
+        .gpus
         .iter()
-        .map(|&a| {
-            devs.iter()
-                .map(|&b| {
-                    if a == b {
-                        return true;
-                    }
-                    let mut ok: c_int = 0;
-                    // SAFETY: both devices came from cuDeviceGet; one int is written.
-                    let r = unsafe { sys::cuDeviceCanAccessPeer(&mut ok, a, b) };
-                    r == sys::CUresult::CUDA_SUCCESS && ok == 1
+        .map(|a| {
+            info.gpus
+                .iter()
+                .map(|b| {
+                    a.index == b.index
+                        || matches!(driver::can_access_peer(a.index, b.index), Ok(true))
                 })
                 .collect()
         })
         .collect();
     info.links = probe_links();
     info.nvml = probe_nvml(&info.gpus);
-    info.link_note = if info.links.len() == devs.len() {
+    info.link_note = if info.links.len() == info.gpus.len() {
         "peer access from cuDeviceCanAccessPeer, link kinds from `nvidia-smi topo -m`".into()
     } else {
         "peer access from cuDeviceCanAccessPeer (link kinds unknown: nvidia-smi topo -m \

@@ -4,35 +4,23 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+mod cli_support;
+use cli_support::{ferrocomm, scratch, text, words};
+
 const BIN: &str = env!("CARGO_BIN_EXE_ferrocomm");
 
-fn bench(args: &[&str]) -> Output {
-    bench_command(args).output().expect("run ferrocomm")
-}
-
-/// `ferrocomm bench ARGS` with a deadline and without a caller's rank variables.
-fn bench_command(args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.arg("bench").args(args);
+/// `ferrocomm bench` with the words of `line` and then `extra` (paths), with a deadline and
+/// without a caller's rank variables.
+fn bench_command(line: &str, extra: &[&str]) -> Command {
+    let mut c = ferrocomm();
+    c.arg("bench").args(words(line)).args(extra);
     // A rank that hangs fails the test instead of blocking it.
     c.env("FERROCOMM_TIMEOUT_S", "60");
-    for v in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "FERROCOMM_BACKEND",
-    ] {
-        c.env_remove(v);
-    }
     c
 }
 
-fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+fn bench(line: &str, extra: &[&str]) -> Output {
+    bench_command(line, extra).output().expect("run ferrocomm")
 }
 
 /// The data lines of the table, split into columns.
@@ -45,9 +33,7 @@ fn rows(stdout: &str) -> Vec<Vec<String>> {
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ferrocomm-bench-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    scratch("bench", name)
 }
 
 /// Asserts a clean run: exit 0, the expected sizes, #wrong 0 in both halves of every row.
@@ -70,27 +56,15 @@ fn assert_clean(o: &Output, sizes: &[usize]) -> Vec<Vec<String>> {
 fn all_reduce_two_ranks_with_json_and_plot() {
     let d = tmp("ar2");
     let (json, png) = (d.join("r.json"), d.join("r.png"));
-    let o = bench(&[
-        "all_reduce",
-        "-g",
-        "2",
-        "-b",
-        "1K",
-        "-e",
-        "64K",
-        "-f",
-        "4",
-        "-n",
-        "3",
-        "-w",
-        "1",
-        "--reps",
-        "2",
-        "--json",
-        json.to_str().unwrap(),
-        "--plot",
-        png.to_str().unwrap(),
-    ]);
+    let o = bench(
+        "all_reduce -g 2 -b 1K -e 64K -f 4 -n 3 -w 1 --reps 2",
+        &[
+            "--json",
+            json.to_str().unwrap(),
+            "--plot",
+            png.to_str().unwrap(),
+        ],
+    );
     let r = assert_clean(&o, &[1024, 4096, 16384, 65536]);
     let (out, _) = text(&o);
     assert!(out.contains("# Backend: host (no GPU found)"), "{out}");
@@ -132,27 +106,15 @@ fn a_sweep_stopped_by_sigterm_keeps_its_finished_rows() {
     let d = tmp("cut");
     let (json, png) = (d.join("r.json"), d.join("r.png"));
     // 4096 sizes: far more than get done before the signal.
-    let mut c = bench_command(&[
-        "all_reduce",
-        "-g",
-        "2",
-        "-b",
-        "1K",
-        "-e",
-        "4M",
-        "-i",
-        "1K",
-        "-n",
-        "2",
-        "-w",
-        "1",
-        "--reps",
-        "1",
-        "--json",
-        json.to_str().unwrap(),
-        "--plot",
-        png.to_str().unwrap(),
-    ]);
+    let mut c = bench_command(
+        "all_reduce -g 2 -b 1K -e 4M -i 1K -n 2 -w 1 --reps 1",
+        &[
+            "--json",
+            json.to_str().unwrap(),
+            "--plot",
+            png.to_str().unwrap(),
+        ],
+    );
     c.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let mut child = c.spawn().unwrap();
@@ -199,27 +161,10 @@ fn a_sweep_stopped_by_sigterm_keeps_its_finished_rows() {
 
 #[test]
 fn all_reduce_four_ranks_every_op_and_two_dtypes() {
-    let o = bench(&[
-        "all_reduce",
-        "-g",
-        "4",
-        "-b",
-        "256",
-        "-e",
-        "4K",
-        "-f",
-        "16",
-        "-n",
-        "2",
-        "-w",
-        "1",
-        "--reps",
-        "1",
-        "-o",
-        "all",
-        "-d",
-        "bfloat16,int32",
-    ]);
+    let o = bench(
+        "all_reduce -g 4 -b 256 -e 4K -f 16 -n 2 -w 1 --reps 1 -o all -d bfloat16,int32",
+        &[],
+    );
     let r = assert_clean(&o, &[256, 4096].repeat(10));
     let ops: std::collections::BTreeSet<&str> = r.iter().map(|c| c[3].as_str()).collect();
     assert_eq!(ops.len(), 5);
@@ -230,9 +175,7 @@ fn all_reduce_four_ranks_every_op_and_two_dtypes() {
 
 #[test]
 fn data_movement_and_rooted_collectives_on_three_ranks() {
-    let common = [
-        "-g", "3", "-b", "192", "-e", "768", "-f", "4", "-n", "2", "-w", "1", "--reps", "1",
-    ];
+    let common = "-g 3 -b 192 -e 768 -f 4 -n 2 -w 1 --reps 1";
     for coll in [
         "all_gather",
         "reduce_scatter",
@@ -242,15 +185,11 @@ fn data_movement_and_rooted_collectives_on_three_ranks() {
         "sendrecv",
         "put",
     ] {
-        let mut a = vec![coll];
-        a.extend(common);
-        assert_clean(&bench(&a), &[192, 768]);
+        assert_clean(&bench(&format!("{coll} {common}"), &[]), &[192, 768]);
     }
     for coll in ["broadcast", "reduce"] {
-        let mut a = vec![coll];
-        a.extend(common);
-        a.extend(["-r", "all", "-d", "half"]);
-        let r = assert_clean(&bench(&a), &[192, 768, 192, 768, 192, 768]);
+        let o = bench(&format!("{coll} {common} -r all -d half"), &[]);
+        let r = assert_clean(&o, &[192, 768, 192, 768, 192, 768]);
         let roots: Vec<&str> = r.iter().map(|c| c[4].as_str()).collect();
         assert_eq!(roots, ["0", "0", "1", "1", "2", "2"]);
     }
@@ -258,22 +197,10 @@ fn data_movement_and_rooted_collectives_on_three_ranks() {
 
 #[test]
 fn isolated_mode_runs_and_checks() {
-    let o = bench(&[
-        "all_reduce",
-        "-g",
-        "2",
-        "-b",
-        "4K",
-        "-e",
-        "4K",
-        "-n",
-        "5",
-        "-w",
-        "1",
-        "--isolated",
-        "--algo",
-        "tree",
-    ]);
+    let o = bench(
+        "all_reduce -g 2 -b 4K -e 4K -n 5 -w 1 --isolated --algo tree",
+        &[],
+    );
     let r = assert_clean(&o, &[4096]);
     assert_eq!(r[0][13], "tree");
     assert!(text(&o).0.contains("mode: isolated"));
@@ -281,24 +208,10 @@ fn isolated_mode_runs_and_checks() {
 
 #[test]
 fn corrupted_output_is_counted_and_fails_the_run() {
-    let o = bench(&[
-        "all_reduce",
-        "-g",
-        "2",
-        "-b",
-        "1K",
-        "-e",
-        "4K",
-        "-f",
-        "2",
-        "-n",
-        "2",
-        "-w",
-        "1",
-        "--reps",
-        "1",
-        "--debug-corrupt",
-    ]);
+    let o = bench(
+        "all_reduce -g 2 -b 1K -e 4K -f 2 -n 2 -w 1 --reps 1 --debug-corrupt",
+        &[],
+    );
     let (out, err) = text(&o);
     assert_ne!(o.status.code(), Some(0), "{out}\n{err}");
     let r = rows(&out);
@@ -318,22 +231,10 @@ fn corrupted_output_is_counted_and_fails_the_run() {
 fn corrupted_device_count_all_to_all_v_is_counted() {
     // The device-count row has its own call and its own counts buffer: a wrong element in its
     // output is found like any other.
-    let o = bench(&[
-        "device_alltoallv",
-        "-g",
-        "3",
-        "-b",
-        "384",
-        "-e",
-        "384",
-        "-n",
-        "2",
-        "-w",
-        "1",
-        "--reps",
-        "1",
-        "--debug-corrupt",
-    ]);
+    let o = bench(
+        "device_alltoallv -g 3 -b 384 -e 384 -n 2 -w 1 --reps 1 --debug-corrupt",
+        &[],
+    );
     let (out, err) = text(&o);
     assert_ne!(o.status.code(), Some(0), "{out}\n{err}");
     let r = rows(&out);
@@ -343,7 +244,7 @@ fn corrupted_device_count_all_to_all_v_is_counted() {
 
 #[test]
 fn joins_ranks_started_by_the_launcher() {
-    let o = Command::new(BIN)
+    let o = ferrocomm()
         .args(["launch", "-n", "2", "--", BIN, "bench", "all_reduce"])
         .args(["-b", "1K", "-e", "1K", "-n", "2", "-w", "1", "--reps", "1"])
         .env("FERROCOMM_TIMEOUT_S", "60")
@@ -360,28 +261,19 @@ fn joins_ranks_started_by_the_launcher() {
 
 #[test]
 fn bad_input_is_refused_before_ranks_start() {
-    let cases: &[(&[&str], &str)] = &[
-        (&["all_scatter", "-g", "2"], "unknown collective"),
-        (&["all_reduce", "-d", "complex64"], "unknown dtype"),
-        (&["all_reduce", "--frobnicate"], "--frobnicate"),
-        (&["all_reduce", "-b", "2M", "-e", "1M"], "larger than -e"),
-        (
-            &["all_gather", "-g", "3", "-b", "1K", "-e", "1K"],
-            "does not divide",
-        ),
-        (&["broadcast", "-g", "2", "-r", "5"], "-r 5"),
-        (
-            &["all_reduce", "-g", "2", "--vs", "nccl"],
-            "host backend has no NCCL",
-        ),
-        (&["all_reduce", "-g", "2", "-G", "10"], "needs a GPU"),
-        (
-            &["all_reduce", "-g", "2", "--backend", "cuda"],
-            "needs a GPU",
-        ),
+    let cases = [
+        ("all_scatter -g 2", "unknown collective"),
+        ("all_reduce -d complex64", "unknown dtype"),
+        ("all_reduce --frobnicate", "--frobnicate"),
+        ("all_reduce -b 2M -e 1M", "larger than -e"),
+        ("all_gather -g 3 -b 1K -e 1K", "does not divide"),
+        ("broadcast -g 2 -r 5", "-r 5"),
+        ("all_reduce -g 2 --vs nccl", "host backend has no NCCL"),
+        ("all_reduce -g 2 -G 10", "needs a GPU"),
+        ("all_reduce -g 2 --backend cuda", "needs a GPU"),
     ];
     for (args, want) in cases {
-        let o = bench(args);
+        let o = bench(args, &[]);
         let (out, err) = text(&o);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {out}\n{err}");
         assert!(err.contains(want), "{args:?}: expected '{want}' in:\n{err}");
@@ -394,7 +286,7 @@ fn bad_input_is_refused_before_ranks_start() {
 
 #[test]
 fn info_reports_devices_libraries_thresholds_and_sources() {
-    let o = Command::new(BIN)
+    let o = ferrocomm()
         .arg("info")
         .env("FERROCOMM_ALLREDUCE_PUSH_MAX_BYTES", "8K")
         .output()
@@ -409,7 +301,7 @@ fn info_reports_devices_libraries_thresholds_and_sources() {
     );
     assert!(out.contains("kernel cache: "), "{out}");
     assert!(out.contains("host: 4 MiB per rank"), "{out}");
-    let o = Command::new(BIN).args(["info", "--json"]).output().unwrap();
+    let o = ferrocomm().args(["info", "--json"]).output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(v["system"]["gpus"].is_array());
     assert!(v["env"]
@@ -421,7 +313,7 @@ fn info_reports_devices_libraries_thresholds_and_sources() {
 
 /// The plans `ferrocomm info` prints (host backend, no GPU here) for `coll`: (size text, plan).
 fn info_plans(env: &[(&str, &str)], coll: &str) -> Vec<(String, String)> {
-    let o = Command::new(BIN)
+    let o = ferrocomm()
         .arg("info")
         .envs(env.iter().copied())
         .output()
@@ -447,25 +339,11 @@ fn bench_and_info_print_the_same_plan() {
     let flat = ("FERROCOMM_ALLREDUCE_FLAT_MAX_BYTES", "16K");
     for (lp, want) in [("0", ["flat", "tree"]), ("1", ["lp-flat", "lp-tree"])] {
         let env = [flat, ("FERROCOMM_LOW_PRECISION", lp)];
-        let o = bench_command(&[
-            "all_reduce",
-            "-g",
-            "2",
-            "-b",
-            "1K",
-            "-e",
-            "64K",
-            "-f",
-            "64",
-            "-n",
-            "2",
-            "-w",
-            "1",
-        ])
-        .envs(env)
-        .env("FERROCOMM_DEBUG", "1")
-        .output()
-        .unwrap();
+        let o = bench_command("all_reduce -g 2 -b 1K -e 64K -f 64 -n 2 -w 1", &[])
+            .envs(env)
+            .env("FERROCOMM_DEBUG", "1")
+            .output()
+            .unwrap();
         // FERROCOMM_DEBUG prints each plan a communicator runs once, as the algo column.
         let (_, err) = text(&o);
         let debug: Vec<&str> = err.lines().filter(|l| l.contains(" runs ")).collect();
@@ -499,10 +377,7 @@ fn bench_and_info_print_the_same_plan() {
 
 #[test]
 fn help_lists_every_collective() {
-    let out = Command::new(env!("CARGO_BIN_EXE_ferrocomm"))
-        .args(["bench", "--help"])
-        .output()
-        .unwrap();
+    let out = ferrocomm().args(["bench", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
     for c in [
         "all_reduce,",

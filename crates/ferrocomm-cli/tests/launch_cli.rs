@@ -1,18 +1,13 @@
 //! `ferrocomm launch` with real processes.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-fn ferrocomm() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ferrocomm"))
-}
-
-fn run(args: &[&str]) -> Output {
-    ferrocomm().args(args).output().unwrap()
-}
+mod cli_support;
+use cli_support::{ferrocomm, pids_in, pids_when, run, scratch, start_job};
 
 fn lines(b: &[u8]) -> Vec<String> {
     String::from_utf8_lossy(b)
@@ -21,60 +16,24 @@ fn lines(b: &[u8]) -> Vec<String> {
         .collect()
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ferrocomm-launch-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// Whether `pid` is gone (absent, or a zombie waiting for its reaper).
-fn gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        // The state follows the parenthesised command name.
-        Ok(s) => s
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z'),
-    }
-}
-
-fn pids_in(dir: &Path) -> Vec<u32> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
-        // A file being written may still be empty.
-        .filter_map(|s| s.trim().parse().ok())
-        .collect()
+/// The pids the `n` ranks of a job write into `dir`: the handshake, waited for with a deadline
+/// only a rank that never starts reaches.
+fn ranks_started(dir: &Path, n: usize) -> Vec<u32> {
+    pids_when(dir, "", n, Instant::now() + Duration::from_secs(60))
 }
 
 fn assert_all_gone(pids: &[u32]) {
     // The launcher has killed them by the time it returns; 10 s leaves room for two loaded
     // cores to deliver that.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !pids.iter().all(|&p| gone(p)) {
-        assert!(
-            Instant::now() < deadline,
-            "processes left running: {pids:?}"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    cli_support::assert_gone_within(pids, Duration::from_secs(10), "the launcher ended");
 }
 
 #[test]
 fn every_line_is_prefixed_and_every_rank_runs_once() {
-    let o = run(&[
-        "launch",
-        "-n",
-        "3",
-        "--",
-        "sh",
-        "-c",
-        "echo hi $RANK/$WORLD_SIZE; echo second $RANK; echo oops $RANK >&2",
-    ]);
+    let o = run(
+        "launch -n 3 -- sh -c",
+        &["echo hi $RANK/$WORLD_SIZE; echo second $RANK; echo oops $RANK >&2"],
+    );
     assert_eq!(o.status.code(), Some(0), "{o:?}");
     let out: BTreeSet<String> = lines(&o.stdout).into_iter().collect();
     let want: BTreeSet<String> = (0..3)
@@ -94,15 +53,7 @@ fn every_line_is_prefixed_and_every_rank_runs_once() {
 
 #[test]
 fn no_prefix_passes_output_through() {
-    let o = run(&[
-        "launch",
-        "-n",
-        "2",
-        "--no-prefix",
-        "sh",
-        "-c",
-        "echo plain $RANK",
-    ]);
+    let o = run("launch -n 2 --no-prefix sh -c", &["echo plain $RANK"]);
     assert_eq!(o.status.code(), Some(0));
     let out: BTreeSet<String> = lines(&o.stdout).into_iter().collect();
     assert_eq!(
@@ -113,16 +64,13 @@ fn no_prefix_passes_output_through() {
 
 #[test]
 fn launch_environment_is_set() {
-    let o = run(&[
-        "launch",
-        "-n",
-        "2",
-        "--",
-        "sh",
-        "-c",
-        "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT \
+    let o = run(
+        "launch -n 2 -- sh -c",
+        &[
+            "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT \
          $FERROCOMM_STORE_PORT $FERROCOMM_STORE_EXTERNAL",
-    ]);
+        ],
+    );
     assert_eq!(o.status.code(), Some(0), "{o:?}");
     let mut rows: Vec<Vec<String>> = lines(&o.stdout)
         .iter()
@@ -148,7 +96,7 @@ fn launch_environment_is_set() {
 
 #[test]
 fn a_failing_rank_stops_the_others() {
-    let dir = scratch("fail");
+    let dir = scratch("launch", "fail");
     // Ranks 0 and 2 start a long sleeper, note its pid and their shell's, then say so through
     // a FIFO; rank 1 fails once it has heard from both (opened read-write, the FIFO never
     // reads an end of file between the two). --timeout ends the job if one never says it.
@@ -166,17 +114,7 @@ fn a_failing_rank_stops_the_others() {
         r = ready.display()
     );
     let t0 = Instant::now();
-    let o = run(&[
-        "launch",
-        "-n",
-        "3",
-        "--timeout",
-        "60",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
+    let o = run("launch -n 3 --timeout 60 -- sh -c", &[&script]);
     let took = t0.elapsed();
     let _ = std::fs::remove_file(&ready);
     assert_eq!(o.status.code(), Some(3), "{o:?}");
@@ -185,7 +123,7 @@ fn a_failing_rank_stops_the_others() {
     assert!(took < Duration::from_secs(15), "took {took:?}");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("rank 1 exited with code 3"), "{err}");
-    let pids = pids_in(&dir);
+    let pids = pids_in(&dir, "");
     assert_eq!(pids.len(), 4, "sleepers and shells of ranks 0 and 2");
     assert_all_gone(&pids);
     let _ = std::fs::remove_dir_all(&dir);
@@ -193,15 +131,10 @@ fn a_failing_rank_stops_the_others() {
 
 #[test]
 fn a_rank_killed_by_a_signal_is_reported() {
-    let o = run(&[
-        "launch",
-        "-n",
-        "2",
-        "--",
-        "sh",
-        "-c",
-        "if [ $RANK = 0 ]; then kill -9 $$; fi; sleep 60",
-    ]);
+    let o = run(
+        "launch -n 2 -- sh -c",
+        &["if [ $RANK = 0 ]; then kill -9 $$; fi; sleep 60"],
+    );
     assert_eq!(o.status.code(), Some(128 + 9));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("rank 0 was killed by signal 9"), "{err}");
@@ -209,22 +142,10 @@ fn a_rank_killed_by_a_signal_is_reported() {
 
 #[test]
 fn sigterm_to_the_launcher_reaches_the_ranks() {
-    let dir = scratch("term");
-    let script = format!("sleep 60 & echo $! > {}/sleep.$RANK; wait", dir.display());
-    let mut child = ferrocomm()
-        .args(["launch", "-n", "2", "--", "sh", "-c", &script])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // The ranks' pid files are the handshake: waited for, with a deadline only a rank that
-    // never starts reaches.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while pids_in(&dir).len() < 2 {
-        assert!(Instant::now() < deadline, "ranks did not start");
-        thread::sleep(Duration::from_millis(20));
-    }
-    let pids = pids_in(&dir);
+    let dir = scratch("launch", "term");
+    let script = "sleep 60 & echo $! > \"$DIR/sleep.$RANK\"; wait";
+    let mut child = start_job(2, &["sh", "-c", script], &dir, Stdio::piped());
+    let pids = ranks_started(&dir, 2);
     let st = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -257,19 +178,21 @@ fn torchrun_spellings_are_accepted() {
         ("--nproc_per_node", "--master_addr", "--master_port"),
         ("--nproc-per-node", "--master-addr", "--master-port"),
     ] {
-        let o = run(&[
+        let o = run(
             "launch",
-            n,
-            "2",
-            addr,
-            "localhost",
-            port,
-            "29517",
-            "--",
-            "sh",
-            "-c",
-            show,
-        ]);
+            &[
+                n,
+                "2",
+                addr,
+                "localhost",
+                port,
+                "29517",
+                "--",
+                "sh",
+                "-c",
+                show,
+            ],
+        );
         assert_eq!(o.status.code(), Some(0), "{n}: {o:?}");
         let rows: Vec<String> = lines(&o.stdout)
             .iter()
@@ -278,7 +201,7 @@ fn torchrun_spellings_are_accepted() {
         assert_eq!(rows, ["2 localhost 29517", "2 localhost 29517"], "{n}");
     }
     // --nproc_per_node=N, as torchrun users write it.
-    let o = run(&["launch", "--nproc_per_node=3", "--", "sh", "-c", show]);
+    let o = run("launch --nproc_per_node=3 -- sh -c", &[show]);
     assert_eq!(o.status.code(), Some(0), "{o:?}");
     assert_eq!(lines(&o.stdout).len(), 3);
     for (flag, value, says) in [
@@ -286,7 +209,7 @@ fn torchrun_spellings_are_accepted() {
         ("--master_port", "70000", "70000"),
         ("--master-addr", "", "empty"),
     ] {
-        let o = run(&["launch", "-n", "1", flag, value, "--", "true"]);
+        let o = run("launch -n 1", &[flag, value, "--", "true"]);
         assert_eq!(o.status.code(), Some(2), "{flag} {value}: {o:?}");
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(says), "{flag} {value}: {err}");
@@ -295,21 +218,15 @@ fn torchrun_spellings_are_accepted() {
 
 #[test]
 fn bad_input_is_explained() {
-    let o = run(&["launch", "-n", "0", "true"]);
+    let o = run("launch -n 0 true", &[]);
     assert_ne!(o.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&o.stderr).contains("at least 1"));
 
-    let o = run(&["launch", "-n", "2"]);
+    let o = run("launch -n 2", &[]);
     assert_ne!(o.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&o.stderr).contains("PROGRAM"));
 
-    let o = run(&[
-        "launch",
-        "-n",
-        "2",
-        "--",
-        "/nonexistent/ferrocomm-no-such-program",
-    ]);
+    let o = run("launch -n 2 -- /nonexistent/ferrocomm-no-such-program", &[]);
     assert_ne!(o.status.code(), Some(0));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -321,7 +238,7 @@ fn bad_input_is_explained() {
 #[test]
 fn timeout_stops_the_job() {
     let t0 = Instant::now();
-    let o = run(&["launch", "-n", "2", "--timeout", "0.5", "--", "sleep", "60"]);
+    let o = run("launch -n 2 --timeout 0.5 -- sleep 60", &[]);
     assert_eq!(o.status.code(), Some(124));
     // The bound is the behaviour under test: the job is stopped at its timeout, long before
     // its ranks' 60 s sleep ends (10 s leaves room for two loaded cores).
@@ -376,23 +293,11 @@ fn the_host_all_reduce_example_runs_under_the_launcher() {
 
 #[test]
 fn sigkill_to_the_launcher_takes_the_ranks_with_it() {
-    let dir = scratch("kill");
+    let dir = scratch("launch", "kill");
     // Each rank is the sleeping process itself (exec), as a Python rank would be.
-    let script = format!("echo $$ > {}/rank.$RANK; exec sleep 60", dir.display());
-    let mut child = ferrocomm()
-        .args(["launch", "-n", "3", "--", "sh", "-c", &script])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // The ranks' pid files are the handshake: waited for, with a deadline only a rank that
-    // never starts reaches.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while pids_in(&dir).len() < 3 {
-        assert!(Instant::now() < deadline, "ranks did not start");
-        thread::sleep(Duration::from_millis(20));
-    }
-    let pids = pids_in(&dir);
+    let script = "echo $$ > \"$DIR/rank.$RANK\"; exec sleep 60";
+    let mut child = start_job(3, &["sh", "-c", script], &dir, Stdio::null());
+    let pids = ranks_started(&dir, 3);
     child.kill().unwrap();
     child.wait().unwrap();
     assert_all_gone(&pids);
@@ -402,7 +307,7 @@ fn sigkill_to_the_launcher_takes_the_ranks_with_it() {
 #[test]
 fn timeouts_too_long_for_a_duration_are_refused_without_a_panic() {
     for t in ["1e30", "1e19", "inf", "nan", "-1"] {
-        let o = run(&["launch", "-n", "1", "--timeout", t, "--", "true"]);
+        let o = run("launch -n 1 --timeout", &[t, "--", "true"]);
         let err = String::from_utf8_lossy(&o.stderr);
         // An error exit (not 0, not a panic's 101) that names the option.
         assert!(
@@ -419,15 +324,7 @@ fn timeouts_too_long_for_a_duration_are_refused_without_a_panic() {
 #[test]
 fn every_job_gets_its_own_store_secret() {
     let secret = || {
-        let o = run(&[
-            "launch",
-            "-n",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            "echo $FERROCOMM_STORE_SECRET",
-        ]);
+        let o = run("launch -n 2 -- sh -c", &["echo $FERROCOMM_STORE_SECRET"]);
         assert_eq!(o.status.code(), Some(0), "{o:?}");
         let rows: BTreeSet<String> = lines(&o.stdout)
             .iter()

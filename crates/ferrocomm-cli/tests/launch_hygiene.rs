@@ -2,57 +2,11 @@
 //! ranks run, and refuses hostile options. Real processes; every wait has a deadline and waits
 //! on a file or a process, never on time alone.
 
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::thread;
 use std::time::{Duration, Instant};
 
-fn ferrocomm() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ferrocomm"))
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ferrocomm-hygiene-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// Whether `pid` is gone (absent, or a zombie waiting for its reaper).
-fn gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(s) => s
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z'),
-    }
-}
-
-/// The pids written into the files of `dir` whose names start with `prefix`, once there are
-/// `n` of them (by `deadline`).
-fn pids_when(dir: &Path, prefix: &str, n: usize, deadline: Instant) -> Vec<u32> {
-    loop {
-        let pids: Vec<u32> = std::fs::read_dir(dir)
-            .unwrap()
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
-            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-            // A file being written may still be empty.
-            .filter_map(|s| s.trim().parse().ok())
-            .collect();
-        if pids.len() >= n {
-            return pids;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{n} '{prefix}' files did not appear"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
-}
+mod cli_support;
+use cli_support::{assert_gone_within, ferrocomm, gone, pids_when, scratch, start_job};
 
 fn kill_and_reap(mut c: Child) {
     let _ = c.kill();
@@ -61,7 +15,7 @@ fn kill_and_reap(mut c: Child) {
 
 #[test]
 fn ranks_behind_a_wrapper_die_with_a_sigkilled_launcher() {
-    let dir = scratch("wrapper");
+    let dir = scratch("hygiene", "wrapper");
     // The rank is a wrapper script that starts the real rank (here a sleep standing for
     // `python train.py`) as its child, without exec: SIGKILL to the launcher kills the wrapper
     // through PR_SET_PDEATHSIG, and the real rank must go too.
@@ -76,28 +30,14 @@ fn ranks_behind_a_wrapper_die_with_a_sigkilled_launcher() {
     // A process of the same user started by hand, as a rank of another job would be: the
     // launcher's end must not touch it.
     let by_hand = Command::new("sleep").arg("60").spawn().unwrap();
-    let launcher = ferrocomm()
-        .args(["launch", "-n", "2", "--", "bash"])
-        .arg(&wrapper)
-        .env("DIR", &dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let wrapper = wrapper.to_str().unwrap();
+    let launcher = start_job(2, &["bash", wrapper], &dir, Stdio::null());
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut pids = pids_when(&dir, "rank.", 2, deadline);
     pids.extend(pids_when(&dir, "wrapper.", 2, deadline));
     kill_and_reap(launcher);
     // No rank survives 2 s.
-    let t0 = Instant::now();
-    while !pids.iter().all(|&p| gone(p)) {
-        let alive: Vec<u32> = pids.iter().copied().filter(|&p| !gone(p)).collect();
-        assert!(
-            t0.elapsed() < Duration::from_secs(2),
-            "still running 2 s after the launcher was killed: {alive:?}"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    assert_gone_within(&pids, Duration::from_secs(2), "the launcher was killed");
     assert!(!gone(by_hand.id()), "a process started by hand was killed");
     kill_and_reap(by_hand);
     let _ = std::fs::remove_dir_all(&dir);
@@ -126,19 +66,13 @@ fn children_of(parent: u32) -> Vec<u32> {
 
 #[test]
 fn a_job_that_ends_normally_leaves_no_watcher_behind() {
-    let dir = scratch("normal");
+    let dir = scratch("hygiene", "normal");
     let go = dir.join("go");
     let st = Command::new("mkfifo").arg(&go).status().unwrap();
     assert!(st.success());
     // Each rank notes its launcher, then waits until the test opens and closes the FIFO.
     let script = "echo $PPID > \"$DIR/launcher.$RANK\"; read _ < \"$DIR/go\"; true";
-    let mut launcher = ferrocomm()
-        .args(["launch", "-n", "2", "--", "sh", "-c", script])
-        .env("DIR", &dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut launcher = start_job(2, &["sh", "-c", script], &dir, Stdio::null());
     let deadline = Instant::now() + Duration::from_secs(20);
     let lpid = pids_when(&dir, "launcher.", 2, deadline)[0];
     assert_eq!(lpid, launcher.id());
@@ -148,14 +82,7 @@ fn a_job_that_ends_normally_leaves_no_watcher_behind() {
     // Let the ranks end: the job completes.
     drop(std::fs::OpenOptions::new().write(true).open(&go).unwrap());
     assert_eq!(launcher.wait().unwrap().code(), Some(0));
-    let t0 = Instant::now();
-    while !children.iter().all(|&p| gone(p)) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(2),
-            "left running after the job: {children:?}"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    assert_gone_within(&children, Duration::from_secs(2), "the job ended");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -4,24 +4,15 @@
 //! `--check`) then uses the table it wrote.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ferrocomm");
+mod cli_support;
+use cli_support::{scratch, text};
 
 /// `ferrocomm ARGS` with a deadline per rank and without a caller's rank variables or table.
 fn ferrocomm(args: &[&str], env: &[(&str, &Path)]) -> Output {
-    let mut c = Command::new(BIN);
+    let mut c = cli_support::ferrocomm();
     c.args(args).env("FERROCOMM_TIMEOUT_S", "60");
-    for v in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "FERROCOMM_BACKEND",
-        "FERROCOMM_TUNING",
-    ] {
-        c.env_remove(v);
-    }
     for (k, v) in env {
         c.env(k, v);
     }
@@ -29,19 +20,13 @@ fn ferrocomm(args: &[&str], env: &[(&str, &Path)]) -> Output {
 }
 
 fn ok(o: &Output) -> String {
-    let (out, err) = (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    );
+    let (out, err) = text(o);
     assert_eq!(o.status.code(), Some(0), "stdout:\n{out}\nstderr:\n{err}");
     out
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ferrocomm-tune-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    scratch("tune", name)
 }
 
 /// The report's rows: (collective, bytes, chosen, best).

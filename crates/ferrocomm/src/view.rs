@@ -35,6 +35,29 @@ unsafe impl Sync for View<'_> {}
 // SAFETY: as for `View`; `ViewMut` is not `Clone`, so it stays unique like `&mut [T]`.
 unsafe impl Send for ViewMut<'_> {}
 
+/// The accessors [`View`] and [`ViewMut`] share (the same fields, the pointer's mutability
+/// apart).
+macro_rules! view_accessors {
+    () => {
+        /// The number of elements.
+        pub fn count(&self) -> usize {
+            self.count
+        }
+        /// The element type.
+        pub fn dtype(&self) -> DataType {
+            self.dtype
+        }
+        /// Where the memory lives.
+        pub fn device(&self) -> Device {
+            self.device
+        }
+        /// The size in bytes: `count` times the element size.
+        pub fn bytes_len(&self) -> usize {
+            self.count * self.dtype.size()
+        }
+    };
+}
+
 impl<'a> View<'a> {
     /// A view of a host slice.
     pub fn host<T: Element>(s: &'a [T]) -> Self {
@@ -66,22 +89,7 @@ impl<'a> View<'a> {
     pub fn ptr(&self) -> *const u8 {
         self.ptr
     }
-    /// The number of elements.
-    pub fn count(&self) -> usize {
-        self.count
-    }
-    /// The element type.
-    pub fn dtype(&self) -> DataType {
-        self.dtype
-    }
-    /// Where the memory lives.
-    pub fn device(&self) -> Device {
-        self.device
-    }
-    /// The size in bytes: `count` times the element size.
-    pub fn bytes_len(&self) -> usize {
-        self.count * self.dtype.size()
-    }
+    view_accessors!();
 
     /// The bytes of a host view; `None` for device memory.
     pub fn host_bytes(&self) -> Option<&'a [u8]> {
@@ -139,22 +147,7 @@ impl<'a> ViewMut<'a> {
     pub fn ptr(&self) -> *mut u8 {
         self.ptr
     }
-    /// The number of elements.
-    pub fn count(&self) -> usize {
-        self.count
-    }
-    /// The element type.
-    pub fn dtype(&self) -> DataType {
-        self.dtype
-    }
-    /// Where the memory lives.
-    pub fn device(&self) -> Device {
-        self.device
-    }
-    /// The size in bytes: `count` times the element size.
-    pub fn bytes_len(&self) -> usize {
-        self.count * self.dtype.size()
-    }
+    view_accessors!();
 
     /// A read-only view of the same memory (for in-place collectives, which read their output).
     pub fn as_view(&self) -> View<'_> {
@@ -219,6 +212,25 @@ impl Input<'_> {
         match self {
             Input::InPlace => output.ptr() as u64 + (rank * part * output.dtype().size()) as u64,
             Input::Buf(v) => v.ptr() as u64,
+        }
+    }
+
+    /// The reduce-scatter's (input, output, elements of a part) addresses among `size` ranks:
+    /// in place the output is the whole buffer and the rank's part sits at `rank * part`;
+    /// otherwise the input holds `size` parts and the output is the part.
+    pub fn scatter_addresses(
+        &self,
+        output: &ViewMut<'_>,
+        size: usize,
+        rank: usize,
+    ) -> (u64, u64, usize) {
+        match self {
+            Input::InPlace => {
+                let part = output.count() / size;
+                let base = output.ptr() as u64;
+                (base, self.part_address(output, part, rank), part)
+            }
+            Input::Buf(v) => (v.ptr() as u64, output.ptr() as u64, output.count()),
         }
     }
 }

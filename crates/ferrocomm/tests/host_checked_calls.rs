@@ -200,13 +200,7 @@ fn a_nan_in_an_input_is_refused_naming_rank_call_and_element() {
             x[5] = f32::NAN;
         }
         let mut y = vec![0.0f32; 16];
-        comm.all_reduce(
-            Input::Buf(View::host(&x)),
-            ViewMut::host(&mut y),
-            ReduceOp::Sum,
-            &o,
-        )
-        .unwrap_err()
+        all_reduce_sum(&comm, &x, &mut y, &o).unwrap_err()
     });
     assert!(
         r[1].to_string().contains(

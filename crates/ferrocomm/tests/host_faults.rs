@@ -313,19 +313,9 @@ fn different_calls_at_the_same_step_fail_on_every_rank() {
             let xd = vec![1.5f64; 64];
             let mut yd = vec![0.0f64; 64];
             let r = if me == 0 {
-                comm.all_reduce(
-                    Input::Buf(View::host(&xd)),
-                    ViewMut::host(&mut yd),
-                    ReduceOp::Sum,
-                    &o,
-                )
+                all_reduce_sum(&comm, &xd, &mut yd, &o)
             } else {
-                comm.all_reduce(
-                    Input::Buf(View::host(&x)),
-                    ViewMut::host(&mut y),
-                    ReduceOp::Sum,
-                    &o,
-                )
+                all_reduce_sum(&comm, &x, &mut y, &o)
             };
             let e = r.unwrap_err();
             assert!(matches!(e, Error::Mismatch { .. }), "dtypes: {e}");
@@ -337,12 +327,7 @@ fn different_calls_at_the_same_step_fail_on_every_rank() {
             let r = if me == 1 {
                 comm.broadcast(Input::Buf(View::host(&x)), ViewMut::host(&mut y), 0, &o)
             } else {
-                comm.all_reduce(
-                    Input::Buf(View::host(&x)),
-                    ViewMut::host(&mut y),
-                    ReduceOp::Sum,
-                    &o,
-                )
+                all_reduce_sum(&comm, &x, &mut y, &o)
             };
             assert!(
                 matches!(r, Err(Error::Mismatch { .. })),
@@ -370,13 +355,7 @@ fn different_calls_at_the_same_step_fail_on_every_rank() {
             ));
             // Still usable afterwards.
             y.fill(f32::NAN);
-            comm.all_reduce(
-                Input::Buf(View::host(&x)),
-                ViewMut::host(&mut y),
-                ReduceOp::Sum,
-                &o,
-            )
-            .unwrap();
+            all_reduce_sum(&comm, &x, &mut y, &o).unwrap();
             assert!(y.iter().all(|&v| v == 1.5 * n as f32));
         });
         // All-to-all-v whose counts disagree between a sender and its receiver.
@@ -533,12 +512,7 @@ fn low_precision_on_one_rank_only_is_a_named_mismatch() {
         };
         let x = vec![1.25f32; 3000];
         let mut y = vec![f32::NAN; 3000];
-        let r = comm.all_reduce(
-            Input::Buf(View::host(&x)),
-            ViewMut::host(&mut y),
-            ReduceOp::Sum,
-            &o,
-        );
+        let r = all_reduce_sum(&comm, &x, &mut y, &o);
         (r.map_err(|e| e.to_string()), y)
     });
     for (r, (e, y)) in res.iter().enumerate() {

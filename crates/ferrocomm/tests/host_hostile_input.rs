@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use ferrocomm::config::BackendChoice;
 use ferrocomm::{
-    CallOpts, CommOptions, Communicator, Config, Error, Input, PackedCounts, ReduceOp, Splits,
-    View, ViewMut,
+    CallOpts, CommOptions, Communicator, Config, Error, Input, PackedCounts, Splits, View, ViewMut,
 };
 use host_support::*;
 use proptest::prelude::*;
@@ -199,12 +198,7 @@ fn collectives_with_mismatched_sizes_and_bad_roots_fail_cleanly() {
                     // Sizes are checked on each rank before any exchange, so an error here is
                     // local and the other rank makes the same choice (same inputs on both).
                     let o = CallOpts::default();
-                    let ar = comm.all_reduce(
-                        Input::Buf(View::host(&x)),
-                        ViewMut::host(&mut y),
-                        ReduceOp::Sum,
-                        &o,
-                    );
+                    let ar = all_reduce_sum(&comm, &x, &mut y, &o);
                     prop_assert_eq!(ar.is_ok(), n_in == n_out);
                     if ar.is_ok() {
                         prop_assert!(y.iter().all(|&v| v == 2.0));

@@ -10,10 +10,9 @@ mod host_support;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferrocomm::bootstrap::{Store, TcpStore, TcpStoreServer};
+use ferrocomm::bootstrap::TcpStoreServer;
 use ferrocomm::{CallOpts, Error, Input, ReduceOp, View, ViewMut};
 use host_support::*;
 
@@ -84,17 +83,7 @@ fn kill_group(c: &Child) {
 #[ignore = "entry point of the rank processes that the other tests start"]
 fn death_rank() {
     let scenario = std::env::var(CHILD).expect("started by a parent test");
-    let env = |k: &str| std::env::var(k).unwrap().parse::<usize>().unwrap();
-    let (rank, n) = (env("RANK"), env("WORLD_SIZE"));
-    let store: Arc<dyn Store> = Arc::new(
-        TcpStore::connect(
-            "127.0.0.1",
-            env("TEST_STORE_PORT") as u16,
-            &key(),
-            Duration::from_secs(20),
-        )
-        .unwrap(),
-    );
+    let (rank, n, store) = child_rank_store();
     let mut cfg = config(8192, Duration::from_secs(30));
     cfg.trace_dir = Some(std::env::var("TEST_TRACE_DIR").unwrap().into());
     let comm = communicator(store, "death", rank, n, &cfg);

@@ -5,7 +5,6 @@
 mod host_support;
 
 use std::process::{Child, Command};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferrocomm::bootstrap::{Store, TcpStore, TcpStoreServer};
@@ -40,17 +39,7 @@ fn spawn(n: usize, scenario: &str, port: u16) -> Vec<Child> {
 #[ignore = "entry point of the rank processes that the other tests start"]
 fn child_rank() {
     let scenario = std::env::var(CHILD).expect("started by a parent test");
-    let env = |k: &str| std::env::var(k).unwrap().parse::<usize>().unwrap();
-    let (rank, n) = (env("RANK"), env("WORLD_SIZE"));
-    let store: Arc<dyn Store> = Arc::new(
-        TcpStore::connect(
-            "127.0.0.1",
-            env("TEST_STORE_PORT") as u16,
-            &key(),
-            Duration::from_secs(20),
-        )
-        .unwrap(),
-    );
+    let (rank, n, store) = child_rank_store();
     let cfg = config(8192, Duration::from_secs(20));
     let comm = communicator(store.clone(), "procs", rank, n, &cfg);
     let o = CallOpts::default();
@@ -59,13 +48,7 @@ fn child_rank() {
         .map(|i| (i % 97) as f32 * 0.25 + rank as f32)
         .collect();
     let mut y = vec![f32::NAN; count];
-    comm.all_reduce(
-        Input::Buf(View::host(&x)),
-        ViewMut::host(&mut y),
-        ReduceOp::Sum,
-        &o,
-    )
-    .unwrap();
+    all_reduce_sum(&comm, &x, &mut y, &o).unwrap();
     let ranks_sum = (n * (n - 1) / 2) as f32;
     for (i, v) in y.iter().enumerate() {
         assert_eq!(

@@ -2,7 +2,7 @@
 //! import cycle between the top-level modules of `crates/ferrocomm/src`, none of the arrows the
 //! design forbids, none between the parts of the cuda backend (`cuda/`: its backend, `dda/`,
 //! the kernel registry, NVML), and the CUDA driver's raw declarations (`cudarc::driver::sys`)
-//! named in `driver/` alone.
+//! named in `driver/` alone (in this crate, the command-line tool and the Python extension).
 //!
 //! A module is a file at `src/` or a folder under it; it imports another when its source names
 //! `crate::other` (in a `use` or a path, `use crate::{a, b}` groups included). Comments are not
@@ -532,26 +532,64 @@ fn the_parts_of_the_cuda_backend_import_no_circle() {
     assert!(g["backend"].contains("dda"), "{g:#?}");
 }
 
-#[test]
-fn the_raw_driver_declarations_are_named_in_driver_alone() {
+/// The lines of `files` that name the driver's raw declarations (`cudarc::driver::sys`), as
+/// `crate/file:line: text`.
+fn raw_driver_lines(krate: &str, files: &[(String, String)]) -> Vec<String> {
     let mut named = Vec::new();
-    for (file, text) in crate_files() {
-        if file.starts_with("driver/") {
-            continue;
-        }
-        let code = code_of(&text);
+    for (file, text) in files {
+        let code = code_of(text);
         for (k, line) in code.lines().enumerate() {
             let raw = line.contains("driver::sys")
                 || (line.contains("cudarc::driver::{") && line.contains("sys"));
             if raw {
-                named.push(format!("{file}:{}: {}", k + 1, line.trim()));
+                named.push(format!("{krate}/{file}:{}: {}", k + 1, line.trim()));
             }
         }
     }
+    named
+}
+
+/// The raw declarations are named in ferrocomm's `src/driver/` alone: not in the rest of the
+/// library, nor in the command-line tool or the Python extension, which call the driver through
+/// `ferrocomm::driver` (the GPU check programs under `examples/` test the driver itself and may
+/// name it).
+#[test]
+fn the_raw_driver_declarations_are_named_in_driver_alone() {
+    let lib: Vec<(String, String)> = crate_files()
+        .into_iter()
+        .filter(|(f, _)| !f.starts_with("driver/"))
+        .collect();
+    let mut named = raw_driver_lines("ferrocomm/src", &lib);
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for other in ["ferrocomm-cli", "ferrocomm-py"] {
+        let root = crates.join(other).join("src");
+        let mut files = Vec::new();
+        sources(&root, &root, &mut files);
+        assert!(!files.is_empty(), "no sources under {}", root.display());
+        named.extend(raw_driver_lines(&format!("{other}/src"), &files));
+    }
     assert!(
         named.is_empty(),
-        "cudarc::driver::sys outside src/driver/ (call the driver through crate::driver):\n{}",
+        "cudarc::driver::sys outside ferrocomm's src/driver/ (call the driver through \
+         ferrocomm::driver):\n{}",
         named.join("\n")
+    );
+}
+
+#[test]
+fn a_raw_driver_line_is_found() {
+    let files = [(
+        "bench/gpu.rs".to_string(),
+        "use cudarc::driver::{result, sys};\n// cudarc::driver::sys in a comment\n\
+         let p: cudarc::driver::sys::CUdeviceptr = 0;\nuse ferrocomm::driver::EventFlags;\n"
+            .to_string(),
+    )];
+    assert_eq!(
+        raw_driver_lines("cli", &files),
+        [
+            "cli/bench/gpu.rs:1: use cudarc::driver::{result, sys};",
+            "cli/bench/gpu.rs:3: let p: cudarc::driver::sys::CUdeviceptr = 0;",
+        ]
     );
 }
 

@@ -18,6 +18,16 @@ use ferrocomm::quant::Codec;
 use ferrocomm::tuning::Tuning;
 use ferrocomm::{Algo, Collective, DataType, Format, ReduceOp};
 
+/// The configuration the settings `set` (name, value) give, nothing else read.
+fn config_of(set: &[(&str, &str)]) -> Config {
+    Config::from_lookup(|k| {
+        set.iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.to_string())
+    })
+    .expect("the table's settings parse")
+}
+
 /// Sizes on both sides of every threshold (defaults, the overrides below, the stagings).
 fn sizes() -> Vec<usize> {
     let marks = [
@@ -127,12 +137,7 @@ fn configs() -> Vec<(String, Config)> {
                     .collect::<Vec<_>>()
                     .join(",")
             };
-            let cfg = Config::from_lookup(|k| {
-                set.iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| v.to_string())
-            })
-            .expect("the table's settings parse");
+            let cfg = config_of(&set);
             (name, cfg)
         })
         .collect()
@@ -579,12 +584,7 @@ fn low_precision_table() -> String {
         Some(ReduceOp::Max),
     ];
     for set in sets {
-        let cfg = Config::from_lookup(|k| {
-            set.iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        })
-        .expect("the table's settings parse");
+        let cfg = config_of(&set);
         let fname = format!("{set:?}");
         for (chname, choice) in choices {
             for coll in Collective::ALL {
@@ -646,12 +646,7 @@ fn rmsnorm_table() -> String {
         dda_caps()[..2].iter().map(|&(n, d)| (n, Some(d))).collect();
     variants.push(("no-dda", None));
     for set in sets {
-        let cfg = Config::from_lookup(|k| {
-            set.iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        })
-        .expect("the table's settings parse");
+        let cfg = config_of(&set);
         let fname = format!("{set:?}");
         for (name, dda) in &variants {
             let cuda = |world| cuda_caps(world, *dda, true, &kernels);

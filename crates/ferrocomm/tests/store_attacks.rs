@@ -12,17 +12,15 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ferrocomm::bootstrap::{
-    all_gather_bytes, connect_from_env, store_barrier, ServerLimits, Store, StoreKey, TcpStore,
+    all_gather_bytes, connect_from_env, store_barrier, ServerLimits, Store, TcpStore,
     TcpStoreServer, ENTRY_OVERHEAD,
 };
-use ferrocomm::{Config, Error};
+use ferrocomm::Error;
+
+mod store_support;
+use store_support::{cfg, free_port, key};
 
 const T: Duration = Duration::from_secs(20);
-const SECRET: &str = "the store attack tests' secret";
-
-fn key() -> StoreKey {
-    StoreKey::from_secret(SECRET)
-}
 
 /// The handshake's messages from the client (hello, proof) and from the server (hello and tag,
 /// status), in bytes: frames start after them.
@@ -325,24 +323,6 @@ fn tiny_entries_are_charged_what_they_cost() {
     assert!(e.contains("full"), "{e}");
     assert!(s.delete("t0").unwrap());
     assert_eq!(s.add("counter", 1).unwrap(), 1);
-}
-
-fn cfg(pairs: &[(&str, String)]) -> Config {
-    let mut m: std::collections::HashMap<String, String> = pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.clone()))
-        .collect();
-    m.entry("FERROCOMM_STORE_SECRET".into())
-        .or_insert_with(|| SECRET.into());
-    Config::from_lookup(move |k| m.get(k).cloned()).unwrap()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[test]

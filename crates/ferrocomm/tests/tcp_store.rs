@@ -3,7 +3,6 @@
 //! Cross-process tests start this test binary again as the child, running only the ignored
 //! `child_process` test with a role in `FERROCOMM_TEST_CHILD_ROLE`.
 
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -12,29 +11,18 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ferrocomm::bootstrap::{
-    all_gather_bytes, connect_from_env, store_barrier, PrefixStore, Store, StoreKey, TcpStore,
+    all_gather_bytes, connect_from_env, store_barrier, PrefixStore, Store, TcpStore,
     TcpStoreServer, MAX_VALUE,
 };
-use ferrocomm::{Config, Error};
+use ferrocomm::Error;
+
+mod store_support;
+use store_support::{cfg, free_port, key};
 
 mod thread_state;
 
 const ROLE: &str = "FERROCOMM_TEST_CHILD_ROLE";
 const T: Duration = Duration::from_secs(10);
-const SECRET: &str = "the tcp store tests' secret";
-
-/// The key of SECRET, which every test's server and clients (and children) hold.
-fn key() -> StoreKey {
-    StoreKey::from_secret(SECRET)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn spawn_child(role: &str, env: &[(&str, String)]) -> Child {
     let mut c = Command::new(std::env::current_exe().unwrap());
@@ -385,16 +373,6 @@ fn killed_server_process_fails_the_client_promptly() {
     assert!(took < Duration::from_secs(30), "took {took:?}");
     let e = s.check("k").unwrap_err().to_string();
     assert!(e.contains(&format!("127.0.0.1:{port}")), "{e}");
-}
-
-fn cfg(pairs: &[(&str, String)]) -> Config {
-    let mut m: HashMap<String, String> = pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.clone()))
-        .collect();
-    m.entry("FERROCOMM_STORE_SECRET".into())
-        .or_insert_with(|| SECRET.into());
-    Config::from_lookup(move |k| m.get(k).cloned()).unwrap()
 }
 
 #[test]

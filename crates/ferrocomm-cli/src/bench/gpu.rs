@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaGraph, CudaStream};
+use cudarc::driver::{result, CudaContext, CudaEvent, CudaGraph, CudaStream};
+use ferrocomm::driver::{self, CaptureMode, EventFlags, GraphInstantiateFlags};
 use ferrocomm::Device;
 
 use super::engine::{Engine, Replay, Work, COUNTS_BYTES};
@@ -15,10 +16,10 @@ pub struct CudaEngine {
     ordinal: u32,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    input: sys::CUdeviceptr,
-    output: sys::CUdeviceptr,
-    scratch: sys::CUdeviceptr,
-    counts: sys::CUdeviceptr,
+    input: u64,
+    output: u64,
+    scratch: u64,
+    counts: u64,
     in_bytes: usize,
     out_bytes: usize,
     start: CudaEvent,
@@ -32,9 +33,11 @@ fn cuda<T>(r: Result<T, result::DriverError>, what: &str) -> anyhow::Result<T> {
 impl CudaEngine {
     /// Buffers of the given sizes on GPU `ordinal`.
     pub fn new(ordinal: u32, in_bytes: usize, out_bytes: usize) -> anyhow::Result<Self> {
-        // SAFETY: probing only loads the library; the bench never calls the driver without it.
-        let present = unsafe { sys::is_culib_present() };
-        anyhow::ensure!(present, "libcuda is not present on this machine");
+        // The bench never calls the driver without it (cudarc would panic).
+        anyhow::ensure!(
+            driver::libs::driver_present(),
+            "libcuda is not present on this machine"
+        );
         let ctx = cuda(CudaContext::new(ordinal as usize), "create context")?;
         // SAFETY: the bench orders its own work on one stream and frees buffers only after a
         // synchronize (Drop); cudarc's event tracking would synchronize inside graph capture.
@@ -47,7 +50,7 @@ impl CudaEngine {
             cuda(unsafe { result::malloc_sync(n.max(1)) }, "cuMemAlloc")
         };
         let input = alloc(in_bytes)?;
-        let free = |ptrs: &[sys::CUdeviceptr]| {
+        let free = |ptrs: &[u64]| {
             for &p in ptrs {
                 // SAFETY: each was just allocated here and is not used by anything.
                 let _ = unsafe { result::free_sync(p) };
@@ -59,7 +62,7 @@ impl CudaEngine {
         let zeroed = unsafe { result::memset_d8_sync(scratch, 0, 4) };
         cuda(zeroed, "cuMemsetD8").inspect_err(|_| free(&[input, output, scratch]))?;
         let counts = alloc(COUNTS_BYTES).inspect_err(|_| free(&[input, output, scratch]))?;
-        let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let timing = Some(EventFlags::CU_EVENT_DEFAULT);
         let start = cuda(ctx.new_event(timing), "create event")?;
         let stop = cuda(ctx.new_event(timing), "create event")?;
         Ok(CudaEngine {
@@ -77,7 +80,7 @@ impl CudaEngine {
         })
     }
 
-    fn upload(&self, dst: sys::CUdeviceptr, cap: usize, bytes: &[u8]) -> anyhow::Result<()> {
+    fn upload(&self, dst: u64, cap: usize, bytes: &[u8]) -> anyhow::Result<()> {
         anyhow::ensure!(bytes.len() <= cap, "{} bytes do not fit {cap}", bytes.len());
         // On the collectives' stream, then waited for: a synchronous copy from pageable memory
         // may return before its DMA has landed, and it is not ordered with a non-blocking
@@ -167,14 +170,14 @@ impl Engine for CudaEngine {
         self.sync()?;
         cuda(
             self.stream
-                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED),
+                .begin_capture(CaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED),
             "begin capture",
         )?;
         let issued = work();
         // End the capture even when issuing failed, so that the stream is usable again.
         let graph = self
             .stream
-            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .end_capture(GraphInstantiateFlags(0))
             .map_err(|e| anyhow::anyhow!("CUDA: end capture: {e}"));
         issued.context("issuing collectives inside a CUDA graph capture")?;
         let graph = graph?.context("CUDA: the capture recorded no work")?;

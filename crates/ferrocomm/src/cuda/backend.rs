@@ -5,10 +5,11 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaContext;
 
-use super::dda::{collectives, fused_norm, Dda};
+use super::dda::collectives::{self, PartCall};
+use super::dda::{fused_norm, Dda};
 use super::kernels;
 use crate::backend::{
-    check_buffers, Backend, Call, CallKind, CallOpts, CommContext, P2pOp, Splits, WindowBackend,
+    check_buffers, Backend, Call, CallKind, CallOpts, CommContext, P2pOp, WindowBackend,
 };
 use crate::bootstrap::all_gather_bytes;
 use crate::config::Config;
@@ -187,45 +188,6 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
-    /// The device-count all-to-all-v calls (counts checked by the communicator): direct
-    /// access, one launch. `recv` is the receive counts' address; `(capacity, unit, packed)`
-    /// as `Dda::coll_all_to_all_dynamic` takes them.
-    #[allow(clippy::too_many_arguments)]
-    fn dynamic(
-        &self,
-        st: &mut CallState,
-        c: &'static str,
-        input: View<'_>,
-        output: ViewMut<'_>,
-        send: &View<'_>,
-        recv: u64,
-        (capacity, unit, packed): (usize, usize, bool),
-        opts: &CallOpts,
-    ) -> Result<()> {
-        let Some(d) = self.dda.as_deref() else {
-            return Err(Error::Unsupported {
-                collective: c,
-                backend: "cuda",
-                what: format!("device-side counts without direct access ({})", self.no_dda),
-            });
-        };
-        d.check_error(c)?;
-        self.follow(st, opts.stream)?;
-        d.coll_all_to_all_dynamic(
-            input.ptr() as u64,
-            input.count() / unit,
-            output.ptr() as u64,
-            capacity,
-            unit,
-            packed,
-            send.ptr() as u64,
-            recv,
-            send.dtype(),
-            output.dtype(),
-            opts.stream,
-        )
-    }
-
     /// Direct access, the codec and the form of the records when `plan` goes low precision.
     fn low_precision(&self, plan: &Plan) -> Option<(&Dda, Codec, LpForm)> {
         match (self.dda.as_deref(), plan.low_precision, plan.lp) {
@@ -247,6 +209,167 @@ impl CudaBackend {
             ))),
             (_, parts) => Ok(parts.map(|p| (d, p))),
         }
+    }
+
+    /// Runs `kind` (any call but the all-reduce, already ordered after the previous one) by
+    /// direct access where `plan` says so: low precision, a staged kernel or a call of its own;
+    /// `None` leaves it to NCCL.
+    fn direct(&self, kind: &CallKind<'_>, plan: &Plan, opts: &CallOpts) -> Result<Option<()>> {
+        let s = opts.stream;
+        let (size, rank) = (self.size, self.rank);
+        let lp = || self.low_precision(plan);
+        let ran = match kind {
+            CallKind::AllReduce { .. } | CallKind::AllReduceRmsNorm(_) => {
+                unreachable!("run by run")
+            }
+            // The rooted part kernels, on the whole buffer.
+            CallKind::Reduce { input, output, .. } | CallKind::Broadcast { input, output, .. } => {
+                let (call, c) = match *kind {
+                    CallKind::Reduce { op, root, .. } => (PartCall::Reduce { op, root }, "reduce"),
+                    CallKind::Broadcast { root, .. } => (PartCall::Broadcast { root }, "broadcast"),
+                    _ => unreachable!("matched above"),
+                };
+                let (n, dt) = (output.count(), output.dtype());
+                let (i, o) = (input.address(output), output.ptr() as u64);
+                self.staged(plan, c)?
+                    .map(|(d, parts)| d.coll_part(call, i, o, n, dt, parts, s))
+            }
+            CallKind::AllGather { input, output } => {
+                let (dt, part) = (output.dtype(), output.count() / size);
+                let (i, o) = (input.part_address(output, part, rank), output.ptr() as u64);
+                match lp() {
+                    Some((d, c, form)) => {
+                        Some(d.lp_collective(&form, &c, dt, i, o, part, false, s))
+                    }
+                    None => self.staged(plan, "all_gather")?.map(|(d, parts)| {
+                        d.coll_part(PartCall::AllGather, i, o, part, dt, parts, s)
+                    }),
+                }
+            }
+            CallKind::ReduceScatter { input, output, op } => {
+                let dt = output.dtype();
+                let (i, o, part) = input.scatter_addresses(output, size, rank);
+                let avg = *op == ReduceOp::Avg;
+                match lp() {
+                    Some((d, c, form)) => Some(d.lp_collective(&form, &c, dt, i, o, part, avg, s)),
+                    None => self.staged(plan, "reduce_scatter")?.map(|(d, parts)| {
+                        d.coll_part(PartCall::ReduceScatter(*op), i, o, part, dt, parts, s)
+                    }),
+                }
+            }
+            CallKind::AllToAll { input, output } => {
+                let (dt, part) = (output.dtype(), output.count() / size);
+                let (i, o) = (input.address(output), output.ptr() as u64);
+                match lp() {
+                    Some((d, c, form)) => {
+                        Some(d.lp_collective(&form, &c, dt, i, o, part, false, s))
+                    }
+                    None => self.staged(plan, "all_to_all")?.map(|(d, parts)| {
+                        d.coll_part(PartCall::AllToAll, i, o, part, dt, parts, s)
+                    }),
+                }
+            }
+            CallKind::AllToAllV {
+                input,
+                output,
+                splits,
+            } => {
+                let dt = output.dtype();
+                let (i, o) = (input.address(output), output.ptr() as u64);
+                // Low precision (two ranks, planned on the crossing counts, which both ranks
+                // see). In place as the full-precision kernels (every part keeps its size, which
+                // the plan requires, and Communicator keeps its place): the warp that reads a
+                // group of part p to send it is the one that writes the group received into part
+                // p, after the barrier (kernels/lowp.cu, as in the all-to-all).
+                match (lp(), self.dda.as_deref(), plan.a2av) {
+                    (Some((d, c, form)), _, _) => {
+                        Some(d.lp_all_to_all_v(&form, &c, dt, i, o, splits, s))
+                    }
+                    (None, Some(d), Some(form)) => {
+                        Some(d.coll_all_to_all_v(i, o, splits, dt, form, s))
+                    }
+                    _ => None,
+                }
+            }
+            CallKind::AllToAllVDynamic {
+                input,
+                output,
+                counts,
+            } => {
+                let layout = (counts.capacity, counts.unit, false);
+                let recv = counts.recv.ptr() as u64;
+                let c = "all_to_all_v_dynamic";
+                Some(self.dynamic(c, input, output, &counts.send, recv, layout, s))
+            }
+            CallKind::AllToAllVDynamicPacked {
+                input,
+                output,
+                counts,
+            } => {
+                let layout = (output.count() / counts.unit, counts.unit, true);
+                let recv = counts.recv.ptr() as u64;
+                let c = "all_to_all_v_dynamic_packed";
+                Some(self.dynamic(c, input, output, &counts.send, recv, layout, s))
+            }
+            CallKind::Barrier => match (plan.engine, self.dda.as_deref()) {
+                (Engine::Direct, Some(d)) => Some(barrier(d, s)),
+                _ => None,
+            },
+            // A message by direct access: the broadcast kernel rooted at the sender, in place.
+            CallKind::Send { data, .. } => {
+                let (buf, n, dt) = (data.ptr() as u64, data.count(), data.dtype());
+                let sender = PartCall::SendRecv { sender: rank };
+                self.staged(plan, "send")?
+                    .map(|(d, p)| d.coll_part(sender, buf, buf, n, dt, p, s))
+            }
+            CallKind::Recv { out, peer } => {
+                let (buf, n, dt) = (out.ptr() as u64, out.count(), out.dtype());
+                let sender = PartCall::SendRecv { sender: *peer };
+                self.staged(plan, "recv")?
+                    .map(|(d, p)| d.coll_part(sender, buf, buf, n, dt, p, s))
+            }
+            CallKind::BatchSendRecv { ops } => self
+                .direct_batch(ops, plan, opts)?
+                .map(|(d, parts)| batch_send_recv(d, rank, ops, &parts, s)),
+        };
+        ran.transpose()
+    }
+
+    /// The device-count all-to-all-v calls (counts checked by the communicator): direct
+    /// access, one launch. `recv` is the receive counts' address; `(capacity, unit, packed)`
+    /// as `Dda::coll_all_to_all_dynamic` takes them.
+    #[allow(clippy::too_many_arguments)]
+    fn dynamic(
+        &self,
+        c: &'static str,
+        input: &View<'_>,
+        output: &ViewMut<'_>,
+        send: &View<'_>,
+        recv: u64,
+        (capacity, unit, packed): (usize, usize, bool),
+        stream: u64,
+    ) -> Result<()> {
+        let Some(d) = self.dda.as_deref() else {
+            return Err(Error::Unsupported {
+                collective: c,
+                backend: "cuda",
+                what: format!("device-side counts without direct access ({})", self.no_dda),
+            });
+        };
+        d.check_error(c)?;
+        d.coll_all_to_all_dynamic(
+            input.ptr() as u64,
+            input.count() / unit,
+            output.ptr() as u64,
+            capacity,
+            unit,
+            packed,
+            send.ptr() as u64,
+            recv,
+            send.dtype(),
+            output.dtype(),
+            stream,
+        )
     }
 
     /// Direct access and the form of each message's parts where the batch's `plan` runs by
@@ -275,6 +398,47 @@ impl CudaBackend {
         }
         Ok(dda.map(|d| (d, parts)))
     }
+}
+
+/// The barrier by direct access: every rank meets in one push kernel (no NCCL needed), a
+/// one-word all-reduce with Max, which leaves the word as it was. A peer that never comes makes
+/// the kernel give up after the timeout, and check_error names it.
+fn barrier(d: &Dda, stream: u64) -> Result<()> {
+    let w = d.barrier_word();
+    let push = Plan::on_gpu(Algo::Push, None);
+    d.all_reduce(&push, w, w, 1, DataType::I32, ReduceOp::Max, stream)?;
+    // SAFETY: waits for the caller's stream (a live stream of this context); the kernel ends
+    // by the timeout at the latest.
+    unsafe { result::stream_synchronize(stream, "barrier: cuStreamSynchronize") }?;
+    d.check_error("barrier")
+}
+
+/// A batch of sends and receives by direct access, message `k` in the form `parts[k]`, in the
+/// order both ranks of the pair agree on.
+fn batch_send_recv(
+    d: &Dda,
+    rank: usize,
+    ops: &[P2pOp<'_>],
+    parts: &[PartForm],
+    stream: u64,
+) -> Result<()> {
+    let sends = ops.iter().map(|op| matches!(op, P2pOp::Send { .. }));
+    for (k, sender) in collectives::two_rank_batch_order(rank, sends) {
+        let (ptr, n, dt) = match &ops[k] {
+            P2pOp::Send { data, .. } => (data.ptr() as u64, data.count(), data.dtype()),
+            P2pOp::Recv { out, .. } => (out.ptr() as u64, out.count(), out.dtype()),
+        };
+        d.coll_part(
+            PartCall::SendRecv { sender },
+            ptr,
+            ptr,
+            n,
+            dt,
+            parts[k],
+            stream,
+        )?;
+    }
+    Ok(())
 }
 
 fn setup_dda(ctx: &CommContext, cuda: &CudaContext) -> Result<Dda> {
@@ -401,68 +565,16 @@ impl Backend for CudaBackend {
             d.check_error(call.kind.name().name())?;
         }
         let plan = &call.plan;
-        match call.kind {
-            CallKind::AllReduce { input, output, op } => {
-                self.planned_all_reduce(st, input, output, op, aligned, plan, opts)
-            }
-            CallKind::Reduce {
-                input,
-                output,
-                op,
-                root,
-            } => self.reduce(st, input, output, op, root, plan, opts),
-            CallKind::Broadcast {
-                input,
-                output,
-                root,
-            } => self.broadcast(st, input, output, root, plan, opts),
-            CallKind::AllGather { input, output } => self.all_gather(st, input, output, plan, opts),
-            CallKind::ReduceScatter { input, output, op } => {
-                self.reduce_scatter(st, input, output, op, plan, opts)
-            }
-            CallKind::AllToAll { input, output } => self.all_to_all(st, input, output, plan, opts),
-            CallKind::AllToAllV {
-                input,
-                output,
-                splits,
-            } => self.all_to_all_v(st, input, output, splits, plan, opts),
-            CallKind::AllToAllVDynamic {
-                input,
-                output,
-                counts,
-            } => self.dynamic(
-                st,
-                "all_to_all_v_dynamic",
-                input,
-                output,
-                &counts.send,
-                counts.recv.ptr() as u64,
-                (counts.capacity, counts.unit, false),
-                opts,
-            ),
-            CallKind::AllToAllVDynamicPacked {
-                input,
-                output,
-                counts,
-            } => {
-                let capacity = output.count() / counts.unit;
-                self.dynamic(
-                    st,
-                    "all_to_all_v_dynamic_packed",
-                    input,
-                    output,
-                    &counts.send,
-                    counts.recv.ptr() as u64,
-                    (capacity, counts.unit, true),
-                    opts,
-                )
-            }
-            CallKind::Barrier => self.barrier(st, plan, opts),
-            CallKind::Send { data, peer } => self.send(st, data, peer, plan, opts),
-            CallKind::Recv { out, peer } => self.recv(st, out, peer, plan, opts),
-            CallKind::BatchSendRecv { ops } => self.batch_send_recv(st, ops, plan, opts),
-            CallKind::AllReduceRmsNorm(_) => unreachable!("run above"),
+        if let CallKind::AllReduce { input, output, op } = call.kind {
+            return self.planned_all_reduce(st, input, output, op, aligned, plan, opts);
         }
+        // Every other call is ordered after the previous one first, then runs by direct access
+        // where the plan says so, else on NCCL.
+        self.follow(st, opts.stream)?;
+        if self.direct(&call.kind, plan, opts)?.is_some() {
+            return Ok(());
+        }
+        self.on_nccl(call.kind, opts)
     }
 
     fn plan(&self, shape: &CallShape, opts: &CallOpts) -> Result<Plan> {
@@ -481,9 +593,8 @@ impl Backend for CudaBackend {
     }
 }
 
-/// The executors of [`CudaBackend::run`], one per collective: each runs under the call lock
-/// (`st`) with the context current and the buffers checked, orders itself after the previous
-/// call, and takes direct access where the plan says so, else hands the call to NCCL.
+/// The all-reduce and the fused all-reduce + RMSNorm of [`CudaBackend::run`] (the other calls
+/// run in [`CudaBackend::direct`] or on NCCL), and the hand-over to NCCL.
 impl CudaBackend {
     /// Hands a call direct access does not carry to NCCL (or refuses it without NCCL).
     fn on_nccl(&self, kind: CallKind<'_>, opts: &CallOpts) -> Result<()> {
@@ -527,161 +638,6 @@ impl CudaBackend {
                 Some(d),
             ) => d.all_reduce(plan, ip, op_ptr, count, dtype, op, opts.stream),
             _ => self.on_nccl(CallKind::AllReduce { input, output, op }, opts),
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn reduce(
-        &self,
-        st: &mut CallState,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        op: ReduceOp,
-        root: usize,
-        plan: &Plan,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        self.follow(st, opts.stream)?;
-        let (n, dt) = (output.count(), output.dtype());
-        let (ip, o) = (input.address(&output), output.ptr() as u64);
-        if let Some((d, parts)) = self.staged(plan, "reduce")? {
-            return d.coll_reduce(ip, o, n, dt, op, root, parts, opts.stream);
-        }
-        let kind = CallKind::Reduce {
-            input,
-            output,
-            op,
-            root,
-        };
-        self.on_nccl(kind, opts)
-    }
-
-    fn broadcast(
-        &self,
-        st: &mut CallState,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        root: usize,
-        plan: &Plan,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        self.follow(st, opts.stream)?;
-        let (n, dt) = (output.count(), output.dtype());
-        let (ip, o) = (input.address(&output), output.ptr() as u64);
-        if let Some((d, parts)) = self.staged(plan, "broadcast")? {
-            return d.coll_broadcast(ip, o, n, dt, root, parts, opts.stream);
-        }
-        let kind = CallKind::Broadcast {
-            input,
-            output,
-            root,
-        };
-        self.on_nccl(kind, opts)
-    }
-
-    fn all_gather(
-        &self,
-        st: &mut CallState,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        plan: &Plan,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        self.follow(st, opts.stream)?;
-        let (dt, part) = (output.dtype(), output.count() / self.size);
-        let (i, o) = (
-            input.part_address(&output, part, self.rank),
-            output.ptr() as u64,
-        );
-        if let Some((d, c, form)) = self.low_precision(plan) {
-            return d.lp_collective(&form, &c, dt, i, o, part, false, opts.stream);
-        }
-        if let Some((d, parts)) = self.staged(plan, "all_gather")? {
-            return d.coll_all_gather(i, o, part, dt, parts, opts.stream);
-        }
-        self.on_nccl(CallKind::AllGather { input, output }, opts)
-    }
-
-    fn reduce_scatter(
-        &self,
-        st: &mut CallState,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        op: ReduceOp,
-        plan: &Plan,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        self.follow(st, opts.stream)?;
-        let dt = output.dtype();
-        // In place, the output is the whole buffer and our part sits at rank * part.
-        let (i, o, part) = match &input {
-            Input::InPlace => {
-                let part = output.count() / self.size;
-                let base = output.ptr() as u64;
-                (base, base + (self.rank * part * dt.size()) as u64, part)
-            }
-            Input::Buf(v) => (v.ptr() as u64, output.ptr() as u64, output.count()),
-        };
-        if let Some((d, c, form)) = self.low_precision(plan) {
-            let avg = op == ReduceOp::Avg;
-            return d.lp_collective(&form, &c, dt, i, o, part, avg, opts.stream);
-        }
-        if let Some((d, parts)) = self.staged(plan, "reduce_scatter")? {
-            return d.coll_reduce_scatter(i, o, part, dt, op, parts, opts.stream);
-        }
-        self.on_nccl(CallKind::ReduceScatter { input, output, op }, opts)
-    }
-
-    fn all_to_all(
-        &self,
-        st: &mut CallState,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        plan: &Plan,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        self.follow(st, opts.stream)?;
-        let (dt, part) = (output.dtype(), output.count() / self.size);
-        let (i, o) = (input.address(&output), output.ptr() as u64);
-        if let Some((d, c, form)) = self.low_precision(plan) {
-            return d.lp_collective(&form, &c, dt, i, o, part, false, opts.stream);
-        }
-        if let Some((d, parts)) = self.staged(plan, "all_to_all")? {
-            return d.coll_all_to_all(i, o, part, dt, parts, opts.stream);
-        }
-        self.on_nccl(CallKind::AllToAll { input, output }, opts)
-    }
-
-    fn all_to_all_v(
-        &self,
-        st: &mut CallState,
-        input: Input<'_>,
-        output: ViewMut<'_>,
-        splits: &Splits,
-        plan: &Plan,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        self.follow(st, opts.stream)?;
-        let dt = output.dtype();
-        let (i, o) = (input.address(&output), output.ptr() as u64);
-        // Low precision (two ranks, planned on the crossing counts, which both ranks see). In
-        // place as the full-precision kernels (every part keeps its size, which the plan
-        // requires, and Communicator keeps its place): the warp that reads a group of part p to
-        // send it is the one that writes the group received into part p, after the barrier
-        // (kernels/lowp.cu, as in the all-to-all).
-        if let Some((d, c, form)) = self.low_precision(plan) {
-            return d.lp_all_to_all_v(&form, &c, dt, i, o, splits, opts.stream);
-        }
-        match (self.dda.as_deref(), plan.a2av) {
-            (Some(d), Some(form)) => d.coll_all_to_all_v(i, o, splits, dt, form, opts.stream),
-            _ => {
-                let kind = CallKind::AllToAllV {
-                    input,
-                    output,
-                    splits,
-                };
-                self.on_nccl(kind, opts)
-            }
         }
     }
 
@@ -734,76 +690,5 @@ impl CudaBackend {
             let sum = ReduceOp::Sum;
             self.planned_all_reduce(&mut st, x, out, sum, aligned, &all_reduce, opts)
         })
-    }
-
-    fn barrier(&self, st: &mut CallState, plan: &Plan, opts: &CallOpts) -> Result<()> {
-        self.follow(st, opts.stream)?;
-        let (Engine::Direct, Some(d)) = (plan.engine, self.dda.as_deref()) else {
-            return self.on_nccl(CallKind::Barrier, opts);
-        };
-        // Direct access meets every rank in one push kernel (no NCCL needed): a one-word
-        // all-reduce with Max, which leaves the word as it was. A peer that never comes makes
-        // the kernel give up after the timeout, and check_error names it.
-        let w = d.barrier_word();
-        let push = Plan::on_gpu(Algo::Push, None);
-        d.all_reduce(&push, w, w, 1, DataType::I32, ReduceOp::Max, opts.stream)?;
-        // SAFETY: waits for the caller's stream (a live stream of this context); the kernel ends
-        // by the timeout at the latest.
-        unsafe { result::stream_synchronize(opts.stream, "barrier: cuStreamSynchronize") }?;
-        d.check_error("barrier")
-    }
-
-    fn send(
-        &self,
-        st: &mut CallState,
-        data: View<'_>,
-        peer: usize,
-        plan: &Plan,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        self.follow(st, opts.stream)?;
-        let (n, dt) = (data.count(), data.dtype());
-        if let Some((d, p)) = self.staged(plan, "send")? {
-            return d.coll_send_recv(data.ptr() as u64, n, dt, self.rank, p, opts.stream);
-        }
-        self.on_nccl(CallKind::Send { data, peer }, opts)
-    }
-
-    fn recv(
-        &self,
-        st: &mut CallState,
-        out: ViewMut<'_>,
-        peer: usize,
-        plan: &Plan,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        self.follow(st, opts.stream)?;
-        let (n, dt) = (out.count(), out.dtype());
-        if let Some((d, p)) = self.staged(plan, "recv")? {
-            return d.coll_send_recv(out.ptr() as u64, n, dt, peer, p, opts.stream);
-        }
-        self.on_nccl(CallKind::Recv { out, peer }, opts)
-    }
-
-    fn batch_send_recv(
-        &self,
-        st: &mut CallState,
-        ops: Vec<P2pOp<'_>>,
-        plan: &Plan,
-        opts: &CallOpts,
-    ) -> Result<()> {
-        self.follow(st, opts.stream)?;
-        if let Some((d, parts)) = self.direct_batch(&ops, plan, opts)? {
-            let sends = ops.iter().map(|op| matches!(op, P2pOp::Send { .. }));
-            for (k, sender) in collectives::two_rank_batch_order(self.rank, sends) {
-                let (ptr, n, dt) = match &ops[k] {
-                    P2pOp::Send { data, .. } => (data.ptr() as u64, data.count(), data.dtype()),
-                    P2pOp::Recv { out, .. } => (out.ptr() as u64, out.count(), out.dtype()),
-                };
-                d.coll_send_recv(ptr, n, dt, sender, parts[k], opts.stream)?;
-            }
-            return Ok(());
-        }
-        self.on_nccl(CallKind::BatchSendRecv { ops }, opts)
     }
 }

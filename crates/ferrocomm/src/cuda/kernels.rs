@@ -508,21 +508,8 @@ fn builtin_compatible(v: usize, g: Group, arch: &str) -> Result<Option<Code>> {
     let Some(n) = target_number(arch).filter(|_| !is_ptx(arch)) else {
         return Ok(None);
     };
-    let mut best: Option<(u32, &'static str)> = None;
-    for t in BUILTIN.targets.iter().filter(|t| !is_ptx(t.target)) {
-        if let Some(m) = target_number(t.target) {
-            if m / 10 == n / 10 && m < n && best.is_none_or(|(b, _)| m > b) {
-                best = Some((m, t.target));
-            }
-        }
-    }
-    let Some((_, target)) = best else {
-        return Ok(None);
-    };
-    Ok(builtin_unit(v, g, target)?.map(|b| Code {
-        bytes: b.into(),
-        source: CodeSource::BuiltInCompatible(target),
-    }))
+    let fits = |m: u32| m / 10 == n / 10 && m < n;
+    builtin_newest(v, g, false, fits, CodeSource::BuiltInCompatible)
 }
 
 /// Built-in PTX that a GPU of `arch` can run (the newest target not above it).
@@ -530,10 +517,22 @@ fn builtin_ptx(v: usize, g: Group, arch: &str) -> Result<Option<Code>> {
     let Some(n) = target_number(arch) else {
         return Ok(None);
     };
+    builtin_newest(v, g, true, |m| m <= n, CodeSource::BuiltInPtx)
+}
+
+/// The built-in unit (`v`, `g`) of the newest target, PTX or cubin as `ptx` says, whose number
+/// `fits`, its source named by `source`.
+fn builtin_newest(
+    v: usize,
+    g: Group,
+    ptx: bool,
+    fits: impl Fn(u32) -> bool,
+    source: fn(&'static str) -> CodeSource,
+) -> Result<Option<Code>> {
     let mut best: Option<(u32, &'static str)> = None;
-    for t in BUILTIN.targets.iter().filter(|t| is_ptx(t.target)) {
+    for t in BUILTIN.targets.iter().filter(|t| is_ptx(t.target) == ptx) {
         if let Some(m) = target_number(t.target) {
-            if m <= n && best.is_none_or(|(b, _)| m > b) {
+            if fits(m) && best.is_none_or(|(b, _)| m > b) {
                 best = Some((m, t.target));
             }
         }
@@ -543,7 +542,7 @@ fn builtin_ptx(v: usize, g: Group, arch: &str) -> Result<Option<Code>> {
     };
     Ok(builtin_unit(v, g, target)?.map(|b| Code {
         bytes: b.into(),
-        source: CodeSource::BuiltInPtx(target),
+        source: source(target),
     }))
 }
 
@@ -638,15 +637,22 @@ fn compile_cached(v: usize, g: Group, arch: &str, cfg: &Config) -> Result<Code> 
     })
 }
 
-/// The code of `dtype`'s unit of `group` for a GPU of `arch` (`sm_90`), compiled now if
-/// nothing else has it (see the module's doc for the order).
-pub fn code(dtype: DataType, group: Group, arch: &str, cfg: &Config) -> Result<Code> {
+/// The variant of `dtype` in the units of `group`, refused when the group has no unit of that
+/// dtype or does not run on a GPU of `arch`.
+fn variant_for(dtype: DataType, group: Group, arch: &str) -> Result<usize> {
     let v = variant_index(dtype)
         .filter(|&v| group.applies(v))
         .ok_or_else(|| unsupported(dtype, group))?;
     if !group_runs_on(group, arch) {
         return Err(too_old(group, arch));
     }
+    Ok(v)
+}
+
+/// The code of `dtype`'s unit of `group` for a GPU of `arch` (`sm_90`), compiled now if
+/// nothing else has it (see the module's doc for the order).
+pub fn code(dtype: DataType, group: Group, arch: &str, cfg: &Config) -> Result<Code> {
+    let v = variant_for(dtype, group, arch)?;
     if let Some(c) = ready_code(v, group, arch, cfg)? {
         return Ok(c);
     }
@@ -667,12 +673,7 @@ pub fn code_source(
     arch: &str,
     cfg: &Config,
 ) -> Result<Option<CodeSource>> {
-    let v = variant_index(dtype)
-        .filter(|&v| group.applies(v))
-        .ok_or_else(|| unsupported(dtype, group))?;
-    if !group_runs_on(group, arch) {
-        return Err(too_old(group, arch));
-    }
+    let v = variant_for(dtype, group, arch)?;
     if let Some(c) = ready_code(v, group, arch, cfg)? {
         return Ok(Some(c.source));
     }
@@ -700,12 +701,7 @@ pub(crate) fn load_unit(
     cfg: &Config,
     ready_only: bool,
 ) -> Result<Option<LoadedUnit>> {
-    let v = variant_index(dtype)
-        .filter(|&v| group.applies(v))
-        .ok_or_else(|| unsupported(dtype, group))?;
-    if !group_runs_on(group, arch) {
-        return Err(too_old(group, arch));
-    }
+    let v = variant_for(dtype, group, arch)?;
     let what = format!("loading the {} kernels", units::unit_name(v, group));
     let refused = match ready_code(v, group, arch, cfg)? {
         Some(c) => match Module::load(&c.bytes, &what) {

@@ -28,6 +28,13 @@ use crate::types::Device;
 /// A device attribute ([`current_device_attribute`]): cudarc's enum of the driver's.
 pub(crate) use cudarc::driver::sys::CUdevice_attribute as DeviceAttribute;
 
+/// The flags cudarc's safe stream, event and graph types take, for a program that drives a GPU
+/// with them (the bench): the driver's enums, named here so that `sys` stays in this layer.
+pub use cudarc::driver::sys::{
+    CUevent_flags as EventFlags, CUgraphInstantiate_flags as GraphInstantiateFlags,
+    CUstreamCaptureMode as CaptureMode,
+};
+
 /// Number of CUDA devices visible, 0 when the driver library is absent or fails to start.
 pub fn gpu_count() -> usize {
     if !libs::driver_present() {
@@ -41,18 +48,89 @@ pub fn gpu_count() -> usize {
         .unwrap_or(0)
 }
 
-/// The model of CUDA device `ordinal` as the driver names it (`NVIDIA H200`).
-pub fn device_name(ordinal: usize) -> Result<String> {
+/// Starts the driver ([cuInit]); the error says why it would not (no device, a driver too old).
+///
+/// [cuInit]: https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__INITIALIZE.html
+pub fn init() -> Result<()> {
+    if !libs::driver_present() {
+        return Err(Error::Cuda("libcuda is not present on this machine".into()));
+    }
+    cudarc::driver::result::init().map_err(|e| Error::Cuda(format!("cuInit: {e}")))
+}
+
+/// The CUDA version the driver supports, as (major, minor) ([cuDriverGetVersion]; after
+/// [`init`]).
+///
+/// [cuDriverGetVersion]: https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__VERSION.html
+pub fn driver_version() -> Result<(i32, i32)> {
+    let mut v = 0i32;
+    cu(
+        // SAFETY: out-parameter of one int.
+        unsafe { sys::cuDriverGetVersion(&mut v) },
+        "cuDriverGetVersion",
+    )?;
+    Ok((v / 1000, (v % 1000) / 10))
+}
+
+/// The driver's handle of visible device `ordinal`, checked against the count ([cuDeviceGet]).
+///
+/// [cuDeviceGet]: https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__DEVICE.html
+fn device(ordinal: usize) -> Result<sys::CUdevice> {
     let n = gpu_count();
     if ordinal >= n {
         return Err(Error::InvalidArgument(format!(
             "no CUDA device {ordinal} ({n} visible)"
         )));
     }
-    let dev = cudarc::driver::result::device::get(ordinal as i32)
-        .map_err(|e| Error::Cuda(format!("cuDeviceGet({ordinal}): {e:?}")))?;
-    cudarc::driver::result::device::get_name(dev)
+    cudarc::driver::result::device::get(ordinal as i32)
+        .map_err(|e| Error::Cuda(format!("cuDeviceGet({ordinal}): {e:?}")))
+}
+
+/// The model of CUDA device `ordinal` as the driver names it (`NVIDIA H200`).
+pub fn device_name(ordinal: usize) -> Result<String> {
+    cudarc::driver::result::device::get_name(device(ordinal)?)
         .map_err(|e| Error::Cuda(format!("cuDeviceGetName({ordinal}): {e:?}")))
+}
+
+/// The compute capability of device `ordinal` as (major, minor) (`(9, 0)` on an H200).
+pub fn device_compute_capability(ordinal: usize) -> Result<(i32, i32)> {
+    let d = device(ordinal)?;
+    let major = result::device_get_attribute(
+        DeviceAttribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+        d,
+    )?;
+    let minor = result::device_get_attribute(
+        DeviceAttribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+        d,
+    )?;
+    Ok((major, minor))
+}
+
+/// The bytes of memory on device `ordinal` ([cuDeviceTotalMem]).
+///
+/// [cuDeviceTotalMem]: https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__DEVICE.html
+pub fn device_total_memory(ordinal: usize) -> Result<usize> {
+    let d = device(ordinal)?;
+    // SAFETY: `d` came from cuDeviceGet.
+    unsafe { cudarc::driver::result::device::total_mem(d) }
+        .map_err(|e| Error::Cuda(format!("cuDeviceTotalMem({ordinal}): {e:?}")))
+}
+
+/// The PCI bus id of device `ordinal` (`0000:19:00.0`).
+pub fn device_pci_bus_id(ordinal: usize) -> Result<String> {
+    result::device_get_pci_bus_id(device(ordinal)?)
+}
+
+/// Whether device `a` can map the memory of device `b` ([cuDeviceCanAccessPeer]).
+///
+/// [cuDeviceCanAccessPeer]: https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__PEER__ACCESS.html
+pub fn can_access_peer(a: usize, b: usize) -> Result<bool> {
+    let (da, db) = (device(a)?, device(b)?);
+    let mut ok = 0i32;
+    // SAFETY: both devices came from cuDeviceGet; one int is written.
+    let r = unsafe { sys::cuDeviceCanAccessPeer(&mut ok, da, db) };
+    cu(r, "cuDeviceCanAccessPeer")?;
+    Ok(ok == 1)
 }
 
 /// Turns a driver result into our error, naming the call.

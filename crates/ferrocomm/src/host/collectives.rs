@@ -95,27 +95,34 @@ impl HostBackend {
         reduce_bytes(dtype, op, &ins, dst)
     }
 
-    /// Runs a chunked collective: stage chunk 0 before the start barrier (its release also
-    /// publishes the staged data), then per chunk: stage and barrier (after the first),
-    /// consume, barrier (the consumed slots may be reused only after every rank has read them).
+    /// Runs a chunked collective over `count` elements, `chunk` at a time: stage chunk 0 before
+    /// the start barrier (its release also publishes the staged data), then per chunk: stage
+    /// and barrier (after the first), consume, barrier (the consumed slots may be reused only
+    /// after every rank has read them). `stage` and `consume` get the chunk's first element and
+    /// its length.
     pub(super) fn chunked(
         &self,
         sig: &Signature,
-        nchunks: usize,
-        mut stage: impl FnMut(usize),
-        mut consume: impl FnMut(&mut Running<'_>, usize) -> Result<()>,
+        count: usize,
+        chunk: usize,
+        mut stage: impl FnMut(usize, usize),
+        mut consume: impl FnMut(&mut Running<'_>, usize, usize) -> Result<()>,
     ) -> Result<()> {
+        let nchunks = count.div_ceil(chunk);
+        let range = |k: usize| (k * chunk, chunk.min(count - k * chunk));
         let mut call = self.begin(sig.coll)?;
         if nchunks > 0 {
-            stage(0);
+            let (off, len) = range(0);
+            stage(off, len);
         }
         call.start(sig)?;
         for k in 0..nchunks {
+            let (off, len) = range(k);
             if k > 0 {
-                stage(k);
+                stage(off, len);
                 call.barrier()?;
             }
-            consume(&mut call, k)?;
+            consume(&mut call, off, len)?;
             call.barrier()?;
         }
         call.finish()
@@ -127,17 +134,18 @@ impl HostBackend {
     pub(super) fn chunked_fallible(
         &self,
         sig: &Signature,
-        nchunks: usize,
-        mut stage: impl FnMut(usize) -> Result<()>,
-        consume: impl FnMut(&mut Running<'_>, usize) -> Result<()>,
+        count: usize,
+        chunk: usize,
+        mut stage: impl FnMut(usize, usize) -> Result<()>,
+        consume: impl FnMut(&mut Running<'_>, usize, usize) -> Result<()>,
     ) -> Result<()> {
         let mut staged: Option<Error> = None;
-        let stage = |k: usize| {
-            if let Err(e) = stage(k) {
+        let stage = |off: usize, len: usize| {
+            if let Err(e) = stage(off, len) {
                 staged.get_or_insert(e);
             }
         };
-        self.chunked(sig, nchunks, stage, consume)?;
+        self.chunked(sig, count, chunk, stage, consume)?;
         staged.map_or(Ok(()), Err)
     }
 
@@ -169,15 +177,11 @@ impl HostBackend {
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let chunk = seg.layout.slot_bytes / es;
         let sig = Signature {
-            dtype: Some(dtype),
-            count: count as u64,
             op: Some(op),
             algo,
-            ..Signature::new(coll)
+            ..Signature::of(coll, dtype, count)
         };
-        let range = |k: usize| (k * chunk, chunk.min(count - k * chunk));
-        let stage = |k: usize| {
-            let (off, len) = range(k);
+        let stage = |off: usize, len: usize| {
             // SAFETY: the input holds `count` elements; our own slot is ours until the barrier
             // that publishes it, and no peer reads it before then.
             unsafe { copy(bufs.input.add(off * es), seg.slot(me), len * es) }
@@ -186,8 +190,7 @@ impl HostBackend {
             Algo::Tree => {
                 // Stripes of whole cache lines, so no two owners share a line of `reduced`.
                 let align = (LINE / es).max(1);
-                self.chunked(&sig, count.div_ceil(chunk), stage, |call, k| {
-                    let (off, len) = range(k);
+                self.chunked(&sig, count, chunk, stage, |call, off, len| {
                     // Reduce-scatter: this rank reduces stripe `me` of every slot, in rank order.
                     let (lo, hi) = stripe(len, n, me, align);
                     // SAFETY: after the barrier no rank writes its slot until the end barrier;
@@ -204,8 +207,7 @@ impl HostBackend {
                     Ok(())
                 })
             }
-            _ => self.chunked(&sig, count.div_ceil(chunk), stage, |_, k| {
-                let (off, len) = range(k);
+            _ => self.chunked(&sig, count, chunk, stage, |_, off, len| {
                 // Flat: every rank reduces all slots in rank order 0..n-1.
                 // SAFETY: slots are stable between this chunk's barriers; in place, the input
                 // chunk was staged already, so overwriting it is fine; the output chunk belongs
@@ -226,26 +228,22 @@ impl HostBackend {
         let (es, me, seg) = (dtype.size(), self.rank, &self.seg);
         let chunk = seg.layout.slot_bytes / es;
         let sig = Signature {
-            dtype: Some(dtype),
-            count: count as u64,
             op: Some(op),
             root: Some(root),
-            ..Signature::new(Collective::Reduce)
+            ..Signature::of(Collective::Reduce, dtype, count)
         };
-        let range = |k: usize| (k * chunk, chunk.min(count - k * chunk));
         self.chunked(
             &sig,
-            count.div_ceil(chunk),
-            |k| {
-                let (off, len) = range(k);
+            count,
+            chunk,
+            |off, len| {
                 // SAFETY: as in all_reduce: our slot, the input's own range.
                 unsafe { copy(bufs.input.add(off * es), seg.slot(me), len * es) }
             },
-            |_, k| {
+            |_, off, len| {
                 if me != root {
                     return Ok(());
                 }
-                let (off, len) = range(k);
                 // SAFETY: slots are stable between barriers; the output is this call's.
                 unsafe { self.reduce_slots(dtype, op, 0, len, bufs.output.add(off * es)) }
             },
@@ -262,24 +260,20 @@ impl HostBackend {
         let (es, me, seg) = (dtype.size(), self.rank, &self.seg);
         let chunk = seg.layout.slot_bytes / es;
         let sig = Signature {
-            dtype: Some(dtype),
-            count: count as u64,
             root: Some(root),
-            ..Signature::new(Collective::Broadcast)
+            ..Signature::of(Collective::Broadcast, dtype, count)
         };
-        let range = |k: usize| (k * chunk, chunk.min(count - k * chunk));
         self.chunked(
             &sig,
-            count.div_ceil(chunk),
-            |k| {
+            count,
+            chunk,
+            |off, len| {
                 if me == root {
-                    let (off, len) = range(k);
                     // SAFETY: root's own slot and input range.
                     unsafe { copy(bufs.input.add(off * es), seg.slot(root), len * es) };
                 }
             },
-            |_, k| {
-                let (off, len) = range(k);
+            |_, off, len| {
                 // SAFETY: the root's slot is stable until the end barrier; out of place on the
                 // root, input and output are distinct buffers.
                 unsafe {
@@ -312,22 +306,16 @@ impl HostBackend {
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let chunk = seg.layout.slot_bytes / es;
         let input = bufs.gather_input(me, part * es);
-        let sig = Signature {
-            dtype: Some(dtype),
-            count: part as u64,
-            ..Signature::new(coll)
-        };
-        let range = |k: usize| (k * chunk, chunk.min(part - k * chunk));
+        let sig = Signature::of(coll, dtype, part);
         self.chunked(
             &sig,
-            part.div_ceil(chunk),
-            |k| {
-                let (off, len) = range(k);
+            part,
+            chunk,
+            |off, len| {
                 // SAFETY: own slot, own input range.
                 unsafe { copy(input.add(off * es), seg.slot(me), len * es) }
             },
-            |_, k| {
-                let (off, len) = range(k);
+            |_, off, len| {
                 for r in 0..n {
                     if r == me && bufs.in_place {
                         continue;
@@ -389,19 +377,16 @@ impl HostBackend {
         let chunk = region / es;
         let out = bufs.scatter_output(me, part * es);
         let sig = Signature {
-            dtype: Some(dtype),
-            count: part as u64,
             op: Some(op),
-            ..Signature::new(coll)
+            ..Signature::of(coll, dtype, part)
         };
-        let range = |k: usize| (k * chunk, chunk.min(part - k * chunk));
         self.chunked(
             &sig,
-            part.div_ceil(chunk),
+            part,
+            chunk,
             // SAFETY: the input holds n * part elements; our slot is ours before the barrier.
-            |k| unsafe { self.stage_parts(bufs.input, es, part, region, range(k).0, range(k).1) },
-            |_, k| {
-                let (off, len) = range(k);
+            |off, len| unsafe { self.stage_parts(bufs.input, es, part, region, off, len) },
+            |_, off, len| {
                 // SAFETY: regions `me` of every slot are stable between barriers; in place,
                 // chunk k of our part was staged before we overwrite it.
                 unsafe { self.reduce_slots(dtype, op, me * region, len, out.add(off * es)) }
@@ -423,19 +408,14 @@ impl HostBackend {
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let region = self.regions_for(coll)?;
         let chunk = region / es;
-        let sig = Signature {
-            dtype: Some(dtype),
-            count: part as u64,
-            ..Signature::new(coll)
-        };
-        let range = |k: usize| (k * chunk, chunk.min(part - k * chunk));
+        let sig = Signature::of(coll, dtype, part);
         self.chunked(
             &sig,
-            part.div_ceil(chunk),
+            part,
+            chunk,
             // SAFETY: as in reduce_scatter.
-            |k| unsafe { self.stage_parts(bufs.input, es, part, region, range(k).0, range(k).1) },
-            |_, k| {
-                let (off, len) = range(k);
+            |off, len| unsafe { self.stage_parts(bufs.input, es, part, region, off, len) },
+            |_, off, len| {
                 for r in 0..n {
                     // SAFETY: region `me` of slot r is stable between barriers; in place,
                     // chunk k of every part was staged before being overwritten here.

@@ -129,17 +129,13 @@ impl HostBackend {
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let chunk = self.lp_chunk(coll, codec, seg.layout.slot_bytes)?;
         let sig = Signature {
-            dtype: Some(dtype),
-            count: count as u64,
             op: Some(op),
             algo,
             lp: lp_word(codec),
-            ..Signature::new(coll)
+            ..Signature::of(coll, dtype, count)
         };
-        let range = |k: usize| (k * chunk, chunk.min(count - k * chunk));
         let (mut wide, mut acc) = (Vec::new(), Vec::new());
-        let mut stage = |k: usize| {
-            let (off, len) = range(k);
+        let mut stage = |off: usize, len: usize| {
             // SAFETY: the input's own range; our slot is ours until the barrier.
             unsafe {
                 encode(
@@ -152,46 +148,45 @@ impl HostBackend {
                 )
             }
         };
-        let nchunks = count.div_ceil(chunk);
         match algo {
-            Algo::Tree => self.chunked_fallible(&sig, nchunks, &mut stage, |call, k| {
-                let (off, len) = range(k);
-                let (lo, hi) = stripe(len, n, me, codec.block);
-                // An empty stripe (fewer blocks than ranks) may start at an unaligned `len`.
-                if hi > lo {
-                    let at = codec.encoded_offset(lo);
-                    // SAFETY: slots are stable until the end barrier; our stripe of `reduced`
-                    // is written by us alone (stripes are whole blocks, so whole records).
-                    unsafe {
-                        sum(
-                            codec,
-                            (0..n).map(|r| seg.slot(r).add(at) as *const u8),
-                            hi - lo,
-                            op,
-                            &mut acc,
-                        );
-                        // Quantize the reduced stripe once; everyone decodes these same codes.
-                        codec.encode(
-                            &acc,
-                            exclusive(seg.reduced().add(at), codec.encoded_bytes(hi - lo)),
-                        );
+            Algo::Tree => {
+                self.chunked_fallible(&sig, count, chunk, &mut stage, |call, off, len| {
+                    let (lo, hi) = stripe(len, n, me, codec.block);
+                    // An empty stripe (fewer blocks than ranks) may start at an unaligned `len`.
+                    if hi > lo {
+                        let at = codec.encoded_offset(lo);
+                        // SAFETY: slots are stable until the end barrier; our stripe of `reduced`
+                        // is written by us alone (stripes are whole blocks, so whole records).
+                        unsafe {
+                            sum(
+                                codec,
+                                (0..n).map(|r| seg.slot(r).add(at) as *const u8),
+                                hi - lo,
+                                op,
+                                &mut acc,
+                            );
+                            // Quantize the reduced stripe once; everyone decodes these same codes.
+                            codec.encode(
+                                &acc,
+                                exclusive(seg.reduced().add(at), codec.encoded_bytes(hi - lo)),
+                            );
+                        }
                     }
-                }
-                call.barrier()?;
-                // SAFETY: `reduced` is complete and stable until the end barrier.
-                unsafe {
-                    decode(
-                        codec,
-                        dtype,
-                        seg.reduced(),
-                        len,
-                        bufs.output.add(off * es),
-                        &mut acc,
-                    )
-                }
-            }),
-            _ => self.chunked_fallible(&sig, nchunks, &mut stage, |_, k| {
-                let (off, len) = range(k);
+                    call.barrier()?;
+                    // SAFETY: `reduced` is complete and stable until the end barrier.
+                    unsafe {
+                        decode(
+                            codec,
+                            dtype,
+                            seg.reduced(),
+                            len,
+                            bufs.output.add(off * es),
+                            &mut acc,
+                        )
+                    }
+                })
+            }
+            _ => self.chunked_fallible(&sig, count, chunk, &mut stage, |_, off, len| {
                 // SAFETY: slots are stable between the chunk's barriers; the output is ours.
                 unsafe {
                     sum(
@@ -219,18 +214,15 @@ impl HostBackend {
         let chunk = self.lp_chunk(coll, codec, seg.layout.slot_bytes)?;
         let input = bufs.gather_input(me, part * es);
         let sig = Signature {
-            dtype: Some(dtype),
-            count: part as u64,
             lp: lp_word(codec),
-            ..Signature::new(coll)
+            ..Signature::of(coll, dtype, part)
         };
-        let range = |k: usize| (k * chunk, chunk.min(part - k * chunk));
         let (mut wide, mut acc) = (Vec::new(), Vec::new());
         self.chunked_fallible(
             &sig,
-            part.div_ceil(chunk),
-            |k| {
-                let (off, len) = range(k);
+            part,
+            chunk,
+            |off, len| {
                 // SAFETY: our input range; our slot.
                 unsafe {
                     encode(
@@ -243,8 +235,7 @@ impl HostBackend {
                     )
                 }
             },
-            |_, k| {
-                let (off, len) = range(k);
+            |_, off, len| {
                 // Every part is decoded, ours too, so that all ranks hold the same values.
                 for r in 0..n {
                     // SAFETY: slots are stable between barriers; output part r is ours.
@@ -282,13 +273,12 @@ impl HostBackend {
         let (me, n, seg) = (self.rank, self.world, &self.seg);
         let region = region_bytes(seg.layout.slot_bytes, n);
         let chunk = self.lp_chunk(sig.coll, codec, region)?;
-        let range = |k: usize| (k * chunk, chunk.min(part - k * chunk));
         let mut wide = Vec::new();
         self.chunked_fallible(
             sig,
-            part.div_ceil(chunk),
-            |k| {
-                let (off, len) = range(k);
+            part,
+            chunk,
+            |off, len| {
                 for p in (0..n).filter(|&p| !(skip_own && p == me)) {
                     // SAFETY: the input holds n parts; our slot is ours before the barrier and
                     // its regions are disjoint.
@@ -305,10 +295,7 @@ impl HostBackend {
                 }
                 Ok(())
             },
-            |_, k| {
-                let (off, len) = range(k);
-                receive(region, off, len)
-            },
+            |_, off, len| receive(region, off, len),
         )
     }
 
@@ -324,11 +311,9 @@ impl HostBackend {
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let out = bufs.scatter_output(me, part * es);
         let sig = Signature {
-            dtype: Some(dtype),
-            count: part as u64,
             op: Some(op),
             lp: lp_word(codec),
-            ..Signature::new(coll)
+            ..Signature::of(coll, dtype, part)
         };
         let mut acc = Vec::new();
         // Every rank's part `me` is summed, ours too, through the codes (the one-shot sum).
@@ -357,10 +342,8 @@ impl HostBackend {
         let coll = Collective::AllToAll;
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
         let sig = Signature {
-            dtype: Some(dtype),
-            count: part as u64,
             lp: lp_word(codec),
-            ..Signature::new(coll)
+            ..Signature::of(coll, dtype, part)
         };
         let mut acc = Vec::new();
         // Our own part does not travel: copied as it is (in place it is already there).

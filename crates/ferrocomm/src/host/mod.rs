@@ -105,6 +105,15 @@ impl Signature {
         }
     }
 
+    /// The signature of a call of `count` elements of `dtype` (the rest as [`Signature::new`]).
+    pub fn of(coll: Collective, dtype: DataType, count: usize) -> Self {
+        Signature {
+            dtype: Some(dtype),
+            count: count as u64,
+            ..Signature::new(coll)
+        }
+    }
+
     fn words(&self, seq: u64) -> [u64; SIG_WORDS - 1] {
         let code = self.coll.code() as u64
             | (self.dtype.map_or(0xff, |d| d.code()) as u64) << 8

@@ -511,6 +511,17 @@ impl Live<'_> {
     }
 }
 
+/// Which NCCL reduction [`Nccl::reduction`] enqueues.
+#[derive(Clone, Copy)]
+pub(crate) enum Reduction {
+    /// `ncclAllReduce`: the result on every rank.
+    All,
+    /// `ncclReduce`: the result on the root alone.
+    To(usize),
+    /// `ncclReduceScatter`: part `rank` of the result on rank `rank`.
+    Scatter,
+}
+
 impl Nccl {
     /// Joins the NCCL communicator of `ctx` (rank 0 publishes the unique id through the store).
     /// The device's context must be current on this thread. Initialisation that has not
@@ -695,135 +706,14 @@ impl Nccl {
         s as sys::CuStream
     }
 
-    /// `ncclAllReduce` of `count` elements from `send` into `recv` (device addresses, equal when in place) on `stream`.
-    pub(crate) fn all_reduce(
-        &self,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        stream: u64,
-    ) -> Result<()> {
-        self.run("all_reduce", stream, |live| {
-            live.reduce_with(
-                op,
-                dtype,
-                count,
-                "all_reduce",
-                "ncclAllReduce",
-                |live, o, at, n| {
-                    // SAFETY: device pointers of `count` elements validated by the caller; a piece
-                    // lies within them.
-                    unsafe {
-                        (live.lib().ncclAllReduce)(
-                            (send + at as u64) as *const c_void,
-                            (recv + at as u64) as *mut c_void,
-                            n,
-                            nccl_dtype(dtype),
-                            o,
-                            live.comm(),
-                            Self::stream(stream),
-                        )
-                    }
-                },
-            )
-        })
-    }
-
-    /// `ncclReduce` into `recv` on `root`; otherwise as [`Nccl::all_reduce`].
+    /// A reduction of `count` elements from `send` into `recv` (device addresses, equal when in
+    /// place) on `stream`: `ncclAllReduce`, `ncclReduce` into `recv` on the root, or
+    /// `ncclReduceScatter` (`send` holds `size * count` elements, part `rank` reduced into
+    /// `recv`).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn reduce(
+    pub(crate) fn reduction(
         &self,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-        stream: u64,
-    ) -> Result<()> {
-        self.run("reduce", stream, |live| {
-            live.reduce_with(
-                op,
-                dtype,
-                count,
-                "reduce",
-                "ncclReduce",
-                |live, o, at, n| {
-                    // SAFETY: as for all_reduce.
-                    unsafe {
-                        (live.lib().ncclReduce)(
-                            (send + at as u64) as *const c_void,
-                            (recv + at as u64) as *mut c_void,
-                            n,
-                            nccl_dtype(dtype),
-                            o,
-                            root as c_int,
-                            live.comm(),
-                            Self::stream(stream),
-                        )
-                    }
-                },
-            )
-        })
-    }
-
-    /// `ncclBroadcast` of `root`'s `send` into every rank's `recv`.
-    pub(crate) fn broadcast(
-        &self,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-        stream: u64,
-    ) -> Result<()> {
-        self.run("broadcast", stream, |live| {
-            // SAFETY: as for all_reduce.
-            let r = unsafe {
-                (live.lib().ncclBroadcast)(
-                    send as *const c_void,
-                    recv as *mut c_void,
-                    count,
-                    nccl_dtype(dtype),
-                    root as c_int,
-                    live.comm(),
-                    Self::stream(stream),
-                )
-            };
-            live.ok(r, "ncclBroadcast")
-        })
-    }
-
-    /// `ncclAllGather`: `count` elements from every rank, concatenated in rank order into `recv`.
-    pub(crate) fn all_gather(
-        &self,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dtype: DataType,
-        stream: u64,
-    ) -> Result<()> {
-        self.run("all_gather", stream, |live| {
-            // SAFETY: `recv` holds size * count elements (checked by the communicator).
-            let r = unsafe {
-                (live.lib().ncclAllGather)(
-                    send as *const c_void,
-                    recv as *mut c_void,
-                    count,
-                    nccl_dtype(dtype),
-                    live.comm(),
-                    Self::stream(stream),
-                )
-            };
-            live.ok(r, "ncclAllGather")
-        })
-    }
-
-    /// `ncclReduceScatter`: `count` reduced elements (part `rank` of `size * count`) into `recv`.
-    pub(crate) fn reduce_scatter(
-        &self,
+        kind: Reduction,
         send: u64,
         recv: u64,
         count: usize,
@@ -831,29 +721,66 @@ impl Nccl {
         op: ReduceOp,
         stream: u64,
     ) -> Result<()> {
-        self.run("reduce_scatter", stream, |live| {
-            live.reduce_with(
-                op,
-                dtype,
-                count,
-                "reduce_scatter",
-                "ncclReduceScatter",
-                |live, o, at, n| {
-                    // SAFETY: `send` holds size * count elements (checked by the communicator);
-                    // pieces (one rank only: `send` holds `count`) lie within both buffers.
-                    unsafe {
-                        (live.lib().ncclReduceScatter)(
-                            (send + at as u64) as *const c_void,
-                            (recv + at as u64) as *mut c_void,
-                            n,
-                            nccl_dtype(dtype),
-                            o,
-                            live.comm(),
-                            Self::stream(stream),
-                        )
+        let (collective, what) = match kind {
+            Reduction::All => ("all_reduce", "ncclAllReduce"),
+            Reduction::To(_) => ("reduce", "ncclReduce"),
+            Reduction::Scatter => ("reduce_scatter", "ncclReduceScatter"),
+        };
+        self.run(collective, stream, |live| {
+            live.reduce_with(op, dtype, count, collective, what, |live, o, at, n| {
+                let (src, dst) = (
+                    (send + at as u64) as *const c_void,
+                    (recv + at as u64) as *mut c_void,
+                );
+                let (dt, comm, s) = (nccl_dtype(dtype), live.comm(), Self::stream(stream));
+                // SAFETY: device pointers of `count` elements (for the reduce-scatter, `send` of
+                // `size * count`) validated by the communicator; a piece (one rank only, where
+                // `send` holds `count`) lies within both buffers.
+                unsafe {
+                    match kind {
+                        Reduction::All => (live.lib().ncclAllReduce)(src, dst, n, dt, o, comm, s),
+                        Reduction::To(root) => {
+                            (live.lib().ncclReduce)(src, dst, n, dt, o, root as c_int, comm, s)
+                        }
+                        Reduction::Scatter => {
+                            (live.lib().ncclReduceScatter)(src, dst, n, dt, o, comm, s)
+                        }
                     }
-                },
-            )
+                }
+            })
+        })
+    }
+
+    /// A data move of `count` elements from `send` into `recv` on `stream`: `ncclBroadcast` of
+    /// the root's `send` into every rank's `recv`, or `ncclAllGather` of every rank's `count`
+    /// elements, concatenated in rank order into `recv` (size * count elements).
+    pub(crate) fn data_move(
+        &self,
+        root: Option<usize>,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        stream: u64,
+    ) -> Result<()> {
+        let (collective, what) = match root {
+            Some(_) => ("broadcast", "ncclBroadcast"),
+            None => ("all_gather", "ncclAllGather"),
+        };
+        self.run(collective, stream, |live| {
+            let (src, dst) = (send as *const c_void, recv as *mut c_void);
+            let (dt, comm, s) = (nccl_dtype(dtype), live.comm(), Self::stream(stream));
+            // SAFETY: device pointers of `count` elements (`recv` of size * count for the
+            // all-gather), checked by the communicator.
+            let r = unsafe {
+                match root {
+                    Some(root) => {
+                        (live.lib().ncclBroadcast)(src, dst, count, dt, root as c_int, comm, s)
+                    }
+                    None => (live.lib().ncclAllGather)(src, dst, count, dt, comm, s),
+                }
+            };
+            live.ok(r, what)
         })
     }
 
@@ -1053,7 +980,8 @@ impl NcclBackend {
     pub(crate) fn execute(&self, kind: CallKind<'_>, opts: &CallOpts) -> Result<()> {
         let stream = opts.stream;
         match kind {
-            CallKind::AllReduce { input, output, op } => self.nccl.all_reduce(
+            CallKind::AllReduce { input, output, op } => self.nccl.reduction(
+                Reduction::All,
                 input.address(&output),
                 output.ptr() as u64,
                 output.count(),
@@ -1066,13 +994,13 @@ impl NcclBackend {
                 output,
                 op,
                 root,
-            } => self.nccl.reduce(
+            } => self.nccl.reduction(
+                Reduction::To(root),
                 input.address(&output),
                 output.ptr() as u64,
                 output.count(),
                 output.dtype(),
                 op,
-                root,
                 stream,
             ),
             CallKind::Broadcast {
@@ -1087,28 +1015,25 @@ impl NcclBackend {
                     output.ptr() as u64
                 };
                 let (recv, n, dt) = (output.ptr() as u64, output.count(), output.dtype());
-                self.nccl.broadcast(send, recv, n, dt, root, stream)
+                self.nccl.data_move(Some(root), send, recv, n, dt, stream)
             }
             CallKind::AllGather { input, output } => {
                 let n = output.count() / self.size;
                 let send = input.part_address(&output, n, self.rank);
-                self.nccl
-                    .all_gather(send, output.ptr() as u64, n, output.dtype(), stream)
+                let (recv, dt) = (output.ptr() as u64, output.dtype());
+                self.nccl.data_move(None, send, recv, n, dt, stream)
             }
             CallKind::ReduceScatter { input, output, op } => {
-                let es = output.dtype().size();
-                // In place, the output is the whole buffer and this rank's part sits at
-                // rank * part.
-                let (send, recv, n) = match input {
-                    Input::InPlace => {
-                        let n = output.count() / self.size;
-                        let base = output.ptr() as u64;
-                        (base, base + (self.rank * n * es) as u64, n)
-                    }
-                    Input::Buf(v) => (v.ptr() as u64, output.ptr() as u64, output.count()),
-                };
-                self.nccl
-                    .reduce_scatter(send, recv, n, output.dtype(), op, stream)
+                let (send, recv, n) = input.scatter_addresses(&output, self.size, self.rank);
+                self.nccl.reduction(
+                    Reduction::Scatter,
+                    send,
+                    recv,
+                    n,
+                    output.dtype(),
+                    op,
+                    stream,
+                )
             }
             CallKind::AllToAll { input, output } => {
                 let n = output.count() / self.size;
@@ -1194,8 +1119,15 @@ impl NcclBackend {
     /// the caller's stream.
     fn barrier(&self, stream: u64) -> Result<()> {
         let w = self.barrier_word;
-        self.nccl
-            .all_reduce(w, w, 1, DataType::I32, ReduceOp::Sum, stream)?;
+        self.nccl.reduction(
+            Reduction::All,
+            w,
+            w,
+            1,
+            DataType::I32,
+            ReduceOp::Sum,
+            stream,
+        )?;
         // SAFETY: waits for the caller's stream, a live stream of this context (the watchdog
         // aborts the communicator if the all-reduce hangs, so this returns).
         unsafe { result::stream_synchronize(stream, "barrier: cuStreamSynchronize") }?;

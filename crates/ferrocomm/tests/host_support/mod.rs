@@ -6,9 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrocomm::bootstrap::{MemStore, Store, StoreKey};
+use ferrocomm::bootstrap::{MemStore, Store, StoreKey, TcpStore};
 use ferrocomm::config::BackendChoice;
-use ferrocomm::{CommOptions, Communicator, Config, DataType, ReduceOp};
+use ferrocomm::{
+    CallOpts, CommOptions, Communicator, Config, DataType, Element, Input, ReduceOp, View, ViewMut,
+};
 use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
 
@@ -23,6 +25,31 @@ pub fn config(slot_bytes: usize, timeout: Duration) -> Config {
 /// The store key of the tests' TCP stores (parent and child processes derive the same).
 pub fn key() -> StoreKey {
     StoreKey::from_secret("the host tests' store secret")
+}
+
+/// A rank process's place, as its parent test started it: (`RANK`, `WORLD_SIZE`) and the TCP
+/// store at `TEST_STORE_PORT` on this host (a 20 s connect deadline).
+pub fn child_rank_store() -> (usize, usize, Arc<dyn Store>) {
+    let env = |k: &str| std::env::var(k).unwrap().parse::<usize>().unwrap();
+    let port = u16::try_from(env("TEST_STORE_PORT")).expect("a port");
+    let store = TcpStore::connect("127.0.0.1", port, &key(), Duration::from_secs(20))
+        .expect("the parent's store");
+    (env("RANK"), env("WORLD_SIZE"), Arc::new(store))
+}
+
+/// A sum of every rank's `x` into `y` (out of place), the call most tests make.
+pub fn all_reduce_sum<T: Element>(
+    comm: &Communicator,
+    x: &[T],
+    y: &mut [T],
+    o: &CallOpts,
+) -> ferrocomm::Result<()> {
+    comm.all_reduce(
+        Input::Buf(View::host(x)),
+        ViewMut::host(y),
+        ReduceOp::Sum,
+        o,
+    )
 }
 
 /// A name no other test in this process uses.

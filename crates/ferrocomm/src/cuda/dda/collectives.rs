@@ -70,7 +70,7 @@ pub fn a2av_slot_bytes(staging_bytes: usize, world: usize) -> usize {
 }
 
 /// The order in which `rank` of a two-rank communicator runs a batch's messages by direct
-/// access (each one call of both ranks, `Dda::coll_send_recv`): (index in the batch, sender),
+/// access (each one call of both ranks, `PartCall::SendRecv`): (index in the batch, sender),
 /// rank 0's messages first, then rank 1's, each side's in the order issued. `sends` tells, op by
 /// op, a send from a receive. The other rank, batched or one call at a time, meets them in that
 /// order whenever it too takes rank 0's messages first (as its batch does).
@@ -87,6 +87,42 @@ pub(in crate::cuda) fn two_rank_batch_order(
                 .map(move |(k, _)| (k, sender))
         })
         .collect()
+}
+
+/// A call of the part kernels (`Dda::coll_part`), with what its kernel needs beyond the
+/// buffers.
+#[derive(Clone, Copy, Debug)]
+pub enum PartCall {
+    /// Every rank's `n` elements (`input`, the own part of `output` in place) into `output`
+    /// (world * n elements).
+    AllGather,
+    /// Part `j` of every rank's `input` into part `i` of rank `j`'s `output`.
+    AllToAll,
+    /// `root`'s `input` (read on the root only) into every rank's `output`.
+    Broadcast {
+        /// The rank whose input is sent.
+        root: usize,
+    },
+    /// One message between the two ranks of a two-rank communicator, on both of them:
+    /// `sender`'s buffer into the other's. Both ranks take part in every message there, so it
+    /// is the broadcast kernel rooted at the sender, in place (the sender's buffer is only
+    /// read). The signature is the send's on both sides: a send meets only a receive of the
+    /// same count and dtype from the same sender, and two ranks that both send (or receive)
+    /// at once disagree on the root, which the kernel reports instead of waiting.
+    SendRecv {
+        /// The rank that sends.
+        sender: usize,
+    },
+    /// `input` holds world * n elements (the whole buffer in place); part `rank` of the
+    /// reduction goes to `output` (n elements; in place the own part).
+    ReduceScatter(ReduceOp),
+    /// The reduction of `n` elements into `root`'s `output`.
+    Reduce {
+        /// The reduction.
+        op: ReduceOp,
+        /// The rank whose output receives it.
+        root: usize,
+    },
 }
 
 /// A 32-bit signature of a call that every rank must make alike (collective, dtype, count, root,
@@ -350,25 +386,48 @@ impl Dda {
         }
     }
 
-    /// Launches `fc_<kernel>_ll[_<op>]` (NCCL-LL lines, no barrier) when a part of `n`
-    /// elements fits the push buffer, `fc_<kernel>_st[_<op>]` (staged, per-block barriers)
-    /// otherwise: the part size, the element size, `root` and the call's signature go into the
-    /// collective arguments, the grid follows the part size (the same on every rank).
+    /// Byte kernels live in every module; any dtype (fp8, int8 too) uses the f32 one.
+    const MOVE_MODULE: DataType = DataType::F32;
+
+    /// One call of the part kernels: `fc_<kernel>_ll[_<op>]` (NCCL-LL lines, no barrier) when
+    /// a part of `n` elements fits the push buffer, `fc_<kernel>_st[_<op>]` (staged, per-block
+    /// barriers) otherwise, as `parts` says. The part size, the element size, the root and the
+    /// call's signature go into the collective arguments; the grid follows the part size (the
+    /// same on every rank). `n` is the elements per rank (all-gather, reduce-scatter), per part
+    /// (all-to-all: input and output hold world * n) or of the whole buffer (broadcast,
+    /// reduce, a message); see [`PartCall`] for where `input` and `output` are read and written.
     #[allow(clippy::too_many_arguments)]
-    fn launch_part(
+    pub fn coll_part(
         &self,
-        module: DataType,
-        kernel: &str,
-        op: Option<&str>,
-        a: Args,
+        call: PartCall,
+        input: u64,
+        output: u64,
         n: usize,
         dtype: DataType,
-        root: usize,
-        sig: u32,
         parts: PartForm,
         stream: u64,
-        what: impl FnOnce() -> String,
     ) -> Result<()> {
+        use PartCall as P;
+        let (coll, kernel, root, op) = match call {
+            P::AllGather => (Collective::AllGather, "all_gather", 0, None),
+            P::AllToAll => (Collective::AllToAll, "all_to_all", 0, None),
+            P::Broadcast { root } => (Collective::Broadcast, "broadcast", root, None),
+            P::SendRecv { sender } => (Collective::Send, "broadcast", sender, None),
+            P::ReduceScatter(op) => (Collective::ReduceScatter, "reduce_scatter", 0, Some(op)),
+            P::Reduce { op, root } => (Collective::Reduce, "reduce", root, Some(op)),
+        };
+        let (a, module, opname) = match op {
+            Some(op) => {
+                let (a, name) = self.reduction_args(input, output, n, op, kernel)?;
+                (a, dtype, Some(name))
+            }
+            None => (
+                self.base_args(input, output, n as u64),
+                Self::MOVE_MODULE,
+                None,
+            ),
+        };
+        let sig = signature(coll, dtype, n, root, op.map(op_name).unwrap_or_default());
         let part = n * dtype.size();
         let mut c = self.cargs();
         c.n = n as u64;
@@ -383,135 +442,23 @@ impl Dda {
         } else {
             self.st_grid(part)
         };
-        self.launch(
-            module,
-            part_kernel(&mut [0; 64], kernel, form.kernel(), op),
-            a,
-            c,
-            grid,
-            stream,
-            what,
-        )
-    }
-
-    /// Byte kernels live in every module; any dtype (fp8, int8 too) uses the f32 one.
-    const MOVE_MODULE: DataType = DataType::F32;
-
-    /// All-gather of `n` elements per rank: `input` (the own part of `output` in place) into
-    /// `output` (world * n elements).
-    pub fn coll_all_gather(
-        &self,
-        input: u64,
-        output: u64,
-        n: usize,
-        dtype: DataType,
-        parts: PartForm,
-        stream: u64,
-    ) -> Result<()> {
-        let a = self.base_args(input, output, n as u64);
-        let sig = signature(Collective::AllGather, dtype, n, 0, "");
-        self.launch_part(
-            Self::MOVE_MODULE,
-            "all_gather",
-            None,
-            a,
-            n,
-            dtype,
-            0,
-            sig,
-            parts,
-            stream,
-            || format!("all_gather ({dtype}, {n} elements per rank)"),
-        )
-    }
-
-    /// All-to-all of `n` elements per part (input and output hold world * n).
-    pub fn coll_all_to_all(
-        &self,
-        input: u64,
-        output: u64,
-        n: usize,
-        dtype: DataType,
-        parts: PartForm,
-        stream: u64,
-    ) -> Result<()> {
-        let a = self.base_args(input, output, n as u64);
-        let sig = signature(Collective::AllToAll, dtype, n, 0, "");
-        self.launch_part(
-            Self::MOVE_MODULE,
-            "all_to_all",
-            None,
-            a,
-            n,
-            dtype,
-            0,
-            sig,
-            parts,
-            stream,
-            || format!("all_to_all ({dtype}, {n} elements per part)"),
-        )
-    }
-
-    /// Broadcast of `n` elements from `root` (`input` is read on root only).
-    #[allow(clippy::too_many_arguments)]
-    pub fn coll_broadcast(
-        &self,
-        input: u64,
-        output: u64,
-        n: usize,
-        dtype: DataType,
-        root: usize,
-        parts: PartForm,
-        stream: u64,
-    ) -> Result<()> {
-        let a = self.base_args(input, output, n as u64);
-        let sig = signature(Collective::Broadcast, dtype, n, root, "");
-        self.launch_part(
-            Self::MOVE_MODULE,
-            "broadcast",
-            None,
-            a,
-            n,
-            dtype,
-            root,
-            sig,
-            parts,
-            stream,
-            || format!("broadcast ({dtype}, {n} elements, root {root})"),
-        )
-    }
-
-    /// One message of `n` elements between the two ranks of a two-rank communicator, on both
-    /// of them: `sender`'s `buf` into the other's. Both ranks take part in every message there,
-    /// so it is the broadcast kernel rooted at the sender, in place (the sender's buffer is only
-    /// read). The signature is the send's on both sides: a send meets only a receive of the
-    /// same count and dtype from the same sender, and two ranks that both send (or receive)
-    /// at once disagree on the root, which the kernel reports instead of waiting.
-    pub fn coll_send_recv(
-        &self,
-        buf: u64,
-        n: usize,
-        dtype: DataType,
-        sender: usize,
-        parts: PartForm,
-        stream: u64,
-    ) -> Result<()> {
-        let a = self.base_args(buf, buf, n as u64);
-        let sig = signature(Collective::Send, dtype, n, sender, "");
-        let receiver = 1 - sender;
-        self.launch_part(
-            Self::MOVE_MODULE,
-            "broadcast",
-            None,
-            a,
-            n,
-            dtype,
-            sender,
-            sig,
-            parts,
-            stream,
-            || format!("send ({dtype}, {n} elements, rank {sender} to rank {receiver})"),
-        )
+        let mut buf = [0; 64];
+        let name = part_kernel(&mut buf, kernel, form.kernel(), opname);
+        self.launch(module, name, a, c, grid, stream, || match call {
+            P::AllGather => format!("all_gather ({dtype}, {n} elements per rank)"),
+            P::AllToAll => format!("all_to_all ({dtype}, {n} elements per part)"),
+            P::Broadcast { root } => format!("broadcast ({dtype}, {n} elements, root {root})"),
+            P::SendRecv { sender } => {
+                let receiver = 1 - sender;
+                format!("send ({dtype}, {n} elements, rank {sender} to rank {receiver})")
+            }
+            P::ReduceScatter(op) => {
+                format!("reduce_scatter ({dtype} {op}, {n} elements per rank)")
+            }
+            P::Reduce { op, root } => {
+                format!("reduce ({dtype} {op}, {n} elements, root {root})")
+            }
+        })
     }
 
     /// The arguments of a reducing kernel (PremulSum factor, Avg divisor) and the op's kernel
@@ -536,66 +483,6 @@ impl Dda {
             a.int_div = self.world as i64;
         }
         Ok((a, opname))
-    }
-
-    /// Reduce-scatter: `input` holds world * n elements (the whole buffer in place), part
-    /// `rank` of the reduction goes to `output` (n elements; in place the own part).
-    #[allow(clippy::too_many_arguments)]
-    pub fn coll_reduce_scatter(
-        &self,
-        input: u64,
-        output: u64,
-        n: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        parts: PartForm,
-        stream: u64,
-    ) -> Result<()> {
-        let (a, opname) = self.reduction_args(input, output, n, op, "reduce_scatter")?;
-        let sig = signature(Collective::ReduceScatter, dtype, n, 0, op_name(op));
-        self.launch_part(
-            dtype,
-            "reduce_scatter",
-            Some(opname),
-            a,
-            n,
-            dtype,
-            0,
-            sig,
-            parts,
-            stream,
-            || format!("reduce_scatter ({dtype} {op}, {n} elements per rank)"),
-        )
-    }
-
-    /// Reduce of `n` elements into `root`'s output.
-    #[allow(clippy::too_many_arguments)]
-    pub fn coll_reduce(
-        &self,
-        input: u64,
-        output: u64,
-        n: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-        parts: PartForm,
-        stream: u64,
-    ) -> Result<()> {
-        let (a, opname) = self.reduction_args(input, output, n, op, "reduce")?;
-        let sig = signature(Collective::Reduce, dtype, n, root, op_name(op));
-        self.launch_part(
-            dtype,
-            "reduce",
-            Some(opname),
-            a,
-            n,
-            dtype,
-            root,
-            sig,
-            parts,
-            stream,
-            || format!("reduce ({dtype} {op}, {n} elements, root {root})"),
-        )
     }
 
     /// Grid of the all-to-all-v kernels: fixed, because ranks do not know each other's totals.
@@ -1044,56 +931,27 @@ mod tests {
     fn large_data_moves_and_scatters_are_pipelined() {
         let cap = ll_max();
         let t = Tuning::builtin();
-        let part_form = |k, part, cap| part_form(&t, k, part, cap);
-        assert_eq!(part_form("all_gather", 100, cap), (PartKind::Ll, 1));
-        assert_eq!(part_form("reduce_scatter", 100, cap), (PartKind::Ll, 1));
-        assert_eq!(part_form("reduce", cap + 1, cap), (PartKind::Staged, 1));
-        assert_eq!(
-            part_form("all_gather", (8 << 20) - 1, cap),
-            (PartKind::Staged, 1)
-        );
-        assert_eq!(
-            part_form("all_gather", 8 << 20, cap),
-            (PartKind::Pipelined, 2)
-        );
-        assert_eq!(
-            part_form("all_gather", 16 << 20, cap),
-            (PartKind::Pipelined, 4)
-        );
-        assert_eq!(
-            part_form("reduce_scatter", 8 << 20, cap),
-            (PartKind::Staged, 1)
-        );
-        assert_eq!(
-            part_form("reduce_scatter", (16 << 20) - 1, cap),
-            (PartKind::Staged, 1)
-        );
-        assert_eq!(
-            part_form("reduce_scatter", 16 << 20, cap),
-            (PartKind::Pipelined, 4)
-        );
-        assert_eq!(
-            part_form("reduce_scatter", 32 << 20, cap),
-            (PartKind::Pipelined, 8)
-        );
-        assert_eq!(
-            part_form("all_gather", 64 << 20, cap),
-            (PartKind::Pipelined, 8)
-        );
-        assert_eq!(
-            part_form("all_to_all", (8 << 20) - 1, cap),
-            (PartKind::Staged, 1)
-        );
-        assert_eq!(
-            part_form("all_to_all", (8 << 20) + 6, cap),
-            (PartKind::Pipelined, 3)
-        );
-        assert_eq!(
-            part_form("all_to_all", 32 << 20, cap),
-            (PartKind::Pipelined, 8)
-        );
-        for k in ["broadcast", "reduce"] {
-            assert_eq!(part_form(k, 64 << 20, cap), (PartKind::Staged, 1), "{k}");
+        // (collective, bytes of a part, the form expected)
+        let table = [
+            ("all_gather", 100, (PartKind::Ll, 1)),
+            ("reduce_scatter", 100, (PartKind::Ll, 1)),
+            ("reduce", cap + 1, (PartKind::Staged, 1)),
+            ("all_gather", (8 << 20) - 1, (PartKind::Staged, 1)),
+            ("all_gather", 8 << 20, (PartKind::Pipelined, 2)),
+            ("all_gather", 16 << 20, (PartKind::Pipelined, 4)),
+            ("reduce_scatter", 8 << 20, (PartKind::Staged, 1)),
+            ("reduce_scatter", (16 << 20) - 1, (PartKind::Staged, 1)),
+            ("reduce_scatter", 16 << 20, (PartKind::Pipelined, 4)),
+            ("reduce_scatter", 32 << 20, (PartKind::Pipelined, 8)),
+            ("all_gather", 64 << 20, (PartKind::Pipelined, 8)),
+            ("all_to_all", (8 << 20) - 1, (PartKind::Staged, 1)),
+            ("all_to_all", (8 << 20) + 6, (PartKind::Pipelined, 3)),
+            ("all_to_all", 32 << 20, (PartKind::Pipelined, 8)),
+            ("broadcast", 64 << 20, (PartKind::Staged, 1)),
+            ("reduce", 64 << 20, (PartKind::Staged, 1)),
+        ];
+        for (k, part, want) in table {
+            assert_eq!(part_form(&t, k, part, cap), want, "{k} of {part} bytes");
         }
     }
 
