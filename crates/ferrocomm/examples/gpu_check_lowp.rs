@@ -704,7 +704,7 @@ fn real_main() -> Res<i32> {
     let cuda = cudarc::driver::CudaContext::new(dev as usize)?;
     cuda.bind_to_thread()?;
     // The guard bands are read back after every call: first, that the read-back sees writes.
-    Buf::guard_self_check()?;
+    Buf::guard_self_check(Device::Cuda(dev))?;
     let mut c = Ctx {
         rank,
         world,
