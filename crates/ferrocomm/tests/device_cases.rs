@@ -66,17 +66,23 @@ fn run(n: usize, bodies: &[(&str, Body)]) {
     assert!(bad.is_empty(), "{n} ranks:\n{}", bad.join("\n"));
 }
 
-#[test]
-fn collectives_at_2_ranks() {
-    run(2, &cases::coll::BODIES);
+/// One test per table of bodies and world size.
+macro_rules! host_tests {
+    ($($name:ident: $bodies:expr, $n:expr;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                run($n, &$bodies);
+            }
+        )*
+    };
 }
 
-#[test]
-fn collectives_at_3_ranks() {
-    run(3, &cases::coll::BODIES);
-}
-
-#[test]
-fn collectives_at_4_ranks() {
-    run(4, &cases::coll::BODIES);
+host_tests! {
+    collectives_at_2_ranks: cases::coll::BODIES, 2;
+    collectives_at_3_ranks: cases::coll::BODIES, 3;
+    collectives_at_4_ranks: cases::coll::BODIES, 4;
+    all_reduce_at_2_ranks: cases::all_reduce::BODIES, 2;
+    all_reduce_at_3_ranks: cases::all_reduce::BODIES, 3;
+    all_reduce_at_4_ranks: cases::all_reduce::BODIES, 4;
 }

@@ -15,7 +15,7 @@ use ferrocomm::{CommOptions, Communicator, Config};
 pub mod cases;
 #[allow(unused_imports)] // each program uses a part
 pub use cases::{
-    check_reduce, cu, diff_bytes, element_ok, gen, sync, written, Buf, Ctx, OpK, Res, POISON,
+    check_reduce, cu, diff_bytes, element_ok, fnv, gen, sync, written, Buf, Ctx, OpK, Res, POISON,
 };
 
 /// A communicator of its own named `name` with settings `cfg` (a smaller staging, another block
@@ -89,13 +89,6 @@ pub fn new_stream() -> Res<u64> {
     // SAFETY: out-parameter.
     cu(unsafe { sys::cuStreamCreate(&mut s, 1) }, "cuStreamCreate")?;
     Ok(s as u64)
-}
-
-/// FNV-1a of a result, compared across ranks to prove they agree bit for bit.
-pub fn fnv(b: &[u8]) -> u64 {
-    b.iter().fold(0xcbf29ce484222325u64, |h, x| {
-        (h ^ *x as u64).wrapping_mul(0x100000001b3)
-    })
 }
 
 /// A context for the device cases on `comm` (a GPU), whose further communicators are made as

@@ -246,15 +246,6 @@ const MOVE_TYPES: [DataType; 5] = [
     DataType::F32,
     DataType::U64,
 ];
-const RED_TYPES: [DataType; 7] = [
-    DataType::F32,
-    DataType::F16,
-    DataType::BF16,
-    DataType::I32,
-    DataType::U32,
-    DataType::I64,
-    DataType::U64,
-];
 
 /// Every collective on every dtype it moves or reduces, sizes 0 to 70,003 elements (in and
 /// out of place, aligned and one element off), every root and sender, direct access forced and
@@ -291,7 +282,7 @@ pub fn matrix(c: &mut Ctx) -> Res<()> {
             }
         }
     }
-    for d in RED_TYPES {
+    for d in REDUCE_TYPES {
         for &op in OpK::all_for(d) {
             for (si, &n) in small.iter().enumerate() {
                 if quick && si % 2 == 0 {

@@ -11,12 +11,16 @@
 //! example and an integration test cannot import each other).
 #![allow(dead_code)]
 
+pub mod all_reduce;
 pub mod coll;
 
 use std::collections::BTreeMap;
 
 use cudarc::driver::sys;
-use ferrocomm::{reference, CallOpts, Communicator, Config, DataType, Device, Input, ReduceOp};
+use ferrocomm::bootstrap::all_gather_bytes;
+use ferrocomm::{
+    reference, Algo, CallOpts, Communicator, Config, DataType, Device, Input, ReduceOp,
+};
 use ferrocomm::{View, ViewMut};
 use rand::{Rng, SeedableRng};
 
@@ -314,6 +318,17 @@ pub fn gen_bytes_fast(bytes: usize, seed: u64, rank: usize) -> Vec<u8> {
     v
 }
 
+/// The dtypes every reduction is checked on.
+pub const REDUCE_TYPES: [DataType; 7] = [
+    DataType::F32,
+    DataType::F16,
+    DataType::BF16,
+    DataType::I32,
+    DataType::U32,
+    DataType::I64,
+    DataType::U64,
+];
+
 /// A reduction operator as the checks name it (PremulSum with the factor 0.5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum OpK {
@@ -403,6 +418,13 @@ pub fn diff_bytes(want: &[u8], got: &[u8], es: usize) -> usize {
         .count()
 }
 
+/// FNV-1a of a result, compared across ranks to prove they agree bit for bit.
+pub fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf29ce484222325u64, |h, x| {
+        (h ^ *x as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
 /// Bytes of `got` that are not [`POISON`] (an output that must stay unwritten).
 pub fn written(got: &[u8]) -> usize {
     got.iter().filter(|&&b| b != POISON).count()
@@ -438,14 +460,28 @@ pub struct Ctx {
     pub cfg: Config,
     /// Fewer sizes and rounds (`--quick`).
     pub quick: bool,
+    /// The all-reduce algorithms to run (the device's; a program may leave one out).
+    pub algos: Vec<Algo>,
     pub new_comm: NewComm,
+    /// Exchanges of result hashes so far (a key of their own for each).
+    seq: u64,
+    /// Hashes of results not yet compared across ranks: (tally key, case, hash).
+    hashes: Vec<(String, String, u64)>,
     pub tally: BTreeMap<String, Tally>,
     pub failures: Vec<String>,
 }
 
 impl Ctx {
     pub fn new(comm: Communicator, cfg: Config, quick: bool, new_comm: NewComm) -> Ctx {
+        let algos = if comm.device() == Device::Host {
+            vec![Algo::Flat, Algo::Tree, Algo::Auto]
+        } else {
+            vec![Algo::Push, Algo::Flat, Algo::Tree, Algo::Nccl, Algo::Auto]
+        };
         Ctx {
+            algos,
+            seq: 0,
+            hashes: Vec::new(),
             rank: comm.rank(),
             world: comm.size(),
             dev: comm.device(),
@@ -585,6 +621,38 @@ impl Ctx {
             format!("{what}: expected an error naming {needle:?}, then a working call (after: {after:?})")
         });
         Ok(r)
+    }
+
+    /// Keeps the hash of a result of case `what` (tally `key`) for [`Ctx::compare_hashes`].
+    pub fn hash(&mut self, key: &str, what: String, got: &[u8]) {
+        self.hashes.push((key.to_string(), what, fnv(got)));
+    }
+
+    /// Compares the results hashed since the last comparison with every rank's (one exchange
+    /// through the store): each that differs is a failure of its case.
+    pub fn compare_hashes(&mut self) -> Res<()> {
+        self.seq += 1;
+        let mine: Vec<u8> = self.hashes.iter().flat_map(|h| h.2.to_le_bytes()).collect();
+        let all = all_gather_bytes(
+            &**self.comm.store(),
+            &format!("cases/hash/{}", self.seq),
+            self.rank,
+            self.world,
+            &mine,
+            std::time::Duration::from_secs(120),
+        )?;
+        for (k, (key, what, _)) in std::mem::take(&mut self.hashes).into_iter().enumerate() {
+            let at = k * 8..(k + 1) * 8;
+            if all
+                .iter()
+                .any(|v| v.get(at.clone()) != Some(&mine[at.clone()]))
+            {
+                self.tally.entry(key).or_default().mismatch += 1;
+                self.failures
+                    .push(format!("{what}: the result differs between ranks"));
+            }
+        }
+        Ok(())
     }
 
     /// Whether any case failed on this rank.
