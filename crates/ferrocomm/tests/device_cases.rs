@@ -85,4 +85,7 @@ host_tests! {
     all_reduce_at_2_ranks: cases::all_reduce::BODIES, 2;
     all_reduce_at_3_ranks: cases::all_reduce::BODIES, 3;
     all_reduce_at_4_ranks: cases::all_reduce::BODIES, 4;
+    low_precision_at_2_ranks: cases::lowp::BODIES, 2;
+    // All but the all-to-all-v, whose count matrices are for two ranks.
+    low_precision_at_3_ranks: cases::lowp::BODIES[..3], 3;
 }

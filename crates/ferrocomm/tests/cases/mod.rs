@@ -13,6 +13,7 @@
 
 pub mod all_reduce;
 pub mod coll;
+pub mod lowp;
 
 use std::collections::BTreeMap;
 
