@@ -14,6 +14,7 @@
 pub mod all_reduce;
 pub mod coll;
 pub mod lowp;
+pub mod norm;
 
 use std::collections::BTreeMap;
 
