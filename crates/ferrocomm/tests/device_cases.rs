@@ -89,6 +89,7 @@ host_tests! {
     // All but the all-to-all-v, whose count matrices are for two ranks.
     low_precision_at_3_ranks: cases::lowp::BODIES[..3], 3;
     fused_norm_at_1_rank: cases::norm::BODIES, 1;
+    every_collective_at_1_rank: cases::one_rank::BODIES, 1;
     fused_norm_at_2_ranks: cases::norm::BODIES, 2;
     fused_norm_at_3_ranks: cases::norm::BODIES, 3;
 }

@@ -15,6 +15,7 @@ pub mod all_reduce;
 pub mod coll;
 pub mod lowp;
 pub mod norm;
+pub mod one_rank;
 
 use std::collections::BTreeMap;
 
