@@ -184,52 +184,16 @@ fn graph(c: &mut Ctx, replays: usize) -> Res<()> {
         .collect::<Res<_>>()?;
     let stream = new_stream()?;
     let dev = c.dev;
-    // SAFETY: capture on our own stream; buffers alive until the graph is destroyed.
-    unsafe {
-        cu(
-            sys::cuStreamBeginCapture_v2(
-                stream as sys::CUstream,
-                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-            ),
-            "cuStreamBeginCapture",
-        )?;
+    let issue = || -> Res<()> {
         for (k, (n, a)) in plan.iter().enumerate() {
-            let i = View::from_raw(inb.ptr as *const u8, *n, d, dev);
-            let o = ViewMut::from_raw(outs[k].ptr as *mut u8, *n, d, dev);
-            c.comm.all_reduce(
-                Input::Buf(i),
-                o,
-                ReduceOp::Sum,
-                &CallOpts::on_stream(stream).with_algo(*a),
-            )?;
+            // SAFETY: buffers of this device with room for `n`; they outlive the graph.
+            let (i, o) = unsafe { (inb.view(0, *n, d, dev), outs[k].view_mut(0, *n, d, dev)) };
+            let opts = CallOpts::on_stream(stream).with_algo(*a);
+            c.comm.all_reduce(Input::Buf(i), o, ReduceOp::Sum, &opts)?;
         }
-        let mut g: sys::CUgraph = std::ptr::null_mut();
-        cu(
-            sys::cuStreamEndCapture(stream as sys::CUstream, &mut g),
-            "cuStreamEndCapture",
-        )?;
-        let mut ge: sys::CUgraphExec = std::ptr::null_mut();
-        cu(
-            sys::cuGraphInstantiateWithFlags(&mut ge, g, 0),
-            "cuGraphInstantiate",
-        )?;
-        for r in 0..replays {
-            if r == replays - 1 {
-                sync()?;
-                for o in &outs {
-                    o.poison()?;
-                }
-                sync()?;
-            }
-            cu(
-                sys::cuGraphLaunch(ge, stream as sys::CUstream),
-                "cuGraphLaunch",
-            )?;
-        }
-        cu(sys::cuStreamSynchronize(stream as sys::CUstream), "sync")?;
-        sys::cuGraphExecDestroy(ge);
-        sys::cuGraphDestroy(g);
-    }
+        Ok(())
+    };
+    Graph::capture(stream, issue)?.replay_poisoned(stream, replays, &outs)?;
     let (wrong_total, guard_total) = check_outputs(c, "graph op", &plan, &outs, &inputs)?;
     let t = c.tally.entry("graph".into()).or_default();
     t.cases += plan.len() * replays;
@@ -631,64 +595,27 @@ fn timing(c: &mut Ctx, quick: bool) -> Res<()> {
                 c.world,
                 Duration::from_secs(120),
             )?;
-            // SAFETY: capture on our own stream; the buffer outlives the graph.
-            let us = unsafe {
-                cu(
-                    sys::cuStreamBeginCapture_v2(
-                        stream as sys::CUstream,
-                        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-                    ),
-                    "capture",
-                )?;
-                let mut err = None;
+            let issue = || -> Res<()> {
                 for _ in 0..per_graph {
-                    let o = ViewMut::from_raw(buf.ptr as *mut u8, n, d, dev);
-                    // Sum of in-place repeated sums grows; Max keeps values bounded and does the same work.
-                    if let Err(e) = c.comm.all_reduce(
-                        Input::InPlace,
-                        o,
-                        ReduceOp::Max,
-                        &CallOpts::on_stream(stream).with_algo(algo),
-                    ) {
-                        err = Some(e);
-                        break;
-                    }
+                    // SAFETY: `n` elements of this device's buffer, which outlives the graph.
+                    let o = unsafe { buf.view_mut(0, n, d, dev) };
+                    // Sum of in-place repeated sums grows; Max keeps values bounded and does the
+                    // same work.
+                    let opts = CallOpts::on_stream(stream).with_algo(algo);
+                    c.comm
+                        .all_reduce(Input::InPlace, o, ReduceOp::Max, &opts)
+                        .map_err(|e| format!("timing {b} {algo}: {e}"))?;
                 }
-                let mut g: sys::CUgraph = std::ptr::null_mut();
-                cu(
-                    sys::cuStreamEndCapture(stream as sys::CUstream, &mut g),
-                    "end capture",
-                )?;
-                if let Some(e) = err {
-                    return Err(format!("timing {b} {algo}: {e}").into());
-                }
-                let mut ge: sys::CUgraphExec = std::ptr::null_mut();
-                cu(
-                    sys::cuGraphInstantiateWithFlags(&mut ge, g, 0),
-                    "instantiate",
-                )?;
-                for _ in 0..3 {
-                    cu(sys::cuGraphLaunch(ge, stream as sys::CUstream), "launch")?;
-                }
-                cu(sys::cuStreamSynchronize(stream as sys::CUstream), "sync")?;
-                let mut e0: sys::CUevent = std::ptr::null_mut();
-                let mut e1: sys::CUevent = std::ptr::null_mut();
-                cu(sys::cuEventCreate(&mut e0, 0), "event")?;
-                cu(sys::cuEventCreate(&mut e1, 0), "event")?;
-                cu(sys::cuEventRecord(e0, stream as sys::CUstream), "record")?;
-                for _ in 0..replays {
-                    cu(sys::cuGraphLaunch(ge, stream as sys::CUstream), "launch")?;
-                }
-                cu(sys::cuEventRecord(e1, stream as sys::CUstream), "record")?;
-                cu(sys::cuEventSynchronize(e1), "sync")?;
-                let mut ms = 0f32;
-                cu(sys::cuEventElapsedTime_v2(&mut ms, e0, e1), "elapsed")?;
-                sys::cuEventDestroy_v2(e0);
-                sys::cuEventDestroy_v2(e1);
-                sys::cuGraphExecDestroy(ge);
-                sys::cuGraphDestroy(g);
-                ms as f64 * 1e3 / (per_graph * replays) as f64
+                Ok(())
             };
+            let graph = Graph::capture(stream, issue)?;
+            for _ in 0..3 {
+                graph.launch(stream)?;
+            }
+            stream_sync(stream)?;
+            let us = time_us(stream, || {
+                (0..replays).try_for_each(|_| graph.launch(stream))
+            })? / (per_graph * replays) as f64;
             if algo == Algo::Nccl {
                 nccl_us = us;
             } else if algo != Algo::Auto && us < best.0 {
@@ -718,6 +645,30 @@ fn timing(c: &mut Ctx, quick: bool) -> Res<()> {
         }
     }
     Ok(())
+}
+
+/// Microseconds the work `launch` enqueues on `stream` takes, by events around it.
+fn time_us(stream: u64, launch: impl FnOnce() -> Res<()>) -> Res<f64> {
+    let s = stream as sys::CUstream;
+    let mut ev: [sys::CUevent; 2] = [std::ptr::null_mut(); 2];
+    for e in &mut ev {
+        // SAFETY: out-parameter.
+        cu(unsafe { sys::cuEventCreate(e, 0) }, "cuEventCreate")?;
+    }
+    let mut ms = 0f32;
+    // SAFETY: events of this context recorded on a stream of it, destroyed once below.
+    let r = unsafe {
+        cu(sys::cuEventRecord(ev[0], s), "cuEventRecord")
+            .and_then(|()| launch())
+            .and_then(|()| cu(sys::cuEventRecord(ev[1], s), "cuEventRecord"))
+            .and_then(|()| cu(sys::cuEventSynchronize(ev[1]), "cuEventSynchronize"))
+            .and_then(|()| cu(sys::cuEventElapsedTime_v2(&mut ms, ev[0], ev[1]), "elapsed"))
+    };
+    for e in ev {
+        // SAFETY: created above.
+        unsafe { sys::cuEventDestroy_v2(e) };
+    }
+    r.map(|()| ms as f64 * 1e3)
 }
 
 // ---------------------------------------------------------------- main

@@ -17,7 +17,6 @@
 
 use std::time::{Duration, Instant};
 
-use cudarc::driver::sys;
 use ferrocomm::bootstrap::store_barrier;
 use ferrocomm::ViewMut;
 use ferrocomm::{Algo, CallOpts, Communicator, Config, DataType, Device, Input, Splits, View};
@@ -332,41 +331,9 @@ fn graph_and_race(c: &mut Ctx) -> Res<()> {
     };
     // Graph.
     let stream = new_stream()?;
-    // SAFETY: capture on our own stream; buffers alive until the graph is destroyed.
-    unsafe {
-        cu(
-            sys::cuStreamBeginCapture_v2(
-                stream as sys::CUstream,
-                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-            ),
-            "cuStreamBeginCapture",
-        )?;
-        let r = issue(&c.comm, stream);
-        let mut g: sys::CUgraph = std::ptr::null_mut();
-        cu(
-            sys::cuStreamEndCapture(stream as sys::CUstream, &mut g),
-            "end capture",
-        )?;
-        r?;
-        let mut ge: sys::CUgraphExec = std::ptr::null_mut();
-        cu(
-            sys::cuGraphInstantiateWithFlags(&mut ge, g, 0),
-            "instantiate",
-        )?;
-        for k in 0..replays {
-            if k == replays - 1 {
-                sync()?;
-                for o in &outs {
-                    o.poison()?;
-                }
-                sync()?;
-            }
-            cu(sys::cuGraphLaunch(ge, stream as sys::CUstream), "launch")?;
-        }
-        cu(sys::cuStreamSynchronize(stream as sys::CUstream), "sync")?;
-        sys::cuGraphExecDestroy(ge);
-        sys::cuGraphDestroy(g);
-    }
+    // The buffers outlive the graph (dropped at the end of the statement).
+    Graph::capture(stream, || Ok(issue(&c.comm, stream)?))?
+        .replay_poisoned(stream, replays, &outs)?;
     verify(c, "graph")?;
     // Back to back, no sync, several rounds, default stream.
     for o in &outs {

@@ -34,7 +34,6 @@
 
 use std::time::Duration;
 
-use cudarc::driver::sys;
 use ferrocomm::bootstrap::store_barrier;
 use ferrocomm::quant::Format;
 use ferrocomm::{Algo, Config, DataType, Device};
@@ -77,57 +76,22 @@ fn graph(c: &mut Ctx) -> Res<()> {
         b.load(k, c.rank)?;
     }
     let stream = new_stream()?;
-    let mut g: sys::CUgraph = std::ptr::null_mut();
-    // SAFETY: capture on our own stream; the buffers outlive the graph.
-    unsafe {
-        cu(
-            sys::cuStreamBeginCapture_v2(
-                stream as sys::CUstream,
-                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-            ),
-            "cuStreamBeginCapture",
-        )?;
-    }
-    let issued: Res<()> = cases
-        .iter()
-        .zip(&bufs)
-        .try_for_each(|(k, b)| b.call(&c.comm, k, c.dev, stream));
-    // SAFETY: ends the capture begun above, whatever the calls did.
-    unsafe {
-        cu(
-            sys::cuStreamEndCapture(stream as sys::CUstream, &mut g),
-            "cuStreamEndCapture",
-        )?;
-    }
-    issued?;
-    let mut ge: sys::CUgraphExec = std::ptr::null_mut();
-    // SAFETY: a captured graph; instantiated once.
-    unsafe {
-        cu(
-            sys::cuGraphInstantiateWithFlags(&mut ge, g, 0),
-            "cuGraphInstantiate",
-        )?
+    let issue = || -> Res<()> {
+        for (k, b) in cases.iter().zip(&bufs) {
+            b.call(&c.comm, k, c.dev, stream)?;
+        }
+        Ok(())
     };
+    let graph = Graph::capture(stream, issue)?;
     for replay in 0..3 {
         for (k, b) in cases.iter().zip(&bufs) {
             b.load(k, c.rank)?;
         }
-        // SAFETY: an instantiated graph on our stream.
-        unsafe {
-            cu(
-                sys::cuGraphLaunch(ge, stream as sys::CUstream),
-                "cuGraphLaunch",
-            )?;
-        }
-        sync()?;
+        graph.launch(stream)?;
+        stream_sync(stream)?;
         for (k, b) in cases.iter().zip(&bufs) {
             check(c, k, b, &format!("graph replay {replay}"))?;
         }
-    }
-    // SAFETY: destroyed once, after the last replay completed.
-    unsafe {
-        sys::cuGraphExecDestroy(ge);
-        sys::cuGraphDestroy(g);
     }
     Ok(())
 }

@@ -135,3 +135,86 @@ pub fn report(c: &Ctx, program: &str, correct: &str) -> Res<i32> {
     }
     Ok(i32::from(bad))
 }
+
+/// A CUDA graph of the work captured on a stream (relaxed mode), instantiated once; destroyed
+/// when dropped.
+pub struct Graph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+impl Graph {
+    /// Captures what `issue` enqueues on `stream` (a stream of our own, see [`new_stream`]); the
+    /// capture ends whatever `issue` returned, and its error comes first.
+    pub fn capture(stream: u64, issue: impl FnOnce() -> Res<()>) -> Res<Graph> {
+        let s = stream as sys::CUstream;
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: a stream of this context, not being captured.
+        let began = unsafe { sys::cuStreamBeginCapture_v2(s, mode) };
+        cu(began, "cuStreamBeginCapture")?;
+        let issued = issue();
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: ends the capture begun above; out-parameter.
+        let ended = cu(
+            unsafe { sys::cuStreamEndCapture(s, &mut graph) },
+            "cuStreamEndCapture",
+        );
+        issued?;
+        ended?;
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: a captured graph; out-parameter.
+        let made = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
+        if let Err(e) = cu(made, "cuGraphInstantiate") {
+            // SAFETY: the graph made above, not instantiated.
+            unsafe { sys::cuGraphDestroy(graph) };
+            return Err(e);
+        }
+        Ok(Graph { graph, exec })
+    }
+
+    /// Launches the graph on `stream`.
+    pub fn launch(&self, stream: u64) -> Res<()> {
+        // SAFETY: an instantiated graph; its buffers outlive it (the caller's promise).
+        cu(
+            unsafe { sys::cuGraphLaunch(self.exec, stream as sys::CUstream) },
+            "cuGraphLaunch",
+        )
+    }
+}
+
+impl Graph {
+    /// Launches the graph `replays` times on `stream` and waits for them, `outs` poisoned
+    /// (after the replays before) ahead of the last one: what the outputs hold then is that
+    /// replay's.
+    pub fn replay_poisoned(&self, stream: u64, replays: usize, outs: &[Buf]) -> Res<()> {
+        for k in 0..replays {
+            if k + 1 == replays {
+                sync()?;
+                for o in outs {
+                    o.poison()?;
+                }
+            }
+            self.launch(stream)?;
+        }
+        stream_sync(stream)
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: made once in `capture`; the caller has synchronised its launches.
+        unsafe {
+            sys::cuGraphExecDestroy(self.exec);
+            sys::cuGraphDestroy(self.graph);
+        }
+    }
+}
+
+/// Waits for the work on `stream`.
+pub fn stream_sync(stream: u64) -> Res<()> {
+    // SAFETY: a stream of this context.
+    cu(
+        unsafe { sys::cuStreamSynchronize(stream as sys::CUstream) },
+        "cuStreamSynchronize",
+    )
+}

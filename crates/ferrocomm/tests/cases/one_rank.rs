@@ -198,60 +198,35 @@ pub fn collectives(c: &mut Ctx, engine: Engine, label: &str, opts: &CallOpts) ->
     if c.world != 1 {
         return Err(format!("{label}: the one-rank cases need one rank, not {}", c.world).into());
     }
-    let mut seed = 0u64;
-    let mut k = 0usize;
-    let mut next = |seed: &mut u64| {
-        *seed += 1;
-        k += 1;
-        (k % 2 == 0, k % 3 == 0)
-    };
+    // Every operator on every dtype reduced, then the movers on every dtype.
+    let mut calls = Vec::new();
     for d in REDUCED {
         for op in ops_for(d) {
-            for call in [
+            let reductions = [
                 Call::AllReduce(op),
                 Call::Reduce(op),
                 Call::ReduceScatter(op),
-            ] {
-                for count in [1usize, 4097] {
-                    let (in_place, odd) = next(&mut seed);
-                    case(
-                        c,
-                        engine,
-                        label,
-                        opts,
-                        call,
-                        d,
-                        count,
-                        in_place,
-                        usize::from(odd),
-                        seed,
-                    )?;
-                }
-            }
+            ];
+            calls.extend(reductions.map(|call| (call, d)));
         }
     }
     for d in DataType::ALL {
-        for call in [
+        let movers = [
             Call::Broadcast,
             Call::AllGather,
             Call::AllToAll,
             Call::AllToAllV,
-        ] {
-            for count in [1usize, 4097] {
-                let (in_place, odd) = next(&mut seed);
-                case(
-                    c,
-                    engine,
-                    label,
-                    opts,
-                    call,
-                    d,
-                    count,
-                    in_place,
-                    usize::from(odd),
-                    seed,
-                )?;
-            }
+        ];
+        calls.extend(movers.map(|call| (call, d)));
+    }
+    let mut seed = 0u64;
+    for (call, d) in calls {
+        for count in [1usize, 4097] {
+            seed += 1;
+            let (in_place, misalign) = (seed % 2 == 0, usize::from(seed % 3 == 0));
+            case(
+                c, engine, label, opts, call, d, count, in_place, misalign, seed,
+            )?;
         }
     }
     // A few MB each way, in place and not (100 KB on the host).
