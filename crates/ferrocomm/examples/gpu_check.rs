@@ -1,17 +1,18 @@
-//! Device correctness and timing check of the cuda backend (run on a GPU machine):
+//! Device correctness and timing check of the cuda backend's all-reduce (run on a GPU machine):
 //!
 //! ```text
 //! ferrocomm launch -n 2 -- target/release/examples/gpu_check [--quick] [--no-timing] [--full-timing] [--sanitize]
 //! ```
 //!
-//! Every all-reduce result is compared element by element with an f64 / exact-integer host
-//! reference on random data (never zeros), outputs poisoned before each call and read back
-//! around the result (a byte changed before it, after it or in the guard band past the buffer
-//! is a write out of bounds), and its hash is compared across ranks (bit-identical results).
+//! The correctness cases are the device cases' bodies (`tests/cases/all_reduce.rs`, which the
+//! host backend runs in CI) on CUDA buffers: every result compared element by element with the
+//! library's reference on random data (never zeros), outputs poisoned before each call and read
+//! back around the result (a byte changed before it, after it or in the guard band past the
+//! buffer is a write out of bounds), its hash compared across ranks (bit-identical results).
+//! What only a GPU checks is here: back-to-back races, CUDA graph replays, foreign pointers,
+//! calls that disagree between ranks, barriers and timeouts, NCCL's watchdog, the timing table.
 //! Exits 1 on any wrong element or guard byte.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
@@ -22,138 +23,24 @@ use ferrocomm::{
 use rand::{Rng, SeedableRng};
 
 mod support;
+use support::cases::all_reduce::{self, run_case, Case};
+use support::cases::coll::{self, Coll};
 use support::*;
 
-// ---------------------------------------------------------------- data and reference
-
-const FLOATS: [DataType; 3] = [DataType::F32, DataType::F16, DataType::BF16];
-const INTS: [DataType; 4] = [DataType::I32, DataType::U32, DataType::I64, DataType::U64];
-
-/// Random element bytes for `rank` (every rank can compute every rank's data).
-fn gen(dtype: DataType, op: OpK, count: usize, seed: u64, rank: usize) -> Vec<u8> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 131 + rank as u64);
-    let mut out = Vec::with_capacity(count * dtype.size());
-    for _ in 0..count {
-        let f: f64 = if op == OpK::Prod {
-            rng.random_range(0.5..1.5)
-        } else {
-            let v: f64 = rng.random_range(0.05..1.0);
-            if rng.random_bool(0.5) {
-                -v
-            } else {
-                v
-            }
-        };
-        let i: i64 = if op == OpK::Prod {
-            rng.random_range(1..=3)
-        } else {
-            rng.random_range(1..1000) * if rng.random_bool(0.5) { -1 } else { 1 }
-        };
-        match dtype {
-            DataType::F32 => out.extend_from_slice(&(f as f32).to_le_bytes()),
-            DataType::F16 => out.extend_from_slice(&half::f16::from_f64(f).to_le_bytes()),
-            DataType::BF16 => out.extend_from_slice(&half::bf16::from_f64(f).to_le_bytes()),
-            DataType::I32 => out.extend_from_slice(&(i as i32).to_le_bytes()),
-            DataType::U32 => out.extend_from_slice(&(i.unsigned_abs() as u32).to_le_bytes()),
-            DataType::I64 => out.extend_from_slice(&i.to_le_bytes()),
-            DataType::U64 => out.extend_from_slice(&i.unsigned_abs().to_le_bytes()),
-            _ => unreachable!(),
-        }
-    }
-    out
-}
-
-/// Number of wrong elements of `got` against the reference built from every rank's data.
-fn check(dtype: DataType, op: OpK, inputs: &[Vec<u8>], got: &[u8]) -> (usize, String) {
-    let es = dtype.size();
-    let n = inputs.len();
-    let count = got.len() / es;
-    let mut wrong = 0;
-    let mut first = String::new();
-    for i in 0..count {
-        let el = |r: usize| &inputs[r][i * es..(i + 1) * es];
-        let g = &got[i * es..(i + 1) * es];
-        let ok = element_ok(dtype, op, n, el, g);
-        if !ok {
-            if wrong == 0 {
-                first = format!("element {i}: got {:?}", g);
-            }
-            wrong += 1;
-        }
-    }
-    (wrong, first)
-}
-
-// ---------------------------------------------------------------- harness
-
-#[derive(Default)]
-struct Tally {
-    cases: usize,
-    wrong_elems: usize,
-    /// Bytes written outside an output (before it, after it, in the guard band).
-    guard_hits: usize,
-    hash_mismatch: usize,
-    errors: usize,
-    expected_refusals: usize,
-}
-
-struct Ctx {
-    comm: Communicator,
-    rank: usize,
-    world: usize,
-    dev: u32,
-    tally: BTreeMap<String, Tally>,
-    failures: Vec<String>,
-    seq: u64,
-}
-
-impl Ctx {
-    fn store_hashes(&mut self, tag: &str, h: u64) -> Res<bool> {
-        self.seq += 1;
-        let all = all_gather_bytes(
-            &**self.comm.store(),
-            &format!("chk/{}/{tag}", self.seq),
-            self.rank,
-            self.world,
-            &h.to_le_bytes(),
-            Duration::from_secs(120),
-        )?;
-        Ok(all.iter().all(|v| v == &h.to_le_bytes().to_vec()))
+/// The GPU of this rank's communicator.
+fn ord(c: &Ctx) -> u32 {
+    match c.dev {
+        Device::Cuda(o) => o,
+        Device::Host => unreachable!("gpu_check runs on a GPU"),
     }
 }
 
-struct Case {
-    dtype: DataType,
-    op: OpK,
-    count: usize,
-    algo: Algo,
-    in_place: bool,
-    /// Element offset of the pointers (1 = not 16-byte aligned).
-    misalign: usize,
-}
-
-impl Case {
-    /// A sum of `count` elements, out of place, from aligned pointers.
-    fn sum(dtype: DataType, count: usize, algo: Algo) -> Case {
-        Case {
-            dtype,
-            op: OpK::Sum,
-            count,
-            algo,
-            in_place: false,
-            misalign: 0,
-        }
-    }
-}
-
-/// An in-place f32 sum over the first `n` elements of `b` (the fault and refusal cases); the
-/// caller synchronises before `b` is dropped.
 /// `comm.all_reduce` in place over `n` f32 of `b` with `op`.
 fn op_in_place(
     comm: &Communicator,
     b: &Buf,
     n: usize,
-    dev: u32,
+    dev: Device,
     op: ReduceOp,
     opts: &CallOpts,
 ) -> ferrocomm::Result<()> {
@@ -163,7 +50,7 @@ fn op_in_place(
     unsafe {
         comm.all_reduce(
             Input::InPlace,
-            ViewMut::from_raw(b.ptr as *mut u8, n, DataType::F32, Device::Cuda(dev)),
+            ViewMut::from_raw(b.ptr as *mut u8, n, DataType::F32, dev),
             op,
             opts,
         )
@@ -174,100 +61,10 @@ fn sum_in_place(
     comm: &Communicator,
     b: &Buf,
     n: usize,
-    dev: u32,
+    dev: Device,
     opts: &CallOpts,
 ) -> ferrocomm::Result<()> {
     op_in_place(comm, b, n, dev, ReduceOp::Sum, opts)
-}
-
-fn run_case(
-    c: &mut Ctx,
-    comm_sel: Option<&Communicator>,
-    cs: &Case,
-    seed: u64,
-    stream: u64,
-) -> Res<()> {
-    let comm = comm_sel.unwrap_or(&c.comm);
-    let es = cs.dtype.size();
-    let bytes = cs.count * es;
-    let key = format!("{:<5}", cs.algo.name());
-    let inputs: Vec<Vec<u8>> = (0..c.world)
-        .map(|r| gen(cs.dtype, cs.op, cs.count, seed, r))
-        .collect();
-    let off = cs.misalign * es;
-    let inb = Buf::new(bytes + off)?;
-    let outb = Buf::new(bytes + off)?;
-    outb.poison()?;
-    let opts = CallOpts::on_stream(stream).with_algo(cs.algo);
-    let dev = Device::Cuda(c.dev);
-    // SAFETY: both buffers hold `bytes + off` bytes of this device and outlive the call (we
-    // synchronise before dropping them).
-    let res = unsafe {
-        if cs.in_place {
-            outb.upload(off, &inputs[c.rank])?;
-            let o = ViewMut::from_raw((outb.ptr + off as u64) as *mut u8, cs.count, cs.dtype, dev);
-            comm.all_reduce(Input::InPlace, o, cs.op.op(), &opts)
-        } else {
-            inb.upload(off, &inputs[c.rank])?;
-            let i = View::from_raw((inb.ptr + off as u64) as *const u8, cs.count, cs.dtype, dev);
-            let o = ViewMut::from_raw((outb.ptr + off as u64) as *mut u8, cs.count, cs.dtype, dev);
-            comm.all_reduce(Input::Buf(i), o, cs.op.op(), &opts)
-        }
-    };
-    sync()?;
-    let t = c.tally.entry(key).or_default();
-    t.cases += 1;
-    if let Err(e) = res {
-        // Push above its capacity is refused by design: expected only when the size is above
-        // this communicator's push capacity.
-        let cap = ferrocomm::cuda::push_capacity(comm.config());
-        if cs.algo == Algo::Push && bytes > cap && matches!(e, ferrocomm::Error::InvalidArgument(_))
-        {
-            t.expected_refusals += 1;
-            t.cases -= 1;
-            return Ok(());
-        }
-        t.errors += 1;
-        c.failures.push(format!(
-            "{:?} {} n={} {}: error {e}",
-            cs.op, cs.dtype, cs.count, cs.algo
-        ));
-        return Ok(());
-    }
-    let mut got = vec![0u8; bytes];
-    outb.download_into(off, &mut got)?;
-    let (wrong, first) = check(cs.dtype, cs.op, &inputs, &got);
-    let guard = outb.guard_hits(off, bytes)?;
-    let same = c.store_hashes("case", fnv(&got))?;
-    let t = c.tally.get_mut(&format!("{:<5}", cs.algo.name())).unwrap();
-    t.wrong_elems += wrong;
-    t.guard_hits += guard;
-    if !same {
-        t.hash_mismatch += 1;
-    }
-    if wrong > 0 || guard > 0 || !same {
-        c.failures.push(format!(
-            "{:?} {} n={} {} inplace={} misalign={}: {wrong} wrong ({first}), {guard} bytes \
-             written outside the output, identical across ranks: {same}",
-            cs.op, cs.dtype, cs.count, cs.algo, cs.in_place, cs.misalign
-        ));
-    }
-    Ok(())
-}
-
-fn ops_for(d: DataType) -> Vec<OpK> {
-    if d.is_float() {
-        vec![
-            OpK::Sum,
-            OpK::Avg,
-            OpK::Prod,
-            OpK::Min,
-            OpK::Max,
-            OpK::PremulSum,
-        ]
-    } else {
-        vec![OpK::Sum, OpK::Avg, OpK::Prod, OpK::Min, OpK::Max]
-    }
 }
 
 const ALGOS: [Algo; 5] = [Algo::Push, Algo::Flat, Algo::Tree, Algo::Nccl, Algo::Auto];
@@ -299,64 +96,6 @@ fn sanitize_cases(c: &mut Ctx) -> Res<()> {
     Ok(())
 }
 
-fn matrix(c: &mut Ctx, quick: bool) -> Res<()> {
-    let mut seed = 1u64;
-    let small = [1usize, 3, 7, 8, 33, 1000, 4097, 32771];
-    for d in FLOATS.iter().chain(INTS.iter()) {
-        for op in ops_for(*d) {
-            for (si, &n) in small.iter().enumerate() {
-                if quick && si % 2 == 1 {
-                    continue;
-                }
-                for (ai, algo) in algos().iter().enumerate() {
-                    seed += 1;
-                    let cs = Case {
-                        dtype: *d,
-                        op,
-                        count: n,
-                        algo: *algo,
-                        in_place: (si + ai) % 2 == 0,
-                        misalign: if (si + ai) % 3 == 0 { 1 } else { 0 },
-                    };
-                    run_case(c, None, &cs, seed, 0)?;
-                }
-            }
-        }
-    }
-    // Large messages: bf16 and f32 sums, up to 256 MB per rank.
-    let big: &[usize] = if quick {
-        &[1 << 20, (4 << 20) + 2, (24 << 20) + 24, 64 << 20]
-    } else {
-        &[
-            256 << 10,
-            1 << 20,
-            (4 << 20) + 2,
-            16 << 20,
-            (24 << 20) + 24,
-            64 << 20,
-            256 << 20,
-        ]
-    };
-    for d in [DataType::BF16, DataType::F32] {
-        for &b in big {
-            for algo in algos() {
-                if algo == Algo::Push && b > (512 << 10) {
-                    continue;
-                }
-                seed += 1;
-                let cs = Case {
-                    in_place: seed % 2 == 0,
-                    // Odd sizes also run from pointers off 16-byte alignment (scalar path).
-                    misalign: usize::from(b % 16 != 0),
-                    ..Case::sum(d, b / d.size(), algo)
-                };
-                run_case(c, None, &cs, seed, 0)?;
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Many back-to-back calls with varying sizes and algorithms, no sync in between.
 fn race(c: &mut Ctx, calls: usize) -> Res<()> {
     let d = DataType::BF16;
@@ -372,9 +111,7 @@ fn race(c: &mut Ctx, calls: usize) -> Res<()> {
             (n, a)
         })
         .collect();
-    let inputs: Vec<Vec<u8>> = (0..c.world)
-        .map(|r| gen(d, OpK::Sum, max_n, 777, r))
-        .collect();
+    let inputs: Vec<Vec<u8>> = (0..c.world).map(|r| gen(d, max_n, 777, r, false)).collect();
     let inb = Buf::new(max_n * es)?;
     inb.upload(0, &inputs[c.rank])?;
     let outs: Vec<Buf> = (0..calls)
@@ -384,7 +121,7 @@ fn race(c: &mut Ctx, calls: usize) -> Res<()> {
         o.poison()?;
     }
     sync()?;
-    let dev = Device::Cuda(c.dev);
+    let dev = c.dev;
     let t0 = Instant::now();
     for (k, (n, a)) in plan.iter().enumerate() {
         // SAFETY: buffers of this device, large enough, alive until the sync below.
@@ -405,8 +142,8 @@ fn race(c: &mut Ctx, calls: usize) -> Res<()> {
     let (wrong_total, guard_total) = check_outputs(c, "race call", &plan, &outs, &inputs)?;
     let t = c.tally.entry(key).or_default();
     t.cases += calls;
-    t.wrong_elems += wrong_total;
-    t.guard_hits += guard_total;
+    t.wrong += wrong_total;
+    t.guard += guard_total;
     if c.rank == 0 {
         println!(
             "race: {calls} back-to-back calls in {:.1} ms",
@@ -438,9 +175,7 @@ fn graph(c: &mut Ctx, replays: usize) -> Res<()> {
         ),
     ];
     let max_n = 200_000;
-    let inputs: Vec<Vec<u8>> = (0..c.world)
-        .map(|r| gen(d, OpK::Sum, max_n, 99, r))
-        .collect();
+    let inputs: Vec<Vec<u8>> = (0..c.world).map(|r| gen(d, max_n, 99, r, false)).collect();
     let inb = Buf::new(max_n * es)?;
     inb.upload(0, &inputs[c.rank])?;
     let outs: Vec<Buf> = plan
@@ -448,58 +183,22 @@ fn graph(c: &mut Ctx, replays: usize) -> Res<()> {
         .map(|_| Buf::new(max_n * es))
         .collect::<Res<_>>()?;
     let stream = new_stream()?;
-    let dev = Device::Cuda(c.dev);
-    // SAFETY: capture on our own stream; buffers alive until the graph is destroyed.
-    unsafe {
-        cu(
-            sys::cuStreamBeginCapture_v2(
-                stream as sys::CUstream,
-                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-            ),
-            "cuStreamBeginCapture",
-        )?;
+    let dev = c.dev;
+    let issue = || -> Res<()> {
         for (k, (n, a)) in plan.iter().enumerate() {
-            let i = View::from_raw(inb.ptr as *const u8, *n, d, dev);
-            let o = ViewMut::from_raw(outs[k].ptr as *mut u8, *n, d, dev);
-            c.comm.all_reduce(
-                Input::Buf(i),
-                o,
-                ReduceOp::Sum,
-                &CallOpts::on_stream(stream).with_algo(*a),
-            )?;
+            // SAFETY: buffers of this device with room for `n`; they outlive the graph.
+            let (i, o) = unsafe { (inb.view(0, *n, d, dev), outs[k].view_mut(0, *n, d, dev)) };
+            let opts = CallOpts::on_stream(stream).with_algo(*a);
+            c.comm.all_reduce(Input::Buf(i), o, ReduceOp::Sum, &opts)?;
         }
-        let mut g: sys::CUgraph = std::ptr::null_mut();
-        cu(
-            sys::cuStreamEndCapture(stream as sys::CUstream, &mut g),
-            "cuStreamEndCapture",
-        )?;
-        let mut ge: sys::CUgraphExec = std::ptr::null_mut();
-        cu(
-            sys::cuGraphInstantiateWithFlags(&mut ge, g, 0),
-            "cuGraphInstantiate",
-        )?;
-        for r in 0..replays {
-            if r == replays - 1 {
-                sync()?;
-                for o in &outs {
-                    o.poison()?;
-                }
-                sync()?;
-            }
-            cu(
-                sys::cuGraphLaunch(ge, stream as sys::CUstream),
-                "cuGraphLaunch",
-            )?;
-        }
-        cu(sys::cuStreamSynchronize(stream as sys::CUstream), "sync")?;
-        sys::cuGraphExecDestroy(ge);
-        sys::cuGraphDestroy(g);
-    }
+        Ok(())
+    };
+    Graph::capture(stream, issue)?.replay_poisoned(stream, replays, &outs)?;
     let (wrong_total, guard_total) = check_outputs(c, "graph op", &plan, &outs, &inputs)?;
     let t = c.tally.entry("graph".into()).or_default();
     t.cases += plan.len() * replays;
-    t.wrong_elems += wrong_total;
-    t.guard_hits += guard_total;
+    t.wrong += wrong_total;
+    t.guard += guard_total;
     Ok(())
 }
 
@@ -520,7 +219,8 @@ fn check_outputs(
         let mut got = vec![0u8; n * es];
         outs[k].download_into(0, &mut got)?;
         let ins: Vec<Vec<u8>> = inputs.iter().map(|v| v[..n * es].to_vec()).collect();
-        let (w, first) = check(d, OpK::Sum, &ins, &got);
+        let parts: Vec<&[u8]> = ins.iter().map(|v| &v[..]).collect();
+        let (w, first) = check_reduce(d, OpK::Sum, &parts, &got);
         let g = outs[k].guard_hits(0, n * es)?;
         if w > 0 || g > 0 {
             c.failures.push(format!(
@@ -534,7 +234,6 @@ fn check_outputs(
     Ok((wrong_total, guard_total))
 }
 
-/// NCCL-carried collectives other than all-reduce, f32.
 /// Memory of another GPU, and host memory, passed as this GPU's: every rank makes the same
 /// calls and each is refused before anything is launched, with an error naming the pointer's
 /// device (or saying it is not device memory); the communicator works afterwards.
@@ -545,7 +244,7 @@ fn foreign_pointers(c: &mut Ctx) -> Res<()> {
         unsafe { sys::cuDeviceGetCount(&mut ndev) },
         "cuDeviceGetCount",
     )?;
-    let dev = Device::Cuda(c.dev);
+    let (dev, ord) = (c.dev, ord(c));
     let n = 4096usize;
     let mut cases: Vec<(String, u64, &str)> = Vec::new();
     let host = vec![0u8; n * 4 + 64];
@@ -554,10 +253,10 @@ fn foreign_pointers(c: &mut Ctx) -> Res<()> {
         host.as_ptr() as u64,
         "not CUDA device memory",
     ));
-    let other = (c.dev as i32 + 1) % ndev.max(1);
+    let other = (ord as i32 + 1) % ndev.max(1);
     // This GPU's context, bound again after each visit to the other GPU's.
-    let own = cudarc::driver::CudaContext::new(c.dev as usize)?;
-    let foreign = if other != c.dev as i32 {
+    let own = cudarc::driver::CudaContext::new(ord as usize)?;
+    let foreign = if other != ord as i32 {
         let ctx = cudarc::driver::CudaContext::new(other as usize)?;
         let b = Buf::new(n * 4)?;
         own.bind_to_thread()?;
@@ -591,7 +290,7 @@ fn foreign_pointers(c: &mut Ctx) -> Res<()> {
             other => {
                 t.errors += 1;
                 c.failures
-                    .push(format!("{what} passed as cuda:{}: {other:?}", c.dev));
+                    .push(format!("{what} passed as cuda:{ord}: {other:?}"));
             }
         }
     }
@@ -608,123 +307,35 @@ fn foreign_pointers(c: &mut Ctx) -> Res<()> {
     run_case(c, None, &cs, 40_000, 0)
 }
 
+/// The other collectives on the main communicator (NCCL's where it has it), f32, 1001 elements
+/// per part, out of place: broadcast, reduce and reduce-scatter (max), all-gather, all-to-all,
+/// and at two ranks with NCCL send/recv.
 fn others(c: &mut Ctx) -> Res<()> {
-    let d = DataType::F32;
-    let n = 1001usize;
     let w = c.world;
-    let dev = Device::Cuda(c.dev);
-    let data = |r: usize, len: usize| -> Vec<f32> {
-        (0..len).map(|i| (r * 100_000 + i) as f32 + 0.5).collect()
-    };
-    let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
-    let inb = Buf::new(n * w * 4)?;
-    let outb = Buf::new(n * w * 4)?;
-    let mut failures = 0;
-    let mut run = |name: &str,
-                   inl: usize,
-                   outl: usize,
-                   f: &dyn Fn(&Communicator, View, ViewMut) -> ferrocomm::Result<()>,
-                   want: &dyn Fn(usize) -> Option<Vec<f32>>|
-     -> Res<()> {
-        inb.upload(0, &bytes(&data(c.rank, inl)))?;
-        outb.poison()?;
-        // SAFETY: buffers of this device with room for `inl`/`outl` floats.
-        let r = unsafe {
-            f(
-                &c.comm,
-                View::from_raw(inb.ptr as *const u8, inl, d, dev),
-                ViewMut::from_raw(outb.ptr as *mut u8, outl, d, dev),
-            )
-        };
-        sync()?;
-        let t = c.tally.entry("nccl-colls".into()).or_default();
-        t.cases += 1;
-        if let Err(e) = r {
-            t.errors += 1;
-            c.failures.push(format!("{name}: {e}"));
-            failures += 1;
-            return Ok(());
-        }
-        if let Some(want) = want(c.rank) {
-            let mut got = vec![0u8; outl * 4];
-            outb.download_into(0, &mut got)?;
-            if got != bytes(&want) {
-                t.wrong_elems += 1;
-                c.failures.push(format!("{name}: wrong result"));
-                failures += 1;
-            }
-        }
-        // Also where the output has no value to check (reduce off the root), nothing is
-        // written past it.
-        let guard = outb.guard_hits(0, outl * 4)?;
-        if guard > 0 {
-            t.guard_hits += guard;
-            c.failures
-                .push(format!("{name}: {guard} bytes written past the output"));
-            failures += 1;
-        }
-        Ok(())
-    };
-    let o = CallOpts::default();
-    run(
-        "broadcast",
-        n,
-        n,
-        &|cm, i, out| cm.broadcast(Input::Buf(i), out, 1 % w, &o),
-        &|_| Some(data(1 % w, n)),
-    )?;
-    run(
-        "reduce",
-        n,
-        n,
-        &|cm, i, out| cm.reduce(Input::Buf(i), out, ReduceOp::Max, 0, &o),
-        &|r| if r == 0 { Some(data(w - 1, n)) } else { None },
-    )?;
-    run(
-        "all_gather",
-        n,
-        n * w,
-        &|cm, i, out| cm.all_gather(Input::Buf(i), out, &o),
-        &|_| Some((0..w).flat_map(|r| data(r, n)).collect()),
-    )?;
-    run(
-        "reduce_scatter",
-        n * w,
-        n,
-        &|cm, i, out| cm.reduce_scatter(Input::Buf(i), out, ReduceOp::Max, &o),
-        &|r| Some(data(w - 1, n * w)[r * n..(r + 1) * n].to_vec()),
-    )?;
-    run(
-        "all_to_all",
-        n * w,
-        n * w,
-        &|cm, i, out| cm.all_to_all(Input::Buf(i), out, &o),
-        &|r| {
-            Some(
-                (0..w)
-                    .flat_map(|s| data(s, n * w)[r * n..(r + 1) * n].to_vec())
-                    .collect(),
-            )
-        },
-    )?;
+    let mut colls = vec![
+        Coll::Broadcast(1 % w),
+        Coll::Reduce(OpK::Max, 0),
+        Coll::AllGather,
+        Coll::ReduceScatter(OpK::Max),
+        Coll::AllToAll,
+    ];
     // Point to point goes through NCCL, which ranks sharing a GPU run without.
     if w == 2 && !shared_gpus() {
-        run(
-            "send_recv",
-            n,
-            n,
-            &|cm, i, out| {
-                if cm.rank() == 0 {
-                    cm.send(i, 1, &o)
-                } else {
-                    cm.recv(out, 0, &o)
-                }
-            },
-            &|r| if r == 1 { Some(data(0, n)) } else { None },
+        colls.push(Coll::SendRecv(0));
+    }
+    for (k, coll) in colls.into_iter().enumerate() {
+        coll::run_one(
+            c,
+            coll,
+            DataType::F32,
+            1001,
+            Algo::Auto,
+            false,
+            0,
+            45_000 + k as u64,
         )?;
     }
-    c.comm.barrier(&o)?;
-    let _ = failures;
+    c.comm.barrier(&CallOpts::default())?;
     Ok(())
 }
 
@@ -740,7 +351,7 @@ fn mismatch_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
     let comm = Communicator::new(options("gpu_check_mismatch", cfg_m))?;
     let b = Buf::new(4 << 20)?;
     b.poison()?;
-    b.upload(0, &gen(DataType::F32, OpK::Sum, 1 << 20, 77, rank))?;
+    b.upload(0, &gen(DataType::F32, 1 << 20, 77, rank, false))?;
     let r = rank;
     // (what, count, operator, algorithm) on this rank
     type Bad = (&'static str, usize, ReduceOp, Algo);
@@ -828,7 +439,7 @@ fn mismatch_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
 fn check_band(c: &mut Ctx, what: &str, b: &Buf) -> Res<()> {
     let hits = b.guard_hits(0, b.bytes)?;
     if hits > 0 {
-        c.tally.entry(what.into()).or_default().guard_hits += hits;
+        c.tally.entry(what.into()).or_default().guard += hits;
         c.failures
             .push(format!("{what}: {hits} bytes written past the buffer"));
     }
@@ -909,7 +520,7 @@ fn barrier_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
         let n = 1 << 20;
         let b = Buf::new(4 * n)?;
         b.poison()?;
-        b.upload(0, &gen(DataType::F32, OpK::Sum, n, 78, rank))?;
+        b.upload(0, &gen(DataType::F32, n, 78, rank, false))?;
         let t = Instant::now();
         let first = sum_in_place(&comm, &b, n, c.dev, &o.clone().with_algo(Algo::Flat));
         sync()?;
@@ -961,12 +572,12 @@ fn timing(c: &mut Ctx, quick: bool) -> Res<()> {
     let stream = new_stream()?;
     let buf = Buf::new(256 << 20)?;
     buf.poison()?;
-    let init = gen(d, OpK::Sum, 1 << 20, 5, c.rank);
+    let init = gen(d, 1 << 20, 5, c.rank, false);
     for k in 0..128 {
         buf.upload(k * init.len(), &init)?;
     }
     sync()?;
-    let dev = Device::Cuda(c.dev);
+    let dev = c.dev;
     let mut rows = Vec::new();
     for &b in &sizes {
         let n = b / d.size();
@@ -984,64 +595,27 @@ fn timing(c: &mut Ctx, quick: bool) -> Res<()> {
                 c.world,
                 Duration::from_secs(120),
             )?;
-            // SAFETY: capture on our own stream; the buffer outlives the graph.
-            let us = unsafe {
-                cu(
-                    sys::cuStreamBeginCapture_v2(
-                        stream as sys::CUstream,
-                        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-                    ),
-                    "capture",
-                )?;
-                let mut err = None;
+            let issue = || -> Res<()> {
                 for _ in 0..per_graph {
-                    let o = ViewMut::from_raw(buf.ptr as *mut u8, n, d, dev);
-                    // Sum of in-place repeated sums grows; Max keeps values bounded and does the same work.
-                    if let Err(e) = c.comm.all_reduce(
-                        Input::InPlace,
-                        o,
-                        ReduceOp::Max,
-                        &CallOpts::on_stream(stream).with_algo(algo),
-                    ) {
-                        err = Some(e);
-                        break;
-                    }
+                    // SAFETY: `n` elements of this device's buffer, which outlives the graph.
+                    let o = unsafe { buf.view_mut(0, n, d, dev) };
+                    // Sum of in-place repeated sums grows; Max keeps values bounded and does the
+                    // same work.
+                    let opts = CallOpts::on_stream(stream).with_algo(algo);
+                    c.comm
+                        .all_reduce(Input::InPlace, o, ReduceOp::Max, &opts)
+                        .map_err(|e| format!("timing {b} {algo}: {e}"))?;
                 }
-                let mut g: sys::CUgraph = std::ptr::null_mut();
-                cu(
-                    sys::cuStreamEndCapture(stream as sys::CUstream, &mut g),
-                    "end capture",
-                )?;
-                if let Some(e) = err {
-                    return Err(format!("timing {b} {algo}: {e}").into());
-                }
-                let mut ge: sys::CUgraphExec = std::ptr::null_mut();
-                cu(
-                    sys::cuGraphInstantiateWithFlags(&mut ge, g, 0),
-                    "instantiate",
-                )?;
-                for _ in 0..3 {
-                    cu(sys::cuGraphLaunch(ge, stream as sys::CUstream), "launch")?;
-                }
-                cu(sys::cuStreamSynchronize(stream as sys::CUstream), "sync")?;
-                let mut e0: sys::CUevent = std::ptr::null_mut();
-                let mut e1: sys::CUevent = std::ptr::null_mut();
-                cu(sys::cuEventCreate(&mut e0, 0), "event")?;
-                cu(sys::cuEventCreate(&mut e1, 0), "event")?;
-                cu(sys::cuEventRecord(e0, stream as sys::CUstream), "record")?;
-                for _ in 0..replays {
-                    cu(sys::cuGraphLaunch(ge, stream as sys::CUstream), "launch")?;
-                }
-                cu(sys::cuEventRecord(e1, stream as sys::CUstream), "record")?;
-                cu(sys::cuEventSynchronize(e1), "sync")?;
-                let mut ms = 0f32;
-                cu(sys::cuEventElapsedTime_v2(&mut ms, e0, e1), "elapsed")?;
-                sys::cuEventDestroy_v2(e0);
-                sys::cuEventDestroy_v2(e1);
-                sys::cuGraphExecDestroy(ge);
-                sys::cuGraphDestroy(g);
-                ms as f64 * 1e3 / (per_graph * replays) as f64
+                Ok(())
             };
+            let graph = Graph::capture(stream, issue)?;
+            for _ in 0..3 {
+                graph.launch(stream)?;
+            }
+            stream_sync(stream)?;
+            let us = time_us(stream, || {
+                (0..replays).try_for_each(|_| graph.launch(stream))
+            })? / (per_graph * replays) as f64;
             if algo == Algo::Nccl {
                 nccl_us = us;
             } else if algo != Algo::Auto && us < best.0 {
@@ -1071,6 +645,30 @@ fn timing(c: &mut Ctx, quick: bool) -> Res<()> {
         }
     }
     Ok(())
+}
+
+/// Microseconds the work `launch` enqueues on `stream` takes, by events around it.
+fn time_us(stream: u64, launch: impl FnOnce() -> Res<()>) -> Res<f64> {
+    let s = stream as sys::CUstream;
+    let mut ev: [sys::CUevent; 2] = [std::ptr::null_mut(); 2];
+    for e in &mut ev {
+        // SAFETY: out-parameter.
+        cu(unsafe { sys::cuEventCreate(e, 0) }, "cuEventCreate")?;
+    }
+    let mut ms = 0f32;
+    // SAFETY: events of this context recorded on a stream of it, destroyed once below.
+    let r = unsafe {
+        cu(sys::cuEventRecord(ev[0], s), "cuEventRecord")
+            .and_then(|()| launch())
+            .and_then(|()| cu(sys::cuEventRecord(ev[1], s), "cuEventRecord"))
+            .and_then(|()| cu(sys::cuEventSynchronize(ev[1]), "cuEventSynchronize"))
+            .and_then(|()| cu(sys::cuEventElapsedTime_v2(&mut ms, ev[0], ev[1]), "elapsed"))
+    };
+    for e in ev {
+        // SAFETY: created above.
+        unsafe { sys::cuEventDestroy_v2(e) };
+    }
+    r.map(|()| ms as f64 * 1e3)
 }
 
 // ---------------------------------------------------------------- main
@@ -1118,7 +716,7 @@ fn nccl_timeout(c: &mut Ctx, cfg: &Config) -> Res<()> {
         // Rank 1 skips this call: it never enqueues its part.
         let b = Buf::new(n6 * 4)?;
         b.poison()?;
-        b.upload(0, &gen(DataType::F32, OpK::Sum, n6, 40_001, 0))?;
+        b.upload(0, &gen(DataType::F32, n6, 40_001, 0, false))?;
         let nccl_opts = CallOpts::default().with_algo(Algo::Nccl);
         let call = || sum_in_place(&comm6, &b, n6, dev, &nccl_opts);
         let t = Instant::now();
@@ -1218,16 +816,9 @@ fn real_main() -> Res<i32> {
     let cuda = cudarc::driver::CudaContext::new(dev as usize)?;
     cuda.bind_to_thread()?;
     // The guard bands are read back after every call: first, that the read-back sees writes.
-    Buf::guard_self_check()?;
-    let mut c = Ctx {
-        comm,
-        rank,
-        world,
-        dev,
-        tally: BTreeMap::new(),
-        failures: Vec::new(),
-        seq: 0,
-    };
+    Buf::guard_self_check(Device::Cuda(dev))?;
+    let mut c = cuda_ctx(comm, cfg.clone(), quick);
+    c.algos = algos();
     'suite: {
         if sanitize {
             // Under compute-sanitizer every access is checked and kernels run far slower: a few
@@ -1235,53 +826,18 @@ fn real_main() -> Res<i32> {
             sanitize_cases(&mut c)?;
             break 'suite;
         }
-        let t = Instant::now();
-        matrix(&mut c, quick)?;
-        if rank == 0 {
-            println!("matrix done in {:.1} s", t.elapsed().as_secs_f64());
+        // The all-reduce matrix, two communicators used alternately, a small staging.
+        for (name, body) in all_reduce::BODIES {
+            let t = Instant::now();
+            body(&mut c)?;
+            if rank == 0 {
+                println!("{name} done in {:.1} s", t.elapsed().as_secs_f64());
+            }
         }
         race(&mut c, if quick { 300 } else { 10_000 })?;
         graph(&mut c, if quick { 20 } else { 1_000 })?;
         others(&mut c)?;
         foreign_pointers(&mut c)?;
-
-        // Two communicators used alternately.
-        let o2 = options("gpu_check_b", cfg.clone());
-        let comm2 = Communicator::new(o2)?;
-        for k in 0..40u64 {
-            let algo = [Algo::Push, Algo::Flat, Algo::Tree, Algo::Auto][k as usize % 4];
-            let cs = Case {
-                in_place: k % 2 == 0,
-                ..Case::sum(DataType::F32, 1000 + k as usize * 997, algo)
-            };
-            let which = if k % 2 == 0 { None } else { Some(&comm2) };
-            run_case(&mut c, which, &cs, 10_000 + k, 0)?;
-        }
-        drop(comm2);
-
-        // A staging area far smaller than the message: flat streams it through many small chunk
-        // slots (the writer waits for the reader's acknowledgements).
-        let mut cfg_s = cfg.clone();
-        cfg_s.cuda_staging_bytes = 1 << 20;
-        let o5 = options("gpu_check_small_staging", cfg_s);
-        let comm5 = Communicator::new(o5)?;
-        for (k, (d, n, algo)) in [
-            (DataType::BF16, (8 << 20) + 3, Algo::Flat),
-            (DataType::F32, (2 << 20) + 1, Algo::Flat),
-            (DataType::BF16, 3 << 20, Algo::Auto),
-            (DataType::F32, 100_003, Algo::Flat),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let cs = Case {
-                in_place: k % 2 == 0,
-                misalign: k % 2,
-                ..Case::sum(d, n, algo)
-            };
-            run_case(&mut c, Some(&comm5), &cs, 30_000 + k as u64, 0)?;
-        }
-        drop(comm5);
 
         barrier_checks(&mut c, &cfg)?;
         mismatch_checks(&mut c, &cfg)?;
@@ -1317,7 +873,7 @@ fn real_main() -> Res<i32> {
         let refused = {
             let b = Buf::new(64)?;
             let flat = CallOpts::default().with_algo(Algo::Flat);
-            sum_in_place(&comm3, &b, 8, dev, &flat).is_err()
+            sum_in_place(&comm3, &b, 8, Device::Cuda(dev), &flat).is_err()
         };
         if !refused {
             c.failures
@@ -1334,11 +890,11 @@ fn real_main() -> Res<i32> {
         if rank == 0 {
             let b = Buf::new(4096)?;
             let flat = CallOpts::default().with_algo(Algo::Flat);
-            let first = sum_in_place(&comm4, &b, 1024, dev, &flat);
+            let first = sum_in_place(&comm4, &b, 1024, Device::Cuda(dev), &flat);
             let t = Instant::now();
             sync()?;
             let waited = t.elapsed();
-            let second = sum_in_place(&comm4, &b, 1024, dev, &flat);
+            let second = sum_in_place(&comm4, &b, 1024, Device::Cuda(dev), &flat);
             match (&first, &second) {
                 (Ok(()), Err(ferrocomm::Error::Timeout { missing: 1, .. })) => {
                     println!(
@@ -1361,53 +917,10 @@ fn real_main() -> Res<i32> {
         }
     }
 
-    // Summary (every rank's failures go to stderr; rank 0 prints the table).
-    let total_wrong: usize = c
-        .tally
-        .values()
-        .map(|t| t.wrong_elems + t.guard_hits + t.hash_mismatch + t.errors)
-        .sum();
-    let bad = total_wrong > 0 || !c.failures.is_empty();
-    if rank == 0 {
-        println!(
-            "\ncorrectness (rank 0):\n{:<11} {:>7} {:>11} {:>10} {:>14} {:>7} {:>9}",
-            "what", "cases", "wrong elems", "guard hits", "rank mismatch", "errors", "refusals"
-        );
-        for (k, t) in &c.tally {
-            println!(
-                "{:<11} {:>7} {:>11} {:>10} {:>14} {:>7} {:>9}",
-                k,
-                t.cases,
-                t.wrong_elems,
-                t.guard_hits,
-                t.hash_mismatch,
-                t.errors,
-                t.expected_refusals
-            );
-        }
-    }
-    for f in c.failures.iter().take(30) {
-        eprintln!("rank {rank}: FAIL {f}");
-    }
-    let verdict = all_gather_bytes(
-        &**c.comm.store(),
-        "verdict",
-        rank,
-        world,
-        &[bad as u8],
-        Duration::from_secs(120),
-    )?;
-    let any_bad = verdict.iter().any(|v| v[0] != 0);
-    if rank == 0 {
-        println!(
-            "{}",
-            if any_bad {
-                "gpu_check: FAILED"
-            } else {
-                "gpu_check: all results correct and identical on every rank"
-            }
-        );
-    }
-    let _ = Arc::new(());
-    Ok(if bad { 1 } else { 0 })
+    c.compare_hashes()?;
+    report(
+        &c,
+        "gpu_check",
+        "all results correct and identical on every rank",
+    )
 }

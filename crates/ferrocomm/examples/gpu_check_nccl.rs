@@ -5,6 +5,9 @@
 //! ferrocomm launch -n 1 -- target/release/examples/gpu_check_nccl
 //! ```
 //!
+//! The collectives' cases are the device cases' one-rank body (`tests/cases/one_rank.rs`, which
+//! the host backend runs at one rank in CI):
+//!
 //! - Every collective NCCL carries (all-reduce, reduce, broadcast, all-gather, reduce-scatter,
 //!   all-to-all, all-to-all-v, barrier) on a one-rank communicator of the `nccl` backend (NCCL
 //!   alone), then on one of the `cuda` backend with the NCCL engine forced per call
@@ -34,23 +37,20 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys;
 use ferrocomm::config::BackendChoice;
 use ferrocomm::plan::Engine;
-use ferrocomm::reference::{self, Value};
-use ferrocomm::{
-    Algo, CallOpts, Collective, Communicator, Config, DataType, Device, Input, ReduceOp, Splits,
-    View, ViewMut,
-};
-use rand::{Rng, SeedableRng};
+use ferrocomm::{Algo, CallOpts, Communicator, Config, DataType, Device, Input, ReduceOp, ViewMut};
 
 mod support;
+use support::cases::one_rank::{case, collectives, Call};
 use support::*;
 
-struct Ctx {
-    dev: u32,
+/// What the program found: cases passed, failures.
+#[derive(Default)]
+struct Verdicts {
     passed: usize,
     failures: Vec<String>,
 }
 
-impl Ctx {
+impl Verdicts {
     fn verdict(&mut self, what: String, ok: bool) {
         if ok {
             self.passed += 1;
@@ -59,269 +59,37 @@ impl Ctx {
             self.failures.push(what);
         }
     }
-}
 
-/// The dtypes NCCL reduces (FP8 only moves here, see the module doc).
-const REDUCED: [DataType; 10] = [
-    DataType::F32,
-    DataType::F64,
-    DataType::F16,
-    DataType::BF16,
-    DataType::I8,
-    DataType::U8,
-    DataType::I32,
-    DataType::U32,
-    DataType::I64,
-    DataType::U64,
-];
-
-/// The operators NCCL has for `d`.
-fn ops_for(d: DataType) -> Vec<ReduceOp> {
-    let mut ops = vec![
-        ReduceOp::Sum,
-        ReduceOp::Prod,
-        ReduceOp::Min,
-        ReduceOp::Max,
-        ReduceOp::Avg,
-    ];
-    if d.is_float() {
-        ops.push(ReduceOp::PremulSum(0.5));
+    /// Runs the one-rank cases on `comm` with `opts` (planned on NCCL) under `label`, and
+    /// takes in what they found.
+    fn collectives(
+        &mut self,
+        comm: Communicator,
+        cfg: &Config,
+        label: &str,
+        opts: &CallOpts,
+    ) -> Res<()> {
+        let mut c = cuda_ctx(comm, cfg.clone(), false);
+        collectives(&mut c, Engine::Nccl, label, opts)?;
+        self.take(label, c);
+        Ok(())
     }
-    ops
-}
 
-/// `count` random elements of `d` (never zero: a result of zeros would hide a copy that did
-/// not happen).
-fn gen(d: DataType, count: usize, seed: u64) -> Vec<u8> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let es = d.size();
-    let mut out = vec![0u8; count * es];
-    for el in out.chunks_mut(es) {
-        let v = if d.is_float() {
-            let x: f64 = rng.random_range(0.05..2.0);
-            Value::Float(if rng.random_bool(0.5) { -x } else { x })
-        } else {
-            let x: i128 = rng.random_range(1..100);
-            let signed = matches!(d, DataType::I8 | DataType::I32 | DataType::I64);
-            Value::Int(if signed && rng.random_bool(0.5) {
-                -x
-            } else {
-                x
-            })
-        };
-        reference::encode(d, v, el);
-    }
-    out
-}
-
-/// One call of the pass: which collective, and for the reductions the operator.
-#[derive(Clone, Copy, Debug)]
-enum Call {
-    AllReduce(ReduceOp),
-    Reduce(ReduceOp),
-    ReduceScatter(ReduceOp),
-    Broadcast,
-    AllGather,
-    AllToAll,
-    AllToAllV,
-}
-
-impl Call {
-    fn collective(self) -> Collective {
-        match self {
-            Call::AllReduce(_) => Collective::AllReduce,
-            Call::Reduce(_) => Collective::Reduce,
-            Call::ReduceScatter(_) => Collective::ReduceScatter,
-            Call::Broadcast => Collective::Broadcast,
-            Call::AllGather => Collective::AllGather,
-            Call::AllToAll => Collective::AllToAll,
-            Call::AllToAllV => Collective::AllToAllV,
+    /// Takes in what the cases run on `c` found.
+    fn take(&mut self, label: &str, mut c: Ctx) {
+        let cases: usize = c.tally.values().map(|t| t.cases).sum();
+        let failed = c.failures.len();
+        for f in &c.failures {
+            eprintln!("FAIL {f}");
         }
+        println!("{label}: {cases} calls checked, {failed} failed");
+        self.passed += cases - failed;
+        self.failures.append(&mut c.failures);
     }
-
-    /// What one rank's output holds: the reference reduction of its input, or the input.
-    fn expected(self, d: DataType, input: &[u8]) -> Vec<u8> {
-        match self {
-            Call::AllReduce(op) | Call::Reduce(op) | Call::ReduceScatter(op) => {
-                reference::reduce_in_rank_order(d, op, &[input.to_vec()])
-            }
-            _ => input.to_vec(),
-        }
-    }
-}
-
-/// Runs `call` of `count` elements of `d` on `comm` with `opts`, `misalign` elements off
-/// alignment, in place or not, and checks plan, result and guard bands.
-#[allow(clippy::too_many_arguments)]
-fn case(
-    c: &mut Ctx,
-    comm: &Communicator,
-    label: &str,
-    opts: &CallOpts,
-    call: Call,
-    d: DataType,
-    count: usize,
-    in_place: bool,
-    misalign: usize,
-    seed: u64,
-) -> Res<()> {
-    let es = d.size();
-    let bytes = count * es;
-    let off = misalign * es;
-    let what = format!("{label}: {call:?} {d} n={count} in_place={in_place} misalign={misalign}");
-    match comm.algo_for(call.collective(), bytes, d, opts) {
-        Ok(p) if p.engine == Engine::Nccl => {}
-        other => {
-            c.verdict(format!("{what}: planned {other:?}, not NCCL"), false);
-            return Ok(());
-        }
-    }
-    let input = gen(d, count, seed);
-    let want = call.expected(d, &input);
-    let inb = Buf::new(off + bytes)?;
-    let outb = Buf::new(off + bytes)?;
-    inb.poison()?;
-    outb.poison()?;
-    let dev = Device::Cuda(c.dev);
-    if in_place {
-        outb.upload(off, &input)?;
-    } else {
-        inb.upload(off, &input)?;
-    }
-    // SAFETY: both buffers hold `off + bytes` bytes of this device and outlive the call (it is
-    // synchronised below); the views cover `count` elements from `off`.
-    let r = unsafe {
-        let o = ViewMut::from_raw((outb.ptr + off as u64) as *mut u8, count, d, dev);
-        let i = if in_place {
-            Input::InPlace
-        } else {
-            Input::Buf(View::from_raw(
-                (inb.ptr + off as u64) as *const u8,
-                count,
-                d,
-                dev,
-            ))
-        };
-        match call {
-            Call::AllReduce(op) => comm.all_reduce(i, o, op, opts),
-            Call::Reduce(op) => comm.reduce(i, o, op, 0, opts),
-            Call::ReduceScatter(op) => comm.reduce_scatter(i, o, op, opts),
-            Call::Broadcast => comm.broadcast(i, o, 0, opts),
-            Call::AllGather => comm.all_gather(i, o, opts),
-            Call::AllToAll => comm.all_to_all(i, o, opts),
-            Call::AllToAllV => {
-                comm.all_to_all_v(i, o, &Splits::packed(vec![count], vec![count]), opts)
-            }
-        }
-    };
-    sync()?;
-    if let Err(e) = r {
-        c.verdict(format!("{what}: error {e}"), false);
-        return Ok(());
-    }
-    let got = outb.download(off, bytes)?;
-    let wrong = got
-        .chunks(es)
-        .zip(want.chunks(es))
-        .filter(|(a, b)| a != b)
-        .count();
-    let guard = outb.guard_hits(off, bytes)?;
-    // The input of a call out of place is left as it was.
-    let input_kept = in_place || inb.download(off, bytes)? == input;
-    c.verdict(
-        format!(
-            "{what}: {wrong} elements differ from the reference, {guard} bytes written outside \
-             the output, input kept {input_kept}"
-        ),
-        wrong == 0 && guard == 0 && input_kept,
-    );
-    Ok(())
-}
-
-/// Every collective on `comm` (one rank) with `opts`.
-fn collectives(c: &mut Ctx, comm: &Communicator, label: &str, opts: &CallOpts) -> Res<()> {
-    let before = (c.passed, c.failures.len());
-    let mut seed = 0u64;
-    let mut k = 0usize;
-    let mut next = |seed: &mut u64| {
-        *seed += 1;
-        k += 1;
-        (k % 2 == 0, k % 3 == 0)
-    };
-    for d in REDUCED {
-        for op in ops_for(d) {
-            for call in [
-                Call::AllReduce(op),
-                Call::Reduce(op),
-                Call::ReduceScatter(op),
-            ] {
-                for count in [1usize, 4097] {
-                    let (in_place, odd) = next(&mut seed);
-                    case(
-                        c,
-                        comm,
-                        label,
-                        opts,
-                        call,
-                        d,
-                        count,
-                        in_place,
-                        usize::from(odd),
-                        seed,
-                    )?;
-                }
-            }
-        }
-    }
-    for d in DataType::ALL {
-        for call in [
-            Call::Broadcast,
-            Call::AllGather,
-            Call::AllToAll,
-            Call::AllToAllV,
-        ] {
-            for count in [1usize, 4097] {
-                let (in_place, odd) = next(&mut seed);
-                case(
-                    c,
-                    comm,
-                    label,
-                    opts,
-                    call,
-                    d,
-                    count,
-                    in_place,
-                    usize::from(odd),
-                    seed,
-                )?;
-            }
-        }
-    }
-    // A few MB each way, in place and not.
-    for (call, d) in [
-        (Call::AllReduce(ReduceOp::Sum), DataType::BF16),
-        (Call::AllReduce(ReduceOp::PremulSum(0.5)), DataType::F32),
-        (Call::AllGather, DataType::F32),
-        (Call::AllToAllV, DataType::BF16),
-    ] {
-        for in_place in [false, true] {
-            seed += 1;
-            case(c, comm, label, opts, call, d, 1_000_003, in_place, 0, seed)?;
-        }
-    }
-    // The barrier (an NCCL all-reduce of one word, then a wait for the stream).
-    let barrier = comm.barrier(opts);
-    c.verdict(format!("{label}: barrier {barrier:?}"), barrier.is_ok());
-    println!(
-        "{label}: {} calls checked, {} failed",
-        c.passed - before.0 + c.failures.len() - before.1,
-        c.failures.len() - before.1
-    );
-    Ok(())
 }
 
 /// The watchdog's timeout path on one rank (see the module doc).
-fn watchdog(c: &mut Ctx, cfg: &Config) -> Res<()> {
+fn watchdog(c: &mut Verdicts, dev: u32, cfg: &Config) -> Res<()> {
     let timeout = Duration::from_secs(3);
     // The watchdog acts within a few of its ticks after the timeout; 20 s of slack is for a
     // machine busy with something else, and still far from "never".
@@ -338,14 +106,14 @@ fn watchdog(c: &mut Ctx, cfg: &Config) -> Res<()> {
     let mut o = options("gpu_check_nccl_watchdog", cfg_w);
     o.backend = Some(BackendChoice::Nccl);
     let comm = Communicator::new(o)?;
-    let dev = Device::Cuda(c.dev);
+    let dev = Device::Cuda(dev);
     let word = MappedWord::new()?;
     let blocked = new_stream()?;
     let free = new_stream()?;
     let n = 1024usize;
     let b = Buf::new(n * 4)?;
     b.poison()?;
-    b.upload(0, &gen(DataType::F32, n, 99))?;
+    b.upload(0, &gen(DataType::F32, n, 99, 0, false))?;
     let probe = Buf::new(4)?;
     // From here on nothing may wait for the whole device (a synchronising copy or memset, a
     // context synchronisation) until the word is set: it would wait for the blocked stream.
@@ -459,19 +227,24 @@ fn watchdog(c: &mut Ctx, cfg: &Config) -> Res<()> {
     // A fresh communicator works.
     let mut o = options("gpu_check_nccl_after", cfg.clone());
     o.backend = Some(BackendChoice::Nccl);
-    let fresh = Communicator::new(o)?;
+    let label = "after the watchdog";
+    let mut fresh = cuda_ctx(Communicator::new(o)?, cfg.clone(), false);
+    let sum = Call::AllReduce(ReduceOp::Sum);
+    let opts = CallOpts::default();
     case(
-        c,
-        &fresh,
-        "after the watchdog",
-        &CallOpts::default(),
-        Call::AllReduce(ReduceOp::Sum),
+        &mut fresh,
+        Engine::Nccl,
+        label,
+        &opts,
+        sum,
         DataType::F32,
         1000,
         false,
         0,
         7,
-    )
+    )?;
+    c.take(label, fresh);
+    Ok(())
 }
 
 /// A 32-bit word of pinned host memory mapped for the device: the host sets it with a plain
@@ -553,26 +326,16 @@ fn real_main() -> Res<i32> {
     let cuda = cudarc::driver::CudaContext::new(dev as usize)?;
     cuda.bind_to_thread()?;
     // The guard bands are read back after every call: first, that the read-back sees writes.
-    Buf::guard_self_check()?;
-    let mut c = Ctx {
-        dev,
-        passed: 0,
-        failures: Vec::new(),
-    };
+    Buf::guard_self_check(Device::Cuda(dev))?;
+    let mut c = Verdicts::default();
     let t = Instant::now();
-    collectives(&mut c, &comm, "nccl backend", &CallOpts::default())?;
-    drop(comm);
+    c.collectives(comm, &cfg, "nccl backend", &CallOpts::default())?;
     let mut o = options("gpu_check_nccl_cuda", cfg.clone());
     o.backend = Some(BackendChoice::Cuda);
     let comm = Communicator::new(o)?;
-    collectives(
-        &mut c,
-        &comm,
-        "cuda backend, NCCL forced",
-        &CallOpts::default().with_algo(Algo::Nccl),
-    )?;
-    drop(comm);
-    watchdog(&mut c, &cfg)?;
+    let nccl = CallOpts::default().with_algo(Algo::Nccl);
+    c.collectives(comm, &cfg, "cuda backend, NCCL forced", &nccl)?;
+    watchdog(&mut c, dev, &cfg)?;
     println!(
         "gpu_check_nccl: {} passed, {} failed, {:.1} s",
         c.passed,

@@ -1,13 +1,22 @@
 //! What the device check programs (`gpu_check`, `gpu_check_coll`, `gpu_check_lowp`,
-//! `gpu_check_norm`, `gpu_check_nccl`) share: raw device buffers with a poisoned guard band and
-//! its read-back, stream and sync helpers, the check of one reduced element against the
-//! library's reference and a hash. Each program uses a part of it.
+//! `gpu_check_norm`, `gpu_check_nccl`) share: the device cases ([`cases`]: the bodies, buffers
+//! with a poisoned guard band, the references), their flags and communicators, a stream, a
+//! hash and the summary. Each program uses a part of it.
 #![allow(dead_code)]
 
-use cudarc::driver::sys;
-use ferrocomm::{reference, CommOptions, Communicator, Config, DataType, ReduceOp};
+use std::time::Duration;
 
-pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
+use cudarc::driver::sys;
+use ferrocomm::bootstrap::all_gather_bytes;
+use ferrocomm::{CommOptions, Communicator, Config};
+
+/// The device cases, the bodies the host backend's tests run too.
+#[path = "../../tests/cases/mod.rs"]
+pub mod cases;
+#[allow(unused_imports)] // each program uses a part
+pub use cases::{
+    check_reduce, cu, diff_bytes, element_ok, fnv, gen, sync, written, Buf, Ctx, OpK, Res, POISON,
+};
 
 /// A communicator of its own named `name` with settings `cfg` (a smaller staging, another block
 /// size, a short timeout: whatever a group of cases needs).
@@ -74,146 +83,6 @@ pub fn run_main(name: &str, body: fn() -> Res<i32>) -> ! {
     }
 }
 
-pub fn cu(r: sys::CUresult, what: &str) -> Res<()> {
-    r.result().map_err(|e| format!("{what}: {e:?}").into())
-}
-
-/// Bytes after every buffer's `bytes`, poisoned with the rest, to catch writes past the end.
-pub const GUARD: usize = 64;
-pub const POISON: u8 = 0xA7;
-
-/// A device buffer (cuMemAlloc) with a guard band after `bytes`.
-pub struct Buf {
-    pub ptr: u64,
-    pub bytes: usize,
-}
-
-impl Buf {
-    /// Bytes allocated: `bytes`, the guard band, and room for a 16-byte misalignment.
-    fn alloc_bytes(&self) -> usize {
-        self.bytes + GUARD + 16
-    }
-
-    pub fn new(bytes: usize) -> Res<Buf> {
-        let mut p = 0u64;
-        cu(
-            // SAFETY: out-parameter; the context is current.
-            unsafe { sys::cuMemAlloc_v2(&mut p, bytes + GUARD + 16) },
-            "cuMemAlloc",
-        )?;
-        Ok(Buf { ptr: p, bytes })
-    }
-
-    /// Copies `data` in and waits until it has landed: a copy from pageable memory may return
-    /// before its DMA is done, and neither it nor a memset is ordered with the non-blocking
-    /// streams some checks run on.
-    pub fn upload(&self, off: usize, data: &[u8]) -> Res<()> {
-        assert!(off + data.len() <= self.alloc_bytes());
-        cu(
-            // SAFETY: in bounds (asserted).
-            unsafe {
-                sys::cuMemcpyHtoD_v2(self.ptr + off as u64, data.as_ptr().cast(), data.len())
-            },
-            "cuMemcpyHtoD",
-        )?;
-        sync()
-    }
-
-    pub fn download_into(&self, off: usize, out: &mut [u8]) -> Res<()> {
-        assert!(off + out.len() <= self.alloc_bytes());
-        cu(
-            // SAFETY: in bounds (asserted).
-            unsafe {
-                sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr + off as u64, out.len())
-            },
-            "cuMemcpyDtoH",
-        )
-    }
-
-    pub fn download(&self, off: usize, len: usize) -> Res<Vec<u8>> {
-        let mut out = vec![0u8; len];
-        self.download_into(off, &mut out)?;
-        Ok(out)
-    }
-
-    /// Bytes outside the output `[off, off + len)` that no longer hold [`POISON`]: the room
-    /// before it and everything after it to the end of the allocation (the rest of the buffer
-    /// and the guard band). Each is a write outside the output, a failure of the call that wrote
-    /// it; the buffer is poisoned ([`Buf::poison`]) before the call, its input (in place)
-    /// uploaded inside the output.
-    pub fn guard_hits(&self, off: usize, len: usize) -> Res<usize> {
-        let end = off
-            .checked_add(len)
-            .filter(|&e| e <= self.alloc_bytes())
-            .ok_or_else(|| {
-                format!(
-                    "guard_hits: output [{off}, +{len}) beyond the allocation of {} bytes",
-                    self.alloc_bytes()
-                )
-            })?;
-        // (A copy of no bytes is left out rather than asked of the driver.)
-        let before = if off == 0 {
-            Vec::new()
-        } else {
-            self.download(0, off)?
-        };
-        let after = self.download(end, self.alloc_bytes() - end)?;
-        Ok(before
-            .iter()
-            .chain(&after)
-            .filter(|&&b| b != POISON)
-            .count())
-    }
-
-    /// The negative control of [`Buf::guard_hits`], run by every program before its cases: a
-    /// byte written just before an output, just after it and at the end of the guard band are
-    /// each seen, and nothing else.
-    pub fn guard_self_check() -> Res<()> {
-        let b = Buf::new(100)?;
-        b.poison()?;
-        let clean = b.guard_hits(4, 90)?;
-        for at in [3usize, 94, b.alloc_bytes() - 1] {
-            cu(
-                // SAFETY: one byte inside the allocation.
-                unsafe { sys::cuMemsetD8_v2(b.ptr + at as u64, 0, 1) },
-                "cuMemsetD8",
-            )?;
-        }
-        sync()?;
-        let hits = b.guard_hits(4, 90)?;
-        if clean != 0 || hits != 3 {
-            return Err(format!(
-                "the guard band read-back is broken: {clean} bytes hit when none were written, \
-                 {hits} when 3 were"
-            )
-            .into());
-        }
-        Ok(())
-    }
-
-    /// Fills the whole allocation, guard band included, with [`POISON`].
-    pub fn poison(&self) -> Res<()> {
-        cu(
-            // SAFETY: the whole allocation.
-            unsafe { sys::cuMemsetD8_v2(self.ptr, POISON, self.alloc_bytes()) },
-            "cuMemsetD8",
-        )?;
-        sync()
-    }
-}
-
-impl Drop for Buf {
-    fn drop(&mut self) {
-        // SAFETY: allocated once in `new`.
-        unsafe { sys::cuMemFree_v2(self.ptr) };
-    }
-}
-
-pub fn sync() -> Res<()> {
-    // SAFETY: plain context synchronisation.
-    cu(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
-}
-
 /// A non-blocking stream of the current context, as an integer for `CallOpts::stream`.
 pub fn new_stream() -> Res<u64> {
     let mut s: sys::CUstream = std::ptr::null_mut();
@@ -222,54 +91,130 @@ pub fn new_stream() -> Res<u64> {
     Ok(s as u64)
 }
 
-/// FNV-1a of a result, compared across ranks to prove they agree bit for bit.
-pub fn fnv(b: &[u8]) -> u64 {
-    b.iter().fold(0xcbf29ce484222325u64, |h, x| {
-        (h ^ *x as u64).wrapping_mul(0x100000001b3)
-    })
+/// A context for the device cases on `comm` (a GPU), whose further communicators are made as
+/// [`comm_with`] makes them.
+pub fn cuda_ctx(comm: Communicator, cfg: Config, quick: bool) -> Ctx {
+    Ctx::new(comm, cfg, quick, Box::new(comm_with))
 }
 
-/// A reduction operator as the checks name it (PremulSum with the factor 0.5).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum OpK {
-    Sum,
-    Avg,
-    Prod,
-    Min,
-    Max,
-    PremulSum,
+/// Prints the tally (rank 0), this rank's first failures (stderr) and the verdict of every
+/// rank as `{program}: FAILED` or `{program}: {correct}`; returns the exit code (1 where this
+/// rank failed).
+pub fn report(c: &Ctx, program: &str, correct: &str) -> Res<i32> {
+    let (rank, world) = (c.rank, c.world);
+    if rank == 0 {
+        println!(
+            "\ncorrectness (rank 0):\n{:<26} {:>7} {:>11} {:>10} {:>14} {:>7} {:>9}",
+            "what", "cases", "wrong elems", "guard hits", "rank mismatch", "errors", "refusals"
+        );
+        for (k, t) in &c.tally {
+            println!(
+                "{:<26} {:>7} {:>11} {:>10} {:>14} {:>7} {:>9}",
+                k, t.cases, t.wrong, t.guard, t.mismatch, t.errors, t.refusals
+            );
+        }
+    }
+    for f in c.failures.iter().take(30) {
+        eprintln!("rank {rank}: FAIL {f}");
+    }
+    let bad = c.failed();
+    let verdict = all_gather_bytes(
+        &**c.comm.store(),
+        "verdict",
+        rank,
+        world,
+        &[bad as u8],
+        Duration::from_secs(120),
+    )?;
+    if rank == 0 {
+        if verdict.iter().any(|v| v[0] != 0) {
+            println!("{program}: FAILED");
+        } else {
+            println!("{program}: {correct}");
+        }
+    }
+    Ok(i32::from(bad))
 }
 
-impl OpK {
-    pub fn op(self) -> ReduceOp {
-        match self {
-            OpK::Sum => ReduceOp::Sum,
-            OpK::Avg => ReduceOp::Avg,
-            OpK::Prod => ReduceOp::Prod,
-            OpK::Min => ReduceOp::Min,
-            OpK::Max => ReduceOp::Max,
-            OpK::PremulSum => ReduceOp::PremulSum(0.5),
+/// A CUDA graph of the work captured on a stream (relaxed mode), instantiated once; destroyed
+/// when dropped.
+pub struct Graph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+impl Graph {
+    /// Captures what `issue` enqueues on `stream` (a stream of our own, see [`new_stream`]); the
+    /// capture ends whatever `issue` returned, and its error comes first.
+    pub fn capture(stream: u64, issue: impl FnOnce() -> Res<()>) -> Res<Graph> {
+        let s = stream as sys::CUstream;
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: a stream of this context, not being captured.
+        let began = unsafe { sys::cuStreamBeginCapture_v2(s, mode) };
+        cu(began, "cuStreamBeginCapture")?;
+        let issued = issue();
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: ends the capture begun above; out-parameter.
+        let ended = cu(
+            unsafe { sys::cuStreamEndCapture(s, &mut graph) },
+            "cuStreamEndCapture",
+        );
+        issued?;
+        ended?;
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: a captured graph; out-parameter.
+        let made = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
+        if let Err(e) = cu(made, "cuGraphInstantiate") {
+            // SAFETY: the graph made above, not instantiated.
+            unsafe { sys::cuGraphDestroy(graph) };
+            return Err(e);
+        }
+        Ok(Graph { graph, exec })
+    }
+
+    /// Launches the graph on `stream`.
+    pub fn launch(&self, stream: u64) -> Res<()> {
+        // SAFETY: an instantiated graph; its buffers outlive it (the caller's promise).
+        cu(
+            unsafe { sys::cuGraphLaunch(self.exec, stream as sys::CUstream) },
+            "cuGraphLaunch",
+        )
+    }
+}
+
+impl Graph {
+    /// Launches the graph `replays` times on `stream` and waits for them, `outs` poisoned
+    /// (after the replays before) ahead of the last one: what the outputs hold then is that
+    /// replay's.
+    pub fn replay_poisoned(&self, stream: u64, replays: usize, outs: &[Buf]) -> Res<()> {
+        for k in 0..replays {
+            if k + 1 == replays {
+                sync()?;
+                for o in outs {
+                    o.poison()?;
+                }
+            }
+            self.launch(stream)?;
+        }
+        stream_sync(stream)
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: made once in `capture`; the caller has synchronised its launches.
+        unsafe {
+            sys::cuGraphExecDestroy(self.exec);
+            sys::cuGraphDestroy(self.graph);
         }
     }
 }
 
-/// Whether `got` is the reduction by `op` of the `n` ranks' elements `el(0..n)` (element bytes
-/// of `dtype`), by the library's reference ([`ferrocomm::reference::expected`]): floats against
-/// the f64 result within the dtype's rounding (relative to the sum of magnitudes), integers
-/// exactly with the dtype's wrap-around.
-pub fn element_ok<'a>(
-    dtype: DataType,
-    op: OpK,
-    n: usize,
-    el: impl Fn(usize) -> &'a [u8],
-    got: &[u8],
-) -> bool {
-    let xs: Vec<reference::Value> = (0..n).map(|r| reference::decode(dtype, el(r))).collect();
-    let (want, scale) = reference::expected(dtype, op.op(), &xs);
-    let rel = match dtype {
-        DataType::F32 => 2e-6,
-        DataType::F16 => 1.5e-3,
-        _ => 1e-2,
-    };
-    reference::within(reference::decode(dtype, got), want, scale, rel)
+/// Waits for the work on `stream`.
+pub fn stream_sync(stream: u64) -> Res<()> {
+    // SAFETY: a stream of this context.
+    cu(
+        unsafe { sys::cuStreamSynchronize(stream as sys::CUstream) },
+        "cuStreamSynchronize",
+    )
 }
