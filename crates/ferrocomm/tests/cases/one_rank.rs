@@ -14,19 +14,10 @@ use super::*;
 /// The bodies of this module, by name (one rank).
 pub const BODIES: [(&str, Body); 1] = [("one rank", host_one_rank)];
 
-/// The dtypes reduced here (NCCL's; FP8 only moves).
-const REDUCED: [DataType; 10] = [
-    DataType::F32,
-    DataType::F64,
-    DataType::F16,
-    DataType::BF16,
-    DataType::I8,
-    DataType::U8,
-    DataType::I32,
-    DataType::U32,
-    DataType::I64,
-    DataType::U64,
-];
+/// Whether `d` is reduced here (NCCL's dtypes: every one but FP8, which only moves).
+fn reduced(d: DataType) -> bool {
+    !matches!(d, DataType::F8E4M3 | DataType::F8E5M2)
+}
 
 /// The operators NCCL has for `d` (PremulSum with 0.5: exact in every float dtype).
 fn ops_for(d: DataType) -> Vec<ReduceOp> {
@@ -200,7 +191,7 @@ pub fn collectives(c: &mut Ctx, engine: Engine, label: &str, opts: &CallOpts) ->
     }
     // Every operator on every dtype reduced, then the movers on every dtype.
     let mut calls = Vec::new();
-    for d in REDUCED {
+    for d in DataType::ALL.into_iter().filter(|&d| reduced(d)) {
         for op in ops_for(d) {
             let reductions = [
                 Call::AllReduce(op),
