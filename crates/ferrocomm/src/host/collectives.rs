@@ -334,30 +334,38 @@ impl HostBackend {
         )
     }
 
-    /// Stages chunk `k` of every part into this rank's slot regions (reduce-scatter and
-    /// all-to-all: part `p` goes to rank `p`).
-    ///
-    /// # Safety
-    /// `input` holds `n * part` elements; our slot is not being read.
-    unsafe fn stage_parts(
+    /// The shape reduce-scatter and all-to-all share: in chunks, every part of the input (of
+    /// `es`-byte elements) is copied into this rank's slot regions (part `p` into region `p`, for rank `p`), and after
+    /// the barrier `receive(region, off, len)` takes elements `off..off + len` of this rank's
+    /// part from every rank's region `me`.
+    fn parts(
         &self,
-        input: *const u8,
+        bufs: &Bufs,
         es: usize,
         part: usize,
-        region: usize,
-        off: usize,
-        len: usize,
-    ) {
-        for p in 0..self.world {
-            // SAFETY: per the function's contract; regions of the slot are disjoint.
-            unsafe {
-                copy(
-                    input.add((p * part + off) * es),
-                    self.seg.slot(self.rank).add(p * region),
-                    len * es,
-                )
-            }
-        }
+        sig: &Signature,
+        mut receive: impl FnMut(usize, usize, usize) -> Result<()>,
+    ) -> Result<()> {
+        let region = self.regions_for(sig.coll)?;
+        self.chunked(
+            sig,
+            part,
+            region / es,
+            |off, len| {
+                for p in 0..self.world {
+                    // SAFETY: the input holds n * part elements; our slot is ours before the
+                    // barrier and its regions are disjoint.
+                    unsafe {
+                        copy(
+                            bufs.input.add((p * part + off) * es),
+                            self.seg.slot(self.rank).add(p * region),
+                            len * es,
+                        )
+                    }
+                }
+            },
+            |_, off, len| receive(region, off, len),
+        )
     }
 
     pub(super) fn reduce_scatter_impl(
@@ -373,25 +381,16 @@ impl HostBackend {
             return self.reduce_scatter_lp(bufs, dtype, part, op, codec);
         }
         let (es, me) = (dtype.size(), self.rank);
-        let region = self.regions_for(coll)?;
-        let chunk = region / es;
         let out = bufs.scatter_output(me, part * es);
         let sig = Signature {
             op: Some(op),
             ..Signature::of(coll, dtype, part)
         };
-        self.chunked(
-            &sig,
-            part,
-            chunk,
-            // SAFETY: the input holds n * part elements; our slot is ours before the barrier.
-            |off, len| unsafe { self.stage_parts(bufs.input, es, part, region, off, len) },
-            |_, off, len| {
-                // SAFETY: regions `me` of every slot are stable between barriers; in place,
-                // chunk k of our part was staged before we overwrite it.
-                unsafe { self.reduce_slots(dtype, op, me * region, len, out.add(off * es)) }
-            },
-        )
+        self.parts(bufs, es, part, &sig, |region, off, len| {
+            // SAFETY: regions `me` of every slot are stable between barriers; in place, chunk k
+            // of our part was staged before we overwrite it.
+            unsafe { self.reduce_slots(dtype, op, me * region, len, out.add(off * es)) }
+        })
     }
 
     pub(super) fn all_to_all_impl(
@@ -406,30 +405,16 @@ impl HostBackend {
             return self.all_to_all_lp(bufs, dtype, part, codec);
         }
         let (es, me, n, seg) = (dtype.size(), self.rank, self.world, &self.seg);
-        let region = self.regions_for(coll)?;
-        let chunk = region / es;
         let sig = Signature::of(coll, dtype, part);
-        self.chunked(
-            &sig,
-            part,
-            chunk,
-            // SAFETY: as in reduce_scatter.
-            |off, len| unsafe { self.stage_parts(bufs.input, es, part, region, off, len) },
-            |_, off, len| {
-                for r in 0..n {
-                    // SAFETY: region `me` of slot r is stable between barriers; in place,
-                    // chunk k of every part was staged before being overwritten here.
-                    unsafe {
-                        copy(
-                            seg.slot(r).add(me * region),
-                            bufs.output.add((r * part + off) * es),
-                            len * es,
-                        )
-                    };
-                }
-                Ok(())
-            },
-        )
+        self.parts(bufs, es, part, &sig, |region, off, len| {
+            for r in 0..n {
+                let (src, at) = (seg.slot(r), (r * part + off) * es);
+                // SAFETY: region `me` of slot r is stable between barriers; in place, chunk k
+                // of every part was staged before being overwritten here.
+                unsafe { copy(src.add(me * region), bufs.output.add(at), len * es) };
+            }
+            Ok(())
+        })
     }
 
     /// Publishes this rank's all-to-all-v counts, passes the start barrier and checks that

@@ -29,74 +29,107 @@ pub(super) fn describe_lp_word(w: u64) -> String {
     }
 }
 
-/// Widens `len` elements at `src` and encodes them into `dst`.
-///
-/// # Safety
-/// `src` holds `len` elements of `dtype`; `dst` has `codec.encoded_bytes(len)` writable bytes
-/// that nobody else touches meanwhile.
-unsafe fn encode(
-    codec: &Codec,
+/// One side of a low-precision call's wire: the codec, the buffers' element type, and the f32
+/// values an encode, decode or sum works in (a call's stage and its consume each hold one).
+struct Coder<'c> {
+    codec: &'c Codec,
     dtype: DataType,
-    src: *const u8,
-    len: usize,
-    dst: *mut u8,
-    wide: &mut Vec<f32>,
-) -> Result<()> {
-    wide.resize(len, 0.0);
-    // SAFETY: per the caller's promise.
-    to_f32(dtype, unsafe { shared(src, len * dtype.size()) }, wide)?;
-    // SAFETY: per the caller's promise.
-    codec.encode(wide, unsafe { exclusive(dst, codec.encoded_bytes(len)) });
-    Ok(())
+    wide: Vec<f32>,
 }
 
-/// Decodes `len` elements from `src` and rounds them into `out` as `dtype`.
-///
-/// # Safety
-/// `src` holds `codec.encoded_bytes(len)` stable bytes; `out` has `len` writable elements.
-unsafe fn decode(
-    codec: &Codec,
-    dtype: DataType,
-    src: *const u8,
-    len: usize,
-    out: *mut u8,
-    wide: &mut Vec<f32>,
-) -> Result<()> {
-    wide.resize(len, 0.0);
-    // SAFETY: per the caller's promise.
-    codec.decode(unsafe { shared(src, codec.encoded_bytes(len)) }, wide);
-    // SAFETY: per the caller's promise.
-    from_f32(dtype, wide, unsafe { exclusive(out, len * dtype.size()) })
-}
-
-/// Sums the encodings at `srcs` (each of `len` elements) in order into `acc`, then divides by
-/// the count for Avg.
-///
-/// # Safety
-/// Every source holds `codec.encoded_bytes(len)` stable bytes.
-unsafe fn sum(
-    codec: &Codec,
-    srcs: impl Iterator<Item = *const u8>,
-    len: usize,
-    op: ReduceOp,
-    acc: &mut Vec<f32>,
-) {
-    acc.resize(len, 0.0);
-    let eb = codec.encoded_bytes(len);
-    let mut n = 0;
-    for (r, s) in srcs.enumerate() {
-        // SAFETY: per the caller's promise.
-        let enc = unsafe { shared(s, eb) };
-        if r == 0 {
-            codec.decode(enc, acc);
-        } else {
-            codec.decode_add(enc, acc);
+impl<'c> Coder<'c> {
+    fn new(codec: &'c Codec, dtype: DataType) -> Self {
+        Coder {
+            codec,
+            dtype,
+            wide: Vec::new(),
         }
-        n += 1;
     }
-    if op == ReduceOp::Avg {
-        let d = n as f32;
-        acc.iter_mut().for_each(|a| *a /= d);
+
+    /// Widens `len` elements at `src` and encodes them into `dst`.
+    ///
+    /// # Safety
+    /// `src` holds `len` elements of the dtype; `dst` has `codec.encoded_bytes(len)` writable
+    /// bytes that nobody else touches meanwhile.
+    unsafe fn encode(&mut self, src: *const u8, len: usize, dst: *mut u8) -> Result<()> {
+        let (codec, wide) = (self.codec, &mut self.wide);
+        wide.resize(len, 0.0);
+        // SAFETY: per the caller's promise.
+        to_f32(
+            self.dtype,
+            unsafe { shared(src, len * self.dtype.size()) },
+            wide,
+        )?;
+        // SAFETY: per the caller's promise.
+        codec.encode(wide, unsafe { exclusive(dst, codec.encoded_bytes(len)) });
+        Ok(())
+    }
+
+    /// Decodes `len` elements from `src` and rounds them into `out` as the dtype.
+    ///
+    /// # Safety
+    /// `src` holds `codec.encoded_bytes(len)` stable bytes; `out` has `len` writable elements.
+    unsafe fn decode(&mut self, src: *const u8, len: usize, out: *mut u8) -> Result<()> {
+        self.wide.resize(len, 0.0);
+        // SAFETY: per the caller's promise.
+        let enc = unsafe { shared(src, self.codec.encoded_bytes(len)) };
+        self.codec.decode(enc, &mut self.wide);
+        // SAFETY: per the caller's promise.
+        unsafe { self.round_into(len, out) }
+    }
+
+    /// Sums the encodings at `srcs` (each of `len` elements) in order into the f32 values, then
+    /// divides by the count for Avg.
+    ///
+    /// # Safety
+    /// Every source holds `codec.encoded_bytes(len)` stable bytes.
+    unsafe fn sum(&mut self, srcs: impl Iterator<Item = *const u8>, len: usize, op: ReduceOp) {
+        let acc = &mut self.wide;
+        acc.resize(len, 0.0);
+        let eb = self.codec.encoded_bytes(len);
+        let mut n = 0;
+        for (r, s) in srcs.enumerate() {
+            // SAFETY: per the caller's promise.
+            let enc = unsafe { shared(s, eb) };
+            if r == 0 {
+                self.codec.decode(enc, acc);
+            } else {
+                self.codec.decode_add(enc, acc);
+            }
+            n += 1;
+        }
+        if op == ReduceOp::Avg {
+            let d = n as f32;
+            acc.iter_mut().for_each(|a| *a /= d);
+        }
+    }
+
+    /// [`Coder::sum`], rounded into `out` as the dtype.
+    ///
+    /// # Safety
+    /// As [`Coder::sum`]; `out` has `len` writable elements.
+    unsafe fn sum_into(
+        &mut self,
+        srcs: impl Iterator<Item = *const u8>,
+        len: usize,
+        op: ReduceOp,
+        out: *mut u8,
+    ) -> Result<()> {
+        // SAFETY: per the caller's promise.
+        unsafe {
+            self.sum(srcs, len, op);
+            self.round_into(len, out)
+        }
+    }
+
+    /// The first `len` f32 values rounded into `out` as the dtype.
+    ///
+    /// # Safety
+    /// `out` has `len` writable elements.
+    unsafe fn round_into(&self, len: usize, out: *mut u8) -> Result<()> {
+        // SAFETY: per the caller's promise.
+        let out = unsafe { exclusive(out, len * self.dtype.size()) };
+        from_f32(self.dtype, &self.wide[..len], out)
     }
 }
 
@@ -134,19 +167,10 @@ impl HostBackend {
             lp: lp_word(codec),
             ..Signature::of(coll, dtype, count)
         };
-        let (mut wide, mut acc) = (Vec::new(), Vec::new());
+        let (mut enc, mut dec) = (Coder::new(codec, dtype), Coder::new(codec, dtype));
         let mut stage = |off: usize, len: usize| {
             // SAFETY: the input's own range; our slot is ours until the barrier.
-            unsafe {
-                encode(
-                    codec,
-                    dtype,
-                    bufs.input.add(off * es),
-                    len,
-                    seg.slot(me),
-                    &mut wide,
-                )
-            }
+            unsafe { enc.encode(bufs.input.add(off * es), len, seg.slot(me)) }
         };
         match algo {
             Algo::Tree => {
@@ -158,46 +182,24 @@ impl HostBackend {
                         // SAFETY: slots are stable until the end barrier; our stripe of `reduced`
                         // is written by us alone (stripes are whole blocks, so whole records).
                         unsafe {
-                            sum(
-                                codec,
-                                (0..n).map(|r| seg.slot(r).add(at) as *const u8),
-                                hi - lo,
-                                op,
-                                &mut acc,
-                            );
+                            let slots = (0..n).map(|r| seg.slot(r).add(at) as *const u8);
+                            dec.sum(slots, hi - lo, op);
                             // Quantize the reduced stripe once; everyone decodes these same codes.
                             codec.encode(
-                                &acc,
+                                &dec.wide,
                                 exclusive(seg.reduced().add(at), codec.encoded_bytes(hi - lo)),
                             );
                         }
                     }
                     call.barrier()?;
                     // SAFETY: `reduced` is complete and stable until the end barrier.
-                    unsafe {
-                        decode(
-                            codec,
-                            dtype,
-                            seg.reduced(),
-                            len,
-                            bufs.output.add(off * es),
-                            &mut acc,
-                        )
-                    }
+                    unsafe { dec.decode(seg.reduced(), len, bufs.output.add(off * es)) }
                 })
             }
             _ => self.chunked_fallible(&sig, count, chunk, &mut stage, |_, off, len| {
                 // SAFETY: slots are stable between the chunk's barriers; the output is ours.
-                unsafe {
-                    sum(
-                        codec,
-                        (0..n).map(|r| seg.slot(r) as *const u8),
-                        len,
-                        op,
-                        &mut acc,
-                    );
-                    from_f32(dtype, &acc, exclusive(bufs.output.add(off * es), len * es))
-                }
+                let slots = (0..n).map(|r| seg.slot(r) as *const u8);
+                unsafe { dec.sum_into(slots, len, op, bufs.output.add(off * es)) }
             }),
         }
     }
@@ -217,37 +219,19 @@ impl HostBackend {
             lp: lp_word(codec),
             ..Signature::of(coll, dtype, part)
         };
-        let (mut wide, mut acc) = (Vec::new(), Vec::new());
+        let (mut enc, mut dec) = (Coder::new(codec, dtype), Coder::new(codec, dtype));
         self.chunked_fallible(
             &sig,
             part,
             chunk,
-            |off, len| {
-                // SAFETY: our input range; our slot.
-                unsafe {
-                    encode(
-                        codec,
-                        dtype,
-                        input.add(off * es),
-                        len,
-                        seg.slot(me),
-                        &mut wide,
-                    )
-                }
-            },
+            // SAFETY: our input range; our slot.
+            |off, len| unsafe { enc.encode(input.add(off * es), len, seg.slot(me)) },
             |_, off, len| {
                 // Every part is decoded, ours too, so that all ranks hold the same values.
                 for r in 0..n {
                     // SAFETY: slots are stable between barriers; output part r is ours.
                     unsafe {
-                        decode(
-                            codec,
-                            dtype,
-                            seg.slot(r),
-                            len,
-                            bufs.output.add((r * part + off) * es),
-                            &mut acc,
-                        )?
+                        dec.decode(seg.slot(r), len, bufs.output.add((r * part + off) * es))?
                     };
                 }
                 Ok(())
@@ -273,7 +257,7 @@ impl HostBackend {
         let (me, n, seg) = (self.rank, self.world, &self.seg);
         let region = region_bytes(seg.layout.slot_bytes, n);
         let chunk = self.lp_chunk(sig.coll, codec, region)?;
-        let mut wide = Vec::new();
+        let mut enc = Coder::new(codec, dtype);
         self.chunked_fallible(
             sig,
             part,
@@ -283,14 +267,8 @@ impl HostBackend {
                     // SAFETY: the input holds n parts; our slot is ours before the barrier and
                     // its regions are disjoint.
                     unsafe {
-                        encode(
-                            codec,
-                            dtype,
-                            bufs.input.add((p * part + off) * dtype.size()),
-                            len,
-                            seg.slot(me).add(p * region),
-                            &mut wide,
-                        )?
+                        let src = bufs.input.add((p * part + off) * dtype.size());
+                        enc.encode(src, len, seg.slot(me).add(p * region))?
                     };
                 }
                 Ok(())
@@ -315,19 +293,13 @@ impl HostBackend {
             lp: lp_word(codec),
             ..Signature::of(coll, dtype, part)
         };
-        let mut acc = Vec::new();
+        let mut dec = Coder::new(codec, dtype);
         // Every rank's part `me` is summed, ours too, through the codes (the one-shot sum).
         self.parts_lp(bufs, dtype, part, codec, &sig, false, |region, off, len| {
             // SAFETY: regions `me` are stable between barriers; the output chunk is ours.
             unsafe {
-                sum(
-                    codec,
-                    (0..n).map(|r| seg.slot(r).add(me * region) as *const u8),
-                    len,
-                    op,
-                    &mut acc,
-                );
-                from_f32(dtype, &acc, exclusive(out.add(off * es), len * es))
+                let slots = (0..n).map(|r| seg.slot(r).add(me * region) as *const u8);
+                dec.sum_into(slots, len, op, out.add(off * es))
             }
         })
     }
@@ -345,7 +317,7 @@ impl HostBackend {
             lp: lp_word(codec),
             ..Signature::of(coll, dtype, part)
         };
-        let mut acc = Vec::new();
+        let mut dec = Coder::new(codec, dtype);
         // Our own part does not travel: copied as it is (in place it is already there).
         self.parts_lp(bufs, dtype, part, codec, &sig, true, |region, off, len| {
             if !bufs.in_place {
@@ -359,14 +331,8 @@ impl HostBackend {
                 // SAFETY: region `me` of slot r is stable between barriers; in place, chunk k
                 // of every part was staged before being overwritten.
                 unsafe {
-                    decode(
-                        codec,
-                        dtype,
-                        seg.slot(r).add(me * region),
-                        len,
-                        bufs.output.add((r * part + off) * es),
-                        &mut acc,
-                    )?
+                    let out = bufs.output.add((r * part + off) * es);
+                    dec.decode(seg.slot(r).add(me * region), len, out)?
                 };
             }
             Ok(())
@@ -384,13 +350,13 @@ impl HostBackend {
         let coll = Collective::AllToAllV;
         let region = region_bytes(self.seg.layout.slot_bytes, self.world);
         let chunk = self.lp_chunk(coll, codec, region)?;
-        let (mut wide, mut acc) = (Vec::new(), Vec::new());
+        let (mut enc, mut dec) = (Coder::new(codec, dtype), Coder::new(codec, dtype));
         // The rounds hand over a piece of `len` elements of the buffer and its encoding in a
         // slot region, touched by nothing else meanwhile.
         // SAFETY: as above.
-        let send = |src, dst, len| unsafe { encode(codec, dtype, src, len, dst, &mut wide) };
+        let send = |src, dst, len| unsafe { enc.encode(src, len, dst) };
         // SAFETY: as above.
-        let recv = |src, dst, len| unsafe { decode(codec, dtype, src, len, dst, &mut acc) };
+        let recv = |src, dst, len| unsafe { dec.decode(src, len, dst) };
         let layout = (region, chunk);
         let lp = lp_word(codec);
         self.all_to_all_v_rounds(bufs, dtype, lp, in_count, splits, None, layout, send, recv)?;

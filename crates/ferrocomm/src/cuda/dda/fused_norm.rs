@@ -17,9 +17,9 @@ use crate::driver::{self, launch, result, DeviceAttribute, Function};
 use crate::error::{Error, Result};
 use crate::plan::NormForm;
 use crate::quant::Codec;
-use crate::rmsnorm::{AllReduceRmsNorm, Fp8Mode, Fp8Rows, Fp8Scale, Shape, NAME};
+use crate::rmsnorm::{AllReduceRmsNorm, Fp8Mode, Fp8Scale, Shape, NAME};
 use crate::types::{DataType, Device};
-use crate::view::{Input, View, ViewMut};
+use crate::view::{Input, ViewMut};
 
 /// Threads of a norm block (`NORM_THREADS` in kernels/rmsnorm.cu).
 const NORM_THREADS: usize = 512;
@@ -134,20 +134,10 @@ struct NormArgs {
 }
 
 impl NormArgs {
-    /// The norm's arguments: the sum read from `sum`, the residual from `residual`, the rest
-    /// from the call's buffers; `tpr` threads per row.
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        sum: u64,
-        residual: u64,
-        weight: &View<'_>,
-        out: &ViewMut<'_>,
-        residual_out: &ViewMut<'_>,
-        fp8: &Option<Fp8Rows<'_>>,
-        shape: &Shape,
-        eps: f32,
-        tpr: u32,
-    ) -> NormArgs {
+    /// The norm's arguments of `call`: the sum read from `sum`, the residual and the rest from
+    /// the call's buffers; `tpr` threads per row.
+    fn new(call: &AllReduceRmsNorm<'_>, sum: u64, shape: &Shape, tpr: u32) -> NormArgs {
+        let fp8 = &call.fp8;
         let (scales, given) = match fp8.as_ref().map(|q| &q.scale) {
             None => (0, false),
             Some(Fp8Scale::PerRow(s)) => (s.ptr() as u64, false),
@@ -155,15 +145,15 @@ impl NormArgs {
         };
         NormArgs {
             sum,
-            residual,
-            weight: weight.ptr() as u64,
-            out: out.ptr() as u64,
-            residual_out: residual_out.ptr() as u64,
+            residual: call.residual.address(&call.residual_out),
+            weight: call.weight.ptr() as u64,
+            out: call.out.ptr() as u64,
+            residual_out: call.residual_out.ptr() as u64,
             codes: fp8.as_ref().map_or(0, |q| q.codes.ptr() as u64),
             scales,
             rows: shape.rows as u64,
             hidden: shape.hidden as u64,
-            eps,
+            eps: call.eps,
             tpr,
             fp8_given: given as u32,
             loopback: 0,
@@ -333,30 +323,10 @@ pub(crate) fn run(
     loaded: Option<NormKernel>,
     all_reduce: impl FnOnce(Input<'_>, ViewMut<'_>) -> Result<()>,
 ) -> Result<()> {
-    let AllReduceRmsNorm {
-        x,
-        mut out,
-        residual,
-        residual_out,
-        weight,
-        eps,
-        fp8,
-    } = call;
     let kernel = norm_function(cfg, shape.dtype, loaded)?;
-    let residual_ptr = residual.address(&residual_out);
-    let args = NormArgs::new(
-        out.ptr() as u64,
-        residual_ptr,
-        &weight,
-        &out,
-        &residual_out,
-        &fp8,
-        &shape,
-        eps,
-        0,
-    );
+    let args = NormArgs::new(&call, call.out.ptr() as u64, &shape, 0);
     // The sum over ranks, in f32, rounded once into `out`.
-    all_reduce(x, out.reborrow())?;
+    all_reduce(call.x, call.out)?;
     if shape.rows == 0 {
         return Ok(());
     }
@@ -373,30 +343,11 @@ pub(crate) fn run_local(
     opts: &CallOpts,
     loaded: Option<NormKernel>,
 ) -> Result<()> {
-    let AllReduceRmsNorm {
-        x,
-        out,
-        residual,
-        residual_out,
-        weight,
-        eps,
-        fp8,
-    } = call;
     let kernel = norm_function(cfg, shape.dtype, loaded)?;
     if shape.rows == 0 {
         return Ok(());
     }
-    let args = NormArgs::new(
-        x.address(&out),
-        residual.address(&residual_out),
-        &weight,
-        &out,
-        &residual_out,
-        &fp8,
-        &shape,
-        eps,
-        0,
-    );
+    let args = NormArgs::new(&call, call.x.address(&call.out), &shape, 0);
     launch_norm(kernel, args, &shape, opts.stream, wide_max_rows(cfg))
 }
 
@@ -482,15 +433,6 @@ pub(crate) fn run_fused(
             )))
         }
     };
-    let AllReduceRmsNorm {
-        x,
-        out,
-        residual,
-        residual_out,
-        weight,
-        eps,
-        fp8,
-    } = call;
     dda.check_error(NAME)?;
     if !aligned {
         return Err(Error::InvalidArgument(format!(
@@ -498,8 +440,7 @@ pub(crate) fn run_fused(
             shape.dtype.size()
         )));
     }
-    let x_ptr = x.address(&out);
-    let residual_ptr = residual.address(&residual_out);
+    let x_ptr = call.x.address(&call.out);
     if shape.rows == 0 {
         return Ok(());
     }
@@ -538,23 +479,13 @@ pub(crate) fn run_fused(
     }
     let world = loopback.unwrap_or(dda.world);
     let (blocks, threads, tpr) = fused_grid(form, shape, world, dda.sm_count);
-    let mut n = NormArgs::new(
-        x_ptr,
-        residual_ptr,
-        &weight,
-        &out,
-        &residual_out,
-        &fp8,
-        &shape,
-        eps,
-        tpr,
-    );
+    let mut n = NormArgs::new(&call, x_ptr, &shape, tpr);
     if let Some(c) = codec {
         n.lp_block = c.block as u32;
         n.lp_format = super::lowp::format_code(c.format);
     }
-    let mut a = dda.base_args(x_ptr, out.ptr() as u64, count as u64);
-    a.sig = fused_signature(name, &shape, count, eps, Fp8Mode::of(&fp8), codec);
+    let mut a = dda.base_args(x_ptr, call.out.ptr() as u64, count as u64);
+    a.sig = fused_signature(name, &shape, count, call.eps, Fp8Mode::of(&call.fp8), codec);
     if let Some(w) = loopback {
         if dda.world != 1 || w == 0 || w > super::MAX_RANKS {
             return Err(Error::InvalidArgument(format!(
