@@ -97,6 +97,26 @@ fn poisoned() -> Error {
     invalid("the window's lock was poisoned by a panic".into())
 }
 
+impl PyWindow {
+    /// Runs `f` on the window, read-locked, as window operation `name` ([`issue`]).
+    fn issue_op(
+        &self,
+        py: Python<'_>,
+        name: &'static str,
+        f: impl FnOnce(&Window<'static>) -> ferrocomm::Result<()> + Send + 'static,
+        (async_op, mark, stream, timeout): (bool, bool, u64, Option<f64>),
+    ) -> PyResult<Option<Issued>> {
+        let win = self.win.clone();
+        let op: Op = Box::new(move || f(&*win.read().map_err(|_| poisoned())?));
+        issue(
+            py,
+            self.comm.get(),
+            name,
+            (op, async_op, mark, stream, timeout),
+        )
+    }
+}
+
 #[pymethods]
 impl PyWindow {
     /// Registers `buf` (collective; see `Window::register`).
@@ -131,19 +151,10 @@ impl PyWindow {
         async_op: bool,
         mark: bool,
     ) -> PyResult<Option<Issued>> {
-        let win = self.win.clone();
-        let op: Op = Box::new(move || {
-            let v = view(&src)?;
-            win.read()
-                .map_err(|_| poisoned())?
-                .put(v, dst, offset, &CallOpts::on_stream(stream))
-        });
-        issue(
-            py,
-            self.comm.get(),
-            "put",
-            (op, async_op, mark, stream, None),
-        )
+        let put = move |w: &Window<'static>| {
+            w.put(view(&src)?, dst, offset, &CallOpts::on_stream(stream))
+        };
+        self.issue_op(py, "put", put, (async_op, mark, stream, None))
     }
 
     /// Signals rank `dst`.
@@ -156,18 +167,8 @@ impl PyWindow {
         async_op: bool,
         mark: bool,
     ) -> PyResult<Option<Issued>> {
-        let win = self.win.clone();
-        let op: Op = Box::new(move || {
-            win.read()
-                .map_err(|_| poisoned())?
-                .signal(dst, &CallOpts::on_stream(stream))
-        });
-        issue(
-            py,
-            self.comm.get(),
-            "signal",
-            (op, async_op, mark, stream, None),
-        )
+        let signal = move |w: &Window<'static>| w.signal(dst, &CallOpts::on_stream(stream));
+        self.issue_op(py, "signal", signal, (async_op, mark, stream, None))
     }
 
     /// Waits for the next signal from rank `peer`; `timeout` in seconds (None: the
@@ -183,14 +184,8 @@ impl PyWindow {
         timeout: Option<f64>,
     ) -> PyResult<Option<Issued>> {
         let o = opts(self.comm.get(), stream, timeout).map_err(|e| py_err(py, e))?;
-        let win = self.win.clone();
-        let op: Op = Box::new(move || win.read().map_err(|_| poisoned())?.wait_signal(peer, &o));
-        issue(
-            py,
-            self.comm.get(),
-            "wait_signal",
-            (op, async_op, mark, stream, timeout),
-        )
+        let wait = move |w: &Window<'static>| w.wait_signal(peer, &o);
+        self.issue_op(py, "wait_signal", wait, (async_op, mark, stream, timeout))
     }
 
     /// Where rank `rank`'s buffer is mapped in this process.
