@@ -100,6 +100,26 @@ fn lp_signature(
     signature(kind.collective(), dtype, len, 0, &what)
 }
 
+/// Launches `f`, a lowp kernel taking (Args, Lp) by value (both laid out as in the kernel
+/// source; every lowp kernel starts with pdl_wait()), on `grid` blocks of [`WARPS`] warps.
+///
+/// # Safety
+/// As [`launch`]: `f` is a function of the current context, every pointer in `a` and `l` is
+/// device memory of that context holding what the kernel reads and writes there.
+unsafe fn launch_lp(
+    f: Function,
+    grid: u32,
+    stream: u64,
+    pdl: bool,
+    a: &mut Args,
+    l: &mut Lp,
+    what: impl FnOnce() -> String,
+) -> Result<()> {
+    let mut params: [*mut c_void; 2] = [(a as *mut Args).cast(), (l as *mut Lp).cast()];
+    // SAFETY: per the caller's promise; `params` points at one Args and one Lp, as `f` takes.
+    unsafe { launch(f, grid, (WARPS * 32) as u32, stream, &mut params, pdl, what) }
+}
+
 impl Dda {
     #[allow(clippy::too_many_arguments)]
     fn lp_launch(
@@ -113,21 +133,13 @@ impl Dda {
         what: impl FnOnce() -> String,
     ) -> Result<()> {
         let f = self.func(dtype, name)?;
-        let mut params: [*mut c_void; 2] =
-            [(&mut a as *mut Args).cast(), (&mut l as *mut Lp).cast()];
-        // SAFETY: `f` takes (Args, Lp) by value, both laid out as in the kernel source, and
-        // starts with pdl_wait(); the pointers inside were validated by the communicator (device
-        // memory of this GPU holding the counts the strides and chunk sizes imply).
+        // SAFETY: `f` is a lowp kernel of the current context; the pointers inside were
+        // validated by the communicator (device memory of this GPU holding the counts the
+        // strides and chunk sizes imply).
         unsafe {
-            launch(
-                f,
-                grid,
-                (WARPS * 32) as u32,
-                stream,
-                &mut params,
-                self.pdl,
-                || format!("launching {name} ({})", what()),
-            )
+            launch_lp(f, grid, stream, self.pdl, &mut a, &mut l, || {
+                format!("launching {name} ({})", what())
+            })
         }
     }
 
@@ -355,22 +367,15 @@ pub fn quantize_on_device(
     // One wave, as the fused kernels run: each warp quantizes many groups in turn, with the
     // next group's loads in flight, so this times the quantizer they run.
     let grid = count.div_ceil(tile(codec) * WARPS * 4).clamp(1, wave) as u32;
-    let mut params: [*mut c_void; 2] = [(&mut a as *mut Args).cast(), (&mut l as *mut Lp).cast()];
     let pdl = driver::pdl_for_current_device(cfg)?;
     for _ in 0..launches.max(1) {
-        // SAFETY: fc_lp_encode(Args, Lp), which starts with pdl_wait(); the caller promises
-        // `count` elements at `input` and the encoded size at `output`, device memory of the
-        // current context; `pdl` was decided for this context's device.
+        // SAFETY: fc_lp_encode of the current context; the caller promises `count` elements at
+        // `input` and the encoded size at `output`, device memory of the current context;
+        // `pdl` was decided for this context's device.
         unsafe {
-            launch(
-                f,
-                grid,
-                (WARPS * 32) as u32,
-                stream,
-                &mut params,
-                pdl,
-                || "launching fc_lp_encode".into(),
-            )
+            launch_lp(f, grid, stream, pdl, &mut a, &mut l, || {
+                "launching fc_lp_encode".into()
+            })
         }?;
     }
     // SAFETY: waits for the launches above on the caller's stream (a live stream of the
