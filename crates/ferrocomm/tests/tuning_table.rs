@@ -197,6 +197,16 @@ fn write_changed(path: &Path, from: &str, to: &str) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
+/// A scratch directory `name` holding the built-in table with `from` replaced by `to`, and
+/// the configurations without it and with it (FERROCOMM_TUNING): (dir, file, built-in, tuned).
+fn changed_table(name: &str, from: &str, to: &str) -> (PathBuf, PathBuf, Config, Config) {
+    let dir = scratch(name);
+    let file = dir.join("table.json");
+    write_changed(&file, from, to);
+    let tuned = config(&[("FERROCOMM_TUNING", file.display().to_string())]);
+    (dir, file, config(&[]), tuned)
+}
+
 /// The plan of `coll` with `bytes` per rank (bf16, a Sum) on a two-rank cuda communicator whose
 /// direct access is what `cfg` sets up.
 fn cuda_two(cfg: &Config, coll: Collective, bytes: usize, choice: LowPrecisionChoice) -> Plan {
@@ -216,15 +226,8 @@ fn cuda_two(cfg: &Config, coll: Collective, bytes: usize, choice: LowPrecisionCh
 
 #[test]
 fn a_table_file_moves_the_ll_limit_at_exactly_its_size() {
-    let dir = scratch("ll");
-    let file = dir.join("table.json");
-    write_changed(
-        &file,
-        r#""max_part_bytes": "256K""#,
-        r#""max_part_bytes": "64K""#,
-    );
-    let builtin = config(&[]);
-    let tuned = config(&[("FERROCOMM_TUNING", file.display().to_string())]);
+    let (from, to) = (r#""max_part_bytes": "256K""#, r#""max_part_bytes": "64K""#);
+    let (dir, file, builtin, tuned) = changed_table("ll", from, to);
     let env = config(&[
         ("FERROCOMM_TUNING", file.display().to_string()),
         ("FERROCOMM_LL_MAX_BYTES", "128K".into()),
@@ -266,15 +269,8 @@ fn a_table_file_moves_the_ll_limit_at_exactly_its_size() {
 
 #[test]
 fn a_table_file_moves_the_wide_kernel_at_exactly_its_size() {
-    let dir = scratch("wide");
-    let file = dir.join("table.json");
-    write_changed(
-        &file,
-        r#""wide_min_bytes": "32M""#,
-        r#""wide_min_bytes": "8M""#,
-    );
-    let builtin = config(&[]);
-    let tuned = config(&[("FERROCOMM_TUNING", file.display().to_string())]);
+    let (from, to) = (r#""wide_min_bytes": "32M""#, r#""wide_min_bytes": "8M""#);
+    let (dir, _, builtin, tuned) = changed_table("wide", from, to);
     let fp8 = LowPrecisionChoice::On(ferrocomm::Format::E4M3);
     // Two ranks, bf16: a call up to 32 MiB per part is one launch (push, split), so its one
     // kernel is the last one's.
