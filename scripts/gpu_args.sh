@@ -22,3 +22,24 @@ gpu_env() {
     export FERROCOMM_KERNEL_CACHE="${FERROCOMM_KERNEL_CACHE:-$build/kc}"
   fi
 }
+
+# gpu_need_bins SCRIPT HINT NAME...: `bin` holds every NAME as an executable; otherwise SCRIPT's
+# complaint (how to build them: HINT) on stderr, status 2.
+gpu_need_bins() {
+  local script="$1" hint="$2" n
+  shift 2
+  local names="$*"
+  for n in "$@"; do
+    [ -x "$bin/$n" ] || {
+      echo "$script: $bin must hold ${names// / and } ($hint)" >&2
+      return 2
+    }
+  done
+}
+
+# gpu_machine NAME: the machine's GPUs, shown and written to OUT_DIR/NAME-machine.txt (`out`);
+# sets `ngpu` to their count.
+gpu_machine() {
+  nvidia-smi -L | tee "$out/$1-machine.txt" || true
+  ngpu="$(nvidia-smi -L 2>/dev/null | wc -l)"
+}

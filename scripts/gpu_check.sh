@@ -13,13 +13,9 @@ set -uo pipefail
 gpu_dirs out "usage: scripts/gpu_check.sh BUILD_DIR OUT_DIR [gpu_check flags...]" "$@" || exit 2
 shift 2
 bin="$build/bin"
-[ -x "$bin/ferrocomm" ] && [ -x "$bin/gpu_check" ] || {
-  echo "gpu_check.sh: $bin must hold ferrocomm and gpu_check (scripts/gpu_prepare.sh BUILD_DIR)" >&2
-  exit 2
-}
+gpu_need_bins gpu_check.sh "scripts/gpu_prepare.sh BUILD_DIR" ferrocomm gpu_check || exit 2
 gpu_env
 export FERROCOMM_TIMEOUT_S="${FERROCOMM_TIMEOUT_S:-20}"
-nvidia-smi -L | tee "$out/gpu_check-machine.txt" || true
-ngpu="$(nvidia-smi -L 2>/dev/null | wc -l)"
+gpu_machine gpu_check
 [ "$ngpu" -ge 2 ] || ngpu=2
 "$bin/ferrocomm" launch -n "${RANKS:-$ngpu}" --timeout 560 -- "$bin/gpu_check" "$@" 2>&1 | tee "$out/gpu_check.log"

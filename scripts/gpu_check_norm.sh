@@ -25,14 +25,11 @@ if [ "${1:-}" = --variant ]; then
 fi
 bin="$build/bin$variant"
 dist="$build/dist$variant"
-[ -x "$bin/ferrocomm" ] && [ -x "$bin/gpu_check_norm" ] || {
-  echo "gpu_check_norm.sh: $bin must hold ferrocomm and gpu_check_norm (scripts/gpu_prepare.sh BUILD_DIR${variant:+ --variant ${variant#-}})" >&2
-  exit 2
-}
+gpu_need_bins gpu_check_norm.sh "scripts/gpu_prepare.sh BUILD_DIR${variant:+ --variant ${variant#-}}" \
+  ferrocomm gpu_check_norm || exit 2
 gpu_env
 export FERROCOMM_TIMEOUT_S="${FERROCOMM_TIMEOUT_S:-30}"
-nvidia-smi -L | tee "$out/gpu_check_norm-machine.txt" || true
-ngpu="$(nvidia-smi -L 2>/dev/null | wc -l)"
+gpu_machine gpu_check_norm
 status=0
 # mode name, FERROCOMM_RMSNORM_FUSED, FERROCOMM_RMSNORM_FLAT_MAX_BYTES (-: the default)
 for m in "two-launch 0 -" "fused 1 -" "fused-tree 1 65536"; do
