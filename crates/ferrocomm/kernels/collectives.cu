@@ -80,22 +80,26 @@ __device__ bool wait_exact(const Args& a, const u64* p, u64 want, u32 peer, u32 
 
 // ---------------------------------------------------------------- user memory, any alignment
 
-union V16 {
-    uint4 u;
-    u64 d[2];
-    u32 w[4];
-    u16 h[8];
-    u8 b[16];
+// A register vector V (uint4: 16 bytes, uint2: 8) seen as the words a user address allows.
+template <class V>
+union UserVec {
+    V u;
+    u64 d[sizeof(V) / 8];
+    u32 w[sizeof(V) / 4];
+    u16 h[sizeof(V) / 2];
+    u8 b[sizeof(V)];
 };
 
-// `n` valid bytes (1..16, a multiple of the element size) at `p`; the rest reads as zero.
-// Vector access when aligned, the widest scalar access the address allows otherwise (rule 8).
-__device__ __forceinline__ uint4 ld_user16(const u8* p, u32 n) {
-    V16 x;
+// `n` valid bytes (1..sizeof(V), a multiple of the element size) at `p`; the rest reads as zero.
+// Vector access when aligned, the widest scalar access the address allows otherwise (rule 8;
+// 8-byte words only in a 16-byte vector: an aligned 8-byte unit is a whole uint2).
+template <class V>
+__device__ __forceinline__ V ld_user(const u8* p, u32 n) {
+    UserVec<V> x;
     u64 ad = (u64)p;
-    if (n == 16 && (ad & 15) == 0) return *(const uint4*)p;
-    x.u = make_uint4(0, 0, 0, 0);
-    if ((ad & 7) == 0 && (n & 7) == 0) {
+    if (n == sizeof(V) && (ad & (sizeof(V) - 1)) == 0) return *(const V*)p;
+    x.u = V{};
+    if (sizeof(V) == 16 && (ad & 7) == 0 && (n & 7) == 0) {
         for (u32 i = 0; i < n / 8; i++) x.d[i] = ((const u64*)p)[i];
     } else if ((ad & 3) == 0 && (n & 3) == 0) {
         for (u32 i = 0; i < n / 4; i++) x.w[i] = ((const u32*)p)[i];
@@ -107,51 +111,15 @@ __device__ __forceinline__ uint4 ld_user16(const u8* p, u32 n) {
     return x.u;
 }
 
-__device__ __forceinline__ void st_user16(u8* p, u32 n, uint4 v) {
-    V16 x;
+template <class V>
+__device__ __forceinline__ void st_user(u8* p, u32 n, V v) {
+    UserVec<V> x;
     x.u = v;
     u64 ad = (u64)p;
-    if (n == 16 && (ad & 15) == 0) {
-        *(uint4*)p = v;
-    } else if ((ad & 7) == 0 && (n & 7) == 0) {
+    if (n == sizeof(V) && (ad & (sizeof(V) - 1)) == 0) {
+        *(V*)p = v;
+    } else if (sizeof(V) == 16 && (ad & 7) == 0 && (n & 7) == 0) {
         for (u32 i = 0; i < n / 8; i++) ((u64*)p)[i] = x.d[i];
-    } else if ((ad & 3) == 0 && (n & 3) == 0) {
-        for (u32 i = 0; i < n / 4; i++) ((u32*)p)[i] = x.w[i];
-    } else if ((ad & 1) == 0 && (n & 1) == 0) {
-        for (u32 i = 0; i < n / 2; i++) ((u16*)p)[i] = x.h[i];
-    } else {
-        for (u32 i = 0; i < n; i++) p[i] = x.b[i];
-    }
-}
-
-union V8 {
-    uint2 u;
-    u32 w[2];
-    u16 h[4];
-    u8 b[8];
-};
-
-__device__ __forceinline__ uint2 ld_user8(const u8* p, u32 n) {
-    V8 x;
-    u64 ad = (u64)p;
-    if (n == 8 && (ad & 7) == 0) return *(const uint2*)p;
-    x.u = make_uint2(0, 0);
-    if ((ad & 3) == 0 && (n & 3) == 0) {
-        for (u32 i = 0; i < n / 4; i++) x.w[i] = ((const u32*)p)[i];
-    } else if ((ad & 1) == 0 && (n & 1) == 0) {
-        for (u32 i = 0; i < n / 2; i++) x.h[i] = ((const u16*)p)[i];
-    } else {
-        for (u32 i = 0; i < n; i++) x.b[i] = p[i];
-    }
-    return x.u;
-}
-
-__device__ __forceinline__ void st_user8(u8* p, u32 n, uint2 v) {
-    V8 x;
-    x.u = v;
-    u64 ad = (u64)p;
-    if (n == 8 && (ad & 7) == 0) {
-        *(uint2*)p = v;
     } else if ((ad & 3) == 0 && (n & 3) == 0) {
         for (u32 i = 0; i < n / 4; i++) ((u32*)p)[i] = x.w[i];
     } else if ((ad & 1) == 0 && (n & 1) == 0) {
@@ -185,7 +153,7 @@ __device__ __forceinline__ Span span_all(u64 bytes, u64 first, u64 stride) {
 struct UserSrc {  // a user buffer read
     const u8* p;
     __device__ uint4 fast(u64 v) const { return *(const uint4*)(p + v * 16); }
-    __device__ uint4 slow(u64 v, u32 n) const { return ld_user16(p + v * 16, n); }
+    __device__ uint4 slow(u64 v, u32 n) const { return ld_user<uint4>(p + v * 16, n); }
 };
 struct SlotSrc {  // a local staging slot read after the barrier (16-byte aligned and padded)
     const u8* p;
@@ -195,7 +163,7 @@ struct SlotSrc {  // a local staging slot read after the barrier (16-byte aligne
 struct UserDst {  // a user buffer written
     u8* p;
     __device__ void fast(u64 v, uint4 x) const { *(uint4*)(p + v * 16) = x; }
-    __device__ void slow(u64 v, u32 n, uint4 x) const { st_user16(p + v * 16, n, x); }
+    __device__ void slow(u64 v, u32 n, uint4 x) const { st_user(p + v * 16, n, x); }
 };
 struct SlotDst {  // a staging slot written (a peer's over NVLink)
     u8* p;
@@ -285,6 +253,27 @@ __device__ bool payload_barrier(const Args& a, const CArgs& c, u32 e, u64 t0, co
     return __syncthreads_and(ok) != 0;
 }
 
+// One staged call as a kernel sees it, taken at its start: its clock and epoch, the user
+// buffers, and this thread's first vector and the grid's stride (every rank's grid is alike).
+struct St {
+    u64 t0;
+    u32 e;
+    const u8* in;
+    u8* out;
+    u64 first, stride;
+};
+
+__device__ __forceinline__ St st_begin(const Args& a) {
+    St s;
+    s.t0 = globaltimer();
+    s.e = call_epoch(a);
+    s.in = (const u8*)a.input;
+    s.out = (u8*)a.output;
+    s.first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    s.stride = (u64)gridDim.x * blockDim.x;
+    return s;
+}
+
 // Sender side of one part: this block's vectors of `bytes` at `src` into a peer's slot.
 __device__ __forceinline__ void put_part(u8* slot, const u8* src, u64 bytes, u64 first, u64 stride) {
     put_span(slot, src, bytes, span_all(bytes, first, stride));
@@ -305,10 +294,10 @@ __device__ __forceinline__ void reduce_part_vec(const Args& a, const CArgs& c, u
 #pragma unroll
     for (u32 r = 0; r < FC_MAX_RANKS; r++)
         if (r < a.world) {
-            if (r == a.rank) in[r].u = ld_user16(own + v * 16, n);
+            if (r == a.rank) in[r].u = ld_user<uint4>(own + v * 16, n);
             else in[r].u = ld_v4((const uint4*)(slot_ptr(a, c, a.rank, e, r) + v * 16));
         }
-    st_user16(dst + v * 16, n, reduce_ranks<OP, FC_MAX_RANKS>(a, in).u);
+    st_user(dst + v * 16, n, reduce_ranks<OP, FC_MAX_RANKS>(a, in).u);
 }
 
 // reduce_part_vec over the span's vectors into `dst`. With two ranks and aligned ends the whole
@@ -393,10 +382,10 @@ __device__ void ll_end(const Args& a, const CArgs& c, const Ll& l) {
 
 // Unit u of the user buffer `p` of `bytes` bytes (the last one may be short).
 __device__ __forceinline__ uint2 ll_load(const u8* p, u64 bytes, u64 u) {
-    return ld_user8(p + u * 8, min_u32(8, bytes - u * 8));
+    return ld_user<uint2>(p + u * 8, min_u32(8, bytes - u * 8));
 }
 __device__ __forceinline__ void ll_store(u8* p, u64 bytes, u64 u, uint2 x) {
-    st_user8(p + u * 8, min_u32(8, bytes - u * 8), x);
+    st_user(p + u * 8, min_u32(8, bytes - u * 8), x);
 }
 
 // Unit u into this rank's lines in the push region at `base` (a peer's).
@@ -470,12 +459,52 @@ __device__ bool st_meet(const Args& a, const CArgs& c, u32 e, u64 t0, u32* out_w
     return ok;
 }
 
+// Part p of `in` into every peer p's slot (the staged senders' side); parts lie `part_stride`
+// bytes apart, 0 sending the whole input to every peer.
+__device__ __forceinline__ void put_parts(const Args& a, const CArgs& c, u32 e, const u8* in,
+                                          u64 part_stride, u64 bytes, u64 first, u64 stride) {
+    for (u32 p = 0; p < a.world; p++)
+        if (p != a.rank) put_part(slot_ptr(a, c, p, e, a.rank), in + p * part_stride, bytes, first, stride);
+}
+
 // Every peer's slot of this call into part s of `out` (the data movers' receive side).
 __device__ void get_parts(const Args& a, const CArgs& c, u32 e, u8* out, u64 bytes, u64 first,
                           u64 stride) {
     for (u32 s = 0; s < a.world; s++)
         if (s != a.rank) get_part(out + s * bytes, slot_ptr(a, c, a.rank, e, s), bytes, first, stride);
 }
+// `bytes` of `in` (this thread's first unit `x` already loaded) into every peer's lines, then
+// into `own` unless they are there already (the all-gather's own part, the broadcast root's
+// output).
+template <u32 W>
+__device__ __forceinline__ void ll_send_all(const Args& a, const Ll& l, const u8* in, u64 bytes,
+                                            u64 first, uint2 x, u8* own) {
+    u64 nunit = (bytes + 7) / 8;
+    for (u32 k = 1; k < ll_world<W>(a); k++) {
+        u64 to = a.push[ll_peer<W>(a, k)];
+        for (u64 u = first; u < nunit; u += l.stride)
+            ll_send_at(a, l, to, u, u == first ? x : ll_load(in, bytes, u));
+    }
+    if (in != own)
+        for (u64 u = first; u < nunit; u += l.stride)
+            ll_store(own, bytes, u, u == first ? x : ll_load(in, bytes, u));
+}
+
+// The staged data movers: the all-gather sends its whole input to every rank, the all-to-all
+// (A2A) part p of its input to rank p; every rank's remote stores go first, then the own part's
+// local copy while they travel (all-to-all in place: in rank order, rank 0 copied before it sent
+// anything and the barrier waited for it).
+template <bool A2A>
+__device__ __forceinline__ void move_st(const Args& a, const CArgs& c) {
+    __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
+    auto [t0, e, in, out, first, stride] = st_begin(a);
+    u64 bytes = c.n * c.es;
+    put_parts(a, c, e, in, A2A ? bytes : 0, bytes, first, stride);
+    copy_local(out + a.rank * bytes, A2A ? in + a.rank * bytes : in, bytes);
+    if (st_meet(a, c, e, t0, out_w, in_w)) get_parts(a, c, e, out, bytes, first, stride);
+    end_call(a, e);
+}
+
 // ---------------------------------------------------------------- all-gather
 
 // input: n elements; output: world * n, part r from rank r. In place: input == own part.
@@ -488,15 +517,7 @@ __device__ __forceinline__ void all_gather_ll(const Args& a, const CArgs& c) {
     u64 first = ll_first();
     uint2 x = first < nunit ? ll_load(in, bytes, first) : make_uint2(0, 0);
     Ll l = ll_begin(a, c);
-    for (u32 k = 1; k < ll_world<W>(a); k++) {
-        u64 to = a.push[ll_peer<W>(a, k)];
-        for (u64 u = first; u < nunit; u += l.stride)
-            ll_send_at(a, l, to, u, u == first ? x : ll_load(in, bytes, u));
-    }
-    u8* own = out + a.rank * bytes;
-    if (in != own)
-        for (u64 u = first; u < nunit; u += l.stride)
-            ll_store(own, bytes, u, u == first ? x : ll_load(in, bytes, u));
+    ll_send_all<W>(a, l, in, bytes, first, x, out + a.rank * bytes);
     ll_receive_parts<W>(a, c, l, out, bytes);
     ll_end(a, c, l);
 }
@@ -509,19 +530,7 @@ LL_ENTRY(all_gather_ll)
 extern "C" __global__ void __launch_bounds__(512) fc_all_gather_st(Args a, CArgs c) {
     pdl_wait_mark(a);
     pdl_launch_dependents();
-    __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
-    u64 t0 = globaltimer();
-    u32 e = call_epoch(a);
-    u64 bytes = c.n * c.es;
-    const u8* in = (const u8*)a.input;
-    u8* out = (u8*)a.output;
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    for (u32 p = 0; p < a.world; p++)
-        if (p != a.rank) put_part(slot_ptr(a, c, p, e, a.rank), in, bytes, first, stride);
-    copy_local(out + a.rank * bytes, in, bytes);
-    if (st_meet(a, c, e, t0, out_w, in_w)) get_parts(a, c, e, out, bytes, first, stride);
-    end_call(a, e);
+    move_st<false>(a, c);
 }
 #endif
 
@@ -557,21 +566,7 @@ LL_ENTRY(all_to_all_ll)
 extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_st(Args a, CArgs c) {
     pdl_wait_mark(a);
     pdl_launch_dependents();
-    __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
-    u64 t0 = globaltimer();
-    u32 e = call_epoch(a);
-    u64 bytes = c.n * c.es;
-    const u8* in = (const u8*)a.input;
-    u8* out = (u8*)a.output;
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    // Every rank's remote stores first, then the own part's local copy while they travel (in
-    // rank order, rank 0 copied before it sent anything and the barrier waited for it).
-    for (u32 p = 0; p < a.world; p++)
-        if (p != a.rank) put_part(slot_ptr(a, c, p, e, a.rank), in + p * bytes, bytes, first, stride);
-    copy_local(out + a.rank * bytes, in + a.rank * bytes, bytes);
-    if (st_meet(a, c, e, t0, out_w, in_w)) get_parts(a, c, e, out, bytes, first, stride);
-    end_call(a, e);
+    move_st<true>(a, c);
 }
 #endif
 
@@ -588,12 +583,7 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_st(Args a, CAr
     pdl_wait_mark(a);
     pdl_launch_dependents();
     __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
-    u64 t0 = globaltimer();
-    u32 e = call_epoch(a);
-    const u8* in = (const u8*)a.input;
-    u8* out = (u8*)a.output;
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    auto [t0, e, in, out, first, stride] = st_begin(a);
     u64 es = c.es;
     for (u32 p = 0; p < a.world; p++) {
         if (p == a.rank) continue;
@@ -654,14 +644,9 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_v_pc(Args a, CAr
     __shared__ u64 got_total[FC_MAX_RANKS];
     __shared__ u32 recv_done[FC_MAX_RANKS];
     __shared__ u32 verdict;  // 1 + the first sender whose elements differed from rcount, or 0
-    u64 t0 = globaltimer();
-    u32 e = call_epoch(a);
-    const u8* in = (const u8*)a.input;
-    u8* out = (u8*)a.output;
+    auto [t0, e, in, out, first, stride] = st_begin(a);
     u64 es = c.es, piece = c.n;
     u64 half = piece * es;  // bytes of one slot half (a multiple of 16)
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     u32 me = a.rank, t = threadIdx.x;
     if (t < a.world) {
         got_total[t] = 0;
@@ -980,14 +965,7 @@ __device__ __forceinline__ void broadcast_ll(const Args& a, const CArgs& c) {
     uint2 x = root && first < nunit ? ll_load(in, bytes, first) : make_uint2(0, 0);
     Ll l = ll_begin(a, c);
     if (root) {
-        for (u32 k = 1; k < ll_world<W>(a); k++) {
-            u64 to = a.push[ll_peer<W>(a, k)];
-            for (u64 u = first; u < nunit; u += l.stride)
-                ll_send_at(a, l, to, u, u == first ? x : ll_load(in, bytes, u));
-        }
-        if (in != out)
-            for (u64 u = first; u < nunit; u += l.stride)
-                ll_store(out, bytes, u, u == first ? x : ll_load(in, bytes, u));
+        ll_send_all<W>(a, l, in, bytes, first, x, out);
     } else {
         bool ok = true;
         for (u64 u = first; u < nunit && ok; u += l.stride) {
@@ -1007,21 +985,16 @@ extern "C" __global__ void __launch_bounds__(512) fc_broadcast_st(Args a, CArgs 
     pdl_wait_mark(a);
     pdl_launch_dependents();
     __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
-    u64 t0 = globaltimer();
-    u32 e = call_epoch(a);
+    auto [t0, e, in, out, first, stride] = st_begin(a);
     u64 bytes = c.n * c.es;
-    u8* out = (u8*)a.output;
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (a.rank == c.root) {
-        const u8* in = (const u8*)a.input;
         u64 nvec = (bytes + 15) / 16;
         for (u64 v = first; v < nvec; v += stride) {
             u32 n = min_u32(16, bytes - v * 16);
-            uint4 x = ld_user16(in + v * 16, n);
+            uint4 x = ld_user<uint4>(in + v * 16, n);
             for (u32 p = 0; p < a.world; p++)
                 if (p != a.rank) *(uint4*)(slot_ptr(a, c, p, e, 0) + v * 16) = x;
-            if (in != out) st_user16(out + v * 16, n, x);
+            if (in != out) st_user(out + v * 16, n, x);
         }
     }
     bool ok = st_meet(a, c, e, t0, out_w, in_w);
@@ -1179,15 +1152,9 @@ extern "C" __global__ void __launch_bounds__(512) fc_all_to_all_rw(Args a, CArgs
 template <int OP>
 __device__ void reduce_scatter_st(const Args& a, const CArgs& c) {
     __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
-    u64 t0 = globaltimer();
-    u32 e = call_epoch(a);
+    auto [t0, e, in, out, first, stride] = st_begin(a);
     u64 bytes = c.n * sizeof(T);
-    const u8* in = (const u8*)a.input;
-    u8* out = (u8*)a.output;
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    for (u32 p = 0; p < a.world; p++)
-        if (p != a.rank) put_part(slot_ptr(a, c, p, e, a.rank), in + p * bytes, bytes, first, stride);
+    put_parts(a, c, e, in, bytes, bytes, first, stride);
     if (st_meet(a, c, e, t0, out_w, in_w))
         reduce_span<OP>(a, c, e, in + a.rank * bytes, bytes, span_all(bytes, first, stride), out);
     end_call(a, e);
@@ -1197,13 +1164,8 @@ __device__ void reduce_scatter_st(const Args& a, const CArgs& c) {
 template <int OP>
 __device__ void reduce_st(const Args& a, const CArgs& c) {
     __shared__ u32 out_w[FC_MAX_RANKS], in_w[FC_MAX_RANKS];
-    u64 t0 = globaltimer();
-    u32 e = call_epoch(a);
+    auto [t0, e, in, out, first, stride] = st_begin(a);
     u64 bytes = c.n * sizeof(T);
-    const u8* in = (const u8*)a.input;
-    u8* out = (u8*)a.output;
-    u64 stride = (u64)gridDim.x * blockDim.x;
-    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (a.rank != c.root) put_part(slot_ptr(a, c, c.root, e, a.rank), in, bytes, first, stride);
     bool ok = st_meet(a, c, e, t0, out_w, in_w);
     if (ok && a.rank == c.root) reduce_span<OP>(a, c, e, in, bytes, span_all(bytes, first, stride), out);

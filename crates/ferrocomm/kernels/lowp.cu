@@ -203,11 +203,8 @@ __device__ __forceinline__ void lp_code_values4(u32 w, u32 fmt, float* v) {
     }
 }
 
-__device__ __forceinline__ u32 ld_u32_vol(const u8* p) {
-    u32 v;
-    asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
+// A record's 4-byte word (records are 4-byte aligned): all_reduce.cu's volatile load.
+__device__ __forceinline__ u32 ld_u32_vol(const u8* p) { return ld_volatile_u32((const u32*)p); }
 __device__ __forceinline__ u32 ld_u8_vol(const u8* p) {
     u16 v;
     asm volatile("ld.volatile.global.u8 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
