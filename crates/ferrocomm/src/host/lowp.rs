@@ -55,11 +55,8 @@ impl<'c> Coder<'c> {
         let (codec, wide) = (self.codec, &mut self.wide);
         wide.resize(len, 0.0);
         // SAFETY: per the caller's promise.
-        to_f32(
-            self.dtype,
-            unsafe { shared(src, len * self.dtype.size()) },
-            wide,
-        )?;
+        let src = unsafe { shared(src, len * self.dtype.size()) };
+        to_f32(self.dtype, src, wide)?;
         // SAFETY: per the caller's promise.
         codec.encode(wide, unsafe { exclusive(dst, codec.encoded_bytes(len)) });
         Ok(())
@@ -197,8 +194,8 @@ impl HostBackend {
                 })
             }
             _ => self.chunked_fallible(&sig, count, chunk, &mut stage, |_, off, len| {
-                // SAFETY: slots are stable between the chunk's barriers; the output is ours.
                 let slots = (0..n).map(|r| seg.slot(r) as *const u8);
+                // SAFETY: slots are stable between the chunk's barriers; the output is ours.
                 unsafe { dec.sum_into(slots, len, op, bufs.output.add(off * es)) }
             }),
         }
