@@ -30,7 +30,7 @@
 //!   could queue behind the waiting one), the stream must drain, dropping the communicator must
 //!   be bounded, and a fresh communicator must work.
 //!
-//! Prints one line per group and a summary; exits 1 on any failure.
+//! Prints the tally (a row per group of checks) and a verdict; exits 1 on any failure.
 
 use std::time::{Duration, Instant};
 
