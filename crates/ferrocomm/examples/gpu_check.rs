@@ -8,9 +8,10 @@
 //! host backend runs in CI) on CUDA buffers: every result compared element by element with the
 //! library's reference on random data (never zeros), outputs poisoned before each call and read
 //! back around the result (a byte changed before it, after it or in the guard band past the
-//! buffer is a write out of bounds), its hash compared across ranks (bit-identical results).
+//! buffer is a write out of bounds), its hash compared across ranks (bit-identical results);
+//! so are the all-reduce calls that disagree between ranks (`tests/cases/disagreeing.rs`).
 //! What only a GPU checks is here: back-to-back races, CUDA graph replays, foreign pointers,
-//! calls that disagree between ranks, barriers and timeouts, NCCL's watchdog, the timing table.
+//! barriers and timeouts, NCCL's watchdog, the timing table.
 //! Exits 1 on any wrong element or guard byte.
 
 use std::time::{Duration, Instant};
@@ -27,36 +28,7 @@ use support::cases::all_reduce::{self, run_case, Case};
 use support::cases::coll::{self, Coll};
 use support::*;
 
-/// The GPU of this rank's communicator.
-fn ord(c: &Ctx) -> u32 {
-    match c.dev {
-        Device::Cuda(o) => o,
-        Device::Host => unreachable!("gpu_check runs on a GPU"),
-    }
-}
-
-/// `comm.all_reduce` in place over `n` f32 of `b` with `op`.
-fn op_in_place(
-    comm: &Communicator,
-    b: &Buf,
-    n: usize,
-    dev: Device,
-    op: ReduceOp,
-    opts: &CallOpts,
-) -> ferrocomm::Result<()> {
-    assert!(n * 4 <= b.bytes);
-    // SAFETY: `n` f32 of a buffer of this device (asserted), alive until after the caller's
-    // synchronisation.
-    unsafe {
-        comm.all_reduce(
-            Input::InPlace,
-            ViewMut::from_raw(b.ptr as *mut u8, n, DataType::F32, dev),
-            op,
-            opts,
-        )
-    }
-}
-
+/// A sum in place over `n` f32 of `b`, a buffer of `dev`.
 fn sum_in_place(
     comm: &Communicator,
     b: &Buf,
@@ -64,7 +36,11 @@ fn sum_in_place(
     dev: Device,
     opts: &CallOpts,
 ) -> ferrocomm::Result<()> {
-    op_in_place(comm, b, n, dev, ReduceOp::Sum, opts)
+    assert!(n * 4 <= b.bytes);
+    // SAFETY: `n` f32 of a buffer of this device (asserted), alive until after the caller's
+    // synchronisation.
+    let o = unsafe { b.view_mut(0, n, DataType::F32, dev) };
+    comm.all_reduce(Input::InPlace, o, ReduceOp::Sum, opts)
 }
 
 const ALGOS: [Algo; 5] = [Algo::Push, Algo::Flat, Algo::Tree, Algo::Nccl, Algo::Auto];
@@ -97,7 +73,8 @@ fn sanitize_cases(c: &mut Ctx) -> Res<()> {
 }
 
 /// Many back-to-back calls with varying sizes and algorithms, no sync in between.
-fn race(c: &mut Ctx, calls: usize) -> Res<()> {
+fn race(c: &mut Ctx) -> Res<()> {
+    let calls = if c.quick { 300 } else { 10_000 };
     let d = DataType::BF16;
     let es = d.size();
     let max_n = 70_000usize;
@@ -154,7 +131,8 @@ fn race(c: &mut Ctx, calls: usize) -> Res<()> {
 }
 
 /// Stream capture of a mix of algorithms, replayed many times.
-fn graph(c: &mut Ctx, replays: usize) -> Res<()> {
+fn graph(c: &mut Ctx) -> Res<()> {
+    let replays = if c.quick { 20 } else { 1_000 };
     let d = DataType::BF16;
     let es = d.size();
     let plan: [(usize, Algo); 8] = [
@@ -244,7 +222,9 @@ fn foreign_pointers(c: &mut Ctx) -> Res<()> {
         unsafe { sys::cuDeviceGetCount(&mut ndev) },
         "cuDeviceGetCount",
     )?;
-    let (dev, ord) = (c.dev, ord(c));
+    let (dev, Device::Cuda(ord)) = (c.dev, c.dev) else {
+        unreachable!("gpu_check runs on a GPU")
+    };
     let n = 4096usize;
     let mut cases: Vec<(String, u64, &str)> = Vec::new();
     let host = vec![0u8; n * 4 + 64];
@@ -339,101 +319,6 @@ fn others(c: &mut Ctx) -> Res<()> {
     Ok(())
 }
 
-/// All-reduce calls that disagree between ranks (counts that change the grid or not, operators,
-/// algorithms; push, flat, tree and the streaming flat): the next call must report "disagrees
-/// between ranks" on every rank, and the communicator must then work again.
-fn mismatch_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
-    let (rank, dev) = (c.rank, c.dev);
-    let mut cfg_m = cfg.clone();
-    cfg_m.timeout = Duration::from_secs(20);
-    // 1 MiB of staging: 300,000 f32 stream through chunk slots (flat beyond the staging).
-    cfg_m.cuda_staging_bytes = 1 << 20;
-    let comm = Communicator::new(options("gpu_check_mismatch", cfg_m))?;
-    let b = Buf::new(4 << 20)?;
-    b.poison()?;
-    b.upload(0, &gen(DataType::F32, 1 << 20, 77, rank, false))?;
-    let r = rank;
-    // (what, count, operator, algorithm) on this rank
-    type Bad = (&'static str, usize, ReduceOp, Algo);
-    let cases: [Bad; 6] = [
-        (
-            "push, 100 + rank elements",
-            100 + r,
-            ReduceOp::Sum,
-            Algo::Push,
-        ),
-        (
-            "flat, grids differ",
-            100_000 + r * 60_000,
-            ReduceOp::Sum,
-            Algo::Flat,
-        ),
-        (
-            "tree, sum against max",
-            5000,
-            [ReduceOp::Sum, ReduceOp::Max][r % 2],
-            Algo::Tree,
-        ),
-        (
-            "push against flat",
-            3000,
-            ReduceOp::Sum,
-            [Algo::Push, Algo::Flat][r % 2],
-        ),
-        (
-            "flat streaming, 300,000 + rank",
-            300_000 + r,
-            ReduceOp::Sum,
-            Algo::Flat,
-        ),
-        (
-            "flat, avg against sum",
-            7000,
-            [ReduceOp::Avg, ReduceOp::Sum][r % 2],
-            Algo::Flat,
-        ),
-    ];
-    for (k, (what, n, op, algo)) in cases.into_iter().enumerate() {
-        let opts = CallOpts::default().with_algo(algo);
-        let t0 = Instant::now();
-        let first = op_in_place(&comm, &b, n, dev, op, &opts);
-        sync()?;
-        let next = sum_in_place(&comm, &b, 16, dev, &CallOpts::default());
-        sync()?;
-        let shown = format!("{next:?}");
-        let took = t0.elapsed();
-        let t = c.tally.entry("mismatch".into()).or_default();
-        t.cases += 1;
-        if first.is_ok() && shown.contains("disagrees between ranks") {
-            if rank == 0 {
-                println!(
-                    "mismatch {k} ({what}) after {:.3} s: {shown}",
-                    took.as_secs_f64()
-                );
-            }
-        } else {
-            t.errors += 1;
-            c.failures.push(format!(
-                "all_reduce mismatch {k} ({what}) not reported: {first:?} then {shown}"
-            ));
-            if shown.contains("Timeout") {
-                break; // sticky: the communicator is done
-            }
-        }
-        // A matching call works again (the automatic choice: the same on every rank).
-        let ok = sum_in_place(&comm, &b, 1000, dev, &CallOpts::default());
-        sync()?;
-        if let Err(e) = ok {
-            let t = c.tally.entry("mismatch".into()).or_default();
-            t.errors += 1;
-            c.failures
-                .push(format!("all_reduce after mismatch {k} ({what}): {e}"));
-        }
-    }
-    check_band(c, "mismatch", &b)?;
-    retire(c, "mismatch-done", comm)
-}
-
 /// Records a failure when anything was written past the end of `b` (its guard band, poisoned
 /// before `b` was filled): the buffer of fault cases, whose contents are not checked.
 fn check_band(c: &mut Ctx, what: &str, b: &Buf) -> Res<()> {
@@ -458,7 +343,7 @@ fn retire(c: &Ctx, tag: &str, comm: Communicator) -> Res<()> {
 /// The backend's barrier: it waits for the last rank (rank 0 arrives 0.3 s late, everyone else
 /// must wait that long), and a rank that never comes makes it fail with a timeout naming a
 /// missing rank instead of hanging.
-fn barrier_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
+fn barrier_checks(c: &mut Ctx) -> Res<()> {
     let (rank, world) = (c.rank, c.world);
     let late = Duration::from_millis(300);
     let o = CallOpts::default();
@@ -486,7 +371,7 @@ fn barrier_checks(c: &mut Ctx, cfg: &Config) -> Res<()> {
         Ok(()) => {}
     }
 
-    let mut cfg_t = cfg.clone();
+    let mut cfg_t = c.cfg.clone();
     cfg_t.timeout = Duration::from_secs(2);
     let comm = Communicator::new(options("gpu_check_barrier_timeout", cfg_t.clone()))?;
     let last = world - 1;
@@ -679,7 +564,8 @@ fn time_us(stream: u64, launch: impl FnOnce() -> Res<()>) -> Res<f64> {
 /// call on both ranks connects NCCL's channels for this size, so that rank 0's second call is
 /// really enqueued and hangs on the device; had it still needed its connections, it would wait
 /// in ncclInProgress and the call itself would report the timeout (accepted too).
-fn nccl_timeout(c: &mut Ctx, cfg: &Config) -> Res<()> {
+fn nccl_timeout(c: &mut Ctx) -> Res<()> {
+    let cfg = c.cfg.clone();
     let (rank, world, dev) = (c.rank, c.world, c.dev);
     let mut cfg_n = cfg.clone();
     cfg_n.timeout = Duration::from_secs(3);
@@ -775,29 +661,80 @@ fn nccl_timeout(c: &mut Ctx, cfg: &Config) -> Res<()> {
     run_case(c, Some(&comm7), &after, 40_002, 0)
 }
 
+/// Two hosts of one GPU each, simulated: NCCL must carry everything, and a forced flat
+/// all-reduce is refused.
+fn two_hosts(c: &mut Ctx) -> Res<()> {
+    let mut o = options("gpu_check_2hosts", c.cfg.clone());
+    (o.local_size, o.local_rank, o.device) = (Some(1), Some(0), Some(c.dev));
+    let comm = Communicator::new(o)?;
+    let ar = ferrocomm::Collective::AllReduce;
+    let a = comm
+        .algo_for(ar, 1024, DataType::BF16, &CallOpts::default())?
+        .algo;
+    c.expect("two hosts", a == Algo::Nccl, || {
+        format!("two-host simulation chose {a}, not nccl")
+    });
+    for (k, algo) in [Algo::Auto, Algo::Nccl].into_iter().enumerate() {
+        let cs = Case::sum(DataType::BF16, 5000, algo);
+        run_case(c, Some(&comm), &cs, 20_000 + k as u64, 0)?;
+    }
+    let flat = CallOpts::default().with_algo(Algo::Flat);
+    let refused = sum_in_place(&comm, &Buf::new(64)?, 8, c.dev, &flat).is_err();
+    c.expect("two hosts", refused, || {
+        "two-host simulation accepted a forced flat all-reduce".into()
+    });
+    Ok(())
+}
+
+/// A peer that never arrives: rank 0 alone calls, the kernel gives up after the timeout and
+/// the next call reports which rank was missing.
+fn lone_timeout(c: &mut Ctx) -> Res<()> {
+    let mut cfg = c.cfg.clone();
+    cfg.timeout = Duration::from_secs(2);
+    let comm = Communicator::new(options("gpu_check_timeout", cfg))?;
+    if c.rank == 0 {
+        let b = Buf::new(4096)?;
+        let flat = CallOpts::default().with_algo(Algo::Flat);
+        let first = sum_in_place(&comm, &b, 1024, c.dev, &flat);
+        let t = Instant::now();
+        sync()?;
+        let waited = t.elapsed();
+        let second = sum_in_place(&comm, &b, 1024, c.dev, &flat);
+        let ok = matches!(
+            (&first, &second),
+            (Ok(()), Err(ferrocomm::Error::Timeout { missing: 1, .. }))
+        );
+        if ok {
+            let (s, e) = (waited.as_secs_f64(), second.as_ref().unwrap_err());
+            println!("timeout: kernel gave up after {s:.2} s; next call: {e}");
+        }
+        c.expect("timeout", ok, || {
+            format!("timeout check: first {first:?}, second {second:?}")
+        });
+    }
+    retire(c, "timeout-done", comm)
+}
+
 fn main() {
     run_main("gpu_check", real_main)
 }
 
 fn real_main() -> Res<i32> {
     let args = flags(&["--quick", "--no-timing", "--full-timing", "--sanitize"])?;
-    let quick = args.iter().any(|a| a == "--quick");
-    let no_timing = args.iter().any(|a| a == "--no-timing");
-    let sanitize = args.iter().any(|a| a == "--sanitize");
-    // Quick correctness with the full timing table.
-    let full_timing = args.iter().any(|a| a == "--full-timing");
+    let has = |f: &str| args.iter().any(|a| a == f);
+    // `--full-timing`: quick correctness with the full timing table.
+    let (quick, no_timing, sanitize, full_timing) = (
+        has("--quick"),
+        has("--no-timing"),
+        has("--sanitize"),
+        has("--full-timing"),
+    );
     let mut cfg = Config::from_env()?;
     // Room for the largest tested message in flat/tree.
     cfg.cuda_staging_bytes = cfg.cuda_staging_bytes.max(256 << 20);
-    let o = options("gpu_check", cfg.clone());
     let t0 = Instant::now();
-    let comm = Communicator::new(o)?;
-    let rank = comm.rank();
-    let world = comm.size();
-    let Device::Cuda(dev) = comm.device() else {
-        return Err("gpu_check needs a GPU (the communicator chose the host backend)".into());
-    };
-    if rank == 0 {
+    let (mut c, _cuda) = gpu_ctx("gpu_check", cfg.clone(), quick)?;
+    if c.rank == 0 {
         let nccl = if shared_gpus() {
             format!("off ({NO_NCCL}: the NCCL cases, the two-host and NCCL timeout checks and the timing are left out)")
         } else {
@@ -805,118 +742,45 @@ fn real_main() -> Res<i32> {
             format!("{v} from {}", p.display())
         };
         println!(
-            "gpu_check: {world} ranks on {} GPUs, backend {}, NCCL {nccl}, DDA memory {} MiB per GPU, init {:.2} s",
+            "gpu_check: {} ranks on {} GPUs, backend {}, NCCL {nccl}, DDA memory {} MiB per GPU, init {:.2} s",
+            c.world,
             ferrocomm::cuda::gpu_count(),
-            comm.backend_name(),
-            ferrocomm::cuda::staging_memory_bytes(&cfg, world) >> 20,
+            c.comm.backend_name(),
+            ferrocomm::cuda::staging_memory_bytes(&cfg, c.world) >> 20,
             t0.elapsed().as_secs_f64()
         );
     }
-    // Our own context handle for buffers (the primary context the communicator uses).
-    let cuda = cudarc::driver::CudaContext::new(dev as usize)?;
-    cuda.bind_to_thread()?;
-    // The guard bands are read back after every call: first, that the read-back sees writes.
-    Buf::guard_self_check(Device::Cuda(dev))?;
-    let mut c = cuda_ctx(comm, cfg.clone(), quick);
     c.algos = algos();
-    'suite: {
-        if sanitize {
-            // Under compute-sanitizer every access is checked and kernels run far slower: a few
-            // sizes of every algorithm, in and out of place, aligned and not, then the summary.
-            sanitize_cases(&mut c)?;
-            break 'suite;
+    if sanitize {
+        // Under compute-sanitizer every access is checked and kernels run far slower: a few
+        // sizes of every algorithm, in and out of place, aligned and not, then the summary.
+        sanitize_cases(&mut c)?;
+    } else {
+        // The all-reduce matrix, two communicators used alternately, a small staging; then
+        // what only a GPU checks.
+        let mut bodies = all_reduce::BODIES.to_vec();
+        bodies.extend([
+            ("race", race as Body),
+            ("graph", graph),
+            ("other collectives", others),
+            ("foreign pointers", foreign_pointers),
+            ("barriers", barrier_checks),
+            ("disagreeing calls", disagreeing::all_reduce),
+        ]);
+        // What needs NCCL (two hosts simulated, its timeout) or GPUs of one's own (a lone
+        // rank's timeout, the timing) is left out where ranks share GPUs.
+        if !shared_gpus() {
+            bodies.extend([
+                ("two hosts", two_hosts as Body),
+                ("timeout", lone_timeout),
+                ("nccl timeout", nccl_timeout),
+            ]);
         }
-        // The all-reduce matrix, two communicators used alternately, a small staging.
-        for (name, body) in all_reduce::BODIES {
-            let t = Instant::now();
-            body(&mut c)?;
-            if rank == 0 {
-                println!("{name} done in {:.1} s", t.elapsed().as_secs_f64());
-            }
-        }
-        race(&mut c, if quick { 300 } else { 10_000 })?;
-        graph(&mut c, if quick { 20 } else { 1_000 })?;
-        others(&mut c)?;
-        foreign_pointers(&mut c)?;
-
-        barrier_checks(&mut c, &cfg)?;
-        mismatch_checks(&mut c, &cfg)?;
-
-        if shared_gpus() {
-            // What follows needs NCCL (two hosts simulated, its timeout) or GPUs of one's own
-            // (timing).
-            break 'suite;
-        }
-
-        // Two hosts of one GPU each, simulated: NCCL must carry everything.
-        let mut o3 = options("gpu_check_2hosts", cfg.clone());
-        o3.local_size = Some(1);
-        o3.local_rank = Some(0);
-        o3.device = Some(Device::Cuda(dev));
-        let comm3 = Communicator::new(o3)?;
-        let a3 = comm3
-            .algo_for(
-                ferrocomm::Collective::AllReduce,
-                1024,
-                DataType::BF16,
-                &CallOpts::default(),
-            )?
-            .algo;
-        if a3 != Algo::Nccl {
-            c.failures
-                .push(format!("two-host simulation chose {a3}, not nccl"));
-        }
-        for (k, algo) in [Algo::Auto, Algo::Nccl].into_iter().enumerate() {
-            let cs = Case::sum(DataType::BF16, 5000, algo);
-            run_case(&mut c, Some(&comm3), &cs, 20_000 + k as u64, 0)?;
-        }
-        let refused = {
-            let b = Buf::new(64)?;
-            let flat = CallOpts::default().with_algo(Algo::Flat);
-            sum_in_place(&comm3, &b, 8, Device::Cuda(dev), &flat).is_err()
-        };
-        if !refused {
-            c.failures
-                .push("two-host simulation accepted a forced flat all-reduce".into());
-        }
-        drop(comm3);
-
-        // A peer that never arrives: rank 0 alone calls, the kernel gives up after the timeout and
-        // the next call reports which rank was missing.
-        let mut cfg_t = cfg.clone();
-        cfg_t.timeout = Duration::from_secs(2);
-        let o4 = options("gpu_check_timeout", cfg_t);
-        let comm4 = Communicator::new(o4)?;
-        if rank == 0 {
-            let b = Buf::new(4096)?;
-            let flat = CallOpts::default().with_algo(Algo::Flat);
-            let first = sum_in_place(&comm4, &b, 1024, Device::Cuda(dev), &flat);
-            let t = Instant::now();
-            sync()?;
-            let waited = t.elapsed();
-            let second = sum_in_place(&comm4, &b, 1024, Device::Cuda(dev), &flat);
-            match (&first, &second) {
-                (Ok(()), Err(ferrocomm::Error::Timeout { missing: 1, .. })) => {
-                    println!(
-                        "timeout: kernel gave up after {:.2} s; next call: {}",
-                        waited.as_secs_f64(),
-                        second.as_ref().unwrap_err()
-                    );
-                }
-                _ => c
-                    .failures
-                    .push(format!("timeout check: first {first:?}, second {second:?}")),
-            }
-        }
-        retire(&c, "timeout-done", comm4)?;
-
-        nccl_timeout(&mut c, &cfg)?;
-
-        if !no_timing {
+        run_bodies(&mut c, &bodies)?;
+        if !no_timing && !shared_gpus() {
             timing(&mut c, quick && !full_timing)?;
         }
     }
-
     c.compare_hashes()?;
     report(
         &c,

@@ -9,17 +9,15 @@
 //! in CI) on CUDA buffers: random data (never zeros), outputs poisoned before every call (and a
 //! poisoned guard past the end that must stay untouched), every result compared with the
 //! library's reference; sizes 0, odd, unaligned, up to 64 MB; every root; uneven all-to-all-v
-//! counts with zeros. What only a GPU checks is here: CUDA graph capture and replay, back-to-back
-//! mixed collectives, and faults the kernels find on the device (disagreeing counts, the packed
-//! form's verdict round). `--sanitize` runs only a small set of calls that reaches every kernel
+//! counts with zeros; counts that disagree between ranks (`tests/cases/disagreeing.rs`). What only
+//! a GPU checks is here: CUDA graph capture and replay, back-to-back mixed collectives, and the
+//! packed form's faults (its verdict round). `--sanitize` runs only a small set of calls that reaches every kernel
 //! form (see `sanitize_cases`), for compute-sanitizer (scripts/gpu_sanitize.sh). Exits 1 on any
 //! wrong element.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use ferrocomm::bootstrap::store_barrier;
-use ferrocomm::ViewMut;
-use ferrocomm::{Algo, CallOpts, Communicator, Config, DataType, Device, Input, Splits, View};
+use ferrocomm::{Algo, CallOpts, Communicator, Config, DataType, Input};
 
 mod support;
 use support::cases::coll::{self, Coll};
@@ -355,178 +353,24 @@ fn graph_and_race(c: &mut Ctx) -> Res<()> {
     verify(c, "race")
 }
 
-/// Disagreeing counts and roots out of range: clear errors, nothing hangs.
+/// A root out of range (refused before anything runs) and calls whose counts differ between
+/// ranks ([`disagreeing::collectives`]): clear errors, nothing hangs.
 fn bad_input(c: &mut Ctx) -> Res<()> {
-    let cfg = &c.cfg;
-    let w = c.world;
-    let me = c.rank;
-    let dev = c.dev;
-    let b = Buf::new(4 << 20)?;
-    let mut ok = 0;
-    let mut total = 0;
-    // Root out of range: refused before anything runs.
-    // SAFETY: 4 MiB of this device.
+    let (w, b) = (c.world, Buf::new(64)?);
+    // SAFETY: 10 f32 of this device's buffer; the call is refused before it touches them.
     let r = unsafe {
         c.comm.broadcast(
             Input::InPlace,
-            ViewMut::from_raw(b.ptr as *mut u8, 10, DataType::F32, dev),
+            b.view_mut(0, 10, DataType::F32, c.dev),
             w,
             &CallOpts::default(),
         )
     };
-    total += 1;
-    if matches!(r, Err(ferrocomm::Error::RankOutOfRange { .. })) {
-        ok += 1;
-    } else {
-        c.failures.push(format!("broadcast root {w} gave {r:?}"));
-    }
-    // Calls whose counts differ between ranks (LL and staged sizes), on a separate
-    // communicator: the next call on it must report "disagrees between ranks" on every rank.
-    let mut cfg2: Config = cfg.clone();
-    cfg2.timeout = Duration::from_secs(3);
-    let comm = comm_with("gpu_check_coll_bad", cfg2)?;
-    let p = b.ptr;
-    type BadCall = (String, Box<dyn Fn(&Communicator) -> ferrocomm::Result<()>>);
-    let mut cases: Vec<BadCall> = Vec::new();
-    for n in [100usize, 60_000, 120_000] {
-        // Rank r gathers n + r elements.
-        let call = move |comm: &Communicator| {
-            // SAFETY: 4 MiB of this device is enough for w * 120_003 f32.
-            unsafe {
-                let o = ViewMut::from_raw(p as *mut u8, (n + me) * w, DataType::F32, dev);
-                comm.all_gather(
-                    Input::InPlace,
-                    o,
-                    &CallOpts::default().with_algo(Algo::Direct),
-                )
-            }
-        };
-        cases.push((format!("all_gather, {n} + rank elements"), Box::new(call)));
-    }
-    for n in [100usize, 60_000, 120_000] {
-        if w != 2 {
-            break;
-        }
-        // All-to-all-v: rank 1 expects one element more than rank 0 sends.
-        let call = move |comm: &Communicator| {
-            let splits = Splits::packed(
-                if me == 0 { vec![5, n] } else { vec![n, 5] },
-                if me == 0 { vec![5, n] } else { vec![n + 1, 5] },
-            );
-            let half = 2 << 20;
-            // SAFETY: 4 MiB of this device: the input (n + 5 f32) below half of it, the
-            // output (n + 6) above.
-            unsafe {
-                let i = View::from_raw(p as *const u8, n + 5, DataType::F32, dev);
-                let o = ViewMut::from_raw((p + half) as *mut u8, n + 6, DataType::F32, dev);
-                let opts = CallOpts::default().with_algo(Algo::Direct);
-                comm.all_to_all_v(Input::Buf(i), o, &splits, &opts)
-            }
-        };
-        cases.push((format!("all_to_all_v, {n} elements"), Box::new(call)));
-    }
-    for n in [100usize, 60_000, 120_000] {
-        if w == 2 {
-            break;
-        }
-        // More ranks: 5 elements between any two ranks, but rank 0 sends n to rank 1, which
-        // expects n + 1. Only rank 1 sees both counts; the kernel's verdict words carry what it
-        // found to every rank, so every rank reports it.
-        let call = move |comm: &Communicator| {
-            let send: Vec<usize> = (0..w)
-                .map(|q| if me == 0 && q == 1 { n } else { 5 })
-                .collect();
-            let recv: Vec<usize> = (0..w)
-                .map(|s| if me == 1 && s == 0 { n + 1 } else { 5 })
-                .collect();
-            let (ni, no) = (send.iter().sum(), recv.iter().sum());
-            let splits = Splits::packed(send, recv);
-            let half = 2 << 20;
-            // SAFETY: 4 MiB of this device: the input (at most n + 5 * w f32) below half of
-            // it, the output (at most n + 1 + 5 * w) above.
-            unsafe {
-                let i = View::from_raw(p as *const u8, ni, DataType::F32, dev);
-                let o = ViewMut::from_raw((p + half) as *mut u8, no, DataType::F32, dev);
-                let opts = CallOpts::default().with_algo(Algo::Direct);
-                comm.all_to_all_v(Input::Buf(i), o, &splits, &opts)
-            }
-        };
-        cases.push((
-            format!("all_to_all_v, {n} elements, {w} ranks"),
-            Box::new(call),
-        ));
-    }
-    for n in [100usize, 60_000, 120_000] {
-        if w != 2 {
-            break;
-        }
-        // Both ranks send at once (each a root of its own message), then a receive one
-        // element longer than its send.
-        let both_send = move |comm: &Communicator| {
-            // SAFETY: 4 MiB of this device holds 120_000 f32.
-            unsafe {
-                let i = View::from_raw(p as *const u8, n, DataType::F32, dev);
-                let opts = CallOpts::default().with_algo(Algo::Direct);
-                comm.send(i, 1 - me, &opts)
-            }
-        };
-        cases.push((
-            format!("send on both ranks, {n} elements"),
-            Box::new(both_send),
-        ));
-        let longer = move |comm: &Communicator| {
-            let opts = CallOpts::default().with_algo(Algo::Direct);
-            // SAFETY: as above, n + 1 f32.
-            unsafe {
-                if me == 0 {
-                    comm.send(
-                        View::from_raw(p as *const u8, n, DataType::F32, dev),
-                        1,
-                        &opts,
-                    )
-                } else {
-                    let o = ViewMut::from_raw(p as *mut u8, n + 1, DataType::F32, dev);
-                    comm.recv(o, 0, &opts)
-                }
-            }
-        };
-        cases.push((format!("recv of {n} + 1 elements"), Box::new(longer)));
-    }
-    for (k, (what, call)) in cases.iter().enumerate() {
-        let first = call(&comm);
-        sync()?;
-        // SAFETY: as above.
-        let next = unsafe {
-            comm.all_gather(
-                Input::InPlace,
-                ViewMut::from_raw(p as *mut u8, 4 * w, DataType::F32, dev),
-                &CallOpts::default(),
-            )
-        };
-        sync()?;
-        total += 1;
-        let shown = format!("{next:?}");
-        // "disagrees between ranks" where the rank saw it, "counts disagree between ranks"
-        // where a peer did (all-to-all-v above two ranks).
-        if first.is_ok() && shown.contains("disagree") && shown.contains("between ranks") {
-            ok += 1;
-            if me == 0 {
-                println!("mismatch {k} ({what}): {shown}");
-            }
-        } else {
-            c.failures.push(format!(
-                "count mismatch {k} ({what}) not reported: {first:?} then {shown}"
-            ));
-        }
-        if shown.contains("Timeout") {
-            break; // a timeout is sticky: the communicator is done
-        }
-    }
-    std::mem::forget(comm);
-    let t = c.tally.entry("bad_input".into()).or_default();
-    t.cases += total;
-    t.errors += total - ok;
-    Ok(())
+    let refused = matches!(r, Err(ferrocomm::Error::RankOutOfRange { .. }));
+    c.expect("bad_input", refused, || {
+        format!("broadcast root {w} gave {r:?}")
+    });
+    disagreeing::collectives(c)
 }
 
 fn main() {
@@ -537,29 +381,19 @@ fn real_main() -> Res<i32> {
     // `--no-timing` is accepted (and means nothing here: no timing runs) so that every check
     // program takes the same flags.
     let args = flags(&["--quick", "--sanitize", "--no-timing"])?;
-    let quick = args.iter().any(|a| a == "--quick");
-    let sanitize = args.iter().any(|a| a == "--sanitize");
+    let has = |f: &str| args.iter().any(|a| a == f);
     let mut cfg = Config::from_env()?;
     cfg.cuda_staging_bytes = cfg.cuda_staging_bytes.max(128 << 20);
     let t0 = Instant::now();
-    let comm = comm_with("gpu_check_coll", cfg.clone())?;
-    let (rank, world) = (comm.rank(), comm.size());
-    let Device::Cuda(ord) = comm.device() else {
-        return Err("gpu_check_coll needs a GPU".into());
-    };
-    if rank == 0 {
+    let (mut c, _cuda) = gpu_ctx("gpu_check_coll", cfg, has("--quick"))?;
+    if c.rank == 0 {
+        let (backend, init) = (c.comm.backend_name(), t0.elapsed().as_secs_f64());
         println!(
-            "gpu_check_coll: {world} ranks, backend {}, init {:.2} s",
-            comm.backend_name(),
-            t0.elapsed().as_secs_f64()
+            "gpu_check_coll: {} ranks, backend {backend}, init {init:.2} s",
+            c.world
         );
     }
-    let cuda = cudarc::driver::CudaContext::new(ord as usize)?;
-    cuda.bind_to_thread()?;
-    // The guard bands are read back after every call: first, that the read-back sees writes.
-    Buf::guard_self_check(Device::Cuda(ord))?;
-    let mut c = cuda_ctx(comm, cfg, quick);
-    let steps: Vec<(&str, Body)> = if sanitize {
+    let steps: Vec<(&str, Body)> = if has("--sanitize") {
         // Under compute-sanitizer kernels run 10-100x slower: a few calls of every kernel form.
         vec![("sanitize", sanitize_cases)]
     } else {
@@ -571,18 +405,6 @@ fn real_main() -> Res<i32> {
         ]);
         steps
     };
-    for (name, f) in steps {
-        let t = Instant::now();
-        f(&mut c)?;
-        store_barrier(
-            &**c.comm.store(),
-            &format!("step/{name}"),
-            world,
-            Duration::from_secs(120),
-        )?;
-        if rank == 0 {
-            println!("{name} done in {:.1} s", t.elapsed().as_secs_f64());
-        }
-    }
+    run_bodies(&mut c, &steps)?;
     report(&c, "gpu_check_coll", "all results correct")
 }

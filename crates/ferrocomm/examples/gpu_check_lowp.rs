@@ -10,9 +10,9 @@
 //! `--quant-time` runs only the codec check and the quantization timing, on one GPU if need be
 //! (for a profiler: `ncu -k regex:fc_lp_encode ...` replays the kernel with no peer waiting).
 //!
-//! The collectives' cases are the device cases' bodies (`tests/cases/lowp.rs`, which the host
-//! backend runs in CI) on CUDA buffers; what only a GPU checks is here: the device codec, the
-//! quantization time and calls that disagree between ranks (reported by the next call).
+//! The collectives' cases and the calls that disagree between ranks are the device cases' bodies
+//! (`tests/cases/lowp.rs`, `tests/cases/disagreeing.rs`, which the host backend runs in CI) on
+//! CUDA buffers; what only a GPU checks is here: the device codec and the quantization time.
 //!
 //! - GPU codec == CPU codec ([`quant::Codec::encode_from`]) byte for byte, every format, several
 //!   block sizes, f32/bf16/f16 inputs, odd counts, special blocks (zeros, tiny, huge, NaN, -0);
@@ -27,12 +27,10 @@
 //!
 //! Exits 1 on any mismatch or byte written outside an output.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ferrocomm::quant::{Codec, Format};
-use ferrocomm::{
-    Algo, CallOpts, Config, DataType, Device, Input, LowPrecisionChoice, ReduceOp, ViewMut,
-};
+use ferrocomm::{Algo, Config, DataType, ReduceOp};
 
 mod support;
 use support::cases::lowp::{self, all_reduce_case, all_to_all_v_cases, movers, random, to_dtype};
@@ -176,55 +174,36 @@ fn main() {
 
 fn real_main() -> Res<i32> {
     let args = flags(&["--quick", "--sanitize", "--no-timing", "--quant-time"])?;
-    let quick = args.iter().any(|a| a == "--quick");
-    let quant_time = args.iter().any(|a| a == "--quant-time");
-    let sanitize = args.iter().any(|a| a == "--sanitize");
-    let no_timing = args.iter().any(|a| a == "--no-timing");
-    let cfg = Config::from_env()?;
-    let comm = comm_with("gpu_check_lowp", cfg.clone())?;
-    let (rank, world) = (comm.rank(), comm.size());
-    let Device::Cuda(dev) = comm.device() else {
-        return Err("gpu_check_lowp needs a GPU".into());
-    };
-    let cuda = cudarc::driver::CudaContext::new(dev as usize)?;
-    cuda.bind_to_thread()?;
-    // The guard bands are read back after every call: first, that the read-back sees writes.
-    Buf::guard_self_check(Device::Cuda(dev))?;
-    if rank == 0 {
+    let has = |f: &str| args.iter().any(|a| a == f);
+    let (mut c, _cuda) = gpu_ctx("gpu_check_lowp", Config::from_env()?, has("--quick"))?;
+    if c.rank == 0 {
         println!(
-            "gpu_check_lowp: {world} ranks, backend {}, block {}, staging {} MiB",
-            comm.backend_name(),
-            cfg.low_precision.block,
-            cfg.cuda_staging_bytes >> 20
+            "gpu_check_lowp: {} ranks, backend {}, block {}, staging {} MiB",
+            c.world,
+            c.comm.backend_name(),
+            c.cfg.low_precision.block,
+            c.cfg.cuda_staging_bytes >> 20
         );
     }
-    let mut c = cuda_ctx(comm, cfg, quick);
     let t = Instant::now();
-    if sanitize {
+    if has("--sanitize") {
         // Under compute-sanitizer kernels run 10-100x slower: one call of each kind.
         sanitize_cases(&mut c)?;
-    } else if quant_time {
+    } else if has("--quant-time") {
         // The encode kernel alone (any world size, one GPU is enough; no peer to wait for, so a
         // profiler may replay it): its bytes against the CPU codec, then its time.
         codec_check(&mut c, CODEC_COUNTS)?;
         quant_cost(&mut c)?;
     } else {
-        full_suite(&mut c, no_timing)?;
+        full_suite(&mut c, has("--no-timing"))?;
     }
     c.compare_hashes()?;
-    let cases: usize = c.tally.values().map(|t| t.cases).sum();
-    let failed = c.failures.len();
-    for f in &c.failures {
-        eprintln!("rank {rank}: FAIL {f}");
-    }
-    if rank == 0 {
-        println!(
-            "gpu_check_lowp: {} passed, {failed} failed, {:.1} s",
-            cases.saturating_sub(failed),
-            t.elapsed().as_secs_f64()
-        );
-    }
-    Ok(i32::from(c.failed()))
+    let secs = t.elapsed().as_secs_f64();
+    report(
+        &c,
+        "gpu_check_lowp",
+        &format!("all results correct ({secs:.1} s)"),
+    )
 }
 
 /// Codec, the low-precision bodies (all-reduce, the other collectives, all-to-all-v whole and
@@ -239,84 +218,9 @@ fn full_suite(c: &mut Ctx, no_timing: bool) -> Res<()> {
     for (_, body) in bodies {
         body(c)?;
     }
-    disagreeing_calls(c)?;
+    disagreeing::low_precision(c)?;
     if !no_timing {
         quant_cost(c)?;
     }
-    Ok(())
-}
-
-/// Calls whose counts differ between ranks (rank r passes n + r elements), one-shot and two-shot
-/// all-reduce, all-gather and a chunked all-reduce, each on a communicator of its own with a 3 s
-/// timeout: the call itself returns (kernels run asynchronously) and the next call on the
-/// communicator reports "disagrees between ranks", on every rank; never a hang or a timeout.
-fn disagreeing_calls(c: &mut Ctx) -> Res<()> {
-    let cfg = c.cfg.clone();
-    let dev = c.dev;
-    let me = c.rank;
-    let w = c.world;
-    let b = Buf::new(64 << 20)?;
-    b.poison()?;
-    b.upload(0, &to_dtype(DataType::BF16, &random(1 << 20, 7)).0)?;
-    // (what, elements on rank 0, all-reduce algorithm, all-gather instead, staging bytes)
-    for (k, (what, n, algo, gather, staging)) in [
-        ("all_reduce flat", 100_000usize, Algo::Flat, false, None),
-        ("all_reduce tree", 100_000, Algo::Tree, false, None),
-        ("all_gather", 70_001, Algo::Flat, true, None),
-        // Two chunks of ~10M elements.
-        (
-            "all_reduce flat, in chunks",
-            20_000_000,
-            Algo::Flat,
-            false,
-            Some(16usize << 20),
-        ),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let mut cfg2 = cfg.clone();
-        cfg2.timeout = Duration::from_secs(3);
-        if let Some(bytes) = staging {
-            cfg2.cuda_staging_bytes = bytes;
-        }
-        let comm = comm_with(&format!("gpu_check_lowp_bad{k}"), cfg2)?;
-        let mine = n + me;
-        let opts = CallOpts::default()
-            .with_algo(algo)
-            .with_low_precision(LowPrecisionChoice::On(Format::E4M3));
-        let count = if gather { mine * w } else { mine };
-        // SAFETY: 64 MiB of this device hold every count here in bf16.
-        let first = unsafe {
-            let o = ViewMut::from_raw(b.ptr as *mut u8, count, DataType::BF16, dev);
-            if gather {
-                comm.all_gather(Input::InPlace, o, &opts)
-            } else {
-                comm.all_reduce(Input::InPlace, o, ReduceOp::Sum, &opts)
-            }
-        };
-        sync()?;
-        // SAFETY: as above.
-        let next = unsafe {
-            let o = ViewMut::from_raw(b.ptr as *mut u8, 1024, DataType::BF16, dev);
-            comm.all_reduce(Input::InPlace, o, ReduceOp::Sum, &opts)
-        };
-        sync()?;
-        let shown = format!("{next:?}");
-        let ok = first.is_ok() && shown.contains("disagrees between ranks");
-        if me == 0 && ok {
-            println!("mismatch ({what}): {shown}");
-        }
-        c.expect("lowp disagreeing calls", ok, || {
-            format!("{what}: counts {n} + rank: first {first:?}, then {shown}")
-        });
-        // After a timeout the communicator is unusable; a mismatch leaves it usable.
-        std::mem::forget(comm);
-    }
-    // The calls' values are not checked, but none may write past the buffer.
-    let guard = b.guard_hits(0, b.bytes)?;
-    c.expect("lowp disagreeing calls", guard == 0, || {
-        format!("disagreeing calls: {guard} bytes written past the buffer")
-    });
     Ok(())
 }

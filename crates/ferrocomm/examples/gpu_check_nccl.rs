@@ -30,83 +30,35 @@
 //!   could queue behind the waiting one), the stream must drain, dropping the communicator must
 //!   be bounded, and a fresh communicator must work.
 //!
-//! Prints one line per group and a summary; exits 1 on any failure.
+//! Prints the tally (a row per group of checks) and a verdict; exits 1 on any failure.
 
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 use ferrocomm::config::BackendChoice;
 use ferrocomm::plan::Engine;
-use ferrocomm::{Algo, CallOpts, Communicator, Config, DataType, Device, Input, ReduceOp, ViewMut};
+use ferrocomm::{Algo, CallOpts, Config, DataType, Input, ReduceOp, ViewMut};
 
 mod support;
 use support::cases::one_rank::{case, collectives, Call};
 use support::*;
 
-/// What the program found: cases passed, failures.
-#[derive(Default)]
-struct Verdicts {
-    passed: usize,
-    failures: Vec<String>,
-}
-
-impl Verdicts {
-    fn verdict(&mut self, what: String, ok: bool) {
-        if ok {
-            self.passed += 1;
-        } else {
-            eprintln!("FAIL {what}");
-            self.failures.push(what);
-        }
-    }
-
-    /// Runs the one-rank cases on `comm` with `opts` (planned on NCCL) under `label`, and
-    /// takes in what they found.
-    fn collectives(
-        &mut self,
-        comm: Communicator,
-        cfg: &Config,
-        label: &str,
-        opts: &CallOpts,
-    ) -> Res<()> {
-        let mut c = cuda_ctx(comm, cfg.clone(), false);
-        collectives(&mut c, Engine::Nccl, label, opts)?;
-        self.take(label, c);
-        Ok(())
-    }
-
-    /// Takes in what the cases run on `c` found.
-    fn take(&mut self, label: &str, mut c: Ctx) {
-        let cases: usize = c.tally.values().map(|t| t.cases).sum();
-        let failed = c.failures.len();
-        for f in &c.failures {
-            eprintln!("FAIL {f}");
-        }
-        println!("{label}: {cases} calls checked, {failed} failed");
-        self.passed += cases - failed;
-        self.failures.append(&mut c.failures);
-    }
-}
-
 /// The watchdog's timeout path on one rank (see the module doc).
-fn watchdog(c: &mut Verdicts, dev: u32, cfg: &Config) -> Res<()> {
+fn watchdog(c: &mut Ctx) -> Res<()> {
     let timeout = Duration::from_secs(3);
+    let verdict = |c: &mut Ctx, what: String, ok: bool| c.expect("watchdog", ok, || what);
     // The watchdog acts within a few of its ticks after the timeout; 20 s of slack is for a
     // machine busy with something else, and still far from "never".
     let limit = timeout + Duration::from_secs(20);
-    let mut cfg_w = cfg.clone();
-    cfg_w.timeout = timeout;
-    if !cfg_w.nccl_watchdog {
-        c.verdict(
-            "watchdog: FERROCOMM_NCCL_WATCHDOG=0 in the environment turns it off".into(),
-            false,
-        );
+    let mut cfg = c.cfg.clone();
+    cfg.timeout = timeout;
+    if !cfg.nccl_watchdog {
+        let what = "watchdog: FERROCOMM_NCCL_WATCHDOG=0 in the environment turns it off";
+        verdict(c, what.into(), false);
         return Ok(());
     }
-    let mut o = options("gpu_check_nccl_watchdog", cfg_w);
-    o.backend = Some(BackendChoice::Nccl);
-    let comm = Communicator::new(o)?;
-    let dev = Device::Cuda(dev);
+    let comm = comm_with("gpu_check_nccl_watchdog", cfg)?;
+    let dev = c.dev;
     let word = MappedWord::new()?;
     let blocked = new_stream()?;
     let free = new_stream()?;
@@ -141,7 +93,8 @@ fn watchdog(c: &mut Verdicts, dev: u32, cfg: &Config) -> Res<()> {
             &CallOpts::on_stream(blocked),
         )
     };
-    c.verdict(
+    verdict(
+        c,
         format!("watchdog: the call on the blocked stream is enqueued: {first:?}"),
         first.is_ok(),
     );
@@ -175,7 +128,8 @@ fn watchdog(c: &mut Verdicts, dev: u32, cfg: &Config) -> Res<()> {
             let named = e.contains("all_reduce (call #")
                 && e.contains("Timed out after 3s without completing")
                 && e.contains("aborted");
-            c.verdict(
+            verdict(
+                c,
                 format!(
                     "watchdog: refused after {:.2} s (not before the 3 s timeout, within \
                      {limit:?}) naming the call and the timeout: {e}",
@@ -184,7 +138,8 @@ fn watchdog(c: &mut Verdicts, dev: u32, cfg: &Config) -> Res<()> {
                 *after >= timeout && *after <= limit && named,
             );
         }
-        None => c.verdict(
+        None => verdict(
+            c,
             format!("watchdog: calls still accepted {limit:?} after a call that never ran"),
             false,
         ),
@@ -199,7 +154,8 @@ fn watchdog(c: &mut Verdicts, dev: u32, cfg: &Config) -> Res<()> {
             &CallOpts::on_stream(free),
         )
     };
-    c.verdict(
+    verdict(
+        c,
         format!("watchdog: a later call is refused too: {again:?}"),
         again.is_err(),
     );
@@ -208,43 +164,32 @@ fn watchdog(c: &mut Verdicts, dev: u32, cfg: &Config) -> Res<()> {
     word.set(1);
     // SAFETY: a live stream of this context.
     let drained = unsafe { sys::cuStreamSynchronize(blocked as sys::CUstream) }.result();
-    c.verdict(
+    verdict(
+        c,
         format!("watchdog: the blocked stream drains once released: {drained:?}"),
         drained.is_ok(),
     );
     let guard = b.guard_hits(0, n * 4)?;
-    c.verdict(
+    verdict(
+        c,
         format!("watchdog: {guard} bytes written past the blocked call's buffer"),
         guard == 0,
     );
     let t = Instant::now();
     drop(comm);
     let took = t.elapsed();
-    c.verdict(
+    verdict(
+        c,
         format!("watchdog: dropping the aborted communicator took {took:?}"),
         took <= limit,
     );
     // A fresh communicator works.
-    let mut o = options("gpu_check_nccl_after", cfg.clone());
-    o.backend = Some(BackendChoice::Nccl);
-    let label = "after the watchdog";
-    let mut fresh = cuda_ctx(Communicator::new(o)?, cfg.clone(), false);
     let sum = Call::AllReduce(ReduceOp::Sum);
-    let opts = CallOpts::default();
-    case(
-        &mut fresh,
-        Engine::Nccl,
-        label,
-        &opts,
-        sum,
-        DataType::F32,
-        1000,
-        false,
-        0,
-        7,
-    )?;
-    c.take(label, fresh);
-    Ok(())
+    c.with_comm("gpu_check_nccl_after", c.cfg.clone(), |c| {
+        let (label, f32) = ("after the watchdog", DataType::F32);
+        let opts = CallOpts::default();
+        case(c, Engine::Nccl, label, &opts, sum, f32, 1000, false, 0, 7)
+    })
 }
 
 /// A 32-bit word of pinned host memory mapped for the device: the host sets it with a plain
@@ -303,52 +248,37 @@ fn real_main() -> Res<i32> {
     if shared_gpus() {
         return Err("gpu_check_nccl runs one rank with NCCL: --share-gpus does not apply".into());
     }
-    let cfg = Config::from_env()?;
-    let mut o = options("gpu_check_nccl", cfg.clone());
-    o.backend = Some(BackendChoice::Nccl);
-    let comm = Communicator::new(o)?;
-    if comm.size() != 1 {
-        return Err(format!(
-            "gpu_check_nccl runs on one rank (ferrocomm launch -n 1 --), not {}",
-            comm.size()
-        )
-        .into());
+    let mut cfg = Config::from_env()?;
+    cfg.backend = BackendChoice::Nccl;
+    let (mut c, _cuda) = gpu_ctx("gpu_check_nccl", cfg.clone(), false)?;
+    if c.world != 1 {
+        let n = c.world;
+        return Err(
+            format!("gpu_check_nccl runs on one rank (ferrocomm launch -n 1 --), not {n}").into(),
+        );
     }
-    let Device::Cuda(dev) = comm.device() else {
-        return Err("gpu_check_nccl needs a GPU".into());
-    };
     let (path, version) = ferrocomm::nccl::probe(&cfg)?;
     println!(
-        "gpu_check_nccl: one rank on cuda:{dev} of {} GPUs, NCCL {version} from {}",
+        "gpu_check_nccl: one rank on {} of {} GPUs, NCCL {version} from {}",
+        c.dev,
         ferrocomm::cuda::gpu_count(),
         path.display()
     );
-    let cuda = cudarc::driver::CudaContext::new(dev as usize)?;
-    cuda.bind_to_thread()?;
-    // The guard bands are read back after every call: first, that the read-back sees writes.
-    Buf::guard_self_check(Device::Cuda(dev))?;
-    let mut c = Verdicts::default();
     let t = Instant::now();
-    c.collectives(comm, &cfg, "nccl backend", &CallOpts::default())?;
-    let mut o = options("gpu_check_nccl_cuda", cfg.clone());
-    o.backend = Some(BackendChoice::Cuda);
-    let comm = Communicator::new(o)?;
-    let nccl = CallOpts::default().with_algo(Algo::Nccl);
-    c.collectives(comm, &cfg, "cuda backend, NCCL forced", &nccl)?;
-    watchdog(&mut c, dev, &cfg)?;
-    println!(
-        "gpu_check_nccl: {} passed, {} failed, {:.1} s",
-        c.passed,
-        c.failures.len(),
-        t.elapsed().as_secs_f64()
+    let (nccl, default) = (
+        CallOpts::default().with_algo(Algo::Nccl),
+        CallOpts::default(),
     );
-    println!(
-        "{}",
-        if c.failures.is_empty() {
-            "gpu_check_nccl: all results correct"
-        } else {
-            "gpu_check_nccl: FAILED"
-        }
-    );
-    Ok(if c.failures.is_empty() { 0 } else { 1 })
+    collectives(&mut c, Engine::Nccl, "nccl backend", &default)?;
+    cfg.backend = BackendChoice::Cuda;
+    c.with_comm("gpu_check_nccl_cuda", cfg, |c| {
+        collectives(c, Engine::Nccl, "cuda backend, NCCL forced", &nccl)
+    })?;
+    watchdog(&mut c)?;
+    let secs = t.elapsed().as_secs_f64();
+    report(
+        &c,
+        "gpu_check_nccl",
+        &format!("all results correct ({secs:.1} s)"),
+    )
 }

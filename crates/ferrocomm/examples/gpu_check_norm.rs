@@ -27,16 +27,14 @@
 //!   call (eps, FP8 rows, rows, the form) must see "disagrees between ranks" at the next call
 //!   on every rank, after which a matching call works again.
 //!
-//! The eager cases are the device cases' body (`tests/cases/norm.rs`, which the host backend
-//! runs in CI) on CUDA buffers; the graph replays and the disagreeing calls are this program's.
+//! The eager cases and the disagreeing calls are the device cases' bodies (`tests/cases/norm.rs`,
+//! `tests/cases/disagreeing.rs`, which the host backend runs in CI) on CUDA buffers; the graph
+//! replays are this program's.
 //!
 //! Exits 1 on any mismatch, 2 on an error.
 
-use std::time::Duration;
-
-use ferrocomm::bootstrap::store_barrier;
 use ferrocomm::quant::Format;
-use ferrocomm::{Algo, Config, DataType, Device};
+use ferrocomm::{Algo, Config, DataType};
 
 mod support;
 use support::cases::norm::{self, check, Bufs, Case};
@@ -96,159 +94,33 @@ fn graph(c: &mut Ctx) -> Res<()> {
     Ok(())
 }
 
-/// Calls that disagree between ranks, one launch each (see the module doc), on a communicator
-/// of their own with a short timeout; left unfreed at the end (a kernel that gave up may still
-/// hold its staging).
-fn mismatch(c: &mut Ctx) -> Res<()> {
-    let mut cfg_m: Config = c.cfg.clone();
-    cfg_m.timeout = Duration::from_secs(20);
-    let comm = comm_with("gpu_check_norm_mismatch", cfg_m)?;
-    let r = c.rank;
-    let base = Case {
-        d: DataType::BF16,
-        rows: 5,
-        hidden: 4096,
-        eps: 1e-6,
-        in_place: false,
-        fp8: false,
-        given: None,
-        lp: None,
-        algo: Algo::Flat,
-        seed: 5000,
-        misalign: false,
-    };
-    let cases = [
-        (
-            "eps differs",
-            Case {
-                eps: 1e-6 * (1 + r) as f32,
-                ..base
-            },
-        ),
-        (
-            "FP8 rows on rank 0 only",
-            Case {
-                fp8: r == 0,
-                ..base
-            },
-        ),
-        (
-            "a given FP8 scale on rank 0, a scale per row elsewhere",
-            Case {
-                fp8: true,
-                given: (r == 0).then_some(0.02),
-                ..base
-            },
-        ),
-        (
-            "E4M3 on the wire on rank 0 only",
-            Case {
-                lp: (r == 0).then_some(Format::E4M3),
-                ..base
-            },
-        ),
-        (
-            "rows differ",
-            Case {
-                rows: 5 + r,
-                ..base
-            },
-        ),
-        (
-            "one-shot against two-shot",
-            Case {
-                algo: [Algo::Flat, Algo::Tree][r % 2],
-                ..base
-            },
-        ),
-    ];
-    let stream = new_stream()?;
-    let good = Bufs::new(c, &base)?;
-    for (what, case) in cases {
-        let b = Bufs::new(c, &case)?;
-        b.load(&case, r)?;
-        let first = b.call(&comm, &case, c.dev, stream);
-        sync()?;
-        good.load(&base, r)?;
-        let next = good.call(&comm, &base, c.dev, stream);
-        sync()?;
-        let shown = format!("{next:?}");
-        let label = format!("mismatch ({what})");
-        let reported = first.is_ok() && shown.contains("disagrees between ranks");
-        if reported && r == 0 {
-            println!("{label}: reported: {shown}");
-        }
-        c.expect("fused norm mismatch", reported, || {
-            format!("{label}: not reported: {first:?} then {shown}")
-        });
-        if !reported && shown.contains("Timeout") {
-            break; // sticky: the communicator is done
-        }
-        // A matching call works again, with the right results.
-        good.load(&base, r)?;
-        match good.call(&comm, &base, c.dev, stream) {
-            Ok(()) => {
-                sync()?;
-                check(c, &base, &good, &format!("after {label}"))?;
-            }
-            Err(e) => c.expect("fused norm mismatch", false, || {
-                format!("after {label}: {e}")
-            }),
-        }
-    }
-    store_barrier(
-        &**c.comm.store(),
-        "normchk/mismatch-done",
-        c.world,
-        Duration::from_secs(120),
-    )?;
-    std::mem::forget(comm);
-    Ok(())
-}
-
 fn real_main() -> Res<i32> {
     let args = flags(&["--quick"])?;
     let quick = args.iter().any(|a| a == "--quick");
-    let cfg = Config::from_env()?;
-    let comm = comm_with("gpu_check_norm", cfg.clone())?;
-    let (rank, world) = (comm.rank(), comm.size());
-    let Device::Cuda(dev) = comm.device() else {
-        return Err("gpu_check_norm needs a GPU".into());
-    };
-    let cuda = cudarc::driver::CudaContext::new(dev as usize)?;
-    cuda.bind_to_thread()?;
-    // The guard bands are read back after every call: first, that the read-back sees writes.
-    Buf::guard_self_check(Device::Cuda(dev))?;
-    let fused = cfg.thresholds.rmsnorm_fused;
-    if rank == 0 {
+    let (mut c, _cuda) = gpu_ctx("gpu_check_norm", Config::from_env()?, quick)?;
+    let fused = c.cfg.thresholds.rmsnorm_fused;
+    if c.rank == 0 {
         println!(
-            "gpu_check_norm: {world} ranks, backend {}, one launch (FERROCOMM_RMSNORM_FUSED) {}, \
+            "gpu_check_norm: {} ranks, backend {}, one launch (FERROCOMM_RMSNORM_FUSED) {}, \
              one-shot up to {} bytes (FERROCOMM_RMSNORM_FLAT_MAX_BYTES)",
-            comm.backend_name(),
+            c.world,
+            c.comm.backend_name(),
             if fused { "on" } else { "off" },
-            cfg.thresholds
+            c.cfg
+                .thresholds
                 .rmsnorm_flat_max
                 .map_or("the default".to_string(), |b| b.to_string())
         );
     }
-    let mut c = cuda_ctx(comm, cfg, quick);
     norm::eager(&mut c)?;
     graph(&mut c)?;
-    // Disagreeing calls need a second rank.
-    if fused && world > 1 {
-        mismatch(&mut c)?;
+    // Disagreeing calls need a second rank, and one launch: with two, the norm runs on each
+    // rank alone and nothing compares its eps or FP8 rows between ranks.
+    if fused && c.world > 1 {
+        disagreeing::fused_norm(&mut c)?;
     }
     c.compare_hashes()?;
-    for f in &c.failures {
-        eprintln!("FAIL rank {rank}: {f}");
-    }
-    let failed = c.failures.len();
-    let cases: usize = c.tally.values().map(|t| t.cases).sum();
-    println!(
-        "gpu_check_norm rank {rank}: {} passed, {failed} failed",
-        cases.saturating_sub(failed)
-    );
-    Ok(i32::from(c.failed()))
+    report(&c, "gpu_check_norm", "all results correct")
 }
 
 fn main() {

@@ -92,4 +92,7 @@ host_tests! {
     every_collective_at_1_rank: cases::one_rank::BODIES, 1;
     fused_norm_at_2_ranks: cases::norm::BODIES, 2;
     fused_norm_at_3_ranks: cases::norm::BODIES, 3;
+    disagreeing_calls_at_2_ranks: cases::disagreeing::BODIES, 2;
+    disagreeing_calls_at_3_ranks: cases::disagreeing::BODIES, 3;
+    disagreeing_calls_at_4_ranks: cases::disagreeing::BODIES, 4;
 }

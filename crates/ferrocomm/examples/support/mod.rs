@@ -4,18 +4,20 @@
 //! hash and the summary. Each program uses a part of it.
 #![allow(dead_code)]
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use cudarc::driver::sys;
-use ferrocomm::bootstrap::all_gather_bytes;
-use ferrocomm::{CommOptions, Communicator, Config};
+use cudarc::driver::{sys, CudaContext};
+use ferrocomm::bootstrap::{all_gather_bytes, store_barrier};
+use ferrocomm::{CommOptions, Communicator, Config, Device};
 
 /// The device cases, the bodies the host backend's tests run too.
 #[path = "../../tests/cases/mod.rs"]
 pub mod cases;
 #[allow(unused_imports)] // each program uses a part
 pub use cases::{
-    check_reduce, cu, diff_bytes, element_ok, fnv, gen, sync, written, Buf, Ctx, OpK, Res, POISON,
+    check_reduce, cu, diff_bytes, disagreeing, element_ok, fnv, gen, sync, written, Body, Buf, Ctx,
+    OpK, Res, POISON,
 };
 
 /// A communicator of its own named `name` with settings `cfg` (a smaller staging, another block
@@ -31,7 +33,7 @@ pub fn options(name: &str, mut cfg: Config) -> CommOptions {
     if shared_gpus() {
         let local = cfg.launch.local_rank.or(cfg.launch.rank).unwrap_or(0);
         let gpus = ferrocomm::cuda::gpu_count().max(1);
-        o.device = Some(ferrocomm::Device::Cuda((local % gpus) as u32));
+        o.device = Some(Device::Cuda((local % gpus) as u32));
         // NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): without it the
         // backend runs every collective through direct access or refuses it.
         cfg.nccl_lib = Some(NO_NCCL.into());
@@ -95,6 +97,38 @@ pub fn new_stream() -> Res<u64> {
 /// [`comm_with`] makes them.
 pub fn cuda_ctx(comm: Communicator, cfg: Config, quick: bool) -> Ctx {
     Ctx::new(comm, cfg, quick, Box::new(comm_with))
+}
+
+/// The context of check program `program` on the GPU its communicator (named `program`, made
+/// with `cfg`) chose, that GPU's primary context bound to this thread for the buffers (the
+/// handle returned keeps it), after the guard band's self-check.
+pub fn gpu_ctx(program: &str, cfg: Config, quick: bool) -> Res<(Ctx, Arc<CudaContext>)> {
+    let comm = comm_with(program, cfg.clone())?;
+    let Device::Cuda(dev) = comm.device() else {
+        return Err(
+            format!("{program} needs a GPU (the communicator chose the host backend)").into(),
+        );
+    };
+    let cuda = CudaContext::new(dev as usize)?;
+    cuda.bind_to_thread()?;
+    // The guard bands are read back after every call: first, that the read-back sees writes.
+    Buf::guard_self_check(Device::Cuda(dev))?;
+    Ok((cuda_ctx(comm, cfg, quick), cuda))
+}
+
+/// Runs `bodies` in turn, every rank waiting for the others after each; rank 0 prints each
+/// one's time.
+pub fn run_bodies(c: &mut Ctx, bodies: &[(&str, Body)]) -> Res<()> {
+    for (name, body) in bodies {
+        let t = Instant::now();
+        body(c)?;
+        let tag = format!("body/{name}");
+        store_barrier(&**c.comm.store(), &tag, c.world, Duration::from_secs(120))?;
+        if c.rank == 0 {
+            println!("{name} done in {:.1} s", t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(())
 }
 
 /// Prints the tally (rank 0), this rank's first failures (stderr) and the verdict of every

@@ -13,6 +13,7 @@
 
 pub mod all_reduce;
 pub mod coll;
+pub mod disagreeing;
 pub mod lowp;
 pub mod norm;
 pub mod one_rank;
