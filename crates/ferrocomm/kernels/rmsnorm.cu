@@ -57,32 +57,64 @@ struct NormArgs {
 #define NORM_V 4         // vectors per thread per chunk, sums read from one buffer
 #define NORM_V_STAGED 2  // the same with every rank's staged copy to reduce (registers)
 
+// Synchronizes the threads of the calling row slot alone (`tpr` threads, two or more warps): a
+// named barrier per slot (1 + slot; a block has at most 8 slots of two warps), so the slots of
+// a block run their rows apart: while one slot waits on its row's sum another's loads are in
+// flight. A block of one slot synchronizes as a block.
+__device__ __forceinline__ void norm_slot_sync(u32 tpr) {
+    if (tpr == blockDim.x)
+        __syncthreads();
+    else
+        asm volatile("bar.sync %0, %1;" ::"r"(1 + threadIdx.x / tpr), "r"(tpr) : "memory");
+}
+
 // The sum over the `tpr` threads of each row slot of one value per thread, on every thread of
-// the slot (warp sums in a fixed shuffle order, then the slot's warps in order). `red` holds one
-// word per warp. Every thread of the block calls it.
+// the slot (warp sums in a fixed shuffle order, then the slot's warps in order; a slot of one
+// warp has its sum from the shuffles: 0 + v is v for a sum of squares). `red` holds one word per
+// warp. Every thread of the block calls it.
 __device__ __forceinline__ float norm_row_sum(float v, float* red, u32 tpr) {
     for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wpr = tpr >> 5;
-    __syncthreads();  // red is reused row after row
+    if (wpr == 1) return v;
+    norm_slot_sync(tpr);  // red is reused row after row
     if (lane == 0) red[warp] = v;
-    __syncthreads();
+    norm_slot_sync(tpr);
     const u32 w0 = (threadIdx.x / tpr) * wpr;
     float s = 0.0f;
     for (u32 w = 0; w < wpr; w++) s = __fadd_rn(s, red[w0 + w]);
     return s;
 }
 
+// 1 / sqrt(total / h + eps), the host's arithmetic. total / h is a product where h is a power of
+// two (2^-k is exact and x * 2^-k is x / 2^k exactly, so the rounded results are the same bits),
+// one IEEE division fewer on the row's chain from its last load to its first store.
+__device__ __forceinline__ float norm_inv(float total, u64 h, float eps) {
+    const u32 k = (u32)__ffsll((long long)h) - 1;
+    const float mean = (h & (h - 1)) == 0 && k < 127 ? __fmul_rn(total, __uint_as_float((127u - k) << 23))
+                                                    : __fdiv_rn(total, (float)h);
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+}
+
 // The largest of one value per thread over each row slot, on every thread of the slot.
 __device__ __forceinline__ u32 norm_row_max(u32 v, u32* red, u32 tpr) {
     for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wpr = tpr >> 5;
-    __syncthreads();
+    if (wpr == 1) return v;
+    norm_slot_sync(tpr);
     if (lane == 0) red[warp] = v;
-    __syncthreads();
+    norm_slot_sync(tpr);
     const u32 w0 = (threadIdx.x / tpr) * wpr;
     u32 m = 0;
     for (u32 w = 0; w < wpr; w++) m = max(m, red[w0 + w]);
     return m;
+}
+
+// Asks the L2 for `bytes` (a multiple of 16) at `p` (16-byte aligned) ahead of their loads: one
+// bulk prefetch (sm_90's cp.async.bulk; nothing below sm_90, where the loads simply wait).
+__device__ __forceinline__ void l2_prefetch(const void* p, u64 bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((u32)bytes) : "memory");
+#endif
 }
 
 // Vector i (VEC_ELEMS elements from element i) of a user buffer: one 16-byte access when every
@@ -476,7 +508,7 @@ __device__ void norm_row(const NormArgs& n, const Src& src, const Publish& pub, 
         }
     }
     const float total = norm_row_sum(sq, red_f, tpr);
-    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)h), n.eps)));
+    const float inv = norm_inv(total, h, n.eps);
     const bool row_scales = fp8 == NORM_FP8_ROW;
     u32 amax = 0;
     for (u64 c = 0; c < chunks; c++) {
@@ -679,7 +711,7 @@ __device__ __forceinline__ void norm_wide(const NormArgs& n, float* red_f, u32* 
         fused_st(rout, base + col[k], aligned, s[k]);
     }
     const float total = norm_wide_sum(sq, red_f, slot, tpr >> 5);
-    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)h), n.eps)));
+    const float inv = norm_inv(total, h, n.eps);
     u32 amax = 0;
 #pragma unroll
     for (int k = 0; k < V; k++) {
@@ -785,6 +817,20 @@ __device__ __forceinline__ void fused_stage_row(const NormArgs& n, u8* stage, u6
     }
 }
 
+// The rows a slot reads at its next step, asked of the L2 while it works on this one (the fused
+// forms' slots wait on a row's sum once a row, one block an SM: without it their loads start
+// from DRAM after every wait): row `row` (live) of this rank's staged copy at `stage` (null: the
+// rows are records, not asked for) and of the residual (aligned buffers), one bulk prefetch
+// each by a lane of the slot. The peers' copies are not asked for: their home is their GPU's L2.
+__device__ __forceinline__ void fused_prefetch_row(const NormArgs& n, const u8* stage, u64 row,
+                                                   bool live, bool aligned) {
+    if (!live) return;
+    const u32 lt = threadIdx.x % n.tpr;
+    const u64 bytes = n.hidden * sizeof(T), off = row * bytes;
+    if (stage && lt == 0) l2_prefetch(stage + off, bytes);
+    if (aligned && lt == (n.tpr > 32 ? 32u : 0u)) l2_prefetch((const u8*)n.residual + off, bytes);
+}
+
 // Row `row` (live) of stripe owner k copied from k's staging (y and r, published by norm_row),
 // with its E4M3 codes computed from y. Every thread of the block calls it.
 template <int V>
@@ -854,12 +900,15 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_flat(Args a,
         else
             fused_stage_row<NORM_V>(n, own, row, row < n.rows, aligned);
     }
+    const u8* ahead = n.lp_block ? nullptr : own;
+    fused_prefetch_row(n, ahead, norm_slot_row(n, 0), norm_slot_row(n, 0) < n.rows, aligned);
     const bool met = n.loopback ? (__syncthreads(), true) : block_barrier(a, 0, e, t0);
     if (!n.loopback) hello_send(a, a.sig, e, 0);  // after the barrier, met or not, as in flat
     if (met) {
         const Publish none{nullptr, 0};
         for (u64 s = 0; s < steps; s++) {
-            const u64 row = norm_slot_row(n, s);
+            const u64 row = norm_slot_row(n, s), next = norm_slot_row(n, s + 1);
+            fused_prefetch_row(n, ahead, next, s + 1 < steps && next < n.rows, aligned);
             if (n.lp_block) {
                 const SumFromRecords<NORM_V_STAGED> src{&n, a.staging, a.world, par};
                 norm_row<NORM_V_STAGED, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(
@@ -951,6 +1000,8 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_tree(Args a,
             fused_stage_row<NORM_V>(n, own, k * srows + o, o < srows && k * srows + o < n.rows,
                                     aligned);
         }
+    const u64 o0 = norm_slot_row(n, 0), row0 = a.rank * srows + o0;  // the slot's first row
+    fused_prefetch_row(n, own, row0, o0 < srows && row0 < n.rows, aligned);
     bool ok = n.loopback ? (__syncthreads(), true) : block_barrier(a, 0, e, t0);
     if (!n.loopback) hello_send(a, a.sig, e, 0);  // after the barrier, met or not, as in tree
     const bool hello = ok && !n.loopback;
@@ -958,8 +1009,9 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_tree(Args a,
         const SumFromStaging<NORM_V_STAGED> src{&a, par};
         const Publish pub{own, n.rows * n.hidden * sizeof(T)};
         for (u64 s = 0; s < steps; s++) {
-            const u64 o = norm_slot_row(n, s);
-            const u64 row = a.rank * srows + o;
+            const u64 o = norm_slot_row(n, s), row = a.rank * srows + o;
+            const u64 o1 = norm_slot_row(n, s + 1), next = a.rank * srows + o1;
+            fused_prefetch_row(n, own, next, s + 1 < steps && o1 < srows && next < n.rows, aligned);
             norm_row<NORM_V_STAGED, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(
                     n, src, pub, row, o < srows && row < n.rows, aligned, wv, pre, red_f, red_u);
         }
