@@ -61,8 +61,8 @@ struct NormArgs {
 // named barrier per slot (1 + slot; a block has at most 8 slots of two warps), so the slots of
 // a block run their rows apart: while one slot waits on its row's sum another's loads are in
 // flight. A block of one slot synchronizes as a block.
-__device__ __forceinline__ void norm_slot_sync(u32 tpr) {
-    if (tpr == blockDim.x)
+__device__ __forceinline__ void norm_slot_sync(u32 tpr, bool apart) {
+    if (!apart || tpr == blockDim.x)
         __syncthreads();
     else
         asm volatile("bar.sync %0, %1;" ::"r"(1 + threadIdx.x / tpr), "r"(tpr) : "memory");
@@ -72,13 +72,13 @@ __device__ __forceinline__ void norm_slot_sync(u32 tpr) {
 // the slot (warp sums in a fixed shuffle order, then the slot's warps in order; a slot of one
 // warp has its sum from the shuffles: 0 + v is v for a sum of squares). `red` holds one word per
 // warp. Every thread of the block calls it.
-__device__ __forceinline__ float norm_row_sum(float v, float* red, u32 tpr) {
+__device__ __forceinline__ float norm_row_sum(float v, float* red, u32 tpr, bool apart) {
     for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wpr = tpr >> 5;
     if (wpr == 1) return v;
-    norm_slot_sync(tpr);  // red is reused row after row
+    norm_slot_sync(tpr, apart);  // red is reused row after row
     if (lane == 0) red[warp] = v;
-    norm_slot_sync(tpr);
+    norm_slot_sync(tpr, apart);
     const u32 w0 = (threadIdx.x / tpr) * wpr;
     float s = 0.0f;
     for (u32 w = 0; w < wpr; w++) s = __fadd_rn(s, red[w0 + w]);
@@ -96,13 +96,13 @@ __device__ __forceinline__ float norm_inv(float total, u64 h, float eps) {
 }
 
 // The largest of one value per thread over each row slot, on every thread of the slot.
-__device__ __forceinline__ u32 norm_row_max(u32 v, u32* red, u32 tpr) {
+__device__ __forceinline__ u32 norm_row_max(u32 v, u32* red, u32 tpr, bool apart) {
     for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wpr = tpr >> 5;
     if (wpr == 1) return v;
-    norm_slot_sync(tpr);
+    norm_slot_sync(tpr, apart);
     if (lane == 0) red[warp] = v;
-    norm_slot_sync(tpr);
+    norm_slot_sync(tpr, apart);
     const u32 w0 = (threadIdx.x / tpr) * wpr;
     u32 m = 0;
     for (u32 w = 0; w < wpr; w++) m = max(m, red[w0 + w]);
@@ -220,6 +220,7 @@ __device__ __forceinline__ u32 norm_amax(u32 amax, const Vec& y) {
 // staged copy of the row at parity offset `par` of the direct-access staging, reduced in rank
 // order 0..n-1 (rule 5) with the plain all-reduce's fold (so the sum has its bits).
 struct SumFromBuffer {
+    static constexpr bool apart = false;  // fc_rmsnorm: blocks enough an SM
     const T* p;
     bool aligned;
     __device__ __forceinline__ void load(u64 i, Vec& s) const { fused_ld(p, i, aligned, s); }
@@ -227,6 +228,7 @@ struct SumFromBuffer {
 
 template <int V>
 struct SumFromStaging {
+    static constexpr bool apart = true;  // the fused forms: one block an SM
     const Args* a;
     u64 par;
     // The sums of vectors i[k] (element indices, where live[k]), every rank's loads of a pair of
@@ -355,6 +357,7 @@ __device__ __forceinline__ void lp_sum_records(const NormArgs& n, const u64* bas
 // stripe owner's alone), rounded to T.
 template <int V>
 struct SumFromRecords {
+    static constexpr bool apart = true;
     const NormArgs* n;
     const u64* base;  // the ranks' staging bases (Args.staging, or &staging[owner])
     u32 ranks;
@@ -507,7 +510,7 @@ __device__ void norm_row(const NormArgs& n, const Src& src, const Publish& pub, 
             if (pub.stage) *(uint4*)(pub.stage + pub.r_area + idx[k] * sizeof(T)) = r[k].u;
         }
     }
-    const float total = norm_row_sum(sq, red_f, tpr);
+    const float total = norm_row_sum(sq, red_f, tpr, Src::apart && (n.pad_ & 2));
     const float inv = norm_inv(total, h, n.eps);
     const bool row_scales = fp8 == NORM_FP8_ROW;
     u32 amax = 0;
@@ -539,7 +542,7 @@ __device__ void norm_row(const NormArgs& n, const Src& src, const Publish& pub, 
         }
     }
     if (!row_scales) return;
-    const float scale = lp_scale(norm_row_max(amax, red_u, tpr), LP_E4M3);
+    const float scale = lp_scale(norm_row_max(amax, red_u, tpr, Src::apart && (n.pad_ & 2)), LP_E4M3);
     const bool usable = norm_usable(scale);
     for (u64 c = 0; c < chunks; c++) {
 #pragma unroll
@@ -615,6 +618,17 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_rmsnorm(NormArgs n
         if (aligned) norm_rows_aligned<NORM_V>(n, red_f, red_u);
         else norm_rows_local<NORM_V, 0, NORM_FP8_RUNTIME>(n, red_f, red_u);
     }
+}
+#endif
+
+// fc_rmsnorm's common call (four vectors a thread, every pointer 16-byte aligned, no FP8 rows:
+// the host's choice) without the registers of the paths it does not take.
+#ifdef FC_GROUP_RMSNORM
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_rmsnorm4(NormArgs n) {
+    pdl_wait();
+    pdl_launch_dependents();
+    __shared__ float red_f[NORM_WARPS];
+    norm_rows_local<NORM_V, 1, NORM_FP8_OFF>(n, red_f, nullptr);
 }
 #endif
 
@@ -824,7 +838,7 @@ __device__ __forceinline__ void fused_stage_row(const NormArgs& n, u8* stage, u6
 // each by a lane of the slot. The peers' copies are not asked for: their home is their GPU's L2.
 __device__ __forceinline__ void fused_prefetch_row(const NormArgs& n, const u8* stage, u64 row,
                                                    bool live, bool aligned) {
-    if (!live) return;
+    if (!live || !(n.pad_ & 1)) return;
     const u32 lt = threadIdx.x % n.tpr;
     const u64 bytes = n.hidden * sizeof(T), off = row * bytes;
     if (stage && lt == 0) l2_prefetch(stage + off, bytes);
@@ -866,7 +880,7 @@ __device__ void fused_gather_row(const Args& a, const NormArgs& n, u64 par, u32 
         }
     }
     if (!row_scales) return;
-    const float scale = lp_scale(norm_row_max(amax, red_u, tpr), LP_E4M3);
+    const float scale = lp_scale(norm_row_max(amax, red_u, tpr, n.pad_ & 2), LP_E4M3);
     const bool usable = norm_usable(scale);
     if (!live) return;
     for (u64 v = lt; v < nv; v += tpr) {
@@ -878,16 +892,16 @@ __device__ void fused_gather_row(const Args& a, const NormArgs& n, u64 par, u32 
     if (lt == 0) ((float*)n.scales)[row] = scale;
 }
 
-#ifdef FC_GROUP_RMSNORM
-extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_flat(Args a, NormArgs n) {
-    pdl_wait_mark(a);
-    pdl_launch_dependents();
+// The one-shot's body. AL and FP8 as norm_row takes them; LP: whether the rows may cross as
+// records (n.lp_block).
+template <int AL, int FP8, bool LP>
+__device__ __forceinline__ void fused_flat(const Args& a, const NormArgs& n) {
     __shared__ float red_f[NORM_WARPS];
     __shared__ u32 red_u[NORM_WARPS];
     const u64 t0 = globaltimer();
     const u32 e = call_epoch(a);
     const u64 par = (u64)(e & 1) * a.staging_bytes;
-    const bool aligned = fused_aligned(n);
+    const bool aligned = AL == NORM_AL_RUNTIME ? fused_aligned(n) : AL == 1;
     const u64 steps = norm_steps(n, n.rows);
     u8* own = (u8*)(a.staging[a.rank] + par);
     Vec wv[NORM_V_STAGED];
@@ -895,12 +909,12 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_flat(Args a,
     if (pre) norm_load_weight<NORM_V_STAGED>(n, aligned, wv);
     for (u64 s = 0; s < steps; s++) {
         const u64 row = norm_slot_row(n, s);
-        if (n.lp_block)
+        if (LP && n.lp_block)
             lp_stage_row<NORM_V_STAGED>(n, own, row, row < n.rows, aligned);
         else
             fused_stage_row<NORM_V>(n, own, row, row < n.rows, aligned);
     }
-    const u8* ahead = n.lp_block ? nullptr : own;
+    const u8* ahead = LP && n.lp_block ? nullptr : own;
     fused_prefetch_row(n, ahead, norm_slot_row(n, 0), norm_slot_row(n, 0) < n.rows, aligned);
     const bool met = n.loopback ? (__syncthreads(), true) : block_barrier(a, 0, e, t0);
     if (!n.loopback) hello_send(a, a.sig, e, 0);  // after the barrier, met or not, as in flat
@@ -909,19 +923,35 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_flat(Args a,
         for (u64 s = 0; s < steps; s++) {
             const u64 row = norm_slot_row(n, s), next = norm_slot_row(n, s + 1);
             fused_prefetch_row(n, ahead, next, s + 1 < steps && next < n.rows, aligned);
-            if (n.lp_block) {
+            if (LP && n.lp_block) {
                 const SumFromRecords<NORM_V_STAGED> src{&n, a.staging, a.world, par};
-                norm_row<NORM_V_STAGED, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(
-                    n, src, none, row, row < n.rows, aligned, wv, pre, red_f, red_u);
+                norm_row<NORM_V_STAGED, AL, FP8>(n, src, none, row, row < n.rows, aligned, wv, pre,
+                                                 red_f, red_u);
             } else {
                 const SumFromStaging<NORM_V_STAGED> src{&a, par};
-                norm_row<NORM_V_STAGED, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(
-                    n, src, none, row, row < n.rows, aligned, wv, pre, red_f, red_u);
+                norm_row<NORM_V_STAGED, AL, FP8>(n, src, none, row, row < n.rows, aligned, wv, pre,
+                                                 red_f, red_u);
             }
         }
         if (!n.loopback) hello_check(a, a.sig, e, t0, 0, 9);
     }
     end_call(a, e);
+}
+
+#ifdef FC_GROUP_RMSNORM
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_flat(Args a, NormArgs n) {
+    pdl_wait_mark(a);
+    pdl_launch_dependents();
+    fused_flat<NORM_AL_RUNTIME, NORM_FP8_RUNTIME, true>(a, n);
+}
+
+// The common one-shot (every user pointer 16-byte aligned, no FP8 rows, full precision on the
+// wire: the host's choice, cuda/dda/fused_norm.rs) without the registers of the paths it does
+// not take; the same arithmetic, protocol and results as fc_fused_flat's.
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_flat_plain(Args a, NormArgs n) {
+    pdl_wait_mark(a);
+    pdl_launch_dependents();
+    fused_flat<1, NORM_FP8_OFF, false>(a, n);
 }
 #endif
 

@@ -37,13 +37,20 @@ const MAX_NORM_BLOCKS: usize = 65535;
 pub(crate) const WIDE_MAX_ROWS: usize = 1024;
 /// The norm's entry points: `fc_rmsnorm`, then the wide geometry's for 1, 2 and 4 vectors a
 /// thread (aligned buffers, no FP8 rows) and for every other call.
-const ENTRIES: [&str; 5] = [
+const ENTRIES: [&str; 6] = [
     "fc_rmsnorm",
     "fc_rmsnorm_wide1",
     "fc_rmsnorm_wide2",
     "fc_rmsnorm_wide4",
     "fc_rmsnorm_wide",
+    "fc_rmsnorm4",
 ];
+
+/// EXPERIMENT knob (FERROCOMM_RMSNORM_EXP bits: 1 prefetch, 2 slots apart, 4 flat plain, 8
+/// rmsnorm4).
+fn exp() -> u32 {
+    std::env::var("FERROCOMM_RMSNORM_EXP").ok().and_then(|v| v.parse().ok()).unwrap_or(0)
+}
 
 /// Threads per row for rows of `shape` whose threads hold `v` vectors each: the row's 16-byte
 /// vectors over `v`, in whole warps, 32 to 512. A row of at most `v * tpr` vectors stays in
@@ -177,9 +184,9 @@ impl NormArgs {
 
 /// The norm's entry points ([`ENTRIES`]) of `dtype` in the current context and the device's SM
 /// count, loaded once per context and dtype.
-fn functions(cfg: &Config, dtype: DataType) -> Result<([Function; 5], u32)> {
+fn functions(cfg: &Config, dtype: DataType) -> Result<([Function; 6], u32)> {
     /// (context, dtype) -> (the functions, the SM count).
-    type Loaded = HashMap<(usize, DataType), ([Function; 5], u32)>;
+    type Loaded = HashMap<(usize, DataType), ([Function; 6], u32)>;
     static FUNCS: Mutex<Option<Loaded>> = Mutex::new(None);
     let key = (result::ctx_get_current()?, dtype);
     let mut g = FUNCS.lock().unwrap_or_else(|e| e.into_inner());
@@ -209,7 +216,7 @@ fn functions(cfg: &Config, dtype: DataType) -> Result<([Function; 5], u32)> {
 /// `fc_rmsnorm`, the wide ones), whether launches use PDL, and the device's SM count.
 #[derive(Clone, Copy)]
 pub(crate) struct NormKernel {
-    pub(crate) f: [Function; 5],
+    pub(crate) f: [Function; 6],
     pub(crate) pdl: bool,
     pub(crate) sm_count: u32,
 }
@@ -231,9 +238,9 @@ impl NormKernel {
 }
 
 /// Every entry point of [`ENTRIES`], in its order, looked up by `func`.
-fn entry_points(mut func: impl FnMut(&str) -> Result<Function>) -> Result<[Function; 5]> {
-    let [a, b, c, d, e] = ENTRIES;
-    Ok([func(a)?, func(b)?, func(c)?, func(d)?, func(e)?])
+fn entry_points(mut func: impl FnMut(&str) -> Result<Function>) -> Result<[Function; 6]> {
+    let [a, b, c, d, e, f] = ENTRIES;
+    Ok([func(a)?, func(b)?, func(c)?, func(d)?, func(e)?, func(f)?])
 }
 
 /// Which entry point ([`ENTRIES`] index) runs a launch of `g` on the buffers of `args`:
@@ -241,9 +248,6 @@ fn entry_points(mut func: impl FnMut(&str) -> Result<Function>) -> Result<[Funct
 /// 16-byte accesses and no FP8 rows are written (that kernel assumes both), else
 /// `fc_rmsnorm_wide`.
 fn entry(g: Geometry, args: &NormArgs) -> usize {
-    if !g.wide {
-        return 0;
-    }
     let ptrs = [
         args.sum,
         args.residual,
@@ -251,7 +255,11 @@ fn entry(g: Geometry, args: &NormArgs) -> usize {
         args.out,
         args.residual_out,
     ];
-    if args.codes != 0 || ptrs.iter().any(|p| p % 16 != 0) {
+    let plain = args.codes == 0 && ptrs.iter().all(|p| p % 16 == 0);
+    if !g.wide {
+        return if plain && g.v == NORM_V && exp() & 8 != 0 { 5 } else { 0 };
+    }
+    if !plain {
         return 4;
     }
     match g.v {
@@ -567,7 +575,19 @@ pub(crate) fn run_fused(
         a.loopback(w as u32);
         n.loopback = 1;
     }
-    let f = dda.func(shape.dtype, name)?;
+    n.pad = exp();
+    let ptrs = [n.sum, n.residual, n.weight, n.out, n.residual_out];
+    let entry = if form == NormForm::FusedFlat
+        && codec.is_none()
+        && n.codes == 0
+        && ptrs.iter().all(|p| p % 16 == 0)
+        && n.pad & 4 != 0
+    {
+        "fc_fused_flat_plain"
+    } else {
+        name
+    };
+    let f = dda.func(shape.dtype, entry)?;
     let mut params: [*mut c_void; 2] = [
         (&mut a as *mut super::Args).cast(),
         (&mut n as *mut NormArgs).cast(),
