@@ -17,18 +17,19 @@
 // which every rank shares), so every rank computes every row alike: bit-identical results
 // everywhere.
 //
-// Geometry (NormArgs.tpr and, for fc_rmsnorm, NormArgs.v, chosen by the host from the shape,
-// cuda/dda/fused_norm.rs): a row is handled by `tpr` threads (whole warps, at most the block),
-// blockDim / tpr rows at a time per block. Thread t of a row holds the row's 16-byte vectors
-// t, t + tpr, ..., V of them per chunk (fc_rmsnorm: NormArgs.v, 1, 2 or 4, which the host sets
-// to 4; the wide entry points below: 1, 2 or 4; the fused forms NORM_V_STAGED, their sums
-// coming from every rank's staging); a row of at most V * tpr vectors
-// is one chunk and stays in registers from its loads to its last store: one read of each input
-// and one write of each output. A longer
-// row takes chunks and reads its own residual_out (and out, for per-row FP8 scales) back.
-// Every thread of a block runs the same row loop (the reductions synchronize the block); a
-// row slot past the last row loads and stores nothing. Calls of few rows run the wide entry
-// points instead (fc_rmsnorm_wide*, below: the row over up to 512 threads, in one chunk).
+// Geometry (NormArgs.tpr and, for the wide entry points, NormArgs.v, chosen by the host from the
+// shape, cuda/dda/fused_norm.rs): a row is handled by `tpr` threads (whole warps, at most the
+// block), blockDim / tpr rows at a time per block. Thread t of a row holds the row's 16-byte
+// vectors t, t + tpr, ..., V of them per chunk (fc_rmsnorm and fc_rmsnorm_plain: NORM_V; the
+// wide entry points below: 1, 2 or 4; the fused forms NORM_V_STAGED, their sums coming from
+// every rank's staging); a row of at most V * tpr vectors is one chunk and stays in registers
+// from its loads to its last store: one read of each input and one write of each output. A
+// longer row takes chunks and reads its own residual_out (and out, for per-row FP8 scales) back.
+// Every thread of a block runs the same row loop (a row's sum synchronizes its slot: the whole
+// block in fc_rmsnorm, whose blocks are many an SM, the slot alone in the fused forms, one
+// block an SM); a row slot past the last row loads and stores nothing. Calls of few rows run
+// the wide entry points instead (fc_rmsnorm_wide*, below: the row over up to 512 threads, in
+// one chunk).
 
 struct NormArgs {
     u64 sum;           // all-reduced rows (T), rows * hidden (fc_rmsnorm; the fused forms: x)
@@ -48,7 +49,7 @@ struct NormArgs {
     u32 lp_block;      // the fused forms: 0 full precision; else B of the block-scaled records
                        // the rows cross in (hidden a multiple of B, B / VEC_ELEMS <= 32)
     u32 lp_format;     // LP_E4M3 / LP_E5M2 / LP_INT8
-    u32 v;             // fc_rmsnorm: vectors a thread holds per chunk (1, 2 or 4; unaligned: 4)
+    u32 v;             // the wide entry points: vectors a thread holds (1, 2 or 4)
     u32 pad_;
 };
 
@@ -57,10 +58,12 @@ struct NormArgs {
 #define NORM_V 4         // vectors per thread per chunk, sums read from one buffer
 #define NORM_V_STAGED 2  // the same with every rank's staged copy to reduce (registers)
 
-// Synchronizes the threads of the calling row slot alone (`tpr` threads, two or more warps): a
-// named barrier per slot (1 + slot; a block has at most 8 slots of two warps), so the slots of
-// a block run their rows apart: while one slot waits on its row's sum another's loads are in
-// flight. A block of one slot synchronizes as a block.
+// Synchronizes the calling row slot (`tpr` threads, two or more warps). `apart` (the fused
+// forms, one block an SM): a named barrier per slot (1 + slot; a block has at most 8 slots of
+// two warps), so the slots of a block run their rows apart and one slot's loads are in flight
+// while another waits on its row's sum (two-shot 4096 x 16384 bf16 in loopback 2-3% faster,
+// bench/results/2026-12-04-h200-norm-knobs). Otherwise the block (fc_rmsnorm, whose many
+// blocks follow each other on an SM; a kernel naming barriers by a register is given all 16).
 __device__ __forceinline__ void norm_slot_sync(u32 tpr, bool apart) {
     if (!apart || tpr == blockDim.x)
         __syncthreads();
@@ -83,16 +86,6 @@ __device__ __forceinline__ float norm_row_sum(float v, float* red, u32 tpr, bool
     float s = 0.0f;
     for (u32 w = 0; w < wpr; w++) s = __fadd_rn(s, red[w0 + w]);
     return s;
-}
-
-// 1 / sqrt(total / h + eps), the host's arithmetic. total / h is a product where h is a power of
-// two (2^-k is exact and x * 2^-k is x / 2^k exactly, so the rounded results are the same bits),
-// one IEEE division fewer on the row's chain from its last load to its first store.
-__device__ __forceinline__ float norm_inv(float total, u64 h, float eps) {
-    const u32 k = (u32)__ffsll((long long)h) - 1;
-    const float mean = (h & (h - 1)) == 0 && k < 127 ? __fmul_rn(total, __uint_as_float((127u - k) << 23))
-                                                    : __fdiv_rn(total, (float)h);
-    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
 }
 
 // The largest of one value per thread over each row slot, on every thread of the slot.
@@ -510,8 +503,8 @@ __device__ void norm_row(const NormArgs& n, const Src& src, const Publish& pub, 
             if (pub.stage) *(uint4*)(pub.stage + pub.r_area + idx[k] * sizeof(T)) = r[k].u;
         }
     }
-    const float total = norm_row_sum(sq, red_f, tpr, Src::apart && (n.pad_ & 2));
-    const float inv = norm_inv(total, h, n.eps);
+    const float total = norm_row_sum(sq, red_f, tpr, Src::apart);
+    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)h), n.eps)));
     const bool row_scales = fp8 == NORM_FP8_ROW;
     u32 amax = 0;
     for (u64 c = 0; c < chunks; c++) {
@@ -542,7 +535,7 @@ __device__ void norm_row(const NormArgs& n, const Src& src, const Publish& pub, 
         }
     }
     if (!row_scales) return;
-    const float scale = lp_scale(norm_row_max(amax, red_u, tpr, Src::apart && (n.pad_ & 2)), LP_E4M3);
+    const float scale = lp_scale(norm_row_max(amax, red_u, tpr, Src::apart), LP_E4M3);
     const bool usable = norm_usable(scale);
     for (u64 c = 0; c < chunks; c++) {
 #pragma unroll
@@ -586,49 +579,29 @@ __device__ __forceinline__ void norm_rows_local(const NormArgs& n, float* red_f,
     }
 }
 
-// The aligned rows with V vectors a thread: FP8 off fixed, FP8 rows read at run time.
-template <int V>
-__device__ __forceinline__ void norm_rows_aligned(const NormArgs& n, float* red_f, u32* red_u) {
-    if (n.codes == 0)
-        norm_rows_local<V, 1, NORM_FP8_OFF>(n, red_f, red_u);
-    else
-        norm_rows_local<V, 1, NORM_FP8_RUNTIME>(n, red_f, red_u);
+// The residual add and norm of every row, four vectors a thread, the sums in n.sum (the
+// all-reduce ran before it, or a one-rank communicator's x itself). Reads and writes of an
+// element by the same thread, so out may be the sum (in place) and residual_out the residual.
+// fc_rmsnorm_plain runs the common call (every pointer 16-byte aligned, no FP8 rows: the host's
+// choice, cuda/dda/fused_norm.rs) without the registers of the other paths; fc_rmsnorm runs
+// every call (FP8 rows, buffers off 16 bytes, accessed element by element in the same order).
+#ifdef FC_GROUP_RMSNORM
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_rmsnorm_plain(NormArgs n) {
+    pdl_wait();
+    pdl_launch_dependents();
+    __shared__ float red_f[NORM_WARPS];
+    norm_rows_local<NORM_V, 1, NORM_FP8_OFF>(n, red_f, nullptr);
 }
 
-// The residual add and norm of every row, the sums in n.sum (the all-reduce ran before it, or
-// a one-rank communicator's x itself). Reads and writes of an element by the same thread, so
-// out may be the sum (in place) and residual_out the residual.
-#ifdef FC_GROUP_RMSNORM
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_rmsnorm(NormArgs n) {
     pdl_wait();
     pdl_launch_dependents();
     __shared__ float red_f[NORM_WARPS];
     __shared__ u32 red_u[NORM_WARPS];
-    // Vectors a thread (n.v: 1, 2 or 4, the host's choice with tpr, which fixes the order of a
-    // row's sum of squares, so unaligned buffers keep it too) and the common cases fixed at
-    // compile time.
-    const bool aligned = fused_aligned(n);
-    if (n.v == 1) {
-        if (aligned) norm_rows_aligned<1>(n, red_f, red_u);
-        else norm_rows_local<1, 0, NORM_FP8_RUNTIME>(n, red_f, red_u);
-    } else if (n.v == 2) {
-        if (aligned) norm_rows_aligned<2>(n, red_f, red_u);
-        else norm_rows_local<2, 0, NORM_FP8_RUNTIME>(n, red_f, red_u);
-    } else {
-        if (aligned) norm_rows_aligned<NORM_V>(n, red_f, red_u);
-        else norm_rows_local<NORM_V, 0, NORM_FP8_RUNTIME>(n, red_f, red_u);
-    }
-}
-#endif
-
-// fc_rmsnorm's common call (four vectors a thread, every pointer 16-byte aligned, no FP8 rows:
-// the host's choice) without the registers of the paths it does not take.
-#ifdef FC_GROUP_RMSNORM
-extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_rmsnorm4(NormArgs n) {
-    pdl_wait();
-    pdl_launch_dependents();
-    __shared__ float red_f[NORM_WARPS];
-    norm_rows_local<NORM_V, 1, NORM_FP8_OFF>(n, red_f, nullptr);
+    if (fused_aligned(n))
+        norm_rows_local<NORM_V, 1, NORM_FP8_RUNTIME>(n, red_f, red_u);
+    else
+        norm_rows_local<NORM_V, 0, NORM_FP8_RUNTIME>(n, red_f, red_u);
 }
 #endif
 
@@ -725,7 +698,7 @@ __device__ __forceinline__ void norm_wide(const NormArgs& n, float* red_f, u32* 
         fused_st(rout, base + col[k], aligned, s[k]);
     }
     const float total = norm_wide_sum(sq, red_f, slot, tpr >> 5);
-    const float inv = norm_inv(total, h, n.eps);
+    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)h), n.eps)));
     u32 amax = 0;
 #pragma unroll
     for (int k = 0; k < V; k++) {
@@ -838,7 +811,7 @@ __device__ __forceinline__ void fused_stage_row(const NormArgs& n, u8* stage, u6
 // each by a lane of the slot. The peers' copies are not asked for: their home is their GPU's L2.
 __device__ __forceinline__ void fused_prefetch_row(const NormArgs& n, const u8* stage, u64 row,
                                                    bool live, bool aligned) {
-    if (!live || !(n.pad_ & 1)) return;
+    if (!live) return;
     const u32 lt = threadIdx.x % n.tpr;
     const u64 bytes = n.hidden * sizeof(T), off = row * bytes;
     if (stage && lt == 0) l2_prefetch(stage + off, bytes);
@@ -880,7 +853,7 @@ __device__ void fused_gather_row(const Args& a, const NormArgs& n, u64 par, u32 
         }
     }
     if (!row_scales) return;
-    const float scale = lp_scale(norm_row_max(amax, red_u, tpr, n.pad_ & 2), LP_E4M3);
+    const float scale = lp_scale(norm_row_max(amax, red_u, tpr, true), LP_E4M3);
     const bool usable = norm_usable(scale);
     if (!live) return;
     for (u64 v = lt; v < nv; v += tpr) {

@@ -77,7 +77,7 @@ pub const LOWP_ENTRIES: [&str; 4] = [
 /// Entry points of rmsnorm.cu.
 pub const RMSNORM_ENTRIES: [&str; 9] = [
     "fc_rmsnorm",
-    "fc_rmsnorm4",
+    "fc_rmsnorm_plain",
     "fc_rmsnorm_wide1",
     "fc_rmsnorm_wide2",
     "fc_rmsnorm_wide4",
