@@ -17,18 +17,19 @@
 // which every rank shares), so every rank computes every row alike: bit-identical results
 // everywhere.
 //
-// Geometry (NormArgs.tpr and, for fc_rmsnorm, NormArgs.v, chosen by the host from the shape,
-// cuda/dda/fused_norm.rs): a row is handled by `tpr` threads (whole warps, at most the block),
-// blockDim / tpr rows at a time per block. Thread t of a row holds the row's 16-byte vectors
-// t, t + tpr, ..., V of them per chunk (fc_rmsnorm: NormArgs.v, 1, 2 or 4, which the host sets
-// to 4; the wide entry points below: 1, 2 or 4; the fused forms NORM_V_STAGED, their sums
-// coming from every rank's staging); a row of at most V * tpr vectors
-// is one chunk and stays in registers from its loads to its last store: one read of each input
-// and one write of each output. A longer
-// row takes chunks and reads its own residual_out (and out, for per-row FP8 scales) back.
-// Every thread of a block runs the same row loop (the reductions synchronize the block); a
-// row slot past the last row loads and stores nothing. Calls of few rows run the wide entry
-// points instead (fc_rmsnorm_wide*, below: the row over up to 512 threads, in one chunk).
+// Geometry (NormArgs.tpr and, for the wide entry points, NormArgs.v, chosen by the host from the
+// shape, cuda/dda/fused_norm.rs): a row is handled by `tpr` threads (whole warps, at most the
+// block), blockDim / tpr rows at a time per block. Thread t of a row holds the row's 16-byte
+// vectors t, t + tpr, ..., V of them per chunk (fc_rmsnorm and fc_rmsnorm_plain: NORM_V; the
+// wide entry points below: 1, 2 or 4; the fused forms NORM_V_STAGED, their sums coming from
+// every rank's staging); a row of at most V * tpr vectors is one chunk and stays in registers
+// from its loads to its last store: one read of each input and one write of each output. A
+// longer row takes chunks and reads its own residual_out (and out, for per-row FP8 scales) back.
+// Every thread of a block runs the same row loop (a row's sum synchronizes its slot: the whole
+// block in fc_rmsnorm, whose blocks are many an SM, the slot alone in the fused forms, one
+// block an SM); a row slot past the last row loads and stores nothing. Calls of few rows run
+// the wide entry points instead (fc_rmsnorm_wide*, below: the row over up to 512 threads, in
+// one chunk).
 
 struct NormArgs {
     u64 sum;           // all-reduced rows (T), rows * hidden (fc_rmsnorm; the fused forms: x)
@@ -48,7 +49,7 @@ struct NormArgs {
     u32 lp_block;      // the fused forms: 0 full precision; else B of the block-scaled records
                        // the rows cross in (hidden a multiple of B, B / VEC_ELEMS <= 32)
     u32 lp_format;     // LP_E4M3 / LP_E5M2 / LP_INT8
-    u32 v;             // fc_rmsnorm: vectors a thread holds per chunk (1, 2 or 4; unaligned: 4)
+    u32 v;             // the wide entry points: vectors a thread holds (1, 2 or 4)
     u32 pad_;
 };
 
@@ -57,15 +58,30 @@ struct NormArgs {
 #define NORM_V 4         // vectors per thread per chunk, sums read from one buffer
 #define NORM_V_STAGED 2  // the same with every rank's staged copy to reduce (registers)
 
+// Synchronizes the calling row slot (`tpr` threads, two or more warps). `apart` (the fused
+// forms, one block an SM): a named barrier per slot (1 + slot; a block has at most 8 slots of
+// two warps), so the slots of a block run their rows apart and one slot's loads are in flight
+// while another waits on its row's sum (two-shot 4096 x 16384 bf16 in loopback 2-3% faster,
+// bench/results/2026-12-04-h200-norm-knobs). Otherwise the block (fc_rmsnorm, whose many
+// blocks follow each other on an SM; a kernel naming barriers by a register is given all 16).
+__device__ __forceinline__ void norm_slot_sync(u32 tpr, bool apart) {
+    if (!apart || tpr == blockDim.x)
+        __syncthreads();
+    else
+        asm volatile("bar.sync %0, %1;" ::"r"(1 + threadIdx.x / tpr), "r"(tpr) : "memory");
+}
+
 // The sum over the `tpr` threads of each row slot of one value per thread, on every thread of
-// the slot (warp sums in a fixed shuffle order, then the slot's warps in order). `red` holds one
-// word per warp. Every thread of the block calls it.
-__device__ __forceinline__ float norm_row_sum(float v, float* red, u32 tpr) {
+// the slot (warp sums in a fixed shuffle order, then the slot's warps in order; a slot of one
+// warp has its sum from the shuffles: 0 + v is v for a sum of squares). `red` holds one word per
+// warp. Every thread of the block calls it.
+__device__ __forceinline__ float norm_row_sum(float v, float* red, u32 tpr, bool apart) {
     for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wpr = tpr >> 5;
-    __syncthreads();  // red is reused row after row
+    if (wpr == 1) return v;
+    norm_slot_sync(tpr, apart);  // red is reused row after row
     if (lane == 0) red[warp] = v;
-    __syncthreads();
+    norm_slot_sync(tpr, apart);
     const u32 w0 = (threadIdx.x / tpr) * wpr;
     float s = 0.0f;
     for (u32 w = 0; w < wpr; w++) s = __fadd_rn(s, red[w0 + w]);
@@ -73,16 +89,25 @@ __device__ __forceinline__ float norm_row_sum(float v, float* red, u32 tpr) {
 }
 
 // The largest of one value per thread over each row slot, on every thread of the slot.
-__device__ __forceinline__ u32 norm_row_max(u32 v, u32* red, u32 tpr) {
+__device__ __forceinline__ u32 norm_row_max(u32 v, u32* red, u32 tpr, bool apart) {
     for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wpr = tpr >> 5;
-    __syncthreads();
+    if (wpr == 1) return v;
+    norm_slot_sync(tpr, apart);
     if (lane == 0) red[warp] = v;
-    __syncthreads();
+    norm_slot_sync(tpr, apart);
     const u32 w0 = (threadIdx.x / tpr) * wpr;
     u32 m = 0;
     for (u32 w = 0; w < wpr; w++) m = max(m, red[w0 + w]);
     return m;
+}
+
+// Asks the L2 for `bytes` (a multiple of 16) at `p` (16-byte aligned) ahead of their loads: one
+// bulk prefetch (sm_90's cp.async.bulk; nothing below sm_90, where the loads simply wait).
+__device__ __forceinline__ void l2_prefetch(const void* p, u64 bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((u32)bytes) : "memory");
+#endif
 }
 
 // Vector i (VEC_ELEMS elements from element i) of a user buffer: one 16-byte access when every
@@ -188,6 +213,7 @@ __device__ __forceinline__ u32 norm_amax(u32 amax, const Vec& y) {
 // staged copy of the row at parity offset `par` of the direct-access staging, reduced in rank
 // order 0..n-1 (rule 5) with the plain all-reduce's fold (so the sum has its bits).
 struct SumFromBuffer {
+    static constexpr bool apart = false;  // fc_rmsnorm: blocks enough an SM
     const T* p;
     bool aligned;
     __device__ __forceinline__ void load(u64 i, Vec& s) const { fused_ld(p, i, aligned, s); }
@@ -195,6 +221,7 @@ struct SumFromBuffer {
 
 template <int V>
 struct SumFromStaging {
+    static constexpr bool apart = true;  // the fused forms: one block an SM
     const Args* a;
     u64 par;
     // The sums of vectors i[k] (element indices, where live[k]), every rank's loads of a pair of
@@ -323,6 +350,7 @@ __device__ __forceinline__ void lp_sum_records(const NormArgs& n, const u64* bas
 // stripe owner's alone), rounded to T.
 template <int V>
 struct SumFromRecords {
+    static constexpr bool apart = true;
     const NormArgs* n;
     const u64* base;  // the ranks' staging bases (Args.staging, or &staging[owner])
     u32 ranks;
@@ -475,7 +503,7 @@ __device__ void norm_row(const NormArgs& n, const Src& src, const Publish& pub, 
             if (pub.stage) *(uint4*)(pub.stage + pub.r_area + idx[k] * sizeof(T)) = r[k].u;
         }
     }
-    const float total = norm_row_sum(sq, red_f, tpr);
+    const float total = norm_row_sum(sq, red_f, tpr, Src::apart);
     const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)h), n.eps)));
     const bool row_scales = fp8 == NORM_FP8_ROW;
     u32 amax = 0;
@@ -507,7 +535,7 @@ __device__ void norm_row(const NormArgs& n, const Src& src, const Publish& pub, 
         }
     }
     if (!row_scales) return;
-    const float scale = lp_scale(norm_row_max(amax, red_u, tpr), LP_E4M3);
+    const float scale = lp_scale(norm_row_max(amax, red_u, tpr, Src::apart), LP_E4M3);
     const bool usable = norm_usable(scale);
     for (u64 c = 0; c < chunks; c++) {
 #pragma unroll
@@ -551,38 +579,29 @@ __device__ __forceinline__ void norm_rows_local(const NormArgs& n, float* red_f,
     }
 }
 
-// The aligned rows with V vectors a thread: FP8 off fixed, FP8 rows read at run time.
-template <int V>
-__device__ __forceinline__ void norm_rows_aligned(const NormArgs& n, float* red_f, u32* red_u) {
-    if (n.codes == 0)
-        norm_rows_local<V, 1, NORM_FP8_OFF>(n, red_f, red_u);
-    else
-        norm_rows_local<V, 1, NORM_FP8_RUNTIME>(n, red_f, red_u);
+// The residual add and norm of every row, four vectors a thread, the sums in n.sum (the
+// all-reduce ran before it, or a one-rank communicator's x itself). Reads and writes of an
+// element by the same thread, so out may be the sum (in place) and residual_out the residual.
+// fc_rmsnorm_plain runs the common call (every pointer 16-byte aligned, no FP8 rows: the host's
+// choice, cuda/dda/fused_norm.rs) without the registers of the other paths; fc_rmsnorm runs
+// every call (FP8 rows, buffers off 16 bytes, accessed element by element in the same order).
+#ifdef FC_GROUP_RMSNORM
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_rmsnorm_plain(NormArgs n) {
+    pdl_wait();
+    pdl_launch_dependents();
+    __shared__ float red_f[NORM_WARPS];
+    norm_rows_local<NORM_V, 1, NORM_FP8_OFF>(n, red_f, nullptr);
 }
 
-// The residual add and norm of every row, the sums in n.sum (the all-reduce ran before it, or
-// a one-rank communicator's x itself). Reads and writes of an element by the same thread, so
-// out may be the sum (in place) and residual_out the residual.
-#ifdef FC_GROUP_RMSNORM
 extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_rmsnorm(NormArgs n) {
     pdl_wait();
     pdl_launch_dependents();
     __shared__ float red_f[NORM_WARPS];
     __shared__ u32 red_u[NORM_WARPS];
-    // Vectors a thread (n.v: 1, 2 or 4, the host's choice with tpr, which fixes the order of a
-    // row's sum of squares, so unaligned buffers keep it too) and the common cases fixed at
-    // compile time.
-    const bool aligned = fused_aligned(n);
-    if (n.v == 1) {
-        if (aligned) norm_rows_aligned<1>(n, red_f, red_u);
-        else norm_rows_local<1, 0, NORM_FP8_RUNTIME>(n, red_f, red_u);
-    } else if (n.v == 2) {
-        if (aligned) norm_rows_aligned<2>(n, red_f, red_u);
-        else norm_rows_local<2, 0, NORM_FP8_RUNTIME>(n, red_f, red_u);
-    } else {
-        if (aligned) norm_rows_aligned<NORM_V>(n, red_f, red_u);
-        else norm_rows_local<NORM_V, 0, NORM_FP8_RUNTIME>(n, red_f, red_u);
-    }
+    if (fused_aligned(n))
+        norm_rows_local<NORM_V, 1, NORM_FP8_RUNTIME>(n, red_f, red_u);
+    else
+        norm_rows_local<NORM_V, 0, NORM_FP8_RUNTIME>(n, red_f, red_u);
 }
 #endif
 
@@ -785,6 +804,20 @@ __device__ __forceinline__ void fused_stage_row(const NormArgs& n, u8* stage, u6
     }
 }
 
+// The rows a slot reads at its next step, asked of the L2 while it works on this one (the fused
+// forms' slots wait on a row's sum once a row, one block an SM: without it their loads start
+// from DRAM after every wait): row `row` (live) of this rank's staged copy at `stage` (null: the
+// rows are records, not asked for) and of the residual (aligned buffers), one bulk prefetch
+// each by a lane of the slot. The peers' copies are not asked for: their home is their GPU's L2.
+__device__ __forceinline__ void fused_prefetch_row(const NormArgs& n, const u8* stage, u64 row,
+                                                   bool live, bool aligned) {
+    if (!live) return;
+    const u32 lt = threadIdx.x % n.tpr;
+    const u64 bytes = n.hidden * sizeof(T), off = row * bytes;
+    if (stage && lt == 0) l2_prefetch(stage + off, bytes);
+    if (aligned && lt == (n.tpr > 32 ? 32u : 0u)) l2_prefetch((const u8*)n.residual + off, bytes);
+}
+
 // Row `row` (live) of stripe owner k copied from k's staging (y and r, published by norm_row),
 // with its E4M3 codes computed from y. Every thread of the block calls it.
 template <int V>
@@ -820,7 +853,7 @@ __device__ void fused_gather_row(const Args& a, const NormArgs& n, u64 par, u32 
         }
     }
     if (!row_scales) return;
-    const float scale = lp_scale(norm_row_max(amax, red_u, tpr), LP_E4M3);
+    const float scale = lp_scale(norm_row_max(amax, red_u, tpr, true), LP_E4M3);
     const bool usable = norm_usable(scale);
     if (!live) return;
     for (u64 v = lt; v < nv; v += tpr) {
@@ -832,16 +865,16 @@ __device__ void fused_gather_row(const Args& a, const NormArgs& n, u64 par, u32 
     if (lt == 0) ((float*)n.scales)[row] = scale;
 }
 
-#ifdef FC_GROUP_RMSNORM
-extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_flat(Args a, NormArgs n) {
-    pdl_wait_mark(a);
-    pdl_launch_dependents();
+// The one-shot's body. AL and FP8 as norm_row takes them; LP: whether the rows may cross as
+// records (n.lp_block).
+template <int AL, int FP8, bool LP>
+__device__ __forceinline__ void fused_flat(const Args& a, const NormArgs& n) {
     __shared__ float red_f[NORM_WARPS];
     __shared__ u32 red_u[NORM_WARPS];
     const u64 t0 = globaltimer();
     const u32 e = call_epoch(a);
     const u64 par = (u64)(e & 1) * a.staging_bytes;
-    const bool aligned = fused_aligned(n);
+    const bool aligned = AL == NORM_AL_RUNTIME ? fused_aligned(n) : AL == 1;
     const u64 steps = norm_steps(n, n.rows);
     u8* own = (u8*)(a.staging[a.rank] + par);
     Vec wv[NORM_V_STAGED];
@@ -849,30 +882,49 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_flat(Args a,
     if (pre) norm_load_weight<NORM_V_STAGED>(n, aligned, wv);
     for (u64 s = 0; s < steps; s++) {
         const u64 row = norm_slot_row(n, s);
-        if (n.lp_block)
+        if (LP && n.lp_block)
             lp_stage_row<NORM_V_STAGED>(n, own, row, row < n.rows, aligned);
         else
             fused_stage_row<NORM_V>(n, own, row, row < n.rows, aligned);
     }
+    const u8* ahead = LP && n.lp_block ? nullptr : own;
+    fused_prefetch_row(n, ahead, norm_slot_row(n, 0), norm_slot_row(n, 0) < n.rows, aligned);
     const bool met = n.loopback ? (__syncthreads(), true) : block_barrier(a, 0, e, t0);
     if (!n.loopback) hello_send(a, a.sig, e, 0);  // after the barrier, met or not, as in flat
     if (met) {
         const Publish none{nullptr, 0};
         for (u64 s = 0; s < steps; s++) {
-            const u64 row = norm_slot_row(n, s);
-            if (n.lp_block) {
+            const u64 row = norm_slot_row(n, s), next = norm_slot_row(n, s + 1);
+            fused_prefetch_row(n, ahead, next, s + 1 < steps && next < n.rows, aligned);
+            if (LP && n.lp_block) {
                 const SumFromRecords<NORM_V_STAGED> src{&n, a.staging, a.world, par};
-                norm_row<NORM_V_STAGED, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(
-                    n, src, none, row, row < n.rows, aligned, wv, pre, red_f, red_u);
+                norm_row<NORM_V_STAGED, AL, FP8>(n, src, none, row, row < n.rows, aligned, wv, pre,
+                                                 red_f, red_u);
             } else {
                 const SumFromStaging<NORM_V_STAGED> src{&a, par};
-                norm_row<NORM_V_STAGED, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(
-                    n, src, none, row, row < n.rows, aligned, wv, pre, red_f, red_u);
+                norm_row<NORM_V_STAGED, AL, FP8>(n, src, none, row, row < n.rows, aligned, wv, pre,
+                                                 red_f, red_u);
             }
         }
         if (!n.loopback) hello_check(a, a.sig, e, t0, 0, 9);
     }
     end_call(a, e);
+}
+
+#ifdef FC_GROUP_RMSNORM
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_flat(Args a, NormArgs n) {
+    pdl_wait_mark(a);
+    pdl_launch_dependents();
+    fused_flat<NORM_AL_RUNTIME, NORM_FP8_RUNTIME, true>(a, n);
+}
+
+// The common one-shot (every user pointer 16-byte aligned, no FP8 rows, full precision on the
+// wire: the host's choice, cuda/dda/fused_norm.rs) without the registers of the paths it does
+// not take; the same arithmetic, protocol and results as fc_fused_flat's.
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_flat_plain(Args a, NormArgs n) {
+    pdl_wait_mark(a);
+    pdl_launch_dependents();
+    fused_flat<1, NORM_FP8_OFF, false>(a, n);
 }
 #endif
 
@@ -951,6 +1003,8 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_tree(Args a,
             fused_stage_row<NORM_V>(n, own, k * srows + o, o < srows && k * srows + o < n.rows,
                                     aligned);
         }
+    const u64 o0 = norm_slot_row(n, 0), row0 = a.rank * srows + o0;  // the slot's first row
+    fused_prefetch_row(n, own, row0, o0 < srows && row0 < n.rows, aligned);
     bool ok = n.loopback ? (__syncthreads(), true) : block_barrier(a, 0, e, t0);
     if (!n.loopback) hello_send(a, a.sig, e, 0);  // after the barrier, met or not, as in tree
     const bool hello = ok && !n.loopback;
@@ -958,8 +1012,9 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_tree(Args a,
         const SumFromStaging<NORM_V_STAGED> src{&a, par};
         const Publish pub{own, n.rows * n.hidden * sizeof(T)};
         for (u64 s = 0; s < steps; s++) {
-            const u64 o = norm_slot_row(n, s);
-            const u64 row = a.rank * srows + o;
+            const u64 o = norm_slot_row(n, s), row = a.rank * srows + o;
+            const u64 o1 = norm_slot_row(n, s + 1), next = a.rank * srows + o1;
+            fused_prefetch_row(n, own, next, s + 1 < steps && o1 < srows && next < n.rows, aligned);
             norm_row<NORM_V_STAGED, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(
                     n, src, pub, row, o < srows && row < n.rows, aligned, wv, pre, red_f, red_u);
         }

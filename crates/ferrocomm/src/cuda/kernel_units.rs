@@ -75,13 +75,15 @@ pub const LOWP_ENTRIES: [&str; 4] = [
     "fc_lp_tree",
 ];
 /// Entry points of rmsnorm.cu.
-pub const RMSNORM_ENTRIES: [&str; 7] = [
+pub const RMSNORM_ENTRIES: [&str; 9] = [
     "fc_rmsnorm",
+    "fc_rmsnorm_plain",
     "fc_rmsnorm_wide1",
     "fc_rmsnorm_wide2",
     "fc_rmsnorm_wide4",
     "fc_rmsnorm_wide",
     "fc_fused_flat",
+    "fc_fused_flat_plain",
     "fc_fused_tree",
 ];
 /// Entry points of window.cu (byte kernels, `(WinArgs)`).

@@ -35,14 +35,19 @@ const MAX_NORM_BLOCKS: usize = 65535;
 /// 1.45 times torch.compile's time with four vectors a thread, from 2,048 rows at 0.91 to 1.01
 /// (bench/results/2026-12-03-h200-norm).
 pub(crate) const WIDE_MAX_ROWS: usize = 1024;
-/// The norm's entry points: `fc_rmsnorm`, then the wide geometry's for 1, 2 and 4 vectors a
-/// thread (aligned buffers, no FP8 rows) and for every other call.
-const ENTRIES: [&str; 5] = [
+/// The norm's entry points: `fc_rmsnorm` (four vectors a thread, every call), the wide
+/// geometry's for 1, 2 and 4 vectors a thread (aligned buffers, no FP8 rows) and for every other
+/// call, then `fc_rmsnorm_plain` (four vectors a thread, aligned buffers, no FP8 rows: without
+/// the registers of the other paths, 128 registers and no spill where `fc_rmsnorm` spills 144
+/// bytes; world 1 at 4,096 and more rows of bf16 0.95-0.97 of torch.compile's time where
+/// `fc_rmsnorm` took 1.0-1.08, bench/results/2026-12-04-h200-norm-knobs).
+const ENTRIES: [&str; 6] = [
     "fc_rmsnorm",
     "fc_rmsnorm_wide1",
     "fc_rmsnorm_wide2",
     "fc_rmsnorm_wide4",
     "fc_rmsnorm_wide",
+    "fc_rmsnorm_plain",
 ];
 
 /// Threads per row for rows of `shape` whose threads hold `v` vectors each: the row's 16-byte
@@ -167,9 +172,9 @@ impl NormArgs {
 
 /// The norm's entry points ([`ENTRIES`]) of `dtype` in the current context and the device's SM
 /// count, loaded once per context and dtype.
-fn functions(cfg: &Config, dtype: DataType) -> Result<([Function; 5], u32)> {
+fn functions(cfg: &Config, dtype: DataType) -> Result<([Function; 6], u32)> {
     /// (context, dtype) -> (the functions, the SM count).
-    type Loaded = HashMap<(usize, DataType), ([Function; 5], u32)>;
+    type Loaded = HashMap<(usize, DataType), ([Function; 6], u32)>;
     static FUNCS: Mutex<Option<Loaded>> = Mutex::new(None);
     let key = (result::ctx_get_current()?, dtype);
     let mut g = FUNCS.lock().unwrap_or_else(|e| e.into_inner());
@@ -199,7 +204,7 @@ fn functions(cfg: &Config, dtype: DataType) -> Result<([Function; 5], u32)> {
 /// `fc_rmsnorm`, the wide ones), whether launches use PDL, and the device's SM count.
 #[derive(Clone, Copy)]
 pub(crate) struct NormKernel {
-    pub(crate) f: [Function; 5],
+    pub(crate) f: [Function; 6],
     pub(crate) pdl: bool,
     pub(crate) sm_count: u32,
 }
@@ -221,19 +226,16 @@ impl NormKernel {
 }
 
 /// Every entry point of [`ENTRIES`], in its order, looked up by `func`.
-fn entry_points(mut func: impl FnMut(&str) -> Result<Function>) -> Result<[Function; 5]> {
-    let [a, b, c, d, e] = ENTRIES;
-    Ok([func(a)?, func(b)?, func(c)?, func(d)?, func(e)?])
+fn entry_points(mut func: impl FnMut(&str) -> Result<Function>) -> Result<[Function; 6]> {
+    let [a, b, c, d, e, f] = ENTRIES;
+    Ok([func(a)?, func(b)?, func(c)?, func(d)?, func(e)?, func(f)?])
 }
 
-/// Which entry point ([`ENTRIES`] index) runs a launch of `g` on the buffers of `args`:
-/// `fc_rmsnorm`, or for the wide geometry the one of its vector count when every buffer allows
-/// 16-byte accesses and no FP8 rows are written (that kernel assumes both), else
-/// `fc_rmsnorm_wide`.
+/// Which entry point ([`ENTRIES`] index) runs a launch of `g` on the buffers of `args`: where
+/// every buffer allows 16-byte accesses and no FP8 rows are written, the one for the geometry's
+/// vector count (`fc_rmsnorm_plain` for `fc_rmsnorm`'s four, the wide ones'), which assume
+/// both; else `fc_rmsnorm` or `fc_rmsnorm_wide`.
 fn entry(g: Geometry, args: &NormArgs) -> usize {
-    if !g.wide {
-        return 0;
-    }
     let ptrs = [
         args.sum,
         args.residual,
@@ -241,8 +243,12 @@ fn entry(g: Geometry, args: &NormArgs) -> usize {
         args.out,
         args.residual_out,
     ];
-    if args.codes != 0 || ptrs.iter().any(|p| p % 16 != 0) {
-        return 4;
+    let plain = args.codes == 0 && ptrs.iter().all(|p| p % 16 == 0);
+    match (g.wide, plain) {
+        (false, true) => return 5,
+        (false, false) => return 0,
+        (true, false) => return 4,
+        (true, true) => {}
     }
     match g.v {
         1 => 1,
@@ -349,6 +355,26 @@ pub(crate) fn run_local(
     }
     let args = NormArgs::new(&call, call.x.address(&call.out), &shape, 0);
     launch_norm(kernel, args, &shape, opts.stream, wide_max_rows(cfg))
+}
+
+/// The entry point of a one-launch call of `form` with the arguments `n`: the one-shot's common
+/// call (every user buffer 16-byte aligned, no FP8 rows, full precision on the wire) runs
+/// `fc_fused_flat_plain`, the same protocol and arithmetic without the registers of the paths
+/// it does not take (no spill where `fc_fused_flat` spills 72 bytes; in loopback on one H200,
+/// bf16 4096 x 4096: 102 -> 76 µs with the prefetch, bench/results/2026-12-04-h200-norm-knobs).
+/// Ranks may differ here (one rank's buffers aligned, another's not): both kernels give the same
+/// bits and meet on the same flags, and the call's signature names the form, not the entry.
+fn fused_entry(form: NormForm, n: &NormArgs) -> &'static str {
+    let ptrs = [n.sum, n.residual, n.weight, n.out, n.residual_out];
+    match form {
+        NormForm::FusedFlat
+            if n.lp_block == 0 && n.codes == 0 && ptrs.iter().all(|p| p % 16 == 0) =>
+        {
+            "fc_fused_flat_plain"
+        }
+        NormForm::FusedFlat => "fc_fused_flat",
+        _ => "fc_fused_tree",
+    }
 }
 
 /// Grid and block of a one-launch call: rows of [`threads_per_row`]'s threads (one-shot: every
@@ -498,12 +524,13 @@ pub(crate) fn run_fused(
         a.loopback(w as u32);
         n.loopback = 1;
     }
-    let f = dda.func(shape.dtype, name)?;
+    let f = dda.func(shape.dtype, fused_entry(form, &n))?;
     let mut params: [*mut c_void; 2] = [
         (&mut a as *mut super::Args).cast(),
         (&mut n as *mut NormArgs).cast(),
     ];
-    // SAFETY: `f` is fc_fused_flat / fc_fused_tree of this dtype in the current context,
+    // SAFETY: `f` is fc_fused_flat (or its plain entry, for aligned buffers, no FP8 rows and no
+    // codec: fused_entry) / fc_fused_tree of this dtype in the current context,
     // taking one Args and one NormArgs by value (layouts checked against the source in the
     // tests); every pointer in them is memory of this device (check_buffers) holding the sizes
     // the call's check verified, the staging holds the rows (the planner's condition); the
@@ -715,9 +742,10 @@ mod tests {
         assert_eq!(names(wide(1), &aligned), "fc_rmsnorm_wide1");
         assert_eq!(names(wide(2), &aligned), "fc_rmsnorm_wide2");
         assert_eq!(names(wide(4), &aligned), "fc_rmsnorm_wide4");
-        assert_eq!(names(four, &aligned), "fc_rmsnorm");
-        // FP8 rows, or any buffer off 16 bytes: the wide kernel that handles every call.
+        assert_eq!(names(four, &aligned), "fc_rmsnorm_plain");
+        // FP8 rows, or any buffer off 16 bytes: the kernels that handle every call.
         assert_eq!(names(wide(1), &args(1 << 20, 1 << 21)), "fc_rmsnorm_wide");
+        assert_eq!(names(four, &args(1 << 20, 1 << 21)), "fc_rmsnorm");
         for field in 0..5 {
             let mut a = aligned;
             let p = [
@@ -730,6 +758,40 @@ mod tests {
             *p.into_iter().nth(field).unwrap() += 2;
             assert_eq!(names(wide(1), &a), "fc_rmsnorm_wide", "buffer {field}");
             assert_eq!(names(four, &a), "fc_rmsnorm", "buffer {field}");
+        }
+    }
+
+    #[test]
+    fn the_plain_one_shot_takes_aligned_full_precision_rows_without_fp8() {
+        let aligned = args(1 << 20, 0);
+        assert_eq!(
+            fused_entry(NormForm::FusedFlat, &aligned),
+            "fc_fused_flat_plain"
+        );
+        assert_eq!(fused_entry(NormForm::FusedTree, &aligned), "fc_fused_tree");
+        let fp8 = args(1 << 20, 1 << 21);
+        assert_eq!(fused_entry(NormForm::FusedFlat, &fp8), "fc_fused_flat");
+        let mut lp = aligned;
+        lp.lp_block = 128;
+        assert_eq!(fused_entry(NormForm::FusedFlat, &lp), "fc_fused_flat");
+        for field in 0..5 {
+            let mut a = aligned;
+            let p = [
+                &mut a.sum,
+                &mut a.residual,
+                &mut a.weight,
+                &mut a.out,
+                &mut a.residual_out,
+            ];
+            *p.into_iter().nth(field).unwrap() += 8;
+            assert_eq!(
+                fused_entry(NormForm::FusedFlat, &a),
+                "fc_fused_flat",
+                "{field}"
+            );
+        }
+        for e in ["fc_fused_flat_plain", "fc_fused_flat", "fc_fused_tree"] {
+            assert!(kernels::RMSNORM_ENTRIES.contains(&e), "{e:?}");
         }
     }
 
