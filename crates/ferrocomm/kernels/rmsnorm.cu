@@ -819,16 +819,18 @@ __device__ __forceinline__ void fused_prefetch_row(const NormArgs& n, const u8* 
 }
 
 // Row `row` (live) of stripe owner k copied from k's staging (y and r, published by norm_row),
-// with its E4M3 codes computed from y. Every thread of the block calls it.
-template <int V>
+// with its E4M3 codes computed from y (FP8: NORM_FP8_OFF, or NORM_FP8_RUNTIME: n.codes says).
+// Every thread of the block calls it.
+template <int V, int FP8>
 __device__ void fused_gather_row(const Args& a, const NormArgs& n, u64 par, u32 k, u64 row,
                                  bool live, bool aligned, u32* red_u) {
     const u32 tpr = n.tpr, lt = threadIdx.x % tpr;
     const u64 h = n.hidden, nv = h / VEC_ELEMS, base = row * h;
     const u64 r_area = n.rows * h * sizeof(T);
     const u8* stage = (const u8*)(a.staging[k] + par);
-    const float given = norm_given_scale(n);
-    const bool row_scales = n.codes != 0 && !n.fp8_given;
+    const bool fp8 = FP8 != NORM_FP8_OFF && n.codes != 0;
+    const float given = fp8 ? norm_given_scale(n) : 0.0f;
+    const bool row_scales = fp8 && !n.fp8_given;
     u32 amax = 0;
     for (u64 v0 = lt; v0 < nv; v0 += (u64)V * tpr) {
         Vec y[V], r[V];
@@ -849,7 +851,7 @@ __device__ void fused_gather_row(const Args& a, const NormArgs& n, u64 par, u32 
             fused_st((T*)n.out, i, aligned, y[j]);
             fused_st((T*)n.residual_out, i, aligned, r[j]);
             if (row_scales) amax = norm_amax(amax, y[j]);
-            if (n.codes != 0 && n.fp8_given) norm_store_codes(n, i, aligned, y[j], given, norm_usable(given));
+            if (fp8 && n.fp8_given) norm_store_codes(n, i, aligned, y[j], given, norm_usable(given));
         }
     }
     if (!row_scales) return;
@@ -975,17 +977,16 @@ __device__ void fused_tree_lp(const Args& a, const NormArgs& n, u32 e, u64 t0, u
     if (hello) hello_check(a, a.sig, e, t0, 0, 9);
 }
 
-#ifdef FC_GROUP_RMSNORM
-extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_tree(Args a, NormArgs n) {
-    pdl_wait_mark(a);
-    pdl_launch_dependents();
+// The two-shot's body, AL, FP8 and LP as fused_flat's.
+template <int AL, int FP8, bool LP>
+__device__ __forceinline__ void fused_tree(const Args& a, const NormArgs& n) {
     __shared__ float red_f[NORM_WARPS];
     __shared__ u32 red_u[NORM_WARPS];
     const u64 t0 = globaltimer();
     const u32 e = call_epoch(a);
     const u64 par = (u64)(e & 1) * a.staging_bytes;
-    const bool aligned = fused_aligned(n);
-    if (n.lp_block) {
+    const bool aligned = AL == NORM_AL_RUNTIME ? fused_aligned(n) : AL == 1;
+    if (LP && n.lp_block) {
         fused_tree_lp(a, n, e, t0, par, aligned, red_f, red_u);
         end_call(a, e);
         return;
@@ -1015,8 +1016,8 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_tree(Args a,
             const u64 o = norm_slot_row(n, s), row = a.rank * srows + o;
             const u64 o1 = norm_slot_row(n, s + 1), next = a.rank * srows + o1;
             fused_prefetch_row(n, own, next, s + 1 < steps && o1 < srows && next < n.rows, aligned);
-            norm_row<NORM_V_STAGED, NORM_AL_RUNTIME, NORM_FP8_RUNTIME>(
-                    n, src, pub, row, o < srows && row < n.rows, aligned, wv, pre, red_f, red_u);
+            norm_row<NORM_V_STAGED, AL, FP8>(n, src, pub, row, o < srows && row < n.rows, aligned,
+                                             wv, pre, red_f, red_u);
         }
         // release: the peers copy the y and r rows published above after seeing this flag.
         ok = n.loopback ? (__syncthreads(), true) : block_barrier(a, 1, e, t0);
@@ -1027,12 +1028,27 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_tree(Args a,
             for (u64 s = 0; s < steps; s++) {
                 const u64 o = norm_slot_row(n, s);
                 const u64 row = k * srows + o;
-                fused_gather_row<NORM_V_STAGED>(a, n, par, k, row, o < srows && row < n.rows,
+                fused_gather_row<NORM_V_STAGED, FP8>(a, n, par, k, row, o < srows && row < n.rows,
                                                 aligned, red_u);
             }
         }
     }
     if (hello) hello_check(a, a.sig, e, t0, 0, 9);
     end_call(a, e);
+}
+
+#ifdef FC_GROUP_RMSNORM
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_tree(Args a, NormArgs n) {
+    pdl_wait_mark(a);
+    pdl_launch_dependents();
+    fused_tree<NORM_AL_RUNTIME, NORM_FP8_RUNTIME, true>(a, n);
+}
+
+// The common two-shot (as fc_fused_flat_plain: the host's choice) without the other paths'
+// registers; the same arithmetic, protocol and results as fc_fused_tree's.
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) fc_fused_tree_plain(Args a, NormArgs n) {
+    pdl_wait_mark(a);
+    pdl_launch_dependents();
+    fused_tree<1, NORM_FP8_OFF, false>(a, n);
 }
 #endif

@@ -75,7 +75,7 @@ pub const LOWP_ENTRIES: [&str; 4] = [
     "fc_lp_tree",
 ];
 /// Entry points of rmsnorm.cu.
-pub const RMSNORM_ENTRIES: [&str; 9] = [
+pub const RMSNORM_ENTRIES: [&str; 10] = [
     "fc_rmsnorm",
     "fc_rmsnorm_plain",
     "fc_rmsnorm_wide1",
@@ -85,6 +85,7 @@ pub const RMSNORM_ENTRIES: [&str; 9] = [
     "fc_fused_flat",
     "fc_fused_flat_plain",
     "fc_fused_tree",
+    "fc_fused_tree_plain",
 ];
 /// Entry points of window.cu (byte kernels, `(WinArgs)`).
 pub const WINDOW_ENTRIES: [&str; 3] = ["fc_win_put", "fc_win_signal", "fc_win_wait"];

@@ -366,14 +366,12 @@ pub(crate) fn run_local(
 /// bits and meet on the same flags, and the call's signature names the form, not the entry.
 fn fused_entry(form: NormForm, n: &NormArgs) -> &'static str {
     let ptrs = [n.sum, n.residual, n.weight, n.out, n.residual_out];
-    match form {
-        NormForm::FusedFlat
-            if n.lp_block == 0 && n.codes == 0 && ptrs.iter().all(|p| p % 16 == 0) =>
-        {
-            "fc_fused_flat_plain"
-        }
-        NormForm::FusedFlat => "fc_fused_flat",
-        _ => "fc_fused_tree",
+    let plain = n.lp_block == 0 && n.codes == 0 && ptrs.iter().all(|p| p % 16 == 0);
+    match (form, plain) {
+        (NormForm::FusedFlat, true) => "fc_fused_flat_plain",
+        (NormForm::FusedFlat, false) => "fc_fused_flat",
+        (_, true) => "fc_fused_tree_plain",
+        (_, false) => "fc_fused_tree",
     }
 }
 
@@ -762,18 +760,23 @@ mod tests {
     }
 
     #[test]
-    fn the_plain_one_shot_takes_aligned_full_precision_rows_without_fp8() {
+    fn the_plain_fused_entries_take_aligned_full_precision_rows_without_fp8() {
         let aligned = args(1 << 20, 0);
         assert_eq!(
             fused_entry(NormForm::FusedFlat, &aligned),
             "fc_fused_flat_plain"
         );
-        assert_eq!(fused_entry(NormForm::FusedTree, &aligned), "fc_fused_tree");
+        assert_eq!(
+            fused_entry(NormForm::FusedTree, &aligned),
+            "fc_fused_tree_plain"
+        );
         let fp8 = args(1 << 20, 1 << 21);
         assert_eq!(fused_entry(NormForm::FusedFlat, &fp8), "fc_fused_flat");
+        assert_eq!(fused_entry(NormForm::FusedTree, &fp8), "fc_fused_tree");
         let mut lp = aligned;
         lp.lp_block = 128;
         assert_eq!(fused_entry(NormForm::FusedFlat, &lp), "fc_fused_flat");
+        assert_eq!(fused_entry(NormForm::FusedTree, &lp), "fc_fused_tree");
         for field in 0..5 {
             let mut a = aligned;
             let p = [
@@ -789,8 +792,18 @@ mod tests {
                 "fc_fused_flat",
                 "{field}"
             );
+            assert_eq!(
+                fused_entry(NormForm::FusedTree, &a),
+                "fc_fused_tree",
+                "{field}"
+            );
         }
-        for e in ["fc_fused_flat_plain", "fc_fused_flat", "fc_fused_tree"] {
+        for e in [
+            "fc_fused_flat_plain",
+            "fc_fused_flat",
+            "fc_fused_tree_plain",
+            "fc_fused_tree",
+        ] {
             assert!(kernels::RMSNORM_ENTRIES.contains(&e), "{e:?}");
         }
     }
