@@ -809,6 +809,9 @@ __device__ __forceinline__ void fused_stage_row(const NormArgs& n, u8* stage, u6
 // from DRAM after every wait): row `row` (live) of this rank's staged copy at `stage` (null: the
 // rows are records, not asked for) and of the residual (aligned buffers), one bulk prefetch
 // each by a lane of the slot. The peers' copies are not asked for: their home is their GPU's L2.
+// Only where a slot takes more than one step: a call of one step a slot ran 0.3-0.5 µs slower
+// with it (two-shot bf16 4096 x 1 to 1,024 rows in loopback on one H200), one of many steps
+// 4-6% faster (2,048 to 16,384 rows; bench/results/2026-12-04-h200-norm-tree).
 __device__ __forceinline__ void fused_prefetch_row(const NormArgs& n, const u8* stage, u64 row,
                                                    bool live, bool aligned) {
     if (!live) return;
@@ -890,7 +893,8 @@ __device__ __forceinline__ void fused_flat(const Args& a, const NormArgs& n) {
             fused_stage_row<NORM_V>(n, own, row, row < n.rows, aligned);
     }
     const u8* ahead = LP && n.lp_block ? nullptr : own;
-    fused_prefetch_row(n, ahead, norm_slot_row(n, 0), norm_slot_row(n, 0) < n.rows, aligned);
+    fused_prefetch_row(n, ahead, norm_slot_row(n, 0), steps > 1 && norm_slot_row(n, 0) < n.rows,
+                       aligned);
     const bool met = n.loopback ? (__syncthreads(), true) : block_barrier(a, 0, e, t0);
     if (!n.loopback) hello_send(a, a.sig, e, 0);  // after the barrier, met or not, as in flat
     if (met) {
@@ -1005,7 +1009,7 @@ __device__ __forceinline__ void fused_tree(const Args& a, const NormArgs& n) {
                                     aligned);
         }
     const u64 o0 = norm_slot_row(n, 0), row0 = a.rank * srows + o0;  // the slot's first row
-    fused_prefetch_row(n, own, row0, o0 < srows && row0 < n.rows, aligned);
+    fused_prefetch_row(n, own, row0, steps > 1 && o0 < srows && row0 < n.rows, aligned);
     bool ok = n.loopback ? (__syncthreads(), true) : block_barrier(a, 0, e, t0);
     if (!n.loopback) hello_send(a, a.sig, e, 0);  // after the barrier, met or not, as in tree
     const bool hello = ok && !n.loopback;

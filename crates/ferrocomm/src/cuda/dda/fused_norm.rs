@@ -357,13 +357,14 @@ pub(crate) fn run_local(
     launch_norm(kernel, args, &shape, opts.stream, wide_max_rows(cfg))
 }
 
-/// The entry point of a one-launch call of `form` with the arguments `n`: the one-shot's common
-/// call (every user buffer 16-byte aligned, no FP8 rows, full precision on the wire) runs
-/// `fc_fused_flat_plain`, the same protocol and arithmetic without the registers of the paths
-/// it does not take (no spill where `fc_fused_flat` spills 72 bytes; in loopback on one H200,
-/// bf16 4096 x 4096: 102 -> 76 µs with the prefetch, bench/results/2026-12-04-h200-norm-knobs).
-/// Ranks may differ here (one rank's buffers aligned, another's not): both kernels give the same
-/// bits and meet on the same flags, and the call's signature names the form, not the entry.
+/// The entry point of a one-launch call of `form` with the arguments `n`: the common call (every
+/// user buffer 16-byte aligned, no FP8 rows, full precision on the wire) runs
+/// `fc_fused_flat_plain` / `fc_fused_tree_plain`, the same protocol and arithmetic without the
+/// registers of the paths it does not take (no spill where the general kernels spill 72 and 12
+/// bytes; in loopback on one H200, bf16 4096 x 4096: one-shot 102 -> 74 µs, two-shot 83 -> 72 µs,
+/// bench/results/2026-12-04-h200-norm-tree). Ranks may differ here (one rank's buffers aligned,
+/// another's not): both kernels give the same bits and meet on the same flags, and the call's
+/// signature names the form, not the entry.
 fn fused_entry(form: NormForm, n: &NormArgs) -> &'static str {
     let ptrs = [n.sum, n.residual, n.weight, n.out, n.residual_out];
     let plain = n.lp_block == 0 && n.codes == 0 && ptrs.iter().all(|p| p % 16 == 0);
