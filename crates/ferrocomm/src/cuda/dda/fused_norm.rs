@@ -39,8 +39,8 @@ pub(crate) const WIDE_MAX_ROWS: usize = 1024;
 /// geometry's for 1, 2 and 4 vectors a thread (aligned buffers, no FP8 rows) and for every other
 /// call, then `fc_rmsnorm_plain` (four vectors a thread, aligned buffers, no FP8 rows: without
 /// the registers of the other paths, 128 registers and no spill where `fc_rmsnorm` spills 144
-/// bytes; world 1 at 4,096 and more rows of bf16 0.95-0.97 of torch.compile's time where
-/// `fc_rmsnorm` took 1.0-1.08, bench/results/2026-12-04-h200-norm-knobs).
+/// bytes; world 1 from 2,048 rows of bf16 at 0.91-0.98 of torch.compile's time where
+/// `fc_rmsnorm` took 0.97-1.09, bench/results/2026-12-04-h200-norm-knobs).
 const ENTRIES: [&str; 6] = [
     "fc_rmsnorm",
     "fc_rmsnorm_wide1",
