@@ -724,6 +724,19 @@ mod tests {
         }
     }
 
+    /// `a` with user buffer `field` (sum, residual, weight, out, residual_out) moved by `bytes`.
+    fn off_by(mut a: NormArgs, field: usize, bytes: u64) -> NormArgs {
+        let p = [
+            &mut a.sum,
+            &mut a.residual,
+            &mut a.weight,
+            &mut a.out,
+            &mut a.residual_out,
+        ];
+        *p.into_iter().nth(field).unwrap() += bytes;
+        a
+    }
+
     #[test]
     fn the_entry_point_follows_the_geometry_the_alignment_and_fp8() {
         let names = |g, a: &NormArgs| ENTRIES[entry(g, a)];
@@ -746,15 +759,7 @@ mod tests {
         assert_eq!(names(wide(1), &args(1 << 20, 1 << 21)), "fc_rmsnorm_wide");
         assert_eq!(names(four, &args(1 << 20, 1 << 21)), "fc_rmsnorm");
         for field in 0..5 {
-            let mut a = aligned;
-            let p = [
-                &mut a.sum,
-                &mut a.residual,
-                &mut a.weight,
-                &mut a.out,
-                &mut a.residual_out,
-            ];
-            *p.into_iter().nth(field).unwrap() += 2;
+            let a = off_by(aligned, field, 2);
             assert_eq!(names(wide(1), &a), "fc_rmsnorm_wide", "buffer {field}");
             assert_eq!(names(four, &a), "fc_rmsnorm", "buffer {field}");
         }
@@ -779,15 +784,7 @@ mod tests {
         assert_eq!(fused_entry(NormForm::FusedFlat, &lp), "fc_fused_flat");
         assert_eq!(fused_entry(NormForm::FusedTree, &lp), "fc_fused_tree");
         for field in 0..5 {
-            let mut a = aligned;
-            let p = [
-                &mut a.sum,
-                &mut a.residual,
-                &mut a.weight,
-                &mut a.out,
-                &mut a.residual_out,
-            ];
-            *p.into_iter().nth(field).unwrap() += 8;
+            let a = off_by(aligned, field, 8);
             assert_eq!(
                 fused_entry(NormForm::FusedFlat, &a),
                 "fc_fused_flat",
