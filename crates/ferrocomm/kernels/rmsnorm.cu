@@ -809,9 +809,12 @@ __device__ __forceinline__ void fused_stage_row(const NormArgs& n, u8* stage, u6
 // from DRAM after every wait): row `row` (live) of this rank's staged copy at `stage` (null: the
 // rows are records, not asked for) and of the residual (aligned buffers), one bulk prefetch
 // each by a lane of the slot. The peers' copies are not asked for: their home is their GPU's L2.
-// Only where a slot takes more than one step: a call of one step a slot ran 0.3-0.5 µs slower
-// with it (two-shot bf16 4096 x 1 to 1,024 rows in loopback on one H200), one of many steps
-// 4-6% faster (2,048 to 16,384 rows; bench/results/2026-12-04-h200-norm-tree).
+// Only where a slot takes NORM_PREFETCH_STEPS steps or more (bf16 4096 in loopback on one H200,
+// bench/results/2026-12-04-h200-norm-knobs and -tree): the prefetch cost the one-shot 2-3% at
+// one to four steps and the two-shot 0.3-0.5 µs at one and two, and saved 1% (one-shot, eight
+// steps) to 10% (sixteen), 5-6% for the two-shot from eight.
+#define NORM_PREFETCH_STEPS 8
+
 __device__ __forceinline__ void fused_prefetch_row(const NormArgs& n, const u8* stage, u64 row,
                                                    bool live, bool aligned) {
     if (!live) return;
@@ -893,15 +896,15 @@ __device__ __forceinline__ void fused_flat(const Args& a, const NormArgs& n) {
             fused_stage_row<NORM_V>(n, own, row, row < n.rows, aligned);
     }
     const u8* ahead = LP && n.lp_block ? nullptr : own;
-    fused_prefetch_row(n, ahead, norm_slot_row(n, 0), steps > 1 && norm_slot_row(n, 0) < n.rows,
-                       aligned);
+    const bool far = steps >= NORM_PREFETCH_STEPS;
+    fused_prefetch_row(n, ahead, norm_slot_row(n, 0), far && norm_slot_row(n, 0) < n.rows, aligned);
     const bool met = n.loopback ? (__syncthreads(), true) : block_barrier(a, 0, e, t0);
     if (!n.loopback) hello_send(a, a.sig, e, 0);  // after the barrier, met or not, as in flat
     if (met) {
         const Publish none{nullptr, 0};
         for (u64 s = 0; s < steps; s++) {
             const u64 row = norm_slot_row(n, s), next = norm_slot_row(n, s + 1);
-            fused_prefetch_row(n, ahead, next, s + 1 < steps && next < n.rows, aligned);
+            fused_prefetch_row(n, ahead, next, far && s + 1 < steps && next < n.rows, aligned);
             if (LP && n.lp_block) {
                 const SumFromRecords<NORM_V_STAGED> src{&n, a.staging, a.world, par};
                 norm_row<NORM_V_STAGED, AL, FP8>(n, src, none, row, row < n.rows, aligned, wv, pre,
@@ -1009,7 +1012,8 @@ __device__ __forceinline__ void fused_tree(const Args& a, const NormArgs& n) {
                                     aligned);
         }
     const u64 o0 = norm_slot_row(n, 0), row0 = a.rank * srows + o0;  // the slot's first row
-    fused_prefetch_row(n, own, row0, steps > 1 && o0 < srows && row0 < n.rows, aligned);
+    const bool far = steps >= NORM_PREFETCH_STEPS;
+    fused_prefetch_row(n, own, row0, far && o0 < srows && row0 < n.rows, aligned);
     bool ok = n.loopback ? (__syncthreads(), true) : block_barrier(a, 0, e, t0);
     if (!n.loopback) hello_send(a, a.sig, e, 0);  // after the barrier, met or not, as in tree
     const bool hello = ok && !n.loopback;
@@ -1019,7 +1023,8 @@ __device__ __forceinline__ void fused_tree(const Args& a, const NormArgs& n) {
         for (u64 s = 0; s < steps; s++) {
             const u64 o = norm_slot_row(n, s), row = a.rank * srows + o;
             const u64 o1 = norm_slot_row(n, s + 1), next = a.rank * srows + o1;
-            fused_prefetch_row(n, own, next, s + 1 < steps && o1 < srows && next < n.rows, aligned);
+            fused_prefetch_row(n, own, next, far && s + 1 < steps && o1 < srows && next < n.rows,
+                               aligned);
             norm_row<NORM_V_STAGED, AL, FP8>(n, src, pub, row, o < srows && row < n.rows, aligned,
                                              wv, pre, red_f, red_u);
         }

@@ -339,7 +339,7 @@ const NORM_BASE: norm::Case = norm::Case {
     lp: None,
     algo: Algo::Flat,
     seed: 5000,
-    misalign: false,
+    misalign: 0,
 };
 
 /// Fused norm calls (one launch each on a GPU, `FERROCOMM_RMSNORM_FUSED=1`) whose eps, FP8

@@ -35,9 +35,11 @@ pub struct Case {
     pub lp: Option<Format>,
     pub algo: Algo,
     pub seed: u64,
-    /// Every buffer one element off 16 bytes (the FP8 codes one byte; the scales, f32, as
-    /// allocated): the kernels' element-by-element paths.
-    pub misalign: bool,
+    /// The ranks (bit r: rank r) whose every buffer is one element off 16 bytes (the FP8 codes
+    /// one byte; the scales, f32, as allocated): the kernels' element-by-element paths. Ranks
+    /// that differ run different entry points of one call (a plain one where aligned), which
+    /// must meet and give the same bits.
+    pub misalign: u64,
 }
 
 /// `n` random values of `d` as bytes (never NaN), the same on every rank for a seed.
@@ -96,17 +98,20 @@ impl Case {
     fn weight(&self) -> Vec<u8> {
         rows_gen(self.d, self.hidden, self.seed * 131 + 98)
     }
-    /// Where the rows and the weight start in their buffers (bytes).
-    fn off(&self) -> usize {
-        if self.misalign {
+    fn misaligned(&self, rank: usize) -> bool {
+        rank < 64 && self.misalign >> rank & 1 == 1
+    }
+    /// Where `rank`'s rows and weight start in their buffers (bytes).
+    fn off(&self, rank: usize) -> usize {
+        if self.misaligned(rank) {
             self.d.size()
         } else {
             0
         }
     }
-    /// Where the FP8 codes start in theirs.
-    fn codes_off(&self) -> usize {
-        usize::from(self.misalign)
+    /// Where `rank`'s FP8 codes start in theirs.
+    fn codes_off(&self, rank: usize) -> usize {
+        usize::from(self.misaligned(rank))
     }
     pub fn label(&self, world: usize) -> String {
         format!(
@@ -124,7 +129,11 @@ impl Case {
             self.given.map_or(String::new(), |s| format!(" scale {s}")),
             self.algo,
             self.lp.map_or(String::new(), |f| format!(" wire {f:?}")),
-            if self.misalign { " misaligned" } else { "" }
+            match self.misalign {
+                0 => String::new(),
+                u64::MAX => " misaligned".to_string(),
+                m => format!(" misaligned on ranks {m:#b}"),
+            }
         )
     }
 }
@@ -132,6 +141,9 @@ impl Case {
 /// A case's device buffers: x (the partial rows, or out in place), out, residual, residual_out
 /// (the residual in place), weight, codes, scales.
 pub struct Bufs {
+    /// Where this rank's rows, weight and codes start (bytes: `Case::off`, `Case::codes_off`).
+    off: usize,
+    codes_off: usize,
     x: Buf,
     out: Buf,
     res: Buf,
@@ -145,6 +157,8 @@ impl Bufs {
     pub fn new(ctx: &Ctx, c: &Case) -> Res<Bufs> {
         let b = c.n() * c.d.size();
         let bufs = Bufs {
+            off: c.off(ctx.rank),
+            codes_off: c.codes_off(ctx.rank),
             x: ctx.buf(b)?,
             out: ctx.buf(b)?,
             res: ctx.buf(b)?,
@@ -174,18 +188,18 @@ impl Bufs {
         } else {
             (&self.x, &self.res)
         };
-        xb.upload(c.off(), &c.x(rank))?;
-        rb.upload(c.off(), &c.residual())?;
+        xb.upload(self.off, &c.x(rank))?;
+        rb.upload(self.off, &c.residual())?;
         if let (true, Some(s)) = (c.fp8, c.given) {
             self.scales.upload(0, &s.to_le_bytes())?;
         }
-        self.w.upload(c.off(), &c.weight())
+        self.w.upload(self.off, &c.weight())
     }
 
     /// Issues the call on `stream`.
     pub fn call(&self, comm: &Communicator, c: &Case, dv: Device, stream: u64) -> Res<()> {
         let (n, d) = (c.n(), c.d);
-        let at = |b: &Buf| b.ptr + c.off() as u64;
+        let at = |b: &Buf| b.ptr + self.off as u64;
         // SAFETY: every buffer holds what the view says (allocated for this case, with room
         // for the offset), alive until the caller has synchronized (graph replays: until the
         // graph is destroyed).
@@ -207,7 +221,7 @@ impl Bufs {
                 eps: c.eps,
                 fp8: c.fp8.then(|| Fp8Rows {
                     codes: ViewMut::from_raw(
-                        (self.codes.ptr + c.codes_off() as u64) as *mut u8,
+                        (self.codes.ptr + self.codes_off as u64) as *mut u8,
                         n,
                         DataType::F8E4M3,
                         dv,
@@ -241,9 +255,9 @@ pub fn check(ctx: &mut Ctx, c: &Case, b: &Bufs, what: &str) -> Res<()> {
     let read = |buf: &Buf, off: usize, bytes: usize| -> Res<(Vec<u8>, bool)> {
         Ok((buf.download(off, bytes)?, buf.guard_hits(off, bytes)? == 0))
     };
-    let (y, g1) = read(&b.out, c.off(), n * d.size())?;
-    let (r, g2) = read(&b.res_out, c.off(), n * d.size())?;
-    let (codes, g3) = read(&b.codes, c.codes_off(), n)?;
+    let (y, g1) = read(&b.out, b.off, n * d.size())?;
+    let (r, g2) = read(&b.res_out, b.off, n * d.size())?;
+    let (codes, g3) = read(&b.codes, b.codes_off, n)?;
     let (scales, g4) = read(&b.scales, 0, c.scale_bytes())?;
     let mut problem = None;
     let fp8_written = !c.fp8 || (g3 && g4);
@@ -351,11 +365,20 @@ pub fn cases(quick: bool, host: bool, algos: &[Algo]) -> Vec<Case> {
     // it fc_rmsnorm (1031 rows). The one-launch kernels stage a row at a time where a block's
     // row slot stages fewer than four rows, four at a time from four (27,000 rows of 64: 2,112
     // rows a step on 132 SMs, so the one-shot's slots stage 13 rows, the two-shot's 7 at two
-    // ranks and 5 at three: whole groups of four and a partial one).
+    // ranks and 5 at three: whole groups of four and a partial one). 2,111 rows of 1024: the
+    // fused forms' row slots of 64 (bf16, f16) and 128 (f32) threads, 8 and 4 a block, each over
+    // one to four steps: the slots synchronizing apart and prefetching their next rows.
     let shapes: &[(usize, usize)] = if host {
         &[(8, 1), (4096, 3), (40, 7), (64, 1031)]
     } else if quick {
-        &[(8, 1), (4096, 3), (40, 7), (64, 1031), (64, 27000)]
+        &[
+            (8, 1),
+            (4096, 3),
+            (40, 7),
+            (64, 1031),
+            (64, 27000),
+            (1024, 2111),
+        ]
     } else {
         &[
             (8, 1),
@@ -367,6 +390,7 @@ pub fn cases(quick: bool, host: bool, algos: &[Algo]) -> Vec<Case> {
             (4096, 129),
             (64, 1031),
             (64, 27000),
+            (1024, 2111),
         ]
     };
     // Low precision on the wire: whole blocks of 128 per row take one launch (auto, flat,
@@ -407,7 +431,13 @@ pub fn cases(quick: bool, host: bool, algos: &[Algo]) -> Vec<Case> {
                 lp: wire.then_some(lp),
                 algo,
                 seed,
-                misalign: !wire && seed % 4 == 1,
+                // Every rank off 16 bytes, or rank 1 alone (the others' plain entries).
+                misalign: match seed % 8 {
+                    _ if wire => 0,
+                    1 | 5 => u64::MAX,
+                    3 => 0b10,
+                    _ => 0,
+                },
             });
         }
     };

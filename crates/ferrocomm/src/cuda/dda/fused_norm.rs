@@ -139,6 +139,19 @@ struct NormArgs {
 }
 
 impl NormArgs {
+    /// Whether the call is the plain entry points' (every user buffer 16-byte aligned, no FP8
+    /// rows), which those kernels assume; the fused ones also need full precision on the wire.
+    fn plain(&self) -> bool {
+        let ptrs = [
+            self.sum,
+            self.residual,
+            self.weight,
+            self.out,
+            self.residual_out,
+        ];
+        self.codes == 0 && ptrs.iter().all(|p| p % 16 == 0)
+    }
+
     /// The norm's arguments of `call`: the sum read from `sum`, the residual and the rest from
     /// the call's buffers; `tpr` threads per row.
     fn new(call: &AllReduceRmsNorm<'_>, sum: u64, shape: &Shape, tpr: u32) -> NormArgs {
@@ -236,15 +249,7 @@ fn entry_points(mut func: impl FnMut(&str) -> Result<Function>) -> Result<[Funct
 /// vector count (`fc_rmsnorm_plain` for `fc_rmsnorm`'s four, the wide ones'), which assume
 /// both; else `fc_rmsnorm` or `fc_rmsnorm_wide`.
 fn entry(g: Geometry, args: &NormArgs) -> usize {
-    let ptrs = [
-        args.sum,
-        args.residual,
-        args.weight,
-        args.out,
-        args.residual_out,
-    ];
-    let plain = args.codes == 0 && ptrs.iter().all(|p| p % 16 == 0);
-    match (g.wide, plain) {
+    match (g.wide, args.plain()) {
         (false, true) => return 5,
         (false, false) => return 0,
         (true, false) => return 4,
@@ -281,9 +286,9 @@ fn launch_norm(
     // pointer in it is memory of this device (check_buffers) holding the sizes the call's check
     // verified; the block is a whole number of rows of `tpr` threads (slots); a wide entry gets
     // its geometry (one chunk of `v` vectors a thread, a grid that holds every row: at most
-    // MAX_NORM_BLOCKS rows) and, for those of a vector count, 16-byte aligned buffers and no FP8
-    // rows (`entry`); every entry starts with griddepcontrol.wait, and `pdl` comes from the
-    // device.
+    // MAX_NORM_BLOCKS rows) and, for those of a vector count and fc_rmsnorm_plain, 16-byte
+    // aligned buffers and no FP8 rows (`entry`, NormArgs::plain); every entry starts with
+    // griddepcontrol.wait, and `pdl` comes from the device.
     unsafe {
         launch(f, blocks as u32, threads, stream, &mut params, pdl, || {
             format!(
@@ -366,9 +371,7 @@ pub(crate) fn run_local(
 /// another's not): both kernels give the same bits and meet on the same flags, and the call's
 /// signature names the form, not the entry.
 fn fused_entry(form: NormForm, n: &NormArgs) -> &'static str {
-    let ptrs = [n.sum, n.residual, n.weight, n.out, n.residual_out];
-    let plain = n.lp_block == 0 && n.codes == 0 && ptrs.iter().all(|p| p % 16 == 0);
-    match (form, plain) {
+    match (form, n.lp_block == 0 && n.plain()) {
         (NormForm::FusedFlat, true) => "fc_fused_flat_plain",
         (NormForm::FusedFlat, false) => "fc_fused_flat",
         (_, true) => "fc_fused_tree_plain",
@@ -523,13 +526,14 @@ pub(crate) fn run_fused(
         a.loopback(w as u32);
         n.loopback = 1;
     }
-    let f = dda.func(shape.dtype, fused_entry(form, &n))?;
+    let entry = fused_entry(form, &n);
+    let f = dda.func(shape.dtype, entry)?;
     let mut params: [*mut c_void; 2] = [
         (&mut a as *mut super::Args).cast(),
         (&mut n as *mut NormArgs).cast(),
     ];
-    // SAFETY: `f` is fc_fused_flat (or its plain entry, for aligned buffers, no FP8 rows and no
-    // codec: fused_entry) / fc_fused_tree of this dtype in the current context,
+    // SAFETY: `f` is fc_fused_flat or fc_fused_tree, or their plain entry for 16-byte aligned
+    // buffers, no FP8 rows and no codec (fused_entry), of this dtype in the current context,
     // taking one Args and one NormArgs by value (layouts checked against the source in the
     // tests); every pointer in them is memory of this device (check_buffers) holding the sizes
     // the call's check verified, the staging holds the rows (the planner's condition); the
@@ -545,7 +549,7 @@ pub(crate) fn run_fused(
             dda.pdl,
             || {
                 format!(
-                    "launching {name} ({} rows of {} {})",
+                    "launching {entry} ({} rows of {} {})",
                     shape.rows, shape.hidden, shape.dtype
                 )
             },
