@@ -809,10 +809,11 @@ __device__ __forceinline__ void fused_stage_row(const NormArgs& n, u8* stage, u6
 // from DRAM after every wait): row `row` (live) of this rank's staged copy at `stage` (null: the
 // rows are records, not asked for) and of the residual (aligned buffers), one bulk prefetch
 // each by a lane of the slot. The peers' copies are not asked for: their home is their GPU's L2.
-// Only where a slot takes NORM_PREFETCH_STEPS steps or more (bf16 4096 in loopback on one H200,
-// bench/results/2026-12-04-h200-norm-knobs and -tree): the prefetch cost the one-shot 2-3% at
-// one to four steps and the two-shot 0.3-0.5 µs at one and two, and saved 1% (one-shot, eight
-// steps) to 10% (sixteen), 5-6% for the two-shot from eight.
+// Where a slot takes NORM_PREFETCH_STEPS steps or more (bf16 4096 in loopback on one H200,
+// bench/results/2026-12-04-h200-norm-knobs, -tree and -gate): there it saved 1% (one-shot,
+// eight steps) to 10% (sixteen) and 5-6% for the two-shot; at one to four steps the kernels
+// with it ran 2-3% (one-shot) and 0.3-0.5 µs (two-shot) slower, but gating it there recovered
+// at most 1.5%: most of that cost is in the kernel carrying the prefetch, not in issuing it.
 #define NORM_PREFETCH_STEPS 8
 
 __device__ __forceinline__ void fused_prefetch_row(const NormArgs& n, const u8* stage, u64 row,

@@ -40,7 +40,7 @@ pub(crate) const WIDE_MAX_ROWS: usize = 1024;
 /// call, then `fc_rmsnorm_plain` (four vectors a thread, aligned buffers, no FP8 rows: without
 /// the registers of the other paths, 128 registers and no spill where `fc_rmsnorm` spills 144
 /// bytes; world 1 from 2,048 rows of bf16 at 0.91-0.98 of torch.compile's time where
-/// `fc_rmsnorm` took 0.97-1.09, bench/results/2026-12-04-h200-norm-knobs).
+/// `fc_rmsnorm` took 0.98-1.09, bench/results/2026-12-04-h200-norm-knobs).
 const ENTRIES: [&str; 6] = [
     "fc_rmsnorm",
     "fc_rmsnorm_wide1",
