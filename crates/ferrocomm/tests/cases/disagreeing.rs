@@ -65,6 +65,11 @@ impl Call {
                 nb.load(case, c.rank)?;
                 let r = nb.call(comm, case, dev, 0);
                 c.sync()?;
+                // Its own buffers, not the family's: nothing written outside them.
+                let hits = nb.guard_hits(case)?;
+                if hits > 0 {
+                    return Err(format!("{hits} bytes written outside the norm's buffers").into());
+                }
                 return Ok(r);
             }
         };

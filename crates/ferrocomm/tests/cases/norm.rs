@@ -196,6 +196,26 @@ impl Bufs {
         self.w.upload(self.off, &c.weight())
     }
 
+    /// Bytes written outside this rank's inputs and outputs (in each buffer, the room before
+    /// them and everything after them to the end of the guard band), for a call whose values
+    /// are not checked ([`check`] reads the outputs' own).
+    pub fn guard_hits(&self, c: &Case) -> Res<usize> {
+        let rows = c.n() * c.d.size();
+        let mut hits = 0;
+        for (b, off, len) in [
+            (&self.x, self.off, rows),
+            (&self.out, self.off, rows),
+            (&self.res, self.off, rows),
+            (&self.res_out, self.off, rows),
+            (&self.w, self.off, c.hidden * c.d.size()),
+            (&self.codes, self.codes_off, c.n()),
+            (&self.scales, 0, c.scale_bytes()),
+        ] {
+            hits += b.guard_hits(off, len)?;
+        }
+        Ok(hits)
+    }
+
     /// Issues the call on `stream`.
     pub fn call(&self, comm: &Communicator, c: &Case, dv: Device, stream: u64) -> Res<()> {
         let (n, d) = (c.n(), c.d);
